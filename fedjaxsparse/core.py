@@ -1,0 +1,64 @@
+"""The one abstraction every algorithm implements: ``Algorithm(init, step)``.
+
+Conventions (DESIGN.md, "The shape"):
+
+* ``state = algo.init(key, params, data)`` and ``state, info = algo.step(key, state, data)``.
+  The PRNG key is always the first argument; there is no hidden randomness.
+* ``data`` is the training split of a :class:`fedjaxsparse.data.FederatedData` (leaves
+  ``[N, M, ...]``), so the population size ``N`` is read from the data's leading axis.
+* ``state`` is a NamedTuple. It exposes the current *global* model as ``state.params`` (a
+  field or a property), which is what the runner evaluates. Per-client state has leaves of
+  shape ``[N, ...]``.
+* ``info`` is a NamedTuple with at least the scalar fields ``loss`` (training loss of the
+  participating clients, float32), ``bits_up`` and ``bits_down`` (bits that crossed the network
+  in this step in each direction, summed over clients, float32; see
+  :mod:`fedjaxsparse.accounting`).
+
+Both functions are pure and jittable; hyper-parameters are closed over by the builder that
+returns the ``Algorithm`` (the optax / blackjax convention).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Protocol
+
+import jax
+
+PRNGKey = jax.Array
+PyTree = Any
+Params = Any
+
+
+class InitFn(Protocol):
+  def __call__(self, key: PRNGKey, params: Params, data: Any) -> Any:
+    ...
+
+
+class StepFn(Protocol):
+  def __call__(self, key: PRNGKey, state: Any, data: Any) -> tuple[Any, Any]:
+    ...
+
+
+class Algorithm(NamedTuple):
+  """A federated algorithm as two pure functions.
+
+  Attributes:
+    init: ``(key, params, data) -> state``; ``params`` is the initial global model.
+    step: ``(key, state, data) -> (state, info)``; one communication round (or one iteration
+      for iteration-level methods such as ProxSkip).
+  """
+  init: InitFn
+  step: StepFn
+
+
+def global_params(state: Any) -> Params:
+  """The global model held by ``state`` (its ``params`` field or property)."""
+  try:
+    return state.params
+  except AttributeError as e:
+    raise TypeError(
+        f"{type(state).__name__} has no `params` field or property; algorithm states must "
+        "expose the global model as `state.params` (or pass `params_fn` to the runner)."
+    ) from e
+
+
+ParamsFn = Callable[[Any], Params]

@@ -1,0 +1,149 @@
+"""The federated dataset pytree: clients on a leading axis, examples padded with a mask.
+
+``FederatedData`` is what algorithms consume; ``FederatedDataset`` bundles a train and a test
+split plus static metadata. Builders turn flat arrays plus per-client index lists (from
+:mod:`fedjaxsparse.data.partition`) into padded arrays.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class FederatedData(NamedTuple):
+  """One split of a federated dataset, padded to ``M`` examples per client.
+
+  Attributes:
+    x: ``[N, M, ...]`` features (float32). Padding rows are zero.
+    y: ``[N, M]`` labels (int32 for classification) or ``[N, M]`` / ``[N, M, k]`` float targets.
+    mask: ``[N, M]`` float32, 1 for a real example and 0 for padding.
+    num_examples: ``[N]`` int32, number of real examples of each client (``mask.sum(1)``).
+  """
+  x: jax.Array
+  y: jax.Array
+  mask: jax.Array
+  num_examples: jax.Array
+
+  @property
+  def num_clients(self) -> int:
+    return self.x.shape[0]
+
+  @property
+  def max_examples(self) -> int:
+    return self.x.shape[1]
+
+  def select(self, client_ids: jax.Array) -> "FederatedData":
+    """The rows of ``client_ids`` (shape ``[C]``); works inside ``jit`` (a gather)."""
+    return jax.tree.map(lambda a: jnp.take(a, client_ids, axis=0), self)
+
+
+class FederatedDataset(NamedTuple):
+  """A train and a test split with static metadata.
+
+  Attributes:
+    train: training split, ``FederatedData`` with ``N`` clients.
+    test: test split: either ``N`` clients (each client's own test examples, possibly none),
+      or a single client holding a shared global test set (``num_clients == 1``), as used when
+      a dataset ships its own test split (BlogFeedback, FEMNIST's standard test set).
+    num_classes: number of classes, or 0 for regression.
+    name: a human-readable name, e.g. ``"digits/dirichlet(0.5)"``.
+  """
+  train: FederatedData
+  test: FederatedData
+  num_classes: int
+  name: str
+
+  @property
+  def num_clients(self) -> int:
+    return self.train.num_clients
+
+
+def pack_clients(x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarray],
+                 max_examples: int | None = None, allow_empty: bool = False) -> FederatedData:
+  """Stack per-client examples into padded arrays.
+
+  Args:
+    x: ``[n, ...]`` all examples.
+    y: ``[n, ...]`` all labels/targets.
+    client_indices: one integer index array per client (into ``x``/``y``).
+    max_examples: pad to this many examples per client (default: the largest client).
+    allow_empty: whether a client may have no example (true for test splits).
+
+  Returns:
+    ``FederatedData`` with ``N = len(client_indices)`` and ``M = max_examples``.
+  """
+  x = np.asarray(x)
+  y = np.asarray(y)
+  if x.shape[0] != y.shape[0]:
+    raise ValueError(f"x and y must have the same number of examples, got {x.shape[0]} and "
+                     f"{y.shape[0]}.")
+  if len(client_indices) == 0:
+    raise ValueError("client_indices must contain at least one client.")
+  if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
+    raise ValueError("x contains NaN or infinite values.")
+  sizes = np.array([len(ix) for ix in client_indices], dtype=np.int32)
+  if not allow_empty and np.any(sizes == 0):
+    raise ValueError(f"client(s) {np.flatnonzero(sizes == 0).tolist()} have no example; every "
+                     "client needs at least one training example.")
+  m = int(sizes.max()) if max_examples is None else int(max_examples)
+  if m < sizes.max():
+    raise ValueError(f"max_examples={m} is smaller than the largest client ({sizes.max()}).")
+  m = max(m, 1)
+  n = len(client_indices)
+  xs = np.zeros((n, m) + x.shape[1:], dtype=np.float32 if np.issubdtype(x.dtype, np.floating)
+                or np.issubdtype(x.dtype, np.integer) else x.dtype)
+  ys = np.zeros((n, m) + y.shape[1:], dtype=y.dtype)
+  mask = np.zeros((n, m), dtype=np.float32)
+  for i, ix in enumerate(client_indices):
+    ix = np.asarray(ix, dtype=np.int64)
+    xs[i, :len(ix)] = x[ix]
+    ys[i, :len(ix)] = y[ix]
+    mask[i, :len(ix)] = 1.0
+  if np.issubdtype(ys.dtype, np.integer):
+    ys = ys.astype(np.int32)
+  elif np.issubdtype(ys.dtype, np.floating):
+    ys = ys.astype(np.float32)
+  return FederatedData(x=jnp.asarray(xs), y=jnp.asarray(ys), mask=jnp.asarray(mask),
+                       num_examples=jnp.asarray(sizes))
+
+
+def split_clients(client_indices: Sequence[np.ndarray], test_fraction: float,
+                  seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Split each client's examples into its own train and test part (LEAF style).
+
+  Every client keeps at least one training example. Deterministic under ``seed``.
+  """
+  if not 0.0 <= test_fraction < 1.0:
+    raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}.")
+  rng = np.random.default_rng(seed)
+  train, test = [], []
+  for ix in client_indices:
+    ix = rng.permutation(np.asarray(ix))
+    n_test = min(int(round(test_fraction * len(ix))), max(len(ix) - 1, 0))
+    test.append(np.sort(ix[:n_test]))
+    train.append(np.sort(ix[n_test:]))
+  return train, test
+
+
+def federate(x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarray], *,
+             num_classes: int, name: str, test_fraction: float = 0.2, seed: int = 0,
+             x_test: np.ndarray | None = None, y_test: np.ndarray | None = None,
+             test_indices: Sequence[np.ndarray] | None = None) -> FederatedDataset:
+  """Build a :class:`FederatedDataset` from flat arrays and a partition.
+
+  Either each client's examples are split into train/test (``test_fraction``), or a separate
+  test set is given (``x_test``, ``y_test`` with ``test_indices`` per client; if
+  ``test_indices`` is omitted, the test split is one client holding the whole test set).
+  """
+  if x_test is None:
+    tr, te = split_clients(client_indices, test_fraction, seed)
+    return FederatedDataset(pack_clients(x, y, tr), pack_clients(x, y, te, allow_empty=True),
+                            num_classes, name)
+  if test_indices is None:
+    test_indices = [np.arange(len(x_test))]
+  return FederatedDataset(pack_clients(x, y, client_indices),
+                          pack_clients(x_test, y_test, test_indices, allow_empty=True),
+                          num_classes, name)
