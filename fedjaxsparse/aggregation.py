@@ -1,0 +1,39 @@
+"""Server aggregation over the client axis.
+
+Leaves of a client-stacked pytree have shape ``[C, ...]``; aggregation reduces the leading
+axis. Under ``jax.sharding`` with the client axis sharded, these reductions become collectives.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+WEIGHTINGS = ("num_examples", "uniform")
+
+
+def client_weights(num_examples: jax.Array, weighting: str) -> jax.Array:
+  """Aggregation weights ``float32[C]`` summing to 1.
+
+  Args:
+    num_examples: ``int32[C]`` examples held by each client.
+    weighting: ``"num_examples"`` (``n_i / Σ n_j``, FedAvg of McMahan et al. 2017) or
+      ``"uniform"`` (``1 / C``).
+  """
+  if weighting == "uniform":
+    return jnp.full(num_examples.shape, 1.0 / num_examples.shape[0], jnp.float32)
+  if weighting == "num_examples":
+    n = num_examples.astype(jnp.float32)
+    return n / jnp.sum(n)
+  raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
+
+
+def weighted_mean(tree: Any, weights: jax.Array) -> Any:
+  """``Σ_i weights[i] * tree[i]`` over the leading client axis (weights ``[C]`` sum to 1)."""
+  return jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), tree)
+
+
+def mean(tree: Any) -> Any:
+  """Uniform mean over the leading client axis."""
+  return jax.tree.map(lambda a: jnp.mean(a, axis=0), tree)

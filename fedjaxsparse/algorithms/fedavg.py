@@ -1,0 +1,142 @@
+"""FedAvg (McMahan et al. 2017) with an optax client optimizer and an optional server
+optimizer (FedOpt, Reddi et al. 2021) — the reference algorithm of the library.
+
+One round: sample a cohort (inside ``jit``), broadcast the global model, run ``local_steps``
+steps of the client optimizer on every cohort client (one kernel written for one client,
+lifted with ``jax.vmap``), average the model deltas (weighted by client size or uniformly),
+and apply the average as the server update. With a server optimizer, the negative average
+delta is its pseudo-gradient: ``x ← x + server_opt(−Δ̄)``; without one, ``x ← x + Δ̄``.
+
+Seed 003 (FedMRN) §3 and its spec (``specs/seed000_003.md`` B.4) use this backbone.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjaxsparse import accounting
+from fedjaxsparse.aggregation import WEIGHTINGS, client_weights, weighted_mean
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.sampling import check_cohort_size, client_keys, sample_cohort
+
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]  # (params, x, y, mask)
+
+
+class FedAvgState(NamedTuple):
+  """Attributes:
+    params: the global model (pytree, no client axis).
+    server_opt_state: state of the server optimizer (``optax.EmptyState()`` without one).
+    round: ``int32[]`` rounds completed.
+  """
+  params: Any
+  server_opt_state: Any
+  round: jax.Array
+
+
+class FedAvgInfo(NamedTuple):
+  """Attributes (float32 scalars unless said):
+    loss: cohort training loss at the broadcast model (each client's loss on its first local
+      batch, aggregated with the round's weights).
+    bits_up: bits uploaded this round, summed over the cohort (dense fp32 deltas).
+    bits_down: bits broadcast this round, summed over the cohort (dense fp32 model).
+    num_clients: ``int32[]`` cohort size.
+  """
+  loss: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+  num_clients: jax.Array
+
+
+def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_steps: int,
+              batch_size: int | None) -> Callable:
+  """Local training of ONE client: ``(key, params, client_data) -> (params, first_loss)``.
+
+  ``client_data`` is one client's ``FederatedData`` row (``x [M, ...]``, ``mask [M]``).
+  With ``batch_size=None`` every step uses the client's full (masked) data; otherwise each
+  step draws ``batch_size`` examples uniformly *with replacement* from the client's real
+  examples — a static batch shape, so clients of any size share one kernel.
+  """
+
+  def train(key, params, data: FederatedData):
+    opt_state = optimizer.init(params)
+
+    def batch(k):
+      if batch_size is None:
+        return data.x, data.y, data.mask
+      idx = jax.random.randint(k, (batch_size,), 0, jnp.maximum(data.num_examples, 1))
+      return data.x[idx], data.y[idx], jnp.ones((batch_size,), jnp.float32)
+
+    def step(carry, k):
+      p, s = carry
+      loss, grads = jax.value_and_grad(loss_fn)(p, *batch(k))
+      updates, s = optimizer.update(grads, s, p)
+      return (optax.apply_updates(p, updates), s), loss
+
+    (params, _), losses = jax.lax.scan(step, (params, opt_state),
+                                       jax.random.split(key, local_steps))
+    return params, losses[0]
+
+  return train
+
+
+def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
+           local_steps: int = 1, batch_size: int | None = None, cohort_size: int | None = None,
+           server_optimizer: optax.GradientTransformation | None = None,
+           weighting: str = "num_examples") -> Algorithm:
+  """Build FedAvg.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> scalar`` for one client
+      (:func:`fedjaxsparse.models.make_loss`).
+    client_optimizer: optax transformation used for local steps (e.g. ``optax.sgd(0.1)``);
+      its state is re-initialised every round (stateless clients).
+    local_steps: local optimizer steps per round (static).
+    batch_size: examples per local step (static), or ``None`` for full-batch local steps.
+    cohort_size: clients per round, sampled uniformly without replacement inside ``jit``;
+      ``None`` is full participation.
+    server_optimizer: optional optax transformation applied to the pseudo-gradient ``−Δ̄``
+      (``optax.sgd(1.0)`` reproduces plain FedAvg).
+    weighting: ``"num_examples"`` (``n_i / Σ n_j`` over the cohort) or ``"uniform"``.
+  """
+  if not isinstance(local_steps, int) or local_steps < 1:
+    raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
+  if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+    raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
+  if weighting not in WEIGHTINGS:
+    raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
+  server_opt = server_optimizer or optax.identity()
+  train_client = local_sgd(loss_fn, client_optimizer, local_steps, batch_size)
+
+  def init(key, params, data: FederatedData) -> FedAvgState:
+    del key
+    check_cohort_size(cohort_size, data.num_clients)
+    return FedAvgState(params, server_opt.init(params), jnp.zeros((), jnp.int32))
+
+  def step(key, state: FedAvgState, data: FederatedData):
+    num_clients = data.num_clients
+    k_cohort, k_clients = jax.random.split(key)
+    cohort = sample_cohort(k_cohort, num_clients, cohort_size)
+    cohort_data = data if cohort.shape[0] == num_clients else data.select(cohort)
+    local, losses = jax.vmap(train_client, in_axes=(0, None, 0))(
+        client_keys(k_clients, cohort), state.params, cohort_data)
+    weights = client_weights(cohort_data.num_examples, weighting)
+    delta = weighted_mean(jax.tree.map(lambda l, g: l - g, local, state.params), weights)
+    if server_optimizer is None:
+      params, opt_state = jax.tree.map(jnp.add, state.params, delta), state.server_opt_state
+    else:
+      pseudo_grad = jax.tree.map(jnp.negative, delta)
+      updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+    c = cohort.shape[0]
+    message_bits = accounting.dense_bits(state.params)
+    info = FedAvgInfo(loss=jnp.dot(weights, losses),
+                      bits_up=jnp.float32(c * message_bits),
+                      bits_down=jnp.float32(c * message_bits),
+                      num_clients=jnp.int32(c))
+    return FedAvgState(params, opt_state, state.round + 1), info
+
+  return Algorithm(init, step)

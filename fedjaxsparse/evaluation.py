@@ -1,0 +1,89 @@
+"""Evaluation of a global model (or per-client models) on a federated split, inside ``jit``.
+
+Metrics are pooled over all real examples of all clients (padding excluded): ``loss`` is the
+mean per-example loss (no regulariser), ``accuracy`` for classification, ``r2`` (coefficient of
+determination against the pooled test mean) and ``mse`` for regression.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.models.base import CLASSIFICATION, Model
+
+
+def _client_sums(model: Model, params: Any, x: jax.Array, y: jax.Array, mask: jax.Array,
+                 batch_size: int | None) -> dict[str, jax.Array]:
+  """Sufficient sums of one client's metrics; ``x [M, ...]``, ``y [M]``, ``mask [M]``."""
+  m = x.shape[0]
+  if batch_size is None or batch_size >= m:
+    batches = jax.tree.map(lambda a: a[None], (x, y, mask))
+  else:
+    pad = (-m) % batch_size
+    padded = jax.tree.map(lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)),
+                          (x, y, mask))
+    batches = jax.tree.map(lambda a: a.reshape((-1, batch_size) + a.shape[1:]), padded)
+
+  def one_batch(batch):
+    bx, by, bm = batch
+    out = model.apply(params, bx)
+    sums = {"count": jnp.sum(bm), "loss": jnp.sum(model.per_example_loss(out, by) * bm)}
+    if model.task == CLASSIFICATION:
+      sums["correct"] = jnp.sum((jnp.argmax(out, -1) == by) * bm)
+    else:
+      sums["sse"] = jnp.sum(jnp.square(out - by) * bm)
+      sums["sum_y"] = jnp.sum(by * bm)
+      sums["sum_y2"] = jnp.sum(jnp.square(by) * bm)
+    return sums
+
+  return jax.tree.map(lambda a: jnp.sum(a, 0), jax.lax.map(one_batch, batches))
+
+
+def _metrics(model: Model, sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  count = jnp.maximum(sums["count"], 1.0)
+  out = {"loss": sums["loss"] / count}
+  if model.task == CLASSIFICATION:
+    out["accuracy"] = sums["correct"] / count
+  else:
+    total = sums["sum_y2"] - jnp.square(sums["sum_y"]) / count
+    out["mse"] = sums["sse"] / count
+    out["r2"] = 1.0 - sums["sse"] / jnp.maximum(total, 1e-30)
+  return out
+
+
+def evaluate(model: Model, params: Any, data: FederatedData,
+             batch_size: int | None = None) -> dict[str, jax.Array]:
+  """Metrics of one model ``params`` pooled over every client of ``data``.
+
+  Args:
+    model: the model.
+    params: one model (leaves without a client axis).
+    data: the split, ``x [N, M, ...]``.
+    batch_size: evaluate each client in batches of this many examples (bounds memory for big
+      models); ``None`` evaluates a client in one batch.
+  Returns:
+    ``{"loss", "accuracy"}`` or ``{"loss", "mse", "r2"}``, float32 scalars.
+  """
+  sums = jax.vmap(lambda x, y, m: _client_sums(model, params, x, y, m, batch_size))(
+      data.x, data.y, data.mask)
+  return _metrics(model, jax.tree.map(lambda a: jnp.sum(a, 0), sums))
+
+
+def evaluate_per_client(model: Model, client_params: Any, data: FederatedData,
+                        batch_size: int | None = None) -> dict[str, jax.Array]:
+  """Metrics of client ``i``'s own model ``client_params[i]`` on client ``i``'s data: ``[N]``."""
+  sums = jax.vmap(lambda p, x, y, m: _client_sums(model, p, x, y, m, batch_size))(
+      client_params, data.x, data.y, data.mask)
+  return jax.vmap(lambda s: _metrics(model, s))(sums)
+
+
+def make_eval_fn(model: Model, batch_size: int | None = None
+                 ) -> Callable[[Any, FederatedData], dict[str, jax.Array]]:
+  """``(params, test_data) -> metrics``, the evaluation hook of the runner.
+
+  The data is an argument (not a closed-over constant) so it is not baked into the program.
+  """
+  return lambda params, data: evaluate(model, params, data, batch_size)

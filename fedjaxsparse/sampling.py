@@ -1,0 +1,38 @@
+"""Client sampling inside ``jit``, and per-client randomness.
+
+Shared randomness (the cohort) is drawn once per round from the round key, outside any client
+``vmap``. A client's own key is ``fold_in(key, client_id)``, so it depends on the client's
+identity only, not on its position in the cohort or on the device count (DESIGN.md).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def check_cohort_size(cohort_size: int | None, num_clients: int) -> int:
+  """The static cohort size (``None`` means full participation), validated."""
+  if cohort_size is None:
+    return num_clients
+  if not isinstance(cohort_size, int) or not 1 <= cohort_size <= num_clients:
+    raise ValueError(f"cohort_size must be an int in [1, num_clients={num_clients}], got "
+                     f"{cohort_size!r}.")
+  return cohort_size
+
+
+def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int | None) -> jax.Array:
+  """Client ids ``int32[C]`` of this round's cohort.
+
+  Full participation (``cohort_size`` None or ``num_clients``) returns ``arange(N)``; otherwise
+  a uniform sample of ``C`` distinct clients (every C-subset equally likely), sorted.
+  """
+  c = check_cohort_size(cohort_size, num_clients)
+  if c == num_clients:
+    return jnp.arange(num_clients, dtype=jnp.int32)
+  ids = jax.random.choice(key, num_clients, shape=(c,), replace=False)
+  return jnp.sort(ids).astype(jnp.int32)
+
+
+def client_keys(key: jax.Array, client_ids: jax.Array) -> jax.Array:
+  """Per-client keys ``[C]``: ``fold_in(key, client_id)`` for each id in ``client_ids[C]``."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, client_ids)

@@ -1,0 +1,81 @@
+"""Many runs as one compiled program: ``vmap`` a whole run over seeds and hyper-parameters.
+
+``run_batched`` compiles ``init`` plus all rounds (the runner's scan, one chunk of
+``num_rounds``) and vmaps it over ``S`` run keys and, optionally, ``S`` hyper-parameter
+settings. Repetition ``s`` computes exactly what :func:`fedjaxsparse.runner.run` computes for
+``keys[s]`` (same key derivation), so five repetitions or a learning-rate grid are one XLA
+program. Hyper-parameters must enter the algorithm as arrays (e.g. an optax learning rate),
+not as static Python values (local step counts, K in Top-K and cohort sizes stay static).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjaxsparse.core import Algorithm, ParamsFn, global_params
+from fedjaxsparse.runner import EvalFn, History, build_chunk, split_run_key
+
+
+def grid(**axes: Any) -> dict[str, np.ndarray]:
+  """The Cartesian product of the given value lists, flattened: ``{name: float32[S]}``.
+
+  Example: ``grid(lr=[0.1, 0.3], seed=[0, 1, 2])`` has ``S = 6`` settings.
+  """
+  names = list(axes)
+  rows = list(itertools.product(*(axes[n] for n in names)))
+  return {n: np.asarray([r[i] for r in rows]) for i, n in enumerate(names)}
+
+
+def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params: Any,
+                train: Any, test: Any = None, *, num_rounds: int, hparams: Any = None,
+                eval_fn: EvalFn | None = None, eval_every: int = 10,
+                params_fn: ParamsFn = global_params) -> tuple[Any, list[History]]:
+  """Run ``S`` complete runs as one ``jit(vmap(...))`` program.
+
+  Args:
+    build_algo: ``hparams_s -> Algorithm`` (called inside the vmapped program with one
+      setting's traced hyper-parameters; receives ``None`` when ``hparams`` is ``None``).
+    keys: ``[S]`` run keys (e.g. ``jax.random.split(key, S)``).
+    params: the initial global model, shared by all runs.
+    train, test: data shared by all runs.
+    num_rounds: rounds per run.
+    hparams: a pytree whose leaves have leading axis ``S``, or ``None``.
+    eval_fn, eval_every, params_fn: as in :func:`fedjaxsparse.runner.run`.
+
+  Returns:
+    ``(states, histories)``: final states with leading axis ``S``, and one :class:`History`
+    per run.
+  """
+  if not isinstance(num_rounds, int) or num_rounds < 1:
+    raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
+  num_runs = keys.shape[0]
+  if hparams is not None:
+    for leaf in jax.tree.leaves(hparams):
+      if np.shape(leaf)[:1] != (num_runs,):
+        raise ValueError(f"every hparams leaf needs leading axis S={num_runs} (one setting per "
+                         f"key), got shape {np.shape(leaf)}.")
+
+  def one_run(key, hp):
+    algo = build_algo(hp)
+    init_key, rounds_key = split_run_key(key)
+    state = algo.init(init_key, params, train)
+    initial = eval_fn(params_fn(state), test) if eval_fn is not None else {}
+    chunk = build_chunk(algo, num_rounds, eval_fn, eval_every, params_fn)
+    state, out = chunk(rounds_key, state, jnp.int32(0), jnp.int32(num_rounds), train, test)
+    return state, initial, out
+
+  hp_axes = None if hparams is None else 0
+  states, initial, out = jax.jit(jax.vmap(one_run, in_axes=(0, hp_axes)))(keys, hparams)
+  initial, out = jax.device_get((initial, out))
+  histories = []
+  for s in range(num_runs):
+    history = History()
+    if eval_fn is not None:
+      history.add_eval(0, {k: v[s] for k, v in initial.items()})
+    history.add_chunk(0, jax.tree.map(lambda a: a[s], out), num_rounds)
+    histories.append(history)
+  return states, histories

@@ -1,0 +1,141 @@
+"""FedAvg: reduction to gradient descent, convergence to the closed-form ridge optimum, equality
+with a Python-loop reference round, cohort sampling, bits, and argument validation."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjaxsparse import accounting
+from fedjaxsparse.aggregation import client_weights
+from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimum,
+                                        ridge_regression_problem, uniform_weights)
+from fedjaxsparse.models import linear_regression, make_loss
+from fedjaxsparse.runner import run
+from fedjaxsparse.sampling import client_keys, sample_cohort
+
+L2 = 0.1
+
+
+@pytest.fixture(scope="module")
+def ridge():
+  ds = ridge_regression_problem(num_clients=8, dim=5, examples_per_client=30,
+                                heterogeneity=1.0, seed=3)
+  model = linear_regression(5, l2=L2)
+  return ds, model
+
+
+def _smoothness(train, weights):
+  """L of Σ_i w_i [mean_j ½(x·w+b−y)² + ½ l2‖w‖²] (bias included as a feature)."""
+  x = np.asarray(train.x, np.float64)
+  m = np.asarray(train.mask, np.float64)
+  n = np.asarray(train.num_examples, np.float64)
+  xb = np.concatenate([x, np.ones(x.shape[:2] + (1,))], -1) * m[..., None]
+  h = np.einsum("i,imd,ime->de", np.asarray(weights) / n, xb, xb) + L2 * np.diag([1.0] * 5 + [0])
+  return np.linalg.eigvalsh(h).max()
+
+
+@pytest.mark.parametrize("weighting", ["num_examples", "uniform"])
+def test_one_local_step_is_gradient_descent_and_converges_to_the_optimum(ridge, weighting):
+  ds, model = ridge
+  w = (example_weights if weighting == "num_examples" else uniform_weights)(ds.train)
+  lr = 1.0 / _smoothness(ds.train, w)
+  algo = fedavg(make_loss(model), optax.sgd(lr), local_steps=1, weighting=weighting)
+  res = run(algo, jax.random.key(0), model.init(jax.random.key(0)), ds.train,
+            num_rounds=3000, chunk_size=1000, progress=False)
+  opt = ridge_regression_optimum(ds.train, L2, w)
+  np.testing.assert_allclose(res.state.params["w"], opt["w"], rtol=2e-4, atol=2e-5)
+  np.testing.assert_allclose(res.state.params["b"], opt["b"], rtol=2e-4, atol=2e-5)
+
+
+def test_weighting_changes_the_fixed_point(ridge):
+  ds, _ = ridge
+  a = ridge_regression_optimum(ds.train, L2, example_weights(ds.train))
+  b = ridge_regression_optimum(ds.train, L2, uniform_weights(ds.train))
+  assert np.abs(a["w"] - b["w"]).max() > 1e-3  # the test above can tell them apart
+
+
+def test_round_equals_python_loop_reference(ridge):
+  """Same mathematics as fedjax/the papers: a Python loop over clients and local steps."""
+  ds, model = ridge
+  loss = make_loss(model)
+  lr, steps = 0.05, 4
+  algo = fedavg(loss, optax.sgd(lr), local_steps=steps)
+  params = {"w": jnp.linspace(-1, 1, 5), "b": jnp.float32(0.3)}
+  state = algo.init(jax.random.key(0), params, ds.train)
+  state, info = jax.jit(algo.step)(jax.random.key(1), state, ds.train)
+
+  grad = jax.jit(jax.grad(loss))
+  deltas, losses = [], []
+  for i in range(ds.train.num_clients):
+    x, y, m = ds.train.x[i], ds.train.y[i], ds.train.mask[i]
+    p = params
+    losses.append(float(loss(p, x, y, m)))
+    for _ in range(steps):
+      p = jax.tree.map(lambda a, g: a - lr * g, p, grad(p, x, y, m))
+    deltas.append(jax.tree.map(jnp.subtract, p, params))
+  n = np.asarray(ds.train.num_examples, np.float64)
+  wts = n / n.sum()
+  expected = jax.tree.map(lambda p, *d: p + sum(wi * di for wi, di in zip(wts, d)), params,
+                          *deltas)
+  chex.assert_trees_all_close(state.params, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(info.loss, np.dot(wts, losses), rtol=1e-5)
+  d = 6
+  assert info.bits_up == info.bits_down == ds.train.num_clients * accounting.dense_bits(d)
+
+
+def test_server_sgd_with_unit_rate_is_plain_fedavg(ridge):
+  ds, model = ridge
+  params = model.init(jax.random.key(0))
+  kw = dict(local_steps=3, batch_size=4, cohort_size=3)
+  a = fedavg(make_loss(model), optax.sgd(0.05), **kw)
+  b = fedavg(make_loss(model), optax.sgd(0.05), server_optimizer=optax.sgd(1.0), **kw)
+  ra = run(a, jax.random.key(2), params, ds.train, num_rounds=20, progress=False)
+  rb = run(b, jax.random.key(2), params, ds.train, num_rounds=20, progress=False)
+  chex.assert_trees_all_close(ra.state.params, rb.state.params, rtol=1e-5, atol=1e-6)
+
+
+def test_cohort_is_uniform_without_replacement():
+  n, c, trials = 10, 3, 4000
+  cohorts = jax.vmap(lambda k: sample_cohort(k, n, c))(
+      jax.random.split(jax.random.key(0), trials))
+  cohorts = np.asarray(cohorts)
+  assert all(len(set(row)) == c for row in cohorts)  # distinct clients
+  freq = np.bincount(cohorts.ravel(), minlength=n) / trials
+  p = c / n
+  se = np.sqrt(p * (1 - p) / trials)
+  np.testing.assert_array_less(np.abs(freq - p), 5 * se)  # 5-sigma, per client
+  np.testing.assert_array_equal(sample_cohort(jax.random.key(0), n, None), np.arange(n))
+
+
+def test_client_key_depends_on_identity_not_position():
+  key = jax.random.key(3)
+  a = client_keys(key, jnp.array([3, 5, 9]))
+  b = client_keys(key, jnp.array([5]))
+  np.testing.assert_array_equal(jax.random.key_data(a[1]), jax.random.key_data(b[0]))
+
+
+def test_weights():
+  w = client_weights(jnp.array([1, 3]), "num_examples")
+  np.testing.assert_allclose(w, [0.25, 0.75])
+  np.testing.assert_allclose(client_weights(jnp.array([1, 3]), "uniform"), [0.5, 0.5])
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(local_steps=0), "local_steps"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(weighting="median"), "weighting"),
+])
+def test_bad_arguments(ridge, kw, match):
+  _, model = ridge
+  with pytest.raises(ValueError, match=match):
+    fedavg(make_loss(model), optax.sgd(0.1), **kw)
+
+
+def test_cohort_larger_than_population_is_refused(ridge):
+  ds, model = ridge
+  algo = fedavg(make_loss(model), optax.sgd(0.1), cohort_size=9)
+  with pytest.raises(ValueError, match="cohort_size"):
+    algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)

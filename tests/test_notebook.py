@@ -1,0 +1,24 @@
+"""The quickstart notebook executes top to bottom with a tiny configuration."""
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOK = os.path.join(os.path.dirname(__file__), "..", "notebooks", "quickstart.ipynb")
+
+
+def test_quickstart_notebook_runs(monkeypatch, tmp_path):
+  monkeypatch.setenv("QUICKSTART_ROUNDS", "6")
+  monkeypatch.setenv("QUICKSTART_CLIENTS", "8")
+  monkeypatch.setenv("MPLBACKEND", "Agg")
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  NotebookClient(nb, timeout=300, kernel_name="python3",
+                 resources={"metadata": {"path": str(tmp_path)}}).execute()
+  outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                    for o in c.get("outputs", []))
+  assert "FedAvg E=10 B=16" in outputs
+  assert "1 trace" in outputs
+  errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if o.get("output_type") == "error"]
+  assert not errors

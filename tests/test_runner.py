@@ -1,0 +1,115 @@
+"""The runner: one trace per run, one dispatch per chunk, chunk-size invariance, evaluation
+schedule, bit accounting in the history, and bitwise checkpoint/resume."""
+import json
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjaxsparse import accounting
+from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.data.embedded import digits
+from fedjaxsparse.evaluation import make_eval_fn
+from fedjaxsparse.models import make_loss, softmax_regression
+from fedjaxsparse.runner import run
+
+
+@pytest.fixture(scope="module")
+def setup():
+  ds = digits(num_clients=12, partition="dirichlet", alpha=0.5, seed=0)
+  model = softmax_regression(64, 10)
+  algo = fedavg(make_loss(model), optax.sgd(0.3), local_steps=3, batch_size=8, cohort_size=5)
+  return ds, model, algo
+
+
+def _run(setup, **kw):
+  ds, model, algo = setup
+  kw.setdefault("progress", False)
+  return run(algo, jax.random.key(7), model.init(jax.random.key(0)), ds.train, ds.test,
+             eval_fn=make_eval_fn(model), **kw)
+
+
+def test_whole_run_traces_once_and_dispatches_once_per_chunk(setup):
+  res = _run(setup, num_rounds=200, eval_every=20, chunk_size=20)
+  assert res.num_traces == 1
+  assert res.num_dispatches == 10
+  # A last, shorter chunk reuses the same program (masked rounds), still one trace.
+  res = _run(setup, num_rounds=205, eval_every=20, chunk_size=20)
+  assert res.num_traces == 1
+  assert res.num_dispatches == math.ceil(205 / 20)
+  assert res.history.rounds["round"] == list(range(1, 206))
+  assert int(res.state.round) == 205
+
+
+def test_chunk_size_does_not_change_the_run(setup):
+  a = _run(setup, num_rounds=30, eval_every=10, chunk_size=7)
+  b = _run(setup, num_rounds=30, eval_every=10, chunk_size=30)
+  chex.assert_trees_all_close(a.state, b.state, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(a.history.rounds["loss"], b.history.rounds["loss"], rtol=1e-5)
+
+
+def test_evaluation_schedule_and_cumulative_bits(setup):
+  ds, model, _ = setup
+  res = _run(setup, num_rounds=25, eval_every=10, chunk_size=4)
+  assert res.history.evals["round"] == [0, 10, 20, 25]
+  d = sum(l.size for l in jax.tree.leaves(model.init(jax.random.key(0))))
+  per_round = 5 * accounting.dense_bits(d)  # cohort of 5 dense fp32 uploads
+  np.testing.assert_allclose(res.history.rounds["bits_up"], per_round)
+  np.testing.assert_allclose(res.history.rounds["uplink_bits"],
+                             per_round * np.arange(1, 26))
+  np.testing.assert_allclose(res.history.evals["uplink_bits"], per_round * np.array(
+      [0, 10, 20, 25]))
+  # The evaluation inside the scan equals evaluating the final model directly.
+  final = jax.jit(make_eval_fn(model))(res.state.params, ds.test)
+  np.testing.assert_allclose(res.history.evals["accuracy"][-1], final["accuracy"], rtol=1e-6)
+  json.dumps(res.history.to_dict())  # JSON-serialisable
+
+
+def test_training_improves_accuracy(setup):
+  res = _run(setup, num_rounds=60, eval_every=30)
+  acc = res.history.evals["accuracy"]
+  assert acc[0] < 0.2 and acc[-1] > 0.8
+
+
+class _Stop(Exception):
+  pass
+
+
+def test_resume_from_checkpoint_is_bitwise_identical(setup, tmp_path):
+  full = _run(setup, num_rounds=12, eval_every=4, chunk_size=2)
+
+  def stop_after_round_6(round_, state, history):
+    if round_ == 6:
+      raise _Stop
+
+  ckpt = str(tmp_path / "ckpt")
+  with pytest.raises(_Stop):
+    _run(setup, num_rounds=12, eval_every=4, chunk_size=2, checkpoint_dir=ckpt,
+         on_chunk=stop_after_round_6)
+  resumed = _run(setup, num_rounds=12, eval_every=4, chunk_size=2, checkpoint_dir=ckpt,
+                 resume=True)
+  assert resumed.num_dispatches == 3  # only the rounds after 6 ran
+  chex.assert_trees_all_equal(full.state, resumed.state)
+  assert full.history.to_dict() == resumed.history.to_dict()
+
+
+def test_resume_with_another_key_is_refused(setup, tmp_path):
+  ds, model, algo = setup
+  ckpt = str(tmp_path / "ckpt")
+  _run(setup, num_rounds=2, eval_every=1, checkpoint_dir=ckpt)
+  with pytest.raises(ValueError, match="another key"):
+    run(algo, jax.random.key(8), model.init(jax.random.key(0)), ds.train, ds.test,
+        num_rounds=4, checkpoint_dir=ckpt, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_rounds=0), "num_rounds"),
+    (dict(num_rounds=5, eval_every=0), "eval_every"),
+])
+def test_bad_arguments(setup, kw, match):
+  with pytest.raises(ValueError, match=match):
+    _run(setup, **kw)

@@ -1,0 +1,73 @@
+"""vmap over whole runs: each repetition of a batched run equals the single run with its key."""
+import chex
+import jax
+import numpy as np
+import optax
+import pytest
+
+from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.data.embedded import digits
+from fedjaxsparse.evaluation import make_eval_fn
+from fedjaxsparse.models import make_loss, softmax_regression
+from fedjaxsparse.runner import run
+from fedjaxsparse.sweep import grid, run_batched
+
+
+@pytest.fixture(scope="module")
+def setup():
+  ds = digits(num_clients=10, partition="dirichlet", alpha=0.5, seed=1)
+  model = softmax_regression(64, 10)
+  return ds, model
+
+
+def test_repetitions_equal_single_runs(setup):
+  ds, model = setup
+  build = lambda _: fedavg(make_loss(model), optax.sgd(0.3), local_steps=2, batch_size=8,
+                           cohort_size=4)
+  keys = jax.random.split(jax.random.key(0), 3)
+  params = model.init(jax.random.key(1))
+  eval_fn = make_eval_fn(model)
+  states, histories = run_batched(build, keys, params, ds.train, ds.test, num_rounds=12,
+                                  eval_fn=eval_fn, eval_every=4)
+  for s in range(3):
+    single = run(build(None), keys[s], params, ds.train, ds.test, num_rounds=12,
+                 eval_fn=eval_fn, eval_every=4, progress=False)
+    chex.assert_trees_all_close(jax.tree.map(lambda a: a[s], states.params),
+                                single.state.params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(histories[s].rounds["loss"], single.history.rounds["loss"],
+                               rtol=1e-5)
+    np.testing.assert_allclose(histories[s].evals["accuracy"],
+                               single.history.evals["accuracy"], atol=1e-6)
+  # Different keys give different cohorts, hence different runs.
+  assert histories[0].rounds["loss"] != histories[1].rounds["loss"]
+
+
+def test_learning_rate_grid_matches_single_runs(setup):
+  ds, model = setup
+  hp = grid(lr=[0.05, 0.5], seed=[0, 1])
+  keys = jax.vmap(jax.random.key)(hp["seed"].astype(np.uint32))
+  build = lambda h: fedavg(make_loss(model), optax.sgd(h["lr"]), local_steps=2)
+  params = model.init(jax.random.key(1))
+  states, histories = run_batched(build, keys, params, ds.train, num_rounds=5,
+                                  hparams={"lr": hp["lr"].astype(np.float32)})
+  assert len(histories) == 4
+  for s in (0, 3):
+    single = run(fedavg(make_loss(model), optax.sgd(float(hp["lr"][s])), local_steps=2),
+                 keys[s], params, ds.train, num_rounds=5, progress=False)
+    chex.assert_trees_all_close(jax.tree.map(lambda a: a[s], states.params),
+                                single.state.params, rtol=1e-5, atol=1e-6)
+
+
+def test_grid_is_the_cartesian_product():
+  g = grid(a=[1, 2, 3], b=[10, 20])
+  assert len(g["a"]) == 6
+  assert set(zip(g["a"].tolist(), g["b"].tolist())) == {(a, b) for a in (1, 2, 3)
+                                                        for b in (10, 20)}
+
+
+def test_hparams_need_one_setting_per_key(setup):
+  ds, model = setup
+  with pytest.raises(ValueError, match="leading axis"):
+    run_batched(lambda h: fedavg(make_loss(model), optax.sgd(h)), jax.random.split(
+        jax.random.key(0), 3), model.init(jax.random.key(1)), ds.train, num_rounds=2,
+                hparams=np.ones(2, np.float32))
