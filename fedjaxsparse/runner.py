@@ -18,7 +18,6 @@ import dataclasses
 import math
 from typing import Any, Callable, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -198,6 +197,8 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
   """
   if not isinstance(num_rounds, int) or num_rounds < 1:
     raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
+  if eval_every < 1:
+    raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
   chunk_size = min(chunk_size or eval_every, num_rounds)
   num_clients = jax.tree.leaves(train)[0].shape[0]
   if mesh is not None:
@@ -232,7 +233,7 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     return chunk_fn(*args)
 
   chunk_fn = build_chunk(algo, chunk_size, eval_fn, eval_every, params_fn)
-  jitted = jax.jit(chex.assert_max_traces(counted_chunk, n=1))
+  jitted = jax.jit(counted_chunk)
   if start == 0 and eval_fn is not None:
     history.add_eval(0, jax.device_get(jax.jit(eval_fn)(params_fn(state), test)))
 

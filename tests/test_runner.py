@@ -15,7 +15,7 @@ from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runner import run
+from fedjaxsparse.runner import build_chunk, run, split_run_key
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +31,21 @@ def _run(setup, **kw):
   kw.setdefault("progress", False)
   return run(algo, jax.random.key(7), model.init(jax.random.key(0)), ds.train, ds.test,
              eval_fn=make_eval_fn(model), **kw)
+
+
+def test_chunk_function_is_traced_once_for_a_whole_run(setup):
+  ds, model, algo = setup
+  chex.clear_trace_counter()
+  chunk = jax.jit(chex.assert_max_traces(build_chunk(algo, 20, make_eval_fn(model), 20), n=1))
+  init_key, rounds_key = split_run_key(jax.random.key(0))
+  state = algo.init(init_key, model.init(jax.random.key(0)), ds.train)
+  for r0 in range(0, 200, 20):  # 10 chunks, the last one shorter than the others
+    state, out = chunk(rounds_key, state, jnp.int32(r0), jnp.int32(190), ds.train, ds.test)
+  assert int(state.round) == 190
+  # The last chunk covers rounds 181..200; only round 190, the final one, is evaluated and the
+  # masked rounds 191..200 report nothing.
+  np.testing.assert_array_equal(np.flatnonzero(out.evaluated), [9])
+  assert float(jnp.abs(out.info.loss[10:]).sum()) == 0.0
 
 
 def test_whole_run_traces_once_and_dispatches_once_per_chunk(setup):

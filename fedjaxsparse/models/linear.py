@@ -1,0 +1,67 @@
+"""Linear models: ridge linear regression and multinomial logistic (softmax) regression.
+
+Inputs of any shape are flattened: ``x [B, ...] -> [B, d]``. The ridge term ``½·l2·‖w‖²``
+is added once per client loss and does not include the bias.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from fedjaxsparse.models.base import (CLASSIFICATION, REGRESSION, Model, softmax_cross_entropy,
+                                      squared_error)
+
+INITS = ("zeros", "lecun")
+
+
+def _check(num_features: int, l2: float, init: str) -> None:
+  if num_features < 1:
+    raise ValueError(f"num_features must be >= 1, got {num_features}.")
+  if l2 < 0 or not math.isfinite(l2):
+    raise ValueError(f"l2 must be a finite number >= 0, got {l2}.")
+  if init not in INITS:
+    raise ValueError(f"init must be one of {INITS}, got {init!r}.")
+
+
+def _ridge(l2: float):
+  return (lambda p: 0.5 * l2 * jnp.sum(jnp.square(p["w"]))) if l2 > 0 else None
+
+
+def linear_regression(num_features: int, l2: float = 0.0, use_bias: bool = True,
+                      init: str = "zeros") -> Model:
+  """``pred = x·w + b``; params ``{'w': [d], 'b': []}`` (no ``'b'`` if ``use_bias=False``);
+  per-example loss ``½(pred − y)²``; regulariser ``½·l2·‖w‖²``."""
+  _check(num_features, l2, init)
+
+  def init_fn(key):
+    w = (jax.random.normal(key, (num_features,)) / math.sqrt(num_features)
+         if init == "lecun" else jnp.zeros((num_features,)))
+    return {"w": w, "b": jnp.zeros(())} if use_bias else {"w": w}
+
+  def apply(params, x):
+    out = x.reshape(x.shape[0], -1) @ params["w"]
+    return out + params["b"] if use_bias else out
+
+  return Model(init_fn, apply, squared_error, _ridge(l2), REGRESSION)
+
+
+def softmax_regression(num_features: int, num_classes: int, l2: float = 0.0,
+                       use_bias: bool = True, init: str = "zeros") -> Model:
+  """``logits = x·W + b``; params ``{'w': [d, C], 'b': [C]}``; cross-entropy; regulariser
+  ``½·l2·‖W‖²``. ``init="lecun"`` draws ``W ~ N(0, 1/d)`` (bias 0)."""
+  _check(num_features, l2, init)
+  if num_classes < 2:
+    raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
+
+  def init_fn(key):
+    w = (jax.random.normal(key, (num_features, num_classes)) / math.sqrt(num_features)
+         if init == "lecun" else jnp.zeros((num_features, num_classes)))
+    return {"w": w, "b": jnp.zeros((num_classes,))} if use_bias else {"w": w}
+
+  def apply(params, x):
+    out = x.reshape(x.shape[0], -1) @ params["w"]
+    return out + params["b"] if use_bias else out
+
+  return Model(init_fn, apply, softmax_cross_entropy, _ridge(l2), CLASSIFICATION)
