@@ -70,7 +70,7 @@ def run(cfg: Config) -> dict:
   records = {m: run_method(cfg, NAME, m, algo, params, ds.train, ds.test, eval_fn)
              for m, algo in methods.items()}
 
-  threshold = float(opts.get("threshold", 0.85))
+  threshold = float(opts.get("threshold", 0.93))
   rows = []
   for m, r in records.items():
     ev = r["history"]["evals"]

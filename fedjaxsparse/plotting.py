@@ -21,13 +21,15 @@ def plot_methods(methods: dict, metric: str, path: str, title: str = "",
     ev, rd = h["evals"], h["rounds"]
     if metric in ev:
       axes[0].plot(ev["round"], ev[metric], marker=".", label=name)
-      axes[1].plot(ev["uplink_bits"], ev[metric], marker=".", label=name)
+      sent = [(b, v) for b, v in zip(ev["uplink_bits"], ev[metric]) if b > 0]
+      if sent:
+        axes[1].plot(*zip(*sent), marker=".", label=name)
     if "loss" in rd:
       axes[2].plot(rd["round"], rd["loss"], label=name, lw=1)
   axes[0].set(xlabel="round", ylabel=f"test {metric}", title=f"test {metric} vs rounds")
   axes[1].set(xlabel="cumulative uplink bits (all clients)", ylabel=f"test {metric}",
               title=f"test {metric} vs communication")
-  axes[1].set_xscale("symlog", linthresh=1.0)
+  axes[1].set_xscale("log")
   axes[2].set(xlabel="round", ylabel="training loss", title="training loss")
   if log_loss:
     axes[2].set_yscale("log")

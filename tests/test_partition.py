@@ -1,0 +1,88 @@
+"""Partitioners: coverage (every example exactly once), sizes, determinism, label skew."""
+import numpy as np
+import pytest
+
+from fedjaxsparse.data import (dirichlet_partition, iid_partition, lognormal_partition,
+                               lognormal_sizes, natural_partition, shard_partition)
+
+LABELS = np.repeat(np.arange(10), 100)  # 1000 examples, 10 balanced classes
+
+
+def _assert_exact_cover(parts, n):
+  allidx = np.concatenate(parts)
+  assert len(allidx) == n
+  np.testing.assert_array_equal(np.sort(allidx), np.arange(n))
+
+
+def _label_entropy(parts, labels):
+  ent = []
+  for p in parts:
+    q = np.bincount(labels[p], minlength=10) / len(p)
+    q = q[q > 0]
+    ent.append(-(q * np.log(q)).sum())
+  return np.mean(ent)
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: iid_partition(1000, 7, s),
+    lambda s: dirichlet_partition(LABELS, 7, 0.5, s),
+    lambda s: shard_partition(LABELS, 10, 2, s),
+    lambda s: lognormal_partition(1000, 7, 1.0, s),
+])
+def test_every_example_exactly_once_and_deterministic(make):
+  parts = make(0)
+  _assert_exact_cover(parts, 1000)
+  assert all(len(p) >= 1 for p in parts)
+  assert all(np.all(np.diff(p) > 0) for p in parts)  # sorted, no duplicates
+  again = make(0)
+  assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+  other = make(1)
+  assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+
+
+def test_iid_sizes_differ_by_at_most_one():
+  sizes = [len(p) for p in iid_partition(1000, 7, 0)]
+  assert max(sizes) - min(sizes) <= 1
+
+
+def test_dirichlet_skew_grows_as_alpha_shrinks():
+  skewed = dirichlet_partition(LABELS, 10, 0.05, 0)
+  uniform = dirichlet_partition(LABELS, 10, 100.0, 0)
+  # Full entropy is log 10 = 2.30; tiny alpha leaves clients with few classes.
+  assert _label_entropy(skewed, LABELS) < 1.0 < 2.0 < _label_entropy(uniform, LABELS)
+
+
+def test_dirichlet_min_size_and_errors():
+  parts = dirichlet_partition(LABELS, 20, 0.1, 3, min_size=5)
+  assert min(len(p) for p in parts) >= 5
+  with pytest.raises(ValueError, match="alpha"):
+    dirichlet_partition(LABELS, 5, 0.0)
+  with pytest.raises(ValueError, match="num_clients"):
+    dirichlet_partition(LABELS[:3], 5, 1.0)
+
+
+def test_shards_give_few_classes_per_client():
+  parts = shard_partition(LABELS, 10, 2, 0)
+  # 20 shards of 50 examples never straddle a class boundary of 100-example classes.
+  assert all(len(np.unique(LABELS[p])) <= 2 for p in parts)
+  assert all(len(p) == 100 for p in parts)
+  with pytest.raises(ValueError, match="shards_per_client"):
+    shard_partition(LABELS, 10, 0)
+
+
+def test_natural_partition_groups_exactly_by_key():
+  keys = np.array([[1, 2], [3, 4], [1, 2], [5, 6], [3, 4], [1, 2]])
+  parts = natural_partition(keys)
+  assert [p.tolist() for p in parts] == [[0, 2, 5], [1, 4], [3]]  # order of first appearance
+  parts1d = natural_partition(np.array(["b", "a", "b"]))
+  assert [p.tolist() for p in parts1d] == [[0, 2], [1]]
+
+
+def test_lognormal_sizes():
+  sizes = lognormal_sizes(1000, 30, 1.5, 0)
+  assert sizes.sum() == 1000 and sizes.min() >= 1
+  assert sizes.max() > 3 * np.median(sizes)  # heavy tail at sigma = 1.5
+  flat = lognormal_sizes(1000, 10, 0.0, 0)
+  assert flat.max() - flat.min() <= 1  # sigma = 0 is balanced
+  with pytest.raises(ValueError, match="sigma"):
+    lognormal_sizes(100, 5, -1.0)
