@@ -12,7 +12,8 @@ Conventions (DESIGN.md "Accounting and metrics"; seed 000 spec A.13):
   - ``"bitmask"``: a d-bit presence mask plus the values, ``d + nnz · value_bits``;
   - ``"values"``: values only, ``nnz · value_bits`` (the index-free convention some papers
     use, e.g. EF21's code; it understates the cost and is never the default);
-  - ``"auto"`` (default): the cheapest of indices, bitmask and dense.
+  - ``"auto"`` (default): the cheapest of indices, bitmask and dense;
+  - ``"dense"``: always ``d · value_bits`` (a sender that never exploits zeros).
 
 * 1-bit masks on seeded noise (FedMRN): ``d`` bits plus a 32-bit seed.
 * Quantized vectors: ``d · bits_per_value`` plus ``overhead_floats`` fp32 scalars (norms,
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 
 FLOAT_BITS = 32
 SEED_BITS = 32
-ENCODINGS = ("auto", "indices", "bitmask", "values")
+ENCODINGS = ("auto", "indices", "bitmask", "values", "dense")
 
 
 def num_params(tree_or_size: Any) -> int:
@@ -70,6 +71,8 @@ def sparse_bits(nnz: Any, d: int, value_bits: int = FLOAT_BITS, encoding: str = 
   if encoding == "values":
     return nnz * value_bits
   dense = d * value_bits
+  if encoding == "dense":
+    return jnp.float32(dense) if traced else dense
   if traced:
     return jnp.minimum(jnp.minimum(indices, bitmask), dense)
   return min(indices, bitmask, dense)

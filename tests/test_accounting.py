@@ -52,3 +52,9 @@ def test_mask_and_quantized_bits_and_errors():
   assert accounting.quantized_bits(1000, 2, overhead_floats=1) == 2032
   with pytest.raises(ValueError, match="encoding"):
     accounting.sparse_bits(1, 10, encoding="huffman")
+
+
+def test_dense_encoding_ignores_zeros():
+  assert accounting.sparse_bits(3, 1000, encoding="dense") == 32000
+  x = {"a": jnp.zeros(10)}
+  assert float(jax.jit(lambda t: accounting.message_bits(t, encoding="dense"))(x)) == 320.0

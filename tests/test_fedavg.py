@@ -63,7 +63,7 @@ def test_round_equals_python_loop_reference(ridge):
   loss = make_loss(model)
   lr, steps = 0.05, 4
   algo = fedavg(loss, optax.sgd(lr), local_steps=steps)
-  params = {"w": jnp.linspace(-1, 1, 5), "b": jnp.float32(0.3)}
+  params = {"w": jnp.linspace(-1, 1, 5) + 0.1, "b": jnp.float32(0.3)}  # no zeros: dense
   state = algo.init(jax.random.key(0), params, ds.train)
   state, info = jax.jit(algo.step)(jax.random.key(1), state, ds.train)
 

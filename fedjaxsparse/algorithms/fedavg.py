@@ -41,8 +41,9 @@ class FedAvgInfo(NamedTuple):
   """Attributes (float32 scalars unless said):
     loss: cohort training loss at the broadcast model (each client's loss on its first local
       batch, aggregated with the round's weights).
-    bits_up: bits uploaded this round, summed over the cohort (dense fp32 deltas).
-    bits_down: bits broadcast this round, summed over the cohort (dense fp32 model).
+    bits_up: bits uploaded this round, summed over the cohort (each message charged by its
+      non-zeros; dense fp32 deltas for plain FedAvg).
+    bits_down: bits of the broadcast model this round, summed over the cohort.
     num_clients: ``int32[]`` cohort size.
   """
   loss: jax.Array
@@ -52,13 +53,14 @@ class FedAvgInfo(NamedTuple):
 
 
 def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_steps: int,
-              batch_size: int | None) -> Callable:
+              batch_size: int | None, local_prox: Callable | None = None) -> Callable:
   """Local training of ONE client: ``(key, params, client_data) -> (params, first_loss)``.
 
   ``client_data`` is one client's ``FederatedData`` row (``x [M, ...]``, ``mask [M]``).
   With ``batch_size=None`` every step uses the client's full (masked) data; otherwise each
   step draws ``batch_size`` examples uniformly *with replacement* from the client's real
   examples — a static batch shape, so clients of any size share one kernel.
+  ``local_prox`` (e.g. Top-K for FedIHT) is applied after every step.
   """
 
   def train(key, params, data: FederatedData):
@@ -74,7 +76,8 @@ def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_st
       p, s = carry
       loss, grads = jax.value_and_grad(loss_fn)(p, *batch(k))
       updates, s = optimizer.update(grads, s, p)
-      return (optax.apply_updates(p, updates), s), loss
+      p = optax.apply_updates(p, updates)
+      return (local_prox(p) if local_prox is not None else p, s), loss
 
     (params, _), losses = jax.lax.scan(step, (params, opt_state),
                                        jax.random.split(key, local_steps))
@@ -86,7 +89,9 @@ def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_st
 def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
            local_steps: int = 1, batch_size: int | None = None, cohort_size: int | None = None,
            server_optimizer: optax.GradientTransformation | None = None,
-           weighting: str = "num_examples") -> Algorithm:
+           weighting: str = "num_examples", local_prox: Callable | None = None,
+           upload_prox: Callable | None = None, server_prox: Callable | None = None,
+           encoding: str = "dense") -> Algorithm:
   """Build FedAvg.
 
   Args:
@@ -101,6 +106,13 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     server_optimizer: optional optax transformation applied to the pseudo-gradient ``−Δ̄``
       (``optax.sgd(1.0)`` reproduces plain FedAvg).
     weighting: ``"num_examples"`` (``n_i / Σ n_j`` over the cohort) or ``"uniform"``.
+    local_prox: applied to the client model after every local step.
+    upload_prox: applied to the client's final model, which is then uploaded *as a model*
+      (FedIHT uploads Top-K'd models); without it the client uploads its dense delta.
+    server_prox: applied to the new global model (FedHT prunes the average).
+    encoding: message encoding for the bit accounting (:mod:`fedjaxsparse.accounting`):
+      ``"dense"`` (default, ``32·d`` per message) or a sparse encoding such as ``"auto"``,
+      which charges each message by its actual non-zeros.
   """
   if not isinstance(local_steps, int) or local_steps < 1:
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
@@ -109,7 +121,7 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
   if weighting not in WEIGHTINGS:
     raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
   server_opt = server_optimizer or optax.identity()
-  train_client = local_sgd(loss_fn, client_optimizer, local_steps, batch_size)
+  train_client = local_sgd(loss_fn, client_optimizer, local_steps, batch_size, local_prox)
 
   def init(key, params, data: FederatedData) -> FedAvgState:
     del key
@@ -124,18 +136,25 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     local, losses = jax.vmap(train_client, in_axes=(0, None, 0))(
         client_keys(k_clients, cohort), state.params, cohort_data)
     weights = client_weights(cohort_data.num_examples, weighting)
-    delta = weighted_mean(jax.tree.map(lambda l, g: l - g, local, state.params), weights)
+    if upload_prox is None:
+      messages = jax.tree.map(lambda l, g: l - g, local, state.params)
+      delta = weighted_mean(messages, weights)
+    else:
+      messages = jax.vmap(upload_prox)(local)
+      delta = jax.tree.map(jnp.subtract, weighted_mean(messages, weights), state.params)
     if server_optimizer is None:
       params, opt_state = jax.tree.map(jnp.add, state.params, delta), state.server_opt_state
     else:
       pseudo_grad = jax.tree.map(jnp.negative, delta)
       updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
+    if server_prox is not None:
+      params = server_prox(params)
     c = cohort.shape[0]
-    message_bits = accounting.dense_bits(state.params)
+    bits = lambda m: accounting.message_bits(m, encoding=encoding)
     info = FedAvgInfo(loss=jnp.dot(weights, losses),
-                      bits_up=jnp.float32(c * message_bits),
-                      bits_down=jnp.float32(c * message_bits),
+                      bits_up=jnp.sum(jax.vmap(bits)(messages)),
+                      bits_down=c * bits(state.params),
                       num_clients=jnp.int32(c))
     return FedAvgState(params, opt_state, state.round + 1), info
 

@@ -1,0 +1,41 @@
+"""FedHT and FedIHT (Tong et al. 2020, "Federated Nonconvex Sparse Learning"), the
+FedAvg-with-Top-K baselines of seed 000 (§4, spec A.12): no acceleration, no control
+variates. Both are :func:`~fedjaxsparse.algorithms.fedavg.fedavg` with Top-K hooks.
+
+* FedHT: clients train dense and upload dense models; the server hard-thresholds the average
+  (downlink K-sparse).
+* FedIHT: clients hard-threshold before uploading (uplink K-sparse); the server averages
+  without re-pruning, so the broadcast model has up to N·K non-zeros (seed 000 notes FedIHT
+  "usually yields a model of 70-90% sparsity when given a target of 90%"). Whether Top-K is
+  applied after every local step or only before upload is not stated: ``prune_every_step``
+  (default False, pre-upload only).
+
+Aggregation is uniform by default, as in Algorithm 1 of seed 000 (``weighting=``). Messages
+are charged by their non-zeros (``encoding="auto"``).
+"""
+from __future__ import annotations
+
+import optax
+
+from fedjaxsparse.algorithms.fedavg import LossFn, fedavg
+from fedjaxsparse.algorithms.proxskip import top_k_prox
+from fedjaxsparse.core import Algorithm
+
+
+def fedht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
+          scope: str = "global", weighting: str = "uniform", **kw) -> Algorithm:
+  """FedHT: ``w ← TopK(mean_i LocalSGD_i(w))``."""
+  kw.setdefault("encoding", "auto")
+  return fedavg(loss_fn, optax.sgd(lr), local_steps=local_steps, weighting=weighting,
+                server_prox=top_k_prox(sparsity, scope), **kw)
+
+
+def fediht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
+           scope: str = "global", weighting: str = "uniform", prune_every_step: bool = False,
+           **kw) -> Algorithm:
+  """FedIHT: ``w ← mean_i TopK(LocalSGD_i(w))`` (Top-K also after every local step if
+  ``prune_every_step``)."""
+  prox = top_k_prox(sparsity, scope)
+  kw.setdefault("encoding", "auto")
+  return fedavg(loss_fn, optax.sgd(lr), local_steps=local_steps, weighting=weighting,
+                upload_prox=prox, local_prox=prox if prune_every_step else None, **kw)

@@ -1,0 +1,290 @@
+"""ProxSkip / Scaffnew and the Sparse-ProxSkip family (seed 000, Algorithm 1 "Meta
+Sparse-ProxSkip", §3; spec ``specs/seed000_003.md`` A.2–A.10).
+
+Problem: ``min_w (1/N) Σ_i f_i(w)`` in consensus form. Every client ``i`` keeps an iterate
+``w_i`` and a control variate ``h_i`` with ``Σ_i h_i = 0``. One *iteration*:
+
+    L6   ŵ_i = w_i − γ (∇f_i(w_i) − h_i)                  (all clients, one vmapped kernel)
+    L7   [local_prox]   ŵ_i = prox(ŵ_i)                      Sparse-ProxSkip-Local: TopK
+    L8   with probability p (ONE coin θ_t for all clients, drawn outside the vmap):
+    L9     [upload_prox] m_i = prox(ŵ_i); stored back into ŵ_i if ``write_back``
+                                                             Sparse-ProxSkip: TopK, written back
+    L10    w̄ = (1/N) Σ_j m_j                                 (uniform mean = consensus prox)
+    L11    [server_prox] w_out = prox(w̄)                     Accelerated-Server-Pruning: TopK
+    L12    h_i ← h_i + (p/γ) (r − ŵ_i),  r = w_out (``h_after_server_prox``) or w̄
+           w_i ← w_out
+    L14  otherwise w_i ← ŵ_i, h_i unchanged.
+
+The variants differ only in the three prox hooks and two flags; each named constructor is
+one call of :func:`meta_sparse_proxskip`. Σ_i h_i is conserved exactly when the vector the
+h-update subtracts (ŵ_i) averages to the reference r — true for ProxSkip, Sparse-ProxSkip,
+Sparse-ProxSkip-Local and ASP-modified, false for ASP (``ΔΣh = (pN/γ)(TopK(w̄) − w̄)``) and
+Sparse-ProxSkip-modified (``ΔΣh = (p/γ) Σ_i (TopK(ŵ_i) − ŵ_i)``); spec A.3.
+
+Two forms (``form=``): ``"iteration"`` — ``step`` is one iteration of Algorithm 1 (a local
+step, the coin, maybe a communication); ``"round"`` — ``step`` draws the number of local steps
+``L ~ Geometric(p)`` on {1, 2, …} inside ``jit``, runs them (a ``while_loop``), then
+communicates. The round form is the iteration form grouped between successive coins θ = 1.
+
+Evaluation (seed 000 §B, "every method's model is TopK'd before any evaluation"): the state's
+``params`` is the last model the server broadcast; apply ``top_k`` in the runner's
+``params_fn`` for the sparse evaluation (see the seed-000 experiment).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjaxsparse import accounting
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.sampling import client_keys
+from fedjaxsparse.sparsity import k_from_sparsity, top_k
+
+Prox = Callable[[Any], Any]  # one client's pytree -> pytree
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+FORMS = ("iteration", "round")
+
+
+class ProxSkipState(NamedTuple):
+  """Attributes:
+    w: ``[N, ...]`` client iterates ``w_i``.
+    h: ``[N, ...]`` control variates ``h_i`` (``Σ_i h_i = 0`` for the drift-free variants).
+    server: ``[...]`` the model the server broadcast last (``w̄`` after L11; ``w_0`` at start).
+    t: ``int32[]`` iterations (local steps) done.
+    comms: ``int32[]`` communications done.
+  """
+  w: Any
+  h: Any
+  server: Any
+  t: jax.Array
+  comms: jax.Array
+
+  @property
+  def params(self):
+    return self.server
+
+
+class ProxSkipInfo(NamedTuple):
+  """Attributes (scalars):
+    loss: ``(1/N) Σ_i f_i(w_i)`` at the start of the step.
+    bits_up: uplink bits of the step, summed over clients (0 without communication).
+    bits_down: downlink bits of the step, summed over clients.
+    communicated: 1.0 if the step communicated.
+    local_steps: ``int32`` local steps in the step (1 in the iteration form).
+    sum_h_norm: ``‖Σ_i h_i‖`` after the step (the zero-sum diagnostic, Figs 6-8).
+    mean_h_norm: ``(1/N) Σ_i ‖h_i‖`` after the step.
+    upload_nnz: mean non-zeros of the uploaded vectors (0 without communication).
+  """
+  loss: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+  communicated: jax.Array
+  local_steps: jax.Array
+  sum_h_norm: jax.Array
+  mean_h_norm: jax.Array
+  upload_nnz: jax.Array
+
+
+class ProxSkipKernel(NamedTuple):
+  """The low-level pieces, for composing new methods and for tests.
+
+  Attributes:
+    init: as ``Algorithm.init``.
+    local_step: ``(key, state, data) -> (w_hat [N, ...], losses [N])``, L6–L7 for all clients.
+    communicate: ``(state, w_hat) -> (state, (bits_up, bits_down, upload_nnz))``, L9–L12.
+    skip: ``(state, w_hat) -> state``, L14.
+  """
+  init: Callable
+  local_step: Callable
+  communicate: Callable
+  skip: Callable
+
+
+def _tree_norm(tree) -> jax.Array:
+  return jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(tree)))
+
+
+def _check(gamma: float, p: float) -> None:
+  if not (isinstance(gamma, (int, float)) and gamma > 0):
+    raise ValueError(f"gamma (step size) must be a number > 0, got {gamma!r}.")
+  if not (isinstance(p, (int, float)) and 0 < p <= 1):
+    raise ValueError(f"p (communication probability) must be in (0, 1], got {p!r}.")
+
+
+def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
+                    local_prox: Prox | None = None, upload_prox: Prox | None = None,
+                    write_back: bool = True, server_prox: Prox | None = None,
+                    h_after_server_prox: bool = True, batch_size: int | None = None,
+                    encoding: str = "auto") -> ProxSkipKernel:
+  """The pieces of Algorithm 1 (see the module docstring for the hooks).
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i`` for one client.
+    gamma: step size γ.
+    p: communication probability p ∈ (0, 1].
+    local_prox, upload_prox, server_prox: the L7 / L9 / L11 operators (``None`` = identity).
+    write_back: L9 stores the upload back into ``ŵ_i`` (Sparse-ProxSkip) or not
+      (Sparse-ProxSkip-modified).
+    h_after_server_prox: L12 uses ``w_out = server_prox(w̄)`` (Algorithm 1, ASP) or ``w̄``
+      (ASP-modified: the h-update before the pruning).
+    batch_size: examples per local gradient (with replacement; static) or ``None`` for the
+      full local gradient (the convex experiments of seed 000).
+    encoding: sparse-message encoding for the bit accounting (:mod:`fedjaxsparse.accounting`).
+  """
+  _check(gamma, p)
+  identity = lambda x: x
+  local_prox = local_prox or identity
+  upload_prox = upload_prox or identity
+  server_prox = server_prox or identity
+  grad_fn = jax.value_and_grad(loss_fn)
+
+  def init(key, params, data: FederatedData) -> ProxSkipState:
+    del key
+    n = data.num_clients
+    w = jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + jnp.shape(a)), params)
+    h = jax.tree.map(jnp.zeros_like, w)
+    return ProxSkipState(w, h, params, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+  def client_step(key, w, h, data: FederatedData):
+    if batch_size is None:
+      batch = (data.x, data.y, data.mask)
+    else:
+      idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(data.num_examples, 1))
+      batch = (data.x[idx], data.y[idx], jnp.ones((batch_size,), jnp.float32))
+    loss, g = grad_fn(w, *batch)
+    w_hat = jax.tree.map(lambda a, gi, hi: a - gamma * (gi - hi), w, g, h)
+    return local_prox(w_hat), loss
+
+  def local_step(key, state: ProxSkipState, data: FederatedData):
+    keys = client_keys(key, jnp.arange(data.num_clients))
+    return jax.vmap(client_step)(keys, state.w, state.h, data)
+
+  def communicate(state: ProxSkipState, w_hat):
+    n = jax.tree.leaves(w_hat)[0].shape[0]
+    messages = jax.vmap(upload_prox)(w_hat)
+    if write_back:
+      w_hat = messages
+    w_bar = jax.tree.map(lambda m: jnp.mean(m, axis=0), messages)
+    w_out = server_prox(w_bar)
+    ref = w_out if h_after_server_prox else w_bar
+    h = jax.tree.map(lambda hi, r, wh: hi + (p / gamma) * (r - wh), state.h, ref, w_hat)
+    w = jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), w_out)
+    up = jnp.sum(jax.vmap(lambda m: accounting.message_bits(m, encoding=encoding))(messages))
+    # ASP-modified broadcasts the dense average and the clients prune it themselves.
+    down = n * accounting.message_bits(ref, encoding=encoding)
+    nnz = jnp.mean(jax.vmap(accounting.nnz)(messages).astype(jnp.float32))
+    new = state._replace(w=w, h=h, server=w_out, comms=state.comms + 1)
+    return new, (up, down, nnz)
+
+  def skip(state: ProxSkipState, w_hat):
+    return state._replace(w=w_hat)
+
+  return ProxSkipKernel(init, local_step, communicate, skip)
+
+
+def geometric_local_steps(key: jax.Array, p: float) -> jax.Array:
+  """``L ~ Geometric(p)`` on {1, 2, …}: ``P(L = l) = (1 − p)^{l−1} p``, mean ``1/p``."""
+  if p >= 1:
+    return jnp.ones((), jnp.int32)
+  u = jax.random.uniform(key, minval=jnp.finfo(jnp.float32).tiny, maxval=1.0)
+  return (1 + jnp.floor(jnp.log(u) / jnp.log1p(-p))).astype(jnp.int32)
+
+
+def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
+                         form: str = "iteration", **kernel_kwargs) -> Algorithm:
+  """Algorithm 1 of seed 000 with the given hooks (``kernel_kwargs``: see
+  :func:`proxskip_kernel`) in the iteration or the round form."""
+  if form not in FORMS:
+    raise ValueError(f"form must be one of {FORMS}, got {form!r}.")
+  kernel = proxskip_kernel(loss_fn, gamma, p, **kernel_kwargs)
+
+  def finish(state, losses, comm_out, communicated, steps):
+    up, down, nnz = comm_out
+    h_sum = jax.tree.map(lambda a: jnp.sum(a, 0), state.h)
+    h_norms = jax.vmap(_tree_norm)(state.h)
+    info = ProxSkipInfo(loss=jnp.mean(losses), bits_up=up, bits_down=down,
+                        communicated=communicated.astype(jnp.float32), local_steps=steps,
+                        sum_h_norm=_tree_norm(h_sum), mean_h_norm=jnp.mean(h_norms),
+                        upload_nnz=nnz)
+    return state._replace(t=state.t + steps), info
+
+  zero = (jnp.float32(0), jnp.float32(0), jnp.float32(0))
+
+  def iteration_step(key, state: ProxSkipState, data: FederatedData):
+    k_coin, k_local = jax.random.split(key)
+    theta = jax.random.bernoulli(k_coin, p)  # ONE coin for all clients (L2)
+    w_hat, losses = kernel.local_step(k_local, state, data)
+    state, comm = jax.lax.cond(theta, kernel.communicate,
+                               lambda s, wh: (kernel.skip(s, wh), zero), state, w_hat)
+    return finish(state, losses, comm, theta, jnp.int32(1))
+
+  def round_step(key, state: ProxSkipState, data: FederatedData):
+    k_len, k_local = jax.random.split(key)
+    num_steps = geometric_local_steps(k_len, p)
+    w_hat, first_losses = kernel.local_step(jax.random.fold_in(k_local, 0), state, data)
+
+    def body(j, carry):
+      s, wh = carry
+      s = kernel.skip(s, wh)
+      wh, _ = kernel.local_step(jax.random.fold_in(k_local, j), s, data)
+      return s, wh
+
+    state, w_hat = jax.lax.fori_loop(1, num_steps, body, (state, w_hat))
+    state, comm = kernel.communicate(state, w_hat)
+    return finish(state, first_losses, comm, jnp.bool_(True), num_steps)
+
+  return Algorithm(kernel.init, iteration_step if form == "iteration" else round_step)
+
+
+def proxskip(loss_fn: LossFn, gamma: float, p: float, **kw) -> Algorithm:
+  """ProxSkip / Scaffnew (Mishchenko et al. 2022): dense uploads, no pruning. Final-TopK is
+  this training run evaluated (and finished) with ``top_k`` (spec A.5)."""
+  return meta_sparse_proxskip(loss_fn, gamma, p, **kw)
+
+
+def sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
+                    scope: str = "global", **kw) -> Algorithm:
+  """Sparse-ProxSkip (seed 000's method, L9): Top-K of the local iterate right before
+  communication, *written back* into ŵ_i, so Σ_i h_i stays 0 (spec A.9)."""
+  return meta_sparse_proxskip(loss_fn, gamma, p, upload_prox=top_k_prox(sparsity, scope), **kw)
+
+
+def sparse_proxskip_local(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
+                          scope: str = "global", **kw) -> Algorithm:
+  """Sparse-ProxSkip-Local (L7): Top-K after every local step — RandProx with the
+  ℓ0-ball indicator, whose prox is Top-K (spec A.8)."""
+  return meta_sparse_proxskip(loss_fn, gamma, p, local_prox=top_k_prox(sparsity, scope), **kw)
+
+
+def sparse_proxskip_modified(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
+                             scope: str = "global", **kw) -> Algorithm:
+  """Sparse-ProxSkip-modified (appendix D): the upload is Top-K'd but the client keeps its
+  dense ŵ_i for the h-update, which breaks Σ_i h_i = 0 (spec A.10; a diagnostic)."""
+  return meta_sparse_proxskip(loss_fn, gamma, p, upload_prox=top_k_prox(sparsity, scope),
+                              write_back=False, **kw)
+
+
+def accelerated_server_pruning(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
+                               scope: str = "global", **kw) -> Algorithm:
+  """Accelerated-Server-Pruning (L11): dense uploads, Top-K of the average at the server
+  before the h-update, which breaks Σ_i h_i = 0 (spec A.6; the baseline shown to fail)."""
+  return meta_sparse_proxskip(loss_fn, gamma, p, server_prox=top_k_prox(sparsity, scope), **kw)
+
+
+def accelerated_server_pruning_modified(loss_fn: LossFn, gamma: float, p: float,
+                                        sparsity: float, *,
+                                        scope: str = "global", **kw) -> Algorithm:
+  """ASP-modified (appendix D): L11 and L12 swapped — the h-update uses the dense average,
+  then the clients prune it; Σ_i h_i = 0 holds (spec A.7; dense up- and downlink)."""
+  return meta_sparse_proxskip(loss_fn, gamma, p, server_prox=top_k_prox(sparsity, scope),
+                              h_after_server_prox=False, **kw)
+
+
+def top_k_prox(sparsity: float, scope: str = "global") -> Prox:
+  """Top-K at target ``sparsity`` (fraction of zeros; ``K = k_from_sparsity(d, sparsity)``)
+  over the whole model (``"global"``, as in seed 000) or per leaf (``"per_leaf"``)."""
+  k_from_sparsity(1, sparsity)  # validates 0 <= sparsity < 1 at build time
+  return lambda tree: top_k(tree, sparsity=sparsity, scope=scope)
