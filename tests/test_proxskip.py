@@ -1,0 +1,306 @@
+"""The Sparse-ProxSkip family (seed 000): the zero-sum invariant and its violations, exact
+reductions, convergence to the closed-form optimum, sparsity and bit counts, and the
+equivalence of the iteration and round forms."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjaxsparse import accounting
+from fedjaxsparse.algorithms import proxskip as ps
+from fedjaxsparse.algorithms.fedht import fedht, fediht
+from fedjaxsparse.data.problems import (ridge_regression_optimum, ridge_regression_problem,
+                                        uniform_weights)
+from fedjaxsparse.models import linear_regression, make_loss
+from fedjaxsparse.runner import run
+from fedjaxsparse.sparsity import k_from_sparsity, top_k
+
+L2 = 0.1
+DIM = 8
+
+
+@pytest.fixture(scope="module")
+def problem():
+  ds = ridge_regression_problem(num_clients=6, dim=DIM, examples_per_client=20,
+                                heterogeneity=2.0, seed=0)
+  model = linear_regression(DIM, l2=L2)
+  return ds, model, make_loss(model)
+
+
+def _x64(tree):
+  return jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)
+                      if np.asarray(a).dtype.kind == "f" else jnp.asarray(a), tree)
+
+
+def _sum_h(state):
+  return jax.tree.map(lambda a: jnp.sum(a, 0), state.h)
+
+
+def _flat(tree):
+  return np.concatenate([np.ravel(np.asarray(v)) for v in jax.tree.leaves(tree)])
+
+
+def _iterate(algo, state, data, n, seed=0):
+  step = jax.jit(algo.step)
+  out = []
+  for t in range(n):
+    prev = state
+    state, info = step(jax.random.key(seed * 100000 + t), state, data)
+    out.append((prev, state, info))
+  return state, out
+
+
+ZERO_SUM = {
+    "proxskip": lambda loss: ps.proxskip(loss, 0.02, 0.3),
+    "sparse_proxskip": lambda loss: ps.sparse_proxskip(loss, 0.02, 0.3, 0.5),
+    "sparse_proxskip_local": lambda loss: ps.sparse_proxskip_local(loss, 0.02, 0.3, 0.5),
+    "asp_modified": lambda loss: ps.accelerated_server_pruning_modified(loss, 0.02, 0.3, 0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZERO_SUM))
+def test_control_variates_keep_summing_to_zero(problem, name):
+  ds, model, loss = problem
+  algo = ZERO_SUM[name](loss)
+  state = algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
+  state, trace = _iterate(algo, state, ds.train, 150)
+  comms = sum(float(i.communicated) for _, _, i in trace)
+  assert 20 < comms < 80  # p = 0.3
+  for _, s, info in trace:
+    scale = 1e-5 * max(1.0, float(info.mean_h_norm) * 6)
+    assert float(info.sum_h_norm) <= scale
+  assert float(trace[-1][2].mean_h_norm) > 1e-2  # the h_i themselves are far from zero
+
+
+def test_asp_and_sps_modified_drift_by_the_exact_formula(problem):
+  ds, model, loss = problem
+  gamma, p, s = 0.02, 0.5, 0.5
+  n = ds.num_clients
+  for name, algo in (("asp", ps.accelerated_server_pruning(loss, gamma, p, s)),
+                     ("sps_mod", ps.sparse_proxskip_modified(loss, gamma, p, s))):
+    kernel = ps.proxskip_kernel(
+        loss, gamma, p, upload_prox=ps.top_k_prox(s) if name == "sps_mod" else None,
+        write_back=name != "sps_mod", server_prox=ps.top_k_prox(s) if name == "asp" else None)
+    state = algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
+    drift = []
+    for t in range(5):
+      w_hat, _ = kernel.local_step(jax.random.key(t), state, ds.train)
+      new, _ = kernel.communicate(state, w_hat)
+      delta = _flat(_sum_h(new)) - _flat(_sum_h(state))
+      if name == "asp":
+        w_bar = jax.tree.map(lambda a: jnp.mean(a, 0), w_hat)
+        expected = (p * n / gamma) * (_flat(top_k(w_bar, sparsity=s)) - _flat(w_bar))
+      else:
+        pruned = jax.vmap(lambda w: top_k(w, sparsity=s))(w_hat)
+        expected = (p / gamma) * np.sum(
+            np.stack([_flat(jax.tree.map(lambda a, b: a[i] - b[i], pruned, w_hat))
+                      for i in range(n)]), 0)
+      np.testing.assert_allclose(delta, expected, rtol=1e-4, atol=1e-3)
+      drift.append(np.linalg.norm(_flat(_sum_h(new))))
+      state = new
+    assert drift[-1] > 1.0  # Σh really leaves zero
+
+
+def test_p_equal_one_is_gradient_descent_on_the_average(problem):
+  ds, model, loss = problem
+  gamma = 0.02
+  algo = ps.proxskip(loss, gamma, 1.0)
+  w0 = model.init(jax.random.key(0))
+  state = algo.init(jax.random.key(0), w0, ds.train)
+  grad_i = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))
+  w = w0
+  for t in range(5):
+    state, info = jax.jit(algo.step)(jax.random.key(t), state, ds.train)
+    g = grad_i(w, ds.train.x, ds.train.y, ds.train.mask)
+    g_bar = jax.tree.map(lambda a: jnp.mean(a, 0), g)
+    w = jax.tree.map(lambda a, b: a - gamma * b, w, g_bar)
+    chex.assert_trees_all_close(state.server, w, rtol=1e-5, atol=1e-6)
+    # After the step h_i = ∇f_i(w_prev) − ∇f(w_prev) (pure algebra of L6, L10, L12).
+    w_prev = jax.tree.map(lambda a, b: a + gamma * b, w, g_bar)
+    g_prev = grad_i(w_prev, ds.train.x, ds.train.y, ds.train.mask)
+    g_prev_bar = jax.tree.map(lambda a: jnp.mean(a, 0, keepdims=True), g_prev)
+    chex.assert_trees_all_close(state.h, jax.tree.map(jnp.subtract, g_prev, g_prev_bar),
+                                rtol=1e-4, atol=1e-4)
+    assert float(info.communicated) == 1.0
+
+
+def _smoothness_and_mu(train, l2):
+  x = np.asarray(train.x, np.float64)
+  m = np.asarray(train.mask, np.float64)
+  n = np.asarray(train.num_examples, np.float64)
+  xb = np.concatenate([x, np.ones(x.shape[:2] + (1,))], -1) * m[..., None]
+  hs = [xb[i].T @ xb[i] / n[i] + l2 * np.diag([1.0] * DIM + [0]) for i in range(len(n))]
+  l_max = max(np.linalg.eigvalsh(h).max() for h in hs)
+  mu = np.linalg.eigvalsh(sum(hs) / len(hs)).min()
+  return l_max, mu
+
+
+def test_proxskip_converges_linearly_to_the_ridge_optimum_with_fewer_communications(problem):
+  ds, _, _ = problem
+  l2 = 1.0
+  model = linear_regression(DIM, l2=l2)
+  loss = make_loss(model)
+  lmax, mu = _smoothness_and_mu(ds.train, l2)
+  opt = ridge_regression_optimum(ds.train, l2, uniform_weights(ds.train))
+  gamma = 1.0 / lmax
+  p = float(np.sqrt(mu / lmax))  # ProxSkip's optimal p = 1/sqrt(κ)
+
+  def comms_to_reach(algo, iterations, tol=1e-6):
+    with jax.enable_x64(True):
+      data = _x64(ds.train)
+      w0 = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64), model.init(jax.random.key(0)))
+      res = run(algo, jax.random.key(1), w0, data, num_rounds=iterations, chunk_size=500,
+                progress=False)
+      err = np.linalg.norm(_flat(res.state.server) - _flat(opt)) / np.linalg.norm(_flat(opt))
+      return err, int(res.state.comms), res
+
+  err_ps, comms_ps, res = comms_to_reach(ps.proxskip(loss, gamma, p), 5000)
+  assert err_ps < 1e-6
+  err_gd, comms_gd, _ = comms_to_reach(ps.proxskip(loss, gamma, 1.0), 5000)
+  # GD (p = 1) communicates every iteration; ProxSkip needs far fewer communications.
+  assert lmax / mu > 50  # the ill-conditioned regime where acceleration matters
+  assert comms_ps < 0.3 * comms_gd
+  # Linear convergence: the error at the end of the run is below the error halfway.
+  with jax.enable_x64(True):
+    half = run(ps.proxskip(loss, gamma, p), jax.random.key(1),
+               jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64),
+                            model.init(jax.random.key(0))), _x64(ds.train), num_rounds=2500,
+               chunk_size=500, progress=False)
+  err_half = np.linalg.norm(_flat(half.state.server) - _flat(opt)) / np.linalg.norm(_flat(opt))
+  assert err_ps < 1e-2 * err_half
+
+
+def test_fixed_point_and_the_zero_sum_argument(problem):
+  ds, model, loss = problem
+  gamma = 0.02
+  opt = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32),
+                     ridge_regression_optimum(ds.train, L2, uniform_weights(ds.train)))
+  grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(opt, ds.train.x, ds.train.y,
+                                                            ds.train.mask)
+  n = ds.num_clients
+  # (w_i = w*, h_i = ∇f_i(w*)) is a fixed point of dense ProxSkip for any coin.
+  algo = ps.proxskip(loss, gamma, 0.5)
+  state = algo.init(jax.random.key(0), opt, ds.train)._replace(h=grads)
+  for t in range(6):
+    state, _ = jax.jit(algo.step)(jax.random.key(t), state, ds.train)
+  chex.assert_trees_all_close(state.server, opt, atol=1e-4)
+  # With Σh ≠ 0 and p = 1, one step moves the server model to w* + (γ/N) Σ_i h_i
+  # (seed 000 §3.4 with the spec's corrected sign and γ).
+  shift = jax.tree.map(lambda a: jnp.ones_like(a[:1]) * jnp.arange(n).reshape(
+      (n,) + (1,) * (a.ndim - 1)) * 0.1, grads)
+  h = jax.tree.map(jnp.add, grads, shift)
+  gd = ps.proxskip(loss, gamma, 1.0)
+  s0 = gd.init(jax.random.key(0), opt, ds.train)._replace(h=h)
+  s1, _ = gd.step(jax.random.key(0), s0, ds.train)
+  expected = jax.tree.map(lambda w, sh: w + gamma / n * jnp.sum(sh, 0), opt, shift)
+  chex.assert_trees_all_close(s1.server, expected, atol=1e-4)
+  assert np.abs(_flat(s1.server) - _flat(opt)).max() > 1e-3
+
+
+def test_sparsity_of_messages_and_models_and_bits(problem):
+  ds, model, loss = problem
+  d = DIM + 1
+  s = 0.6
+  k = k_from_sparsity(d, s)
+  n = ds.num_clients
+  algo = ps.sparse_proxskip(loss, 0.02, 1.0, s, encoding="indices")
+  state = algo.init(jax.random.key(0), jax.tree.map(lambda a: a + 0.3,
+                                                    model.init(jax.random.key(0))), ds.train)
+  for t in range(4):
+    state, info = jax.jit(algo.step)(jax.random.key(t), state, ds.train)
+    assert float(info.upload_nnz) == k  # exactly K non-zeros in every upload
+    assert int(accounting.nnz(state.server)) <= min(d, n * k)
+    assert float(info.bits_up) == n * k * (32 + accounting.index_bits(d))
+    w_local = jax.vmap(accounting.nnz)(state.w)
+    assert int(w_local.max()) <= min(d, n * k)
+  # Sparse-ProxSkip-Local: every local iterate has at most K non-zeros.
+  local = ps.sparse_proxskip_local(loss, 0.02, 0.2, s)
+  st = local.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
+  for t in range(10):
+    st, info = jax.jit(local.step)(jax.random.key(t), st, ds.train)
+    if float(info.communicated) == 0:
+      assert int(jax.vmap(accounting.nnz)(st.w).max()) <= k
+
+
+def test_zero_sparsity_variants_equal_proxskip(problem):
+  ds, model, loss = problem
+  w0 = jax.tree.map(lambda a: a + 0.1, model.init(jax.random.key(0)))
+  ref, _ = _iterate(ps.proxskip(loss, 0.02, 0.4),
+                    ps.proxskip(loss, 0.02, 0.4).init(None, w0, ds.train), ds.train, 20)
+  for make in (ps.sparse_proxskip, ps.sparse_proxskip_local, ps.accelerated_server_pruning):
+    algo = make(loss, 0.02, 0.4, 0.0)  # K = d
+    st, _ = _iterate(algo, algo.init(None, w0, ds.train), ds.train, 20)
+    chex.assert_trees_all_equal(st.w, ref.w)
+    chex.assert_trees_all_equal(st.h, ref.h)
+
+
+def test_round_form_equals_iteration_form_on_a_fixed_coin_sequence(problem):
+  ds, model, loss = problem
+  gamma, p = 0.02, 0.3
+  kernel = ps.proxskip_kernel(loss, gamma, p, upload_prox=ps.top_k_prox(0.5))
+  w0 = model.init(jax.random.key(0))
+  state = kernel.init(None, w0, ds.train)
+  # Iteration form driven by the coins 0, 0, 1, 0, 1 ...
+  it = state
+  for theta in (0, 0, 1, 0, 1):
+    w_hat, _ = kernel.local_step(jax.random.key(0), it, ds.train)
+    it = kernel.communicate(it, w_hat)[0] if theta else kernel.skip(it, w_hat)
+  # ... equals rounds of L = 3 and L = 2 local steps each followed by a communication.
+  rd = state
+  for length in (3, 2):
+    for j in range(length):
+      w_hat, _ = kernel.local_step(jax.random.key(0), rd, ds.train)
+      if j < length - 1:
+        rd = kernel.skip(rd, w_hat)
+    rd = kernel.communicate(rd, w_hat)[0]
+  chex.assert_trees_all_close(it.w, rd.w)
+  chex.assert_trees_all_close(it.h, rd.h)
+  # The round-form algorithm runs and communicates every step, with Geometric(p) lengths.
+  algo = ps.meta_sparse_proxskip(loss, gamma, p, form="round")
+  st = algo.init(None, w0, ds.train)
+  st, info = jax.jit(algo.step)(jax.random.key(3), st, ds.train)
+  assert float(info.communicated) == 1.0 and int(st.t) == int(info.local_steps) >= 1
+
+
+def test_geometric_local_steps_and_coin_frequency():
+  p, trials = 0.2, 20000
+  lengths = jax.vmap(lambda k: ps.geometric_local_steps(k, p))(
+      jax.random.split(jax.random.key(0), trials))
+  lengths = np.asarray(lengths)
+  assert lengths.min() >= 1
+  se = np.sqrt((1 - p) / p ** 2 / trials)  # std of Geometric(p) is sqrt(1-p)/p
+  assert abs(lengths.mean() - 1 / p) < 5 * se
+  # P(L = 1) = p
+  assert abs((lengths == 1).mean() - p) < 5 * np.sqrt(p * (1 - p) / trials)
+
+
+def test_fedht_and_fediht_sparsity(problem):
+  ds, model, loss = problem
+  d, s = DIM + 1, 0.6
+  k = k_from_sparsity(d, s)
+  w0 = jax.tree.map(lambda a: a + 0.2, model.init(jax.random.key(0)))
+  ht = fedht(loss, 0.02, 3, s)
+  st = ht.init(None, w0, ds.train)
+  for t in range(3):
+    st, info = jax.jit(ht.step)(jax.random.key(t), st, ds.train)
+    assert int(accounting.nnz(st.params)) <= k  # the server prunes the average
+  iht = fediht(loss, 0.02, 3, s)
+  st = iht.init(None, w0, ds.train)
+  st, info = jax.jit(iht.step)(jax.random.key(0), st, ds.train)
+  n = ds.num_clients
+  assert float(info.bits_up) <= n * accounting.sparse_bits(k, d)  # K-sparse uploads
+  assert k < int(accounting.nnz(st.params)) <= min(d, n * k)  # the average is denser
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(gamma=0.0, p=0.5), "gamma"),
+    (dict(gamma=0.1, p=0.0), "p \\(communication"),
+    (dict(gamma=0.1, p=1.5), "p \\(communication"),
+])
+def test_bad_arguments(problem, kw, match):
+  _, _, loss = problem
+  with pytest.raises(ValueError, match=match):
+    ps.proxskip(loss, **kw)
+  with pytest.raises(ValueError, match="sparsity"):
+    ps.sparse_proxskip(loss, 0.1, 0.5, 1.0)
