@@ -77,6 +77,7 @@ class ProxSkipInfo(NamedTuple):
     sum_h_norm: ``‖Σ_i h_i‖`` after the step (the zero-sum diagnostic, Figs 6-8).
     mean_h_norm: ``(1/N) Σ_i ‖h_i‖`` after the step.
     upload_nnz: mean non-zeros of the uploaded vectors (0 without communication).
+    server_norm: ``‖w_server‖`` after the step (Fig 8's ‖w‖).
   """
   loss: jax.Array
   bits_up: jax.Array
@@ -86,6 +87,7 @@ class ProxSkipInfo(NamedTuple):
   sum_h_norm: jax.Array
   mean_h_norm: jax.Array
   upload_nnz: jax.Array
+  server_norm: jax.Array
 
 
 class ProxSkipKernel(NamedTuple):
@@ -208,7 +210,7 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
     info = ProxSkipInfo(loss=jnp.mean(losses), bits_up=up, bits_down=down,
                         communicated=communicated.astype(jnp.float32), local_steps=steps,
                         sum_h_norm=_tree_norm(h_sum), mean_h_norm=jnp.mean(h_norms),
-                        upload_nnz=nnz)
+                        upload_nnz=nnz, server_norm=_tree_norm(state.server))
     return state._replace(t=state.t + steps), info
 
   zero = (jnp.float32(0), jnp.float32(0), jnp.float32(0))

@@ -1,0 +1,66 @@
+"""Smoothness and strong-convexity constants of linear federated problems, from the data.
+
+For client ``i`` with design matrix ``A_i`` (features plus a ones column when the model has a
+bias) and ``f_i(w) = r(A_i w) + ½·l2·‖W‖²``:
+
+* least squares (``r = ½‖A_i w − b_i‖²``, mean or sum over the client's examples):
+  ``∇²f_i = A_iᵀA_i / n_i + l2·I`` (``/ n_i`` only for the mean), exact;
+* softmax cross-entropy: ``∇²f_i ⪯ ½·A_iᵀA_i / n_i ⊗ I_C + l2·I`` (the softmax Hessian
+  ``diag(p) − ppᵀ ⪯ ½ I``), an upper bound.
+
+``L_i = λ_max(∇²f_i)``; ``L_max = max_i L_i``; ``L_avg = mean_i L_i``;
+``L_tilde = sqrt(mean_i L_i²)`` (EF21/EF-BV's L̃); ``mu`` = λ_min of the average Hessian for
+least squares, and ``l2`` for softmax (its curvature can vanish elsewhere; the bias is not
+regularised, so ``mu`` is a lower bound only on the weights).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from fedjaxsparse.data.federated import FederatedData
+
+
+class Constants(NamedTuple):
+  L_max: float
+  L_avg: float
+  L_tilde: float
+  mu: float
+
+  @property
+  def kappa(self) -> float:
+    return self.L_max / self.mu
+
+
+def linear_model_constants(data: FederatedData, l2: float, loss: str = "squared",
+                           reduction: str = "mean", use_bias: bool = True) -> Constants:
+  """The constants of ``(1/N) Σ_i f_i`` for ``loss`` in ``"squared"``, ``"softmax"``."""
+  if loss not in ("squared", "softmax"):
+    raise ValueError(f"loss must be 'squared' or 'softmax', got {loss!r}.")
+  if reduction not in ("mean", "sum"):
+    raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
+  n_clients = data.num_clients
+  x = np.asarray(data.x, np.float64).reshape(n_clients, data.max_examples, -1)
+  mask = np.asarray(data.mask, np.float64)
+  if use_bias:
+    x = np.concatenate([x, np.ones(x.shape[:2] + (1,))], -1)
+  x = x * mask[..., None]
+  d = x.shape[-1]
+  reg = np.full(d, l2)
+  if use_bias:
+    reg[-1] = 0.0
+  hessians = []
+  for i in range(n_clients):
+    g = x[i].T @ x[i]
+    if reduction == "mean":
+      g = g / max(mask[i].sum(), 1.0)
+    if loss == "softmax":
+      g = 0.5 * g
+    hessians.append(g + np.diag(reg))
+  ls = np.array([np.linalg.eigvalsh(h)[-1] for h in hessians])
+  if loss == "squared":
+    mu = float(np.linalg.eigvalsh(np.mean(hessians, 0))[0])
+  else:
+    mu = float(l2)
+  return Constants(float(ls.max()), float(ls.mean()), float(np.sqrt(np.mean(ls ** 2))), mu)
