@@ -304,3 +304,57 @@ def test_bad_arguments(problem, kw, match):
     ps.proxskip(loss, **kw)
   with pytest.raises(ValueError, match="sparsity"):
     ps.sparse_proxskip(loss, 0.1, 0.5, 1.0)
+
+
+def test_randprox_l1_equals_the_primal_dual_randprox_iteration(problem):
+  """RandProx (Condat & Richtárik) written with dual variables u_i for the consensus
+  constraint, g = λ‖·‖₁ and R = Bernoulli(p)/p, against our ProxSkip-with-soft-threshold."""
+  ds, model, loss = problem
+  gamma, p, lam = 0.02, 0.4, 0.5
+  algo = ps.randprox_l1(loss, gamma, p, lam)
+  w0 = jax.tree.map(lambda a: a + 0.3, model.init(jax.random.key(0)))
+  state = algo.init(None, w0, ds.train)
+  grad_i = jax.vmap(jax.grad(loss))
+  n = ds.num_clients
+  x = jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), w0)
+  u = jax.tree.map(jnp.zeros_like, x)
+  tau, omega = p / gamma, 1 / p - 1
+  st = lambda v, t: jnp.sign(v) * jnp.maximum(jnp.abs(v) - t, 0)
+  for t in range(12):
+    key = jax.random.key(t)
+    state, info = jax.jit(algo.step)(key, state, ds.train)
+    theta = float(info.communicated)
+    g = grad_i(x, ds.train.x, ds.train.y, ds.train.mask)
+    x_hat = jax.tree.map(lambda a, gi, ui: st(a - gamma * gi - gamma * ui, gamma * lam), x, g, u)
+    v = jax.tree.map(lambda ui, xh: ui + tau * xh, u, x_hat)
+    prox_conj = jax.tree.map(lambda a: a - jnp.mean(a, 0, keepdims=True), v)  # prox_{τψ*}
+    u_new = jax.tree.map(lambda ui, pc: ui + theta / p * (pc - ui) / (1 + omega), u, prox_conj)
+    x = jax.tree.map(lambda xh, un, ui: xh - gamma * (1 + omega) * (un - ui), x_hat, u_new, u)
+    u = u_new
+    chex.assert_trees_all_close(state.w, x, rtol=1e-4, atol=1e-5)
+    chex.assert_trees_all_close(state.h, jax.tree.map(jnp.negative, u), rtol=1e-4, atol=1e-4)
+
+
+def test_randprox_l1_reaches_the_federated_lasso_solution(problem):
+  ds, _, _ = problem
+  l2, lam = 1.0, 0.3
+  model = linear_regression(DIM, l2=l2)
+  loss = make_loss(model)
+  lmax, mu = _smoothness_and_mu(ds.train, l2)
+  gamma = 1.0 / lmax
+  with jax.enable_x64(True):
+    data = _x64(ds.train)
+    w0 = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64), model.init(jax.random.key(0)))
+    # Reference: proximal gradient (ISTA) on (1/N) Σ f_i + λ‖θ‖₁ over all parameters (the
+    # bias too, as for Top-K), to convergence.
+    grad = jax.jit(jax.grad(lambda w: jnp.mean(jax.vmap(loss, in_axes=(None, 0, 0, 0))(
+        w, data.x, data.y, data.mask))))
+    ref = w0
+    soft = lambda v: jnp.sign(v) * jnp.maximum(jnp.abs(v) - gamma * lam, 0)
+    for _ in range(5000):
+      ref = jax.tree.map(lambda a, g: soft(a - gamma * g), ref, grad(ref))
+    res = run(ps.randprox_l1(loss, gamma, float(np.sqrt(mu / lmax)), lam), jax.random.key(0),
+              w0, data, num_rounds=6000, chunk_size=1000, progress=False)
+  # The lasso solution has exact zeros, and RandProx-l1 finds it.
+  assert int(np.sum(np.asarray(ref["w"]) == 0)) >= 1
+  np.testing.assert_allclose(_flat(res.state.server), _flat(ref), atol=1e-6)

@@ -41,7 +41,7 @@ from fedjaxsparse import accounting
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.sampling import client_keys
-from fedjaxsparse.sparsity import k_from_sparsity, top_k
+from fedjaxsparse.sparsity import k_from_sparsity, soft_threshold, top_k
 
 Prox = Callable[[Any], Any]  # one client's pytree -> pytree
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -283,6 +283,29 @@ def accelerated_server_pruning_modified(loss_fn: LossFn, gamma: float, p: float,
   then the clients prune it; Σ_i h_i = 0 holds (spec A.7; dense up- and downlink)."""
   return meta_sparse_proxskip(loss_fn, gamma, p, server_prox=top_k_prox(sparsity, scope),
                               h_after_server_prox=False, **kw)
+
+
+def randprox_l1(loss_fn: LossFn, gamma: float, p: float, lam: float, **kw) -> Algorithm:
+  """RandProx-l1 (seed 000 §3.2; Condat & Richtárik 2023, "RandProx: primal-dual optimization
+  algorithms with randomized proximal updates", ICLR, Algorithm 1) for the federated lasso
+  ``min (1/N) Σ_i f_i(w) + λ‖w‖₁``.
+
+  Seed 000 gives no pseudocode. RandProx solves ``min f(x) + g(x) + h(Kx)`` by
+  ``x̂ = prox_{γg}(x − γ∇f(x) − γK*u)``,
+  ``u⁺ = u + R(prox_{τh*}(u + τKx̂) − u)/(1+ω)``, ``x⁺ = x̂ − γ(1+ω)K*(u⁺ − u)``.
+  Lifted to clients (``x = (w_1..w_N)``, ``f = (1/N)Σ f_i``, ``g = (λ/N)Σ‖w_i‖₁``, ``h`` the
+  consensus indicator, ``K = I``), with the Bernoulli(p) estimator ``R(v) = θv/p``
+  (``ω = 1/p − 1``), ``τ = p/γ`` and control variates ``h_i = −u_i``, this is exactly
+  Algorithm 1 of seed 000 with the soft threshold ``prox_{γλ‖·‖₁}`` at L7 — every local step
+  ends with a soft threshold, and communication averages. ``tests/test_proxskip.py`` checks the
+  equality against the primal-dual form. The ℓ1 term covers every parameter, biases included
+  (as Top-K does; BlogFeedback's bias is a feature column). Zeros appear only gradually, so
+  uploads are charged by their actual non-zeros (spec A.11).
+  """
+  if not lam >= 0:
+    raise ValueError(f"lam (the l1 weight) must be >= 0, got {lam}.")
+  return meta_sparse_proxskip(loss_fn, gamma, p,
+                              local_prox=lambda tree: soft_threshold(tree, gamma * lam), **kw)
 
 
 def top_k_prox(sparsity: float, scope: str = "global") -> Prox:
