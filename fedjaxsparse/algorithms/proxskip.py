@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse import accounting
+from fedjaxsparse.clients import client_ids, map_clients
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.sampling import client_keys
@@ -124,7 +125,8 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
   """The pieces of Algorithm 1 (see the module docstring for the hooks).
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i`` for one client.
+    loss_fn: ``(params, x, y, mask) -> f_i`` for one client. The data may be a
+      ``FederatedData`` or size-bucketed :class:`fedjaxsparse.clients.BucketedData`.
     gamma: step size γ.
     p: communication probability p ∈ (0, 1].
     local_prox, upload_prox, server_prox: the L7 / L9 / L11 operators (``None`` = identity).
@@ -150,7 +152,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     h = jax.tree.map(jnp.zeros_like, w)
     return ProxSkipState(w, h, params, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
 
-  def client_step(key, w, h, data: FederatedData):
+  def client_step(key, w, h, data: FederatedData):  # one client
     if batch_size is None:
       batch = (data.x, data.y, data.mask)
     else:
@@ -160,9 +162,9 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     w_hat = jax.tree.map(lambda a, gi, hi: a - gamma * (gi - hi), w, g, h)
     return local_prox(w_hat), loss
 
-  def local_step(key, state: ProxSkipState, data: FederatedData):
-    keys = client_keys(key, jnp.arange(data.num_clients))
-    return jax.vmap(client_step)(keys, state.w, state.h, data)
+  def local_step(key, state: ProxSkipState, data):
+    keys = client_keys(key, client_ids(data))
+    return map_clients(client_step, data, keys, state.w, state.h)
 
   def communicate(state: ProxSkipState, w_hat):
     n = jax.tree.leaves(w_hat)[0].shape[0]
