@@ -71,3 +71,25 @@ def test_hparams_need_one_setting_per_key(setup):
     run_batched(lambda h: fedavg(make_loss(model), optax.sgd(h)), jax.random.split(
         jax.random.key(0), 3), model.init(jax.random.key(1)), ds.train, num_rounds=2,
                 hparams=np.ones(2, np.float32))
+
+
+def test_proxskip_step_size_and_p_grid_is_one_program():
+  """Seed 000's random search over (γ, p) with repetitions: traced hyper-parameters."""
+  from fedjaxsparse.algorithms import proxskip as ps
+  from fedjaxsparse.data.problems import ridge_regression_problem
+  from fedjaxsparse.models import linear_regression
+  ds = ridge_regression_problem(num_clients=4, dim=3, seed=0)
+  model = linear_regression(3, l2=0.1)
+  loss = make_loss(model)
+  hp = grid(gamma=[0.01, 0.03], p=[0.2, 0.6], rep=[0, 1])
+  keys = jax.vmap(jax.random.key)(hp["rep"].astype(np.uint32))
+  build = lambda h: ps.sparse_proxskip(loss, h["gamma"], h["p"], 0.5)
+  params = model.init(jax.random.key(0))
+  hps = {"gamma": hp["gamma"].astype(np.float32), "p": hp["p"].astype(np.float32)}
+  states, hist = run_batched(build, keys, params, ds.train, num_rounds=30, hparams=hps)
+  for s in (0, 5):
+    single = run(ps.sparse_proxskip(loss, float(hp["gamma"][s]), float(hp["p"][s]), 0.5),
+                 keys[s], params, ds.train, num_rounds=30, progress=False)
+    chex.assert_trees_all_close(jax.tree.map(lambda a: a[s], states.server),
+                                single.state.server, rtol=1e-4, atol=1e-5)
+    assert hist[s].rounds["communicated"] == single.history.rounds["communicated"]

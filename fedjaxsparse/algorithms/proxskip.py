@@ -110,10 +110,11 @@ def _tree_norm(tree) -> jax.Array:
   return jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(tree)))
 
 
-def _check(gamma: float, p: float) -> None:
-  if not (isinstance(gamma, (int, float)) and gamma > 0):
+def _check(gamma, p) -> None:
+  """Validate concrete hyper-parameters; traced ones (inside a vmapped sweep) pass through."""
+  if not isinstance(gamma, jax.core.Tracer) and not float(gamma) > 0:
     raise ValueError(f"gamma (step size) must be a number > 0, got {gamma!r}.")
-  if not (isinstance(p, (int, float)) and 0 < p <= 1):
+  if not isinstance(p, jax.core.Tracer) and not 0 < float(p) <= 1:
     raise ValueError(f"p (communication probability) must be in (0, 1], got {p!r}.")
 
 
@@ -191,10 +192,9 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
 
 def geometric_local_steps(key: jax.Array, p: float) -> jax.Array:
   """``L ~ Geometric(p)`` on {1, 2, …}: ``P(L = l) = (1 − p)^{l−1} p``, mean ``1/p``."""
-  if p >= 1:
-    return jnp.ones((), jnp.int32)
   u = jax.random.uniform(key, minval=jnp.finfo(jnp.float32).tiny, maxval=1.0)
-  return (1 + jnp.floor(jnp.log(u) / jnp.log1p(-p))).astype(jnp.int32)
+  steps = 1 + jnp.floor(jnp.log(u) / jnp.log1p(-jnp.minimum(p, 1 - 1e-7)))
+  return jnp.where(p >= 1, 1, steps).astype(jnp.int32)
 
 
 def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,

@@ -1,0 +1,32 @@
+"""The benchmark scripts run in a tiny configuration (so they cannot rot) and their compiled
+and Python-loop paths compute the same numbers."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def _run(script, *args, out):
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args,
+                         "--out", str(out)], capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  return proc.stdout
+
+
+def test_bench_round_tiny(tmp_path):
+  out = _run("bench_round.py", "--clients", "3", "7", "--repeats", "1", "--scan-rounds", "2",
+             out=tmp_path)
+  assert "speedup_round" in out
+  rows = json.load(open(tmp_path / "bench_round.json"))["rows"]
+  assert [r["clients"] for r in rows] == [3, 7]
+  assert all(r["max_abs_diff"] < 1e-5 for r in rows)  # compiled round == loop round
+
+
+def test_bench_blogfeedback_tiny(tmp_path):
+  _run("bench_blogfeedback.py", "--clients", "12", "--mean-size", "10", "--iterations", "40",
+       "--padded-iterations", "10", "--loop-iterations", "3", "--buckets", "3", "--chunk",
+       "10", out=tmp_path)
+  rows = json.load(open(tmp_path / "bench_blogfeedback.json"))["rows"]
+  assert len(rows) == 3 and all(r["ms_per_iteration"] > 0 for r in rows)
