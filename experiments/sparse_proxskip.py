@@ -18,8 +18,12 @@ takes the same number of local gradient steps. γ = 1/L_max and p = 1/√κ (Pro
 are computed from the data unless given (``--set gamma=... --set p=...``); the paper tuned
 both by random search and does not report them.
 
-Options: ``sparsity`` (0.9), ``l2``, ``gamma``, ``p``, ``lam``, ``thresholds`` (list),
-``diagnostics``, ``reduction`` ("mean"/"sum").
+Options: ``sparsity`` (0.9), ``sparsities`` (e.g. ``[0.8,0.9,0.95]``: adds the Table 1/4
+layout, final metric per method and sparsity), ``l2``, ``gamma``, ``p``, ``lam``,
+``thresholds`` (list), ``diagnostics``, ``reduction`` ("mean"/"sum"), ``search`` (number of
+random (γ, p) samples per ProxSkip-family method, each with ``repetitions`` seeds, all run as
+one vmapped program per method; FedHT/FedIHT keep the theory values since their local-step
+count is static).
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from fedjaxsparse.experiment import (Config, bits_to_reach, output_dir, print_ta
 from fedjaxsparse.models import linear_regression, make_loss, softmax_regression
 from fedjaxsparse.plotting import plot_methods, plot_series
 from fedjaxsparse.sparsity import k_from_sparsity, top_k
+from fedjaxsparse.sweep import run_batched
 
 NAME = "sparse_proxskip"
 DESCRIPTION = "Seed 000: Sparse-ProxSkip vs Final-TopK, FedHT, FedIHT, ASP, RandProx-l1, SPS-Local"
@@ -89,38 +94,66 @@ def run(cfg: Config) -> dict:
   k = k_from_sparsity(d, sparsity)
   lam = float(opts.get("lam", 1.0 / (2 * ds.num_clients)))  # seed 000's literal (1/2N)·φ
   steps = max(1, round(1 / p))
-  fed_rounds = max(1, round(cfg.rounds / steps))
   label = ds.name if cfg.dataset in PAPER_DATASETS else f"{ds.name} (embedded stand-in)"
   print(f"{NAME}: {label}, {ds.num_clients} clients, d={d}, sparsity={sparsity:.0%} (K={k}), "
         f"L_max={consts.L_max:.4g}, mu={consts.mu:.4g}, gamma={gamma:.4g}, p={p:.4g}")
 
-  methods = {
-      "Final-TopK": ps.proxskip(loss, gamma, p),
-      "FedHT": fedht(loss, gamma, steps, sparsity),
-      "FedIHT": fediht(loss, gamma, steps, sparsity),
-      "ASP": ps.accelerated_server_pruning(loss, gamma, p, sparsity),
-      "RandProx-l1": ps.randprox_l1(loss, gamma, p, lam),
-      "SPS-Local": ps.sparse_proxskip_local(loss, gamma, p, sparsity),
-      "SPS": ps.sparse_proxskip(loss, gamma, p, sparsity),
-  }
+  def build(name, sp, g, pp):
+    """The method ``name`` at sparsity ``sp`` with step size ``g`` and probability ``pp``."""
+    st = max(1, round(1 / float(pp))) if not isinstance(pp, jax.core.Tracer) else steps
+    return {"Final-TopK": lambda: ps.proxskip(loss, g, pp),
+            "FedHT": lambda: fedht(loss, g, st, sp),
+            "FedIHT": lambda: fediht(loss, g, st, sp),
+            "ASP": lambda: ps.accelerated_server_pruning(loss, g, pp, sp),
+            "RandProx-l1": lambda: ps.randprox_l1(loss, g, pp, lam),
+            "SPS-Local": lambda: ps.sparse_proxskip_local(loss, g, pp, sp),
+            "SPS": lambda: ps.sparse_proxskip(loss, g, pp, sp),
+            "ASP-modified": lambda: ps.accelerated_server_pruning_modified(loss, g, pp, sp),
+            "SPS-modified": lambda: ps.sparse_proxskip_modified(loss, g, pp, sp)}[name]()
+
+  names = ["Final-TopK", "FedHT", "FedIHT", "ASP", "RandProx-l1", "SPS-Local", "SPS"]
   if opts.get("diagnostics", True):
-    methods["ASP-modified"] = ps.accelerated_server_pruning_modified(loss, gamma, p, sparsity)
-    methods["SPS-modified"] = ps.sparse_proxskip_modified(loss, gamma, p, sparsity)
+    names += ["ASP-modified", "SPS-modified"]
   eval_fn = make_eval_fn(model)
-  sparse_params = lambda state: top_k(state.params, k)
-  records = {}
-  for name, algo in methods.items():
-    fed = name in ("FedHT", "FedIHT")
-    sub = Config(**{**cfg.__dict__, "rounds": fed_rounds if fed else cfg.rounds,
-                    "eval_every": max(1, cfg.eval_every // steps) if fed else cfg.eval_every})
-    rec = run_method(sub, NAME, name, algo, params, ds.train, ds.test, eval_fn,
-                     params_fn=sparse_params)
-    per_step = steps if fed else 1
-    for table in ("rounds", "evals"):
-      h = rec["history"][table]
-      h["local_steps"] = [r * per_step for r in h["round"]]
-      h["uplink_bits_per_client"] = [b / ds.num_clients for b in h["uplink_bits"]]
-    records[name] = rec
+  tuned = {}
+  if int(opts.get("search", 0)) > 0:
+    tuned = _random_search(cfg, names, build, params, ds, eval_fn, sparsity, k, gamma, p,
+                           metric, int(opts["search"]), int(opts.get("repetitions", 5)))
+
+  def run_all(sp, names_here, tag=""):
+    k_sp = k_from_sparsity(d, sp)
+    sparse_params = lambda state: top_k(state.params, k_sp)
+    out = {}
+    for name in names_here:
+      g, pp = tuned.get(name, (gamma, p))
+      fed = name in ("FedHT", "FedIHT")
+      st = max(1, round(1 / pp))
+      sub = Config(**{**cfg.__dict__, "rounds": max(1, round(cfg.rounds / st)) if fed else
+                      cfg.rounds, "eval_every": max(1, cfg.eval_every // st) if fed else
+                      cfg.eval_every})
+      rec = run_method(sub, NAME, name + tag, build(name, sp, g, pp), params, ds.train,
+                       ds.test, eval_fn, params_fn=sparse_params)
+      per_step = st if fed else 1
+      for table in ("rounds", "evals"):
+        h = rec["history"][table]
+        h["local_steps"] = [r * per_step for r in h["round"]]
+        h["uplink_bits_per_client"] = [b / ds.num_clients for b in h["uplink_bits"]]
+      out[name] = rec
+    return out
+
+  records = run_all(sparsity, names)
+  by_sparsity = {sparsity: {m: r["final"][metric] for m, r in records.items()}}
+  for sp in [float(v) for v in opts.get("sparsities", [])]:
+    if sp != sparsity:
+      extra = run_all(sp, names[:7], tag=f"@{sp}")
+      by_sparsity[sp] = {m: r["final"][metric] for m, r in extra.items()}
+  if len(by_sparsity) > 1:  # Table 1 / Table 4 layout: final metric per method and sparsity
+    cols = sorted(by_sparsity)
+    grid_rows = [{"method": m, **{f"{metric} @ {sp:.0%}": by_sparsity[sp].get(m)
+                                  for sp in cols}} for m in names[:7]]
+    print_table(grid_rows, list(grid_rows[0]))
+  else:
+    grid_rows = []
 
   rows = []
   for name, rec in records.items():
@@ -138,8 +171,9 @@ def run(cfg: Config) -> dict:
   table = print_table(rows, list(rows[0]))
   out = output_dir(cfg, NAME)
   results = {"experiment": NAME, "dataset": label, "metric": metric, "sparsity": sparsity,
-             "k": k, "gamma": gamma, "p": p, "constants": consts._asdict(), "table": rows,
-             "table_text": table, "methods": records}
+             "k": k, "gamma": gamma, "p": p, "tuned": tuned, "constants": consts._asdict(),
+             "table": rows, "table_text": table, "sparsity_table": grid_rows,
+             "methods": records}
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, metric, os.path.join(out, f"{NAME}.png"),
                      title=f"{label}, {sparsity:.0%} sparsity (models Top-K'd at evaluation)",
@@ -152,3 +186,31 @@ def run(cfg: Config) -> dict:
                        title="zero-sum diagnostics (seed 000 appendix D)", x="local_steps")
     print(f"diagnostics: {diag}")
   return results
+
+
+def _random_search(cfg, names, build, params, ds, eval_fn, sparsity, k, gamma, p, metric,
+                   samples, repetitions):
+  """Seed 000's tuning: random (γ, p) around the theory values (log-uniform in [γ/4, 4γ] and
+  [p/4, min(1, 4p)]), ``repetitions`` seeds each; every (sample, seed) pair of a method runs
+  in ONE compiled program (``run_batched``); the best mean final metric wins."""
+  rng = np.random.default_rng(cfg.seed)
+  gammas = gamma * np.exp(rng.uniform(np.log(0.25), np.log(4.0), samples))
+  ps_ = np.minimum(1.0, p * np.exp(rng.uniform(np.log(0.25), np.log(4.0), samples)))
+  hp = {"gamma": np.repeat(gammas, repetitions).astype(np.float32),
+        "p": np.repeat(ps_, repetitions).astype(np.float32)}
+  seeds = np.tile(np.arange(repetitions), samples) + 1000 * cfg.seed
+  keys = jax.vmap(jax.random.key)(seeds.astype(np.uint32))
+  best = {}
+  for name in names:
+    if name in ("FedHT", "FedIHT"):  # local step counts are static: not vmappable here
+      continue
+    _, hist = run_batched(lambda h: build(name, sparsity, h["gamma"], h["p"]), keys, params,
+                          ds.train, ds.test, num_rounds=cfg.rounds, hparams=hp,
+                          eval_fn=eval_fn, eval_every=cfg.rounds,
+                          params_fn=lambda s: top_k(s.params, k))
+    final = np.array([h.evals[metric][-1] for h in hist]).reshape(samples, repetitions)
+    i = int(np.argmax(final.mean(1)))
+    best[name] = (float(gammas[i]), float(ps_[i]))
+    print(f"search {name}: best gamma={gammas[i]:.4g} p={ps_[i]:.4g} "
+          f"{metric}={final[i].mean():.4f} ± {final[i].std():.4f} over {repetitions} seeds")
+  return best

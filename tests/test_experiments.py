@@ -27,3 +27,14 @@ def test_sparse_proxskip_small(tmp_path):
   for png in ("sparse_proxskip.png", "sparse_proxskip_zero_sum.png"):
     assert (tmp_path / "sparse_proxskip" / png).read_bytes()[:4] == b"\x89PNG"
   assert "bits/client to 0.75" in res["table_text"]
+
+
+def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
+  main(["run", "sparse_proxskip", "--rounds", "60", "--eval-every", "30", "--clients", "6",
+        "--out", str(tmp_path), "--no-progress", "--set", "sparsities=[0.8,0.9]",
+        "--set", "search=2", "--set", "repetitions=2", "--set", "diagnostics=False"])
+  res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
+  assert [r["method"] for r in res["sparsity_table"]] == [
+      "Final-TopK", "FedHT", "FedIHT", "ASP", "RandProx-l1", "SPS-Local", "SPS"]
+  assert all(0 <= r["accuracy @ 80%"] <= 1 for r in res["sparsity_table"])
+  assert set(res["tuned"]) == {"Final-TopK", "ASP", "RandProx-l1", "SPS-Local", "SPS"}
