@@ -358,3 +358,20 @@ def test_randprox_l1_reaches_the_federated_lasso_solution(problem):
   # The lasso solution has exact zeros, and RandProx-l1 finds it.
   assert int(np.sum(np.asarray(ref["w"]) == 0)) >= 1
   np.testing.assert_allclose(_flat(res.state.server), _flat(ref), atol=1e-6)
+
+
+def test_gradient_clipping(problem):
+  ds, model, loss = problem
+  w0 = jax.tree.map(lambda a: a + 5.0, model.init(jax.random.key(0)))  # large gradients
+  for mode in ("norm", "value"):
+    kernel = ps.proxskip_kernel(loss, 1.0, 0.5, clip=0.1, clip_mode=mode)
+    state = kernel.init(None, w0, ds.train)
+    w_hat, _ = kernel.local_step(jax.random.key(0), state, ds.train)
+    step = jax.tree.map(jnp.subtract, state.w, w_hat)  # = γ·clipped gradient (h = 0)
+    if mode == "norm":
+      norms = jax.vmap(ps._tree_norm)(step)
+      np.testing.assert_allclose(norms, 0.1, rtol=1e-5)
+    else:
+      assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(step)) <= 0.1 + 1e-7
+  with pytest.raises(ValueError, match="clip_mode"):
+    ps.proxskip_kernel(loss, 1.0, 0.5, clip=1.0, clip_mode="l1")

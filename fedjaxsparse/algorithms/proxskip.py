@@ -122,6 +122,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
                     local_prox: Prox | None = None, upload_prox: Prox | None = None,
                     write_back: bool = True, server_prox: Prox | None = None,
                     h_after_server_prox: bool = True, batch_size: int | None = None,
+                    clip: float | None = None, clip_mode: str = "norm",
                     encoding: str = "auto") -> ProxSkipKernel:
   """The pieces of Algorithm 1 (see the module docstring for the hooks).
 
@@ -137,9 +138,17 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
       (ASP-modified: the h-update before the pruning).
     batch_size: examples per local gradient (with replacement; static) or ``None`` for the
       full local gradient (the convex experiments of seed 000).
+    clip: gradient clipping threshold (seed 000 §E: ProxSkip on ResNet-18 "would run into NaN
+      errors" without it; the paper does not say norm or value clipping), or ``None``.
+    clip_mode: ``"norm"`` (rescale the gradient to global norm ≤ clip) or ``"value"``
+      (clip every entry to [−clip, clip]).
     encoding: sparse-message encoding for the bit accounting (:mod:`fedjaxsparse.accounting`).
   """
   _check(gamma, p)
+  if clip_mode not in ("norm", "value"):
+    raise ValueError(f"clip_mode must be 'norm' or 'value', got {clip_mode!r}.")
+  if clip is not None and not clip > 0:
+    raise ValueError(f"clip must be > 0 or None, got {clip}.")
   identity = lambda x: x
   local_prox = local_prox or identity
   upload_prox = upload_prox or identity
@@ -160,6 +169,10 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
       idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(data.num_examples, 1))
       batch = (data.x[idx], data.y[idx], jnp.ones((batch_size,), jnp.float32))
     loss, g = grad_fn(w, *batch)
+    if clip is not None and clip_mode == "norm":
+      g = jax.tree.map(lambda a: a * jnp.minimum(1.0, clip / (_tree_norm(g) + 1e-12)), g)
+    elif clip is not None:
+      g = jax.tree.map(lambda a: jnp.clip(a, -clip, clip), g)
     w_hat = jax.tree.map(lambda a, gi, hi: a - gamma * (gi - hi), w, g, h)
     return local_prox(w_hat), loss
 
