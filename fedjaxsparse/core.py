@@ -24,7 +24,6 @@ from typing import Any, Callable, NamedTuple, Protocol
 import jax
 
 PRNGKey = jax.Array
-PyTree = Any
 Params = Any
 
 

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -113,5 +113,3 @@ def print_table(rows: list[dict], columns: list[str]) -> str:
   print(text)
   return text
 
-
-ExperimentFn = Callable[[Config], dict]

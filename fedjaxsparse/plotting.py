@@ -33,15 +33,7 @@ def plot_methods(methods: dict, metric: str, path: str, title: str = "",
   axes[2].set(xlabel=x, ylabel="training loss", title="training loss")
   if log_loss:
     axes[2].set_yscale("log")
-  for ax in axes:
-    ax.grid(alpha=0.3)
-  axes[0].legend(fontsize=8)
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return _finish(fig, axes, path, title)
 
 
 def plot_series(methods: dict, names: list[str], path: str, title: str = "",
@@ -55,6 +47,11 @@ def plot_series(methods: dict, names: list[str], path: str, title: str = "",
       if name in rd:
         ax.plot(rd[x], rd[name], label=method, lw=1)
     ax.set(xlabel=x, title=name, yscale="log")
+  return _finish(fig, axes, path, title)
+
+
+def _finish(fig, axes, path: str, title: str) -> str:
+  for ax in axes:
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
   if title:
