@@ -1,0 +1,175 @@
+"""EF-BV, EF21, DIANA and proximal gradient descent (seed 001 chapter 2, Fig. 2.1; spec
+``specs/seed001_ch2.md`` §3–4).
+
+Problem ``min (1/n) Σ_i f_i(x) + R(x)`` with full local gradients and uniform averaging. One
+iteration of EF-BV (compressor C ∈ C(η, ω), scalings λ, ν ∈ (0, 1]):
+
+    client i:  d_i = C_i(∇f_i(x) − h_i)          (one draw, key fold_in(key, i))
+               h_i ← h_i + λ d_i                   upload d_i
+    server:    d = (1/n) Σ_i d_i
+               g = h + ν d                          (old h)
+               h ← h + λ d
+               x ← prox_{γR}(x − γ g)               broadcast x
+
+EF21 is ν = λ (``λ = 1`` is the original EF21 for contractive C; the chapter runs EF21 with
+``ν = λ = λ*``), DIANA is ν = 1, and the identity compressor with λ = ν = 1 is proximal gradient
+descent. :func:`efbv_params` gives the theory's λ*, ν*, r, r_av, s* and γ (Remark 2.4.3: "no
+parameter left to tune").
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjaxsparse import accounting
+from fedjaxsparse.compressors import Compressor, identity
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.sampling import client_keys
+
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+Prox = Callable[[Any, float], Any]  # (tree, step) -> prox_{step·R}(tree)
+
+
+class EFBVState(NamedTuple):
+  """Attributes:
+    x: the model (no client axis).
+    h: server control variate ``h = (1/n) Σ_i h_i`` (kept incrementally, as in Fig. 2.1).
+    h_clients: ``[n, ...]`` client control variates ``h_i``.
+    t: ``int32[]`` iterations done.
+  """
+  x: Any
+  h: Any
+  h_clients: Any
+  t: jax.Array
+
+  @property
+  def params(self):
+    return self.x
+
+
+class EFBVInfo(NamedTuple):
+  """Attributes: ``loss`` ((1/n) Σ f_i(x) before the step), ``bits_up`` (n compressed
+  messages), ``bits_down`` (dense x to n clients), ``grad_error`` ((1/n) Σ‖∇f_i(x) − h_i‖²
+  before the step, the Lyapunov term of Thm 2.4.1), ``g`` is not stored."""
+  loss: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+  grad_error: jax.Array
+
+
+def _sq_norm(tree) -> jax.Array:
+  return sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(tree))
+
+
+def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu: float, *,
+          prox: Prox | None = None, h_init: str = "grad") -> Algorithm:
+  """EF-BV (Fig. 2.1, column 1).
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i`` of one client.
+    compressor: a :class:`~fedjaxsparse.compressors.Compressor` (independent draw per client).
+    gamma: step size γ (see :func:`efbv_params`).
+    lam, nu: scalings λ (control variates) and ν (gradient estimate), in (0, 1].
+    prox: ``(tree, step) -> prox_{step·R}(tree)``, or ``None`` for R = 0.
+    h_init: ``"grad"`` (h_i⁰ = ∇f_i(x⁰), so the Lyapunov term starts at 0; the chapter does
+      not say) or ``"zero"``.
+  """
+  for name, v in (("lam", lam), ("nu", nu)):
+    if not isinstance(v, jax.core.Tracer) and not 0 < float(v) <= 1:
+      raise ValueError(f"{name} must be in (0, 1], got {v!r}.")
+  if not isinstance(gamma, jax.core.Tracer) and not float(gamma) > 0:
+    raise ValueError(f"gamma must be > 0, got {gamma!r}.")
+  if h_init not in ("grad", "zero"):
+    raise ValueError(f"h_init must be 'grad' or 'zero', got {h_init!r}.")
+  grads = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, 0, 0, 0))
+
+  def init(key, params, data: FederatedData) -> EFBVState:
+    del key
+    _, g = grads(params, data.x, data.y, data.mask)
+    h_clients = g if h_init == "grad" else jax.tree.map(jnp.zeros_like, g)
+    h = jax.tree.map(lambda a: jnp.mean(a, 0), h_clients)
+    return EFBVState(params, h, h_clients, jnp.zeros((), jnp.int32))
+
+  def step(key, state: EFBVState, data: FederatedData):
+    n = data.num_clients
+    losses, g = grads(state.x, data.x, data.y, data.mask)
+    delta = jax.tree.map(jnp.subtract, g, state.h_clients)
+    keys = client_keys(key, jnp.arange(n))
+    d_i = jax.vmap(compressor.compress)(keys, delta)
+    h_clients = jax.tree.map(lambda h, d: h + lam * d, state.h_clients, d_i)
+    d = jax.tree.map(lambda a: jnp.mean(a, 0), d_i)
+    g_est = jax.tree.map(lambda h, dd: h + nu * dd, state.h, d)
+    h = jax.tree.map(lambda h, dd: h + lam * dd, state.h, d)
+    x = jax.tree.map(lambda a, b: a - gamma * b, state.x, g_est)
+    if prox is not None:
+      x = prox(x, gamma)
+    dim = accounting.num_params(state.x)
+    info = EFBVInfo(loss=jnp.mean(losses),
+                    bits_up=jnp.float32(n * compressor.bits(dim)),
+                    bits_down=jnp.float32(n * accounting.dense_bits(dim)),
+                    grad_error=jnp.mean(jax.vmap(_sq_norm)(delta)))
+    return EFBVState(x, h, h_clients, state.t + 1), info
+
+  return Algorithm(init, step)
+
+
+def ef21(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float = 1.0,
+         **kw) -> Algorithm:
+  """EF21 (Richtárik et al. 2021; prox: Fatkhullin et al. 2021) = EF-BV with ν = λ; ``lam=1``
+  is the original EF21 for a contractive compressor, ``lam=λ*`` EF21 run on λ*·C."""
+  return ef_bv(loss_fn, compressor, gamma, lam, lam, **kw)
+
+
+def diana(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float | None = None,
+          **kw) -> Algorithm:
+  """DIANA (Mishchenko et al.) = EF-BV with ν = 1; default λ = 1/(1 + ω)."""
+  lam = 1.0 / (1.0 + compressor.omega) if lam is None else lam
+  return ef_bv(loss_fn, compressor, gamma, lam, 1.0, **kw)
+
+
+def prox_gd(loss_fn: LossFn, gamma: float, d: int, **kw) -> Algorithm:
+  """Proximal gradient descent = EF-BV with the identity compressor and λ = ν = 1
+  (Remark 2.4.4); every client uploads its dense gradient."""
+  return ef_bv(loss_fn, identity(d), gamma, 1.0, 1.0, **kw)
+
+
+def efbv_params(eta: float, omega: float, omega_ran: float, L: float, L_tilde: float,
+                setting: str = "PL", lam: float | None = None, nu: float | None = None
+                ) -> dict:
+  """The theory's parameters (spec §3, eqs. 2.6/2.8/2.11), computed in float64 on the host.
+
+  ``λ* = min((1−η)/((1−η)²+ω), 1)``, ``ν* = min((1−η)/((1−η)²+ω_ran), 1)``,
+  ``r = (1−λ+λη)² + λ²ω``, ``r_av = (1−ν+νη)² + ν²ω_ran``, ``s* = √((1+r)/(2r)) − 1``
+  (``s = 1/√r − 1`` nonconvex), ``γ = 1/(cL + L̃·√(r_av/r)/s)`` with c = 2 for ``"KL"`` (R ≠ 0)
+  and 1 otherwise. Pass ``nu=lam`` for EF21 and ``nu=1`` for DIANA. Uses the cancellation-free
+  ``1 − r = 2λ(1−η) − λ²((1−η)² + ω)`` since r is within 1e-3 of 1 in the experiments.
+  """
+  if not 0 <= eta < 1:
+    raise ValueError(f"eta must be in [0, 1), got {eta}.")
+  if setting not in ("PL", "KL", "nonconvex"):
+    raise ValueError(f"setting must be 'PL', 'KL' or 'nonconvex', got {setting!r}.")
+  a = 1.0 - eta
+  lam = min(a / (a * a + omega), 1.0) if lam is None else lam
+  nu = min(a / (a * a + omega_ran), 1.0) if nu is None else nu
+  one_minus_r = 2 * lam * a - lam * lam * (a * a + omega)
+  r = 1.0 - one_minus_r
+  r_av = (1 - nu * a) ** 2 + nu * nu * omega_ran
+  if not r < 1:
+    raise ValueError(f"r = {r} >= 1: this (compressor, lam) pair has no guarantee; use "
+                     "lam = lambda* (lam=None).")
+  c = 2.0 if setting == "KL" else 1.0
+  if one_minus_r >= 1.0:  # r = 0: identity compressor, proximal gradient descent
+    return {"lam": lam, "nu": nu, "r": 0.0, "r_av": r_av, "s": math.inf, "theta": math.inf,
+            "gamma": 1.0 / (c * L)}
+  if setting == "nonconvex":
+    s = one_minus_r / (math.sqrt(r) * (1 + math.sqrt(r)))
+  else:
+    e = one_minus_r / (2 * r)
+    s = e / (1 + math.sqrt(1 + e))
+  gamma = 1.0 / (c * L + L_tilde * math.sqrt(r_av / r) / s)
+  theta = s * (1 + s) * r / r_av if r_av > 0 else math.inf
+  return {"lam": lam, "nu": nu, "r": r, "r_av": r_av, "s": s, "theta": theta, "gamma": gamma}

@@ -1,0 +1,136 @@
+"""Compressors: unbiasedness and variance bounds by Monte Carlo (tolerances from the sample
+size), the closed-form means of mix and comp (seed 001 A.4-A.5), the (η, ω) class bounds,
+exact non-zero counts and bits, scaling."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fedjaxsparse import accounting, compressors as C
+
+D = 20
+TRIALS = 20000
+
+
+def _x(seed=0, d=D):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=d), jnp.float32)
+
+
+def _samples(comp, x, trials=TRIALS):
+  keys = jax.random.split(jax.random.key(1), trials)
+  return np.asarray(jax.jit(jax.vmap(comp.compress, in_axes=(0, None)))(keys, x), np.float64)
+
+
+@pytest.mark.parametrize("make", [lambda: C.rand_k(D, 5), lambda: C.natural(D),
+                                  lambda: C.qsgd(D, 4), lambda: C.identity(D)])
+def test_unbiased_compressors(make):
+  comp = make()
+  x = _x()
+  s = _samples(comp, x)
+  mean, sd = s.mean(0), s.std(0)
+  # Per coordinate: |mean - x| < 5 standard errors (+ fp32 slack).
+  np.testing.assert_array_less(np.abs(mean - np.asarray(x)), 5 * sd / math.sqrt(TRIALS) + 1e-5)
+  err = ((s - np.asarray(x)) ** 2).sum(1)
+  bound = comp.omega * float(jnp.sum(x ** 2))
+  se = err.std() / math.sqrt(TRIALS)
+  assert err.mean() <= bound + 5 * se + 1e-6
+  assert comp.eta == 0.0
+
+
+def test_rand_k_variance_is_exact():
+  comp = C.rand_k(D, 5)
+  x = _x(3)
+  err = ((_samples(comp, x) - np.asarray(x)) ** 2).sum(1)
+  expected = comp.omega * float(jnp.sum(x ** 2))  # E‖C(x) − x‖² = (d/k − 1)‖x‖² exactly
+  assert abs(err.mean() - expected) < 5 * err.std() / math.sqrt(TRIALS)
+
+
+def _topk_np(x, k):
+  out = np.zeros_like(x)
+  idx = np.argsort(-np.abs(x), kind="stable")[:k]
+  out[idx] = x[idx]
+  return out
+
+
+@pytest.mark.parametrize("k, k2", [(3, 5), (1, 9), (5, 10)])
+def test_mix_mean_and_class_bounds(k, k2):
+  comp = C.mix_k(D, k, k2)
+  for x in (_x(1), jnp.ones(D)):  # random, and equal magnitudes (where the bounds are tight)
+    xn = np.asarray(x, np.float64)
+    s = _samples(comp, x)
+    tk = _topk_np(xn, k)
+    expected = tk + k2 / (D - k) * (xn - tk)
+    sd = s.std(0) / math.sqrt(TRIALS)
+    np.testing.assert_array_less(np.abs(s.mean(0) - expected), 5 * sd + 1e-6)
+    norm2 = (xn ** 2).sum()
+    assert np.linalg.norm(expected - xn) <= comp.eta * math.sqrt(norm2) + 1e-9
+    var = ((s - s.mean(0)) ** 2).sum(1).mean()
+    assert var <= comp.omega * norm2 * (1 + 5 / math.sqrt(TRIALS)) + 1e-9
+    assert (np.count_nonzero(s, axis=1) <= k + k2).all()
+
+
+@pytest.mark.parametrize("k, k2", [(2, 8), (1, 10)])
+def test_comp_mean_is_top_k2_and_class_bounds(k, k2):
+  comp = C.comp_k(D, k, k2)
+  x = _x(2)
+  xn = np.asarray(x, np.float64)
+  s = _samples(comp, x)
+  expected = _topk_np(xn, k2)  # E[comp(x)] = top_{k'}(x)
+  np.testing.assert_array_less(np.abs(s.mean(0) - expected), 5 * s.std(0) / math.sqrt(TRIALS)
+                               + 1e-6)
+  norm2 = (xn ** 2).sum()
+  assert np.linalg.norm(expected - xn) <= comp.eta * math.sqrt(norm2) + 1e-9
+  var = ((s - s.mean(0)) ** 2).sum(1).mean()
+  assert var <= comp.omega * norm2 * (1 + 5 / math.sqrt(TRIALS))
+  np.testing.assert_array_equal(np.count_nonzero(s, axis=1), k)
+
+
+def test_top_k_scaled_rand_k_and_sign_contract():
+  x = _x(4)
+  xn = np.asarray(x, np.float64)
+  norm2 = (xn ** 2).sum()
+  for comp in (C.top_k(D, 4), C.scaled_sign(D)):
+    y = np.asarray(comp.compress(jax.random.key(0), x))
+    assert ((y - xn) ** 2).sum() <= (comp.eta ** 2 + comp.omega) * norm2 + 1e-6
+  s = _samples(C.scaled_rand_k(D, 5), x)
+  np.testing.assert_allclose(s.mean(0), 0.25 * xn, atol=5 * s.std(0).max() / math.sqrt(TRIALS))
+
+
+@settings(max_examples=20, deadline=None)
+@given(d=st.integers(2, 60), data=st.data())
+def test_exact_nnz_and_bits(d, data):
+  k = data.draw(st.integers(1, d))
+  x = jnp.asarray(np.random.default_rng(d).normal(size=d) + 3.0, jnp.float32)  # no zeros
+  for comp in (C.rand_k(d, k), C.top_k(d, k), C.scaled_rand_k(d, k)):
+    y = comp.compress(jax.random.key(k), x)
+    assert int(accounting.nnz(y)) == k
+    assert comp.bits(d) == accounting.sparse_bits(k, d)
+
+
+def test_pytree_input_and_scaling():
+  tree = {"a": jnp.arange(1.0, 7.0).reshape(2, 3), "b": jnp.array([10.0, -20.0])}
+  y = C.top_k(8, 2).compress(jax.random.key(0), tree)
+  np.testing.assert_array_equal(y["b"], [10.0, -20.0])
+  np.testing.assert_array_equal(y["a"], 0.0)
+  c = C.scale(C.comp_k(D, 2, 8), 0.5)
+  base = C.comp_k(D, 2, 8)
+  assert c.omega == pytest.approx(0.25 * base.omega)
+  assert c.eta == pytest.approx(0.5 * base.eta + 0.5)
+  y1 = c.compress(jax.random.key(3), _x())
+  y2 = base.compress(jax.random.key(3), _x())
+  np.testing.assert_allclose(y1, 0.5 * np.asarray(y2), rtol=1e-6)
+
+
+def test_omega_ran_and_errors():
+  assert C.omega_ran(4.0, 8) == 0.5
+  assert C.omega_ran(0.0, 10, "m-nice", m=3) == pytest.approx(7 / 27)
+  with pytest.raises(ValueError, match="k must be"):
+    C.rand_k(10, 11)
+  with pytest.raises(ValueError, match="k2"):
+    C.mix_k(10, 5, 6)
+  with pytest.raises(ValueError, match="lam"):
+    C.scale(C.identity(3), 1.5)
+  assert C.top_k(100, 10).alpha == pytest.approx(0.1)

@@ -1,0 +1,160 @@
+"""EF-BV, EF21, DIANA: exact reductions with shared keys, the invariants of Fig. 2.1, linear
+convergence to the closed-form optimum at the theoretical step size, and the parameter rule
+checked against Table A.2."""
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjaxsparse import compressors as C
+from fedjaxsparse.algorithms.efbv import diana, ef21, ef_bv, efbv_params, prox_gd
+from fedjaxsparse.constants import linear_model_constants
+from fedjaxsparse.data.problems import (ridge_regression_optimum, ridge_regression_problem,
+                                        uniform_weights)
+from fedjaxsparse.models import linear_regression, make_loss
+from fedjaxsparse.runner import run
+from fedjaxsparse.sampling import client_keys
+
+DIM, L2 = 6, 0.5
+D = DIM + 1
+
+
+@pytest.fixture(scope="module")
+def problem():
+  ds = ridge_regression_problem(num_clients=5, dim=DIM, examples_per_client=25, seed=2)
+  model = linear_regression(DIM, l2=L2)
+  return ds, model, make_loss(model)
+
+
+def _grads(loss, x, data):
+  return jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(x, data.x, data.y, data.mask)
+
+
+def test_lambda_nu_one_with_top_k_is_original_ef21(problem):
+  ds, model, loss = problem
+  comp = C.top_k(D, 2)
+  gamma = 0.05
+  algo = ef21(loss, comp, gamma, lam=1.0, h_init="zero")
+  x0 = jax.tree.map(lambda a: a + 0.5, model.init(jax.random.key(0)))
+  state = algo.init(None, x0, ds.train)
+  # Original EF21 (Richtárik et al. 2021, Alg. 1), written out with g_i.
+  n = ds.num_clients
+  x, g_i = x0, jax.tree.map(lambda a: jnp.zeros((n,) + a.shape), x0)
+  for t in range(8):
+    key = jax.random.key(t)
+    state, _ = jax.jit(algo.step)(key, state, ds.train)
+    # EF21 compresses ∇f_i(x^t) − g_i^t at the point where g is used: our iteration order
+    # computes the gradient at the current x and updates x with the new estimate.
+    grads = _grads(loss, x, ds.train)
+    c = jax.vmap(comp.compress)(client_keys(key, jnp.arange(n)),
+                                jax.tree.map(jnp.subtract, grads, g_i))
+    g_i = jax.tree.map(jnp.add, g_i, c)
+    x = jax.tree.map(lambda a, b: a - gamma * b, x, jax.tree.map(lambda a: jnp.mean(a, 0), g_i))
+    chex.assert_trees_all_close(state.x, x, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(state.h_clients, g_i, rtol=1e-5, atol=1e-6)
+
+
+def test_server_h_tracks_the_client_mean_and_nu_equal_lambda_gives_g_equal_h(problem):
+  ds, model, loss = problem
+  comp = C.comp_k(D, 2, 4)
+  lam = 0.3
+  algo = ef_bv(loss, comp, 0.02, lam, lam)
+  state = algo.init(None, model.init(jax.random.key(0)), ds.train)
+  for t in range(6):
+    prev = state
+    state, _ = jax.jit(algo.step)(jax.random.key(t), state, ds.train)
+    chex.assert_trees_all_close(state.h, jax.tree.map(lambda a: jnp.mean(a, 0),
+                                                      state.h_clients), atol=1e-6)
+    # ν = λ: x⁺ = x − γ g with g = h⁺ (the EF21 structure).
+    chex.assert_trees_all_close(state.x, jax.tree.map(lambda a, h: a - 0.02 * h, prev.x,
+                                                      state.h), atol=1e-6)
+
+
+def test_nu_one_is_diana(problem):
+  ds, model, loss = problem
+  comp = C.rand_k(D, 3)
+  lam, gamma = 1 / (1 + comp.omega), 0.02
+  a = diana(loss, comp, gamma)
+  b = ef_bv(loss, comp, gamma, lam, 1.0)
+  x0 = model.init(jax.random.key(0))
+  sa, sb = a.init(None, x0, ds.train), b.init(None, x0, ds.train)
+  n = ds.num_clients
+  x, h_i = x0, _grads(loss, x0, ds.train)
+  for t in range(5):
+    key = jax.random.key(t)
+    sa, _ = a.step(key, sa, ds.train)
+    sb, _ = b.step(key, sb, ds.train)
+    # DIANA written out: g = mean(h_i + C(∇f_i − h_i)), h_i += λ C(...).
+    c = jax.vmap(comp.compress)(client_keys(key, jnp.arange(n)),
+                                jax.tree.map(jnp.subtract, _grads(loss, x, ds.train), h_i))
+    g = jax.tree.map(lambda h, cc: jnp.mean(h + cc, 0), h_i, c)
+    h_i = jax.tree.map(lambda h, cc: h + lam * cc, h_i, c)
+    x = jax.tree.map(lambda p, gg: p - gamma * gg, x, g)
+    chex.assert_trees_all_close(sa.x, x, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_equal(sa, sb)
+
+
+def test_identity_is_proximal_gradient_descent(problem):
+  ds, model, loss = problem
+  gamma, lam1 = 0.05, 0.2
+  prox = lambda tree, step: jax.tree.map(
+      lambda a: jnp.sign(a) * jnp.maximum(jnp.abs(a) - step * lam1, 0), tree)
+  algo = prox_gd(loss, gamma, D, prox=prox)
+  x = model.init(jax.random.key(0))
+  state = algo.init(None, x, ds.train)
+  for t in range(5):
+    state, _ = algo.step(jax.random.key(t), state, ds.train)
+    g = jax.tree.map(lambda a: jnp.mean(a, 0), _grads(loss, x, ds.train))
+    x = prox(jax.tree.map(lambda p, gg: p - gamma * gg, x, g), gamma)
+    chex.assert_trees_all_close(state.x, x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["efbv", "ef21", "diana"])
+def test_linear_convergence_at_the_theoretical_step_size(problem, name):
+  ds, model, loss = problem
+  consts = linear_model_constants(ds.train, L2, "squared", "mean")
+  n = ds.num_clients
+  comp = C.rand_k(D, 3) if name == "diana" else C.comp_k(D, 2, 4)
+  lam_star = min((1 - comp.eta) / ((1 - comp.eta) ** 2 + comp.omega), 1.0)
+  nu = {"efbv": None, "ef21": lam_star, "diana": 1.0}[name]  # EF21: ν = λ*; DIANA: ν = 1
+  prm = efbv_params(comp.eta, comp.omega, C.omega_ran(comp.omega, n), consts.L_max,
+                    consts.L_tilde, nu=nu)
+  algo = ef_bv(loss, comp, prm["gamma"], prm["lam"], prm["nu"])
+  opt = ridge_regression_optimum(ds.train, L2, uniform_weights(ds.train))
+  with jax.enable_x64(True):
+    data = jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)
+                        if np.asarray(a).dtype.kind == "f" else jnp.asarray(a), ds.train)
+    x0 = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64), model.init(jax.random.key(0)))
+    errs = []
+    for rounds in (3000, 6000):
+      res = run(algo, jax.random.key(0), x0, data, num_rounds=rounds, chunk_size=1000,
+                progress=False)
+      flat = np.concatenate([np.ravel(res.state.x["b"]), res.state.x["w"]])
+      ref = np.concatenate([np.ravel(opt["b"]), opt["w"]])
+      errs.append(np.linalg.norm(flat - ref) / np.linalg.norm(ref))
+  rho = max(1 - prm["gamma"] * consts.mu, (prm["r"] + 1) / 2)
+  # Converging linearly to the optimum (or already there to float64 precision).
+  assert errs[1] < 1e-3 and (errs[1] < 0.5 * errs[0] or errs[1] < 1e-10)
+  assert rho < 1
+
+
+def test_parameter_rule_matches_table_a2():
+  """Spec §3 check: comp-(1,56), d = 112, n = 1000, L = L̃ = 3.787 (mushrooms)."""
+  comp = C.comp_k(112, 1, 56)
+  p = efbv_params(comp.eta, comp.omega, C.omega_ran(comp.omega, 1000), 3.787, 3.787)
+  assert p["lam"] == pytest.approx(5.317e-3, rel=1e-3)
+  assert p["nu"] == 1.0
+  assert p["r"] == pytest.approx(0.998443, abs=2e-6)
+  assert p["gamma"] == pytest.approx(1.38e-4, rel=5e-3)  # Table A.2: 1.38e-4
+  ef = efbv_params(comp.eta, comp.omega, C.omega_ran(comp.omega, 1000), 3.787, 3.787,
+                   nu=p["lam"])
+  assert ef["gamma"] == pytest.approx(1.03e-4, rel=5e-3)  # Table A.2 EF21: 1.03e-4
+  idp = efbv_params(0.0, 0.0, 0.0, 2.0, 2.0)
+  assert idp["gamma"] == 0.5 and idp["r"] == 0.0  # identity: γ = 1/L
+  with pytest.raises(ValueError, match="r ="):
+    efbv_params(comp.eta, comp.omega, 0.0, 1.0, 1.0, lam=1.0)
+  with pytest.raises(ValueError, match="eta"):
+    efbv_params(1.0, 0.0, 0.0, 1.0, 1.0)
