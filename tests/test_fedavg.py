@@ -139,3 +139,28 @@ def test_cohort_larger_than_population_is_refused(ridge):
   algo = fedavg(make_loss(model), optax.sgd(0.1), cohort_size=9)
   with pytest.raises(ValueError, match="cohort_size"):
     algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
+
+
+def test_uplink_compressor_plug_in(ridge):
+  """FedAvg with an identity uplink equals FedAvg; with rand-k the averaged update is
+  unbiased (Monte Carlo over keys) and each message costs rand-k's bits."""
+  from fedjaxsparse import compressors as C
+  ds, model = ridge
+  d = 6
+  params = {"w": jnp.linspace(-1, 1, 5) + 0.1, "b": jnp.float32(0.3)}
+  plain = fedavg(make_loss(model), optax.sgd(0.05), local_steps=2)
+  ident = fedavg(make_loss(model), optax.sgd(0.05), local_steps=2, uplink=C.identity(d))
+  s0 = plain.init(None, params, ds.train)
+  p1, _ = plain.step(jax.random.key(0), s0, ds.train)
+  p2, _ = ident.step(jax.random.key(0), s0, ds.train)
+  chex.assert_trees_all_close(p1.params, p2.params, rtol=1e-6)
+  rk = fedavg(make_loss(model), optax.sgd(0.05), local_steps=2, uplink=C.rand_k(d, 2))
+  step = jax.jit(jax.vmap(lambda k: rk.step(k, s0, ds.train)[0].params))
+  trials = 4000
+  out = step(jax.random.split(jax.random.key(1), trials))
+  for name in ("w", "b"):
+    mean = np.asarray(out[name]).mean(0)
+    se = np.asarray(out[name]).std(0) / np.sqrt(trials)
+    np.testing.assert_array_less(np.abs(mean - np.asarray(p1.params[name])), 5 * se + 1e-6)
+  _, info = rk.step(jax.random.key(0), s0, ds.train)
+  assert float(info.bits_up) == ds.train.num_clients * accounting.sparse_bits(2, d)

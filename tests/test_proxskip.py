@@ -375,3 +375,27 @@ def test_gradient_clipping(problem):
       assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(step)) <= 0.1 + 1e-7
   with pytest.raises(ValueError, match="clip_mode"):
     ps.proxskip_kernel(loss, 1.0, 0.5, clip=1.0, clip_mode="l1")
+
+
+def test_uplink_compressor_plug_in(problem):
+  """SPS is ProxSkip with a top-k uplink compressor; an unbiased rand-k uplink keeps Σh = 0
+  (the compressed message is written back) and is charged rand-k's bits."""
+  from fedjaxsparse import compressors as C
+  ds, model, loss = problem
+  d = DIM + 1
+  w0 = jax.tree.map(lambda a: a + 0.2, model.init(jax.random.key(0)))
+  k = k_from_sparsity(d, 0.6)
+  a = ps.sparse_proxskip(loss, 0.02, 0.5, 0.6)
+  b = ps.proxskip(loss, 0.02, 0.5, uplink=C.top_k(d, k))
+  sa, sb = a.init(None, w0, ds.train), b.init(None, w0, ds.train)
+  for t in range(10):
+    sa, _ = jax.jit(a.step)(jax.random.key(t), sa, ds.train)
+    sb, ib = jax.jit(b.step)(jax.random.key(t), sb, ds.train)
+  chex.assert_trees_all_close(sa.w, sb.w, rtol=1e-6, atol=1e-7)
+  c = ps.proxskip(loss, 0.02, 0.5, uplink=C.rand_k(d, 3))
+  sc = c.init(None, w0, ds.train)
+  for t in range(10):
+    sc, ic = jax.jit(c.step)(jax.random.key(t), sc, ds.train)
+    if float(ic.communicated):
+      assert float(ic.bits_up) == ds.num_clients * accounting.sparse_bits(3, d)
+    assert float(ic.sum_h_norm) < 1e-4 * max(1.0, float(ic.mean_h_norm) * 6)

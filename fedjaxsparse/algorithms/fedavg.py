@@ -91,7 +91,7 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
            server_optimizer: optax.GradientTransformation | None = None,
            weighting: str = "num_examples", local_prox: Callable | None = None,
            upload_prox: Callable | None = None, server_prox: Callable | None = None,
-           encoding: str = "dense") -> Algorithm:
+           uplink: Any = None, encoding: str = "dense") -> Algorithm:
   """Build FedAvg.
 
   Args:
@@ -110,6 +110,8 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     upload_prox: applied to the client's final model, which is then uploaded *as a model*
       (FedIHT uploads Top-K'd models); without it the client uploads its dense delta.
     server_prox: applied to the new global model (FedHT prunes the average).
+    uplink: a :class:`fedjaxsparse.compressors.Compressor` applied to every uploaded message
+      (independent key per client, ``fold_in`` of its id); charged ``uplink.bits(d)`` each.
     encoding: message encoding for the bit accounting (:mod:`fedjaxsparse.accounting`):
       ``"dense"`` (default, ``32·d`` per message) or a sparse encoding such as ``"auto"``,
       which charges each message by its actual non-zeros.
@@ -130,18 +132,20 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
 
   def step(key, state: FedAvgState, data: FederatedData):
     num_clients = data.num_clients
-    k_cohort, k_clients = jax.random.split(key)
+    k_cohort, k_clients, k_uplink = jax.random.split(key, 3)
     cohort = sample_cohort(k_cohort, num_clients, cohort_size)
     cohort_data = data if cohort.shape[0] == num_clients else data.select(cohort)
     local, losses = jax.vmap(train_client, in_axes=(0, None, 0))(
         client_keys(k_clients, cohort), state.params, cohort_data)
     weights = client_weights(cohort_data.num_examples, weighting)
-    if upload_prox is None:
-      messages = jax.tree.map(lambda l, g: l - g, local, state.params)
-      delta = weighted_mean(messages, weights)
-    else:
-      messages = jax.vmap(upload_prox)(local)
-      delta = jax.tree.map(jnp.subtract, weighted_mean(messages, weights), state.params)
+    is_model = upload_prox is not None
+    messages = (jax.vmap(upload_prox)(local) if is_model else
+                jax.tree.map(lambda l, g: l - g, local, state.params))
+    if uplink is not None:
+      messages = jax.vmap(uplink.compress)(client_keys(k_uplink, cohort), messages)
+    delta = weighted_mean(messages, weights)
+    if is_model:
+      delta = jax.tree.map(jnp.subtract, delta, state.params)
     if server_optimizer is None:
       params, opt_state = jax.tree.map(jnp.add, state.params, delta), state.server_opt_state
     else:
@@ -152,8 +156,10 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       params = server_prox(params)
     c = cohort.shape[0]
     bits = lambda m: accounting.message_bits(m, encoding=encoding)
+    up = (jnp.float32(c * uplink.bits(accounting.num_params(state.params)))
+          if uplink is not None else jnp.sum(jax.vmap(bits)(messages)))
     info = FedAvgInfo(loss=jnp.dot(weights, losses),
-                      bits_up=jnp.sum(jax.vmap(bits)(messages)),
+                      bits_up=up,
                       bits_down=c * bits(state.params),
                       num_clients=jnp.int32(c))
     return FedAvgState(params, opt_state, state.round + 1), info

@@ -97,7 +97,8 @@ class ProxSkipKernel(NamedTuple):
   Attributes:
     init: as ``Algorithm.init``.
     local_step: ``(key, state, data) -> (w_hat [N, ...], losses [N])``, L6–L7 for all clients.
-    communicate: ``(state, w_hat) -> (state, (bits_up, bits_down, upload_nnz))``, L9–L12.
+    communicate: ``(state, w_hat, key=None) -> (state, (bits_up, bits_down, upload_nnz))``,
+      L9–L12 (the key feeds an uplink compressor).
     skip: ``(state, w_hat) -> state``, L14.
   """
   init: Callable
@@ -123,7 +124,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
                     write_back: bool = True, server_prox: Prox | None = None,
                     h_after_server_prox: bool = True, batch_size: int | None = None,
                     clip: float | None = None, clip_mode: str = "norm",
-                    encoding: str = "auto") -> ProxSkipKernel:
+                    uplink: Any = None, encoding: str = "auto") -> ProxSkipKernel:
   """The pieces of Algorithm 1 (see the module docstring for the hooks).
 
   Args:
@@ -142,6 +143,9 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
       errors" without it; the paper does not say norm or value clipping), or ``None``.
     clip_mode: ``"norm"`` (rescale the gradient to global norm ≤ clip) or ``"value"``
       (clip every entry to [−clip, clip]).
+    uplink: a :class:`fedjaxsparse.compressors.Compressor` applied to every uploaded vector
+      after ``upload_prox`` (independent key per client); the compressed vector is the message
+      (and is written back when ``write_back``), charged ``uplink.bits(d)`` per client.
     encoding: sparse-message encoding for the bit accounting (:mod:`fedjaxsparse.accounting`).
   """
   _check(gamma, p)
@@ -180,9 +184,12 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     keys = client_keys(key, client_ids(data))
     return map_clients(client_step, data, keys, state.w, state.h)
 
-  def communicate(state: ProxSkipState, w_hat):
+  def communicate(state: ProxSkipState, w_hat, key=None):
     n = jax.tree.leaves(w_hat)[0].shape[0]
     messages = jax.vmap(upload_prox)(w_hat)
+    if uplink is not None:
+      keys = client_keys(jax.random.key(0) if key is None else key, jnp.arange(n))
+      messages = jax.vmap(uplink.compress)(keys, messages)
     if write_back:
       w_hat = messages
     w_bar = jax.tree.map(lambda m: jnp.mean(m, axis=0), messages)
@@ -190,7 +197,10 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     ref = w_out if h_after_server_prox else w_bar
     h = jax.tree.map(lambda hi, r, wh: hi + (p / gamma) * (r - wh), state.h, ref, w_hat)
     w = jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), w_out)
-    up = jnp.sum(jax.vmap(lambda m: accounting.message_bits(m, encoding=encoding))(messages))
+    if uplink is not None:
+      up = jnp.float32(n * uplink.bits(accounting.num_params(state.server)))
+    else:
+      up = jnp.sum(jax.vmap(lambda m: accounting.message_bits(m, encoding=encoding))(messages))
     # ASP-modified broadcasts the dense average and the clients prune it themselves.
     down = n * accounting.message_bits(ref, encoding=encoding)
     nnz = jnp.mean(jax.vmap(accounting.nnz)(messages).astype(jnp.float32))
@@ -231,15 +241,16 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
   zero = (jnp.float32(0), jnp.float32(0), jnp.float32(0))
 
   def iteration_step(key, state: ProxSkipState, data: FederatedData):
-    k_coin, k_local = jax.random.split(key)
+    k_coin, k_local, k_comm = jax.random.split(key, 3)
     theta = jax.random.bernoulli(k_coin, p)  # ONE coin for all clients (L2)
     w_hat, losses = kernel.local_step(k_local, state, data)
     state, comm = jax.lax.cond(theta, kernel.communicate,
-                               lambda s, wh: (kernel.skip(s, wh), zero), state, w_hat)
+                               lambda s, wh, k: (kernel.skip(s, wh), zero), state, w_hat,
+                               k_comm)
     return finish(state, losses, comm, theta, jnp.int32(1))
 
   def round_step(key, state: ProxSkipState, data: FederatedData):
-    k_len, k_local = jax.random.split(key)
+    k_len, k_local, k_comm = jax.random.split(key, 3)
     num_steps = geometric_local_steps(k_len, p)
     w_hat, first_losses = kernel.local_step(jax.random.fold_in(k_local, 0), state, data)
 
@@ -250,7 +261,7 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
       return s, wh
 
     state, w_hat = jax.lax.fori_loop(1, num_steps, body, (state, w_hat))
-    state, comm = kernel.communicate(state, w_hat)
+    state, comm = kernel.communicate(state, w_hat, k_comm)
     return finish(state, first_losses, comm, jnp.bool_(True), num_steps)
 
   return Algorithm(kernel.init, iteration_step if form == "iteration" else round_step)
