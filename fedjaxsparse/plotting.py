@@ -60,3 +60,15 @@ def _finish(fig, axes, path: str, title: str) -> str:
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
+
+
+def plot_evals(methods: dict, y: str, x: str, path: str, title: str = "",
+               logx: bool = False, logy: bool = True) -> str:
+  """One panel: the ``evals`` column ``y`` against the column ``x``, one line per method."""
+  fig, ax = plt.subplots(figsize=(6.5, 4.5))
+  for name, record in methods.items():
+    ev = record["history"]["evals"]
+    ax.plot(ev[x], ev[y], label=name, lw=1.2)
+  ax.set(xlabel=x, ylabel=y, xscale="log" if logx else "linear",
+         yscale="log" if logy else "linear")
+  return _finish(fig, [ax], path, title)

@@ -5,7 +5,8 @@ from typing import Sequence
 
 from fedjaxsparse.models.base import (CLASSIFICATION, REGRESSION, Model, make_loss,
                                       softmax_cross_entropy, squared_error)
-from fedjaxsparse.models.linear import linear_regression, softmax_regression
+from fedjaxsparse.models.linear import (linear_regression, logistic_regression,
+                                        softmax_regression)
 from fedjaxsparse.models.nets import cnn, mlp, num_params, resnet18
 
 MODELS = ("linear", "softmax", "mlp", "cnn", "resnet18")
@@ -32,4 +33,4 @@ def get_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs)
 
 __all__ = ["CLASSIFICATION", "REGRESSION", "Model", "make_loss", "softmax_cross_entropy",
            "squared_error", "linear_regression", "softmax_regression", "mlp", "cnn",
-           "resnet18", "num_params", "get_model", "MODELS"]
+           "resnet18", "num_params", "get_model", "MODELS", "logistic_regression"]

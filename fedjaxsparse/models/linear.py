@@ -65,3 +65,18 @@ def softmax_regression(num_features: int, num_classes: int, l2: float = 0.0,
     return out + params["b"] if use_bias else out
 
   return Model(init_fn, apply, softmax_cross_entropy, _ridge(l2), CLASSIFICATION)
+
+
+def logistic_loss(z: jax.Array, y: jax.Array) -> jax.Array:
+  """``log(1 + exp(−b·z))`` with ``b = 2y − 1 ∈ {−1, +1}`` for labels ``y ∈ {0, 1}``."""
+  return jnp.logaddexp(0.0, -(2.0 * y - 1.0) * z)
+
+
+def logistic_regression(num_features: int, l2: float = 0.0, use_bias: bool = False,
+                        init: str = "zeros") -> Model:
+  """Binary logistic regression (seed 001 A.3): ``z = x·w (+ b)``, per-example loss
+  ``log(1 + exp(−b z))`` with labels {0, 1} ↦ b ∈ {−1, +1}, regulariser ``½·l2·‖w‖²``;
+  ``apply`` returns the score z (task "regression": evaluate with the loss, not accuracy)."""
+  base = linear_regression(num_features, l2=l2, use_bias=use_bias, init=init)
+  return Model(base.init, lambda p, x: base.apply(p, x), logistic_loss, base.regularizer,
+               REGRESSION)
