@@ -158,3 +158,32 @@ def test_parameter_rule_matches_table_a2():
     efbv_params(comp.eta, comp.omega, 0.0, 1.0, 1.0, lam=1.0)
   with pytest.raises(ValueError, match="eta"):
     efbv_params(1.0, 0.0, 0.0, 1.0, 1.0)
+
+
+# Table A.2 (spec §6.1.3), ξ = 1 columns: d, k, λ*, r, r_av, s*, γ_EF-BV, γ_EF21.
+TABLE_A2 = [
+    ("mushrooms", 112, 1, 5.32e-3, 0.998, 0.555, 3.90e-4, 1.38e-4, 1.03e-4),
+    ("mushrooms", 112, 2, 1.08e-2, 0.997, 0.527, 7.94e-4, 2.87e-4, 2.10e-4),
+    ("phishing", 68, 1, 8.85e-3, 0.997, 0.533, 6.50e-4, 2.33e-3, 1.71e-3),
+    ("phishing", 68, 2, 1.82e-2, 0.994, 0.516, 1.34e-3, 4.80e-3, 3.49e-3),
+    ("a9a", 123, 1, 4.83e-3, 0.999, 0.564, 3.5e-4, 2.53e-4, 1.91e-4),
+    ("a9a", 123, 2, 9.8e-3, 0.997, 0.534, 7.13e-4, 5.28e-4, 3.87e-4),
+    ("w8a", 300, 1, 1.96e-3, 0.999, 0.649, 1.44e-4, 1.01e-4, 8.12e-5),
+    ("w8a", 300, 2, 3.95e-3, 0.999, 0.574, 2.90e-4, 2.15e-4, 1.63e-4),
+]
+
+
+@pytest.mark.parametrize("name, d, k, lam, r, r_av, s, g_efbv, g_ef21", TABLE_A2)
+def test_dimensionless_parameters_reproduce_table_a2(name, d, k, lam, r, r_av, s, g_efbv,
+                                                     g_ef21):
+  comp = C.comp_k(d, k, d // 2)
+  om_ran = C.omega_ran(comp.omega, 1000)
+  p = efbv_params(comp.eta, comp.omega, om_ran, 1.0, 1.0)
+  assert p["lam"] == pytest.approx(lam, rel=0.01)
+  assert p["nu"] == 1.0  # ν* clipped to 1 in every setting
+  assert p["r"] == pytest.approx(r, abs=1e-3)
+  assert p["r_av"] == pytest.approx(r_av, abs=1.5e-3)
+  assert p["s"] == pytest.approx(s, rel=0.02)
+  # γ depends on L = L̃ (data), the EF-BV / EF21 ratio does not.
+  ef = efbv_params(comp.eta, comp.omega, om_ran, 1.0, 1.0, nu=p["lam"])
+  assert p["gamma"] / ef["gamma"] == pytest.approx(g_efbv / g_ef21, rel=0.015)
