@@ -22,3 +22,15 @@ def test_quickstart_notebook_runs(monkeypatch, tmp_path):
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
             if o.get("output_type") == "error"]
   assert not errors
+
+
+def test_compressors_notebook_runs(monkeypatch, tmp_path):
+  monkeypatch.setenv("EFBV_ITERATIONS", "50")
+  monkeypatch.setenv("MPLBACKEND", "Agg")
+  nb = nbformat.read(os.path.join(os.path.dirname(NOTEBOOK), "compressors.ipynb"),
+                     as_version=4)
+  NotebookClient(nb, timeout=300, kernel_name="python3",
+                 resources={"metadata": {"path": str(tmp_path)}}).execute()
+  outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                    for o in c.get("outputs", []))
+  assert "EF-BV: lambda=" in outputs and "comp-(1,15)" in outputs
