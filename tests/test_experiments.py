@@ -62,3 +62,12 @@ def test_efbv_logreg_small(tmp_path):
   assert 0 < ev["EF-BV"]["gap"][-1] < ev["EF21"]["gap"][-1] < ev["EF21"]["gap"][0]
   params = {p["method"]: p for p in res["parameters"]}
   assert params["EF21"]["nu"] == params["EF21"]["lambda"] < params["EF-BV"]["nu"]
+
+
+def test_efbv_logreg_nonconvex_small(tmp_path):
+  main(["run", "efbv_logreg", "--rounds", "1000", "--eval-every", "500", "--out",
+        str(tmp_path), "--no-progress", "--set", "nonconvex=True"])
+  res = json.load(open(tmp_path / "efbv_logreg" / "results.json"))
+  ev = {m: r["history"]["evals"] for m, r in res["methods"].items()}
+  assert ev["EF-BV"]["gap"][-1] < ev["EF-BV"]["gap"][0]  # ‖∇f‖² decreases
+  assert "final ||grad f||^2" in res["table_text"]
