@@ -6,7 +6,9 @@ bias) and ``f_i(w) = r(A_i w) + ½·l2·‖W‖²``:
 * least squares (``r = ½‖A_i w − b_i‖²``, mean or sum over the client's examples):
   ``∇²f_i = A_iᵀA_i / n_i + l2·I`` (``/ n_i`` only for the mean), exact;
 * softmax cross-entropy: ``∇²f_i ⪯ ½·A_iᵀA_i / n_i ⊗ I_C + l2·I`` (the softmax Hessian
-  ``diag(p) − ppᵀ ⪯ ½ I``), an upper bound.
+  ``diag(p) − ppᵀ ⪯ ½ I``), an upper bound;
+* binary logistic loss: ``∇²f_i ⪯ ¼·A_iᵀA_i / n_i + l2·I`` (σ′ ≤ ¼), an upper bound (seed 001
+  A.3 uses the looser ``l2 + (1/(4n_i)) Σ_j ‖a_ij‖²``, the trace instead of λ_max).
 
 ``L_i = λ_max(∇²f_i)``; ``L_max = max_i L_i``; ``L_avg = mean_i L_i``;
 ``L_tilde = sqrt(mean_i L_i²)`` (EF21/EF-BV's L̃); ``mu`` = λ_min of the average Hessian for
@@ -36,8 +38,8 @@ class Constants(NamedTuple):
 def linear_model_constants(data: FederatedData, l2: float, loss: str = "squared",
                            reduction: str = "mean", use_bias: bool = True) -> Constants:
   """The constants of ``(1/N) Σ_i f_i`` for ``loss`` in ``"squared"``, ``"softmax"``."""
-  if loss not in ("squared", "softmax"):
-    raise ValueError(f"loss must be 'squared' or 'softmax', got {loss!r}.")
+  if loss not in ("squared", "softmax", "logistic"):
+    raise ValueError(f"loss must be 'squared', 'softmax' or 'logistic', got {loss!r}.")
   if reduction not in ("mean", "sum"):
     raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
   n_clients = data.num_clients
@@ -55,8 +57,8 @@ def linear_model_constants(data: FederatedData, l2: float, loss: str = "squared"
     g = x[i].T @ x[i]
     if reduction == "mean":
       g = g / max(mask[i].sum(), 1.0)
-    if loss == "softmax":
-      g = 0.5 * g
+    if loss != "squared":
+      g = (0.5 if loss == "softmax" else 0.25) * g
     hessians.append(g + np.diag(reg))
   ls = np.array([np.linalg.eigvalsh(h)[-1] for h in hessians])
   if loss == "squared":

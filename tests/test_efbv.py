@@ -187,3 +187,25 @@ def test_dimensionless_parameters_reproduce_table_a2(name, d, k, lam, r, r_av, s
   # γ depends on L = L̃ (data), the EF-BV / EF21 ratio does not.
   ef = efbv_params(comp.eta, comp.omega, om_ran, 1.0, 1.0, nu=p["lam"])
   assert p["gamma"] / ef["gamma"] == pytest.approx(g_efbv / g_ef21, rel=0.015)
+
+
+def test_constants_from_data_bound_the_true_curvature(problem):
+  """L_max from the data is the exact λ_max of each ridge Hessian (autodiff check) and an
+  upper bound for the logistic loss; μ is the λ_min of the average Hessian."""
+  from fedjaxsparse.models import logistic_regression
+  ds, model, loss = problem
+  consts = linear_model_constants(ds.train, L2, "squared", "mean")
+  x0 = model.init(jax.random.key(0))
+  flat0, unravel = jax.flatten_util.ravel_pytree(x0)
+  hess = [np.linalg.eigvalsh(np.asarray(jax.hessian(lambda v: loss(
+      unravel(v), ds.train.x[i], ds.train.y[i], ds.train.mask[i]))(flat0)))
+          for i in range(ds.num_clients)]
+  assert consts.L_max == pytest.approx(max(h[-1] for h in hess), rel=1e-4)
+  assert consts.L_tilde == pytest.approx(np.sqrt(np.mean([h[-1] ** 2 for h in hess])), rel=1e-4)
+  logi = linear_model_constants(ds.train, L2, "logistic", "mean", use_bias=False)
+  lmodel = logistic_regression(DIM, l2=L2)
+  lloss = make_loss(lmodel)
+  for i in range(ds.num_clients):
+    h = jax.hessian(lambda w: lloss({"w": w}, ds.train.x[i], (ds.train.y[i] > 0).astype(
+        jnp.int32), ds.train.mask[i]))(jnp.ones(DIM) * 0.1)
+    assert np.linalg.eigvalsh(np.asarray(h))[-1] <= logi.L_max * (1 + 1e-5)
