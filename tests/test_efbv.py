@@ -209,3 +209,31 @@ def test_constants_from_data_bound_the_true_curvature(problem):
     h = jax.hessian(lambda w: lloss({"w": w}, ds.train.x[i], (ds.train.y[i] > 0).astype(
         jnp.int32), ds.train.mask[i]))(jnp.ones(DIM) * 0.1)
     assert np.linalg.eigvalsh(np.asarray(h))[-1] <= logi.L_max * (1 + 1e-5)
+
+
+def test_tuned_constructor_and_l1_prox_reach_the_lasso_solution(problem):
+  """EF-BV with an l1 prox and the KL step rule converges to the federated lasso solution
+  (computed by proximal GD), with no parameter given by hand."""
+  from fedjaxsparse.algorithms.efbv import l1_prox, l2_prox, tuned
+  ds, model, loss = problem
+  consts = linear_model_constants(ds.train, L2, "squared", "mean")
+  prox = l1_prox(0.3)
+  algo, p = tuned("ef-bv", loss, C.comp_k(D, 2, 4), ds.num_clients, consts.L_max,
+                  consts.L_tilde, prox=prox)
+  assert 0 < p["lam"] <= 1 and p["gamma"] < 1 / (2 * consts.L_max)
+  ref_algo = prox_gd(loss, 1 / consts.L_max, D, prox=prox)
+  x0 = model.init(jax.random.key(0))
+  with jax.enable_x64(True):
+    data = jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)
+                        if np.asarray(a).dtype.kind == "f" else jnp.asarray(a), ds.train)
+    x0 = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64), x0)
+    ref = run(ref_algo, jax.random.key(0), x0, data, num_rounds=5000, chunk_size=1000,
+              progress=False).state.x
+    got = run(algo, jax.random.key(0), x0, data, num_rounds=20000, chunk_size=5000,
+              progress=False).state.x
+  assert int(np.sum(np.asarray(ref["w"]) == 0)) >= 1  # a sparse solution
+  chex.assert_trees_all_close(got, ref, atol=1e-5)
+  shrink = l2_prox(2.0)({"a": jnp.array([3.0])}, 0.5)["a"]
+  np.testing.assert_allclose(shrink, [1.5])
+  with pytest.raises(ValueError, match="method"):
+    tuned("sgd", loss, C.identity(D), 5, 1.0, 1.0)

@@ -137,6 +137,38 @@ def prox_gd(loss_fn: LossFn, gamma: float, d: int, **kw) -> Algorithm:
   return ef_bv(loss_fn, identity(d), gamma, 1.0, 1.0, **kw)
 
 
+def l1_prox(weight: float) -> Prox:
+  """``prox_{γ·weight·‖·‖₁}``: soft thresholding at ``γ·weight``."""
+  return lambda tree, step: jax.tree.map(
+      lambda a: jnp.sign(a) * jnp.maximum(jnp.abs(a) - step * weight, 0), tree)
+
+
+def l2_prox(weight: float) -> Prox:
+  """``prox_{γ·(weight/2)·‖·‖²}``: shrinkage by ``1/(1 + γ·weight)``."""
+  return lambda tree, step: jax.tree.map(lambda a: a / (1 + step * weight), tree)
+
+
+def tuned(method: str, loss_fn: LossFn, compressor: Compressor, num_clients: int, L: float,
+          L_tilde: float, *, prox: Prox | None = None, **kw) -> tuple[Algorithm, dict]:
+  """``method`` ("ef-bv", "ef21" or "diana") with λ, ν, γ from :func:`efbv_params`
+  (``"KL"`` step rule when a prox is given, ``"PL"`` otherwise; ω_ran = ω/n for independent
+  compressors). Returns the algorithm and the parameters."""
+  omega_ran = compressor.omega / num_clients
+  setting = "KL" if prox is not None else "PL"
+  if method == "ef-bv":
+    p = efbv_params(compressor.eta, compressor.omega, omega_ran, L, L_tilde, setting)
+  elif method == "ef21":
+    a = 1.0 - compressor.eta
+    lam = min(a / (a * a + compressor.omega), 1.0)
+    p = efbv_params(compressor.eta, compressor.omega, omega_ran, L, L_tilde, setting, lam=lam,
+                    nu=lam)
+  elif method == "diana":
+    p = efbv_params(compressor.eta, compressor.omega, omega_ran, L, L_tilde, setting, nu=1.0)
+  else:
+    raise ValueError(f"method must be 'ef-bv', 'ef21' or 'diana', got {method!r}.")
+  return ef_bv(loss_fn, compressor, p["gamma"], p["lam"], p["nu"], prox=prox, **kw), p
+
+
 def efbv_params(eta: float, omega: float, omega_ran: float, L: float, L_tilde: float,
                 setting: str = "PL", lam: float | None = None, nu: float | None = None
                 ) -> dict:
