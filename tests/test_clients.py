@@ -49,3 +49,17 @@ def test_bucketed_proxskip_equals_padded(data):
   np.testing.assert_allclose(i_pad.bits_up, i_bkt.bits_up)
   with pytest.raises(ValueError, match="num_buckets"):
     bucketize(data, 0)
+
+
+def test_bucketed_ef_bv_equals_padded(data):
+  from fedjaxsparse import compressors as C
+  from fedjaxsparse.algorithms.efbv import ef_bv
+  model = linear_regression(5, l2=0.1)
+  algo = ef_bv(make_loss(model), C.rand_k(6, 2), 0.02, 0.3, 0.8)
+  w0 = model.init(jax.random.key(0))
+  b = bucketize(data, 3)
+  s_pad, s_bkt = algo.init(None, w0, data), algo.init(None, w0, b)
+  for t in range(5):
+    s_pad, _ = algo.step(jax.random.key(t), s_pad, data)
+    s_bkt, _ = algo.step(jax.random.key(t), s_bkt, b)
+  chex.assert_trees_all_close(s_pad.x, s_bkt.x, rtol=1e-5, atol=1e-6)

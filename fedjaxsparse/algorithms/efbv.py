@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse import accounting
+from fedjaxsparse.clients import client_ids, map_clients
 from fedjaxsparse.compressors import Compressor, identity
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData
@@ -70,7 +71,8 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
   """EF-BV (Fig. 2.1, column 1).
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i`` of one client.
+    loss_fn: ``(params, x, y, mask) -> f_i`` of one client; the data may be padded
+      ``FederatedData`` or size-bucketed :class:`fedjaxsparse.clients.BucketedData`.
     compressor: a :class:`~fedjaxsparse.compressors.Compressor` (independent draw per client).
     gamma: step size γ (see :func:`efbv_params`).
     lam, nu: scalings λ (control variates) and ν (gradient estimate), in (0, 1].
@@ -85,20 +87,23 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
     raise ValueError(f"gamma must be > 0, got {gamma!r}.")
   if h_init not in ("grad", "zero"):
     raise ValueError(f"h_init must be 'grad' or 'zero', got {h_init!r}.")
-  grads = jax.vmap(jax.value_and_grad(loss_fn), in_axes=(None, 0, 0, 0))
+  value_and_grad = jax.value_and_grad(loss_fn)
+
+  def grads(params, data):  # all clients; padded or size-bucketed data
+    return map_clients(lambda d: value_and_grad(params, d.x, d.y, d.mask), data)
 
   def init(key, params, data: FederatedData) -> EFBVState:
     del key
-    _, g = grads(params, data.x, data.y, data.mask)
+    _, g = grads(params, data)
     h_clients = g if h_init == "grad" else jax.tree.map(jnp.zeros_like, g)
     h = jax.tree.map(lambda a: jnp.mean(a, 0), h_clients)
     return EFBVState(params, h, h_clients, jnp.zeros((), jnp.int32))
 
   def step(key, state: EFBVState, data: FederatedData):
     n = data.num_clients
-    losses, g = grads(state.x, data.x, data.y, data.mask)
+    losses, g = grads(state.x, data)
     delta = jax.tree.map(jnp.subtract, g, state.h_clients)
-    keys = client_keys(key, jnp.arange(n))
+    keys = client_keys(key, client_ids(data))
     d_i = jax.vmap(compressor.compress)(keys, delta)
     h_clients = jax.tree.map(lambda h, d: h + lam * d, state.h_clients, d_i)
     d = jax.tree.map(lambda a: jnp.mean(a, 0), d_i)

@@ -188,8 +188,9 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     n = jax.tree.leaves(w_hat)[0].shape[0]
     messages = jax.vmap(upload_prox)(w_hat)
     if uplink is not None:
-      keys = client_keys(jax.random.key(0) if key is None else key, jnp.arange(n))
-      messages = jax.vmap(uplink.compress)(keys, messages)
+      if key is None:
+        raise ValueError("communicate needs a key when an uplink compressor is set.")
+      messages = jax.vmap(uplink.compress)(client_keys(key, jnp.arange(n)), messages)
     if write_back:
       w_hat = messages
     w_bar = jax.tree.map(lambda m: jnp.mean(m, axis=0), messages)
