@@ -1,97 +1,109 @@
 """Bits that cross the network, under an explicit encoding.
 
-Conventions (DESIGN.md "Accounting and metrics"; seed 000 spec A.13):
+Conventions (DESIGN.md "Accounting and metrics"; seed 000 spec §A.13):
 
-* Counts are per *message* (one client's upload, or one copy of a broadcast) and per
+* A count is per *message* (one client's upload, or one copy of a broadcast) and per
   direction. Algorithms report the sum over the messages of a step in ``info.bits_up`` /
-  ``info.bits_down``; the runner accumulates them. Bits per client are total / clients.
-* Dense messages: ``d · value_bits`` (fp32 by default).
-* Sparse messages with ``nnz`` non-zeros out of ``d`` entries, by ``encoding``:
+  ``info.bits_down``; the runner accumulates them over steps. Bits per client (the papers'
+  "bits per node") are that total divided by the number of clients.
+* A dense message of ``d`` entries costs ``d · value_bits`` (fp32 by default).
+* A sparse message with ``nnz`` non-zeros out of ``d`` entries, by ``encoding``:
 
-  - ``"indices"``: values plus an index per value, ``nnz · (value_bits + ⌈log2 d⌉)``;
-  - ``"bitmask"``: a d-bit presence mask plus the values, ``d + nnz · value_bits``;
-  - ``"values"``: values only, ``nnz · value_bits`` (the index-free convention some papers
-    use, e.g. EF21's code; it understates the cost and is never the default);
-  - ``"auto"`` (default): the cheapest of indices, bitmask and dense;
-  - ``"dense"``: always ``d · value_bits`` (a sender that never exploits zeros).
+  - ``"indices"``: every value with its index, ``nnz · (value_bits + ⌈log2 d⌉)``;
+  - ``"bitmask"``: a ``d``-bit presence mask plus the values, ``d + nnz · value_bits``;
+  - ``"values"``: values only, ``nnz · value_bits`` (the support is known to the receiver,
+    e.g. rand-k indices from a shared seed; it understates the cost otherwise);
+  - ``"dense"``: always ``d · value_bits`` (a sender that never exploits zeros);
+  - ``"auto"`` (default): the cheapest of indices, bitmask and dense. Indices win below
+    ``nnz = d / ⌈log2 d⌉``, the bitmask up to ``nnz = d·(1 − 1/value_bits)``, dense beyond.
 
-* 1-bit masks on seeded noise (FedMRN): ``d`` bits plus a 32-bit seed.
-* Quantized vectors: ``d · bits_per_value`` plus ``overhead_floats`` fp32 scalars (norms,
+* A 1-bit mask over seeded noise (FedMRN): ``d`` bits plus a ``SEED_BITS`` seed.
+* A quantized vector: ``d · bits_per_value`` plus ``overhead_floats`` fp32 scalars (norms,
   scales).
 
-Functions taking ``nnz`` accept Python ints (exact Python-int result) or traced integer
-arrays (float32 result inside ``jit``; exact while below 2^24 bits per message, and relative
-error below 6e-8 beyond).
+Precision: with Python ints every count is an exact Python int. With a traced ``nnz`` (inside
+``jit``), :func:`sparse_bits` returns an exact ``int32`` whenever the largest possible count
+of the message fits in int32 (``d ≤ 37,025,580`` at fp32) and ``float32`` otherwise.
+:func:`message_bits` returns ``float32``, ready to be summed over clients without int32
+overflow: exact below 2²⁴ bits, relative error below 6e-8 above.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
+import numpy as np
+
+from fedjaxsparse.sparsity import nnz, num_params
 
 FLOAT_BITS = 32
 SEED_BITS = 32
 ENCODINGS = ("auto", "indices", "bitmask", "values", "dense")
 
+_INT32_MAX = 2 ** 31 - 1
 
-def num_params(tree_or_size: Any) -> int:
-  """Total number of entries of a pytree (static), or the int itself."""
-  if isinstance(tree_or_size, int):
-    return tree_or_size
-  return sum(int(math.prod(jnp.shape(leaf))) for leaf in jax.tree.leaves(tree_or_size))
+__all__ = ["FLOAT_BITS", "SEED_BITS", "ENCODINGS", "num_params", "nnz", "dense_bits",
+           "index_bits", "sparse_bits", "message_bits", "mask_bits", "quantized_bits"]
 
 
-def dense_bits(tree_or_size: Any, value_bits: int = FLOAT_BITS) -> int:
-  """Bits of a dense message: ``d · value_bits``."""
-  return num_params(tree_or_size) * value_bits
+def _dim(tree_or_num_params: Any) -> int:
+  if isinstance(tree_or_num_params, (int, np.integer)):
+    return int(tree_or_num_params)
+  return num_params(tree_or_num_params)
+
+
+def dense_bits(tree_or_num_params: Any, value_bits: int = FLOAT_BITS) -> int:
+  """Bits of a dense message: ``d · value_bits`` (``d`` from an int or a pytree's shapes)."""
+  return _dim(tree_or_num_params) * value_bits
 
 
 def index_bits(d: int) -> int:
-  """Bits of one index into ``d`` entries: ``⌈log2 d⌉`` (0 for ``d = 1``)."""
+  """Bits of one index into ``d`` entries: ``⌈log2 d⌉`` (0 for ``d = 1``: nothing to say)."""
   if d < 1:
     raise ValueError(f"d must be >= 1, got {d}.")
   return (d - 1).bit_length()
 
 
+def _costs(d: int, value_bits: int) -> dict[str, tuple[int, int]]:
+  """Every encoding's cost as ``(slope, intercept)``: ``bits = slope · nnz + intercept``."""
+  return {"indices": (value_bits + index_bits(d), 0), "bitmask": (value_bits, d),
+          "values": (value_bits, 0), "dense": (0, d * value_bits)}
+
+
 def sparse_bits(nnz: Any, d: int, value_bits: int = FLOAT_BITS, encoding: str = "auto"):
-  """Bits of a message with ``nnz`` non-zeros out of ``d`` entries (see module docstring)."""
+  """Bits of a message with ``nnz`` non-zeros out of ``d`` entries (see the module docstring).
+
+  Args:
+    nnz: a Python int (exact Python-int result) or a traced integer scalar (``int32`` result
+      when exact, else ``float32``).
+    d: number of entries of the message (static).
+    value_bits: bits per transmitted value.
+    encoding: one of ``ENCODINGS``.
+  """
   if encoding not in ENCODINGS:
     raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}.")
-  traced = not isinstance(nnz, int)
-  if traced:
-    nnz = jnp.asarray(nnz, jnp.float32)
-  indices = nnz * (value_bits + index_bits(d))
-  bitmask = d + nnz * value_bits
-  if encoding == "indices":
-    return indices
-  if encoding == "bitmask":
-    return bitmask
-  if encoding == "values":
-    return nnz * value_bits
-  dense = d * value_bits
-  if encoding == "dense":
-    return jnp.float32(dense) if traced else dense
-  if traced:
-    return jnp.minimum(jnp.minimum(indices, bitmask), dense)
-  return min(indices, bitmask, dense)
+  costs = _costs(d, value_bits)
+  names = ("indices", "bitmask", "dense") if encoding == "auto" else (encoding,)
+  if isinstance(nnz, (int, np.integer)):
+    return min(slope * int(nnz) + intercept for slope, intercept in
+               (costs[name] for name in names))
+  largest = max(slope * d + intercept for slope, intercept in costs.values())
+  n = jnp.asarray(nnz, jnp.int32 if largest <= _INT32_MAX else jnp.float32)
+  out = [slope * n + jnp.asarray(intercept, n.dtype) for slope, intercept in
+         (costs[name] for name in names)]
+  return out[0] if len(out) == 1 else jnp.minimum(jnp.minimum(out[0], out[1]), out[2])
 
 
-def nnz(tree: Any) -> jax.Array:
-  """Number of non-zero entries of a pytree, ``int32[]`` (traceable)."""
-  return sum(jnp.count_nonzero(leaf).astype(jnp.int32) for leaf in jax.tree.leaves(tree))
-
-
-def message_bits(tree: Any, value_bits: int = FLOAT_BITS, encoding: str = "auto") -> jax.Array:
-  """Bits of sending ``tree`` as is: sparse by its actual non-zeros under ``encoding``
-  (``"auto"`` falls back to dense when that is cheaper). ``float32[]``, traceable."""
+def message_bits(tree: Any, value_bits: int = FLOAT_BITS, encoding: str = "auto"):
+  """``float32[]``: bits of sending ``tree`` as it is, by its actual non-zeros under
+  ``encoding`` (``"auto"`` falls back to dense when that is cheaper). Traceable."""
   return jnp.asarray(sparse_bits(nnz(tree), num_params(tree), value_bits, encoding),
                      jnp.float32)
 
 
 def mask_bits(d: int, with_seed: bool = True) -> int:
-  """A 1-bit-per-entry mask, plus the 32-bit seed of the noise it masks (FedMRN)."""
+  """A 1-bit-per-entry mask, ``d`` bits, plus the ``SEED_BITS`` seed of the noise it masks
+  (FedMRN)."""
   return d + (SEED_BITS if with_seed else 0)
 
 

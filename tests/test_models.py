@@ -1,115 +1,197 @@
-"""Models: closed-form losses and gradients, padding invariance, vmap over clients, and the
-known parameter counts of the reference architectures."""
+"""Models: closed-form losses and gradients, output shapes, descent, padding invariance, vmap
+over clients, the reference parameter counts, and the two normalisations of ResNet-18."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.models import (cnn, get_model, linear_regression, make_loss, mlp, num_params,
-                                 resnet18, softmax_regression)
+from fedjaxsparse.models import (CLASSIFICATION, REGRESSION, cnn, get_model, linear_regression,
+                                 make_loss, mlp, num_params, resnet18, softmax_regression)
+from fedjaxsparse.models.nets import _BatchStatNorm
 
 
-def _batch(seed=0, b=7, d=4):
+def _data(seed, shape, num_classes=3, b=7):
   rng = np.random.default_rng(seed)
-  return (rng.normal(size=(b, d)).astype(np.float32), rng.normal(size=b).astype(np.float32))
+  x = rng.normal(size=(b,) + tuple(shape)).astype(np.float32)
+  return x, rng.integers(0, num_classes, b), np.ones(b, np.float32)
 
 
 def test_linear_regression_loss_and_gradient_match_closed_form():
-  x, y = _batch()
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(7, 2, 2)).astype(np.float32)  # flattened to d = 4
+  y = rng.normal(size=7).astype(np.float32)
   model = linear_regression(4, l2=0.5)
+  assert model.task == REGRESSION
   p = {"w": jnp.array([0.1, -0.2, 0.3, 0.4]), "b": jnp.float32(0.7)}
-  mask = np.ones(7, np.float32)
-  w, b = np.asarray(p["w"], np.float64), 0.7
-  r = x.astype(np.float64) @ w + b - y
-  expected = 0.5 * np.mean(r ** 2) + 0.25 * np.sum(w ** 2)
-  np.testing.assert_allclose(make_loss(model)(p, x, y, mask), expected, rtol=1e-6)
-  np.testing.assert_allclose(make_loss(model, "sum")(p, x, y, mask),
-                             0.5 * np.sum(r ** 2) + 0.25 * np.sum(w ** 2), rtol=1e-6)
-  g = jax.grad(make_loss(model))(p, x, y, mask)
-  np.testing.assert_allclose(g["w"], x.T @ r / 7 + 0.5 * w, rtol=1e-5, atol=1e-6)
+  assert jax.tree.map(jnp.shape, model.init(jax.random.key(0))) == {"w": (4,), "b": ()}
+  ones = np.ones(7, np.float32)
+  X, w = x.reshape(7, 4).astype(np.float64), np.asarray(p["w"], np.float64)
+  r = X @ w + 0.7 - y
+  np.testing.assert_allclose(make_loss(model)(p, x, y, ones),
+                             0.5 * np.mean(r ** 2) + 0.25 * w @ w, rtol=1e-6)
+  np.testing.assert_allclose(make_loss(model, "sum")(p, x, y, ones),
+                             0.5 * np.sum(r ** 2) + 0.25 * w @ w, rtol=1e-6)
+  g = jax.grad(make_loss(model))(p, x, y, ones)  # X^T (Xw + b − y)/n + l2·w; b not regularised
+  np.testing.assert_allclose(g["w"], X.T @ r / 7 + 0.5 * w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(g["b"], r.mean(), rtol=1e-5, atol=1e-6)
 
+  no_bias = linear_regression(4, use_bias=False, init="lecun")
+  q = no_bias.init(jax.random.key(0))
+  assert set(q) == {"w"} and float(jnp.linalg.norm(q["w"])) > 0
+  np.testing.assert_allclose(no_bias.apply(q, x), X @ np.asarray(q["w"]), rtol=1e-5)
 
-def test_softmax_regression_matches_numpy_cross_entropy():
-  rng = np.random.default_rng(1)
-  x = rng.normal(size=(5, 3)).astype(np.float32)
-  y = np.array([0, 2, 1, 1, 0])
-  model = softmax_regression(3, 3, l2=0.1, init="lecun")
+
+def test_softmax_regression_loss_and_gradient_match_closed_form():
+  x, y, ones = _data(1, (3,), b=5)
+  model = softmax_regression(3, 4, l2=0.1, init="lecun")
+  assert model.task == CLASSIFICATION
   p = model.init(jax.random.key(0))
-  z = x @ np.asarray(p["w"]) + np.asarray(p["b"])
-  logp = z - np.log(np.exp(z).sum(1, keepdims=True))
-  expected = -logp[np.arange(5), y].mean() + 0.05 * np.sum(np.asarray(p["w"]) ** 2)
-  np.testing.assert_allclose(make_loss(model)(p, x, y, np.ones(5)), expected, rtol=1e-5)
+  W, b = np.asarray(p["w"], np.float64), np.asarray(p["b"], np.float64)
+  assert W.shape == (3, 4) and b.shape == (4,)
+  z = x @ W + b
+  prob = np.exp(z - z.max(1, keepdims=True))
+  prob /= prob.sum(1, keepdims=True)
+  onehot = np.eye(4)[y]
+  expected = -np.log(prob[np.arange(5), y]).mean() + 0.05 * np.sum(W ** 2)
+  np.testing.assert_allclose(make_loss(model)(p, x, y, ones), expected, rtol=1e-5)
+  g = jax.grad(make_loss(model))(p, x, y, ones)  # X^T (softmax − onehot)/n + l2·W
+  np.testing.assert_allclose(g["w"], x.T @ (prob - onehot) / 5 + 0.1 * W, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(g["b"], (prob - onehot).mean(0), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: softmax_regression(16, 3),
-    lambda: mlp((4, 4, 1), 3, hidden=(8,)),
-    lambda: cnn((4, 4, 1), 3, channels=(4, 8), dense=16),
-])
-def test_padding_does_not_change_the_loss(make):
-  model = make()
+_SMALL = {
+    "linear": lambda: linear_regression(16, l2=0.01),
+    "softmax": lambda: softmax_regression(16, 3, l2=0.01),
+    "mlp": lambda: mlp((4, 4, 1), 3, hidden=(8, 8)),
+    "cnn": lambda: cnn((4, 4, 1), 3, channels=(4, 8), dense=16),
+}
+
+
+@pytest.mark.parametrize("name", list(_SMALL))
+def test_shapes_descent_and_padding_invariance(name):
+  model = _SMALL[name]()
+  loss = jax.jit(make_loss(model))
+  grad = jax.jit(jax.grad(make_loss(model)))
+  x, y, ones = _data(2, (4, 4, 1), b=6)
+  if model.task == REGRESSION:
+    y = x.reshape(6, -1) @ np.linspace(-1, 1, 16).astype(np.float32)
   p = model.init(jax.random.key(0))
-  if isinstance(p, dict) and "w" in p:
-    p = jax.tree.map(lambda a: a + 0.1, p)
-  rng = np.random.default_rng(2)
-  x = rng.normal(size=(5, 4, 4, 1)).astype(np.float32)
-  y = rng.integers(0, 3, 5)
-  loss = make_loss(model)
-  a = loss(p, x, y, np.ones(5, np.float32))
-  xp = np.concatenate([x, rng.normal(size=(3, 4, 4, 1)).astype(np.float32)])
-  yp = np.concatenate([y, [0, 1, 2]])
-  b = loss(p, xp, yp, np.array([1] * 5 + [0] * 3, np.float32))
-  np.testing.assert_allclose(a, b, rtol=1e-6)
+  out = model.apply(p, x)
+  assert out.shape == ((6,) if model.task == REGRESSION else (6, 3))
+
+  first = loss(p, x, y, ones)
+  for _ in range(10):
+    p = jax.tree.map(lambda a, g: a - 0.1 * g, p, grad(p, x, y, ones))
+  assert loss(p, x, y, ones) < 0.9 * first
+
+  # Masked-out padding rows, whatever they hold, do not change the loss or its gradient.
+  rng = np.random.default_rng(3)
+  xp = np.concatenate([x, 100 * rng.normal(size=(3, 4, 4, 1)).astype(np.float32)])
+  yp = np.concatenate([y, y[:3]])
+  mp = np.array([1] * 6 + [0] * 3, np.float32)
+  np.testing.assert_allclose(loss(p, xp, yp, mp), loss(p, x, y, ones), rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(grad(p, xp, yp, mp)), jax.tree.leaves(grad(p, x, y, ones))):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_cnn_accepts_images_grayscale_and_flat_squares():
+  x = np.random.default_rng(4).normal(size=(2, 8, 8)).astype(np.float32)
+  p = cnn((8, 8, 1), 10, channels=(4, 8), dense=16).init(jax.random.key(0))
+  ref = cnn((8, 8, 1), 10, channels=(4, 8), dense=16).apply(p, x[..., None])
+  assert ref.shape == (2, 10)
+  for shape, xs in (((8, 8), x), ((64,), x.reshape(2, 64))):
+    model = cnn(shape, 10, channels=(4, 8), dense=16)
+    np.testing.assert_allclose(model.apply(p, xs), ref, rtol=1e-6)
+  with pytest.raises(ValueError, match="input_shape"):
+    cnn((10,), 3)
 
 
 def test_vmap_over_client_params_equals_a_loop():
-  model = mlp((6,), 4, hidden=(5,))
-  loss = make_loss(model)
-  keys = jax.random.split(jax.random.key(0), 3)
-  params = jax.vmap(model.init)(keys)
-  rng = np.random.default_rng(3)
-  x = rng.normal(size=(3, 8, 6)).astype(np.float32)
-  y = rng.integers(0, 4, (3, 8))
-  m = np.ones((3, 8), np.float32)
-  batched = jax.vmap(loss)(params, x, y, m)
-  looped = [loss(model.init(keys[i]), x[i], y[i], m[i]) for i in range(3)]
-  np.testing.assert_allclose(batched, looped, rtol=1e-6)
+  for model in (mlp((6,), 4, hidden=(5,)), softmax_regression(6, 4, init="lecun")):
+    loss = make_loss(model)
+    keys = jax.random.split(jax.random.key(0), 3)
+    params = jax.vmap(model.init)(keys)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3, 8, 6)).astype(np.float32)
+    y = rng.integers(0, 4, (3, 8))
+    m = (rng.random((3, 8)) < 0.7).astype(np.float32)
+    batched = jax.jit(jax.vmap(loss))(params, x, y, m)
+    looped = [loss(model.init(keys[i]), x[i], y[i], m[i]) for i in range(3)]
+    np.testing.assert_allclose(batched, looped, rtol=1e-6)
 
 
-def test_a_few_gradient_steps_reduce_the_loss():
-  model = cnn((8, 8, 1), 10, channels=(4, 8), dense=16)
-  loss = jax.jit(make_loss(model))
-  rng = np.random.default_rng(4)
-  x = rng.normal(size=(16, 64)).astype(np.float32)  # flat square images are accepted
-  y = rng.integers(0, 10, 16)
-  m = np.ones(16, np.float32)
-  p = model.init(jax.random.key(0))
-  first = loss(p, x, y, m)
-  for _ in range(20):
-    p = jax.tree.map(lambda a, g: a - 0.1 * g, p, jax.grad(loss)(p, x, y, m))
-  assert loss(p, x, y, m) < 0.5 * first
+def _resnet18_count(num_classes):
+  """Weights of the CIFAR ResNet-18, layer by layer (3×3 convs without bias; every norm layer
+  has a scale and a bias per channel)."""
+  total = 3 * 3 * 3 * 64 + 2 * 64  # stem
+  c_in = 64
+  for c in (64, 128, 256, 512):
+    for _ in range(2):
+      total += 9 * c_in * c + 2 * c + 9 * c * c + 2 * c
+      if c_in != c:
+        total += c_in * c + 2 * c  # 1×1 projection shortcut
+      c_in = c
+  return total + 512 * num_classes + num_classes
 
 
 def test_reference_parameter_counts():
-  # FedAvg CNN on 28x28x1, 10 classes: 1,663,370 (McMahan et al. 2017's model).
-  assert num_params(cnn((28, 28, 1), 10).init(jax.random.key(0))) == 1_663_370
-  # CIFAR ResNet-18, 10 classes: 11,173,962 (the torchvision-style CIFAR variant).
+  count = lambda model: num_params(jax.eval_shape(model.init, jax.random.key(0)))
+  assert count(mlp((28, 28), 10)) == 784 * 200 + 200 + 200 * 200 + 200 + 2010 == 199_210
+  assert count(cnn((28, 28, 1), 10)) == 1_663_370  # McMahan et al. 2017
+  assert _resnet18_count(10) == 11_173_962
   for norm in ("group", "batch"):
-    model = resnet18((32, 32, 3), 10, norm=norm)
-    p = model.init(jax.random.key(0))
-    assert num_params(p) == 11_173_962
-  out = jax.jit(model.apply)(p, jnp.ones((2, 32, 32, 3)))
-  assert out.shape == (2, 10) and bool(jnp.all(jnp.isfinite(out)))
+    assert count(resnet18((32, 32, 3), 10, norm=norm)) == 11_173_962
+  assert count(resnet18((32, 32, 3), 100)) == _resnet18_count(100)
+
+
+def test_resnet18_group_and_batch_norm_under_jit():
+  """Same params for both norms; GroupNorm is per example, batch statistics are not."""
+  group, batch = resnet18((8, 8, 3), 10), resnet18((8, 8, 3), 10, norm="batch")
+  p = jax.jit(group.init)(jax.random.key(0))
+  assert jax.tree.structure(jax.eval_shape(batch.init, jax.random.key(0))) == \
+      jax.tree.structure(p)
+  x, y, ones = _data(5, (8, 8, 3), num_classes=10, b=6)
+  for model, per_example in ((group, True), (batch, False)):
+    apply = jax.jit(model.apply)
+    out = apply(p, x)
+    assert out.shape == (6, 10) and bool(jnp.all(jnp.isfinite(out)))
+    same = np.allclose(apply(p, x[:3]), out[:3], rtol=1e-4, atol=1e-5)
+    assert same == per_example
+
+  loss, grad = jax.jit(make_loss(batch)), jax.jit(jax.grad(make_loss(batch)))
+  first = loss(p, x, y, ones)
+  for _ in range(3):
+    p = jax.tree.map(lambda a, g: a - 0.02 * g, p, grad(p, x, y, ones))
+  assert loss(p, x, y, ones) < first
+
+
+def test_batch_statistics_norm_standardises_each_channel():
+  x = np.random.default_rng(6).normal(3.0, 2.0, size=(4, 5, 5, 3)).astype(np.float32)
+  norm = _BatchStatNorm()
+  variables = norm.init(jax.random.key(0), x)
+  assert jax.tree.map(jnp.shape, variables) == {"params": {"scale": (3,), "bias": (3,)}}
+  y = np.asarray(norm.apply(variables, x))
+  np.testing.assert_allclose(y.mean((0, 1, 2)), 0, atol=1e-5)
+  np.testing.assert_allclose(y.var((0, 1, 2)), 1, rtol=1e-4)
 
 
 def test_get_model_and_errors():
   assert get_model("softmax", (8, 8), 10).init(jax.random.key(0))["w"].shape == (64, 10)
-  with pytest.raises(ValueError, match="unknown model"):
+  assert get_model("linear", (5,), 0, l2=1.0).regularizer is not None
+  assert get_model("mlp", (8, 8), 10, hidden=(3,)).apply(
+      get_model("mlp", (8, 8), 10, hidden=(3,)).init(jax.random.key(0)),
+      np.zeros((2, 8, 8))).shape == (2, 10)
+  with pytest.raises(ValueError, match="unknown model 'vit'"):
     get_model("vit", (8,), 2)
   with pytest.raises(ValueError, match="l2"):
     linear_regression(3, l2=-1.0)
+  with pytest.raises(ValueError, match="init"):
+    softmax_regression(3, 2, init="glorot")
+  with pytest.raises(ValueError, match="num_classes"):
+    softmax_regression(3, 1)
   with pytest.raises(ValueError, match="norm"):
     resnet18((32, 32, 3), 10, norm="layer")
+  with pytest.raises(ValueError, match="num_groups"):
+    resnet18((32, 32, 3), 10, num_groups=3)
   with pytest.raises(ValueError, match="reduction"):
     make_loss(linear_regression(3), "max")

@@ -1,5 +1,9 @@
-"""Top-K and thresholds: exact K, the K largest magnitudes, tie-breaking, idempotence, the
-soft-threshold prox optimality condition, per-leaf scope, jit and vmap."""
+"""Sparsity primitives: exactly K, the K largest magnitudes with lower-index tie-breaking (both
+selection paths, against a NumPy stable argsort), projection and idempotence, per-leaf scope,
+the soft-threshold prox, uniform random supports, errors, jit and vmap."""
+import functools
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,101 +11,196 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fedjaxsparse import sparsity
-from fedjaxsparse.accounting import nnz
 
 
-def _tree(rng, shapes):
-  return {f"l{i}": jnp.asarray(rng.normal(size=s), jnp.float32) for i, s in enumerate(shapes)}
+def _flat(tree):
+  return np.concatenate([np.asarray(v).ravel() for v in jax.tree.leaves(tree)])
 
 
-@settings(max_examples=25, deadline=None)
-@given(shapes=st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=3), min_size=1,
-                       max_size=3),
-       frac=st.floats(0.0, 1.0), seed=st.integers(0, 1000))
-def test_global_top_k_keeps_exactly_the_k_largest(shapes, frac, seed):
-  tree = _tree(np.random.default_rng(seed), [tuple(s) for s in shapes])
-  flat = np.concatenate([np.asarray(v).ravel() for v in jax.tree.leaves(tree)])
-  k = int(round(frac * flat.size))
-  mask = sparsity.top_k_mask(tree, k)
-  flat_mask = np.concatenate([np.asarray(v).ravel() for v in jax.tree.leaves(mask)])
-  assert flat_mask.sum() == k
-  kept = np.abs(flat[flat_mask > 0])
-  dropped = np.abs(flat[flat_mask == 0])
-  if kept.size and dropped.size:
-    assert kept.min() >= dropped.max()
+def _reference_mask(values, k):
+  """Ones at the k largest |values|, ties to the lower index (a stable argsort)."""
+  mask = np.zeros(values.size)
+  mask[np.argsort(-np.abs(values), kind="stable")[:k]] = 1
+  return mask
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _mask_top_k_twice(tree, k):
   out = sparsity.top_k(tree, k)
-  assert int(nnz(out)) == k  # normal draws have no zeros
-  again = sparsity.top_k(out, k)
-  for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(again)):
-    np.testing.assert_array_equal(a, b)  # idempotent
+  return sparsity.top_k_mask(tree, k), out, sparsity.top_k(out, k)
 
 
-def test_ties_keep_exactly_k_with_lower_indices_first():
-  x = {"a": jnp.ones(6), "b": jnp.ones(4)}
-  m = sparsity.top_k_mask(x, 3)
-  np.testing.assert_array_equal(m["a"], [1, 1, 1, 0, 0, 0])
-  np.testing.assert_array_equal(m["b"], [0, 0, 0, 0])
-  # A vector with fewer than K non-zeros: nnz stays below K.
-  z = sparsity.top_k({"a": jnp.array([0.0, 2.0, 0.0, -1.0])}, 3)
-  assert int(nnz(z)) == 2
+# Sizes up to 300 reach both paths: lax.top_k + scatter for k <= d/50, bisection above.
+_shapes = st.lists(st.lists(st.integers(1, 10), min_size=0, max_size=2), min_size=1,
+                   max_size=3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=_shapes, frac=st.floats(0.0, 1.0), small_k=st.booleans(),
+       ties=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_global_top_k_equals_the_stable_argsort_reference(shapes, frac, small_k, ties, seed):
+  rng = np.random.default_rng(seed)
+  shapes = [tuple(s) for s in shapes] + [(rng.integers(1, 200),)]
+  draw = (lambda s: rng.integers(-2, 3, s)) if ties else (lambda s: rng.normal(size=s))
+  tree = {f"l{i}": jnp.asarray(draw(s), jnp.float32) for i, s in enumerate(shapes)}
+  flat = _flat(tree)
+  k = int(frac * flat.size // 50) if small_k else int(round(frac * flat.size))
+
+  mask, out, again = _mask_top_k_twice(tree, k)
+  assert jax.tree.structure(mask) == jax.tree.structure(tree)
+  np.testing.assert_array_equal(_flat(mask), _reference_mask(flat, k))
+  np.testing.assert_array_equal(_flat(out), flat * _reference_mask(flat, k))
+  assert int(sparsity.nnz(out)) == min(k, np.count_nonzero(flat))
+  # A projection onto {||w||_0 <= k}: the error is the sum of the d - k smallest squares.
+  sq = np.sort(flat.astype(np.float64) ** 2)
+  np.testing.assert_allclose(np.sum((flat - _flat(out)).astype(np.float64) ** 2),
+                             np.sum(sq[:flat.size - k]), rtol=1e-6)
+  np.testing.assert_array_equal(_flat(again), _flat(out))  # idempotent
+
+
+@pytest.mark.parametrize("k", [3, 400])  # lax.top_k path, then bisection path
+def test_ties_keep_exactly_k_lower_flat_indices_first(k):
+  tree = {"a": jnp.ones(600), "b": -jnp.ones((2, 100))}
+  mask = sparsity.top_k_mask(tree, k)
+  np.testing.assert_array_equal(_flat(mask), np.arange(800) < k)
+  # NaN ranks above every number, zeros below; a selected zero stays zero.
+  x = jnp.zeros(800).at[700].set(jnp.nan).at[5].set(1.0)
+  got = np.asarray(sparsity.top_k_mask({"x": x}, k)["x"])
+  assert got.sum() == k and got[700] == 1 and got[5] == 1
+  assert int(sparsity.nnz(sparsity.top_k({"x": x.at[700].set(2.0)}, k))) == 2
 
 
 def test_per_leaf_scope_keeps_the_fraction_in_every_leaf():
   rng = np.random.default_rng(0)
-  tree = _tree(rng, [(10,), (4, 5), (3,)])
-  m = sparsity.top_k_mask(tree, sparsity=0.7, scope="per_leaf")
-  assert [int(v.sum()) for v in jax.tree.leaves(m)] == [3, 6, 1]
-  for leaf, mk in zip(jax.tree.leaves(tree), jax.tree.leaves(m)):
-    a = np.abs(np.asarray(leaf)).ravel()
-    np.testing.assert_array_equal(np.sort(np.flatnonzero(np.asarray(mk).ravel())),
-                                  np.sort(np.argsort(-a, kind="stable")[:int(mk.sum())]))
+  tree = {"a": jnp.asarray(rng.normal(size=10)), "b": jnp.asarray(rng.normal(size=(4, 5))),
+          "c": jnp.asarray(rng.normal(size=3)), "e": jnp.zeros((0,))}
+  mask = sparsity.top_k_mask(tree, sparsity=0.7, scope="per_leaf")
+  assert {n: int(v.sum()) for n, v in mask.items()} == {"a": 3, "b": 6, "c": 1, "e": 0}
+  for name in "abc":
+    np.testing.assert_array_equal(np.asarray(mask[name]).ravel(),
+                                  _reference_mask(np.asarray(tree[name]).ravel(),
+                                                  int(mask[name].sum())))
+  out = sparsity.top_k(tree, sparsity=0.7, scope="per_leaf")
+  assert int(sparsity.nnz(out)) == 10
 
 
-def test_k_from_sparsity_rule_and_errors():
-  assert sparsity.k_from_sparsity(281, 0.9) == 28
-  assert sparsity.k_from_sparsity(10, 0.99) == 1
-  with pytest.raises(ValueError, match="sparsity"):
-    sparsity.k_from_sparsity(10, 1.0)
+def test_k_from_sparsity_rounding_rule():
+  assert sparsity.k_from_sparsity(281, 0.9) == 28  # 28.1
+  assert sparsity.k_from_sparsity(1000, 0.9) == 100  # (1 - 0.9)·1000 = 99.99999999999997
+  assert sparsity.k_from_sparsity(10, 0.99) == 1  # at least one entry
+  assert sparsity.k_from_sparsity(7, 0.0) == 7
+  assert sparsity.k_from_sparsity(11_173_962, 0.9) == 1_117_396
+
+
+def test_errors_at_the_boundary():
+  tree = {"a": jnp.ones(3)}
+  for bad in (1.0, -0.1, float("nan")):
+    with pytest.raises(ValueError, match="sparsity"):
+      sparsity.k_from_sparsity(10, bad)
+  with pytest.raises(ValueError, match=r"k must be in \[0, 3\]"):
+    sparsity.top_k(tree, 4)
   with pytest.raises(ValueError, match="k must be"):
-    sparsity.top_k({"a": jnp.ones(3)}, 4)
+    sparsity.top_k(tree, -1)
+  with pytest.raises(ValueError, match="static int"):
+    sparsity.top_k(tree, 1.5)
+  with pytest.raises(ValueError, match="k must be"):
+    sparsity.random_mask(jax.random.key(0), tree, 4)
+  with pytest.raises(ValueError, match="exactly one"):
+    sparsity.top_k(tree, 1, sparsity=0.5)
   with pytest.raises(ValueError, match="per_leaf"):
-    sparsity.top_k({"a": jnp.ones(3)}, 2, scope="per_leaf")
+    sparsity.top_k(tree, 2, scope="per_leaf")
+  with pytest.raises(ValueError, match="sparsity"):
+    sparsity.top_k(tree, sparsity=1.0, scope="per_leaf")
+  with pytest.raises(ValueError, match="scope"):
+    sparsity.top_k(tree, 1, scope="layer")
   with pytest.raises(ValueError, match="threshold"):
-    sparsity.hard_threshold({"a": jnp.ones(3)}, -1.0)
+    sparsity.hard_threshold(tree, -1.0)
+  with pytest.raises(ValueError, match="threshold"):
+    sparsity.soft_threshold(tree, -0.5)
 
 
 def test_soft_threshold_is_the_l1_prox():
-  """prox_{t|.|}(v) = argmin_x ½(x − v)² + t|x|: compare with a brute-force grid search."""
-  v = np.array([-2.0, -0.3, 0.0, 0.2, 0.9, 3.0])
+  """prox_{t|.|}(v) = argmin_x ½(x − v)² + t|x|: a brute-force grid search, and the optimality
+  condition v − x ∈ t·∂|x|."""
+  v = np.array([-2.0, -0.5, -0.3, 0.0, 0.2, 0.5, 0.9, 3.0])
   t = 0.5
-  got = np.asarray(sparsity.soft_threshold({"v": jnp.asarray(v)}, t)["v"])
+  x = np.asarray(sparsity.soft_threshold({"v": jnp.asarray(v)}, t)["v"])
   grid = np.linspace(-4, 4, 80001)
   brute = [grid[np.argmin(0.5 * (grid - vi) ** 2 + t * np.abs(grid))] for vi in v]
-  np.testing.assert_allclose(got, brute, atol=1e-4)
+  np.testing.assert_allclose(x, brute, atol=1e-4)
+  nz = x != 0
+  np.testing.assert_allclose((v - x)[nz], t * np.sign(x[nz]), atol=1e-6)
+  assert np.all(np.abs(v[~nz]) <= t)
+  # A traced threshold works under jit.
+  got = jax.jit(sparsity.soft_threshold)({"v": jnp.asarray(v)}, jnp.float32(t))["v"]
+  np.testing.assert_allclose(got, x)
 
 
-def test_hard_threshold_and_density():
-  x = {"a": jnp.array([0.1, -0.5, 2.0, 0.0])}
-  np.testing.assert_array_equal(sparsity.hard_threshold(x, 0.3)["a"], [0, -0.5, 2.0, 0])
-  np.testing.assert_allclose(sparsity.density(x), 0.75)
+def test_hard_threshold_is_strict():
+  x = {"a": jnp.array([0.1, -0.5, 2.0, 0.0, 0.3, -0.3])}
+  np.testing.assert_array_equal(sparsity.hard_threshold(x, 0.3)["a"],
+                                [0, -0.5, 2.0, 0, 0, 0])
+  np.testing.assert_array_equal(sparsity.hard_threshold(x, 0.0)["a"], x["a"])
+  got = jax.jit(sparsity.hard_threshold)(x, jnp.float32(0.3))["a"]
+  np.testing.assert_array_equal(got, [0, -0.5, 2.0, 0, 0, 0])
 
 
-def test_random_mask_has_exactly_k_and_a_uniform_support():
-  tree = {"a": jnp.zeros(8)}
-  keys = jax.random.split(jax.random.key(0), 4000)
-  masks = jax.vmap(lambda k: sparsity.random_mask(k, tree, 3)["a"])(keys)
-  np.testing.assert_array_equal(masks.sum(1), 3)
-  freq = np.asarray(masks.mean(0))
-  p = 3 / 8
-  se = np.sqrt(p * (1 - p) / 4000)
-  np.testing.assert_array_less(np.abs(freq - p), 5 * se)
+def test_mask_utilities_and_counts():
+  a = {"m": jnp.array([1.0, 0.0, 1.0, 0.0])}
+  b = {"m": jnp.array([1.0, 1.0, 0.0, 0.0])}
+  np.testing.assert_array_equal(sparsity.mask_union(a, b)["m"], [1, 1, 1, 0])
+  np.testing.assert_array_equal(sparsity.mask_intersection(a, b)["m"], [1, 0, 0, 0])
+  x = {"m": jnp.array([jnp.inf, 2.0, -3.0, jnp.nan])}
+  np.testing.assert_array_equal(sparsity.apply_mask(x, a)["m"], [jnp.inf, 0, -3.0, 0])
+  tree = {"w": jnp.array([[0.0, 1.0], [2.0, 0.0]]), "b": jnp.zeros(4)}
+  assert sparsity.num_params(tree) == 8
+  assert int(jax.jit(sparsity.nnz)(tree)) == 2
+  np.testing.assert_allclose(jax.jit(sparsity.density)(tree), 0.25)
 
 
-def test_top_k_under_jit_and_client_vmap():
-  x = jax.random.normal(jax.random.key(0), (5, 50))  # 5 clients
-  out = jax.jit(jax.vmap(lambda v: sparsity.top_k({"w": v}, 7)["w"]))(x)
-  np.testing.assert_array_equal(np.count_nonzero(np.asarray(out), axis=1), 7)
+def test_flat_index_primitives():
+  x = jnp.array([0.5, -3.0, 2.0, -2.0, 0.0])
+  np.testing.assert_array_equal(sparsity.top_k_indices(x, 3), [1, 2, 3])
+  idx = np.asarray(sparsity.random_indices(jax.random.key(0), 1000, 100))
+  assert len(set(idx.tolist())) == 100 and idx.min() >= 0 and idx.max() < 1000
+
+
+def test_random_mask_is_a_uniform_k_subset():
+  """Exactly k ones; with d = 5, k = 2 (bisection path) each of the 10 supports has
+  probability 1/10 (chi-square bound); with d = 200, k = 2 (lax.top_k path) every entry has
+  marginal k/d (5 standard errors)."""
+  n = 4000
+  keys = jax.random.split(jax.random.key(0), n)
+  masks = np.asarray(jax.vmap(lambda key: sparsity.random_mask(key, {"a": jnp.zeros(5)},
+                                                               2)["a"])(keys))
+  np.testing.assert_array_equal(masks.sum(1), 2)
+  supports = {s: 0 for s in itertools.combinations(range(5), 2)}
+  for row in masks:
+    supports[tuple(np.flatnonzero(row))] += 1
+  counts = np.array(list(supports.values()))
+  chi2 = np.sum((counts - n / 10) ** 2 / (n / 10))
+  assert chi2 < 27.9  # the 0.999 quantile of chi-square with 9 degrees of freedom
+
+  tree = {"a": jnp.zeros((10, 10)), "b": jnp.zeros(100)}
+  masks = jax.vmap(lambda key: sparsity.random_mask(key, tree, 2))(keys)
+  flat = np.concatenate([np.asarray(masks["a"]).reshape(n, -1), np.asarray(masks["b"])], 1)
+  np.testing.assert_array_equal(flat.sum(1), 2)
+  p = 2 / 200
+  np.testing.assert_array_less(np.abs(flat.mean(0) - p), 5 * np.sqrt(p * (1 - p) / n))
+
+  per_leaf = sparsity.random_mask(keys[0], tree, sparsity=0.9, scope="per_leaf")
+  assert [int(v.sum()) for v in jax.tree.leaves(per_leaf)] == [10, 10]
+
+
+@pytest.mark.parametrize("k", [2, 70])  # lax.top_k path, then bisection path
+def test_top_k_under_jit_and_client_vmap_equals_a_loop(k):
+  x = jax.random.normal(jax.random.key(0), (5, 100))  # 5 clients
+  tree = {"w": x[:, :60].reshape(5, 6, 10), "b": x[:, 60:]}
+  out = jax.jit(jax.vmap(lambda t: sparsity.top_k(t, k)))(tree)
   for i in range(5):
-    expected = np.argsort(-np.abs(np.asarray(x[i])), kind="stable")[:7]
-    np.testing.assert_array_equal(np.sort(np.flatnonzero(np.asarray(out[i]))),
-                                  np.sort(expected))
+    client = jax.tree.map(lambda a: a[i], tree)
+    expected = sparsity.top_k(client, k)
+    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(expected)):
+      np.testing.assert_array_equal(got[i], want)
+    np.testing.assert_array_equal(
+        _flat(jax.tree.map(lambda a: a[i], out)) != 0, _reference_mask(_flat(client), k))

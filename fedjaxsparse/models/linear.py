@@ -1,7 +1,10 @@
-"""Linear models: ridge linear regression and multinomial logistic (softmax) regression.
+"""Linear models: ridge linear regression, multinomial (softmax) and binary logistic
+regression.
 
-Inputs of any shape are flattened: ``x [B, ...] -> [B, d]``. The ridge term ``½·l2·‖w‖²``
-is added once per client loss and does not include the bias.
+Inputs of any shape are flattened: ``x [B, ...] -> [B, d]``. The ridge term ``½·l2·‖w‖²`` is
+added once per client loss (see :func:`~fedjaxsparse.models.base.make_loss`) and does not
+include the bias. ``init="zeros"`` starts at 0; ``init="lecun"`` draws ``w ~ N(0, 1/d)``
+(bias 0).
 """
 from __future__ import annotations
 
@@ -26,13 +29,21 @@ def _check(num_features: int, l2: float, init: str) -> None:
 
 
 def _ridge(l2: float):
+  """``params -> ½·l2·‖w‖²`` (``None`` when ``l2 = 0``)."""
   return (lambda p: 0.5 * l2 * jnp.sum(jnp.square(p["w"]))) if l2 > 0 else None
+
+
+def _affine(params, x: jax.Array) -> jax.Array:
+  """``x[B, ...] -> x.reshape(B, -1) @ w (+ b)``."""
+  out = x.reshape(x.shape[0], -1) @ params["w"]
+  return out + params["b"] if "b" in params else out
 
 
 def linear_regression(num_features: int, l2: float = 0.0, use_bias: bool = True,
                       init: str = "zeros") -> Model:
-  """``pred = x·w + b``; params ``{'w': [d], 'b': []}`` (no ``'b'`` if ``use_bias=False``);
-  per-example loss ``½(pred − y)²``; regulariser ``½·l2·‖w‖²``."""
+  """``pred[B] = x·w + b``; params ``{'w': float32[d], 'b': float32[]}`` (no ``'b'`` if
+  ``use_bias=False``); per-example loss ``½(pred − y)²``; regulariser ``½·l2·‖w‖²``; task
+  "regression"."""
   _check(num_features, l2, init)
 
   def init_fn(key):
@@ -40,17 +51,13 @@ def linear_regression(num_features: int, l2: float = 0.0, use_bias: bool = True,
          if init == "lecun" else jnp.zeros((num_features,)))
     return {"w": w, "b": jnp.zeros(())} if use_bias else {"w": w}
 
-  def apply(params, x):
-    out = x.reshape(x.shape[0], -1) @ params["w"]
-    return out + params["b"] if use_bias else out
-
-  return Model(init_fn, apply, squared_error, _ridge(l2), REGRESSION)
+  return Model(init_fn, _affine, squared_error, _ridge(l2), REGRESSION)
 
 
 def softmax_regression(num_features: int, num_classes: int, l2: float = 0.0,
                        use_bias: bool = True, init: str = "zeros") -> Model:
-  """``logits = x·W + b``; params ``{'w': [d, C], 'b': [C]}``; cross-entropy; regulariser
-  ``½·l2·‖W‖²``. ``init="lecun"`` draws ``W ~ N(0, 1/d)`` (bias 0)."""
+  """``logits[B, C] = x·W + b``; params ``{'w': float32[d, C], 'b': float32[C]}`` (no ``'b'``
+  if ``use_bias=False``); cross-entropy with integer labels; regulariser ``½·l2·‖W‖²``."""
   _check(num_features, l2, init)
   if num_classes < 2:
     raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
@@ -60,11 +67,7 @@ def softmax_regression(num_features: int, num_classes: int, l2: float = 0.0,
          if init == "lecun" else jnp.zeros((num_features, num_classes)))
     return {"w": w, "b": jnp.zeros((num_classes,))} if use_bias else {"w": w}
 
-  def apply(params, x):
-    out = x.reshape(x.shape[0], -1) @ params["w"]
-    return out + params["b"] if use_bias else out
-
-  return Model(init_fn, apply, softmax_cross_entropy, _ridge(l2), CLASSIFICATION)
+  return Model(init_fn, _affine, softmax_cross_entropy, _ridge(l2), CLASSIFICATION)
 
 
 def logistic_loss(z: jax.Array, y: jax.Array) -> jax.Array:
@@ -78,5 +81,4 @@ def logistic_regression(num_features: int, l2: float = 0.0, use_bias: bool = Fal
   ``log(1 + exp(−b z))`` with labels {0, 1} ↦ b ∈ {−1, +1}, regulariser ``½·l2·‖w‖²``;
   ``apply`` returns the score z (task "regression": evaluate with the loss, not accuracy)."""
   base = linear_regression(num_features, l2=l2, use_bias=use_bias, init=init)
-  return Model(base.init, lambda p, x: base.apply(p, x), logistic_loss, base.regularizer,
-               REGRESSION)
+  return Model(base.init, base.apply, logistic_loss, base.regularizer, REGRESSION)

@@ -1,18 +1,29 @@
 """Neural networks (flax linen) behind the :class:`~fedjaxsparse.models.base.Model` interface.
 
-The params pytree is the linen ``{'params': ...}`` collection, so ``jax.vmap`` over a client
-axis of params works directly. Normalisation has no mutable state:
+``init(key)`` initialises from a dummy input of ``input_shape`` (no batch axis) and returns
+the linen ``params`` collection, a plain nested dict, so ``jax.vmap`` over a client axis of
+params works directly; ``apply(params, x[B, ...]) -> logits[B, C]``.
 
-* ``norm="group"`` (default): GroupNorm, stateless — the usual choice in federated learning,
-  where BatchNorm's statistics are skewed by non-IID clients (Hsieh et al. 2020).
-* ``norm="batch"``: BatchNorm that always normalises with the statistics of the current batch,
-  in training *and* evaluation (no running averages). The model stays a pure function of its
-  params; evaluation results then depend on the evaluation batch (use a fixed
-  ``batch_size`` in :func:`fedjaxsparse.evaluation.evaluate`). Running statistics, if
-  wanted, would be per-client state that an algorithm must carry explicitly.
+Normalisation in :func:`resnet18` carries no mutable state, so the model stays a pure function
+of its params (there is no ``batch_stats`` collection to average, personalise or checkpoint):
+
+* ``norm="group"`` (default): GroupNorm (Wu & He 2018), stateless. The usual choice in
+  federated learning, where BatchNorm's statistics are skewed by non-IID clients (Hsieh et al.
+  2020).
+* ``norm="batch"``: BatchNorm that always normalises with the mean and (biased) variance of
+  the current batch, in training *and* evaluation; there are no running averages. Outputs
+  therefore depend on the whole batch: evaluate with full batches of a fixed size, and note
+  that padding rows enter the statistics (the padding invariance of ``make_loss`` does not
+  hold). Running averages would be per-client state that an algorithm must carry and
+  aggregate explicitly, which the papers leave unspecified (seed 000 spec §A.15.3).
+
+Parameter counts (10 classes, checked by the tests): ``mlp`` on 28×28 inputs 199,210 (the
+"2NN" of McMahan et al. 2017); ``cnn`` on 28×28×1 1,663,370 (their "CNN"); ``resnet18`` on
+32×32×3 11,173,962 with either norm.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -24,25 +35,31 @@ from fedjaxsparse.models.base import CLASSIFICATION, Model, softmax_cross_entrop
 NORMS = ("group", "batch")
 
 
-def _norm(kind: str, channels: int) -> nn.Module:
-  if kind == "group":
-    return nn.GroupNorm(num_groups=min(32, channels))
-  return nn.BatchNorm(use_running_average=False, momentum=0.9)
+def _as_model(module: nn.Module, input_shape: Sequence[int],
+              model_shape: Sequence[int] | None = None) -> Model:
+  """Wraps ``module`` as a Model; inputs are reshaped to ``[B, *model_shape]`` first."""
+  model_shape = tuple(input_shape if model_shape is None else model_shape)
 
-
-def _as_model(module: nn.Module, input_shape: Sequence[int], mutable_stats: bool) -> Model:
   def init(key):
-    dummy = jnp.zeros((2,) + tuple(input_shape), jnp.float32)
-    variables = module.init(key, dummy)
-    return {"params": variables["params"]}
+    return module.init(key, jnp.zeros((1,) + model_shape, jnp.float32))["params"]
 
   def apply(params, x):
-    if mutable_stats:  # batch statistics are recomputed from x and then discarded
-      out, _ = module.apply(params, x, mutable=["batch_stats"])
-      return out
-    return module.apply(params, x)
+    return module.apply({"params": params}, x.reshape((x.shape[0],) + model_shape))
 
   return Model(init, apply, softmax_cross_entropy, None, CLASSIFICATION)
+
+
+def _image_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
+  """``(H, W, C)`` for an input of ``(H, W, C)``, ``(H, W)`` or a flat square ``(H·W,)``."""
+  shape = tuple(int(s) for s in input_shape)
+  if len(shape) == 3:
+    return shape
+  if len(shape) == 2:
+    return shape + (1,)
+  if len(shape) == 1 and math.isqrt(shape[0]) ** 2 == shape[0]:
+    return (math.isqrt(shape[0]),) * 2 + (1,)
+  raise ValueError(f"input_shape must be (H, W, C), (H, W) or a flat square (H*W,), got "
+                   f"{tuple(input_shape)}.")
 
 
 class _MLP(nn.Module):
@@ -59,8 +76,8 @@ class _MLP(nn.Module):
 
 def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (200, 200)
         ) -> Model:
-  """A ReLU MLP (McMahan et al. 2017's "2NN" with the default ``hidden=(200, 200)``)."""
-  return _as_model(_MLP(tuple(hidden), num_classes), input_shape, False)
+  """A ReLU MLP on flattened inputs; ``hidden=(200, 200)`` is McMahan et al. 2017's "2NN"."""
+  return _as_model(_MLP(tuple(hidden), num_classes), input_shape)
 
 
 class _CNN(nn.Module):
@@ -70,9 +87,6 @@ class _CNN(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    if x.ndim == 2:  # flat square images, e.g. digits' 64 features
-      side = int(round(x.shape[1] ** 0.5))
-      x = x.reshape(x.shape[0], side, side, 1)
     for c in self.channels:
       x = nn.relu(nn.Conv(c, (5, 5), padding="SAME")(x))
       x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
@@ -83,54 +97,92 @@ class _CNN(nn.Module):
 
 def cnn(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = (32, 64),
         dense: int = 512) -> Model:
-  """The FedAvg CNN of McMahan et al. 2017: two 5×5 conv layers (32, 64 channels), each
-  followed by 2×2 max-pooling, a 512-unit dense layer and the output layer. Inputs
-  ``[B, H, W, C]`` (or flat square images ``[B, H·W]``)."""
-  return _as_model(_CNN(num_classes, tuple(channels), dense), input_shape, False)
+  """The FedAvg CNN of McMahan et al. 2017: 5×5 "same" convolutions with 32 and 64 channels,
+  each followed by ReLU and 2×2 max-pooling, a 512-unit ReLU dense layer and the output layer.
+
+  ``channels`` and ``dense`` give size-scaled versions (e.g. ``(8, 16)`` and 64 as a CPU
+  stand-in). Inputs ``[B, H, W, C]``, ``[B, H, W]`` or flat square images ``[B, H·W]``.
+  """
+  return _as_model(_CNN(num_classes, tuple(channels), dense), input_shape,
+                   _image_shape(input_shape))
+
+
+class _BatchStatNorm(nn.Module):
+  """BatchNorm with the current batch's statistics only: ``scale·(x − μ)/√(σ² + ε) + bias``,
+  ``μ, σ²`` over the batch and spatial axes of ``x[B, H, W, C]``; params ``scale, bias [C]``."""
+  epsilon: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x):
+    c = x.shape[-1]
+    mean = jnp.mean(x, axis=(0, 1, 2))
+    var = jnp.mean(jnp.square(x - mean), axis=(0, 1, 2))
+    y = (x - mean) * jax.lax.rsqrt(var + self.epsilon)
+    return y * self.param("scale", nn.initializers.ones, (c,)) + self.param(
+        "bias", nn.initializers.zeros, (c,))
+
+
+def _norm(kind: str, num_groups: int, name: str) -> nn.Module:
+  if kind == "group":
+    return nn.GroupNorm(num_groups=num_groups, name=name)
+  return _BatchStatNorm(name=name)
 
 
 class _BasicBlock(nn.Module):
   channels: int
   stride: int
   norm: str
+  num_groups: int
 
   @nn.compact
   def __call__(self, x):
-    y = nn.Conv(self.channels, (3, 3), (self.stride, self.stride), padding="SAME",
-                use_bias=False)(x)
-    y = nn.relu(_norm(self.norm, self.channels)(y))
-    y = nn.Conv(self.channels, (3, 3), padding="SAME", use_bias=False)(y)
-    y = _norm(self.norm, self.channels)(y)
+    s = (self.stride, self.stride)
+    y = nn.Conv(self.channels, (3, 3), s, padding="SAME", use_bias=False, name="conv1")(x)
+    y = nn.relu(_norm(self.norm, self.num_groups, "norm1")(y))
+    y = nn.Conv(self.channels, (3, 3), padding="SAME", use_bias=False, name="conv2")(y)
+    y = _norm(self.norm, self.num_groups, "norm2")(y)
     if self.stride != 1 or x.shape[-1] != self.channels:
-      x = nn.Conv(self.channels, (1, 1), (self.stride, self.stride), use_bias=False)(x)
-      x = _norm(self.norm, self.channels)(x)
+      x = nn.Conv(self.channels, (1, 1), s, use_bias=False, name="shortcut_conv")(x)
+      x = _norm(self.norm, self.num_groups, "shortcut_norm")(x)
     return nn.relu(x + y)
 
 
 class _ResNet18(nn.Module):
   num_classes: int
   norm: str
+  num_groups: int
 
   @nn.compact
   def __call__(self, x):
-    x = nn.Conv(64, (3, 3), padding="SAME", use_bias=False)(x)
-    x = nn.relu(_norm(self.norm, 64)(x))
+    x = nn.Conv(64, (3, 3), padding="SAME", use_bias=False, name="stem_conv")(x)
+    x = nn.relu(_norm(self.norm, self.num_groups, "stem_norm")(x))
     for i, channels in enumerate((64, 128, 256, 512)):
       for j in range(2):
-        x = _BasicBlock(channels, 2 if (i > 0 and j == 0) else 1, self.norm)(x)
+        stride = 2 if i > 0 and j == 0 else 1
+        x = _BasicBlock(channels, stride, self.norm, self.num_groups,
+                        name=f"stage{i + 1}_block{j + 1}")(x)
     x = jnp.mean(x, axis=(1, 2))
-    return nn.Dense(self.num_classes)(x)
+    return nn.Dense(self.num_classes, name="head")(x)
 
 
-def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group") -> Model:
-  """CIFAR-style ResNet-18 (He et al. 2016): 3×3 stem, no max-pool, four stages of two
-  BasicBlocks with 64/128/256/512 channels, global average pooling, linear head
-  (11.17M parameters for 10 classes). ``norm``: see the module docstring."""
+def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
+             num_groups: int = 32) -> Model:
+  """CIFAR-style ResNet-18 (He et al. 2016): a 3×3 stem convolution (no max-pool), four
+  stages of two BasicBlocks with 64/128/256/512 channels (stride 2 at the start of stages
+  2-4, 1×1 projection shortcuts), global average pooling and a linear head.
+
+  Args:
+    input_shape: ``(H, W, C)``, ``(H, W)`` or a flat square; CIFAR-10 is ``(32, 32, 3)``.
+    num_classes: output classes.
+    norm: ``"group"`` or ``"batch"`` (current-batch statistics; see the module docstring).
+    num_groups: GroupNorm groups (Wu & He 2018's default 32); must divide 64.
+
+  Params are named by layer (``stem_conv``, ``stage2_block1/norm1/scale``, ``head``, ...)
+  and have the same tree under both norms (``scale, bias [C]`` for each norm layer).
+  """
   if norm not in NORMS:
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}.")
-  return _as_model(_ResNet18(num_classes, norm), input_shape, norm == "batch")
-
-
-def num_params(params) -> int:
-  """Number of scalar parameters in a params pytree."""
-  return sum(int(leaf.size) for leaf in jax.tree.leaves(params))
+  if num_groups < 1 or 64 % num_groups:
+    raise ValueError(f"num_groups must divide 64 (the narrowest layer), got {num_groups}.")
+  return _as_model(_ResNet18(num_classes, norm, num_groups), input_shape,
+                   _image_shape(input_shape))
