@@ -1,16 +1,28 @@
-"""Run checkpoints with orbax: the algorithm state plus JSON metadata (history, run identity).
+"""Run checkpoints with orbax: the algorithm state plus JSON metadata (history, run
+fingerprint, a digest of the saved state, training time).
 
 Orbax gotchas handled here (environment.md §5): paths are made absolute, saves are awaited
 before returning, restoring uses an abstract target so NamedTuple states and typed PRNG keys
 come back with their structure, and strings live in the JSON part.
+
+Integrity: every save stores ``tree_digest(state)`` in the metadata; :meth:`restore_latest`
+recomputes it on the restored state, so a truncated *or* silently bit-flipped step is
+detected. It then falls back to the newest older step that reads back intact (with a warning)
+and deletes the unreadable newer steps, so the resumed run writes them afresh.
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+import shutil
+import warnings
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+
+from fedjaxsparse.errors import CheckpointCorruptError
+from fedjaxsparse.fingerprint import tree_digest
+from fedjaxsparse.locking import LOCK_NAME
 
 
 class Checkpointer:
@@ -18,29 +30,89 @@ class Checkpointer:
 
   def __init__(self, directory: str, max_to_keep: int = 2):
     self.directory = os.path.abspath(directory)
+    self._max_to_keep = max_to_keep
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
+  def steps(self) -> list[int]:
+    """Rounds of the complete checkpoints on disk, oldest first."""
+    self._manager.reload()
+    return sorted(self._manager.all_steps())
+
   def latest_round(self) -> int | None:
     """The round of the newest complete checkpoint, or ``None``."""
-    return self._manager.latest_step()
+    steps = self.steps()
+    return steps[-1] if steps else None
 
   def save(self, round_: int, state: Any, meta: dict) -> None:
-    """Write a checkpoint for ``round_`` and wait until it is on disk."""
+    """Write a checkpoint for ``round_`` (with the state's digest) and wait until it is on
+    disk."""
+    meta = {**meta, "state_digest": tree_digest(state)}
     self._manager.save(round_, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
     self._manager.wait_until_finished()
 
-  def restore(self, abstract_state: Any, round_: int | None = None) -> tuple[Any, dict]:
-    """Restore ``(state, meta)``; ``abstract_state`` gives the structure (``jax.eval_shape``)."""
-    step = self.latest_round() if round_ is None else round_
-    if step is None:
-      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+  def read_meta(self, round_: int) -> dict:
+    """The JSON metadata of one step (cheap: no array is read)."""
+    return self._manager.restore(round_, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore())).meta
+
+  def restore(self, abstract_state: Any, round_: int) -> tuple[Any, dict]:
+    """Restore ``(state, meta)`` of step ``round_`` and verify the state's digest;
+    ``abstract_state`` gives the structure (``jax.eval_shape``). Raises on any damage."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-    out = self._manager.restore(step, args=ocp.args.Composite(
+    out = self._manager.restore(round_, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    expected = out.meta.get("state_digest")
+    if expected is not None and tree_digest(out.state) != expected:
+      raise CheckpointCorruptError(
+          f"step {round_} in {self.directory}: the restored state does not match the digest "
+          "saved with it (the files were modified or damaged).")
     return out.state, out.meta
+
+  def restore_latest(self, abstract_state: Any,
+                     check: Callable[[dict], None] | None = None) -> tuple[Any, dict]:
+    """Restore the newest step that reads back intact; warn about and delete damaged newer
+    steps. ``check(meta)`` runs on a step's metadata before its state is read (a run
+    fingerprint check: what it raises propagates). Raises :class:`CheckpointCorruptError` when
+    no step is readable."""
+    steps = self.steps()
+    if not steps:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    problems = []
+    for step in reversed(steps):
+      try:
+        meta = self.read_meta(step)
+      except Exception as e:  # noqa: BLE001  (damaged or missing JSON)
+        problems.append(f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        continue
+      if check is not None:
+        check(meta)
+      try:
+        state, meta = self.restore(abstract_state, step)
+      except Exception as e:  # noqa: BLE001  (any damage: orbax, tensorstore, digest)
+        problems.append(f"step {step}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        continue
+      if problems:
+        warnings.warn(f"checkpoint {self.directory}: newer step(s) unreadable, resuming from "
+                      f"step {step} instead ({'; '.join(problems)}).", stacklevel=2)
+        for bad in steps[steps.index(step) + 1:]:
+          self._manager.delete(bad)
+      return state, meta
+    raise CheckpointCorruptError(
+        f"no readable checkpoint in {self.directory}: " + "; ".join(problems) +
+        ". Start afresh with overwrite=True (CLI: --overwrite).")
+
+  def clear(self) -> None:
+    """Delete every checkpoint (and anything else but the lock file) in the directory."""
+    self._manager.close()
+    for name in os.listdir(self.directory):
+      if name == LOCK_NAME:
+        continue
+      path = os.path.join(self.directory, name)
+      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    self.__init__(self.directory, self._max_to_keep)
 
   def close(self) -> None:
     self._manager.close()

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse import accounting
+from fedjaxsparse.errors import ConfigError
 
 
 class Compressor(NamedTuple):
@@ -51,10 +52,15 @@ class Compressor(NamedTuple):
     return 1.0 - v if v < 1 else None
 
 
-def _flat(fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Callable:
-  """Lift ``(key, v[d]) -> v[d]`` to pytrees by flattening."""
+def _flat(fn: Callable[[jax.Array, jax.Array], jax.Array], d: int, name: str) -> Callable:
+  """Lift ``(key, v[d]) -> v[d]`` to pytrees by flattening; a tree of another size than the
+  ``d`` the compressor was built for is an error (its constants and bits are for ``d``)."""
   def compress(key, tree):
     v, unravel = ravel_pytree(tree)
+    if v.size != d:
+      raise ConfigError(f"compressor {name} was built for d={d} entries but was applied to a "
+                        f"tree of {v.size}; build it with d={v.size} "
+                        "(accounting.num_params(tree)).")
     return unravel(fn(key, v))
   return compress
 
@@ -73,14 +79,15 @@ def _random_subset(key: jax.Array, d: int, k: int) -> jax.Array:
 
 
 def identity(d: int) -> Compressor:
-  return Compressor(lambda key, tree: tree, 0.0, 0.0, lambda n: accounting.dense_bits(n),
-                    "identity")
+  return Compressor(_flat(lambda key, v: v, d, "identity"), 0.0, 0.0,
+                    lambda n: accounting.dense_bits(n), "identity")
 
 
 def rand_k(d: int, k: int) -> Compressor:
   """Keep k uniformly random entries, scaled by d/k: unbiased, ``ω = d/k − 1``."""
   _check_k(k, d)
-  return Compressor(_flat(lambda key, v: _select(v, _random_subset(key, d, k), d / k)),
+  return Compressor(_flat(lambda key, v: _select(v, _random_subset(key, d, k), d / k), d,
+                          f"rand-{k}"),
                     0.0, d / k - 1.0, lambda n: accounting.sparse_bits(k, n), f"rand-{k}")
 
 
@@ -89,7 +96,8 @@ def scaled_rand_k(d: int, k: int) -> Compressor:
   ``ω = (k/d)(1 − k/d)``."""
   _check_k(k, d)
   q = k / d
-  return Compressor(_flat(lambda key, v: _select(v, _random_subset(key, d, k))),
+  return Compressor(_flat(lambda key, v: _select(v, _random_subset(key, d, k)), d,
+                          f"scaled-rand-{k}"),
                     1.0 - q, q * (1.0 - q), lambda n: accounting.sparse_bits(k, n),
                     f"scaled-rand-{k}")
 
@@ -97,7 +105,8 @@ def scaled_rand_k(d: int, k: int) -> Compressor:
 def top_k(d: int, k: int) -> Compressor:
   """Keep the k largest magnitudes (deterministic): ``η = √(1 − k/d)``, ``ω = 0``."""
   _check_k(k, d)
-  return Compressor(_flat(lambda key, v: _select(v, jax.lax.top_k(jnp.abs(v), k)[1])),
+  return Compressor(_flat(lambda key, v: _select(v, jax.lax.top_k(jnp.abs(v), k)[1]), d,
+                          f"top-{k}"),
                     math.sqrt(1.0 - k / d), 0.0, lambda n: accounting.sparse_bits(k, n),
                     f"top-{k}")
 
@@ -115,7 +124,7 @@ def mix_k(d: int, k: int, k2: int) -> Compressor:
     rest = jax.lax.top_k(u, k2)[1]
     return _select(v, jnp.concatenate([top, rest]))
 
-  return Compressor(_flat(fn), (d - k - k2) / math.sqrt((d - k) * d),
+  return Compressor(_flat(fn, d, f"mix-({k},{k2})"), (d - k - k2) / math.sqrt((d - k) * d),
                     k2 * (d - k - k2) / ((d - k) * d),
                     lambda n: accounting.sparse_bits(k + k2, n), f"mix-({k},{k2})")
 
@@ -132,7 +141,7 @@ def comp_k(d: int, k: int, k2: int) -> Compressor:
     pos = _random_subset(key, k2, k)
     return _select(v, top[pos], k2 / k)
 
-  return Compressor(_flat(fn), math.sqrt((d - k2) / d), (k2 - k) / k,
+  return Compressor(_flat(fn, d, f"comp-({k},{k2})"), math.sqrt((d - k2) / d), (k2 - k) / k,
                     lambda n: accounting.sparse_bits(k, n), f"comp-({k},{k2})")
 
 
@@ -147,7 +156,7 @@ def natural(d: int) -> Compressor:
     up = jax.random.uniform(key, v.shape) < prob_up
     return jnp.where(a > 0, jnp.sign(v) * jnp.where(up, 2 * low, low), 0.0)
 
-  return Compressor(_flat(fn), 0.0, 1.0 / 8.0, lambda n: 9 * n, "natural")
+  return Compressor(_flat(fn, d, "natural"), 0.0, 1.0 / 8.0, lambda n: 9 * n, "natural")
 
 
 def qsgd(d: int, levels: int) -> Compressor:
@@ -166,7 +175,7 @@ def qsgd(d: int, levels: int) -> Compressor:
 
   omega = min(d / levels ** 2, math.sqrt(d) / levels)
   bits_per = 1 + math.ceil(math.log2(levels + 1))
-  return Compressor(_flat(fn), 0.0, omega,
+  return Compressor(_flat(fn, d, f"qsgd-{levels}"), 0.0, omega,
                     lambda n: accounting.quantized_bits(n, bits_per), f"qsgd-{levels}")
 
 
@@ -176,7 +185,7 @@ def scaled_sign(d: int) -> Compressor:
   def fn(key, v):
     return jnp.sum(jnp.abs(v)) / d * jnp.sign(v)
 
-  return Compressor(_flat(fn), math.sqrt(1.0 - 1.0 / d), 0.0,
+  return Compressor(_flat(fn, d, "scaled-sign"), math.sqrt(1.0 - 1.0 / d), 0.0,
                     lambda n: accounting.quantized_bits(n, 1), "scaled-sign")
 
 

@@ -11,11 +11,19 @@ Randomness: the run key splits into an init key and a rounds key; round ``r`` (0
 ``fold_in(rounds_key, r)``. A run therefore does not depend on the chunk size, and a run
 stopped after any chunk and resumed from its checkpoint is bitwise identical (on CPU) to an
 uninterrupted one.
+
+Trust: a checkpoint records the run's fingerprint (:mod:`fedjaxsparse.fingerprint`), a digest
+of its state and the total training time; ``resume`` refuses a checkpoint of another run and
+falls back past damaged steps; a fresh run refuses to write over an earlier run's checkpoints
+unless told to; the checkpoint folder is locked while a run uses it. Every chunk also reports
+whether the loss, the other ``info`` scalars, the evaluated metrics and every state leaf are
+finite, so a diverging run stops at once with the round and quantity named.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -25,6 +33,11 @@ from tqdm.auto import tqdm
 
 from fedjaxsparse.checkpoint import Checkpointer
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
+from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.errors import CheckpointExistsError, NonFiniteError, RunMismatchError
+from fedjaxsparse.fingerprint import diff as fingerprint_diff
+from fedjaxsparse.fingerprint import run_fingerprint
+from fedjaxsparse.locking import FolderLock
 from fedjaxsparse.sharding import shard_clients
 
 EvalFn = Callable[[Any, Any], dict]  # (params, test_data) -> {name: scalar}
@@ -37,10 +50,14 @@ class ChunkOutput(NamedTuple):
     info: the algorithm's ``info`` of every round (zeros for masked rounds past the end).
     metrics: evaluation metrics (NaN on rounds without evaluation).
     evaluated: ``bool[chunk]``, whether the round was evaluated.
+    state_finite: ``bool[L]``, whether each floating leaf of the state (in ``jax.tree``
+      order) is finite at the end of the chunk — the divergence check, computed inside the
+      compiled chunk so the host reads L booleans, not the state.
   """
   info: Any
   metrics: dict
   evaluated: jax.Array
+  state_finite: jax.Array
 
 
 def split_run_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -77,18 +94,32 @@ def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
           lambda s, r: (s, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), info_shape)),
           s, r)
       if eval_fn is None:
-        return s, ChunkOutput(info, {}, jnp.zeros((), bool))
+        return s, (info, {}, jnp.zeros((), bool))
       evaluated = active & (((r + 1) % eval_every == 0) | (r + 1 == num_rounds))
       metrics = jax.lax.cond(
           evaluated, lambda s: eval_fn(params_fn(s), test),
           lambda s: jax.tree.map(lambda a: jnp.full(a.shape, jnp.nan, a.dtype), metrics_shape),
           s)
-      return s, ChunkOutput(info, metrics, evaluated)
+      return s, (info, metrics, evaluated)
 
     rounds = start_round + jnp.arange(chunk_size, dtype=jnp.int32)
-    return jax.lax.scan(body, state, rounds)
+    state, (info, metrics, evaluated) = jax.lax.scan(body, state, rounds)
+    return state, ChunkOutput(info, metrics, evaluated, state_finite(state))
 
   return chunk
+
+
+def _float_leaves(tree: Any) -> list[tuple[str, jax.Array]]:
+  """``(path, leaf)`` of the floating-point leaves of ``tree``, in ``jax.tree`` order."""
+  return [(jax.tree_util.keystr(path), leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+          if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)]
+
+
+def state_finite(state: Any) -> jax.Array:
+  """``bool[L]``: whether each floating leaf of ``state`` is all-finite (jittable)."""
+  flags = [jnp.all(jnp.isfinite(leaf)) for _, leaf in _float_leaves(state)]
+  return jnp.stack(flags) if flags else jnp.ones((0,), bool)
 
 
 def _scalar_fields(info: Any) -> dict[str, np.ndarray]:
@@ -149,11 +180,18 @@ class History:
 class RunResult(NamedTuple):
   """Attributes: the final ``state``; the :class:`History`; ``num_traces`` of the chunk
   function during this call (1 for a whole run); ``num_dispatches``: chunks sent to the device
-  by this call."""
+  by this call; ``train_time_s``: wall time of the whole run, summed over every call that
+  resumed it; ``diverged``: ``None``, or ``{"round", "quantity"}`` when the run stopped on a
+  non-finite value with ``on_nonfinite="stop"``."""
   state: Any
   history: History
   num_traces: int
   num_dispatches: int
+  train_time_s: float = 0.0
+  diverged: dict | None = None
+
+
+NONFINITE = ("raise", "stop")
 
 
 def _progress_postfix(history: History) -> dict:
@@ -165,11 +203,60 @@ def _progress_postfix(history: History) -> dict:
   return post
 
 
+def first_nonfinite(out: ChunkOutput, start_round: int, num_active: int,
+                    state_paths: list[str]) -> tuple[int, str, float] | None:
+  """``(round, quantity, value)`` of the first non-finite value a chunk produced, or ``None``.
+
+  Scalar ``info`` fields and evaluated metrics are checked round by round (the round is exact);
+  a non-finite state leaf that no scalar showed is reported at the chunk's last round.
+  """
+  first = None
+  for table, fields in (("", _scalar_fields(out.info)), ("test ", out.metrics)):
+    for name, values in fields.items():
+      values = np.asarray(values)[:num_active]
+      if table:
+        values = np.where(np.asarray(out.evaluated)[:num_active], values, 0.0)
+      bad = np.flatnonzero(~np.isfinite(values))
+      if bad.size and (first is None or bad[0] < first[0]):
+        first = (int(bad[0]), table + name, float(values[bad[0]]))
+  if first is not None:
+    return start_round + first[0] + 1, first[1], first[2]
+  finite = np.asarray(out.state_finite)
+  if not finite.all():
+    return start_round + num_active, "state" + state_paths[int(np.argmin(finite))], float("nan")
+  return None
+
+
+def _nonfinite_error(desc: str, round_: int, quantity: str, value: float) -> NonFiniteError:
+  where = "in the initial evaluation" if round_ == 0 else f"at round {round_}"
+  return NonFiniteError(
+      f"{desc or 'run'}: {quantity} is {value} {where}; the run diverged (or the data holds "
+      "NaN/inf). Lower the step size / learning rate or check the data; pass "
+      "on_nonfinite='stop' (CLI: --on-divergence skip) to record the divergence and go on.",
+      round_, quantity, desc)
+
+
+def _open_checkpoint(directory: str, resume: bool, overwrite: bool) -> Checkpointer:
+  """The run's checkpointer; refuses to mix a fresh run into an earlier run's checkpoints."""
+  ckpt = Checkpointer(directory)
+  if ckpt.latest_round() is not None and not resume:
+    if not overwrite:
+      ckpt.close()
+      raise CheckpointExistsError(
+          f"{ckpt.directory} holds checkpoints of an earlier run (up to round "
+          f"{ckpt.latest_round()}); pass resume=True to continue it (CLI: --resume) or "
+          "overwrite=True to delete it and start afresh (CLI: --overwrite).")
+    ckpt.clear()
+  return ckpt
+
+
 def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = None, *,
         num_rounds: int, eval_fn: EvalFn | None = None, eval_every: int = 10,
         chunk_size: int | None = None, params_fn: ParamsFn = global_params,
         checkpoint_dir: str | None = None, checkpoint_every: int = 1, resume: bool = False,
-        mesh: jax.sharding.Mesh | None = None, progress: bool = True, desc: str = "",
+        overwrite: bool = False, fingerprint: dict | None = None,
+        on_nonfinite: str = "raise", mesh: jax.sharding.Mesh | None = None,
+        progress: bool = True, desc: str = "", estimate_after_s: float = 60.0,
         on_chunk: Callable[[int, Any, History], None] | None = None) -> RunResult:
   """Run ``num_rounds`` rounds of ``algo``.
 
@@ -177,21 +264,40 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     algo: the algorithm.
     key: the run's PRNG key.
     params: the initial global model.
-    train: training data, passed to ``algo.init`` and ``algo.step`` (clients on axis 0).
+    train: training data, passed to ``algo.init`` and ``algo.step`` (clients on axis 0);
+      a :class:`~fedjaxsparse.data.FederatedData` is validated first (``validate()``).
     test: evaluation data, passed to ``eval_fn``.
-    num_rounds: total rounds of the run (including rounds done before a resume).
+    num_rounds: total rounds of the run (including rounds done before a resume). What a round
+      is, is the algorithm's: one communication round for FedAvg-style methods, one iteration
+      (local step, communicating with probability p) for the iteration form of ProxSkip.
     eval_fn: ``(params, test) -> {metric: scalar}``, e.g.
       :func:`fedjaxsparse.evaluation.make_eval_fn`; ``None`` disables evaluation.
     eval_every: evaluate every this many rounds (and after the last round).
     chunk_size: rounds per compiled chunk (default ``eval_every``, capped at ``num_rounds``).
     params_fn: ``state -> global model`` (default ``state.params``).
-    checkpoint_dir: where to write orbax checkpoints (none if ``None``).
+    checkpoint_dir: where to write orbax checkpoints (none if ``None``). The folder is locked
+      while the run is active (:class:`~fedjaxsparse.locking.FolderLock`).
     checkpoint_every: checkpoint after every this many chunks (and after the last).
-    resume: continue from the newest checkpoint in ``checkpoint_dir`` if there is one.
+    resume: continue from the newest intact checkpoint in ``checkpoint_dir``. The checkpoint
+      must come from the same run — same algorithm and hyper-parameters, model, data, initial
+      model, key and evaluation (see :mod:`fedjaxsparse.fingerprint`) — and hold at most
+      ``num_rounds`` rounds; otherwise :class:`~fedjaxsparse.errors.RunMismatchError` names
+      what differs. A longer ``num_rounds`` extends the run.
+    overwrite: with ``resume=False``, delete checkpoints already in ``checkpoint_dir``
+      (without it, a fresh run refuses to start there:
+      :class:`~fedjaxsparse.errors.CheckpointExistsError`).
+    fingerprint: extra named components of the run's identity (e.g. an experiment's options),
+      so a refused resume names the option that changed.
+    on_nonfinite: what a NaN/inf in the loss, any ``info`` scalar, an evaluated metric or the
+      state does: ``"raise"`` a :class:`~fedjaxsparse.errors.NonFiniteError` naming the round
+      and quantity, or ``"stop"`` the run there and return it with ``diverged`` set (its
+      history holds the rounds before the first non-finite one). Checked inside the compiled
+      chunk, read at every chunk boundary.
     mesh: shard the client axis of data and per-client state over this mesh
       (:func:`fedjaxsparse.sharding.client_mesh`).
-    progress: show a progress bar (round, loss, metric, cumulative uplink bits).
-    desc: progress bar label.
+    progress: show a progress bar (round, loss, metric, cumulative uplink bits), and an
+      estimate of the remaining time when it exceeds ``estimate_after_s``.
+    desc: progress bar label (and the run's name in errors).
     on_chunk: called as ``on_chunk(round, state, history)`` after each chunk (logging, early
       stopping by raising).
   """
@@ -199,7 +305,37 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
   if eval_every < 1:
     raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
+  if on_nonfinite not in NONFINITE:
+    raise ValueError(f"on_nonfinite must be one of {NONFINITE}, got {on_nonfinite!r}.")
+  if isinstance(train, FederatedData):
+    train.validate("train")
+  if isinstance(test, FederatedData):
+    test.validate("test", allow_empty=True)
+  if checkpoint_dir is None:
+    return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
+                params_fn, None, checkpoint_every, fingerprint, on_nonfinite, mesh, progress,
+                desc, estimate_after_s, on_chunk)
+  with FolderLock(checkpoint_dir, purpose=f"checkpoints of {desc or 'a run'}"):
+    ckpt = _open_checkpoint(checkpoint_dir, resume, overwrite)
+    try:
+      return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
+                  params_fn, ckpt, checkpoint_every, fingerprint, on_nonfinite, mesh,
+                  progress, desc, estimate_after_s, on_chunk)
+    finally:
+      ckpt.close()
+
+
+def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
+         params_fn, ckpt, checkpoint_every, config, on_nonfinite, mesh, progress, desc,
+         estimate_after_s, on_chunk) -> RunResult:
+  t_start = time.perf_counter()
   chunk_size = min(chunk_size or eval_every, num_rounds)
+  init_key, rounds_key = split_run_key(key)
+  run_id = np.asarray(jax.random.key_data(key)).tolist()
+  fp = None
+  if ckpt is not None:
+    fp = run_fingerprint(algo, init_key, params, train, test, run_id=run_id, eval_fn=eval_fn,
+                         params_fn=params_fn, eval_every=eval_every, config=config)
   num_clients = jax.tree.leaves(train)[0].shape[0]
   if mesh is not None:
     train = shard_clients(train, mesh, num_clients)
@@ -207,24 +343,31 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
       test_clients = jax.tree.leaves(test)[0].shape[0]
       if test_clients % mesh.shape["clients"] == 0:
         test = shard_clients(test, mesh, test_clients)
-  init_key, rounds_key = split_run_key(key)
 
-  ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir is not None else None
-  run_id = np.asarray(jax.random.key_data(key)).tolist()
-  start = 0
-  history = History()
-  if ckpt is not None and resume and ckpt.latest_round() is not None:
+  start, history, prior_time = 0, History(), 0.0
+  if ckpt is not None and ckpt.latest_round() is not None:  # resume (run() checked the flag)
+    def check(meta):
+      differences = fingerprint_diff(meta.get("fingerprint") or {}, fp)
+      if differences:
+        raise RunMismatchError(
+            f"cannot resume from {ckpt.directory}: its checkpoint was written by a different "
+            "run — " + "; ".join(differences) + ". Use another checkpoint folder, restore the "
+            "settings, or start afresh with overwrite=True (CLI: --overwrite).")
+
     abstract = jax.eval_shape(algo.init, init_key, params, train)
-    state, meta = ckpt.restore(abstract)
-    if meta["run_id"] != run_id:
-      raise ValueError(f"the checkpoint in {ckpt.directory} belongs to a run with another key "
-                       f"({meta['run_id']} vs {run_id}); use another checkpoint_dir or the same "
-                       "seed.")
-    start, history = int(meta["round"]), History.from_dict(meta["history"])
+    state, meta = ckpt.restore_latest(abstract, check)
+    start = int(meta["round"])
+    if start > num_rounds:
+      raise RunMismatchError(
+          f"cannot resume from {ckpt.directory}: it already holds {start} rounds but "
+          f"num_rounds={num_rounds}; ask for at least {start} rounds (CLI: --rounds) or start "
+          "afresh with overwrite=True (CLI: --overwrite).")
+    history, prior_time = History.from_dict(meta["history"]), float(meta["train_time_s"])
   else:
     state = algo.init(init_key, params, train)
   if mesh is not None:
     state = shard_clients(state, mesh, num_clients)
+  state_paths = [p for p, _ in _float_leaves(state)]
 
   traces = [0]
 
@@ -235,28 +378,66 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
   chunk_fn = build_chunk(algo, chunk_size, eval_fn, eval_every, params_fn)
   jitted = jax.jit(counted_chunk)
   if start == 0 and eval_fn is not None:
-    history.add_eval(0, jax.device_get(jax.jit(eval_fn)(params_fn(state), test)))
+    initial = jax.device_get(jax.jit(eval_fn)(params_fn(state), test))
+    bad = [(k, float(v)) for k, v in initial.items() if not np.isfinite(v)]
+    if bad:
+      err = _nonfinite_error(desc, 0, "test " + bad[0][0], bad[0][1])
+      if on_nonfinite == "raise":
+        raise err
+      return RunResult(state, history, 0, 0, time.perf_counter() - t_start,
+                       {"round": 0, "quantity": err.quantity})
+    history.add_eval(0, initial)
 
-  dispatches = 0
+  dispatches, diverged = 0, None
+  chunk_times = []
   bar = tqdm(total=num_rounds, initial=start, desc=desc, disable=not progress, unit="round",
              dynamic_ncols=True, leave=True)
   try:
     num_chunks = math.ceil((num_rounds - start) / chunk_size)
     for c in range(num_chunks):
       r0 = start + c * chunk_size
+      t0 = time.perf_counter()
       state, out = jitted(rounds_key, state, jnp.int32(r0), jnp.int32(num_rounds), train, test)
+      out = jax.device_get(out)
+      chunk_times.append(time.perf_counter() - t0)
       dispatches += 1
       active = min(chunk_size, num_rounds - r0)
-      history.add_chunk(r0, jax.device_get(out), active)
+      bad = first_nonfinite(out, r0, active, state_paths)
+      if bad is not None:
+        err = _nonfinite_error(desc, *bad)
+        if on_nonfinite == "raise":
+          raise err
+        history.add_chunk(r0, out, bad[0] - 1 - r0)
+        diverged = {"round": bad[0], "quantity": bad[1]}
+        if progress:
+          bar.write(f"{desc or 'run'}: diverged ({bad[1]} = {bad[2]} at round {bad[0]}); "
+                    "stopped.")
+        break
+      history.add_chunk(r0, out, active)
       bar.update(active)
       bar.set_postfix(_progress_postfix(history), refresh=False)
       done = r0 + active
+      if progress and c == 1 and num_chunks > 2:
+        left = chunk_times[1] * (num_chunks - 2)
+        if left > estimate_after_s:
+          bar.write(f"{desc or 'run'}: about {_duration(left)} left ({chunk_times[1]:.2g} s "
+                    f"per {chunk_size}-round chunk; the first, with compilation, took "
+                    f"{chunk_times[0]:.2g} s).")
       if ckpt is not None and ((c + 1) % checkpoint_every == 0 or done == num_rounds):
-        ckpt.save(done, state, {"round": done, "run_id": run_id, "history": history.to_dict()})
+        ckpt.save(done, state, {"round": done, "run_id": run_id, "fingerprint": fp,
+                                "history": history.to_dict(),
+                                "train_time_s": prior_time + time.perf_counter() - t_start})
       if on_chunk is not None:
         on_chunk(done, state, history)
   finally:
     bar.close()
-    if ckpt is not None:
-      ckpt.close()
-  return RunResult(state, history, traces[0], dispatches)
+  return RunResult(state, history, traces[0], dispatches,
+                   prior_time + time.perf_counter() - t_start, diverged)
+
+
+def _duration(seconds: float) -> str:
+  if seconds < 90:
+    return f"{seconds:.0f} s"
+  if seconds < 5400:
+    return f"{seconds / 60:.0f} min"
+  return f"{seconds / 3600:.1f} h"

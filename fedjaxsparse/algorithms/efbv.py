@@ -28,8 +28,9 @@ from fedjaxsparse import accounting
 from fedjaxsparse.clients import client_ids, map_clients
 from fedjaxsparse.compressors import Compressor, identity
 from fedjaxsparse.core import Algorithm
-from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import client_keys
+from fedjaxsparse.validation import check_number, check_positive
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 Prox = Callable[[Any, float], Any]  # (tree, step) -> prox_{step·R}(tree)
@@ -81,10 +82,8 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
       not say) or ``"zero"``.
   """
   for name, v in (("lam", lam), ("nu", nu)):
-    if not isinstance(v, jax.core.Tracer) and not 0 < float(v) <= 1:
-      raise ValueError(f"{name} must be in (0, 1], got {v!r}.")
-  if not isinstance(gamma, jax.core.Tracer) and not float(gamma) > 0:
-    raise ValueError(f"gamma must be > 0, got {gamma!r}.")
+    check_number(name, v, 0.0, 1.0, low_open=True)
+  check_positive("gamma", gamma)
   if h_init not in ("grad", "zero"):
     raise ValueError(f"h_init must be 'grad' or 'zero', got {h_init!r}.")
   value_and_grad = jax.value_and_grad(loss_fn)
@@ -94,6 +93,7 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
 
   def init(key, params, data: FederatedData) -> EFBVState:
     del key
+    check_data(data)
     _, g = grads(params, data)
     h_clients = g if h_init == "grad" else jax.tree.map(jnp.zeros_like, g)
     h = jax.tree.map(lambda a: jnp.mean(a, 0), h_clients)

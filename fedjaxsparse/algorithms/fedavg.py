@@ -20,7 +20,7 @@ import optax
 from fedjaxsparse import accounting
 from fedjaxsparse.aggregation import WEIGHTINGS, client_weights, weighted_mean
 from fedjaxsparse.core import Algorithm
-from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import check_cohort_size, client_keys, sample_cohort
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]  # (params, x, y, mask)
@@ -127,6 +127,7 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
 
   def init(key, params, data: FederatedData) -> FedAvgState:
     del key
+    check_data(data)
     check_cohort_size(cohort_size, data.num_clients)
     return FedAvgState(params, server_opt.init(params), jnp.zeros((), jnp.int32))
 

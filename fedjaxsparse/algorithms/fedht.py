@@ -20,13 +20,15 @@ import optax
 from fedjaxsparse.algorithms.fedavg import LossFn, fedavg
 from fedjaxsparse.algorithms.proxskip import top_k_prox
 from fedjaxsparse.core import Algorithm
+from fedjaxsparse.validation import check_positive
 
 
 def fedht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
           scope: str = "global", weighting: str = "uniform", **kw) -> Algorithm:
   """FedHT: ``w ← TopK(mean_i LocalSGD_i(w))``."""
   kw.setdefault("encoding", "auto")
-  return fedavg(loss_fn, optax.sgd(lr), local_steps=local_steps, weighting=weighting,
+  return fedavg(loss_fn, optax.sgd(check_positive("lr", lr)), local_steps=local_steps,
+                weighting=weighting,
                 server_prox=top_k_prox(sparsity, scope), **kw)
 
 
@@ -37,5 +39,6 @@ def fediht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
   ``prune_every_step``)."""
   prox = top_k_prox(sparsity, scope)
   kw.setdefault("encoding", "auto")
-  return fedavg(loss_fn, optax.sgd(lr), local_steps=local_steps, weighting=weighting,
+  return fedavg(loss_fn, optax.sgd(check_positive("lr", lr)), local_steps=local_steps,
+                weighting=weighting,
                 upload_prox=prox, local_prox=prox if prune_every_step else None, **kw)

@@ -40,8 +40,9 @@ import jax.numpy as jnp
 from fedjaxsparse import accounting
 from fedjaxsparse.clients import client_ids, map_clients
 from fedjaxsparse.core import Algorithm
-from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import client_keys
+from fedjaxsparse.validation import check_number, check_positive
 from fedjaxsparse.sparsity import k_from_sparsity, soft_threshold, top_k
 
 Prox = Callable[[Any], Any]  # one client's pytree -> pytree
@@ -113,10 +114,8 @@ def _tree_norm(tree) -> jax.Array:
 
 def _check(gamma, p) -> None:
   """Validate concrete hyper-parameters; traced ones (inside a vmapped sweep) pass through."""
-  if not isinstance(gamma, jax.core.Tracer) and not float(gamma) > 0:
-    raise ValueError(f"gamma (step size) must be a number > 0, got {gamma!r}.")
-  if not isinstance(p, jax.core.Tracer) and not 0 < float(p) <= 1:
-    raise ValueError(f"p (communication probability) must be in (0, 1], got {p!r}.")
+  check_positive("gamma (step size)", gamma)
+  check_number("p (communication probability)", p, 0.0, 1.0, low_open=True)
 
 
 def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
@@ -161,6 +160,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
 
   def init(key, params, data: FederatedData) -> ProxSkipState:
     del key
+    check_data(data)
     n = data.num_clients
     w = jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + jnp.shape(a)), params)
     h = jax.tree.map(jnp.zeros_like, w)

@@ -13,12 +13,15 @@ split is one shared test client.
 from __future__ import annotations
 
 import glob
+import math
 import os
+import warnings
 
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partition import natural_partition
+from fedjaxsparse.errors import DataError
 
 TRAIN_FILE = "blogData_train.csv"
 TEST_GLOB = "blogData_test-*.csv"
@@ -26,18 +29,61 @@ NUM_ATTRIBUTES = 280
 SITE_COLUMNS = 50
 
 
+def _data_lines(path: str):
+  """``(line number, fields)`` of each non-blank, non-comment line, as np.loadtxt sees them."""
+  with open(path, errors="replace") as f:
+    for n, line in enumerate(f, 1):
+      line = line.split("#", 1)[0].strip()
+      if line:
+        yield n, line.split(",")
+
+
+def _column(c: int) -> str:
+  """1-based column ``c`` and its role."""
+  return f"column {c} ({'target' if c == NUM_ATTRIBUTES + 1 else 'attribute'})"
+
+
+def _first_bad_line(path: str) -> str | None:
+  """``"line N: why"`` for the first line that is not 281 finite numbers, or None."""
+  for n, fields in _data_lines(path):
+    if len(fields) != NUM_ATTRIBUTES + 1:
+      return (f"line {n}: expected {NUM_ATTRIBUTES + 1} comma-separated values "
+              f"({NUM_ATTRIBUTES} attributes and the target), got {len(fields)}")
+    for c, field in enumerate(fields, 1):
+      try:
+        value = float(field)
+      except ValueError:
+        value = None
+      if value is None or "_" in field:  # numpy rejects the 1_000 that float() takes
+        return f"line {n}: {_column(c)} is {field.strip()[:40]!r}, not a number"
+      if not math.isfinite(value):
+        return f"line {n}: non-finite value in {_column(c)}"
+  return None
+
+
 def _read(path: str) -> np.ndarray:
-  data = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2)
-  if data.shape[1] != NUM_ATTRIBUTES + 1:
-    raise ValueError(f"{path}: expected {NUM_ATTRIBUTES + 1} columns, got {data.shape[1]}.")
+  """The rows of one CSV file as float64 ``[n, 281]``; DataError names the file and line of
+  a malformed row or a NaN/infinite value."""
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", UserWarning)  # "input contained no data"
+      data = np.loadtxt(path, delimiter=",", dtype=np.float64, ndmin=2)
+  except ValueError as e:
+    where = _first_bad_line(path)
+    raise DataError(f"{path}, {where} (numpy: {e})" if where else f"{path}: {e}") from e
+  if data.size == 0:
+    raise DataError(f"{path}: no rows (the file is empty).")
+  if data.shape[1] != NUM_ATTRIBUTES + 1 or not np.isfinite(data).all():
+    where = _first_bad_line(path)  # every row has the same wrong width, or a NaN/inf
+    raise DataError(f"{path}, {where}." if where else f"{path}: malformed, shape {data.shape}.")
   return data
 
 
-def blogfeedback(data_dir: str, clip_test: bool = True) -> FederatedDataset:
+def blogfeedback(data_dir: str | None = None, clip_test: bool = True) -> FederatedDataset:
   """The natural 554-client split of the training file and the pooled test files."""
   train_path = os.path.join(data_dir or "", TRAIN_FILE)
   test_paths = sorted(glob.glob(os.path.join(data_dir or "", TEST_GLOB)))
-  if not os.path.exists(train_path) or not test_paths:
+  if data_dir is None or not os.path.exists(train_path) or not test_paths:
     raise FileNotFoundError(
         f"BlogFeedback files not found in {data_dir!r}: need {TRAIN_FILE} and the "
         f"{TEST_GLOB} files from the UCI archive (BlogFeedback.zip, dataset 304). Unzip them "

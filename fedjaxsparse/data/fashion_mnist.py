@@ -3,28 +3,53 @@
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import zlib
 
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partition import partition as partition_fn
+from fedjaxsparse.errors import DataError
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+NUM_CLASSES = 10
 
 
 def read_idx(path: str) -> np.ndarray:
-  """An IDX file (gzip-compressed or not) as a uint8 array of its declared shape."""
+  """An IDX file (gzip-compressed or not) as a uint8 array of its declared shape.
+
+  Raises DataError if the header is not an unsigned-byte IDX header or the payload is not
+  exactly the declared size.
+  """
   opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rb") as f:
-    data = f.read()
-  if data[:2] != b"\x00\x00" or data[2] != 0x08:
-    raise ValueError(f"{path} is not an unsigned-byte IDX file.")
+  try:
+    with opener(path, "rb") as f:
+      data = f.read()
+  except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+    raise DataError(f"{path}: corrupt or truncated gzip file ({e})") from e
+  if len(data) < 4 or data[:3] != b"\x00\x00\x08":
+    raise DataError(f"{path}: not an unsigned-byte IDX file: expected magic bytes "
+                    f"00 00 08 NDIM, got {data[:4].hex(' ') or 'an empty file'}.")
   ndim = data[3]
+  header = 4 + 4 * ndim
+  if len(data) < header:
+    raise DataError(f"{path}: truncated IDX file: the header of {ndim} dimensions needs "
+                    f"{header} bytes, found {len(data)} bytes.")
   shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
-  return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+  expected, found = math.prod(shape), len(data) - header
+  if found != expected:
+    declared = f"header declares shape ({', '.join(map(str, shape))}) = {expected} bytes"
+    if found < expected:
+      records = found // max(math.prod(shape[1:]), 1)
+      raise DataError(f"{path}: truncated IDX file: {declared}, found {found} bytes "
+                      f"({records} complete records).")
+    raise DataError(f"{path}: {declared}, found {found} bytes "
+                    f"({found - expected} extra bytes at the end).")
+  return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
 
 
 def _find(data_dir: str, stem: str) -> str:
@@ -40,8 +65,25 @@ def _find(data_dir: str, stem: str) -> str:
 
 
 def load_arrays(data_dir: str = DEFAULT_DIR, split: str = "train"):
-  """``(x float32 [n, 28, 28, 1] in [0, 1], y int32 [n])`` of one split."""
-  images, labels = (read_idx(_find(data_dir, s)) for s in FILES[split])
+  """``(x float32 [n, 28, 28, 1] in [0, 1], y int32 [n])`` of one split.
+
+  Raises DataError if the files disagree on the count, an image is not 28x28 or a label is
+  not in [0, 10) (records count from 0).
+  """
+  image_path, label_path = (_find(data_dir, s) for s in FILES[split])
+  images, labels = read_idx(image_path), read_idx(label_path)
+  if images.ndim != 3 or images.shape[1:] != (28, 28):
+    raise DataError(f"{image_path}: expected images of shape (N, 28, 28), got "
+                    f"{images.shape}.")
+  if labels.ndim != 1:
+    raise DataError(f"{label_path}: expected labels of shape (N,), got {labels.shape}.")
+  if len(images) != len(labels):
+    raise DataError(f"{image_path} holds {len(images)} images but {label_path} holds "
+                    f"{len(labels)} labels.")
+  bad = np.flatnonzero(labels >= NUM_CLASSES)
+  if bad.size:
+    raise DataError(f"{label_path}, record {bad[0]}: label {labels[bad[0]]} outside "
+                    f"[0, {NUM_CLASSES}).")
   return (images[..., None].astype(np.float32) / 255.0), labels.astype(np.int32)
 
 
@@ -55,4 +97,4 @@ def fashion_mnist(data_dir: str = DEFAULT_DIR, num_clients: int = 100,
   parts = partition_fn(y, num_clients, partition, seed, alpha=alpha,
                        shards_per_client=shards_per_client, sigma=sigma)
   name = f"fashion_mnist/{partition}" + (f"({alpha})" if partition == "dirichlet" else "")
-  return federate(x, y, parts, num_classes=10, name=name, x_test=xt, y_test=yt)
+  return federate(x, y, parts, num_classes=NUM_CLASSES, name=name, x_test=xt, y_test=yt)

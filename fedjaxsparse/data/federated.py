@@ -6,11 +6,14 @@ split plus static metadata. Builders turn flat arrays plus per-client index list
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedjaxsparse.errors import DataError
 
 
 class FederatedData(NamedTuple):
@@ -39,6 +42,69 @@ class FederatedData(NamedTuple):
     """The rows of ``client_ids`` (shape ``[C]``); works inside ``jit`` (a gather)."""
     return jax.tree.map(lambda a: jnp.take(a, client_ids, axis=0), self)
 
+  def validate(self, split: str = "train", allow_empty: bool = False,
+               num_classes: int | None = None) -> "FederatedData":
+    """Check the invariants every algorithm relies on; raise :class:`DataError` naming the
+    first offending client. Call outside ``jit`` (a no-op on traced data).
+
+    Checks: consistent shapes; ``mask`` is 1 on the first ``num_examples[i]`` rows of client
+    ``i`` and 0 after (real examples first — minibatch sampling draws from that prefix);
+    every client has an example unless ``allow_empty``; features and float targets are
+    finite; integer labels are ``>= 0`` and, given ``num_classes > 0``, ``< num_classes``.
+    """
+    if any(isinstance(a, jax.core.Tracer) for a in self):
+      return self
+    n, m = self.mask.shape if np.ndim(self.mask) == 2 else (None, None)
+    if (n is None or self.x.shape[:2] != (n, m) or self.y.shape[:2] != (n, m)
+        or np.shape(self.num_examples) != (n,)):
+      raise DataError(f"{split} data: inconsistent shapes x {self.x.shape}, y {self.y.shape}, "
+                      f"mask {np.shape(self.mask)}, num_examples {np.shape(self.num_examples)}; "
+                      "expected x [N, M, ...], y [N, M, ...], mask [N, M], num_examples [N].")
+    flags = _client_checks(self, num_classes or 0)
+    if any(isinstance(v, jax.core.Tracer) for v in flags.values()):
+      return self  # called while tracing (e.g. init inside a vmapped sweep): nothing to read
+    flags = {k: np.asarray(v) for k, v in flags.items()}
+    messages = {
+        "mask_prefix": "mask must be 1 on the first num_examples rows and 0 on the padding",
+        "empty": "has no example (every training client needs at least one)",
+        "x_finite": "has a NaN or infinite feature",
+        "y_finite": "has a NaN or infinite target",
+        "y_range": (f"has a label outside [0, {num_classes})" if num_classes else
+                    "has a negative label"),
+    }
+    for name, message in messages.items():
+      if name == "empty" and allow_empty:
+        continue
+      bad = np.flatnonzero(~flags[name])
+      if bad.size:
+        more = f" (and {bad.size - 1} more clients)" if bad.size > 1 else ""
+        raise DataError(f"{split} data: client {int(bad[0])} {message}{more}.")
+    return self
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _client_checks(data: FederatedData, num_classes: int) -> dict[str, jax.Array]:
+  """Per-client ``bool [N]`` flags of :meth:`FederatedData.validate` (True = fine)."""
+  m = data.mask.shape[1]
+  real = (data.mask != 0)
+  expected = jnp.arange(m)[None, :] < data.num_examples[:, None]
+  per_client = lambda a: a.reshape(a.shape[0], -1).all(1)
+  flags = {"mask_prefix": per_client((data.mask == expected.astype(data.mask.dtype))),
+           "empty": data.num_examples > 0}
+  x_ok = jnp.isfinite(data.x) if jnp.issubdtype(data.x.dtype, jnp.inexact) else \
+      jnp.ones(data.x.shape, bool)
+  flags["x_finite"] = per_client(x_ok)
+  y = data.y
+  real_y = real.reshape(real.shape + (1,) * (y.ndim - 2))
+  if jnp.issubdtype(y.dtype, jnp.inexact):
+    flags["y_finite"] = per_client(jnp.isfinite(y) | ~real_y)
+    flags["y_range"] = jnp.ones(y.shape[0], bool)
+  else:
+    flags["y_finite"] = jnp.ones(y.shape[0], bool)
+    in_range = (y >= 0) & ((y < num_classes) if num_classes > 0 else True)
+    flags["y_range"] = per_client(in_range | ~real_y)
+  return flags
+
 
 class FederatedDataset(NamedTuple):
   """A train and a test split with static metadata.
@@ -59,6 +125,22 @@ class FederatedDataset(NamedTuple):
   @property
   def num_clients(self) -> int:
     return self.train.num_clients
+
+  def validate(self) -> "FederatedDataset":
+    """Validate both splits (test clients may be empty); labels must be in
+    ``[0, num_classes)`` for classification."""
+    self.train.validate("train", num_classes=self.num_classes)
+    self.test.validate("test", allow_empty=True, num_classes=self.num_classes)
+    return self
+
+
+def check_data(data) -> None:
+  """Validate ``data`` if it is concrete :class:`FederatedData` (what algorithms call in
+  ``init``; bucketed or traced data pass through)."""
+  if isinstance(data, FederatedData):
+    data.validate("train")
+  for bucket in getattr(data, "buckets", ()):  # clients.BucketedData
+    check_data(bucket)
 
 
 def pack_clients(x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarray],
@@ -83,7 +165,13 @@ def pack_clients(x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarr
   if len(client_indices) == 0:
     raise ValueError("client_indices must contain at least one client.")
   if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
-    raise ValueError("x contains NaN or infinite values.")
+    rows = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(1))
+    raise DataError(f"x contains NaN or infinite values (example {rows[0]}"
+                    f"{f' and {rows.size - 1} more' if rows.size > 1 else ''}).")
+  if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y)):
+    rows = np.flatnonzero(~np.isfinite(y.reshape(len(y), -1)).all(1))
+    raise DataError(f"y contains NaN or infinite targets (example {rows[0]}"
+                    f"{f' and {rows.size - 1} more' if rows.size > 1 else ''}).")
   sizes = np.array([len(ix) for ix in client_indices], dtype=np.int32)
   if not allow_empty and np.any(sizes == 0):
     raise ValueError(f"client(s) {np.flatnonzero(sizes == 0).tolist()} have no example; every "
@@ -141,9 +229,9 @@ def federate(x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarray],
   if x_test is None:
     tr, te = split_clients(client_indices, test_fraction, seed)
     return FederatedDataset(pack_clients(x, y, tr), pack_clients(x, y, te, allow_empty=True),
-                            num_classes, name)
+                            num_classes, name).validate()
   if test_indices is None:
     test_indices = [np.arange(len(x_test))]
   return FederatedDataset(pack_clients(x, y, client_indices),
                           pack_clients(x_test, y_test, test_indices, allow_empty=True),
-                          num_classes, name)
+                          num_classes, name).validate()

@@ -14,26 +14,88 @@ import os
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
+from fedjaxsparse.errors import DataError
 
 NUM_CLASSES = 62
+NUM_PIXELS = 28 * 28
+
+
+def _user_arrays(path: str, user: str, rec) -> tuple[np.ndarray, np.ndarray]:
+  """One writer's ``(x float32 [n, 28, 28, 1], y int32 [n])``; DataError names the file, the
+  writer and the example (counted from 0) that is malformed."""
+  where = f"{path}, user {user!r}"
+  if not isinstance(rec, dict):
+    raise DataError(f"{where}: expected an object with 'x' and 'y', got {type(rec).__name__}.")
+  for key in ("x", "y"):
+    if key not in rec:
+      raise DataError(f"{where}: missing key {key!r}.")
+    if not isinstance(rec[key], list):
+      raise DataError(f"{where}: {key!r} must be a list, got {type(rec[key]).__name__}.")
+  xs, ys = rec["x"], rec["y"]
+  if len(xs) != len(ys):
+    raise DataError(f"{where}: {len(xs)} images in 'x' but {len(ys)} labels in 'y'.")
+  for i, image in enumerate(xs):
+    if not isinstance(image, list) or len(image) != NUM_PIXELS:
+      got = len(image) if isinstance(image, list) else type(image).__name__
+      raise DataError(f"{where}, example {i}: expected {NUM_PIXELS} pixel values, got {got}.")
+  try:
+    x = np.asarray(xs, np.float32).reshape(-1, NUM_PIXELS)
+  except (TypeError, ValueError):
+    x = None
+  if x is None or not np.isfinite(x).all():
+    for i, image in enumerate(xs):
+      try:
+        row = np.asarray(image, np.float32)
+      except (TypeError, ValueError):
+        raise DataError(f"{where}, example {i}: pixel values must be numbers.") from None
+      if not np.isfinite(row).all():
+        j = int(np.flatnonzero(~np.isfinite(row))[0])
+        raise DataError(f"{where}, example {i}: pixel value at position {j} is not finite "
+                        "(NaN, infinity or null).")
+  for i, label in enumerate(ys):
+    if (isinstance(label, bool) or not isinstance(label, (int, float))
+        or isinstance(label, float) and not label.is_integer()):
+      raise DataError(f"{where}, example {i}: label {label!r} is not an integer.")
+    if not 0 <= label < NUM_CLASSES:
+      raise DataError(f"{where}, example {i}: label {label!r} outside [0, {NUM_CLASSES}).")
+  return x.reshape(-1, 28, 28, 1), np.asarray(ys, np.int32)
 
 
 def _read_split(directory: str) -> dict:
+  """``{writer: (x, y)}`` of all JSON files in ``directory``; DataError names the file (and
+  the writer and example) of malformed content."""
   paths = sorted(glob.glob(os.path.join(directory, "*.json")))
   users = {}
   for path in paths:
-    with open(path) as f:
-      blob = json.load(f)
+    try:
+      with open(path, encoding="utf-8") as f:
+        blob = json.load(f)
+    except json.JSONDecodeError as e:
+      raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: "
+                      f"{e.msg}.") from e
+    except UnicodeDecodeError as e:
+      raise DataError(f"{path}: not UTF-8 text ({e}).") from e
+    if not isinstance(blob, dict):
+      raise DataError(f"{path}: expected a JSON object with 'users' and 'user_data', got "
+                      f"{type(blob).__name__}.")
+    for key in ("users", "user_data"):
+      if key not in blob:
+        raise DataError(f"{path}: missing key {key!r}.")
+    if not isinstance(blob["users"], list) or not isinstance(blob["user_data"], dict):
+      raise DataError(f"{path}: 'users' must be a list and 'user_data' an object.")
     for u in blob["users"]:
-      users[u] = blob["user_data"][u]
+      if u not in blob["user_data"]:
+        raise DataError(f"{path}, user {u!r}: listed in 'users' but missing from "
+                        "'user_data'.")
+      users[u] = _user_arrays(path, u, blob["user_data"][u])
   return users
 
 
-def femnist(data_dir: str, num_writers: int | None = None) -> FederatedDataset:
+def femnist(data_dir: str | None = None, num_writers: int | None = None) -> FederatedDataset:
   """FEMNIST with ``x [n, 28, 28, 1]`` in [0, 1] and 62 classes, natural split by writer."""
   train_dir = os.path.join(data_dir or "", "train")
   test_dir = os.path.join(data_dir or "", "test")
-  if not glob.glob(os.path.join(train_dir, "*.json")):
+  if data_dir is None or not glob.glob(os.path.join(train_dir, "*.json")):
     raise FileNotFoundError(
         f"no LEAF FEMNIST JSON files in {train_dir!r}. Generate them with LEAF "
         "(github.com/TalwalkarLab/leaf, data/femnist: ./preprocess.sh -s niid --sf 1.0 -k 0 "
@@ -48,10 +110,9 @@ def femnist(data_dir: str, num_writers: int | None = None) -> FederatedDataset:
   def stack(split, who):
     xs, ys, parts, start = [], [], [], 0
     for u in who:
-      rec = split.get(u, {"x": [], "y": []})
-      x = np.asarray(rec["x"], np.float32).reshape(-1, 28, 28, 1)
+      x, y = split.get(u, (np.zeros((0, 28, 28, 1), np.float32), np.zeros(0, np.int32)))
       xs.append(x)
-      ys.append(np.asarray(rec["y"], np.int32))
+      ys.append(y)
       parts.append(np.arange(start, start + len(x)))
       start += len(x)
     return np.concatenate(xs), np.concatenate(ys), parts

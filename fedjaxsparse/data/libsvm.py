@@ -5,29 +5,117 @@ Binary labels are mapped to {0, 1}: the smaller label value becomes 0 ({-1, +1} 
 """
 from __future__ import annotations
 
+import bz2
+import gzip
+import math
 import os
+import zlib
 
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partition import partition as partition_fn
+from fedjaxsparse.errors import DataError
+
+FORMAT = "LABEL INDEX:VALUE ..."
+
+
+def _open(path: str):
+  """The file as bytes, decompressed by extension as scikit-learn's reader does."""
+  if path.endswith(".gz"):
+    return gzip.open(path, "rb")
+  if path.endswith(".bz2"):
+    return bz2.BZ2File(path, "rb")
+  return open(path, "rb")
+
+
+def _bad_number(token: bytes) -> str | None:
+  """Why ``token`` is not a finite number (None if it is one)."""
+  try:
+    value = float(token)
+  except ValueError:
+    return "not a number"
+  return None if math.isfinite(value) else "not finite"
+
+
+def _line_problem(line: bytes) -> str | None:
+  """Why one svmlight line is malformed (None if it is fine), checked as scikit-learn parses
+  it: a label, an optional ``qid:Q``, then ``INDEX:VALUE`` pairs with increasing integer
+  indices >= 0 (the reader guesses zero- or one-based) and finite values; ``#`` starts a
+  comment."""
+  tokens = line.split(b"#", 1)[0].split()
+  if not tokens:
+    return None
+  reason = _bad_number(tokens[0])
+  if reason:
+    return f"label {tokens[0].decode(errors='replace')!r} is {reason}"
+  features = tokens[1:]
+  if features and features[0].startswith(b"qid"):
+    qid = features.pop(0)
+    if b":" not in qid:
+      return f"{qid.decode(errors='replace')!r} is not 'qid:VALUE'"
+  previous = -1
+  for token in features:
+    text = token.decode(errors="replace")
+    if b":" not in token:
+      return f"{text!r} is not INDEX:VALUE"
+    index, value = token.split(b":", 1)
+    try:
+      index = int(index)
+    except ValueError:
+      return f"index in {text!r} is not an integer"
+    if index < 0:
+      return f"index in {text!r} is negative"
+    if index <= previous:
+      return f"index in {text!r} is not larger than the previous index {previous}"
+    previous = index
+    reason = _bad_number(value)
+    if reason:
+      return f"value in {text!r} is {reason}"
+  return None
+
+
+def _first_bad_line(path: str) -> DataError | None:
+  """A DataError naming the first malformed line of ``path``, or None if all lines parse."""
+  with _open(path) as f:
+    for n, line in enumerate(f, 1):
+      reason = _line_problem(line)
+      if reason is not None:
+        text = line.rstrip(b"\r\n").decode(errors="replace")[:80]
+        return DataError(f"{path}, line {n}: expected {FORMAT!r}, got {text!r} ({reason})")
+  return None
 
 
 def load_arrays(path: str, num_features: int | None = None):
-  """``(x float32 [n, d] dense, y int32 [n] in 0..C−1)`` of one svmlight file."""
+  """``(x float32 [n, d] dense, y int32 [n] in 0..C−1)`` of one svmlight file.
+
+  Raises DataError naming the first malformed line (or the file, if it holds no examples).
+  """
   from sklearn.datasets import load_svmlight_file
   if not path or not os.path.exists(path):
     raise FileNotFoundError(
         f"LIBSVM file {path!r} not found. Download it from the LIBSVM datasets page "
         "(binary classification: a9a, w8a, mushrooms, phishing, ...) and pass its path "
         "(CLI: --data-dir PATH).")
-  x, y = load_svmlight_file(path, n_features=num_features)
+  try:
+    x, y = load_svmlight_file(path, n_features=num_features)
+  except ValueError as e:
+    raise (_first_bad_line(path) or DataError(f"{path}: {e}")) from e
+  except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+    raise DataError(f"{path}: corrupt or truncated compressed file ({e})") from e
+  if not (np.isfinite(x.data).all() and np.isfinite(y).all()):
+    raise _first_bad_line(path) or DataError(f"{path}: non-finite label or value")
+  if x.shape[0] == 0:
+    with _open(path) as f:
+      empty = not f.read(1)
+    raise DataError(f"{path}: no examples (the file is "
+                    + ("empty)" if empty else "all comments and blank lines)"))
   _, y = np.unique(y, return_inverse=True)
   return np.asarray(x.todense(), np.float32), y.astype(np.int32)
 
 
-def libsvm(data_dir: str, num_clients: int = 10, partition: str = "iid", seed: int = 0,
-           alpha: float = 0.5, test_path: str | None = None,
+def libsvm(data_dir: str | None = None, num_clients: int = 10, partition: str = "iid",
+           seed: int = 0, alpha: float = 0.5, test_path: str | None = None,
            test_fraction: float = 0.2) -> FederatedDataset:
   """The file at ``data_dir`` (a path) split over clients; with ``test_path`` the test file
   is the shared test set, otherwise each client holds out ``test_fraction`` of its data."""

@@ -1,0 +1,95 @@
+"""Run identity: digests of everything that determines a run, so a checkpoint is only ever
+resumed by the run that wrote it.
+
+A run is determined by its algorithm (the step and init functions *with* every closed-over
+hyper-parameter and the model inside the loss), its evaluation, the initial model, the
+training and test data (values, partition and padding), the key and the evaluation schedule.
+Functions are identified by the text of their jaxpr plus the bytes of its constants: any
+changed learning rate, sparsity, model width or loss changes a literal or a constant, so it
+changes the digest, with no need for the algorithm to declare its hyper-parameters. Arrays are
+identified by a BLAKE2b digest of their shapes, dtypes and bytes.
+
+``diff(old, new)`` names the components that differ, for the error message of a refused
+resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+DIGEST_SIZE = 16  # bytes; 128-bit BLAKE2b
+
+
+def _host(leaf: Any) -> np.ndarray:
+  if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    leaf = jax.random.key_data(leaf)
+  return np.asarray(jax.device_get(leaf))
+
+
+def tree_digest(tree: Any) -> str:
+  """Hex digest of a pytree's structure, leaf shapes, dtypes and bytes."""
+  h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+  leaves, treedef = jax.tree.flatten(tree)
+  h.update(str(treedef).encode())
+  for leaf in leaves:
+    a = np.ascontiguousarray(_host(leaf))
+    h.update(f"{a.shape}{a.dtype}".encode())
+    h.update(a.view(np.uint8).reshape(-1).data if a.size else b"")
+  return h.hexdigest()
+
+
+def function_digest(fn: Callable, *args: Any) -> str:
+  """Hex digest of ``fn`` traced at ``args``: its jaxpr text (literals included) and consts."""
+  closed = jax.make_jaxpr(fn)(*args)
+  h = hashlib.blake2b(str(closed.jaxpr).encode(), digest_size=DIGEST_SIZE)
+  h.update(tree_digest(list(closed.consts)).encode())
+  return h.hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+  """JSON-stable form of a user-supplied fingerprint value."""
+  return json.loads(json.dumps(value, sort_keys=True, default=repr))
+
+
+def run_fingerprint(algo: Any, init_key: jax.Array, params: Any, train: Any, test: Any, *,
+                    run_id: list, eval_fn: Callable | None, params_fn: Callable,
+                    eval_every: int, config: dict | None = None) -> dict:
+  """The fingerprint of a run: ``{component: digest or value}`` (JSON-serialisable).
+
+  ``config`` adds caller-named components (e.g. an experiment's method name and options), so a
+  refused resume can say *which* option changed rather than only that the algorithm did.
+  """
+  state = jax.eval_shape(algo.init, init_key, params, train)
+  fp = {
+      "seed (run key)": run_id,
+      "algorithm (init)": function_digest(algo.init, init_key, params, train),
+      "algorithm (step, with its hyper-parameters and model)": function_digest(
+          algo.step, init_key, state, train),
+      "initial model": tree_digest(params),
+      "training data": tree_digest(train),
+      "test data": tree_digest(test),
+      "eval_every": int(eval_every),
+      "evaluation": (None if eval_fn is None else
+                     function_digest(lambda s, t: eval_fn(params_fn(s), t), state, test)),
+  }
+  if config:
+    fp.update({f"config: {k}": _canonical(v) for k, v in sorted(config.items())})
+  return fp
+
+
+def diff(old: dict, new: dict) -> list[str]:
+  """Human-readable differences between two fingerprints (empty when they agree)."""
+  lines = []
+  for k in sorted(set(old) | set(new), key=lambda k: (not k.startswith("config"), k)):
+    a, b = old.get(k, "<absent>"), new.get(k, "<absent>")
+    if a == b:
+      continue
+    if k.startswith("config") or k in ("eval_every", "seed (run key)"):
+      lines.append(f"{k}: checkpoint has {a!r}, this run has {b!r}")
+    else:
+      lines.append(f"{k} differs")
+  return lines

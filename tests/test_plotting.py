@@ -1,0 +1,204 @@
+"""Plotting: stable method colours, human axis labels, legend outside the axes, the bits
+column of the communication panel, diverged-run labels."""
+import math
+import os
+
+import matplotlib
+import numpy as np
+import pytest
+
+from fedjaxsparse import plotting
+from fedjaxsparse.plotting import (LABELS, evals_figure, method_colors, methods_figure,
+                                   plot_evals, plot_methods, plot_series, series_figure)
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+NAMES = ["Final-TopK", "FedHT", "FedIHT", "ASP", "RandProx-l1", "SPS-Local", "SPS",
+         "ASP-modified", "SPS-modified"]
+CLIENTS = 10
+
+
+def _record(i: int, rounds: int = 12, eval_every: int = 3, diverged_at: int | None = None):
+  """A synthetic record; method ``i`` sends ``1000 (i + 1)`` bits (all clients) a round."""
+  last = rounds if diverged_at is None else diverged_at
+  r = list(range(1, last + 1))
+  up = [1000.0 * (i + 1) * k for k in r]
+  rd = {"round": r, "local_steps": [2 * k for k in r], "uplink_bits": up,
+        "uplink_bits_per_client": [b / CLIENTS for b in up],
+        "loss": [2.0 / (k + i) for k in r], "sum_h_norm": [1e-3 * (i + 1) / k for k in r],
+        "mean_h_norm": [0.5 + 0.01 * k for k in r], "server_norm": [1.0 + 0.1 * k for k in r]}
+  e = [0] + [k for k in r if k % eval_every == 0]
+  ev = {"round": e, "local_steps": [2 * k for k in e],
+        "uplink_bits": [1000.0 * (i + 1) * k for k in e],
+        "uplink_bits_per_client": [100.0 * (i + 1) * k for k in e],
+        "accuracy": [0.1 + 0.8 * (1 - math.exp(-k / (4 + i))) for k in e],
+        "gap": [1.0 / (1 + k + i) for k in e],
+        "bits_per_node": [100.0 * (i + 1) * k for k in e]}
+  rec = {"history": {"rounds": rd, "evals": ev}}
+  if diverged_at is not None:
+    rec["diverged"] = {"round": diverged_at, "quantity": "loss"}
+    rd["loss"][-1] = float("nan")
+  return rec
+
+
+@pytest.fixture
+def records():
+  return {n: _record(i) for i, n in enumerate(NAMES)}
+
+
+@pytest.fixture(autouse=True)
+def _close():
+  yield
+  plt.close("all")
+
+
+def _lines(fig, name):
+  """The data lines (not the divergence markers) of method ``name``, over all axes."""
+  return [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_gid() == name]
+
+
+def test_method_colors_distinct_stable_and_tab10_first():
+  many = [f"m{i}" for i in range(25)]
+  cols = method_colors(many)
+  assert len(set(cols[m] for m in many[:20])) == 20
+  tab10 = [matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab10"].colors]
+  assert [cols[m] for m in many[:10]] == tab10
+  # a prefix keeps its colours when more methods are added
+  assert method_colors(many[:4]) == {m: cols[m] for m in many[:4]}
+
+
+def test_same_colour_across_figures_with_different_subsets(records):
+  colors = method_colors(NAMES)
+  fig1 = methods_figure(records, "accuracy", colors=colors)
+  subset = {m: r for m, r in records.items() if m not in ("FedHT", "FedIHT")}
+  fig2 = series_figure(subset, ["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
+                       colors=colors)
+  for name in subset:
+    c1 = {ln.get_color() for ln in _lines(fig1, name)}
+    c2 = {ln.get_color() for ln in _lines(fig2, name)}
+    assert len(c1) == 1 and c1 == c2, name
+  # all methods of one figure are told apart
+  assert len({_lines(fig1, n)[0].get_color() for n in NAMES}) == len(NAMES)
+
+
+def test_default_colours_follow_given_order(records):
+  fig = series_figure(records, ["loss"])
+  expect = method_colors(NAMES)
+  assert {n: _lines(fig, n)[0].get_color() for n in NAMES} == expect
+
+
+def _figures(records):
+  yield methods_figure(records, "accuracy", x="local_steps", bits="uplink_bits_per_client")
+  yield series_figure(records, ["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
+                      x="local_steps")
+  yield evals_figure(records, "gap", "bits_per_node", logx=True)
+  yield series_figure(records, ["sum_h_norm"])
+
+
+def test_every_axes_labelled_with_human_titles(records):
+  raw = {"sum_h_norm", "mean_h_norm", "server_norm", "loss", "accuracy", "gap",
+         "local_steps", "bits_per_node", "uplink_bits_per_client"}
+  for fig in _figures(records):
+    for ax in fig.axes:
+      assert ax.get_xlabel().strip() and ax.get_ylabel().strip()
+      assert ax.get_title().strip()
+      assert ax.get_title() not in raw
+      assert ax.get_ylabel() not in raw - {"loss", "accuracy"}
+  fig = series_figure(records, ["sum_h_norm", "mean_h_norm"], x="local_steps")
+  assert [ax.get_title() for ax in fig.axes] == [LABELS["sum_h_norm"][0],
+                                                  LABELS["mean_h_norm"][0]]
+  assert [ax.get_ylabel() for ax in fig.axes] == [LABELS["sum_h_norm"][1],
+                                                   LABELS["mean_h_norm"][1]]
+  assert fig.axes[0].get_xlabel() == "local steps (iterations)"
+
+
+def test_unknown_column_falls_back_to_name_and_override(records):
+  for r in records.values():
+    r["history"]["rounds"]["weird_col"] = [1.0] * len(r["history"]["rounds"]["round"])
+  fig = series_figure(records, ["weird_col"])
+  assert fig.axes[0].get_title() == "weird_col" and fig.axes[0].get_ylabel() == "weird_col"
+  fig = series_figure(records, ["weird_col"], labels={"weird_col": ("Weird", "w (units)")})
+  assert fig.axes[0].get_title() == "Weird" and fig.axes[0].get_ylabel() == "w (units)"
+
+
+def _overlap(a, b) -> bool:
+  return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_legend_is_outside_every_axes(records):
+  records["SPS"] = _record(6, diverged_at=7)
+  for fig in _figures(records):
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
+    leg = fig.legends[0].get_window_extent(renderer)
+    fig_box = fig.bbox
+    assert leg.x0 >= fig_box.x0 - 1 and leg.x1 <= fig_box.x1 + 1  # not clipped
+    assert leg.y0 >= fig_box.y0 - 1 and leg.y1 <= fig_box.y1 + 1
+    for ax in fig.axes:
+      assert not _overlap(leg, ax.get_window_extent(renderer))
+      assert not _overlap(leg, ax.get_tightbbox(renderer))  # nor its tick/axis labels
+    assert len(fig.legends[0].get_texts()) == len(records)
+
+
+def test_bits_panel_uses_chosen_column(records):
+  fig = methods_figure(records, "accuracy", x="local_steps", bits="uplink_bits_per_client")
+  bits_ax = fig.axes[1]
+  assert "per client" in bits_ax.get_xlabel()
+  assert bits_ax.get_xlabel() == LABELS["uplink_bits_per_client"][1]
+  assert bits_ax.get_xscale() == "log"
+  for name, rec in records.items():
+    ev = rec["history"]["evals"]
+    (ln,) = [ln for ln in bits_ax.get_lines() if ln.get_gid() == name]
+    expect = [b for b in ev["uplink_bits_per_client"] if b > 0]
+    np.testing.assert_allclose(ln.get_xdata(), expect)
+    np.testing.assert_allclose(ln.get_ydata(), ev["accuracy"][1:])
+    # per-client, not all-client bits
+    assert not np.allclose(ln.get_xdata(), [b for b in ev["uplink_bits"] if b > 0])
+  # default stays the all-client column
+  fig = methods_figure(records, "accuracy")
+  assert "all clients" in fig.axes[1].get_xlabel()
+  ln = [ln for ln in fig.axes[1].get_lines() if ln.get_gid() == "ASP"][0]
+  np.testing.assert_allclose(ln.get_xdata(),
+                             records["ASP"]["history"]["evals"]["uplink_bits"][1:])
+
+
+def test_diverged_record_label_and_marker(records):
+  records["ASP"] = _record(3, diverged_at=7)
+  records["SPS"]["diverged"] = None  # falsy: an ordinary run
+  fig = methods_figure(records, "accuracy")
+  texts = [t.get_text() for t in fig.legends[0].get_texts()]
+  assert "ASP (diverged at round 7)" in texts
+  assert "SPS" in texts and not any("SPS (diverged" in t for t in texts)
+  assert texts.count("ASP (diverged at round 7)") == 1
+  # the loss panel: x marker on the last finite point of ASP, none for the others
+  loss_ax = fig.axes[2]
+  (mark,) = [ln for ln in loss_ax.get_lines() if ln.get_gid() == "ASP:diverged"]
+  assert mark.get_marker() == "x"
+  rd = records["ASP"]["history"]["rounds"]
+  assert list(mark.get_xdata()) == [rd["round"][-2]]  # the last loss is NaN
+  assert list(mark.get_ydata()) == [rd["loss"][-2]]
+  assert mark.get_color() == _lines(fig, "ASP")[0].get_color()
+  assert not [ln for ax in fig.axes for ln in ax.get_lines()
+              if str(ln.get_gid()).endswith(":diverged") and ln.get_gid() != "ASP:diverged"]
+  # every panel that shows ASP marks its end
+  assert len([ln for ax in fig.axes for ln in ax.get_lines()
+              if ln.get_gid() == "ASP:diverged"]) == 3
+
+
+def test_plot_functions_save_png_and_close(tmp_path, records):
+  colors = method_colors(NAMES)
+  before = len(plt.get_fignums())
+  p1 = plot_methods(records, "accuracy", str(tmp_path / "a.png"), title="t",
+                    x="local_steps", bits="uplink_bits_per_client", colors=colors)
+  p2 = plot_series(records, ["sum_h_norm", "loss"], str(tmp_path / "b.png"), title="z",
+                   x="local_steps", colors=colors)
+  p3 = plot_evals(records, "gap", "bits_per_node", str(tmp_path / "c.png"), title="g")
+  p4 = plot_methods(records, "accuracy", str(tmp_path / "d.png"))  # old positional API
+  for p in (p1, p2, p3, p4):
+    assert os.path.getsize(p) > 1000
+    with open(p, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert len(plt.get_fignums()) == before
+  assert plotting.plot_series.__defaults__[-2:] == (None, None)

@@ -1,0 +1,300 @@
+"""Runs a researcher can trust: resume refuses another run's checkpoint (each kind of
+mismatch), a fresh run never mixes into old checkpoints, NaN/inf stop a run at the right round
+(checked inside the compiled chunk), bad data and hyper-parameters are rejected at the
+boundary, the checkpoint folder is locked, and damaged checkpoints fall back to an intact
+step."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjaxsparse import compressors as C
+from fedjaxsparse.algorithms import proxskip as ps
+from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.algorithms.fedht import fedht
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.embedded import diabetes, digits
+from fedjaxsparse.data.federated import FederatedData, FederatedDataset
+from fedjaxsparse.errors import (CheckpointCorruptError, CheckpointExistsError, ConfigError,
+                                 DataError, LockedError, NonFiniteError, RunMismatchError)
+from fedjaxsparse.evaluation import make_eval_fn
+from fedjaxsparse.locking import FolderLock
+from fedjaxsparse.models import linear_regression, make_loss, mlp, softmax_regression
+from fedjaxsparse.runner import build_chunk, run, split_run_key
+
+MODEL = softmax_regression(64, 10)
+
+
+@pytest.fixture(scope="module")
+def ds():
+  return digits(num_clients=6, partition="dirichlet", alpha=0.5, seed=0)
+
+
+def _algo(lr=0.3, model=MODEL):
+  return fedavg(make_loss(model), optax.sgd(lr), local_steps=2, batch_size=8, cohort_size=3)
+
+
+def _run(ds, algo=None, *, model=MODEL, key=7, train=None, **kw):
+  kw.setdefault("progress", False)
+  kw.setdefault("eval_every", 2)
+  kw.setdefault("chunk_size", 2)
+  return run(algo or _algo(), jax.random.key(key), model.init(jax.random.key(0)),
+             ds.train if train is None else train, ds.test, eval_fn=make_eval_fn(model), **kw)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(algo=_algo(lr=0.31)), "algorithm"),                      # a hyper-parameter
+    (dict(key=8), r"seed \(run key\)"),                               # the seed
+    (dict(eval_every=3), "eval_every"),                               # the evaluation schedule
+    (dict(fingerprint={"method": "FedAvg", "lr": 0.5}), r"config: lr.*0\.3.*0\.5"),
+])
+def test_resume_refuses_every_kind_of_mismatch(ds, tmp_path, change, match):
+  ckpt = str(tmp_path / "ckpt")
+  _run(ds, num_rounds=4, checkpoint_dir=ckpt, fingerprint={"method": "FedAvg", "lr": 0.3})
+  kw = dict(num_rounds=6, checkpoint_dir=ckpt, resume=True,
+            fingerprint={"method": "FedAvg", "lr": 0.3})
+  kw.update(change)
+  with pytest.raises(RunMismatchError, match=match):
+    _run(ds, **kw)
+
+
+def test_resume_refuses_other_data_partition_and_model(ds, tmp_path):
+  ckpt = str(tmp_path / "ckpt")
+  _run(ds, num_rounds=4, checkpoint_dir=ckpt)
+  other = digits(num_clients=6, partition="dirichlet", alpha=0.5, seed=1)  # another partition
+  with pytest.raises(RunMismatchError, match="training data"):
+    _run(ds, train=other.train, num_rounds=6, checkpoint_dir=ckpt, resume=True)
+  other_model = mlp((64,), 10, hidden=(16,))
+  with pytest.raises(RunMismatchError, match="algorithm .*differs.*initial model differs"):
+    _run(ds, _algo(model=other_model), model=other_model, num_rounds=6, checkpoint_dir=ckpt,
+         resume=True)
+
+
+def test_resume_refuses_fewer_rounds_and_extends_to_more(ds, tmp_path):
+  ckpt = str(tmp_path / "ckpt")
+  _run(ds, num_rounds=6, checkpoint_dir=ckpt)
+  with pytest.raises(RunMismatchError, match="already holds 6 rounds but num_rounds=4"):
+    _run(ds, num_rounds=4, checkpoint_dir=ckpt, resume=True)
+  resumed = _run(ds, num_rounds=10, checkpoint_dir=ckpt, resume=True)
+  fresh = _run(ds, num_rounds=10)
+  assert resumed.history.rounds == fresh.history.rounds
+  assert len(resumed.history.rounds["round"]) == 10
+
+
+def test_fresh_run_refuses_old_checkpoints_unless_overwrite(ds, tmp_path):
+  ckpt = str(tmp_path / "ckpt")
+  _run(ds, _algo(lr=0.1), num_rounds=6, checkpoint_dir=ckpt)
+  with pytest.raises(CheckpointExistsError, match="--resume.*--overwrite"):
+    _run(ds, num_rounds=4, checkpoint_dir=ckpt)
+  over = _run(ds, num_rounds=4, checkpoint_dir=ckpt, overwrite=True)
+  # The old run's steps are gone: resuming the new run continues *it*, to the fresh result.
+  resumed = _run(ds, num_rounds=6, checkpoint_dir=ckpt, resume=True)
+  fresh = _run(ds, num_rounds=6)
+  assert over.history.rounds["round"] == [1, 2, 3, 4]
+  assert resumed.history.rounds == fresh.history.rounds
+
+
+def test_training_time_adds_up_across_resumes(ds, tmp_path):
+  ckpt = str(tmp_path / "ckpt")
+  slow = lambda *_: time.sleep(1.5)  # inside the timed loop, before the next chunk
+  _run(ds, num_rounds=6, checkpoint_dir=ckpt, on_chunk=slow)
+  saved = json.load(open(os.path.join(ckpt, "6", "meta", "metadata")))["train_time_s"]
+  assert saved >= 3.0  # two of the three sleeps happened before the last checkpoint
+  t0 = time.perf_counter()
+  second = _run(ds, num_rounds=8, checkpoint_dir=ckpt, resume=True)
+  own = time.perf_counter() - t0
+  # The total is the saved time plus this call's own part, not this call's part alone.
+  assert saved < second.train_time_s <= saved + own
+
+
+# ------------------------------------------------------------------------- divergence
+
+
+def test_nan_stops_the_run_with_round_and_quantity():
+  """FedAvg with a too-large learning rate on least squares overflows to inf/NaN."""
+  reg = diabetes(num_clients=6)
+  model = linear_regression(10)
+  algo = fedavg(make_loss(model), optax.sgd(3.0), local_steps=2, batch_size=8)
+  go = lambda **kw: run(algo, jax.random.key(7), model.init(jax.random.key(0)), reg.train,
+                        reg.test, num_rounds=60, eval_fn=make_eval_fn(model), eval_every=10,
+                        chunk_size=10, progress=False, **kw)
+  with pytest.raises(NonFiniteError) as e:
+    go(desc="FedAvg lr=3")
+  err = e.value
+  assert err.method == "FedAvg lr=3" and 1 < err.round < 60
+  assert err.quantity in ("loss", "test loss", "test mse")  # training loss or evaluation
+  # The reported round is the first whose loss is non-finite: the run stopped there.
+  stopped = go(on_nonfinite="stop")
+  assert stopped.diverged == {"round": err.round, "quantity": err.quantity}
+  losses = stopped.history.rounds["loss"]
+  assert len(losses) == err.round - 1 and np.all(np.isfinite(losses))
+  assert np.all(np.isfinite(stopped.history.evals["mse"]))
+  assert max(stopped.history.evals["round"]) < err.round
+  assert f"round {err.round}" in str(err)
+
+
+def _nan_state_algo(bad_round: int) -> Algorithm:
+  """Loss always finite; a state leaf becomes NaN after ``bad_round`` steps."""
+  def init(key, params, data):
+    return {"params": params, "t": jnp.zeros((), jnp.int32), "aux": jnp.zeros(3)}
+
+  def step(key, state, data):
+    t = state["t"] + 1
+    aux = jnp.where(t >= bad_round, jnp.nan, 0.0) * jnp.ones(3)
+    info = {"loss": jnp.float32(1.0), "bits_up": jnp.float32(0), "bits_down": jnp.float32(0)}
+    return {"params": state["params"], "t": t, "aux": aux}, info
+
+  return Algorithm(init, step)
+
+
+def test_nonfinite_state_is_caught_inside_the_compiled_chunk(ds):
+  algo = _nan_state_algo(5)
+  chunk = jax.jit(build_chunk(algo, 4))
+  init_key, rounds_key = split_run_key(jax.random.key(0))
+  state = algo.init(init_key, MODEL.init(jax.random.key(0)), ds.train)
+  state, out = chunk(rounds_key, state, jnp.int32(0), jnp.int32(8), ds.train, None)
+  assert out.state_finite.shape == (3,) and bool(out.state_finite.all())
+  state, out = chunk(rounds_key, state, jnp.int32(4), jnp.int32(8), ds.train, None)
+  assert not bool(out.state_finite.all())
+  with pytest.raises(NonFiniteError, match=r"state\['aux'\]") as e:
+    run(algo, jax.random.key(0), MODEL.init(jax.random.key(0)), ds.train, num_rounds=12,
+        chunk_size=4, progress=False)
+  assert e.value.round == 8  # the end of the chunk holding round 5
+
+
+def test_infinite_or_nonpositive_step_sizes_are_rejected():
+  loss = make_loss(MODEL)
+  for bad in (float("inf"), float("nan"), 0.0, -1.0):
+    with pytest.raises(ConfigError, match=r"gamma \(step size\) must be a finite number"):
+      ps.sparse_proxskip(loss, bad, 0.1, 0.9)
+    with pytest.raises(ConfigError, match="lr must be a finite number"):
+      fedht(loss, bad, 2, 0.9)
+  with pytest.raises(ConfigError, match=r"p \(communication probability\).*\(0, 1\]"):
+    ps.proxskip(loss, 0.1, 1.5)
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def test_empty_client_and_nan_feature_rejected_at_the_data_boundary(ds):
+  tr = ds.train
+  n = np.asarray(tr.num_examples).copy()
+  n[2] = 0
+  mask = (np.arange(tr.max_examples)[None] < n[:, None]).astype(np.float32)
+  empty = FederatedData(tr.x * mask[..., None], tr.y, jnp.asarray(mask), jnp.asarray(n))
+  algo = fedavg(make_loss(MODEL), optax.sgd(0.1), local_steps=2, batch_size=4)
+  with pytest.raises(DataError, match="client 2 has no example"):
+    algo.init(jax.random.key(0), MODEL.init(jax.random.key(0)), empty)
+  with pytest.raises(DataError, match="client 2 has no example"):
+    _run(ds, algo, train=empty, num_rounds=2)
+  x = np.asarray(tr.x).copy()
+  x[4, 0, 7] = np.nan
+  with pytest.raises(DataError, match="client 4 has a NaN or infinite feature"):
+    _run(ds, train=tr._replace(x=jnp.asarray(x)), num_rounds=2)
+  holes = np.asarray(tr.mask).copy()
+  holes[1, 0] = 0.0  # a padding row before real rows
+  with pytest.raises(DataError, match="client 1 mask must be 1 on the first"):
+    tr._replace(mask=jnp.asarray(holes)).validate()
+
+
+def test_labels_outside_the_classes_rejected(ds):
+  y = np.asarray(ds.train.y).copy()
+  y[3, 0] = 10
+  bad = FederatedDataset(ds.train._replace(y=jnp.asarray(y)), ds.test, 10, "digits")
+  with pytest.raises(DataError, match=r"client 3 has a label outside \[0, 10\)"):
+    bad.validate()
+  t = np.asarray(ds.train.y, np.float32).copy()
+  t[0, 0] = np.nan
+  with pytest.raises(DataError, match="client 0 has a NaN or infinite target"):
+    ds.train._replace(y=jnp.asarray(t)).validate()
+
+
+def test_compressor_applied_to_a_tree_of_another_size():
+  c = C.rand_k(5, 2)
+  with pytest.raises(ConfigError, match=r"rand-2 was built for d=5 .* tree of 10"):
+    c.compress(jax.random.key(0), jnp.ones(10))
+  for make in (lambda: C.top_k(5, 2), lambda: C.natural(5), lambda: C.identity(5),
+               lambda: C.qsgd(5, 2), lambda: C.comp_k(5, 1, 2)):
+    with pytest.raises(ConfigError, match="built for d=5"):
+      make().compress(jax.random.key(0), {"a": jnp.ones(3), "b": jnp.ones(4)})
+  assert c.compress(jax.random.key(0), jnp.ones(5)).shape == (5,)
+
+
+# ------------------------------------------------------------------- locks and damage
+
+HOLDER = """
+import sys, time
+from fedjaxsparse.locking import FolderLock
+with FolderLock(sys.argv[1], purpose="test holder"):
+  print("locked", flush=True)
+  time.sleep(120)
+"""
+
+
+def test_folder_lock_contention_names_the_owner_and_dies_with_it(ds, tmp_path):
+  folder = str(tmp_path / "ckpt")
+  proc = subprocess.Popen([sys.executable, "-c", HOLDER, folder], stdout=subprocess.PIPE,
+                          text=True)
+  try:
+    assert proc.stdout.readline().strip() == "locked"
+    with pytest.raises(LockedError, match=f"pid {proc.pid}.*test holder"):
+      _run(ds, num_rounds=2, checkpoint_dir=folder)
+    with pytest.raises(LockedError):
+      FolderLock(folder).acquire()
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  # The kernel released the lock with the killed owner: no stale lock.
+  assert _run(ds, num_rounds=2, checkpoint_dir=folder).history.rounds["round"] == [1, 2]
+
+
+def _step_files(ckpt: str, step: int) -> list[str]:
+  files = [f for f in glob.glob(os.path.join(ckpt, str(step), "state", "**", "*"),
+                                recursive=True) if os.path.isfile(f)]
+  return sorted(files, key=os.path.getsize)
+
+
+def test_damaged_checkpoint_falls_back_to_the_previous_step(ds, tmp_path):
+  ckpt = str(tmp_path / "ckpt")
+  _run(ds, num_rounds=8, checkpoint_dir=ckpt)  # keeps steps 6 and 8
+  meta_path = os.path.join(ckpt, "8", "meta", "metadata")
+  meta = json.load(open(meta_path))
+  meta["state_digest"] = "0" * 32  # as if the state files had silently changed
+  json.dump(meta, open(meta_path, "w"))
+  with pytest.warns(UserWarning, match="resuming from step 6"):
+    resumed = _run(ds, num_rounds=10, checkpoint_dir=ckpt, resume=True)
+  assert resumed.history.rounds == _run(ds, num_rounds=10).history.rounds
+  # Truncate the biggest data file of the newest step: the same fallback, no raw traceback.
+  for f in _step_files(ckpt, 10)[-1:]:
+    with open(f, "r+b") as fh:
+      fh.truncate(os.path.getsize(f) // 3)
+  with pytest.warns(UserWarning, match="resuming from step 8"):
+    again = _run(ds, num_rounds=12, checkpoint_dir=ckpt, resume=True)
+  assert again.history.rounds == _run(ds, num_rounds=12).history.rounds
+
+
+def test_no_readable_checkpoint_is_a_clear_error(ds, tmp_path):
+  ckpt = str(tmp_path / "ckpt")
+  _run(ds, num_rounds=4, checkpoint_dir=ckpt)
+  for step in (2, 4):
+    meta_path = os.path.join(ckpt, str(step), "meta", "metadata")
+    meta = json.load(open(meta_path))
+    meta["state_digest"] = "f" * 32
+    json.dump(meta, open(meta_path, "w"))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    with pytest.raises(CheckpointCorruptError, match="no readable checkpoint.*--overwrite"):
+      _run(ds, num_rounds=6, checkpoint_dir=ckpt, resume=True)
