@@ -10,10 +10,11 @@ float64. With ``--dataset libsvm --data-dir FILE`` the real LIBSVM file is used 
 phishing, a9a, w8a; n = 1000 in the paper); offline the embedded stand-in is scikit-learn's
 breast-cancer set (569 × 30, features scaled to [0, 1]), labelled as such.
 
-Options: ``k`` (1), ``xi`` (1 or 2), ``mu`` (0.1), ``diana`` (also run DIANA with rand-k),
-``nonconvex`` (appendix A.3.3, Fig. A.1: the regulariser ``0.1·Σ_j x_j²/(1 + x_j²)`` instead
-of the l2 term, L_i = (1/(4N_i))Σ‖a_ij‖² + 0.2 (its curvature is at most 2·0.1), the
-nonconvex step rule of Thm 2.5.1, and ‖∇f(x)‖² as the metric).
+Options (``fedjaxsparse describe efbv_logreg``): ``k``, ``xi``, ``mu``, ``diana`` (also run
+DIANA with rand-k), ``nonconvex`` (appendix A.3.3, Fig. A.1: the regulariser
+``0.1·Σ_j x_j²/(1 + x_j²)`` instead of the l2 term, L_i = (1/(4N_i))Σ‖a_ij‖² + 0.2 (its
+curvature is at most 2·0.1), the nonconvex step rule of Thm 2.5.1, and ‖∇f(x)‖² as the
+metric).
 """
 from __future__ import annotations
 
@@ -26,21 +27,38 @@ import numpy as np
 from fedjaxsparse import compressors as C
 from fedjaxsparse.algorithms.efbv import diana, ef_bv, efbv_params
 from fedjaxsparse.data.federated import pack_clients
-from fedjaxsparse.experiment import (Config, output_dir, print_table, run_method,
-                                     save_results)
+from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.experiment import (Config, Option, entry, output_dir, print_table,
+                                     run_method, save_results, status)
 from fedjaxsparse.models import logistic_regression, make_loss
-from fedjaxsparse.plotting import plot_evals
+from fedjaxsparse.plotting import method_colors, plot_evals
 
 NAME = "efbv_logreg"
 DESCRIPTION = "Seed 001 A.3: EF-BV vs EF21 (and DIANA) with comp-(k, d/2), f - f* vs bits"
 DEFAULTS = dict(rounds=20000, clients=20, dataset="breast_cancer", eval_every=200)
+BUDGET = ("iterations; every iteration is one communication round (each client uploads one "
+          "compressed vector)")
+RUNTIME = "about 30 s (2 methods x 20000 iterations on breast-cancer)"
+OPTIONS = (
+    Option("k", 1, "entries each client sends: comp-(k, d/2)", low=1),
+    Option("xi", 1, "data blocks per node (2: node i also holds block i+1)", low=1, high=2),
+    Option("mu", 0.1, "l2 regularisation (strong convexity)", low=0.0, low_open=True),
+    Option("diana", False, "also run DIANA with rand-k"),
+    Option("nonconvex", False, "appendix A.3.3: nonconvex regulariser, ||grad f||^2 metric"),
+)
 
 
 def _data(cfg: Config):
   if cfg.dataset == "libsvm":
     from fedjaxsparse.data.libsvm import load_arrays
     x, y = load_arrays(cfg.data_dir)
+    if y.max() != 1:
+      raise ConfigError(f"{NAME} needs a binary classification file; {cfg.data_dir} has "
+                        f"{int(y.max()) + 1} classes.")
     return x, y, f"libsvm:{os.path.basename(cfg.data_dir)}"
+  if cfg.dataset != "breast_cancer":
+    raise ConfigError(f"{NAME} runs on --dataset breast_cancer (embedded) or libsvm (with "
+                      f"--data-dir FILE), got {cfg.dataset!r}.")
   from sklearn.datasets import load_breast_cancer
   x, y = load_breast_cancer(return_X_y=True)
   x = (x - x.min(0)) / (x.max(0) - x.min(0))
@@ -49,7 +67,7 @@ def _data(cfg: Config):
 
 def _blocks(n_points: int, n: int, xi: int, seed: int) -> list[np.ndarray]:
   if not 1 <= n <= n_points:
-    raise ValueError(f"clients must be in [1, {n_points}], got {n}.")
+    raise ConfigError(f"clients must be in [1, {n_points}] (the number of examples), got {n}.")
   perm = np.random.default_rng(seed).permutation(n_points)
   size = n_points // n
   blocks = [perm[i * size:(i + 1) * size] for i in range(n - 1)] + [perm[(n - 1) * size:]]
@@ -78,15 +96,14 @@ def _f_star(x: np.ndarray, y: np.ndarray, parts, mu: float) -> float:
   return float(res.fun)
 
 
-def run(cfg: Config) -> dict:
-  opts = cfg.options
-  mu, k, xi = float(opts.get("mu", 0.1)), int(opts.get("k", 1)), int(opts.get("xi", 1))
+def _run(cfg: Config, opts: dict) -> dict:
+  mu, k, xi = opts["mu"], opts["k"], opts["xi"]
   x, y, label = _data(cfg)
   n_points, d = x.shape
   parts = _blocks(n_points, cfg.clients, xi, cfg.seed)
   data = pack_clients(x, y, parts)
   n = data.num_clients
-  nonconvex = bool(opts.get("nonconvex", False))
+  nonconvex = opts["nonconvex"]
   curvature = 0.2 if nonconvex else mu
   li = np.array([curvature + np.sum(x[p].astype(np.float64) ** 2) / (4 * len(p))
                  for p in parts])
@@ -98,6 +115,8 @@ def run(cfg: Config) -> dict:
   loss = make_loss(model)
   f_star = 0.0 if nonconvex else _f_star(x, y, parts, mu)
   setting = "nonconvex" if nonconvex else "PL"
+  if not k <= d // 2:
+    raise ConfigError(f"option 'k' must be in [1, d/2={d // 2}], got {k}.")
   comp = C.comp_k(d, k, d // 2)
   om_ran = C.omega_ran(comp.omega, n)
   lam_star = min((1 - comp.eta) / ((1 - comp.eta) ** 2 + comp.omega), 1.0)
@@ -105,7 +124,7 @@ def run(cfg: Config) -> dict:
               "EF21": efbv_params(comp.eta, comp.omega, om_ran, L, L_tilde, setting,
                                   nu=lam_star)}
   methods = {m: ef_bv(loss, comp, p["gamma"], p["lam"], p["nu"]) for m, p in settings.items()}
-  if opts.get("diana", False):
+  if opts["diana"]:
     rk = C.rand_k(d, k)
     pd = efbv_params(0.0, rk.omega, C.omega_ran(rk.omega, n), L, L_tilde, setting, nu=1.0)
     settings[f"DIANA (rand-{k})"] = pd
@@ -138,6 +157,9 @@ def run(cfg: Config) -> dict:
   rows = [{"method": m, metric: r["history"]["evals"]["gap"][-1],
            "bits per node": r["history"]["evals"]["bits_per_node"][-1]}
           for m, r in records.items()]
+  if any(r["diverged"] for r in records.values()):
+    for row in rows:
+      row["status"] = status(records[row["method"]])
   table = print_table(rows, list(rows[0]))
   results = {"experiment": NAME, "dataset": label, "compressor": comp.name, "f_star": f_star,
              "L": L, "parameters": param_rows, "parameters_text": param_text, "table": rows,
@@ -146,6 +168,10 @@ def run(cfg: Config) -> dict:
   png = plot_evals(records, "gap", "bits_per_node",
                    os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
                    title=f"{label}: {comp.name}, n={n}, xi={xi}" + (
-                       ", nonconvex (gap = ‖∇f‖²)" if nonconvex else ", gap = f − f*"))
+                       ", nonconvex (gap = ‖∇f‖²)" if nonconvex else ", gap = f − f*"),
+                   colors=method_colors(list(records)))
   print(f"results: {path}\nplot: {png}")
   return results
+
+
+run = entry(NAME, OPTIONS, _run)

@@ -6,10 +6,7 @@ et al. 2017), FedAvg with partial participation, and FedAdam (FedAvg with an Ada
 optimizer, Reddi et al. 2021). Prints a table of final accuracy and uplink bits to reach an
 accuracy threshold, and writes ``results.json`` plus ``fedavg_digits.png``.
 
-Options (``--set key=value``): ``model`` (softmax | mlp | cnn), ``alpha`` (Dirichlet
-concentration), ``partition``, ``local_steps``, ``batch_size``, ``client_lr``, ``cohort``
-(clients per round for the partial-participation method), ``threshold`` (accuracy for the
-bits table).
+Options: see ``OPTIONS`` (``fedjaxsparse describe fedavg_digits``).
 """
 from __future__ import annotations
 
@@ -20,41 +17,60 @@ import optax
 
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data import load_dataset
+from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.experiment import (Config, bits_to_reach, output_dir, print_table,
-                                     run_method, save_results)
+from fedjaxsparse.experiment import (Config, Option, bits_to_reach, entry, output_dir,
+                                     print_table, run_method, save_results, status)
 from fedjaxsparse.models import get_model, make_loss
 from fedjaxsparse.plotting import plot_methods
 
 NAME = "fedavg_digits"
 DESCRIPTION = "FedSGD / FedAvg / partial participation / FedAdam on federated digits (offline)"
 DEFAULTS = dict(rounds=150, clients=20, dataset="digits", eval_every=5)
+BUDGET = "communication rounds per method"
+RUNTIME = "about 20 s (4 methods x 150 rounds, softmax regression on digits)"
+OPTIONS = (
+    Option("model", "softmax", "client model", choices=("softmax", "mlp", "cnn")),
+    Option("partition", "dirichlet", "how examples are split over clients",
+           choices=("iid", "dirichlet", "shards", "lognormal")),
+    Option("alpha", 0.5, "Dirichlet concentration (partition=dirichlet)", low=0.0,
+           low_open=True),
+    Option("local_steps", 10, "local SGD steps per round (FedAvg methods)", low=1),
+    Option("batch_size", 16, "examples per local step", low=1),
+    Option("client_lr", 0.3, "client SGD learning rate", low=0.0, low_open=True),
+    Option("cohort", None, "clients per round of the partial-participation method (default "
+           "clients/4)", kind="int", low=1),
+    Option("threshold", 0.93, "accuracy of the bits-to-reach column", low=0.0, high=1.0,
+           identity=False),
+    Option("eval_batch_size", None, "evaluation batch size (default: all examples at once)",
+           kind="int", low=1, identity=False),
+)
 
 
-def _dataset_kwargs(cfg: Config) -> dict:
+def _dataset_kwargs(cfg: Config, opts: dict) -> dict:
   kw = {"num_clients": cfg.clients, "seed": cfg.seed}
   if cfg.dataset in ("digits", "fashion_mnist", "cifar10", "cifar100", "emnist", "libsvm"):
-    kw["partition"] = cfg.options.get("partition", "dirichlet")
+    kw["partition"] = opts["partition"]
     if kw["partition"] == "dirichlet":
-      kw["alpha"] = float(cfg.options.get("alpha", 0.5))
+      kw["alpha"] = opts["alpha"]
   if cfg.data_dir is not None:
     kw["data_dir"] = cfg.data_dir
   return kw
 
 
-def run(cfg: Config) -> dict:
-  opts = cfg.options
-  ds = load_dataset(cfg.dataset, **_dataset_kwargs(cfg))
+def _run(cfg: Config, opts: dict) -> dict:
+  ds = load_dataset(cfg.dataset, **_dataset_kwargs(cfg, opts))
   if ds.num_classes == 0:
-    raise ValueError(f"{NAME} needs a classification dataset; {cfg.dataset!r} is regression.")
-  model = get_model(opts.get("model", "softmax"), ds.train.x.shape[2:], ds.num_classes)
+    raise ConfigError(f"{NAME} needs a classification dataset; {cfg.dataset!r} is regression.")
+  model = get_model(opts["model"], ds.train.x.shape[2:], ds.num_classes)
   loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
-  eval_fn = make_eval_fn(model, batch_size=opts.get("eval_batch_size"))
-  lr = float(opts.get("client_lr", 0.3))
-  steps = int(opts.get("local_steps", 10))
-  batch = int(opts.get("batch_size", 16))
-  cohort = min(int(opts.get("cohort", max(1, cfg.clients // 4))), cfg.clients)
+  eval_fn = make_eval_fn(model, batch_size=opts["eval_batch_size"])
+  lr, steps, batch = opts["client_lr"], opts["local_steps"], opts["batch_size"]
+  cohort = opts["cohort"] or max(1, cfg.clients // 4)
+  if cohort > ds.num_clients:
+    raise ConfigError(f"option 'cohort' must be in [1, clients={ds.num_clients}], got "
+                      f"{cohort}.")
   methods = {
       "FedSGD": fedavg(loss, optax.sgd(lr), local_steps=1),
       f"FedAvg (E={steps}, B={batch})": fedavg(loss, optax.sgd(lr), local_steps=steps,
@@ -66,25 +82,33 @@ def run(cfg: Config) -> dict:
                                            server_optimizer=optax.adam(0.01)),
   }
   print(f"{NAME}: {ds.name}, {ds.num_clients} clients, "
-        f"{int(ds.train.num_examples.sum())} train examples, model={opts.get('model', 'softmax')}")
+        f"{int(ds.train.num_examples.sum())} train examples, model={opts['model']}")
   records = {m: run_method(cfg, NAME, m, algo, params, ds.train, ds.test, eval_fn)
              for m, algo in methods.items()}
+  for r in records.values():
+    ev = r["history"]["evals"]
+    ev["uplink_bits_per_client"] = [b / ds.num_clients for b in ev["uplink_bits"]]
 
-  threshold = float(opts.get("threshold", 0.93))
+  threshold = opts["threshold"]
   rows = []
   for m, r in records.items():
     ev = r["history"]["evals"]
-    b = bits_to_reach(ev, "accuracy", threshold)
+    b = bits_to_reach(ev, "accuracy", threshold, "uplink_bits_per_client")
     rows.append({"method": m, "final acc": ev["accuracy"][-1],
                  "best acc": max(ev["accuracy"]),
-                 f"uplink bits to {threshold:.0%}": b,
-                 "total uplink bits": ev["uplink_bits"][-1],
+                 f"uplink bits/client to {threshold:.0%}": b,
+                 "total uplink bits/client": ev["uplink_bits_per_client"][-1],
                  "time (s)": r["wall_time_s"]})
+    if any(rec["diverged"] for rec in records.values()):
+      rows[-1]["status"] = status(r)
   table = print_table(rows, list(rows[0]))
   results = {"experiment": NAME, "dataset": ds.name, "metric": "accuracy", "table": rows,
              "table_text": table, "methods": records}
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, "accuracy", os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                     title=f"{NAME}: {ds.name}")
+                     title=f"{NAME}: {ds.name}", bits="uplink_bits_per_client")
   print(f"results: {path}\nplot: {png}")
   return results
+
+
+run = entry(NAME, OPTIONS, _run)

@@ -18,12 +18,7 @@ takes the same number of local gradient steps. γ = 1/L_max and p = 1/√κ (Pro
 are computed from the data unless given (``--set gamma=... --set p=...``); the paper tuned
 both by random search and does not report them.
 
-Options: ``sparsity`` (0.9), ``sparsities`` (e.g. ``[0.8,0.9,0.95]``: adds the Table 1/4
-layout, final metric per method and sparsity), ``l2``, ``gamma``, ``p``, ``lam``,
-``thresholds`` (list), ``diagnostics``, ``reduction`` ("mean"/"sum"), ``search`` (number of
-random (γ, p) samples per ProxSkip-family method, each with ``repetitions`` seeds, all run as
-one vmapped program per method; FedHT/FedIHT keep the theory values since their local-step
-count is static).
+Options: see ``OPTIONS`` (``fedjaxsparse describe sparse_proxskip``).
 """
 from __future__ import annotations
 
@@ -38,25 +33,56 @@ from fedjaxsparse.algorithms.fedht import fedht, fediht
 from fedjaxsparse.constants import linear_model_constants
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.experiment import (Config, bits_to_reach, output_dir, print_table,
-                                     run_method, save_results)
+from fedjaxsparse.experiment import (Config, Option, bits_to_reach, entry, output_dir,
+                                     print_table, run_method, save_results, status)
 from fedjaxsparse.models import linear_regression, make_loss, softmax_regression
-from fedjaxsparse.plotting import plot_methods, plot_series
+from fedjaxsparse.plotting import method_colors, plot_methods, plot_series
 from fedjaxsparse.sparsity import k_from_sparsity, top_k
 from fedjaxsparse.sweep import run_batched
 
 NAME = "sparse_proxskip"
 DESCRIPTION = "Seed 000: Sparse-ProxSkip vs Final-TopK, FedHT, FedIHT, ASP, RandProx-l1, SPS-Local"
 DEFAULTS = dict(rounds=3000, clients=20, dataset="digits", eval_every=100)
+BUDGET = ("iterations (local gradient steps) per method; ProxSkip-family methods communicate "
+          "with probability p per iteration, FedHT/FedIHT run rounds/round(1/p) communication "
+          "rounds of round(1/p) local steps, so every method takes the same local steps")
+RUNTIME = "about 1 min (9 methods x 3000 iterations on digits)"
+OPTIONS = (
+    Option("sparsity", 0.9, "target sparsity of the evaluated (Top-K'd) model", low=0.0,
+           high=1.0, high_open=True),
+    Option("sparsities", [], "extra sparsities for the Table 1/4 layout (final metric per "
+           "method and sparsity), e.g. [0.8,0.9,0.95]", kind="floats", low=0.0, high=1.0,
+           high_open=True, identity=False),
+    Option("alpha", 0.5, "Dirichlet concentration of the label split (embedded data)",
+           low=0.0, low_open=True),
+    Option("l2", None, "l2 regularisation (default: 500 for BlogFeedback, 0.01 otherwise)",
+           kind="float", low=0.0),
+    Option("reduction", None, "loss over a client's examples: mean or sum (default: sum for "
+           "BlogFeedback, mean otherwise)", kind="str", choices=("mean", "sum")),
+    Option("gamma", None, "step size (default 1/L_max from the data)", kind="float", low=0.0,
+           low_open=True),
+    Option("p", None, "communication probability (default 1/sqrt(kappa) from the data)",
+           kind="float", low=0.0, high=1.0, low_open=True),
+    Option("lam", None, "RandProx-l1 weight (default seed 000's literal 1/(2N))", kind="float",
+           low=0.0),
+    Option("thresholds", None, "metric thresholds of the bits-to-reach columns (default "
+           "[0.75,0.8,0.85] accuracy, R2 [0.3,0.4,0.45] or BlogFeedback [0.2,0.225,0.25])",
+           kind="floats", identity=False),
+    Option("diagnostics", True, "also run ASP-modified and SPS-modified and plot the zero-sum "
+           "diagnostics (Figs 6-8)", identity=False),
+    Option("search", 0, "random (gamma, p) samples per ProxSkip-family method (0: theory "
+           "values)", low=0),
+    Option("repetitions", 5, "seeds per random-search sample", low=1),
+)
 PAPER_DATASETS = {"blogfeedback": "seed 000 §4.1 (BlogFeedback)",
                   "femnist": "seed 000 §4.2 (FEMNIST)"}
 
 
-def _load(cfg: Config):
+def _load(cfg: Config, alpha: float):
   kw = {}
   if cfg.dataset in ("digits", "fashion_mnist", "libsvm", "cifar10", "emnist"):
     kw = {"num_clients": cfg.clients, "seed": cfg.seed, "partition": "dirichlet",
-          "alpha": float(cfg.options.get("alpha", 0.5))}
+          "alpha": alpha}
   elif cfg.dataset in ("diabetes", "synthetic"):
     kw = {"num_clients": cfg.clients, "seed": cfg.seed}
   elif cfg.dataset == "femnist":
@@ -66,33 +92,30 @@ def _load(cfg: Config):
   return load_dataset(cfg.dataset, **kw)
 
 
-def run(cfg: Config) -> dict:
-  opts = cfg.options
-  ds = _load(cfg)
-  sparsity = float(opts.get("sparsity", 0.9))
+def _run(cfg: Config, opts: dict) -> dict:
+  ds = _load(cfg, opts["alpha"])
+  sparsity = opts["sparsity"]
   regression = ds.num_classes == 0
   d_in = int(np.prod(ds.train.x.shape[2:]))
   blog = cfg.dataset == "blogfeedback"
+  l2 = opts["l2"] if opts["l2"] is not None else (500.0 if blog else 0.01)
+  reduction = opts["reduction"] or ("sum" if blog else "mean")
   if regression:
-    l2 = float(opts.get("l2", 500.0 if blog else 0.01))
-    reduction = opts.get("reduction", "sum" if blog else "mean")
     model = linear_regression(d_in, l2=l2, use_bias=not blog)
-    metric, thresholds = "r2", opts.get("thresholds", [0.2, 0.225, 0.25] if blog else
-                                        [0.3, 0.4, 0.45])
+    metric, thresholds = "r2", opts["thresholds"] or ([0.2, 0.225, 0.25] if blog else
+                                                      [0.3, 0.4, 0.45])
   else:
-    l2 = float(opts.get("l2", 0.01))
-    reduction = opts.get("reduction", "mean")
     model = softmax_regression(d_in, ds.num_classes, l2=l2)
-    metric, thresholds = "accuracy", opts.get("thresholds", [0.75, 0.8, 0.85])
+    metric, thresholds = "accuracy", opts["thresholds"] or [0.75, 0.8, 0.85]
   consts = linear_model_constants(ds.train, l2, "squared" if regression else "softmax",
                                   reduction, use_bias=not blog)
-  gamma = float(opts.get("gamma", 1.0 / consts.L_max))
-  p = float(opts.get("p", min(1.0, max(0.02, 1.0 / math.sqrt(consts.kappa)))))
+  gamma = opts["gamma"] or 1.0 / consts.L_max
+  p = opts["p"] or min(1.0, max(0.02, 1.0 / math.sqrt(consts.kappa)))
   loss = make_loss(model, reduction)
   params = model.init(jax.random.key(cfg.seed))
   d = sum(x.size for x in jax.tree.leaves(params))
   k = k_from_sparsity(d, sparsity)
-  lam = float(opts.get("lam", 1.0 / (2 * ds.num_clients)))  # seed 000's literal (1/2N)·φ
+  lam = opts["lam"] if opts["lam"] is not None else 1.0 / (2 * ds.num_clients)  # (1/2N)·φ
   steps = max(1, round(1 / p))
   label = ds.name if cfg.dataset in PAPER_DATASETS else f"{ds.name} (embedded stand-in)"
   print(f"{NAME}: {label}, {ds.num_clients} clients, d={d}, sparsity={sparsity:.0%} (K={k}), "
@@ -112,13 +135,14 @@ def run(cfg: Config) -> dict:
             "SPS-modified": lambda: ps.sparse_proxskip_modified(loss, g, pp, sp)}[name]()
 
   names = ["Final-TopK", "FedHT", "FedIHT", "ASP", "RandProx-l1", "SPS-Local", "SPS"]
-  if opts.get("diagnostics", True):
+  if opts["diagnostics"]:
     names += ["ASP-modified", "SPS-modified"]
+  colors = method_colors(names)
   eval_fn = make_eval_fn(model)
   tuned = {}
-  if int(opts.get("search", 0)) > 0:
+  if opts["search"] > 0:
     tuned = _random_search(cfg, names, build, params, ds, eval_fn, sparsity, k, gamma, p,
-                           metric, int(opts["search"]), int(opts.get("repetitions", 5)))
+                           metric, opts["search"], opts["repetitions"])
 
   def run_all(sp, names_here, tag=""):
     k_sp = k_from_sparsity(d, sp)
@@ -143,7 +167,7 @@ def run(cfg: Config) -> dict:
 
   records = run_all(sparsity, names)
   by_sparsity = {sparsity: {m: r["final"][metric] for m, r in records.items()}}
-  for sp in [float(v) for v in opts.get("sparsities", [])]:
+  for sp in opts["sparsities"]:
     if sp != sparsity:
       extra = run_all(sp, names[:7], tag=f"@{sp}")
       by_sparsity[sp] = {m: r["final"][metric] for m, r in extra.items()}
@@ -159,7 +183,7 @@ def run(cfg: Config) -> dict:
   for name, rec in records.items():
     ev, rd = rec["history"]["evals"], rec["history"]["rounds"]
     row = {"method": name, f"final {metric}": ev[metric][-1], f"best {metric}": max(ev[metric]),
-           "train loss": rd["loss"][-1]}
+           "train loss": rd["loss"][-1] if rd.get("loss") else None}
     for t in thresholds:
       row[f"bits/client to {t}"] = bits_to_reach(ev, metric, t, "uplink_bits_per_client")
     rows.append(row)
@@ -168,6 +192,9 @@ def run(cfg: Config) -> dict:
     b, b_ref = row[f"bits/client to {thresholds[0]}"], ref[f"bits/client to {thresholds[0]}"]
     row[f"speedup at {thresholds[0]} vs {ref['method']}"] = (
         b_ref / b if b and b_ref else None)
+  if any(r["diverged"] for r in records.values()):
+    for row in rows:
+      row["status"] = status(records[row["method"]])
   table = print_table(rows, list(rows[0]))
   out = output_dir(cfg, NAME)
   results = {"experiment": NAME, "dataset": label, "metric": metric, "sparsity": sparsity,
@@ -177,13 +204,14 @@ def run(cfg: Config) -> dict:
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, metric, os.path.join(out, f"{NAME}.png"),
                      title=f"{label}, {sparsity:.0%} sparsity (models Top-K'd at evaluation)",
-                     x="local_steps")
+                     x="local_steps", bits="uplink_bits_per_client", colors=colors)
   print(f"results: {path}\nplot: {png}")
-  if opts.get("diagnostics", True):
+  if opts["diagnostics"]:
     diag = plot_series({m: r for m, r in records.items() if m not in ("FedHT", "FedIHT")},
                        ["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
                        os.path.join(out, f"{NAME}_zero_sum.png"),
-                       title="zero-sum diagnostics (seed 000 appendix D)", x="local_steps")
+                       title="zero-sum diagnostics (seed 000 appendix D)", x="local_steps",
+                       colors=colors)
     print(f"diagnostics: {diag}")
   return results
 
@@ -214,3 +242,6 @@ def _random_search(cfg, names, build, params, ds, eval_fn, sparsity, k, gamma, p
     print(f"search {name}: best gamma={gammas[i]:.4g} p={ps_[i]:.4g} "
           f"{metric}={final[i].mean():.4f} ± {final[i].std():.4f} over {repetitions} seeds")
   return best
+
+
+run = entry(NAME, OPTIONS, _run)

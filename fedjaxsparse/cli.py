@@ -1,18 +1,31 @@
-"""The ``fedjaxsparse`` command: ``fedjaxsparse list`` and ``fedjaxsparse run EXPERIMENT``.
+"""The fedjaxsparse command line: list, describe and run experiments.
 
-Experiments are the modules of ``experiments/`` (installed as ``fedjaxsparse.experiments``).
-Results go to ``OUT/EXPERIMENT/results.json`` plus a PNG plot; checkpoints go to
-``OUT/EXPERIMENT/checkpoints/METHOD`` and ``--resume`` continues from them.
+Experiments are the modules of experiments/ (installed as fedjaxsparse.experiments). A run
+writes OUT/EXPERIMENT/results.json and PNG plots; checkpoints go to
+OUT/EXPERIMENT/checkpoints/METHOD. Every error a user can cause (an unknown or bad option,
+missing or malformed data, a diverged run, a locked or mismatched output folder) prints one
+line and exits non-zero: 2 for bad options, 1 for the rest; --debug shows the traceback.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib
 import pkgutil
 import sys
+import textwrap
 
-from fedjaxsparse.experiment import Config
+from fedjaxsparse.errors import ConfigError, UserError
+from fedjaxsparse.experiment import DIVERGENCE, Config
+
+ROUND_NOTE = """\
+What --rounds counts is each experiment's budget unit (see `fedjaxsparse describe NAME`).
+A communication round is one exchange between the server and the participating clients:
+the server broadcasts a model, clients train locally and upload one message each, the
+server aggregates. Iteration-level methods (the ProxSkip family) count local steps
+instead, and communicate with probability p per step."""
+
+COMMON = ("rounds", "clients", "dataset", "seed", "out", "eval_every", "data_dir",
+          "progress", "on_divergence")
 
 
 def experiments() -> dict:
@@ -28,54 +41,128 @@ def experiments() -> dict:
   return found
 
 
-def _parse_value(text: str):
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text
+def describe(module) -> str:
+  """An experiment's description: what it runs, its defaults, budget unit, measured runtime
+  and every ``--set`` option with type, allowed values and default."""
+  defaults = {**{f.name: f.default for f in Config.__dataclass_fields__.values()
+                 if f.name in COMMON}, **getattr(module, "DEFAULTS", {})}
+  lines = [f"{module.NAME}: {module.DESCRIPTION}", ""]
+  lines += ["Defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in defaults.items()
+                                    if k in ("rounds", "clients", "dataset", "eval_every"))]
+  lines += textwrap.wrap(f"--rounds counts: {module.BUDGET}", 92, subsequent_indent="  ")
+  lines += textwrap.wrap(f"Expected runtime with the defaults on a 2-core CPU: "
+                         f"{module.RUNTIME}", 92, subsequent_indent="  ")
+  lines += ["", "Options (--set KEY=VALUE):"]
+  for o in module.OPTIONS:
+    lines.append(f"  {o.name} = {o.default!r}   ({o.allowed()})")
+    lines += textwrap.wrap(o.help, 88, initial_indent="      ", subsequent_indent="      ")
+  return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="fedjaxsparse", description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="fedjaxsparse", formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Federated sparse training, compression and local training in JAX: run "
+                  "the papers' experiments.",
+      epilog="commands:\n  fedjaxsparse list\n  fedjaxsparse describe EXPERIMENT\n"
+             "  fedjaxsparse run EXPERIMENT [--rounds N] [--set KEY=VALUE ...]\n\n" + ROUND_NOTE)
+  parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
   sub = parser.add_subparsers(dest="command", required=True)
   sub.add_parser("list", help="list the experiments")
-  p = sub.add_parser("run", help="run an experiment")
-  p.add_argument("experiment")
-  p.add_argument("--rounds", type=int, help="communication rounds per method")
+  d = sub.add_parser("describe", help="an experiment's options, defaults and runtime")
+  d.add_argument("experiment")
+  p = sub.add_parser("run", help="run an experiment (run EXPERIMENT --help: its options)",
+                     add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog=ROUND_NOTE)
+  p.add_argument("experiment", nargs="?")
+  p.add_argument("-h", "--help", action="store_true", help="show the experiment's options")
+  p.add_argument("--rounds", type=int,
+                 help="budget in the experiment's unit (communication rounds or iterations; "
+                      "see describe); default per experiment")
   p.add_argument("--clients", type=int, help="number of clients")
-  p.add_argument("--dataset", help="dataset name (embedded: digits, diabetes, synthetic)")
+  p.add_argument("--dataset", help="dataset name (embedded: digits, diabetes, synthetic; "
+                                   "with --data-dir: fashion_mnist, blogfeedback, femnist, "
+                                   "libsvm, cifar10, cifar100, emnist)")
   p.add_argument("--seed", type=int)
   p.add_argument("--out", help="output directory (default: results)")
   p.add_argument("--eval-every", type=int, dest="eval_every")
-  p.add_argument("--data-dir", dest="data_dir", help="directory with real dataset files")
-  p.add_argument("--resume", action="store_true", help="continue from the newest checkpoints")
+  p.add_argument("--data-dir", dest="data_dir", help="directory (or file) with real data")
+  mode = p.add_mutually_exclusive_group()
+  mode.add_argument("--resume", action="store_true",
+                    help="continue from the newest checkpoints (same configuration only)")
+  mode.add_argument("--overwrite", action="store_true",
+                    help="delete checkpoints of an earlier run in --out and start afresh")
+  p.add_argument("--on-divergence", dest="on_divergence", choices=DIVERGENCE,
+                 help="on NaN/inf: stop with an error (default) or mark the method diverged "
+                      "and go on")
   p.add_argument("--no-progress", action="store_false", dest="progress", default=None)
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="experiment-specific option (repeatable)")
-  args = parser.parse_args(argv)
+                 help="experiment option (repeatable; see describe EXPERIMENT)")
+  p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+  return parser
 
-  found = experiments()
-  if args.command == "list":
-    for name, module in sorted(found.items()):
-      print(f"{name:28s} {module.DESCRIPTION}")
-    return 0
-  if args.experiment not in found:
-    parser.error(f"unknown experiment {args.experiment!r}; choose from {sorted(found)}")
-  module = found[args.experiment]
+
+def _config(module, args) -> Config:
   cfg = Config(**getattr(module, "DEFAULTS", {}))
-  for field in ("rounds", "clients", "dataset", "seed", "out", "eval_every", "data_dir",
-                "progress"):
+  for field in COMMON:
     value = getattr(args, field)
     if value is not None:
       setattr(cfg, field, value)
-  cfg.resume = args.resume
-  cfg.options = dict(cfg.options)
+  cfg.resume, cfg.overwrite = args.resume, args.overwrite
+  options = {}
   for item in args.set:
     if "=" not in item:
-      parser.error(f"--set expects KEY=VALUE, got {item!r}")
+      raise ConfigError(f"--set expects KEY=VALUE, got {item!r}.")
     k, v = item.split("=", 1)
-    cfg.options[k] = _parse_value(v)
-  module.run(cfg)
+    if k.strip() in options:
+      raise ConfigError(f"option {k.strip()!r} is set twice.")
+    options[k.strip()] = v
+  cfg.options = options
+  return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = _parser()
+  args = parser.parse_args(argv)
+  try:
+    return _main(parser, args)
+  except KeyboardInterrupt:
+    print("fedjaxsparse: interrupted; checkpoints written so far are kept (rerun with "
+          "--resume to continue).", file=sys.stderr)
+    return 130
+  except (UserError, ValueError, OSError) as e:
+    if args.debug:
+      raise
+    print(f"fedjaxsparse: error: {e}", file=sys.stderr)
+    return 2 if isinstance(e, ConfigError) else 1
+
+
+def _main(parser: argparse.ArgumentParser, args) -> int:
+  found = experiments()
+  if args.command == "list":
+    for name, module in sorted(found.items()):
+      print(f"{name:24s} {module.DESCRIPTION}")
+    print("\n" + ROUND_NOTE)
+    return 0
+  if args.experiment is None:
+    if args.help:
+      parser.print_help()
+      print("\nexperiments: " + ", ".join(sorted(found)))
+      return 0
+    raise ConfigError("name an experiment: fedjaxsparse run EXPERIMENT (see fedjaxsparse "
+                      "list).")
+  if args.experiment not in found:
+    raise ConfigError(f"unknown experiment {args.experiment!r}; choose from "
+                      f"{', '.join(sorted(found))}.")
+  module = found[args.experiment]
+  if args.command == "describe" or args.help:
+    print(describe(module))
+    if args.command == "run":
+      print("\nCommon flags: --rounds --clients --dataset --seed --out --eval-every --data-dir "
+            "--resume | --overwrite --on-divergence {error,skip} --no-progress --set KEY=VALUE "
+            "--debug")
+    return 0
+  module.run(_config(module, args))
   return 0
 
 

@@ -1,23 +1,33 @@
 """Experiment plumbing shared by the scripts in ``experiments/``: the common configuration,
-running several methods on one dataset with progress and checkpoints, and writing results
-(JSON plus a PNG plot) to the output directory.
+declared and validated experiment options, running several methods on one dataset with
+progress, checkpoints and divergence handling, and writing results (JSON plus PNG plots) to a
+locked output folder.
 
-An experiment module defines ``NAME``, ``DESCRIPTION``, ``DEFAULTS`` (a dict of
-:class:`Config` overrides) and ``run(cfg: Config) -> dict`` (the results written to JSON).
+An experiment module defines ``NAME``, ``DESCRIPTION``, ``BUDGET`` (what ``--rounds``
+counts), ``RUNTIME`` (measured time of the default configuration on a 2-core CPU),
+``DEFAULTS`` (a dict of :class:`Config` overrides), ``OPTIONS`` (a tuple of :class:`Option`)
+and ``run = experiment.entry(NAME, OPTIONS, body)``, where ``body(cfg, opts) -> dict`` gets
+the parsed options.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import json
+import math
 import os
-import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
+from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.locking import FolderLock
 from fedjaxsparse.runner import EvalFn, run
+
+DIVERGENCE = ("error", "skip")
 
 
 @dataclasses.dataclass
@@ -25,27 +35,199 @@ class Config:
   """Options common to every experiment (the CLI flags).
 
   Attributes:
-    rounds: communication rounds (or iterations, for iteration-level methods) per method.
+    rounds: the experiment's budget in its own unit (see the module's ``BUDGET``):
+      communication rounds for round-based methods.
     clients: number of clients.
     dataset: dataset name (see ``fedjaxsparse.data.load_dataset``).
     seed: run and partition seed.
     out: output directory; results go to ``out/<experiment>/``.
-    resume: continue each method from its newest checkpoint.
+    resume: continue each method from its newest checkpoint (the checkpoint must come from
+      the same configuration; see :func:`fedjaxsparse.runner.run`).
+    overwrite: delete checkpoints of an earlier run and start afresh (without it, and without
+      ``resume``, an output folder holding checkpoints is an error).
     eval_every: evaluate every this many rounds.
     data_dir: directory with real dataset files (loaders that need them).
     progress: show progress bars.
-    options: experiment-specific options (``--set key=value`` on the CLI).
+    on_divergence: ``"error"`` stops the experiment at the first NaN/inf, naming the method,
+      round and quantity; ``"skip"`` marks the method diverged in the table and plots and goes
+      on with the next method.
+    options: experiment-specific options (``--set key=value`` on the CLI), checked against
+      the module's ``OPTIONS`` (after :func:`entry`: every option, parsed).
+    fingerprint: the options that change what a method computes (set by :func:`entry`), part
+      of every checkpoint's fingerprint so a refused resume names the option that changed.
   """
-  rounds: int = 100
+  rounds: int | None = 100
   clients: int = 20
   dataset: str = "digits"
   seed: int = 0
   out: str = "results"
   resume: bool = False
-  eval_every: int = 10
+  overwrite: bool = False
+  eval_every: int | None = 10
   data_dir: str | None = None
   progress: bool = True
+  on_divergence: str = "error"
   options: dict = dataclasses.field(default_factory=dict)
+  fingerprint: dict = dataclasses.field(default_factory=dict)
+
+  def validate(self) -> "Config":
+    for name in ("rounds", "clients", "eval_every"):
+      v = getattr(self, name)
+      if v is None and name != "clients":  # the experiment chooses (see its BUDGET)
+        continue
+      if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+        raise ConfigError(f"{name} must be an int >= 1, got {v!r}.")
+    if self.on_divergence not in DIVERGENCE:
+      raise ConfigError(f"on_divergence must be one of {DIVERGENCE}, got "
+                        f"{self.on_divergence!r}.")
+    if self.resume and self.overwrite:
+      raise ConfigError("resume and overwrite exclude each other: continue the checkpointed "
+                        "run (--resume) or delete it (--overwrite).")
+    return self
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+KINDS = ("float", "int", "bool", "str", "floats")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+  """One experiment option, set with ``--set name=value`` (or ``Config.options``).
+
+  Attributes:
+    name: the key.
+    default: the value when not given (``None``: the experiment derives it, e.g. from theory).
+    help: one line for ``fedjaxsparse describe``.
+    kind: ``"float"``, ``"int"``, ``"bool"``, ``"str"`` or ``"floats"`` (a list); inferred
+      from ``default`` when omitted.
+    low, high, low_open, high_open: the allowed interval of a number (each element of a list).
+    choices: the allowed values of a ``str`` option.
+    identity: whether the option changes what a method computes (part of the checkpoint
+      fingerprint); ``False`` for options that only shape tables or select extra runs.
+  """
+  name: str
+  default: Any
+  help: str
+  kind: str | None = None
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+  choices: tuple | None = None
+  identity: bool = True
+
+  @property
+  def type(self) -> str:
+    if self.kind is not None:
+      return self.kind
+    d = self.default
+    if isinstance(d, bool):
+      return "bool"
+    if isinstance(d, int):
+      return "int"
+    if isinstance(d, float):
+      return "float"
+    if isinstance(d, (list, tuple)):
+      return "floats"
+    return "str"
+
+  def allowed(self) -> str:
+    """The allowed values, in words (for help and errors)."""
+    if self.type == "bool":
+      return "true or false"
+    if self.choices:
+      return "one of " + ", ".join(map(str, self.choices))
+    if self.type in ("float", "int", "floats"):
+      lo = "-inf" if self.low is None else f"{self.low:g}"
+      hi = "inf" if self.high is None else f"{self.high:g}"
+      interval = (("(" if self.low_open or self.low is None else "[") + f"{lo}, {hi}" +
+                  (")" if self.high_open or self.high is None else "]"))
+      what = {"float": "a finite number", "int": "an integer",
+              "floats": "a list of finite numbers, e.g. [0.8,0.9]"}[self.type]
+      return f"{what} in {interval}" + (" or none" if self.default is None else "")
+    return "text" + (" or none" if self.default is None else "")
+
+  def parse(self, value: Any) -> Any:
+    """``value`` (a string from the CLI or a typed Python value) checked and converted."""
+    bad = lambda: ConfigError(f"option {self.name!r}: {value!r} is not allowed; expected "
+                              f"{self.allowed()}.")
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null")
+                         and self.default is None):
+      if self.default is None:
+        return None
+      raise bad()
+    kind = self.type
+    if kind == "bool":
+      if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+      text = str(value).strip().lower()
+      if text in _TRUE:
+        return True
+      if text in _FALSE:
+        return False
+      raise bad()
+    if kind == "str":
+      text = str(value)
+      if self.choices and text not in self.choices:
+        raise bad()
+      return text
+    if kind == "floats":
+      if isinstance(value, str):
+        items = [v for v in value.strip().strip("[]()").replace(" ", "").split(",") if v]
+      elif isinstance(value, (list, tuple, np.ndarray)):
+        items = list(value)
+      else:
+        items = [value]
+      return [self._number(v, float, bad) for v in items]
+    return self._number(value, float if kind == "float" else int, bad)
+
+  def _number(self, value: Any, cast: type, bad: Callable) -> Any:
+    if isinstance(value, bool):
+      raise bad()
+    try:
+      v = float(value) if not isinstance(value, str) else float(value.strip())
+    except (TypeError, ValueError):
+      raise bad() from None
+    if not math.isfinite(v) or (cast is int and v != int(v)):
+      raise bad()
+    if self.low is not None and (v <= self.low if self.low_open else v < self.low):
+      raise bad()
+    if self.high is not None and (v >= self.high if self.high_open else v > self.high):
+      raise bad()
+    return cast(v) if cast is int else v
+
+
+def parse_options(spec: Sequence[Option], given: dict, experiment: str = "") -> dict:
+  """Every option of ``spec`` with its parsed value (defaults filled in); an unknown key is a
+  :class:`ConfigError` listing the known ones (and the closest match)."""
+  known = {o.name: o for o in spec}
+  for key in given:
+    if key not in known:
+      close = difflib.get_close_matches(key, known, n=1)
+      hint = f" Did you mean {close[0]!r}?" if close else ""
+      raise ConfigError(f"unknown option {key!r}{' for ' + experiment if experiment else ''}."
+                        f"{hint} Known options: {', '.join(sorted(known)) or 'none'}.")
+  return {name: o.parse(given[name]) if name in given else o.default
+          for name, o in known.items()}
+
+
+def identity_options(spec: Sequence[Option], opts: dict) -> dict:
+  """The options that change what a method computes (for the checkpoint fingerprint)."""
+  return {o.name: opts[o.name] for o in spec if o.identity}
+
+
+def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict]
+          ) -> Callable[[Config], dict]:
+  """An experiment's ``run(cfg)``: validates ``cfg`` and its options, locks the output folder
+  for the whole experiment, then calls ``body(cfg, opts)``."""
+  @functools.wraps(body)
+  def run_experiment(cfg: Config) -> dict:
+    cfg.validate()
+    opts = parse_options(spec, cfg.options, name)
+    cfg = dataclasses.replace(cfg, options=opts, fingerprint=identity_options(spec, opts))
+    with FolderLock(output_dir(cfg, name), purpose=f"experiment {name}"):
+      return body(cfg, opts)
+  return run_experiment
 
 
 def output_dir(cfg: Config, name: str) -> str:
@@ -57,16 +239,34 @@ def output_dir(cfg: Config, name: str) -> str:
 def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm, params: Any,
                train: Any, test: Any, eval_fn: EvalFn | None, *, key: jax.Array | None = None,
                params_fn: ParamsFn = global_params, chunk_size: int | None = None) -> dict:
-  """Run one method with progress bar and checkpoints; return its JSON-ready record."""
+  """Run one method with progress bar and checkpoints; return its JSON-ready record.
+
+  The record holds the ``history``, ``final`` metrics, ``wall_time_s`` (training time summed
+  over every resume of the run) and ``diverged`` (``None`` or ``{"round", "quantity"}`` with
+  ``cfg.on_divergence == "skip"``). The checkpoint fingerprint includes the experiment, the
+  method, the dataset options and the experiment options that change the computation.
+  """
   key = jax.random.key(cfg.seed) if key is None else key
-  ckpt = os.path.join(output_dir(cfg, experiment), "checkpoints", method)
-  start = time.perf_counter()
+  ckpt = os.path.join(output_dir(cfg, experiment), "checkpoints", method.replace("/", "_"))
+  identity = {"experiment": experiment, "method": method, "dataset": cfg.dataset,
+              "clients": cfg.clients, "seed": cfg.seed, "data_dir": cfg.data_dir,
+              **{f"--set {k}": v for k, v in cfg.fingerprint.items()}}
   res = run(algo, key, params, train, test, num_rounds=cfg.rounds, eval_fn=eval_fn,
             eval_every=cfg.eval_every, chunk_size=chunk_size, params_fn=params_fn,
-            checkpoint_dir=ckpt, resume=cfg.resume, progress=cfg.progress, desc=method)
-  return {"history": res.history.to_dict(), "wall_time_s": time.perf_counter() - start,
+            checkpoint_dir=ckpt, resume=cfg.resume, overwrite=cfg.overwrite,
+            fingerprint=identity,
+            on_nonfinite="stop" if cfg.on_divergence == "skip" else "raise",
+            progress=cfg.progress, desc=method)
+  return {"history": res.history.to_dict(), "wall_time_s": res.train_time_s,
+          "diverged": res.diverged,
           "final": {k: v[-1] for k, v in res.history.evals.items()},
           "state": res.state}
+
+
+def status(record: dict) -> str:
+  """``"ok"`` or ``"diverged at round R (quantity)"`` for a table's status column."""
+  d = record.get("diverged")
+  return "ok" if not d else f"diverged at round {d['round']} ({d['quantity']})"
 
 
 def bits_to_reach(evals: dict, metric: str, threshold: float,
@@ -81,7 +281,8 @@ def bits_to_reach(evals: dict, metric: str, threshold: float,
 def save_results(cfg: Config, experiment: str, results: dict) -> str:
   """Write ``results.json`` (methods' states are dropped) and return its path."""
   path = os.path.join(output_dir(cfg, experiment), "results.json")
-  clean = {**results, "config": dataclasses.asdict(cfg), "jax_backend": jax.default_backend(),
+  config = dataclasses.asdict(cfg)
+  clean = {**results, "config": config, "jax_backend": jax.default_backend(),
            "methods": {m: {k: v for k, v in r.items() if k != "state"}
                        for m, r in results["methods"].items()}}
 

@@ -1,10 +1,17 @@
-"""The command line: list, run (JSON + PNG), and resume extending a finished run."""
+"""The command line: list/describe/run, results JSON + PNG, resume extending a finished run,
+and every user error as one clear line with a non-zero exit (options checked against each
+experiment's declared OPTIONS, booleans in any case, mismatched resumes, fresh runs over old
+checkpoints, diverged runs, locked output folders, missing data)."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from fedjaxsparse.cli import main
+from fedjaxsparse.cli import experiments, main
+from fedjaxsparse.experiment import Config, Option, parse_options
 
 ARGS = ["--clients", "6", "--eval-every", "2", "--no-progress", "--set", "local_steps=2",
         "--set", "cohort=3"]
@@ -12,33 +19,173 @@ ARGS = ["--clients", "6", "--eval-every", "2", "--no-progress", "--set", "local_
 
 def test_list(capsys):
   assert main(["list"]) == 0
-  assert "fedavg_digits" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "fedavg_digits" in out and "communication round" in out
 
 
 def test_run_writes_results_and_plot_and_resumes(tmp_path):
   out = str(tmp_path / "a")
-  main(["run", "fedavg_digits", "--rounds", "4", "--out", out] + ARGS)
+  assert main(["run", "fedavg_digits", "--rounds", "4", "--out", out] + ARGS) == 0
   res = json.load(open(tmp_path / "a" / "fedavg_digits" / "results.json"))
   assert len(res["methods"]) == 4 and res["config"]["rounds"] == 4
+  assert res["config"]["options"]["local_steps"] == 2  # parsed, every option recorded
   for record in res["methods"].values():
     h = record["history"]
     assert h["rounds"]["round"] == [1, 2, 3, 4]
     assert h["evals"]["round"] == [0, 2, 4]
     np.testing.assert_allclose(np.cumsum(h["rounds"]["bits_up"]), h["rounds"]["uplink_bits"])
     assert 0.0 <= h["evals"]["accuracy"][-1] <= 1.0
+    assert record["diverged"] is None
   with open(tmp_path / "a" / "fedavg_digits" / "fedavg_digits.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   # Resume: extend to 6 rounds from the checkpoints; equals a fresh 6-round run.
-  main(["run", "fedavg_digits", "--rounds", "6", "--out", out, "--resume"] + ARGS)
-  main(["run", "fedavg_digits", "--rounds", "6", "--out", str(tmp_path / "b")] + ARGS)
+  assert main(["run", "fedavg_digits", "--rounds", "6", "--out", out, "--resume"] + ARGS) == 0
+  assert main(["run", "fedavg_digits", "--rounds", "6", "--out", str(tmp_path / "b")] +
+              ARGS) == 0
   resumed = json.load(open(tmp_path / "a" / "fedavg_digits" / "results.json"))
   fresh = json.load(open(tmp_path / "b" / "fedavg_digits" / "results.json"))
   for m in fresh["methods"]:
     assert resumed["methods"][m]["history"]["rounds"] == fresh["methods"][m]["history"]["rounds"]
+    # the training time covers both parts of the resumed run
+    assert resumed["methods"][m]["wall_time_s"] > 0
 
 
-def test_unknown_experiment_and_bad_option():
-  with pytest.raises(SystemExit):
-    main(["run", "no_such_experiment"])
-  with pytest.raises(SystemExit):
-    main(["run", "fedavg_digits", "--set", "novalue"])
+def _err(capsys, argv, code):
+  assert main(argv) == code
+  captured = capsys.readouterr()
+  err = captured.err.strip()
+  assert err.startswith("fedjaxsparse: error: ") and len(err.splitlines()) == 1, err
+  assert "Traceback" not in captured.err
+  return err
+
+
+def test_unknown_and_bad_options_name_the_key_and_the_allowed_values(capsys, tmp_path):
+  base = ["run", "sparse_proxskip", "--out", str(tmp_path), "--no-progress"]
+  err = _err(capsys, base + ["--set", "sparsityy=0.5"], 2)
+  assert "unknown option 'sparsityy'" in err and "Did you mean 'sparsity'" in err
+  err = _err(capsys, base + ["--set", "sparsity=abc"], 2)
+  assert "option 'sparsity'" in err and "[0, 1)" in err
+  err = _err(capsys, base + ["--set", "sparsity=1.5"], 2)
+  assert "option 'sparsity': '1.5'" in err
+  err = _err(capsys, base + ["--set", "gamma=inf"], 2)
+  assert "option 'gamma'" in err and "finite" in err
+  err = _err(capsys, base + ["--set", "diagnostics=maybe"], 2)
+  assert "option 'diagnostics'" in err and "true or false" in err
+  err = _err(capsys, base + ["--set", "novalue"], 2)
+  assert "KEY=VALUE" in err
+  err = _err(capsys, ["run", "no_such_experiment"], 2)
+  assert "unknown experiment 'no_such_experiment'" in err and "sparse_proxskip" in err
+  assert not os.path.exists(tmp_path / "sparse_proxskip" / "checkpoints")  # nothing ran
+
+
+@pytest.mark.parametrize("text, value", [("false", False), ("False", False), ("FALSE", False),
+                                         ("true", True), ("True", True), ("0", False),
+                                         ("yes", True), ("no", False)])
+def test_booleans_in_any_case(text, value):
+  spec = (Option("diagnostics", True, "x"),)
+  assert parse_options(spec, {"diagnostics": text}) == {"diagnostics": value}
+
+
+def test_options_parse_types_lists_and_defaults():
+  spec = (Option("sparsities", [], "x", kind="floats", low=0.0, high=1.0, high_open=True),
+          Option("gamma", None, "x", kind="float", low=0.0, low_open=True),
+          Option("k", 1, "x", low=1))
+  assert parse_options(spec, {"sparsities": "[0.8,0.9]", "k": "3"}) == {
+      "sparsities": [0.8, 0.9], "gamma": None, "k": 3}
+  assert parse_options(spec, {"gamma": "none"})["gamma"] is None
+  for bad in ({"k": "2.5"}, {"k": "0"}, {"sparsities": "[0.8,1.0]"}, {"gamma": "0"},
+              {"gamma": "nan"}, {"k": True}):
+    with pytest.raises(ValueError, match="option"):
+      parse_options(spec, bad)
+
+
+def test_every_experiment_declares_its_options_budget_and_runtime(capsys):
+  for name, module in experiments().items():
+    assert module.OPTIONS and module.BUDGET and module.RUNTIME, name
+    assert main(["describe", name]) == 0
+    text = capsys.readouterr().out
+    assert "Expected runtime" in text and "--rounds counts" in text
+    for o in module.OPTIONS:
+      assert f"  {o.name} = " in text
+  assert main(["run", "sparse_proxskip", "--help"]) == 0
+  text = capsys.readouterr().out
+  assert "sparsity = 0.9" in text and "--resume" in text
+
+
+def test_resume_after_changing_an_option_is_refused_naming_it(capsys, tmp_path):
+  out = ["--out", str(tmp_path), "--rounds", "2"] + ARGS
+  assert main(["run", "fedavg_digits"] + out) == 0
+  err = _err(capsys, ["run", "fedavg_digits", "--resume", "--set", "client_lr=0.5"] + out, 1)
+  assert "different run" in err and "client_lr" in err and "0.3" in err and "0.5" in err
+  err = _err(capsys, ["run", "fedavg_digits", "--resume", "--clients", "7"] + out[:2] +
+             ["--rounds", "2", "--eval-every", "2", "--no-progress", "--set", "local_steps=2",
+              "--set", "cohort=3"], 1)
+  assert "clients" in err and "training data differs" in err
+  err = _err(capsys, ["run", "fedavg_digits", "--resume"] + out[:2] + ["--rounds", "1"] +
+             out[4:], 1)
+  assert "already holds 2 rounds" in err
+  # A fresh run into the same folder refuses; --overwrite starts afresh.
+  err = _err(capsys, ["run", "fedavg_digits"] + out, 1)
+  assert "--resume" in err and "--overwrite" in err
+  assert main(["run", "fedavg_digits", "--overwrite", "--set", "client_lr=0.5"] + out) == 0
+
+
+def test_divergence_is_an_error_or_a_marked_skip(capsys, tmp_path):
+  argv = ["run", "fedavg_digits", "--out", str(tmp_path), "--rounds", "30", "--set",
+          "client_lr=1e30"] + ARGS
+  err = _err(capsys, argv, 1)
+  assert "FedAdam" in err and "is nan at round" in err and "diverged" in err
+  assert not os.path.exists(tmp_path / "fedavg_digits" / "results.json")
+  assert main(argv + ["--on-divergence", "skip", "--overwrite"]) == 0
+  res = json.load(open(tmp_path / "fedavg_digits" / "results.json"))
+  diverged = {m: r["diverged"] for m, r in res["methods"].items() if r["diverged"]}
+  assert list(diverged) == ["FedAdam (server Adam 0.01)"]  # the others stay finite
+  stop = diverged["FedAdam (server Adam 0.01)"]["round"]
+  for m, record in res["methods"].items():
+    rounds = record["history"]["rounds"]["round"]
+    assert rounds == list(range(1, (stop if m in diverged else 31)))
+  assert f"diverged at round {stop}" in res["table_text"]
+
+
+def test_missing_data_is_one_line_naming_where_to_put_it(capsys, tmp_path):
+  err = _err(capsys, ["run", "sparse_proxskip", "--dataset", "blogfeedback", "--out",
+                      str(tmp_path)], 1)
+  assert "BlogFeedback" in err and "--data-dir" in err
+  err = _err(capsys, ["run", "fedavg_digits", "--dataset", "fashion_mnist", "--data-dir",
+                      str(tmp_path / "none"), "--out", str(tmp_path)], 1)
+  assert "Fashion-MNIST" in err
+
+
+def test_debug_shows_the_traceback(tmp_path):
+  with pytest.raises(ValueError, match="unknown option"):
+    main(["run", "fedavg_digits", "--debug", "--set", "x=1", "--out", str(tmp_path)])
+
+
+HOLD = """
+import sys, time
+from fedjaxsparse.locking import FolderLock
+with FolderLock(sys.argv[1]):
+  print("locked", flush=True)
+  time.sleep(120)
+"""
+
+
+def test_two_runs_in_one_output_folder(capsys, tmp_path):
+  folder = str(tmp_path / "fedavg_digits")
+  proc = subprocess.Popen([sys.executable, "-c", HOLD, folder], stdout=subprocess.PIPE,
+                          text=True)
+  try:
+    assert proc.stdout.readline().strip() == "locked"
+    err = _err(capsys, ["run", "fedavg_digits", "--out", str(tmp_path)] + ARGS, 1)
+    assert f"pid {proc.pid}" in err and "in use by another run" in err
+  finally:
+    proc.kill()
+    proc.wait()
+  assert not os.path.exists(os.path.join(folder, "results.json"))
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match="rounds must be an int >= 1"):
+    Config(rounds=0).validate()
+  with pytest.raises(ValueError, match="on_divergence"):
+    Config(on_divergence="ignore").validate()

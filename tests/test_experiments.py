@@ -8,8 +8,8 @@ from fedjaxsparse.cli import main
 
 
 def test_sparse_proxskip_small(tmp_path):
-  main(["run", "sparse_proxskip", "--rounds", "300", "--eval-every", "50", "--clients", "8",
-        "--out", str(tmp_path), "--no-progress"])
+  assert main(["run", "sparse_proxskip", "--rounds", "300", "--eval-every", "50", "--clients", "8",
+        "--out", str(tmp_path), "--no-progress"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
   methods = res["methods"]
   assert set(methods) == {"Final-TopK", "FedHT", "FedIHT", "ASP", "RandProx-l1", "SPS-Local", "SPS",
@@ -30,9 +30,9 @@ def test_sparse_proxskip_small(tmp_path):
 
 
 def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
-  main(["run", "sparse_proxskip", "--rounds", "60", "--eval-every", "30", "--clients", "6",
+  assert main(["run", "sparse_proxskip", "--rounds", "60", "--eval-every", "30", "--clients", "6",
         "--out", str(tmp_path), "--no-progress", "--set", "sparsities=[0.8,0.9]",
-        "--set", "search=2", "--set", "repetitions=2", "--set", "diagnostics=False"])
+        "--set", "search=2", "--set", "repetitions=2", "--set", "diagnostics=False"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
   assert [r["method"] for r in res["sparsity_table"]] == [
       "Final-TopK", "FedHT", "FedIHT", "ASP", "RandProx-l1", "SPS-Local", "SPS"]
@@ -42,8 +42,8 @@ def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
 
 def test_sparse_proxskip_cifar_cpu_stand_in(tmp_path):
   """Figure 4's pipeline in its CPU-sized configuration (CIFAR-10 is not prepared here)."""
-  main(["run", "sparse_proxskip_cifar", "--rounds", "2", "--eval-every", "2", "--out",
-        str(tmp_path), "--no-progress", "--set", "local_steps=3"])
+  assert main(["run", "sparse_proxskip_cifar", "--rounds", "2", "--eval-every", "2", "--out",
+        str(tmp_path), "--no-progress", "--set", "local_steps=3"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip_cifar" / "results.json"))
   assert "stand-in" in res["dataset"] and res["model"] == "cnn"
   assert len(res["table"]) == 5
@@ -54,8 +54,8 @@ def test_sparse_proxskip_cifar_cpu_stand_in(tmp_path):
 def test_efbv_logreg_small(tmp_path):
   """Seed 001 A.3 on the embedded stand-in: EF-BV reaches a smaller gap than EF21 for the
   same bits (the paper's qualitative claim), with the theory's parameters."""
-  main(["run", "efbv_logreg", "--rounds", "3000", "--eval-every", "500", "--out",
-        str(tmp_path), "--no-progress"])
+  assert main(["run", "efbv_logreg", "--rounds", "3000", "--eval-every", "500", "--out",
+        str(tmp_path), "--no-progress"]) == 0
   res = json.load(open(tmp_path / "efbv_logreg" / "results.json"))
   ev = {m: r["history"]["evals"] for m, r in res["methods"].items()}
   assert ev["EF-BV"]["bits_per_node"] == ev["EF21"]["bits_per_node"]
@@ -65,8 +65,8 @@ def test_efbv_logreg_small(tmp_path):
 
 
 def test_efbv_logreg_nonconvex_small(tmp_path):
-  main(["run", "efbv_logreg", "--rounds", "1000", "--eval-every", "500", "--out",
-        str(tmp_path), "--no-progress", "--set", "nonconvex=True"])
+  assert main(["run", "efbv_logreg", "--rounds", "1000", "--eval-every", "500", "--out",
+        str(tmp_path), "--no-progress", "--set", "nonconvex=True"]) == 0
   res = json.load(open(tmp_path / "efbv_logreg" / "results.json"))
   ev = {m: r["history"]["evals"] for m, r in res["methods"].items()}
   assert ev["EF-BV"]["gap"][-1] < ev["EF-BV"]["gap"][0]  # ‖∇f‖² decreases
