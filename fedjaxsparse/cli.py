@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 import textwrap
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     return _main(parser, args)
+  except BrokenPipeError:  # output piped into `head` and closed: not an error of the run
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
   except KeyboardInterrupt:
     print("fedjaxsparse: interrupted; checkpoints written so far are kept (rerun with "
           "--resume to continue).", file=sys.stderr)
@@ -135,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
       raise
     print(f"fedjaxsparse: error: {e}", file=sys.stderr)
     return 2 if isinstance(e, ConfigError) else 1
+  except Exception as e:  # noqa: BLE001  (device out of memory: a configuration too large)
+    if args.debug or "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    print("fedjaxsparse: error: out of device memory (" + str(e).splitlines()[0][:160] +
+          "); use fewer clients, smaller batches or model, or a larger device.",
+          file=sys.stderr)
+    return 1
 
 
 def _main(parser: argparse.ArgumentParser, args) -> int:

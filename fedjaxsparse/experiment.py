@@ -136,15 +136,17 @@ class Option:
     if self.type == "bool":
       return "true or false"
     if self.choices:
-      return "one of " + ", ".join(map(str, self.choices))
+      return "one of " + ", ".join(map(str, self.choices)) + (
+          " or none" if self.default is None else "")
     if self.type in ("float", "int", "floats"):
       lo = "-inf" if self.low is None else f"{self.low:g}"
       hi = "inf" if self.high is None else f"{self.high:g}"
       interval = (("(" if self.low_open or self.low is None else "[") + f"{lo}, {hi}" +
                   (")" if self.high_open or self.high is None else "]"))
       what = {"float": "a finite number", "int": "an integer",
-              "floats": "a list of finite numbers, e.g. [0.8,0.9]"}[self.type]
-      return f"{what} in {interval}" + (" or none" if self.default is None else "")
+              "floats": "a list of finite numbers"}[self.type]
+      return (f"{what} in {interval}" + (", e.g. [0.8,0.9]" if self.type == "floats" else "")
+              + (" or none" if self.default is None else ""))
     return "text" + (" or none" if self.default is None else "")
 
   def parse(self, value: Any) -> Any:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
+from fedjaxsparse.data.federated import check_data
 from fedjaxsparse.runner import EvalFn, History, build_chunk, split_run_key
 
 
@@ -52,6 +53,7 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
   """
   if not isinstance(num_rounds, int) or num_rounds < 1:
     raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
+  check_data(train)
   num_runs = keys.shape[0]
   if hparams is not None:
     for leaf in jax.tree.leaves(hparams):

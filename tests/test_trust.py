@@ -175,6 +175,14 @@ def test_nonfinite_state_is_caught_inside_the_compiled_chunk(ds):
   assert e.value.round == 8  # the end of the chunk holding round 5
 
 
+def test_a_long_run_announces_its_remaining_time(ds, capsys):
+  _run(ds, num_rounds=40, chunk_size=4, progress=True, desc="FedAvg", estimate_after_s=0.0)
+  text = "".join(capsys.readouterr())
+  assert "FedAvg: about" in text and "left" in text and "first, with compilation" in text
+  _run(ds, num_rounds=40, chunk_size=4, progress=True, desc="FedAvg")  # short: no estimate
+  assert "left (" not in "".join(capsys.readouterr())
+
+
 def test_infinite_or_nonpositive_step_sizes_are_rejected():
   loss = make_loss(MODEL)
   for bad in (float("inf"), float("nan"), 0.0, -1.0):
