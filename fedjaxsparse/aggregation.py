@@ -14,17 +14,19 @@ WEIGHTINGS = ("num_examples", "uniform")
 
 
 def client_weights(num_examples: jax.Array, weighting: str) -> jax.Array:
-  """Aggregation weights ``float32[C]`` summing to 1.
+  """Aggregation weights ``[C]`` summing to 1, in the default float dtype (float64 under
+  ``jax_enable_x64``, so float64 runs stay float64-exact).
 
   Args:
     num_examples: ``int32[C]`` examples held by each client.
     weighting: ``"num_examples"`` (``n_i / Σ n_j``, FedAvg of McMahan et al. 2017) or
       ``"uniform"`` (``1 / C``).
   """
+  dtype = jax.dtypes.canonicalize_dtype(jnp.float64)
   if weighting == "uniform":
-    return jnp.full(num_examples.shape, 1.0 / num_examples.shape[0], jnp.float32)
+    return jnp.full(num_examples.shape, 1.0 / num_examples.shape[0], dtype)
   if weighting == "num_examples":
-    n = num_examples.astype(jnp.float32)
+    n = num_examples.astype(dtype)
     return n / jnp.sum(n)
   raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
 

@@ -25,6 +25,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse import accounting
 from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.sparsity import top_k_indices
 
 
 class Compressor(NamedTuple):
@@ -105,7 +106,7 @@ def scaled_rand_k(d: int, k: int) -> Compressor:
 def top_k(d: int, k: int) -> Compressor:
   """Keep the k largest magnitudes (deterministic): ``η = √(1 − k/d)``, ``ω = 0``."""
   _check_k(k, d)
-  return Compressor(_flat(lambda key, v: _select(v, jax.lax.top_k(jnp.abs(v), k)[1]), d,
+  return Compressor(_flat(lambda key, v: _select(v, top_k_indices(v, k)), d,
                           f"top-{k}"),
                     math.sqrt(1.0 - k / d), 0.0, lambda n: accounting.sparse_bits(k, n),
                     f"top-{k}")
@@ -119,7 +120,7 @@ def mix_k(d: int, k: int, k2: int) -> Compressor:
     raise ValueError(f"k2 must be an int in [1, d-k={d - k}], got {k2!r}.")
 
   def fn(key, v):
-    top = jax.lax.top_k(jnp.abs(v), k)[1]
+    top = top_k_indices(v, k)
     u = jax.random.uniform(key, (d,)).at[top].set(-1.0)
     rest = jax.lax.top_k(u, k2)[1]
     return _select(v, jnp.concatenate([top, rest]))
@@ -137,7 +138,7 @@ def comp_k(d: int, k: int, k2: int) -> Compressor:
     raise ValueError(f"k must be an int in [1, k2={k2}], got {k!r}.")
 
   def fn(key, v):
-    top = jax.lax.top_k(jnp.abs(v), k2)[1]
+    top = top_k_indices(v, k2)
     pos = _random_subset(key, k2, k)
     return _select(v, top[pos], k2 / k)
 

@@ -94,8 +94,10 @@ def _check_threshold(threshold: Any) -> None:
 
 
 def _magnitude_keys(x: jax.Array) -> jax.Array:
-  """``|x|`` in float32, the ranking keys of Top-K."""
-  return jnp.abs(x).astype(jnp.float32)
+  """``|x|``, the ranking keys of Top-K: float64 for float64 ``x`` (under
+  ``jax_enable_x64``, so float64 runs keep the truly largest entries), float32 otherwise."""
+  a = jnp.abs(x)
+  return a if a.dtype == jnp.float64 else a.astype(jnp.float32)
 
 
 def _random_keys(key: jax.Array, n: int) -> jax.Array:
@@ -106,19 +108,21 @@ def _random_keys(key: jax.Array, n: int) -> jax.Array:
 
 
 def _largest(keys: jax.Array, k: int) -> jax.Array:
-  """``float32[d] -> bool[d]`` with exactly ``k`` True at the largest non-negative keys, ties
+  """``float[d] -> bool[d]`` with exactly ``k`` True at the largest non-negative keys, ties
   to the lower index: ``lax.top_k`` + scatter for ``k ≤ d/50``, else bisection for the k-th
-  largest key (see the module docstring)."""
+  largest key on its bit pattern (31 passes for float32 keys, 63 for float64; see the module
+  docstring)."""
   d = keys.shape[0]
   if k * 50 <= d:
     return jnp.zeros((d,), bool).at[jax.lax.top_k(keys, k)[1]].set(True)
-  bits = jax.lax.bitcast_convert_type(keys, jnp.uint32)  # monotone for keys >= 0, NaN on top
+  uint, nbits = (jnp.uint64, 63) if keys.dtype == jnp.float64 else (jnp.uint32, 31)
+  bits = jax.lax.bitcast_convert_type(keys, uint)  # monotone for keys >= 0, NaN on top
 
   def set_bit(i, t):  # keeps #{bits >= t} >= k, so t ends as the largest such t
-    candidate = t | jnp.left_shift(jnp.uint32(1), (30 - i).astype(jnp.uint32))
+    candidate = t | jnp.left_shift(uint(1), (nbits - 1 - i).astype(uint))
     return jnp.where(jnp.sum(bits >= candidate, dtype=jnp.int32) >= k, candidate, t)
 
-  t = jax.lax.fori_loop(0, 31, set_bit, jnp.uint32(0))
+  t = jax.lax.fori_loop(0, nbits, set_bit, uint(0))
   above, tied = bits > t, bits == t
   rank = jnp.cumsum(tied, dtype=jnp.int32)
   return above | (tied & (rank <= k - jnp.sum(above, dtype=jnp.int32)))

@@ -32,9 +32,13 @@ def test_bucketize_sorts_and_trims(data):
   np.testing.assert_array_equal(out, sizes[b.order])
 
 
-def test_bucketed_proxskip_equals_padded(data):
+@pytest.mark.parametrize("uplink", [False, True])
+def test_bucketed_proxskip_equals_padded(data, uplink):
+  """With an uplink compressor too: its per-client keys fold in the client's original id."""
+  from fedjaxsparse import compressors as C
   model = linear_regression(5, l2=0.1)
-  algo = ps.sparse_proxskip(make_loss(model), 0.05, 0.5, 0.5)
+  algo = ps.sparse_proxskip(make_loss(model), 0.05, 0.5, 0.5,
+                            **({"uplink": C.rand_k(6, 2)} if uplink else {}))
   w0 = model.init(jax.random.key(0))
   b = bucketize(data, 4)
   s_pad = algo.init(None, w0, data)

@@ -164,3 +164,27 @@ def test_uplink_compressor_plug_in(ridge):
     np.testing.assert_array_less(np.abs(mean - np.asarray(p1.params[name])), 5 * se + 1e-6)
   _, info = rk.step(jax.random.key(0), s0, ds.train)
   assert float(info.bits_up) == ds.train.num_clients * accounting.sparse_bits(2, d)
+
+
+@pytest.mark.parametrize("weighting", ["num_examples", "uniform"])
+def test_float64_one_full_batch_step_is_gradient_descent_to_1e12(ridge, weighting):
+  """Under x64 the aggregation weights are float64 too, so a FedAvg round with one
+  full-batch local step equals a hand-written float64 gradient step to 1e-12."""
+  ds, model = ridge
+  with jax.enable_x64(True):
+    train = jax.tree.map(lambda a: jnp.asarray(np.asarray(a, np.float64))
+                         if np.issubdtype(np.asarray(a).dtype, np.floating) else a, ds.train)
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), model.init(jax.random.key(0)))
+    loss = make_loss(model)
+    algo = fedavg(loss, optax.sgd(0.05), local_steps=1, weighting=weighting)
+    w = client_weights(train.num_examples, weighting)
+    assert w.dtype == jnp.float64
+    state = algo.init(None, params, train)
+    x = params
+    for t in range(20):
+      state, _ = jax.jit(algo.step)(jax.random.key(t), state, train)
+      grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(x, train.x, train.y, train.mask)
+      x = jax.tree.map(lambda p, g: p - 0.05 * jnp.tensordot(w, g, axes=1), x, grads)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(x)):
+      assert a.dtype == jnp.float64
+      np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

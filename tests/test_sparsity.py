@@ -204,3 +204,20 @@ def test_top_k_under_jit_and_client_vmap_equals_a_loop(k):
       np.testing.assert_array_equal(got[i], want)
     np.testing.assert_array_equal(
         _flat(jax.tree.map(lambda a: a[i], out)) != 0, _reference_mask(_flat(client), k))
+
+
+@pytest.mark.parametrize("k", [3, 900])  # the lax.top_k path and the bisection path
+def test_float64_top_k_keeps_the_truly_largest(k):
+  """Entries that differ only below float32 resolution are ranked by their float64 values,
+  in sparsity.top_k and in the top-k compressor alike (one implementation)."""
+  from fedjaxsparse import compressors as C
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(0)
+    base = 1.0 + rng.permutation(1000) * 1e-12  # distinct in float64, equal in float32
+    assert len(np.unique(base.astype(np.float32))) == 1
+    x = jnp.asarray(base * np.where(rng.random(1000) < 0.5, -1, 1))
+    expected = np.sort(np.argsort(-np.abs(base), kind="stable")[:k])
+    got = np.flatnonzero(np.asarray(sparsity.top_k(x, k)))
+    np.testing.assert_array_equal(got, expected)
+    comp = np.flatnonzero(np.asarray(C.top_k(1000, k).compress(None, x)))
+    np.testing.assert_array_equal(comp, expected)

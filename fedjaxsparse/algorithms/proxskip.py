@@ -98,8 +98,10 @@ class ProxSkipKernel(NamedTuple):
   Attributes:
     init: as ``Algorithm.init``.
     local_step: ``(key, state, data) -> (w_hat [N, ...], losses [N])``, L6–L7 for all clients.
-    communicate: ``(state, w_hat, key=None) -> (state, (bits_up, bits_down, upload_nnz))``,
-      L9–L12 (the key feeds an uplink compressor).
+    communicate: ``(state, w_hat, key=None, ids=None) -> (state, (bits_up, bits_down,
+      upload_nnz))``, L9–L12 (the key feeds an uplink compressor, folded with each client's
+      original id ``ids[N]`` — :func:`fedjaxsparse.clients.client_ids` — so bucketed and
+      padded runs draw the same compressions).
     skip: ``(state, w_hat) -> state``, L14.
   """
   init: Callable
@@ -184,13 +186,14 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     keys = client_keys(key, client_ids(data))
     return map_clients(client_step, data, keys, state.w, state.h)
 
-  def communicate(state: ProxSkipState, w_hat, key=None):
+  def communicate(state: ProxSkipState, w_hat, key=None, ids=None):
     n = jax.tree.leaves(w_hat)[0].shape[0]
     messages = jax.vmap(upload_prox)(w_hat)
     if uplink is not None:
       if key is None:
         raise ValueError("communicate needs a key when an uplink compressor is set.")
-      messages = jax.vmap(uplink.compress)(client_keys(key, jnp.arange(n)), messages)
+      ids = jnp.arange(n, dtype=jnp.int32) if ids is None else ids
+      messages = jax.vmap(uplink.compress)(client_keys(key, ids), messages)
     if write_back:
       w_hat = messages
     w_bar = jax.tree.map(lambda m: jnp.mean(m, axis=0), messages)
@@ -245,7 +248,8 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
     k_coin, k_local, k_comm = jax.random.split(key, 3)
     theta = jax.random.bernoulli(k_coin, p)  # ONE coin for all clients (L2)
     w_hat, losses = kernel.local_step(k_local, state, data)
-    state, comm = jax.lax.cond(theta, kernel.communicate,
+    ids = client_ids(data)
+    state, comm = jax.lax.cond(theta, lambda s, wh, k: kernel.communicate(s, wh, k, ids),
                                lambda s, wh, k: (kernel.skip(s, wh), zero), state, w_hat,
                                k_comm)
     return finish(state, losses, comm, theta, jnp.int32(1))
@@ -262,7 +266,7 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
       return s, wh
 
     state, w_hat = jax.lax.fori_loop(1, num_steps, body, (state, w_hat))
-    state, comm = kernel.communicate(state, w_hat, k_comm)
+    state, comm = kernel.communicate(state, w_hat, k_comm, client_ids(data))
     return finish(state, first_losses, comm, jnp.bool_(True), num_steps)
 
   return Algorithm(kernel.init, iteration_step if form == "iteration" else round_step)
