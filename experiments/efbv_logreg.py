@@ -29,7 +29,7 @@ from fedjaxsparse.algorithms.efbv import diana, ef_bv, efbv_params
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.experiment import (Config, Option, entry, output_dir, print_table,
-                                     run_method, save_results, status)
+                                     last, run_method, save_results, status)
 from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.plotting import method_colors, plot_evals
 
@@ -154,8 +154,8 @@ def _run(cfg: Config, opts: dict) -> dict:
     ev["bits_per_node"] = [b / n for b in ev["uplink_bits"]]
     records[m] = rec
   metric = "final ||grad f||^2" if nonconvex else "final f - f*"
-  rows = [{"method": m, metric: r["history"]["evals"]["gap"][-1],
-           "bits per node": r["history"]["evals"]["bits_per_node"][-1]}
+  rows = [{"method": m, metric: last(r["history"]["evals"].get("gap", [])),
+           "bits per node": last(r["history"]["evals"]["bits_per_node"])}
           for m, r in records.items()]
   if any(r["diverged"] for r in records.values()):
     for row in rows:

@@ -20,7 +20,8 @@ from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.experiment import (Config, Option, bits_to_reach, entry, output_dir,
-                                     print_table, run_method, save_results, status)
+                                     last, print_table, run_method, save_results,
+                                     status)
 from fedjaxsparse.models import get_model, make_loss
 from fedjaxsparse.plotting import plot_methods
 
@@ -45,7 +46,7 @@ OPTIONS = (
     Option("threshold", 0.93, "accuracy of the bits-to-reach column", low=0.0, high=1.0,
            identity=False),
     Option("eval_batch_size", None, "evaluation batch size (default: all examples at once)",
-           kind="int", low=1, identity=False),
+           kind="int", low=1),
 )
 
 
@@ -96,10 +97,10 @@ def _run(cfg: Config, opts: dict) -> dict:
   for m, r in records.items():
     ev = r["history"]["evals"]
     b = bits_to_reach(ev, "accuracy", threshold, "uplink_bits_per_client")
-    rows.append({"method": m, "final acc": ev["accuracy"][-1],
-                 "best acc": max(ev["accuracy"]),
+    acc = ev.get("accuracy", [])
+    rows.append({"method": m, "final acc": last(acc), "best acc": max(acc, default=None),
                  f"uplink bits/client to {threshold:.0%}": b,
-                 "total uplink bits/client": ev["uplink_bits_per_client"][-1],
+                 "total uplink bits/client": last(ev["uplink_bits_per_client"]),
                  "time (s)": r["wall_time_s"]})
     if any(rec["diverged"] for rec in records.values()):
       rows[-1]["status"] = status(r)

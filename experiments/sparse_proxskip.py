@@ -34,7 +34,8 @@ from fedjaxsparse.constants import linear_model_constants
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.experiment import (Config, Option, bits_to_reach, entry, output_dir,
-                                     print_table, run_method, save_results, status)
+                                     last, print_table, run_method, save_results,
+                                     status)
 from fedjaxsparse.models import linear_regression, make_loss, softmax_regression
 from fedjaxsparse.plotting import method_colors, plot_methods, plot_series
 from fedjaxsparse.sparsity import k_from_sparsity, top_k
@@ -166,11 +167,11 @@ def _run(cfg: Config, opts: dict) -> dict:
     return out
 
   records = run_all(sparsity, names)
-  by_sparsity = {sparsity: {m: r["final"][metric] for m, r in records.items()}}
+  by_sparsity = {sparsity: {m: r["final"].get(metric) for m, r in records.items()}}
   for sp in opts["sparsities"]:
     if sp != sparsity:
       extra = run_all(sp, names[:7], tag=f"@{sp}")
-      by_sparsity[sp] = {m: r["final"][metric] for m, r in extra.items()}
+      by_sparsity[sp] = {m: r["final"].get(metric) for m, r in extra.items()}
   if len(by_sparsity) > 1:  # Table 1 / Table 4 layout: final metric per method and sparsity
     cols = sorted(by_sparsity)
     grid_rows = [{"method": m, **{f"{metric} @ {sp:.0%}": by_sparsity[sp].get(m)
@@ -182,8 +183,9 @@ def _run(cfg: Config, opts: dict) -> dict:
   rows = []
   for name, rec in records.items():
     ev, rd = rec["history"]["evals"], rec["history"]["rounds"]
-    row = {"method": name, f"final {metric}": ev[metric][-1], f"best {metric}": max(ev[metric]),
-           "train loss": rd["loss"][-1] if rd.get("loss") else None}
+    values = ev.get(metric, [])
+    row = {"method": name, f"final {metric}": last(values),
+           f"best {metric}": max(values, default=None), "train loss": last(rd.get("loss", []))}
     for t in thresholds:
       row[f"bits/client to {t}"] = bits_to_reach(ev, metric, t, "uplink_bits_per_client")
     rows.append(row)

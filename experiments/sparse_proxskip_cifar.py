@@ -26,7 +26,7 @@ from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.experiment import (Config, Option, entry, output_dir, print_table,
-                                     run_method, save_results, status)
+                                     last, run_method, save_results, status)
 from fedjaxsparse.models import get_model, make_loss
 from fedjaxsparse.plotting import method_colors, plot_methods, plot_series
 from fedjaxsparse.sparsity import top_k
@@ -51,7 +51,7 @@ OPTIONS = (
     Option("clip_mode", "norm", "gradient clipping: global norm or per value",
            choices=("norm", "value")),
     Option("weight_decay", 1e-4, "l2 weight decay", low=0.0),
-    Option("eval_batch_size", 500, "evaluation batch size", low=1, identity=False),
+    Option("eval_batch_size", 500, "evaluation batch size", low=1),
 )
 STAND_IN_ROUNDS, STAND_IN_EVAL_EVERY = 20, 5
 
@@ -121,10 +121,10 @@ def _run(cfg: Config, opts: dict) -> dict:
     ev = rec["history"]["evals"]
     ev["uplink_bits_per_client"] = [b / ds.num_clients for b in ev["uplink_bits"]]
   colors = method_colors(list(records))
-  rows = [{"method": m, "final accuracy": r["history"]["evals"]["accuracy"][-1],
-           "best accuracy": max(r["history"]["evals"]["accuracy"]),
-           "final train loss": r["history"]["rounds"]["loss"][-1],
-           "uplink bits/client": r["history"]["evals"]["uplink_bits"][-1] / ds.num_clients}
+  rows = [{"method": m, "final accuracy": last(r["history"]["evals"].get("accuracy", [])),
+           "best accuracy": max(r["history"]["evals"].get("accuracy", []), default=None),
+           "final train loss": last(r["history"]["rounds"].get("loss", [])),
+           "uplink bits/client": last(r["history"]["evals"]["uplink_bits_per_client"])}
           for m, r in records.items()]
   if any(r["diverged"] for r in records.values()):
     for row in rows:

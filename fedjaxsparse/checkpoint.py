@@ -22,7 +22,6 @@ import orbax.checkpoint as ocp
 
 from fedjaxsparse.errors import CheckpointCorruptError
 from fedjaxsparse.fingerprint import tree_digest
-from fedjaxsparse.locking import LOCK_NAME
 
 
 class Checkpointer:
@@ -105,13 +104,13 @@ class Checkpointer:
         ". Start afresh with overwrite=True (CLI: --overwrite).")
 
   def clear(self) -> None:
-    """Delete every checkpoint (and anything else but the lock file) in the directory."""
+    """Delete every checkpoint step in the directory (finished or left half-written: the
+    folders named by a round number); other files are left alone."""
     self._manager.close()
     for name in os.listdir(self.directory):
-      if name == LOCK_NAME:
-        continue
       path = os.path.join(self.directory, name)
-      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+      if os.path.isdir(path) and name.split(".", 1)[0].isdigit():
+        shutil.rmtree(path)
     self.__init__(self.directory, self._max_to_keep)
 
   def close(self) -> None:

@@ -48,8 +48,9 @@ def describe(module) -> str:
   defaults = {**{f.name: f.default for f in Config.__dataclass_fields__.values()
                  if f.name in COMMON}, **getattr(module, "DEFAULTS", {})}
   lines = [f"{module.NAME}: {module.DESCRIPTION}", ""]
-  lines += ["Defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in defaults.items()
-                                    if k in ("rounds", "clients", "dataset", "eval_every"))]
+  lines += ["Defaults: " + " ".join(
+      f"--{k.replace('_', '-')} {'(see below)' if v is None else v}"
+      for k, v in defaults.items() if k in ("rounds", "clients", "dataset", "eval_every"))]
   lines += textwrap.wrap(f"--rounds counts: {module.BUDGET}", 92, subsequent_indent="  ")
   lines += textwrap.wrap(f"Expected runtime with the defaults on a 2-core CPU: "
                          f"{module.RUNTIME}", 92, subsequent_indent="  ")
@@ -60,8 +61,15 @@ def describe(module) -> str:
   return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse with one-line errors (exit 2), like every other error of the command."""
+
+  def error(self, message: str):
+    self.exit(2, f"fedjaxsparse: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
+  parser = _Parser(
       prog="fedjaxsparse", formatter_class=argparse.RawDescriptionHelpFormatter,
       description="Federated sparse training, compression and local training in JAX: run "
                   "the papers' experiments.",
@@ -72,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
   sub.add_parser("list", help="list the experiments")
   d = sub.add_parser("describe", help="an experiment's options, defaults and runtime")
   d.add_argument("experiment")
+  d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                 help="show tracebacks of errors")
   p = sub.add_parser("run", help="run an experiment (run EXPERIMENT --help: its options)",
                      add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog=ROUND_NOTE)
@@ -99,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--no-progress", action="store_false", dest="progress", default=None)
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="experiment option (repeatable; see describe EXPERIMENT)")
-  p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+  p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                 help="show tracebacks of errors")
   return parser
 
 

@@ -28,6 +28,7 @@ from fedjaxsparse.locking import FolderLock
 from fedjaxsparse.runner import EvalFn, run
 
 DIVERGENCE = ("error", "skip")
+INT32_MAX = 2 ** 31 - 1
 
 
 @dataclasses.dataclass
@@ -71,12 +72,13 @@ class Config:
   fingerprint: dict = dataclasses.field(default_factory=dict)
 
   def validate(self) -> "Config":
-    for name in ("rounds", "clients", "eval_every"):
+    for name, low in (("rounds", 1), ("clients", 1), ("eval_every", 1), ("seed", 0)):
       v = getattr(self, name)
-      if v is None and name != "clients":  # the experiment chooses (see its BUDGET)
+      if v is None and name in ("rounds", "eval_every"):  # the experiment chooses (BUDGET)
         continue
-      if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {v!r}.")
+      if (not isinstance(v, (int, np.integer)) or isinstance(v, bool)
+          or not low <= v <= INT32_MAX):
+        raise ConfigError(f"{name} must be an int in [{low}, {INT32_MAX}], got {v!r}.")
     if self.on_divergence not in DIVERGENCE:
       raise ConfigError(f"on_divergence must be one of {DIVERGENCE}, got "
                         f"{self.on_divergence!r}.")
@@ -143,7 +145,7 @@ class Option:
       hi = "inf" if self.high is None else f"{self.high:g}"
       interval = (("(" if self.low_open or self.low is None else "[") + f"{lo}, {hi}" +
                   (")" if self.high_open or self.high is None else "]"))
-      what = {"float": "a finite number", "int": "an integer",
+      what = {"float": "a finite number", "int": "a 32-bit integer",
               "floats": "a list of finite numbers"}[self.type]
       return (f"{what} in {interval}" + (", e.g. [0.8,0.9]" if self.type == "floats" else "")
               + (" or none" if self.default is None else ""))
@@ -190,7 +192,7 @@ class Option:
       v = float(value) if not isinstance(value, str) else float(value.strip())
     except (TypeError, ValueError):
       raise bad() from None
-    if not math.isfinite(v) or (cast is int and v != int(v)):
+    if not math.isfinite(v) or (cast is int and (v != int(v) or abs(v) > INT32_MAX)):
       raise bad()
     if self.low is not None and (v <= self.low if self.low_open else v < self.low):
       raise bad()
@@ -261,8 +263,14 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm, param
             progress=cfg.progress, desc=method)
   return {"history": res.history.to_dict(), "wall_time_s": res.train_time_s,
           "diverged": res.diverged,
-          "final": {k: v[-1] for k, v in res.history.evals.items()},
+          "final": {k: last(v) for k, v in res.history.evals.items()},
           "state": res.state}
+
+
+def last(values: Sequence) -> Any:
+  """The last value of a history column, or ``None`` when it is empty (a run that diverged
+  at once)."""
+  return values[-1] if values else None
 
 
 def status(record: dict) -> str:

@@ -50,13 +50,15 @@ class ChunkOutput(NamedTuple):
     info: the algorithm's ``info`` of every round (zeros for masked rounds past the end).
     metrics: evaluation metrics (NaN on rounds without evaluation).
     evaluated: ``bool[chunk]``, whether the round was evaluated.
+    state_ok: ``bool[chunk]``, whether the whole state is finite after each round.
     state_finite: ``bool[L]``, whether each floating leaf of the state (in ``jax.tree``
-      order) is finite at the end of the chunk — the divergence check, computed inside the
-      compiled chunk so the host reads L booleans, not the state.
+      order) is finite at the end of the chunk (names the leaf). Both are the divergence
+      check, computed inside the compiled chunk so the host reads booleans, not the state.
   """
   info: Any
   metrics: dict
   evaluated: jax.Array
+  state_ok: jax.Array
   state_finite: jax.Array
 
 
@@ -93,18 +95,19 @@ def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
           active, step,
           lambda s, r: (s, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), info_shape)),
           s, r)
+      ok = jnp.all(state_finite(s))
       if eval_fn is None:
-        return s, (info, {}, jnp.zeros((), bool))
+        return s, (info, {}, jnp.zeros((), bool), ok)
       evaluated = active & (((r + 1) % eval_every == 0) | (r + 1 == num_rounds))
       metrics = jax.lax.cond(
           evaluated, lambda s: eval_fn(params_fn(s), test),
           lambda s: jax.tree.map(lambda a: jnp.full(a.shape, jnp.nan, a.dtype), metrics_shape),
           s)
-      return s, (info, metrics, evaluated)
+      return s, (info, metrics, evaluated, ok)
 
     rounds = start_round + jnp.arange(chunk_size, dtype=jnp.int32)
-    state, (info, metrics, evaluated) = jax.lax.scan(body, state, rounds)
-    return state, ChunkOutput(info, metrics, evaluated, state_finite(state))
+    state, (info, metrics, evaluated, ok) = jax.lax.scan(body, state, rounds)
+    return state, ChunkOutput(info, metrics, evaluated, ok, state_finite(state))
 
   return chunk
 
@@ -139,6 +142,11 @@ class History:
   rounds: dict[str, list] = dataclasses.field(default_factory=dict)
   evals: dict[str, list] = dataclasses.field(default_factory=dict)
 
+  def __post_init__(self):
+    for table in (self.rounds, self.evals):  # present even when a run stopped at once
+      for name in ("round", "uplink_bits", "downlink_bits"):
+        table.setdefault(name, [])
+
   def to_dict(self) -> dict:
     return {"rounds": self.rounds, "evals": self.evals}
 
@@ -172,6 +180,10 @@ class History:
       if bool(out.evaluated[j]):
         self.add_eval(start_round + j + 1, {k: v[j] for k, v in out.metrics.items()})
 
+  def drop_last_eval(self) -> None:
+    for values in self.evals.values():
+      values.pop()
+
   def last(self, table: str, name: str, default=float("nan")):
     values = getattr(self, table).get(name)
     return values[-1] if values else default
@@ -204,11 +216,12 @@ def _progress_postfix(history: History) -> dict:
 
 
 def first_nonfinite(out: ChunkOutput, start_round: int, num_active: int,
-                    state_paths: list[str]) -> tuple[int, str, float] | None:
+                    state_paths: list[str]) -> tuple[int, str, float | None] | None:
   """``(round, quantity, value)`` of the first non-finite value a chunk produced, or ``None``.
 
-  Scalar ``info`` fields and evaluated metrics are checked round by round (the round is exact);
-  a non-finite state leaf that no scalar showed is reported at the chunk's last round.
+  Scalar ``info`` fields, evaluated metrics and the state are all checked round by round, so
+  the round is exact; a state found non-finite after round r, before any scalar showed it, is
+  named by its first non-finite leaf at the end of the chunk (value ``None``).
   """
   first = None
   for table, fields in (("", _scalar_fields(out.info)), ("test ", out.metrics)):
@@ -219,18 +232,22 @@ def first_nonfinite(out: ChunkOutput, start_round: int, num_active: int,
       bad = np.flatnonzero(~np.isfinite(values))
       if bad.size and (first is None or bad[0] < first[0]):
         first = (int(bad[0]), table + name, float(values[bad[0]]))
+  bad_state = np.flatnonzero(~np.asarray(out.state_ok)[:num_active])
+  if bad_state.size and (first is None or bad_state[0] < first[0]):
+    finite = np.asarray(out.state_finite)
+    leaf = state_paths[int(np.argmin(finite))] if not finite.all() else ""
+    first = (int(bad_state[0]), "state" + leaf, None)
   if first is not None:
     return start_round + first[0] + 1, first[1], first[2]
-  finite = np.asarray(out.state_finite)
-  if not finite.all():
-    return start_round + num_active, "state" + state_paths[int(np.argmin(finite))], float("nan")
   return None
 
 
-def _nonfinite_error(desc: str, round_: int, quantity: str, value: float) -> NonFiniteError:
+def _nonfinite_error(desc: str, round_: int, quantity: str,
+                     value: float | None) -> NonFiniteError:
   where = "in the initial evaluation" if round_ == 0 else f"at round {round_}"
+  what = "is not finite" if value is None else f"is {value}"
   return NonFiniteError(
-      f"{desc or 'run'}: {quantity} is {value} {where}; the run diverged (or the data holds "
+      f"{desc or 'run'}: {quantity} {what} {where}; the run diverged (or the data holds "
       "NaN/inf). Lower the step size / learning rate or check the data; pass "
       "on_nonfinite='stop' (CLI: --on-divergence skip) to record the divergence and go on.",
       round_, quantity, desc)
@@ -363,6 +380,8 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
           f"num_rounds={num_rounds}; ask for at least {start} rounds (CLI: --rounds) or start "
           "afresh with overwrite=True (CLI: --overwrite).")
     history, prior_time = History.from_dict(meta["history"]), float(meta["train_time_s"])
+    if start < num_rounds and start % eval_every and history.last("evals", "round", -1) == start:
+      history.drop_last_eval()  # the shorter run's final-round evaluation: not on schedule
   else:
     state = algo.init(init_key, params, train)
   if mesh is not None:
@@ -410,7 +429,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
         history.add_chunk(r0, out, bad[0] - 1 - r0)
         diverged = {"round": bad[0], "quantity": bad[1]}
         if progress:
-          bar.write(f"{desc or 'run'}: diverged ({bad[1]} = {bad[2]} at round {bad[0]}); "
+          bar.write(f"{desc or 'run'}: diverged ({bad[1]} not finite at round {bad[0]}); "
                     "stopped.")
         break
       history.add_chunk(r0, out, active)

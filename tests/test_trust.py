@@ -92,11 +92,19 @@ def test_resume_refuses_fewer_rounds_and_extends_to_more(ds, tmp_path):
   fresh = _run(ds, num_rounds=10)
   assert resumed.history.rounds == fresh.history.rounds
   assert len(resumed.history.rounds["round"]) == 10
+  # 7 rounds at eval_every=2 end with an off-schedule final evaluation (round 7); extending to
+  # 10 drops it, so the evaluations are those of a straight 10-round run.
+  ckpt7 = str(tmp_path / "ckpt7")
+  _run(ds, num_rounds=7, checkpoint_dir=ckpt7)
+  extended = _run(ds, num_rounds=10, checkpoint_dir=ckpt7, resume=True)
+  assert extended.history.evals == fresh.history.evals
+  assert extended.history.evals["round"] == [0, 2, 4, 6, 8, 10]
 
 
 def test_fresh_run_refuses_old_checkpoints_unless_overwrite(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
   _run(ds, _algo(lr=0.1), num_rounds=6, checkpoint_dir=ckpt)
+  (tmp_path / "ckpt" / "notes.txt").write_text("mine")  # not a checkpoint: kept
   with pytest.raises(CheckpointExistsError, match="--resume.*--overwrite"):
     _run(ds, num_rounds=4, checkpoint_dir=ckpt)
   over = _run(ds, num_rounds=4, checkpoint_dir=ckpt, overwrite=True)
@@ -105,6 +113,7 @@ def test_fresh_run_refuses_old_checkpoints_unless_overwrite(ds, tmp_path):
   fresh = _run(ds, num_rounds=6)
   assert over.history.rounds["round"] == [1, 2, 3, 4]
   assert resumed.history.rounds == fresh.history.rounds
+  assert (tmp_path / "ckpt" / "notes.txt").read_text() == "mine"
 
 
 def test_training_time_adds_up_across_resumes(ds, tmp_path):
@@ -146,6 +155,20 @@ def test_nan_stops_the_run_with_round_and_quantity():
   assert f"round {err.round}" in str(err)
 
 
+def test_state_divergence_round_does_not_depend_on_the_chunk_size(ds):
+  """FedAdam's server state goes NaN at round 1 with a huge client step: reported at round 1
+  whatever the chunking, and a stopped run keeps no round."""
+  model = MODEL
+  algo = fedavg(make_loss(model), optax.sgd(1e30), local_steps=1,
+                server_optimizer=optax.adam(0.01))
+  for chunk in (1, 5):
+    r = run(algo, jax.random.key(0), model.init(jax.random.key(0)), ds.train, ds.test,
+            num_rounds=10, eval_fn=make_eval_fn(model), eval_every=5, chunk_size=chunk,
+            on_nonfinite="stop", progress=False)
+    assert r.diverged["round"] == 1 and r.diverged["quantity"].startswith("state")
+    assert r.history.rounds["round"] == [] and r.history.evals["round"] == [0]
+
+
 def _nan_state_algo(bad_round: int) -> Algorithm:
   """Loss always finite; a state leaf becomes NaN after ``bad_round`` steps."""
   def init(key, params, data):
@@ -172,7 +195,7 @@ def test_nonfinite_state_is_caught_inside_the_compiled_chunk(ds):
   with pytest.raises(NonFiniteError, match=r"state\['aux'\]") as e:
     run(algo, jax.random.key(0), MODEL.init(jax.random.key(0)), ds.train, num_rounds=12,
         chunk_size=4, progress=False)
-  assert e.value.round == 8  # the end of the chunk holding round 5
+  assert e.value.round == 5  # exact, though it falls inside a chunk of 4 rounds
 
 
 def test_a_long_run_announces_its_remaining_time(ds, capsys):
@@ -309,3 +332,11 @@ def test_no_readable_checkpoint_is_a_clear_error(ds, tmp_path):
     warnings.simplefilter("ignore")
     with pytest.raises(CheckpointCorruptError, match="no readable checkpoint.*--overwrite"):
       _run(ds, num_rounds=6, checkpoint_dir=ckpt, resume=True)
+
+
+def test_counts_and_label_types_checked(ds):
+  tr = ds.train
+  with pytest.raises(DataError, match=r"num_examples must be integers in \[0, M="):
+    tr._replace(num_examples=tr.num_examples.at[0].set(tr.max_examples + 1)).validate()
+  with pytest.raises(DataError, match="must be integers"):
+    FederatedDataset(tr._replace(y=tr.y.astype(jnp.float32)), ds.test, 10, "x").validate()

@@ -60,6 +60,13 @@ class FederatedData(NamedTuple):
       raise DataError(f"{split} data: inconsistent shapes x {self.x.shape}, y {self.y.shape}, "
                       f"mask {np.shape(self.mask)}, num_examples {np.shape(self.num_examples)}; "
                       "expected x [N, M, ...], y [N, M, ...], mask [N, M], num_examples [N].")
+    counts = np.asarray(self.num_examples)
+    if not np.issubdtype(counts.dtype, np.integer) or counts.min() < 0 or counts.max() > m:
+      raise DataError(f"{split} data: num_examples must be integers in [0, M={m}], got "
+                      f"values in [{counts.min()}, {counts.max()}] ({counts.dtype}).")
+    if num_classes and not jnp.issubdtype(self.y.dtype, jnp.integer):
+      raise DataError(f"{split} data: labels of a {num_classes}-class problem must be "
+                      f"integers, got {self.y.dtype}.")
     flags = _client_checks(self, num_classes or 0)
     if any(isinstance(v, jax.core.Tracer) for v in flags.values()):
       return self  # called while tracing (e.g. init inside a vmapped sweep): nothing to read
