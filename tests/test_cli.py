@@ -134,7 +134,7 @@ def test_divergence_is_an_error_or_a_marked_skip(capsys, tmp_path):
   argv = ["run", "fedavg_digits", "--out", str(tmp_path), "--rounds", "30", "--set",
           "client_lr=1e30"] + ARGS
   err = _err(capsys, argv, 1)
-  assert "FedAdam" in err and "is nan at round" in err and "diverged" in err
+  assert "FedAdam" in err and "is not finite at round 1" in err and "diverged" in err
   assert not os.path.exists(tmp_path / "fedavg_digits" / "results.json")
   assert main(argv + ["--on-divergence", "skip", "--overwrite"]) == 0
   res = json.load(open(tmp_path / "fedavg_digits" / "results.json"))
@@ -185,7 +185,7 @@ def test_two_runs_in_one_output_folder(capsys, tmp_path):
 
 
 def test_config_validation():
-  with pytest.raises(ValueError, match="rounds must be an int >= 1"):
+  with pytest.raises(ValueError, match=r"rounds must be an int in \[1, "):
     Config(rounds=0).validate()
   with pytest.raises(ValueError, match="on_divergence"):
     Config(on_divergence="ignore").validate()
