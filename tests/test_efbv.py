@@ -150,8 +150,14 @@ def test_parameter_rule_matches_table_a2():
   assert p["r"] == pytest.approx(0.998443, abs=2e-6)
   assert p["gamma"] == pytest.approx(1.38e-4, rel=5e-3)  # Table A.2: 1.38e-4
   ef = efbv_params(comp.eta, comp.omega, C.omega_ran(comp.omega, 1000), 3.787, 3.787,
-                   nu=p["lam"])
+                   nu=p["lam"], r_av_rule="ef21")
   assert ef["gamma"] == pytest.approx(1.03e-4, rel=5e-3)  # Table A.2 EF21: 1.03e-4
+  # The paper's EF21 rule: r_av = r, so γ = 1/(L + L̃/s*) exactly.
+  assert ef["r_av"] == ef["r"] and ef["gamma"] == pytest.approx(1 / (3.787 + 3.787 / ef["s"]),
+                                                                rel=1e-12)
+  theory = efbv_params(comp.eta, comp.omega, C.omega_ran(comp.omega, 1000), 3.787, 3.787,
+                       nu=p["lam"])
+  assert theory["r_av"] < theory["r"] and theory["gamma"] > ef["gamma"]
   idp = efbv_params(0.0, 0.0, 0.0, 2.0, 2.0)
   assert idp["gamma"] == 0.5 and idp["r"] == 0.0  # identity: γ = 1/L
   with pytest.raises(ValueError, match="r ="):
@@ -185,8 +191,21 @@ def test_dimensionless_parameters_reproduce_table_a2(name, d, k, lam, r, r_av, s
   assert p["r_av"] == pytest.approx(r_av, abs=1.5e-3)
   assert p["s"] == pytest.approx(s, rel=0.02)
   # γ depends on L = L̃ (data), the EF-BV / EF21 ratio does not.
-  ef = efbv_params(comp.eta, comp.omega, om_ran, 1.0, 1.0, nu=p["lam"])
+  ef = efbv_params(comp.eta, comp.omega, om_ran, 1.0, 1.0, nu=p["lam"], r_av_rule="ef21")
   assert p["gamma"] / ef["gamma"] == pytest.approx(g_efbv / g_ef21, rel=0.015)
+
+
+def test_diana_rule_prop_246():
+  """λ = 1/(1+ω), ν = 1, γ = 1/(L_max(1 + (1+√2)² ω_ran)); `tuned` uses it for unbiased C."""
+  from fedjaxsparse.algorithms.efbv import diana_params, tuned
+  rk = C.rand_k(100, 5)  # ω = 19
+  p = diana_params(rk.omega, rk.omega / 50, 2.0)
+  assert p["lam"] == pytest.approx(1 / 20) and p["nu"] == 1.0
+  assert p["gamma"] == pytest.approx(1 / (2.0 * (1 + (1 + np.sqrt(2)) ** 2 * 19 / 50)))
+  _, q = tuned("diana", lambda *a: 0.0, rk, 50, 1.5, 1.5, L_max=2.0)
+  assert q == p
+  _, biased = tuned("diana", lambda *a: 0.0, C.comp_k(100, 1, 50), 50, 1.5, 1.5)
+  assert "r" in biased  # a biased compressor falls back to the EF-BV rule with ν = 1
 
 
 def test_constants_from_data_bound_the_true_curvature(problem):
@@ -237,3 +256,16 @@ def test_tuned_constructor_and_l1_prox_reach_the_lasso_solution(problem):
   np.testing.assert_allclose(shrink, [1.5])
   with pytest.raises(ValueError, match="method"):
     tuned("sgd", loss, C.identity(D), 5, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("h_init, extra", [("grad", 5 * 32 * D), ("zero", 0)])
+def test_initial_gradient_upload_is_charged(problem, h_init, extra):
+  """h_i⁰ = ∇f_i(x⁰) costs each of the 5 clients one dense 32·d-bit upload, charged to the
+  first step; later steps pay only the compressed messages."""
+  ds, model, loss = problem
+  comp = C.top_k(D, 2)
+  algo = ef_bv(loss, comp, 0.05, 1.0, 1.0, h_init=h_init)
+  res = run(algo, jax.random.key(0), model.init(jax.random.key(0)), ds.train, num_rounds=3,
+            progress=False)
+  assert res.history.rounds["bits_up"] == [5 * comp.bits(D) + extra, 5 * comp.bits(D),
+                                           5 * comp.bits(D)]

@@ -71,3 +71,30 @@ def test_efbv_logreg_nonconvex_small(tmp_path):
   ev = {m: r["history"]["evals"] for m, r in res["methods"].items()}
   assert ev["EF-BV"]["gap"][-1] < ev["EF-BV"]["gap"][0]  # ‖∇f‖² decreases
   assert "final ||grad f||^2" in res["table_text"]
+
+
+def test_mushrooms_standin_has_the_shape_of_mushrooms():
+  """8,124 × 112 one-hot rows (exactly one 1 per attribute: 22 per row), binary labels near
+  mushrooms' 52/48 balance, and informative attributes (a logistic fit beats the prior)."""
+  from sklearn.linear_model import LogisticRegression
+
+  from fedjaxsparse.experiments.efbv_logreg import MUSHROOM_CARDINALITIES, mushrooms_standin
+  x, y = mushrooms_standin()
+  assert x.shape == (8124, 112) and sum(MUSHROOM_CARDINALITIES) == 112
+  assert set(np.unique(x)) == {0.0, 1.0} and np.all(x.sum(1) == 22)
+  assert abs(y.mean() - 0.518) < 3 * np.sqrt(0.25 / 8124)  # 3 standard errors
+  acc = LogisticRegression(max_iter=500).fit(x[:6000], y[:6000]).score(x[6000:], y[6000:])
+  assert acc > max(y.mean(), 1 - y.mean()) + 0.1
+  np.testing.assert_array_equal(mushrooms_standin()[0], x)  # deterministic
+
+
+def test_efbv_logreg_runs_in_float64_with_the_papers_rules(tmp_path):
+  assert main(["run", "efbv_logreg", "--rounds", "400", "--eval-every", "200", "--out",
+               str(tmp_path), "--no-progress", "--set", "diana=true"]) == 0
+  res = json.load(open(tmp_path / "efbv_logreg" / "results.json"))
+  params = {p["method"]: p for p in res["parameters"]}
+  assert params["EF21"]["r_av"] == params["EF21"]["r"]  # the rule the paper ran
+  assert params["DIANA (rand-1)"]["nu"] == 1.0 and params["DIANA (rand-1)"]["r"] is None
+  # float64: the gaps are not float32 numbers (with float64=false every one of them is).
+  gaps = res["methods"]["EF-BV"]["history"]["evals"]["gap"]
+  assert all(float(np.float32(g)) != g for g in gaps)

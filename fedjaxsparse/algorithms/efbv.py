@@ -79,7 +79,8 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
     lam, nu: scalings λ (control variates) and ν (gradient estimate), in (0, 1].
     prox: ``(tree, step) -> prox_{step·R}(tree)``, or ``None`` for R = 0.
     h_init: ``"grad"`` (h_i⁰ = ∇f_i(x⁰), so the Lyapunov term starts at 0; the chapter does
-      not say) or ``"zero"``.
+      not say; this one dense upload per client, ``32·d`` bits, is charged to the first
+      step's ``bits_up``) or ``"zero"`` (nothing to upload).
   """
   for name, v in (("lam", lam), ("nu", nu)):
     check_number(name, v, 0.0, 1.0, low_open=True)
@@ -113,8 +114,10 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
     if prox is not None:
       x = prox(x, gamma)
     dim = accounting.num_params(state.x)
-    info = EFBVInfo(loss=jnp.mean(losses),
-                    bits_up=jnp.float32(n * compressor.bits(dim)),
+    up = jnp.float32(n * compressor.bits(dim))
+    if h_init == "grad":  # h_i⁰ = ∇f_i(x⁰) was uploaded dense: charged to the first step
+      up = up + jnp.where(state.t == 0, jnp.float32(n * accounting.dense_bits(dim)), 0.0)
+    info = EFBVInfo(loss=jnp.mean(losses), bits_up=up,
                     bits_down=jnp.float32(n * accounting.dense_bits(dim)),
                     grad_error=jnp.mean(jax.vmap(_sq_norm)(delta)))
     return EFBVState(x, h, h_clients, state.t + 1), info
@@ -154,10 +157,14 @@ def l2_prox(weight: float) -> Prox:
 
 
 def tuned(method: str, loss_fn: LossFn, compressor: Compressor, num_clients: int, L: float,
-          L_tilde: float, *, prox: Prox | None = None, **kw) -> tuple[Algorithm, dict]:
-  """``method`` ("ef-bv", "ef21" or "diana") with λ, ν, γ from :func:`efbv_params`
-  (``"KL"`` step rule when a prox is given, ``"PL"`` otherwise; ω_ran = ω/n for independent
-  compressors). Returns the algorithm and the parameters."""
+          L_tilde: float, *, prox: Prox | None = None, L_max: float | None = None,
+          **kw) -> tuple[Algorithm, dict]:
+  """``method`` ("ef-bv", "ef21" or "diana") with λ, ν, γ from the theory; ω_ran = ω/n for
+  independent compressors. EF-BV: :func:`efbv_params` (``"KL"`` step rule when a prox is
+  given, ``"PL"`` otherwise); EF21: the rule seed 001's experiments ran, ν = λ = λ* and
+  r_av = r, i.e. γ = 1/(L + L̃/s*) (``r_av_rule="ef21"``); DIANA with an unbiased compressor
+  and no prox: its own rule, Prop 2.4.6 (:func:`diana_params`, ``L_max`` default ``L``),
+  otherwise the EF-BV rule with ν = 1. Returns the algorithm and the parameters."""
   omega_ran = compressor.omega / num_clients
   setting = "KL" if prox is not None else "PL"
   if method == "ef-bv":
@@ -166,7 +173,9 @@ def tuned(method: str, loss_fn: LossFn, compressor: Compressor, num_clients: int
     a = 1.0 - compressor.eta
     lam = min(a / (a * a + compressor.omega), 1.0)
     p = efbv_params(compressor.eta, compressor.omega, omega_ran, L, L_tilde, setting, lam=lam,
-                    nu=lam)
+                    nu=lam, r_av_rule="ef21")
+  elif method == "diana" and compressor.unbiased and prox is None:
+    p = diana_params(compressor.omega, omega_ran, L if L_max is None else L_max)
   elif method == "diana":
     p = efbv_params(compressor.eta, compressor.omega, omega_ran, L, L_tilde, setting, nu=1.0)
   else:
@@ -174,9 +183,21 @@ def tuned(method: str, loss_fn: LossFn, compressor: Compressor, num_clients: int
   return ef_bv(loss_fn, compressor, p["gamma"], p["lam"], p["nu"], prox=prox, **kw), p
 
 
+def diana_params(omega: float, omega_ran: float, L_max: float) -> dict:
+  """DIANA's own parameters (Prop 2.4.6, unbiased ``C ∈ U(ω)``, f strongly convex):
+  ``λ = 1/(1+ω)``, ``ν = 1``, ``γ = 1/(L_max + L_max(1+√2)² ω_ran)`` (the text's ω_max is
+  ω_ran); the rate is ``max(1 − γμ, (1/2 + ω)/(1 + ω))``."""
+  if omega < 0 or omega_ran < 0 or not L_max > 0:
+    raise ValueError(f"need omega, omega_ran >= 0 and L_max > 0, got {omega}, {omega_ran}, "
+                     f"{L_max}.")
+  return {"lam": 1.0 / (1.0 + omega), "nu": 1.0, "omega_ran": omega_ran,
+          "gamma": 1.0 / (L_max * (1.0 + (1.0 + math.sqrt(2.0)) ** 2 * omega_ran)),
+          "rate_floor": (0.5 + omega) / (1.0 + omega)}
+
+
 def efbv_params(eta: float, omega: float, omega_ran: float, L: float, L_tilde: float,
-                setting: str = "PL", lam: float | None = None, nu: float | None = None
-                ) -> dict:
+                setting: str = "PL", lam: float | None = None, nu: float | None = None,
+                r_av_rule: str = "theory") -> dict:
   """The theory's parameters (spec §3, eqs. 2.6/2.8/2.11), computed in float64 on the host.
 
   ``λ* = min((1−η)/((1−η)²+ω), 1)``, ``ν* = min((1−η)/((1−η)²+ω_ran), 1)``,
@@ -184,7 +205,13 @@ def efbv_params(eta: float, omega: float, omega_ran: float, L: float, L_tilde: f
   (``s = 1/√r − 1`` nonconvex), ``γ = 1/(cL + L̃·√(r_av/r)/s)`` with c = 2 for ``"KL"`` (R ≠ 0)
   and 1 otherwise. Pass ``nu=lam`` for EF21 and ``nu=1`` for DIANA. Uses the cancellation-free
   ``1 − r = 2λ(1−η) − λ²((1−η)² + ω)`` since r is within 1e-3 of 1 in the experiments.
+
+  ``r_av_rule="ef21"`` sets ``r_av = r`` — what seed 001's experiments ran for EF21 (Table
+  A.2, "r_av EF21 (= r)": γ = 1/(L + L̃/s*)); with ``nu=lam`` the theory's
+  ``r_av = (1−ν+νη)² + ν²ω_ran`` is slightly smaller (a γ about 4 % larger on mushrooms).
   """
+  if r_av_rule not in ("theory", "ef21"):
+    raise ValueError(f"r_av_rule must be 'theory' or 'ef21', got {r_av_rule!r}.")
   if not 0 <= eta < 1:
     raise ValueError(f"eta must be in [0, 1), got {eta}.")
   if setting not in ("PL", "KL", "nonconvex"):
@@ -194,7 +221,7 @@ def efbv_params(eta: float, omega: float, omega_ran: float, L: float, L_tilde: f
   nu = min(a / (a * a + omega_ran), 1.0) if nu is None else nu
   one_minus_r = 2 * lam * a - lam * lam * (a * a + omega)
   r = 1.0 - one_minus_r
-  r_av = (1 - nu * a) ** 2 + nu * nu * omega_ran
+  r_av = r if r_av_rule == "ef21" else (1 - nu * a) ** 2 + nu * nu * omega_ran
   if not r < 1:
     raise ValueError(f"r = {r} >= 1: this (compressor, lam) pair has no guarantee; use "
                      "lam = lambda* (lam=None).")
