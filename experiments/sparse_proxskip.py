@@ -11,21 +11,28 @@ writers, ``--dataset femnist --data-dir ...``) or regression (ridge regression, 
 §4.1 uses BlogFeedback's 554 natural clients, ``--dataset blogfeedback --data-dir ...``).
 The default is the embedded digits set (offline), a stand-in labelled as such in the output.
 
-Every model is Top-K'd to the target sparsity before every evaluation (seed 000 §B). The
-ProxSkip family runs ``--rounds`` *iterations* (one local step each, communication with
-probability p); FedHT/FedIHT run ``p · rounds`` rounds of ``1/p`` local steps, so every method
-takes the same number of local gradient steps. γ = 1/L_max and p = 1/√κ (ProxSkip's theory)
-are computed from the data unless given (``--set gamma=... --set p=...``); the paper tuned
-both by random search and does not report them.
+Every model is Top-K'd to the target sparsity before every evaluation (seed 000 §B), and the
+table's "train loss" is the training objective f(w) of that evaluated model. The ProxSkip
+family runs ``--rounds`` *iterations* (one local step each, communication with probability
+p); FedHT/FedIHT run rounds/L rounds of L local steps, so every method takes the same number
+of local gradient steps. Without a search, γ = 1/L_max and p = 1/√κ (ProxSkip's theory) and
+L = round(1/p) come from the data (or ``--set gamma=... --set p=...``). With ``--set search=N``
+every method — FedHT/FedIHT included, over γ and L — is tuned by seed 000's two-stage random
+search (N candidates per stage, ``repetitions`` seeds each, all of a stage in one vmapped
+program) on a validation split of each client's training data; the test split is only used
+for the reported numbers, from runs on the full training data. ``--set seeds=5`` adds the
+final metric's mean ± standard error over 5 seeds. Methods carry the paper's names.
 
 Options: see ``OPTIONS`` (``fedjaxsparse describe sparse_proxskip``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.algorithms import proxskip as ps
@@ -38,16 +45,18 @@ from fedjaxsparse.experiment import (Config, Option, bits_to_reach, entry, outpu
                                      status)
 from fedjaxsparse.models import linear_regression, make_loss, softmax_regression
 from fedjaxsparse.plotting import method_colors, plot_methods, plot_series
+from fedjaxsparse.protocol import Dimension, mean_se, two_stage_search, validation_split
 from fedjaxsparse.sparsity import k_from_sparsity, top_k
 from fedjaxsparse.sweep import run_batched
 
 NAME = "sparse_proxskip"
 DESCRIPTION = "Seed 000: Sparse-ProxSkip vs Final-TopK, FedHT, FedIHT, ASP, RandProx-l1, SPS-Local"
-DEFAULTS = dict(rounds=3000, clients=20, dataset="digits", eval_every=100)
+DEFAULTS = dict(rounds=3000, clients=20, dataset="digits", eval_every=1)  # every communication
 BUDGET = ("iterations (local gradient steps) per method; ProxSkip-family methods communicate "
-          "with probability p per iteration, FedHT/FedIHT run rounds/round(1/p) communication "
-          "rounds of round(1/p) local steps, so every method takes the same local steps")
-RUNTIME = "about 40 s (9 methods x 3000 iterations on digits; measured 36 s)"
+          "with probability p per iteration, FedHT/FedIHT run rounds/L communication rounds of "
+          "L local steps, so every method takes the same local steps")
+RUNTIME = ("about 40 s (9 methods x 3000 iterations on digits, evaluated at every iteration; "
+           "measured 36 s); --set search=8 --set seeds=5: several minutes")
 OPTIONS = (
     Option("sparsity", 0.9, "target sparsity of the evaluated (Top-K'd) model", low=0.0,
            high=1.0, high_open=True),
@@ -71,10 +80,19 @@ OPTIONS = (
            kind="floats", identity=False),
     Option("diagnostics", True, "also run ASP-modified and SPS-modified and plot the zero-sum "
            "diagnostics (Figs 6-8)", identity=False),
-    Option("search", 0, "random (gamma, p) samples per ProxSkip-family method (0: theory "
-           "values)", low=0),
-    Option("repetitions", 5, "seeds per random-search sample", low=1),
+    Option("search", 0, "candidates per stage of the two-stage random search run for EVERY "
+           "method on a validation split (0: theory values, gamma = 1/L_max, p = 1/sqrt(kappa))",
+           low=0),
+    Option("repetitions", 5, "seeds per random-search candidate", low=1),
+    Option("validation", 0.2, "fraction of each client's training examples held out for "
+           "tuning", low=0.0, high=1.0, low_open=True, high_open=True),
+    Option("seeds", 1, "final runs per method for the mean ± s.e. column (the paper: 5)",
+           low=1, identity=False),
 )
+ASP, SPS_LOCAL, SPS = "Accelerated-Server-Pruning", "Sparse-ProxSkip-Local", "Sparse-ProxSkip"
+ASP_MOD, SPS_MOD = f"{ASP}-modified", f"{SPS}-modified"
+METHODS = ("Final-TopK", "FedHT", "FedIHT", ASP, "RandProx-l1", SPS_LOCAL, SPS)  # the paper's
+FEDAVG_STYLE = ("FedHT", "FedIHT")  # rounds of a static number of local steps
 PAPER_DATASETS = {"blogfeedback": "seed 000 §4.1 (BlogFeedback)",
                   "femnist": "seed 000 §4.2 (FEMNIST)"}
 
@@ -107,7 +125,8 @@ def _run(cfg: Config, opts: dict) -> dict:
                                                       [0.3, 0.4, 0.45])
   else:
     model = softmax_regression(d_in, ds.num_classes, l2=l2)
-    metric, thresholds = "accuracy", opts["thresholds"] or [0.75, 0.8, 0.85]
+    metric, thresholds = "accuracy", opts["thresholds"] or (
+        [0.8, 0.825, 0.85] if cfg.dataset == "femnist" else [0.75, 0.8, 0.85])  # Table 3
   consts = linear_model_constants(ds.train, l2, "squared" if regression else "softmax",
                                   reduction, use_bias=not blog)
   gamma = opts["gamma"] or 1.0 / consts.L_max
@@ -122,43 +141,52 @@ def _run(cfg: Config, opts: dict) -> dict:
   print(f"{NAME}: {label}, {ds.num_clients} clients, d={d}, sparsity={sparsity:.0%} (K={k}), "
         f"L_max={consts.L_max:.4g}, mu={consts.mu:.4g}, gamma={gamma:.4g}, p={p:.4g}")
 
-  def build(name, sp, g, pp):
-    """The method ``name`` at sparsity ``sp`` with step size ``g`` and probability ``pp``."""
-    st = max(1, round(1 / float(pp))) if not isinstance(pp, jax.core.Tracer) else steps
-    return {"Final-TopK": lambda: ps.proxskip(loss, g, pp),
-            "FedHT": lambda: fedht(loss, g, st, sp),
-            "FedIHT": lambda: fediht(loss, g, st, sp),
-            "ASP": lambda: ps.accelerated_server_pruning(loss, g, pp, sp),
-            "RandProx-l1": lambda: ps.randprox_l1(loss, g, pp, lam),
-            "SPS-Local": lambda: ps.sparse_proxskip_local(loss, g, pp, sp),
-            "SPS": lambda: ps.sparse_proxskip(loss, g, pp, sp),
-            "ASP-modified": lambda: ps.accelerated_server_pruning_modified(loss, g, pp, sp),
-            "SPS-modified": lambda: ps.sparse_proxskip_modified(loss, g, pp, sp)}[name]()
+  def build(name, sp, g, x):
+    """The method ``name`` at sparsity ``sp`` with step size ``g``; ``x`` is the probability
+    p for the ProxSkip family and the (static) local-step count for FedHT/FedIHT."""
+    return {"Final-TopK": lambda: ps.proxskip(loss, g, x),
+            "FedHT": lambda: fedht(loss, g, x, sp),
+            "FedIHT": lambda: fediht(loss, g, x, sp),
+            ASP: lambda: ps.accelerated_server_pruning(loss, g, x, sp),
+            "RandProx-l1": lambda: ps.randprox_l1(loss, g, x, lam),
+            SPS_LOCAL: lambda: ps.sparse_proxskip_local(loss, g, x, sp),
+            SPS: lambda: ps.sparse_proxskip(loss, g, x, sp),
+            ASP_MOD: lambda: ps.accelerated_server_pruning_modified(loss, g, x, sp),
+            SPS_MOD: lambda: ps.sparse_proxskip_modified(loss, g, x, sp)}[name]()
 
-  names = ["Final-TopK", "FedHT", "FedIHT", "ASP", "RandProx-l1", "SPS-Local", "SPS"]
+  names = list(METHODS)
   if opts["diagnostics"]:
-    names += ["ASP-modified", "SPS-modified"]
+    names += [ASP_MOD, SPS_MOD]
   colors = method_colors(names)
-  eval_fn = make_eval_fn(model)
+  base_eval = make_eval_fn(model)
+
+  def eval_fn(params, data):
+    """Test metrics plus the training objective f(w) = (1/N)Σ_i f_i(w) of the evaluated
+    (Top-K'd) model — the paper's "final train loss"."""
+    test, train = data
+    per_client = jax.vmap(loss, in_axes=(None, 0, 0, 0))(params, train.x, train.y, train.mask)
+    return {**base_eval(params, test), "train_objective": jnp.mean(per_client)}
+
+  defaults = {n: (gamma, steps if n in FEDAVG_STYLE else p) for n in names}
   tuned = {}
   if opts["search"] > 0:
-    tuned = _random_search(cfg, names, build, params, ds, eval_fn, sparsity, k, gamma, p,
-                           metric, opts["search"], opts["repetitions"])
+    tuned = _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, metric)
+  setting = {n: tuned.get(n, defaults[n]) for n in names}
 
   def run_all(sp, names_here, tag=""):
     k_sp = k_from_sparsity(d, sp)
     sparse_params = lambda state: top_k(state.params, k_sp)
     out = {}
     for name in names_here:
-      g, pp = tuned.get(name, (gamma, p))
-      fed = name in ("FedHT", "FedIHT")
-      st = max(1, round(1 / pp))
-      sub = Config(**{**cfg.__dict__, "rounds": max(1, round(cfg.rounds / st)) if fed else
-                      cfg.rounds, "eval_every": max(1, cfg.eval_every // st) if fed else
-                      cfg.eval_every})
-      rec = run_method(sub, NAME, name + tag, build(name, sp, g, pp), params, ds.train,
-                       ds.test, eval_fn, params_fn=sparse_params)
-      per_step = st if fed else 1
+      g, x = setting[name]
+      fed = name in FEDAVG_STYLE
+      st = x if fed else 1  # local steps per round of the method
+      sub = dataclasses.replace(cfg, rounds=max(1, cfg.rounds // st),
+                                eval_every=max(1, cfg.eval_every // st))
+      rec = run_method(sub, NAME, name + tag, build(name, sp, g, x), params, ds.train,
+                       (ds.test, ds.train), eval_fn, params_fn=sparse_params,
+                       chunk_size=max(1, min(sub.rounds, 100 // st)))
+      per_step = st
       for table in ("rounds", "evals"):
         h = rec["history"][table]
         h["local_steps"] = [r * per_step for r in h["round"]]
@@ -170,12 +198,12 @@ def _run(cfg: Config, opts: dict) -> dict:
   by_sparsity = {sparsity: {m: r["final"].get(metric) for m, r in records.items()}}
   for sp in opts["sparsities"]:
     if sp != sparsity:
-      extra = run_all(sp, names[:7], tag=f"@{sp}")
+      extra = run_all(sp, list(METHODS), tag=f"@{sp}")
       by_sparsity[sp] = {m: r["final"].get(metric) for m, r in extra.items()}
   if len(by_sparsity) > 1:  # Table 1 / Table 4 layout: final metric per method and sparsity
     cols = sorted(by_sparsity)
     grid_rows = [{"method": m, **{f"{metric} @ {sp:.0%}": by_sparsity[sp].get(m)
-                                  for sp in cols}} for m in names[:7]]
+                                  for sp in cols}} for m in list(METHODS)]
     print_table(grid_rows, list(grid_rows[0]))
   else:
     grid_rows = []
@@ -185,11 +213,19 @@ def _run(cfg: Config, opts: dict) -> dict:
     ev, rd = rec["history"]["evals"], rec["history"]["rounds"]
     values = ev.get(metric, [])
     row = {"method": name, f"final {metric}": last(values),
-           f"best {metric}": max(values, default=None), "train loss": last(rd.get("loss", []))}
+           f"best {metric}": max(values, default=None),
+           "train loss": last(ev.get("train_objective", []))}
     for t in thresholds:
       row[f"bits/client to {t}"] = bits_to_reach(ev, metric, t, "uplink_bits_per_client")
     rows.append(row)
   ref = next((r for r in rows if r["method"] == ("Final-TopK" if regression else "FedIHT")))
+  seed_stats = {}
+  if opts["seeds"] > 1:
+    seed_stats = _seed_statistics(cfg, opts, names, build, setting, params, ds, eval_fn,
+                                  sparsity, d, metric)
+    for row in rows:
+      st = seed_stats[row["method"]]
+      row[f"{metric} mean ± s.e. ({opts['seeds']} seeds)"] = f"{st['mean']:.4f} ± {st['se']:.4f}"
   for row in rows:
     b, b_ref = row[f"bits/client to {thresholds[0]}"], ref[f"bits/client to {thresholds[0]}"]
     row[f"speedup at {thresholds[0]} vs {ref['method']}"] = (
@@ -200,8 +236,12 @@ def _run(cfg: Config, opts: dict) -> dict:
   table = print_table(rows, list(rows[0]))
   out = output_dir(cfg, NAME)
   results = {"experiment": NAME, "dataset": label, "metric": metric, "sparsity": sparsity,
-             "k": k, "gamma": gamma, "p": p, "tuned": tuned, "constants": consts._asdict(),
+             "k": k, "gamma": gamma, "p": p, "tuned": tuned,
+             "settings": {n: {"gamma": g, ("local_steps" if n in FEDAVG_STYLE else "p"): x}
+                          for n, (g, x) in setting.items()},
+             "constants": consts._asdict(),
              "table": rows, "table_text": table, "sparsity_table": grid_rows,
+             "seed_statistics": seed_stats,
              "methods": records}
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, metric, os.path.join(out, f"{NAME}.png"),
@@ -209,7 +249,7 @@ def _run(cfg: Config, opts: dict) -> dict:
                      x="local_steps", bits="uplink_bits_per_client", colors=colors)
   print(f"results: {path}\nplot: {png}")
   if opts["diagnostics"]:
-    diag = plot_series({m: r for m, r in records.items() if m not in ("FedHT", "FedIHT")},
+    diag = plot_series({m: r for m, r in records.items() if m not in FEDAVG_STYLE},
                        ["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
                        os.path.join(out, f"{NAME}_zero_sum.png"),
                        title="zero-sum diagnostics (seed 000 appendix D)", x="local_steps",
@@ -218,33 +258,75 @@ def _run(cfg: Config, opts: dict) -> dict:
   return results
 
 
-def _random_search(cfg, names, build, params, ds, eval_fn, sparsity, k, gamma, p, metric,
-                   samples, repetitions):
-  """Seed 000's tuning: random (γ, p) around the theory values (log-uniform in [γ/4, 4γ] and
-  [p/4, min(1, 4p)]), ``repetitions`` seeds each; every (sample, seed) pair of a method runs
-  in ONE compiled program (``run_batched``); the best mean final metric wins."""
-  rng = np.random.default_rng(cfg.seed)
-  gammas = gamma * np.exp(rng.uniform(np.log(0.25), np.log(4.0), samples))
-  ps_ = np.minimum(1.0, p * np.exp(rng.uniform(np.log(0.25), np.log(4.0), samples)))
-  hp = {"gamma": np.repeat(gammas, repetitions).astype(np.float32),
-        "p": np.repeat(ps_, repetitions).astype(np.float32)}
-  seeds = np.tile(np.arange(repetitions), samples) + 1000 * cfg.seed
-  keys = jax.vmap(jax.random.key)(seeds.astype(np.uint32))
+def _scores(cfg, name, build, sparsity, k, params, train, test, eval_fn, metric, cands,
+            repetitions, seed):
+  """Final ``metric`` of every candidate, mean over ``repetitions`` seeds, on ``test``; all
+  candidates × repetitions run as one vmapped program (FedHT/FedIHT: one per local-step
+  value, their static argument, with the same local-step budget)."""
+  n = len(cands["gamma"])
+  out = np.full(n, -np.inf)
+  groups = ([(None, np.arange(n))] if name not in FEDAVG_STYLE else
+            [(int(v), np.flatnonzero(cands["x"] == v)) for v in np.unique(cands["x"])])
+  for static, idx in groups:
+    hp = {key: np.repeat(v[idx], repetitions) for key, v in cands.items()}
+    keys = jax.vmap(jax.random.key)(
+        (np.tile(np.arange(repetitions), len(idx)) + 1000 * seed).astype(np.uint32))
+    rounds = cfg.rounds if static is None else max(1, cfg.rounds // static)
+    _, hist = run_batched(
+        lambda h: build(name, sparsity, h["gamma"], h["x"] if static is None else static),
+        keys, params, train, test, num_rounds=rounds, hparams=hp, eval_fn=eval_fn,
+        eval_every=rounds, params_fn=lambda s: top_k(s.params, k))
+    final = np.array([h.evals[metric][-1] for h in hist]).reshape(len(idx), repetitions)
+    out[idx] = np.where(np.isfinite(final), final, -np.inf).mean(1)
+  return out
+
+
+def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, metric):
+  """Seed 000's tuning for EVERY method, baselines included: a two-stage random search
+  (:func:`fedjaxsparse.protocol.two_stage_search`) over γ ∈ [γ₀/10, 10γ₀] and 1/p ∈ [1, 100]
+  (FedHT/FedIHT: their local-step count ∈ [1, 100]), each candidate scored by its mean final
+  metric over ``repetitions`` seeds on a validation split carved from the clients' training
+  data; the test split is never seen. Returns ``{method: (γ, p or local steps)}``."""
+  fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
+  data = (val, fit)  # the evaluation reads (held-out split, training split)
   best = {}
   for name in names:
-    if name in ("FedHT", "FedIHT"):  # local step counts are static: not vmappable here
-      continue
-    _, hist = run_batched(lambda h: build(name, sparsity, h["gamma"], h["p"]), keys, params,
-                          ds.train, ds.test, num_rounds=cfg.rounds, hparams=hp,
-                          eval_fn=eval_fn, eval_every=cfg.rounds,
-                          params_fn=lambda s: top_k(s.params, k))
-    final = np.array([h.evals[metric][-1] for h in hist]).reshape(samples, repetitions)
-    # a diverged sample (NaN/inf metric) scores -inf: np.argmax would pick NaN as the best
-    i = int(np.argmax(np.where(np.isfinite(final), final, -np.inf).mean(1)))
-    best[name] = (float(gammas[i]), float(ps_[i]))
-    print(f"search {name}: best gamma={gammas[i]:.4g} p={ps_[i]:.4g} "
-          f"{metric}={final[i].mean():.4f} ± {final[i].std():.4f} over {repetitions} seeds")
+    fed = name in FEDAVG_STYLE
+    space = {"gamma": Dimension(gamma / 10, gamma * 10),
+             "x": Dimension(1, 100, integer=True) if fed else Dimension(1.0, 100.0)}
+
+    def score(c, name=name, fed=fed):
+      cands = {"gamma": c["gamma"], "x": c["x"] if fed else 1.0 / c["x"]}
+      return _scores(cfg, name, build, sparsity, k, params, fit, data, eval_fn, metric, cands,
+                     opts["repetitions"], cfg.seed)
+
+    res = two_stage_search(score, space, (opts["search"], opts["search"]), seed=cfg.seed)
+    x = int(res.best["x"]) if fed else 1.0 / res.best["x"]
+    best[name] = (res.best["gamma"], x)
+    print(f"search {name}: gamma={res.best['gamma']:.4g} "
+          f"{'local steps' if fed else 'p'}={x:.4g}, validation {metric}="
+          f"{res.best_score:.4f} (mean of {opts['repetitions']} seeds)")
   return best
+
+
+def _seed_statistics(cfg, opts, names, build, setting, params, ds, eval_fn, sparsity, d,
+                     metric) -> dict:
+  """``{method: mean_se(final METRIC over the seeds)}`` from ``seeds`` runs of each method
+  with its chosen setting (one vmapped program per method); per-seed values kept."""
+  k = k_from_sparsity(d, sparsity)
+  out = {}
+  for name in names:
+    g, x = setting[name]
+    fed = name in FEDAVG_STYLE
+    hp = {"gamma": np.full(opts["seeds"], g), "x": np.full(opts["seeds"], x)}
+    rounds = max(1, cfg.rounds // x) if fed else cfg.rounds
+    keys = jax.vmap(jax.random.key)(np.arange(opts["seeds"], dtype=np.uint32) + 7919 * cfg.seed)
+    _, hist = run_batched(lambda h: build(name, sparsity, h["gamma"], x if fed else h["x"]),
+                          keys, params, ds.train, (ds.test, ds.train), num_rounds=rounds,
+                          hparams=hp, eval_fn=eval_fn, eval_every=rounds,
+                          params_fn=lambda s: top_k(s.params, k))
+    out[name] = mean_se([h.evals[metric][-1] for h in hist])
+  return out
 
 
 run = entry(NAME, OPTIONS, _run)

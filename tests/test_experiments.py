@@ -3,6 +3,7 @@ JSON and both plots; the zero-sum diagnostics separate the variants as the paper
 import json
 
 import numpy as np
+import pytest
 
 from fedjaxsparse.cli import main
 
@@ -12,16 +13,18 @@ def test_sparse_proxskip_small(tmp_path):
         "--out", str(tmp_path), "--no-progress"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
   methods = res["methods"]
-  assert set(methods) == {"Final-TopK", "FedHT", "FedIHT", "ASP", "RandProx-l1", "SPS-Local", "SPS",
-                          "ASP-modified", "SPS-modified"}
-  for name in ("SPS", "SPS-Local", "ASP-modified", "Final-TopK"):
+  assert set(methods) == {"Final-TopK", "FedHT", "FedIHT", "Accelerated-Server-Pruning",
+                          "RandProx-l1", "Sparse-ProxSkip-Local", "Sparse-ProxSkip",
+                          "Accelerated-Server-Pruning-modified", "Sparse-ProxSkip-modified"}
+  for name in ("Sparse-ProxSkip", "Sparse-ProxSkip-Local", "Accelerated-Server-Pruning-modified",
+               "Final-TopK"):
     h = methods[name]["history"]["rounds"]
     assert max(h["sum_h_norm"]) < 1e-3 * max(1.0, max(h["mean_h_norm"]) * 8)
-  for name in ("ASP", "SPS-modified"):
+  for name in ("Accelerated-Server-Pruning", "Sparse-ProxSkip-modified"):
     h = methods[name]["history"]["rounds"]
     assert h["sum_h_norm"][-1] > 1e-2
   # SPS uploads exactly K values per client per communication.
-  rd = methods["SPS"]["history"]["rounds"]
+  rd = methods["Sparse-ProxSkip"]["history"]["rounds"]
   comm = np.asarray(rd["communicated"]) > 0
   np.testing.assert_array_equal(np.asarray(rd["upload_nnz"])[comm], res["k"])
   for png in ("sparse_proxskip.png", "sparse_proxskip_zero_sum.png"):
@@ -34,10 +37,19 @@ def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
         "--out", str(tmp_path), "--no-progress", "--set", "sparsities=[0.8,0.9]",
         "--set", "search=2", "--set", "repetitions=2", "--set", "diagnostics=False"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
-  assert [r["method"] for r in res["sparsity_table"]] == [
-      "Final-TopK", "FedHT", "FedIHT", "ASP", "RandProx-l1", "SPS-Local", "SPS"]
+  names = ["Final-TopK", "FedHT", "FedIHT", "Accelerated-Server-Pruning", "RandProx-l1",
+           "Sparse-ProxSkip-Local", "Sparse-ProxSkip"]
+  assert [r["method"] for r in res["sparsity_table"]] == names
   assert all(0 <= r["accuracy @ 80%"] <= 1 for r in res["sparsity_table"])
-  assert set(res["tuned"]) == {"Final-TopK", "ASP", "RandProx-l1", "SPS-Local", "SPS"}
+  assert set(res["tuned"]) == set(names)  # every method tuned, FedHT/FedIHT included
+  for name in ("FedHT", "FedIHT"):
+    steps = res["settings"][name]["local_steps"]
+    assert isinstance(steps, int) and 1 <= steps <= 100
+    assert res["methods"][name]["history"]["rounds"]["round"][-1] == 60 // steps
+  # the train loss column is the objective of the evaluated (Top-K'd) model
+  for row in res["table"]:
+    ev = res["methods"][row["method"]]["history"]["evals"]
+    assert row["train loss"] == ev["train_objective"][-1]
 
 
 def test_sparse_proxskip_cifar_cpu_stand_in(tmp_path):
@@ -98,3 +110,38 @@ def test_efbv_logreg_runs_in_float64_with_the_papers_rules(tmp_path):
   # float64: the gaps are not float32 numbers (with float64=false every one of them is).
   gaps = res["methods"]["EF-BV"]["history"]["evals"]["gap"]
   assert all(float(np.float32(g)) != g for g in gaps)
+
+
+def test_tuning_never_sees_the_test_split(tmp_path, monkeypatch):
+  """Every tuning decision is made on the validation split: relabelling the test split
+  changes the reported accuracies but not one chosen hyper-parameter."""
+  from fedjaxsparse.data import digits
+  from fedjaxsparse.experiments import sparse_proxskip as exp
+  clean = digits(num_clients=5, partition="dirichlet", alpha=0.5, seed=0)
+  poisoned = clean._replace(test=clean.test._replace(y=(clean.test.y + 3) % 10))
+  tuned = {}
+  for tag, ds in (("clean", clean), ("poisoned", poisoned)):
+    monkeypatch.setattr(exp, "_load", lambda cfg, alpha, ds=ds: ds)
+    assert main(["run", "sparse_proxskip", "--rounds", "40", "--eval-every", "20", "--clients",
+                 "5", "--out", str(tmp_path / tag), "--no-progress", "--set", "search=3",
+                 "--set", "repetitions=2", "--set", "diagnostics=false"]) == 0
+    tuned[tag] = json.load(open(tmp_path / tag / "sparse_proxskip" / "results.json"))
+  assert tuned["clean"]["tuned"] == tuned["poisoned"]["tuned"]
+  acc = lambda r: [row["final accuracy"] for row in r["table"]]
+  assert acc(tuned["clean"]) != acc(tuned["poisoned"])
+
+
+def test_seed_statistics_are_mean_and_standard_error(tmp_path):
+  assert main(["run", "sparse_proxskip", "--rounds", "40", "--eval-every", "20", "--clients",
+               "5", "--out", str(tmp_path), "--no-progress", "--set", "seeds=3",
+               "--set", "diagnostics=false"]) == 0
+  res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
+  for name, st in res["seed_statistics"].items():
+    v = np.asarray(st["values"])
+    assert len(v) == 3 and st["mean"] == pytest.approx(v.mean())
+    assert st["se"] == pytest.approx(v.std(ddof=1) / np.sqrt(3))
+  # seed 0 of the vmapped statistics is the reported, checkpointed single run (same keys)
+  for row in res["table"]:
+    first = res["seed_statistics"][row["method"]]["values"][0]
+    assert first == pytest.approx(row["final accuracy"], abs=1e-6)
+  assert "mean ± s.e. (3 seeds)" in res["table_text"]
