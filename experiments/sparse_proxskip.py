@@ -56,7 +56,7 @@ BUDGET = ("iterations (local gradient steps) per method; ProxSkip-family methods
           "with probability p per iteration, FedHT/FedIHT run rounds/L communication rounds of "
           "L local steps, so every method takes the same local steps")
 RUNTIME = ("about 40 s (9 methods x 3000 iterations on digits, evaluated at every iteration; "
-           "measured 36 s); --set search=8 --set seeds=5: several minutes")
+           "measured 36 s); with --set search=8 --set seeds=5 about 13 min (measured 768 s)")
 OPTIONS = (
     Option("sparsity", 0.9, "target sparsity of the evaluated (Top-K'd) model", low=0.0,
            high=1.0, high_open=True),
