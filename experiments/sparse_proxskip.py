@@ -88,6 +88,11 @@ OPTIONS = (
            "tuning", low=0.0, high=1.0, low_open=True, high_open=True),
     Option("seeds", 1, "final runs per method for the mean ± s.e. column (the paper: 5)",
            low=1, identity=False),
+    Option("budget", "iterations", "what --rounds counts: iterations (local steps; ProxSkip "
+           "methods communicate with probability p per step) or communications (the paper's "
+           "unit, 10^4 communication rounds for every method: ProxSkip methods run rounds of "
+           "Geometric(p) local steps, FedHT/FedIHT rounds of L local steps)",
+           choices=("iterations", "communications")),
 )
 ASP, SPS_LOCAL, SPS = "Accelerated-Server-Pruning", "Sparse-ProxSkip-Local", "Sparse-ProxSkip"
 ASP_MOD, SPS_MOD = f"{ASP}-modified", f"{SPS}-modified"
@@ -141,18 +146,21 @@ def _run(cfg: Config, opts: dict) -> dict:
   print(f"{NAME}: {label}, {ds.num_clients} clients, d={d}, sparsity={sparsity:.0%} (K={k}), "
         f"L_max={consts.L_max:.4g}, mu={consts.mu:.4g}, gamma={gamma:.4g}, p={p:.4g}")
 
+  by_comms = opts["budget"] == "communications"
+
   def build(name, sp, g, x):
     """The method ``name`` at sparsity ``sp`` with step size ``g``; ``x`` is the probability
     p for the ProxSkip family and the (static) local-step count for FedHT/FedIHT."""
-    return {"Final-TopK": lambda: ps.proxskip(loss, g, x),
+    f = {"form": "round" if by_comms else "iteration"}
+    return {"Final-TopK": lambda: ps.proxskip(loss, g, x, **f),
             "FedHT": lambda: fedht(loss, g, x, sp),
             "FedIHT": lambda: fediht(loss, g, x, sp),
-            ASP: lambda: ps.accelerated_server_pruning(loss, g, x, sp),
-            "RandProx-l1": lambda: ps.randprox_l1(loss, g, x, lam),
-            SPS_LOCAL: lambda: ps.sparse_proxskip_local(loss, g, x, sp),
-            SPS: lambda: ps.sparse_proxskip(loss, g, x, sp),
-            ASP_MOD: lambda: ps.accelerated_server_pruning_modified(loss, g, x, sp),
-            SPS_MOD: lambda: ps.sparse_proxskip_modified(loss, g, x, sp)}[name]()
+            ASP: lambda: ps.accelerated_server_pruning(loss, g, x, sp, **f),
+            "RandProx-l1": lambda: ps.randprox_l1(loss, g, x, lam, **f),
+            SPS_LOCAL: lambda: ps.sparse_proxskip_local(loss, g, x, sp, **f),
+            SPS: lambda: ps.sparse_proxskip(loss, g, x, sp, **f),
+            ASP_MOD: lambda: ps.accelerated_server_pruning_modified(loss, g, x, sp, **f),
+            SPS_MOD: lambda: ps.sparse_proxskip_modified(loss, g, x, sp, **f)}[name]()
 
   names = list(METHODS)
   if opts["diagnostics"]:
@@ -180,16 +188,22 @@ def _run(cfg: Config, opts: dict) -> dict:
     for name in names_here:
       g, x = setting[name]
       fed = name in FEDAVG_STYLE
-      st = x if fed else 1  # local steps per round of the method
+      st = x if fed and not by_comms else 1  # budget units per step of the method
       sub = dataclasses.replace(cfg, rounds=max(1, cfg.rounds // st),
                                 eval_every=max(1, cfg.eval_every // st))
       rec = run_method(sub, NAME, name + tag, build(name, sp, g, x), params, ds.train,
                        (ds.test, ds.train), eval_fn, params_fn=sparse_params,
                        chunk_size=max(1, min(sub.rounds, 100 // st)))
-      per_step = st
-      for table in ("rounds", "evals"):
-        h = rec["history"][table]
-        h["local_steps"] = [r * per_step for r in h["round"]]
+      rd = rec["history"]["rounds"]
+      steps_done = np.cumsum(rd["local_steps"] if "local_steps" in rd else
+                             np.full(len(rd["round"]), x))  # FedHT/FedIHT: x per round
+      comms = np.cumsum(rd["communicated"] if "communicated" in rd else
+                        np.ones(len(rd["round"])))
+      rd["local_steps"], rd["communications"] = steps_done.tolist(), comms.tolist()
+      ev = rec["history"]["evals"]
+      at = lambda col: [0 if r == 0 else col[r - 1] for r in ev["round"]]
+      ev["local_steps"], ev["communications"] = at(rd["local_steps"]), at(rd["communications"])
+      for h in (rd, ev):
         h["uplink_bits_per_client"] = [b / ds.num_clients for b in h["uplink_bits"]]
       out[name] = rec
     return out
@@ -246,19 +260,20 @@ def _run(cfg: Config, opts: dict) -> dict:
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, metric, os.path.join(out, f"{NAME}.png"),
                      title=f"{label}, {sparsity:.0%} sparsity (models Top-K'd at evaluation)",
-                     x="local_steps", bits="uplink_bits_per_client", colors=colors)
+                     x="communications" if by_comms else "local_steps",
+                     bits="uplink_bits_per_client", colors=colors)
   print(f"results: {path}\nplot: {png}")
   if opts["diagnostics"]:
     diag = plot_series({m: r for m, r in records.items() if m not in FEDAVG_STYLE},
                        ["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
                        os.path.join(out, f"{NAME}_zero_sum.png"),
-                       title="zero-sum diagnostics (seed 000 appendix D)", x="local_steps",
-                       colors=colors)
+                       title="zero-sum diagnostics (seed 000 appendix D)",
+                       x="communications" if by_comms else "local_steps", colors=colors)
     print(f"diagnostics: {diag}")
   return results
 
 
-def _scores(cfg, name, build, sparsity, k, params, train, test, eval_fn, metric, cands,
+def _scores(cfg, opts, name, build, sparsity, k, params, train, test, eval_fn, metric, cands,
             repetitions, seed):
   """Final ``metric`` of every candidate, mean over ``repetitions`` seeds, on ``test``; all
   candidates × repetitions run as one vmapped program (FedHT/FedIHT: one per local-step
@@ -271,7 +286,8 @@ def _scores(cfg, name, build, sparsity, k, params, train, test, eval_fn, metric,
     hp = {key: np.repeat(v[idx], repetitions) for key, v in cands.items()}
     keys = jax.vmap(jax.random.key)(
         (np.tile(np.arange(repetitions), len(idx)) + 1000 * seed).astype(np.uint32))
-    rounds = cfg.rounds if static is None else max(1, cfg.rounds // static)
+    by_comms = opts["budget"] == "communications"
+    rounds = cfg.rounds if static is None or by_comms else max(1, cfg.rounds // static)
     _, hist = run_batched(
         lambda h: build(name, sparsity, h["gamma"], h["x"] if static is None else static),
         keys, params, train, test, num_rounds=rounds, hparams=hp, eval_fn=eval_fn,
@@ -297,8 +313,8 @@ def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, m
 
     def score(c, name=name, fed=fed):
       cands = {"gamma": c["gamma"], "x": c["x"] if fed else 1.0 / c["x"]}
-      return _scores(cfg, name, build, sparsity, k, params, fit, data, eval_fn, metric, cands,
-                     opts["repetitions"], cfg.seed)
+      return _scores(cfg, opts, name, build, sparsity, k, params, fit, data, eval_fn, metric,
+                     cands, opts["repetitions"], cfg.seed)
 
     res = two_stage_search(score, space, (opts["search"], opts["search"]), seed=cfg.seed)
     x = int(res.best["x"]) if fed else 1.0 / res.best["x"]
@@ -319,7 +335,7 @@ def _seed_statistics(cfg, opts, names, build, setting, params, ds, eval_fn, spar
     g, x = setting[name]
     fed = name in FEDAVG_STYLE
     hp = {"gamma": np.full(opts["seeds"], g), "x": np.full(opts["seeds"], x)}
-    rounds = max(1, cfg.rounds // x) if fed else cfg.rounds
+    rounds = max(1, cfg.rounds // x) if fed and opts["budget"] == "iterations" else cfg.rounds
     keys = jax.vmap(jax.random.key)(np.arange(opts["seeds"], dtype=np.uint32) + 7919 * cfg.seed)
     _, hist = run_batched(lambda h: build(name, sparsity, h["gamma"], x if fed else h["x"]),
                           keys, params, ds.train, (ds.test, ds.train), num_rounds=rounds,

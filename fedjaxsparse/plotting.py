@@ -35,6 +35,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "round": ("communication round", "communication round"),
     "local_steps": ("local steps", "local steps (iterations)"),
     "communication_round": ("communication round", "communication round (expected)"),
+    "communications": ("communication rounds", "communication rounds"),
     "uplink_bits": ("uplink bits", "cumulative uplink bits, all clients"),
     "uplink_bits_per_client": ("uplink bits per client", "cumulative uplink bits per client"),
     "downlink_bits": ("downlink bits", "cumulative downlink bits, all clients"),

@@ -145,3 +145,21 @@ def test_seed_statistics_are_mean_and_standard_error(tmp_path):
     first = res["seed_statistics"][row["method"]]["values"][0]
     assert first == pytest.approx(row["final accuracy"], abs=1e-6)
   assert "mean ± s.e. (3 seeds)" in res["table_text"]
+
+
+def test_a_budget_of_communication_rounds_is_exact_for_every_method(tmp_path):
+  """``budget=communications``: R = 30 rounds are exactly 30 communications for the ProxSkip
+  family (rounds of Geometric(p) local steps) and for FedHT/FedIHT (rounds of L steps)."""
+  assert main(["run", "sparse_proxskip", "--rounds", "30", "--eval-every", "10", "--clients",
+               "5", "--out", str(tmp_path), "--no-progress", "--set", "budget=communications",
+               "--set", "diagnostics=false"]) == 0
+  res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
+  for name, rec in res["methods"].items():
+    rd = rec["history"]["rounds"]
+    assert rd["communications"][-1] == 30 and rd["round"][-1] == 30, name
+    assert rec["history"]["evals"]["communications"] == [0, 10, 20, 30], name
+  sps = res["methods"]["Sparse-ProxSkip"]["history"]["rounds"]
+  steps = np.diff([0] + sps["local_steps"])
+  assert steps.min() >= 1 and len(set(steps.tolist())) > 1  # geometric local-step counts
+  fed = res["methods"]["FedHT"]["history"]["rounds"]["local_steps"]
+  assert fed[-1] == 30 * res["settings"]["FedHT"]["local_steps"]
