@@ -98,6 +98,29 @@ ASP, SPS_LOCAL, SPS = "Accelerated-Server-Pruning", "Sparse-ProxSkip-Local", "Sp
 ASP_MOD, SPS_MOD = f"{ASP}-modified", f"{SPS}-modified"
 METHODS = ("Final-TopK", "FedHT", "FedIHT", ASP, "RandProx-l1", SPS_LOCAL, SPS)  # the paper's
 FEDAVG_STYLE = ("FedHT", "FedIHT")  # rounds of a static number of local steps
+
+# The paper's final metrics (%, spec seed000_003.md A.15): Table 4 (FEMNIST test accuracy) and
+# Table 1 (BlogFeedback test R²), per sparsity, printed beside ours.
+PAPER = {
+    "accuracy": ("Table 4, FEMNIST", {
+        0.8: {"Final-TopK": 84.7, "FedHT": 86.6, "FedIHT": 86.8, ASP: 77.9, SPS_LOCAL: 86.7,
+              SPS: 87.0},
+        0.9: {"Final-TopK": 79.9, "FedHT": 85.7, "FedIHT": 85.6, ASP: 77.5, SPS_LOCAL: 86.1,
+              SPS: 86.4},
+        0.95: {"Final-TopK": 69.6, "FedHT": 84.7, "FedIHT": 82.7, ASP: 76.8, SPS_LOCAL: 84.7,
+               SPS: 85.3},
+        0.98: {"Final-TopK": 40.1, "FedHT": 76.6, "FedIHT": 74.6, ASP: 72.2, SPS_LOCAL: 78.9,
+               SPS: 80.5},
+        0.99: {"Final-TopK": 25.5, "FedHT": 66.4, "FedIHT": 65.4, ASP: 64.7, SPS_LOCAL: 72.9,
+               SPS: 72.8}}),
+    "r2": ("Table 1, BlogFeedback", {
+        0.8: {"Final-TopK": 26.4, "FedHT": 18.0, "FedIHT": 16.5, ASP: 25.9, "RandProx-l1": 26.3,
+              SPS_LOCAL: 27.0, SPS: 26.7},
+        0.9: {"Final-TopK": 23.8, "FedHT": 21.9, "FedIHT": 22.4, ASP: 20.4, "RandProx-l1": 24.1,
+              SPS_LOCAL: 26.8, SPS: 27.1},
+        0.95: {"Final-TopK": 16.4, "FedHT": 12.8, "FedIHT": 12.3, ASP: 16.3, "RandProx-l1": 18.8,
+               SPS_LOCAL: 23.9, SPS: 26.7}}),
+}
 PAPER_DATASETS = {"blogfeedback": "seed 000 §4.1 (BlogFeedback)",
                   "femnist": "seed 000 §4.2 (FEMNIST)"}
 
@@ -248,6 +271,7 @@ def _run(cfg: Config, opts: dict) -> dict:
     for row in rows:
       row["status"] = status(records[row["method"]])
   table = print_table(rows, list(rows[0]))
+  paper_rows = _paper_comparison(metric, by_sparsity, label)
   out = output_dir(cfg, NAME)
   results = {"experiment": NAME, "dataset": label, "metric": metric, "sparsity": sparsity,
              "k": k, "gamma": gamma, "p": p, "tuned": tuned,
@@ -255,7 +279,7 @@ def _run(cfg: Config, opts: dict) -> dict:
                           for n, (g, x) in setting.items()},
              "constants": consts._asdict(),
              "table": rows, "table_text": table, "sparsity_table": grid_rows,
-             "seed_statistics": seed_stats,
+             "seed_statistics": seed_stats, "paper_comparison": paper_rows,
              "methods": records}
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, metric, os.path.join(out, f"{NAME}.png"),
@@ -271,6 +295,26 @@ def _run(cfg: Config, opts: dict) -> dict:
                        x="communications" if by_comms else "local_steps", colors=colors)
     print(f"diagnostics: {diag}")
   return results
+
+
+def _paper_comparison(metric: str, ours: dict, label: str) -> list[dict]:
+  """Prints and returns ours beside the paper's final metric (in %) at every sparsity both
+  have; the paper's data set is named in the header, ours in ``label``."""
+  table, paper = PAPER[metric]
+  cols = [sp for sp in sorted(ours) if sp in paper]
+  if not cols:
+    return []
+  rows = []
+  for name in METHODS:
+    row = {"method": name}
+    for sp in cols:
+      value = ours[sp].get(name)
+      row[f"ours @ {sp:.0%}"] = None if value is None else round(100 * value, 1)
+      row[f"paper @ {sp:.0%}"] = paper[sp].get(name)
+    rows.append(row)
+  print(f"\n{metric} in % — ours ({label}) beside the paper ({table}):")
+  print_table(rows, list(rows[0]))
+  return rows
 
 
 def _scores(cfg, opts, name, build, sparsity, k, params, train, test, eval_fn, metric, cands,

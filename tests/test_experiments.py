@@ -42,6 +42,11 @@ def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
   assert [r["method"] for r in res["sparsity_table"]] == names
   assert all(0 <= r["accuracy @ 80%"] <= 1 for r in res["sparsity_table"])
   assert set(res["tuned"]) == set(names)  # every method tuned, FedHT/FedIHT included
+  # ours beside the paper's Table 4 (FEMNIST) numbers at the same sparsities
+  paper = {r["method"]: r for r in res["paper_comparison"]}
+  assert paper["Sparse-ProxSkip"]["paper @ 80%"] == 87.0 and paper["FedIHT"]["paper @ 90%"] == 85.6
+  for r in res["sparsity_table"]:
+    assert paper[r["method"]]["ours @ 80%"] == round(100 * r["accuracy @ 80%"], 1)
   for name in ("FedHT", "FedIHT"):
     steps = res["settings"][name]["local_steps"]
     assert isinstance(steps, int) and 1 <= steps <= 100
