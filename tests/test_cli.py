@@ -4,8 +4,6 @@ experiment's declared OPTIONS, booleans in any case, mismatched resumes, fresh r
 checkpoints, diverged runs, locked output folders, missing data)."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -161,26 +159,11 @@ def test_debug_shows_the_traceback(tmp_path):
     main(["run", "fedavg_digits", "--debug", "--set", "x=1", "--out", str(tmp_path)])
 
 
-HOLD = """
-import sys, time
-from fedjaxsparse.locking import FolderLock
-with FolderLock(sys.argv[1]):
-  print("locked", flush=True)
-  time.sleep(120)
-"""
-
-
-def test_two_runs_in_one_output_folder(capsys, tmp_path):
+def test_two_runs_in_one_output_folder(capsys, tmp_path, lock_holder):
   folder = str(tmp_path / "fedavg_digits")
-  proc = subprocess.Popen([sys.executable, "-c", HOLD, folder], stdout=subprocess.PIPE,
-                          text=True)
-  try:
-    assert proc.stdout.readline().strip() == "locked"
-    err = _err(capsys, ["run", "fedavg_digits", "--out", str(tmp_path)] + ARGS, 1)
-    assert f"pid {proc.pid}" in err and "in use by another run" in err
-  finally:
-    proc.kill()
-    proc.wait()
+  proc = lock_holder(folder)
+  err = _err(capsys, ["run", "fedavg_digits", "--out", str(tmp_path)] + ARGS, 1)
+  assert f"pid {proc.pid}" in err and "in use by another run" in err
   assert not os.path.exists(os.path.join(folder, "results.json"))
 
 

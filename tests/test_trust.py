@@ -7,8 +7,6 @@ import glob
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import warnings
 
@@ -266,28 +264,15 @@ def test_compressor_applied_to_a_tree_of_another_size():
 
 # ------------------------------------------------------------------- locks and damage
 
-HOLDER = """
-import sys, time
-from fedjaxsparse.locking import FolderLock
-with FolderLock(sys.argv[1], purpose="test holder"):
-  print("locked", flush=True)
-  time.sleep(120)
-"""
-
-
-def test_folder_lock_contention_names_the_owner_and_dies_with_it(ds, tmp_path):
+def test_folder_lock_contention_names_the_owner_and_dies_with_it(ds, tmp_path, lock_holder):
   folder = str(tmp_path / "ckpt")
-  proc = subprocess.Popen([sys.executable, "-c", HOLDER, folder], stdout=subprocess.PIPE,
-                          text=True)
-  try:
-    assert proc.stdout.readline().strip() == "locked"
-    with pytest.raises(LockedError, match=f"pid {proc.pid}.*test holder"):
-      _run(ds, num_rounds=2, checkpoint_dir=folder)
-    with pytest.raises(LockedError):
-      FolderLock(folder).acquire()
-  finally:
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+  proc = lock_holder(folder)
+  with pytest.raises(LockedError, match=f"pid {proc.pid}.*test holder"):
+    _run(ds, num_rounds=2, checkpoint_dir=folder)
+  with pytest.raises(LockedError):
+    FolderLock(folder).acquire()
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
   # The kernel released the lock with the killed owner: no stale lock.
   assert _run(ds, num_rounds=2, checkpoint_dir=folder).history.rounds["round"] == [1, 2]
 
