@@ -65,6 +65,9 @@ OPTIONS = (
            high_open=True, identity=False),
     Option("alpha", 0.5, "Dirichlet concentration of the label split (embedded data)",
            low=0.0, low_open=True),
+    Option("femnist_test", "all", "FEMNIST test set: all (the standard unrestricted set, as in "
+           "seed 000 §4.2) or writers (the kept writers' own test files)",
+           choices=("all", "writers")),
     Option("l2", None, "l2 regularisation (default: 500 for BlogFeedback, 0.01 otherwise)",
            kind="float", low=0.0),
     Option("reduction", None, "loss over a client's examples: mean or sum (default: sum for "
@@ -125,7 +128,7 @@ PAPER_DATASETS = {"blogfeedback": "seed 000 §4.1 (BlogFeedback)",
                   "femnist": "seed 000 §4.2 (FEMNIST)"}
 
 
-def _load(cfg: Config, alpha: float):
+def _load(cfg: Config, alpha: float, femnist_test: str = "all"):
   kw = {}
   if cfg.dataset in ("digits", "fashion_mnist", "libsvm", "cifar10", "emnist"):
     kw = {"num_clients": cfg.clients, "seed": cfg.seed, "partition": "dirichlet",
@@ -133,14 +136,14 @@ def _load(cfg: Config, alpha: float):
   elif cfg.dataset in ("diabetes", "synthetic"):
     kw = {"num_clients": cfg.clients, "seed": cfg.seed}
   elif cfg.dataset == "femnist":
-    kw = {"num_writers": cfg.clients}
+    kw = {"num_writers": cfg.clients, "test": femnist_test}
   if cfg.data_dir is not None:
     kw["data_dir"] = cfg.data_dir
   return load_dataset(cfg.dataset, **kw)
 
 
 def _run(cfg: Config, opts: dict) -> dict:
-  ds = _load(cfg, opts["alpha"])
+  ds = _load(cfg, opts["alpha"], opts["femnist_test"])
   sparsity = opts["sparsity"]
   regression = ds.num_classes == 0
   d_in = int(np.prod(ds.train.x.shape[2:]))

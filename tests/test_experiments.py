@@ -126,7 +126,7 @@ def test_tuning_never_sees_the_test_split(tmp_path, monkeypatch):
   poisoned = clean._replace(test=clean.test._replace(y=(clean.test.y + 3) % 10))
   tuned = {}
   for tag, ds in (("clean", clean), ("poisoned", poisoned)):
-    monkeypatch.setattr(exp, "_load", lambda cfg, alpha, ds=ds: ds)
+    monkeypatch.setattr(exp, "_load", lambda cfg, *args, ds=ds: ds)
     assert main(["run", "sparse_proxskip", "--rounds", "40", "--eval-every", "20", "--clients",
                  "5", "--out", str(tmp_path / tag), "--no-progress", "--set", "search=3",
                  "--set", "repetitions=2", "--set", "diagnostics=false"]) == 0

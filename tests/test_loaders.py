@@ -88,6 +88,13 @@ def test_femnist_leaf_json_fixture(tmp_path):
   np.testing.assert_array_equal(ds.train.num_examples, [3, 3])
   np.testing.assert_array_equal(ds.test.num_examples, [1, 1])  # each writer's own test data
   assert ds.train.x.shape[2:] == (28, 28, 1)
+  # seed 000's protocol: 2 training writers, the unrestricted test set of all 3 writers
+  full = femnist(str(tmp_path), num_writers=2, test="all")
+  np.testing.assert_array_equal(full.test.num_examples, [3])
+  np.testing.assert_array_equal(full.train.x, ds.train.x)
+  kept = {tuple(np.round(r, 6)) for r in np.asarray(ds.test.x).reshape(2, -1)}
+  every = {tuple(np.round(r, 6)) for r in np.asarray(full.test.x)[0].reshape(3, -1)}
+  assert kept < every  # the writers' own test examples plus the third writer's
 
 
 def test_libsvm_fixture(tmp_path):

@@ -91,8 +91,20 @@ def _read_split(directory: str) -> dict:
   return users
 
 
-def femnist(data_dir: str | None = None, num_writers: int | None = None) -> FederatedDataset:
-  """FEMNIST with ``x [n, 28, 28, 1]`` in [0, 1] and 62 classes, natural split by writer."""
+TEST_SETS = ("writers", "all")
+
+
+def femnist(data_dir: str | None = None, num_writers: int | None = None,
+            test: str = "writers") -> FederatedDataset:
+  """FEMNIST with ``x [n, 28, 28, 1]`` in [0, 1] and 62 classes, natural split by writer.
+
+  ``test="writers"``: each kept writer's own test examples (a per-client test split);
+  ``test="all"``: the standard *unrestricted* test set — the test examples of every writer in
+  the files, also those not kept by ``num_writers`` — as one shared test client (seed 000
+  §4.2 restricts training to 100 writers but evaluates on the unrestricted test set).
+  """
+  if test not in TEST_SETS:
+    raise ValueError(f"test must be one of {TEST_SETS}, got {test!r}.")
   train_dir = os.path.join(data_dir or "", "train")
   test_dir = os.path.join(data_dir or "", "test")
   if data_dir is None or not glob.glob(os.path.join(train_dir, "*.json")):
@@ -104,7 +116,7 @@ def femnist(data_dir: str | None = None, num_writers: int | None = None) -> Fede
   if num_writers is not None and not num_writers >= 1:
     raise ValueError(f"num_writers must be >= 1, got {num_writers}.")
   train = _read_split(train_dir)
-  test = _read_split(test_dir)
+  test_split = _read_split(test_dir)
   writers = list(train)[:num_writers]
 
   def stack(split, who):
@@ -118,6 +130,11 @@ def femnist(data_dir: str | None = None, num_writers: int | None = None) -> Fede
     return np.concatenate(xs), np.concatenate(ys), parts
 
   x, y, parts = stack(train, writers)
-  xt, yt, tparts = stack(test, writers)
-  return federate(x, y, parts, num_classes=NUM_CLASSES, name=f"femnist({len(writers)} writers)",
-                  x_test=xt, y_test=yt, test_indices=tparts)
+  if test == "all":
+    xt, yt, _ = stack(test_split, list(test_split))
+    tparts = None  # one shared test client
+  else:
+    xt, yt, tparts = stack(test_split, writers)
+  return federate(x, y, parts, num_classes=NUM_CLASSES,
+                  name=f"femnist({len(writers)} writers, test={test})", x_test=xt, y_test=yt,
+                  test_indices=tparts)
