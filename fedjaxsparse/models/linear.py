@@ -4,7 +4,8 @@ regression.
 Inputs of any shape are flattened: ``x [B, ...] -> [B, d]``. The ridge term ``½·l2·‖w‖²`` is
 added once per client loss (see :func:`~fedjaxsparse.models.base.make_loss`) and does not
 include the bias. ``init="zeros"`` starts at 0; ``init="lecun"`` draws ``w ~ N(0, 1/d)``
-(bias 0).
+(bias 0); ``init="pytorch"`` is ``torch.nn.Linear``'s default — weight and bias both
+``U(−1/√d, 1/√d)`` (kaiming_uniform with a = √5), which seed 000 §C uses for FEMNIST.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 from fedjaxsparse.models.base import (CLASSIFICATION, REGRESSION, Model, softmax_cross_entropy,
                                       squared_error)
 
-INITS = ("zeros", "lecun")
+INITS = ("zeros", "lecun", "pytorch")
 
 
 def _check(num_features: int, l2: float, init: str) -> None:
@@ -26,6 +27,21 @@ def _check(num_features: int, l2: float, init: str) -> None:
     raise ValueError(f"l2 must be a finite number >= 0, got {l2}.")
   if init not in INITS:
     raise ValueError(f"init must be one of {INITS}, got {init!r}.")
+
+
+def _init(key: jax.Array, init: str, num_features: int, out: tuple, use_bias: bool) -> dict:
+  """``{'w': [d, *out], 'b': [*out]}`` (no ``'b'`` without bias) drawn by ``init``."""
+  shape = (num_features,) + out
+  if init == "zeros":
+    w, b = jnp.zeros(shape), jnp.zeros(out)
+  elif init == "lecun":
+    w, b = jax.random.normal(key, shape) / math.sqrt(num_features), jnp.zeros(out)
+  else:  # pytorch
+    kw, kb = jax.random.split(key)
+    bound = 1.0 / math.sqrt(num_features)
+    w = jax.random.uniform(kw, shape, minval=-bound, maxval=bound)
+    b = jax.random.uniform(kb, out, minval=-bound, maxval=bound)
+  return {"w": w, "b": b} if use_bias else {"w": w}
 
 
 def _ridge(l2: float):
@@ -46,11 +62,7 @@ def linear_regression(num_features: int, l2: float = 0.0, use_bias: bool = True,
   "regression"."""
   _check(num_features, l2, init)
 
-  def init_fn(key):
-    w = (jax.random.normal(key, (num_features,)) / math.sqrt(num_features)
-         if init == "lecun" else jnp.zeros((num_features,)))
-    return {"w": w, "b": jnp.zeros(())} if use_bias else {"w": w}
-
+  init_fn = lambda key: _init(key, init, num_features, (), use_bias)
   return Model(init_fn, _affine, squared_error, _ridge(l2), REGRESSION)
 
 
@@ -62,11 +74,7 @@ def softmax_regression(num_features: int, num_classes: int, l2: float = 0.0,
   if num_classes < 2:
     raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
 
-  def init_fn(key):
-    w = (jax.random.normal(key, (num_features, num_classes)) / math.sqrt(num_features)
-         if init == "lecun" else jnp.zeros((num_features, num_classes)))
-    return {"w": w, "b": jnp.zeros((num_classes,))} if use_bias else {"w": w}
-
+  init_fn = lambda key: _init(key, init, num_features, (num_classes,), use_bias)
   return Model(init_fn, _affine, softmax_cross_entropy, _ridge(l2), CLASSIFICATION)
 
 
