@@ -37,15 +37,18 @@ import numpy as np
 
 from fedjaxsparse.algorithms import proxskip as ps
 from fedjaxsparse.algorithms.fedht import fedht, fediht
+from fedjaxsparse.clients import auto_layout, map_clients
 from fedjaxsparse.constants import linear_model_constants
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.experiment import (Config, Option, bits_to_reach, entry, output_dir,
                                      last, print_table, run_method, save_results,
                                      status)
-from fedjaxsparse.models import linear_regression, make_loss, softmax_regression
+from fedjaxsparse.models import (global_mean_scale, linear_regression, make_loss,
+                                 softmax_regression)
 from fedjaxsparse.plotting import method_colors, plot_methods, plot_series
-from fedjaxsparse.protocol import Dimension, mean_se, two_stage_search, validation_split
+from fedjaxsparse.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
+                                   paper_table, two_stage_search, validation_split)
 from fedjaxsparse.sparsity import k_from_sparsity, top_k
 from fedjaxsparse.sweep import run_batched
 
@@ -73,8 +76,10 @@ OPTIONS = (
            kind="str", choices=("zeros", "lecun", "pytorch")),
     Option("l2", None, "l2 regularisation (default: 500 for BlogFeedback, 0.01 otherwise)",
            kind="float", low=0.0),
-    Option("reduction", None, "loss over a client's examples: mean or sum (default: sum for "
-           "BlogFeedback, mean otherwise)", kind="str", choices=("mean", "sum")),
+    Option("reduction", None, "loss over a client's examples: mean, sum, or global_mean (a sum "
+           "scaled by N/n, so (1/N) sum_i f_i is the global sample mean: seed 000's FEMNIST "
+           "objective); default: sum for BlogFeedback, global_mean for FEMNIST, mean otherwise",
+           kind="str", choices=("mean", "sum", "global_mean")),
     Option("gamma", None, "step size (default 1/L_max from the data)", kind="float", low=0.0,
            low_open=True),
     Option("p", None, "communication probability (default 1/sqrt(kappa) from the data)",
@@ -105,55 +110,100 @@ ASP_MOD, SPS_MOD = f"{ASP}-modified", f"{SPS}-modified"
 METHODS = ("Final-TopK", "FedHT", "FedIHT", ASP, "RandProx-l1", SPS_LOCAL, SPS)  # the paper's
 FEDAVG_STYLE = ("FedHT", "FedIHT")  # rounds of a static number of local steps
 
-# The paper's final metrics (%, spec seed000_003.md A.15): Table 4 (FEMNIST test accuracy) and
-# Table 1 (BlogFeedback test R²), per sparsity, printed beside ours.
-PAPER = {
-    "accuracy": ("Table 4, FEMNIST", {
-        0.8: {"Final-TopK": 84.7, "FedHT": 86.6, "FedIHT": 86.8, ASP: 77.9, SPS_LOCAL: 86.7,
-              SPS: 87.0},
-        0.9: {"Final-TopK": 79.9, "FedHT": 85.7, "FedIHT": 85.6, ASP: 77.5, SPS_LOCAL: 86.1,
-              SPS: 86.4},
-        0.95: {"Final-TopK": 69.6, "FedHT": 84.7, "FedIHT": 82.7, ASP: 76.8, SPS_LOCAL: 84.7,
-               SPS: 85.3},
-        0.98: {"Final-TopK": 40.1, "FedHT": 76.6, "FedIHT": 74.6, ASP: 72.2, SPS_LOCAL: 78.9,
-               SPS: 80.5},
-        0.99: {"Final-TopK": 25.5, "FedHT": 66.4, "FedIHT": 65.4, ASP: 64.7, SPS_LOCAL: 72.9,
-               SPS: 72.8}}),
-    "r2": ("Table 1, BlogFeedback", {
-        0.8: {"Final-TopK": 26.4, "FedHT": 18.0, "FedIHT": 16.5, ASP: 25.9, "RandProx-l1": 26.3,
-              SPS_LOCAL: 27.0, SPS: 26.7},
-        0.9: {"Final-TopK": 23.8, "FedHT": 21.9, "FedIHT": 22.4, ASP: 20.4, "RandProx-l1": 24.1,
-              SPS_LOCAL: 26.8, SPS: 27.1},
-        0.95: {"Final-TopK": 16.4, "FedHT": 12.8, "FedIHT": 12.3, ASP: 16.3, "RandProx-l1": 18.8,
-               SPS_LOCAL: 23.9, SPS: 26.7}}),
-}
-PAPER_DATASETS = {"blogfeedback": "seed 000 §4.1 (BlogFeedback)",
-                  "femnist": "seed 000 §4.2 (FEMNIST)"}
+PAPER_BASE = dict(budget="communications", seeds=5, search=16, repetitions=5,
+                  diagnostics=False)
+BLOG = dict(dataset="blogfeedback", standin="blogfeedback_standin", clients=554, rounds=10_000,
+            eval_every=1)
+FEMNIST = dict(dataset="femnist", standin="femnist_standin", clients=100, rounds=10_000,
+               eval_every=1)
+BLOG_DEVIATIONS = ("the number of candidates per search stage is not stated (16 here)")
+FEMNIST_DEVIATIONS = ("the ridge weight alpha and the number of rounds are not stated "
+                      "(l2 = 1e-3 and 10^4 communication rounds here, as for BlogFeedback); "
+                      "candidates per search stage not stated (16 here)")
+# The paper's numbers (spec seed000_003.md A.15): R² and accuracy in %, train loss of the
+# Top-K'd model, bits in Mbit uplink per client until the threshold is first reached.
+PAPERS = {pc.name: pc for pc in (
+    PaperConfig(
+        "table1", "seed 000 §4.1, Table 1 (BlogFeedback, test R² and train loss)", **BLOG,
+        options={**PAPER_BASE, "sparsity": 0.9, "sparsities": [0.8, 0.95]},
+        unit="test R² in % and final train loss", deviations=BLOG_DEVIATIONS, paper={
+            "R² @ 80%": {"Final-TopK": 26.4, "FedHT": 18.0, "FedIHT": 16.5, ASP: 25.9,
+                         "RandProx-l1": 26.3, SPS_LOCAL: 27.0, SPS: 26.7},
+            "R² @ 90%": {"Final-TopK": 23.8, "FedHT": 21.9, "FedIHT": 22.4, ASP: 20.4,
+                         "RandProx-l1": 24.1, SPS_LOCAL: 26.8, SPS: 27.1},
+            "R² @ 95%": {"Final-TopK": 16.4, "FedHT": 12.8, "FedIHT": 12.3, ASP: 16.3,
+                         "RandProx-l1": 18.8, SPS_LOCAL: 23.9, SPS: 26.7},
+            "loss @ 90%": {"Final-TopK": 2.877e7, "FedHT": 2.951e7, "FedIHT": 2.937e7,
+                           ASP: 2.991e7, "RandProx-l1": 2.894e7, SPS_LOCAL: 2.856e7,
+                           SPS: 2.831e7}}),
+    PaperConfig(
+        "table2", "seed 000 §4.1, Table 2 (BlogFeedback, uplink bits to test R² at 90 %)",
+        **BLOG, options={**PAPER_BASE, "sparsity": 0.9, "thresholds": [0.2, 0.225, 0.25]},
+        unit="Mbit uplink per client to reach the test R²", deviations=BLOG_DEVIATIONS, paper={
+            "to 0.2": {"Final-TopK": 1.16, "FedHT": 14.8, "FedIHT": 2.49, ASP: 0.73,
+                       "RandProx-l1": 0.18, SPS_LOCAL: 0.13, SPS: 0.10},
+            "to 0.225": {"Final-TopK": 1.44, "FedHT": None, "FedIHT": None, ASP: None,
+                         "RandProx-l1": 0.25, SPS_LOCAL: 0.21, SPS: 0.14},
+            "to 0.25": {"Final-TopK": None, "FedHT": None, "FedIHT": None, ASP: None,
+                        "RandProx-l1": None, SPS_LOCAL: 0.76, SPS: 0.19}}),
+    PaperConfig(
+        "table3", "seed 000 §4.2, Table 3 (FEMNIST, uplink bits to test accuracy at 90 %)",
+        **FEMNIST, options={**PAPER_BASE, "sparsity": 0.9, "thresholds": [0.8, 0.825, 0.85],
+                            "l2": 1e-3},
+        unit="Mbit uplink per client to reach the test accuracy",
+        deviations=FEMNIST_DEVIATIONS, paper={
+            "to 0.8": {"Final-TopK": 6.0, "FedHT": 4.0, "FedIHT": 0.8, ASP: 2.0,
+                       SPS_LOCAL: 0.5, SPS: 0.2},
+            "to 0.825": {"Final-TopK": 16.6, "FedHT": 8.54, "FedIHT": 1.61, ASP: 3.57,
+                         SPS_LOCAL: 0.55, SPS: 0.35},
+            "to 0.85": {"Final-TopK": 92.4, "FedHT": 45.7, "FedIHT": 13.0, ASP: None,
+                        SPS_LOCAL: 2.52, SPS: 0.65}}),
+    PaperConfig(
+        "table4", "seed 000 §4.2, Table 4 (FEMNIST, test accuracy vs sparsity)", **FEMNIST,
+        options={**PAPER_BASE, "sparsity": 0.9, "sparsities": [0.8, 0.95, 0.98, 0.99],
+                 "l2": 1e-3},
+        unit="test accuracy in %", deviations=FEMNIST_DEVIATIONS, paper={
+            f"accuracy @ {sp:.0%}": dict(zip(("Final-TopK", "FedHT", "FedIHT", ASP,
+                                              SPS_LOCAL, SPS), v))
+            for sp, v in ((0.8, (84.7, 86.6, 86.8, 77.9, 86.7, 87.0)),
+                          (0.9, (79.9, 85.7, 85.6, 77.5, 86.1, 86.4)),
+                          (0.95, (69.6, 84.7, 82.7, 76.8, 84.7, 85.3)),
+                          (0.98, (40.1, 76.6, 74.6, 72.2, 78.9, 80.5)),
+                          (0.99, (25.5, 66.4, 65.4, 64.7, 72.9, 72.8)))}),
+)}
 
 
-def _load(cfg: Config, alpha: float, femnist_test: str = "all"):
+def _load(cfg: Config, name: str, alpha: float, femnist_test: str = "all"):
   kw = {}
-  if cfg.dataset in ("digits", "fashion_mnist", "libsvm", "cifar10", "emnist"):
+  if name in ("digits", "fashion_mnist", "libsvm", "cifar10", "emnist"):
     kw = {"num_clients": cfg.clients, "seed": cfg.seed, "partition": "dirichlet",
           "alpha": alpha}
-  elif cfg.dataset in ("diabetes", "synthetic"):
+  elif name in ("diabetes", "synthetic", "blogfeedback_standin"):
     kw = {"num_clients": cfg.clients, "seed": cfg.seed}
-  elif cfg.dataset == "femnist":
+  elif name == "femnist":
     kw = {"num_writers": cfg.clients, "test": femnist_test}
-  if cfg.data_dir is not None:
+  elif name == "femnist_standin":
+    kw = {"num_writers": cfg.clients, "seed": cfg.seed}
+  if cfg.data_dir is not None and name not in ("femnist_standin", "blogfeedback_standin"):
     kw["data_dir"] = cfg.data_dir
-  return load_dataset(cfg.dataset, **kw)
+  return load_dataset(name, **kw)
 
 
 def _run(cfg: Config, opts: dict) -> dict:
-  ds = _load(cfg, opts["alpha"], opts["femnist_test"])
+  paper = PAPERS.get(cfg.paper)
+  ds, standin = load_or_standin(paper, cfg.dataset, cfg.data_dir,
+                                lambda name: _load(cfg, name, opts["alpha"],
+                                                   opts["femnist_test"]))
   sparsity = opts["sparsity"]
   regression = ds.num_classes == 0
   d_in = int(np.prod(ds.train.x.shape[2:]))
-  blog = cfg.dataset == "blogfeedback"
+  blog = cfg.dataset in ("blogfeedback", "blogfeedback_standin")
+  femnist = cfg.dataset in ("femnist", "femnist_standin")
   l2 = opts["l2"] if opts["l2"] is not None else (500.0 if blog else 0.01)
-  reduction = opts["reduction"] or ("sum" if blog else "mean")
-  init = opts["init"] or ("pytorch" if cfg.dataset == "femnist" else "zeros")  # seed 000 §B/§C
+  reduction = opts["reduction"] or ("sum" if blog else "global_mean" if femnist else "mean")
+  init = opts["init"] or ("pytorch" if femnist else "zeros")  # seed 000 §B/§C
+  scale = global_mean_scale(ds.train.num_examples) if reduction == "global_mean" else 1.0
+  base_reduction = "sum" if reduction == "global_mean" else reduction
   if regression:
     model = linear_regression(d_in, l2=l2, use_bias=not blog, init=init)
     metric, thresholds = "r2", opts["thresholds"] or ([0.2, 0.225, 0.25] if blog else
@@ -161,18 +211,19 @@ def _run(cfg: Config, opts: dict) -> dict:
   else:
     model = softmax_regression(d_in, ds.num_classes, l2=l2, init=init)
     metric, thresholds = "accuracy", opts["thresholds"] or (
-        [0.8, 0.825, 0.85] if cfg.dataset == "femnist" else [0.75, 0.8, 0.85])  # Table 3
+        [0.8, 0.825, 0.85] if femnist else [0.75, 0.8, 0.85])  # Table 3
   consts = linear_model_constants(ds.train, l2, "squared" if regression else "softmax",
-                                  reduction, use_bias=not blog)
+                                  base_reduction, use_bias=not blog, scale=scale)
   gamma = opts["gamma"] or 1.0 / consts.L_max
   p = opts["p"] or min(1.0, max(0.02, 1.0 / math.sqrt(consts.kappa)))
-  loss = make_loss(model, reduction)
+  loss = make_loss(model, base_reduction, scale)
   params = model.init(jax.random.key(cfg.seed))
   d = sum(x.size for x in jax.tree.leaves(params))
   k = k_from_sparsity(d, sparsity)
   lam = opts["lam"] if opts["lam"] is not None else 1.0 / (2 * ds.num_clients)  # (1/2N)·φ
   steps = max(1, round(1 / p))
-  label = ds.name if cfg.dataset in PAPER_DATASETS else f"{ds.name} (embedded stand-in)"
+  label = (f"{ds.name} ({standin})" if standin else ds.name if blog or femnist else
+           f"{ds.name} (embedded stand-in)")
   print(f"{NAME}: {label}, {ds.num_clients} clients, d={d}, sparsity={sparsity:.0%} (K={k}), "
         f"L_max={consts.L_max:.4g}, mu={consts.mu:.4g}, gamma={gamma:.4g}, p={p:.4g}, "
         f"init={init}, loss reduction={reduction}")
@@ -198,12 +249,13 @@ def _run(cfg: Config, opts: dict) -> dict:
     names += [ASP_MOD, SPS_MOD]
   colors = method_colors(names)
   base_eval = make_eval_fn(model)
+  train = auto_layout(ds.train)  # size buckets for unequal clients (the same results)
 
   def eval_fn(params, data):
     """Test metrics plus the training objective f(w) = (1/N)Σ_i f_i(w) of the evaluated
     (Top-K'd) model — the paper's "final train loss"."""
     test, train = data
-    per_client = jax.vmap(loss, in_axes=(None, 0, 0, 0))(params, train.x, train.y, train.mask)
+    per_client = map_clients(lambda d: loss(params, d.x, d.y, d.mask), train)
     return {**base_eval(params, test), "train_objective": jnp.mean(per_client)}
 
   defaults = {n: (gamma, steps if n in FEDAVG_STYLE else p) for n in names}
@@ -223,7 +275,7 @@ def _run(cfg: Config, opts: dict) -> dict:
       sub = dataclasses.replace(cfg, rounds=max(1, cfg.rounds // st),
                                 eval_every=max(1, cfg.eval_every // st))
       rec = run_method(sub, NAME, name + tag, build(name, sp, g, x), params, ds.train,
-                       (ds.test, ds.train), eval_fn, params_fn=sparse_params,
+                       (ds.test, train), eval_fn, params_fn=sparse_params,
                        chunk_size=max(1, min(sub.rounds, 100 // st)))
       rd = rec["history"]["rounds"]
       steps_done = np.cumsum(rd["local_steps"] if "local_steps" in rd else
@@ -240,22 +292,32 @@ def _run(cfg: Config, opts: dict) -> dict:
     return out
 
   records = run_all(sparsity, names)
-  by_sparsity = {sparsity: {m: r["final"].get(metric) for m, r in records.items()}}
+  by_sparsity = {sparsity: records}
   for sp in opts["sparsities"]:
     if sp != sparsity:
-      extra = run_all(sp, list(METHODS), tag=f"@{sp}")
-      by_sparsity[sp] = {m: r["final"].get(metric) for m, r in extra.items()}
+      by_sparsity[sp] = run_all(sp, list(METHODS), tag=f"@{sp}")
+  seed_stats = {}  # {sparsity: {method: statistics over the seeds}}: what the paper reports
+  if opts["seeds"] > 1:
+    for sp, recs in by_sparsity.items():
+      seed_stats[sp] = _seed_statistics(cfg, opts, list(recs), build, setting, params, ds,
+                                        eval_fn, sp, d, metric, thresholds)
+
+  def final(sp, method, quantity):
+    """The reported value: the mean over the seeds (a single run when seeds = 1)."""
+    if seed_stats:
+      return seed_stats[sp][method][quantity]["mean"]
+    return by_sparsity[sp][method]["final"].get(quantity)
+
   if len(by_sparsity) > 1:  # Table 1 / Table 4 layout: final metric per method and sparsity
-    cols = sorted(by_sparsity)
-    grid_rows = [{"method": m, **{f"{metric} @ {sp:.0%}": by_sparsity[sp].get(m)
-                                  for sp in cols}} for m in list(METHODS)]
+    grid_rows = [{"method": m, **{f"{metric} @ {sp:.0%}": final(sp, m, metric)
+                                  for sp in sorted(by_sparsity)}} for m in list(METHODS)]
     print_table(grid_rows, list(grid_rows[0]))
   else:
     grid_rows = []
 
   rows = []
   for name, rec in records.items():
-    ev, rd = rec["history"]["evals"], rec["history"]["rounds"]
+    ev = rec["history"]["evals"]
     values = ev.get(metric, [])
     row = {"method": name, f"final {metric}": last(values),
            f"best {metric}": max(values, default=None),
@@ -264,12 +326,9 @@ def _run(cfg: Config, opts: dict) -> dict:
       row[f"bits/client to {t}"] = bits_to_reach(ev, metric, t, "uplink_bits_per_client")
     rows.append(row)
   ref = next((r for r in rows if r["method"] == ("Final-TopK" if regression else "FedIHT")))
-  seed_stats = {}
-  if opts["seeds"] > 1:
-    seed_stats = _seed_statistics(cfg, opts, names, build, setting, params, ds, eval_fn,
-                                  sparsity, d, metric)
+  if seed_stats:
     for row in rows:
-      st = seed_stats[row["method"]]
+      st = seed_stats[sparsity][row["method"]][metric]
       row[f"{metric} mean ± s.e. ({opts['seeds']} seeds)"] = f"{st['mean']:.4f} ± {st['se']:.4f}"
   for row in rows:
     b, b_ref = row[f"bits/client to {thresholds[0]}"], ref[f"bits/client to {thresholds[0]}"]
@@ -279,15 +338,35 @@ def _run(cfg: Config, opts: dict) -> dict:
     for row in rows:
       row["status"] = status(records[row["method"]])
   table = print_table(rows, list(rows[0]))
-  paper_rows = _paper_comparison(metric, by_sparsity, label)
+  paper_rows = []
+  if paper is not None:
+    ours, shown = {}, {"r2": "R²", "accuracy": "accuracy"}[metric]
+    for sp, recs in by_sparsity.items():
+      for m in recs:
+        v, loss_v = final(sp, m, metric), final(sp, m, "train_objective")
+        ours.setdefault(f"{shown} @ {sp:.0%}", {})[m] = None if v is None else 100 * v
+        ours.setdefault(f"loss @ {sp:.0%}", {})[m] = loss_v
+    for t in thresholds:
+      ours[f"to {t:g}"] = {
+          m: (seed_stats[sparsity][m]["bits_to"][str(t)] if seed_stats else
+              next(r for r in rows if r["method"] == m)[f"bits/client to {t}"])
+          for m in records}
+      ours[f"to {t:g}"] = {m: None if v is None else v / 1e6 for m, v in ours[f"to {t:g}"].items()}
+    paper_rows = paper_table(paper, ours, label, convert=lambda v: float(f"{v:.3g}"))
+    if paper.deviations:
+      print(f"protocol deviations: {paper.deviations}")
   out = output_dir(cfg, NAME)
-  results = {"experiment": NAME, "dataset": label, "metric": metric, "sparsity": sparsity,
+  results = {"experiment": NAME, "dataset": label, "standin": standin, "metric": metric,
+             "sparsity": sparsity, "paper_config": None if paper is None else {
+                 "name": paper.name, "source": paper.source, "deviations": paper.deviations,
+                 "budget": opts["budget"], "rounds": cfg.rounds},
              "k": k, "gamma": gamma, "p": p, "tuned": tuned,
              "settings": {n: {"gamma": g, ("local_steps" if n in FEDAVG_STYLE else "p"): x}
                           for n, (g, x) in setting.items()},
              "constants": consts._asdict(),
              "table": rows, "table_text": table, "sparsity_table": grid_rows,
-             "seed_statistics": seed_stats, "paper_comparison": paper_rows,
+             "seed_statistics": {str(sp): v for sp, v in seed_stats.items()},
+             "paper_comparison": paper_rows,
              "methods": records}
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, metric, os.path.join(out, f"{NAME}.png"),
@@ -303,26 +382,6 @@ def _run(cfg: Config, opts: dict) -> dict:
                        x="communications" if by_comms else "local_steps", colors=colors)
     print(f"diagnostics: {diag}")
   return results
-
-
-def _paper_comparison(metric: str, ours: dict, label: str) -> list[dict]:
-  """Prints and returns ours beside the paper's final metric (in %) at every sparsity both
-  have; the paper's data set is named in the header, ours in ``label``."""
-  table, paper = PAPER[metric]
-  cols = [sp for sp in sorted(ours) if sp in paper]
-  if not cols:
-    return []
-  rows = []
-  for name in METHODS:
-    row = {"method": name}
-    for sp in cols:
-      value = ours[sp].get(name)
-      row[f"ours @ {sp:.0%}"] = None if value is None else round(100 * value, 1)
-      row[f"paper @ {sp:.0%}"] = paper[sp].get(name)
-    rows.append(row)
-  print(f"\n{metric} in % — ours ({label}) beside the paper ({table}):")
-  print_table(rows, list(rows[0]))
-  return rows
 
 
 def _scores(cfg, opts, name, build, sparsity, k, params, train, test, eval_fn, metric, cands,
@@ -356,7 +415,7 @@ def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, m
   metric over ``repetitions`` seeds on a validation split carved from the clients' training
   data; the test split is never seen. Returns ``{method: (γ, p or local steps)}``."""
   fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-  data = (val, fit)  # the evaluation reads (held-out split, training split)
+  data = (val, auto_layout(fit))  # the evaluation reads (held-out split, training split)
   best = {}
   for name in names:
     fed = name in FEDAVG_STYLE
@@ -378,23 +437,32 @@ def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, m
 
 
 def _seed_statistics(cfg, opts, names, build, setting, params, ds, eval_fn, sparsity, d,
-                     metric) -> dict:
-  """``{method: mean_se(final METRIC over the seeds)}`` from ``seeds`` runs of each method
-  with its chosen setting (one vmapped program per method); per-seed values kept."""
+                     metric, thresholds) -> dict:
+  """Per method, over ``seeds`` runs with its chosen setting (one vmapped program per
+  method): ``{metric: mean_se, "train_objective": mean_se, "bits_to": {threshold: uplink
+  bits per client at the first evaluation where the seeds' mean metric reaches it, or
+  None}}``; per-seed values are kept in the ``mean_se`` records."""
   k = k_from_sparsity(d, sparsity)
+  train = auto_layout(ds.train)  # for the training objective of the evaluation
   out = {}
   for name in names:
     g, x = setting[name]
     fed = name in FEDAVG_STYLE
+    per = x if fed and opts["budget"] == "iterations" else 1  # budget units per step
     hp = {"gamma": np.full(opts["seeds"], g), "x": np.full(opts["seeds"], x)}
-    rounds = max(1, cfg.rounds // x) if fed and opts["budget"] == "iterations" else cfg.rounds
+    rounds = max(1, cfg.rounds // per)
     keys = jax.vmap(jax.random.key)(np.arange(opts["seeds"], dtype=np.uint32) + 7919 * cfg.seed)
     _, hist = run_batched(lambda h: build(name, sparsity, h["gamma"], x if fed else h["x"]),
-                          keys, params, ds.train, (ds.test, ds.train), num_rounds=rounds,
-                          hparams=hp, eval_fn=eval_fn, eval_every=rounds,
+                          keys, params, ds.train, (ds.test, train), num_rounds=rounds,
+                          hparams=hp, eval_fn=eval_fn, eval_every=max(1, cfg.eval_every // per),
                           params_fn=lambda s: top_k(s.params, k))
-    out[name] = mean_se([h.evals[metric][-1] for h in hist])
+    curve = np.mean([h.evals[metric] for h in hist], 0)
+    bits = np.mean([h.evals["uplink_bits"] for h in hist], 0) / ds.num_clients
+    reach = lambda t: next((float(b) for v, b in zip(curve, bits) if v >= t), None)
+    out[name] = {metric: mean_se([h.evals[metric][-1] for h in hist]),
+                 "train_objective": mean_se([h.evals["train_objective"][-1] for h in hist]),
+                 "bits_to": {str(t): reach(t) for t in thresholds}}
   return out
 
 
-run = entry(NAME, OPTIONS, _run)
+run = entry(NAME, OPTIONS, _run, PAPERS)

@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 from fedjaxsparse.errors import ConfigError, UserError
-from fedjaxsparse.experiment import DIVERGENCE, Config
+from fedjaxsparse.experiment import DIVERGENCE, Config, with_paper
 
 ROUND_NOTE = """\
 What --rounds counts is each experiment's budget unit (see `fedjaxsparse describe NAME`).
@@ -54,6 +54,16 @@ def describe(module) -> str:
   lines += textwrap.wrap(f"--rounds counts: {module.BUDGET}", 92, subsequent_indent="  ")
   lines += textwrap.wrap(f"Expected runtime with the defaults on a 2-core CPU: "
                          f"{module.RUNTIME}", 92, subsequent_indent="  ")
+  papers = getattr(module, "PAPERS", {})
+  if papers:
+    lines += ["", "Paper configurations (--paper NAME; real data with --data-dir, else a "
+              "stand-in of the same shape):"]
+    for pc in papers.values():
+      lines += textwrap.wrap(
+          f"{pc.name}: {pc.source}; {pc.dataset} (stand-in: {pc.standin}), {pc.clients} "
+          f"clients, --rounds {pc.rounds}, " + ", ".join(f"{k}={v}" for k, v in
+                                                          pc.options.items()),
+          92, initial_indent="  ", subsequent_indent="      ")
   lines += ["", "Options (--set KEY=VALUE):"]
   for o in module.OPTIONS:
     lines.append(f"  {o.name} = {o.default!r}   ({o.allowed()})")
@@ -98,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--out", help="output directory (default: results)")
   p.add_argument("--eval-every", type=int, dest="eval_every")
   p.add_argument("--data-dir", dest="data_dir", help="directory (or file) with real data")
+  p.add_argument("--paper", help="run a paper configuration (one per paper table: its data, "
+                                 "clients, budget, search, seeds; see describe EXPERIMENT); "
+                                 "other flags override it")
   mode = p.add_mutually_exclusive_group()
   mode.add_argument("--resume", action="store_true",
                     help="continue from the newest checkpoints (same configuration only)")
@@ -116,6 +129,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _config(module, args) -> Config:
   cfg = Config(**getattr(module, "DEFAULTS", {}))
+  if args.paper is not None:
+    papers = getattr(module, "PAPERS", {})
+    if args.paper not in papers:
+      raise ConfigError(f"{module.NAME} has no paper configuration {args.paper!r}; choose "
+                        f"from {', '.join(papers) or 'none'}.")
+    cfg = with_paper(cfg, papers[args.paper])
   for field in COMMON:
     value = getattr(args, field)
     if value is not None:
@@ -129,7 +148,7 @@ def _config(module, args) -> Config:
     if k.strip() in options:
       raise ConfigError(f"option {k.strip()!r} is set twice.")
     options[k.strip()] = v
-  cfg.options = options
+  cfg.options = {**cfg.options, **options}
   return cfg
 
 

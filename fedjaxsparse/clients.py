@@ -2,10 +2,19 @@
 
 Natural splits are very unequal (BlogFeedback: mean 82, max 1,106 examples per client), so
 padding every client to the largest wastes most of the work (DESIGN.md, performance notes).
-:func:`bucketize` sorts clients by size and cuts them into a few buckets, each padded only to
-its own largest client; :func:`map_clients` then runs the kernel ``vmap``-ped per bucket (a
-static Python loop over a handful of buckets, never over clients) and concatenates the results
-in client order. Per-client state keeps one leading axis over all clients.
+A :class:`BucketedData` holds the clients in a few size buckets, each padded only to its own
+largest client; :func:`map_clients` runs the kernel ``vmap``-ped per bucket (a static Python
+loop over a handful of buckets, never over clients) and returns the results **in the original
+client order**, so per-client state, client ids and PRNG keys are those of the padded run:
+bucketing changes the speed, never the result.
+
+:func:`auto_layout` chooses the buckets: the fewest (at most ``max_buckets``) whose padded
+work is within ``max_waste`` of the real work, cut optimally (dynamic programming over the
+sorted sizes). Every bucket is one more copy of the kernel in the compiled program, so
+compile time grows with the number of buckets; ``max_buckets`` bounds it
+(``benchmarks/bench_layout.py`` measures both). Algorithms whose step accepts bucketed data
+set ``Algorithm.bucketable``; :func:`fedjaxsparse.runner.run` then applies
+:func:`auto_layout` to unequal training data by itself.
 """
 from __future__ import annotations
 
@@ -22,13 +31,14 @@ class BucketedData(NamedTuple):
   """Clients in size buckets.
 
   Attributes:
-    buckets: one ``FederatedData`` per bucket; bucket ``b`` holds the clients
-      ``starts[b] : starts[b] + buckets[b].num_clients`` of the (re-ordered) population, padded
-      to its own largest client.
-    order: ``int [N]`` the original client id of each position (clients sorted by size).
+    buckets: one ``FederatedData`` per bucket, padded to its own largest client; bucket ``b``
+      holds the clients ``order[starts[b] : starts[b] + buckets[b].num_clients]``.
+    order: ``int32 [N]`` the original client id of each bucketed position.
+    inverse: ``int32 [N]`` the bucketed position of each original client (``argsort(order)``).
   """
   buckets: tuple
   order: Any
+  inverse: Any
 
   @property
   def num_clients(self) -> int:
@@ -36,43 +46,110 @@ class BucketedData(NamedTuple):
 
   @property
   def num_examples(self) -> jax.Array:
-    return jnp.concatenate([b.num_examples for b in self.buckets])
+    """``[N]`` in the original client order."""
+    return jnp.take(jnp.concatenate([b.num_examples for b in self.buckets]), self.inverse)
+
+  @property
+  def max_examples(self) -> int:
+    return max(b.max_examples for b in self.buckets)
+
+
+def _split(data: FederatedData, groups: list[np.ndarray]) -> BucketedData:
+  """Buckets of the given client-id groups, each trimmed to its largest client."""
+  sizes = np.asarray(data.num_examples)
+  buckets = []
+  for ids in groups:
+    m = max(int(sizes[ids].max()), 1)
+    buckets.append(jax.tree.map(lambda a: a[ids][:, :m] if a.ndim >= 2 else a[ids], data))
+  order = np.concatenate(groups).astype(np.int32)
+  return BucketedData(tuple(buckets), jnp.asarray(order),
+                      jnp.asarray(np.argsort(order).astype(np.int32)))
 
 
 def bucketize(data: FederatedData, num_buckets: int) -> BucketedData:
   """Sort clients by size and split them into ``num_buckets`` buckets of (nearly) equal client
-  count, each trimmed to its own largest client. Client ``j`` of the result is client
-  ``order[j]`` of ``data``."""
+  count, each trimmed to its own largest client."""
   if not 1 <= num_buckets <= data.num_clients:
     raise ValueError(f"num_buckets must be in [1, {data.num_clients}], got {num_buckets}.")
-  sizes = np.asarray(data.num_examples)
+  order = np.argsort(np.asarray(data.num_examples), kind="stable")
+  return _split(data, np.array_split(order, num_buckets))
+
+
+def padded_work(sizes: np.ndarray, groups: list[np.ndarray]) -> int:
+  """Example slots computed with these buckets: ``Σ_b |b| · max_{i∈b} n_i``."""
+  return int(sum(len(g) * max(int(sizes[g].max()), 1) for g in groups))
+
+
+def plan_buckets(sizes: np.ndarray, max_waste: float = 0.25, max_buckets: int = 8
+                 ) -> list[np.ndarray]:
+  """Client-id groups of the fewest buckets (``≤ max_buckets``) whose padded work is at most
+  ``(1 + max_waste)`` × the real work ``Σ n_i`` (the best ``max_buckets`` cut if none is).
+
+  For each bucket count ``b`` the cut of the sorted sizes minimising the padded work is found
+  exactly by dynamic programming, ``O(b · N²)`` numpy work (0.1 s for N = 3,400).
+  """
+  if not max_waste >= 0:
+    raise ValueError(f"max_waste must be >= 0, got {max_waste}.")
+  if not max_buckets >= 1:
+    raise ValueError(f"max_buckets must be >= 1, got {max_buckets}.")
+  sizes = np.asarray(sizes)
   order = np.argsort(sizes, kind="stable")
-  buckets = []
-  for ids in np.array_split(order, num_buckets):
-    m = max(int(sizes[ids].max()), 1)
-    buckets.append(jax.tree.map(lambda a: a[ids][:, :m] if a.ndim >= 2 else a[ids], data))
-  return BucketedData(tuple(buckets), order)
+  s = np.maximum(sizes[order].astype(np.float64), 1.0)
+  n, real = len(s), float(np.maximum(sizes, 1).sum())
+  cost = s[-1] * n  # one bucket
+  prev = np.arange(1, n + 1) * s  # best[1][j]: clients [0, j) in one bucket
+  cuts = [np.zeros(n, np.int64)]
+  best_b = 1
+  for b in range(2, min(max_buckets, n) + 1):
+    if cost <= (1 + max_waste) * real:
+      break
+    cur, arg = np.full(n, np.inf), np.zeros(n, np.int64)
+    for j in range(b, n + 1):  # clients [0, j) in b buckets, the last one [i, j)
+      i = np.arange(b - 1, j)
+      total = prev[i - 1] + (j - i) * s[j - 1]
+      k = int(np.argmin(total))
+      cur[j - 1], arg[j - 1] = total[k], i[k]
+    prev = cur
+    cuts.append(arg)
+    cost, best_b = cur[-1], b
+  bounds, j = [n], n
+  for b in range(best_b, 1, -1):
+    j = int(cuts[b - 1][j - 1])
+    bounds.append(j)
+  bounds = sorted(bounds)
+  return [order[a:z] for a, z in zip([0] + bounds[:-1], bounds)]
+
+
+def auto_layout(data: FederatedData, max_waste: float = 0.25, max_buckets: int = 8
+                ) -> FederatedData | BucketedData:
+  """``data`` itself when padding wastes at most ``max_waste`` of the work (e.g. equal
+  clients), else :func:`plan_buckets`' buckets."""
+  sizes = np.asarray(data.num_examples)
+  real = float(np.maximum(sizes, 1).sum())
+  if data.num_clients * max(data.max_examples, 1) <= (1 + max_waste) * real:
+    return data
+  return _split(data, plan_buckets(sizes, max_waste, max_buckets))
 
 
 def client_ids(data: FederatedData | BucketedData) -> jax.Array:
-  """``int32 [N]``: the original id of the client at each position (for ``fold_in`` keys)."""
-  if isinstance(data, FederatedData):
-    return jnp.arange(data.num_clients, dtype=jnp.int32)
-  return jnp.asarray(data.order, jnp.int32)
+  """``int32 [N]``: the original id of each client (for ``fold_in`` keys); results of
+  :func:`map_clients` are in this order for both layouts."""
+  return jnp.arange(data.num_clients, dtype=jnp.int32)
 
 
 def map_clients(fn: Callable, data: FederatedData | BucketedData, *client_args: Any) -> Any:
   """``vmap(fn)(*client_args, data)`` for padded data, or per bucket for bucketed data.
 
-  ``client_args`` are pytrees with leading client axis ``[N, ...]`` (in the data's client
-  order); the result has leading axis ``[N, ...]``.
+  ``client_args`` are pytrees with leading client axis ``[N, ...]`` in the original client
+  order; so is the result, for both layouts.
   """
   if isinstance(data, FederatedData):
     return jax.vmap(fn)(*client_args, data)
   outs, start = [], 0
   for bucket in data.buckets:
     n = bucket.num_clients
-    args = jax.tree.map(lambda a: a[start:start + n], client_args)
+    ids = data.order[start:start + n]
+    args = jax.tree.map(lambda a: jnp.take(a, ids, axis=0), client_args)
     outs.append(jax.vmap(fn)(*args, bucket))
     start += n
-  return jax.tree.map(lambda *xs: jnp.concatenate(xs), *outs)
+  return jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs), data.inverse, axis=0), *outs)

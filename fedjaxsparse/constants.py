@@ -36,8 +36,11 @@ class Constants(NamedTuple):
 
 
 def linear_model_constants(data: FederatedData, l2: float, loss: str = "squared",
-                           reduction: str = "mean", use_bias: bool = True) -> Constants:
-  """The constants of ``(1/N) Σ_i f_i`` for ``loss`` in ``"squared"``, ``"softmax"``."""
+                           reduction: str = "mean", use_bias: bool = True,
+                           scale: float = 1.0) -> Constants:
+  """The constants of ``(1/N) Σ_i f_i`` for ``loss`` in ``"squared"``, ``"softmax"``,
+  ``"logistic"``; ``scale`` multiplies the data term as in
+  :func:`fedjaxsparse.models.make_loss`."""
   if loss not in ("squared", "softmax", "logistic"):
     raise ValueError(f"loss must be 'squared', 'softmax' or 'logistic', got {loss!r}.")
   if reduction not in ("mean", "sum"):
@@ -59,6 +62,7 @@ def linear_model_constants(data: FederatedData, l2: float, loss: str = "squared"
       g = g / max(mask[i].sum(), 1.0)
     if loss != "squared":
       g = (0.5 if loss == "softmax" else 0.25) * g
+    g = scale * g
     hessians.append(g + np.diag(reg))
   ls = np.array([np.linalg.eigvalsh(h)[-1] for h in hessians])
   if loss == "squared":

@@ -44,9 +44,14 @@ class Algorithm(NamedTuple):
     init: ``(key, params, data) -> state``; ``params`` is the initial global model.
     step: ``(key, state, data) -> (state, info)``; one communication round (or one iteration
       for iteration-level methods such as ProxSkip).
+    bucketable: whether ``init`` and ``step`` also accept size-bucketed clients
+      (:class:`fedjaxsparse.clients.BucketedData`, run through
+      :func:`fedjaxsparse.clients.map_clients`) with the same result; the runner then
+      buckets unequal clients by itself (:func:`fedjaxsparse.clients.auto_layout`).
   """
   init: InitFn
   step: StepFn
+  bucketable: bool = False
 
 
 def global_params(state: Any) -> Params:

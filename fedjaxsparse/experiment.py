@@ -25,6 +25,7 @@ import numpy as np
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.locking import FolderLock
+from fedjaxsparse.protocol import PaperConfig
 from fedjaxsparse.runner import EvalFn, run
 
 DIVERGENCE = ("error", "skip")
@@ -56,6 +57,9 @@ class Config:
       the module's ``OPTIONS`` (after :func:`entry`: every option, parsed).
     fingerprint: the options that change what a method computes (set by :func:`entry`), part
       of every checkpoint's fingerprint so a refused resume names the option that changed.
+    paper: the name of one of the experiment's paper configurations (``PAPERS``), already
+      applied with :func:`with_paper`; it makes the experiment print the paper's numbers
+      beside ours and fall back to the stand-in data when the real files are absent.
   """
   rounds: int | None = 100
   clients: int = 20
@@ -70,6 +74,7 @@ class Config:
   on_divergence: str = "error"
   options: dict = dataclasses.field(default_factory=dict)
   fingerprint: dict = dataclasses.field(default_factory=dict)
+  paper: str | None = None
 
   def validate(self) -> "Config":
     for name, low in (("rounds", 1), ("clients", 1), ("eval_every", 1), ("seed", 0)):
@@ -220,12 +225,25 @@ def identity_options(spec: Sequence[Option], opts: dict) -> dict:
   return {o.name: opts[o.name] for o in spec if o.identity}
 
 
-def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict]
-          ) -> Callable[[Config], dict]:
+def with_paper(cfg: Config, paper: PaperConfig, explicit: Sequence[str] = ()) -> Config:
+  """``cfg`` with the paper configuration applied: its dataset, clients, rounds, eval_every
+  (except the fields named in ``explicit``, which the user set) and its options (options in
+  ``cfg.options`` win)."""
+  common = {k: v for k, v in paper.common().items() if k not in explicit}
+  return dataclasses.replace(cfg, **common, options={**paper.options, **cfg.options},
+                             paper=paper.name)
+
+
+def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict],
+          papers: dict[str, PaperConfig] | None = None) -> Callable[[Config], dict]:
   """An experiment's ``run(cfg)``: validates ``cfg`` and its options, locks the output folder
-  for the whole experiment, then calls ``body(cfg, opts)``."""
+  for the whole experiment, then calls ``body(cfg, opts)``. ``papers`` are the experiment's
+  paper configurations; ``cfg.paper`` must name one of them."""
   @functools.wraps(body)
   def run_experiment(cfg: Config) -> dict:
+    if cfg.paper is not None and cfg.paper not in (papers or {}):
+      raise ConfigError(f"{name} has no paper configuration {cfg.paper!r}; choose from "
+                        f"{', '.join(papers or {}) or 'none'}.")
     cfg.validate()
     opts = parse_options(spec, cfg.options, name)
     cfg = dataclasses.replace(cfg, options=opts, fingerprint=identity_options(spec, opts))

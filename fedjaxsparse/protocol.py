@@ -13,11 +13,17 @@
   value by the caller.
 * **Seeds** (:func:`mean_se`): every reported number is a mean ± standard error over S runs,
   the per-seed values kept.
+* **Paper configurations** (:class:`PaperConfig`): one named configuration per paper table —
+  data set, clients, budget, every option the protocol fixes, and the paper's own numbers —
+  run with ``fedjaxsparse run EXP --paper NAME``. When the real data is absent it runs on a
+  stand-in of the same shape (:func:`load_or_standin`), named as such in every output; the
+  paper's numbers are printed beside ours (:func:`paper_table`).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -71,10 +77,11 @@ def mean_se(values: Sequence[float] | np.ndarray, axis: int = 0) -> dict:
 
 class Dimension(NamedTuple):
   """One searched hyper-parameter: log-uniform on ``[low, high]``, rounded to an integer if
-  ``integer``."""
+  ``integer``; or, with ``choices``, uniform over those values (``low``/``high`` ignored)."""
   low: float
   high: float
   integer: bool = False
+  choices: tuple | None = None
 
 
 class SearchResult(NamedTuple):
@@ -89,6 +96,9 @@ def sample(space: dict[str, Dimension], n: int, rng: np.random.Generator) -> dic
   """``n`` log-uniform candidates ``{name: float64[n]}`` (integers rounded)."""
   out = {}
   for name, dim in space.items():
+    if dim.choices:
+      out[name] = np.asarray(dim.choices, np.float64)[rng.integers(0, len(dim.choices), n)]
+      continue
     if not 0 < dim.low <= dim.high:
       raise ConfigError(f"search range of {name} must satisfy 0 < low <= high, got "
                         f"[{dim.low}, {dim.high}].")
@@ -110,7 +120,7 @@ def two_stage_search(score: Callable[[dict], np.ndarray], space: dict[str, Dimen
     samples: candidates per stage, e.g. ``(16, 16)``; one stage is a plain random search.
     seed: the search's seed.
     top_fraction: the best fraction of a stage's candidates whose range (per dimension, in
-      log space) is the next stage's box.
+      log space; the values they use, for a choice) is the next stage's box.
   """
   rng = np.random.default_rng(seed)
   box = dict(space)
@@ -127,9 +137,84 @@ def two_stage_search(score: Callable[[dict], np.ndarray], space: dict[str, Dimen
     top = np.argsort(-s, kind="stable")[:max(1, int(math.ceil(top_fraction * n)))]
     top = top[np.isfinite(s[top])]
     if top.size:
-      box = {k: Dimension(float(cand[k][top].min()), float(cand[k][top].max()), d.integer)
+      box = {k: d._replace(low=float(cand[k][top].min()), high=float(cand[k][top].max()),
+                           choices=d.choices and tuple(sorted(set(cand[k][top].tolist()))))
              for k, d in box.items()}
   if best is None:
     raise ConfigError("every candidate of the random search diverged; widen or lower the "
                       "search range.")
   return SearchResult(best, best_score, stages)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperConfig:
+  """A paper table's protocol as data.
+
+  Attributes:
+    name: the ``--paper`` name, e.g. ``"table4"``.
+    source: the table and section, e.g. ``"seed 000 §4.2, Table 4 (FEMNIST)"``.
+    dataset: the real data set's loader name, with ``data_kwargs``.
+    standin: the loader name of a data set of the same shape, used when the real files are
+      absent (``None``: the real data is required).
+    clients, rounds, eval_every: the common settings (``rounds`` in the experiment's unit
+      after ``options`` are applied, e.g. communication rounds with ``budget=communications``).
+    options: the experiment options (``--set``) the protocol fixes.
+    paper: the paper's numbers, ``{column: {method: value}}``, as printed in the paper.
+    unit: how ``paper``'s values read, e.g. ``"% test accuracy"``, ``"Mbit uplink per
+      client"``; ``ours`` is converted to it by :func:`paper_table`'s ``convert``.
+    deviations: what still differs from the paper's protocol, and why.
+  """
+  name: str
+  source: str
+  dataset: str
+  standin: str | None
+  clients: int
+  rounds: int
+  eval_every: int
+  options: dict
+  paper: dict
+  unit: str
+  data_kwargs: dict = dataclasses.field(default_factory=dict)
+  deviations: str = ""
+
+  def common(self) -> dict:
+    """The :class:`fedjaxsparse.experiment.Config` fields this configuration sets."""
+    return {"dataset": self.dataset, "clients": self.clients, "rounds": self.rounds,
+            "eval_every": self.eval_every}
+
+
+def load_or_standin(paper: PaperConfig | None, dataset: str, data_dir: str | None,
+                    load: Callable[[str], Any]) -> tuple[Any, str | None]:
+  """``(data, stand-in note)``: ``load(dataset)``, or — for a paper configuration whose real
+  files are absent and no ``data_dir`` was given — ``load(paper.standin)`` with a short note
+  for labels, e.g. ``"stand-in for femnist: femnist_standin, ..."`` (``None`` when the real data ran). A ``data_dir`` that lacks the files is an
+  error, never silently replaced."""
+  try:
+    return load(dataset), None
+  except FileNotFoundError as e:
+    if paper is None or paper.standin is None or data_dir or dataset != paper.dataset:
+      raise
+    note = f"stand-in for {paper.dataset}: {paper.standin}, not comparable with the paper"
+    print(f"{paper.source}: {paper.dataset} files not found; running the stand-in "
+          f"{paper.standin}.\n  To run on the real data: {str(e).splitlines()[0]}")
+    return load(paper.standin), note
+
+
+def paper_table(paper: PaperConfig, ours: dict, label: str,
+                convert: Callable[[Any], Any] = lambda v: v) -> list[dict]:
+  """Rows ``{"method", "ours COL", "paper COL", ...}`` for every method and column of
+  ``paper.paper``; ``ours`` is ``{column: {method: value}}`` (missing: ``None``), converted
+  to the paper's unit by ``convert``. Printed with a header naming both sources."""
+  from fedjaxsparse.experiment import print_table  # the table printer of the experiments
+  methods = list(dict.fromkeys(m for col in paper.paper.values() for m in col))
+  rows = []
+  for m in methods:
+    row = {"method": m}
+    for col, values in paper.paper.items():
+      v = ours.get(col, {}).get(m)
+      row[f"ours {col}"] = None if v is None else convert(v)
+      row[f"paper {col}"] = values.get(m)
+    rows.append(row)
+  print(f"\n{paper.unit}: ours ({label}) beside the paper ({paper.source}):")
+  print_table(rows, list(rows[0]))
+  return rows

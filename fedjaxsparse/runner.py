@@ -32,6 +32,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedjaxsparse.checkpoint import Checkpointer
+from fedjaxsparse.clients import auto_layout
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import CheckpointExistsError, NonFiniteError, RunMismatchError
@@ -204,6 +205,7 @@ class RunResult(NamedTuple):
 
 
 NONFINITE = ("raise", "stop")
+LAYOUTS = ("auto", "padded")
 
 
 def _progress_postfix(history: History) -> dict:
@@ -274,7 +276,8 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
         overwrite: bool = False, fingerprint: dict | None = None,
         on_nonfinite: str = "raise", mesh: jax.sharding.Mesh | None = None,
         progress: bool = True, desc: str = "", estimate_after_s: float = 60.0,
-        on_chunk: Callable[[int, Any, History], None] | None = None) -> RunResult:
+        on_chunk: Callable[[int, Any, History], None] | None = None,
+        layout: str = "auto") -> RunResult:
   """Run ``num_rounds`` rounds of ``algo``.
 
   Args:
@@ -317,6 +320,10 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     desc: progress bar label (and the run's name in errors).
     on_chunk: called as ``on_chunk(round, state, history)`` after each chunk (logging, early
       stopping by raising).
+    layout: ``"auto"`` puts unequal clients of a :class:`~fedjaxsparse.data.FederatedData`
+      into size buckets (:func:`fedjaxsparse.clients.auto_layout`) when the algorithm is
+      ``bucketable`` and no ``mesh`` is given — the same result, less padded work;
+      ``"padded"`` runs ``train`` as given.
   """
   if not isinstance(num_rounds, int) or num_rounds < 1:
     raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
@@ -328,6 +335,7 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     train.validate("train")
   if isinstance(test, FederatedData):
     test.validate("test", allow_empty=True)
+  train = arrange(algo, train, layout, mesh)
   if checkpoint_dir is None:
     return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
                 params_fn, None, checkpoint_every, fingerprint, on_nonfinite, mesh, progress,
@@ -342,6 +350,16 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
       ckpt.close()
 
 
+def arrange(algo: Algorithm, train: Any, layout: str, mesh=None) -> Any:
+  """``train`` in the layout the algorithm runs fastest on (see :func:`run`'s ``layout``)."""
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+  if (layout == "auto" and getattr(algo, "bucketable", False) and mesh is None
+      and isinstance(train, FederatedData)):
+    return auto_layout(train)
+  return train
+
+
 def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
          params_fn, ckpt, checkpoint_every, config, on_nonfinite, mesh, progress, desc,
          estimate_after_s, on_chunk) -> RunResult:
@@ -353,7 +371,8 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
   if ckpt is not None:
     fp = run_fingerprint(algo, init_key, params, train, test, run_id=run_id, eval_fn=eval_fn,
                          params_fn=params_fn, eval_every=eval_every, config=config)
-  num_clients = jax.tree.leaves(train)[0].shape[0]
+  num_clients = train.num_clients if hasattr(train, "num_clients") else \
+      jax.tree.leaves(train)[0].shape[0]
   if mesh is not None:
     train = shard_clients(train, mesh, num_clients)
     if test is not None:

@@ -36,3 +36,17 @@ def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int | None) -> 
 def client_keys(key: jax.Array, client_ids: jax.Array) -> jax.Array:
   """Per-client keys ``[C]``: ``fold_in(key, client_id)`` for each id in ``client_ids[C]``."""
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, client_ids)
+
+
+def minibatch(key: jax.Array, data, batch_size: int | None, augment=None):
+  """One client's ``(x, y, mask)`` for a local step: its full (masked) data when
+  ``batch_size`` is ``None``, else ``batch_size`` examples drawn uniformly *with replacement*
+  from its real examples (a static shape, so clients of any size share one kernel).
+  ``augment(key, x) -> x`` (e.g. :func:`fedjaxsparse.augment.crop_flip`) transforms the
+  drawn images with its own key; ``data`` is one client's row (``x [M, ...]``)."""
+  if batch_size is None:
+    x, y, mask = data.x, data.y, data.mask
+  else:
+    idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(data.num_examples, 1))
+    x, y, mask = data.x[idx], data.y[idx], jnp.ones((batch_size,), jnp.float32)
+  return (x if augment is None else augment(jax.random.fold_in(key, 1), x)), y, mask

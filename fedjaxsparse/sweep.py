@@ -18,7 +18,7 @@ import numpy as np
 
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import check_data
-from fedjaxsparse.runner import EvalFn, History, build_chunk, split_run_key
+from fedjaxsparse.runner import EvalFn, History, arrange, build_chunk, split_run_key
 
 
 def grid(**axes: Any) -> dict[str, np.ndarray]:
@@ -34,7 +34,8 @@ def grid(**axes: Any) -> dict[str, np.ndarray]:
 def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params: Any,
                 train: Any, test: Any = None, *, num_rounds: int, hparams: Any = None,
                 eval_fn: EvalFn | None = None, eval_every: int = 10,
-                params_fn: ParamsFn = global_params) -> tuple[Any, list[History]]:
+                params_fn: ParamsFn = global_params, layout: str = "auto"
+                ) -> tuple[Any, list[History]]:
   """Run ``S`` complete runs as one ``jit(vmap(...))`` program.
 
   Args:
@@ -45,7 +46,7 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
     train, test: data shared by all runs.
     num_rounds: rounds per run.
     hparams: a pytree whose leaves have leading axis ``S``, or ``None``.
-    eval_fn, eval_every, params_fn: as in :func:`fedjaxsparse.runner.run`.
+    eval_fn, eval_every, params_fn, layout: as in :func:`fedjaxsparse.runner.run`.
 
   Returns:
     ``(states, histories)``: final states with leading axis ``S``, and one :class:`History`
@@ -61,7 +62,10 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
         raise ValueError(f"every hparams leaf needs leading axis S={num_runs} (one setting per "
                          f"key), got shape {np.shape(leaf)}.")
 
-  def one_run(key, hp):
+  first = None if hparams is None else jax.tree.map(lambda a: a[0], hparams)
+  train = arrange(build_algo(first), train, layout)
+
+  def one_run(key, hp, params, train, test):  # data as arguments: never folded as constants
     algo = build_algo(hp)
     init_key, rounds_key = split_run_key(key)
     state = algo.init(init_key, params, train)
@@ -71,7 +75,8 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
     return state, initial, out
 
   hp_axes = None if hparams is None else 0
-  states, initial, out = jax.jit(jax.vmap(one_run, in_axes=(0, hp_axes)))(keys, hparams)
+  batched = jax.vmap(one_run, in_axes=(0, hp_axes, None, None, None))
+  states, initial, out = jax.jit(batched)(keys, hparams, params, train, test)
   initial, out = jax.device_get((initial, out))
   histories = []
   for s in range(num_runs):

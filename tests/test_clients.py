@@ -1,4 +1,7 @@
-"""Size buckets: the same algorithm on bucketed data equals the padded run (clients permuted)."""
+"""Size buckets: the same algorithm on bucketed data equals the padded run, in the original client
+order; the automatic plan is the optimal cut and meets its waste bound."""
+import itertools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -6,8 +9,9 @@ import numpy as np
 import pytest
 
 from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.clients import bucketize, map_clients
-from fedjaxsparse.data import lognormal_partition, pack_clients
+from fedjaxsparse.clients import (BucketedData, auto_layout, bucketize, map_clients,
+                                  padded_work, plan_buckets)
+from fedjaxsparse.data import lognormal_partition, lognormal_sizes, pack_clients
 from fedjaxsparse.models import linear_regression, make_loss
 
 
@@ -23,13 +27,13 @@ def test_bucketize_sorts_and_trims(data):
   b = bucketize(data, 3)
   assert b.num_clients == 12
   sizes = np.asarray(data.num_examples)
-  np.testing.assert_array_equal(np.asarray(b.num_examples), sizes[b.order])
+  np.testing.assert_array_equal(np.asarray(b.num_examples), sizes)  # original order
   assert [bk.max_examples for bk in b.buckets] == [int(np.asarray(bk.num_examples).max())
                                                    for bk in b.buckets]
   assert sum(bk.max_examples * bk.num_clients for bk in b.buckets) < data.x.shape[0] * \
       data.max_examples  # less padding
-  out = map_clients(lambda w, d: jnp.sum(d.mask) * w, b, jnp.ones(12))
-  np.testing.assert_array_equal(out, sizes[b.order])
+  out = map_clients(lambda w, d: jnp.sum(d.mask) * w, b, jnp.arange(12.0))
+  np.testing.assert_array_equal(out, sizes * np.arange(12.0))  # each client its own argument
 
 
 @pytest.mark.parametrize("uplink", [False, True])
@@ -47,8 +51,7 @@ def test_bucketed_proxskip_equals_padded(data, uplink):
   for t in range(10):
     s_pad, i_pad = step(jax.random.key(t), s_pad, data)
     s_bkt, i_bkt = step(jax.random.key(t), s_bkt, b)
-  chex.assert_trees_all_close(jax.tree.map(lambda a: a[b.order], s_pad.w), s_bkt.w,
-                              rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(s_pad.w, s_bkt.w, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(s_pad.server, s_bkt.server, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(i_pad.bits_up, i_bkt.bits_up)
   with pytest.raises(ValueError, match="num_buckets"):
@@ -67,3 +70,47 @@ def test_bucketed_ef_bv_equals_padded(data):
     s_pad, _ = algo.step(jax.random.key(t), s_pad, data)
     s_bkt, _ = algo.step(jax.random.key(t), s_bkt, b)
   chex.assert_trees_all_close(s_pad.x, s_bkt.x, rtol=1e-5, atol=1e-6)
+
+
+def test_plan_is_the_optimal_cut_and_meets_the_waste_bound():
+  rng = np.random.default_rng(1)
+  sizes = rng.integers(1, 60, 9)
+  order = np.argsort(sizes, kind="stable")
+  for b in (2, 3):  # forced to b buckets (max_waste 0): equal to the brute-force optimum
+    groups = plan_buckets(sizes, max_waste=0.0, max_buckets=b)
+    brute = min(padded_work(sizes, np.split(order, list(c)))
+                for c in itertools.combinations(range(1, 9), b - 1))
+    assert len(groups) == b and padded_work(sizes, groups) == brute
+    assert sorted(np.concatenate(groups).tolist()) == list(range(9))
+  sizes = lognormal_sizes(20000, 500, 1.0, seed=0)
+  groups = plan_buckets(sizes, max_waste=0.25, max_buckets=32)
+  waste = padded_work(sizes, groups) / sizes.sum() - 1
+  assert waste <= 0.25 and len(groups) < 32
+  capped = plan_buckets(sizes, max_waste=0.25, max_buckets=4)  # the bound is out of reach
+  assert len(capped) == 4 and padded_work(sizes, capped) < padded_work(sizes, [sizes.argsort()])
+  fewer = plan_buckets(sizes, max_waste=0.0, max_buckets=len(groups) - 1)
+  assert padded_work(sizes, fewer) / sizes.sum() - 1 > 0.25  # the fewest buckets that do
+
+
+def test_auto_layout_keeps_equal_clients_padded(data):
+  equal = jax.tree.map(lambda a: a, data._replace(
+      mask=jnp.ones_like(data.mask), num_examples=jnp.full(12, data.max_examples, jnp.int32)))
+  assert auto_layout(equal) is equal
+  assert isinstance(auto_layout(data), BucketedData)
+
+
+def test_runner_buckets_by_itself_with_the_same_result(data):
+  """run(layout="auto") buckets the unequal clients (compressor included) and computes what
+  the padded run computes."""
+  from fedjaxsparse import compressors as C
+  from fedjaxsparse.runner import run
+  model = linear_regression(5, l2=0.1)
+  algo = ps.sparse_proxskip(make_loss(model), 0.05, 0.3, 0.5, uplink=C.rand_k(6, 2))
+  w0 = model.init(jax.random.key(0))
+  kw = dict(num_rounds=30, progress=False)
+  auto = run(algo, jax.random.key(3), w0, data, **kw)
+  padded = run(algo, jax.random.key(3), w0, data, layout="padded", **kw)
+  chex.assert_trees_all_close(auto.state.h, padded.state.h, rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close(auto.state.server, padded.state.server, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(auto.history.rounds["uplink_bits"],
+                             padded.history.rounds["uplink_bits"])

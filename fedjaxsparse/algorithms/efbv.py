@@ -122,7 +122,7 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
                     grad_error=jnp.mean(jax.vmap(_sq_norm)(delta)))
     return EFBVState(x, h, h_clients, state.t + 1), info
 
-  return Algorithm(init, step)
+  return Algorithm(init, step, bucketable=True)
 
 
 def ef21(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float = 1.0,

@@ -21,7 +21,7 @@ from fedjaxsparse import accounting
 from fedjaxsparse.aggregation import WEIGHTINGS, client_weights, weighted_mean
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]  # (params, x, y, mask)
 
@@ -53,28 +53,24 @@ class FedAvgInfo(NamedTuple):
 
 
 def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_steps: int,
-              batch_size: int | None, local_prox: Callable | None = None) -> Callable:
+              batch_size: int | None, local_prox: Callable | None = None,
+              augment: Callable | None = None) -> Callable:
   """Local training of ONE client: ``(key, params, client_data) -> (params, first_loss)``.
 
   ``client_data`` is one client's ``FederatedData`` row (``x [M, ...]``, ``mask [M]``).
   With ``batch_size=None`` every step uses the client's full (masked) data; otherwise each
   step draws ``batch_size`` examples uniformly *with replacement* from the client's real
   examples — a static batch shape, so clients of any size share one kernel.
-  ``local_prox`` (e.g. Top-K for FedIHT) is applied after every step.
+  ``local_prox`` (e.g. Top-K for FedIHT) is applied after every step; ``augment`` transforms
+  every minibatch (:mod:`fedjaxsparse.augment`).
   """
 
   def train(key, params, data: FederatedData):
     opt_state = optimizer.init(params)
 
-    def batch(k):
-      if batch_size is None:
-        return data.x, data.y, data.mask
-      idx = jax.random.randint(k, (batch_size,), 0, jnp.maximum(data.num_examples, 1))
-      return data.x[idx], data.y[idx], jnp.ones((batch_size,), jnp.float32)
-
     def step(carry, k):
       p, s = carry
-      loss, grads = jax.value_and_grad(loss_fn)(p, *batch(k))
+      loss, grads = jax.value_and_grad(loss_fn)(p, *minibatch(k, data, batch_size, augment))
       updates, s = optimizer.update(grads, s, p)
       p = optax.apply_updates(p, updates)
       return (local_prox(p) if local_prox is not None else p, s), loss
@@ -91,7 +87,8 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
            server_optimizer: optax.GradientTransformation | None = None,
            weighting: str = "num_examples", local_prox: Callable | None = None,
            upload_prox: Callable | None = None, server_prox: Callable | None = None,
-           uplink: Any = None, encoding: str = "dense") -> Algorithm:
+           uplink: Any = None, encoding: str = "dense",
+           augment: Callable | None = None) -> Algorithm:
   """Build FedAvg.
 
   Args:
@@ -115,6 +112,8 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     encoding: message encoding for the bit accounting (:mod:`fedjaxsparse.accounting`):
       ``"dense"`` (default, ``32·d`` per message) or a sparse encoding such as ``"auto"``,
       which charges each message by its actual non-zeros.
+    augment: ``(key, x) -> x`` applied to every local minibatch inside ``jit``
+      (:mod:`fedjaxsparse.augment`).
   """
   if not isinstance(local_steps, int) or local_steps < 1:
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
@@ -123,7 +122,8 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
   if weighting not in WEIGHTINGS:
     raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
   server_opt = server_optimizer or optax.identity()
-  train_client = local_sgd(loss_fn, client_optimizer, local_steps, batch_size, local_prox)
+  train_client = local_sgd(loss_fn, client_optimizer, local_steps, batch_size, local_prox,
+                           augment)
 
   def init(key, params, data: FederatedData) -> FedAvgState:
     del key

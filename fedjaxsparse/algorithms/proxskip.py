@@ -41,7 +41,7 @@ from fedjaxsparse import accounting
 from fedjaxsparse.clients import client_ids, map_clients
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sampling import client_keys
+from fedjaxsparse.sampling import client_keys, minibatch
 from fedjaxsparse.validation import check_number, check_positive
 from fedjaxsparse.sparsity import k_from_sparsity, soft_threshold, top_k
 
@@ -125,7 +125,8 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
                     write_back: bool = True, server_prox: Prox | None = None,
                     h_after_server_prox: bool = True, batch_size: int | None = None,
                     clip: float | None = None, clip_mode: str = "norm",
-                    uplink: Any = None, encoding: str = "auto") -> ProxSkipKernel:
+                    uplink: Any = None, encoding: str = "auto",
+                    augment: Callable | None = None) -> ProxSkipKernel:
   """The pieces of Algorithm 1 (see the module docstring for the hooks).
 
   Args:
@@ -148,12 +149,14 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
       after ``upload_prox`` (independent key per client); the compressed vector is the message
       (and is written back when ``write_back``), charged ``uplink.bits(d)`` per client.
     encoding: sparse-message encoding for the bit accounting (:mod:`fedjaxsparse.accounting`).
+    augment: ``(key, x) -> x`` applied to every local minibatch inside ``jit``
+      (:mod:`fedjaxsparse.augment`; seed 000 §E's flip/crop/normalise for CIFAR-10).
   """
   _check(gamma, p)
   if clip_mode not in ("norm", "value"):
     raise ValueError(f"clip_mode must be 'norm' or 'value', got {clip_mode!r}.")
-  if clip is not None and not clip > 0:
-    raise ValueError(f"clip must be > 0 or None, got {clip}.")
+  if clip is not None:
+    check_positive("clip", clip)  # traced in a search: unchecked
   identity = lambda x: x
   local_prox = local_prox or identity
   upload_prox = upload_prox or identity
@@ -169,12 +172,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     return ProxSkipState(w, h, params, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
 
   def client_step(key, w, h, data: FederatedData):  # one client
-    if batch_size is None:
-      batch = (data.x, data.y, data.mask)
-    else:
-      idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(data.num_examples, 1))
-      batch = (data.x[idx], data.y[idx], jnp.ones((batch_size,), jnp.float32))
-    loss, g = grad_fn(w, *batch)
+    loss, g = grad_fn(w, *minibatch(key, data, batch_size, augment))
     if clip is not None and clip_mode == "norm":
       g = jax.tree.map(lambda a: a * jnp.minimum(1.0, clip / (_tree_norm(g) + 1e-12)), g)
     elif clip is not None:
@@ -269,7 +267,8 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
     state, comm = kernel.communicate(state, w_hat, k_comm, client_ids(data))
     return finish(state, first_losses, comm, jnp.bool_(True), num_steps)
 
-  return Algorithm(kernel.init, iteration_step if form == "iteration" else round_step)
+  return Algorithm(kernel.init, iteration_step if form == "iteration" else round_step,
+                   bucketable=True)
 
 
 def proxskip(loss_fn: LossFn, gamma: float, p: float, **kw) -> Algorithm:

@@ -13,11 +13,12 @@ def digits(num_clients: int = 20, partition: str = "dirichlet", alpha: float = 0
            sigma: float = 0.3) -> FederatedDataset:
   """scikit-learn's handwritten digits (1,797 real 8×8 images, 10 classes), ``x [.., 64]``
   scaled to [0, 1], split over clients by ``partition`` ("iid", "dirichlet", "shards",
-  "lognormal"); each client's examples are split into its own train/test parts."""
+  "lognormal", "dirichlet_lognormal"); each client's examples are split into its own train/test parts."""
   from sklearn.datasets import load_digits
   x, y = load_digits(return_X_y=True)
   parts = _partition(y, num_clients, partition, seed, alpha, shards_per_client, sigma)
-  name = f"digits/{partition}" + (f"({alpha})" if partition == "dirichlet" else "")
+  name = f"digits/{partition}" + {"dirichlet": f"({alpha})", "lognormal": f"({sigma})",
+                                   "dirichlet_lognormal": f"({alpha}, {sigma})"}.get(partition, "")
   return federate((x / 16.0).astype(np.float32), y.astype(np.int32), parts, num_classes=10,
                   name=name, test_fraction=test_fraction, seed=seed)
 

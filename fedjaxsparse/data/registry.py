@@ -14,6 +14,8 @@ DATASETS = {
     "fashion_mnist": ("fedjaxsparse.data.fashion_mnist", "fashion_mnist"),
     "blogfeedback": ("fedjaxsparse.data.blogfeedback", "blogfeedback"),
     "femnist": ("fedjaxsparse.data.leaf", "femnist"),
+    "femnist_standin": ("fedjaxsparse.data.standins", "femnist_standin"),
+    "blogfeedback_standin": ("fedjaxsparse.data.standins", "blogfeedback_standin"),
     "libsvm": ("fedjaxsparse.data.libsvm", "libsvm"),
     "cifar10": ("fedjaxsparse.data.tfds_sources", "cifar10"),
     "cifar100": ("fedjaxsparse.data.tfds_sources", "cifar100"),

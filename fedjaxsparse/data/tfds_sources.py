@@ -41,7 +41,9 @@ def _federated(name: str, classes: int, data_dir, num_clients, partition, alpha,
   xt, yt = load_split(name, "test", data_dir)
   parts = partition_fn(y, num_clients, partition, seed, alpha=alpha,
                        shards_per_client=shards_per_client, sigma=sigma)
-  label = f"{name}/{partition}" + (f"({alpha})" if partition == "dirichlet" else "")
+  label = f"{name}/{partition}" + {"dirichlet": f"({alpha})", "lognormal": f"({sigma})",
+                                    "dirichlet_lognormal": f"({alpha}, {sigma})"}.get(
+                                        partition, "")
   return federate(x, y, parts, num_classes=classes, name=label, x_test=xt, y_test=yt)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from fedjaxsparse.models.base import (CLASSIFICATION, REGRESSION, Model, make_loss,
-                                      softmax_cross_entropy, squared_error)
+from fedjaxsparse.models.base import (CLASSIFICATION, REGRESSION, Model, global_mean_scale,
+                                      make_loss, softmax_cross_entropy, squared_error)
 from fedjaxsparse.models.linear import (linear_regression, logistic_loss, logistic_regression,
                                         softmax_regression)
 from fedjaxsparse.models.nets import cnn, mlp, resnet18
@@ -31,6 +31,6 @@ def get_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs)
                                                                **kwargs)
 
 
-__all__ = ["CLASSIFICATION", "REGRESSION", "Model", "make_loss", "softmax_cross_entropy",
+__all__ = ["CLASSIFICATION", "REGRESSION", "Model", "make_loss", "global_mean_scale", "softmax_cross_entropy",
            "squared_error", "logistic_loss", "linear_regression", "softmax_regression",
            "logistic_regression", "mlp", "cnn", "resnet18", "num_params", "get_model", "MODELS"]

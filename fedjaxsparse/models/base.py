@@ -11,6 +11,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Params = Any
 
@@ -47,7 +48,8 @@ def squared_error(pred: jax.Array, y: jax.Array) -> jax.Array:
   return 0.5 * jnp.square(pred - y)
 
 
-def make_loss(model: Model, reduction: str = "mean") -> Callable[..., jax.Array]:
+def make_loss(model: Model, reduction: str = "mean", scale: float = 1.0
+              ) -> Callable[..., jax.Array]:
   """``loss(params, x, y, mask) -> scalar`` for one client.
 
   Args:
@@ -55,17 +57,32 @@ def make_loss(model: Model, reduction: str = "mean") -> Callable[..., jax.Array]
     reduction: ``"mean"`` averages the per-example losses over the real examples (padding
       excluded; a client with no example contributes 0); ``"sum"`` sums them (the BlogFeedback
       objective of seed 000 uses a sum of squared errors).
+    scale: multiplies the data term (not the regulariser). With ``reduction="sum"`` and
+      ``scale = N / n`` (:func:`global_mean_scale`), ``(1/N) Σ_i f_i`` is the global sample
+      mean ``(1/n) Σ_ij ℓ_ij`` + regulariser — the FEMNIST objective of seed 000 §4.2, where
+      clients with more examples weigh more.
   """
   if reduction not in ("mean", "sum"):
     raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
+  if not (np.isfinite(scale) and scale > 0):
+    raise ValueError(f"scale must be a finite number > 0, got {scale!r}.")
 
   def loss(params, x, y, mask):
     per_example = model.per_example_loss(model.apply(params, x), y)
     total = jnp.sum(per_example * mask)
     if reduction == "mean":
       total = total / jnp.maximum(jnp.sum(mask), 1.0)
+    if scale != 1.0:
+      total = scale * total
     if model.regularizer is not None:
       total = total + model.regularizer(params)
     return total
 
   return loss
+
+
+def global_mean_scale(num_examples) -> float:
+  """``N / n``: the ``scale`` of :func:`make_loss` (``reduction="sum"``) that turns the
+  client average ``(1/N) Σ_i f_i`` into the global sample mean; ``num_examples`` is ``[N]``."""
+  counts = np.asarray(num_examples, np.float64)
+  return float(len(counts) / counts.sum())

@@ -1,0 +1,119 @@
+"""Synthetic stand-ins of the papers' data sets, of the same shape, for offline runs.
+
+A paper configuration (:mod:`fedjaxsparse.protocol`) runs on the real data when its files are
+present and on one of these otherwise; every output then names the stand-in. They reproduce
+the *shape* of a protocol — clients, examples per client, features, classes, heterogeneity —
+not its numbers: accuracies and R² on a stand-in are not comparable with the paper's.
+
+* :func:`femnist_standin`: LEAF FEMNIST's shape (28×28×1 in [0, 1], 62 classes, writers of
+  log-normal size with LEAF's mean 227 and s.d. 89 examples, digits about half the examples
+  as in FEMNIST), each writer with its own stroke offset and label mix; the test split is the
+  "unrestricted" kind: examples of the kept writers *and* of as many unseen writers.
+* :func:`blogfeedback_standin`: BlogFeedback's shape (554 sites with log-normal sizes, mean
+  ≈ 95 and max ≈ 1,100 examples, 280 attributes scaled to [0, 1] plus the bias column, a
+  non-negative heavy-tailed target, a pooled test split of 7,624 rows).
+* :func:`mushrooms_arrays`: mushrooms' shape (8,124 × 112 one-hot, 22 attributes).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fedjaxsparse.data.federated import FederatedDataset, federate
+from fedjaxsparse.data.partition import lognormal_sizes
+
+FEMNIST_MEAN, FEMNIST_SD = 226.83, 88.94  # LEAF (Caldas et al. 2018), Table 1
+MUSHROOM_CARDINALITIES = (6, 4, 10, 2, 9, 2, 2, 2, 12, 2, 4, 4, 4, 9, 9, 1, 4, 3, 5, 9, 6, 3)
+
+
+def _smooth(noise: np.ndarray, passes: int) -> np.ndarray:
+  """A 3×3 box blur applied ``passes`` times over the last two axes."""
+  for _ in range(passes):
+    p = np.pad(noise, [(0, 0)] * (noise.ndim - 2) + [(1, 1), (1, 1)], mode="edge")
+    noise = sum(p[..., i:i + noise.shape[-2], j:j + noise.shape[-1]]
+                for i in range(3) for j in range(3)) / 9.0
+  return noise
+
+
+def femnist_standin(num_writers: int = 100, seed: int = 0, noise: float = 0.5
+                    ) -> FederatedDataset:
+  """FEMNIST's shape: ``x [n, 28, 28, 1]`` in [0, 1], 62 classes, one client per writer.
+
+  Class ``c`` has a smooth random stroke image; writer ``w`` shifts it by its own offset
+  (up to ±2 pixels) and contrast, draws its labels from its own Dirichlet(1) mix around
+  FEMNIST's class frequencies (digits ≈ 50 %), and adds pixel noise of s.d. ``noise``.
+  """
+  rng = np.random.default_rng(seed)
+  protos = _smooth(0.5 * rng.normal(size=(1, 28, 28)) + rng.normal(size=(62, 28, 28)), 3)
+  protos = (protos > np.quantile(protos, 0.8, axis=(1, 2), keepdims=True)).astype(np.float32)
+  freq = np.r_[np.full(10, 0.05), np.full(52, 0.5 / 52)]
+
+  def writer(n, r):
+    labels = r.choice(62, n, p=r.dirichlet(30 * freq))
+    shift = r.integers(-2, 3, 2)
+    img = np.roll(protos[labels], tuple(shift), axis=(1, 2)) * r.uniform(0.6, 1.0)
+    jitter = r.integers(-1, 2, (n, 2))  # each example's own ±1 pixel offset
+    img = np.stack([np.roll(a, tuple(j), axis=(0, 1)) for a, j in zip(img, jitter)])
+    img = img + noise * r.normal(size=img.shape)
+    return np.clip(img, 0, 1)[..., None].astype(np.float32), labels.astype(np.int32)
+
+  sigma = np.sqrt(np.log1p((FEMNIST_SD / FEMNIST_MEAN) ** 2))
+  sizes = np.maximum(2, np.round(rng.lognormal(np.log(FEMNIST_MEAN) - sigma ** 2 / 2, sigma,
+                                               2 * num_writers))).astype(int)
+  train, test = [], []
+  for w in range(2 * num_writers):  # writers num_writers.. are only in the test split
+    x, y = writer(int(sizes[w]), np.random.default_rng([seed, w]))
+    n_test = max(1, int(round(0.1 * len(y))))
+    if w < num_writers:
+      train.append((x[n_test:], y[n_test:]))
+    test.append((x[:n_test], y[:n_test]))
+  cat = lambda parts, i: np.concatenate([p[i] for p in parts])
+  bounds = np.cumsum([0] + [len(p[1]) for p in train])
+  return federate(cat(train, 0), cat(train, 1),
+                  [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])], num_classes=62,
+                  name=f"femnist_standin({num_writers} writers, synthetic)",
+                  x_test=cat(test, 0), y_test=cat(test, 1))
+
+
+def blogfeedback_standin(num_clients: int = 554, seed: int = 0) -> FederatedDataset:
+  """BlogFeedback's shape: ``x [n, 281]`` (280 attributes in [0, 1] and the bias column),
+  a non-negative target, ``num_clients`` sites with log-normal sizes (σ = 1, mean 94.6
+  examples as the real 52,397 / 554), and one pooled test client of 7,624 rows.
+
+  Each site has its own attribute profile; the target is a sparse linear function of the
+  attributes plus heavy-tailed (Student-t, 3 d.o.f.) noise, clipped at 0 like comment counts.
+  """
+  rng = np.random.default_rng(seed)
+  sizes = lognormal_sizes(int(round(94.6 * num_clients)), num_clients, 1.0, seed)
+  profile = rng.beta(0.5, 2.0, (num_clients, 280))
+  w = rng.normal(size=280) * (rng.random(280) < 0.2) * 20.0
+
+  def rows(site):
+    x = np.clip(profile[site] + 0.15 * rng.normal(size=(len(site), 280)), 0, 1)
+    y = np.maximum(0.0, x @ w - np.quantile(profile @ w, 0.5) + 15 * rng.standard_t(3, len(site)))
+    return np.c_[x, np.ones(len(site))].astype(np.float32), y.astype(np.float32)
+
+  site = np.repeat(np.arange(num_clients), sizes)
+  x, y = rows(site)
+  xt, yt = rows(rng.integers(0, num_clients, 7624))
+  bounds = np.cumsum(np.r_[0, sizes])
+  return federate(x, y, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])],
+                  num_classes=0, name=f"blogfeedback_standin({num_clients} sites, synthetic)",
+                  x_test=xt, y_test=yt)
+
+
+def mushrooms_arrays(num_examples: int = 8124, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """``(x float32 [n, 112] one-hot, y int32 [n])``: a synthetic data set of mushrooms' shape.
+
+  The label is drawn first (51.8 % class 1, as in mushrooms), then every attribute from its
+  own class-conditional categorical distribution (Dirichlet(0.5) probabilities per class), so
+  the Bayes posterior is exactly a logistic model of the one-hot features.
+  """
+  rng = np.random.default_rng(seed)
+  y = (rng.random(num_examples) < 0.518).astype(np.int32)
+  blocks = []
+  for card in MUSHROOM_CARDINALITIES:
+    probs = rng.dirichlet(np.full(card, 0.5), size=2)  # [class, value]
+    u = rng.random(num_examples)[:, None]
+    values = (u > np.cumsum(probs[y], axis=1)).sum(1).clip(0, card - 1)
+    blocks.append(np.eye(card, dtype=np.float32)[values])
+  return np.concatenate(blocks, 1), y
