@@ -30,3 +30,17 @@ def test_bench_blogfeedback_tiny(tmp_path):
        "10", out=tmp_path)
   rows = json.load(open(tmp_path / "bench_blogfeedback.json"))["rows"]
   assert len(rows) == 3 and all(r["ms_per_iteration"] > 0 for r in rows)
+
+
+def test_bench_layout_tiny(tmp_path):
+  """Every layout computes the padded run's model; the automatic one has less padded work."""
+  _run("bench_layout.py", "--iterations", "20", "--chunk", "10", "--sites", "40",
+       "--small-clients", "60", out=tmp_path)
+  rows = json.load(open(tmp_path / "bench_layout.json"))["rows"]
+  assert len(rows) == 6
+  for r in rows:
+    assert r["max |model - padded model|"] < 1e-4, r
+  by = {(r["problem"], r["layout"]): r for r in rows}
+  for problem in {r["problem"] for r in rows}:
+    assert by[problem, "auto"]["padded work / real"] <= by[problem, "padded"]["padded work / real"]
+    assert by[problem, "auto"]["buckets"] <= 8
