@@ -18,6 +18,7 @@ set ``Algorithm.bucketable``; :func:`fedjaxsparse.runner.run` then applies
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -131,25 +132,102 @@ def auto_layout(data: FederatedData, max_waste: float = 0.25, max_buckets: int =
   return _split(data, plan_buckets(sizes, max_waste, max_buckets))
 
 
+STRATEGIES = ("vmap", "map", "unroll")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Executed:
+  """Clients (padded or bucketed) with the execution strategy :func:`map_clients` uses for
+  them (see :func:`with_strategy`); ``strategy`` is static (part of the compiled program)."""
+  data: Any
+  strategy: str = dataclasses.field(metadata=dict(static=True), default="vmap")
+
+  @property
+  def num_clients(self) -> int:
+    return self.data.num_clients
+
+  @property
+  def num_examples(self) -> jax.Array:
+    return self.data.num_examples
+
+  @property
+  def max_examples(self) -> int:
+    return self.data.max_examples
+
+  def select(self, client_ids: jax.Array) -> "Executed":
+    return Executed(self.data.select(client_ids), self.strategy)
+
+
+def with_strategy(data: Any, strategy: str) -> Executed:
+  """``data`` run by :func:`map_clients` with ``strategy``: ``"vmap"`` (one batched kernel),
+  ``"map"`` (``lax.map``: one client after another in a loop), ``"unroll"`` (the clients
+  written out one after another in the program: compile time grows with the clients) or
+  ``"unroll:G"`` (a ``lax.map`` over groups of G unrolled clients: bounded compile time).
+  Every strategy computes the same per-client results; only speed and compile time differ
+  (``benchmarks/bench_client_strategies.py``)."""
+  base, _, group = strategy.partition(":")
+  if base not in STRATEGIES or (group and (base != "unroll" or not group.isdigit()
+                                           or int(group) < 1)):
+    raise ValueError(f"strategy must be one of {STRATEGIES} or 'unroll:G' with an int G >= 1, "
+                     f"got {strategy!r}.")
+  if isinstance(data, Executed):
+    data = data.data
+  return Executed(data, strategy)
+
+
+def _unrolled(fn: Callable, args: tuple, data: FederatedData) -> Any:
+  outs = []
+  for i in range(data.num_clients):
+    args_i, data_i = jax.tree.map(lambda a: a[i], (args, data))
+    outs.append(fn(*args_i, data_i))
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+
+
+def _run_block(fn: Callable, data: FederatedData, args: tuple, strategy: str) -> Any:
+  """``fn`` over the clients of one padded block, by ``strategy``."""
+  if strategy == "vmap":
+    return jax.vmap(fn)(*args, data)
+  if strategy == "map":
+    return jax.lax.map(lambda xs: fn(*xs[0], xs[1]), (args, data))
+  if strategy == "unroll":
+    return _unrolled(fn, args, data)
+  group = int(strategy.split(":")[1])
+  n = data.num_clients
+  q = n // group
+  head = jax.tree.map(lambda a: a[:q * group].reshape((q, group) + a.shape[1:]), (args, data))
+  out = jax.lax.map(lambda xs: _unrolled(fn, xs[0], xs[1]), head)
+  out = jax.tree.map(lambda a: a.reshape((q * group,) + a.shape[2:]), out)
+  if n % group:
+    tail = jax.tree.map(lambda a: a[q * group:], (args, data))
+    out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, _unrolled(fn, *tail))
+  return out
+
+
 def client_ids(data: FederatedData | BucketedData) -> jax.Array:
   """``int32 [N]``: the original id of each client (for ``fold_in`` keys); results of
   :func:`map_clients` are in this order for both layouts."""
   return jnp.arange(data.num_clients, dtype=jnp.int32)
 
 
-def map_clients(fn: Callable, data: FederatedData | BucketedData, *client_args: Any) -> Any:
-  """``vmap(fn)(*client_args, data)`` for padded data, or per bucket for bucketed data.
+def map_clients(fn: Callable, data: FederatedData | BucketedData | Executed,
+                *client_args: Any) -> Any:
+  """``vmap(fn)(*client_args, data)`` for padded data, per bucket for bucketed data, and by
+  the chosen strategy for :class:`Executed` data (:func:`with_strategy`).
 
   ``client_args`` are pytrees with leading client axis ``[N, ...]`` in the original client
-  order; so is the result, for both layouts.
+  order; so is the result, for every layout and strategy.
   """
+  strategy = "vmap"
+  if isinstance(data, Executed):
+    data, strategy = data.data, data.strategy
   if isinstance(data, FederatedData):
-    return jax.vmap(fn)(*client_args, data)
+    return _run_block(fn, data, client_args, strategy)
   outs, start = [], 0
   for bucket in data.buckets:
     n = bucket.num_clients
     ids = data.order[start:start + n]
     args = jax.tree.map(lambda a: jnp.take(a, ids, axis=0), client_args)
-    outs.append(jax.vmap(fn)(*args, bucket))
+    outs.append(_run_block(fn, bucket, args, strategy))
     start += n
   return jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs), data.inverse, axis=0), *outs)

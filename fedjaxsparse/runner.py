@@ -32,7 +32,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedjaxsparse.checkpoint import Checkpointer
-from fedjaxsparse.clients import auto_layout
+from fedjaxsparse.clients import auto_layout, with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import CheckpointExistsError, NonFiniteError, RunMismatchError
@@ -277,7 +277,7 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
         on_nonfinite: str = "raise", mesh: jax.sharding.Mesh | None = None,
         progress: bool = True, desc: str = "", estimate_after_s: float = 60.0,
         on_chunk: Callable[[int, Any, History], None] | None = None,
-        layout: str = "auto") -> RunResult:
+        layout: str = "auto", clients: str = "vmap") -> RunResult:
   """Run ``num_rounds`` rounds of ``algo``.
 
   Args:
@@ -324,6 +324,9 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
       into size buckets (:func:`fedjaxsparse.clients.auto_layout`) when the algorithm is
       ``bucketable`` and no ``mesh`` is given — the same result, less padded work;
       ``"padded"`` runs ``train`` as given.
+    clients: how the clients' kernels execute (:func:`fedjaxsparse.clients.with_strategy`):
+      ``"vmap"`` (default), ``"map"``, ``"unroll"`` or ``"unroll:G"`` — the same results,
+      different speed and compile time (``benchmarks/bench_client_strategies.py``).
   """
   if not isinstance(num_rounds, int) or num_rounds < 1:
     raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
@@ -335,7 +338,7 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     train.validate("train")
   if isinstance(test, FederatedData):
     test.validate("test", allow_empty=True)
-  train = arrange(algo, train, layout, mesh)
+  train = arrange(algo, train, layout, mesh, clients)
   if checkpoint_dir is None:
     return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
                 params_fn, None, checkpoint_every, fingerprint, on_nonfinite, mesh, progress,
@@ -350,13 +353,19 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
       ckpt.close()
 
 
-def arrange(algo: Algorithm, train: Any, layout: str, mesh=None) -> Any:
-  """``train`` in the layout the algorithm runs fastest on (see :func:`run`'s ``layout``)."""
+def arrange(algo: Algorithm, train: Any, layout: str, mesh=None, clients: str = "vmap"
+            ) -> Any:
+  """``train`` in the layout and client execution strategy to run (see :func:`run`)."""
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
   if (layout == "auto" and getattr(algo, "bucketable", False) and mesh is None
       and isinstance(train, FederatedData)):
-    return auto_layout(train)
+    train = auto_layout(train)
+  if clients != "vmap":
+    if mesh is not None:
+      raise ValueError(f"clients={clients!r} needs mesh=None: a sharded client axis runs as "
+                       "vmap.")
+    train = with_strategy(train, clients)
   return train
 
 

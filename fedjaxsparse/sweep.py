@@ -34,8 +34,8 @@ def grid(**axes: Any) -> dict[str, np.ndarray]:
 def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params: Any,
                 train: Any, test: Any = None, *, num_rounds: int, hparams: Any = None,
                 eval_fn: EvalFn | None = None, eval_every: int = 10,
-                params_fn: ParamsFn = global_params, layout: str = "auto"
-                ) -> tuple[Any, list[History]]:
+                params_fn: ParamsFn = global_params, layout: str = "auto",
+                clients: str = "vmap") -> tuple[Any, list[History]]:
   """Run ``S`` complete runs as one ``jit(vmap(...))`` program.
 
   Args:
@@ -46,7 +46,7 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
     train, test: data shared by all runs.
     num_rounds: rounds per run.
     hparams: a pytree whose leaves have leading axis ``S``, or ``None``.
-    eval_fn, eval_every, params_fn, layout: as in :func:`fedjaxsparse.runner.run`.
+    eval_fn, eval_every, params_fn, layout, clients: as in :func:`fedjaxsparse.runner.run`.
 
   Returns:
     ``(states, histories)``: final states with leading axis ``S``, and one :class:`History`
@@ -63,7 +63,7 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
                          f"key), got shape {np.shape(leaf)}.")
 
   first = None if hparams is None else jax.tree.map(lambda a: a[0], hparams)
-  train = arrange(build_algo(first), train, layout)
+  train = arrange(build_algo(first), train, layout, clients=clients)
 
   def one_run(key, hp, params, train, test):  # data as arguments: never folded as constants
     algo = build_algo(hp)

@@ -19,6 +19,7 @@ import optax
 
 from fedjaxsparse import accounting
 from fedjaxsparse.aggregation import WEIGHTINGS, client_weights, weighted_mean
+from fedjaxsparse.clients import map_clients
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
@@ -136,8 +137,8 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     k_cohort, k_clients, k_uplink = jax.random.split(key, 3)
     cohort = sample_cohort(k_cohort, num_clients, cohort_size)
     cohort_data = data if cohort.shape[0] == num_clients else data.select(cohort)
-    local, losses = jax.vmap(train_client, in_axes=(0, None, 0))(
-        client_keys(k_clients, cohort), state.params, cohort_data)
+    local, losses = map_clients(lambda k, d: train_client(k, state.params, d), cohort_data,
+                                client_keys(k_clients, cohort))
     weights = client_weights(cohort_data.num_examples, weighting)
     is_model = upload_prox is not None
     messages = (jax.vmap(upload_prox)(local) if is_model else
@@ -165,4 +166,5 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
                       num_clients=jnp.int32(c))
     return FedAvgState(params, opt_state, state.round + 1), info
 
-  return Algorithm(init, step)
+  # Full participation maps over every client: size buckets apply (clients.auto_layout).
+  return Algorithm(init, step, bucketable=cohort_size is None)

@@ -148,6 +148,8 @@ def check_data(data) -> None:
     data.validate("train")
   for bucket in getattr(data, "buckets", ()):  # clients.BucketedData
     check_data(bucket)
+  if hasattr(data, "strategy"):  # clients.Executed
+    check_data(data.data)
 
 
 def pack_clients(x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarray],

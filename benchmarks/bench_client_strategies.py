@@ -1,0 +1,125 @@
+"""Client execution strategies for convolutional clients: one local SGD step of the FedAvg
+CNN (McMahan et al. 2017) for C clients × B images, against one model on all C·B images.
+
+Strategies (``fedjaxsparse.clients.STRATEGIES``, all behind ``map_clients``): ``vmap`` (one
+batched kernel: under vmap each convolution becomes a grouped convolution), ``map``
+(``lax.map``, one client at a time in a loop), ``unroll`` (the clients written out one after
+another inside the jitted program) and ``unroll:G`` (``lax.map`` over groups of G unrolled
+clients, which bounds the compile time). Reported per strategy: compile seconds, ms per
+client-step (steady, ``block_until_ready``, median of interleaved repeats), the ratio to the
+single-model throughput (the goal is ≤ 1.2), and the largest difference from ``vmap``.
+The "in scan" rows run the same cohort step ``--loop`` times inside a ``lax.scan`` — where
+the runner's chunks and the local-step loops put it: on XLA:CPU a convolution inside a loop
+body is several times slower than outside one (jax-ml/jax#12868), whatever the strategy;
+``unroll=True`` removes the loop.
+
+Usage: python benchmarks/bench_client_strategies.py [--clients 10] [--batch 32]
+       [--repeats 5] [--out benchmarks/results]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjaxsparse.clients import map_clients, with_strategy
+from fedjaxsparse.data import pack_clients
+from fedjaxsparse.models import cnn, make_loss
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--clients", type=int, default=10)
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--channels", type=int, nargs=2, default=(32, 64))
+  parser.add_argument("--dense", type=int, default=512)
+  parser.add_argument("--strategies", nargs="+",
+                      default=["vmap", "map", "unroll", "unroll:2", "unroll:5"])
+  parser.add_argument("--loop", type=int, default=3,
+                      help="cohort steps inside a lax.scan for the in-loop rows")
+  parser.add_argument("--out", default="benchmarks/results")
+  args = parser.parse_args()
+  c, b = args.clients, args.batch
+  rng = np.random.default_rng(0)
+  x = rng.random((c * b, 28, 28, 1)).astype(np.float32)
+  y = rng.integers(0, 10, c * b).astype(np.int32)
+  data = pack_clients(x, y, np.split(np.arange(c * b), c))
+  model = cnn((28, 28, 1), 10, channels=tuple(args.channels), dense=args.dense)
+  loss = make_loss(model)
+  opt = optax.sgd(0.05)
+  params = model.init(jax.random.key(0))
+
+  def local_step(w, d):  # one client: one SGD step on its B images
+    g = jax.grad(loss)(w, d.x, d.y, d.mask)
+    return optax.apply_updates(w, opt.update(g, opt.init(w), w)[0])
+
+  def cohort_step(w_clients, data):
+    return map_clients(local_step, data, w_clients)
+
+  def single_step(w, x, y, m):  # one model on all C·B images
+    g = jax.grad(loss)(w, x, y, m)
+    return optax.apply_updates(w, opt.update(g, opt.init(w), w)[0])
+
+  w_clients = jax.tree.map(lambda a: jnp.broadcast_to(a, (c,) + a.shape), params)
+  flat = (jnp.asarray(x), jnp.asarray(y), jnp.ones(c * b, jnp.float32))
+  programs = {}
+  t = time.perf_counter()
+  programs["single model"] = jax.jit(single_step).lower(params, *flat).compile()
+  compile_s = {"single model": time.perf_counter() - t}
+  inputs = {"single model": (params, *flat)}
+  def in_loop(steps: int, unroll: bool):  # `steps` cohort steps in a lax.scan (the runner's)
+    return lambda w, d: jax.lax.scan(lambda w, _: (cohort_step(w, d), None), w, None,
+                                     length=steps, unroll=unroll)[0]
+
+  variants = [(s, s, cohort_step, 1) for s in args.strategies]
+  variants += [(f"{s} in scan({args.loop})", s, in_loop(args.loop, False), args.loop)
+               for s in ("vmap", "unroll")]
+  variants += [(f"unroll in scan({args.loop}, unroll=True)", "unroll",
+                in_loop(args.loop, True), args.loop)]
+  steps_of = {"single model": 1}
+  for name, s, fn, steps in variants:
+    d = with_strategy(data, s)
+    t = time.perf_counter()
+    programs[name] = jax.jit(fn).lower(w_clients, d).compile()
+    compile_s[name] = time.perf_counter() - t
+    inputs[name] = (w_clients, d)
+    steps_of[name] = steps
+  times = {k: [] for k in programs}
+  outs = {}
+  for _ in range(args.repeats + 1):  # the first pass warms up
+    for k, fn in programs.items():
+      t = time.perf_counter()
+      outs[k] = jax.block_until_ready(fn(*inputs[k]))
+      times[k].append(time.perf_counter() - t)
+  single = np.median(times["single model"][1:]) * 1e3 / c
+  rows = []
+  for k in programs:
+    ms = np.median(times[k][1:]) * 1e3 / c / steps_of[k]
+    diff = 0.0 if k == "single model" or steps_of[k] > 1 else max(
+        float(jnp.max(jnp.abs(u - v))) for u, v in
+        zip(jax.tree.leaves(outs[k]), jax.tree.leaves(outs[args.strategies[0]])))
+    rows.append({"strategy": k, "compile s": compile_s[k], "ms per client-step": ms,
+                 "vs single model": ms / single, f"max |diff| vs {args.strategies[0]}": diff})
+  cols = list(rows[0])
+  print(" | ".join(cols))
+  for r in rows:
+    print(" | ".join(f"{r[col]:.3g}" if isinstance(r[col], float) else str(r[col])
+                     for col in cols))
+  os.makedirs(args.out, exist_ok=True)
+  path = os.path.join(args.out, "bench_client_strategies.json")
+  with open(path, "w") as f:
+    json.dump({"backend": jax.default_backend(), "device": str(jax.devices()[0]),
+               "clients": c, "batch": b, "channels": list(args.channels), "dense": args.dense,
+               "rows": rows}, f, indent=1)
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
