@@ -111,10 +111,15 @@ def _largest(keys: jax.Array, k: int) -> jax.Array:
   """``float[d] -> bool[d]`` with exactly ``k`` True at the largest non-negative keys, ties
   to the lower index: ``lax.top_k`` + scatter for ``k ≤ d/50``, else bisection for the k-th
   largest key on its bit pattern (31 passes for float32 keys, 63 for float64; see the module
-  docstring)."""
-  d = keys.shape[0]
-  if k * 50 <= d:
-    return jnp.zeros((d,), bool).at[jax.lax.top_k(keys, k)[1]].set(True)
+  docstring; ``benchmarks/bench_topk.py`` measures both)."""
+  return _largest_top_k(keys, k) if k * 50 <= keys.shape[0] else _largest_bisection(keys, k)
+
+
+def _largest_top_k(keys: jax.Array, k: int) -> jax.Array:
+  return jnp.zeros(keys.shape, bool).at[jax.lax.top_k(keys, k)[1]].set(True)
+
+
+def _largest_bisection(keys: jax.Array, k: int) -> jax.Array:
   uint, nbits = (jnp.uint64, 63) if keys.dtype == jnp.float64 else (jnp.uint32, 31)
   bits = jax.lax.bitcast_convert_type(keys, uint)  # monotone for keys >= 0, NaN on top
 

@@ -55,3 +55,11 @@ def test_bench_client_strategies_tiny(tmp_path):
   assert {r["strategy"] for r in rows} >= {"single model", "vmap", "map", "unroll", "unroll:2"}
   for r in rows:
     assert r["max |diff| vs vmap"] < 1e-5, r
+
+
+def test_bench_topk_tiny(tmp_path):
+  """Both Top-K paths (and argsort) give the same exact-K mask."""
+  _run("bench_topk.py", "--dims", "5000", "--fractions", "0.01", "0.3", "--repeats", "1",
+       out=tmp_path)
+  rows = json.load(open(tmp_path / "bench_topk.json"))["rows"]
+  assert len(rows) == 8 and all(r["same mask"] and r["nnz"] == r["k"] for r in rows)
