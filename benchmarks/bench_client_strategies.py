@@ -30,7 +30,7 @@ import optax
 
 from fedjaxsparse.clients import map_clients, with_strategy
 from fedjaxsparse.data import pack_clients
-from fedjaxsparse.models import cnn, make_loss
+from fedjaxsparse.models import cnn, make_loss, resnet18
 
 
 def main():
@@ -40,6 +40,9 @@ def main():
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--channels", type=int, nargs=2, default=(32, 64))
   parser.add_argument("--dense", type=int, default=512)
+  parser.add_argument("--model", choices=("cnn", "resnet18"), default="cnn",
+                      help="cnn: 28x28x1 images; resnet18: 32x32x3 (CIFAR-shaped, GroupNorm)")
+  parser.add_argument("--no-loop-rows", dest="loop_rows", action="store_false")
   parser.add_argument("--strategies", nargs="+",
                       default=["vmap", "map", "unroll", "unroll:2", "unroll:5"])
   parser.add_argument("--loop", type=int, default=3,
@@ -48,10 +51,12 @@ def main():
   args = parser.parse_args()
   c, b = args.clients, args.batch
   rng = np.random.default_rng(0)
-  x = rng.random((c * b, 28, 28, 1)).astype(np.float32)
+  shape = (28, 28, 1) if args.model == "cnn" else (32, 32, 3)
+  x = rng.random((c * b,) + shape).astype(np.float32)
   y = rng.integers(0, 10, c * b).astype(np.int32)
   data = pack_clients(x, y, np.split(np.arange(c * b), c))
-  model = cnn((28, 28, 1), 10, channels=tuple(args.channels), dense=args.dense)
+  model = (cnn(shape, 10, channels=tuple(args.channels), dense=args.dense)
+           if args.model == "cnn" else resnet18(shape, 10))
   loss = make_loss(model)
   opt = optax.sgd(0.05)
   params = model.init(jax.random.key(0))
@@ -79,10 +84,11 @@ def main():
                                      length=steps, unroll=unroll)[0]
 
   variants = [(s, s, cohort_step, 1) for s in args.strategies]
-  variants += [(f"{s} in scan({args.loop})", s, in_loop(args.loop, False), args.loop)
-               for s in ("vmap", "unroll")]
-  variants += [(f"unroll in scan({args.loop}, unroll=True)", "unroll",
-                in_loop(args.loop, True), args.loop)]
+  if args.loop_rows:
+    variants += [(f"{s} in scan({args.loop})", s, in_loop(args.loop, False), args.loop)
+                 for s in ("vmap", "unroll")]
+    variants += [(f"unroll in scan({args.loop}, unroll=True)", "unroll",
+                  in_loop(args.loop, True), args.loop)]
   steps_of = {"single model": 1}
   for name, s, fn, steps in variants:
     d = with_strategy(data, s)
@@ -113,10 +119,10 @@ def main():
     print(" | ".join(f"{r[col]:.3g}" if isinstance(r[col], float) else str(r[col])
                      for col in cols))
   os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, "bench_client_strategies.json")
+  path = os.path.join(args.out, f"bench_client_strategies_{args.model}.json")
   with open(path, "w") as f:
     json.dump({"backend": jax.default_backend(), "device": str(jax.devices()[0]),
-               "clients": c, "batch": b, "channels": list(args.channels), "dense": args.dense,
+               "model": args.model, "clients": c, "batch": b, "channels": list(args.channels), "dense": args.dense,
                "rows": rows}, f, indent=1)
   print(f"wrote {path}")
 

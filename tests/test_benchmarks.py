@@ -51,7 +51,7 @@ def test_bench_client_strategies_tiny(tmp_path):
   _run("bench_client_strategies.py", "--clients", "3", "--batch", "4", "--repeats", "1",
        "--channels", "2", "4", "--dense", "8", "--loop", "2", "--strategies", "vmap", "map",
        "unroll", "unroll:2", out=tmp_path)
-  rows = json.load(open(tmp_path / "bench_client_strategies.json"))["rows"]
+  rows = json.load(open(tmp_path / "bench_client_strategies_cnn.json"))["rows"]
   assert {r["strategy"] for r in rows} >= {"single model", "vmap", "map", "unroll", "unroll:2"}
   for r in rows:
     assert r["max |diff| vs vmap"] < 1e-5, r
