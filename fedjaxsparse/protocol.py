@@ -187,16 +187,17 @@ def load_or_standin(paper: PaperConfig | None, dataset: str, data_dir: str | Non
                     load: Callable[[str], Any]) -> tuple[Any, str | None]:
   """``(data, stand-in note)``: ``load(dataset)``, or — for a paper configuration whose real
   files are absent and no ``data_dir`` was given — ``load(paper.standin)`` with a short note
-  for labels, e.g. ``"stand-in for femnist: femnist_standin, ..."`` (``None`` when the real data ran). A ``data_dir`` that lacks the files is an
+  for labels, e.g. ``"stand-in for femnist"`` (``None`` when the real data ran). A ``data_dir`` that lacks the files is an
   error, never silently replaced."""
   try:
     return load(dataset), None
   except FileNotFoundError as e:
     if paper is None or paper.standin is None or data_dir or dataset != paper.dataset:
       raise
-    note = f"stand-in for {paper.dataset}: {paper.standin}, not comparable with the paper"
+    note = f"stand-in for {paper.dataset}"
     print(f"{paper.source}: {paper.dataset} files not found; running the stand-in "
-          f"{paper.standin}.\n  To run on the real data: {str(e).splitlines()[0]}")
+          f"{paper.standin} (same shape; its numbers are not comparable with the paper's)."
+          f"\n  To run on the real data: {str(e).splitlines()[0]}")
     return load(paper.standin), note
 
 
