@@ -13,8 +13,12 @@ the runner's chunks and the local-step loops put it: on XLA:CPU a convolution in
 body is several times slower than outside one (jax-ml/jax#12868), whatever the strategy;
 ``unroll=True`` removes the loop.
 
+The runner rows run whole FedAvg rounds (``--local-steps`` steps each) through
+``runner.run`` with ``clients="vmap"`` and ``"auto"`` (loop-free rounds on CPU) against one
+model taking the same steps on all the cohort's images.
+
 Usage: python benchmarks/bench_client_strategies.py [--clients 10] [--batch 32]
-       [--repeats 5] [--out benchmarks/results]
+       [--repeats 5] [--rounds 10] [--local-steps 5] [--out benchmarks/results]
 """
 from __future__ import annotations
 
@@ -47,6 +51,10 @@ def main():
                       default=["vmap", "map", "unroll", "unroll:2", "unroll:5"])
   parser.add_argument("--loop", type=int, default=3,
                       help="cohort steps inside a lax.scan for the in-loop rows")
+  parser.add_argument("--rounds", type=int, default=10,
+                      help="rounds of the runner rows (0: none)")
+  parser.add_argument("--local-steps", type=int, default=5, help="local steps (runner rows)")
+  parser.add_argument("--runner-strategies", nargs="+", default=["vmap", "auto"])
   parser.add_argument("--out", default="benchmarks/results")
   args = parser.parse_args()
   c, b = args.clients, args.batch
@@ -118,13 +126,60 @@ def main():
   for r in rows:
     print(" | ".join(f"{r[col]:.3g}" if isinstance(r[col], float) else str(r[col])
                      for col in cols))
+  run_rows = runner_rows(args, model, loss, params, data, flat) if args.rounds else []
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, f"bench_client_strategies_{args.model}.json")
   with open(path, "w") as f:
     json.dump({"backend": jax.default_backend(), "device": str(jax.devices()[0]),
-               "model": args.model, "clients": c, "batch": b, "channels": list(args.channels), "dense": args.dense,
-               "rows": rows}, f, indent=1)
+               "model": args.model, "clients": c, "batch": b, "channels": list(args.channels),
+               "dense": args.dense, "rows": rows, "runner_rows": run_rows}, f, indent=1)
   print(f"wrote {path}")
+
+
+def runner_rows(args, model, loss, params, data, flat) -> list[dict]:
+  """Whole FedAvg rounds (``--local-steps`` SGD steps of batch B per client) through
+  ``runner.run`` with each client strategy, against one model taking the same steps on
+  batches of all C·B images (loop-free). Steady ms per round from the difference of a long and
+  a short run (each run compiles once); the final models of all strategies are compared."""
+  from fedjaxsparse.algorithms.fedavg import fedavg
+  from fedjaxsparse.runner import run
+  c, e = args.clients, args.local_steps
+  algo = fedavg(loss, optax.sgd(0.05), local_steps=e, batch_size=args.batch)
+  opt = optax.sgd(0.05)
+
+  def single_round(w, x, y, m):  # e steps of one model on all C·B images, written out
+    for _ in range(e):
+      w = optax.apply_updates(w, opt.update(jax.grad(loss)(w, x, y, m), opt.init(w), w)[0])
+    return w
+
+  single = jax.jit(single_round).lower(params, *flat).compile()
+  jax.block_until_ready(single(params, *flat))
+  t = time.perf_counter()
+  for _ in range(args.rounds):
+    jax.block_until_ready(single(params, *flat))
+  single_ms = (time.perf_counter() - t) * 1e3 / args.rounds
+  rows, finals = [{"strategy": "one model, all images", "ms per round": single_ms,
+                   "vs single model": 1.0}], {}
+  for strategy in args.runner_strategies:
+    times = {}
+    for rounds in (1, 1 + args.rounds):
+      res = run(algo, jax.random.key(0), params, data, num_rounds=rounds, eval_every=rounds,
+                progress=False, clients=strategy)
+      times[rounds] = res.train_time_s
+    ms = (times[1 + args.rounds] - times[1]) * 1e3 / args.rounds
+    finals[strategy] = res.state.params
+    rows.append({"strategy": f"runner, clients={strategy!r} ({res.clients})",
+                 "ms per round": ms, "vs single model": ms / single_ms,
+                 "first round incl. compile s": times[1]})
+  base = finals[args.runner_strategies[0]]
+  for r, (strategy, p) in zip(rows[1:], finals.items()):
+    r["max |diff| vs first"] = max(float(jnp.max(jnp.abs(u - v))) for u, v in
+                                   zip(jax.tree.leaves(p), jax.tree.leaves(base)))
+  print(f"\nFedAvg rounds through runner.run ({c} clients, {e} local steps of {args.batch}):")
+  for r in rows:
+    print(" | ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in r.items()))
+  return rows
 
 
 if __name__ == "__main__":

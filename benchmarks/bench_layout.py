@@ -11,7 +11,9 @@ Problems: the BlogFeedback-shaped stand-in (554 sites, log-normal sizes, d = 281
 a sum of squares) and 1,000 small clients (log-normal sizes, mean 18 examples, softmax
 regression 60 features × 10 classes).
 
-Every layout must compute the padded run's model (the last column).
+Every layout must compute the padded run's model (the last column). References, per problem:
+the memory floor (one gradient of the pooled real examples: the two matrix products an
+iteration needs) and, when PyTorch is installed, the papers' way — a Python loop over clients.
 
 Usage: python benchmarks/bench_layout.py [--iterations 300] [--out benchmarks/results]
 """
@@ -62,12 +64,77 @@ def measure(algo, data, w0, iterations: int, chunk: int) -> tuple[float, float, 
   return compile_s, 1e3 * (time.perf_counter() - t) / iterations, state.server
 
 
+def pooled_floor(data, model, reduction, repeats: int = 20) -> float:
+  """ms of one gradient of the pooled real examples (no padding): the two matrix products an
+  iteration cannot avoid — the memory floor the layouts are compared with."""
+  keep = np.asarray(data.mask).reshape(-1) > 0
+  x = jnp.asarray(np.asarray(data.x).reshape((-1,) + data.x.shape[2:])[keep])
+  y = jnp.asarray(np.asarray(data.y).reshape(-1)[keep])
+  loss = make_loss(model, reduction)
+  grad = jax.jit(jax.grad(loss))
+  w = model.init(jax.random.key(0))
+  m = jnp.ones(x.shape[0], jnp.float32)
+  jax.block_until_ready(grad(w, x, y, m))
+  t = time.perf_counter()
+  for _ in range(repeats):
+    jax.block_until_ready(grad(w, x, y, m))
+  return 1e3 * (time.perf_counter() - t) / repeats
+
+
+def torch_client_loop(data, kind: str, gamma: float, p: float, sparsity: float,
+                      iterations: int) -> float | None:
+  """ms/iteration of Sparse-ProxSkip written the way the papers' PyTorch code runs it: a
+  Python loop over clients (closed-form gradients, no autograd), a coin per iteration,
+  Top-K of each client's iterate, averaging and the control-variate update on communication.
+  ``None`` when PyTorch is not installed."""
+  try:
+    import torch
+  except ImportError:
+    return None
+  sizes = np.asarray(data.num_examples)
+  xs = [torch.from_numpy(np.asarray(data.x[i, :n])) for i, n in enumerate(sizes)]
+  ys = [torch.from_numpy(np.asarray(data.y[i, :n])) for i, n in enumerate(sizes)]
+  d = xs[0].shape[1]
+  shape = (d,) if kind == "ridge" else (d, 10)
+  w = [torch.zeros(shape) for _ in xs]
+  h = [torch.zeros(shape) for _ in xs]
+  k = max(1, int(round((1 - sparsity) * np.prod(shape))))
+  gen = torch.Generator().manual_seed(0)
+  t = time.perf_counter()
+  for _ in range(iterations):
+    w_hat = []
+    for xi, yi, wi, hi in zip(xs, ys, w, h):
+      if kind == "ridge":
+        g = xi.T @ (xi @ wi - yi) + 500.0 * wi
+      else:
+        prob = torch.softmax(xi @ wi, 1)
+        prob[torch.arange(len(yi)), yi.long()] -= 1.0
+        g = xi.T @ prob / len(yi)
+      w_hat.append(wi - gamma * (g - hi))
+    if torch.rand((), generator=gen) < p:
+      pruned = []
+      for v in w_hat:
+        flat = v.reshape(-1)
+        out = torch.zeros_like(flat)
+        idx = torch.topk(flat.abs(), k).indices
+        out[idx] = flat[idx]
+        pruned.append(out.reshape(shape))
+      avg = torch.stack(pruned).mean(0)
+      h = [hi + p / gamma * (avg - v) for hi, v in zip(h, pruned)]
+      w = [avg.clone() for _ in w_hat]
+    else:
+      w = w_hat
+  return 1e3 * (time.perf_counter() - t) / iterations
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--iterations", type=int, default=300)
   parser.add_argument("--chunk", type=int, default=100)
   parser.add_argument("--sites", type=int, default=554)
   parser.add_argument("--small-clients", type=int, default=1000)
+  parser.add_argument("--torch-iterations", type=int, default=30,
+                      help="iterations of the PyTorch client-loop reference (0: none)")
   parser.add_argument("--out", default="benchmarks/results")
   args = parser.parse_args()
   blog = blogfeedback_standin(args.sites).train
@@ -77,7 +144,7 @@ def main():
           blog, linear_regression(281, l2=500.0, use_bias=False), "sum", 2e-5),
       "1,000 small clients (softmax 60x10)": (small, softmax_regression(60, 10), "mean", 0.1),
   }
-  rows = []
+  rows, references = [], []
   for pname, (data, model, reduction, gamma) in problems.items():
     algo = ps.sparse_proxskip(make_loss(model, reduction), gamma, 0.1, 0.9)
     w0 = model.init(jax.random.key(0))
@@ -98,18 +165,39 @@ def main():
                    "compile s": compile_s, "ms/iteration": ms,
                    "compile vs padded": compile_s / base[0], "speed-up vs padded": base[1] / ms,
                    "max |model - padded model|": diff})
+    floor = pooled_floor(data, model, reduction)
+    loop = (torch_client_loop(data, "ridge" if reduction == "sum" else "softmax", gamma, 0.1,
+                              0.9, args.torch_iterations) if args.torch_iterations else None)
+    auto_ms = rows[-2]["ms/iteration"]
+    references.append({"problem": pname, "auto ms/iteration": auto_ms,
+                       "memory floor ms (pooled gradient)": floor,
+                       "auto / floor": auto_ms / floor,
+                       "PyTorch client loop ms/iteration": loop,
+                       "speed-up vs PyTorch loop": loop / auto_ms if loop else None})
   cols = list(rows[0])
   text = [" | ".join(cols)]
   for r in rows:
     text.append(" | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c])
                            for c in cols))
   print("\n".join(text))
+  for r in references:
+    print(" | ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in r.items()))
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "bench_layout.json")
   with open(path, "w") as f:
     json.dump({"backend": jax.default_backend(), "device": str(jax.devices()[0]),
-               "iterations": args.iterations, "rows": rows}, f, indent=1)
+               "iterations": args.iterations, "rows": rows, "references": references,
+               "torch": _torch_version()}, f, indent=1)
   print(f"wrote {path}")
+
+
+def _torch_version() -> str | None:
+  try:
+    import torch
+    return f"{torch.__version__}, {torch.get_num_threads()} threads"
+  except ImportError:
+    return None
 
 
 if __name__ == "__main__":

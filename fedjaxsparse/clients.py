@@ -18,6 +18,8 @@ set ``Algorithm.bucketable``; :func:`fedjaxsparse.runner.run` then applies
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Any, Callable, NamedTuple
 
@@ -176,11 +178,37 @@ def with_strategy(data: Any, strategy: str) -> Executed:
   return Executed(data, strategy)
 
 
+_LOOP_FREE = contextvars.ContextVar("fedjaxsparse_loop_free", default=False)
+_MAPPED = contextvars.ContextVar("fedjaxsparse_mapped", default=None)  # choose_strategy's
+
+
+@contextlib.contextmanager
+def loop_free(enabled: bool = True):
+  """While tracing under this context, :func:`local_scan` unrolls its loop completely.
+
+  The ``"unroll"`` strategy traces every client's kernel under it, so a client's local steps
+  are written out too and the client runs loop-free: on XLA:CPU a convolution inside any loop
+  body runs several times slower than outside one (jax-ml/jax#12868,
+  ``benchmarks/bench_client_strategies.py``)."""
+  token = _LOOP_FREE.set(enabled)
+  try:
+    yield
+  finally:
+    _LOOP_FREE.reset(token)
+
+
+def local_scan(f: Callable, init: Any, xs: Any = None, length: int | None = None):
+  """``lax.scan`` for a client's local loop (local steps, epochs): fully unrolled when traced
+  under :func:`loop_free` (the ``"unroll"`` strategy), a loop otherwise — the same result."""
+  return jax.lax.scan(f, init, xs, length=length, unroll=bool(_LOOP_FREE.get()))
+
+
 def _unrolled(fn: Callable, args: tuple, data: FederatedData) -> Any:
   outs = []
-  for i in range(data.num_clients):
-    args_i, data_i = jax.tree.map(lambda a: a[i], (args, data))
-    outs.append(fn(*args_i, data_i))
+  with loop_free():
+    for i in range(data.num_clients):
+      args_i, data_i = jax.tree.map(lambda a: a[i], (args, data))
+      outs.append(fn(*args_i, data_i))
   return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
 
 
@@ -219,6 +247,8 @@ def map_clients(fn: Callable, data: FederatedData | BucketedData | Executed,
   order; so is the result, for every layout and strategy.
   """
   strategy = "vmap"
+  if _MAPPED.get() is not None:
+    _MAPPED.get().append(data.num_clients)
   if isinstance(data, Executed):
     data, strategy = data.data, data.strategy
   if isinstance(data, FederatedData):
@@ -231,3 +261,54 @@ def map_clients(fn: Callable, data: FederatedData | BucketedData | Executed,
     outs.append(_run_block(fn, bucket, args, strategy))
     start += n
   return jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs), data.inverse, axis=0), *outs)
+
+
+MAX_UNROLLED_CONVS = 1024
+"""Largest number of convolutions (forward and backward, counted over unrolled clients and
+local steps) the automatic choice writes out loop-free: XLA compiles ~30 ms of program per
+convolution on CPU (ResNet-18, 10 clients × 1 step: ≈ 600 convolutions, 20 s)."""
+
+
+def count_primitive(jaxpr: Any, name: str) -> int:
+  """Occurrences of primitive ``name`` in a (closed) jaxpr and all its sub-jaxprs, a scan's
+  body counted ``length`` times (the work of an unrolled program)."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  total = 0
+  for eqn in jaxpr.eqns:
+    total += eqn.primitive.name == name
+    times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+    for value in eqn.params.values():
+      for sub in (value if isinstance(value, (tuple, list)) else (value,)):
+        if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+          total += times * count_primitive(sub, name)
+  return total
+
+
+def choose_strategy(algo: Any, params: Any, train: Any) -> tuple[str, str]:
+  """The client execution strategy for ``algo`` on ``train`` and why: ``(strategy, reason)``.
+
+  A rule from ``benchmarks/bench_client_strategies.py``: on CPU, clients whose kernel holds
+  convolutions run ``"unroll"`` (loop-free: 0.99× the single-model time for the FedAvg CNN,
+  where ``vmap`` takes 5×) unless that writes out more than :data:`MAX_UNROLLED_CONVS`
+  convolutions (compile time); everything else runs ``"vmap"`` — the fastest for matrix
+  products on CPU and the layout GPUs batch best. Decided by tracing one step (no compile):
+  the convolutions of the ``vmap``-ed step times the clients one ``map_clients`` call maps.
+  """
+  if jax.default_backend() != "cpu":
+    return "vmap", f"{jax.default_backend()} backend"
+  key = jax.random.key(0)
+  state = jax.eval_shape(algo.init, key, params, train)
+  mapped = []
+  token = _MAPPED.set(mapped)
+  try:
+    convs = count_primitive(jax.make_jaxpr(algo.step)(key, state, train),
+                            "conv_general_dilated")
+  finally:
+    _MAPPED.reset(token)
+  if not convs:
+    return "vmap", "no convolutions"
+  convs *= max(mapped, default=1)
+  if convs > MAX_UNROLLED_CONVS:
+    return "vmap", (f"{convs} convolutions unrolled would exceed {MAX_UNROLLED_CONVS} "
+                    "(compile time)")
+  return "unroll", f"convolutions on CPU ({convs} written out loop-free)"

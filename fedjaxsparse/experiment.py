@@ -264,8 +264,8 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm, param
   """Run one method with progress bar and checkpoints; return its JSON-ready record.
 
   The record holds the ``history``, ``final`` metrics, ``wall_time_s`` (training time summed
-  over every resume of the run) and ``diverged`` (``None`` or ``{"round", "quantity"}`` with
-  ``cfg.on_divergence == "skip"``). The checkpoint fingerprint includes the experiment, the
+  over every resume of the run), ``diverged`` (``None`` or ``{"round", "quantity"}`` with
+  ``cfg.on_divergence == "skip"``) and ``clients``, the client execution strategy that ran. The checkpoint fingerprint includes the experiment, the
   method, the dataset options and the experiment options that change the computation.
   """
   key = jax.random.key(cfg.seed) if key is None else key
@@ -280,7 +280,7 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm, param
             on_nonfinite="stop" if cfg.on_divergence == "skip" else "raise",
             progress=cfg.progress, desc=method)
   return {"history": res.history.to_dict(), "wall_time_s": res.train_time_s,
-          "diverged": res.diverged,
+          "diverged": res.diverged, "clients": res.clients,
           "final": {k: last(v) for k, v in res.history.evals.items()},
           "state": res.state}
 

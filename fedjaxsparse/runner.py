@@ -3,9 +3,12 @@
 Rounds run under ``lax.scan`` in chunks; one chunk is one ``jit``-compiled program (traced
 once per run, even for the last, shorter chunk: rounds past the end are masked with
 ``lax.cond``), so the host sees one dispatch per chunk. Between chunks the host updates the
-progress bar, appends to the history and writes an orbax checkpoint. Evaluation runs inside
-the scan every ``eval_every`` rounds (and after the last round) behind a ``lax.cond`` on the
-unbatched round counter, so it costs nothing on other rounds.
+progress bar, appends to the history and writes an orbax checkpoint. Evaluation (every
+``eval_every`` rounds and after the last round) is a program of its own run after the chunk
+that ends on an evaluation round when chunks end on every such round (the default
+``chunk_size = eval_every``), else it runs inside the scan behind a ``lax.cond`` on the
+unbatched round counter. Loop-free runs (clients ``"unroll"``, chosen automatically for
+convolutional clients on CPU) dispatch one round at a time with no loop and no ``cond``.
 
 Randomness: the run key splits into an init key and a rounds key; round ``r`` (0-based) uses
 ``fold_in(rounds_key, r)``. A run therefore does not depend on the chunk size, and a run
@@ -32,7 +35,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedjaxsparse.checkpoint import Checkpointer
-from fedjaxsparse.clients import auto_layout, with_strategy
+from fedjaxsparse.clients import Executed, auto_layout, choose_strategy, with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import CheckpointExistsError, NonFiniteError, RunMismatchError
@@ -75,7 +78,10 @@ def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
 
   Returns ``chunk(rounds_key, state, start_round, num_rounds, train, test) ->
   (state, ChunkOutput)``; ``start_round`` and ``num_rounds`` are traced int32 scalars, so one
-  compilation serves every chunk of a run. Rounds ``r >= num_rounds`` leave the state unchanged.
+  compilation serves every chunk of a run. Rounds ``r >= num_rounds`` leave the state
+  unchanged — except in a chunk of one round without ``eval_fn``, which is one plain step with
+  no loop and no ``lax.cond`` (loop-free rounds: a convolution inside a loop or a ``cond`` is
+  several times slower on XLA:CPU) and must not be called past the end.
   """
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
@@ -106,6 +112,11 @@ def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
           s)
       return s, (info, metrics, evaluated, ok)
 
+    if chunk_size == 1 and eval_fn is None:  # loop- and cond-free (the runner never
+      state, info = step(state, start_round)  # dispatches a round past the end)
+      ok = jnp.all(state_finite(state))[None]
+      return state, ChunkOutput(jax.tree.map(lambda a: a[None], info), {},
+                                jnp.zeros((1,), bool), ok, state_finite(state))
     rounds = start_round + jnp.arange(chunk_size, dtype=jnp.int32)
     state, (info, metrics, evaluated, ok) = jax.lax.scan(body, state, rounds)
     return state, ChunkOutput(info, metrics, evaluated, ok, state_finite(state))
@@ -195,13 +206,15 @@ class RunResult(NamedTuple):
   function during this call (1 for a whole run); ``num_dispatches``: chunks sent to the device
   by this call; ``train_time_s``: wall time of the whole run, summed over every call that
   resumed it; ``diverged``: ``None``, or ``{"round", "quantity"}`` when the run stopped on a
-  non-finite value with ``on_nonfinite="stop"``."""
+  non-finite value with ``on_nonfinite="stop"``; ``clients``: the client execution strategy
+  that ran (``clients="auto"`` resolved)."""
   state: Any
   history: History
   num_traces: int
   num_dispatches: int
   train_time_s: float = 0.0
   diverged: dict | None = None
+  clients: str = "vmap"
 
 
 NONFINITE = ("raise", "stop")
@@ -277,7 +290,7 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
         on_nonfinite: str = "raise", mesh: jax.sharding.Mesh | None = None,
         progress: bool = True, desc: str = "", estimate_after_s: float = 60.0,
         on_chunk: Callable[[int, Any, History], None] | None = None,
-        layout: str = "auto", clients: str = "vmap") -> RunResult:
+        layout: str = "auto", clients: str = "auto") -> RunResult:
   """Run ``num_rounds`` rounds of ``algo``.
 
   Args:
@@ -297,7 +310,8 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     params_fn: ``state -> global model`` (default ``state.params``).
     checkpoint_dir: where to write orbax checkpoints (none if ``None``). The folder is locked
       while the run is active (:class:`~fedjaxsparse.locking.FolderLock`).
-    checkpoint_every: checkpoint after every this many chunks (and after the last).
+    checkpoint_every: checkpoint after every this many chunks (and after the last); a chunk
+      counts ``eval_every`` rounds here when ``chunk_size`` is not given.
     resume: continue from the newest intact checkpoint in ``checkpoint_dir``. The checkpoint
       must come from the same run — same algorithm and hyper-parameters, model, data, initial
       model, key and evaluation (see :mod:`fedjaxsparse.fingerprint`) — and hold at most
@@ -325,8 +339,11 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
       ``bucketable`` and no ``mesh`` is given — the same result, less padded work;
       ``"padded"`` runs ``train`` as given.
     clients: how the clients' kernels execute (:func:`fedjaxsparse.clients.with_strategy`):
-      ``"vmap"`` (default), ``"map"``, ``"unroll"`` or ``"unroll:G"`` — the same results,
-      different speed and compile time (``benchmarks/bench_client_strategies.py``).
+      ``"auto"`` (default: :func:`fedjaxsparse.clients.choose_strategy`, ``"vmap"`` unless
+      convolutional clients on CPU), ``"vmap"``, ``"map"``, ``"unroll"`` or ``"unroll:G"`` —
+      the same results, different speed and compile time
+      (``benchmarks/bench_client_strategies.py``). Under ``"unroll"`` rounds run loop-free:
+      one round per dispatch (``chunk_size`` defaults to 1) and evaluation as its own program.
   """
   if not isinstance(num_rounds, int) or num_rounds < 1:
     raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
@@ -338,7 +355,7 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     train.validate("train")
   if isinstance(test, FederatedData):
     test.validate("test", allow_empty=True)
-  train = arrange(algo, train, layout, mesh, clients)
+  train = arrange(algo, train, layout, mesh, clients, params)
   if checkpoint_dir is None:
     return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
                 params_fn, None, checkpoint_every, fingerprint, on_nonfinite, mesh, progress,
@@ -353,14 +370,20 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
       ckpt.close()
 
 
-def arrange(algo: Algorithm, train: Any, layout: str, mesh=None, clients: str = "vmap"
-            ) -> Any:
-  """``train`` in the layout and client execution strategy to run (see :func:`run`)."""
+def arrange(algo: Algorithm, train: Any, layout: str, mesh=None, clients: str = "vmap",
+            params: Any = None) -> Any:
+  """``train`` in the layout and client execution strategy to run (see :func:`run`);
+  ``clients="auto"`` needs the initial ``params`` (it traces one step) and means ``"vmap"``
+  under a ``mesh``."""
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
   if (layout == "auto" and getattr(algo, "bucketable", False) and mesh is None
       and isinstance(train, FederatedData)):
     train = auto_layout(train)
+  if clients == "auto":
+    if mesh is not None or params is None:
+      return train
+    clients = choose_strategy(algo, params, train)[0]
   if clients != "vmap":
     if mesh is not None:
       raise ValueError(f"clients={clients!r} needs mesh=None: a sharded client axis runs as "
@@ -373,7 +396,10 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
          params_fn, ckpt, checkpoint_every, config, on_nonfinite, mesh, progress, desc,
          estimate_after_s, on_chunk) -> RunResult:
   t_start = time.perf_counter()
-  chunk_size = min(chunk_size or eval_every, num_rounds)
+  strategy = train.strategy if isinstance(train, Executed) else "vmap"
+  loop_free = strategy == "unroll"
+  checkpoint_rounds = checkpoint_every * (chunk_size or eval_every)
+  chunk_size = min(chunk_size or (1 if loop_free else eval_every), num_rounds)
   init_key, rounds_key = split_run_key(key)
   run_id = np.asarray(jax.random.key_data(key)).tolist()
   fp = None
@@ -422,10 +448,14 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
     traces[0] += 1
     return chunk_fn(*args)
 
-  chunk_fn = build_chunk(algo, chunk_size, eval_fn, eval_every, params_fn)
+  # Chunks ending on every evaluation round: evaluate as a program of its own, after them.
+  host_eval = eval_fn is not None and eval_every % chunk_size == 0 and start % chunk_size == 0
+  chunk_fn = build_chunk(algo, chunk_size, None if host_eval else eval_fn, eval_every,
+                         params_fn)
   jitted = jax.jit(counted_chunk)
+  jitted_eval = jax.jit(eval_fn) if eval_fn is not None else None
   if start == 0 and eval_fn is not None:
-    initial = jax.device_get(jax.jit(eval_fn)(params_fn(state), test))
+    initial = jax.device_get(jitted_eval(params_fn(state), test))
     bad = [(k, float(v)) for k, v in initial.items() if not np.isfinite(v)]
     if bad:
       err = _nonfinite_error(desc, 0, "test " + bad[0][0], bad[0][1])
@@ -435,7 +465,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
                        {"round": 0, "quantity": err.quantity})
     history.add_eval(0, initial)
 
-  dispatches, diverged = 0, None
+  dispatches, diverged, since_checkpoint = 0, None, 0
   chunk_times = []
   bar = tqdm(total=num_rounds, initial=start, desc=desc, disable=not progress, unit="round",
              dynamic_ncols=True, leave=True)
@@ -445,10 +475,12 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
       r0 = start + c * chunk_size
       t0 = time.perf_counter()
       state, out = jitted(rounds_key, state, jnp.int32(r0), jnp.int32(num_rounds), train, test)
+      active = min(chunk_size, num_rounds - r0)
+      if host_eval and ((r0 + active) % eval_every == 0 or r0 + active == num_rounds):
+        out = _with_metrics(out, jitted_eval(params_fn(state), test), active - 1)
       out = jax.device_get(out)
       chunk_times.append(time.perf_counter() - t0)
       dispatches += 1
-      active = min(chunk_size, num_rounds - r0)
       bad = first_nonfinite(out, r0, active, state_paths)
       if bad is not None:
         err = _nonfinite_error(desc, *bad)
@@ -470,7 +502,9 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
           bar.write(f"{desc or 'run'}: about {_duration(left)} left ({chunk_times[1]:.2g} s "
                     f"per {chunk_size}-round chunk; the first, with compilation, took "
                     f"{chunk_times[0]:.2g} s).")
-      if ckpt is not None and ((c + 1) % checkpoint_every == 0 or done == num_rounds):
+      since_checkpoint += active
+      if ckpt is not None and (since_checkpoint >= checkpoint_rounds or done == num_rounds):
+        since_checkpoint = 0
         ckpt.save(done, state, {"round": done, "run_id": run_id, "fingerprint": fp,
                                 "history": history.to_dict(),
                                 "train_time_s": prior_time + time.perf_counter() - t_start})
@@ -479,7 +513,17 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
   finally:
     bar.close()
   return RunResult(state, history, traces[0], dispatches,
-                   prior_time + time.perf_counter() - t_start, diverged)
+                   prior_time + time.perf_counter() - t_start, diverged, strategy)
+
+
+def _with_metrics(out: ChunkOutput, metrics: dict, position: int) -> ChunkOutput:
+  """``out`` with ``metrics`` (evaluated after the chunk) recorded at round ``position``."""
+  n = out.evaluated.shape[0]
+  at = jnp.arange(n) == position
+  return out._replace(
+      metrics={k: jnp.where(at, v, jnp.nan).astype(jnp.result_type(v))
+               for k, v in metrics.items()},
+      evaluated=at)
 
 
 def _duration(seconds: float) -> str:

@@ -50,11 +50,16 @@ def test_bench_client_strategies_tiny(tmp_path):
   """Every strategy computes vmap's client models (float tolerance: convolutions)."""
   _run("bench_client_strategies.py", "--clients", "3", "--batch", "4", "--repeats", "1",
        "--channels", "2", "4", "--dense", "8", "--loop", "2", "--strategies", "vmap", "map",
-       "unroll", "unroll:2", out=tmp_path)
-  rows = json.load(open(tmp_path / "bench_client_strategies_cnn.json"))["rows"]
+       "unroll", "unroll:2", "--rounds", "2", "--local-steps", "2", out=tmp_path)
+  result = json.load(open(tmp_path / "bench_client_strategies_cnn.json"))
+  rows = result["rows"]
   assert {r["strategy"] for r in rows} >= {"single model", "vmap", "map", "unroll", "unroll:2"}
   for r in rows:
     assert r["max |diff| vs vmap"] < 1e-5, r
+  runs = result["runner_rows"][1:]  # vmap, then auto: loop-free on CPU, the same models
+  assert [r["strategy"] for r in runs] == ["runner, clients='vmap' (vmap)",
+                                           "runner, clients='auto' (unroll)"]
+  assert all(r["max |diff| vs first"] < 1e-5 for r in runs), runs
 
 
 def test_bench_topk_tiny(tmp_path):

@@ -151,3 +151,85 @@ def test_runner_client_strategy_changes_nothing_but_speed(data):
   a = run(algo, jax.random.key(1), w0, data, num_rounds=6, progress=False)
   b = run(algo, jax.random.key(1), w0, data, num_rounds=6, progress=False, clients="unroll:4")
   chex.assert_trees_all_equal(a.state.server, b.state.server)
+
+
+def _cnn_fedavg(num_clients, local_steps, batch=4):
+  import optax
+  from fedjaxsparse.algorithms.fedavg import fedavg
+  from fedjaxsparse.models import cnn
+  rng = np.random.default_rng(0)
+  n = num_clients * 6
+  x = rng.random((n, 12, 12, 1)).astype(np.float32)
+  y = rng.integers(0, 3, n).astype(np.int32)
+  data = pack_clients(x, y, np.split(np.arange(n), num_clients))
+  model = cnn((12, 12, 1), 3, channels=(2, 3), dense=8)
+  algo = fedavg(make_loss(model), optax.sgd(0.1), local_steps=local_steps, batch_size=batch)
+  return algo, model, data
+
+
+def test_count_primitive_counts_a_scan_body_length_times():
+  from fedjaxsparse.clients import count_primitive
+  w = jnp.ones((1, 1, 3, 3))  # OIHW
+  conv = lambda x: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME")
+  x = jnp.ones((1, 1, 5, 5))
+  loop = lambda x: jax.lax.scan(lambda c, _: (conv(c), None), x, None, length=4)[0]
+  nested = lambda x: jax.lax.cond(True, lambda x: loop(conv(x)), lambda x: x, x)
+  assert count_primitive(jax.make_jaxpr(conv)(x), "conv_general_dilated") == 1
+  assert count_primitive(jax.make_jaxpr(loop)(x), "conv_general_dilated") == 4
+  assert count_primitive(jax.make_jaxpr(jax.jit(nested))(x), "conv_general_dilated") == 5
+
+
+def test_automatic_strategy_rule(data, monkeypatch):
+  """Linear clients: vmap. Convolutional clients on CPU: unroll, counting clients × local
+  steps × convolutions per step; past the compile-time bound: vmap."""
+  from fedjaxsparse import clients as cl
+  model = linear_regression(5, l2=0.1)
+  algo = ps.sparse_proxskip(make_loss(model), 0.05, 0.5, 0.5)
+  assert cl.choose_strategy(algo, model.init(jax.random.key(0)), data) == ("vmap",
+                                                                          "no convolutions")
+  counts = {}
+  for clients, steps in ((2, 1), (4, 1), (2, 3)):
+    algo, model, d = _cnn_fedavg(clients, steps)
+    strategy, reason = cl.choose_strategy(algo, model.init(jax.random.key(0)), d)
+    assert strategy == "unroll"
+    counts[clients, steps] = int(reason.split("(")[1].split()[0])
+  assert counts[4, 1] == 2 * counts[2, 1] and counts[2, 3] == 3 * counts[2, 1]
+  monkeypatch.setattr(cl, "MAX_UNROLLED_CONVS", counts[4, 1] - 1)
+  algo, model, d = _cnn_fedavg(4, 1)
+  assert cl.choose_strategy(algo, model.init(jax.random.key(0)), d)[0] == "vmap"
+
+
+def test_unrolled_cnn_round_is_loop_free_and_computes_the_vmap_round():
+  """Under "unroll" a FedAvg CNN round (clients and local steps written out) compiles to a
+  program without any while loop or conditional, and equals the vmap round."""
+  from fedjaxsparse.clients import with_strategy
+  from fedjaxsparse.runner import build_chunk, split_run_key
+  algo, model, data = _cnn_fedavg(3, 2)
+  init_key, rounds_key = split_run_key(jax.random.key(0))
+  state = algo.init(init_key, model.init(jax.random.key(1)), data)
+  chunk = build_chunk(algo, 1)
+  outs, looped = [], []
+  for d in (data, with_strategy(data, "unroll")):
+    args = (rounds_key, state, jnp.int32(0), jnp.int32(1), d, None)
+    looped.append(_convolutions_in_loops(jax.make_jaxpr(chunk)(*args)))
+    outs.append(jax.jit(chunk)(*args)[0])
+  assert looped[0] > 0  # vmap: the local steps are a loop around the convolutions
+  assert looped[1] == 0
+  chex.assert_trees_all_close(outs[0].params, outs[1].params, rtol=1e-5, atol=1e-6)
+
+
+def _convolutions_in_loops(jaxpr) -> int:
+  """Convolutions inside a while loop, a rolled scan or a cond of ``jaxpr``."""
+  from fedjaxsparse.clients import count_primitive
+  total = 0
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+    name, params = eqn.primitive.name, eqn.params
+    rolled = name == "scan" and params["unroll"] is not True and params["unroll"] < params[
+        "length"]
+    subs = [v for value in params.values()
+            for v in (value if isinstance(value, (tuple, list)) else (value,))
+            if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns")]
+    for sub in subs:
+      total += (count_primitive(sub, "conv_general_dilated")
+                if rolled or name in ("while", "cond") else _convolutions_in_loops(sub))
+  return total

@@ -67,6 +67,37 @@ def test_chunk_size_does_not_change_the_run(setup):
   np.testing.assert_allclose(a.history.rounds["loss"], b.history.rounds["loss"], rtol=1e-5)
 
 
+def test_evaluation_after_the_chunk_equals_evaluation_inside_it(setup):
+  """chunk_size = eval_every evaluates after each chunk as its own program; chunk_size = 2 ×
+  eval_every evaluates inside the scan behind a cond: the same rounds, the same metrics."""
+  a = _run(setup, num_rounds=25, eval_every=5, chunk_size=5)
+  b = _run(setup, num_rounds=25, eval_every=5, chunk_size=10)
+  assert a.history.evals["round"] == b.history.evals["round"] == [0, 5, 10, 15, 20, 25]
+  for name in ("accuracy", "loss"):
+    np.testing.assert_allclose(a.history.evals[name], b.history.evals[name], rtol=1e-5)
+  chex.assert_trees_all_close(a.state, b.state, rtol=1e-6, atol=1e-7)
+
+
+def test_loop_free_rounds_dispatch_one_round_and_checkpoint_per_eval(setup, tmp_path,
+                                                                   monkeypatch):
+  """clients="unroll" runs one round per dispatch (no loop, no cond), evaluates on schedule,
+  checkpoints every eval_every rounds, and computes the vmap run."""
+  from fedjaxsparse.checkpoint import Checkpointer
+  saved, save = [], Checkpointer.save
+  monkeypatch.setattr(Checkpointer, "save",
+                      lambda self, r, *a: (saved.append(r), save(self, r, *a))[1])
+  a = _run(setup, num_rounds=12, eval_every=4, clients="vmap")
+  b = _run(setup, num_rounds=12, eval_every=4, clients="unroll",
+           checkpoint_dir=str(tmp_path / "ck"))
+  assert (a.clients, b.clients) == ("vmap", "unroll")
+  assert b.num_dispatches == 12 and b.num_traces == 1
+  assert b.history.evals["round"] == a.history.evals["round"] == [0, 4, 8, 12]
+  np.testing.assert_allclose(a.history.evals["accuracy"], b.history.evals["accuracy"],
+                             rtol=1e-5)
+  chex.assert_trees_all_close(a.state, b.state, rtol=1e-5, atol=1e-6)
+  assert saved == [4, 8, 12]
+
+
 def test_evaluation_schedule_and_cumulative_bits(setup):
   ds, model, _ = setup
   res = _run(setup, num_rounds=25, eval_every=10, chunk_size=4)

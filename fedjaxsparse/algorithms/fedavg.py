@@ -19,7 +19,7 @@ import optax
 
 from fedjaxsparse import accounting
 from fedjaxsparse.aggregation import WEIGHTINGS, client_weights, weighted_mean
-from fedjaxsparse.clients import map_clients
+from fedjaxsparse.clients import local_scan, map_clients
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
@@ -76,8 +76,8 @@ def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_st
       p = optax.apply_updates(p, updates)
       return (local_prox(p) if local_prox is not None else p, s), loss
 
-    (params, _), losses = jax.lax.scan(step, (params, opt_state),
-                                       jax.random.split(key, local_steps))
+    (params, _), losses = local_scan(step, (params, opt_state),
+                                     jax.random.split(key, local_steps))
     return params, losses[0]
 
   return train
