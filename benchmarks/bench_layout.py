@@ -84,7 +84,7 @@ def pooled_floor(data, model, reduction, repeats: int = 20) -> float:
 def torch_client_loop(data, kind: str, gamma: float, p: float, sparsity: float,
                       iterations: int) -> float | None:
   """ms/iteration of Sparse-ProxSkip written the way the papers' PyTorch code runs it: a
-  Python loop over clients (closed-form gradients, no autograd), a coin per iteration,
+  Python loop over clients (autograd gradient of each client's loss), a coin per iteration,
   Top-K of each client's iterate, averaging and the control-variate update on communication.
   ``None`` when PyTorch is not installed."""
   try:
@@ -92,8 +92,8 @@ def torch_client_loop(data, kind: str, gamma: float, p: float, sparsity: float,
   except ImportError:
     return None
   sizes = np.asarray(data.num_examples)
-  xs = [torch.from_numpy(np.asarray(data.x[i, :n])) for i, n in enumerate(sizes)]
-  ys = [torch.from_numpy(np.asarray(data.y[i, :n])) for i, n in enumerate(sizes)]
+  xs = [torch.from_numpy(np.array(data.x[i, :n])) for i, n in enumerate(sizes)]
+  ys = [torch.from_numpy(np.array(data.y[i, :n])) for i, n in enumerate(sizes)]
   d = xs[0].shape[1]
   shape = (d,) if kind == "ridge" else (d, 10)
   w = [torch.zeros(shape) for _ in xs]
@@ -104,13 +104,13 @@ def torch_client_loop(data, kind: str, gamma: float, p: float, sparsity: float,
   for _ in range(iterations):
     w_hat = []
     for xi, yi, wi, hi in zip(xs, ys, w, h):
+      wi = wi.detach().requires_grad_(True)
       if kind == "ridge":
-        g = xi.T @ (xi @ wi - yi) + 500.0 * wi
+        loss = 0.5 * torch.sum((xi @ wi - yi) ** 2) + 250.0 * torch.sum(wi ** 2)
       else:
-        prob = torch.softmax(xi @ wi, 1)
-        prob[torch.arange(len(yi)), yi.long()] -= 1.0
-        g = xi.T @ prob / len(yi)
-      w_hat.append(wi - gamma * (g - hi))
+        loss = torch.nn.functional.cross_entropy(xi @ wi, yi.long())
+      (g,) = torch.autograd.grad(loss, wi)
+      w_hat.append((wi - gamma * (g - hi)).detach())
     if torch.rand((), generator=gen) < p:
       pruned = []
       for v in w_hat:

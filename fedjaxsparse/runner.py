@@ -374,7 +374,8 @@ def arrange(algo: Algorithm, train: Any, layout: str, mesh=None, clients: str = 
             params: Any = None) -> Any:
   """``train`` in the layout and client execution strategy to run (see :func:`run`);
   ``clients="auto"`` needs the initial ``params`` (it traces one step) and means ``"vmap"``
-  under a ``mesh``."""
+  under a ``mesh`` (the devices split the batched kernel); any other strategy also runs on a
+  sharded client axis, the same result."""
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
   if (layout == "auto" and getattr(algo, "bucketable", False) and mesh is None
@@ -385,9 +386,6 @@ def arrange(algo: Algorithm, train: Any, layout: str, mesh=None, clients: str = 
       return train
     clients = choose_strategy(algo, params, train)[0]
   if clients != "vmap":
-    if mesh is not None:
-      raise ValueError(f"clients={clients!r} needs mesh=None: a sharded client axis runs as "
-                       "vmap.")
     train = with_strategy(train, clients)
   return train
 

@@ -34,6 +34,17 @@ SCRIPT = textwrap.dedent("""
       np.testing.assert_allclose(a.history.rounds["loss"], b.history.rounds["loss"], rtol=1e-5)
       np.testing.assert_allclose(a.history.evals["accuracy"], b.history.evals["accuracy"],
                                  atol=1e-6)
+    # Every client execution strategy on the sharded client axis computes the vmap run.
+    algo = fedavg(make_loss(model), optax.sgd(0.3), local_steps=2, batch_size=8)
+    ref = run(algo, jax.random.key(2), params, ds.train, num_rounds=3, progress=False,
+              clients="vmap")
+    for strategy in ("map", "unroll", "unroll:3"):
+      res = run(algo, jax.random.key(2), params, ds.train, num_rounds=3, progress=False,
+                clients=strategy, mesh=client_mesh(4))
+      assert res.clients == strategy
+      for k in ("w", "b"):
+        np.testing.assert_allclose(ref.state.params[k], res.state.params[k], rtol=1e-5,
+                                   atol=1e-6)
     mesh = client_mesh(4)
     sharded = shard_clients(ds.train, mesh, 8)
     assert sharded.x.sharding.spec[0] == CLIENT_AXIS
