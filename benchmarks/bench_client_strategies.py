@@ -46,6 +46,9 @@ def main():
   parser.add_argument("--dense", type=int, default=512)
   parser.add_argument("--model", choices=("cnn", "resnet18"), default="cnn",
                       help="cnn: 28x28x1 images; resnet18: 32x32x3 (CIFAR-shaped, GroupNorm)")
+  parser.add_argument("--conv", choices=("xla", "patches"), default="xla",
+                      help="convolution formulation (fedjaxsparse.models.conv): XLA's "
+                           "convolution or patches times a matrix")
   parser.add_argument("--no-loop-rows", dest="loop_rows", action="store_false")
   parser.add_argument("--strategies", nargs="+",
                       default=["vmap", "map", "unroll", "unroll:2", "unroll:5"])
@@ -63,8 +66,8 @@ def main():
   x = rng.random((c * b,) + shape).astype(np.float32)
   y = rng.integers(0, 10, c * b).astype(np.int32)
   data = pack_clients(x, y, np.split(np.arange(c * b), c))
-  model = (cnn(shape, 10, channels=tuple(args.channels), dense=args.dense)
-           if args.model == "cnn" else resnet18(shape, 10))
+  model = (cnn(shape, 10, channels=tuple(args.channels), dense=args.dense, conv=args.conv)
+           if args.model == "cnn" else resnet18(shape, 10, conv=args.conv))
   loss = make_loss(model)
   opt = optax.sgd(0.05)
   params = model.init(jax.random.key(0))
@@ -128,10 +131,10 @@ def main():
                      for col in cols))
   run_rows = runner_rows(args, model, loss, params, data, flat) if args.rounds else []
   os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(args.out, f"bench_client_strategies_{args.model}.json")
+  path = os.path.join(args.out, f"bench_client_strategies_{args.model}_{args.conv}.json")
   with open(path, "w") as f:
     json.dump({"backend": jax.default_backend(), "device": str(jax.devices()[0]),
-               "model": args.model, "clients": c, "batch": b, "channels": list(args.channels),
+               "model": args.model, "conv": args.conv, "clients": c, "batch": b, "channels": list(args.channels),
                "dense": args.dense, "rows": rows, "runner_rows": run_rows}, f, indent=1)
   print(f"wrote {path}")
 

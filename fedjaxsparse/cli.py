@@ -26,7 +26,7 @@ server aggregates. Iteration-level methods (the ProxSkip family) count local ste
 instead, and communicate with probability p per step."""
 
 COMMON = ("rounds", "clients", "dataset", "seed", "out", "eval_every", "data_dir",
-          "progress", "on_divergence")
+          "progress", "on_divergence", "execution")
 
 
 def experiments() -> dict:
@@ -119,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--on-divergence", dest="on_divergence", choices=DIVERGENCE,
                  help="on NaN/inf: stop with an error (default) or mark the method diverged "
                       "and go on")
+  p.add_argument("--execution", help="how clients execute: auto (default: loop-free unrolled "
+                                     "clients for CNNs on CPU, else vmap), vmap, map, unroll, "
+                                     "unroll:G — speed only, never results")
   p.add_argument("--no-progress", action="store_false", dest="progress", default=None)
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="experiment option (repeatable; see describe EXPERIMENT)")
@@ -200,7 +203,8 @@ def _main(parser: argparse.ArgumentParser, args) -> int:
     print(describe(module))
     if args.command == "run":
       print("\nCommon flags: --rounds --clients --dataset --seed --out --eval-every --data-dir "
-            "--resume | --overwrite --on-divergence {error,skip} --no-progress --set KEY=VALUE "
+            "--resume | --overwrite --on-divergence {error,skip} --execution STRATEGY --no-progress "
+            "--set KEY=VALUE "
             "--debug")
     return 0
   module.run(_config(module, args))

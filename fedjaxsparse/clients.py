@@ -263,10 +263,12 @@ def map_clients(fn: Callable, data: FederatedData | BucketedData | Executed,
   return jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs), data.inverse, axis=0), *outs)
 
 
-MAX_UNROLLED_CONVS = 1024
-"""Largest number of convolutions (forward and backward, counted over unrolled clients and
-local steps) the automatic choice writes out loop-free: XLA compiles ~30 ms of program per
-convolution on CPU (ResNet-18, 10 clients × 1 step: ≈ 600 convolutions, 20 s)."""
+MAX_UNROLLED_CONVS = 256
+"""Largest number of XLA convolutions (forward and backward, counted over unrolled clients
+and local steps) the automatic choice writes out loop-free: XLA:CPU compiles 50–90 ms of
+program per convolution (FedAvg CNN, 250 convolutions: 12.6 s; 1,000: 90 s). The library's
+own models avoid the question on CPU: their convolutions are patches times a matrix
+(:mod:`fedjaxsparse.models.conv`), fast under ``vmap`` and in loops."""
 
 
 def count_primitive(jaxpr: Any, name: str) -> int:
@@ -284,14 +286,34 @@ def count_primitive(jaxpr: Any, name: str) -> int:
   return total
 
 
+def conv_flops(jaxpr: Any) -> float:
+  """Floating-point operations of the convolutions in a (closed) jaxpr and its sub-jaxprs, a
+  scan's body counted ``length`` times: ``2 · |output| · |kernel| / out_features`` each."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "conv_general_dilated":
+      out, rhs = eqn.outvars[0].aval, eqn.invars[1].aval
+      out_features = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
+      total += 2.0 * np.prod(out.shape) * np.prod(rhs.shape) / out_features
+    times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+    for value in eqn.params.values():
+      for sub in (value if isinstance(value, (tuple, list)) else (value,)):
+        if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+          total += times * conv_flops(sub)
+  return total
+
+
 def choose_strategy(algo: Any, params: Any, train: Any) -> tuple[str, str]:
   """The client execution strategy for ``algo`` on ``train`` and why: ``(strategy, reason)``.
 
   A rule from ``benchmarks/bench_client_strategies.py``: on CPU, clients whose kernel holds
-  convolutions run ``"unroll"`` (loop-free: 0.99× the single-model time for the FedAvg CNN,
-  where ``vmap`` takes 5×) unless that writes out more than :data:`MAX_UNROLLED_CONVS`
-  convolutions (compile time); everything else runs ``"vmap"`` — the fastest for matrix
-  products on CPU and the layout GPUs batch best. Decided by tracing one step (no compile):
+  XLA convolutions (``lax.conv_general_dilated``: grouped under ``vmap``, slow in loops) run
+  ``"unroll"`` (loop-free: 0.75× the single-model time per FedAvg CNN round, where ``vmap``
+  takes 14×) unless that writes out more than :data:`MAX_UNROLLED_CONVS` convolutions
+  (compile time); everything else runs ``"vmap"`` — the fastest for matrix products (and
+  patch convolutions, :mod:`fedjaxsparse.models.conv`) on CPU and the layout GPUs batch
+  best. Decided by tracing one step (no compile):
   the convolutions of the ``vmap``-ed step times the clients one ``map_clients`` call maps.
   """
   if jax.default_backend() != "cpu":

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from fedjaxsparse.clients import with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.locking import FolderLock
@@ -60,6 +61,8 @@ class Config:
     paper: the name of one of the experiment's paper configurations (``PAPERS``), already
       applied with :func:`with_paper`; it makes the experiment print the paper's numbers
       beside ours and fall back to the stand-in data when the real files are absent.
+    execution: how clients execute (``runner.run``'s ``clients``): ``"auto"`` (default),
+      ``"vmap"``, ``"map"``, ``"unroll"`` or ``"unroll:G"`` — speed only, never results.
   """
   rounds: int | None = 100
   clients: int = 20
@@ -75,6 +78,7 @@ class Config:
   options: dict = dataclasses.field(default_factory=dict)
   fingerprint: dict = dataclasses.field(default_factory=dict)
   paper: str | None = None
+  execution: str = "auto"
 
   def validate(self) -> "Config":
     for name, low in (("rounds", 1), ("clients", 1), ("eval_every", 1), ("seed", 0)):
@@ -87,6 +91,11 @@ class Config:
     if self.on_divergence not in DIVERGENCE:
       raise ConfigError(f"on_divergence must be one of {DIVERGENCE}, got "
                         f"{self.on_divergence!r}.")
+    if self.execution != "auto":
+      try:
+        with_strategy(None, self.execution)
+      except ValueError as e:
+        raise ConfigError(f"execution: {e} (or 'auto')") from None
     if self.resume and self.overwrite:
       raise ConfigError("resume and overwrite exclude each other: continue the checkpointed "
                         "run (--resume) or delete it (--overwrite).")
@@ -278,7 +287,7 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm, param
             checkpoint_dir=ckpt, resume=cfg.resume, overwrite=cfg.overwrite,
             fingerprint=identity,
             on_nonfinite="stop" if cfg.on_divergence == "skip" else "raise",
-            progress=cfg.progress, desc=method)
+            progress=cfg.progress, desc=method, clients=cfg.execution)
   return {"history": res.history.to_dict(), "wall_time_s": res.train_time_s,
           "diverged": res.diverged, "clients": res.clients,
           "final": {k: last(v) for k, v in res.history.evals.items()},

@@ -402,7 +402,8 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
   run_id = np.asarray(jax.random.key_data(key)).tolist()
   fp = None
   if ckpt is not None:
-    fp = run_fingerprint(algo, init_key, params, train, test, run_id=run_id, eval_fn=eval_fn,
+    plain = train.data if isinstance(train, Executed) else train  # execution: speed only
+    fp = run_fingerprint(algo, init_key, params, plain, test, run_id=run_id, eval_fn=eval_fn,
                          params_fn=params_fn, eval_every=eval_every, config=config)
   num_clients = train.num_clients if hasattr(train, "num_clients") else \
       jax.tree.leaves(train)[0].shape[0]

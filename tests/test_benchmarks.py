@@ -51,7 +51,7 @@ def test_bench_client_strategies_tiny(tmp_path):
   _run("bench_client_strategies.py", "--clients", "3", "--batch", "4", "--repeats", "1",
        "--channels", "2", "4", "--dense", "8", "--loop", "2", "--strategies", "vmap", "map",
        "unroll", "unroll:2", "--rounds", "2", "--local-steps", "2", out=tmp_path)
-  result = json.load(open(tmp_path / "bench_client_strategies_cnn.json"))
+  result = json.load(open(tmp_path / "bench_client_strategies_cnn_xla.json"))
   rows = result["rows"]
   assert {r["strategy"] for r in rows} >= {"single model", "vmap", "map", "unroll", "unroll:2"}
   for r in rows:

@@ -162,7 +162,7 @@ def _cnn_fedavg(num_clients, local_steps, batch=4):
   x = rng.random((n, 12, 12, 1)).astype(np.float32)
   y = rng.integers(0, 3, n).astype(np.int32)
   data = pack_clients(x, y, np.split(np.arange(n), num_clients))
-  model = cnn((12, 12, 1), 3, channels=(2, 3), dense=8)
+  model = cnn((12, 12, 1), 3, channels=(2, 3), dense=8, conv="xla")
   algo = fedavg(make_loss(model), optax.sgd(0.1), local_steps=local_steps, batch_size=batch)
   return algo, model, data
 

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse.models.base import CLASSIFICATION, Model, softmax_cross_entropy
+from fedjaxsparse.models.conv import Conv, resolve_impl
 
 NORMS = ("group", "batch")
 
@@ -84,11 +85,12 @@ class _CNN(nn.Module):
   num_classes: int
   channels: Sequence[int]
   dense: int
+  conv: str
 
   @nn.compact
   def __call__(self, x):
     for c in self.channels:
-      x = nn.relu(nn.Conv(c, (5, 5), padding="SAME")(x))
+      x = nn.relu(Conv(c, (5, 5), padding="SAME", impl=self.conv)(x))
       x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
     x = x.reshape(x.shape[0], -1)
     x = nn.relu(nn.Dense(self.dense)(x))
@@ -96,14 +98,17 @@ class _CNN(nn.Module):
 
 
 def cnn(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = (32, 64),
-        dense: int = 512) -> Model:
+        dense: int = 512, conv: str = "auto") -> Model:
   """The FedAvg CNN of McMahan et al. 2017: 5×5 "same" convolutions with 32 and 64 channels,
   each followed by ReLU and 2×2 max-pooling, a 512-unit ReLU dense layer and the output layer.
 
   ``channels`` and ``dense`` give size-scaled versions (e.g. ``(8, 16)`` and 64 as a CPU
   stand-in). Inputs ``[B, H, W, C]``, ``[B, H, W]`` or flat square images ``[B, H·W]``.
+  ``conv``: how convolutions compute (:mod:`fedjaxsparse.models.conv`: ``"auto"`` — patches
+  times a matrix on CPU, fast under a client ``vmap``; XLA's convolution elsewhere).
   """
-  return _as_model(_CNN(num_classes, tuple(channels), dense), input_shape,
+  resolve_impl(conv)
+  return _as_model(_CNN(num_classes, tuple(channels), dense, conv), input_shape,
                    _image_shape(input_shape))
 
 
@@ -133,16 +138,18 @@ class _BasicBlock(nn.Module):
   stride: int
   norm: str
   num_groups: int
+  conv: str
 
   @nn.compact
   def __call__(self, x):
     s = (self.stride, self.stride)
-    y = nn.Conv(self.channels, (3, 3), s, padding="SAME", use_bias=False, name="conv1")(x)
+    y = Conv(self.channels, (3, 3), s, use_bias=False, impl=self.conv, name="conv1")(x)
     y = nn.relu(_norm(self.norm, self.num_groups, "norm1")(y))
-    y = nn.Conv(self.channels, (3, 3), padding="SAME", use_bias=False, name="conv2")(y)
+    y = Conv(self.channels, (3, 3), use_bias=False, impl=self.conv, name="conv2")(y)
     y = _norm(self.norm, self.num_groups, "norm2")(y)
     if self.stride != 1 or x.shape[-1] != self.channels:
-      x = nn.Conv(self.channels, (1, 1), s, use_bias=False, name="shortcut_conv")(x)
+      x = Conv(self.channels, (1, 1), s, use_bias=False, impl=self.conv,
+               name="shortcut_conv")(x)
       x = _norm(self.norm, self.num_groups, "shortcut_norm")(x)
     return nn.relu(x + y)
 
@@ -151,22 +158,23 @@ class _ResNet18(nn.Module):
   num_classes: int
   norm: str
   num_groups: int
+  conv: str
 
   @nn.compact
   def __call__(self, x):
-    x = nn.Conv(64, (3, 3), padding="SAME", use_bias=False, name="stem_conv")(x)
+    x = Conv(64, (3, 3), use_bias=False, impl=self.conv, name="stem_conv")(x)
     x = nn.relu(_norm(self.norm, self.num_groups, "stem_norm")(x))
     for i, channels in enumerate((64, 128, 256, 512)):
       for j in range(2):
         stride = 2 if i > 0 and j == 0 else 1
-        x = _BasicBlock(channels, stride, self.norm, self.num_groups,
+        x = _BasicBlock(channels, stride, self.norm, self.num_groups, self.conv,
                         name=f"stage{i + 1}_block{j + 1}")(x)
     x = jnp.mean(x, axis=(1, 2))
     return nn.Dense(self.num_classes, name="head")(x)
 
 
 def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
-             num_groups: int = 32) -> Model:
+             num_groups: int = 32, conv: str = "auto") -> Model:
   """CIFAR-style ResNet-18 (He et al. 2016): a 3×3 stem convolution (no max-pool), four
   stages of two BasicBlocks with 64/128/256/512 channels (stride 2 at the start of stages
   2-4, 1×1 projection shortcuts), global average pooling and a linear head.
@@ -176,6 +184,8 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
     num_classes: output classes.
     norm: ``"group"`` or ``"batch"`` (current-batch statistics; see the module docstring).
     num_groups: GroupNorm groups (Wu & He 2018's default 32); must divide 64.
+    conv: how convolutions compute (as in :func:`cnn`; the patches of a 3×3 convolution hold
+      9 copies of its input, kept for the backward pass).
 
   Params are named by layer (``stem_conv``, ``stage2_block1/norm1/scale``, ``head``, ...)
   and have the same tree under both norms (``scale, bias [C]`` for each norm layer).
@@ -184,5 +194,6 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}.")
   if num_groups < 1 or 64 % num_groups:
     raise ValueError(f"num_groups must divide 64 (the narrowest layer), got {num_groups}.")
-  return _as_model(_ResNet18(num_classes, norm, num_groups), input_shape,
+  resolve_impl(conv)
+  return _as_model(_ResNet18(num_classes, norm, num_groups, conv), input_shape,
                    _image_shape(input_shape))

@@ -1,0 +1,78 @@
+"""Convolution as patches times a matrix (im2col), the formulation that stays fast when
+clients are ``vmap``-ped or the convolution sits inside a loop.
+
+On XLA:CPU a convolution whose kernel is batched over clients (``vmap`` over per-client
+weights) becomes a grouped convolution, 3.5–5× slower than the same work unbatched, and any
+convolution inside a loop body (``lax.scan``, ``fori_loop``, ``lax.map``) runs several times
+slower again (jax-ml/jax#12868; ``benchmarks/bench_client_strategies.py``). Written as
+shifted slices of the padded input concatenated into patches ``[B, H', W', kh·kw·C]`` and one
+matrix product with the kernel reshaped to ``[kh·kw·C, F]``, the convolution becomes a
+(batched) matrix product, which XLA:CPU runs at full speed under ``vmap`` and in loops. The
+price is memory: the patches hold ``kh·kw`` copies of the input (kept for the backward pass).
+
+:class:`Conv` is a drop-in for ``flax.linen.Conv`` (same parameter names, shapes and
+initialisers, "SAME"/"VALID" padding, strides) whose ``impl`` picks the formulation:
+``"patches"``, ``"xla"`` (``lax.conv_general_dilated``) or ``"auto"`` (patches on CPU, XLA's
+convolution — cuDNN, the TPU's convolution units — elsewhere). Both compute the same function
+(to float rounding).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+IMPLS = ("auto", "patches", "xla")
+
+
+def patch_conv(x: jax.Array, kernel: jax.Array, strides: Sequence[int] = (1, 1),
+               padding: str = "SAME") -> jax.Array:
+  """``conv(x, kernel)`` for ``x [B, H, W, C]`` and ``kernel [kh, kw, C, F]`` (NHWC / HWIO) as
+  patches times a matrix; returns ``[B, H', W', F]`` (the shape of
+  ``lax.conv_general_dilated`` with the same strides and padding)."""
+  kh, kw, c, f = kernel.shape
+  sh, sw = strides
+  pads = jax.lax.padtype_to_pads(x.shape[1:3], (kh, kw), (sh, sw), padding)
+  x = jnp.pad(x, ((0, 0), tuple(pads[0]), tuple(pads[1]), (0, 0)))
+  oh = (x.shape[1] - kh) // sh + 1
+  ow = (x.shape[2] - kw) // sw + 1
+  cols = [x[:, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw, :]
+          for i in range(kh) for j in range(kw)]
+  patches = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
+  return patches @ kernel.reshape(kh * kw * c, f)
+
+
+def resolve_impl(impl: str) -> str:
+  """``"patches"`` or ``"xla"`` for ``impl`` (``"auto"``: patches on the CPU backend)."""
+  if impl not in IMPLS:
+    raise ValueError(f"conv impl must be one of {IMPLS}, got {impl!r}.")
+  if impl == "auto":
+    return "patches" if jax.default_backend() == "cpu" else "xla"
+  return impl
+
+
+class Conv(nn.Module):
+  """2-D convolution over ``[B, H, W, C]`` with ``flax.linen.Conv``'s parameters (``kernel
+  [kh, kw, C, F]``, LeCun-normal; ``bias [F]``, zeros) computed by ``impl``."""
+  features: int
+  kernel_size: Sequence[int]
+  strides: Sequence[int] = (1, 1)
+  padding: str = "SAME"
+  use_bias: bool = True
+  impl: str = "auto"
+
+  @nn.compact
+  def __call__(self, x):
+    kh, kw = self.kernel_size
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        (kh, kw, x.shape[-1], self.features))
+    if resolve_impl(self.impl) == "patches":
+      y = patch_conv(x, kernel, tuple(self.strides), self.padding)
+    else:
+      y = jax.lax.conv_general_dilated(x, kernel, tuple(self.strides), self.padding,
+                                       dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    if self.use_bias:
+      y = y + self.param("bias", nn.initializers.zeros, (self.features,))
+    return y
