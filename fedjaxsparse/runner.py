@@ -394,6 +394,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
          params_fn, ckpt, checkpoint_every, config, on_nonfinite, mesh, progress, desc,
          estimate_after_s, on_chunk) -> RunResult:
   t_start = time.perf_counter()
+  progress = progress and jax.process_index() == 0  # several processes: one bar
   strategy = train.strategy if isinstance(train, Executed) else "vmap"
   loop_free = strategy == "unroll"
   checkpoint_rounds = checkpoint_every * (chunk_size or eval_every)
@@ -407,12 +408,6 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
                          params_fn=params_fn, eval_every=eval_every, config=config)
   num_clients = train.num_clients if hasattr(train, "num_clients") else \
       jax.tree.leaves(train)[0].shape[0]
-  if mesh is not None:
-    train = shard_clients(train, mesh, num_clients)
-    if test is not None:
-      test_clients = jax.tree.leaves(test)[0].shape[0]
-      if test_clients % mesh.shape["clients"] == 0:
-        test = shard_clients(test, mesh, test_clients)
 
   start, history, prior_time = 0, History(), 0.0
   if ckpt is not None and ckpt.latest_round() is not None:  # resume (run() checked the flag)
@@ -437,8 +432,13 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
       history.drop_last_eval()  # the shorter run's final-round evaluation: not on schedule
   else:
     state = algo.init(init_key, params, train)
-  if mesh is not None:
+  if mesh is not None:  # after init: with several processes the host reads local data only
     state = shard_clients(state, mesh, num_clients)
+    train = shard_clients(train, mesh, num_clients)
+    if test is not None:
+      test_clients = jax.tree.leaves(test)[0].shape[0]
+      if test_clients % mesh.shape["clients"] == 0:
+        test = shard_clients(test, mesh, test_clients)
   state_paths = [p for p, _ in _float_leaves(state)]
 
   traces = [0]

@@ -1,0 +1,87 @@
+"""Several processes joined by jax.distributed (gloo collectives on CPU) compute the run of
+one process: the same final model, client state and history, to float rounding.
+
+Each process runs SCRIPT (launched by fedjaxsparse.distributed.launch, coordinator on
+localhost) and writes what it holds; the reference is the same script in this process."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from fedjaxsparse.distributed import launch
+
+SCRIPT = r'''
+import json, sys
+from fedjaxsparse import distributed
+distributed.initialize_from_env()
+import jax, optax
+from fedjaxsparse.algorithms import proxskip as ps
+from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.data.embedded import digits
+from fedjaxsparse.evaluation import make_eval_fn
+from fedjaxsparse.models import make_loss, softmax_regression
+from fedjaxsparse.runner import run
+from fedjaxsparse.sharding import client_mesh
+
+ds = digits(num_clients=8, partition="dirichlet", alpha=0.5, seed=0)
+model = softmax_regression(64, 10)
+loss = make_loss(model)
+params = model.init(jax.random.key(0))
+algos = {"fedavg": fedavg(loss, optax.sgd(0.3), local_steps=3, batch_size=8, cohort_size=4),
+         "sparse_proxskip": ps.sparse_proxskip(loss, 0.3, 0.3, 0.8, batch_size=8)}
+out = {"processes": jax.process_count(), "devices": jax.device_count()}
+for name, algo in algos.items():
+  res = run(algo, jax.random.key(1), params, ds.train, ds.test, num_rounds=12,
+            eval_fn=make_eval_fn(model), eval_every=4, mesh=client_mesh(), progress=False)
+  state = distributed.to_host(res.state)
+  out[name] = {"params": jax.tree.map(lambda a: a.tolist(), distributed.to_host(res.state.params)),
+               "h": state.h["w"].tolist() if hasattr(state, "h") else None,
+               "loss": res.history.rounds["loss"], "accuracy": res.history.evals["accuracy"],
+               "uplink_bits": res.history.rounds["uplink_bits"]}
+with open(sys.argv[1] + f".{jax.process_index()}.json", "w") as f:
+  json.dump(out, f)
+print("DISTRIBUTED-OK", jax.process_index())
+'''
+
+
+def _results(tmp_path, num_processes):
+  script = tmp_path / "script.py"
+  script.write_text(SCRIPT)
+  prefix = str(tmp_path / f"out{num_processes}")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  if num_processes == 1:
+    runs = [__import__("subprocess").run([sys.executable, str(script), prefix], env=env,
+                                         capture_output=True, text=True, timeout=300)]
+  else:
+    runs = launch([str(script), prefix], num_processes, timeout_s=300, env=env)
+  for r in runs:
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+  return [json.load(open(f"{prefix}.{i}.json")) for i in range(num_processes)]
+
+
+@pytest.mark.parametrize("num_processes", [2, 4])
+def test_several_processes_compute_the_single_process_run(tmp_path, num_processes):
+  (one,) = _results(tmp_path, 1)
+  many = _results(tmp_path, num_processes)
+  for got in many:
+    assert got["processes"] == got["devices"] == num_processes
+    for name in ("fedavg", "sparse_proxskip"):
+      a, b = one[name], got[name]
+      for k in a["params"]:
+        np.testing.assert_allclose(b["params"][k], a["params"][k], rtol=1e-5, atol=1e-6)
+      if a["h"] is not None:  # per-client state, gathered from every process
+        np.testing.assert_allclose(b["h"], a["h"], rtol=1e-5, atol=1e-5)
+      np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-5)
+      np.testing.assert_allclose(b["accuracy"], a["accuracy"], atol=1e-6)
+      np.testing.assert_array_equal(b["uplink_bits"], a["uplink_bits"])
+
+
+def test_launch_reports_a_failing_process_without_hanging(tmp_path):
+  script = tmp_path / "fail.py"
+  script.write_text("import os, sys, time\n"
+                    "if os.environ['FEDJAXSPARSE_PROCESS_ID'] == '1': sys.exit(3)\n"
+                    "time.sleep(60)\n")
+  runs = launch([str(script)], 2, timeout_s=30)
+  assert runs[1].returncode == 3 and runs[0].returncode != 0  # the sleeper was killed
