@@ -24,6 +24,7 @@ finite, so a diverging run stops at once with the round and quantity named.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -278,7 +279,11 @@ def _open_checkpoint(directory: str, resume: bool, overwrite: bool) -> Checkpoin
           f"{ckpt.directory} holds checkpoints of an earlier run (up to round "
           f"{ckpt.latest_round()}); pass resume=True to continue it (CLI: --resume) or "
           "overwrite=True to delete it and start afresh (CLI: --overwrite).")
-    ckpt.clear()
+    if jax.process_index() == 0:
+      ckpt.clear()
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("fedjaxsparse checkpoint folder ready")
   return ckpt
 
 
@@ -360,7 +365,9 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
                 params_fn, None, checkpoint_every, fingerprint, on_nonfinite, mesh, progress,
                 desc, estimate_after_s, on_chunk)
-  with FolderLock(checkpoint_dir, purpose=f"checkpoints of {desc or 'a run'}"):
+  lock = (FolderLock(checkpoint_dir, purpose=f"checkpoints of {desc or 'a run'}")
+          if jax.process_index() == 0 else contextlib.nullcontext())  # one lock per run
+  with lock:
     ckpt = _open_checkpoint(checkpoint_dir, resume, overwrite)
     try:
       return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,

@@ -85,3 +85,42 @@ def test_launch_reports_a_failing_process_without_hanging(tmp_path):
                     "time.sleep(60)\n")
   runs = launch([str(script)], 2, timeout_s=30)
   assert runs[1].returncode == 3 and runs[0].returncode != 0  # the sleeper was killed
+
+
+CHECKPOINT_SCRIPT = r'''
+import json, sys
+from fedjaxsparse import distributed
+distributed.initialize_from_env()
+import jax
+from fedjaxsparse.algorithms import proxskip as ps
+from fedjaxsparse.data.embedded import digits
+from fedjaxsparse.models import make_loss, softmax_regression
+from fedjaxsparse.runner import run
+from fedjaxsparse.sharding import client_mesh
+
+ds = digits(num_clients=4, partition="dirichlet", alpha=0.5, seed=0)
+model = softmax_regression(64, 10)
+algo = ps.sparse_proxskip(make_loss(model), 0.3, 0.3, 0.8, batch_size=8)
+kw = dict(mesh=client_mesh(), progress=False, checkpoint_dir=sys.argv[1] + "/ck",
+          eval_every=3)
+params = model.init(jax.random.key(0))
+run(algo, jax.random.key(1), params, ds.train, num_rounds=6, **kw)
+resumed = run(algo, jax.random.key(1), params, ds.train, num_rounds=12, resume=True, **kw)
+whole = run(algo, jax.random.key(1), params, ds.train, num_rounds=12, progress=False,
+            mesh=client_mesh())
+a, b = distributed.to_host((resumed.state, whole.state))
+assert resumed.num_dispatches == 2 and resumed.history.rounds["round"] == list(range(1, 13))
+for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+  assert (x == y).all(), "resumed != uninterrupted"
+print("CHECKPOINT-OK", jax.process_index())
+'''
+
+
+def test_a_checkpoint_written_by_two_processes_resumes_in_two_processes(tmp_path):
+  script = tmp_path / "ck.py"
+  script.write_text(CHECKPOINT_SCRIPT)
+  runs = launch([str(script), str(tmp_path)], 2, timeout_s=300,
+                env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  for r in runs:
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "CHECKPOINT-OK" in r.stdout
