@@ -15,6 +15,7 @@ import pkgutil
 import sys
 import textwrap
 
+from fedjaxsparse import distributed
 from fedjaxsparse.errors import ConfigError, UserError
 from fedjaxsparse.experiment import DIVERGENCE, Config, with_paper
 
@@ -122,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--execution", help="how clients execute: auto (default: loop-free unrolled "
                                      "clients for CNNs on CPU, else vmap), vmap, map, unroll, "
                                      "unroll:G — speed only, never results")
+  p.add_argument("--processes", type=int, default=1,
+                 help="run as this many local processes joined by jax.distributed (the "
+                      "client axis spans every process's devices; gloo collectives on CPU)")
   p.add_argument("--no-progress", action="store_false", dest="progress", default=None)
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="experiment option (repeatable; see describe EXPERIMENT)")
@@ -158,6 +162,9 @@ def _config(module, args) -> Config:
 def main(argv: list[str] | None = None) -> int:
   parser = _parser()
   args = parser.parse_args(argv)
+  processes = getattr(args, "processes", 1)
+  if processes != 1 and not distributed.initialize_from_env():
+    return _launch(argv if argv is not None else sys.argv[1:], processes)
   try:
     return _main(parser, args)
   except BrokenPipeError:  # output piped into `head` and closed: not an error of the run
@@ -179,6 +186,19 @@ def main(argv: list[str] | None = None) -> int:
           "); use fewer clients, smaller batches or model, or a larger device.",
           file=sys.stderr)
     return 1
+
+
+def _launch(argv: list[str], processes: int) -> int:
+  """Run this command line as ``processes`` local processes (process 0 prints)."""
+  if processes < 1:
+    print(f"fedjaxsparse: error: --processes must be >= 1, got {processes}.", file=sys.stderr)
+    return 2
+  runs = distributed.launch(["-m", "fedjaxsparse.cli", *argv], processes, stream_primary=True)
+  for i, r in enumerate(runs[1:], 1):
+    if r.returncode:
+      print(f"fedjaxsparse: process {i} failed ({r.returncode}):\n{r.stderr[-3000:]}",
+            file=sys.stderr)
+  return max(abs(r.returncode) for r in runs)
 
 
 def _main(parser: argparse.ArgumentParser, args) -> int:

@@ -81,11 +81,13 @@ def free_port() -> int:
 
 
 def launch(args: list[str], num_processes: int, *, timeout_s: float | None = None,
-           env: dict | None = None) -> list[subprocess.CompletedProcess]:
+           env: dict | None = None, stream_primary: bool = False
+           ) -> list[subprocess.CompletedProcess]:
   """Run ``python *args`` as ``num_processes`` local processes joined by a coordinator on a
   free localhost port (each calls :func:`initialize_from_env`). Waits for all; if one fails
   or ``timeout_s`` passes, the others are killed. Returns each process's completed run
-  (stdout and stderr captured)."""
+  (stdout and stderr captured; with ``stream_primary`` process 0 prints to this terminal
+  instead, e.g. its progress bars)."""
   if not isinstance(num_processes, int) or num_processes < 1:
     raise ValueError(f"num_processes must be an int >= 1, got {num_processes!r}.")
   coordinator = f"localhost:{free_port()}"
@@ -95,6 +97,8 @@ def launch(args: list[str], num_processes: int, *, timeout_s: float | None = Non
         ENV_ID: str(i), ENV_COUNT: str(num_processes), ENV_COORDINATOR: coordinator})
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")  # no pipe to fill
     files.append((out, err))
+    if stream_primary and i == 0:
+      out = err = None
     procs.append(subprocess.Popen([sys.executable, *args], env=e, stdout=out, stderr=err,
                                   text=True))
   deadline = None if timeout_s is None else time.monotonic() + timeout_s

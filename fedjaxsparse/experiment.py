@@ -11,6 +11,7 @@ the parsed options.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -28,6 +29,7 @@ from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.locking import FolderLock
 from fedjaxsparse.protocol import PaperConfig
 from fedjaxsparse.runner import EvalFn, run
+from fedjaxsparse.sharding import client_mesh
 
 DIVERGENCE = ("error", "skip")
 INT32_MAX = 2 ** 31 - 1
@@ -256,7 +258,9 @@ def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict
     cfg.validate()
     opts = parse_options(spec, cfg.options, name)
     cfg = dataclasses.replace(cfg, options=opts, fingerprint=identity_options(spec, opts))
-    with FolderLock(output_dir(cfg, name), purpose=f"experiment {name}"):
+    lock = (FolderLock(output_dir(cfg, name), purpose=f"experiment {name}")
+            if jax.process_index() == 0 else contextlib.nullcontext())  # one per experiment
+    with lock:
       return body(cfg, opts)
   return run_experiment
 
@@ -287,7 +291,8 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm, param
             checkpoint_dir=ckpt, resume=cfg.resume, overwrite=cfg.overwrite,
             fingerprint=identity,
             on_nonfinite="stop" if cfg.on_divergence == "skip" else "raise",
-            progress=cfg.progress, desc=method, clients=cfg.execution)
+            progress=cfg.progress, desc=method, clients=cfg.execution,
+            mesh=client_mesh() if jax.process_count() > 1 else None)
   return {"history": res.history.to_dict(), "wall_time_s": res.train_time_s,
           "diverged": res.diverged, "clients": res.clients,
           "final": {k: last(v) for k, v in res.history.evals.items()},
@@ -328,8 +333,9 @@ def save_results(cfg: Config, experiment: str, results: dict) -> str:
       return o.tolist()
     raise TypeError(f"not JSON-serialisable: {type(o)}")
 
-  with open(path, "w") as f:
-    json.dump(clean, f, indent=1, default=default)
+  if jax.process_index() == 0:  # several processes: the first writes
+    with open(path, "w") as f:
+      json.dump(clean, f, indent=1, default=default)
   return path
 
 

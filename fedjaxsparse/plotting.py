@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+import jax
 import matplotlib
 
 matplotlib.use("Agg")
@@ -146,7 +147,8 @@ def _finish(fig, axes, methods: Mapping, colors: Mapping, title: str) -> plt.Fig
 
 
 def _save(fig, path: str) -> str:
-  fig.savefig(path, dpi=110)
+  if jax.process_index() == 0:  # several processes: the first writes
+    fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
 

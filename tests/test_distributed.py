@@ -124,3 +124,23 @@ def test_a_checkpoint_written_by_two_processes_resumes_in_two_processes(tmp_path
   for r in runs:
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "CHECKPOINT-OK" in r.stdout
+
+
+def test_cli_processes_flag_reproduces_the_single_process_experiment(tmp_path):
+  import subprocess
+  results = {}
+  for n in (1, 2):
+    out = tmp_path / f"p{n}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedjaxsparse.cli", "run", "fedavg_digits", "--rounds", "2",
+         "--clients", "8", "--eval-every", "1", "--no-progress", "--processes", str(n),
+         "--out", str(out)], capture_output=True, text=True, timeout=400,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results[n] = json.load(open(out / "fedavg_digits" / "results.json"))
+  assert results[2]["methods"].keys() == results[1]["methods"].keys()
+  for method, rec in results[1]["methods"].items():
+    other = results[2]["methods"][method]["history"]["evals"]
+    np.testing.assert_allclose(other["accuracy"], rec["history"]["evals"]["accuracy"],
+                               atol=1e-6)
+    np.testing.assert_allclose(other["loss"], rec["history"]["evals"]["loss"], rtol=1e-5)
