@@ -68,3 +68,14 @@ def test_bench_topk_tiny(tmp_path):
        out=tmp_path)
   rows = json.load(open(tmp_path / "bench_topk.json"))["rows"]
   assert len(rows) == 8 and all(r["same mask"] and r["nnz"] == r["k"] for r in rows)
+
+
+def test_bench_population_tiny(tmp_path):
+  """Host- and device-resident client state end with the same model; the host round program
+  needs device memory for the cohort only."""
+  _run("bench_population.py", "--clients", "400", "--cohort", "10", "--rounds", "2",
+       out=tmp_path)
+  result = json.load(open(tmp_path / "bench_population.json"))
+  assert result["same_final_model"]
+  host, device = result["rows"]
+  assert host["round program device MB"] < device["round program device MB"] / 5
