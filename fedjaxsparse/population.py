@@ -195,3 +195,20 @@ class _HostChunk(NamedTuple):  # what History.add_chunk reads
   info: dict
   evaluated: np.ndarray = np.zeros(1, bool)
   metrics: dict = {}
+
+
+def run(algo: CohortAlgorithm, key: jax.Array, params: Any, train: FederatedData,
+        test: Any = None, *, num_rounds: int, residence: str = "auto", **kw):
+  """Run ``algo`` with its client state where ``residence`` says: ``"device"``
+  (:func:`fedjaxsparse.runner.run` of :func:`on_device`; returns its ``RunResult``),
+  ``"host"`` (:func:`run_on_host`; returns a :class:`HostRun`) or ``"auto"``
+  (:func:`choose_residence`). ``kw`` go to the chosen runner (``eval_fn``, ``eval_every``,
+  ``progress``, ``desc``; the device runner also takes checkpoints, mesh, ...)."""
+  if residence not in RESIDENCES:
+    raise ValueError(f"residence must be one of {RESIDENCES}, got {residence!r}.")
+  if residence == "auto":
+    residence = choose_residence(algo, params, train)[0]
+  if residence == "host":
+    return run_on_host(algo, key, params, train, test, num_rounds=num_rounds, **kw)
+  from fedjaxsparse.runner import run as run_device
+  return run_device(on_device(algo), key, params, train, test, num_rounds=num_rounds, **kw)

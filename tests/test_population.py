@@ -85,3 +85,13 @@ def test_residence_choice(problem, monkeypatch):
   assert pop.choose_residence(algo, w0, data)[0] == "device"
   with pytest.raises(ValueError, match="num_rounds"):
     pop.run_on_host(algo, jax.random.key(0), w0, data, num_rounds=0)
+  with pytest.raises(ValueError, match="residence"):
+    pop.run(algo, jax.random.key(0), w0, data, num_rounds=1, residence="disk")
+  # "auto" under a small reported limit runs on the host: the same model as the device run
+  monkeypatch.setattr(type(dev), "memory_stats", lambda self: {"bytes_limit": 1000})
+  host = pop.run(algo, jax.random.key(0), w0, data, num_rounds=3, progress=False)
+  device = pop.run(algo, jax.random.key(0), w0, data, num_rounds=3, progress=False,
+                   residence="device")
+  assert isinstance(host, pop.HostRun)
+  chex.assert_trees_all_equal(jax.device_get(host.server.x),
+                              jax.device_get(device.state.server.x))
