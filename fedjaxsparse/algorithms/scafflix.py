@@ -1,0 +1,298 @@
+"""FLIX personalization and Scafflix / i-Scaffnew (seed 001 chapter 3 and appendix B; spec
+``specs/seed001_ch3_ch5.md`` §2).
+
+FLIX (Gasanov et al. 2022): each client first solves its own problem, ``x_i* = argmin f_i``
+(:func:`local_optima`), then all clients train one ``x`` for the personalised objective
+
+    f̃(x) = (1/n) Σ_i f_i(x̃_i),   x̃_i = α_i x + (1 − α_i) x_i*,   α_i ∈ (0, 1]
+
+and client ``i`` uses its personalised model ``x̃_i`` (:func:`personalize`).
+
+Scafflix (Algorithm 4, corrected as in the spec): per-client step sizes γ_i, one coin θ ~
+Bernoulli(p) per iteration shared by all clients (drawn outside the client vmap):
+
+    x̂_i = x_i − (γ_i/α_i)(∇f_i(x̃_i) − h_i)                 gradient at the PERSONALISED point
+    θ = 1:  x̄ = Σ_j w_j x̂_j,  w_j ∝ α_j²/γ_j             (``:894``'s index typo fixed)
+            h_i ← h_i + (p α_i/γ_i)(x̄ − x̂_i),  x_i ← x̄
+    θ = 0:  x_i ← x̂_i
+
+It is i-Scaffnew (Algorithm 9) applied to FLIX with ``h_i ↦ α_i h_i``, ``γ_i ↦ γ_i/α_i²``;
+i-Scaffnew is Scafflix with α_i = 1, and i-Scaffnew with equal γ_i is Scaffnew/ProxSkip (all
+tested). The preserved quantity is ``Σ_i α_i h_i``, not ``Σ_i h_i`` as Algorithm 4's input line
+says (spec C3-1: that initialisation converges to a wrong point), so ``h_i⁰ = 0``.
+
+Two forms (``form=``), as for ProxSkip: ``"iteration"`` (one local step, then the coin) and
+``"round"`` (``L ~ Geometric(p)`` local steps, then a communication). Partial participation
+(the paper's neural-network experiments sample 10 clients per round, without a rule; spec
+C3-8) is this library's choice, round form only: each round a uniform cohort S downloads the
+current server model, runs the round's L local steps from it with its own h_i, and is
+averaged with weights ∝ α_j²/γ_j *renormalised over S*; only the cohort's h_i change. The
+renormalisation keeps Σ_{j∈S} (α_j²/γ_j)(x̄ − x̂_j) = 0, so Σ_i α_i h_i stays exactly
+preserved; with S = all clients it is the full-participation round form.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjaxsparse import accounting
+from fedjaxsparse.algorithms.proxskip import FORMS, geometric_local_steps
+from fedjaxsparse.clients import map_clients
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData, check_data
+from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
+from fedjaxsparse.validation import check_number
+
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def _per_client(tree, num_clients: int):
+  return jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)), tree)
+
+
+def personalize(x: Any, x_star: Any, alpha: jax.Array) -> Any:
+  """FLIX's personalised models ``x̃_i = α_i x + (1 − α_i) x_i*``: ``[N, ...]``.
+
+  ``x``: the global model (no client axis) or per-client models ``[N, ...]``; ``x_star``:
+  local optima ``[N, ...]``; ``alpha``: ``[N]``."""
+  def mix(a, s):
+    al = alpha.reshape((-1,) + (1,) * (s.ndim - 1))
+    return al * a + (1 - al) * s
+  return jax.tree.map(mix, x, x_star)
+
+
+class LocalOptima(NamedTuple):
+  """Attributes: ``x_star`` (``[N, ...]``), ``steps`` (``int32 [N]`` gradient steps each
+  client took: the pre-solve's cost), ``grad_norm`` (``[N]`` ``‖∇f_i(x_i*)‖`` at the end)."""
+  x_star: Any
+  steps: jax.Array
+  grad_norm: jax.Array
+
+
+def local_optima(loss_fn: LossFn, params: Any, data: FederatedData, *, lr: float,
+                 tol: float = 1e-6, max_steps: int = 1000) -> LocalOptima:
+  """Each client's ``x_i* = argmin f_i`` by full-batch gradient descent from ``params`` with
+  step ``lr`` until ``‖∇f_i‖ < tol`` (spec: the chapter's stopping rule, default 1e-6) or
+  ``max_steps`` — one jitted, vmapped ``while_loop``; clients that are done stop moving."""
+  check_number("lr", lr, 0.0, None, low_open=True)
+  grad = jax.grad(loss_fn)
+
+  def solve(d):
+    def norm(w):
+      return jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(
+          grad(w, d.x, d.y, d.mask))))
+
+    def cond(c):
+      return (c[1] < max_steps) & (c[2] >= tol)
+
+    def body(c):
+      w, k, _ = c
+      w = jax.tree.map(lambda a, g: a - lr * g, w, grad(w, d.x, d.y, d.mask))
+      return w, k + 1, norm(w)
+
+    return jax.lax.while_loop(cond, body, (params, jnp.int32(0), norm(params)))
+
+  x_star, steps, gnorm = jax.jit(jax.vmap(solve))(data)
+  return LocalOptima(x_star, steps, gnorm)
+
+
+class ScafflixState(NamedTuple):
+  """Attributes:
+    x: ``[N, ...]`` client iterates ``x_i``.
+    h: ``[N, ...]`` control variates ``h_i`` (``Σ_i α_i h_i = 0``).
+    server: the last broadcast model x̄ (``x⁰`` at the start): the global model.
+    x_star: ``[N, ...]`` local optima (constant).
+    t: ``int32[]`` local steps done; comms: ``int32[]`` communications done.
+  """
+  x: Any
+  h: Any
+  server: Any
+  x_star: Any
+  t: jax.Array
+  comms: jax.Array
+
+  @property
+  def params(self):
+    return self.server
+
+
+class ScafflixInfo(NamedTuple):
+  """Attributes (scalars): ``loss`` (mean ``f_i(x̃_i)`` of the participants at the start),
+  ``bits_up``, ``bits_down`` (dense fp32 models, summed over participants; 0 without
+  communication), ``communicated``, ``local_steps``, ``alpha_h_sum_norm`` (``‖Σ_i α_i h_i‖``,
+  the invariant)."""
+  loss: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+  communicated: jax.Array
+  local_steps: jax.Array
+  alpha_h_sum_norm: jax.Array
+
+
+def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = None, *,
+             form: str = "iteration", cohort_size: int | None = None,
+             batch_size: int | None = None) -> Algorithm:
+  """Scafflix (Algorithm 4 of seed 001, corrected; see the module docstring).
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i`` of one client.
+    gammas: ``[N]`` individual step sizes γ_i (theory: ``1/L_i``) or one float for all.
+    p: communication probability in (0, 1].
+    alphas: ``[N]`` personalization factors α_i ∈ (0, 1] or one float (1: no personalization).
+    x_star: ``[N, ...]`` local optima (:func:`local_optima`; exact for quadratics); ``None``
+      when every α_i = 1 (then unused).
+    form: ``"iteration"`` or ``"round"``.
+    cohort_size: clients per round (round form only; ``None``: all).
+    batch_size: examples per local gradient (with replacement) or ``None`` (full gradient).
+  """
+  check_number("p (communication probability)", p, 0.0, 1.0, low_open=True)
+  if form not in FORMS:
+    raise ValueError(f"form must be one of {FORMS}, got {form!r}.")
+  if cohort_size is not None and form != "round":
+    raise ValueError("cohort_size (partial participation) needs form='round'.")
+  value_and_grad = jax.value_and_grad(loss_fn)
+
+  def coefficients(n):
+    g = jnp.broadcast_to(jnp.asarray(gammas, jnp.float32), (n,))
+    a = jnp.broadcast_to(jnp.asarray(alphas, jnp.float32), (n,))
+    return g, a
+
+  def init(key, params, data: FederatedData) -> ScafflixState:
+    del key
+    check_data(data)
+    n = data.num_clients
+    check_cohort_size(cohort_size, n)
+    g, a = coefficients(n)
+    if not isinstance(g, jax.core.Tracer):
+      check_number("gamma_i", float(jnp.min(g)), 0.0, None, low_open=True)
+    if not isinstance(a, jax.core.Tracer):
+      check_number("alpha_i", float(jnp.min(a)), 0.0, 1.0, low_open=True)
+      check_number("alpha_i", float(jnp.max(a)), 0.0, 1.0, low_open=True)
+      if x_star is None and float(jnp.min(a)) < 1:
+        raise ValueError("x_star (the local optima) is needed when some alpha_i < 1; compute "
+                         "it with scafflix.local_optima.")
+    x = _per_client(params, n)
+    xs = x if x_star is None else x_star
+    return ScafflixState(x, jax.tree.map(jnp.zeros_like, x), params, xs,
+                         jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+  def client_step(key, x, h, xs, alpha, gamma, data):  # one client: x̂_i and f_i(x̃_i)
+    xt = jax.tree.map(lambda a, s: alpha * a + (1 - alpha) * s, x, xs)
+    loss, g = value_and_grad(xt, *minibatch(key, data, batch_size))
+    return jax.tree.map(lambda a, gi, hi: a - (gamma / alpha) * (gi - hi), x, g, h), loss
+
+  def local_step(key, x, h, xs, a, g, data, ids):
+    return map_clients(client_step, data, client_keys(key, ids), x, h, xs, a, g)
+
+  def communicate(x_hat, h, a, g):
+    w = a ** 2 / g
+    w = w / jnp.sum(w)
+    x_bar = jax.tree.map(lambda v: jnp.tensordot(w, v, axes=1), x_hat)
+    coef = p * a / g
+    h = jax.tree.map(lambda hi, v, xb: hi + coef.reshape((-1,) + (1,) * (v.ndim - 1))
+                     * (xb - v), h, x_hat, x_bar)
+    return x_bar, h
+
+  def info(state, losses, a, c, communicated, steps):
+    d = accounting.num_params(state.server)
+    bits = communicated * jnp.float32(c * accounting.dense_bits(d))
+    ah = jax.tree.map(lambda v: jnp.tensordot(a, v, axes=1), state.h)
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(ah)))
+    return ScafflixInfo(jnp.mean(losses), bits, bits, communicated, steps, norm)
+
+  def iteration_step(key, state: ScafflixState, data: FederatedData):
+    n = data.num_clients
+    g, a = coefficients(n)
+    k_coin, k_local, _ = jax.random.split(key, 3)  # ProxSkip's key layout: same coins
+    theta = jax.random.bernoulli(k_coin, p)  # ONE coin for all clients
+    ids = jnp.arange(n, dtype=jnp.int32)
+    x_hat, losses = local_step(k_local, state.x, state.h, state.x_star, a, g, data, ids)
+
+    def comm(x_hat, h):
+      x_bar, h = communicate(x_hat, h, a, g)
+      return _per_client(x_bar, n), h, x_bar
+
+    x, h, server = jax.lax.cond(theta, comm, lambda xh, h: (xh, h, state.server), x_hat,
+                                state.h)
+    new = state._replace(x=x, h=h, server=server, t=state.t + 1,
+                         comms=state.comms + theta.astype(jnp.int32))
+    return new, info(new, losses, a, n, theta.astype(jnp.float32), jnp.int32(1))
+
+  def round_step(key, state: ScafflixState, data: FederatedData):
+    n = data.num_clients
+    g_all, a_all = coefficients(n)
+    k_len, k_cohort, k_local = jax.random.split(key, 3)
+    steps = geometric_local_steps(k_len, p)
+    ids = sample_cohort(k_cohort, n, cohort_size)
+    take = lambda tree: jax.tree.map(lambda v: jnp.take(v, ids, axis=0), tree)
+    c = ids.shape[0]
+    cdata = data if c == n else data.select(ids)
+    h, xs, a, g = take(state.h), take(state.x_star), a_all[ids], g_all[ids]
+    x0 = _per_client(state.server, c)  # the cohort starts from the broadcast model
+    x_hat, losses = local_step(jax.random.fold_in(k_local, 0), x0, h, xs, a, g, cdata, ids)
+
+    def body(j, x_hat):
+      return local_step(jax.random.fold_in(k_local, j), x_hat, h, xs, a, g, cdata, ids)[0]
+
+    x_hat = jax.lax.fori_loop(1, steps, body, x_hat)
+    x_bar, h = communicate(x_hat, h, a, g)
+    h_all = jax.tree.map(lambda v, r: v.at[ids].set(r), state.h, h)
+    new = state._replace(x=_per_client(x_bar, n), h=h_all, server=x_bar, t=state.t + steps,
+                         comms=state.comms + 1)
+    return new, info(new, losses, a_all, c, jnp.float32(1), steps)
+
+  return Algorithm(init, iteration_step if form == "iteration" else round_step)
+
+
+def i_scaffnew(loss_fn: LossFn, gammas: Any, p: float, **kw) -> Algorithm:
+  """i-Scaffnew (Algorithm 9): Scaffnew with individual step sizes γ_i, aggregation weights
+  ∝ 1/γ_j (``:2716``'s index typo fixed) — Scafflix with every α_i = 1."""
+  return scafflix(loss_fn, gammas, p, 1.0, None, **kw)
+
+
+class FlixState(NamedTuple):
+  """Attributes: ``params`` (the global x), ``x_star`` (``[N, ...]``), ``round``."""
+  params: Any
+  x_star: Any
+  round: jax.Array
+
+
+def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
+             cohort_size: int | None = None, batch_size: int | None = None) -> Algorithm:
+  """FLIX solved by (S)GD, the chapter's baseline "FLIX": one communication per step; each
+  participant sends ``α_i ∇f_i(x̃_i)`` (the gradient of f̃_i), the server averages them over
+  the cohort and steps ``x ← x − lr · mean``. With full participation and
+  ``lr = (mean_i α_i²/γ_i)^{-1}`` it is Scafflix with p = 1 (tested)."""
+  check_number("lr", lr, 0.0, None, low_open=True)
+  value_and_grad = jax.value_and_grad(loss_fn)
+
+  def init(key, params, data: FederatedData) -> FlixState:
+    del key
+    check_data(data)
+    check_cohort_size(cohort_size, data.num_clients)
+    return FlixState(params, x_star, jnp.zeros((), jnp.int32))
+
+  def client(key, params, xs, alpha, data):
+    xt = jax.tree.map(lambda a, s: alpha * a + (1 - alpha) * s, params, xs)
+    loss, g = value_and_grad(xt, *minibatch(key, data, batch_size))
+    return jax.tree.map(lambda v: alpha * v, g), loss
+
+  def step(key, state: FlixState, data: FederatedData):
+    n = data.num_clients
+    a = jnp.broadcast_to(jnp.asarray(alphas, jnp.float32), (n,))
+    k_cohort, k_local = jax.random.split(key)
+    ids = sample_cohort(k_cohort, n, cohort_size)
+    c = ids.shape[0]
+    cdata = data if c == n else data.select(ids)
+    xs = jax.tree.map(lambda v: jnp.take(v, ids, axis=0), state.x_star)
+    grads, losses = map_clients(lambda k, s, al, d: client(k, state.params, s, al, d), cdata,
+                                client_keys(k_local, ids), xs, a[ids])
+    params = jax.tree.map(lambda x, g: x - lr * jnp.mean(g, 0), state.params, grads)
+    bits = jnp.float32(c * accounting.dense_bits(accounting.num_params(params)))
+    info = ScafflixInfo(jnp.mean(losses), bits, bits, jnp.float32(1), jnp.int32(1),
+                        jnp.float32(0))
+    return FlixState(params, state.x_star, state.round + 1), info
+
+  return Algorithm(init, step)
