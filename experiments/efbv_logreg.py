@@ -38,7 +38,7 @@ import numpy as np
 from fedjaxsparse import compressors as C
 from fedjaxsparse.algorithms.efbv import diana, diana_params, ef_bv, efbv_params
 from fedjaxsparse.data.federated import pack_clients
-from fedjaxsparse.data.standins import mushrooms_arrays
+from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.experiment import (Config, Option, entry, output_dir, print_table,
                                      last, run_method, save_results, status)
@@ -84,27 +84,7 @@ PAPERS = {pc.name: pc for pc in (
     _table_a2(2, 1, (1.08e-2, 0.997, 0.527, 2.87e-4, 2.10e-4)),
 )}
 def _data(cfg: Config, name: str):
-  if name == "libsvm":
-    from fedjaxsparse.data.libsvm import load_arrays
-    if not cfg.data_dir:
-      raise FileNotFoundError("no LIBSVM file given: download it from "
-                              "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/ "
-                              "and pass its path as --data-dir FILE.")
-    x, y = load_arrays(cfg.data_dir)
-    if y.max() != 1:
-      raise ConfigError(f"{NAME} needs a binary classification file; {cfg.data_dir} has "
-                        f"{int(y.max()) + 1} classes.")
-    return x, y, f"libsvm:{os.path.basename(cfg.data_dir)}"
-  if name == "mushrooms_standin":
-    x, y = mushrooms_arrays()
-    return x, y, "synthetic stand-in of mushrooms' shape (8124 x 112 one-hot)"
-  if name != "breast_cancer":
-    raise ConfigError(f"{NAME} runs on --dataset mushrooms_standin or breast_cancer (embedded) "
-                      f"or libsvm (with --data-dir FILE), got {name!r}.")
-  from sklearn.datasets import load_breast_cancer
-  x, y = load_breast_cancer(return_X_y=True)
-  x = (x - x.min(0)) / (x.max(0) - x.min(0))
-  return x.astype(np.float32), y.astype(np.int32), "breast_cancer (embedded stand-in)"
+  return binary_arrays(name, cfg.data_dir, NAME)
 
 
 def _blocks(n_points: int, n: int, xi: int, seed: int) -> list[np.ndarray]:

@@ -34,3 +34,17 @@ def test_compressors_notebook_runs(monkeypatch, tmp_path):
   outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                     for o in c.get("outputs", []))
   assert "EF-BV: lambda=" in outputs and "comp-(1,15)" in outputs
+
+
+def test_scafflix_notebook_runs(monkeypatch, tmp_path):
+  monkeypatch.setenv("SCAFFLIX_ROUNDS", "8")
+  monkeypatch.setenv("MPLBACKEND", "Agg")
+  nb = nbformat.read(os.path.join(os.path.dirname(NOTEBOOK), "scafflix.ipynb"), as_version=4)
+  NotebookClient(nb, timeout=300, kernel_name="python3",
+                 resources={"metadata": {"path": str(tmp_path)}}).execute()
+  outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                    for o in c.get("outputs", []))
+  assert "Scafflix α=0.1: final FLIX objective" in outputs and "local optima:" in outputs
+  errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if o.get("output_type") == "error"]
+  assert not errors

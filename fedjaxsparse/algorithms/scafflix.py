@@ -155,8 +155,9 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
   value_and_grad = jax.value_and_grad(loss_fn)
 
   def coefficients(n):
-    g = jnp.broadcast_to(jnp.asarray(gammas, jnp.float32), (n,))
-    a = jnp.broadcast_to(jnp.asarray(alphas, jnp.float32), (n,))
+    dtype = jnp.result_type(float)  # float64 under x64: the weights α_j²/γ_j and the
+    g = jnp.broadcast_to(jnp.asarray(gammas, dtype), (n,))  # h-steps pα_i/γ_i must stay
+    a = jnp.broadcast_to(jnp.asarray(alphas, dtype), (n,))  # proportional (Σα_i h_i = 0)
     return g, a
 
   def init(key, params, data: FederatedData) -> ScafflixState:
@@ -281,7 +282,7 @@ def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
 
   def step(key, state: FlixState, data: FederatedData):
     n = data.num_clients
-    a = jnp.broadcast_to(jnp.asarray(alphas, jnp.float32), (n,))
+    a = jnp.broadcast_to(jnp.asarray(alphas, jnp.result_type(float)), (n,))
     k_cohort, k_local = jax.random.split(key)
     ids = sample_cohort(k_cohort, n, cohort_size)
     c = ids.shape[0]

@@ -128,3 +128,32 @@ def libsvm(data_dir: str | None = None, num_clients: int = 10, partition: str = 
                     test_fraction=test_fraction, seed=seed)
   xt, yt = load_arrays(test_path, num_features=x.shape[1])
   return federate(x, y, parts, num_classes=num_classes, name=name, x_test=xt, y_test=yt)
+
+
+def binary_arrays(name: str, data_dir: str | None, experiment: str = "") -> tuple:
+  """``(x, y, label)`` of a binary classification set for the convex experiments:
+  ``"libsvm"`` (the LIBSVM file at ``data_dir``), ``"mushrooms_standin"`` (the labelled
+  synthetic stand-in of mushrooms' shape) or ``"breast_cancer"`` (scikit-learn's real set,
+  features scaled to [0, 1])."""
+  from fedjaxsparse.errors import ConfigError
+  if name == "libsvm":
+    if not data_dir:
+      raise FileNotFoundError("no LIBSVM file given: download it from "
+                              "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/ "
+                              "and pass its path as --data-dir FILE.")
+    x, y = load_arrays(data_dir)
+    if y.max() != 1:
+      raise ConfigError(f"{experiment} needs a binary classification file; {data_dir} has "
+                        f"{int(y.max()) + 1} classes.")
+    return x, y, f"libsvm:{os.path.basename(data_dir)}"
+  if name == "mushrooms_standin":
+    from fedjaxsparse.data.standins import mushrooms_arrays
+    x, y = mushrooms_arrays()
+    return x, y, "synthetic stand-in of mushrooms' shape (8124 x 112 one-hot)"
+  if name != "breast_cancer":
+    raise ConfigError(f"{experiment} runs on --dataset mushrooms_standin or breast_cancer "
+                      f"(embedded) or libsvm (with --data-dir FILE), got {name!r}.")
+  from sklearn.datasets import load_breast_cancer
+  x, y = load_breast_cancer(return_X_y=True)
+  x = (x - x.min(0)) / (x.max(0) - x.min(0))
+  return x.astype(np.float32), y.astype(np.int32), "breast_cancer (embedded stand-in)"
