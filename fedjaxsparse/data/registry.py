@@ -17,6 +17,7 @@ DATASETS = {
     "femnist_standin": ("fedjaxsparse.data.standins", "femnist_standin"),
     "blogfeedback_standin": ("fedjaxsparse.data.standins", "blogfeedback_standin"),
     "libsvm": ("fedjaxsparse.data.libsvm", "libsvm"),
+    "shakespeare": ("fedjaxsparse.data.shakespeare", "shakespeare"),
     "cifar10": ("fedjaxsparse.data.tfds_sources", "cifar10"),
     "cifar100": ("fedjaxsparse.data.tfds_sources", "cifar100"),
     "emnist": ("fedjaxsparse.data.tfds_sources", "emnist"),

@@ -8,10 +8,10 @@ from fedjaxsparse.models.base import (CLASSIFICATION, REGRESSION, Model, global_
                                       make_loss, softmax_cross_entropy, squared_error)
 from fedjaxsparse.models.linear import (linear_regression, logistic_loss, logistic_regression,
                                         softmax_regression)
-from fedjaxsparse.models.nets import cnn, mlp, resnet18
+from fedjaxsparse.models.nets import char_lstm, cnn, mlp, resnet18
 from fedjaxsparse.sparsity import num_params
 
-MODELS = ("linear", "softmax", "mlp", "cnn", "resnet18")
+MODELS = ("linear", "softmax", "mlp", "cnn", "resnet18", "lstm")
 
 
 def get_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs) -> Model:
@@ -27,10 +27,12 @@ def get_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs)
     return linear_regression(d, **kwargs)
   if name == "softmax":
     return softmax_regression(d, num_classes, **kwargs)
+  if name == "lstm":  # inputs: character indices [seq_len]
+    return char_lstm(d, num_classes, **kwargs)
   return {"mlp": mlp, "cnn": cnn, "resnet18": resnet18}[name](input_shape, num_classes,
                                                                **kwargs)
 
 
 __all__ = ["CLASSIFICATION", "REGRESSION", "Model", "make_loss", "global_mean_scale", "softmax_cross_entropy",
            "squared_error", "logistic_loss", "linear_regression", "softmax_regression",
-           "logistic_regression", "mlp", "cnn", "resnet18", "num_params", "get_model", "MODELS"]
+           "logistic_regression", "mlp", "cnn", "resnet18", "char_lstm", "num_params", "get_model", "MODELS"]

@@ -197,3 +197,26 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
   resolve_impl(conv)
   return _as_model(_ResNet18(num_classes, norm, num_groups, conv), input_shape,
                    _image_shape(input_shape))
+
+
+class _CharLSTM(nn.Module):
+  vocab: int
+  embed: int
+  hidden: int
+  layers: int
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Embed(self.vocab, self.embed)(x.astype(jnp.int32))
+    for i in range(self.layers):
+      h = nn.RNN(nn.OptimizedLSTMCell(self.hidden), name=f"lstm{i + 1}")(h)
+    return nn.Dense(self.vocab, name="head")(h[:, -1])
+
+
+def char_lstm(seq_len: int, vocab: int, embed: int = 8, hidden: int = 256,
+              layers: int = 2) -> Model:
+  """LEAF's Shakespeare model (seed 001 ch. 3: "2 LSTM + 1 FC"): an ``embed``-dimensional
+  character embedding, ``layers`` LSTM layers of ``hidden`` units and a dense layer on the last
+  step's output. Inputs ``int32 [B, seq_len]`` character indices; logits ``[B, vocab]`` for the
+  next character."""
+  return _as_model(_CharLSTM(vocab, embed, hidden, layers), (seq_len,))
