@@ -87,3 +87,13 @@ def make_eval_fn(model: Model, batch_size: int | None = None
   The data is an argument (not a closed-over constant) so it is not baked into the program.
   """
   return lambda params, data: evaluate(model, params, data, batch_size)
+
+
+def evaluate_personal(model: Model, client_params: Any, data: FederatedData,
+                      batch_size: int | None = None) -> dict[str, jax.Array]:
+  """Metrics pooled over every client's examples, each client evaluated with its *own* model
+  ``client_params[i]`` (personalised FL: FLIX's x̃_i, Ditto's v_i): the same keys as
+  :func:`evaluate`."""
+  sums = jax.vmap(lambda p, x, y, m: _client_sums(model, p, x, y, m, batch_size))(
+      client_params, data.x, data.y, data.mask)
+  return _metrics(model, jax.tree.map(lambda a: jnp.sum(a, 0), sums))

@@ -63,6 +63,21 @@ def personalize(x: Any, x_star: Any, alpha: jax.Array) -> Any:
   return jax.tree.map(mix, x, x_star)
 
 
+def make_personal_eval_fn(model, x_star: Any, alpha: Any, batch_size: int | None = None
+                          ) -> Callable:
+  """``(params, test) -> metrics`` of the FLIX models: client i evaluated on its own test
+  examples with ``x̃_i = α_i x + (1 − α_i) x_i*`` (the chapter's personalised accuracy);
+  ``test`` has the training clients on axis 0."""
+  from fedjaxsparse.evaluation import evaluate_personal
+
+  def eval_fn(params, test):
+    n = test.num_clients
+    a = jnp.broadcast_to(jnp.asarray(alpha, jnp.result_type(float)), (n,))
+    return evaluate_personal(model, personalize(params, x_star, a), test, batch_size)
+
+  return eval_fn
+
+
 class LocalOptima(NamedTuple):
   """Attributes: ``x_star`` (``[N, ...]``), ``steps`` (``int32 [N]`` gradient steps each
   client took: the pre-solve's cost), ``grad_norm`` (``[N]`` ``‖∇f_i(x_i*)‖`` at the end)."""
