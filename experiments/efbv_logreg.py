@@ -37,6 +37,7 @@ import numpy as np
 
 from fedjaxsparse import compressors as C
 from fedjaxsparse.algorithms.efbv import diana, diana_params, ef_bv, efbv_params
+from fedjaxsparse.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
@@ -98,26 +99,6 @@ def _blocks(n_points: int, n: int, xi: int, seed: int) -> list[np.ndarray]:
   return [np.concatenate([blocks[i], blocks[(i + 1) % n]]) for i in range(n)]
 
 
-def _f_star(x: np.ndarray, y: np.ndarray, parts, mu: float) -> float:
-  from scipy.optimize import minimize
-  b = 2.0 * y.astype(np.float64) - 1.0
-  xs = [x[p].astype(np.float64) for p in parts]
-  bs = [b[p] for p in parts]
-
-  def fun(w):
-    f, g = 0.0, np.zeros_like(w)
-    for a, bb in zip(xs, bs):
-      z = -bb * (a @ w)
-      f += np.mean(np.logaddexp(0, z))
-      g += a.T @ (-bb / (1 + np.exp(-z))) / len(a)
-    n = len(xs)
-    return f / n + 0.5 * mu * w @ w, g / n + mu * w
-
-  res = minimize(fun, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B",
-                 options={"gtol": 1e-12, "ftol": 0.0, "maxiter": 10000})
-  return float(res.fun)
-
-
 def _run(cfg: Config, opts: dict) -> dict:
   with jax.enable_x64(opts["float64"]):
     return _experiment(cfg, opts)
@@ -145,7 +126,7 @@ def _experiment(cfg: Config, opts: dict) -> dict:
     model = model._replace(regularizer=lambda p: 0.1 * jnp.sum(jnp.square(p["w"]) / (
         1 + jnp.square(p["w"]))))
   loss = make_loss(model)
-  f_star = 0.0 if nonconvex else _f_star(x, y, parts, mu)
+  f_star = 0.0 if nonconvex else logistic_optimum(x, y, parts, mu)
   setting = "nonconvex" if nonconvex else "PL"
   if not k <= d // 2:
     raise ConfigError(f"option 'k' must be in [1, d/2={d // 2}], got {k}.")

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.algorithms.scafflix import flix_sgd, local_optima, personalize, scafflix
+from fedjaxsparse.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
@@ -87,26 +88,6 @@ def split(x: np.ndarray, y: np.ndarray, n: int, kind: str, seed: int) -> list[np
   return np.split(rng.permutation(len(x)), np.cumsum(sizes)[:-1])
 
 
-def flix_f_star(x, y, parts, x_star: np.ndarray, alpha: float, mu: float) -> float:
-  """min_x (1/n) Σ_i f_i(α x + (1 − α) x_i*) by L-BFGS in float64."""
-  from scipy.optimize import minimize
-  b = 2.0 * y.astype(np.float64) - 1.0
-  blocks = [(x[p].astype(np.float64), b[p], s) for p, s in zip(parts, x_star)]
-
-  def fun(w):
-    f, g = 0.0, np.zeros_like(w)
-    for a, bb, s in blocks:
-      v = alpha * w + (1 - alpha) * s
-      z = -bb * (a @ v)
-      f += np.mean(np.logaddexp(0, z)) + 0.5 * mu * v @ v
-      g += alpha * (a.T @ (-bb / (1 + np.exp(-z))) / len(a) + mu * v)
-    return f / len(blocks), g / len(blocks)
-
-  res = minimize(fun, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B",
-                 options={"gtol": 1e-13, "ftol": 0.0, "maxiter": 20000})
-  return float(res.fun)
-
-
 def _run(cfg: Config, opts: dict) -> dict:
   with jax.enable_x64(opts["float64"]):
     return _experiment(cfg, opts)
@@ -140,7 +121,7 @@ def _experiment(cfg: Config, opts: dict) -> dict:
 
   records, f_stars = {}, {}
   for alpha in opts["alphas"]:
-    f_star = flix_f_star(x, y, parts, np.asarray(x_star["w"], np.float64), alpha, mu)
+    f_star = logistic_optimum(x, y, parts, mu, alpha, np.asarray(x_star["w"], np.float64))
     f_stars[alpha] = f_star
 
     def gap(params, test, alpha=alpha, f_star=f_star):
