@@ -59,6 +59,16 @@ def test_local_optima_reach_the_closed_form(quad):
   assert np.all(np.asarray(opt.grad_norm) < 1e-5) and np.all(np.asarray(opt.steps) > 0)
 
 
+def test_local_optima_by_sgd_approach_the_closed_form(quad):
+  """Minibatch SGD (the chapter's pre-training of networks) with a fixed budget gets near
+  x_i*; tol = 0 runs exactly max_steps steps."""
+  opt = local_optima(loss, quad["w0"], quad["data"], lr=float(0.3 / quad["L"].max()), tol=0.0,
+                     max_steps=3000, batch_size=12, key=jax.random.key(5))
+  np.testing.assert_array_equal(opt.steps, 3000)
+  err = np.linalg.norm(np.asarray(opt.x_star["w"]) - quad["c"], axis=1)
+  assert np.all(err < 0.1 * np.linalg.norm(quad["c"], axis=1)), err
+
+
 def test_scafflix_converges_to_the_flix_optimum(quad):
   x_star = {"w": jnp.asarray(quad["c"], jnp.float32)}
   algo = scafflix(loss, 1 / quad["L"], 0.3, ALPHA, x_star)

@@ -87,29 +87,43 @@ class LocalOptima(NamedTuple):
 
 
 def local_optima(loss_fn: LossFn, params: Any, data: FederatedData, *, lr: float,
-                 tol: float = 1e-6, max_steps: int = 1000) -> LocalOptima:
-  """Each client's ``x_i* = argmin f_i`` by full-batch gradient descent from ``params`` with
-  step ``lr`` until ``‖∇f_i‖ < tol`` (spec: the chapter's stopping rule, default 1e-6) or
-  ``max_steps`` — one jitted, vmapped ``while_loop``; clients that are done stop moving."""
-  check_number("lr", lr, 0.0, None, low_open=True)
-  grad = jax.grad(loss_fn)
+                 tol: float = 1e-6, max_steps: int = 1000, batch_size: int | None = None,
+                 key: jax.Array | None = None) -> LocalOptima:
+  """Each client's ``x_i* = argmin f_i``, by gradient descent from ``params`` with step ``lr``
+  until ``‖∇f_i‖ < tol`` (the chapter's stopping rule, default 1e-6) or ``max_steps``; one
+  jitted, vmapped ``while_loop`` (clients that are done stop moving).
 
-  def solve(d):
-    def norm(w):
-      return jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(
-          grad(w, d.x, d.y, d.mask))))
+  With ``batch_size`` the steps are SGD on minibatches drawn with replacement (key
+  ``fold_in(fold_in(key, i), step)``; the chapter pre-trains its networks this way, batch 100)
+  and the stopping test uses the minibatch gradient; ``tol=0`` runs ``max_steps`` steps."""
+  check_number("lr", lr, 0.0, None, low_open=True)
+  if not isinstance(max_steps, int) or max_steps < 0:
+    raise ValueError(f"max_steps must be an int >= 0, got {max_steps!r}.")
+  grad = jax.grad(loss_fn)
+  key = jax.random.key(0) if key is None else key
+
+  def solve(k_client, d):
+    def gradient(w, step):
+      return grad(w, *minibatch(jax.random.fold_in(k_client, step), d, batch_size))
+
+    def norm(g):
+      return jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(g)))
 
     def cond(c):
-      return (c[1] < max_steps) & (c[2] >= tol)
+      return (c[1] < max_steps) & (c[3] >= tol)
 
     def body(c):
-      w, k, _ = c
-      w = jax.tree.map(lambda a, g: a - lr * g, w, grad(w, d.x, d.y, d.mask))
-      return w, k + 1, norm(w)
+      w, k, g, _ = c
+      w = jax.tree.map(lambda a, gi: a - lr * gi, w, g)
+      g = gradient(w, k + 1)
+      return w, k + 1, g, norm(g)
 
-    return jax.lax.while_loop(cond, body, (params, jnp.int32(0), norm(params)))
+    g0 = gradient(params, 0)
+    w, steps, _, gnorm = jax.lax.while_loop(cond, body, (params, jnp.int32(0), g0, norm(g0)))
+    return w, steps, gnorm
 
-  x_star, steps, gnorm = jax.jit(jax.vmap(solve))(data)
+  ids = jnp.arange(data.num_clients, dtype=jnp.int32)
+  x_star, steps, gnorm = jax.jit(jax.vmap(solve))(client_keys(key, ids), data)
   return LocalOptima(x_star, steps, gnorm)
 
 
