@@ -34,14 +34,21 @@ def _smooth(noise: np.ndarray, passes: int) -> np.ndarray:
   return noise
 
 
-def femnist_standin(num_writers: int = 100, seed: int = 0, noise: float = 0.5
-                    ) -> FederatedDataset:
+def femnist_standin(num_writers: int = 100, seed: int = 0, noise: float = 0.5,
+                    test: str = "all") -> FederatedDataset:
   """FEMNIST's shape: ``x [n, 28, 28, 1]`` in [0, 1], 62 classes, one client per writer.
+
+  ``test="all"``: one shared test client with the test examples of twice as many writers
+  (FEMNIST's unrestricted test set, seed 000); ``"writers"``: each writer's own test
+  examples as its test split (personalised evaluation), as :func:`fedjaxsparse.data.leaf.femnist`.
 
   Class ``c`` has a smooth random stroke image; writer ``w`` shifts it by its own offset
   (up to ±2 pixels) and contrast, draws its labels from its own Dirichlet(1) mix around
   FEMNIST's class frequencies (digits ≈ 50 %), and adds pixel noise of s.d. ``noise``.
   """
+  if test not in ("all", "writers"):
+    raise ValueError(f"test must be 'all' or 'writers', got {test!r}.")
+  own = test == "writers"
   rng = np.random.default_rng(seed)
   protos = _smooth(0.5 * rng.normal(size=(1, 28, 28)) + rng.normal(size=(62, 28, 28)), 3)
   protos = (protos > np.quantile(protos, 0.8, axis=(1, 2), keepdims=True)).astype(np.float32)
@@ -59,19 +66,21 @@ def femnist_standin(num_writers: int = 100, seed: int = 0, noise: float = 0.5
   sigma = np.sqrt(np.log1p((FEMNIST_SD / FEMNIST_MEAN) ** 2))
   sizes = np.maximum(2, np.round(rng.lognormal(np.log(FEMNIST_MEAN) - sigma ** 2 / 2, sigma,
                                                2 * num_writers))).astype(int)
-  train, test = [], []
+  train, test_parts = [], []
   for w in range(2 * num_writers):  # writers num_writers.. are only in the test split
     x, y = writer(int(sizes[w]), np.random.default_rng([seed, w]))
     n_test = max(1, int(round(0.1 * len(y))))
     if w < num_writers:
       train.append((x[n_test:], y[n_test:]))
-    test.append((x[:n_test], y[:n_test]))
+    test_parts.append((x[:n_test], y[:n_test]))
   cat = lambda parts, i: np.concatenate([p[i] for p in parts])
-  bounds = np.cumsum([0] + [len(p[1]) for p in train])
-  return federate(cat(train, 0), cat(train, 1),
-                  [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])], num_classes=62,
+  ranges = lambda parts: [np.arange(a, b) for a, b in zip(*(lambda c: (c[:-1], c[1:]))(
+      np.cumsum([0] + [len(p[1]) for p in parts])))]
+  test = test_parts[:num_writers] if own else test_parts
+  return federate(cat(train, 0), cat(train, 1), ranges(train), num_classes=62,
                   name=f"femnist_standin({num_writers} writers, synthetic)",
-                  x_test=cat(test, 0), y_test=cat(test, 1))
+                  x_test=cat(test, 0), y_test=cat(test, 1),
+                  test_indices=ranges(test) if own else None)
 
 
 def blogfeedback_standin(num_clients: int = 554, seed: int = 0) -> FederatedDataset:
