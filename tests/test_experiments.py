@@ -227,11 +227,14 @@ def test_scafflix_nn_tiny(tmp_path):
   and FLIX start from the same personalised models (equal round-0 accuracy)."""
   assert main(["run", "scafflix_nn", "--rounds", "2", "--clients", "6", "--eval-every", "1",
                "--out", str(tmp_path), "--no-progress", "--set", "cohort=3",
-               "--set", "pre_steps=3", "--set", "lrs=0.05", "--set", "channels=2,4",
+               "--set", "pre_steps=3", "--set", "lrs=0.05,1e6", "--set", "channels=2,4",
                "--set", "dense=8"]) == 0
   res = json.load(open(tmp_path / "scafflix_nn" / "results.json"))
   assert [r["method"] for r in res["table"]] == ["Scafflix", "FLIX", "FedAvg"]
-  assert all(r["lr"] == 0.05 and 0 <= r["test accuracy"] <= 1 for r in res["table"])
+  assert all(r["lr"] in (0.05, 1e6) and 0 <= r["test accuracy"] <= 1 for r in res["table"])
+  # Scafflix diverges at lr = 1e6 in tuning: that candidate loses, the experiment goes on
+  assert res["search"]["Scafflix"]["1000000.0"] == -1.0
+  assert res["table"][0]["lr"] == 0.05
   assert set(res["search"]) == {"Scafflix", "FLIX", "FedAvg"}
   ev = {m: r["history"]["evals"] for m, r in res["methods"].items()}
   assert ev["Scafflix"]["accuracy"][0] == ev["FLIX"]["accuracy"][0]
