@@ -13,6 +13,15 @@ Protocol (spec ``seed001_ch3_ch5.md`` §5.2; the paper's numbers are figures onl
 4. The chosen value is run for ``--rounds`` communication rounds on all the training data
    with ``seeds`` seeds; test accuracy (mean ± s.e. over seeds) is reported.
 
+Ablations (Fig. 3.3, ``ablate=alpha|cohort|p``): Scafflix alone at each of ``values`` (default
+the paper's: α ∈ {0.1, 0.3, 0.5, 0.7, 0.9}, τ ∈ {1, 5, 10, 20}, p ∈ {0.1, 0.2, 0.5}), each
+value tuned like a method; the paper's stated finding is printed beside the best value here.
+
+Evaluation: every client's model on its own test examples (personalised x̃_i; FedAvg's global
+model on every client): example-weighted accuracy (the table's "test accuracy"), the plain mean
+over clients, the per-client values, and the global model x beside them (history keys of
+``evaluation.make_personal_eval_fn``; the plot shows all three).
+
 Methods: **Scafflix** (round form: L ~ Geometric(p) local SGD steps, p = 0.2, one step size
 for all clients — the networks have no L_i — 10 clients per round under this library's
 partial-participation rule, see ``algorithms/scafflix.py``; the paper gives none, C3-8),
@@ -33,19 +42,20 @@ import math
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.algorithms.scafflix import (flix_sgd, local_optima, make_personal_eval_fn,
                                               scafflix)
+from fedjaxsparse import evaluation
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results)
 from fedjaxsparse.models import char_lstm, cnn, make_loss
-from fedjaxsparse.plotting import method_colors, plot_methods
+from fedjaxsparse.plotting import method_colors, plot_personal
 from fedjaxsparse.protocol import PaperConfig, load_or_standin, mean_se, validation_split
 
 NAME = "scafflix_nn"
@@ -71,7 +81,17 @@ OPTIONS = (
     Option("seeds", 1, "seeds of the final runs", low=1),
     Option("channels", [8, 16], "CNN channels (paper-sized: 32,64)", kind="floats", low=1),
     Option("dense", 64, "CNN dense units (paper-sized: 512)", low=1),
+    Option("ablate", "none", "Fig. 3.3's ablations: run Scafflix alone over `values` of alpha, "
+           "cohort (clients per round, tau) or p", choices=("none", "alpha", "cohort", "p")),
+    Option("values", None, "values of the ablated parameter (default: the paper's)",
+           kind="floats", low=0.0, low_open=True),
 )
+ABLATIONS = {  # the paper's values and stated findings (§3.3.4, Fig. 3.3; spec §5.3)
+    "alpha": ([0.1, 0.3, 0.5, 0.7, 0.9], "best α = 0.3 (FEMNIST)"),
+    "cohort": ([1, 5, 10, 20], "τ = 10 and 20 slightly better than 1 and 5"),
+    "p": ([0.1, 0.2, 0.5], "smaller p converges faster and generalises better"),
+}
+SYMBOL = {"alpha": "α", "cohort": "τ", "p": "p"}
 PAPERS = {pc.name: pc for pc in (
     PaperConfig("figure2_femnist", "seed 001 Fig. 3.2 (FEMNIST)", dataset="femnist",
                 standin="femnist_standin", clients=3400, rounds=1000, eval_every=10,
@@ -112,6 +132,21 @@ def _load(cfg: Config, name: str):
   return load_dataset(name, **kw)
 
 
+def _variants(opts: dict, alpha: float, cohort: int) -> dict[str, dict]:
+  """The compared methods, each ``{"alpha", "p", "cohort"}``: Scafflix, FLIX and FedAvg, or,
+  with ``ablate``, Scafflix at each value of the ablated parameter."""
+  base = {"alpha": alpha, "p": opts["p"], "cohort": cohort}
+  if opts["ablate"] == "none":
+    return {name: base for name in ("Scafflix", "FLIX", "FedAvg")}
+  what = opts["ablate"]
+  values = opts["values"] or ABLATIONS[what][0]
+  if what == "cohort":
+    values = [int(v) for v in values]
+  elif what in ("alpha", "p") and max(values) > 1:
+    raise ConfigError(f"option 'values' of ablate={what} must be in (0, 1], got {values}.")
+  return {f"Scafflix ({SYMBOL[what]}={v:g})": {**base, what: v} for v in values}
+
+
 def _run(cfg: Config, opts: dict) -> dict:
   ds, standin = load_or_standin(PAPERS.get(cfg.paper), cfg.dataset, cfg.data_dir,
                                 lambda name: _load(cfg, name))
@@ -119,11 +154,12 @@ def _run(cfg: Config, opts: dict) -> dict:
     raise ConfigError(f"{NAME} evaluates every client on its own test examples; "
                       f"{ds.name} has a shared test set.")
   alpha = opts["alpha"] or (0.3 if cfg.dataset == "shakespeare" else 0.5)
-  cohort = opts["cohort"]
-  if cohort > ds.num_clients:
-    raise ConfigError(f"option 'cohort' must be in [1, clients={ds.num_clients}], got "
-                      f"{cohort}.")
-  p, batch = opts["p"], opts["batch"]
+  variants = _variants(opts, alpha, opts["cohort"])
+  for v in variants.values():
+    if v["cohort"] > ds.num_clients:
+      raise ConfigError(f"clients per round (option 'cohort' or an ablation value) must be "
+                        f"in [1, clients={ds.num_clients}], got {v['cohort']}.")
+  batch = opts["batch"]
   model = _model(ds, opts)
   loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
@@ -132,29 +168,37 @@ def _run(cfg: Config, opts: dict) -> dict:
              key=jax.random.key(cfg.seed + 1))
   fit_star = local_optima(loss, params, fit, **pre).x_star  # tuning never sees more
   x_star = local_optima(loss, params, ds.train, **pre).x_star
-  print(f"{NAME}: {ds.name}{' (' + standin + ')' if standin else ''}, {ds.num_clients} clients, {cohort} per round, alpha={alpha}, "
-        f"p={p}, batch {batch}; local optima: {opts['pre_steps']} SGD steps per client")
+  print(f"{NAME}: {ds.name}{' (' + standin + ')' if standin else ''}, {ds.num_clients} "
+        f"clients, {opts['cohort']} per round, alpha={alpha}, p={opts['p']}, batch {batch}; "
+        f"local optima: {opts['pre_steps']} SGD steps per client")
 
-  def methods(lr, star):
-    return {"Scafflix": scafflix(loss, lr, p, alpha, star, form="round", cohort_size=cohort,
-                                 batch_size=batch),
-            "FLIX": flix_sgd(loss, lr, alpha, star, cohort_size=cohort, batch_size=batch),
-            "FedAvg": fedavg(loss, optax.sgd(lr), local_steps=math.ceil(1 / p),
-                             batch_size=batch, cohort_size=cohort)}
-
-  def evaluator(name, star):
-    return make_eval_fn(model) if name == "FedAvg" else make_personal_eval_fn(model, star,
-                                                                               alpha)
+  def method(name, lr, star):
+    """``(algorithm, eval_fn)``; every method is evaluated client by client on the client's
+    own test examples (FedAvg with the global model on every client)."""
+    v = variants[name]
+    a, p, c = v["alpha"], v["p"], v["cohort"]
+    if name.startswith("Scafflix"):
+      algo = scafflix(loss, lr, p, a, star, form="round", cohort_size=c, batch_size=batch)
+    elif name == "FLIX":
+      algo = flix_sgd(loss, lr, a, star, cohort_size=c, batch_size=batch)
+    else:
+      algo = fedavg(loss, optax.sgd(lr), local_steps=math.ceil(1 / p), batch_size=batch,
+                    cohort_size=c)
+      n = ds.num_clients
+      return algo, evaluation.make_personal_eval_fn(
+          model, lambda x: jax.tree.map(lambda l: jnp.broadcast_to(l, (n,) + l.shape), x), None)
+    return algo, make_personal_eval_fn(model, star, a)
 
   search_rounds = opts["search_rounds"] or max(1, cfg.rounds // 2)
   tune_cfg = dataclasses.replace(cfg, rounds=search_rounds, eval_every=search_rounds,
                                  progress=False, on_divergence="skip")  # a diverging lr loses
   chosen, search = {}, {}
-  for name in ("Scafflix", "FLIX", "FedAvg"):
+  for name in variants:
     scores = {}
     for lr in opts["lrs"]:
-      rec = run_method(tune_cfg, NAME, f"tune {name} lr={lr:g}", methods(lr, fit_star)[name],
-                       params, fit, val, evaluator(name, fit_star))
+      algo, eval_fn = method(name, lr, fit_star)
+      rec = run_method(tune_cfg, NAME, f"tune {name} lr={lr:g}", algo, params, fit, val,
+                       eval_fn)
       acc = last(rec["history"]["evals"].get("accuracy", []))
       bad = rec["diverged"] or acc is None or not np.isfinite(acc)
       scores[lr] = -1.0 if bad else acc
@@ -163,26 +207,34 @@ def _run(cfg: Config, opts: dict) -> dict:
     print(f"{name}: validation accuracy by lr {scores} -> lr={chosen[name]:g}")
 
   records, rows = {}, []
-  for name in ("Scafflix", "FLIX", "FedAvg"):
+  for name in variants:
     finals = []
     for s in range(opts["seeds"]):
-      rec = run_method(cfg, NAME, f"{name} seed {s}", methods(chosen[name], x_star)[name],
-                       params, ds.train, ds.test, evaluator(name, x_star),
-                       key=jax.random.key(cfg.seed + 100 * s))
+      algo, eval_fn = method(name, chosen[name], x_star)
+      rec = run_method(cfg, NAME, f"{name} seed {s}", algo, params, ds.train, ds.test,
+                       eval_fn, key=jax.random.key(cfg.seed + 100 * s))
       finals.append(last(rec["history"]["evals"]["accuracy"]))
       records.setdefault(name, rec)
     stats = mean_se(finals)
+    ev = records[name]["history"]["evals"]
     rows.append({"method": name, "lr": chosen[name], "test accuracy": stats["mean"],
-                 "s.e.": stats["se"], "seeds": len(finals)})
+                 "s.e.": stats["se"], "client mean": last(ev["accuracy_client_mean"]),
+                 "global model": last(ev.get("global_accuracy", ev["accuracy"])),
+                 "seeds": len(finals)})
   table = print_table(rows, list(rows[0]))
-  results = {"experiment": NAME, "dataset": ds.name, "standin": standin, "alpha": alpha, "p": p,
-             "cohort": cohort, "search": {m: {str(k): v for k, v in s.items()}
-                                          for m, s in search.items()},
+  results = {"experiment": NAME, "dataset": ds.name, "standin": standin, "alpha": alpha,
+             "p": opts["p"], "cohort": opts["cohort"], "ablate": opts["ablate"],
+             "search": {m: {str(k): v for k, v in s.items()} for m, s in search.items()},
              "table": rows, "table_text": table, "methods": records}
+  if opts["ablate"] != "none":
+    best = max(rows, key=lambda r: r["test accuracy"])["method"]
+    results["ablation"] = {"best": best, "paper": ABLATIONS[opts["ablate"]][1]}
+    print(f"ablation of {opts['ablate']}: best here {best}; the paper: "
+          f"{ABLATIONS[opts['ablate']][1]}")
   path = save_results(cfg, NAME, results)
-  png = plot_methods(records, "accuracy", os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                     title=f"{ds.name}: personalised (Scafflix, FLIX) vs global (FedAvg)",
-                     colors=method_colors(list(records)))
+  png = plot_personal(records, os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
+                      title=f"{ds.name}: test accuracy of each client's model on its own data",
+                      colors=method_colors(list(records)))
   print(f"results: {path}\nplot: {png}")
   return results
 

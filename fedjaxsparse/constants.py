@@ -35,12 +35,10 @@ class Constants(NamedTuple):
     return self.L_max / self.mu
 
 
-def linear_model_constants(data: FederatedData, l2: float, loss: str = "squared",
-                           reduction: str = "mean", use_bias: bool = True,
-                           scale: float = 1.0) -> Constants:
-  """The constants of ``(1/N) Σ_i f_i`` for ``loss`` in ``"squared"``, ``"softmax"``,
-  ``"logistic"``; ``scale`` multiplies the data term as in
-  :func:`fedjaxsparse.models.make_loss`."""
+def _data_hessians(data: FederatedData, l2: float, loss: str, reduction: str, use_bias: bool,
+                   scale: float) -> tuple[np.ndarray, np.ndarray]:
+  """``(H [N, d, d], reg [d])``: each client's (bounding) Hessian of its data term and the
+  diagonal of the regulariser's (the bias is not regularised)."""
   if loss not in ("squared", "softmax", "logistic"):
     raise ValueError(f"loss must be 'squared', 'softmax' or 'logistic', got {loss!r}.")
   if reduction not in ("mean", "sum"):
@@ -51,25 +49,80 @@ def linear_model_constants(data: FederatedData, l2: float, loss: str = "squared"
   if use_bias:
     x = np.concatenate([x, np.ones(x.shape[:2] + (1,))], -1)
   x = x * mask[..., None]
-  d = x.shape[-1]
-  reg = np.full(d, l2)
+  h = scale * {"squared": 1.0, "softmax": 0.5, "logistic": 0.25}[loss] * np.einsum(
+      "nmi,nmj->nij", x, x)
+  if reduction == "mean":
+    h = h / np.maximum(mask.sum(1), 1.0)[:, None, None]
+  reg = np.full(x.shape[-1], float(l2))
   if use_bias:
     reg[-1] = 0.0
-  hessians = []
-  for i in range(n_clients):
-    g = x[i].T @ x[i]
-    if reduction == "mean":
-      g = g / max(mask[i].sum(), 1.0)
-    if loss != "squared":
-      g = (0.5 if loss == "softmax" else 0.25) * g
-    g = scale * g
-    hessians.append(g + np.diag(reg))
-  ls = np.array([np.linalg.eigvalsh(h)[-1] for h in hessians])
+  return h, reg
+
+
+def client_curvatures(data: FederatedData, l2: float, loss: str = "squared",
+                      reduction: str = "mean", use_bias: bool = True, scale: float = 1.0,
+                      bound: str = "eigen") -> tuple[np.ndarray, np.ndarray]:
+  """Per-client ``(L_i, μ_i)``, ``[N]`` each, of ``f_i`` for ``loss`` in ``"squared"``,
+  ``"softmax"``, ``"logistic"`` (see the module docstring); ``scale`` multiplies the data term
+  as in :func:`fedjaxsparse.models.make_loss`.
+
+  ``bound="eigen"``: ``L_i = λ_max`` of the (bounding) Hessian; ``"trace"``: ``l2`` plus the
+  trace of the data term, ``l2 + c·(1/n_i) Σ_j ‖a_ij‖²`` (seed 001 A.3's looser rule, c = ¼
+  for the logistic loss). ``μ_i``: λ_min of the Hessian for least squares, ``l2`` otherwise."""
+  if bound not in ("eigen", "trace"):
+    raise ValueError(f"bound must be 'eigen' or 'trace', got {bound!r}.")
+  h, reg = _data_hessians(data, l2, loss, reduction, use_bias, scale)
+  eig = np.linalg.eigvalsh(h + np.diag(reg))
+  ls = l2 + np.trace(h, axis1=1, axis2=2) if bound == "trace" else eig[:, -1]
+  return ls, (eig[:, 0] if loss == "squared" else np.full(len(ls), float(l2)))
+
+
+def linear_model_constants(data: FederatedData, l2: float, loss: str = "squared",
+                           reduction: str = "mean", use_bias: bool = True,
+                           scale: float = 1.0) -> Constants:
+  """The constants of ``(1/N) Σ_i f_i`` for ``loss`` in ``"squared"``, ``"softmax"``,
+  ``"logistic"``; ``scale`` multiplies the data term as in
+  :func:`fedjaxsparse.models.make_loss`."""
+  ls, _ = client_curvatures(data, l2, loss, reduction, use_bias, scale)
   if loss == "squared":
-    mu = float(np.linalg.eigvalsh(np.mean(hessians, 0))[0])
+    h, reg = _data_hessians(data, l2, loss, reduction, use_bias, scale)
+    mu = float(np.linalg.eigvalsh(h.mean(0) + np.diag(reg))[0])
   else:
     mu = float(l2)
   return Constants(float(ls.max()), float(ls.mean()), float(np.sqrt(np.mean(ls ** 2))), mu)
+
+
+class ScafflixConstants(NamedTuple):
+  """Step sizes and communication probability of Scafflix from the data (seed 001 ch. 3).
+
+  Attributes: ``gammas`` ``[N]`` (``1/L_i``, or ``1/max_i L_i`` for all with global steps),
+  ``p`` (``1/√κ_max``, Cor. 3.2.4), ``L`` and ``mu`` ``[N]`` (the clients' L_i, μ_i),
+  ``kappa_max`` (``max_i L_i/μ_i``), ``flix_lr`` (``1/((1/N) Σ_i α_i² L_i)``, GD on FLIX's
+  step: that sum bounds f̃'s smoothness)."""
+  gammas: np.ndarray
+  p: float
+  L: np.ndarray
+  mu: np.ndarray
+  kappa_max: float
+  flix_lr: float
+
+
+def scafflix_constants(data: FederatedData, l2: float, loss: str = "logistic",
+                       alphas=1.0, individual: bool = True, **kw) -> ScafflixConstants:
+  """Theory's choices for Scafflix on a linear model (keywords of
+  :func:`client_curvatures`): γ_i = 1/L_i (Thm 3.2.3 with exact gradients, A_i = L_i) or,
+  with ``individual=False``, one step 1/max_i L_i (Fig. 3.5's "global stepsize");
+  p = 1/√κ_max with κ_max = max_i L_i/μ_i — the rate and p depend on f_i's constants, not on
+  α (f̃_i's are α_i² times f_i's, and Scafflix's steps γ_i/α_i account for that)."""
+  ls, mus = client_curvatures(data, l2, loss, **kw)
+  if np.min(mus) <= 0:
+    raise ValueError(f"l2 (or the data) must make every f_i strongly convex for p = "
+                     f"1/sqrt(kappa_max); min mu_i = {np.min(mus):.3g}.")
+  kappa = float(np.max(ls / mus))
+  a = np.broadcast_to(np.asarray(alphas, np.float64), ls.shape)
+  gammas = 1 / ls if individual else np.full_like(ls, 1 / ls.max())
+  return ScafflixConstants(gammas, float(min(1.0, 1 / np.sqrt(kappa))), ls, mus, kappa,
+                           float(1 / np.mean(a ** 2 * ls)))
 
 
 def logistic_optimum(x: np.ndarray, y: np.ndarray, parts, mu: float, alpha: float = 1.0,

@@ -90,10 +90,45 @@ def make_eval_fn(model: Model, batch_size: int | None = None
 
 
 def evaluate_personal(model: Model, client_params: Any, data: FederatedData,
-                      batch_size: int | None = None) -> dict[str, jax.Array]:
-  """Metrics pooled over every client's examples, each client evaluated with its *own* model
-  ``client_params[i]`` (personalised FL: FLIX's x̃_i, Ditto's v_i): the same keys as
-  :func:`evaluate`."""
+                      batch_size: int | None = None, per_client: bool = True
+                      ) -> dict[str, jax.Array]:
+  """Personalised FL's metrics (FLIX's x̃_i, Ditto's v_i, a personalised mask): client ``i``
+  evaluated with its *own* model ``client_params[i]`` (``[N, ...]``) on its own examples.
+
+  Returns, for each metric ``m`` of :func:`evaluate` (``loss``, ``accuracy`` / ``mse``, ``r2``):
+  ``m`` pooled over all examples (the example-weighted average over clients),
+  ``m_client_mean`` (the plain average over the clients that have examples) and, with
+  ``per_client``, ``m_per_client`` (``[N]``; NaN for a client without examples)."""
   sums = jax.vmap(lambda p, x, y, m: _client_sums(model, p, x, y, m, batch_size))(
       client_params, data.x, data.y, data.mask)
-  return _metrics(model, jax.tree.map(lambda a: jnp.sum(a, 0), sums))
+  out = _metrics(model, jax.tree.map(lambda a: jnp.sum(a, 0), sums))
+  per = jax.vmap(lambda s: _metrics(model, s))(sums)
+  has = sums["count"] > 0
+  for name, values in per.items():
+    out[f"{name}_client_mean"] = jnp.sum(jnp.where(has, values, 0)) / jnp.maximum(
+        jnp.sum(has), 1)
+    if per_client:
+      out[f"{name}_per_client"] = jnp.where(has, values, jnp.nan)
+  return out
+
+
+def make_personal_eval_fn(model: Model, personal: Callable[[Any], Any],
+                          global_model: Callable[[Any], Any] | None = lambda params: params,
+                          batch_size: int | None = None, per_client: bool = True
+                          ) -> Callable[[Any, FederatedData], dict[str, jax.Array]]:
+  """``(params, test) -> metrics`` for a personalised method, the runner's evaluation hook.
+
+  ``personal(params)`` gives the clients' own models ``[N, ...]`` (``test`` has the training
+  clients on axis 0) and ``global_model(params)`` the shared model, evaluated pooled next to
+  them as ``global_loss``, ``global_accuracy`` (``None``: no global model). ``params`` is what
+  the runner's ``params_fn`` returns (``state.params``, or the whole state for methods that
+  keep personal models in their state). Keys: :func:`evaluate_personal`'s plus ``global_*``.
+  """
+  def eval_fn(params, test):
+    out = evaluate_personal(model, personal(params), test, batch_size, per_client)
+    if global_model is not None:
+      out.update({f"global_{k}": v for k, v in
+                  evaluate(model, global_model(params), test, batch_size).items()})
+    return out
+
+  return eval_fn

@@ -13,6 +13,7 @@ import math
 from typing import Mapping, Sequence
 
 import jax
+import numpy as np
 import matplotlib
 
 matplotlib.use("Agg")
@@ -241,3 +242,45 @@ def plot_evals(methods: dict, y: str, x: str, path: str, title: str = "",
                labels: dict | None = None) -> str:
   """Save :func:`evals_figure` as a PNG at ``path``; returns ``path``."""
   return _save(evals_figure(methods, y, x, title, logx, logy, colors, labels), path)
+
+
+def personal_figure(methods: dict, metric: str = "accuracy", title: str = "",
+                    x: str = "round", colors: dict | None = None,
+                    labels: dict | None = None) -> plt.Figure:
+  """Personalised FL at a glance (evals of
+  :func:`fedjaxsparse.evaluation.make_personal_eval_fn`), three panels: the personalised
+  ``metric`` (example-weighted, solid) and the global model's ``global_<metric>`` (dashed)
+  vs ``x``; the plain client mean ``<metric>_client_mean``; the clients' final
+  ``<metric>_per_client`` sorted (the spread behind the averages)."""
+  colors = _colors(methods, colors)
+  fig, axes = plt.subplots(1, 3, figsize=(17, 4.6), layout="constrained")
+  for name, record in methods.items():
+    ev, div, c = record["history"]["evals"], bool(record.get("diverged")), colors[name]
+    if x not in ev:
+      continue
+    if metric in ev:
+      _line(axes[0], ev[x], ev[metric], c, div, name, marker=".", lw=1.4)
+    if f"global_{metric}" in ev:
+      _line(axes[0], ev[x], ev[f"global_{metric}"], c, False, f"{name}:global", ls="--",
+            lw=1.1)
+    if f"{metric}_client_mean" in ev:
+      _line(axes[1], ev[x], ev[f"{metric}_client_mean"], c, div, name, marker=".", lw=1.4)
+    per = ev.get(f"{metric}_per_client")
+    if per:
+      final = np.sort([v for v in _floats(per[-1]) if math.isfinite(v)])
+      _line(axes[2], np.arange(1, len(final) + 1) / max(len(final), 1), final, c, False,
+            name, lw=1.6)
+  mt, my = _title(metric, labels), _axis(metric, labels)
+  axes[0].set(xlabel=_axis(x, labels), ylabel=my,
+              title=f"{mt}: personal models (solid), global model (dashed)")
+  axes[1].set(xlabel=_axis(x, labels), ylabel=my, title=f"{mt}: plain mean over clients")
+  axes[2].set(xlabel="fraction of clients", ylabel=my,
+              title=f"{mt} of each client at the end (sorted)")
+  return _finish(fig, axes, methods, colors, title)
+
+
+def plot_personal(methods: dict, path: str, metric: str = "accuracy", title: str = "",
+                  x: str = "round", colors: dict | None = None,
+                  labels: dict | None = None) -> str:
+  """Save :func:`personal_figure` as a PNG at ``path``; returns ``path``."""
+  return _save(personal_figure(methods, metric, title, x, colors, labels), path)

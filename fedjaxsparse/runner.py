@@ -144,13 +144,20 @@ def _scalar_fields(info: Any) -> dict[str, np.ndarray]:
   return {k: np.asarray(v) for k, v in fields.items() if np.ndim(v) == 1}
 
 
+def _metric_value(v):
+  """A scalar metric as a float, a vector one (per-client values) as a list of floats."""
+  v = np.asarray(v)
+  return float(v) if v.ndim == 0 else v.astype(float).tolist()
+
+
 @dataclasses.dataclass
 class History:
   """The metrics of a run, JSON-serialisable via :meth:`to_dict`.
 
   ``rounds`` holds one entry per completed round (1-based round number, every scalar ``info``
   field, cumulative ``uplink_bits``/``downlink_bits`` summed over clients); ``evals`` one entry
-  per evaluation (round 0 is the initial model), with the cumulative bits at that round.
+  per evaluation (round 0 is the initial model), with the cumulative bits at that round; a
+  vector metric (per-client values, e.g. ``accuracy_per_client``) is stored as a list.
   """
   rounds: dict[str, list] = dataclasses.field(default_factory=dict)
   evals: dict[str, list] = dataclasses.field(default_factory=dict)
@@ -175,7 +182,7 @@ class History:
   def add_eval(self, round_: int, metrics: dict) -> None:
     row = {"round": round_, "uplink_bits": self._cumulative("uplink_bits"),
            "downlink_bits": self._cumulative("downlink_bits"),
-           **{k: float(v) for k, v in metrics.items()}}
+           **{k: _metric_value(v) for k, v in metrics.items()}}
     for k, v in row.items():
       self.evals.setdefault(k, []).append(v)
 
@@ -240,9 +247,10 @@ def first_nonfinite(out: ChunkOutput, start_round: int, num_active: int,
   named by its first non-finite leaf at the end of the chunk (value ``None``).
   """
   first = None
-  for table, fields in (("", _scalar_fields(out.info)), ("test ", out.metrics)):
-    for name, values in fields.items():
-      values = np.asarray(values)[:num_active]
+  metrics = {k: v for k, v in out.metrics.items() if np.ndim(v) == 1}  # [rounds]; per-client
+  for table, fields in (("", _scalar_fields(out.info)), ("test ", metrics)):  # vectors (NaN
+    for name, values in fields.items():  # for a client without test data) are checked
+      values = np.asarray(values)[:num_active]  # through their scalar summaries
       if table:
         values = np.where(np.asarray(out.evaluated)[:num_active], values, 0.0)
       bad = np.flatnonzero(~np.isfinite(values))
@@ -462,7 +470,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
   jitted_eval = jax.jit(eval_fn) if eval_fn is not None else None
   if start == 0 and eval_fn is not None:
     initial = jax.device_get(jitted_eval(params_fn(state), test))
-    bad = [(k, float(v)) for k, v in initial.items() if not np.isfinite(v)]
+    bad = [(k, float(v)) for k, v in initial.items() if np.ndim(v) == 0 and not np.isfinite(v)]
     if bad:
       err = _nonfinite_error(desc, 0, "test " + bad[0][0], bad[0][1])
       if on_nonfinite == "raise":
@@ -527,8 +535,8 @@ def _with_metrics(out: ChunkOutput, metrics: dict, position: int) -> ChunkOutput
   n = out.evaluated.shape[0]
   at = jnp.arange(n) == position
   return out._replace(
-      metrics={k: jnp.where(at, v, jnp.nan).astype(jnp.result_type(v))
-               for k, v in metrics.items()},
+      metrics={k: jnp.where(at.reshape((n,) + (1,) * jnp.ndim(v)), v, jnp.nan).astype(
+          jnp.result_type(v)) for k, v in metrics.items()},
       evaluated=at)
 
 

@@ -202,3 +202,27 @@ def test_plot_functions_save_png_and_close(tmp_path, records):
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   assert len(plt.get_fignums()) == before
   assert plotting.plot_series.__defaults__[-2:] == (None, None)
+
+
+def test_personal_figure_shows_personal_global_and_per_client_spread(tmp_path):
+  """Panel 1: personal (solid) and global (dashed) lines per method; panel 2 the client mean;
+  panel 3 the final per-client values sorted (NaN clients, without test data, left out)."""
+  from fedjaxsparse.plotting import personal_figure, plot_personal
+  per = [[0.9, float("nan"), 0.5, 0.7], [0.95, float("nan"), 0.6, 0.8]]
+  ev = {"round": [0, 5], "accuracy": [0.6, 0.7], "global_accuracy": [0.5, 0.55],
+        "accuracy_client_mean": [0.65, 0.75], "accuracy_per_client": per}
+  methods = {"Scafflix": {"history": {"rounds": {}, "evals": ev}},
+             "FedAvg": {"history": {"rounds": {}, "evals": {"round": [0, 5],
+                                                             "accuracy": [0.4, 0.5]}}}}
+  fig = personal_figure(methods)
+  a0, a1, a2 = fig.axes[:3]
+  dashed = [ln for ln in a0.get_lines() if ln.get_linestyle() == "--"]
+  assert [ln.get_gid() for ln in dashed] == ["Scafflix:global"]
+  np.testing.assert_allclose(dashed[0].get_ydata(), [0.5, 0.55])
+  assert {ln.get_gid() for ln in a0.get_lines()} == {"Scafflix", "Scafflix:global", "FedAvg"}
+  assert [ln.get_gid() for ln in a1.get_lines()] == ["Scafflix"]
+  (spread,) = a2.get_lines()
+  np.testing.assert_allclose(spread.get_ydata(), [0.6, 0.8, 0.95])
+  plt.close(fig)
+  path = plot_personal(methods, str(tmp_path / "p.png"))
+  assert os.path.getsize(path) > 0

@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse import accounting
+from fedjaxsparse import accounting, evaluation
 from fedjaxsparse.algorithms.proxskip import FORMS, geometric_local_steps
 from fedjaxsparse.clients import map_clients
 from fedjaxsparse.core import Algorithm
@@ -63,19 +63,19 @@ def personalize(x: Any, x_star: Any, alpha: jax.Array) -> Any:
   return jax.tree.map(mix, x, x_star)
 
 
-def make_personal_eval_fn(model, x_star: Any, alpha: Any, batch_size: int | None = None
-                          ) -> Callable:
+def make_personal_eval_fn(model, x_star: Any, alpha: Any, batch_size: int | None = None,
+                          per_client: bool = True) -> Callable:
   """``(params, test) -> metrics`` of the FLIX models: client i evaluated on its own test
-  examples with ``x̃_i = α_i x + (1 − α_i) x_i*`` (the chapter's personalised accuracy);
-  ``test`` has the training clients on axis 0."""
-  from fedjaxsparse.evaluation import evaluate_personal
+  examples with ``x̃_i = α_i x + (1 − α_i) x_i*`` (the chapter's personalised accuracy), next
+  to the global model ``x`` (``global_*``); keys of
+  :func:`fedjaxsparse.evaluation.make_personal_eval_fn`."""
+  def personal(params):
+    n = jax.tree.leaves(x_star)[0].shape[0]
+    return personalize(params, x_star, jnp.broadcast_to(
+        jnp.asarray(alpha, jnp.result_type(float)), (n,)))
 
-  def eval_fn(params, test):
-    n = test.num_clients
-    a = jnp.broadcast_to(jnp.asarray(alpha, jnp.result_type(float)), (n,))
-    return evaluate_personal(model, personalize(params, x_star, a), test, batch_size)
-
-  return eval_fn
+  return evaluation.make_personal_eval_fn(model, personal, batch_size=batch_size,
+                                          per_client=per_client)
 
 
 class LocalOptima(NamedTuple):
