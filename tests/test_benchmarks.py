@@ -79,3 +79,16 @@ def test_bench_population_tiny(tmp_path):
   assert result["same_final_model"]
   host, device = result["rows"]
   assert host["round program device MB"] < device["round program device MB"] / 5
+
+
+def test_bench_scafflix_tiny(tmp_path):
+  """The compiled Scafflix run and the Python loop over clients compute the same models."""
+  out = _run("bench_scafflix.py", "--clients", "7", "9", "--examples", "5", "--dim", "4",
+             "--iterations", "10", "--loop-iterations", "10", "--repeats", "1",
+             "--presolve-steps", "20", out=tmp_path)
+  assert "speedup" in out
+  rows = json.load(open(tmp_path / "bench_scafflix.json"))["rows"]
+  assert [r["clients"] for r in rows] == [7, 9]
+  for r in rows:
+    assert r["communications_in_check"] > 0 and r["it_per_s"] > 0 and r["loop_it_per_s"] > 0
+    assert r["max_abs_diff"] < 1e-4, r  # compiled iterations == the loop's
