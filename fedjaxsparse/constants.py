@@ -132,6 +132,7 @@ def logistic_optimum(x: np.ndarray, y: np.ndarray, parts, mu: float, alpha: floa
   the rows ``parts[i]``), by L-BFGS in float64. ``α = 1`` is the plain federated objective;
   otherwise FLIX's, with the local optima ``x_star [n, d]``."""
   from scipy.optimize import minimize
+  from scipy.special import expit
   b = 2.0 * np.asarray(y, np.float64) - 1.0
   shifts = np.zeros((len(parts), x.shape[1])) if x_star is None else (1 - alpha) * x_star
   blocks = [(x[p].astype(np.float64), b[p], s) for p, s in zip(parts, shifts)]
@@ -142,7 +143,7 @@ def logistic_optimum(x: np.ndarray, y: np.ndarray, parts, mu: float, alpha: floa
       v = alpha * w + s
       z = -bb * (a @ v)
       f += np.mean(np.logaddexp(0, z)) + 0.5 * mu * v @ v
-      g += alpha * (a.T @ (-bb / (1 + np.exp(-z))) / len(a) + mu * v)
+      g += alpha * (a.T @ (-bb * expit(z)) / len(a) + mu * v)
     return f / len(blocks), g / len(blocks)
 
   res = minimize(fun, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B",

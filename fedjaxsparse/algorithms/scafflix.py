@@ -36,6 +36,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjaxsparse import accounting, evaluation
 from fedjaxsparse.algorithms.proxskip import FORMS, geometric_local_steps
@@ -86,23 +87,25 @@ class LocalOptima(NamedTuple):
   grad_norm: jax.Array
 
 
-def local_optima(loss_fn: LossFn, params: Any, data: FederatedData, *, lr: float,
+def local_optima(loss_fn: LossFn, params: Any, data: FederatedData, *, lr: Any,
                  tol: float = 1e-6, max_steps: int = 1000, batch_size: int | None = None,
                  key: jax.Array | None = None) -> LocalOptima:
   """Each client's ``x_i* = argmin f_i``, by gradient descent from ``params`` with step ``lr``
-  until ``‖∇f_i‖ < tol`` (the chapter's stopping rule, default 1e-6) or ``max_steps``; one
-  jitted, vmapped ``while_loop`` (clients that are done stop moving).
+  (one float, or ``[N]`` per-client steps such as 1/L_i) until ``‖∇f_i‖ < tol`` (the chapter's
+  stopping rule, default 1e-6) or ``max_steps``; one jitted, vmapped ``while_loop`` (clients
+  that are done stop moving).
 
   With ``batch_size`` the steps are SGD on minibatches drawn with replacement (key
   ``fold_in(fold_in(key, i), step)``; the chapter pre-trains its networks this way, batch 100)
   and the stopping test uses the minibatch gradient; ``tol=0`` runs ``max_steps`` steps."""
-  check_number("lr", lr, 0.0, None, low_open=True)
+  lrs = np.broadcast_to(np.asarray(lr, np.float64), (data.num_clients,))
+  check_number("lr", float(lrs.min()), 0.0, None, low_open=True)
   if not isinstance(max_steps, int) or max_steps < 0:
     raise ValueError(f"max_steps must be an int >= 0, got {max_steps!r}.")
   grad = jax.grad(loss_fn)
   key = jax.random.key(0) if key is None else key
 
-  def solve(k_client, d):
+  def solve(k_client, lr, d):
     def gradient(w, step):
       return grad(w, *minibatch(jax.random.fold_in(k_client, step), d, batch_size))
 
@@ -114,7 +117,7 @@ def local_optima(loss_fn: LossFn, params: Any, data: FederatedData, *, lr: float
 
     def body(c):
       w, k, g, _ = c
-      w = jax.tree.map(lambda a, gi: a - lr * gi, w, g)
+      w = jax.tree.map(lambda a, gi: a - (lr * gi).astype(a.dtype), w, g)
       g = gradient(w, k + 1)
       return w, k + 1, g, norm(g)
 
@@ -123,7 +126,8 @@ def local_optima(loss_fn: LossFn, params: Any, data: FederatedData, *, lr: float
     return w, steps, gnorm
 
   ids = jnp.arange(data.num_clients, dtype=jnp.int32)
-  x_star, steps, gnorm = jax.jit(jax.vmap(solve))(client_keys(key, ids), data)
+  x_star, steps, gnorm = jax.jit(jax.vmap(solve))(
+      client_keys(key, ids), jnp.asarray(lrs, jnp.result_type(float)), data)
   return LocalOptima(x_star, steps, gnorm)
 
 
