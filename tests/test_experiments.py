@@ -217,8 +217,26 @@ def test_scafflix_splits_partition_the_data():
     np.testing.assert_array_equal(np.sort(ids), np.arange(300))  # disjoint, complete
   sizes = [len(p) for p in split(x, y, 6, "iid", 1)]
   assert max(sizes) - min(sizes) <= 1
-  pos = [y[p].sum() / y.sum() for p in split(x, y, 6, "label", 1)]
-  assert np.all(np.diff(pos) > 0)  # client i's share of the positives grows with i
+  # label-wise: client i holds a share (i + 1)/Σ_j (j + 1) of the positives (and (n − i)/Σ of
+  # the negatives), up to rounding one example
+  parts = split(x, y, 6, "label", 1)
+  share = np.arange(1, 7) / 21
+  np.testing.assert_allclose([y[p].sum() for p in parts], share * y.sum(), atol=1)
+  np.testing.assert_allclose([(1 - y[p]).sum() for p in parts], share[::-1] * (300 - y.sum()),
+                             atol=1)
+  # feature-wise: the parts are k-means clusters, so every point is nearest its own centroid
+  parts = split(x, y, 6, "feature", 1)
+  centroids = np.stack([x[p].mean(0) for p in parts])
+  own = np.concatenate([np.full(len(p), k) for k, p in enumerate(parts)])
+  dist = np.linalg.norm(x[np.concatenate(parts)][:, None] - centroids[None], axis=2)
+  np.testing.assert_array_equal(np.argmin(dist, 1), own)
+  # quantity-wise: Dirichlet(0.5) shares — sizes are far more spread than an even split's,
+  # and their empirical mean share over many seeds is 1/n (the Dirichlet mean)
+  sizes = np.array([[len(p) for p in split(x, y, 6, "quantity", s)] for s in range(200)])
+  assert np.all(sizes.sum(1) == 300) and sizes.min() >= 1
+  mean_share = sizes.mean(0) / 300  # a Dir(½, …, ½) share has variance (½·(5/2))/(3²·4)
+  assert np.all(np.abs(mean_share[:-1] - 1 / 6) < 4 * np.sqrt(5 / 144 / 200)), mean_share
+  assert np.median(sizes.std(1)) > 10  # the even split's sizes have std ≤ 0.5
 
 
 def test_scafflix_nn_tiny(tmp_path):
