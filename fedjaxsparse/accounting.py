@@ -20,6 +20,11 @@ Conventions (DESIGN.md "Accounting and metrics"; seed 000 spec §A.13):
 * A 1-bit mask over seeded noise (FedMRN): ``d`` bits plus a ``SEED_BITS`` seed.
 * A quantized vector: ``d · bits_per_value`` plus ``overhead_floats`` fp32 scalars (norms,
   scales).
+* Rounds instead of bits (seed 001 ch. 5, cross-device FL with hubs): a global round t with
+  K_t local communication rounds (clients ↔ hub) costs ``c₁·K_t + c₂`` (:func:`round_cost`;
+  c₂ a hub ↔ server round); ``c₁ = 1, c₂ = 0`` is the chapter's base cost T·K, and LocalGD's
+  one communication per round costs ``c₁ + c₂``. :func:`cost_to_target` is the cost paid until
+  an error first falls below ε.
 
 Precision: with Python ints every count is an exact Python int. With a traced ``nnz`` (inside
 ``jit``), :func:`sparse_bits` returns an exact ``int32`` whenever the largest possible count
@@ -43,7 +48,8 @@ ENCODINGS = ("auto", "indices", "bitmask", "values", "dense")
 _INT32_MAX = 2 ** 31 - 1
 
 __all__ = ["FLOAT_BITS", "SEED_BITS", "ENCODINGS", "num_params", "nnz", "dense_bits",
-           "index_bits", "sparse_bits", "message_bits", "mask_bits", "quantized_bits"]
+           "index_bits", "sparse_bits", "message_bits", "mask_bits", "quantized_bits",
+           "round_cost", "cost_to_target"]
 
 
 def _dim(tree_or_num_params: Any) -> int:
@@ -110,3 +116,24 @@ def mask_bits(d: int, with_seed: bool = True) -> int:
 def quantized_bits(d: int, bits_per_value: float, overhead_floats: int = 1) -> float:
   """``d`` values at ``bits_per_value`` bits plus ``overhead_floats`` fp32 scalars."""
   return d * bits_per_value + overhead_floats * FLOAT_BITS
+
+
+def round_cost(local_rounds: Any, c1: float = 1.0, c2: float = 0.0) -> float:
+  """Total cost ``Σ_t (c₁ K_t + c₂)`` of global rounds with ``local_rounds[t] = K_t`` local
+  communication rounds each (a sequence, or one K for a single round)."""
+  k = np.atleast_1d(np.asarray(local_rounds, np.float64))
+  return float(np.sum(c1 * k + c2))
+
+
+def cost_to_target(errors: Any, local_rounds: Any, eps: float, c1: float = 1.0,
+                   c2: float = 0.0) -> float | None:
+  """The cost until the error first drops below ``eps``: ``errors[t]`` is measured after t
+  global rounds (``errors[0]``: the start), ``local_rounds[t]`` the K of round t + 1 (or one K
+  for all). ``None`` if it never does; the paper's ``min T·K s.t. ‖x_T − x⋆‖² < ε`` with the
+  defaults."""
+  e = np.asarray(errors, np.float64)
+  k = np.broadcast_to(np.asarray(local_rounds, np.float64), (max(len(e) - 1, 0),))
+  hit = np.flatnonzero(e < eps)
+  if not hit.size:
+    return None
+  return round_cost(k[:hit[0]], c1, c2) if hit[0] else 0.0

@@ -1,0 +1,200 @@
+"""Cohort-Squeeze (seed 001 chapter 5 and appendix D; spec ``seed001_ch3_ch5.md`` §3):
+stochastic proximal point with arbitrary cohort sampling, and its relatives.
+
+**SPPM-AS** (Algorithm 8; FL form Algorithm 14) — :func:`sppm_as`. Each global round the
+server samples a cohort ``S ~ 𝒮`` (any :class:`fedjaxsparse.samplers.Sampler`), broadcasts
+``x_t``, and the cohort computes
+
+    x_{t+1} ≈ prox_{γ f_S}(x_t) = argmin_z  Σ_{i∈S} f_i(z)/(n p_i) + ‖z − x_t‖²/(2γ)
+
+with a prox solver 𝒜 (:mod:`fedjaxsparse.prox_solvers`) run for K iterations from z₀ = x_t,
+each iteration one *local communication round* of the cohort (clients ↔ hub). Clients are
+stateless. Special cases: full sampling → **PPM**; one client per round (uniform/nonuniform
+sampling) → **SPPM**; the solver ``gd(η, 1)`` → **MB-GD** ``x_t − η ∇f_S(x_t)`` (tested).
+
+**Cohort averages of per-client proxes** — :func:`cohort_average`: K local rounds of
+``x_{k+1} = mean_{i∈S} argmin_z ψ_{i,k}(z)`` with
+``ψ_{i,k}(z) = f_i(z) [+ ‖z − x_k‖²/(2α)] [+ ‖z − x_{0,t}‖²/(2γ)]``:
+**FedProx-SPPM-AS** (Algorithm 12: the x_k term with α = γ), **FedAvg-SPPM-AS** (Algorithm 13
+as the spec untangles it, C5-4: both terms, the γ term centred at the round's start x_{0,t}),
+the FedAvg-style SPPM-AS of the NN experiments (the γ term only, E optimiser steps per local
+round), and **LocalGD / MB-LocalGD / FedAvg** on the cohort (no prox term, K = 1, E local GD
+steps). The average is uniform over the cohort (the algorithms' ``1/|S_t|``); ``weighting=
+"sampling"`` uses the unbiased weights ``1/(n p_i)`` instead.
+
+Cost (:class:`SPPMInfo`): each global round reports its local communication rounds K, the
+cohort size and the floats sent up and down (d per member per local round); the hierarchical
+cost model and cost-to-target are in :mod:`fedjaxsparse.accounting`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from fedjaxsparse import accounting
+from fedjaxsparse.clients import map_clients
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData, check_data
+from fedjaxsparse.prox_solvers import Solver, gd
+from fedjaxsparse.samplers import Sampler
+from fedjaxsparse.sampling import client_keys, minibatch
+from fedjaxsparse.validation import check_number
+
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+WEIGHTINGS = ("uniform", "sampling")
+
+
+class SPPMState(NamedTuple):
+  """Attributes: ``params`` (the server model x_t), ``round`` (global rounds done)."""
+  params: Any
+  round: jax.Array
+
+
+class SPPMInfo(NamedTuple):
+  """Per global round: ``loss`` (f_S(x_t), the weighted cohort loss at the start),
+  ``local_rounds`` (K), ``cohort`` (members), ``floats_up`` / ``floats_down`` (d per member per
+  local round), ``bits_up`` / ``bits_down`` (the same in fp32 bits)."""
+  loss: jax.Array
+  local_rounds: jax.Array
+  cohort: jax.Array
+  floats_up: jax.Array
+  floats_down: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+
+
+def _info(loss, k: int, members, d: int) -> SPPMInfo:
+  floats = jnp.float32(k * d) * members
+  return SPPMInfo(loss, jnp.int32(k), members, floats, floats, floats * accounting.FLOAT_BITS,
+                  floats * accounting.FLOAT_BITS)
+
+
+def _init(key, params, data: FederatedData) -> SPPMState:
+  del key
+  check_data(data)
+  return SPPMState(params, jnp.zeros((), jnp.int32))
+
+
+def _client_objective(loss_fn: LossFn, unravel, batch_size):
+  """``(v, key, client data) -> f_i(v)`` on a flat vector (a minibatch with ``batch_size``)."""
+  def f(v, key, d):
+    return loss_fn(unravel(v), *minibatch(key, d, batch_size))
+  return f
+
+
+def sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver, *,
+            batch_size: int | None = None) -> Algorithm:
+  """SPPM-AS (Algorithm 8): the cohort's prox ``prox_{γ f_S}(x_t)`` by ``solver``.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i`` of one client.
+    sampler: the cohort sampling 𝒮 (its marginals give the weights 1/(n p_i)).
+    gamma: the prox parameter γ > 0 ("global learning rate"; any γ > 0 converges).
+    solver: 𝒜 with K = ``solver.iterations`` local communication rounds.
+    batch_size: minibatch per client gradient (``None``: the client's full data, as in the
+      chapter's convex experiments).
+  """
+  check_number("gamma", gamma, 0.0, None, low_open=True)
+
+  def step(key, state: SPPMState, data: FederatedData):
+    if data.num_clients != sampler.num_clients:
+      raise ValueError(f"the sampler is over {sampler.num_clients} clients, the data has "
+                       f"{data.num_clients}.")
+    k_cohort, k_solve = jax.random.split(key)
+    cohort = sampler.sample(k_cohort)
+    cdata = data.select(cohort.ids)
+    x_t, unravel = ravel_pytree(state.params)
+    f = _client_objective(loss_fn, unravel, batch_size)
+
+    def f_s(v, k):  # Σ_{i∈S} f_i(v)/(n p_i), padding weighted 0
+      losses = map_clients(lambda kc, d: f(v, kc, d), cdata, client_keys(k, cohort.ids))
+      return jnp.sum(cohort.weights * losses)
+
+    def phi(v, k):
+      return f_s(v, k) + jnp.sum(jnp.square(v - x_t)) / (2 * gamma)
+
+    z = solver.solve(phi, x_t, k_solve)
+    info = _info(f_s(x_t, k_solve), solver.iterations, jnp.sum(cohort.mask), x_t.size)
+    return SPPMState(unravel(z), state.round + 1), info
+
+  return Algorithm(_init, step)
+
+
+def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver, *,
+                   local_rounds: int = 1, alpha: float | None = None,
+                   gamma: float | None = None, weighting: str = "uniform",
+                   batch_size: int | None = None) -> Algorithm:
+  """K = ``local_rounds`` rounds of ``x_{k+1} = avg_{i∈S} argmin ψ_{i,k}`` (see the module
+  docstring), each client's argmin by ``solver`` from ``x_k``.
+
+  ``alpha``: the local prox term ``‖z − x_k‖²/(2α)`` (``None``: none); ``gamma``: the global
+  one ``‖z − x_{0,t}‖²/(2γ)`` centred at the round's start (``None``: none). Named forms:
+  :func:`fedprox_sppm_as`, :func:`fedavg_sppm_as`, :func:`local_gd`.
+  """
+  if not isinstance(local_rounds, int) or local_rounds < 1:
+    raise ValueError(f"local_rounds (K) must be an int >= 1, got {local_rounds!r}.")
+  for name, v in (("alpha", alpha), ("gamma", gamma)):
+    if v is not None:
+      check_number(name, v, 0.0, None, low_open=True)
+  if weighting not in WEIGHTINGS:
+    raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
+
+  def step(key, state: SPPMState, data: FederatedData):
+    k_cohort, k_local = jax.random.split(key)
+    cohort = sampler.sample(k_cohort)
+    cdata = data.select(cohort.ids)
+    x0, unravel = ravel_pytree(state.params)
+    f = _client_objective(loss_fn, unravel, batch_size)
+    w = cohort.mask if weighting == "uniform" else cohort.weights
+    w = w / jnp.sum(w)
+
+    def client(kc, xk, d):
+      def psi(v, kk):
+        out = f(v, kk, d)
+        if alpha is not None:
+          out = out + jnp.sum(jnp.square(v - xk)) / (2 * alpha)
+        if gamma is not None:
+          out = out + jnp.sum(jnp.square(v - x0)) / (2 * gamma)
+        return out
+      return solver.solve(psi, xk, kc)
+
+    def local_round(k, xk):
+      keys = client_keys(jax.random.fold_in(k_local, k), cohort.ids)
+      z = map_clients(lambda kc, d: client(kc, xk, d), cdata, keys)
+      return jnp.tensordot(w, z, axes=1)
+
+    x = jax.lax.fori_loop(0, local_rounds, local_round, x0)
+    losses = map_clients(lambda kc, d: f(x0, kc, d), cdata, client_keys(k_local, cohort.ids))
+    info = _info(jnp.sum(cohort.weights * losses), local_rounds, jnp.sum(cohort.mask), x0.size)
+    return SPPMState(unravel(x), state.round + 1), info
+
+  return Algorithm(_init, step)
+
+
+def fedprox_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver,
+                    local_rounds: int = 1, **kw) -> Algorithm:
+  """FedProx-SPPM-AS (Algorithm 12, "proximal averaging"): K rounds of
+  ``x_{k+1} = mean_{i∈S} prox_{γ f_i}(x_k)`` — not SPPM-AS (a mean of proxes is not the prox
+  of the mean); Theorem D.2.1 covers K = 1."""
+  return cohort_average(loss_fn, sampler, solver, local_rounds=local_rounds, alpha=gamma, **kw)
+
+
+def fedavg_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, alpha: float | None,
+                   solver: Solver, local_rounds: int = 1, **kw) -> Algorithm:
+  """FedAvg-SPPM-AS (Algorithm 13 as untangled in the spec, C5-4: ``f̃_{i,t} = f_i +
+  ‖· − x_{0,t}‖²/(2γ)`` centred at the round's start, then K rounds of
+  ``x_{k+1} = mean_{i∈S} prox_{α f̃_{i,t}}(x_k)``). ``alpha=None`` drops the local prox term:
+  each member then runs ``solver`` (e.g. E Adam steps) on f̃_{i,t} from x_k — the FedAvg-style
+  solver of the chapter's NN experiments."""
+  return cohort_average(loss_fn, sampler, solver, local_rounds=local_rounds, alpha=alpha,
+                        gamma=gamma, **kw)
+
+
+def local_gd(loss_fn: LossFn, sampler: Sampler, lr: float, local_steps: int, **kw
+             ) -> Algorithm:
+  """LocalGD / MB-LocalGD / FedAvg on the cohort (§5.4.4): ``local_steps`` GD steps of size
+  ``lr`` on f_i from x_t, then the cohort mean; one communication per global round."""
+  return cohort_average(loss_fn, sampler, gd(lr, local_steps), local_rounds=1, **kw)

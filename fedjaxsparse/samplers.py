@@ -1,0 +1,298 @@
+"""Cohort samplings ("arbitrary sampling", seed 001 chapter 5 §5.3 and D.2; spec
+``seed001_ch3_ch5.md`` §3.1, §3.3, §3.4): full, nonuniform, uniform, importance, τ-NICE, block,
+stratified and Algorithm 14's two-stage cluster sampling.
+
+A :class:`Sampler` draws a **static-shape** cohort inside ``jit`` (:meth:`Sampler.sample`:
+ids ``int32[m]``, a 0/1 ``mask[m]`` for samplings whose cohort size varies, and the weights
+``1/(n p_i)`` that make the cohort objective ``f_S = Σ_{i∈S} f_i/(n p_i)`` unbiased, ``E f_S = f``)
+and knows its exact first- and second-order inclusion probabilities ``p_i = P(i ∈ S)`` and
+``P_ij = P(i, j ∈ S)``. From them:
+
+* ``σ²_⋆,AS = E‖∇f_S(x⋆)‖² = (1/n²) Σ_ij P_ij ⟨a_i, a_j⟩/(p_i p_j)`` with ``a_i = ∇f_i(x⋆)``
+  (:func:`sigma2_star`) — exact for every sampling (it is the second moment written out);
+* ``μ_AS = min_{C: p_C > 0} Σ_{i∈C} μ_i/(n p_i)`` (:func:`mu_as`), each sampling minimising a sum
+  over its cohorts in closed form (the spec's table: the τ smallest values for NICE, the
+  smallest per block for SS, the smallest block for BS, …).
+
+:meth:`Sampler.support` enumerates the exact cohort distribution (small n; tests check the
+closed forms against it and it against the draws). Clustering for block/stratified sampling:
+:func:`kmeans_blocks` (scikit-learn's KMeans) and :func:`contiguous_blocks`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable, Iterator, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Cohort(NamedTuple):
+  """One draw: ``ids`` ``int32[m]`` (padding entries repeat a member), ``mask`` ``float32[m]``
+  (1 for members), ``weights`` ``float32[m]`` (``1/(n p_i)`` for members, 0 for padding)."""
+  ids: jax.Array
+  mask: jax.Array
+  weights: jax.Array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Sampler:
+  """A cohort sampling over ``num_clients`` clients (build one with the functions below).
+
+  Attributes:
+    name: the sampling's name ("nice(3)", "stratified(4 blocks)", ...).
+    num_clients: n.
+    size: the static cohort length m (the largest cohort).
+    marginals: ``p_i`` ``float64[n]``.
+    pair_marginals: ``P_ij`` ``float64[n, n]`` (diagonal = ``p_i``).
+    draw: ``key -> (ids int32[m], mask float32[m])``.
+    min_cohort_sum: ``v [n] -> min over cohorts C of Σ_{i∈C} v_i`` (closed form).
+    support: ``() -> iterator of (cohort tuple, probability)``, the exact distribution.
+  """
+  name: str
+  num_clients: int
+  size: int
+  marginals: np.ndarray
+  pair_marginals: np.ndarray
+  draw: Callable[[jax.Array], tuple[jax.Array, jax.Array]]
+  min_cohort_sum: Callable[[np.ndarray], float]
+  support: Callable[[], Iterator[tuple[tuple[int, ...], float]]]
+
+  @property
+  def weights(self) -> np.ndarray:
+    """``1/(n p_i)`` ``[n]``."""
+    return 1.0 / (self.num_clients * self.marginals)
+
+  @property
+  def expected_size(self) -> float:
+    """``E|S| = Σ p_i``."""
+    return float(self.marginals.sum())
+
+  def sample(self, key: jax.Array) -> Cohort:
+    """A cohort of static length ``size``, inside or outside ``jit``."""
+    ids, mask = self.draw(key)
+    w = jnp.asarray(self.weights, jnp.float32)[ids] * mask
+    return Cohort(ids.astype(jnp.int32), mask.astype(jnp.float32), w)
+
+
+def _check_n(n) -> int:
+  if not isinstance(n, (int, np.integer)) or n < 1:
+    raise ValueError(f"num_clients must be an int >= 1, got {n!r}.")
+  return int(n)
+
+
+def _ones(m: int) -> jax.Array:
+  return jnp.ones((m,), jnp.float32)
+
+
+def full(n: int) -> Sampler:
+  """Every client every round (FS; SPPM-AS is then PPM): ``p_i = 1``, ``σ²_⋆ = 0``."""
+  n = _check_n(n)
+  ids = jnp.arange(n, dtype=jnp.int32)
+  return Sampler("full", n, n, np.ones(n), np.ones((n, n)), lambda key: (ids, _ones(n)),
+                 lambda v: float(np.sum(v)), lambda: iter([(tuple(range(n)), 1.0)]))
+
+
+def nonuniform(probs: Sequence[float]) -> Sampler:
+  """One client, client ``i`` with probability ``probs[i]`` (NS; |S| = 1; SPPM's sampling)."""
+  p = np.asarray(probs, np.float64)
+  if p.ndim != 1 or np.any(p <= 0) or abs(p.sum() - 1) > 1e-9:
+    raise ValueError("probs must be a 1-d array of positive probabilities summing to 1 (a "
+                     "proper sampling needs p_i > 0).")
+  n = len(p)
+  logits = jnp.log(jnp.asarray(p, jnp.float32))
+  return Sampler("nonuniform", n, 1, p, np.diag(p),
+                 lambda key: (jax.random.categorical(key, logits)[None].astype(jnp.int32),
+                              _ones(1)),
+                 lambda v: float(np.min(v)), lambda: ((((i,), float(p[i])) for i in range(n))))
+
+
+def uniform(n: int) -> Sampler:
+  """One client uniformly at random (US = NS with ``p_i = 1/n``)."""
+  s = nonuniform(np.full(_check_n(n), 1.0 / n))
+  return dataclasses.replace(s, name="uniform")
+
+
+def importance(mu: Sequence[float]) -> Sampler:
+  """One client with ``p_i = μ_i/Σ_j μ_j`` (IS: maximises μ_AS over NS, = mean μ_i)."""
+  mu = np.asarray(mu, np.float64)
+  if mu.ndim != 1 or np.any(mu <= 0):
+    raise ValueError("mu (strong-convexity constants) must be a 1-d array of positive values.")
+  return dataclasses.replace(nonuniform(mu / mu.sum()), name="importance")
+
+
+def nice(n: int, tau: int) -> Sampler:
+  """τ-NICE: a uniformly random subset of exactly τ clients (sorted ids); ``p_i = τ/n``,
+  ``P_ij = τ(τ−1)/(n(n−1))``."""
+  n = _check_n(n)
+  if not isinstance(tau, (int, np.integer)) or not 1 <= tau <= n:
+    raise ValueError(f"tau (cohort size) must be an int in [1, n={n}], got {tau!r}.")
+  pair = np.full((n, n), tau * (tau - 1) / (n * (n - 1)) if n > 1 else 1.0)
+  np.fill_diagonal(pair, tau / n)
+
+  def draw(key):
+    if tau == n:
+      return jnp.arange(n, dtype=jnp.int32), _ones(n)
+    return jnp.sort(jax.random.choice(key, n, (tau,), replace=False)).astype(jnp.int32), _ones(tau)
+
+  total = float(np.prod(np.arange(n - tau + 1, n + 1)) / np.prod(np.arange(1, tau + 1)))
+  return Sampler(f"nice({tau})", n, int(tau), np.full(n, tau / n), pair, draw,
+                 lambda v: float(np.sum(np.sort(v)[:tau])),
+                 lambda: ((c, 1.0 / total) for c in itertools.combinations(range(n), tau)))
+
+
+def _blocks(blocks: Sequence[Sequence[int]], n: int | None) -> tuple[list[np.ndarray], int]:
+  bl = [np.asarray(b, np.int64).ravel() for b in blocks]
+  if not bl or any(len(b) == 0 for b in bl):
+    raise ValueError("blocks must be a non-empty list of non-empty client index lists.")
+  allids = np.concatenate(bl)
+  n = int(allids.max()) + 1 if n is None else _check_n(n)
+  if len(allids) != n or not np.array_equal(np.sort(allids), np.arange(n)):
+    raise ValueError(f"blocks must partition the clients 0..{n - 1} (each client in exactly "
+                     "one block).")
+  return bl, n
+
+
+def _table(bl: list[np.ndarray]) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Blocks as a padded ``[b, max]`` id table (padding repeats the block's first client),
+  its 0/1 mask and the block sizes."""
+  m = max(len(b) for b in bl)
+  table = np.stack([np.concatenate([b, np.full(m - len(b), b[0])]) for b in bl])
+  mask = np.stack([np.arange(m) < len(b) for b in bl]).astype(np.float32)
+  return (jnp.asarray(table, jnp.int32), jnp.asarray(mask),
+          jnp.asarray([len(b) for b in bl], jnp.int32))
+
+
+def block(blocks: Sequence[Sequence[int]], q: Sequence[float] | None = None,
+          n: int | None = None) -> Sampler:
+  """Block sampling (BS): one whole block ``C_j`` with probability ``q_j`` (default uniform);
+  ``p_i = q_{B(i)}``, ``P_ij = q_j`` for i, j in block j and 0 across blocks. Cohorts are
+  padded to the largest block (mask 0)."""
+  bl, n = _blocks(blocks, n)
+  b = len(bl)
+  q = np.full(b, 1.0 / b) if q is None else np.asarray(q, np.float64)
+  if q.shape != (b,) or np.any(q <= 0) or abs(q.sum() - 1) > 1e-9:
+    raise ValueError(f"q must hold {b} positive block probabilities summing to 1.")
+  p, pair = np.zeros(n), np.zeros((n, n))
+  for qj, bj in zip(q, bl):
+    p[bj] = qj
+    pair[np.ix_(bj, bj)] = qj
+  table, mask, _ = _table(bl)
+  logits = jnp.log(jnp.asarray(q, jnp.float32))
+
+  def draw(key):
+    j = jax.random.categorical(key, logits)
+    return table[j], mask[j]
+
+  return Sampler(f"block({b} blocks)", n, table.shape[1], p, pair, draw,
+                 lambda v: float(min(np.sum(v[bj]) for bj in bl)),
+                 lambda: ((tuple(sorted(bj.tolist())), float(qj)) for qj, bj in zip(q, bl)))
+
+
+def stratified(blocks: Sequence[Sequence[int]], n: int | None = None) -> Sampler:
+  """Stratified sampling (SS, §5.3.3): one client uniformly from *every* block (b = number of
+  blocks, a static cohort of b); ``p_i = 1/|C_{B(i)}|``, ``P_ij = p_i p_j`` across blocks, 0
+  within one."""
+  return clusters(blocks, len(blocks), n, name=f"stratified({len(blocks)} blocks)")
+
+
+def clusters(blocks: Sequence[Sequence[int]], num_clusters: int, n: int | None = None,
+             name: str | None = None) -> Sampler:
+  """Algorithm 14's two-stage cluster sampling: ``C = num_clusters`` of the q blocks uniformly
+  without replacement, then one client uniformly from each; ``p_i = (C/q)/|C_{B(i)}|``. With
+  C = q it is stratified sampling; with C < q it is **not** SS (spec C5-6: SS takes one client
+  from every block), and its weights must use these marginals."""
+  bl, n = _blocks(blocks, n)
+  q_ = len(bl)
+  if not isinstance(num_clusters, (int, np.integer)) or not 1 <= num_clusters <= q_:
+    raise ValueError(f"num_clusters must be an int in [1, {q_}] (the number of blocks), got "
+                     f"{num_clusters!r}.")
+  c = int(num_clusters)
+  pj = c / q_  # P(block j chosen)
+  pjk = c * (c - 1) / (q_ * (q_ - 1)) if q_ > 1 else 1.0
+  p, pair, block_of = np.zeros(n), np.zeros((n, n)), np.zeros(n, int)
+  for j, bj in enumerate(bl):
+    p[bj] = pj / len(bj)
+    block_of[bj] = j
+  for i in range(n):
+    for k in range(n):
+      bi, bk = block_of[i], block_of[k]
+      if i == k:
+        pair[i, k] = p[i]
+      elif bi != bk:
+        pair[i, k] = pjk / (len(bl[bi]) * len(bl[bk]))
+  table, _, sizes = _table(bl)
+
+  def draw(key):
+    k_blocks, k_members = jax.random.split(key)
+    chosen = (jnp.arange(q_) if c == q_ else
+              jnp.sort(jax.random.choice(k_blocks, q_, (c,), replace=False)))
+    u = jax.random.uniform(k_members, (c,))
+    member = jnp.minimum((u * sizes[chosen]).astype(jnp.int32), sizes[chosen] - 1)
+    return table[chosen, member], _ones(c)
+
+  def min_sum(v):
+    per_block = np.sort([np.min(v[bj]) for bj in bl])
+    return float(np.sum(per_block[:c]))
+
+  def support():
+    n_sets = len(list(itertools.combinations(range(q_), c)))
+    for js in itertools.combinations(range(q_), c):
+      for members in itertools.product(*(bl[j].tolist() for j in js)):
+        prob = 1.0 / n_sets / float(np.prod([len(bl[j]) for j in js]))
+        yield tuple(sorted(members)), prob
+
+  return Sampler(name or f"clusters({c} of {q_} blocks)", n, c, p, pair, draw, min_sum,
+                 support)
+
+
+def sigma2_star(sampler: Sampler, grads_at_opt: np.ndarray) -> float:
+  """``σ²_⋆,AS = E‖Σ_{i∈S} a_i/(n p_i)‖²`` for ``a_i = ∇f_i(x⋆)`` (``[n, d]``; Σ a_i = 0 at the
+  optimum of f), exactly, from the pair inclusion probabilities."""
+  a = np.asarray(grads_at_opt, np.float64).reshape(sampler.num_clients, -1)
+  w = 1.0 / (sampler.num_clients * sampler.marginals)
+  gram = (a * w[:, None]) @ (a * w[:, None]).T
+  return float(np.sum(sampler.pair_marginals * gram))
+
+
+def mu_as(sampler: Sampler, mu: Sequence[float]) -> float:
+  """``μ_AS = min over cohorts C (p_C > 0) of Σ_{i∈C} μ_i/(n p_i)`` (Theorem 5.3.2; per-client
+  μ_i as in the proof, spec C5-2)."""
+  mu = np.broadcast_to(np.asarray(mu, np.float64), (sampler.num_clients,))
+  return sampler.min_cohort_sum(mu * sampler.weights)
+
+
+def neighbourhood(sampler: Sampler, mu: Sequence[float], grads_at_opt: np.ndarray,
+                  gamma: float) -> float:
+  """Theorem 5.3.2's limit ``γ σ²_⋆,AS/(γ μ_AS² + 2 μ_AS)`` of ``E‖x_t − x⋆‖²``."""
+  m = mu_as(sampler, mu)
+  return gamma * sigma2_star(sampler, grads_at_opt) / (gamma * m ** 2 + 2 * m)
+
+
+def theorem_bound(sampler: Sampler, mu, grads_at_opt, gamma: float, dist0_sq: float,
+                  t: np.ndarray) -> np.ndarray:
+  """Theorem 5.3.2: ``(1 + γμ_AS)^{-2t} ‖x_0 − x⋆‖² + neighbourhood`` at rounds ``t``."""
+  m = mu_as(sampler, mu)
+  return ((1 + gamma * m) ** (-2.0 * np.asarray(t)) * dist0_sq
+          + neighbourhood(sampler, mu, grads_at_opt, gamma))
+
+
+def contiguous_blocks(n: int, b: int) -> list[np.ndarray]:
+  """Clients 0..n−1 cut into ``b`` contiguous blocks of near-equal size."""
+  if not isinstance(b, (int, np.integer)) or not 1 <= b <= _check_n(n):
+    raise ValueError(f"b (number of blocks) must be an int in [1, n={n}], got {b!r}.")
+  return [np.asarray(c) for c in np.array_split(np.arange(n), b)]
+
+
+def kmeans_blocks(features: np.ndarray, b: int, seed: int = 0) -> list[np.ndarray]:
+  """Clients grouped into ``b`` blocks by k-means on their feature vectors ``[n, f]`` (e.g.
+  each client's mean example), with scikit-learn's ``KMeans``; empty clusters cannot occur
+  (KMeans relocates them)."""
+  from sklearn.cluster import KMeans
+  f = np.asarray(features, np.float64).reshape(len(features), -1)
+  if not isinstance(b, (int, np.integer)) or not 1 <= b <= len(f):
+    raise ValueError(f"b (number of blocks) must be an int in [1, n={len(f)}], got {b!r}.")
+  labels = KMeans(n_clusters=b, n_init=10, random_state=seed).fit_predict(f)
+  return [np.flatnonzero(labels == k) for k in range(b)]

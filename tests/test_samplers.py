@@ -1,0 +1,162 @@
+"""The sampler library (seed 001 ch. 5 §5.3, D.2): exact inclusion probabilities against Monte
+Carlo draws (tolerances from the sample size), the exact distributions against the marginals,
+E f_S = f, and μ_AS / σ²_⋆,AS against brute-force enumeration."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjaxsparse import samplers as S
+
+N = 6
+BLOCKS = [[0], [1, 4], [2, 3, 5]]  # unequal blocks, not contiguous
+DRAWS = 20_000
+
+
+def _all():
+  return {
+      "full": S.full(N), "uniform": S.uniform(N),
+      "nonuniform": S.nonuniform([0.05, 0.1, 0.15, 0.2, 0.2, 0.3]),
+      "importance": S.importance([1.0, 2.0, 0.5, 4.0, 1.5, 3.0]), "nice1": S.nice(N, 1),
+      "nice3": S.nice(N, 3), "block": S.block(BLOCKS), "block_q": S.block(BLOCKS, q=[0.2, 0.3, 0.5]),
+      "stratified": S.stratified(BLOCKS), "clusters2of3": S.clusters(BLOCKS, 2),
+  }
+
+
+SAMPLERS = _all()
+
+
+def _indicators(sampler, n_draws, seed=0):
+  """``[n_draws, N]`` 0/1 membership of jitted, vmapped draws."""
+  keys = jax.random.split(jax.random.key(seed), n_draws)
+  c = jax.jit(jax.vmap(sampler.sample))(keys)
+  onehot = jax.nn.one_hot(c.ids, N) * c.mask[..., None]
+  return np.asarray(onehot.sum(1))
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_inclusion_probabilities_by_monte_carlo(name):
+  s = SAMPLERS[name]
+  ind = _indicators(s, DRAWS)
+  assert ind.max() <= 1  # no client twice in a cohort
+  p_hat = ind.mean(0)
+  tol = 5 * np.sqrt(s.marginals * (1 - s.marginals) / DRAWS) + 1e-12
+  np.testing.assert_array_less(np.abs(p_hat - s.marginals), tol + 1e-9)
+  pair_hat = ind.T @ ind / DRAWS
+  tol2 = 5 * np.sqrt(s.pair_marginals * (1 - s.pair_marginals) / DRAWS) + 1e-9
+  np.testing.assert_array_less(np.abs(pair_hat - s.pair_marginals), tol2)
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_support_is_the_exact_distribution(name):
+  """The enumerated distribution sums to 1, reproduces p_i and P_ij, and f_S is unbiased:
+  Σ_C p_C Σ_{i∈C} f_i/(n p_i) = (1/n) Σ_i f_i for arbitrary f_i."""
+  s = SAMPLERS[name]
+  sup = list(s.support())
+  assert abs(sum(p for _, p in sup) - 1) < 1e-12
+  p, pair = np.zeros(N), np.zeros((N, N))
+  for c, pc in sup:
+    p[list(c)] += pc
+    pair[np.ix_(c, c)] += pc
+  np.testing.assert_allclose(p, s.marginals, atol=1e-12)
+  np.testing.assert_allclose(pair, s.pair_marginals, atol=1e-12)
+  f = np.random.default_rng(1).normal(size=N)
+  np.testing.assert_allclose(sum(pc * np.sum(f[list(c)] * s.weights[list(c)]) for c, pc in sup),
+                             f.mean(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_mu_as_and_sigma2_equal_enumeration(name):
+  s = SAMPLERS[name]
+  rng = np.random.default_rng(2)
+  mu = rng.uniform(0.1, 2.0, N)
+  a = rng.normal(size=(N, 3))
+  a -= a.mean(0)  # gradients at the optimum sum to zero
+  sup = list(s.support())
+  brute_mu = min(np.sum(mu[list(c)] * s.weights[list(c)]) for c, _ in sup)
+  brute_sigma = sum(pc * np.sum(np.sum(a[list(c)] * s.weights[list(c)][:, None], 0) ** 2)
+                    for c, pc in sup)
+  np.testing.assert_allclose(S.mu_as(s, mu), brute_mu, rtol=1e-12)
+  np.testing.assert_allclose(S.sigma2_star(s, a), brute_sigma, rtol=1e-10, atol=1e-14)
+
+
+def test_closed_forms_of_the_spec_table():
+  """τ-NICE: μ_AS = mean of the τ smallest μ_i and σ² = ((n−τ)/(τ(n−1)))·(1/n)Σ‖a_i‖²;
+  full sampling: σ² = 0, μ_AS = mean μ_i; importance sampling: μ_AS = mean μ_i."""
+  rng = np.random.default_rng(3)
+  mu = rng.uniform(0.1, 2.0, N)
+  a = rng.normal(size=(N, 2))
+  a -= a.mean(0)
+  for tau in range(1, N + 1):
+    s = S.nice(N, tau)
+    np.testing.assert_allclose(S.mu_as(s, mu), np.sort(mu)[:tau].mean(), rtol=1e-12)
+    np.testing.assert_allclose(S.sigma2_star(s, a), (N - tau) / (tau * (N - 1))
+                               * np.mean(np.sum(a ** 2, 1)), rtol=1e-10, atol=1e-14)
+  assert abs(S.sigma2_star(S.full(N), a)) < 1e-14
+  np.testing.assert_allclose(S.mu_as(S.importance(mu), mu), mu.mean(), rtol=1e-12)
+
+
+def test_example_d613_stratified_can_be_worse_than_nice():
+  """Example D.6.13: a = (0,1), (1,0), (0,−1), (−1,0), clusters {1,3}, {2,4}: σ²_SS = 1/2 and
+  σ²_NICE(2) = 1/3."""
+  a = np.array([[0, 1], [1, 0], [0, -1], [-1, 0]], float)
+  np.testing.assert_allclose(S.sigma2_star(S.stratified([[0, 2], [1, 3]]), a), 0.5)
+  np.testing.assert_allclose(S.sigma2_star(S.nice(4, 2), a), 1 / 3)
+
+
+def test_two_stage_differs_from_stratified_when_fewer_clusters_are_drawn():
+  """Spec C5-6: with C = q Algorithm 14's scheme is SS; with C < q its marginals are
+  (C/q)/|C_B(i)|, not SS's 1/|C_B(i)|."""
+  two, ss = S.clusters(BLOCKS, 3), S.stratified(BLOCKS)
+  np.testing.assert_allclose(two.pair_marginals, ss.pair_marginals)
+  fewer = S.clusters(BLOCKS, 2)
+  np.testing.assert_allclose(fewer.marginals, (2 / 3) * ss.marginals)
+
+
+def test_static_shapes_determinism_and_weights():
+  for s in SAMPLERS.values():
+    a, b = s.sample(jax.random.key(7)), jax.jit(s.sample)(jax.random.key(7))
+    assert a.ids.shape == a.mask.shape == a.weights.shape == (s.size,)
+    np.testing.assert_array_equal(a.ids, b.ids)
+    np.testing.assert_allclose(a.weights, s.weights[np.asarray(a.ids)] * np.asarray(a.mask),
+                               rtol=1e-6)
+  c = S.block(BLOCKS).sample(jax.random.key(0))  # padded to the largest block
+  assert c.ids.shape == (3,) and set(np.asarray(c.mask).tolist()) <= {0.0, 1.0}
+
+
+def test_theorem_bound_and_lemma_d611():
+  """μ_NICE(τ) nondecreasing in τ, σ²_NICE(τ) ≤ σ²_NICE(1)/τ (Lemma D.6.11); the Theorem 5.3.2
+  neighbourhood is ≤ σ²/μ² for every γ."""
+  rng = np.random.default_rng(4)
+  mu = rng.uniform(0.1, 2.0, N)
+  a = rng.normal(size=(N, 2))
+  a -= a.mean(0)
+  mus = [S.mu_as(S.nice(N, t), mu) for t in range(1, N + 1)]
+  sig = [S.sigma2_star(S.nice(N, t), a) for t in range(1, N + 1)]
+  assert np.all(np.diff(mus) >= -1e-12)
+  assert all(sig[t - 1] <= sig[0] / t + 1e-12 for t in range(1, N + 1))
+  s = S.nice(N, 2)
+  for gamma in (0.01, 1.0, 100.0, 1e5):
+    nb = S.neighbourhood(s, mu, a, gamma)
+    assert nb <= S.sigma2_star(s, a) / S.mu_as(s, mu) ** 2 + 1e-12
+
+
+def test_clustering_helpers_and_bad_input():
+  blocks = S.contiguous_blocks(10, 3)
+  assert [len(b) for b in blocks] == [4, 3, 3]
+  feats = np.concatenate([np.zeros((4, 2)), np.ones((5, 2)) * 10]) + \
+      np.random.default_rng(0).normal(size=(9, 2)) * 0.1
+  km = S.kmeans_blocks(feats, 2)
+  assert sorted(map(len, km)) == [4, 5]
+  with pytest.raises(ValueError, match="tau"):
+    S.nice(4, 5)
+  with pytest.raises(ValueError, match="partition"):
+    S.stratified([[0, 1], [1, 2]])
+  with pytest.raises(ValueError, match="probs"):
+    S.nonuniform([0.5, 0.6])
+  with pytest.raises(ValueError, match="q must"):
+    S.block(BLOCKS, q=[0.5, 0.5])
+  with pytest.raises(ValueError, match="num_clusters"):
+    S.clusters(BLOCKS, 4)
