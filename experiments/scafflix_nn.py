@@ -211,26 +211,33 @@ def _run(cfg: Config, opts: dict) -> dict:
 
   records, rows = {}, []
   for name in variants:
-    finals = []
+    finals, diverged = [], 0
     for s in range(opts["seeds"]):
       algo, eval_fn = method(name, chosen[name], x_star)
       rec = run_method(cfg, NAME, f"{name} seed {s}", algo, params, ds.train, ds.test,
                        eval_fn, key=jax.random.key(cfg.seed + 100 * s))
-      finals.append(last(rec["history"]["evals"]["accuracy"]))
+      if rec["diverged"]:  # (only with --on-divergence skip) no final accuracy: reported
+        diverged += 1
+      else:
+        finals.append(last(rec["history"]["evals"]["accuracy"]))
       records.setdefault(name, rec)
-    stats = mean_se(finals)
+    stats = mean_se(finals) if finals else {"mean": None, "se": None}
     ev = records[name]["history"]["evals"]
+    ok = not records[name]["diverged"]
     rows.append({"method": name, "lr": chosen[name], "test accuracy": stats["mean"],
-                 "s.e.": stats["se"], "client mean": last(ev["accuracy_client_mean"]),
-                 "global model": last(ev.get("global_accuracy", ev["accuracy"])),
-                 "seeds": len(finals)})
+                 "s.e.": stats["se"],
+                 "client mean": last(ev["accuracy_client_mean"]) if ok else None,
+                 "global model": last(ev.get("global_accuracy", ev["accuracy"])) if ok else None,
+                 "seeds": len(finals),
+                 "status": f"{diverged} of {opts['seeds']} diverged" if diverged else "ok"})
   table = print_table(rows, list(rows[0]))
   results = {"experiment": NAME, "dataset": ds.name, "standin": standin, "alpha": alpha,
              "p": opts["p"], "cohort": opts["cohort"], "ablate": opts["ablate"],
              "search": {m: {str(k): v for k, v in s.items()} for m, s in search.items()},
              "table": rows, "table_text": table, "methods": records}
   if opts["ablate"] != "none":
-    best = max(rows, key=lambda r: r["test accuracy"])["method"]
+    best = max(rows, key=lambda r: -1.0 if r["test accuracy"] is None
+               else r["test accuracy"])["method"]
     results["ablation"] = {"best": best, "paper": ABLATIONS[opts["ablate"]][1]}
     print(f"ablation of {opts['ablate']}: best here {best}; the paper: "
           f"{ABLATIONS[opts['ablate']][1]}")

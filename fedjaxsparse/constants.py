@@ -126,11 +126,12 @@ def scafflix_constants(data: FederatedData, l2: float, loss: str = "logistic",
 
 
 def logistic_optimum(x: np.ndarray, y: np.ndarray, parts, mu: float, alpha: float = 1.0,
-                     x_star: np.ndarray | None = None) -> float:
+                     x_star: np.ndarray | None = None, return_x: bool = False):
   """``min_w (1/n) Σ_i f_i(α w + (1 − α) x_i*)`` for l2-logistic clients ``f_i(v) =
   mean_j log(1 + exp(−b_ij v·a_ij)) + (μ/2)‖v‖²`` (labels {0,1} ↦ b ∈ {−1,+1}; client i holds
   the rows ``parts[i]``), by L-BFGS in float64. ``α = 1`` is the plain federated objective;
-  otherwise FLIX's, with the local optima ``x_star [n, d]``."""
+  otherwise FLIX's, with the local optima ``x_star [n, d]``. With ``return_x``:
+  ``(minimum, minimiser)``."""
   from scipy.optimize import minimize
   from scipy.special import expit
   b = 2.0 * np.asarray(y, np.float64) - 1.0
@@ -148,4 +149,4 @@ def logistic_optimum(x: np.ndarray, y: np.ndarray, parts, mu: float, alpha: floa
 
   res = minimize(fun, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B",
                  options={"gtol": 1e-13, "ftol": 0.0, "maxiter": 20000})
-  return float(res.fun)
+  return (float(res.fun), res.x) if return_x else float(res.fun)

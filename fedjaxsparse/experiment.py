@@ -324,9 +324,10 @@ def save_results(cfg: Config, experiment: str, results: dict) -> str:
   """Write ``results.json`` (methods' states are dropped) and return its path."""
   path = os.path.join(output_dir(cfg, experiment), "results.json")
   config = dataclasses.asdict(cfg)
-  clean = {**results, "config": config, "jax_backend": jax.default_backend(),
-           "methods": {m: {k: v for k, v in r.items() if k != "state"}
-                       for m, r in results["methods"].items()}}
+  clean = {**results, "config": config, "jax_backend": jax.default_backend()}
+  if "methods" in results:
+    clean["methods"] = {m: {k: v for k, v in r.items() if k != "state"}
+                        for m, r in results["methods"].items()}
 
   def default(o):
     if isinstance(o, (np.generic, np.ndarray)):

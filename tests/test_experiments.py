@@ -300,3 +300,30 @@ def test_scafflix_inexact_small(tmp_path):
                str(tmp_path / "it"), "--no-progress", "--set", "iterations=0,5"]) == 0
   res = json.load(open(tmp_path / "it" / "scafflix_inexact" / "results.json"))
   assert [r["local steps"] for r in res["table"]] == [0, 20]
+
+
+def test_cohort_squeeze_logreg_small(tmp_path):
+  """E5.1–E5.4 in a tiny configuration: the cost table is T·K of the configurations it names
+  (LocalGD: K = 1 per round), the savings follow from it, SS's exact σ²_⋆ matches the
+  sampler library, and every study wrote its curves."""
+  assert main(["run", "cohort_squeeze_logreg", "--dataset", "breast_cancer", "--clients", "12",
+               "--rounds", "15", "--out", str(tmp_path), "--no-progress",
+               "--set", "clusters=3", "--set", "clients_per_cluster=4", "--set", "ks=1,3",
+               "--set", "gammas=10", "--set", "local_steps=2", "--set", "local_lrs=0.5",
+               "--set", "seeds=2", "--set", "study_rounds=12", "--set", "eps=0.05",
+               "--set", "study_solver=cg", "--set", "trade_gammas=1", "--set", "trade_ks=2"]) == 0
+  res = json.load(open(tmp_path / "cohort_squeeze_logreg" / "results.json"))
+  rows = {r["method"]: r for r in res["cost"]["table"]}
+  assert set(rows) == {"SPPM-SS γ=10 (BFGS)", "SPPM-SS γ=10 (CG)", "LocalGD"}
+  for name, r in rows.items():
+    if r["cost"] is not None:
+      k = r["optimal K"] if name != "LocalGD" else 1
+      assert r["cost"] == res["cost"]["curves"][name.replace("LocalGD", "LocalGD lr=0.5")][
+          str(r["optimal K"])] and r["cost"] <= 15 * k
+  if res["cost"]["savings"]:
+    best = min(r["cost"] for n, r in rows.items() if n != "LocalGD" and r["cost"])
+    assert res["cost"]["savings"]["base (c1=1, c2=0)"] == pytest.approx(
+        100 * (1 - best / rows["LocalGD"]["cost"]))
+  assert [r["sampling"] for r in res["sampling"]][:2] == ["SPPM-SS", "SPPM-BS"]
+  assert all(len(r["curve"]) == 13 and np.isfinite(r["final error"]) for r in res["sampling"])
+  assert len(res["baselines"]) == 3 and len(res["gamma"]) == 1

@@ -1,0 +1,317 @@
+"""Seed 001 chapter 5, E5.1–E5.4 (Figs. 5.1–5.4, D.2–D.5; spec ``seed001_ch3_ch5.md`` §5.5–5.8):
+SPPM-AS on l2-logistic regression — the total communication cost T·K to reach
+‖x_T − x⋆‖² < ε against the number K of local communication rounds, against LocalGD, and the
+sampling, baseline and γ studies.
+
+Setting (as the chapter): f_i(x) = mean_j log(1 + exp(−b_ij x·a_ij)) + (μ/2)‖x‖², μ = 0.1, no
+bias, x₀ = 0, x⋆ by L-BFGS in float64; the feature-wise non-IID split of D.3.1 — k-means on the
+examples into ``clusters`` clusters (scikit-learn), each cut at random into
+``clients_per_cluster`` clients (10 × 10 = 100 clients); the clusters are the strata of
+**SPPM-SS** (one client from each cluster: a cohort of 10) and the blocks of **SPPM-BS** (one
+whole cluster); cohort objective weights 1/(n p_i) from the sampler's marginals. Prox solvers:
+BFGS (the chapter's base) and CG, one iteration = one local communication round (spec §3.5).
+Every number is a mean over ``seeds`` seeds (cohort draws); a configuration "reaches" the
+target only if every seed does within ``max_rounds`` global rounds.
+
+Studies (``studies``):
+* ``cost`` (E5.1, Figs. 5.1/5.2): T·K to ε = ``eps`` for K in ``ks`` and γ in ``gammas`` for each
+  solver, the optimal K per γ, and **LocalGD** (MB-LocalGD on the same SS cohorts, one
+  communication per round) over its step sizes ``local_lrs`` and local iterations
+  ``local_steps``: its best cost T; then the hierarchical cost (c₁·K + c₂)·T with
+  ``c1``, ``c2`` (LocalGD: (c₁ + c₂)·T) and the savings. The paper's numbers (a6a and
+  mushrooms; figures with numbers in the text) are printed beside ours.
+* ``sampling`` (E5.2, Fig. 5.3): SPPM-SS vs SPPM-BS (and τ-NICE) at γ = 0.1: the error each
+  settles at, next to Theorem 5.3.2's neighbourhood γσ²/(γμ_AS² + 2μ_AS) from the library's
+  exact μ_AS, σ²_⋆,AS.
+* ``baselines`` (E5.3, Fig. 5.4): SPPM-SS (γ = 1) vs MB-GD and MB-LocalGD (5 local steps) at
+  the step 1/L_max, on the same cohorts.
+* ``gamma`` (E5.4, Figs. D.4/D.5): γ ∈ {0.1, 1, 100} × K ∈ {4, 16}: faster but coarser with γ.
+
+Data: LIBSVM files with ``--dataset libsvm --data-dir FILE`` (mushrooms, a6a, w6a, ijcnn1,
+a9a); offline the labelled stand-in of mushrooms' shape (default) or scikit-learn's
+breast-cancer set (few examples: use fewer clusters/clients).
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjaxsparse import accounting, samplers
+from fedjaxsparse import prox_solvers as P
+from fedjaxsparse.algorithms import sppm
+from fedjaxsparse.constants import logistic_optimum
+from fedjaxsparse.data.federated import pack_clients
+from fedjaxsparse.data.libsvm import binary_arrays
+from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.experiment import (Config, Option, entry, output_dir, print_table,
+                                     save_results)
+from fedjaxsparse.models import logistic_regression, make_loss
+
+NAME = "cohort_squeeze_logreg"
+DESCRIPTION = "Seed 001 ch. 5: SPPM-AS total cost T*K vs K, LocalGD, sampling/baselines/gamma"
+DEFAULTS = dict(rounds=60, clients=100, dataset="mushrooms_standin", eval_every=1)
+BUDGET = "global rounds per run (max T); costs count local communication rounds"
+RUNTIME = "measured in the closing note of issue 12"
+STUDIES = ("cost", "sampling", "baselines", "gamma")
+SOLVERS = {"bfgs": P.bfgs, "cg": P.cg}
+PAPER = {  # §5.4.2/§5.4.5 (text of Figs. 5.1/5.2; spec §5.5)
+    "SPPM-SS γ=1000 (BFGS)": {"optimal K": 10, "cost": 10},
+    "SPPM-SS γ=100 (BFGS)": {"optimal K": 3, "cost": 12},
+    "SPPM-SS γ=1000 (CG)": {"optimal K": 7, "cost": None},
+    "LocalGD": {"optimal K": 12, "cost": 39},
+}
+PAPER_SAVINGS = {"base (c1=1, c2=0)": 74.36, "hierarchical (c1=0.1, c2=1)": 94.87}
+OPTIONS = (
+    Option("studies", "cost,sampling,baselines,gamma", "which studies to run (comma list of "
+           + ", ".join(STUDIES) + ")", kind="str"),
+    Option("clusters", 10, "k-means clusters (= strata / blocks)", low=1),
+    Option("clients_per_cluster", 10, "clients each cluster is cut into", low=1),
+    Option("mu", 0.1, "l2 regularisation (strong convexity)", low=0.0, low_open=True),
+    Option("eps", 5e-3, "target ||x_T - x*||^2 < eps", low=0.0, low_open=True),
+    Option("gammas", [100.0, 1000.0], "prox parameters gamma of the cost study",
+           kind="floats", low=0.0, low_open=True),
+    Option("ks", [1, 2, 3, 4, 5, 7, 10, 12], "local communication rounds K of the cost study",
+           kind="floats", low=1),
+    Option("solvers", "bfgs,cg", "prox solvers of the cost study (bfgs, cg)", kind="str"),
+    Option("local_lrs", [0.1, 0.01], "LocalGD step sizes", kind="floats", low=0.0,
+           low_open=True),
+    Option("local_steps", [1, 2, 4, 8, 12, 16], "LocalGD local iterations", kind="floats",
+           low=1),
+    Option("c1", 0.1, "hierarchical cost of a client-hub round", low=0.0),
+    Option("c2", 1.0, "hierarchical cost of a hub-server round", low=0.0),
+    Option("seeds", 3, "seeds (cohort draws) averaged", low=1),
+    Option("study_solver", "bfgs", "prox solver (K = 10) of the sampling and baselines studies "
+           "and of the gamma study", choices=tuple(SOLVERS)),
+    Option("trade_gammas", [0.1, 1.0, 100.0], "gammas of the gamma study", kind="floats",
+           low=0.0, low_open=True),
+    Option("trade_ks", [4, 16], "K of the gamma study", kind="floats", low=1),
+    Option("study_rounds", 300, "global rounds of the sampling, baselines and gamma studies "
+           "(the cost study runs at most --rounds)", low=1),
+)
+
+
+def feature_split(x: np.ndarray, clusters: int, per_cluster: int, seed: int):
+  """D.3.1: k-means on the examples into ``clusters`` clusters, each cut at random into
+  ``per_cluster`` clients. Returns (client index sets, blocks of client ids)."""
+  from sklearn.cluster import KMeans
+  labels = KMeans(n_clusters=clusters, n_init=10, random_state=seed).fit_predict(x)
+  rng = np.random.default_rng(seed)
+  parts, blocks = [], []
+  for c in range(clusters):
+    ids = rng.permutation(np.flatnonzero(labels == c))
+    if len(ids) < per_cluster:
+      raise ConfigError(f"cluster {c} has {len(ids)} examples, fewer than "
+                        f"clients_per_cluster={per_cluster}; use fewer clusters or clients.")
+    blocks.append(np.arange(len(parts), len(parts) + per_cluster))
+    parts.extend(np.array_split(ids, per_cluster))
+  return parts, blocks
+
+
+def errors(algo, w0, data, x_opt, rounds: int, seeds: int, seed: int) -> np.ndarray:
+  """``‖x_t − x⋆‖²`` for t = 0..rounds, ``[seeds, rounds + 1]``: one jitted program, the seeds
+  vmapped, the rounds scanned."""
+  def one(key):
+    def body(state, t):
+      state, _ = algo.step(jax.random.fold_in(key, t), state, data)
+      return state, jnp.sum(jnp.square(state.params["w"] - x_opt))
+    state = algo.init(None, w0, data)
+    e0 = jnp.sum(jnp.square(w0["w"] - x_opt))
+    return jnp.concatenate([e0[None], jax.lax.scan(body, state, jnp.arange(rounds))[1]])
+
+  keys = jax.random.split(jax.random.key(seed), seeds)
+  return np.asarray(jax.jit(jax.vmap(one))(keys), np.float64)
+
+
+def _cost(errs: np.ndarray, k: int, eps: float, c1: float = 1.0, c2: float = 0.0):
+  """Mean over seeds of the cost to reach ``eps`` (``None`` if a seed never does)."""
+  costs = [accounting.cost_to_target(e, k, eps, c1, c2) for e in errs]
+  return None if any(c is None for c in costs) else float(np.mean(costs))
+
+
+def _run(cfg: Config, opts: dict) -> dict:
+  with jax.enable_x64(True):
+    return _experiment(cfg, opts)
+
+
+def _experiment(cfg: Config, opts: dict) -> dict:
+  studies = [s.strip() for s in opts["studies"].split(",") if s.strip()]
+  solvers = [s.strip() for s in opts["solvers"].split(",") if s.strip()]
+  for s in studies:
+    if s not in STUDIES:
+      raise ConfigError(f"option 'studies' takes {STUDIES}, got {s!r}.")
+  for s in solvers:
+    if s not in SOLVERS:
+      raise ConfigError(f"option 'solvers' takes {tuple(SOLVERS)}, got {s!r}.")
+  nc, per = opts["clusters"], opts["clients_per_cluster"]
+  if nc * per != cfg.clients:
+    raise ConfigError(f"--clients must be clusters x clients_per_cluster = {nc * per}, got "
+                      f"{cfg.clients}.")
+  x, y, label = binary_arrays(cfg.dataset, cfg.data_dir, NAME)
+  parts, blocks = feature_split(x, nc, per, cfg.seed)
+  data = pack_clients(x, y, parts)
+  data = data._replace(x=data.x.astype(jnp.float64), mask=data.mask.astype(jnp.float64))
+  mu, eps, T, seeds = opts["mu"], opts["eps"], cfg.rounds, opts["seeds"]
+  model = logistic_regression(x.shape[1], l2=mu, use_bias=False)
+  loss = make_loss(model)
+  w0 = {"w": jnp.zeros(x.shape[1], jnp.float64)}
+  f_opt, x_opt = logistic_optimum(x, y, parts, mu, return_x=True)
+  x_opt = jnp.asarray(x_opt)
+  grads = np.asarray(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(
+      {"w": x_opt}, data.x, data.y, data.mask)["w"])  # a_i = ∇f_i(x⋆)
+  l_max = float(np.max([mu + np.sum(x[p].astype(np.float64) ** 2) / (4 * len(p)) for p in parts]))
+  ss, bs = samplers.stratified(blocks), samplers.block(blocks)
+  run = lambda algo, rounds=T: errors(algo, w0, data, x_opt, rounds, seeds, cfg.seed)
+  long = lambda algo: run(algo, opts["study_rounds"])
+  study = SOLVERS[opts["study_solver"]]
+  print(f"{NAME}: {label}, {cfg.clients} clients ({nc} k-means clusters x {per}), cohort "
+        f"{ss.size}, mu={mu}, eps={eps}, f*={f_opt:.6g}, ||x*||^2={float(x_opt @ x_opt):.4g}, "
+        f"sigma^2_SS={samplers.sigma2_star(ss, grads):.3g}, mu_SS={samplers.mu_as(ss, mu):.3g}")
+  results = {"experiment": NAME, "dataset": label, "clients": cfg.clients, "eps": eps,
+             "seeds": seeds}
+
+  if "cost" in studies:
+    results["cost"] = _cost_study(opts, run, loss, ss, eps, solvers)
+  if "sampling" in studies:
+    rows = []
+    for name, s in (("SPPM-SS", ss), ("SPPM-BS", bs), (f"SPPM-NICE({ss.size})",
+                                                       samplers.nice(cfg.clients, ss.size))):
+      e = long(sppm.sppm_as(loss, s, 0.1, study(10)))
+      rows.append({"sampling": name, "final error": float(e[:, -10:].mean()),
+                   "theory neighbourhood": samplers.neighbourhood(s, mu, grads, 0.1),
+                   "theory bound at T": float(samplers.theorem_bound(
+                       s, mu, grads, 0.1, float(e[0, 0]), opts["study_rounds"])),
+                   "sigma2_*": samplers.sigma2_star(s, grads), "mu_AS": samplers.mu_as(s, mu),
+                   "curve": e.mean(0).tolist()})
+    print(f"E5.2 (Fig. 5.3), gamma = 0.1, {opts['study_solver'].upper()} K = 10; the paper: SS settles in a significantly "
+          "smaller neighbourhood than BS")
+    results["sampling"] = rows
+    print_table([{k: v for k, v in r.items() if k != "curve"} for r in rows],
+                ["sampling", "final error", "theory bound at T", "theory neighbourhood",
+                 "sigma2_*", "mu_AS"])
+  if "baselines" in studies:
+    lr = 1 / l_max
+    rows = []
+    for name, algo in ((f"SPPM-SS (γ=1, {opts['study_solver'].upper()} K=10)",
+                        sppm.sppm_as(loss, ss, 1.0, study(10))),
+                       (f"MB-GD (lr=1/L_max={lr:.3g})", sppm.sppm_as(loss, ss, 1.0, P.gd(lr, 1))),
+                       ("MB-LocalGD (5 local steps)", sppm.local_gd(loss, ss, lr, 5))):
+      e = long(algo)
+      rows.append({"method": name, "final error": float(e[:, -10:].mean()),
+                   "curve": e.mean(0).tolist()})
+    print("E5.3 (Fig. 5.4); the paper: SPPM-SS reaches a significantly smaller neighbourhood")
+    print_table([{k: v for k, v in r.items() if k != "curve"} for r in rows],
+                ["method", "final error"])
+    results["baselines"] = rows
+  if "gamma" in studies:
+    rows = []
+    for gamma in opts["trade_gammas"]:
+      for k in sorted({int(k) for k in opts["trade_ks"]}):
+        e = long(sppm.sppm_as(loss, ss, gamma, study(k)))
+        rows.append({"gamma": gamma, "K": k, "final error": float(e[:, -10:].mean()),
+                     "rounds to eps": next((t for t, v in enumerate(e.mean(0)) if v < eps), None),
+                     "neighbourhood (theory)": samplers.neighbourhood(ss, mu, grads, gamma),
+                     "curve": e.mean(0).tolist()})
+    print("E5.4 (Figs. D.4/D.5); the paper: larger gamma converges faster to a larger "
+          "neighbourhood")
+    print_table([{k: v for k, v in r.items() if k != "curve"} for r in rows],
+                ["gamma", "K", "final error", "rounds to eps", "neighbourhood (theory)"])
+    results["gamma"] = rows
+
+  path = save_results(cfg, NAME, results)
+  png = _plot(results, os.path.join(output_dir(cfg, NAME), f"{NAME}.png"), label)
+  print(f"results: {path}\nplot: {png}")
+  return results
+
+
+def _cost_study(opts, run, loss, ss, eps, solvers) -> dict:
+  """E5.1: T·K to eps per (solver, γ, K) and LocalGD's cost per (lr, local steps)."""
+  c1, c2 = opts["c1"], opts["c2"]
+  ks = sorted({int(k) for k in opts["ks"]})
+  curves, rows = {}, []
+  for solver in solvers:
+    for gamma in opts["gammas"]:
+      name = f"SPPM-SS γ={gamma:g} ({solver.upper()})"
+      costs = {}
+      for k in ks:
+        e = run(sppm.sppm_as(loss, ss, gamma, SOLVERS[solver](k)))
+        costs[k] = (_cost(e, k, eps), _cost(e, k, eps, c1, c2))
+      curves[name] = {k: c[0] for k, c in costs.items()}
+      rows.append(_best(name, costs))
+  local = {}
+  for lr in opts["local_lrs"]:
+    costs = {}
+    for steps in sorted({int(s) for s in opts["local_steps"]}):
+      e = run(sppm.local_gd(loss, ss, lr, steps))
+      costs[steps] = (_cost(e, 1, eps), _cost(e, 1, eps, c1 + c2, 0.0))
+    local[lr] = costs
+    curves[f"LocalGD lr={lr:g}"] = {k: c[0] for k, c in costs.items()}
+  best_local = _best("LocalGD", {(lr, s): c for lr, cs in local.items() for s, c in cs.items()})
+  rows.append(best_local)
+  for r in rows:
+    paper = PAPER.get(r["method"] if r["method"] != "LocalGD" else "LocalGD", {})
+    r["paper optimal K"], r["paper cost"] = paper.get("optimal K"), paper.get("cost")
+  print(f"E5.1 (Figs. 5.1/5.2): total cost T*K to ||x_T - x*||^2 < {eps:g} (mean over seeds; "
+        f"hierarchical: c1={c1:g}, c2={c2:g}); the paper's numbers are a6a/mushrooms")
+  print_table(rows, list(rows[0]))
+  savings = {}
+  sppm_rows = [r for r in rows if r["method"] != "LocalGD"]
+  if best_local["cost"] and any(r["cost"] for r in sppm_rows):
+    base = min(r["cost"] for r in sppm_rows if r["cost"])
+    hier = min(r["hierarchical cost"] for r in sppm_rows if r["hierarchical cost"])
+    savings = {"base (c1=1, c2=0)": 100 * (1 - base / best_local["cost"]),
+               f"hierarchical (c1={c1:g}, c2={c2:g})": 100 * (1 - hier / best_local["cost"]),
+               "hierarchical vs LocalGD charged (c1+c2)T":
+                   100 * (1 - hier / best_local["hierarchical cost"])}
+    for k, v in savings.items():
+      print(f"saving of SPPM-SS over LocalGD, {k}: {v:.2f} % (the paper: "
+            f"{PAPER_SAVINGS.get(k, 'n/a')})")
+  return {"table": rows, "curves": {m: {str(k): v for k, v in c.items()}
+                                    for m, c in curves.items()}, "savings": savings}
+
+
+def _best(name: str, costs: dict) -> dict:
+  """The row of the cheapest configuration (base cost) and the cheapest hierarchical one."""
+  ok = {k: c for k, c in costs.items() if c[0] is not None}
+  okh = {k: c for k, c in costs.items() if c[1] is not None}
+  kb = min(ok, key=lambda k: ok[k][0]) if ok else None
+  kh = min(okh, key=lambda k: okh[k][1]) if okh else None
+  return {"method": name, "optimal K": kb if not isinstance(kb, tuple) else kb[1],
+          "cost": ok[kb][0] if ok else None,
+          **({"lr": kb[0]} if isinstance(kb, tuple) else {}),
+          "hierarchical cost": okh[kh][1] if okh else None}
+
+
+def _plot(results: dict, path: str, label: str) -> str:
+  from fedjaxsparse.plotting import _save, method_colors, plt
+  panels = [p for p in ("cost", "sampling", "baselines", "gamma") if p in results]
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1, 4.4),
+                           layout="constrained", squeeze=False)
+  for ax, p in zip(axes[0], panels):
+    if p == "cost":
+      curves = results["cost"]["curves"]
+      colors = method_colors(list(curves))
+      for m, c in curves.items():
+        ks = [int(k) for k, v in c.items() if v is not None]
+        ax.plot(ks, [c[str(k)] for k in ks], marker="o", color=colors[m], label=m)
+      ax.set(xlabel="K (local rounds; LocalGD: local iterations)", ylabel="total cost T·K",
+             title="cost to ε vs K (Figs. 5.1/5.2)")
+    else:
+      rows = results[p]
+      key = {"sampling": "sampling", "baselines": "method"}.get(p)
+      for r in rows:
+        name = r[key] if key else f"γ={r['gamma']:g}, K={r['K']}"
+        ax.plot(r["curve"], label=name)
+      ax.set(xlabel="global round t", ylabel="‖x_t − x⋆‖²", yscale="log",
+             title={"sampling": "SS vs BS vs NICE (Fig. 5.3)", "baselines":
+                    "SPPM-SS vs MB-GD / MB-LocalGD (Fig. 5.4)", "gamma":
+                    "γ trade-off (Figs. D.4/D.5)"}[p])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle(f"{label}: Cohort-Squeeze (seed 001 ch. 5)")
+  return _save(fig, path)
+
+
+run = entry(NAME, OPTIONS, _run)
