@@ -327,3 +327,23 @@ def test_cohort_squeeze_logreg_small(tmp_path):
   assert [r["sampling"] for r in res["sampling"]][:2] == ["SPPM-SS", "SPPM-BS"]
   assert all(len(r["curve"]) == 13 and np.isfinite(r["final error"]) for r in res["sampling"])
   assert len(res["baselines"]) == 3 and len(res["gamma"]) == 1
+
+
+def test_cohort_squeeze_nn_tiny(tmp_path):
+  """E5.5 in a tiny configuration: each method's learning rate tuned on validation data, the
+  hierarchical cost to the target read from the history (c₁·K + c₂ per round), the test
+  split evaluated once at the end."""
+  from fedjaxsparse.experiments.cohort_squeeze_nn import cost_to_accuracy
+  assert main(["run", "cohort_squeeze_nn", "--rounds", "3", "--clients", "4", "--eval-every",
+               "1", "--out", str(tmp_path), "--no-progress", "--set", "cohort=2",
+               "--set", "ks=2", "--set", "lrs=0.01", "--set", "local_lrs=0.1",
+               "--set", "channels=2,2", "--set", "dense=4", "--set", "target=0.0"]) == 0
+  res = json.load(open(tmp_path / "cohort_squeeze_nn" / "results.json"))
+  assert [r["method"] for r in res["table"]] == ["SPPM-NICE (K=2)", "LocalGD"]
+  rd = res["methods"]["SPPM-NICE (K=2)"]["history"]["rounds"]
+  assert rd["local_rounds"] == [2, 2, 2]
+  rec = {"history": {"evals": {"round": [0, 1, 2, 3], "accuracy": [0.1, 0.5, 0.8, 0.9]},
+                     "rounds": {"local_rounds": [2, 2, 2]}}}
+  assert cost_to_accuracy(rec, 0.7, 0.05, 1.0) == pytest.approx(2 * (0.05 * 2 + 1))
+  assert cost_to_accuracy(rec, 0.95, 0.05, 1.0) is None
+  assert res["table"][0]["cost to 0% (T*K)"] == 0.0  # the initial model already "reaches" 0 %

@@ -138,6 +138,11 @@ def test_reference_parameter_counts():
   count = lambda model: num_params(jax.eval_shape(model.init, jax.random.key(0)))
   assert count(mlp((28, 28), 10)) == 784 * 200 + 200 + 200 * 200 + 200 + 2010 == 199_210
   assert count(cnn((28, 28, 1), 10)) == 1_663_370  # McMahan et al. 2017
+  # seed 001 Table D.4, shapes corrected (C5-9): 832 + 51,264 + 819,328 + 7,998
+  from fedjaxsparse.models import cohort_squeeze_cnn
+  d4 = cohort_squeeze_cnn()
+  assert count(d4) == 832 + 51_264 + 819_328 + 7_998 == 879_422
+  assert d4.apply(d4.init(jax.random.key(0)), jnp.zeros((2, 28, 28, 1))).shape == (2, 62)
   assert _resnet18_count(10) == 11_173_962
   for norm in ("group", "batch"):
     assert count(resnet18((32, 32, 3), 10, norm=norm)) == 11_173_962

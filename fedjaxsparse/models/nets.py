@@ -86,11 +86,16 @@ class _CNN(nn.Module):
   channels: Sequence[int]
   dense: int
   conv: str
+  padding: str = "SAME"
+  pool_each: bool = True
 
   @nn.compact
   def __call__(self, x):
     for c in self.channels:
-      x = nn.relu(Conv(c, (5, 5), padding="SAME", impl=self.conv)(x))
+      x = nn.relu(Conv(c, (5, 5), padding=self.padding, impl=self.conv)(x))
+      if self.pool_each:
+        x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
+    if not self.pool_each:
       x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
     x = x.reshape(x.shape[0], -1)
     x = nn.relu(nn.Dense(self.dense)(x))
@@ -98,7 +103,8 @@ class _CNN(nn.Module):
 
 
 def cnn(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = (32, 64),
-        dense: int = 512, conv: str = "auto") -> Model:
+        dense: int = 512, conv: str = "auto", padding: str = "SAME",
+        pool_each: bool = True) -> Model:
   """The FedAvg CNN of McMahan et al. 2017: 5×5 "same" convolutions with 32 and 64 channels,
   each followed by ReLU and 2×2 max-pooling, a 512-unit ReLU dense layer and the output layer.
 
@@ -106,10 +112,23 @@ def cnn(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = 
   stand-in). Inputs ``[B, H, W, C]``, ``[B, H, W]`` or flat square images ``[B, H·W]``.
   ``conv``: how convolutions compute (:mod:`fedjaxsparse.models.conv`: ``"auto"`` — patches
   times a matrix on CPU, fast under a client ``vmap``; XLA's convolution elsewhere).
+  ``padding="VALID"`` and ``pool_each=False`` (one 2×2 pool after the last convolution) with
+  ``dense=128`` give seed 001's Table D.4 network (:func:`cohort_squeeze_cnn`).
   """
   resolve_impl(conv)
-  return _as_model(_CNN(num_classes, tuple(channels), dense, conv), input_shape,
-                   _image_shape(input_shape))
+  if padding not in ("SAME", "VALID"):
+    raise ValueError(f"padding must be 'SAME' or 'VALID', got {padding!r}.")
+  return _as_model(_CNN(num_classes, tuple(channels), dense, conv, padding, pool_each),
+                   input_shape, _image_shape(input_shape))
+
+
+def cohort_squeeze_cnn(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 62,
+                       channels: Sequence[int] = (32, 64), dense: int = 128, **kw) -> Model:
+  """Seed 001 chapter 5's FEMNIST CNN (Table D.4 with its shapes corrected, spec C5-9): 5×5
+  VALID convolutions of 32 and 64 channels with ReLU (24×24×32, 20×20×64), one 2×2 max-pool
+  (10×10×64), a 128-unit ReLU dense layer and 62 outputs: 879,422 parameters at 28×28×1
+  (``channels``, ``dense``: a scaled-down version for a CPU)."""
+  return cnn(input_shape, num_classes, channels, dense, padding="VALID", pool_each=False, **kw)
 
 
 class _BatchStatNorm(nn.Module):
