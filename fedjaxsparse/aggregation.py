@@ -13,7 +13,8 @@ import jax.numpy as jnp
 WEIGHTINGS = ("num_examples", "uniform")
 
 
-def client_weights(num_examples: jax.Array, weighting: str) -> jax.Array:
+def client_weights(num_examples: jax.Array, weighting: str,
+                   mask: jax.Array | None = None) -> jax.Array:
   """Aggregation weights ``[C]`` summing to 1, in the default float dtype (float64 under
   ``jax_enable_x64``, so float64 runs stay float64-exact).
 
@@ -21,12 +22,15 @@ def client_weights(num_examples: jax.Array, weighting: str) -> jax.Array:
     num_examples: ``int32[C]`` examples held by each client.
     weighting: ``"num_examples"`` (``n_i / Σ n_j``, FedAvg of McMahan et al. 2017) or
       ``"uniform"`` (``1 / C``).
+    mask: ``[C]`` 1 for cohort members, 0 for padding (a sampler's padded cohort); padding
+      gets weight 0 and the rest is renormalised.
   """
   dtype = jax.dtypes.canonicalize_dtype(jnp.float64)
+  m = jnp.ones(num_examples.shape, dtype) if mask is None else mask.astype(dtype)
   if weighting == "uniform":
-    return jnp.full(num_examples.shape, 1.0 / num_examples.shape[0], dtype)
+    return m / jnp.sum(m)
   if weighting == "num_examples":
-    n = num_examples.astype(dtype)
+    n = num_examples.astype(dtype) * m
     return n / jnp.sum(n)
   raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 import jax
@@ -46,7 +47,8 @@ class Sampler:
     num_clients: n.
     size: the static cohort length m (the largest cohort).
     marginals: ``p_i`` ``float64[n]``.
-    pair_marginals: ``P_ij`` ``float64[n, n]`` (diagonal = ``p_i``).
+    pairs: ``() -> P_ij`` ``float64[n, n]`` (diagonal = ``p_i``), built on demand
+      (:attr:`pair_marginals`; n² entries, so not for a population of 10⁵).
     draw: ``key -> (ids int32[m], mask float32[m])``.
     min_cohort_sum: ``v [n] -> min over cohorts C of Σ_{i∈C} v_i`` (closed form).
     support: ``() -> iterator of (cohort tuple, probability)``, the exact distribution.
@@ -55,10 +57,15 @@ class Sampler:
   num_clients: int
   size: int
   marginals: np.ndarray
-  pair_marginals: np.ndarray
+  pairs: Callable[[], np.ndarray]
   draw: Callable[[jax.Array], tuple[jax.Array, jax.Array]]
   min_cohort_sum: Callable[[np.ndarray], float]
   support: Callable[[], Iterator[tuple[tuple[int, ...], float]]]
+
+  @property
+  def pair_marginals(self) -> np.ndarray:
+    """``P_ij = P(i, j ∈ S)`` ``[n, n]``."""
+    return self.pairs()
 
   @property
   def weights(self) -> np.ndarray:
@@ -91,7 +98,7 @@ def full(n: int) -> Sampler:
   """Every client every round (FS; SPPM-AS is then PPM): ``p_i = 1``, ``σ²_⋆ = 0``."""
   n = _check_n(n)
   ids = jnp.arange(n, dtype=jnp.int32)
-  return Sampler("full", n, n, np.ones(n), np.ones((n, n)), lambda key: (ids, _ones(n)),
+  return Sampler("full", n, n, np.ones(n), lambda: np.ones((n, n)), lambda key: (ids, _ones(n)),
                  lambda v: float(np.sum(v)), lambda: iter([(tuple(range(n)), 1.0)]))
 
 
@@ -103,7 +110,7 @@ def nonuniform(probs: Sequence[float]) -> Sampler:
                      "proper sampling needs p_i > 0).")
   n = len(p)
   logits = jnp.log(jnp.asarray(p, jnp.float32))
-  return Sampler("nonuniform", n, 1, p, np.diag(p),
+  return Sampler("nonuniform", n, 1, p, lambda: np.diag(p),
                  lambda key: (jax.random.categorical(key, logits)[None].astype(jnp.int32),
                               _ones(1)),
                  lambda v: float(np.min(v)), lambda: ((((i,), float(p[i])) for i in range(n))))
@@ -129,18 +136,20 @@ def nice(n: int, tau: int) -> Sampler:
   n = _check_n(n)
   if not isinstance(tau, (int, np.integer)) or not 1 <= tau <= n:
     raise ValueError(f"tau (cohort size) must be an int in [1, n={n}], got {tau!r}.")
-  pair = np.full((n, n), tau * (tau - 1) / (n * (n - 1)) if n > 1 else 1.0)
-  np.fill_diagonal(pair, tau / n)
+  def pairs():
+    pair = np.full((n, n), tau * (tau - 1) / (n * (n - 1)) if n > 1 else 1.0)
+    np.fill_diagonal(pair, tau / n)
+    return pair
 
   def draw(key):
     if tau == n:
       return jnp.arange(n, dtype=jnp.int32), _ones(n)
     return jnp.sort(jax.random.choice(key, n, (tau,), replace=False)).astype(jnp.int32), _ones(tau)
 
-  total = float(np.prod(np.arange(n - tau + 1, n + 1)) / np.prod(np.arange(1, tau + 1)))
-  return Sampler(f"nice({tau})", n, int(tau), np.full(n, tau / n), pair, draw,
+  return Sampler(f"nice({tau})", n, int(tau), np.full(n, tau / n), pairs, draw,
                  lambda v: float(np.sum(np.sort(v)[:tau])),
-                 lambda: ((c, 1.0 / total) for c in itertools.combinations(range(n), tau)))
+                 lambda: ((c, 1.0 / math.comb(n, tau))
+                          for c in itertools.combinations(range(n), tau)))
 
 
 def _blocks(blocks: Sequence[Sequence[int]], n: int | None) -> tuple[list[np.ndarray], int]:
@@ -175,10 +184,16 @@ def block(blocks: Sequence[Sequence[int]], q: Sequence[float] | None = None,
   q = np.full(b, 1.0 / b) if q is None else np.asarray(q, np.float64)
   if q.shape != (b,) or np.any(q <= 0) or abs(q.sum() - 1) > 1e-9:
     raise ValueError(f"q must hold {b} positive block probabilities summing to 1.")
-  p, pair = np.zeros(n), np.zeros((n, n))
+  p = np.zeros(n)
   for qj, bj in zip(q, bl):
     p[bj] = qj
-    pair[np.ix_(bj, bj)] = qj
+
+  def pairs():
+    pair = np.zeros((n, n))
+    for qj, bj in zip(q, bl):
+      pair[np.ix_(bj, bj)] = qj
+    return pair
+
   table, mask, _ = _table(bl)
   logits = jnp.log(jnp.asarray(q, jnp.float32))
 
@@ -186,7 +201,7 @@ def block(blocks: Sequence[Sequence[int]], q: Sequence[float] | None = None,
     j = jax.random.categorical(key, logits)
     return table[j], mask[j]
 
-  return Sampler(f"block({b} blocks)", n, table.shape[1], p, pair, draw,
+  return Sampler(f"block({b} blocks)", n, table.shape[1], p, pairs, draw,
                  lambda v: float(min(np.sum(v[bj]) for bj in bl)),
                  lambda: ((tuple(sorted(bj.tolist())), float(qj)) for qj, bj in zip(q, bl)))
 
@@ -212,17 +227,18 @@ def clusters(blocks: Sequence[Sequence[int]], num_clusters: int, n: int | None =
   c = int(num_clusters)
   pj = c / q_  # P(block j chosen)
   pjk = c * (c - 1) / (q_ * (q_ - 1)) if q_ > 1 else 1.0
-  p, pair, block_of = np.zeros(n), np.zeros((n, n)), np.zeros(n, int)
+  p, block_of = np.zeros(n), np.zeros(n, int)
   for j, bj in enumerate(bl):
     p[bj] = pj / len(bj)
     block_of[bj] = j
-  for i in range(n):
-    for k in range(n):
-      bi, bk = block_of[i], block_of[k]
-      if i == k:
-        pair[i, k] = p[i]
-      elif bi != bk:
-        pair[i, k] = pjk / (len(bl[bi]) * len(bl[bk]))
+  sizes_of = np.array([len(bl[j]) for j in block_of], np.float64)
+
+  def pairs():  # across blocks: both blocks chosen, then each member; within: impossible
+    pair = pjk / np.outer(sizes_of, sizes_of)
+    pair[block_of[:, None] == block_of[None, :]] = 0.0
+    np.fill_diagonal(pair, p)
+    return pair
+
   table, _, sizes = _table(bl)
 
   def draw(key):
@@ -244,7 +260,7 @@ def clusters(blocks: Sequence[Sequence[int]], num_clusters: int, n: int | None =
         prob = 1.0 / n_sets / float(np.prod([len(bl[j]) for j in js]))
         yield tuple(sorted(members)), prob
 
-  return Sampler(name or f"clusters({c} of {q_} blocks)", n, c, p, pair, draw, min_sum,
+  return Sampler(name or f"clusters({c} of {q_} blocks)", n, c, p, pairs, draw, min_sum,
                  support)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedjaxsparse.samplers import nice
+
 
 def check_cohort_size(cohort_size: int | None, num_clients: int) -> int:
   """The static cohort size (``None`` means full participation), validated."""
@@ -24,13 +26,10 @@ def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int | None) -> 
   """Client ids ``int32[C]`` of this round's cohort.
 
   Full participation (``cohort_size`` None or ``num_clients``) returns ``arange(N)``; otherwise
-  a uniform sample of ``C`` distinct clients (every C-subset equally likely), sorted.
+  a uniform sample of ``C`` distinct clients (every C-subset equally likely), sorted: τ-NICE
+  of :mod:`fedjaxsparse.samplers`, which has the other samplings.
   """
-  c = check_cohort_size(cohort_size, num_clients)
-  if c == num_clients:
-    return jnp.arange(num_clients, dtype=jnp.int32)
-  ids = jax.random.choice(key, num_clients, shape=(c,), replace=False)
-  return jnp.sort(ids).astype(jnp.int32)
+  return nice(num_clients, check_cohort_size(cohort_size, num_clients)).draw(key)[0]
 
 
 def client_keys(key: jax.Array, client_ids: jax.Array) -> jax.Array:

@@ -195,3 +195,33 @@ def test_bad_arguments(quad):
   with pytest.raises(ValueError, match="sampler"):
     sppm.sppm_as(loss, samplers.full(N + 1), 1.0, P.newton()).step(
         jax.random.key(0), sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
+
+
+def test_fedavg_takes_any_sampler(quad):
+  """FedAvg with a padded block cohort: padding gets weight 0 and is not charged; with
+  ``weighting="sampling"`` the update is Σ_{i∈S} Δ_i/(n p_i), whose mean over the exact cohort
+  distribution is the full-participation mean update (one local GD step)."""
+  from fedjaxsparse.algorithms.fedavg import fedavg
+  blocks = [[0], [1, 4], [2, 3, 5, 6, 7]]
+  s = samplers.block(blocks, q=[0.2, 0.3, 0.5])
+  lr = 0.1
+  x = np.asarray(quad["w0"]["w"], np.float64)
+  deltas = -lr * (np.einsum("nij,j->ni", quad["H"], x) - quad["c"])  # one GD step each
+  for weighting in ("uniform", "sampling"):
+    algo = fedavg(loss, optax.sgd(lr), sampler=s, weighting=weighting)
+    state = algo.init(None, quad["w0"], quad["data"])
+    key = jax.random.key(4)
+    new, info = jax.jit(algo.step)(key, state, quad["data"])
+    co = s.sample(jax.random.split(key, 3)[0])
+    ids, m = np.asarray(co.ids), np.asarray(co.mask, bool)
+    if weighting == "uniform":
+      want = x + deltas[ids[m]].mean(0)
+    else:
+      want = x + np.asarray(co.weights, np.float64)[m] @ deltas[ids[m]]
+    np.testing.assert_allclose(new.params["w"], want, rtol=1e-4, atol=1e-5)
+    assert float(info.bits_up) == m.sum() * D * 32 and int(info.num_clients) == m.sum()
+  # unbiasedness of the sampling weights over the exact distribution
+  mean_update = sum(pc * (s.weights[list(c)] @ deltas[list(c)]) for c, pc in s.support())
+  np.testing.assert_allclose(mean_update, deltas.mean(0), rtol=1e-12)
+  with pytest.raises(ValueError, match="sampler"):
+    fedavg(loss, optax.sgd(lr), weighting="sampling")

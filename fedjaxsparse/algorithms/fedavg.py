@@ -89,7 +89,7 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
            weighting: str = "num_examples", local_prox: Callable | None = None,
            upload_prox: Callable | None = None, server_prox: Callable | None = None,
            uplink: Any = None, encoding: str = "dense",
-           augment: Callable | None = None) -> Algorithm:
+           augment: Callable | None = None, sampler: Any = None) -> Algorithm:
   """Build FedAvg.
 
   Args:
@@ -115,13 +115,22 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       which charges each message by its actual non-zeros.
     augment: ``(key, x) -> x`` applied to every local minibatch inside ``jit``
       (:mod:`fedjaxsparse.augment`).
+    sampler: a :class:`fedjaxsparse.samplers.Sampler` drawing each round's cohort (block,
+      stratified, importance, ...) instead of ``cohort_size``'s uniform one; padded cohort
+      entries get weight 0; ``weighting="sampling"`` aggregates with the unbiased weights
+      ``1/(n p_i)`` (not normalised: ``E Σ_{i∈S} Δ_i/(n p_i) = mean_i Δ_i``).
   """
+  if sampler is not None and cohort_size is not None:
+    raise ValueError("give either cohort_size (uniform cohorts) or sampler, not both.")
+  if weighting == "sampling" and sampler is None:
+    raise ValueError("weighting='sampling' needs a sampler (its marginals give 1/(n p_i)).")
   if not isinstance(local_steps, int) or local_steps < 1:
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
-  if weighting not in WEIGHTINGS:
-    raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
+  if weighting not in WEIGHTINGS + ("sampling",):
+    raise ValueError(f"weighting must be one of {WEIGHTINGS + ('sampling',)}, got "
+                     f"{weighting!r}.")
   server_opt = server_optimizer or optax.identity()
   train_client = local_sgd(loss_fn, client_optimizer, local_steps, batch_size, local_prox,
                            augment)
@@ -135,11 +144,19 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
   def step(key, state: FedAvgState, data: FederatedData):
     num_clients = data.num_clients
     k_cohort, k_clients, k_uplink = jax.random.split(key, 3)
-    cohort = sample_cohort(k_cohort, num_clients, cohort_size)
-    cohort_data = data if cohort.shape[0] == num_clients else data.select(cohort)
+    if sampler is None:
+      cohort, member = sample_cohort(k_cohort, num_clients, cohort_size), None
+    else:
+      drawn = sampler.sample(k_cohort)
+      cohort, member = drawn.ids, drawn.mask
+    cohort_data = (data if cohort.shape[0] == num_clients and sampler is None
+                   else data.select(cohort))
     local, losses = map_clients(lambda k, d: train_client(k, state.params, d), cohort_data,
                                 client_keys(k_clients, cohort))
-    weights = client_weights(cohort_data.num_examples, weighting)
+    if weighting == "sampling":
+      weights = drawn.weights.astype(jax.dtypes.canonicalize_dtype(jnp.float64))
+    else:
+      weights = client_weights(cohort_data.num_examples, weighting, member)
     is_model = upload_prox is not None
     messages = (jax.vmap(upload_prox)(local) if is_model else
                 jax.tree.map(lambda l, g: l - g, local, state.params))
@@ -156,15 +173,16 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       params = optax.apply_updates(state.params, updates)
     if server_prox is not None:
       params = server_prox(params)
-    c = cohort.shape[0]
+    sent = jnp.ones(cohort.shape, jnp.float32) if member is None else member
+    c = jnp.sum(sent)
     bits = lambda m: accounting.message_bits(m, encoding=encoding)
-    up = (jnp.float32(c * uplink.bits(accounting.num_params(state.params)))
-          if uplink is not None else jnp.sum(jax.vmap(bits)(messages)))
+    up = (c * jnp.float32(uplink.bits(accounting.num_params(state.params)))
+          if uplink is not None else jnp.sum(sent * jax.vmap(bits)(messages)))
     info = FedAvgInfo(loss=jnp.dot(weights, losses),
                       bits_up=up,
                       bits_down=c * bits(state.params),
-                      num_clients=jnp.int32(c))
+                      num_clients=c.astype(jnp.int32))
     return FedAvgState(params, opt_state, state.round + 1), info
 
   # Full participation maps over every client: size buckets apply (clients.auto_layout).
-  return Algorithm(init, step, bucketable=cohort_size is None)
+  return Algorithm(init, step, bucketable=cohort_size is None and sampler is None)
