@@ -48,3 +48,18 @@ def test_scafflix_notebook_runs(monkeypatch, tmp_path):
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
             if o.get("output_type") == "error"]
   assert not errors
+
+
+def test_cohort_squeeze_notebook_runs(monkeypatch, tmp_path):
+  monkeypatch.setenv("SPPM_ROUNDS", "6")
+  monkeypatch.setenv("MPLBACKEND", "Agg")
+  nb = nbformat.read(os.path.join(os.path.dirname(NOTEBOOK), "cohort_squeeze.ipynb"),
+                     as_version=4)
+  NotebookClient(nb, timeout=300, kernel_name="python3",
+                 resources={"metadata": {"path": str(tmp_path)}}).execute()
+  outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                    for o in c.get("outputs", []))
+  assert "stratified(4 blocks): mu_AS" in outputs and "SPPM-SS K=8: cost" in outputs
+  errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if o.get("output_type") == "error"]
+  assert not errors
