@@ -49,3 +49,25 @@ def minibatch(key: jax.Array, data, batch_size: int | None, augment=None):
     idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(data.num_examples, 1))
     x, y, mask = data.x[idx], data.y[idx], jnp.ones((batch_size,), jnp.float32)
   return (x if augment is None else augment(jax.random.fold_in(key, 1), x)), y, mask
+
+
+def epoch_steps(num_examples: jax.Array, batch_size: int, epochs: int) -> jax.Array:
+  """``S_k = E·⌈n_k/B⌉`` local steps of epoch-based training (``int32``, per client)."""
+  return epochs * ((num_examples + batch_size - 1) // batch_size)
+
+
+def epoch_minibatch(key: jax.Array, data, batch_size: int, step: jax.Array):
+  """One client's ``(x, y, mask)`` for local step ``step`` of epoch-based training: epoch
+  ``e = step // ⌈n/B⌉`` visits the client's n real examples in a fresh random order (key
+  ``fold_in(key, e)``), B at a time, without replacement; the last batch of an epoch holds
+  ``n − (⌈n/B⌉ − 1)·B`` examples (``mask`` marks them). Static shapes: ``[B, ...]``."""
+  m = data.mask.shape[0]
+  n = jnp.maximum(data.num_examples, 1)
+  per_epoch = (n + batch_size - 1) // batch_size
+  epoch, j = step // per_epoch, step % per_epoch
+  score = jax.random.uniform(jax.random.fold_in(key, epoch), (m,))
+  order = jnp.argsort(jnp.where(jnp.arange(m) < n, score, 2.0))  # real rows first, shuffled
+  padded = jnp.concatenate([order, jnp.zeros((batch_size,), order.dtype)])
+  idx = jax.lax.dynamic_slice(padded, (j * batch_size,), (batch_size,))
+  mask = ((j * batch_size + jnp.arange(batch_size)) < n).astype(data.mask.dtype)
+  return data.x[idx], data.y[idx], mask

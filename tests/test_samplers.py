@@ -160,3 +160,26 @@ def test_clustering_helpers_and_bad_input():
     S.block(BLOCKS, q=[0.5, 0.5])
   with pytest.raises(ValueError, match="num_clusters"):
     S.clusters(BLOCKS, 4)
+
+
+def test_epoch_minibatches_visit_every_example_once_per_epoch():
+  """Epoch-based local training: S_k = E·⌈n_k/B⌉; each epoch's batches cover the client's real
+  examples exactly once (last batch partial), in a new order each epoch."""
+  from fedjaxsparse.data import pack_clients
+  from fedjaxsparse.sampling import epoch_minibatch, epoch_steps
+  x = np.arange(23, dtype=np.float32)[:, None]
+  data = pack_clients(x, np.zeros(23, np.int32), [np.arange(0, 7), np.arange(7, 23)])
+  steps = np.asarray(epoch_steps(data.num_examples, 3, 2))
+  np.testing.assert_array_equal(steps, [2 * 3, 2 * 6])
+  for i in range(2):
+    row = jax.tree.map(lambda a: a[i], data)
+    seen = []
+    for s in range(int(steps[i])):
+      bx, _, bm = epoch_minibatch(jax.random.key(i), row, 3, jnp.int32(s))
+      seen.append(np.asarray(bx[:, 0])[np.asarray(bm) > 0])
+    per = len(seen) // 2
+    ep1, ep2 = np.concatenate(seen[:per]), np.concatenate(seen[per:])
+    real = np.asarray(row.x[:int(row.num_examples), 0])
+    np.testing.assert_array_equal(np.sort(ep1), np.sort(real))
+    np.testing.assert_array_equal(np.sort(ep2), np.sort(real))
+    assert not np.array_equal(ep1, ep2)  # reshuffled
