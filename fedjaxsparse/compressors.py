@@ -11,7 +11,9 @@ Catalogue (spec ``seed001_ch2.md`` §2.1): identity; rand-k (unbiased, ω = d/k 
 rand-k (η = 1 − k/d, ω = (k/d)(1 − k/d)); top-k (η = √(1 − k/d), ω = 0); mix-(k, k′);
 comp-(k, k′); natural compression (Horváth et al. 2019, unbiased, ω = 1/8); QSGD random
 dithering with s levels (Alistarh et al. 2017, unbiased, ω = min(d/s², √d/s)); scaled sign
-(Karimireddy et al. 2019, deterministic, η = √(1 − 1/d) worst case). Combinators: ``scale``
+(Karimireddy et al. 2019, deterministic, η = √(1 − 1/d) worst case); seed 003's 1-bpp update
+compressors: stochastic sign (SignSGD), TernGrad, DRIVE and EDEN (randomised Hadamard
+rotation, :func:`hadamard`). Combinators: ``scale``
 (λC, Prop 2.2.1) and ``omega_ran`` (independent clients, m-nice sampling).
 """
 from __future__ import annotations
@@ -188,6 +190,115 @@ def scaled_sign(d: int) -> Compressor:
 
   return Compressor(_flat(fn, d, "scaled-sign"), math.sqrt(1.0 - 1.0 / d), 0.0,
                     lambda n: accounting.quantized_bits(n, 1), "scaled-sign")
+
+
+def stochastic_sign(d: int) -> Compressor:
+  """SignSGD as seed 003 runs it, "stochastic binarisation of the update" (the paper gives no
+  formula; this unbiased form is an assumption, spec B.7): ``r = ‖x‖_∞``, each entry ``+r`` with
+  probability ``(1 + x_i/r)/2``, else ``−r``. ``E = x``; variance ``Σ(r² − x_i²) ≤ (d − 1)‖x‖²``;
+  d sign bits + the fp32 r."""
+  def fn(key, v):
+    r = jnp.max(jnp.abs(v))
+    up = jax.random.bernoulli(key, 0.5 * (1 + v / jnp.where(r > 0, r, 1.0)))
+    return jnp.where(up, r, -r)
+
+  return Compressor(_flat(fn, d, "signsgd"), 0.0, d - 1.0,
+                    lambda n: accounting.quantized_bits(n, 1), "signsgd")
+
+
+def terngrad(d: int) -> Compressor:
+  """TernGrad (Wen et al. 2017): ``s = ‖x‖_∞``, ``s·sign(x_i)·b_i`` with ``b_i ~ Bern(|x_i|/s)``;
+  unbiased, variance ``s‖x‖₁ − ‖x‖² ≤ (√d − 1)‖x‖²``; log2(3) ≈ 1.585 bits per entry (the
+  paper's count; a ternary digit packing reaches it) + the fp32 s."""
+  def fn(key, v):
+    s = jnp.max(jnp.abs(v))
+    keep = jax.random.bernoulli(key, jnp.abs(v) / jnp.where(s > 0, s, 1.0))
+    return jnp.where(keep, s * jnp.sign(v), 0.0)
+
+  return Compressor(_flat(fn, d, "terngrad"), 0.0, math.sqrt(d) - 1.0,
+                    lambda n: accounting.quantized_bits(n, math.log2(3)), "terngrad")
+
+
+def hadamard(v: jax.Array) -> jax.Array:
+  """The orthonormal Walsh–Hadamard transform ``H v/√n`` of ``v [n]`` (n a power of two),
+  by log2 n butterfly stages: O(n log n); its own inverse."""
+  n = v.shape[0]
+  if n & (n - 1):
+    raise ValueError(f"hadamard needs a power-of-two length, got {n}.")
+  h = 1
+  while h < n:
+    x = v.reshape(-1, 2, h)
+    v = jnp.stack([x[:, 0] + x[:, 1], x[:, 0] - x[:, 1]], axis=1).reshape(n)
+    h *= 2
+  return v / math.sqrt(n)
+
+
+ROTATIONS = ("hadamard", "uniform")
+
+
+def _padded(d: int) -> int:
+  return 1 << max(0, (d - 1).bit_length())
+
+
+def _rotation(key: jax.Array, d: int, kind: str):
+  """A random rotation from the key shared with the server, ``(R, R⁻¹, its size)``:
+  ``"hadamard"``: ``R = H·diag(ξ)``, ξ Rademacher, on ``d`` entries zero-padded to
+  ``2^⌈log2 d⌉`` (O(d log d)); ``"uniform"``: a Haar-random orthogonal d × d matrix (QR of a
+  Gaussian one, sign-corrected; O(d²): small d, the exact form of the papers' theorems)."""
+  if kind == "hadamard":
+    dp = _padded(d)
+    xi = jax.random.rademacher(key, (dp,), jnp.float32)
+    return (lambda v: hadamard(xi * jnp.pad(v, (0, dp - d))),
+            lambda y: (xi * hadamard(y))[:d], dp)
+  q, r = jnp.linalg.qr(jax.random.normal(key, (d, d)))
+  q = q * jnp.sign(jnp.diagonal(r))[None, :]
+  return (lambda v: q.T @ v), (lambda y: q @ y), d
+
+
+def _rotated_sign(d: int, rotation: str, name: str, scale_fn) -> Callable:
+  if rotation not in ROTATIONS:
+    raise ValueError(f"rotation must be one of {ROTATIONS}, got {rotation!r}.")
+
+  def fn(key, v):
+    rot, inv, n = _rotation(key, d, rotation)
+    y = rot(v)
+    return inv(scale_fn(v, y, n) * jnp.sign(y))
+
+  return _flat(fn, d, name)
+
+
+def _sign_bits(rotation: str) -> Callable[[int], float]:
+  return lambda n: accounting.quantized_bits(_padded(n) if rotation == "hadamard" else n, 1)
+
+
+def drive(d: int, rotation: str = "hadamard") -> Compressor:
+  """DRIVE (Vargaftik et al. 2021), 1 bit per rotated entry: ``x̂ = α R⁻¹ sign(R x)`` with a
+  random rotation R (seed shared with the server) and ``α = ‖Rx‖₁/d′`` — the scale minimising
+  ``‖x − x̂‖`` (seed 003's description). Biased: ``‖x − x̂‖² = ‖x‖² − ‖Rx‖₁²/d′ ≤
+  (1 − 1/d′)‖x‖²``, so the class bounds are the worst case ``η = √(1 − 1/d′)``,
+  ``ω = 1 − 1/d′`` (d′: the padded length for the Hadamard rotation); d′ sign bits + fp32 α."""
+  dp = _padded(d) if rotation == "hadamard" else d
+  return Compressor(_rotated_sign(d, rotation, "drive",
+                                  lambda v, y, n: jnp.sum(jnp.abs(y)) / n),
+                    math.sqrt(1 - 1 / dp), 1 - 1 / dp, _sign_bits(rotation), "drive")
+
+
+def _eden_scale(v, y, n):
+  l1 = jnp.sum(jnp.abs(y))
+  return jnp.sum(v * v) / jnp.where(l1 > 0, l1, 1.0)
+
+
+def eden(d: int, rotation: str = "hadamard") -> Compressor:
+  """EDEN (Vargaftik et al. 2022) at 1 bit per rotated entry: DRIVE's signs with EDEN's scale
+  ``S = ‖x‖²/⟨Rx, sign(Rx)⟩ = ‖x‖²/‖Rx‖₁``, so ``⟨x̂, x⟩ = ‖x‖²`` exactly. With a uniform
+  rotation the estimate is unbiased (EDEN's theorem; ``η = 0``, worst case ``ω = d − 1``).
+  The randomised Hadamard rotation (the papers' practical choice) makes it only nearly so — no
+  bound is established, so ``η`` is NaN there (measure it; ``rotation="uniform"`` for the
+  exact form)."""
+  dp = _padded(d) if rotation == "hadamard" else d
+  return Compressor(_rotated_sign(d, rotation, "eden", _eden_scale),
+                    float("nan") if rotation == "hadamard" else 0.0, dp - 1.0,
+                    _sign_bits(rotation), "eden")
 
 
 def scale(c: Compressor, lam: float) -> Compressor:

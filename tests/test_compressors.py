@@ -25,7 +25,9 @@ def _samples(comp, x, trials=TRIALS):
 
 
 @pytest.mark.parametrize("make", [lambda: C.rand_k(D, 5), lambda: C.natural(D),
-                                  lambda: C.qsgd(D, 4), lambda: C.identity(D)])
+                                  lambda: C.qsgd(D, 4), lambda: C.identity(D),
+                                  lambda: C.stochastic_sign(D), lambda: C.terngrad(D),
+                                  lambda: C.eden(D, "uniform")])
 def test_unbiased_compressors(make):
   comp = make()
   x = _x()
@@ -134,3 +136,29 @@ def test_omega_ran_and_errors():
   with pytest.raises(ValueError, match="lam"):
     C.scale(C.identity(3), 1.5)
   assert C.top_k(100, 10).alpha == pytest.approx(0.1)
+
+
+def test_one_bit_rotation_compressors():
+  """Hadamard: orthonormal, an involution, log2 n butterfly stages (O(n log n)); EDEN:
+  ⟨x̂, x⟩ = ‖x‖² exactly for either rotation; DRIVE: ‖x − x̂‖² = ‖x‖² − ‖Rx‖₁²/d′ ≤
+  (1 − 1/d′)‖x‖² on every draw; bits as counted: d′ signs + one fp32 scale (TernGrad:
+  log2 3 per entry)."""
+  h = np.asarray(jax.vmap(C.hadamard)(jnp.eye(16)))
+  np.testing.assert_allclose(h @ h.T, np.eye(16), atol=1e-6)
+  np.testing.assert_allclose(h @ h, np.eye(16), atol=1e-6)
+  jaxpr = jax.make_jaxpr(C.hadamard)(jnp.zeros(1024))
+  assert sum(e.primitive.name == "add" for e in jaxpr.eqns) == 10  # log2(1024) stages
+  x = _x(5)
+  for rotation in C.ROTATIONS:
+    s = _samples(C.eden(D, rotation), x, 200)
+    np.testing.assert_allclose(s @ np.asarray(x, np.float64), float(jnp.sum(x ** 2)), rtol=1e-4)
+    s = _samples(C.drive(D, rotation), x, 200)
+    err = ((s - np.asarray(x)) ** 2).sum(1)
+    dp = 32 if rotation == "hadamard" else D
+    assert np.all(err <= (1 - 1 / dp) * float(jnp.sum(x ** 2)) + 1e-5)
+  assert C.drive(D).bits(D) == 32 + 32 and C.eden(D, "uniform").bits(D) == D + 32
+  assert C.stochastic_sign(D).bits(D) == D + 32
+  assert C.terngrad(D).bits(D) == pytest.approx(D * math.log2(3) + 32)
+  assert round(C.terngrad(D).bits(D) / D - 32 / D, 3) == 1.585
+  with pytest.raises(ValueError, match="rotation"):
+    C.drive(D, "givens")
