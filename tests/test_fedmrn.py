@@ -109,3 +109,17 @@ def test_bad_arguments(setup):
     fedmrn(loss, 0.1, noise_scale=0.0)
   with pytest.raises(ValueError, match="epochs"):
     fedmrn(loss, 0.1, epochs=0)
+
+
+def test_post_training_compressors_on_the_same_backbone(setup):
+  """masking="none" + uplink: the backbone's updates compressed once (here TernGrad) and
+  charged by the compressor's bits; an uplink needs the uncompressed backbone."""
+  from fedjaxsparse import compressors as C
+  ds, _, loss, w0 = setup
+  d = sum(a.size for a in jax.tree.leaves(w0))
+  algo = fedmrn(loss, 0.1, epochs=1, batch_size=16, cohort_size=2, masking="none",
+                uplink=C.terngrad(d))
+  _, info = jax.jit(algo.step)(jax.random.key(0), algo.init(None, w0, ds.train), ds.train)
+  assert float(info.bits_up) == pytest.approx(2 * C.terngrad(d).bits(d))
+  with pytest.raises(ValueError, match="uplink"):
+    fedmrn(loss, 0.1, uplink=C.terngrad(d))

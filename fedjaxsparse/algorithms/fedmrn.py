@@ -21,7 +21,7 @@ from the seed and sets ``w^{t+1} = w^t + Σ_k p'_k n_k⊙m_k`` with data-size we
 ablations of B.8 are options, not copies: ``stochastic=False`` (w/o SM: DM instead of M),
 ``progressive=False`` (w/o PM: P ≡ 1), both (w/o PSM), ``masking="post"`` (FedAvg w. SM: plain
 local SGD, then one SM of the final update) and ``masking="none"`` (the FedAvg backbone: the
-dense update u is sent, 32 bits per entry).
+dense update u is sent, 32 bits per entry, or compressed once by ``uplink``).
 
 Messages are *updates* (``u`` or ``n⊙m``), added to ``w^t`` — not models.
 """
@@ -72,7 +72,7 @@ def _flat_size(tree) -> int:
 def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
            cohort_size: int | None = None, noise_scale: float = 1e-2,
            distribution: str = "uniform", signed: bool = False, stochastic: bool = True,
-           progressive: bool = True, masking: str = "learned") -> Algorithm:
+           progressive: bool = True, masking: str = "learned", uplink: Any = None) -> Algorithm:
   """FedMRN (``signed=False``) / FedMRNS (``signed=True``); see the module docstring.
 
   Args:
@@ -83,7 +83,12 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     noise_scale: α of the noise (uniform on [−α, α]; paper: 1e-2 FedMRN, 5e-3 FedMRNS).
     distribution: ``"uniform"``, ``"gaussian"`` (std α) or ``"bernoulli"`` (±α).
     stochastic, progressive, masking: the ablations (module docstring).
+    uplink: with ``masking="none"``, a :class:`fedjaxsparse.compressors.Compressor` applied
+      once to each client's final update before upload (the post-training compressors of
+      seed 003's baselines: SignSGD, TernGrad, DRIVE, EDEN, top-k), charged ``uplink.bits(d)``.
   """
+  if uplink is not None and masking != "none":
+    raise ValueError("uplink (a post-training compressor) needs masking='none'.")
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("noise_scale", noise_scale, 0.0, None, low_open=True)
   for name, v in (("epochs", epochs), ("batch_size", batch_size)):
@@ -143,9 +148,13 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     p = client_weights(cdata.num_examples, "num_examples")
     d = _flat_size(w)
     c = ids.shape[0]
-    if masking == "none":
+    if masking == "none" and uplink is None:
       updates, ones = messages, jnp.float32(0)
       up = jnp.float32(c * accounting.dense_bits(d))
+    elif masking == "none":
+      k_up = jax.random.fold_in(k_train, 1)
+      updates = jax.vmap(uplink.compress)(client_keys(k_up, ids), messages)
+      ones, up = jnp.float32(0), jnp.float32(c * uplink.bits(d))
     else:  # the server regenerates each participant's noise from its seed
       noises = jax.vmap(lambda k: M.tree_noise(k, w, noise_scale, distribution))(noise_keys)
       updates = jax.tree.map(lambda n, m: n * m.astype(n.dtype), noises, messages)
