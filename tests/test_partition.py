@@ -86,3 +86,20 @@ def test_lognormal_sizes():
   assert flat.max() - flat.min() <= 1  # sigma = 0 is balanced
   with pytest.raises(ValueError, match="sigma"):
     lognormal_sizes(100, 5, -1.0)
+
+
+def test_label_count_split_gives_each_client_exactly_k_labels():
+  """Seed 003's Non-IID-2 (NIID-Bench #C = 3): every client holds exactly 3 labels, every
+  example is used once (100 clients ≥ 10 labels), each label's examples are shared equally
+  (±1) among its holders; deterministic under the seed."""
+  from fedjaxsparse.data.partition import label_count_partition, partition
+  parts = label_count_partition(LABELS, 100 // 10 * 2, 3, seed=0)
+  _assert_exact_cover(parts, 1000)
+  assert all(len(np.unique(LABELS[p])) == 3 for p in parts)
+  for c in range(10):
+    counts = [int(np.sum(LABELS[p] == c)) for p in parts if np.any(LABELS[p] == c)]
+    assert max(counts) - min(counts) <= 1
+  again = partition(LABELS, 20, "labels", 0, labels_per_client=3)
+  assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+  with pytest.raises(ValueError, match="labels_per_client"):
+    label_count_partition(LABELS, 20, 11)

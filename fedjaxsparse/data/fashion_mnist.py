@@ -89,12 +89,16 @@ def load_arrays(data_dir: str = DEFAULT_DIR, split: str = "train"):
 
 def fashion_mnist(data_dir: str = DEFAULT_DIR, num_clients: int = 100,
                   partition: str = "dirichlet", alpha: float = 0.5, seed: int = 0,
-                  shards_per_client: int = 2, sigma: float = 0.3) -> FederatedDataset:
+                  shards_per_client: int = 2, sigma: float = 0.3,
+                  labels_per_client: int = 3) -> FederatedDataset:
   """The 60k training images split over clients by ``partition``; the official 10k test
   images are the shared test set (one test client), as in FedAvg-style evaluations."""
   x, y = load_arrays(data_dir, "train")
   xt, yt = load_arrays(data_dir, "test")
   parts = partition_fn(y, num_clients, partition, seed, alpha=alpha,
-                       shards_per_client=shards_per_client, sigma=sigma)
-  name = f"fashion_mnist/{partition}" + (f"({alpha})" if partition == "dirichlet" else "")
+                       shards_per_client=shards_per_client, sigma=sigma,
+                       labels_per_client=labels_per_client)
+  name = f"fashion_mnist/{partition}" + (f"({alpha})" if partition == "dirichlet" else
+                                         f"({labels_per_client})" if partition == "labels"
+                                         else "")
   return federate(x, y, parts, num_classes=NUM_CLASSES, name=name, x_test=xt, y_test=yt)

@@ -148,13 +148,48 @@ def dirichlet_lognormal_partition(labels: np.ndarray, num_clients: int, alpha: f
   return [np.sort(np.asarray(p, np.int64)) for p in parts]
 
 
-PARTITIONS = ("iid", "dirichlet", "shards", "lognormal", "dirichlet_lognormal")
+def label_count_partition(labels: np.ndarray, num_clients: int, labels_per_client: int,
+                          seed: int = 0) -> list[np.ndarray]:
+  """NIID-Bench's "#C = k" split (seed 003's Non-IID-2: each client holds only k random
+  labels): client i gets label ``i mod C`` and ``k − 1`` further distinct labels drawn at
+  random (so every label has a holder when ``num_clients ≥ C``); each label's shuffled
+  examples are cut into equal parts among its holders. A label nobody drew is left out
+  (possible only when ``num_clients < C``)."""
+  labels = np.asarray(labels)
+  classes = np.unique(labels)
+  c = len(classes)
+  _check_clients(len(labels), num_clients)
+  if not isinstance(labels_per_client, (int, np.integer)) or not 1 <= labels_per_client <= c:
+    raise ValueError(f"labels_per_client must be an int in [1, {c}] (the number of labels), "
+                     f"got {labels_per_client!r}.")
+  rng = np.random.default_rng(seed)
+  held = []
+  for i in range(num_clients):
+    first = i % c
+    rest = rng.choice(np.delete(np.arange(c), first), labels_per_client - 1, replace=False)
+    held.append({first, *rest.tolist()})
+  parts = [[] for _ in range(num_clients)]
+  for j, label in enumerate(classes):
+    holders = [i for i in range(num_clients) if j in held[i]]
+    if not holders:
+      continue
+    ids = rng.permutation(np.flatnonzero(labels == label))
+    for i, chunk in zip(holders, np.array_split(ids, len(holders))):
+      parts[i].extend(chunk.tolist())
+  if any(not p for p in parts):
+    raise ValueError("a client got no example (too few examples per label for "
+                     f"{num_clients} clients with {labels_per_client} labels each).")
+  return [np.sort(np.asarray(p, np.int64)) for p in parts]
+
+
+PARTITIONS = ("iid", "dirichlet", "shards", "lognormal", "dirichlet_lognormal", "labels")
 
 
 def partition(labels: np.ndarray, num_clients: int, method: str, seed: int = 0, *,
               alpha: float = 0.5, shards_per_client: int = 2,
-              sigma: float = 0.3) -> list[np.ndarray]:
-  """Dispatch on ``method`` in ``PARTITIONS`` (labels are used by dirichlet and shards)."""
+              sigma: float = 0.3, labels_per_client: int = 3) -> list[np.ndarray]:
+  """Dispatch on ``method`` in ``PARTITIONS`` (labels are used by dirichlet, shards and
+  labels)."""
   n = len(labels)
   if method == "iid":
     return iid_partition(n, num_clients, seed)
@@ -166,4 +201,6 @@ def partition(labels: np.ndarray, num_clients: int, method: str, seed: int = 0, 
     return lognormal_partition(n, num_clients, sigma, seed)
   if method == "dirichlet_lognormal":
     return dirichlet_lognormal_partition(labels, num_clients, alpha, sigma, seed)
+  if method == "labels":
+    return label_count_partition(labels, num_clients, labels_per_client, seed)
   raise ValueError(f"partition must be one of {PARTITIONS}, got {method!r}.")

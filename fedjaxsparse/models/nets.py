@@ -152,6 +152,44 @@ def _norm(kind: str, num_groups: int, name: str) -> nn.Module:
   return _BatchStatNorm(name=name)
 
 
+class _BNCNN(nn.Module):
+  num_classes: int
+  channels: Sequence[int]
+  norm: str
+  pool_every: int
+  conv: str
+
+  @nn.compact
+  def __call__(self, x):
+    for i, c in enumerate(self.channels):
+      x = Conv(c, (3, 3), padding="SAME", use_bias=False, impl=self.conv)(x)
+      x = nn.relu(_norm(self.norm, min(8, c), f"norm{i}")(x))
+      if (i + 1) % self.pool_every == 0:
+        x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
+    return nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1))
+
+
+def bn_cnn(input_shape: Sequence[int], num_classes: int,
+           channels: Sequence[int] = (32, 32, 64, 64), norm: str = "batch",
+           pool_every: int = 2, conv: str = "auto") -> Model:
+  """Seed 003's CNNs, "4 conv layers + 1 FC" (FMNIST, SVHN; the default) and "8 conv + 1 FC"
+  (CIFAR; ``channels=(32, 32, 64, 64, 128, 128, 256, 256)``), with ReLU and BatchNorm
+  throughout — widths, kernels and pooling are not in the paper: 3×3 "same" convolutions
+  without bias, each followed by a norm and ReLU, a 2×2 max-pool after every ``pool_every``
+  convolutions, one dense output layer.
+
+  BatchNorm under a 1-bit uplink (the paper is silent): ``norm="batch"`` normalises with the
+  current batch's statistics in training and evaluation alike — there are no running
+  statistics, so no non-parameter state to aggregate — and its scale/bias are parameters like
+  any other (masked or compressed with them); ``norm="group"`` is the per-example
+  alternative."""
+  resolve_impl(conv)
+  if norm not in ("batch", "group"):
+    raise ValueError(f"norm must be 'batch' or 'group', got {norm!r}.")
+  return _as_model(_BNCNN(num_classes, tuple(channels), norm, pool_every, conv), input_shape,
+                   _image_shape(input_shape))
+
+
 class _BasicBlock(nn.Module):
   channels: int
   stride: int
