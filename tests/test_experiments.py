@@ -112,7 +112,8 @@ def test_tuning_never_sees_the_test_split(tmp_path, monkeypatch):
     monkeypatch.setattr(exp, "_load", lambda cfg, *args, ds=ds: ds)
     assert main(["run", "sparse_proxskip", "--rounds", "40", "--eval-every", "20", "--clients",
                  "5", "--out", str(tmp_path / tag), "--no-progress", "--set", "search=2",
-                 "--set", "repetitions=2", "--set", "diagnostics=false"]) == 0
+                 "--set", "repetitions=2", "--set", "diagnostics=false",
+                 "--set", "methods=FedHT,Sparse-ProxSkip"]) == 0
     tuned[tag] = json.load(open(tmp_path / tag / "sparse_proxskip" / "results.json"))
   assert tuned["clean"]["tuned"] == tuned["poisoned"]["tuned"]
   acc = lambda r: [row["final accuracy"] for row in r["table"]]
@@ -122,7 +123,7 @@ def test_tuning_never_sees_the_test_split(tmp_path, monkeypatch):
 def test_seed_statistics_are_mean_and_standard_error(tmp_path):
   assert main(["run", "sparse_proxskip", "--rounds", "40", "--eval-every", "20", "--clients",
                "5", "--out", str(tmp_path), "--no-progress", "--set", "seeds=3",
-               "--set", "diagnostics=false"]) == 0
+               "--set", "diagnostics=false", "--set", "methods=FedIHT,Sparse-ProxSkip"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
   stats = res["seed_statistics"]["0.9"]
   for name, st in stats.items():

@@ -1,0 +1,120 @@
+"""FedPM (Isik et al. 2023; seed 003's model-compression baseline, spec ``seed000_003.md`` B.5):
+federated *probabilistic masks* over frozen random weights — the mask is the model.
+
+Every client shares the frozen random weights ``W₀`` (one seed) and the server keeps mask
+probabilities ``θ`` (one per weight). Round t: each participant trains scores ``s`` from
+``logit(θ^t)`` by epoch-based SGD with the forward model ``W₀ ⊙ m``, ``m ~ Bernoulli(σ(s))``
+drawn afresh each step, the gradient passed straight through the sampling to the probability
+(``∂L/∂s = ∂L/∂m · σ′(s)``), then uploads one sampled mask ``m_k ~ Bernoulli(σ(s_k))``: d bits.
+The server averages the masks, ``θ^{t+1} = clip(mean_k m_k, ε, 1 − ε)`` (the document's plain
+mean, with its sum over the participants; FedPM's Bayesian aggregation is not in seed 003) —
+clipped because ``logit(0 or 1) = ∓∞``.
+
+The deployed model (:attr:`FedPMState.params`) is ``W₀ ⊙ 1[θ ≥ ½]``, the most likely mask (the
+paper does not say which mask it evaluates).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjaxsparse import accounting
+from fedjaxsparse.clients import map_clients
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData, check_data
+from fedjaxsparse.masking import tree_map_keyed
+from fedjaxsparse.sampling import (check_cohort_size, client_keys, epoch_minibatch, epoch_steps,
+                                   sample_cohort)
+from fedjaxsparse.validation import check_number
+
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+class FedPMState(NamedTuple):
+  """Attributes: ``weights`` (W₀, frozen), ``theta`` (mask probabilities), ``round``."""
+  weights: Any
+  theta: Any
+  round: jax.Array
+
+  @property
+  def params(self):
+    return jax.tree.map(lambda w, t: w * (t >= 0.5), self.weights, self.theta)
+
+
+class FedPMInfo(NamedTuple):
+  """Per round: ``loss`` (mean participant loss of the deployed model), ``bits_up`` (d per
+  upload), ``bits_down`` (32·d for θ), ``num_clients``, ``density`` (mean θ)."""
+  loss: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+  num_clients: jax.Array
+  density: jax.Array
+
+
+def fedpm(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
+          cohort_size: int | None = None, clip: float = 1e-3) -> Algorithm:
+  """FedPM; ``init(key, params, data)`` takes ``params`` as the frozen random weights W₀.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> F_k`` of one client.
+    lr: SGD step on the scores.
+    epochs, batch_size: epoch-based local training (as FedMRN's).
+    cohort_size: clients per round (``None``: all).
+    clip: ε of ``θ ∈ [ε, 1 − ε]``.
+  """
+  check_number("lr", lr, 0.0, None, low_open=True)
+  check_number("clip", clip, 0.0, 0.5, low_open=True, high_open=True)
+
+  def init(key, params, data: FederatedData) -> FedPMState:
+    del key
+    check_data(data)
+    check_cohort_size(cohort_size, data.num_clients)
+    return FedPMState(params, jax.tree.map(lambda w: jnp.full(w.shape, 0.5, w.dtype), params),
+                      jnp.zeros((), jnp.int32))
+
+  def masked_loss(s, w0, key, x, y, m):
+    def sample(k, si):  # straight-through Bernoulli: forward m, gradient as if m = σ(s)
+      p = jax.nn.sigmoid(si)
+      b = jax.random.bernoulli(k, p).astype(si.dtype)
+      return p + jax.lax.stop_gradient(b - p)
+    mask = tree_map_keyed(sample, key, s)
+    return loss_fn(jax.tree.map(jnp.multiply, w0, mask), x, y, m)
+
+  grad = jax.grad(masked_loss)
+
+  def client(w0, s0, max_steps, key, d):
+    k_order, k_masks, k_final = jax.random.split(key, 3)
+    s_k = epoch_steps(d.num_examples, batch_size, epochs)
+
+    def body(t, s):
+      x, y, bm = epoch_minibatch(k_order, d, batch_size, t)
+      g = grad(s, w0, jax.random.fold_in(k_masks, t), x, y, bm)
+      return jax.tree.map(lambda si, gi: jnp.where(t < s_k, si - lr * gi, si), s, g)
+
+    s = jax.lax.fori_loop(0, max_steps, body, s0)
+    return tree_map_keyed(lambda k, si: jax.random.bernoulli(k, jax.nn.sigmoid(si)).astype(
+        jnp.int8), k_final, s)
+
+  def step(key, state: FedPMState, data: FederatedData):
+    k_cohort, k_train = jax.random.split(key)
+    ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
+    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
+    s0 = jax.tree.map(lambda t: jnp.log(t) - jnp.log1p(-t), state.theta)
+    max_steps = epochs * -(-data.max_examples // batch_size)
+    masks = map_clients(lambda k, d: client(state.weights, s0, max_steps, k, d), cdata,
+                        client_keys(k_train, ids))
+    theta = jax.tree.map(lambda m, t: jnp.clip(jnp.mean(m.astype(t.dtype), 0), clip, 1 - clip),
+                         masks, state.theta)
+    new = FedPMState(state.weights, theta, state.round + 1)
+    losses = map_clients(lambda d: loss_fn(new.params, d.x, d.y, d.mask), cdata)
+    d = sum(int(a.size) for a in jax.tree.leaves(state.weights))
+    c = ids.shape[0]
+    leaves = jax.tree.leaves(theta)
+    density = sum(jnp.sum(t) for t in leaves) / d
+    return new, FedPMInfo(jnp.mean(losses), jnp.float32(c * d),
+                          jnp.float32(c * accounting.dense_bits(d)), jnp.int32(c),
+                          density.astype(jnp.float32))
+
+  return Algorithm(init, step)
