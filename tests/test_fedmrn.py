@@ -123,3 +123,20 @@ def test_post_training_compressors_on_the_same_backbone(setup):
   assert float(info.bits_up) == pytest.approx(2 * C.terngrad(d).bits(d))
   with pytest.raises(ValueError, match="uplink"):
     fedmrn(loss, 0.1, uplink=C.terngrad(d))
+
+
+def test_fedsparsify_uploads_pruned_models(setup):
+  """FedSparsify (seed 003's meaning): every participant's local model is pruned to k
+  non-zeros, so the new global model — their data-weighted average — has at most c·k
+  non-zeros, and each upload is charged by its own non-zeros (≤ k)."""
+  from fedjaxsparse import accounting
+  ds, _, loss, w0 = setup
+  d = sum(a.size for a in jax.tree.leaves(w0))
+  k = max(1, int(0.03 * d))
+  algo = fedmrn(loss, 0.1, epochs=1, batch_size=16, cohort_size=3, masking="none", prune_to=k)
+  new, info = jax.jit(algo.step)(jax.random.key(0), algo.init(None, w0, ds.train), ds.train)
+  nnz = sum(int(np.sum(np.asarray(a) != 0)) for a in jax.tree.leaves(new.params))
+  assert 0 < nnz <= 3 * k
+  assert float(info.bits_up) <= 3 * accounting.sparse_bits(k, d) + 1e-3
+  with pytest.raises(ValueError, match="prune_to"):
+    fedmrn(loss, 0.1, prune_to=k)
