@@ -61,28 +61,35 @@ def _user_arrays(path: str, user: str, rec) -> tuple[np.ndarray, np.ndarray]:
   return x.reshape(-1, 28, 28, 1), np.asarray(ys, np.int32)
 
 
+def read_leaf_json(path: str) -> dict:
+  """One LEAF JSON file, checked for LEAF's layout (an object with a ``users`` list and a
+  ``user_data`` object); DataError names the file and the problem."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      blob = json.load(f)
+  except json.JSONDecodeError as e:
+    raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: "
+                    f"{e.msg}.") from e
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not UTF-8 text ({e}).") from e
+  if not isinstance(blob, dict):
+    raise DataError(f"{path}: expected a JSON object with 'users' and 'user_data', got "
+                    f"{type(blob).__name__}.")
+  for key in ("users", "user_data"):
+    if key not in blob:
+      raise DataError(f"{path}: missing key {key!r}.")
+  if not isinstance(blob["users"], list) or not isinstance(blob["user_data"], dict):
+    raise DataError(f"{path}: 'users' must be a list and 'user_data' an object.")
+  return blob
+
+
 def _read_split(directory: str) -> dict:
   """``{writer: (x, y)}`` of all JSON files in ``directory``; DataError names the file (and
   the writer and example) of malformed content."""
   paths = sorted(glob.glob(os.path.join(directory, "*.json")))
   users = {}
   for path in paths:
-    try:
-      with open(path, encoding="utf-8") as f:
-        blob = json.load(f)
-    except json.JSONDecodeError as e:
-      raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: "
-                      f"{e.msg}.") from e
-    except UnicodeDecodeError as e:
-      raise DataError(f"{path}: not UTF-8 text ({e}).") from e
-    if not isinstance(blob, dict):
-      raise DataError(f"{path}: expected a JSON object with 'users' and 'user_data', got "
-                      f"{type(blob).__name__}.")
-    for key in ("users", "user_data"):
-      if key not in blob:
-        raise DataError(f"{path}: missing key {key!r}.")
-    if not isinstance(blob["users"], list) or not isinstance(blob["user_data"], dict):
-      raise DataError(f"{path}: 'users' must be a list and 'user_data' an object.")
+    blob = read_leaf_json(path)
     for u in blob["users"]:
       if u not in blob["user_data"]:
         raise DataError(f"{path}, user {u!r}: listed in 'users' but missing from "

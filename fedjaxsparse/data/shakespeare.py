@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import glob
 import importlib.resources
-import json
 import os
 import re
 import reprlib
@@ -50,6 +49,7 @@ import tarfile
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData, FederatedDataset, pack_clients
+from fedjaxsparse.data.leaf import read_leaf_json
 from fedjaxsparse.errors import DataError
 
 VOCAB = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
@@ -221,22 +221,7 @@ def _read_leaf_split(directory: str) -> dict[str, tuple[list, list]]:
     raise FileNotFoundError(f"no LEAF Shakespeare JSON files in {directory!r}; {HOW_TO_GET}")
   users, seen = {}, {}
   for path in paths:
-    try:
-      with open(path, encoding="utf-8") as f:
-        blob = json.load(f)
-    except json.JSONDecodeError as e:
-      raise DataError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: "
-                      f"{e.msg}.") from e
-    except UnicodeDecodeError as e:
-      raise DataError(f"{path}: not UTF-8 text ({e}).") from e
-    if not isinstance(blob, dict):
-      raise DataError(f"{path}: expected a JSON object with 'users' and 'user_data', got "
-                      f"{type(blob).__name__}.")
-    for key in ("users", "user_data"):
-      if key not in blob:
-        raise DataError(f"{path}: missing key {key!r}.")
-    if not isinstance(blob["users"], list) or not isinstance(blob["user_data"], dict):
-      raise DataError(f"{path}: 'users' must be a list and 'user_data' an object.")
+    blob = read_leaf_json(path)
     counts = blob.get("num_samples")
     if counts is not None and (not isinstance(counts, list)
                                or len(counts) != len(blob["users"])):
