@@ -16,7 +16,9 @@ Methods (one epoch-based backbone, :func:`fedjaxsparse.algorithms.fedmrn.fedmrn`
 sparsity; FedSparsify (local magnitude pruning to 3 % during training, pruned models sent,
 ``prune_to``) on the same backbone; FedPM (:mod:`fedjaxsparse.algorithms.fedpm`: masks over
 the frozen random initial weights, its deployed model evaluated). Uplink bits per parameter are reported as the paper counts them (1 bpp; TernGrad
-1.585; Top-k's values only) and as sent (scalars, seeds, padding, Top-k's indices).
+1.585; Top-k's values only) and as sent (scalars, seeds, padding, Top-k's indices); "train s"
+is each final run's wall time, compilation included, for Fig. 6's cost of compressing
+(DRIVE/EDEN's rotations against FedMRN's masks).
 """
 from __future__ import annotations
 
@@ -149,7 +151,8 @@ def _run(cfg: Config, opts: dict) -> dict:
       rows.append({"split": split, "method": m, "lr": lr, "ours %": stats["mean"],
                    "s.e.": stats["se"],
                    "paper %": PAPER[m][list(SPLITS).index(split)],
-                   "bpp (paper's count)": PAPER_BPP.get(m, 1), "bpp sent": sent_bpp})
+                   "bpp (paper's count)": PAPER_BPP.get(m, 1), "bpp sent": sent_bpp,
+                   "train s": records[f"{m} ({split})"]["wall_time_s"]})
   table = print_table(rows, list(rows[0]))
   losses = {}
   for m in methods:  # Table 2: summed accuracy change vs FedAvg over the splits run
