@@ -18,11 +18,22 @@ sparsity; FedSparsify (local magnitude pruning to 3 % during training, pruned mo
 the frozen random initial weights, its deployed model evaluated). Uplink bits per parameter are reported as the paper counts them (1 bpp; TernGrad
 1.585; Top-k's values only) and as sent (scalars, seeds, padding, Top-k's indices); "train s"
 is each final run's wall time, compilation included, for Fig. 6's cost of compressing
-(DRIVE/EDEN's rotations against FedMRN's masks).
+(DRIVE/EDEN's rotations against FedMRN's masks). ``FedSparsify-GMP`` (not a Table 1 row) is
+seed 000's FedSparsify: server-side gradual magnitude pruning to 97 % on the cubic schedule
+(:func:`fedjaxsparse.sparsity.gmp_sparsity`, dense uploads, sparse downlink).
+
+Studies (``--set study=``): ``table1`` (above); ``ablation`` — Fig. 4's variants (B.8: FedMRN
+w/o SM, w/o PM, w/o PSM, FedAvg w. SM) beside FedAvg, FedMRN and SignSGD, the paper runs them
+on Non-IID-2 (``--set splits=niid2``) and gives no numbers, only orderings (printed);
+``noise`` — Fig. 5: FedMRN and FedMRNS for every noise distribution × scale in
+``noise_grid`` (FedMRNS at half the scale) beside FedAvg, plotted as accuracy against α (the
+paper's figure is on CIFAR-10; here on FMNIST). Every method of every study is tuned alike
+over ``lrs``.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 
@@ -30,6 +41,7 @@ import jax
 import numpy as np
 
 from fedjaxsparse import compressors as C
+from fedjaxsparse import masking as M
 from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.algorithms.fedpm import fedpm
 from fedjaxsparse.data.fashion_mnist import DEFAULT_DIR, fashion_mnist
@@ -37,8 +49,9 @@ from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results)
 from fedjaxsparse.models import bn_cnn, make_loss, mlp
-from fedjaxsparse.plotting import method_colors, plot_methods
+from fedjaxsparse.plotting import method_colors, plot_curves, plot_methods
 from fedjaxsparse.protocol import PaperConfig, mean_se, validation_split
+from fedjaxsparse.sparsity import gmp_sparsity
 
 NAME = "fedmrn_fmnist"
 DESCRIPTION = "Seed 003 Table 1 (FMNIST): FedMRN/FedMRNS vs FedAvg and 1-bpp compressors"
@@ -50,17 +63,38 @@ SPLITS = {"iid": dict(partition="iid"), "niid1": dict(partition="dirichlet", alp
           "niid2": dict(partition="labels", labels_per_client=3)}
 METHODS = ("FedAvg", "FedPM", "FedSparsify", "SignSGD", "Top-k", "TernGrad", "DRIVE", "EDEN",
            "FedMRN", "FedMRNS")  # Table 1's rows
+EXTRA = ("FedSparsify-GMP",)  # seed 000's server-side FedSparsify, not in Table 1
+ABLATION = {  # Fig. 4 (B.8): the fedmrn options of each variant; the paper gives no numbers
+    "FedAvg": dict(masking="none"), "FedMRN": {},
+    "FedMRN w/o SM": dict(stochastic=False), "FedMRN w/o PM": dict(progressive=False),
+    "FedMRN w/o PSM": dict(stochastic=False, progressive=False),
+    "FedAvg w. SM": dict(masking="post"), "SignSGD": None}
+ABLATION_CLAIMS = ("both SM and PM are needed, SM slightly more; FedMRN w/o PM > FedAvg w. SM "
+                   "(masking during training beats masking after); even FedMRN w/o PSM > "
+                   "SignSGD")
+NOISE_CLAIMS = ("CIFAR-10 NIID-2: the distribution barely matters, the magnitude does; FedMRN "
+                "≈ FedAvg for α ∈ {2.5e-3, 5e-3, 1e-2}, FedMRNS for α ∈ {1.25e-3, 2.5e-3, 5e-3}")
+STUDIES = ("table1", "ablation", "noise")
 PAPER = {  # Table 1, FMNIST: IID, Non-IID-1, Non-IID-2 (mean test accuracy %, 5 runs)
     "FedAvg": (92.0, 90.5, 88.8), "FedPM": (81.7, 78.6, 74.6),
     "FedSparsify": (85.6, 80.9, 78.8), "SignSGD": (91.1, 88.4, 87.1),
     "Top-k": (90.1, 88.6, 86.7), "TernGrad": (91.4, 89.9, 87.9), "DRIVE": (91.6, 89.9, 88.1),
     "EDEN": (91.4, 89.8, 88.3), "FedMRN": (91.8, 90.2, 88.6), "FedMRNS": (92.0, 90.5, 88.9)}
-PAPER_BPP = {"FedAvg": 32, "TernGrad": math.log2(3)}  # every other method: 1 (FedSparsify:
+PAPER_BPP = {"FedAvg": 32, "TernGrad": math.log2(3), "FedSparsify-GMP": 32}  # every other method: 1 (FedSparsify:
 # 3 % of the values, indices ignored)
 OPTIONS = (
+    Option("study", "table1", "table1 (Table 1/2), ablation (Fig. 4: the B.8 variants) or noise "
+           "(Fig. 5: distributions x scales)", choices=STUDIES),
     Option("splits", "iid,niid1,niid2", "comma list of iid, niid1 (Dirichlet 0.3), niid2 "
            "(3 labels per client)", kind="str"),
-    Option("methods", ",".join(METHODS), "comma list of the methods", kind="str"),
+    Option("methods", ",".join(METHODS), "comma list of the methods (table1 study; also "
+           "FedSparsify-GMP)", kind="str"),
+    Option("noise_grid", [2.5e-3, 5e-3, 1e-2, 2e-2], "noise study: FedMRN's scales α "
+           "(FedMRNS: α/2)", kind="floats", low=0.0, low_open=True),
+    Option("distributions", "uniform,gaussian,bernoulli", "noise study: comma list",
+           kind="str"),
+    Option("gmp_end", 0.5, "FedSparsify-GMP: fraction of the rounds at which the cubic ramp "
+           "reaches 97 %", low=0.0, high=1.0, low_open=True),
     Option("cohort", 10, "clients per round", low=1),
     Option("epochs", 1, "local epochs (paper: 10)", low=1),
     Option("batch", 64, "minibatch size", low=1),
@@ -86,32 +120,62 @@ PAPERS = {"table1_fmnist": PaperConfig(
                "FedPM's lr grid is the shared one (its score lr is unspecified)")}
 
 
-def _algorithm(name: str, loss, lr: float, d: int, opts: dict):
+def _specs(opts: dict, rounds: int) -> dict:
+  """The study's methods: name -> ("fedpm" | fedmrn keyword arguments, or a Compressor
+  factory ``d -> Compressor`` under "uplink")."""
+  top = lambda d: C.top_k(d, math.ceil(0.03 * d))
+  table = {"FedAvg": dict(masking="none"), "FedPM": "fedpm",
+           "FedSparsify": dict(masking="none", prune_to=lambda d: math.ceil(0.03 * d)),
+           "FedSparsify-GMP": dict(masking="none", server_sparsity=functools.partial(
+               gmp_sparsity, final=0.97, begin=0,
+               end=max(1, round(opts["gmp_end"] * rounds)))),
+           "SignSGD": dict(masking="none", uplink=C.stochastic_sign),
+           "Top-k": dict(masking="none", uplink=top),
+           "TernGrad": dict(masking="none", uplink=C.terngrad),
+           "DRIVE": dict(masking="none", uplink=C.drive),
+           "EDEN": dict(masking="none", uplink=C.eden),
+           "FedMRN": dict(noise_scale=opts["noise"]),
+           "FedMRNS": dict(noise_scale=opts["noise"] / 2, signed=True)}
+  if opts["study"] == "table1":
+    names = _names(opts["methods"], METHODS + EXTRA, "methods")
+    return {m: table[m] for m in names}
+  if opts["study"] == "ablation":
+    return {m: table[m] if kw is None else {"noise_scale": opts["noise"], **kw}
+            for m, kw in ABLATION.items()}
+  specs = {"FedAvg": table["FedAvg"]}
+  for dist in _names(opts["distributions"], M.DISTRIBUTIONS, "distributions"):
+    for a in opts["noise_grid"]:
+      specs[f"FedMRN {dist} α={a:g}"] = dict(noise_scale=a, distribution=dist)
+      specs[f"FedMRNS {dist} α={a / 2:g}"] = dict(noise_scale=a / 2, distribution=dist,
+                                                  signed=True)
+  return specs
+
+
+def _names(text: str, allowed: tuple, option: str) -> list[str]:
+  names = [m.strip() for m in text.split(",") if m.strip()]
+  for m in names:
+    if m not in allowed:
+      raise ValueError(f"option {option!r} takes {allowed}, got {m!r}.")
+  return names
+
+
+def _algorithm(spec, loss, lr: float, d: int, opts: dict):
   common = dict(epochs=opts["epochs"], batch_size=opts["batch"], cohort_size=opts["cohort"])
-  if name == "FedPM":
+  if spec == "fedpm":
     return fedpm(loss, lr, **common)
-  if name == "FedSparsify":
-    return fedmrn(loss, lr, masking="none", prune_to=math.ceil(0.03 * d), **common)
-  if name == "FedMRN":
-    return fedmrn(loss, lr, noise_scale=opts["noise"], **common)
-  if name == "FedMRNS":
-    return fedmrn(loss, lr, noise_scale=opts["noise"] / 2, signed=True, **common)
-  uplink = {"FedAvg": None, "SignSGD": C.stochastic_sign(d), "TernGrad": C.terngrad(d),
-            "DRIVE": C.drive(d), "EDEN": C.eden(d),
-            "Top-k": C.top_k(d, math.ceil(0.03 * d))}[name]
-  return fedmrn(loss, lr, masking="none", uplink=uplink, **common)
+  kw = dict(spec)
+  if "uplink" in kw:
+    kw["uplink"] = kw["uplink"](d)
+  if "prune_to" in kw:
+    kw["prune_to"] = kw["prune_to"](d)
+  return fedmrn(loss, lr, **kw, **common)
 
 
 def _run(cfg: Config, opts: dict) -> dict:
-  splits = [s.strip() for s in opts["splits"].split(",") if s.strip()]
-  methods = [m.strip() for m in opts["methods"].split(",") if m.strip()]
-  for s in splits:
-    if s not in SPLITS:
-      raise ValueError(f"option 'splits' takes {tuple(SPLITS)}, got {s!r}.")
-  for m in methods:
-    if m not in METHODS:
-      raise ValueError(f"option 'methods' takes {METHODS}, got {m!r}.")
-  results = {"experiment": NAME, "splits": {}, "paper": PAPER}
+  splits = _names(opts["splits"], tuple(SPLITS), "splits")
+  specs = _specs(opts, cfg.rounds)
+  methods = list(specs)
+  results = {"experiment": NAME, "study": opts["study"], "paper": PAPER}
   rows, records = [], {}
   for split in splits:
     ds = fashion_mnist(cfg.data_dir or DEFAULT_DIR, num_clients=cfg.clients, seed=cfg.seed,
@@ -132,14 +196,14 @@ def _run(cfg: Config, opts: dict) -> dict:
       scores = {}
       for lr in opts["lrs"]:
         rec = run_method(tune_cfg, NAME, f"{split} tune {m} lr={lr:g}",
-                         _algorithm(m, loss, lr, d, opts), params, fit, val,
+                         _algorithm(specs[m], loss, lr, d, opts), params, fit, val,
                          make_eval_fn(model))
         acc = last(rec["history"]["evals"].get("accuracy", []))
         scores[lr] = -1.0 if rec["diverged"] or acc is None else acc
       lr = max(scores, key=scores.get)
       finals = []
       for s in range(opts["seeds"]):
-        rec = run_method(cfg, NAME, f"{split} {m} seed {s}", _algorithm(m, loss, lr, d, opts),
+        rec = run_method(cfg, NAME, f"{split} {m} seed {s}", _algorithm(specs[m], loss, lr, d, opts),
                          params, ds.train, ds.test, make_eval_fn(model),
                          key=jax.random.key(cfg.seed + 100 * s))
         if not rec["diverged"]:
@@ -150,7 +214,7 @@ def _run(cfg: Config, opts: dict) -> dict:
       sent_bpp = (up[-1] / len(up) / opts["cohort"] / d) if up else None
       rows.append({"split": split, "method": m, "lr": lr, "ours %": stats["mean"],
                    "s.e.": stats["se"],
-                   "paper %": PAPER[m][list(SPLITS).index(split)],
+                   "paper %": PAPER.get(m, (None,) * 3)[list(SPLITS).index(split)],
                    "bpp (paper's count)": PAPER_BPP.get(m, 1), "bpp sent": sent_bpp,
                    "train s": records[f"{m} ({split})"]["wall_time_s"]})
   table = print_table(rows, list(rows[0]))
@@ -160,16 +224,32 @@ def _run(cfg: Config, opts: dict) -> dict:
     base = [r["ours %"] for r in rows if r["method"] == "FedAvg"]
     if len(ours) == len(base) and None not in ours + base and "FedAvg" in methods:
       losses[m] = float(np.sum(np.subtract(ours, base)))
-  print("Table 2 (accuracy change vs FedAvg summed over the splits run): " +
-        ", ".join(f"{m} {v:+.1f}" for m, v in losses.items()) +
-        " — the paper, FMNIST: FedMRN −0.7, FedMRNS +0.1, SignSGD −4.7, TernGrad −2.3, "
-        "DRIVE −1.8, EDEN −1.8, Top-k −5.9")
+  summed = ", ".join(f"{m} {v:+.1f}" for m, v in losses.items())
+  if opts["study"] == "table1":
+    print(f"Table 2 (accuracy change vs FedAvg summed over the splits run): {summed} — the "
+          "paper, FMNIST: FedMRN −0.7, FedMRNS +0.1, SignSGD −4.7, TernGrad −2.3, DRIVE −1.8, "
+          "EDEN −1.8, Top-k −5.9")
+  else:
+    print(f"accuracy change vs FedAvg summed over the splits run: {summed}\nthe paper's "
+          f"claims: {ABLATION_CLAIMS if opts['study'] == 'ablation' else NOISE_CLAIMS}")
   results.update({"table": rows, "table_text": table, "accuracy_change": losses,
                   "methods": records})
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, "accuracy", os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
                      title="Fashion-MNIST: test accuracy vs rounds and uplink bits",
                      colors=method_colors(list(records)))
+  if opts["study"] == "noise":  # Fig. 5: final accuracy against the noise scale
+    curves = {}
+    for r in rows:
+      if r["method"] != "FedAvg":
+        fam, dist, alpha = r["method"].split(" ")
+        xs, ys = curves.setdefault(f"{fam} {dist} ({r['split']})", ([], []))
+        xs.append(float(alpha[2:]))
+        ys.append(r["ours %"])
+    base = [r["ours %"] for r in rows if r["method"] == "FedAvg"]
+    png = plot_curves(curves, os.path.join(output_dir(cfg, NAME), f"{NAME}_noise.png"),
+                      "noise scale α", "test accuracy %", "Fashion-MNIST: accuracy vs noise",
+                      baseline=("FedAvg", base[0]) if base and base[0] is not None else None)
   print(f"results: {path}\nplot: {png}")
   return results
 

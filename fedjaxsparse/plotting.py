@@ -284,3 +284,29 @@ def plot_personal(methods: dict, path: str, metric: str = "accuracy", title: str
                   labels: dict | None = None) -> str:
   """Save :func:`personal_figure` as a PNG at ``path``; returns ``path``."""
   return _save(personal_figure(methods, metric, title, x, colors, labels), path)
+
+
+def plot_curves(curves: Mapping[str, tuple], path: str, xlabel: str, ylabel: str,
+                title: str = "", baseline: tuple[str, float] | None = None,
+                logx: bool = True) -> str:
+  """One panel of final results against a swept value (seed 003 Fig. 5: accuracy against the
+  noise scale, a line per method and distribution): ``curves`` maps a label to ``(xs, ys)``
+  (``None`` ys — diverged runs — are skipped); ``baseline`` is ``(label, y)``, drawn as a
+  dashed horizontal line. Returns ``path``."""
+  fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+  colors = method_colors(list(curves))
+  for label, (xs, ys) in curves.items():
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+    if pts:
+      ax.plot(*zip(*pts), marker="o", color=colors[label], label=label)
+  if baseline is not None:
+    ax.axhline(baseline[1], color="black", ls="--", lw=1.2, label=baseline[0])
+  if logx:
+    ax.set_xscale("log")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3)
+  fig.legend(loc="outside right upper", fontsize=8, frameon=False)
+  if title:
+    ax.set_title(title)
+  return _save(fig, path)

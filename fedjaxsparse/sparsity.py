@@ -26,6 +26,9 @@
     scatter.
 
   Both paths give the same mask; the tests compare them with a NumPy stable argsort.
+* Gradual magnitude pruning (Zhu & Gupta 2017): ``gmp_sparsity`` (the cubic ramp of the
+  sparsity level, traceable in the step) and ``magnitude_prune`` (global Top-K with a *traced*
+  sparsity, by the bisection path, so a schedule runs inside ``jit``).
 * ``hard_threshold`` (keep ``|x| > t``) and ``soft_threshold`` (the prox of ``t‖·‖₁``):
   elementwise.
 * Masks: ``random_mask`` (a uniformly random support of exactly ``k``, the support of rand-k),
@@ -215,6 +218,46 @@ def random_mask(key: jax.Array, tree: Any, k: int | None = None, *,
   k = _resolve(tree, k, sparsity, scope)
   return _masks(lambda i, leaf: _random_keys(jax.random.fold_in(key, i), leaf.size), tree, k,
                 sparsity)
+
+
+def gmp_sparsity(t: Any, final: float, *, begin: int, end: int, initial: float = 0.0,
+                 every: int = 1) -> jax.Array:
+  """The cubic sparsity ramp of gradual magnitude pruning (Zhu & Gupta 2017, eq. 1), the
+  schedule of server-side FedSparsify (seed 000 l. 108-111), ``float32[]``:
+
+      s_t = s_f + (s_i − s_f)·(1 − (t' − t_0)/(t_1 − t_0))³,   t' = t_0 + ⌊(t − t_0)/Δ⌋·Δ,
+
+  ``s_i`` before ``t_0 = begin``, ``s_f`` from ``t_1 = end`` on, updated every ``Δ = every``
+  steps. ``t`` may be traced.
+  """
+  for name, v in (("initial", initial), ("final", final)):
+    if not 0.0 <= v < 1.0:
+      raise ValueError(f"{name} sparsity must be in [0, 1), got {v}.")
+  if not 0 <= begin < end:
+    raise ValueError(f"need 0 <= begin < end, got begin={begin}, end={end}.")
+  if every < 1:
+    raise ValueError(f"every must be >= 1, got {every}.")
+  t = jnp.asarray(t, jnp.float32)
+  stepped = begin + jnp.floor((t - begin) / every) * every
+  frac = jnp.clip((stepped - begin) / (end - begin), 0.0, 1.0)
+  return jnp.float32(final) + jnp.float32(initial - final) * (1.0 - frac) ** 3
+
+
+def magnitude_prune(tree: Any, sparsity: Any) -> Any:
+  """``top_k(tree, k)`` with ``k = max(1, round((1 − s)·d))`` for a sparsity ``s ∈ [0, 1)``
+  that may be traced (a schedule's value inside ``jit``): global ranking, exactly ``k`` kept,
+  ties to the lower index, by the bisection path of the module docstring."""
+  if isinstance(sparsity, (int, float)) and not 0.0 <= sparsity < 1.0:
+    raise ValueError(f"sparsity must be in [0, 1), got {sparsity}.")
+  leaves, treedef = jax.tree.flatten(tree)
+  d = num_params(tree)
+  k = jnp.maximum(1, jnp.round((1.0 - jnp.asarray(sparsity, jnp.float32)) * d)).astype(
+      jnp.int32)
+  flat = _largest_bisection(jnp.concatenate([_magnitude_keys(a).ravel() for a in leaves]), k)
+  ends = list(itertools.accumulate(a.size for a in leaves))
+  return jax.tree.unflatten(treedef, [
+      jnp.where(flat[e - a.size:e].reshape(a.shape), a, jnp.zeros_like(a))
+      for e, a in zip(ends, leaves)])
 
 
 def apply_mask(tree: Any, mask: Any) -> Any:

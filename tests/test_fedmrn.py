@@ -140,3 +140,33 @@ def test_fedsparsify_uploads_pruned_models(setup):
   assert float(info.bits_up) <= 3 * accounting.sparse_bits(k, d) + 1e-3
   with pytest.raises(ValueError, match="prune_to"):
     fedmrn(loss, 0.1, prune_to=k)
+
+
+def test_server_side_fedsparsify_follows_the_cubic_schedule(setup):
+  """FedSparsify (seed 000's meaning): after round t the global model is the dense round's
+  aggregate pruned to its k_t = round((1 − s_t)·d) largest magnitudes, s_t the cubic GMP
+  ramp; the next round's downlink is charged by its non-zeros; a schedule at 0 is FedAvg
+  bitwise."""
+  from fedjaxsparse import accounting
+  from fedjaxsparse.sparsity import gmp_sparsity, k_from_sparsity, top_k
+  ds, _, loss, w0 = setup
+  d = sum(a.size for a in jax.tree.leaves(w0))
+  sched = lambda t: gmp_sparsity(t, 0.9, begin=1, end=4)
+  kw = dict(epochs=1, batch_size=16, cohort_size=3, masking="none")
+  algo, dense = fedmrn(loss, 0.1, server_sparsity=sched, **kw), fedmrn(loss, 0.1, **kw)
+  state, step, dense_step = algo.init(None, w0, ds.train), jax.jit(algo.step), jax.jit(dense.step)
+  for t in range(6):
+    prev = state
+    state, info = step(jax.random.key(t), state, ds.train)
+    unpruned = dense_step(jax.random.key(t), prev, ds.train)[0].params
+    want = top_k(unpruned, k_from_sparsity(d, float(sched(t))))
+    for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(x, y)
+    assert float(info.bits_down) == pytest.approx(3 * float(accounting.message_bits(prev.params)))
+  nnz = sum(int(np.sum(np.asarray(a) != 0)) for a in jax.tree.leaves(state.params))
+  assert nnz == k_from_sparsity(d, 0.9)
+  zero = fedmrn(loss, 0.1, server_sparsity=lambda t: 0.0, **kw)
+  a = dense.step(jax.random.key(5), dense.init(None, w0, ds.train), ds.train)[0]
+  b = zero.step(jax.random.key(5), zero.init(None, w0, ds.train), ds.train)[0]
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_array_equal(x, y)

@@ -221,3 +221,29 @@ def test_float64_top_k_keeps_the_truly_largest(k):
     np.testing.assert_array_equal(got, expected)
     comp = np.flatnonzero(np.asarray(C.top_k(1000, k).compress(None, x)))
     np.testing.assert_array_equal(comp, expected)
+
+
+def test_gmp_sparsity_is_zhu_and_gupta_cubic_ramp():
+  """s_i before t0, s_f from t1 on, s_f + (s_i − s_f)/8 halfway, non-decreasing, and held
+  constant between updates every Δ steps."""
+  f = lambda t, **kw: float(sparsity.gmp_sparsity(t, 0.9, begin=10, end=30, initial=0.1, **kw))
+  assert f(0) == pytest.approx(0.1) and f(10) == pytest.approx(0.1)
+  assert f(30) == pytest.approx(0.9) and f(99) == pytest.approx(0.9)
+  assert f(20) == pytest.approx(0.9 - 0.8 / 8)
+  vals = [f(t) for t in range(40)]
+  assert all(b >= a for a, b in zip(vals, vals[1:]))
+  assert f(21, every=5) == f(24, every=5) == pytest.approx(f(20))
+  with pytest.raises(ValueError, match="final"):
+    sparsity.gmp_sparsity(0, 1.0, begin=0, end=1)
+  with pytest.raises(ValueError, match="begin"):
+    sparsity.gmp_sparsity(0, 0.5, begin=3, end=3)
+
+
+@pytest.mark.parametrize("s", [0.0, 0.5, 0.97])
+def test_magnitude_prune_with_a_traced_sparsity_is_top_k(s):
+  tree = {"a": jax.random.normal(jax.random.key(1), (37, 5)),
+          "b": jnp.round(jax.random.normal(jax.random.key(2), (50,)), 1)}  # ties
+  k = sparsity.k_from_sparsity(235, s)
+  got = jax.jit(sparsity.magnitude_prune)(tree, jnp.float32(s))
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(sparsity.top_k(tree, k))):
+    np.testing.assert_array_equal(x, y)

@@ -23,6 +23,13 @@ ablations of B.8 are options, not copies: ``stochastic=False`` (w/o SM: DM inste
 local SGD, then one SM of the final update) and ``masking="none"`` (the FedAvg backbone: the
 dense update u is sent, 32 bits per entry, or compressed once by ``uplink``).
 
+``server_sparsity`` (a schedule ``round -> s_t``, e.g. :func:`fedjaxsparse.sparsity.gmp_sparsity`)
+is FedSparsify as seed 000 describes it (l. 108-111, Stripelis et al. 2022): gradual magnitude
+pruning at the server, ``w^{t+1} ← MagPrune(w^t + Δ, s_t)`` after every aggregation; the
+clients train dense from the pruned model (pruned weights may regrow and are pruned again —
+the literal server-side reading; Stripelis et al. also freeze the mask on the clients, which
+this option does not) and the downlink is charged by the pruned model's non-zeros.
+
 Messages are *updates* (``u`` or ``n⊙m``), added to ``w^t`` — not models.
 """
 from __future__ import annotations
@@ -38,7 +45,7 @@ from fedjaxsparse.aggregation import client_weights
 from fedjaxsparse.clients import map_clients
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sparsity import top_k
+from fedjaxsparse.sparsity import magnitude_prune, top_k
 from fedjaxsparse.sampling import (check_cohort_size, client_keys, epoch_minibatch, epoch_steps,
                                    sample_cohort)
 from fedjaxsparse.validation import check_number
@@ -74,7 +81,8 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
            cohort_size: int | None = None, noise_scale: float = 1e-2,
            distribution: str = "uniform", signed: bool = False, stochastic: bool = True,
            progressive: bool = True, masking: str = "learned", uplink: Any = None,
-           prune_to: int | None = None) -> Algorithm:
+           prune_to: int | None = None,
+           server_sparsity: Callable[[jax.Array], Any] | None = None) -> Algorithm:
   """FedMRN (``signed=False``) / FedMRNS (``signed=True``); see the module docstring.
 
   Args:
@@ -94,7 +102,9 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
       unspecified there), and the pruned *model* is uploaded (the server's data-weighted
       average of the pruned models); charged by its non-zeros under the cheapest encoding
       (the paper counts the values only). Seed 000's server-side gradual pruning is another
-      method of that name (not this option).
+      method of that name: ``server_sparsity``.
+    server_sparsity: ``round -> sparsity in [0, 1)``, traceable: the server prunes the new
+      global model to it by global magnitude (seed 000's FedSparsify, module docstring).
   """
   if prune_to is not None and (masking != "none" or uplink is not None):
     raise ValueError("prune_to (FedSparsify) needs masking='none' and no uplink.")
@@ -180,8 +190,14 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
       up = jnp.float32(c * accounting.mask_bits(d, with_seed=True))
     delta = jax.tree.map(lambda v: jnp.tensordot(p.astype(v.dtype), v, axes=1), updates)
     linf = jnp.max(jnp.stack([jnp.max(jnp.abs(v)) for v in jax.tree.leaves(delta)]))
-    info = FedMRNInfo(jnp.dot(p, losses), up, jnp.float32(c * accounting.dense_bits(d)),
-                      jnp.int32(c), ones.astype(jnp.float32), linf)
-    return FedMRNState(jax.tree.map(jnp.add, w, delta), state.round + 1), info
+    new = jax.tree.map(jnp.add, w, delta)
+    if server_sparsity is None:
+      down = jnp.float32(c * accounting.dense_bits(d))
+    else:
+      new = magnitude_prune(new, server_sparsity(state.round))
+      down = c * accounting.message_bits(w).astype(jnp.float32)  # the pruned w^t is sent
+    info = FedMRNInfo(jnp.dot(p, losses), up, down, jnp.int32(c), ones.astype(jnp.float32),
+                      linf)
+    return FedMRNState(new, state.round + 1), info
 
   return Algorithm(init, step)
