@@ -63,3 +63,19 @@ def test_cohort_squeeze_notebook_runs(monkeypatch, tmp_path):
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
             if o.get("output_type") == "error"]
   assert not errors
+
+
+def test_fedmrn_notebook_runs(monkeypatch, tmp_path):
+  monkeypatch.setenv("FEDMRN_ROUNDS", "4")
+  monkeypatch.setenv("MPLBACKEND", "Agg")
+  nb = nbformat.read(os.path.join(os.path.dirname(NOTEBOOK), "fedmrn.ipynb"), as_version=4)
+  NotebookClient(nb, timeout=300, kernel_name="python3",
+                 resources={"metadata": {"path": str(tmp_path)}}).execute()
+  outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                    for o in c.get("outputs", []))
+  ratio = float(outputs.split("max |MC mean - clip(u, n)| / tol:")[1].split()[0])
+  assert ratio < 1.0  # the Monte Carlo mean within 4 standard errors everywhere
+  assert "FedMRN α=0.1: final test accuracy" in outputs and "FedMRNS α=0.05: final" in outputs
+  errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if o.get("output_type") == "error"]
+  assert not errors
