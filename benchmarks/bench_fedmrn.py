@@ -26,7 +26,7 @@ seconds reported apart; every timing ends with ``jax.block_until_ready``):
     call. Median of ``--loop-repeats`` rounds (no warm-up: its pieces are compiled ahead).
   * ``per-client jit``: the same loop over clients, but each client's whole local training
     (a ``lax.fori_loop`` over its own S_k steps, and its mask) is one jitted call; one
-    warm-up, median of ``--loop-repeats`` rounds.
+    warm-up, median of ``--loop-repeats`` rounds (``--skip-per-client-jit`` leaves it out).
 
 The references reproduce ``fedmrn``'s randomness key for key: ``split(key, 3)`` → cohort,
 noise, train keys; ``sample_cohort``; ``client_keys``; ``tree_noise``; ``split(k_train_k, 3)``
@@ -163,9 +163,10 @@ def bench(args) -> tuple[list[dict], dict]:
   mask0 = jax.tree.map(lambda a: a.astype(jnp.int8), zeros)
   c_acc, t_acc = compile_ahead(accumulate, zeros, w0, k0, mask0, f32(0))
   c_add, t_add = compile_ahead(add, w0, zeros)
-  c_local, t_local = compile_ahead(local_training, w0, rows[0], k0, k0, i32(1))
+  if not args.skip_per_client_jit:
+    c_local, t_local = compile_ahead(local_training, w0, rows[0], k0, k0, i32(1))
 
-  ids = np.asarray(round_keys(key)[0])
+  ids = np.asarray(c_keys(key)[0])
   s = {int(i): int(epoch_steps(int(sizes[i]), B, E)) for i in ids}
   weights = np.asarray(client_weights(jnp.asarray(sizes[ids]), "num_examples"), f32)
   examples = B * sum(s.values())
@@ -191,7 +192,11 @@ def bench(args) -> tuple[list[dict], dict]:
     return c_add(w0, delta)
 
   loop_s, loop_params = median_time(loop_round, args.loop_repeats, False)
-  pcj_s, pcj_params = median_time(per_client_round, args.loop_repeats, True)
+  variants = [("library", lib_s, lib_compile, lib_params),
+              ("loop", loop_s, t_keys + t_step + t_mask + t_acc + t_add, loop_params)]
+  if not args.skip_per_client_jit:
+    pcj_s, pcj_params = median_time(per_client_round, args.loop_repeats, True)
+    variants.append(("per-client jit", pcj_s, t_keys + t_local + t_acc + t_add, pcj_params))
 
   def compare(params):
     diffs = [np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
@@ -200,17 +205,14 @@ def bench(args) -> tuple[list[dict], dict]:
             float(sum(int((x > 1e-5).sum()) for x in diffs)) / d)
 
   rows_out = []
-  for name, secs, comp, params in (
-      ("library", lib_s, lib_compile, lib_params),
-      ("loop", loop_s, t_keys + t_step + t_mask + t_acc + t_add, loop_params),
-      ("per-client jit", pcj_s, t_keys + t_local + t_acc + t_add, pcj_params)):
+  for name, secs, comp, params in variants:
     diff, frac = compare(params)
     rows_out.append({"variant": name, "seconds_per_round": secs, "speedup": loop_s / secs,
                      "examples_per_s": examples / secs, "compile_s": comp,
                      "max_abs_diff": diff, "frac_diff_gt_1e-5": frac})
   info = {"params": d, "cohort_ids": [int(i) for i in ids],
-          "local_steps": [s[int(i)] for i in ids], "max_local_steps": E * -(-int(sizes.max()) // B),
-          "examples_per_round": examples}
+          "local_steps": [s[int(i)] for i in ids],
+          "max_local_steps": E * -(-int(sizes.max()) // B), "examples_per_round": examples}
   return rows_out, info
 
 
@@ -226,6 +228,8 @@ def main() -> None:
   p.add_argument("--repeats", type=int, default=3, help="library rounds timed")
   p.add_argument("--loop-repeats", type=int, default=1, dest="loop_repeats",
                  help="reference rounds timed (each variant)")
+  p.add_argument("--skip-per-client-jit", action="store_true", dest="skip_per_client_jit",
+                 help="leave out the per-client jit variant (saves its compile)")
   p.add_argument("--out", default="benchmarks/results")
   args = p.parse_args()
   if not 1 <= args.cohort <= args.clients:

@@ -6,6 +6,8 @@ identity only, not on its position in the cohort or on the device count (DESIGN.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -71,3 +73,19 @@ def epoch_minibatch(key: jax.Array, data, batch_size: int, step: jax.Array):
   idx = jax.lax.dynamic_slice(padded, (j * batch_size,), (batch_size,))
   mask = ((j * batch_size + jnp.arange(batch_size)) < n).astype(data.mask.dtype)
   return data.x[idx], data.y[idx], mask
+
+
+def epoch_loop(update, carry: Any, key: jax.Array, data, batch_size: int, epochs: int,
+               max_steps: int) -> Any:
+  """Epoch-based local training of ONE client under a static step count: ``carry ←
+  update(t, carry, (x, y, mask))`` for the client's ``S_k = E·⌈n_k/B⌉`` steps
+  (:func:`epoch_minibatch` with ``key``), and unchanged for ``S_k ≤ t < max_steps`` — so clients
+  of unequal size share one vmapped ``fori_loop`` of ``max_steps`` (seed 003 B.2, seed 002
+  §2.7)."""
+  s_k = epoch_steps(data.num_examples, batch_size, epochs)
+
+  def body(t, c):
+    new = update(t, c, epoch_minibatch(key, data, batch_size, t))
+    return jax.tree.map(lambda old, nw: jnp.where(t < s_k, nw, old), c, new)
+
+  return jax.lax.fori_loop(0, max_steps, body, carry)

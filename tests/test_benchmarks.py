@@ -92,3 +92,17 @@ def test_bench_scafflix_tiny(tmp_path):
   for r in rows:
     assert r["communications_in_check"] > 0 and r["it_per_s"] > 0 and r["loop_it_per_s"] > 0
     assert r["max_abs_diff"] < 1e-4, r  # compiled iterations == the loop's
+
+
+def test_bench_fedmrn_tiny(tmp_path):
+  """The compiled FedMRN round and the per-client, per-step Python loop (the same keys, noise,
+  PSM draws and masks) compute the same new model."""
+  out = _run("bench_fedmrn.py", "--clients", "4", "--cohort", "2", "--epochs", "1", "--batch",
+             "8", "--examples", "20", "--channels", "2", "2", "2", "2", "--repeats", "1",
+             "--skip-per-client-jit", out=tmp_path)
+  assert "speedup" in out
+  rows = json.load(open(tmp_path / "bench_fedmrn.json"))["rows"]
+  assert [r["variant"] for r in rows] == ["library", "loop"]
+  for r in rows:
+    assert r["seconds_per_round"] > 0 and r["examples_per_s"] > 0 and r["compile_s"] > 0
+    assert r["max_abs_diff"] < 1e-3, r  # the loop's new params == the library's

@@ -46,7 +46,7 @@ from fedjaxsparse.clients import map_clients
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sparsity import magnitude_prune, top_k
-from fedjaxsparse.sampling import (check_cohort_size, client_keys, epoch_minibatch, epoch_steps,
+from fedjaxsparse.sampling import (check_cohort_size, client_keys, epoch_loop, epoch_steps,
                                    sample_cohort)
 from fedjaxsparse.validation import check_number
 
@@ -140,8 +140,7 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     k_order, k_psm, k_final = jax.random.split(k_train, 3)
     s_k = epoch_steps(d.num_examples, batch_size, epochs)
 
-    def body(t, u):
-      x, y, bm = epoch_minibatch(k_order, d, batch_size, t)
+    def update(t, u, batch):
       if masking == "learned":
         p = M.pm_probability(t, s_k) if progressive else 1.0
         at = M.tree_map_keyed(
@@ -149,13 +148,13 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
             jax.random.fold_in(k_psm, t), u, noise)
       else:
         at = u
-      g = grad(at, w, x, y, bm)
-      new = jax.tree.map(lambda ui, gi: ui - lr * gi, u, g)
+      new = jax.tree.map(lambda ui, gi: ui - lr * gi, u, grad(at, w, *batch))
       if prune_to is not None:  # u such that w + u is the pruned local model
         new = jax.tree.map(jnp.subtract, top_k(jax.tree.map(jnp.add, w, new), prune_to), w)
-      return jax.tree.map(lambda ui, ni: jnp.where(t < s_k, ni, ui), u, new)
+      return new
 
-    u = jax.lax.fori_loop(0, max_steps, body, jax.tree.map(jnp.zeros_like, w))
+    u = epoch_loop(update, jax.tree.map(jnp.zeros_like, w), k_order, d, batch_size, epochs,
+                   max_steps)
     message = u if masking == "none" else mask_of(k_final, u, noise)
     return message, loss_fn(w, d.x, d.y, d.mask)
 
