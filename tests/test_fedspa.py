@@ -57,25 +57,29 @@ def test_zero_sparsity_is_uniform_fedavg(setup):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
 
 
-def test_aggregation_divides_by_s_and_untouched_coordinates_stay(setup):
+@pytest.mark.parametrize("weighting", ["uniform", "num_examples"])
+def test_aggregation_divides_by_s_and_untouched_coordinates_stay(setup, weighting):
   """A linear loss ⟨c, w⟩ has the constant gradient c, so U_k = η N_k m_k⊙c and
-  w_{t+1} − w_t = −(η/S) Σ_k N_k m_k⊙c exactly: per-coordinate counts are not divided out,
-  and a coordinate off every participant's mask does not move (bit for bit)."""
+  w_{t+1} − w_t = −η Σ_k p_k N_k m_k⊙c exactly, p_k = 1/S (or n_k/Σn_j): per-coordinate
+  counts are not divided out, and a coordinate off every participant's mask does not move
+  (bit for bit)."""
   ds, _, _, w0 = setup
   c = jax.tree.map(lambda a: jnp.linspace(-1.0, 1.0, a.size).reshape(a.shape), w0)
   loss = lambda p, x, y, m: sum(jnp.sum(ci * pi) for ci, pi in
                                 zip(jax.tree.leaves(c), jax.tree.leaves(p)))
   algo = fedspa(loss, 0.05, num_rounds=3, sparsity=0.8, search="rsm", shared_init=False,
-                epochs=1, batch_size=16, cohort_size=3)
+                epochs=1, batch_size=16, cohort_size=3, weighting=weighting)
   state = algo.init(jax.random.key(1), w0, ds.train)
   key = jax.random.key(2)
   new, _ = jax.jit(algo.step)(key, state, ds.train)
   ids = np.asarray(sample_cohort(jax.random.split(key)[0], ds.train.num_clients, 3))
   steps = np.asarray(epoch_steps(ds.train.num_examples, 16, 1))[ids]
+  n = np.asarray(ds.train.num_examples)[ids]
+  p = np.full(3, 1 / 3) if weighting == "uniform" else n / n.sum()
   for w, wn, ci, m in zip(*(jax.tree.leaves(t) for t in (w0, new.params, c, state.masks))):
     m = np.asarray(m)[ids]
-    want = np.asarray(w) - 0.05 / 3 * np.einsum("k,k...->...", steps.astype(np.float32),
-                                                m * np.asarray(ci))
+    want = np.asarray(w) - 0.05 * np.einsum("k,k...->...", (p * steps).astype(np.float32),
+                                            m * np.asarray(ci))
     np.testing.assert_allclose(wn, want, rtol=1e-5, atol=1e-6)
     off = ~m.any(0)
     np.testing.assert_array_equal(np.asarray(wn)[off], np.asarray(w)[off])
@@ -157,11 +161,29 @@ def test_dst_personalises_under_label_skew(setup):
   assert float(MK.coverage(kernel)) > float(MK.density_per_layer(kernel)["k"]) + 0.05
 
 
+def test_subsampling_uplink_and_its_ledgers(setup):
+  """Subsampling (sparsity 0, a fresh random half of every update): the paper's ledger
+  charges 32 bits per kept value (exactly S·32·⌊d/2⌋ up, S·32·d down: 0.75× FedAvg), the
+  honest one adds the positions."""
+  ds, _, loss, w0 = setup
+  d = sum(a.size for a in jax.tree.leaves(w0))
+  sub = fedspa(loss, 0.1, num_rounds=3, sparsity=0.0, search="rsm", epochs=1, batch_size=16,
+               cohort_size=3, subsample=0.5)
+  _, info = jax.jit(sub.step)(jax.random.key(0), sub.init(None, w0, ds.train), ds.train)
+  assert float(info.paper_bits_up) == 3 * 32 * (d // 2)
+  assert float(info.paper_bits_down) == 3 * 32 * d
+  assert float(info.bits_up) == 3 * accounting.sparse_bits(d // 2, d)
+  assert (float(info.paper_bits_up) + float(info.paper_bits_down)) / (2 * 3 * 32 * d) \
+      == pytest.approx(0.75, abs=1 / d)
+
+
 def test_bad_arguments(setup):
   _, _, loss, _ = setup
   with pytest.raises(ValueError, match="search"):
     fedspa(loss, 0.1, num_rounds=3, search="lottery")
   with pytest.raises(ValueError, match="alpha0"):
     fedspa(loss, 0.1, num_rounds=3, alpha0=2.0)
+  with pytest.raises(ValueError, match="weighting"):
+    fedspa(loss, 0.1, num_rounds=3, weighting="size")
   with pytest.raises(ValueError, match="num_rounds"):
     fedspa(loss, 0.1, num_rounds=0)

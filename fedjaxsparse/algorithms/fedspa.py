@@ -46,7 +46,9 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse import accounting
+from fedjaxsparse import compressors as C
 from fedjaxsparse import masks as MK
+from fedjaxsparse.aggregation import client_weights
 from fedjaxsparse.clients import map_clients
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
@@ -93,7 +95,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
            cohort_size: int | None = 10, distribution: str = "erk", shared_init: bool = True,
            alpha0: float = 0.5, schedule: str = "cosine", regrowth: str = "gradient",
            regrow_pruned: bool = True, lr_decay: float = 1.0,
-           weight_decay: float = 0.0) -> Algorithm:
+           weight_decay: float = 0.0, weighting: str = "uniform",
+           subsample: float | None = None, rescale: bool = False) -> Algorithm:
   """FedSpa (DST or RSM); see the module docstring.
 
   Args:
@@ -110,6 +113,14 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     regrowth: ``"gradient"`` (RigL) or ``"random"`` (SET, Fig. 7's ablation).
     regrow_pruned: whether entries pruned in a round may be regrown in it.
     weight_decay: λ_wd added to the gradient (on active entries; the paper: 5e-4).
+    weighting: ``"uniform"`` (1/S, FedSpa's Eq. 4) or ``"num_examples"`` (n_k/Σ_{S_t} n_j,
+      FedAvg as McMahan et al. and FedML weight it; the paper does not say which its FedAvg
+      baseline used).
+    subsample, rescale: keep a fresh uniformly random ``round(q·d)`` entries of every
+      ``U_k`` (its own key per client and round), scaled by ``1/q`` with ``rescale`` (then
+      unbiased): with ``sparsity=0`` and ``search="rsm"`` the Subsampling baseline (Konečný et
+      al. 2016; keep ratio 0.5 inferred from the 0.75× comm, no rescaling in the paper's
+      text). Charged ``32·round(q·d)`` bits (paper) and values plus positions (honest).
   """
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
@@ -122,6 +133,10 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
   MK.cosine_drop(0, alpha0, num_rounds)  # validates alpha0
+  if subsample is not None:
+    check_number("subsample", subsample, 0.0, 1.0, low_open=True)
+  if weighting not in ("uniform", "num_examples"):
+    raise ValueError(f"weighting must be 'uniform' or 'num_examples', got {weighting!r}.")
   if regrowth not in MK.REGROWTHS:
     raise ValueError(f"regrowth must be one of {MK.REGROWTHS}, got {regrowth!r}.")
   drop = MK.DROP_SCHEDULES[schedule]
@@ -179,19 +194,29 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
         lambda m, k, d: client(w, m, eta, alpha, counts, max_steps, k, d), cdata, old,
         client_keys(k_train, ids))
     s = ids.shape[0]
-    new_w = jax.tree.map(lambda a, u: a - jnp.sum(u, axis=0) / s, w, messages)
-    masks = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.masks, new_masks)
     d = sum(math.prod(a.shape) for a in jax.tree.leaves(w))
     active = sum(jax.tree.leaves(counts))
     paper = jnp.float32(s * accounting.dense_bits(round((1.0 - sparsity) * d)))
     down = jnp.float32(s * accounting.sparse_bits(active, d))
+    up, paper_up = down, paper
+    if subsample is not None:
+      k = min(d, max(1, round(subsample * d)))
+      comp = (C.rand_k if rescale else C.scaled_rand_k)(d, k)
+      messages = jax.vmap(comp.compress)(client_keys(jax.random.fold_in(k_train, 1), ids),
+                                         messages)
+      up = jnp.float32(s * comp.bits(d))
+      paper_up = jnp.float32(s * accounting.dense_bits(k))
+    p = (jnp.full((s,), 1.0 / s) if weighting == "uniform"
+         else client_weights(cdata.num_examples, "num_examples"))
+    new_w = jax.tree.map(lambda a, u: a - jnp.tensordot(p.astype(u.dtype), u, axes=1), w,
+                         messages)
+    masks = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.masks, new_masks)
     change = jax.vmap(MK.hamming)(old, new_masks)
-    up = down
     if search == "dst":
       mask_up = jnp.minimum(jnp.float32(d), change.astype(jnp.float32)
                             * accounting.index_bits(d))
       up = up + jnp.sum(mask_up)
-    info = FedSpaInfo(jnp.mean(losses), up, down, paper, paper, jnp.int32(s),
+    info = FedSpaInfo(jnp.mean(losses), up, down, paper_up, paper, jnp.int32(s),
                       jnp.asarray(alpha, jnp.float32), jnp.mean(change.astype(jnp.float32)))
     return FedSpaState(new_w, masks, t + 1), info
 
