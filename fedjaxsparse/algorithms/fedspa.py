@@ -52,8 +52,8 @@ from fedjaxsparse.aggregation import client_weights
 from fedjaxsparse.clients import map_clients
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sampling import (check_cohort_size, client_keys, epoch_loop, epoch_minibatch,
-                                   sample_cohort)
+from fedjaxsparse.local import epoch_sgd, max_local_steps
+from fedjaxsparse.sampling import check_cohort_size, client_keys, epoch_minibatch, sample_cohort
 from fedjaxsparse.validation import check_number
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -163,13 +163,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     k_order, k_grow, k_random = jax.random.split(key, 3)
     start = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), mask, w)
 
-    def update(t, v, batch):
-      g = grad(v, *batch)
-      return jax.tree.map(
-          lambda m, a, gi: a - eta * jnp.where(m, gi + weight_decay * a, jnp.zeros_like(a)),
-          mask, v, g)
-
-    trained = epoch_loop(update, start, k_order, d, batch_size, epochs, max_steps)
+    trained = epoch_sgd(grad, start, k_order, d, lr=eta, epochs=epochs, batch_size=batch_size,
+                        max_steps=max_steps, weight_decay=weight_decay, mask=mask)
     message = jax.tree.map(jnp.subtract, start, trained)  # U_k
     if search == "dst":
       dense_g = grad(trained, *epoch_minibatch(k_grow, d, batch_size, jnp.int32(0)))
@@ -188,7 +183,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     counts = counts_of(w)
     eta = lr * jnp.float32(lr_decay) ** t.astype(jnp.float32)
     alpha = drop(t, alpha0, num_rounds)
-    max_steps = epochs * -(-data.max_examples // batch_size)
+    max_steps = max_local_steps(data, batch_size, epochs)
     old = jax.tree.map(lambda m: m[ids], state.masks)
     messages, new_masks, losses = map_clients(
         lambda m, k, d: client(w, m, eta, alpha, counts, max_steps, k, d), cdata, old,
