@@ -256,6 +256,63 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
                    _image_shape(input_shape))
 
 
+class _LeNet5Caffe(nn.Module):
+  num_classes: int
+  conv: str
+
+  @nn.compact
+  def __call__(self, x):
+    for i, c in enumerate((20, 50)):
+      x = Conv(c, (5, 5), padding="VALID", impl=self.conv, name=f"conv{i + 1}")(x)
+      x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
+    x = nn.relu(nn.Dense(500, name="fc1")(x.reshape(x.shape[0], -1)))
+    return nn.Dense(self.num_classes, name="fc2")(x)
+
+
+def lenet5_caffe(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 26,
+                 conv: str = "auto") -> Model:
+  """LeNet-5, Caffe version (the SNIP repository's ``lenet5_caffe``; seed 002's EMNIST-L model,
+  l. 838-840): conv 5×5 → 20, max-pool 2, conv 5×5 → 50, max-pool 2 (valid padding, ReLU),
+  dense 800 → 500 (ReLU), dense 500 → classes. 28×28 inputs, 26 classes: 439,096 parameters
+  (the spec's d)."""
+  resolve_impl(conv)
+  return _as_model(_LeNet5Caffe(num_classes, conv), input_shape, _image_shape(input_shape))
+
+
+VGG11_CHANNELS = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+
+
+class _VGG11(nn.Module):
+  num_classes: int
+  num_groups: int
+  conv: str
+
+  @nn.compact
+  def __call__(self, x):
+    i = 0
+    for c in VGG11_CHANNELS:
+      if c == "M":
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        continue
+      i += 1
+      x = Conv(c, (3, 3), padding="SAME", impl=self.conv, name=f"conv{i}")(x)
+      x = nn.relu(nn.GroupNorm(num_groups=self.num_groups, name=f"norm{i}")(x))
+    return nn.Dense(self.num_classes, name="fc")(x.reshape(x.shape[0], -1))
+
+
+def vgg11(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
+          num_groups: int = 32, conv: str = "auto") -> Model:
+  """VGG-11 for CIFAR with GroupNorm instead of BatchNorm (seed 002's CIFAR-10 model, l.
+  838-844): eight 3×3 convolutions with bias (64, M, 128, M, 256, 256, M, 512, 512, M, 512,
+  512, M), each followed by GroupNorm and ReLU, one dense layer 512 → classes. CIFAR-10:
+  9,231,114 parameters (the spec's d)."""
+  resolve_impl(conv)
+  if num_groups < 1 or 64 % num_groups:
+    raise ValueError(f"num_groups must divide 64 (the narrowest layer), got {num_groups}.")
+  return _as_model(_VGG11(num_classes, num_groups, conv), input_shape,
+                   _image_shape(input_shape))
+
+
 class _CharLSTM(nn.Module):
   vocab: int
   embed: int
