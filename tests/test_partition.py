@@ -103,3 +103,30 @@ def test_label_count_split_gives_each_client_exactly_k_labels():
   assert all(np.array_equal(a, b) for a, b in zip(parts, again))
   with pytest.raises(ValueError, match="labels_per_client"):
     label_count_partition(LABELS, 20, 11)
+
+
+def test_hsu_dirichlet_has_equal_sizes_covers_everything_and_skews_labels():
+  from fedjaxsparse.data.partition import hsu_dirichlet_partition
+  y = np.random.default_rng(0).integers(0, 10, 2003)
+  parts = hsu_dirichlet_partition(y, 20, 0.1, seed=3)
+  assert sorted(len(p) for p in parts) == [100] * 17 + [101] * 3
+  assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(2003))
+  top = [np.bincount(y[p], minlength=10).max() / len(p) for p in parts]
+  assert np.median(top) > 0.5  # α = 0.1: most of a client's data from one class
+  iid = hsu_dirichlet_partition(y, 20, 1000.0, seed=3)
+  assert max(np.bincount(y[p], minlength=10).max() / len(p) for p in iid) < 0.3
+
+
+def test_matching_test_sets_follow_the_training_label_proportions():
+  """Client k's 100 test labels: ⌊100 q_kc⌋ per class plus the largest remainders, sampled
+  from that class's test examples without repeats."""
+  from fedjaxsparse.data.partition import matching_test_sets
+  rng = np.random.default_rng(1)
+  train = [np.array([0] * 7 + [1] * 2 + [2] * 1), np.array([3] * 3 + [4] * 3 + [5] * 3)]
+  test = rng.integers(0, 10, 2000)
+  sets = matching_test_sets(train, test, 100, seed=0)
+  assert np.bincount(test[sets[0]], minlength=10).tolist()[:3] == [70, 20, 10]
+  assert np.bincount(test[sets[1]], minlength=10).tolist()[3:6] == [34, 33, 33]
+  assert all(len(np.unique(s)) == 100 for s in sets)
+  with pytest.raises(ValueError, match="replace=True"):
+    matching_test_sets([np.zeros(5, int)], np.array([0] * 50 + [1] * 50), 100)

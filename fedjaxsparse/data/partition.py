@@ -6,6 +6,8 @@ and is deterministic under its integer ``seed`` (``np.random.default_rng(seed)``
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 
@@ -26,9 +28,10 @@ def iid_partition(num_examples: int, num_clients: int, seed: int = 0) -> list[np
 
 def dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float, seed: int = 0,
                         min_size: int = 1, max_tries: int = 1000) -> list[np.ndarray]:
-  """Label-skewed split (Hsu et al. 2019): for every class ``c``, proportions
-  ``q_c ~ Dirichlet(α·1_N)`` over clients, and class ``c``'s shuffled examples are cut
-  accordingly. Small ``α`` gives clients few classes; large ``α`` approaches IID. Redraws
+  """Label-skewed split, FedML's convention (``partition_data(..., "hetero")``): for every
+  class ``c``, proportions ``q_c ~ Dirichlet(α·1_N)`` over clients, and class ``c``'s shuffled
+  examples are cut accordingly (unequal client sizes; :func:`hsu_dirichlet_partition` is
+  the per-client, equal-size convention). Small ``α`` gives clients few classes; large ``α`` approaches IID. Redraws
   (deterministically) until every client has at least ``min_size`` examples."""
   labels = np.asarray(labels)
   _check_clients(len(labels), num_clients)
@@ -131,21 +134,80 @@ def dirichlet_lognormal_partition(labels: np.ndarray, num_clients: int, alpha: f
   sizes = lognormal_sizes(len(labels), num_clients, sigma, seed)
   rng = np.random.default_rng(seed + 1)
   classes = np.unique(labels)
+  return _deal(labels, sizes, lambda r: r.dirichlet(np.full(len(classes), alpha), num_clients),
+               rng)
+
+
+def _deal(labels: np.ndarray, sizes: np.ndarray, draw_proportions, rng: np.random.Generator
+          ) -> list[np.ndarray]:
+  """Deals the examples one at a time to a random client with room left (``sizes``), its
+  class drawn from its row of ``draw_proportions(rng)`` (``[N, C]``, drawn after the class
+  pools are shuffled) renormalised over the classes not yet exhausted; every example is dealt
+  exactly once when ``Σ sizes = len(labels)``."""
+  classes = np.unique(labels)
   pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in classes]
   left = np.array([len(p) for p in pools], np.float64)
-  prior = rng.dirichlet(np.full(len(classes), alpha), num_clients)
-  room = sizes.copy()
-  parts = [[] for _ in range(num_clients)]
-  for u in rng.random(len(labels)):
+  proportions = draw_proportions(rng)
+  room = np.asarray(sizes).copy()
+  parts = [[] for _ in range(len(sizes))]
+  for u in rng.random(int(room.sum())):
     open_ = np.flatnonzero(room)
     i = open_[min(int(u * len(open_)), len(open_) - 1)]
-    q = prior[i] * (left > 0)
+    q = proportions[i] * (left > 0)
     q = q / q.sum() if q.sum() > 0 else (left > 0) / (left > 0).sum()
     c = rng.choice(len(classes), p=q)
     parts[i].append(pools[c].pop())
     left[c] -= 1
     room[i] -= 1
   return [np.sort(np.asarray(p, np.int64)) for p in parts]
+
+
+def hsu_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
+                            seed: int = 0) -> list[np.ndarray]:
+  """Hsu et al. (2019)'s label skew: client ``k``'s class proportions ``q_k ~ Dir(α·p)``, ``p``
+  the class prior, and *equal* client sizes ``⌊n/N⌋`` (the first ``n mod N`` clients one more)
+  — the convention seed 002 cites (B.1). :func:`dirichlet_partition` is the FedML one (per
+  class over clients, unequal sizes), which the paper's FLOPs columns suggest it ran."""
+  labels = np.asarray(labels)
+  _check_clients(len(labels), num_clients)
+  if not alpha > 0:
+    raise ValueError(f"alpha must be > 0, got {alpha}.")
+  rng = np.random.default_rng(seed)
+  _, counts = np.unique(labels, return_counts=True)
+  prior = counts / counts.sum()
+  sizes = np.full(num_clients, len(labels) // num_clients)
+  sizes[:len(labels) % num_clients] += 1
+  return _deal(labels, sizes, lambda r: r.dirichlet(alpha * prior, num_clients), rng)
+
+
+def matching_test_sets(train_labels: Sequence[np.ndarray], test_labels: np.ndarray,
+                       per_client: int = 100, seed: int = 0,
+                       replace: bool = False) -> list[np.ndarray]:
+  """Per-client test sets with the client's *training* label proportions (seed 002 B.1,
+  l. 828-833: 100 test samples per client): client ``k`` gets ``per_client`` indices into
+  ``test_labels``, ``round(per_client·q_kc)`` of class ``c`` (largest remainders fill up to
+  ``per_client``), drawn at random from class ``c``'s test examples — without replacement
+  within a client (different clients may share test examples), or with it (``replace``)."""
+  test_labels = np.asarray(test_labels)
+  classes = np.unique(test_labels)
+  pools = {c: np.flatnonzero(test_labels == c) for c in classes}
+  rng = np.random.default_rng(seed)
+  out = []
+  for k, y in enumerate(train_labels):
+    q = np.array([np.sum(np.asarray(y) == c) for c in classes], np.float64)
+    if q.sum() == 0:
+      raise ValueError(f"client {k} has no training labels to match.")
+    want = q / q.sum() * per_client
+    n = np.floor(want).astype(int)
+    n[np.argsort(-(want - n), kind="stable")[:per_client - n.sum()]] += 1
+    idx = []
+    for c, m in zip(classes, n):
+      if m > len(pools[c]) and not replace:
+        raise ValueError(f"client {k} needs {m} test examples of class {c}, the test set has "
+                         f"{len(pools[c])}; pass replace=True or lower per_client.")
+      idx.append(rng.choice(pools[c], m, replace=replace))
+    out.append(np.sort(np.concatenate(idx)))
+  return out
 
 
 def label_count_partition(labels: np.ndarray, num_clients: int, labels_per_client: int,
@@ -182,7 +244,8 @@ def label_count_partition(labels: np.ndarray, num_clients: int, labels_per_clien
   return [np.sort(np.asarray(p, np.int64)) for p in parts]
 
 
-PARTITIONS = ("iid", "dirichlet", "shards", "lognormal", "dirichlet_lognormal", "labels")
+PARTITIONS = ("iid", "dirichlet", "hsu_dirichlet", "shards", "lognormal", "dirichlet_lognormal",
+              "labels")
 
 
 def partition(labels: np.ndarray, num_clients: int, method: str, seed: int = 0, *,
@@ -195,6 +258,8 @@ def partition(labels: np.ndarray, num_clients: int, method: str, seed: int = 0, 
     return iid_partition(n, num_clients, seed)
   if method == "dirichlet":
     return dirichlet_partition(labels, num_clients, alpha, seed)
+  if method == "hsu_dirichlet":
+    return hsu_dirichlet_partition(labels, num_clients, alpha, seed)
   if method == "shards":
     return shard_partition(labels, num_clients, shards_per_client, seed)
   if method == "lognormal":
