@@ -80,6 +80,13 @@ def evaluate_per_client(model: Model, client_params: Any, data: FederatedData,
   return jax.vmap(lambda s: _metrics(model, s))(sums)
 
 
+def client_accuracy(model: Model, batch_size: int | None = None) -> Callable:
+  """``(params, x, y, mask) -> accuracy`` of one client's real examples (classification),
+  jittable: the pruning test of Sub-FedAvg and similar per-client decisions."""
+  return lambda params, x, y, mask: _metrics(
+      model, _client_sums(model, params, x, y, mask, batch_size))["accuracy"]
+
+
 def make_eval_fn(model: Model, batch_size: int | None = None
                  ) -> Callable[[Any, FederatedData], dict[str, jax.Array]]:
   """``(params, test_data) -> metrics``, the evaluation hook of the runner.

@@ -1,0 +1,153 @@
+"""Sub-FedAvg (Un) (Vahidian, Morafah & Lin, ICDCS 2021, arXiv 2105.00562), the dense-to-sparse
+personalised-pruning baseline of seed 002 (B.3 l. 877-881, hyper-parameters l. 559-561, 574;
+spec ``seed002.md`` §4.4). Its details are those of its own paper and code, not of seed 002.
+
+Every client holds a mask ``m_k`` over the shared model (all ones at the start). Round t, each
+client k of a uniform cohort S_t:
+
+1. starts from ``m_k⊙w_t`` and trains E epochs of SGD with the gradient masked by ``m_k``;
+2. if its model's accuracy on its own training data exceeds ``acc_threshold`` (0.5) and its
+   density is above the target ``1 − target_sparsity`` (0.5), it prunes ``prune_rate`` (5 %)
+   of the remaining weights of every masked layer, the smallest ``|w|`` (unstructured,
+   magnitude); the new mask is kept only if its normalised Hamming distance to the old one
+   exceeds ``dist_threshold`` (1e-4);
+3. uploads ``m_k⊙w_k`` and ``m_k``.
+
+The server averages every coordinate over the participants that keep it — "the average on the
+intersection of unpruned parameters" — ``w_j ← Σ_k m_kj w_kj / Σ_k m_kj``, and keeps ``w_j``
+where no participant does. Personalised models are ``m_k⊙w`` (:attr:`FedSpaState.personal`).
+Masks (only kernels, ``ndim ≥ 2``) shrink by ``prune_rate`` per pruning round until the
+target; biases and norm parameters stay dense.
+
+Communication: the paper's ledger counts the values sent (the sparse model both ways, fp32);
+the honest one adds their positions (cheaper of bitmap and indices) and the uploaded mask
+(``d`` bits).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjaxsparse import accounting
+from fedjaxsparse import masks as MK
+from fedjaxsparse.algorithms.fedspa import FedSpaState
+from fedjaxsparse.clients import map_clients
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData, check_data
+from fedjaxsparse.local import epoch_sgd, max_local_steps
+from fedjaxsparse.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.sparsity import _largest_bisection, nnz
+from fedjaxsparse.validation import check_number
+
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+class SubFedAvgInfo(NamedTuple):
+  """Per round: ``loss``, ``bits_up``/``bits_down`` (honest), ``paper_bits_up``/
+  ``paper_bits_down`` (values only), ``num_clients``, ``density`` (the participants' mean
+  kernel density after the round), ``pruned`` (the fraction of participants that pruned)."""
+  loss: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+  paper_bits_up: jax.Array
+  paper_bits_down: jax.Array
+  num_clients: jax.Array
+  density: jax.Array
+  pruned: jax.Array
+
+
+def _prune_layers(mask: Any, weights: Any, rate: float) -> Any:
+  """Drops ``⌊rate·n_l⌋`` of the ``n_l`` active entries of smallest ``|w|`` in every masked
+  leaf (``n_l`` traced)."""
+  def one(m, w):
+    if m.ndim < 2:
+      return m
+    flat = m.ravel()
+    active = jnp.sum(flat, dtype=jnp.int32)
+    keep = active - jnp.floor(rate * active.astype(jnp.float32)).astype(jnp.int32)
+    keys = jnp.where(flat, jnp.abs(w.ravel()).astype(jnp.float32), 0.0)
+    return (flat & _largest_bisection(keys, keep)).reshape(m.shape)
+  return jax.tree.map(one, mask, weights)
+
+
+def _kernel_density(mask: Any) -> jax.Array:
+  kept = sum(jnp.sum(m) for m in jax.tree.leaves(mask) if m.ndim >= 2)
+  total = sum(m.size for m in jax.tree.leaves(mask) if m.ndim >= 2)
+  return kept / max(total, 1)
+
+
+def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int = 5,
+              batch_size: int = 128,
+              cohort_size: int | None = 10, prune_rate: float = 0.05,
+              target_sparsity: float = 0.5, acc_threshold: float = 0.5,
+              dist_threshold: float = 1e-4, lr_decay: float = 1.0, weight_decay: float = 0.0) -> Algorithm:
+  """Sub-FedAvg (Un); see the module docstring.
+
+  Args:
+    accuracy_fn: ``(params, x, y, mask) -> accuracy`` of one client, for the pruning condition
+      (:func:`fedjaxsparse.evaluation.client_accuracy`), evaluated on its training data after
+      local training.
+  """
+  check_number("lr", lr, 0.0, None, low_open=True)
+  check_number("prune_rate", prune_rate, 0.0, 1.0, low_open=True, high_open=True)
+  check_number("target_sparsity", target_sparsity, 0.0, 1.0, high_open=True)
+  check_number("acc_threshold", acc_threshold, 0.0, 1.0)
+  check_number("dist_threshold", dist_threshold, 0.0, None)
+  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
+  for name, v in (("epochs", epochs), ("batch_size", batch_size)):
+    if not isinstance(v, int) or v < 1:
+      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+  grad = jax.grad(loss_fn)
+
+  def init(key, params, data: FederatedData) -> FedSpaState:
+    del key
+    check_data(data)
+    check_cohort_size(cohort_size, data.num_clients)
+    ones = jax.tree.map(lambda a: jnp.ones((data.num_clients,) + a.shape, bool), params)
+    return FedSpaState(params, ones, jnp.zeros((), jnp.int32))
+
+  def client(w, mask, eta, max_steps, key, d):
+    start = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), mask, w)
+    trained = epoch_sgd(grad, start, key, d, lr=eta, epochs=epochs, batch_size=batch_size,
+                        max_steps=max_steps, weight_decay=weight_decay, mask=mask)
+    acc = accuracy_fn(trained, d.x, d.y, d.mask)
+    candidate = _prune_layers(mask, trained, prune_rate)
+    total = sum(m.size for m in jax.tree.leaves(mask))
+    dist = MK.hamming(mask, candidate) / total
+    prune = ((acc > acc_threshold) & (_kernel_density(mask) > 1.0 - target_sparsity)
+             & (dist > dist_threshold))
+    new_mask = jax.tree.map(lambda a, b: jnp.where(prune, b, a), mask, candidate)
+    sent = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), new_mask, trained)
+    return sent, new_mask, prune, loss_fn(start, d.x, d.y, d.mask)
+
+  def step(key, state: FedSpaState, data: FederatedData):
+    k_cohort, k_train = jax.random.split(key)
+    ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
+    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
+    w, t = state.params, state.round
+    eta = lr * jnp.float32(lr_decay) ** t.astype(jnp.float32)
+    old = jax.tree.map(lambda m: m[ids], state.masks)
+    sent, new_masks, pruned, losses = map_clients(
+        lambda m, k, d: client(w, m, eta, max_local_steps(data, batch_size, epochs), k, d),
+        cdata, old, client_keys(k_train, ids))
+
+    def average(a, v, m):  # over the participants that keep the coordinate
+      count = jnp.sum(m, axis=0)
+      return jnp.where(count > 0, jnp.sum(v, axis=0) / jnp.maximum(count, 1), a)
+
+    new_w = jax.tree.map(average, w, sent, new_masks)
+    masks = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.masks, new_masks)
+    d = sum(a.size for a in jax.tree.leaves(w))
+    n_down = jax.vmap(lambda m: nnz(jax.tree.map(lambda x: x.astype(jnp.int8), m)))(old)
+    n_up = jax.vmap(lambda m: nnz(jax.tree.map(lambda x: x.astype(jnp.int8), m)))(new_masks)
+    sparse = jax.vmap(lambda n: accounting.sparse_bits(n, d))
+    info = SubFedAvgInfo(
+        jnp.mean(losses), jnp.sum(sparse(n_up)) + ids.shape[0] * d, jnp.sum(sparse(n_down)),
+        32.0 * jnp.sum(n_up).astype(jnp.float32), 32.0 * jnp.sum(n_down).astype(jnp.float32),
+        jnp.int32(ids.shape[0]), jnp.mean(jax.vmap(_kernel_density)(new_masks)),
+        jnp.mean(pruned.astype(jnp.float32)))
+    return FedSpaState(new_w, masks, t + 1), info
+
+  return Algorithm(init, step)
