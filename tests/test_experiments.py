@@ -389,3 +389,25 @@ def test_fedmrn_fmnist_tiny_on_idx_files(tmp_path):
   assert rows["FedAvg"]["bpp sent"] == pytest.approx(32.0)
   assert rows["FedSparsify"]["bpp sent"] <= 32 * 0.03 * 2 + 1  # ≤ 3 % values + a bitmask
   assert all(0 <= r["ours %"] <= 100 for r in rows.values())
+
+
+def test_fedspa_table1_tiny_on_digits(tmp_path):
+  """Seed 002 Table 1's protocol in a tiny configuration (embedded digits): every row has the
+  paper ledger's FedSpa comm at exactly (1 − s) of FedAvg's, Subsampling at 0.75×, Local at
+  0, the honest ledger at least the paper's, and analytic FLOPs below dense for FedSpa."""
+  out = tmp_path / "out"
+  assert main(["run", "fedspa_table1", "--dataset", "digits", "--clients", "10", "--rounds",
+               "2", "--eval-every", "1", "--out", str(out), "--no-progress",
+               "--set", "splits=B", "--set", "cohort=3", "--set", "batch=16",
+               "--set", "lrs=0.1", "--set",
+               "methods=FedSpa (DST),FedAvg,Local,Subsampling,Sub-FedAvg"]) == 0
+  res = json.load(open(out / "fedspa_table1" / "results.json"))
+  rows = {r["method"]: r for r in res["table"]}
+  fedavg = rows["FedAvg"]["GB (paper ledger)"]
+  assert rows["FedSpa (DST)"]["GB (paper ledger)"] == pytest.approx(0.5 * fedavg, rel=1e-3)
+  assert rows["Subsampling"]["GB (paper ledger)"] == pytest.approx(0.75 * fedavg, rel=1e-3)
+  assert rows["Local"]["GB (paper ledger)"] == 0.0
+  assert all(r["GB (honest)"] >= r["GB (paper ledger)"] for r in rows.values())
+  assert rows["FedSpa (DST)"]["FLOPs"] < rows["FedAvg"]["FLOPs"]
+  assert all(0 <= r["ours %"] <= 100 for r in rows.values())
+  assert res["mask_search"]["train_s"] > 0
