@@ -193,8 +193,8 @@ def _run(cfg: Config, opts: dict) -> dict:
     print(f"{NAME}: {ds.name}, {ds.num_clients} clients, {opts['cohort']} per round, "
           f"{opts['epochs']} local epoch(s) of {opts['batch']}, d={d}")
     for m in methods:
-      scores = {}
-      for lr in opts["lrs"]:
+      scores = {} if len(opts["lrs"]) > 1 else {opts["lrs"][0]: 0.0}  # one lr: no tuning
+      for lr in opts["lrs"] if len(opts["lrs"]) > 1 else ():
         rec = run_method(tune_cfg, NAME, f"{split} tune {m} lr={lr:g}",
                          _algorithm(specs[m], loss, lr, d, opts), params, fit, val,
                          make_eval_fn(model))
