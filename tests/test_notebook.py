@@ -79,3 +79,18 @@ def test_fedmrn_notebook_runs(monkeypatch, tmp_path):
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
             if o.get("output_type") == "error"]
   assert not errors
+
+
+def test_fedspa_notebook_runs(monkeypatch, tmp_path):
+  monkeypatch.setenv("FEDSPA_ROUNDS", "4")
+  monkeypatch.setenv("MPLBACKEND", "Agg")
+  nb = nbformat.read(os.path.join(os.path.dirname(NOTEBOOK), "fedspa.ipynb"), as_version=4)
+  NotebookClient(nb, timeout=300, kernel_name="python3",
+                 resources={"metadata": {"path": str(tmp_path)}}).execute()
+  outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                    for o in c.get("outputs", []))
+  assert "'conv2': 0.477, 'fc1': 0.485" in outputs and "FLOPs ratio at s = 0.5: 0.547" in outputs
+  assert "FedSpa (DST): personalised test accuracy" in outputs and "coverage" in outputs
+  errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+            if o.get("output_type") == "error"]
+  assert not errors
