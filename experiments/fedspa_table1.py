@@ -20,7 +20,10 @@ prepared with tfds, ``emnist_l`` (LeNet5-Caffe, 26 classes, γ 0.2/0.1), ``cifar
 ledger (fp32 values only) and the honest one (values + positions + DST's uploaded masks);
 FLOPs analytically (:mod:`fedjaxsparse.flops`: 6·MACs per trained example at each layer's
 density, plus DST's dense regrowth batch). ``mask s`` is the wall time of DST's mask search per
-round (Table 5), measured by timing a round with and without it.
+round (Table 5), measured by timing a round with and without it. The ablations of §3.4 are
+options: ``sparsity`` (Table 3), ``init=uniform`` (Table 4), ``shared_init=false`` (Fig. 6),
+``regrowth=random`` (Fig. 7); every personalised method also reports its global model
+(``global_accuracy``, Fig. 8).
 """
 from __future__ import annotations
 
@@ -101,6 +104,12 @@ OPTIONS = (
     Option("sparsity", 0.5, "FedSpa's (and Sub-FedAvg's final) sparsity", low=0.0, high=1.0,
            high_open=True),
     Option("lam", 0.5, "Ditto's λ", low=0.0),
+    Option("init", "erk", "FedSpa's layer densities (Table 4's ablation: uniform)",
+           choices=("erk", "er", "uniform")),
+    Option("shared_init", True, "one initial mask for every client (Fig. 6's ablation: "
+           "false)"),
+    Option("regrowth", "gradient", "DST's regrowth (Fig. 7's ablation: random)",
+           choices=("gradient", "random")),
     Option("dirichlet", "fedml", "fedml (per class, unequal clients) or hsu (per client, "
            "equal sizes)", choices=("fedml", "hsu")),
     Option("test_per_client", 100, "test examples per client (with its label proportions)",
@@ -174,7 +183,8 @@ def _algorithm(name: str, model, loss, lr: float, opts: dict, rounds: int):
   if name == "Sub-FedAvg":
     return subfedavg(loss, lr, accuracy_fn=client_accuracy(model), epochs=e,
                      target_sparsity=s, **common)
-  spa = dict(num_rounds=rounds, epochs=e, **common)
+  spa = dict(num_rounds=rounds, epochs=e, distribution=opts["init"],
+             shared_init=opts["shared_init"], regrowth=opts["regrowth"], **common)
   if name == "FedSpa (DST)":
     return fedspa(loss, lr, sparsity=s, search="dst", **spa)
   if name == "FedSpa (RSM)":
@@ -203,7 +213,7 @@ def _flops(name: str, macs, params, opts: dict, rounds: int, mean_examples: floa
   regrowth batch per participant and round); Local and the dense methods at density 1."""
   examples = rounds * opts["cohort"] * opts["epochs"] * mean_examples
   if name in ("FedSpa (DST)", "FedSpa (RSM)"):
-    dens = MK.layer_densities(params, opts["sparsity"])
+    dens = MK.layer_densities(params, opts["sparsity"], opts["init"])
     extra = rounds * opts["cohort"] * opts["batch"] if name == "FedSpa (DST)" else 0.0
     return FL.training_flops(macs, dens, examples, extra)
   return FL.training_flops(macs, None, examples)
