@@ -262,6 +262,15 @@ def pack(mask: Any) -> Any:
   return jax.tree.map(lambda m: jnp.packbits(m.ravel()), mask)
 
 
+def as_bool(masks: Any, like: Any) -> Any:
+  """Stacked client masks as booleans ``[K, *shape]``: unpacks ``uint8`` (packed) leaves,
+  passes boolean ones through; ``like`` has the unstacked parameter shapes."""
+  return jax.tree.map(
+      lambda m, a: m if m.dtype == jnp.bool_ else jax.vmap(
+          lambda p: jnp.unpackbits(p, count=int(np.size(a))).astype(bool).reshape(
+              jnp.shape(a)))(m), masks, like)
+
+
 def unpack(packed: Any, like: Any) -> Any:
   """Inverse of :func:`pack`: boolean masks shaped like ``like``."""
   return jax.tree.map(

@@ -215,3 +215,20 @@ def test_rescaled_subsampling_is_unbiased(setup):
     z.append(((d_.mean(0) - np.asarray(w)) / se).ravel())
   z = np.concatenate(z)
   assert np.all(np.abs(z) < 5.5) and 0.8 < np.mean(z ** 2) < 1.25, np.mean(z ** 2)
+
+
+def test_packed_masks_give_the_same_run(setup):
+  ds, _, loss, w0 = setup
+  runs = []
+  for pack in (False, True):
+    algo = fedspa(loss, 0.1, num_rounds=3, sparsity=0.6, epochs=1, batch_size=16,
+                  cohort_size=3, shared_init=False, pack_masks=pack)
+    state, step = algo.init(jax.random.key(0), w0, ds.train), jax.jit(algo.step)
+    for t in range(3):
+      state, _ = step(jax.random.key(t), state, ds.train)
+    runs.append(state)
+  assert runs[1].masks["Dense_0"]["kernel"].dtype == jnp.uint8
+  assert runs[1].masks["Dense_0"]["kernel"].shape == (8, (64 * 16 + 7) // 8)  # 1 bit an entry
+  _leaves_equal(runs[0].params, runs[1].params)
+  _leaves_equal(runs[0].masks, MK.as_bool(runs[1].masks, w0))
+  _leaves_equal(runs[0].personal, runs[1].personal)

@@ -71,7 +71,7 @@ class FedSpaState(NamedTuple):
   def personal(self) -> Any:
     """``[N, ...]``: client k's personalised model ``m_k⊙w`` (what it evaluates)."""
     return jax.tree.map(lambda m, w: jnp.where(m, w[None], jnp.zeros_like(w)[None]),
-                        self.masks, self.params)
+                        MK.as_bool(self.masks, self.params), self.params)
 
 
 class FedSpaInfo(NamedTuple):
@@ -96,7 +96,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
            alpha0: float = 0.5, schedule: str = "cosine", regrowth: str = "gradient",
            regrow_pruned: bool = True, lr_decay: float = 1.0,
            weight_decay: float = 0.0, weighting: str = "uniform",
-           subsample: float | None = None, rescale: bool = False) -> Algorithm:
+           subsample: float | None = None, rescale: bool = False,
+           pack_masks: bool = False) -> Algorithm:
   """FedSpa (DST or RSM); see the module docstring.
 
   Args:
@@ -121,6 +122,9 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
       unbiased): with ``sparsity=0`` and ``search="rsm"`` the Subsampling baseline (Konečný et
       al. 2016; keep ratio 0.5 inferred from the 0.75× comm, no rescaling in the paper's
       text). Charged ``32·round(q·d)`` bits (paper) and values plus positions (honest).
+    pack_masks: store the N masks one bit per entry (``uint8``, 8× less server memory: ResNet-18
+      × 100 clients is 140 MB instead of 1.1 GB); the S sampled rows are unpacked and packed
+      back inside the round. The results are the same.
   """
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
@@ -157,6 +161,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     else:
       stacked = jax.vmap(lambda k: MK.random_masks(k, params, counts))(
           jax.random.split(key, n))
+    if pack_masks:
+      stacked = jax.vmap(MK.pack)(stacked)
     return FedSpaState(params, stacked, jnp.zeros((), jnp.int32))
 
   def client(w, mask, eta, alpha, counts, max_steps, key, d):
@@ -184,7 +190,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     eta = lr * jnp.float32(lr_decay) ** t.astype(jnp.float32)
     alpha = drop(t, alpha0, num_rounds)
     max_steps = max_local_steps(data, batch_size, epochs)
-    old = jax.tree.map(lambda m: m[ids], state.masks)
+    old = MK.as_bool(jax.tree.map(lambda m: m[ids], state.masks), w)
     messages, new_masks, losses = map_clients(
         lambda m, k, d: client(w, m, eta, alpha, counts, max_steps, k, d), cdata, old,
         client_keys(k_train, ids))
@@ -205,7 +211,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
          else client_weights(cdata.num_examples, "num_examples"))
     new_w = jax.tree.map(lambda a, u: a - jnp.tensordot(p.astype(u.dtype), u, axes=1), w,
                          messages)
-    masks = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.masks, new_masks)
+    stored = jax.vmap(MK.pack)(new_masks) if pack_masks else new_masks
+    masks = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.masks, stored)
     change = jax.vmap(MK.hamming)(old, new_masks)
     if search == "dst":
       mask_up = jnp.minimum(jnp.float32(d), change.astype(jnp.float32)
