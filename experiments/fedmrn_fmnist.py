@@ -22,6 +22,11 @@ is each final run's wall time, compilation included, for Fig. 6's cost of compre
 seed 000's FedSparsify: server-side gradual magnitude pruning to 97 % on the cubic schedule
 (:func:`fedjaxsparse.sparsity.gmp_sparsity`, dense uploads, sparse downlink).
 
+``--dataset svhn|cifar10|cifar100`` (tfds-prepared, ``--data-dir``; ``--paper table1_svhn``,
+``table1_cifar10``, ``table1_cifar100``) runs the other columns with their paper numbers
+(CIFAR-100: Dirichlet 0.2 and 20 labels per client); the 8-conv CIFAR CNN is
+``--set channels=32,32,64,64,128,128,256,256``.
+
 Studies (``--set study=``): ``table1`` (above); ``ablation`` — Fig. 4's variants (B.8: FedMRN
 w/o SM, w/o PM, w/o PSM, FedAvg w. SM) beside FedAvg, FedMRN and SignSGD, the paper runs them
 on Non-IID-2 (``--set splits=niid2``) and gives no numbers, only orderings (printed);
@@ -54,11 +59,13 @@ from fedjaxsparse.protocol import PaperConfig, mean_se, validation_split
 from fedjaxsparse.sparsity import gmp_sparsity
 
 NAME = "fedmrn_fmnist"
-DESCRIPTION = "Seed 003 Table 1 (FMNIST): FedMRN/FedMRNS vs FedAvg and 1-bpp compressors"
+DESCRIPTION = ("Seed 003 Table 1 (FMNIST; SVHN/CIFAR with tfds data): FedMRN/FedMRNS vs FedAvg "
+               "and 1-bpp compressors")
 DEFAULTS = dict(rounds=10, clients=100, dataset="fashion_mnist", eval_every=5,
                 data_dir=DEFAULT_DIR)
 BUDGET = "communication rounds per method"
 RUNTIME = "tens of minutes on 2 CPU cores at the reduced default (8 methods x 3 splits)"
+TFDS = {"svhn": ("svhn_cropped", 10), "cifar10": ("cifar10", 10), "cifar100": ("cifar100", 100)}
 SPLITS = {"iid": dict(partition="iid"), "niid1": dict(partition="dirichlet", alpha=0.3),
           "niid2": dict(partition="labels", labels_per_client=3)}
 METHODS = ("FedAvg", "FedPM", "FedSparsify", "SignSGD", "Top-k", "TernGrad", "DRIVE", "EDEN",
@@ -75,6 +82,22 @@ ABLATION_CLAIMS = ("both SM and PM are needed, SM slightly more; FedMRN w/o PM >
 NOISE_CLAIMS = ("CIFAR-10 NIID-2: the distribution barely matters, the magnitude does; FedMRN "
                 "≈ FedAvg for α ∈ {2.5e-3, 5e-3, 1e-2}, FedMRNS for α ∈ {1.25e-3, 2.5e-3, 5e-3}")
 STUDIES = ("table1", "ablation", "noise")
+PAPER_OTHER = {  # Table 1, SVHN / CIFAR-10 / CIFAR-100: IID, Non-IID-1, Non-IID-2
+    "svhn": {"FedAvg": (92.2, 90.3, 88.9), "FedPM": (66.3, 52.4, 48.3),
+             "FedSparsify": (81.3, 77.2, 72.8), "SignSGD": (90.8, 87.3, 86.5),
+             "Top-k": (90.0, 87.7, 86.4), "TernGrad": (91.7, 89.6, 87.7),
+             "DRIVE": (91.6, 89.6, 87.8), "EDEN": (91.7, 89.7, 87.8),
+             "FedMRN": (92.2, 90.0, 88.5), "FedMRNS": (92.4, 90.5, 88.7)},
+    "cifar10": {"FedAvg": (88.2, 84.1, 80.8), "FedPM": (50.2, 46.3, 44.3),
+                "FedSparsify": (72.0, 66.8, 62.5), "SignSGD": (85.3, 75.1, 76.2),
+                "Top-k": (84.1, 77.9, 75.1), "TernGrad": (86.9, 81.9, 79.2),
+                "DRIVE": (87.2, 82.4, 79.4), "EDEN": (87.5, 82.6, 79.8),
+                "FedMRN": (88.3, 84.6, 81.4), "FedMRNS": (88.0, 84.5, 81.0)},
+    "cifar100": {"FedAvg": (56.1, 54.8, 54.4), "FedPM": (22.9, 16.6, 13.4),
+                 "FedSparsify": (32.9, 29.8, 28.8), "SignSGD": (48.0, 39.2, 44.0),
+                 "Top-k": (50.2, 47.6, 43.0), "TernGrad": (53.5, 52.1, 52.3),
+                 "DRIVE": (53.5, 52.5, 52.8), "EDEN": (53.9, 53.1, 52.9),
+                 "FedMRN": (55.4, 54.1, 53.9), "FedMRNS": (56.1, 54.7, 54.2)}}
 PAPER = {  # Table 1, FMNIST: IID, Non-IID-1, Non-IID-2 (mean test accuracy %, 5 runs)
     "FedAvg": (92.0, 90.5, 88.8), "FedPM": (81.7, 78.6, 74.6),
     "FedSparsify": (85.6, 80.9, 78.8), "SignSGD": (91.1, 88.4, 87.1),
@@ -110,14 +133,31 @@ OPTIONS = (
            high=1.0, low_open=True, high_open=True),
     Option("seeds", 1, "seeds of the final runs", low=1),
 )
-PAPERS = {"table1_fmnist": PaperConfig(
-    "table1_fmnist", "seed 003 Table 1 (FMNIST)", dataset="fashion_mnist", standin=None,
-    clients=100, rounds=100, eval_every=10,
-    options={"epochs": 10, "lrs": [1.0, 0.3, 0.1, 0.03, 0.01], "seeds": 5,
-             "channels": [32, 32, 64, 64]},
-    unit="test accuracy %", paper={},
-    deviations="CNN widths ours (the paper gives none); tuning on a validation split; "
-               "FedPM's lr grid is the shared one (its score lr is unspecified)")}
+_GRID = {"epochs": 10, "lrs": [1.0, 0.3, 0.1, 0.03, 0.01], "seeds": 5}
+_CONV8 = [32, 32, 64, 64, 128, 128, 256, 256]
+_DEV = ("CNN widths ours (the paper gives none); tuning on a validation split; FedPM's lr grid "
+        "is the shared one (its score lr is unspecified)")
+PAPERS = {
+    "table1_fmnist": PaperConfig(
+        "table1_fmnist", "seed 003 Table 1 (FMNIST)", dataset="fashion_mnist", standin=None,
+        clients=100, rounds=100, eval_every=10,
+        options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper={},
+        deviations=_DEV),
+    "table1_svhn": PaperConfig(
+        "table1_svhn", "seed 003 Table 1 (SVHN, tfds svhn_cropped)", dataset="svhn",
+        standin=None, clients=100, rounds=100, eval_every=10,
+        options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper={},
+        deviations=_DEV),
+    "table1_cifar10": PaperConfig(
+        "table1_cifar10", "seed 003 Table 1 (CIFAR-10, 8-conv CNN)", dataset="cifar10",
+        standin=None, clients=100, rounds=200, eval_every=20,
+        options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper={},
+        deviations=_DEV + "; 200 rounds (the paper: 100 or 200)"),
+    "table1_cifar100": PaperConfig(
+        "table1_cifar100", "seed 003 Table 1 (CIFAR-100, 8-conv CNN)", dataset="cifar100",
+        standin=None, clients=100, rounds=200, eval_every=20,
+        options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper={},
+        deviations=_DEV + "; 200 rounds (the paper: 100 or 200)")}
 
 
 def _specs(opts: dict, rounds: int) -> dict:
@@ -171,18 +211,41 @@ def _algorithm(spec, loss, lr: float, d: int, opts: dict):
   return fedmrn(loss, lr, **kw, **common)
 
 
+def _dataset(cfg: Config, split: str):
+  """Fashion-MNIST (the Debian package) or, prepared with tfds, SVHN / CIFAR-10 / CIFAR-100,
+  split by ``split`` (CIFAR-100: Dirichlet 0.2 and 20 labels per client, as the paper)."""
+  if cfg.dataset == "fashion_mnist":
+    return fashion_mnist(cfg.data_dir or DEFAULT_DIR, num_clients=cfg.clients, seed=cfg.seed,
+                         **SPLITS[split])
+  from fedjaxsparse.data.federated import federate
+  from fedjaxsparse.data.partition import partition
+  from fedjaxsparse.data.tfds_sources import load_split
+  name, classes = TFDS[cfg.dataset]
+  (x, y), (xt, yt) = (load_split(name, s, cfg.data_dir) for s in ("train", "test"))
+  kw = dict(SPLITS[split])
+  if cfg.dataset == "cifar100":
+    kw.update(alpha=0.2) if split == "niid1" else kw.update(labels_per_client=20)
+  method = kw.pop("partition")
+  parts = partition(y, cfg.clients, method, cfg.seed, **kw)
+  return federate(x, y, parts, num_classes=classes, name=f"{cfg.dataset}/{split}",
+                  x_test=xt, y_test=yt)
+
+
 def _run(cfg: Config, opts: dict) -> dict:
   splits = _names(opts["splits"], tuple(SPLITS), "splits")
   specs = _specs(opts, cfg.rounds)
   methods = list(specs)
-  results = {"experiment": NAME, "study": opts["study"], "paper": PAPER}
+  if cfg.dataset not in ("fashion_mnist",) + tuple(TFDS):
+    raise ValueError(f"--dataset must be fashion_mnist, svhn, cifar10 or cifar100, got "
+                     f"{cfg.dataset!r}.")
+  paper = PAPER if cfg.dataset == "fashion_mnist" else PAPER_OTHER[cfg.dataset]
+  results = {"experiment": NAME, "study": opts["study"], "paper": paper}
   rows, records = [], {}
   for split in splits:
-    ds = fashion_mnist(cfg.data_dir or DEFAULT_DIR, num_clients=cfg.clients, seed=cfg.seed,
-                       **SPLITS[split])
+    ds = _dataset(cfg, split)
     shape = ds.train.x.shape[2:]
-    model = (bn_cnn(shape, 10, tuple(int(c) for c in opts["channels"]))
-             if opts["model"] == "cnn" else mlp(shape, 10))
+    model = (bn_cnn(shape, ds.num_classes, tuple(int(c) for c in opts["channels"]))
+             if opts["model"] == "cnn" else mlp(shape, ds.num_classes))
     loss = make_loss(model)
     params = model.init(jax.random.key(cfg.seed))
     d = sum(a.size for a in jax.tree.leaves(params))
@@ -214,7 +277,7 @@ def _run(cfg: Config, opts: dict) -> dict:
       sent_bpp = (up[-1] / len(up) / opts["cohort"] / d) if up else None
       rows.append({"split": split, "method": m, "lr": lr, "ours %": stats["mean"],
                    "s.e.": stats["se"],
-                   "paper %": PAPER.get(m, (None,) * 3)[list(SPLITS).index(split)],
+                   "paper %": paper.get(m, (None,) * 3)[list(SPLITS).index(split)],
                    "bpp (paper's count)": PAPER_BPP.get(m, 1), "bpp sent": sent_bpp,
                    "train s": records[f"{m} ({split})"]["wall_time_s"]})
   table = print_table(rows, list(rows[0]))
