@@ -1,17 +1,28 @@
 """Sub-FedAvg (Un) (Vahidian, Morafah & Lin, ICDCS 2021, arXiv 2105.00562), the dense-to-sparse
 personalised-pruning baseline of seed 002 (B.3 l. 877-881, hyper-parameters l. 559-561, 574;
-spec ``seed002.md`` §4.4). Its details are those of its own paper and code, not of seed 002.
+spec ``seed002.md`` §4.4). Its details come from its own paper and the authors' code
+(MMorafah/Sub-FedAvg: ``client_u.py``, ``unstructured.py``, ``sub_fedavg_u.py``), not from seed
+002, which gives only the hyper-parameters (prune rate 0.05, distance threshold 1e-4,
+accuracy threshold 0.5, final density 0.5).
 
 Every client holds a mask ``m_k`` over the shared model (all ones at the start). Round t, each
 client k of a uniform cohort S_t:
 
 1. starts from ``m_k⊙w_t`` and trains E epochs of SGD with the gradient masked by ``m_k``;
-2. if its model's accuracy on its own training data exceeds ``acc_threshold`` (0.5) and its
-   density is above the target ``1 − target_sparsity`` (0.5), it prunes ``prune_rate`` (5 %)
-   of the remaining weights of every masked layer, the smallest ``|w|`` (unstructured,
-   magnitude); the new mask is kept only if its normalised Hamming distance to the old one
-   exceeds ``dist_threshold`` (1e-4);
-3. uploads ``m_k⊙w_k`` and ``m_k``.
+2. forms two candidate masks by pruning the smallest-``|w|`` ``r`` of the remaining weights in
+   every masked layer (``fake_prune``): ``m¹`` from the weights after the first epoch and
+   ``m²`` after the last (the code's epochs 1 and 5); ``r = min(prune_rate, (ρ − ρ*)/ρ)``
+   lands exactly on the target density ``ρ* = 1 − target_sparsity`` (the code's last-step
+   adjustment);
+3. if the masks still move — the mean over layers of the normalised Hamming distance of
+   ``m¹`` and ``m²`` exceeds ``dist_threshold`` — and the density is above the target, it
+   prunes to ``m²`` and keeps the result only if the pruned model's accuracy exceeds
+   ``acc_threshold`` (otherwise it keeps the unpruned weights and old mask);
+4. uploads ``m_k⊙w_k`` and ``m_k``.
+
+The accuracy is measured on the client's *training* data: the authors' code uses the client's
+local test split, which would let test data steer training. With ``epochs=1`` both candidates
+come from the same weights, so the distance test fails unless ``dist_threshold=0``.
 
 The server averages every coordinate over the participants that keep it — "the average on the
 intersection of unpruned parameters" — ``w_j ← Σ_k m_kj w_kj / Σ_k m_kj``, and keeps ``w_j``
@@ -58,15 +69,15 @@ class SubFedAvgInfo(NamedTuple):
   pruned: jax.Array
 
 
-def _prune_layers(mask: Any, weights: Any, rate: float) -> Any:
+def _prune_layers(mask: Any, weights: Any, rate: Any) -> Any:
   """Drops ``⌊rate·n_l⌋`` of the ``n_l`` active entries of smallest ``|w|`` in every masked
-  leaf (``n_l`` traced)."""
+  leaf (``n_l`` and ``rate`` may be traced)."""
   def one(m, w):
     if m.ndim < 2:
       return m
     flat = m.ravel()
     active = jnp.sum(flat, dtype=jnp.int32)
-    keep = active - jnp.floor(rate * active.astype(jnp.float32)).astype(jnp.int32)
+    keep = active - jnp.floor(rate * active.astype(jnp.float32) + 1e-4).astype(jnp.int32)
     keys = jnp.where(flat, jnp.abs(w.ravel()).astype(jnp.float32), 0.0)
     return (flat & _largest_bisection(keys, keep)).reshape(m.shape)
   return jax.tree.map(one, mask, weights)
@@ -109,16 +120,21 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
     return FedSpaState(params, ones, jnp.zeros((), jnp.int32))
 
   def client(w, mask, eta, max_steps, key, d):
+    k_first, k_rest = jax.random.split(key)
     start = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), mask, w)
-    trained = epoch_sgd(grad, start, key, d, lr=eta, epochs=epochs, batch_size=batch_size,
-                        max_steps=max_steps, weight_decay=weight_decay, mask=mask)
-    acc = accuracy_fn(trained, d.x, d.y, d.mask)
-    candidate = _prune_layers(mask, trained, prune_rate)
-    total = sum(m.size for m in jax.tree.leaves(mask))
-    dist = MK.hamming(mask, candidate) / total
-    prune = ((acc > acc_threshold) & (_kernel_density(mask) > 1.0 - target_sparsity)
-             & (dist > dist_threshold))
-    new_mask = jax.tree.map(lambda a, b: jnp.where(prune, b, a), mask, candidate)
+    sgd = dict(lr=eta, batch_size=batch_size, weight_decay=weight_decay, mask=mask)
+    first = epoch_sgd(grad, start, k_first, d, epochs=1, max_steps=max_steps[0], **sgd)
+    trained = (epoch_sgd(grad, first, k_rest, d, epochs=epochs - 1, max_steps=max_steps[1],
+                         **sgd) if epochs > 1 else first)
+    density = _kernel_density(mask)
+    rate = jnp.clip((density - (1.0 - target_sparsity)) / density, 0.0, prune_rate)
+    m1, m2 = (_prune_layers(mask, v, rate) for v in (first, trained))
+    layers = [(a, b) for a, b in zip(jax.tree.leaves(m1), jax.tree.leaves(m2)) if a.ndim >= 2]
+    dist = sum(jnp.mean(a != b) for a, b in layers) / max(len(layers), 1)
+    pruned = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), m2, trained)
+    acc = accuracy_fn(pruned, d.x, d.y, d.mask)
+    prune = (dist > dist_threshold) & (rate > 0) & (acc > acc_threshold)
+    new_mask = jax.tree.map(lambda a, b: jnp.where(prune, b, a), mask, m2)
     sent = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), new_mask, trained)
     return sent, new_mask, prune, loss_fn(start, d.x, d.y, d.mask)
 
@@ -129,8 +145,10 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
     w, t = state.params, state.round
     eta = lr * jnp.float32(lr_decay) ** t.astype(jnp.float32)
     old = jax.tree.map(lambda m: m[ids], state.masks)
+    steps = (max_local_steps(data, batch_size, 1),
+             max_local_steps(data, batch_size, max(epochs - 1, 1)))
     sent, new_masks, pruned, losses = map_clients(
-        lambda m, k, d: client(w, m, eta, max_local_steps(data, batch_size, epochs), k, d),
+        lambda m, k, d: client(w, m, eta, steps, k, d),
         cdata, old, client_keys(k_train, ids))
 
     def average(a, v, m):  # over the participants that keep the coordinate
