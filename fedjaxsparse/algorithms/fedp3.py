@@ -1,0 +1,355 @@
+"""FedP3, federated personalized and privacy-friendly network pruning (seed 001, ch. 4,
+Algorithms 5-7, l. 1125-1208; spec ``seed001_ch4_ch6.md`` §A.2-§A.5).
+
+Every client i has a configuration fixed before training (Alg. 5 l. 2), stored as arrays with a
+leading client axis (:class:`FedP3Config`) so one vmapped kernel serves all clients:
+
+* ``L_i`` (``train_layers[i]``): the layers it trains **and uploads**;
+* ``P_i`` (global pruning): a random mask keeping ``round(r_{i,l}·numel)`` entries of every
+  kernel of the layers ``l ∉ L_i`` (biases and norm parameters dense, the masked-leaf rule of
+  :mod:`fedjaxsparse.masks`), drawn once from the client's own key and regenerated inside
+  ``jit`` (no n×d mask storage);
+* ``Q_i`` (local pruning, on the layers ∉ L_i, redrawn every local step k, Alg. 6):
+  ``"fixed"`` (none), ``"uniform"`` (keep each surviving entry with probability ``q_{i,k}``),
+  ``"ordered_dropout"`` (FjORD: keep the leading ``⌈q·d_in⌉ × ⌈q·d_out⌉`` block of every
+  kernel, the bias' leading ``⌈q·d_out⌉``; one q per step for all layers; the network's input
+  dimension (first layer) and output dimension (last layer) are never pruned), with
+  ``q_{i,k} ~ U[q_range]`` (the paper gives no law: ``q_range=(p, p)`` is a fixed ratio p);
+* an aggregation weight: 1 (``"simple"``) or ``N_i = |L_i|`` (``"weighted"``).
+
+Round t: a cohort C_t (uniform without replacement, ``cohort_size``; ``None``: every client,
+what the authors' code always does); client i starts from ``W^l`` for ``l ∈ L_i`` and
+``P_i⊙W^l`` otherwise (the downlink, Alg. 5 l. 5-8), runs K optax steps on minibatches of B
+(drawn with replacement, as :func:`fedjaxsparse.algorithms.fedavg.local_sgd`) of the model with
+``P_i⊙Q_{i,k}`` applied to the layers ∉ L_i, and uploads ``{W^l_{t,K} : l ∈ L_i}`` only. The
+server (Alg. 7) sets ``W^l ← W^l + Σ_{i∈L^l} α_{i,l}(W^l_i − W^l)`` with
+``α_{i,l} = a_i / Σ_{j∈L^l} a_j`` over the participants ``L^l`` that returned layer l (the
+paper's ``N_i/Σ_{j=1}^n N_j`` does not sum to 1 — erratum §0.1.7 — so it is renormalised over
+``L^l``); a layer nobody returned keeps its value. Alg. 5 l. 14's ``∪_{i∈[n]}`` is read as
+``i ∈ C_t`` (§0.1.6).
+
+Choices where the text and pseudocode disagree (options): ``train_non_selected=True`` trains
+the pruned layers ∉ L_i locally (the prose, l. 1178, "P_i⊙W_{t,K}"); ``False`` keeps them at
+``P_i⊙W_t`` (Alg. 6 l. 3). They are never uploaded either way, and pruned entries stay zero
+(the mask is re-applied after every step, so momentum or weight decay cannot revive them).
+
+Privacy structure: the server reads a client's result only through ``where(l ∈ L_i, ·, 0)`` —
+the non-uploaded layers cannot influence the global model even if they hold NaN (tested);
+:func:`uplink` gives the message as a client sends it, a dict of its ``L_i`` layers only.
+Accounting per round (:class:`FedP3Info`): the uploaded floats ``Σ_i Σ_{l∈L_i} |W^l|``, the
+downloaded floats (dense ``L_i`` layers plus the ``P_i`` survivors; ``P_i``'s positions come
+from the client's own seed, agreed once, so no index bits), and the paper's layer count.
+
+Theorem-side FedP3 (Algorithm 10, the sketches, LDP-FedP3) lives in
+:mod:`fedjaxsparse.algorithms.fedp3_theory`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjaxsparse import layers as LY
+from fedjaxsparse import masks as MK
+from fedjaxsparse.clients import local_scan, map_clients
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData, check_data
+from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
+from fedjaxsparse.sparsity import _largest_bisection, _random_keys
+from fedjaxsparse.validation import check_number
+
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+LOCAL_RULES = ("fixed", "uniform", "ordered_dropout")
+AGGREGATIONS = ("simple", "weighted")
+POLICIES = {  # name -> numbers of non-FFC layers a client may draw (uniformly), FFC always added
+    "fedavg": None, "opu3": (3,), "opu2": (2,), "lowerb": (1,), "opu1-2-3": (1, 2, 3),
+    "opu2-3": (2, 3)}
+
+
+class FedP3Config(NamedTuple):
+  """Per-client configuration (Alg. 5 l. 2), leading axis n:
+  ``train_layers`` ``bool[n, L]`` (L_i), ``keep_ratio`` ``float32[n, L]`` (r_{i,l}, used for
+  l ∉ L_i), ``mask_keys`` ``key[n]`` (P_i's seeds)."""
+  train_layers: jax.Array
+  keep_ratio: jax.Array
+  mask_keys: jax.Array
+
+  @property
+  def num_clients(self) -> int:
+    return int(self.train_layers.shape[0])
+
+
+class FedP3State(NamedTuple):
+  """``params`` (the global model W_t) and ``round``; clients keep no state (Alg. 5 l. 8)."""
+  params: Any
+  round: jax.Array
+
+
+class FedP3Info(NamedTuple):
+  """Per round: ``loss`` (cohort mean of each client's first-step loss), ``floats_up`` /
+  ``floats_down`` (summed over the cohort), ``bits_up`` / ``bits_down`` (32 per float),
+  ``layers_up`` (the paper's count: fraction of layers uploaded, cohort mean),
+  ``num_clients``."""
+  loss: jax.Array
+  floats_up: jax.Array
+  floats_down: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+  layers_up: jax.Array
+  num_clients: jax.Array
+
+
+def layer_policy(key: jax.Array, num_clients: int, num_layers: int, policy: str,
+                 always: Sequence[int] = (-1,)) -> np.ndarray:
+  """``bool[n, L]`` layer assignments of the chapter's experiments (§4.4.2, l. 1268-1329):
+  ``"opu3"`` / ``"opu2"`` / ``"lowerb"`` — 3 / 2 / 1 layers drawn uniformly without
+  replacement from the layers not in ``always`` (default: the final FC layer, "all clients
+  participate in training the final FC layer"), plus ``always``; ``"opu1-2-3"`` / ``"opu2-3"``
+  — the count itself uniform over {1, 2, 3} / {2, 3}; ``"fedavg"`` — every layer."""
+  if policy not in POLICIES:
+    raise ValueError(f"policy must be one of {tuple(POLICIES)}, got {policy!r}.")
+  fixed = sorted({a % num_layers for a in always})
+  out = np.zeros((num_clients, num_layers), bool)
+  if POLICIES[policy] is None:
+    out[:] = True
+    return out
+  others = np.array([l for l in range(num_layers) if l not in fixed])
+  counts = POLICIES[policy]
+  if max(counts) > len(others):
+    raise ValueError(f"policy {policy!r} draws up to {max(counts)} layers but only "
+                     f"{len(others)} are not in always={tuple(always)}.")
+  rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
+  for i in range(num_clients):
+    out[i, rng.choice(others, size=rng.choice(counts), replace=False)] = True
+  out[:, fixed] = True
+  return out
+
+
+def exclude_one_group(key: jax.Array, num_clients: int, names: Sequence[str],
+                      groups: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+  """Table 4.1's ResNet-18 variants: every client drops one of ``groups`` (lists of layer
+  names, drawn uniformly per client) — it neither trains nor receives it (keep ratio 0; the
+  residual path keeps the network valid) — and trains every other layer. Returns
+  ``(train_layers bool[n, L], keep_ratio float32[n, L])``, the latter 0 on the dropped layers
+  and 1 elsewhere (multiply by r for global pruning of further layers)."""
+  missing = {g for grp in groups for g in grp} - set(names)
+  if missing:
+    raise ValueError(f"groups name layers that are not in names: {sorted(missing)}.")
+  rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
+  train = np.ones((num_clients, len(names)), bool)
+  for i in range(num_clients):
+    for n in groups[rng.integers(len(groups))]:
+      train[i, list(names).index(n)] = False
+  return train, np.where(train, 1.0, 0.0).astype(np.float32)
+
+
+def make_config(key: jax.Array, train_layers: Any, keep_ratio: Any = 0.9) -> FedP3Config:
+  """A :class:`FedP3Config` from ``train_layers`` ``bool[n, L]`` and ``keep_ratio`` (a scalar,
+  ``[n]`` or ``[n, L]`` in [0, 1]; the paper's default r = 0.9)."""
+  train = jnp.asarray(train_layers, bool)
+  if train.ndim != 2:
+    raise ValueError(f"train_layers must be bool[n, L], got shape {train.shape}.")
+  r = np.asarray(keep_ratio, np.float32)
+  if np.any(r < 0) or np.any(r > 1) or not np.all(np.isfinite(r)):
+    raise ValueError(f"keep_ratio must lie in [0, 1], got {keep_ratio!r}.")
+  r = np.broadcast_to(r.reshape(r.shape + (1,) * (2 - r.ndim)) if r.ndim == 1 else r,
+                      train.shape)
+  return FedP3Config(train, jnp.asarray(r, jnp.float32),
+                     jax.random.split(key, train.shape[0]))
+
+
+def global_mask(key: jax.Array, params: Any, selected: Any, keep: Any) -> Any:
+  """P_i of ONE client: a bool pytree like ``params``; leaves of selected layers (``selected``:
+  per-leaf bool) and 1-D leaves are all True, every other kernel keeps exactly
+  ``round(keep·numel)`` uniformly random entries (``keep``: per-leaf ratio, may be traced)."""
+  is_kernel = MK.masked_leaves(params)
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  out = []
+  for k, w, kern, sel, r in zip(keys, leaves, jax.tree.leaves(is_kernel),
+                                jax.tree.leaves(selected), jax.tree.leaves(keep)):
+    if not kern:
+      out.append(jnp.ones(w.shape, bool))
+      continue
+    count = jnp.round(r * w.size).astype(jnp.int32)
+    kept = _largest_bisection(_random_keys(k, w.size), count).reshape(w.shape)
+    out.append(kept | sel)
+  return jax.tree.unflatten(tree, out)
+
+
+def ordered_dropout_mask(shape: tuple, q: jax.Array, prune_in: bool = True,
+                         prune_out: bool = True) -> jax.Array:
+  """FjORD's nested mask of one leaf: kernels ``[..., d_in, d_out]`` keep the leading
+  ``⌈q·d_in⌉ × ⌈q·d_out⌉`` block, 1-D leaves (biases) the leading ``⌈q·d_out⌉``; an axis
+  with ``prune_* = False`` is kept whole. ``mask(q1) ⊆ mask(q2)`` for ``q1 ≤ q2``."""
+  def keep(axis_len, on):
+    n = jnp.ceil(q * axis_len) if on else axis_len
+    return jnp.arange(axis_len) < n
+  out = keep(shape[-1], prune_out)
+  if len(shape) >= 2:
+    out = keep(shape[-2], prune_in)[:, None] & out[None, :]
+  return jnp.broadcast_to(out, shape)
+
+
+def personal_models(params: Any, config: FedP3Config, depth: int = 1) -> Any:
+  """``[n, ...]``: every client's deployed model (``W^l`` for ``l ∈ L_i``, ``P_i⊙W^l``
+  otherwise), what it evaluates on its local test split."""
+  def one(k, train, keep):
+    m = global_mask(k, params, LY.per_leaf(train, params, depth),
+                    LY.per_leaf(keep, params, depth))
+    return jax.tree.map(lambda a, b: jnp.where(b, a, jnp.zeros_like(a)), params, m)
+  return jax.vmap(one)(config.mask_keys, config.train_layers, config.keep_ratio)
+
+
+def uplink(trained: Any, train_layers_row: Any, depth: int = 1) -> dict[str, Any]:
+  """The message client i sends, as it sends it: ``{layer name: subtree}`` for its ``L_i``
+  layers only (host-side; ``trained`` is its model after local training)."""
+  names = LY.layer_names(trained, depth)
+  row = np.asarray(train_layers_row, bool)
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(trained)[0]:
+    name = "/".join(LY._key_name(k) for k in path[:depth])
+    if row[names.index(name)]:
+      out.setdefault(name, []).append(leaf)
+  return out
+
+
+def aggregate(params: Any, trained: Any, train_layers: jax.Array, weights: jax.Array,
+              depth: int = 1) -> Any:
+  """Algorithm 7: ``W^l + Σ_i α_{i,l} (W_i^l − W^l)``, ``α_{i,l} = a_i t_{i,l} / Σ_j a_j t_{j,l}``
+  over the participants that returned layer l (``train_layers`` ``bool[m, L]``, ``weights``
+  ``a`` ``[m]``: 1 or |L_i|); a layer nobody returned is unchanged. ``trained`` ``[m, ...]``
+  is read only where ``t_{i,l}`` holds (NaN elsewhere cannot leak)."""
+  coef = train_layers * weights[:, None]
+  den = jnp.sum(coef, axis=0)
+  alpha = coef / jnp.where(den > 0, den, 1.0)
+
+  def one(wl, tl, l):
+    sent = train_layers[:, l].reshape((-1,) + (1,) * wl.ndim)
+    msg = jnp.where(sent, tl - wl[None], jnp.zeros_like(tl))
+    return wl + jnp.tensordot(alpha[:, l].astype(wl.dtype), msg, axes=1)
+
+  return jax.tree.map(one, params, trained, LY.layer_index(params, depth))
+
+
+def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
+          config: FedP3Config, *, local_steps: int = 10, batch_size: int | None = 48,
+          cohort_size: int | None = None, local_rule: str = "fixed",
+          q_range: tuple[float, float] = (0.5, 1.0), aggregation: str = "simple",
+          train_non_selected: bool = True, depth: int = 1) -> Algorithm:
+  """FedP3 (Algorithms 5-7); see the module docstring.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> scalar`` of one client.
+    client_optimizer: optax transformation of the K local steps (re-initialised each round).
+    config: :class:`FedP3Config` (:func:`make_config`, :func:`layer_policy`).
+    local_steps, batch_size: K and B (the chapter: 10 and 48).
+    cohort_size: clients per round, uniform without replacement (``None``: all).
+    local_rule: Q_i, one of ``LOCAL_RULES``.
+    q_range: ``(low, high)``: ``q_{i,k} ~ U[low, high]`` for ``"uniform"`` and
+      ``"ordered_dropout"`` (``low == high``: a fixed ratio).
+    aggregation: ``"simple"`` (α ∝ 1) or ``"weighted"`` (α ∝ |L_i|), normalised per layer.
+    train_non_selected: train the pruned layers ∉ L_i locally (prose) or freeze them (Alg. 6).
+    depth: path prefix length that defines a layer (:mod:`fedjaxsparse.layers`).
+  """
+  if local_rule not in LOCAL_RULES:
+    raise ValueError(f"local_rule must be one of {LOCAL_RULES}, got {local_rule!r}.")
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}.")
+  lo, hi = q_range
+  check_number("q_range[0]", lo, 0.0, 1.0, low_open=True)
+  check_number("q_range[1]", hi, lo, 1.0)
+  if not isinstance(local_steps, int) or local_steps < 1:
+    raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
+  if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+    raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
+  agg = (jnp.ones(config.num_clients, jnp.float32) if aggregation == "simple"
+         else jnp.sum(config.train_layers, axis=1).astype(jnp.float32))
+
+  def local_mask(key, params, layer_of, selected, num_layers):
+    """Q_{i,k} on the layers ∉ L_i (True on selected layers)."""
+    if local_rule == "fixed":
+      return None
+    q = jax.random.uniform(key, (), minval=lo, maxval=hi)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.fold_in(key, 1), len(leaves))
+    out = []
+    for k, w, l, sel in zip(keys, leaves, jax.tree.leaves(layer_of),
+                            jax.tree.leaves(selected)):
+      if local_rule == "uniform":
+        m = jax.random.uniform(k, w.shape) < q
+      else:
+        m = ordered_dropout_mask(w.shape, q, prune_in=l != 0, prune_out=l != num_layers - 1)
+      out.append(m | sel)
+    return jax.tree.unflatten(tree, out)
+
+  def train_client(key, w, train_row, keep_row, mask_key, data):
+    layer_of = LY.layer_index(w, depth)
+    selected = LY.per_leaf(train_row, w, depth)
+    pmask = global_mask(mask_key, w, selected, LY.per_leaf(keep_row, w, depth))
+    zero = lambda m, a: jnp.where(m, a, jnp.zeros_like(a))
+    start = jax.tree.map(zero, pmask, w)
+    num_layers = int(train_row.shape[0])
+
+    def step(carry, k):
+      p, s = carry
+      q = local_mask(jax.random.fold_in(k, 1), p, layer_of, selected, num_layers)
+      m = pmask if q is None else jax.tree.map(jnp.logical_and, pmask, q)
+      loss, g = jax.value_and_grad(lambda v, *b: loss_fn(jax.tree.map(zero, m, v), *b))(
+          p, *minibatch(k, data, batch_size))
+      if not train_non_selected:
+        g = jax.tree.map(zero, selected, g)
+      updates, s = client_optimizer.update(g, s, p)
+      p = jax.tree.map(zero, pmask, optax.apply_updates(p, updates))
+      return (p, s), loss
+
+    (trained, _), losses = local_scan(step, (start, client_optimizer.init(start)),
+                                      jax.random.split(key, local_steps))
+    return trained, losses[0], jax.tree.map(lambda a: jnp.sum(a, dtype=jnp.float32), pmask)
+
+  def init(key, params, data: FederatedData):
+    del key
+    check_data(data)
+    check_cohort_size(cohort_size, data.num_clients)
+    names = LY.layer_names(params, depth)
+    if config.train_layers.shape != (data.num_clients, len(names)):
+      raise ValueError(f"config.train_layers must be bool[{data.num_clients}, {len(names)}] "
+                       f"(clients, layers {names}), got {config.train_layers.shape}.")
+    return FedP3State(params, jnp.zeros((), jnp.int32))
+
+  def step(key, state, data: FederatedData):
+    w, t = state.params, state.round
+    k_cohort, k_train, _ = jax.random.split(key, 3)  # FedAvg's key layout
+    ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
+    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
+    train = config.train_layers[ids]
+    trained, losses, kept = map_clients(
+        lambda k, tr, kr, mk, d: train_client(k, w, tr, kr, mk, d), cdata,
+        client_keys(k_train, ids), train, config.keep_ratio[ids], config.mask_keys[ids])
+    new_w = aggregate(w, trained, train, agg[ids], depth)
+    sizes = jnp.asarray(LY.layer_sizes(w, depth), jnp.float32)
+    up = jnp.sum(train.astype(jnp.float32) @ sizes)
+    down = jnp.sum(sum(jax.tree.leaves(kept)))
+    info = FedP3Info(jnp.mean(losses), up, down, 32.0 * up, 32.0 * down,
+                     jnp.mean(jnp.mean(train.astype(jnp.float32), axis=1)),
+                     jnp.int32(ids.shape[0]))
+    return FedP3State(new_w, t + 1), info
+
+  return Algorithm(init, step)
+
+
+def deployed_size(layer_sizes: Sequence[float], train_layers_row: Any, keep: float) -> float:
+  """The chapter's deployed (downlink) size of one client, ``Σ_{l∈L_i}|W^l| + r Σ_{l∉L_i}|W^l|``
+  (Fig. C.1, §A.10.4), for per-layer sizes counted as the paper counts them."""
+  s = np.asarray(layer_sizes, np.float64)
+  row = np.asarray(train_layers_row, bool)
+  return float(s[row].sum() + keep * s[~row].sum())
+
+
+def num_floats(tree: Any) -> int:
+  """Floats in a pytree (e.g. an :func:`uplink` message)."""
+  return sum(math.prod(np.shape(a)) for a in jax.tree.leaves(tree))
