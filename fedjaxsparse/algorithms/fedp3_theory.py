@@ -1,0 +1,221 @@
+"""Theoretical FedP3 (seed 001, Algorithm 10, l. 3051-3062) with its sketches (Definitions
+4.3.1-4.3.2, l. 1219-1225), and LDP-FedP3 (Algorithm 11, l. 3139-3226); spec §A.6-§A.8.
+
+Full participation, n clients, iteration k:
+
+* server: ``P_i^k w^k`` to client i — P_i a *biased* random coordinate mask (Def. 4.3.1: keep
+  each coordinate, no 1/c rescaling); ``prune=None`` is ``P_i = I``;
+* client i: ``u_i = P_i w − γ P_i ∇f_i(P_i w)`` (``local_steps`` such steps; the theory: 1),
+  on a minibatch of ``batch_size`` examples drawn without replacement (``None``: the full
+  local gradient), each example's gradient clipped to norm ``clip`` if given (Assumption
+  C.3.3's bounded gradients; the paper has no clipping step — a real guarantee needs one);
+* LDP (``noise``): ``"model"`` adds ``ζ ~ N(0, σ²I)`` to ``u_i`` (Algorithm 11 l. 8);
+  ``"update"`` adds it to the gradient step, ``u_i = w − γ(g_i − ζ)``, noise ``γσ`` (the
+  placement the proof of Thm 4.3.4 uses, l. 3428-3436);
+* uplink ``v_i = S_i u_i``: the permutation sketch (Def. 4.3.2; ``S_i = n·Diag(1[j ∈ block
+  i])``, blocks of ``d/n`` coordinates under one random permutation per iteration shared by
+  all clients), or ``sketch="identity"`` (``S_i = I``, Thm C.3.5's setting);
+* server: ``w^{k+1} = (1/n) Σ_i v_i`` — with the permutation sketch exactly a gather,
+  ``w^{k+1}_j = u_{owner(j), j}``, d floats per iteration in total (DGD: n·d).
+
+``block`` > 1 permutes whole blocks of coordinates (the layer-granular version: layers
+zero-padded to a uniform size ``block``). The privacy accountant (:func:`ldp_epsilon`,
+:func:`ldp_sigma`) is Google's ``dp_accounting`` RDP accountant (Poisson-subsampled Gaussian;
+the paper's σ² = cKC² log(1/δ)/(m²ε²) has unknown constants c, c', §A.7), per client, with
+add/remove-one-example adjacency; the Rand-t compressor of Table C.3 (t = d/n, ω = n − 1) is
+:func:`fedjaxsparse.compressors.rand_k`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from fedjaxsparse.algorithms.fedp3 import FedP3State
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData, check_data
+from fedjaxsparse.sampling import client_keys
+from fedjaxsparse.validation import check_number
+
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+NOISES = (None, "model", "update")
+SKETCHES = ("permutation", "identity")
+
+
+def permutation_owner(key: jax.Array, d: int, n: int, block: int = 1) -> jax.Array:
+  """``int32[d]``: the client owning each coordinate under Def. 4.3.2 — a uniformly random
+  permutation π of the ``d/block`` blocks, client i owning blocks ``π_{s(i−1)+1..si}``,
+  ``s = d/(n·block)``. Needs ``d`` divisible by ``n·block``."""
+  if d % (n * block):
+    raise ValueError(f"the permutation sketch needs d = s·n·block; d={d} is not divisible by "
+                     f"n·block = {n}·{block} (zero-pad the model).")
+  nb = d // block
+  perm = jax.random.permutation(key, nb)
+  owner_blocks = jnp.zeros(nb, jnp.int32).at[perm].set(jnp.arange(nb, dtype=jnp.int32)
+                                                        // (nb // n))
+  return jnp.repeat(owner_blocks, block)
+
+
+def permutation_sketch(owner: jax.Array, i: Any, x: jax.Array, n: int) -> jax.Array:
+  """``S_i x = n·x`` on client i's coordinates, 0 elsewhere."""
+  return jnp.where(owner == i, n * x, jnp.zeros_like(x))
+
+
+def pruning_mask(key: jax.Array, d: int, keep: float) -> jax.Array:
+  """``bool[d]``: the diagonal of the global-pruning sketch P (Def. 4.3.1), each coordinate
+  kept independently with probability ``keep`` (``c_j = keep``); ``E[P w] = keep·w`` —
+  biased, the weights are not rescaled."""
+  return jax.random.uniform(key, (d,)) < keep
+
+
+def clipped_mean_grad(loss_fn: LossFn, params: Any, x: jax.Array, y: jax.Array,
+                      mask: jax.Array, clip: float | None) -> Any:
+  """``(1/b) Σ_j clip_C(∇ℓ_j)`` over the examples with ``mask`` 1 (``b`` = their count;
+  ``clip=None``: no clipping, the plain mean gradient), ``clip_C(g) = g·min(1, C/‖g‖)``."""
+  if clip is None:
+    return jax.grad(loss_fn)(params, x, y, mask)
+  one = lambda xi, yi: jax.grad(loss_fn)(params, xi[None], yi[None], jnp.ones((1,)))
+  per = jax.vmap(one)(x, y)
+  norms = jnp.sqrt(sum(jnp.sum(jnp.reshape(g, (g.shape[0], -1)) ** 2, axis=1)
+                       for g in jax.tree.leaves(per)))
+  scale = mask * jnp.minimum(1.0, clip / jnp.maximum(norms, 1e-30))
+  b = jnp.maximum(jnp.sum(mask), 1.0)
+  return jax.tree.map(lambda g: jnp.tensordot(scale, g, axes=1) / b, per)
+
+
+class TheoryInfo(NamedTuple):
+  """Per iteration: ``loss`` f(w^k) = mean_i f_i(w^k) on the full local data, ``grad_norm_sq``
+  ‖∇f(w^k)‖², ``floats_up`` (uplink floats summed over clients: d with the permutation
+  sketch, n·d without)."""
+  loss: jax.Array
+  grad_norm_sq: jax.Array
+  floats_up: jax.Array
+
+
+def fedp3_theory(loss_fn: LossFn, gamma: float, *, local_steps: int = 1,
+                 prune: float | None = None, sketch: str = "permutation", block: int = 1,
+                 batch_size: int | None = None, clip: float | None = None,
+                 noise: str | None = None, sigma: float = 0.0) -> Algorithm:
+  """Algorithm 10 (``noise=None``) / Algorithm 11 (``noise="model"`` or ``"update"``).
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> scalar`` of one client (f_i its mean loss).
+    gamma: γ > 0 (:func:`theorem_433_step` gives Thm 4.3.3's).
+    local_steps: local GD steps (the theory: 1).
+    prune: keep probability of the pruning sketch P_i, redrawn every iteration (``None``: I).
+    sketch: ``"permutation"`` (Def. 4.3.2) or ``"identity"``.
+    block: coordinates per permuted block (layer-granular ownership).
+    batch_size: b examples without replacement per step (``None``: full local gradient).
+    clip: per-example gradient norm bound C (``None``: none).
+    noise, sigma: the Gaussian mechanism's placement and σ.
+  """
+  check_number("gamma", gamma, 0.0, None, low_open=True)
+  check_number("sigma", sigma, 0.0, None)
+  if prune is not None:
+    check_number("prune", prune, 0.0, 1.0, low_open=True)
+  if clip is not None:
+    check_number("clip", clip, 0.0, None, low_open=True)
+  if sketch not in SKETCHES:
+    raise ValueError(f"sketch must be one of {SKETCHES}, got {sketch!r}.")
+  if noise not in NOISES:
+    raise ValueError(f"noise must be one of {NOISES}, got {noise!r}.")
+  if not isinstance(local_steps, int) or local_steps < 1:
+    raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
+
+  def init(key, params, data: FederatedData):
+    del key
+    check_data(data)
+    d = ravel_pytree(params)[0].shape[0]
+    if sketch == "permutation":
+      permutation_owner(jax.random.key(0), d, data.num_clients, block)  # validates d
+    if batch_size is not None and batch_size > int(data.num_examples.min()):
+      raise ValueError(f"batch_size must be <= the smallest client's "
+                       f"{int(data.num_examples.min())} examples, got {batch_size}.")
+    return FedP3State(params, jnp.zeros((), jnp.int32))
+
+  def client(key, w_flat, unravel, data):
+    k_prune, k_steps = jax.random.split(key)
+    d = w_flat.shape[0]
+    p = jnp.ones(d, bool) if prune is None else pruning_mask(k_prune, d, prune)
+    u = jnp.where(p, w_flat, 0.0)
+    for s, k in enumerate(jax.random.split(k_steps, local_steps)):
+      k_batch, k_noise = jax.random.split(k)
+      if batch_size is None:
+        x, y, m = data.x, data.y, data.mask
+      else:
+        scores = jnp.where(data.mask > 0, jax.random.uniform(k_batch, data.mask.shape), -1.0)
+        idx = jax.lax.top_k(scores, batch_size)[1]
+        x, y, m = data.x[idx], data.y[idx], data.mask[idx]
+      g = ravel_pytree(clipped_mean_grad(loss_fn, unravel(u), x, y, m, clip))[0]
+      g = jnp.where(p, g, 0.0)
+      zeta = (sigma * jax.random.normal(k_noise, (d,)) if noise is not None
+              else jnp.zeros(d))
+      u = u - gamma * (g - zeta) if noise == "update" else u - gamma * g + zeta
+    return u
+
+  def step(key, state, data: FederatedData):
+    n = data.num_clients
+    w_flat, unravel = ravel_pytree(state.params)
+    d = w_flat.shape[0]
+    k_perm, k_clients = jax.random.split(key)
+    rows = jax.vmap(lambda k, dt: client(k, w_flat, unravel, dt))(
+        client_keys(k_clients, jnp.arange(n)), data)
+    f = lambda v: jnp.mean(jax.vmap(lambda dt: loss_fn(unravel(v), dt.x, dt.y, dt.mask))(data))
+    loss, grad = jax.value_and_grad(f)(w_flat)
+    if sketch == "permutation":
+      owner = permutation_owner(k_perm, d, n, block)
+      new = jnp.sum(jax.vmap(lambda i, u: permutation_sketch(owner, i, u, n))(
+          jnp.arange(n), rows), axis=0) / n
+      up = jnp.float32(d)
+    else:
+      new, up = jnp.mean(rows, axis=0), jnp.float32(n * d)
+    return FedP3State(unravel(new), state.round + 1), TheoryInfo(loss, jnp.sum(grad ** 2), up)
+
+  return Algorithm(init, step)
+
+
+def theorem_433_step(l_bar: float, l_max: float, num_iters: int) -> float:
+  """Thm 4.3.3's γ = min{1/L_max, 1/√(L̄ L_max K)} (§0.1.8: "{…}" read as min, L̂ as L̄)."""
+  return min(1.0 / l_max, 1.0 / (l_bar * l_max * num_iters) ** 0.5)
+
+
+def theorem_433_bound(delta0: float, gamma: float, l_bar: float, l_max: float,
+                      num_iters: int) -> float:
+  """Thm 4.3.3's bound on ``min_{k<K} E‖∇f(w^k)‖²``: ``2(1 + L̄ L_max γ²)^K Δ_0/(γK)``."""
+  return 2.0 * (1.0 + l_bar * l_max * gamma ** 2) ** num_iters * delta0 / (gamma * num_iters)
+
+
+def noise_multiplier(sigma: float, clip: float, batch_size: int, gamma: float,
+                     noise: str) -> float:
+  """σ over the per-step sensitivity of what is released: ``γC/b`` for the model placement,
+  ``C/b`` for the update one (noise γσ on γ·ḡ)."""
+  if noise not in ("model", "update"):
+    raise ValueError(f"noise must be 'model' or 'update', got {noise!r}.")
+  return sigma * batch_size / (clip * (gamma if noise == "model" else 1.0))
+
+
+def ldp_epsilon(multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
+  """ε of one client's (ε, δ)-LDP after ``steps`` Poisson-subsampled Gaussian steps of noise
+  ``multiplier`` at rate ``q = b/m`` (``dp_accounting``'s RDP accountant)."""
+  import dp_accounting
+  check_number("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
+  check_number("sampling_rate", sampling_rate, 0.0, 1.0, low_open=True)
+  event = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+      sampling_rate, dp_accounting.GaussianDpEvent(multiplier)), steps)
+  return float(dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(delta))
+
+
+def ldp_sigma(epsilon: float, delta: float, steps: int, sampling_rate: float, clip: float,
+              batch_size: int, gamma: float, noise: str) -> float:
+  """The σ that makes ``steps`` iterations (ε, δ)-LDP per client (inverts
+  :func:`ldp_epsilon` by bisection on the noise multiplier)."""
+  import dp_accounting
+  check_number("epsilon", epsilon, 0.0, None, low_open=True)
+  z = dp_accounting.calibrate_dp_mechanism(
+      dp_accounting.rdp.RdpAccountant,
+      lambda m: dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+          sampling_rate, dp_accounting.GaussianDpEvent(m)), steps),
+      epsilon, delta)
+  return z / noise_multiplier(1.0, clip, batch_size, gamma, noise)
