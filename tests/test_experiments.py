@@ -33,9 +33,9 @@ def test_sparse_proxskip_small(tmp_path):
 
 
 def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
-  assert main(["run", "sparse_proxskip", "--rounds", "60", "--eval-every", "30", "--clients", "6",
-        "--out", str(tmp_path), "--no-progress", "--set", "sparsities=[0.8,0.9]",
-        "--set", "search=2", "--set", "repetitions=2", "--set", "diagnostics=False"]) == 0
+  assert main(["run", "sparse_proxskip", "--rounds", "30", "--eval-every", "15", "--clients", "6",
+        "--out", str(tmp_path), "--no-progress", "--set", "sparsities=[0.8]",
+        "--set", "search=2", "--set", "repetitions=1", "--set", "diagnostics=False"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
   names = ["Final-TopK", "FedHT", "FedIHT", "Accelerated-Server-Pruning", "RandProx-l1",
            "Sparse-ProxSkip-Local", "Sparse-ProxSkip"]
@@ -46,7 +46,7 @@ def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
   for name in ("FedHT", "FedIHT"):
     steps = res["settings"][name]["local_steps"]
     assert isinstance(steps, int) and 1 <= steps <= 100
-    assert res["methods"][name]["history"]["rounds"]["round"][-1] == 60 // steps
+    assert res["methods"][name]["history"]["rounds"]["round"][-1] == 30 // steps
   # the train loss column is the objective of the evaluated (Top-K'd) model
   for row in res["table"]:
     ev = res["methods"][row["method"]]["history"]["evals"]
@@ -411,3 +411,22 @@ def test_fedspa_table1_tiny_on_digits(tmp_path):
   assert rows["FedSpa (DST)"]["FLOPs"] < rows["FedAvg"]["FLOPs"]
   assert all(0 <= r["ours %"] <= 100 for r in rows.values())
   assert res["mask_search"]["train_s"] > 0
+
+
+def test_fedp3_fmnist_tiny_on_digits(tmp_path):
+  """Seed 001 ch. 4's protocol in a tiny configuration (embedded digits, 5-layer MLP): the
+  paper's layer count (LowerB sends 2 of 5 layers), FedAvg's floats at 1, LowerB's deployed
+  size between r = 0.9 of the model and the full model."""
+  out = tmp_path / "out"
+  assert main(["run", "fedp3_fmnist", "--dataset", "digits", "--clients", "10", "--rounds",
+               "2", "--eval-every", "1", "--out", str(out), "--no-progress",
+               "--set", "splits=S2", "--set", "steps=2", "--set", "batch=16",
+               "--set", "lrs=0.1", "--set", "methods=FedAvg,LowerB"]) == 0
+  res = json.load(open(out / "fedp3_fmnist" / "results.json"))
+  rows = {r["method"]: r for r in res["table"]}
+  assert rows["FedAvg"]["layers sent (paper's count)"] == 1.0
+  assert rows["FedAvg"]["floats sent / FedAvg's"] == 1.0
+  assert rows["LowerB"]["layers sent (paper's count)"] == pytest.approx(0.4)
+  assert rows["LowerB"]["floats sent / FedAvg's"] < 1.0
+  assert 0.9 <= rows["LowerB"]["deployed / full"] < 1.0
+  assert all(0 <= r["ours %"] <= 100 for r in rows.values())

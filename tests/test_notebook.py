@@ -52,3 +52,9 @@ def test_fedspa_notebook_runs(monkeypatch, tmp_path):
   out = _execute(monkeypatch, tmp_path, "fedspa", FEDSPA_ROUNDS="4")
   assert "'conv2': 0.477, 'fc1': 0.485" in out and "FLOPs ratio at s = 0.5: 0.547" in out
   assert "FedSpa (DST): personalised test accuracy" in out and "coverage" in out
+
+
+def test_fedp3_notebook_runs(monkeypatch, tmp_path):
+  out = _execute(monkeypatch, tmp_path, "fedp3", FEDP3_ROUNDS="3")
+  assert "(max-min)/min uplink: 10815.25 %" in out and "at r = 0.5: 57.93 %" in out
+  assert "LowerB: personalised test accuracy" in out and "epsilon=1.0: sigma=" in out
