@@ -25,7 +25,11 @@ Studies (``--set study=``):
   ``policy`` (the row labels' p read as the lower end of q ~ U[p, 1], ``q_law=lower``, or a
   fixed ratio, ``q_law=fixed``: the paper is ambiguous);
   ``ratio`` — Fig. 4.4: r = 1.0 / 0.9 / 0.7 / 0.5 under ``policy``;
-  ``aggregation`` — Fig. 4.5: OPU1-2-3 and OPU2-3, simple (S) and weighted (W).
+  ``aggregation`` — Fig. 4.5: OPU1-2-3 and OPU2-3, simple (S) and weighted (W);
+  ``resnet`` — Table 4.1 (CIFAR-10/100, ResNet-18-GN, layers at depth 2): every client drops
+  block B2 or B3 whole ("-B2-B3 (full)"), or the first or last two convolutions of B2 / B3
+  ("part": one BasicBlock's conv1/conv2 and norms; projection shortcuts are kept, so the
+  network stays valid), neither training nor receiving them.
 Comm is reported as the paper counts it (the fraction of layers uploaded) and honestly (floats
 uploaded per round relative to FedAvg's), plus the deployed model size.
 """
@@ -45,7 +49,7 @@ from fedjaxsparse.data.partition import hsu_dirichlet_partition, label_count_par
 from fedjaxsparse.evaluation import make_personal_eval_fn
 from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results)
-from fedjaxsparse.models import fedp3_cnn, make_loss, mlp
+from fedjaxsparse.models import fedp3_cnn, make_loss, mlp, resnet18
 from fedjaxsparse.plotting import method_colors, plot_methods
 from fedjaxsparse.protocol import PaperConfig, mean_se, validation_split
 
@@ -74,7 +78,15 @@ STUDIES = {  # name -> {method: (policy, keep, local rule, p, aggregation)} (Non
     "aggregation": {"S123": ("opu1-2-3", None, "fixed", None, "simple"),
                     "W123": ("opu1-2-3", None, "fixed", None, "weighted"),
                     "S23": ("opu2-3", None, "fixed", None, "simple"),
-                    "W23": ("opu2-3", None, "fixed", None, "weighted")}}
+                    "W23": ("opu2-3", None, "fixed", None, "weighted")},
+    "resnet": {"Full": ("fedavg", 1.0, "fixed", None, "simple"),
+               "-B2-B3 (full)": ("drop:B2|B3", 1.0, "fixed", None, "simple"),
+               "-B2 (part)": ("drop:B2.1|B2.2", 1.0, "fixed", None, "simple"),
+               "-B3 (part)": ("drop:B3.1|B3.2", 1.0, "fixed", None, "simple")}}
+RESNET_BLOCKS = {  # Table 4.1's block names -> the main-path layers they drop (shortcuts kept)
+    "B2": ("stage2_block1", "stage2_block2"), "B3": ("stage3_block1", "stage3_block2"),
+    "B2.1": ("stage2_block1",), "B2.2": ("stage2_block2",), "B3.1": ("stage3_block1",),
+    "B3.2": ("stage3_block2",)}
 PAPER = {  # Table 4.2 (S1 / S2, %; "lost" cells of the OCR are None)
     "rules": {
         "fashion_mnist": {"Fixed": (81.75, 84.27), "Uniform (p=0.9)": (78.81, 77.24),
@@ -85,7 +97,12 @@ PAPER = {  # Table 4.2 (S1 / S2, %; "lost" cells of the OCR are None)
                      "Ordered Dropout (p=0.9)": (61.11, 53.28),
                      "Uniform (p=0.7)": (60.35, 54.88),
                      "Ordered Dropout (p=0.7)": (59.72, 50.03)},
-        "cifar10": {"Fixed": (67.65, 61.17)}, "emnist_l": {"Fixed": (88.75, 86.33)}}}
+        "cifar10": {"Fixed": (67.65, 61.17)}, "emnist_l": {"Fixed": (88.75, 86.33)}},
+    "resnet": {  # Table 4.1, S1 only
+        "cifar10": {"Full": (73.25, None), "-B2-B3 (full)": (65.68, None),
+                    "-B2 (part)": (72.09, None), "-B3 (part)": (73.47, None)},
+        "cifar100": {"Full": (63.33, None), "-B2-B3 (full)": (58.26, None),
+                     "-B2 (part)": (61.11, None), "-B3 (part)": (62.39, None)}}}
 CLAIMS = {
     "policies": "OPU3 comparable to FedAvg with 80 % of the layers sent (l. 1268); S1 vs S2 "
                 "gap 3.55 % averaged over LowerB/OPU2/OPU3 (l. 1285)",
@@ -94,7 +111,9 @@ CLAIMS = {
     "ratio": "vs r = 1.0, averaged over 4 datasets × 2 splits: −5.32 % at 0.9, −12.86 % at "
              "0.7, −27.76 % at 0.5 (l. 1298)",
     "aggregation": "weighted beats simple by 1.01 % (CIFAR-10), 1.05 % (CIFAR-100); OPU2-3 "
-                   "beats OPU1-2-3 by 1.89 % (l. 1329)"}
+                   "beats OPU1-2-3 by 1.89 % (l. 1329)",
+    "resnet": "part variants lose 1.03 % on average, the full variant 6.32 %; -B3 (part) beats "
+              "Full on CIFAR-10; saving 6.25 % / 12.5 % of the layers (l. 1275-1287)"}
 OPTIONS = (
     Option("study", "policies", "which figure/table", choices=tuple(STUDIES)),
     Option("splits", "S1,S2", "comma list of S1 (class-wise) and S2 (Dirichlet)", kind="str"),
@@ -151,6 +170,8 @@ def _arrays(cfg: Config):
 
 
 def _model(kind: str, shape, classes: int, opts: dict):
+  if kind == "resnet18":
+    return resnet18(shape, classes)
   hidden = tuple(int(h) for h in opts["hidden"].split(",") if h.strip())
   if kind == "cnn":
     return fedp3_cnn(shape, classes, channels=opts["channels"], hidden=hidden)
@@ -166,26 +187,45 @@ def _partition(split: str, y: np.ndarray, cfg: Config):
   return hsu_dirichlet_partition(y, cfg.clients, alpha, seed=cfg.seed)
 
 
-def _config(spec, opts: dict, num_clients: int, num_layers: int, seed: int):
+def _drop_groups(policy: str, names: list[str]) -> list[list[str]]:
+  """``"drop:B2|B3"`` -> per alternative, the depth-2 layers of its blocks' main paths."""
+  groups = []
+  for alt in policy.split(":")[1].split("|"):
+    prefixes = RESNET_BLOCKS[alt]
+    groups.append([n for n in names if n.split("/")[0] in prefixes
+                   and n.split("/")[1] in ("conv1", "conv2", "norm1", "norm2")])
+  return groups
+
+
+def _config(spec, opts: dict, num_clients: int, names: list[str], seed: int):
   policy, keep, rule, p, agg = spec
   policy = policy or opts["policy"]
   keep = opts["keep"] if keep is None else keep
-  train = F.layer_policy(jax.random.key(seed + 1), num_clients, num_layers, policy)
+  if policy.startswith("drop:"):
+    train, keep = F.exclude_one_group(jax.random.key(seed + 1), num_clients, names,
+                                      _drop_groups(policy, names))
+  else:
+    train = F.layer_policy(jax.random.key(seed + 1), num_clients, len(names), policy)
   cfg = F.make_config(jax.random.key(seed + 2), train, keep)
   q = (1.0, 1.0) if p is None else ((p, 1.0) if opts["q_law"] == "lower" else (p, p))
   return cfg, rule, q, agg
 
 
-def _algorithm(spec, loss, lr: float, opts: dict, n: int, num_layers: int, seed: int):
-  cfg, rule, q, agg = _config(spec, opts, n, num_layers, seed)
+def _algorithm(spec, loss, lr: float, opts: dict, n: int, names: list[str], seed: int):
+  cfg, rule, q, agg = _config(spec, opts, n, names, seed)
   algo = F.fedp3(loss, optax.sgd(lr), cfg, local_steps=opts["steps"], batch_size=opts["batch"],
                  cohort_size=opts["cohort"] or None, local_rule=rule, q_range=q,
-                 aggregation=agg, train_non_selected=opts["train_non_selected"])
+                 aggregation=agg, train_non_selected=opts["train_non_selected"],
+                 depth=_depth(opts))
   return algo, cfg
 
 
-def _eval_fn(model, cfg):
-  return make_personal_eval_fn(model, lambda st: F.personal_models(st.params, cfg),
+def _depth(opts: dict) -> int:
+  return 2 if opts["study"] == "resnet" else 1
+
+
+def _eval_fn(model, cfg, depth: int):
+  return make_personal_eval_fn(model, lambda st: F.personal_models(st.params, cfg, depth),
                                lambda st: st.params, per_client=False)
 
 
@@ -203,16 +243,22 @@ def _run(cfg: Config, opts: dict) -> dict:
     if s not in ("S1", "S2"):
       raise ValueError(f"option 'splits' takes S1, S2, got {s!r}.")
   classes, _, _, kind = DATA[cfg.dataset]
+  if opts["study"] == "resnet":
+    if cfg.dataset not in ("cifar10", "cifar100"):
+      raise ValueError(f"study 'resnet' runs on --dataset cifar10 or cifar100, got "
+                       f"{cfg.dataset!r}.")
+    kind = "resnet18"
   x, y = _arrays(cfg)
   model = _model(kind, x.shape[1:], classes, opts)
   loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
-  sizes = LY.layer_sizes(params)
-  L = len(sizes)
+  depth = _depth(opts)
+  sizes = LY.layer_sizes(params, depth)
+  names = LY.layer_names(params, depth)
   paper = PAPER.get(opts["study"], {}).get(cfg.dataset, {})
   print(f"{NAME}: {cfg.dataset}, study {opts['study']}, {cfg.clients} clients "
         f"({opts['cohort'] or 'all'} per round), K={opts['steps']} steps of {opts['batch']}, "
-        f"layers {LY.layer_names(params)} ({int(sizes.sum())} parameters)")
+        f"{len(names)} layers ({int(sizes.sum())} parameters)")
   rows, records = [], {}
   for split in splits:
     parts = _partition(split, y, cfg)
@@ -230,17 +276,17 @@ def _run(cfg: Config, opts: dict) -> dict:
         if len(opts["lrs"]) == 1:
           scores[lr] = 0.0
           break
-        algo, fcfg = _algorithm(spec, loss, lr, opts, n, L, cfg.seed)
+        algo, fcfg = _algorithm(spec, loss, lr, opts, n, names, cfg.seed)
         rec = run_method(tune_cfg, NAME, f"{split} tune {m} lr={lr:g}", algo, params, fit, val,
-                         _eval_fn(model, fcfg), params_fn=lambda st: st)
+                         _eval_fn(model, fcfg, depth), params_fn=lambda st: st)
         acc = last(rec["history"]["evals"].get("accuracy", []))
         scores[lr] = -1.0 if rec["diverged"] or acc is None else acc
       lr = max(scores, key=scores.get)
       finals = []
       for s in range(opts["seeds"]):
-        algo, fcfg = _algorithm(spec, loss, lr, opts, n, L, cfg.seed + 1000 * s)
+        algo, fcfg = _algorithm(spec, loss, lr, opts, n, names, cfg.seed + 1000 * s)
         rec = run_method(cfg, NAME, f"{split} {m} seed {s}", algo, params, ds.train, ds.test,
-                         _eval_fn(model, fcfg), params_fn=lambda st: st,
+                         _eval_fn(model, fcfg, depth), params_fn=lambda st: st,
                          key=jax.random.key(cfg.seed + 100 * s))
         records.setdefault(f"{m} ({split})", rec)
         if not rec["diverged"]:
