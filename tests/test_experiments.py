@@ -430,3 +430,16 @@ def test_fedp3_fmnist_tiny_on_digits(tmp_path):
   assert rows["LowerB"]["floats sent / FedAvg's"] < 1.0
   assert 0.9 <= rows["LowerB"]["deployed / full"] < 1.0
   assert all(0 <= r["ours %"] <= 100 for r in rows.values())
+
+
+def test_fedp3_ldp_tiny(tmp_path):
+  """LDP-FedP3's utility-vs-ε protocol, tiny: σ from the accountant shrinks as ε grows, the
+  uplink is exactly d floats per iteration, the no-noise row has σ = 0."""
+  out = tmp_path / "out"
+  assert main(["run", "fedp3_ldp", "--rounds", "4", "--eval-every", "2", "--out", str(out),
+               "--no-progress", "--set", "seeds=1", "--set", "epsilons=1,8",
+               "--set", "gammas=0.5"]) == 0
+  rows = json.load(open(out / "fedp3_ldp" / "results.json"))["table"]
+  assert [r["ε"] for r in rows] == [None, 1.0, 8.0] and rows[0]["σ"] == 0.0
+  assert rows[1]["σ"] > rows[2]["σ"] > 0
+  assert all(r["uplink floats / iteration"] == 650 for r in rows)

@@ -27,6 +27,7 @@ add/remove-one-example adjacency; the Rand-t compressor of Table C.3 (t = d/n, �
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -130,9 +131,9 @@ def fedp3_theory(loss_fn: LossFn, gamma: float, *, local_steps: int = 1,
     d = ravel_pytree(params)[0].shape[0]
     if sketch == "permutation":
       permutation_owner(jax.random.key(0), d, data.num_clients, block)  # validates d
-    if batch_size is not None and batch_size > int(data.num_examples.min()):
-      raise ValueError(f"batch_size must be <= the smallest client's "
-                       f"{int(data.num_examples.min())} examples, got {batch_size}.")
+    if batch_size is not None and batch_size > data.max_examples:
+      raise ValueError(f"batch_size must be <= the clients' padded size {data.max_examples}, "
+                       f"got {batch_size} (a smaller client uses all its examples).")
     return FedP3State(params, jnp.zeros((), jnp.int32))
 
   def client(key, w_flat, unravel, data):
@@ -196,6 +197,18 @@ def noise_multiplier(sigma: float, clip: float, batch_size: int, gamma: float,
   return sigma * batch_size / (clip * (gamma if noise == "model" else 1.0))
 
 
+@contextlib.contextmanager
+def _quiet_accountant():
+  """dp_accounting logs a warning per RDP order it drops; keep them out of experiment logs."""
+  from absl import logging as absl_logging
+  level = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.ERROR)
+  try:
+    yield
+  finally:
+    absl_logging.set_verbosity(level)
+
+
 def ldp_epsilon(multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
   """ε of one client's (ε, δ)-LDP after ``steps`` Poisson-subsampled Gaussian steps of noise
   ``multiplier`` at rate ``q = b/m`` (``dp_accounting``'s RDP accountant)."""
@@ -204,7 +217,8 @@ def ldp_epsilon(multiplier: float, sampling_rate: float, steps: int, delta: floa
   check_number("sampling_rate", sampling_rate, 0.0, 1.0, low_open=True)
   event = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       sampling_rate, dp_accounting.GaussianDpEvent(multiplier)), steps)
-  return float(dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(delta))
+  with _quiet_accountant():
+    return float(dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(delta))
 
 
 def ldp_sigma(epsilon: float, delta: float, steps: int, sampling_rate: float, clip: float,
@@ -213,9 +227,10 @@ def ldp_sigma(epsilon: float, delta: float, steps: int, sampling_rate: float, cl
   :func:`ldp_epsilon` by bisection on the noise multiplier)."""
   import dp_accounting
   check_number("epsilon", epsilon, 0.0, None, low_open=True)
-  z = dp_accounting.calibrate_dp_mechanism(
-      dp_accounting.rdp.RdpAccountant,
-      lambda m: dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-          sampling_rate, dp_accounting.GaussianDpEvent(m)), steps),
-      epsilon, delta)
+  with _quiet_accountant():
+    z = dp_accounting.calibrate_dp_mechanism(
+        dp_accounting.rdp.RdpAccountant,
+        lambda m: dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+            sampling_rate, dp_accounting.GaussianDpEvent(m)), steps),
+        epsilon, delta)
   return z / noise_multiplier(1.0, clip, batch_size, gamma, noise)
