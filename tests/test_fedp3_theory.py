@@ -45,6 +45,11 @@ def test_permutation_sketch_identities_on_every_draw_and_in_expectation():
   assert np.all(np.abs(mean - x) < 5 * se + 1e-6)  # E[S_i x] = x
   sq = jnp.sum(sx ** 2, 1)
   assert abs(sq.mean() - n * jnp.sum(x ** 2)) < 5 * sq.std() / np.sqrt(draws)
+  ys = jnp.asarray(np.random.default_rng(1).normal(size=(n, d)), jnp.float32)
+  agg = jax.vmap(lambda o: jnp.sum(jnp.stack([T.permutation_sketch(o, i, ys[i], n)
+                                              for i in range(n)]), 0) / n)(owners)
+  sq = jnp.sum(agg ** 2, 1)  # E‖(1/n)Σ S_i y_i‖² = (1/n)Σ‖y_i‖² (disjoint supports)
+  assert abs(sq.mean() - jnp.sum(ys ** 2) / n) < 5 * sq.std() / np.sqrt(draws)
   blocks = T.permutation_owner(jax.random.key(3), 24, 3, block=4)
   assert (blocks.reshape(-1, 4) == blocks.reshape(-1, 4)[:, :1]).all()
   with pytest.raises(ValueError, match="divisible"):
