@@ -17,6 +17,9 @@ seconds reported apart; every timing ends with ``jax.block_until_ready``):
     cohort_size=K, noise_scale=1e-2)`` — the cohort's clients vmapped, each running
     S_max = E·⌈max_k n_k/B⌉ steps of which the ones past its own S_k are masked out; one
     warm-up, then the median of ``--repeats`` rounds.
+  * ``library (<strategy>)``: the same step with the clients run by the strategy the runner
+    picks on this backend (:func:`fedjaxsparse.clients.choose_strategy`: on CPU, convolutions
+    run ``"unroll"``, written out one client after another), when it is not ``vmap``.
   * ``loop``: a Python ``for`` over the K cohort clients and, inside it, a Python ``for``
     over that client's S_k steps, each ONE call of a jitted PSM step (regenerate the client's
     noise from its seed, draw its minibatch, form the progressively masked update û, the
@@ -59,6 +62,7 @@ import numpy as np
 from fedjaxsparse import masking as M
 from fedjaxsparse.aggregation import client_weights
 from fedjaxsparse.algorithms.fedmrn import fedmrn
+from fedjaxsparse.clients import choose_strategy, with_strategy
 from fedjaxsparse.data import pack_clients
 from fedjaxsparse.models import bn_cnn, make_loss
 from fedjaxsparse.sampling import client_keys, epoch_minibatch, epoch_steps, sample_cohort
@@ -115,6 +119,14 @@ def bench(args) -> tuple[list[dict], dict]:
   lib_step, lib_compile = compile_ahead(algo.step, key, state, data)
   lib_s, (lib_state, _) = median_time(lambda: lib_step(key, state, data), args.repeats, True)
   lib_params = lib_state.params
+  # the client strategy the runner would pick here (clients.choose_strategy), when not vmap
+  strategy, why = choose_strategy(algo, w0, data)
+  auto = None
+  if strategy != "vmap":
+    ex = with_strategy(data, strategy)
+    auto_step, auto_compile = compile_ahead(algo.step, key, state, ex)
+    auto_s, (auto_state, _) = median_time(lambda: auto_step(key, state, ex), args.repeats, True)
+    auto = (f"library ({strategy})", auto_s, auto_compile, auto_state.params)
 
   # --- the pieces the references share ----------------------------------------------------
   def round_keys(key):
@@ -194,6 +206,8 @@ def bench(args) -> tuple[list[dict], dict]:
   loop_s, loop_params = median_time(loop_round, args.loop_repeats, False)
   variants = [("library", lib_s, lib_compile, lib_params),
               ("loop", loop_s, t_keys + t_step + t_mask + t_acc + t_add, loop_params)]
+  if auto is not None:
+    variants.insert(1, auto)
   if not args.skip_per_client_jit:
     pcj_s, pcj_params = median_time(per_client_round, args.loop_repeats, True)
     variants.append(("per-client jit", pcj_s, t_keys + t_local + t_acc + t_add, pcj_params))
