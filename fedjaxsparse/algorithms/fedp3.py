@@ -10,7 +10,8 @@ leading client axis (:class:`FedP3Config`) so one vmapped kernel serves all clie
   :mod:`fedjaxsparse.masks`), drawn once from the client's own key and regenerated inside
   ``jit`` (no n×d mask storage);
 * ``Q_i`` (local pruning, on the layers ∉ L_i, redrawn every local step k, Alg. 6):
-  ``"fixed"`` (none), ``"uniform"`` (keep each surviving entry with probability ``q_{i,k}``),
+  ``"fixed"`` (none), ``"uniform"`` (keep each surviving kernel entry with probability
+  ``q_{i,k}``, a Bernoulli mask: the paper does not say how entries are chosen),
   ``"ordered_dropout"`` (FjORD: keep the leading ``⌈q·d_in⌉ × ⌈q·d_out⌉`` block of every
   kernel, the bias' leading ``⌈q·d_out⌉``; one q per step for all layers; the network's input
   dimension (first layer) and output dimension (last layer) are never pruned), with
@@ -280,8 +281,9 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     out = []
     for k, w, l, sel in zip(keys, leaves, jax.tree.leaves(layer_of),
                             jax.tree.leaves(selected)):
-      if local_rule == "uniform":
-        m = jax.random.uniform(k, w.shape) < q
+      if local_rule == "uniform":  # on kernels, as P_i
+        m = (jax.random.uniform(k, w.shape) < q if w.ndim >= 2
+             else jnp.ones(w.shape, bool))
       else:
         m = ordered_dropout_mask(w.shape, q, prune_in=l != 0, prune_out=l != num_layers - 1)
       out.append(m | sel)
