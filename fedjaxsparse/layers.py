@@ -23,11 +23,16 @@ def _key_name(k: Any) -> str:
   return str(k)
 
 
+def path_prefix(path: tuple, depth: int) -> str:
+  """The layer name of a leaf's key path: its first ``depth`` keys joined by ``"/"``."""
+  return "/".join(_key_name(k) for k in path[:depth])
+
+
 def _prefixes(params: Any, depth: int) -> list[str]:
   if not isinstance(depth, int) or depth < 1:
     raise ValueError(f"depth must be an int >= 1, got {depth!r}.")
   paths = jax.tree_util.tree_flatten_with_path(params)[0]
-  return ["/".join(_key_name(k) for k in path[:depth]) for path, _ in paths]
+  return [path_prefix(path, depth) for path, _ in paths]
 
 
 def layer_names(params: Any, depth: int = 1) -> list[str]:

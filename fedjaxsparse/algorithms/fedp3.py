@@ -213,7 +213,7 @@ def uplink(trained: Any, train_layers_row: Any, depth: int = 1) -> dict[str, Any
   row = np.asarray(train_layers_row, bool)
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(trained)[0]:
-    name = "/".join(LY._key_name(k) for k in path[:depth])
+    name = LY.path_prefix(path, depth)
     if row[names.index(name)]:
       out.setdefault(name, []).append(leaf)
   return out
