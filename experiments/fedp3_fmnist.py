@@ -184,7 +184,7 @@ def _partition(split: str, y: np.ndarray, cfg: Config):
   classes, per_client, alpha, _ = DATA[cfg.dataset]
   if split == "S1":
     return label_count_partition(y, cfg.clients, per_client, seed=cfg.seed)
-  return hsu_dirichlet_partition(y, cfg.clients, alpha, seed=cfg.seed)
+  return hsu_dirichlet_partition(y, cfg.clients, alpha, seed=cfg.seed, per_class=True)
 
 
 def _drop_groups(policy: str, names: list[str]) -> list[list[str]]:

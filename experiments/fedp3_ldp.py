@@ -8,7 +8,8 @@ each client draws a minibatch of b examples, clips every per-example gradient to
 one step of size γ, adds Gaussian noise (on the model, Alg. 11 l. 8, or on the update as the
 proof has it: ``--set noise=update``) and sends its d/n coordinates; the server takes each
 coordinate from its one owner. σ for each (ε, δ) comes from ``dp_accounting``'s RDP accountant
-(Poisson-subsampled Gaussian at q = b/m per client over the K iterations; the paper's σ has
+(minibatches of b of a client's m examples without replacement, replace-one neighbours,
+over the K iterations; the smallest client's m, so every client is covered; the paper's σ has
 unknown constants). γ is tuned alike for every ε on a validation split; test accuracy is the
 mean over ``seeds``. Also printed: Table C.3's point that LDP-FedP3's uplink (d floats per
 iteration in total) does not grow with n — measured as floats per iteration.
@@ -78,8 +79,8 @@ def _run(cfg: Config, opts: dict) -> dict:
   for eps in [None] + list(opts["epsilons"]):
     label = "no noise" if eps is None else f"ε={eps:g}"
 
-    def algo(gamma, q):
-      sigma = 0.0 if eps is None else T.ldp_sigma(eps, opts["delta"], cfg.rounds, q,
+    def algo(gamma, m_client):
+      sigma = 0.0 if eps is None else T.ldp_sigma(eps, opts["delta"], cfg.rounds, m_client,
                                                   opts["clip"], opts["batch"], gamma,
                                                   opts["noise"])
       return T.fedp3_theory(loss, gamma, batch_size=opts["batch"], clip=opts["clip"],
@@ -88,12 +89,12 @@ def _run(cfg: Config, opts: dict) -> dict:
     scores = {}
     for gamma in opts["gammas"]:
       rec = run_method(tune_cfg, NAME, f"tune {label} γ={gamma:g}",
-                       algo(gamma, opts["batch"] / m_fit)[0], params, fit, val, eval_fn,
+                       algo(gamma, m_fit)[0], params, fit, val, eval_fn,
                        params_fn=lambda st: st)
       acc = last(rec["history"]["evals"].get("accuracy", []))
       scores[gamma] = -1.0 if rec["diverged"] or acc is None else acc
     gamma = max(scores, key=scores.get)
-    a, sigma = algo(gamma, opts["batch"] / m)
+    a, sigma = algo(gamma, m)
     finals = []
     for s in range(opts["seeds"]):
       rec = run_method(cfg, NAME, f"{label} seed {s}", a, params, ds.train, ds.test, eval_fn,

@@ -131,7 +131,8 @@ def test_global_mask_keeps_exact_counts_and_selected_layers_whole(setup):
     m = jax.jit(F.global_mask)(jax.random.key(4), w0, sel, keep)
     assert int(m["Dense_0"]["kernel"].sum()) == round(r * w0["Dense_0"]["kernel"].size)
     assert int(m["Dense_2"]["kernel"].sum()) == round(r * w0["Dense_2"]["kernel"].size)
-    assert bool(m["Dense_1"]["kernel"].all()) and bool(m["Dense_0"]["bias"].all())
+    assert bool(m["Dense_1"]["kernel"].all()) and bool(m["Dense_1"]["bias"].all())
+    assert bool(m["Dense_0"]["bias"].all()) == (r > 0)  # keep 0: the layer is dropped whole
   personal = F.personal_models(w0, F.make_config(jax.random.key(0), np.array(
       [[False, True, True], [True, True, True]]), 0.5))
   assert int((personal["Dense_0"]["kernel"][0] != 0).sum()) == round(
@@ -149,6 +150,9 @@ def test_ordered_dropout_masks_are_nested_with_ceil_rounding():
     if prev is not None:
       assert not (prev & ~m).any()  # mask(q1) ⊆ mask(q2)
     prev = m
+  # a dense layer after a flatten of C = 4 channels keeps the inputs of channels < ⌈q·C⌉
+  flat = np.asarray(F.ordered_dropout_mask((24, 5), jnp.float32(0.5), in_period=4))
+  np.testing.assert_array_equal(flat.any(1), np.arange(24) % 4 < 2)
   kept_out = np.asarray(F.ordered_dropout_mask((7, 10), jnp.float32(0.3), prune_out=False))
   assert kept_out.sum() == 3 * 10
   assert np.asarray(F.ordered_dropout_mask((10,), jnp.float32(0.3))).sum() == 3

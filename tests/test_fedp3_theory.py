@@ -147,13 +147,18 @@ def test_clipping_bounds_every_per_example_gradient():
 
 
 def test_accountant_is_monotone_and_inverts():
-  eps = [T.ldp_epsilon(z, 0.1, 100, 1e-5) for z in (0.8, 1.2, 2.0)]
+  eps = [T.ldp_epsilon(z, 100, 10, 100, 1e-5) for z in (0.8, 1.2, 2.0)]
   assert eps[0] > eps[1] > eps[2] > 0
-  assert T.ldp_epsilon(1.2, 0.1, 400, 1e-5) > eps[1]
-  sigma = T.ldp_sigma(2.0, 1e-5, 100, 0.1, clip=1.0, batch_size=10, gamma=0.1, noise="update")
+  assert T.ldp_epsilon(1.2, 100, 10, 400, 1e-5) > eps[1]  # more steps, more ε
+  assert T.ldp_epsilon(1.2, 100, 20, 100, 1e-5) > eps[1]  # larger sampling rate, more ε
+  sigma = T.ldp_sigma(2.0, 1e-5, 100, 100, clip=1.0, batch_size=10, gamma=0.1,
+                      noise="update")
   z = T.noise_multiplier(sigma, 1.0, 10, 0.1, "update")
-  assert abs(T.ldp_epsilon(z, 0.1, 100, 1e-5) - 2.0) < 0.05
+  assert abs(T.ldp_epsilon(z, 100, 10, 100, 1e-5) - 2.0) < 0.05
+  assert np.isclose(z, sigma * 10 / 2.0)  # replace-one sensitivity of the mean: 2C/b
   assert np.isclose(T.noise_multiplier(sigma * 0.1, 1.0, 10, 0.1, "model"), z)
+  with pytest.raises(ValueError, match="batch_size"):
+    T.ldp_epsilon(1.0, 10, 20, 5, 1e-5)
 
 
 def test_rand_t_with_t_d_over_n_has_omega_n_minus_one():

@@ -14,7 +14,8 @@ leading client axis (:class:`FedP3Config`) so one vmapped kernel serves all clie
   ``q_{i,k}``, a Bernoulli mask: the paper does not say how entries are chosen),
   ``"ordered_dropout"`` (FjORD: keep the leading ``⌈q·d_in⌉ × ⌈q·d_out⌉`` block of every
   kernel, the bias' leading ``⌈q·d_out⌉``; one q per step for all layers; the network's input
-  dimension (first layer) and output dimension (last layer) are never pruned), with
+  dimension (first layer) and output dimension (last layer) are never pruned; a dense layer
+  after a flatten keeps the inputs of the channels the convolution before it keeps), with
   ``q_{i,k} ~ U[q_range]`` (the paper gives no law: ``q_range=(p, p)`` is a fixed ratio p);
 * an aggregation weight: 1 (``"simple"``) or ``N_i = |L_i|`` (``"weighted"``).
 
@@ -165,8 +166,10 @@ def make_config(key: jax.Array, train_layers: Any, keep_ratio: Any = 0.9) -> Fed
 
 def global_mask(key: jax.Array, params: Any, selected: Any, keep: Any) -> Any:
   """P_i of ONE client: a bool pytree like ``params``; leaves of selected layers (``selected``:
-  per-leaf bool) and 1-D leaves are all True, every other kernel keeps exactly
-  ``round(keep·numel)`` uniformly random entries (``keep``: per-leaf ratio, may be traced)."""
+  per-leaf bool) are all True, every other kernel keeps exactly ``round(keep·numel)``
+  uniformly random entries (``keep``: per-leaf ratio, may be traced), and other 1-D leaves
+  (biases, norm parameters) are kept whole unless ``keep = 0`` (a dropped layer is dropped
+  entirely: Table 4.1's block variants)."""
   is_kernel = MK.masked_leaves(params)
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(key, len(leaves))
@@ -174,7 +177,7 @@ def global_mask(key: jax.Array, params: Any, selected: Any, keep: Any) -> Any:
   for k, w, kern, sel, r in zip(keys, leaves, jax.tree.leaves(is_kernel),
                                 jax.tree.leaves(selected), jax.tree.leaves(keep)):
     if not kern:
-      out.append(jnp.ones(w.shape, bool))
+      out.append(jnp.broadcast_to(sel | (r > 0), w.shape))
       continue
     count = jnp.round(r * w.size).astype(jnp.int32)
     kept = _largest_bisection(_random_keys(k, w.size), count).reshape(w.shape)
@@ -183,17 +186,41 @@ def global_mask(key: jax.Array, params: Any, selected: Any, keep: Any) -> Any:
 
 
 def ordered_dropout_mask(shape: tuple, q: jax.Array, prune_in: bool = True,
-                         prune_out: bool = True) -> jax.Array:
+                         prune_out: bool = True, in_period: int | None = None) -> jax.Array:
   """FjORD's nested mask of one leaf: kernels ``[..., d_in, d_out]`` keep the leading
   ``⌈q·d_in⌉ × ⌈q·d_out⌉`` block, 1-D leaves (biases) the leading ``⌈q·d_out⌉``; an axis
-  with ``prune_* = False`` is kept whole. ``mask(q1) ⊆ mask(q2)`` for ``q1 ≤ q2``."""
-  def keep(axis_len, on):
-    n = jnp.ceil(q * axis_len) if on else axis_len
-    return jnp.arange(axis_len) < n
+  with ``prune_* = False`` is kept whole. ``in_period = C`` reads the input axis as a flattened
+  ``(..., C)`` feature map (a dense layer after a convolution with C channels): input ``j`` is
+  kept when channel ``j mod C < ⌈q·C⌉``, the channels the convolution keeps.
+  ``mask(q1) ⊆ mask(q2)`` for ``q1 ≤ q2``."""
+  def keep(axis_len, on, period=None):
+    if not on:
+      return jnp.ones(axis_len, bool)
+    p = period or axis_len
+    return jnp.arange(axis_len) % p < jnp.ceil(q * p)
   out = keep(shape[-1], prune_out)
   if len(shape) >= 2:
-    out = keep(shape[-2], prune_in)[:, None] & out[None, :]
+    out = keep(shape[-2], prune_in, in_period)[:, None] & out[None, :]
   return jnp.broadcast_to(out, shape)
+
+
+def _input_periods(params: Any, depth: int) -> Any:
+  """Per leaf: the previous layer's output width C when the leaf is a dense kernel whose input
+  is a flattened ``(..., C)`` map (``d_in`` a proper multiple of C), else ``None``. Layers are
+  taken in :mod:`fedjaxsparse.layers`' order, which must be the network's (true for
+  ``conv1 … fc3`` and ``Dense_0 … Dense_9``)."""
+  width = {}
+  for leaf, l in zip(jax.tree.leaves(params), jax.tree.leaves(LY.layer_index(params, depth))):
+    if np.ndim(leaf) >= 2:
+      width[l] = int(np.shape(leaf)[-1])
+
+  def period(leaf, l):
+    shape = np.shape(leaf)
+    c = width.get(l - 1)
+    if len(shape) == 2 and c and shape[0] > c and shape[0] % c == 0:
+      return c
+    return None
+  return jax.tree.map(period, params, LY.layer_index(params, depth))
 
 
 def personal_models(params: Any, config: FedP3Config, depth: int = 1) -> Any:
@@ -278,14 +305,16 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     q = jax.random.uniform(key, (), minval=lo, maxval=hi)
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.fold_in(key, 1), len(leaves))
+    periods = jax.tree.leaves(_input_periods(params, depth), is_leaf=lambda x: x is None)
     out = []
-    for k, w, l, sel in zip(keys, leaves, jax.tree.leaves(layer_of),
-                            jax.tree.leaves(selected)):
+    for k, w, l, sel, per in zip(keys, leaves, jax.tree.leaves(layer_of),
+                                 jax.tree.leaves(selected), periods):
       if local_rule == "uniform":  # on kernels, as P_i
         m = (jax.random.uniform(k, w.shape) < q if w.ndim >= 2
              else jnp.ones(w.shape, bool))
       else:
-        m = ordered_dropout_mask(w.shape, q, prune_in=l != 0, prune_out=l != num_layers - 1)
+        m = ordered_dropout_mask(w.shape, q, prune_in=l != 0, prune_out=l != num_layers - 1,
+                                 in_period=per)
       out.append(m | sel)
     return jax.tree.unflatten(tree, out)
 

@@ -20,9 +20,10 @@ Full participation, n clients, iteration k:
 
 ``block`` > 1 permutes whole blocks of coordinates (the layer-granular version: layers
 zero-padded to a uniform size ``block``). The privacy accountant (:func:`ldp_epsilon`,
-:func:`ldp_sigma`) is Google's ``dp_accounting`` RDP accountant (Poisson-subsampled Gaussian;
-the paper's σ² = cKC² log(1/δ)/(m²ε²) has unknown constants c, c', §A.7), per client, with
-add/remove-one-example adjacency; the Rand-t compressor of Table C.3 (t = d/n, ω = n − 1) is
+:func:`ldp_sigma`) is Google's ``dp_accounting`` RDP accountant for the Gaussian mechanism on
+minibatches sampled without replacement, per client, with replace-one-example neighbours
+(sensitivity 2C/b of the clipped mean gradient; the paper's σ² = cKC² log(1/δ)/(m²ε²) has
+unknown constants c, c', §A.7); the Rand-t compressor of Table C.3 (t = d/n, ω = n − 1) is
 :func:`fedjaxsparse.compressors.rand_k`.
 """
 from __future__ import annotations
@@ -190,11 +191,13 @@ def theorem_433_bound(delta0: float, gamma: float, l_bar: float, l_max: float,
 
 def noise_multiplier(sigma: float, clip: float, batch_size: int, gamma: float,
                      noise: str) -> float:
-  """σ over the per-step sensitivity of what is released: ``γC/b`` for the model placement,
-  ``C/b`` for the update one (noise γσ on γ·ḡ)."""
+  """σ over the replace-one L2 sensitivity of what one step releases: the clipped mean
+  gradient ḡ moves by at most ``2C/b`` when one example is replaced, so the model placement
+  (noise σ on ``w − γḡ``) has multiplier ``σb/(2γC)`` and the update one (noise γσ on γḡ)
+  ``σb/(2C)``."""
   if noise not in ("model", "update"):
     raise ValueError(f"noise must be 'model' or 'update', got {noise!r}.")
-  return sigma * batch_size / (clip * (gamma if noise == "model" else 1.0))
+  return sigma * batch_size / (2.0 * clip * (gamma if noise == "model" else 1.0))
 
 
 @contextlib.contextmanager
@@ -209,28 +212,41 @@ def _quiet_accountant():
     absl_logging.set_verbosity(level)
 
 
-def ldp_epsilon(multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
-  """ε of one client's (ε, δ)-LDP after ``steps`` Poisson-subsampled Gaussian steps of noise
-  ``multiplier`` at rate ``q = b/m`` (``dp_accounting``'s RDP accountant)."""
+def _event(multiplier: float, dataset_size: int, batch_size: int, steps: int):
   import dp_accounting
+  return dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+      dataset_size, batch_size, dp_accounting.GaussianDpEvent(multiplier)), steps)
+
+
+def _accountant():
+  import dp_accounting
+  return dp_accounting.rdp.RdpAccountant(
+      neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+
+
+def ldp_epsilon(multiplier: float, dataset_size: int, batch_size: int, steps: int,
+                delta: float) -> float:
+  """ε of one client's (ε, δ)-LDP (replace-one neighbours) after ``steps`` Gaussian steps of
+  noise ``multiplier``, each on a minibatch of ``batch_size`` of its ``dataset_size`` examples
+  drawn without replacement — the sampling the algorithm does (``dp_accounting``'s RDP
+  accountant; ``steps`` counts every noisy local step: iterations × ``local_steps``)."""
   check_number("delta", delta, 0.0, 1.0, low_open=True, high_open=True)
-  check_number("sampling_rate", sampling_rate, 0.0, 1.0, low_open=True)
-  event = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-      sampling_rate, dp_accounting.GaussianDpEvent(multiplier)), steps)
+  if not 1 <= batch_size <= dataset_size:
+    raise ValueError(f"batch_size must lie in [1, dataset_size={dataset_size}], got "
+                     f"{batch_size}.")
   with _quiet_accountant():
-    return float(dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(delta))
+    acc = _accountant().compose(_event(multiplier, dataset_size, batch_size, steps))
+    return float(acc.get_epsilon(delta))
 
 
-def ldp_sigma(epsilon: float, delta: float, steps: int, sampling_rate: float, clip: float,
+def ldp_sigma(epsilon: float, delta: float, steps: int, dataset_size: int, clip: float,
               batch_size: int, gamma: float, noise: str) -> float:
-  """The σ that makes ``steps`` iterations (ε, δ)-LDP per client (inverts
+  """The σ that makes ``steps`` noisy steps (ε, δ)-LDP per client (inverts
   :func:`ldp_epsilon` by bisection on the noise multiplier)."""
   import dp_accounting
   check_number("epsilon", epsilon, 0.0, None, low_open=True)
   with _quiet_accountant():
     z = dp_accounting.calibrate_dp_mechanism(
-        dp_accounting.rdp.RdpAccountant,
-        lambda m: dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-            sampling_rate, dp_accounting.GaussianDpEvent(m)), steps),
-        epsilon, delta)
+        _accountant, lambda m: _event(m, dataset_size, batch_size, steps), epsilon, delta,
+        bracket_interval=dp_accounting.mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0))
   return z / noise_multiplier(1.0, clip, batch_size, gamma, noise)

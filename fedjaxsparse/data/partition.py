@@ -163,11 +163,14 @@ def _deal(labels: np.ndarray, sizes: np.ndarray, draw_proportions, rng: np.rando
 
 
 def hsu_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
-                            seed: int = 0) -> list[np.ndarray]:
+                            seed: int = 0, per_class: bool = False) -> list[np.ndarray]:
   """Hsu et al. (2019)'s label skew: client ``k``'s class proportions ``q_k ~ Dir(α·p)``, ``p``
   the class prior, and *equal* client sizes ``⌊n/N⌋`` (the first ``n mod N`` clients one more)
-  — the convention seed 002 cites (B.1). :func:`dirichlet_partition` is the FedML one (per
-  class over clients, unequal sizes), which the paper's FLOPs columns suggest it ran."""
+  — the convention seed 002 cites (B.1). ``per_class=True`` draws ``q_k ~ Dir(α·1_C)``
+  instead (FedCR's split, seed 001 ch. 4's S2: α = 0.5 puts ~80 % of a client's data in 4 of
+  10 classes; Hsu's ``Dir(0.5·p)`` puts ~78 % in one). :func:`dirichlet_partition` is the
+  FedML one (per class over clients, unequal sizes), which seed 002's FLOPs columns suggest it
+  ran."""
   labels = np.asarray(labels)
   _check_clients(len(labels), num_clients)
   if not alpha > 0:
@@ -177,7 +180,8 @@ def hsu_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
   prior = counts / counts.sum()
   sizes = np.full(num_clients, len(labels) // num_clients)
   sizes[:len(labels) % num_clients] += 1
-  return _deal(labels, sizes, lambda r: r.dirichlet(alpha * prior, num_clients), rng)
+  conc = alpha * (np.ones_like(prior) if per_class else prior)
+  return _deal(labels, sizes, lambda r: r.dirichlet(conc, num_clients), rng)
 
 
 def matching_test_sets(train_labels: Sequence[np.ndarray], test_labels: np.ndarray,
