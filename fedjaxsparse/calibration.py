@@ -1,0 +1,45 @@
+"""Streaming calibration statistics of one linear layer's inputs (seed 001, ch. 6, §B.1.1 and
+§B.3 of spec ``seed001_ch4_ch6.md``): ``Σ_t x_tj²``, ``Σ_t x_tj`` and the token count,
+accumulated batch by batch inside ``jit``, giving ``‖X_{:j}‖₂`` (Wanda, RIA, every score of
+:mod:`fedjaxsparse.scores`), and the per-channel mean and variance (DSnoT). A uniform rescaling
+of ``‖X‖`` (e.g. Wanda's code divides by the number of samples) changes no ranking for α > 0.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class CalibStats(NamedTuple):
+  """``sumsq`` ``float32[b]`` (Σ x²), ``total`` ``float32[b]`` (Σ x), ``count`` (tokens)."""
+  sumsq: jax.Array
+  total: jax.Array
+  count: jax.Array
+
+  @property
+  def x_norm(self) -> jax.Array:
+    """``‖X_{:j}‖₂`` [b]."""
+    return jnp.sqrt(self.sumsq)
+
+  @property
+  def mean(self) -> jax.Array:
+    return self.total / jnp.maximum(self.count, 1.0)
+
+  @property
+  def variance(self) -> jax.Array:
+    """Population variance per channel, ``Σx²/a − μ²`` (clamped at 0 against rounding)."""
+    return jnp.maximum(self.sumsq / jnp.maximum(self.count, 1.0) - self.mean ** 2, 0.0)
+
+
+def init_stats(num_inputs: int) -> CalibStats:
+  z = jnp.zeros((num_inputs,), jnp.float32)
+  return CalibStats(z, z, jnp.zeros((), jnp.float32))
+
+
+def update_stats(stats: CalibStats, x: jax.Array, mask: jax.Array | None = None) -> CalibStats:
+  """Adds the tokens ``x [..., b]`` (``mask [...]``: 1 for real tokens, 0 for padding)."""
+  x = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+  m = jnp.ones(x.shape[0], jnp.float32) if mask is None else mask.reshape(-1).astype(jnp.float32)
+  return CalibStats(stats.sumsq + m @ (x * x), stats.total + m @ x, stats.count + m.sum())

@@ -1,0 +1,84 @@
+"""Scores to masks, and masks to a pruned model (seed 001, ch. 6; spec ``seed001_ch4_ch6.md``
+§B.3): one-shot, training-free ``W ↦ W⊙M`` for every dense kernel ``W[b, c]`` (flax's
+``(in, out)`` layout) of a parameter pytree.
+
+* **Unstructured** at sparsity ε with exact counts in a comparison group (the paper never
+  states it, §0.2.14): ``"per_output"`` (the peers' default — Wanda's and RIA's code rank
+  within each output neuron: ``⌊ε·b⌋`` pruned per column), ``"per_input"`` (``⌊ε·c⌋`` per
+  row) or ``"per_layer"`` (``⌊ε·b·c⌋``). Ties prune the lower index first (a stable sort).
+* **N:M** (2:4, 4:8; "plain N:M without channel permutation", l. 1838): in every group of M
+  consecutive *inputs* of each output neuron, the N of largest score survive.
+
+:func:`prune_params` applies a score to every 2-D ``kernel`` leaf (by path), with per-layer
+calibration statistics (``{path: x_norm}``) and a per-leaf key (``fold_in`` of its index) for
+the stochastic scores, so masks are deterministic under the key.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+GROUPS = ("per_output", "per_input", "per_layer")
+ScoreFn = Callable[[jax.Array, Any, jax.Array], jax.Array]  # (W, x_norm | None, key) -> S
+
+
+def _keep_largest(score: jax.Array, prune: int, axis: int) -> jax.Array:
+  """``bool`` mask keeping all but the ``prune`` smallest entries along ``axis``."""
+  order = jnp.argsort(score, axis=axis, stable=True)
+  rank = jnp.argsort(order, axis=axis, stable=True)
+  return rank >= prune
+
+
+def unstructured_mask(score: jax.Array, sparsity: float, group: str = "per_output"
+                      ) -> jax.Array:
+  """``bool[b, c]``: prune ``⌊sparsity·n⌋`` lowest-score entries per group of n entries."""
+  if not 0.0 <= sparsity < 1.0:
+    raise ValueError(f"sparsity must lie in [0, 1), got {sparsity!r}.")
+  b, c = score.shape
+  if group == "per_output":
+    return _keep_largest(score, int(sparsity * b), axis=0)
+  if group == "per_input":
+    return _keep_largest(score, int(sparsity * c), axis=1)
+  if group == "per_layer":
+    return _keep_largest(score.reshape(-1), int(sparsity * b * c), axis=0).reshape(b, c)
+  raise ValueError(f"group must be one of {GROUPS}, got {group!r}.")
+
+
+def nm_mask(score: jax.Array, n: int, m: int) -> jax.Array:
+  """``bool[b, c]``: N:M along the inputs — in every block of ``m`` consecutive inputs of each
+  output, the ``n`` largest scores survive (exactly n per block)."""
+  b, c = score.shape
+  if not (isinstance(n, int) and isinstance(m, int) and 0 < n <= m):
+    raise ValueError(f"N:M needs ints 0 < n <= m, got {n}:{m}.")
+  if b % m:
+    raise ValueError(f"N:M needs the input size {b} divisible by m={m}.")
+  return _keep_largest(score.reshape(b // m, m, c), m - n, axis=1).reshape(b, c)
+
+
+def prune_params(params: Any, score_fn: ScoreFn, *, sparsity: float | None = None,
+                 nm: tuple[int, int] | None = None, group: str = "per_output",
+                 stats: dict[str, jax.Array] | None = None, key: jax.Array | None = None
+                 ) -> tuple[Any, Any]:
+  """``(pruned params, masks)``: every 2-D leaf named ``kernel`` scored by
+  ``score_fn(W, stats.get(path), key_leaf)`` and masked (``sparsity`` or ``nm``); other
+  leaves untouched (mask all True). ``path`` is the leaf's ``"/"``-joined key path without
+  ``/kernel`` (e.g. ``"Dense_0"``)."""
+  if (sparsity is None) == (nm is None):
+    raise ValueError("give exactly one of sparsity (unstructured) or nm=(n, m).")
+  key = jax.random.key(0) if key is None else key
+  stats = stats or {}
+  flat, tree = jax.tree_util.tree_flatten_with_path(params)
+  pruned, masks = [], []
+  for i, (path, w) in enumerate(flat):
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    if names[-1] != "kernel" or w.ndim != 2:
+      pruned.append(w)
+      masks.append(jnp.ones(w.shape, bool))
+      continue
+    s = score_fn(w, stats.get("/".join(names[:-1])), jax.random.fold_in(key, i))
+    m = unstructured_mask(s, sparsity, group) if nm is None else nm_mask(s, *nm)
+    pruned.append(jnp.where(m, w, jnp.zeros_like(w)))
+    masks.append(m)
+  return jax.tree.unflatten(tree, pruned), jax.tree.unflatten(tree, masks)
