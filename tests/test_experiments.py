@@ -110,9 +110,9 @@ def test_tuning_never_sees_the_test_split(tmp_path, monkeypatch):
   tuned = {}
   for tag, ds in (("clean", clean), ("poisoned", poisoned)):
     monkeypatch.setattr(exp, "_load", lambda cfg, *args, ds=ds: ds)
-    assert main(["run", "sparse_proxskip", "--rounds", "40", "--eval-every", "20", "--clients",
+    assert main(["run", "sparse_proxskip", "--rounds", "20", "--eval-every", "10", "--clients",
                  "5", "--out", str(tmp_path / tag), "--no-progress", "--set", "search=2",
-                 "--set", "repetitions=2", "--set", "diagnostics=false",
+                 "--set", "repetitions=1", "--set", "diagnostics=false",
                  "--set", "methods=FedHT,Sparse-ProxSkip"]) == 0
     tuned[tag] = json.load(open(tmp_path / tag / "sparse_proxskip" / "results.json"))
   assert tuned["clean"]["tuned"] == tuned["poisoned"]["tuned"]
