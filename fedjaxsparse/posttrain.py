@@ -10,8 +10,10 @@
   consecutive *inputs* of each output neuron, the N of largest score survive.
 
 :func:`prune_params` applies a score to every 2-D ``kernel`` leaf (by path), with per-layer
-calibration statistics (``{path: x_norm}``) and a per-leaf key (``fold_in`` of its index) for
-the stochastic scores, so masks are deterministic under the key.
+calibration statistics (``{path: CalibStats}``, or ``{path: x_norm}``) and a per-leaf key
+(``fold_in`` of its index) for the stochastic scores, so masks are deterministic under the key;
+``refine=`` a :class:`~fedjaxsparse.dsnot.DSnoTConfig` then refines every unstructured mask with
+DSnoT / R²-DSnoT (which needs the full :class:`~fedjaxsparse.calibration.CalibStats`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+
+from fedjaxsparse import dsnot
+from fedjaxsparse.calibration import CalibStats
 
 GROUPS = ("per_output", "per_input", "per_layer")
 ScoreFn = Callable[[jax.Array, Any, jax.Array], jax.Array]  # (W, x_norm | None, key) -> S
@@ -57,14 +62,30 @@ def nm_mask(score: jax.Array, n: int, m: int) -> jax.Array:
   return _keep_largest(score.reshape(b // m, m, c), m - n, axis=1).reshape(b, c)
 
 
+def layer_mask(w: jax.Array, score_fn: ScoreFn, key: jax.Array, stats: Any = None, *,
+               sparsity: float | None = None, nm: tuple[int, int] | None = None,
+               group: str = "per_output", refine: dsnot.DSnoTConfig | None = None
+               ) -> jax.Array:
+  """``bool[b, c]``: the mask of one kernel ``w [b, c]`` (``stats``: its inputs'
+  :class:`CalibStats`, an ``x_norm [b]``, or None)."""
+  x_norm = stats.x_norm if isinstance(stats, CalibStats) else stats
+  s = score_fn(w, x_norm, key)
+  m = unstructured_mask(s, sparsity, group) if nm is None else nm_mask(s, *nm)
+  if refine is not None:
+    if not isinstance(stats, CalibStats) or nm is not None or group != "per_output":
+      raise ValueError("refine (DSnoT) needs CalibStats and unstructured per_output masks.")
+    m = dsnot.refine(w, m, stats, refine)[0]
+  return m
+
+
 def prune_params(params: Any, score_fn: ScoreFn, *, sparsity: float | None = None,
                  nm: tuple[int, int] | None = None, group: str = "per_output",
-                 stats: dict[str, jax.Array] | None = None, key: jax.Array | None = None
-                 ) -> tuple[Any, Any]:
-  """``(pruned params, masks)``: every 2-D leaf named ``kernel`` scored by
-  ``score_fn(W, stats.get(path), key_leaf)`` and masked (``sparsity`` or ``nm``); other
-  leaves untouched (mask all True). ``path`` is the leaf's ``"/"``-joined key path without
-  ``/kernel`` (e.g. ``"Dense_0"``)."""
+                 stats: dict[str, Any] | None = None, key: jax.Array | None = None,
+                 refine: dsnot.DSnoTConfig | None = None) -> tuple[Any, Any]:
+  """``(pruned params, masks)``: every 2-D leaf named ``kernel`` masked by :func:`layer_mask`
+  with ``stats.get(path)`` and ``fold_in(key, leaf index)``; other leaves untouched (mask all
+  True). ``path`` is the leaf's ``"/"``-joined key path without ``/kernel`` (e.g.
+  ``"Dense_0"``)."""
   if (sparsity is None) == (nm is None):
     raise ValueError("give exactly one of sparsity (unstructured) or nm=(n, m).")
   key = jax.random.key(0) if key is None else key
@@ -77,8 +98,8 @@ def prune_params(params: Any, score_fn: ScoreFn, *, sparsity: float | None = Non
       pruned.append(w)
       masks.append(jnp.ones(w.shape, bool))
       continue
-    s = score_fn(w, stats.get("/".join(names[:-1])), jax.random.fold_in(key, i))
-    m = unstructured_mask(s, sparsity, group) if nm is None else nm_mask(s, *nm)
+    m = layer_mask(w, score_fn, jax.random.fold_in(key, i), stats.get("/".join(names[:-1])),
+                   sparsity=sparsity, nm=nm, group=group, refine=refine)
     pruned.append(jnp.where(m, w, jnp.zeros_like(w)))
     masks.append(m)
   return jax.tree.unflatten(tree, pruned), jax.tree.unflatten(tree, masks)
