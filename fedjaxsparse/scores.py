@@ -150,3 +150,35 @@ def relative_importance(w: jax.Array, over: str = "inputs", x_norm: jax.Array | 
   else:
     raise ValueError(f"over must be 'inputs' or 'outputs', got {over!r}.")
   return jnp.abs(w) * factor * _act(x_norm, alpha)
+
+
+SCORES = ("magnitude", "wanda", "ria", "stochria", "ri", "symmetric", "lp", "relative_inputs",
+          "relative_outputs")
+
+
+def by_name(name: str, *, alpha: float | None = None, beta: float = 0.1, p: float = 1.0,
+            variant: str = "S1"):
+  """A score ``(W, x_norm | None, key) -> S`` by name, for :func:`posttrain.prune_params` and
+  the experiments. ``alpha`` defaults to each method's own (Wanda 1, RIA 0.5, stochRIA 1 as in
+  Table 6.2, ℓp / RI / the relative terms 0.5 with activations, none without)."""
+  if name not in SCORES:
+    raise ValueError(f"score must be one of {SCORES}, got {name!r}.")
+  a = {"wanda": 1.0, "stochria": 1.0}.get(name, 0.5) if alpha is None else alpha
+
+  def need(x):
+    if x is None:
+      raise ValueError(f"score {name!r} needs calibration statistics (x_norm).")
+    return x
+
+  fns = {
+      "magnitude": lambda w, x, k: magnitude(w),
+      "wanda": lambda w, x, k: wanda(w, need(x), a),
+      "ria": lambda w, x, k: ria(w, need(x), a),
+      "stochria": lambda w, x, k: stoch_ria(w, k, beta, need(x), a),
+      "ri": lambda w, x, k: ri(w) * _act(x, a),
+      "symmetric": lambda w, x, k: symmetric(w) * _act(x, a),
+      "lp": lambda w, x, k: lp(w, p, variant, x, a),
+      "relative_inputs": lambda w, x, k: relative_importance(w, "inputs", need(x), a),
+      "relative_outputs": lambda w, x, k: relative_importance(w, "outputs", need(x), a),
+  }
+  return fns[name]

@@ -144,6 +144,11 @@ def _read_plays(data_dir: str | None) -> dict[str, str]:
   return {k: plays[k] for k in sorted(plays)}
 
 
+def read_plays(data_dir: str | None = None) -> dict[str, str]:
+  """``{play: text}`` in play-name order (the bundled plays by default)."""
+  return _read_plays(data_dir)
+
+
 def _evenly(n: int, k: int | None) -> np.ndarray:
   """``k`` evenly spaced indices of ``range(n)`` in order (first and last included), or all
   of them when ``k`` is ``None`` or ``>= n``."""
