@@ -81,11 +81,12 @@ def layer_mask(w: jax.Array, score_fn: ScoreFn, key: jax.Array, stats: Any = Non
 def prune_params(params: Any, score_fn: ScoreFn, *, sparsity: float | None = None,
                  nm: tuple[int, int] | None = None, group: str = "per_output",
                  stats: dict[str, Any] | None = None, key: jax.Array | None = None,
-                 refine: dsnot.DSnoTConfig | None = None) -> tuple[Any, Any]:
+                 refine: dsnot.DSnoTConfig | None = None, only: Any = None
+                 ) -> tuple[Any, Any]:
   """``(pruned params, masks)``: every 2-D leaf named ``kernel`` masked by :func:`layer_mask`
   with ``stats.get(path)`` and ``fold_in(key, leaf index)``; other leaves untouched (mask all
   True). ``path`` is the leaf's ``"/"``-joined key path without ``/kernel`` (e.g.
-  ``"Dense_0"``)."""
+  ``"Dense_0"``); ``only``: a set of paths to prune (None: all)."""
   if (sparsity is None) == (nm is None):
     raise ValueError("give exactly one of sparsity (unstructured) or nm=(n, m).")
   key = jax.random.key(0) if key is None else key
@@ -94,7 +95,8 @@ def prune_params(params: Any, score_fn: ScoreFn, *, sparsity: float | None = Non
   pruned, masks = [], []
   for i, (path, w) in enumerate(flat):
     names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-    if names[-1] != "kernel" or w.ndim != 2:
+    if names[-1] != "kernel" or w.ndim != 2 or (
+        only is not None and "/".join(names[:-1]) not in only):
       pruned.append(w)
       masks.append(jnp.ones(w.shape, bool))
       continue
@@ -103,3 +105,62 @@ def prune_params(params: Any, score_fn: ScoreFn, *, sparsity: float | None = Non
     pruned.append(jnp.where(m, w, jnp.zeros_like(w)))
     masks.append(m)
   return jax.tree.unflatten(tree, pruned), jax.tree.unflatten(tree, masks)
+
+
+def _captured_inputs(apply_fn: Callable, params: Any, x: jax.Array) -> dict[str, jax.Array]:
+  """``{path: input}`` of every flax module call whose parameters hold a 2-D ``kernel``
+  (``nn.Dense`` and the like), in call order, via ``flax.linen.intercept_methods``."""
+  import flax.linen as nn
+  seen: dict[str, jax.Array] = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.method_name == "__call__" and args:
+      names = "/".join(str(n) for n in context.module.path)
+      node = params
+      for n in context.module.path:
+        node = node.get(n, {}) if isinstance(node, dict) else {}
+      k = node.get("kernel") if isinstance(node, dict) else None
+      if k is not None and getattr(k, "ndim", 0) == 2:
+        seen.setdefault(names, args[0])
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    apply_fn(params, x)
+  return seen
+
+
+def calibrate(apply_fn: Callable, params: Any, batches) -> dict[str, CalibStats]:
+  """``{path: CalibStats}`` of the inputs of every dense layer of a flax model
+  (``apply_fn(params, x)``, e.g. ``Model.apply``) over the calibration ``batches``."""
+  from fedjaxsparse.calibration import init_stats, update_stats
+  capture = jax.jit(lambda p, x: _captured_inputs(apply_fn, p, x))
+  stats: dict[str, CalibStats] = {}
+  for x in batches:
+    for path, inp in capture(params, jnp.asarray(x)).items():
+      st = stats.get(path) or init_stats(inp.shape[-1])
+      stats[path] = update_stats(st, inp)
+  return stats
+
+
+def prune_model(apply_fn: Callable, params: Any, batches, score_fn: ScoreFn, *,
+                sparsity: float | None = None, nm: tuple[int, int] | None = None,
+                group: str = "per_output", refine: dsnot.DSnoTConfig | None = None,
+                sequential: bool = True, key: jax.Array | None = None) -> tuple[Any, Any]:
+  """One call: calibrate and prune every dense layer of a trained flax model (a federated
+  global model, say) — ``(pruned params, masks)``. ``sequential=True`` prunes layer by layer in
+  call order, each calibrated on the outputs of the already-pruned layers before it (as Wanda
+  and RIA do per block); ``False`` takes every layer's statistics from the dense model.
+  ``batches``: an iterable of input arrays (kept as a list). Kernels that are not 2-D (convs)
+  are left dense."""
+  batches = list(batches)
+  key = jax.random.key(0) if key is None else key
+  kw = dict(sparsity=sparsity, nm=nm, group=group, refine=refine, key=key)
+  stats = calibrate(apply_fn, params, batches)
+  if not sequential:
+    return prune_params(params, score_fn, stats=stats, **kw)
+  masks = jax.tree.map(lambda w: jnp.ones(w.shape, bool), params)
+  for path in list(stats):  # call order
+    st = calibrate(apply_fn, params, batches)[path]
+    params, m = prune_params(params, score_fn, stats={path: st}, only={path}, **kw)
+    masks = jax.tree.map(jnp.logical_and, masks, m)
+  return params, masks

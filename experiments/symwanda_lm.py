@@ -1,0 +1,307 @@
+"""Seed 001 chapter 6 (SymWanda; spec ``seed001_ch4_ch6.md`` §B.6-§B.7): post-training pruning of
+a language model, Tables 6.2-6.5 and E.1-E.4, perplexity beside the paper's numbers.
+
+Model (``--set model=``):
+
+* ``shakespeare`` (default, offline): a LLaMA-style byte-level decoder (RMSNorm, RoPE, SwiGLU,
+  grouped-query attention; ``hidden``/``layers`` options) that this library trains on the
+  bundled Shakespeare training plays (``train_steps``), saved as a Hugging Face checkpoint in
+  ``<out>/symwanda_lm/model`` and reused while its configuration is unchanged. Calibration
+  windows come from the training plays, perplexity from the test plays. **Its perplexities are
+  not comparable with the paper's LLaMA/OPT numbers**, which are printed beside ours for the
+  claims' *directions* only.
+* a local Hugging Face checkpoint directory (LLaMA-2/3 or OPT, safetensors): the same commands,
+  with ``tokenizer`` (default: the checkpoint's ``tokenizer.json``), ``wikitext`` (the raw
+  WikiText-2 test file) and ``c4`` (the first C4 training shard) given locally — the paper's
+  protocol: 128 C4 windows of 2048 tokens, seed 0, WikiText-2 raw test perplexity with stride
+  2048 (``nsamples``, ``seq_len``).
+
+Studies (``--set study=``): ``table62`` (magnitude, Wanda, RIA, stochRIA β = 0.1 over ``seeds``,
+at 50 %, 2:4, 4:8; α = 1), ``table63`` (α ∈ {0, 0.5, 1, 2} for Wanda, Col-Sum = relative over
+inputs, Row-Sum = relative over outputs, RIA), ``table64`` (50/60/70 %), ``table65`` (60 %,
+α = 0.5, bases magnitude/Wanda/RIA × none/DSnoT/R²-DSnoT), ``tableE1`` (ℓp, p ∈ {1,2,3,4,0,∞}),
+``tableE2`` (re-weightings S1-S4, α = 0.5), ``tableE3`` (stochRIA β sweep), ``tableE4``
+(R²-DSnoT ablation, 60 %). Every pruned model is calibrated block-sequentially; the table also
+gives the mean relative reconstruction error ``‖X(W−W̃)‖²/‖XW‖²`` over the linear layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+
+from fedjaxsparse import dsnot, hf, lm, scores
+from fedjaxsparse import sequential as SQ
+from fedjaxsparse.experiment import Config, Option, entry, output_dir, print_table, save_results
+from fedjaxsparse.models.transformer import TransformerConfig
+
+NAME = "symwanda_lm"
+DESCRIPTION = "Seed 001 ch. 6: post-training pruning of a language model (Tables 6.2-6.5, E.1-E.4)"
+DEFAULTS = dict(rounds=None, eval_every=None)
+BUDGET = "none (one-shot pruning; the model's own training is measured in steps)"
+RUNTIME = "minutes on 2 CPU cores for the trained Shakespeare model"
+STUDIES = ("table62", "table63", "table64", "table65", "tableE1", "tableE2", "tableE3", "tableE4")
+PAPER_MODELS = ("llama2-7b", "llama2-13b", "llama3-8b", "opt-1.3b")
+
+# The paper's WikiText-2 perplexities, {study: {(method, setting): (L2-7b, L2-13b, L3-8b, OPT)}}
+_DENSE = (5.47, 4.88, 6.14, 14.62)
+PAPER = {
+    "table62": {("Magnitude", "50%"): (16.03, 6.83, 205.44, 1712.39),
+                ("Wanda", "50%"): (7.79, 6.28, 10.81, 22.19),
+                ("RIA", "50%"): (6.88, 5.95, 9.44, 18.94),
+                ("stochRIA", "50%"): (6.91, 5.95, 9.46, 18.78),
+                ("RIA", "2:4"): (11.31, 8.40, 22.89, 27.43),
+                ("stochRIA", "2:4"): (11.41, 8.44, 23.74, 26.78),
+                ("RIA", "4:8"): (8.39, 6.74, 13.77, 21.59),
+                ("stochRIA", "4:8"): (8.44, 6.74, 13.93, 21.49)},
+    "table63": {(m, f"α={a:g}"): tuple(v[i::4]) for m, v in {
+        "Wanda": (16.03, 7.60, 7.79, 8.66, 6.83, 6.17, 6.28, 7.15, 205.44, 10.66, 10.81, 12.98,
+                  1712.39, 22.14, 22.19, 24.74),
+        "Col-Sum": (11.59, 6.83, 6.91, 7.46, 6.39, 5.87, 5.96, 6.55, 59.41, 9.53, 9.69, 12.01,
+                    1062.66, 18.28, 18.41, 22.25),
+        "Row-Sum": (14.93, 7.49, 7.51, 8.01, 6.74, 6.13, 6.24, 7.01, 17.80, 10.50, 10.55, 11.79,
+                    141.92, 22.09, 22.47, 26.62),
+        "RIA": (7.39, 6.81, 6.88, 7.37, 5.95, 5.93, 5.95, 6.56, 12.07, 9.34, 9.44, 10.67, 64.70,
+                18.08, 18.94, 23.39)}.items() for i, a in enumerate((0, 0.5, 1, 2))},
+    "table64": {("Wanda", "50%"): (7.79, 6.28, 10.81, 22.19), ("RIA", "50%"): (6.88, 5.95, 9.44,
+                18.94), ("stochRIA", "50%"): (6.91, 5.95, 9.46, 18.78),
+                ("Wanda", "60%"): (15.30, 9.63, 27.55, 38.81), ("RIA", "60%"): (10.39, 7.84,
+                19.52, 26.22), ("stochRIA", "60%"): (10.62, 7.97, 19.04, 25.93),
+                ("Wanda", "70%"): (214.93, 104.97, 412.90, 231.15), ("RIA", "70%"): (68.75,
+                51.96, 169.51, 98.52), ("stochRIA", "70%"): (72.85, 62.15, 155.34, 93.29)},
+    "table65": {("Magnitude", "-"): (6.9e3, 10.10, 4.05e5, None),
+                ("Magnitude", "DSnoT"): (4.1e3, 10.19, 4.18e4, None),
+                ("Magnitude", "R²-DSnoT"): (2.4e2, 10.09, 1.44e4, None),
+                ("Wanda", "-"): (9.72, 7.75, 21.36, None), ("Wanda", "DSnoT"): (10.23, 7.69,
+                20.70, None), ("Wanda", "R²-DSnoT"): (10.08, 7.69, 20.50, None),
+                ("RIA", "-"): (10.29, 7.85, 21.09, None), ("RIA", "DSnoT"): (9.97, 7.82, 19.51,
+                None), ("RIA", "R²-DSnoT"): (9.96, 7.78, 18.99, None)},
+    "tableE1": {("ℓp RI(A)", f"p={p}"): v for p, v in {
+        "1": (6.88, 5.95, 9.44, 18.95), "2": (6.90, 5.96, 9.48, 19.02),
+        "3": (6.95, 6.01, 9.57, 19.66), "4": (7.12, 6.08, 9.92, 20.77),
+        "0": (7.78, 6.28, 10.81, 22.17), "inf": (8.60, 6.80, 11.28, 24.92)}.items()},
+    "tableE2": {("ℓ1 RIA", s): v for s, v in {
+        "S1": (6.81, 5.83, 9.34, 18.08), "S2": (6.99, 5.91, 9.58, 19.01),
+        "S3": (9.32, 6.87, 17.31, 31.66), "S4": (14.51, 20.78, 30.47, 53.17)}.items()},
+    "tableE3": {("stochRIA", f"β={b:g}"): v for b, v in {
+        1: (6.91, 5.95, 9.45, 18.88), 0.9: (6.91, 5.95, 9.43, 18.87),
+        0.5: (6.90, 5.95, 9.42, 18.84), 0.1: (6.91, 5.95, 9.46, 18.78),
+        0.05: (6.91, 5.96, 9.47, 18.91), 0.01: (6.98, 6.00, 9.69, 19.36)}.items()},
+    # Table E.4 is LLaMA3-8b only (its base labels may be swapped, spec §0.2.9)
+    "tableE4": {(b, s): (None, None, v, None) for (b, s), v in {
+        ("Wanda base", "best"): 18.99, ("Wanda base", "p=1"): 19.04,
+        ("Wanda base", "p=inf"): 18.99, ("Wanda base", "γ2=0"): 18.99,
+        ("Wanda base", "γ2=1e-3"): 18.99, ("Wanda base", "no relative"): 19.49,
+        ("Wanda base", "prune relative only"): 19.25, ("Wanda base", "both relative"): 19.63,
+        ("RIA base", "best"): 20.50, ("RIA base", "p=1"): 25.61, ("RIA base", "p=inf"): 20.51,
+        ("RIA base", "γ2=0"): 20.51, ("RIA base", "γ2=1e-4"): 20.52,
+        ("RIA base", "no relative"): 21.33, ("RIA base", "grow relative only"): 22.16,
+        ("RIA base", "both relative"): 22.60}.items()},
+}
+
+OPTIONS = (
+    Option("study", "table62", "which table", choices=STUDIES),
+    Option("model", "shakespeare", "'shakespeare' (trained here) or a local HF checkpoint dir",
+           kind="str"),
+    Option("tokenizer", "", "tokenizer.json path (default: the checkpoint's; byte-level for "
+           "shakespeare)", kind="str"),
+    Option("wikitext", "", "WikiText-2 raw test file (wiki.test.raw) for a real checkpoint",
+           kind="str"),
+    Option("c4", "", "C4 shard (c4-train.00000-of-01024.json.gz) for calibration", kind="str"),
+    Option("nsamples", 64, "calibration windows (paper: 128)", low=1),
+    Option("seq_len", 128, "calibration / evaluation context length (paper: 2048)", low=2),
+    Option("eval_tokens", 131072, "at most this many test tokens (0: all)", low=0),
+    Option("seeds", 5, "stochRIA trials (Table 6.2: 5; Table 6.4: 3)", low=1),
+    Option("hidden", 128, "shakespeare model width", low=8),
+    Option("layers", 4, "shakespeare model depth", low=1),
+    Option("train_steps", 1500, "shakespeare model training steps (batch 32)", low=1),
+    Option("paper_model", "llama2-7b", "which paper column to print beside ours",
+           choices=PAPER_MODELS, identity=False),
+)
+
+
+def _shakespeare_model(cfg: Config, opts: dict) -> tuple[str, dict]:
+  """Trains (or reuses) the byte-level LLaMA-style model; returns its checkpoint dir."""
+  h = opts["hidden"]
+  tcfg = TransformerConfig(arch="llama", vocab_size=256, hidden_size=h,
+                           intermediate_size=int(round(h * 8 / 3 / 8)) * 8,
+                           num_layers=opts["layers"], num_heads=max(1, h // 32),
+                           num_kv_heads=max(1, h // 64), max_positions=max(256, opts["seq_len"]))
+  recipe = {"config": dataclasses.asdict(tcfg), "steps": opts["train_steps"], "batch": 32,
+            "seq_len": opts["seq_len"], "lr": 3e-3, "seed": cfg.seed, "data": "bundled plays"}
+  path = os.path.join(output_dir(cfg, NAME), "model")
+  meta = os.path.join(path, "fedjaxsparse_training.json")
+  if os.path.isfile(meta) and json.load(open(meta))["recipe"] == recipe and not cfg.overwrite:
+    return path, json.load(open(meta))
+  ids = lm.ByteTokenizer().encode(lm.shakespeare_splits()["train"])
+  params, losses = lm.train(tcfg, ids, steps=recipe["steps"], batch_size=32,
+                            seq_len=recipe["seq_len"], lr=recipe["lr"], seed=cfg.seed,
+                            log_every=max(1, recipe["steps"] // 20), progress=cfg.progress)
+  hf.save(path, tcfg, jax.tree.map(np.asarray, params))
+  info = {"recipe": recipe, "train_loss": losses}
+  json.dump(info, open(meta, "w"), indent=1)
+  return path, info
+
+
+def _data(opts: dict) -> tuple[np.ndarray, np.ndarray, str]:
+  """(calibration windows, evaluation windows, description of the text protocol)."""
+  t = opts["seq_len"]
+  if opts["model"] == "shakespeare":
+    tok = lm.ByteTokenizer()
+    sp = lm.shakespeare_splits()
+    docs, test, what = [sp["train"]], sp["test"], "bundled Shakespeare (train plays → test plays)"
+  else:
+    tok = lm.tokenizer(opts["tokenizer"] or opts["model"])
+    docs = lm.c4_documents(opts["c4"], limit=20000) if opts["c4"] else None
+    if docs is None:
+      raise ValueError("option 'c4' must name the C4 shard for a real checkpoint; "
+                       f"{lm.C4_HOW_TO}.")
+    test = lm.wikitext2_test(opts["wikitext"]) if opts["wikitext"] else None
+    if test is None:
+      raise ValueError(f"option 'wikitext' must name the WikiText-2 test file; "
+                       f"{lm.WIKITEXT_HOW_TO}.")
+    what = "C4 shard 0 → WikiText-2 raw test (joined with \\n\\n)"
+  calib = lm.calibration_windows(docs, tok, opts["nsamples"], t, seed=0)
+  ids = tok.encode(test)
+  if opts["eval_tokens"]:
+    ids = ids[:opts["eval_tokens"]]
+  return calib, lm.eval_windows(ids, t), what
+
+
+def _runs(study: str, opts: dict) -> list[tuple[str, str, dict, int]]:
+  """``(method, setting, prune kwargs, trials)`` for a study."""
+  t = opts["seq_len"]
+  sb = scores.by_name
+  seeds = opts["seeds"]
+
+  def sp(x):
+    return {"sparsity": x} if isinstance(x, float) else {"nm": x}
+
+  label = lambda x: f"{x:.0%}" if isinstance(x, float) else f"{x[0]}:{x[1]}"  # noqa: E731
+  runs = []
+  if study == "table62":
+    for x in (0.5, (2, 4), (4, 8)):
+      for name, fn, k in (("Magnitude", sb("magnitude"), 1), ("Wanda", sb("wanda", alpha=1.0), 1),
+                          ("RIA", sb("ria", alpha=1.0), 1),
+                          ("stochRIA", sb("stochria", alpha=1.0, beta=0.1), seeds)):
+        runs.append((name, label(x), dict(score_fn=fn, **sp(x)), k))
+  elif study == "table63":
+    for a in (0.0, 0.5, 1.0, 2.0):
+      for name, s in (("Wanda", "wanda"), ("Col-Sum", "relative_inputs"),
+                      ("Row-Sum", "relative_outputs"), ("RIA", "ria")):
+        runs.append((name, f"α={a:g}", dict(score_fn=sb(s, alpha=a), sparsity=0.5), 1))
+  elif study == "table64":
+    for x in (0.5, 0.6, 0.7):
+      for name, fn, k in (("Wanda", sb("wanda", alpha=1.0), 1), ("RIA", sb("ria", alpha=1.0), 1),
+                          ("stochRIA", sb("stochria", alpha=1.0, beta=0.1), min(seeds, 3))):
+        runs.append((name, label(x), dict(score_fn=fn, sparsity=x), k))
+  elif study == "table65":
+    for name, s in (("Magnitude", "magnitude"), ("Wanda", "wanda"), ("RIA", "ria")):
+      fn = sb(s, alpha=0.5)
+      base = "ria" if s == "ria" else "wanda"
+      for ft, ref in (("-", None), ("DSnoT", dsnot.dsnot(error_scale=t)),
+                      ("R²-DSnoT", dsnot.r2_dsnot(base, error_scale=t))):
+        runs.append((name, ft, dict(score_fn=fn, sparsity=0.6, refine=ref), 1))
+  elif study == "tableE1":
+    for p in ("1", "2", "3", "4", "0", "inf"):
+      runs.append(("ℓp RI(A)", f"p={p}", dict(score_fn=sb("lp", p=float(p), alpha=1.0),
+                                               sparsity=0.5), 1))
+  elif study == "tableE2":
+    for v in ("S1", "S2", "S3", "S4"):
+      runs.append(("ℓ1 RIA", v, dict(score_fn=sb("lp", p=1.0, variant=v, alpha=0.5),
+                                     sparsity=0.5), 1))
+  elif study == "tableE3":
+    for b in (1.0, 0.9, 0.5, 0.1, 0.05, 0.01):
+      runs.append(("stochRIA", f"β={b:g}", dict(score_fn=sb("stochria", alpha=1.0, beta=b),
+                                                sparsity=0.5), seeds))
+  elif study == "tableE4":
+    for base, best in (("Wanda base", dsnot.r2_dsnot("wanda", error_scale=t)),
+                       ("RIA base", dsnot.r2_dsnot("ria", error_scale=t))):
+      fn = sb("wanda" if base.startswith("Wanda") else "ria", alpha=0.5)
+      other_gamma = 1e-3 if base.startswith("Wanda") else 1e-4
+      variants = {"best": best, "p=1": best._replace(p=1.0), "p=inf": best._replace(p=np.inf),
+                  "γ2=0": best._replace(gamma_prune=0.0),
+                  f"γ2={other_gamma:g}": best._replace(gamma_prune=other_gamma),
+                  "no relative": best._replace(grow_relative=False, prune_relative=False),
+                  "both relative": best._replace(grow_relative=True, prune_relative=True)}
+      one = ("prune relative only" if base.startswith("Wanda") else "grow relative only")
+      variants[one] = best._replace(grow_relative=not best.grow_relative,
+                                    prune_relative=not best.prune_relative)
+      for setting, ref in variants.items():
+        runs.append((base, setting, dict(score_fn=fn, sparsity=0.6, refine=ref), 1))
+  return runs
+
+
+def _run(cfg: Config, opts: dict) -> dict:
+  study = opts["study"]
+  if opts["model"] == "shakespeare":
+    path, training = _shakespeare_model(cfg, opts)
+  else:
+    path, training = opts["model"], None
+  source = hf.Checkpoint(path)
+  calib, windows, text = _data(opts)
+  col = PAPER_MODELS.index(opts["paper_model"])
+  print(f"{NAME} {study}: model {path} ({source.config.arch}, {source.config.num_layers} blocks, "
+        f"hidden {source.config.hidden_size}); text: {text}; calibration {len(calib)}×"
+        f"{opts['seq_len']} tokens, seed 0; evaluation {len(windows)} windows of "
+        f"{opts['seq_len']} (stride = length); block-sequential calibration; per-output "
+        f"comparison groups; N:M along the inputs")
+  dense = SQ.perplexity(source, windows)
+  rows = [{"method": "Dense", "setting": "-", "ppl": dense, "s.e.": None,
+           "recon error": 0.0, f"paper ({opts['paper_model']})": _DENSE[col]}]
+  for method, setting, kw, trials in _runs(study, opts):
+    ppls, errs = [], []
+    for s in range(trials):
+      pruned, rep = SQ.prune(source, calib, key=jax.random.key(cfg.seed + s), **kw)
+      ppls.append(SQ.perplexity(pruned, windows))
+      errs.append(np.mean([r.recon_error for r in rep.values() if r.recon_error is not None]))
+    paper = PAPER[study].get((method, setting), (None,) * 4)[col]
+    rows.append({"method": method, "setting": setting, "ppl": float(np.mean(ppls)),
+                 "s.e.": float(np.std(ppls, ddof=1) / np.sqrt(trials)) if trials > 1 else None,
+                 "recon error": float(np.mean(errs)), f"paper ({opts['paper_model']})": paper})
+  table = print_table(rows, list(rows[0]))
+  scale = ("trained byte-level Shakespeare model — perplexities NOT comparable with the paper's "
+           "LLaMA/OPT column, compare directions only" if opts["model"] == "shakespeare"
+           else "real checkpoint")
+  print(f"scale: {scale}")
+  results = {"experiment": NAME, "study": study, "model": path, "scale": scale, "text": text,
+             "table": rows, "table_text": table, "training": training,
+             "paper": {f"{m} / {s}": v for (m, s), v in PAPER[study].items()},
+             "protocol": {"nsamples": len(calib), "seq_len": opts["seq_len"],
+                          "eval_windows": len(windows), "calibration_seed": 0,
+                          "calibration": "block-sequential", "group": "per_output"}}
+  out = save_results(cfg, NAME, results)
+  png = _plot(rows, os.path.join(output_dir(cfg, NAME), f"{NAME}_{study}.png"),
+              f"{study}: perplexity after pruning ({'Shakespeare LM' if training else path})")
+  print(f"results: {out}\nplot: {png}")
+  return results
+
+
+def _plot(rows: list[dict], path: str, title: str) -> str:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  settings = list(dict.fromkeys(r["setting"] for r in rows[1:]))
+  methods = list(dict.fromkeys(r["method"] for r in rows[1:]))
+  fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(settings) * len(methods) / 2), 4.2),
+                         layout="constrained")
+  width = 0.8 / len(methods)
+  for j, m in enumerate(methods):
+    vals = [next((r["ppl"] for r in rows if r["method"] == m and r["setting"] == s), np.nan)
+            for s in settings]
+    ax.bar(np.arange(len(settings)) + j * width, vals, width, label=m)
+  ax.axhline(rows[0]["ppl"], color="k", ls="--", lw=1, label="dense")
+  ax.set_xticks(np.arange(len(settings)) + 0.4 - width / 2, settings)
+  ax.set_yscale("log")
+  ax.set_ylabel("test perplexity (log)")
+  ax.set_title(title)
+  ax.legend(fontsize=8)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+run = entry(NAME, OPTIONS, _run)
