@@ -34,6 +34,9 @@ deliberately (§0.2 of the spec):
   factor (pass the calibration sequence length to reproduce its threshold);
 * the variance power enters the grow criterion only, as in DSnoT's code (its
   ``pow_of_var_pruning`` flag is unused there);
+* ``skip``: layers whose path contains one of these names keep their initial mask — DSnoT's
+  code refines the attention projections only by default (``--skip_layer mlp``); ``()``
+  refines every layer;
 * ``accept="threshold"`` is DSnoT's default rule (swap while ``|e| > threshold``);
   ``"same_sign"`` is its ``without_same_sign=False`` rule (the error keeps its initial sign);
   ``"decrease"`` also requires ``|e|`` to strictly decrease, which makes ``|e_q|`` monotone.
@@ -64,6 +67,7 @@ class DSnoTConfig(NamedTuple):
   gamma_prune: float = 0.0
   accept: str = "threshold"
   error_scale: float = 1.0
+  skip: tuple[str, ...] = ("mlp", "fc1", "fc2")
 
 
 class DSnoTInfo(NamedTuple):

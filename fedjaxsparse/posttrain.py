@@ -17,6 +17,7 @@ DSnoT / R²-DSnoT (which needs the full :class:`~fedjaxsparse.calibration.CalibS
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -32,8 +33,10 @@ ScoreFn = Callable[[jax.Array, Any, jax.Array], jax.Array]  # (W, x_norm | None,
 def _keep_largest(score: jax.Array, prune: int, axis: int) -> jax.Array:
   """``bool`` mask keeping all but the ``prune`` smallest entries along ``axis``."""
   order = jnp.argsort(score, axis=axis, stable=True)
-  rank = jnp.argsort(order, axis=axis, stable=True)
-  return rank >= prune
+  shape = [1] * score.ndim
+  shape[axis] = score.shape[axis]
+  keep = jnp.broadcast_to((jnp.arange(score.shape[axis]) >= prune).reshape(shape), score.shape)
+  return jnp.put_along_axis(jnp.zeros(score.shape, bool), order, keep, axis=axis, inplace=False)
 
 
 def unstructured_mask(score: jax.Array, sparsity: float, group: str = "per_output"
@@ -100,13 +103,16 @@ def prune_params(params: Any, score_fn: ScoreFn, *, sparsity: float | None = Non
       pruned.append(w)
       masks.append(jnp.ones(w.shape, bool))
       continue
-    m = layer_mask(w, score_fn, jax.random.fold_in(key, i), stats.get("/".join(names[:-1])),
-                   sparsity=sparsity, nm=nm, group=group, refine=refine)
+    path = "/".join(names[:-1])
+    skip = refine is not None and any(n in refine.skip for n in names[:-1])
+    m = layer_mask(w, score_fn, jax.random.fold_in(key, i), stats.get(path),
+                   sparsity=sparsity, nm=nm, group=group, refine=None if skip else refine)
     pruned.append(jnp.where(m, w, jnp.zeros_like(w)))
     masks.append(m)
   return jax.tree.unflatten(tree, pruned), jax.tree.unflatten(tree, masks)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _captured_inputs(apply_fn: Callable, params: Any, x: jax.Array) -> dict[str, jax.Array]:
   """``{path: input}`` of every flax module call whose parameters hold a 2-D ``kernel``
   (``nn.Dense`` and the like), in call order, via ``flax.linen.intercept_methods``."""
@@ -133,10 +139,9 @@ def calibrate(apply_fn: Callable, params: Any, batches) -> dict[str, CalibStats]
   """``{path: CalibStats}`` of the inputs of every dense layer of a flax model
   (``apply_fn(params, x)``, e.g. ``Model.apply``) over the calibration ``batches``."""
   from fedjaxsparse.calibration import init_stats, update_stats
-  capture = jax.jit(lambda p, x: _captured_inputs(apply_fn, p, x))
   stats: dict[str, CalibStats] = {}
   for x in batches:
-    for path, inp in capture(params, jnp.asarray(x)).items():
+    for path, inp in _captured_inputs(apply_fn, params, jnp.asarray(x)).items():
       st = stats.get(path) or init_stats(inp.shape[-1])
       stats[path] = update_stats(st, inp)
   return stats

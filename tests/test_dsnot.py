@@ -124,3 +124,12 @@ def test_prune_params_refines_through_calib_stats():
   np.testing.assert_array_equal(np.asarray(m_ref["Dense_0"]["kernel"]), np.asarray(direct))
   with pytest.raises(ValueError, match="refine"):
     PT.prune_params(params, fn, nm=(2, 4), stats={"Dense_0": st}, refine=D.dsnot())
+  # DSnoT's default skips MLP layers (they keep the score's mask); skip=() refines them too
+  nested = {"mlp": params}
+  _, m_skip = PT.prune_params(nested, fn, sparsity=0.6, stats={"mlp/Dense_0": st},
+                              refine=D.dsnot())
+  _, m_all = PT.prune_params(nested, fn, sparsity=0.6, stats={"mlp/Dense_0": st},
+                             refine=D.dsnot(skip=()))
+  np.testing.assert_array_equal(m_skip["mlp"]["Dense_0"]["kernel"], m_plain["Dense_0"]["kernel"])
+  np.testing.assert_array_equal(m_all["mlp"]["Dense_0"]["kernel"], np.asarray(direct))
+  assert not np.array_equal(np.asarray(direct), np.asarray(m_plain["Dense_0"]["kernel"]))
