@@ -59,7 +59,7 @@ def test_sparsity_constant_at_every_cycle_and_error_reduced(cfg):
   counts0 = np.asarray(m0).sum(0)
   run = jax.jit(D.refine, static_argnums=3)
   prev = _error(np.asarray(w), np.asarray(m0), np.asarray(st.mean))
-  for t in range(1, 5):
+  for t in (1, 3):
     m, info = run(w, m0, st, cfg._replace(max_cycles=t))
     np.testing.assert_array_equal(np.asarray(m).sum(0), counts0)       # per-neuron sparsity
     err = _error(np.asarray(w), np.asarray(m), np.asarray(st.mean))

@@ -35,7 +35,7 @@ def test_sparse_proxskip_small(tmp_path):
 def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
   assert main(["run", "sparse_proxskip", "--rounds", "30", "--eval-every", "15", "--clients", "6",
         "--out", str(tmp_path), "--no-progress", "--set", "sparsities=[0.8]",
-        "--set", "search=2", "--set", "repetitions=1", "--set", "diagnostics=False"]) == 0
+        "--set", "search=1", "--set", "repetitions=1", "--set", "diagnostics=False"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
   names = ["Final-TopK", "FedHT", "FedIHT", "Accelerated-Server-Pruning", "RandProx-l1",
            "Sparse-ProxSkip-Local", "Sparse-ProxSkip"]
