@@ -15,7 +15,9 @@ import os
 import jax
 import optax
 
+from fedjaxsparse import posttrain
 from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.core import global_params
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import make_eval_fn
@@ -47,6 +49,9 @@ OPTIONS = (
            identity=False),
     Option("eval_batch_size", None, "evaluation batch size (default: all examples at once)",
            kind="int", low=1),
+    Option("posttrain", [], "sparsities at which to prune FedAvg's final global model one-shot "
+           "(magnitude, Wanda, RIA; calibrated on 32 examples per client) and report accuracy",
+           kind="floats", low=0.0, high=1.0, high_open=True, identity=False),
 )
 
 
@@ -107,6 +112,16 @@ def _run(cfg: Config, opts: dict) -> dict:
   table = print_table(rows, list(rows[0]))
   results = {"experiment": NAME, "dataset": ds.name, "metric": "accuracy", "table": rows,
              "table_text": table, "methods": records}
+  if opts["posttrain"]:
+    fedavg_name = f"FedAvg (E={steps}, B={batch})"
+    print(f"{fedavg_name}'s global model pruned one-shot (seed 001 ch. 6 scores, "
+          "layer-sequential calibration on 32 examples per client):")
+    pruned_rows = posttrain.one_shot(
+        model.apply, global_params(records[fedavg_name]["state"]),
+        posttrain.client_batches(ds.train, 32), lambda p: eval_fn(p, ds.test),
+        opts["posttrain"])
+    results["posttrain"] = pruned_rows
+    results["posttrain_text"] = print_table(pruned_rows, ["score", "sparsity", "accuracy"])
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, "accuracy", os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
                      title=f"{NAME}: {ds.name}", bits="uplink_bits_per_client")

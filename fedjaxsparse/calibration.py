@@ -13,10 +13,13 @@ import jax.numpy as jnp
 
 
 class CalibStats(NamedTuple):
-  """``sumsq`` ``float32[b]`` (Σ x²), ``total`` ``float32[b]`` (Σ x), ``count`` (tokens)."""
+  """``sumsq`` ``float32[b]`` (Σ x²), ``total`` ``float32[b]`` (Σ x), ``count`` (tokens),
+  ``m2`` ``float32[b]`` (Σ (x − μ)², merged batch by batch with Chan et al.'s update, so the
+  variance does not cancel catastrophically on channels whose mean dwarfs their spread)."""
   sumsq: jax.Array
   total: jax.Array
   count: jax.Array
+  m2: jax.Array
 
   @property
   def x_norm(self) -> jax.Array:
@@ -29,17 +32,23 @@ class CalibStats(NamedTuple):
 
   @property
   def variance(self) -> jax.Array:
-    """Population variance per channel, ``Σx²/a − μ²`` (clamped at 0 against rounding)."""
-    return jnp.maximum(self.sumsq / jnp.maximum(self.count, 1.0) - self.mean ** 2, 0.0)
+    """Population variance per channel, ``Σ(x − μ)²/a``."""
+    return self.m2 / jnp.maximum(self.count, 1.0)
 
 
 def init_stats(num_inputs: int) -> CalibStats:
   z = jnp.zeros((num_inputs,), jnp.float32)
-  return CalibStats(z, z, jnp.zeros((), jnp.float32))
+  return CalibStats(z, z, jnp.zeros((), jnp.float32), z)
 
 
 def update_stats(stats: CalibStats, x: jax.Array, mask: jax.Array | None = None) -> CalibStats:
   """Adds the tokens ``x [..., b]`` (``mask [...]``: 1 for real tokens, 0 for padding)."""
   x = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
   m = jnp.ones(x.shape[0], jnp.float32) if mask is None else mask.reshape(-1).astype(jnp.float32)
-  return CalibStats(stats.sumsq + m @ (x * x), stats.total + m @ x, stats.count + m.sum())
+  n_b = m.sum()
+  mean_b = (m @ x) / jnp.maximum(n_b, 1.0)
+  m2_b = m @ jnp.square(x - mean_b)
+  n = stats.count + n_b
+  delta = mean_b - stats.mean
+  m2 = stats.m2 + m2_b + delta ** 2 * stats.count * n_b / jnp.maximum(n, 1.0)
+  return CalibStats(stats.sumsq + m @ (x * x), stats.total + m @ x, n, m2)

@@ -8,7 +8,10 @@ become flax kernels ``[in, out]``. :func:`save` writes the same format (the test
 the Shakespeare model this library trains, and pruned models).
 
 Supported ``model_type``: ``"llama"`` (also Mistral-like configs without sliding windows or rope
-scaling) and ``"opt"`` (without ``project_in``/``project_out``, i.e. not OPT-350m).
+scaling) and ``"opt"`` (without ``project_in``/``project_out``, i.e. not OPT-350m). Only the
+safetensors format is read: a checkpoint shipped as ``pytorch_model.bin`` (e.g.
+``facebook/opt-1.3b``) is converted once with ``transformers``:
+``AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(OUT, safe_serialization=True)``.
 """
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ def config_from_hf(d: dict[str, Any]) -> TransformerConfig:
                        "LLaMA-3 8B have none).")
     if d.get("hidden_act", "silu") != "silu":
       raise ValueError(f"hidden_act must be 'silu', got {d['hidden_act']!r}.")
+    if d.get("sliding_window") is not None:
+      raise ValueError(f"sliding_window={d['sliding_window']!r} is not supported.")
+    if d.get("mlp_bias", False) != d.get("attention_bias", False):
+      raise ValueError("mlp_bias != attention_bias is not supported (one bias switch).")
     if "head_dim" in d and d["head_dim"] != d["hidden_size"] // d["num_attention_heads"]:
       raise ValueError("head_dim != hidden_size / num_attention_heads is not supported.")
     return TransformerConfig(
@@ -70,7 +77,8 @@ def config_to_hf(cfg: TransformerConfig) -> dict[str, Any]:
             "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
             "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm_eps,
             "rope_theta": cfg.rope_theta, "tie_word_embeddings": cfg.tie_embeddings,
-            "attention_bias": cfg.bias, "hidden_act": "silu", "torch_dtype": "float32"}
+            "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "hidden_act": "silu",
+            "torch_dtype": "float32"}
   return {"model_type": "opt", "architectures": ["OPTForCausalLM"],
           "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "ffn_dim":
           cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,

@@ -56,20 +56,32 @@ class ByteTokenizer:
 
 class FileTokenizer:
   """A ``tokenizer.json`` (Hugging Face ``tokenizers``); ``encode`` adds the special tokens of
-  the file's post-processor (LLaMA: one BOS at the start), as ``AutoTokenizer`` does."""
+  the file's post-processor (LLaMA: one BOS at the start), as ``AutoTokenizer`` does. A
+  directory with GPT-2-style ``vocab.json`` + ``merges.txt`` and no ``tokenizer.json`` (OPT's
+  checkpoints) is read as byte-level BPE with the ``config.json``'s ``bos_token_id`` prepended,
+  as OPT's ``GPT2Tokenizer`` does."""
 
   def __init__(self, path: str):
     from tokenizers import Tokenizer
-    if os.path.isdir(path):
-      path = os.path.join(path, "tokenizer.json")
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f"no tokenizer.json at {path!r} (a checkpoint directory with a "
-                              "fast tokenizer, or the file itself).")
-    self._tok = Tokenizer.from_file(path)
+    self._bos = None
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if os.path.isfile(file):
+      self._tok = Tokenizer.from_file(file)
+    elif all(os.path.isfile(os.path.join(folder, f)) for f in ("vocab.json", "merges.txt")):
+      from tokenizers import ByteLevelBPETokenizer
+      self._tok = ByteLevelBPETokenizer(os.path.join(folder, "vocab.json"),
+                                        os.path.join(folder, "merges.txt"))
+      cfg = os.path.join(folder, "config.json")
+      self._bos = json.load(open(cfg)).get("bos_token_id") if os.path.isfile(cfg) else None
+    else:
+      raise FileNotFoundError(f"no tokenizer.json (nor vocab.json + merges.txt) at {path!r}: "
+                              "pass a checkpoint directory with a tokenizer, or the file.")
     self.vocab_size = self._tok.get_vocab_size()
 
   def encode(self, text: str) -> np.ndarray:
-    return np.asarray(self._tok.encode(text).ids, np.int32)
+    ids = self._tok.encode(text).ids
+    return np.asarray(ids if self._bos is None else [self._bos] + ids, np.int32)
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._tok.decode([int(i) for i in ids])
@@ -91,8 +103,8 @@ def shakespeare_splits(data_dir: str | None = None) -> dict[str, str]:
 
 
 def wikitext2_test(path: str) -> str:
-  """The WikiText-2 raw test split as the peers join it: rows (lines, newline kept) joined with
-  ``"\\n\\n"``. ``path``: ``wiki.test.raw`` or a ``test-*.parquet`` of the datasets hub."""
+  """The WikiText-2 raw test split as the peers join it: the datasets hub's rows (each line with
+  its newline; ``""`` for a whitespace-only line) joined with ``"\\n\\n"``. ``path``: ``wiki.test.raw`` or a ``test-*.parquet`` of the datasets hub."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"WikiText-2 test file {path!r} not found; {WIKITEXT_HOW_TO}.")
   if path.endswith(".parquet"):
@@ -102,9 +114,9 @@ def wikitext2_test(path: str) -> str:
       raise ImportError("reading parquet needs pyarrow (pip install pyarrow), or pass "
                         "wiki.test.raw instead.") from e
     rows = pq.read_table(path).column("text").to_pylist()
-  else:
+  else:  # the datasets hub's script: one row per line, "" for a whitespace-only line
     with open(path, encoding="utf-8") as f:
-      rows = f.read().splitlines(keepends=True)
+      rows = [row if row.strip() else "" for row in f]
   return "\n\n".join(rows)
 
 

@@ -14,6 +14,10 @@ calibration statistics (``{path: CalibStats}``, or ``{path: x_norm}``) and a per
 (``fold_in`` of its index) for the stochastic scores, so masks are deterministic under the key;
 ``refine=`` a :class:`~fedjaxsparse.dsnot.DSnoTConfig` then refines every unstructured mask with
 DSnoT / R²-DSnoT (which needs the full :class:`~fedjaxsparse.calibration.CalibStats`).
+
+:func:`prune_model` calibrates and prunes any flax model in one call (layer-sequentially, via
+``flax.linen.intercept_methods``); :func:`one_shot` tabulates a trained federated model's
+metrics after one-shot pruning, calibrated on the clients' data (:func:`client_batches`).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjaxsparse import dsnot
 from fedjaxsparse.calibration import CalibStats
@@ -169,3 +174,30 @@ def prune_model(apply_fn: Callable, params: Any, batches, score_fn: ScoreFn, *,
     params, m = prune_params(params, score_fn, stats={path: st}, only={path}, **kw)
     masks = jax.tree.map(jnp.logical_and, masks, m)
   return params, masks
+
+
+def client_batches(data: Any, per_client: int | None = None) -> list[jax.Array]:
+  """Each client's real inputs (the first ``per_client``, or all), one batch per client, from
+  :class:`~fedjaxsparse.data.federated.FederatedData`. The statistics are sums, so the
+  server's :func:`calibrate` over these equals the sum of per-client statistics each client
+  could compute and send (one extra round per layer for ``sequential`` pruning)."""
+  counts = np.asarray(data.num_examples)
+  take = counts if per_client is None else np.minimum(counts, per_client)
+  return [data.x[i, :int(n)] for i, n in enumerate(take) if n > 0]
+
+
+def one_shot(apply_fn: Callable, params: Any, batches, evaluate: Callable[[Any], dict],
+             sparsities, score_names=("magnitude", "wanda", "ria"), **kw) -> list[dict]:
+  """Rows ``{"score", "sparsity", **evaluate(pruned params)}``: a trained (e.g. federated
+  global) model pruned one-shot by :func:`prune_model` with each named score
+  (:func:`fedjaxsparse.scores.by_name` defaults) at each sparsity."""
+  from fedjaxsparse.scores import by_name
+  batches = list(batches)
+  rows = [{"score": "dense", "sparsity": 0.0,
+           **{k: float(v) for k, v in evaluate(params).items()}}]
+  for name in score_names:
+    for s in sparsities:
+      pruned, _ = prune_model(apply_fn, params, batches, by_name(name), sparsity=s, **kw)
+      rows.append({"score": name, "sparsity": float(s),
+                   **{k: float(v) for k, v in evaluate(pruned).items()}})
+  return rows

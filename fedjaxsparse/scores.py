@@ -163,12 +163,13 @@ def by_name(name: str, *, alpha: float | None = None, beta: float = 0.1, p: floa
             variant: str = "S1"):
   """A score ``(W, x_norm | None, key) -> S`` by name, for :func:`posttrain.prune_params` and
   the experiments. ``alpha`` defaults to each method's own (Wanda 1, RIA 0.5, stochRIA 1 as in
-  Table 6.2, ℓp / RI / the relative terms 0.5 with activations, none without). Cached: the
+  Table 6.2, ℓp and the relative terms 0.5; RI and symmetric 0, as defined). Cached: the
   same arguments give the same function, so jitted callers taking it as a static argument
   compile once."""
   if name not in SCORES:
     raise ValueError(f"score must be one of {SCORES}, got {name!r}.")
-  a = {"wanda": 1.0, "stochria": 1.0}.get(name, 0.5) if alpha is None else alpha
+  a = {"wanda": 1.0, "stochria": 1.0, "ri": 0.0, "symmetric": 0.0}.get(name, 0.5) \
+      if alpha is None else alpha
 
   def need(x):
     if x is None:

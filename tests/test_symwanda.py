@@ -5,6 +5,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjaxsparse import calibration as CB
 from fedjaxsparse import posttrain as PT
@@ -68,3 +69,25 @@ def test_symwanda_mlp_tiny(tmp_path):
     for k in ("test acc % (outliers)", "test acc % (plain)"):
       assert rows[("Wanda α=0", s)][k] == rows[("Magnitude", s)][k]
   assert len(res["outlier_channels"]) == 4
+
+
+def test_one_shot_table_of_a_federated_model():
+  """A federated global model pruned one-shot with each score, calibrated on the clients'
+  data (the statistics are sums: calibrating on per-client batches = summing per-client
+  statistics), its metrics tabulated beside the dense ones."""
+  from fedjaxsparse.data.embedded import digits
+  from fedjaxsparse.evaluation import make_eval_fn
+  ds = digits(num_clients=5, partition="iid", seed=0)
+  m = mlp((64,), 10, hidden=(16,))
+  p = m.init(jax.random.key(0))
+  batches = PT.client_batches(ds.train, 8)
+  assert len(batches) == 5 and all(b.shape == (8, 64) for b in batches)
+  summed = PT.calibrate(m.apply, p, batches)["Dense_0"]
+  whole = PT.calibrate(m.apply, p, [jnp.concatenate(batches)])["Dense_0"]
+  np.testing.assert_allclose(summed.sumsq, whole.sumsq, rtol=1e-5)
+  ev = make_eval_fn(m)
+  rows = PT.one_shot(m.apply, p, batches, lambda q: ev(q, ds.test), [0.5, 0.9])
+  assert [(r["score"], r["sparsity"]) for r in rows] == [
+      ("dense", 0.0), ("magnitude", 0.5), ("magnitude", 0.9), ("wanda", 0.5), ("wanda", 0.9),
+      ("ria", 0.5), ("ria", 0.9)]
+  assert rows[0]["accuracy"] == pytest.approx(float(ev(p, ds.test)["accuracy"]))

@@ -175,7 +175,8 @@ def test_text_protocol_files(tmp_path):
   raw = tmp_path / "wiki.test.raw"
   raw.write_text(" \n = Title = \n \n Some text .\n")
   text = lm.wikitext2_test(str(raw))
-  assert text == " \n\n\n = Title = \n\n\n \n\n\n Some text .\n"  # rows joined with "\n\n"
+  # the hub's rows: "" for whitespace-only lines, each line with its newline; joined by "\n\n"
+  assert text == "\n\n = Title = \n\n\n\n\n Some text .\n"
   with pytest.raises(FileNotFoundError, match="wikitext-2-raw-v1"):
     lm.wikitext2_test(str(tmp_path / "missing.raw"))
   docs = ["short", "x" * 300, "y" * 50 + "z" * 250]
@@ -203,6 +204,17 @@ def test_file_tokenizer_round_trip(tmp_path):
   ft = lm.tokenizer(str(tmp_path))
   ids = ft.encode("to be or not")
   assert ids.dtype == np.int32 and len(ids) >= 4 and ft.decode(ids).replace(" ", "") == "tobeornot"
+  # OPT's layout: GPT-2 vocab.json + merges.txt, the config's BOS prepended
+  from tokenizers import ByteLevelBPETokenizer
+  bl = ByteLevelBPETokenizer()
+  bl.train_from_iterator(["to be or not to be"] * 20, vocab_size=300)
+  opt = tmp_path / "opt"
+  opt.mkdir()
+  bl.save_model(str(opt))
+  json.dump({"bos_token_id": 2}, open(opt / "config.json", "w"))
+  ot = lm.tokenizer(str(opt))
+  ids = ot.encode("to be")
+  assert ids[0] == 2 and ot.decode(ids[1:]) == "to be"
   b = lm.tokenizer("byte")
   assert b.decode(b.encode("Now is the winter")) == "Now is the winter"
 

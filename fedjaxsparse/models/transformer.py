@@ -157,6 +157,9 @@ class Decoder(nn.Module):
       self.lm_head = Linear(cfg.vocab_size, False)
 
   def embed(self, ids: jax.Array) -> jax.Array:
+    if ids.shape[1] > self.cfg.max_positions:
+      raise ValueError(f"sequence length {ids.shape[1]} exceeds max_positions "
+                       f"{self.cfg.max_positions}.")
     h = self.embed_tokens(ids)
     if self.cfg.arch == "opt":
       h = h + self.embed_positions(jnp.arange(ids.shape[1]) + 2)[None]
@@ -169,9 +172,6 @@ class Decoder(nn.Module):
     return self.lm_head(h).astype(jnp.float32)
 
   def __call__(self, ids: jax.Array) -> jax.Array:
-    if ids.shape[1] > self.cfg.max_positions:
-      raise ValueError(f"sequence length {ids.shape[1]} exceeds max_positions "
-                       f"{self.cfg.max_positions}.")
     h = self.embed(ids)
     for layer in self.layers:
       h = layer(h)
