@@ -126,6 +126,10 @@ OPTIONS = (
            "shakespeare, the paper's 2048 for a checkpoint)", kind="int", low=2),
     Option("eval_tokens", None, "at most this many test tokens (0: all; default: 131072 for "
            "shakespeare, all for a checkpoint)", kind="int", low=0),
+    Option("dsnot_cycles", None, "DSnoT's max cycles (default: the paper's 50 for a checkpoint; "
+           "for shakespeare ⌈50·hidden/4096⌉, the same fraction of a row that 50 swaps are in "
+           "LLaMA-7B's 4096-wide layers — 50 swaps would replace every kept weight of a "
+           "128-wide row)", kind="int", low=0),
     Option("group", "auto", "comparison group of unstructured masks ('auto': per_layer as RIA's "
            "code, on which the paper builds; per_output for the DSnoT studies, as DSnoT's code)",
            choices=("auto", "per_layer", "per_output", "per_input")),
@@ -190,6 +194,7 @@ def _data(opts: dict) -> tuple[np.ndarray, np.ndarray, str]:
 def _runs(study: str, opts: dict) -> list[tuple[str, str, dict, int]]:
   """``(method, setting, prune kwargs, trials)`` for a study."""
   t = opts["seq_len"]
+  cyc = dict(error_scale=t, max_cycles=opts["dsnot_cycles"])
   sb = scores.by_name
   seeds = opts["seeds"]
 
@@ -218,8 +223,8 @@ def _runs(study: str, opts: dict) -> list[tuple[str, str, dict, int]]:
     for name, s in (("Magnitude", "magnitude"), ("Wanda", "wanda"), ("RIA", "ria")):
       fn = sb(s, alpha=0.5)
       base = "ria" if s == "ria" else "wanda"
-      for ft, ref in (("-", None), ("DSnoT", dsnot.dsnot(error_scale=t)),
-                      ("R²-DSnoT", dsnot.r2_dsnot(base, error_scale=t))):
+      for ft, ref in (("-", None), ("DSnoT", dsnot.dsnot(**cyc)),
+                      ("R²-DSnoT", dsnot.r2_dsnot(base, **cyc))):
         runs.append((name, ft, dict(score_fn=fn, sparsity=0.6, refine=ref), 1))
   elif study == "tableE1":
     for p in ("1", "2", "3", "4", "0", "inf"):
@@ -236,7 +241,7 @@ def _runs(study: str, opts: dict) -> list[tuple[str, str, dict, int]]:
   elif study == "tableE4":
     for base in ("Wanda base", "RIA base"):
       key = "wanda" if base.startswith("Wanda") else "ria"
-      best = dsnot.r2_dsnot(key, error_scale=t)
+      best = dsnot.r2_dsnot(key, **cyc)
       other_gamma = "1e-4" if key == "wanda" else "1e-3"
       one = "grow relative only" if key == "wanda" else "prune relative only"
       variants = {"best": best, "p=1": best._replace(p=1.0), "p=inf": best._replace(p=np.inf),
@@ -255,7 +260,8 @@ def _runs(study: str, opts: dict) -> list[tuple[str, str, dict, int]]:
 def _defaults(opts: dict) -> dict:
   toy = opts["model"] == "shakespeare"
   fill = {"nsamples": 64 if toy else 128, "seq_len": 128 if toy else 2048,
-          "eval_tokens": 131072 if toy else 0}
+          "eval_tokens": 131072 if toy else 0,
+          "dsnot_cycles": -(-50 * opts["hidden"] // 4096) if toy else 50}
   opts = {**opts, **{k: v for k, v in fill.items() if opts[k] is None}}
   refines = opts["study"] in ("table65", "tableE4")
   if opts["paper_model"] == "auto":
@@ -282,7 +288,8 @@ def _run(cfg: Config, opts: dict) -> dict:
         f"hidden {source.config.hidden_size}); text: {text}; calibration {len(calib)}×"
         f"{opts['seq_len']} tokens, seed 0; evaluation {len(windows)} windows of "
         f"{opts['seq_len']} (stride = length); block-sequential calibration; unstructured "
-        f"comparison group {opts['group']}; N:M along the inputs")
+        f"comparison group {opts['group']}; N:M along the inputs; DSnoT ≤ "
+        f"{opts['dsnot_cycles']} cycles, error × {opts['seq_len']} vs threshold 0.1")
   dense = SQ.perplexity(source, windows)
   rows = [{"method": "Dense", "setting": "-", "ppl": dense, "s.e.": None,
            "recon error": 0.0, f"paper ({opts['paper_model']})": _DENSE[col]}]
@@ -308,7 +315,8 @@ def _run(cfg: Config, opts: dict) -> dict:
              "paper": {f"{m} / {s}": v for (m, s), v in PAPER[study].items()},
              "protocol": {"nsamples": len(calib), "seq_len": opts["seq_len"],
                           "eval_windows": len(windows), "calibration_seed": 0,
-                          "calibration": "block-sequential", "group": opts["group"]}}
+                          "calibration": "block-sequential", "group": opts["group"],
+                          "dsnot_cycles": opts["dsnot_cycles"]}}
   out = save_results(cfg, NAME, results)
   png = _plot(rows, os.path.join(output_dir(cfg, NAME), f"{NAME}_{study}.png"),
               f"{study}: perplexity after pruning ({'Shakespeare LM' if training else path})")
