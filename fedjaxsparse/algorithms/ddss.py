@@ -1,0 +1,237 @@
+"""Distributed dynamic safe screening inside variance-reduced proximal SGD (seed 004, Task 1,
+Algorithms 1-6, l. 326-473; spec ``seed004.md`` §1.3-§1.5, §1.7, §1.9).
+
+One ``step`` is one **outer iteration** s: a full pass computes ``∇F(x⁰)`` and ``ρ⁰`` at the
+snapshot, the gap-safe test (:mod:`fedjaxsparse.screening`) shrinks the active blocks, then
+``inner_steps`` stochastic proximal updates run, ``workers`` at a time in one ``vmap``:
+
+* ``estimator="sgd"`` (the Naive variants, Alg. 1-3): ``v = a_i f_i'(a_iᵀx̂)``;
+* ``"svrg"`` (3-5): ``v = a_i(f_i'(a_iᵀx̂) − ρ⁰_i) + ∇F(x⁰)`` (dense);
+* ``"sparse_svrg"`` (3-6): ``v = a_i(f_i'(a_iᵀx̂) − ρ⁰_i) + D_i ∇F(x⁰)``, ``[D_i]_jj = n/n_j`` on
+  supp(a_i) (``n_j`` = samples touching column j), supported on supp(a_i);
+* ``prox="dense"``: the server applies ``x ← prox_{ηλΩ}(x − ηv)`` on every active coordinate,
+  one worker's v after another (Alg. 1-2); ``prox="sparse"``: each worker sends
+  ``δ = prox_{ηλφ_i}(x̂ − ηv) − x̂`` with ``φ_i = Σ_{j∈supp(a_i)} d_j|x_j|`` and the server only
+  adds (the decoupled prox (3-9)/(3-10), Alg. 4-6).
+
+**Asynchrony is emulated, not timed**: in each tick the ``workers`` updates are computed from the
+same read of x (a staleness of up to ``workers − 1`` updates; ``workers=1`` is the synchronous
+limit that Theorem 1 treats), then applied (scatter-add for ``δ``s, in order for dense proxes).
+The anchor ``ρ⁰`` is cached at the *pre-elimination* snapshot (spec §1.3's anchor-consistency
+fix), so the estimators stay exactly unbiased after coordinates are eliminated.
+
+**Distributed variants** (``shards=``, Alg. 2-3, 5-6): the samples are split over the workers
+and worker k draws from its own shard; ``per_shard_weights=True`` uses ``d^k_j = n_k/n^k_j``
+instead of the paper's global ``d_j`` (with global weights one worker's v is biased unless all
+shards report equally often — the spec's caveat). Communication is counted in floats per
+direction (spec §1.7): snapshot ``p_s`` down and up per worker, the screening result and
+``∇F(x⁰)`` down (the mask as ``p_s/32`` floats), then per inner update the worker's read of x (``p_{s+1}`` floats, dense) down
+and its message (``|supp(a_i) ∩ B|`` values + as many indices) up.
+
+Named configurations: :func:`sha_ddss_naive`, :func:`sha_ddss`, :func:`dis_ddss_naive`,
+:func:`dis_ddss`, and the baseline :func:`prox_asvrg` (Meng et al. 2017: SVRG with a dense prox,
+no screening). Sparse estimators and proxes need singleton blocks (Lasso, ℓ1-logistic).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjaxsparse import screening as SC
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.sparse_rows import SparseRows
+
+ESTIMATORS = ("sgd", "svrg", "sparse_svrg")
+PROXES = ("dense", "sparse")
+
+
+class DDSSState(NamedTuple):
+  """``x [p]`` (eliminated coordinates 0), ``active bool[q]``, counters: ``s`` (outer
+  iterations), ``epochs`` (data passes), ``touched`` (coordinates read or written by the
+  inner updates), ``floats_up`` / ``floats_down`` (communication, per the spec's §1.7)."""
+  x: jax.Array
+  active: jax.Array
+  s: jax.Array
+  epochs: jax.Array
+  touched: jax.Array
+  floats_up: jax.Array
+  floats_down: jax.Array
+
+
+class DDSSInfo(NamedTuple):
+  """At the snapshot of the outer iteration: ``gap``, ``primal``, ``p_active`` (active
+  coordinates after the test), ``radius``."""
+  gap: jax.Array
+  primal: jax.Array
+  p_active: jax.Array
+  radius: jax.Array
+
+
+def column_weights(data: SparseRows, rows: np.ndarray | None = None) -> np.ndarray:
+  """``d_j = m / m_j`` over the samples ``rows`` (default all; m = their count, m_j = how many
+  of them touch column j), 0 for untouched columns. ``E_i D_i = I`` on touched columns."""
+  idx, val = np.asarray(data.idx), np.asarray(data.val)
+  if rows is not None:
+    idx, val = idx[rows], val[rows]
+  counts = np.bincount(idx[val != 0], minlength=data.p).astype(float)
+  return np.where(counts > 0, len(idx) / np.maximum(counts, 1), 0.0)
+
+
+def sample_update(prob: SC.Problem, data: SparseRows, x: jax.Array, i: jax.Array,
+                  active_c: jax.Array, rho0: jax.Array, g0: jax.Array, d: jax.Array,
+                  eta: jax.Array, estimator: str, prox: str):
+  """Sample i's message from the read ``x``: ``(coords int[k], δ [k], support)`` for the sparse
+  prox, or ``(coords, v [p], support)`` (the dense direction) for the dense prox; ``active_c``
+  the active coordinates, ``rho0``/``g0`` the snapshot's ``ρ⁰ [n]`` and ``∇F(x⁰)`` (0 off the
+  active set), ``d [p]`` the column weights."""
+  p = x.shape[0]
+  idx, val = data.idx[i], data.val[i]
+  on = (val != 0) & active_c[idx]
+  z = jnp.sum(jnp.where(on, val * x[idx], 0.0))
+  rho = SC.deriv(prob.loss, z, data.b[i])
+  coef = rho if estimator == "sgd" else rho - rho0[i]
+  support = jnp.sum(on)
+  if prox == "sparse":
+    v = jnp.where(on, val * coef, 0.0)
+    if estimator == "sparse_svrg":
+      v = v + jnp.where(on, d[idx] * g0[idx], 0.0)
+    u = x[idx] - eta * v
+    thr = eta * prob.lam * d[idx] * prob.weights[prob.block[idx]]
+    new = jnp.sign(u) * jnp.maximum(jnp.abs(u) - thr, 0.0)
+    return idx, jnp.where(on, new - x[idx], 0.0), support
+  v = jnp.zeros(p, x.dtype).at[idx].add(jnp.where(on, val * coef, 0.0))
+  if estimator == "svrg":
+    v = v + g0
+  elif estimator == "sparse_svrg":
+    v = v + jnp.zeros(p, x.dtype).at[idx].add(jnp.where(on, d[idx] * g0[idx], 0.0))
+  return idx, v, support
+
+
+def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int = 1,
+         estimator: str = "sparse_svrg", prox: str = "sparse", screening: bool = True,
+         radius: str = "safe", shards: int | None = None, per_shard_weights: bool = False,
+         data: SparseRows | None = None) -> Algorithm:
+  """The general configuration (see the module docstring). ``data`` is needed up front for the
+  sparse weights ``d`` (host-side counts); ``shards`` = number of workers holding disjoint
+  sample shards (None: shared memory, every worker samples all n)."""
+  if estimator not in ESTIMATORS:
+    raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}.")
+  if prox not in PROXES:
+    raise ValueError(f"prox must be one of {PROXES}, got {prox!r}.")
+  if not step_size > 0 or inner_steps < 1 or workers < 1:
+    raise ValueError("step_size must be > 0, inner_steps >= 1 and workers >= 1, got "
+                     f"{step_size!r}, {inner_steps!r}, {workers!r}.")
+  if inner_steps % workers:
+    raise ValueError(f"inner_steps ({inner_steps}) must be a multiple of workers ({workers}).")
+  if shards is not None and shards != workers:
+    raise ValueError(f"shards must equal workers (one shard per worker), got {shards}.")
+  if prox == "sparse" and estimator == "svrg":
+    raise ValueError("prox='sparse' needs estimator 'sparse_svrg' or 'sgd' (a dense anchor "
+                     "gradient would touch every coordinate).")
+  sparse = estimator == "sparse_svrg" or prox == "sparse"
+  singleton = int(prob.num_blocks) == int(prob.block.shape[0]) and bool(
+      np.all(np.asarray(prob.block) == np.arange(prob.block.shape[0])))
+  if sparse and not singleton:
+    raise ValueError("sparse estimators / proxes need singleton blocks (Lasso, l1-logistic).")
+  if data is None:
+    raise ValueError("data is needed to build the algorithm (column weights, shards).")
+  n, p = data.n, data.p
+  dtype = data.val.dtype
+  if shards is None:
+    shard_rows = np.tile(np.arange(n), (workers, 1))
+    shard_n = np.full(workers, n)
+    d = np.tile(column_weights(data), (workers, 1))
+  else:
+    parts = np.array_split(np.arange(n), shards)
+    m = max(len(r) for r in parts)
+    shard_rows = np.stack([np.pad(r, (0, m - len(r))) for r in parts])
+    shard_n = np.array([len(r) for r in parts])
+    d = np.stack([column_weights(data, r) * (1.0 if per_shard_weights else 0.0)
+                  + (0.0 if per_shard_weights else 1.0) * column_weights(data) for r in parts])
+  shard_rows, shard_n = jnp.asarray(shard_rows, jnp.int32), jnp.asarray(shard_n, jnp.int32)
+  d = jnp.asarray(d, dtype)
+  eta = jnp.asarray(step_size, dtype)
+  ticks = inner_steps // workers
+  distributed = shards is not None
+
+  def init(key, x_init, data):
+    del key
+    x = jnp.asarray(x_init, dtype)
+    z = jnp.zeros((), dtype)
+    return DDSSState(x, jnp.ones(prob.num_blocks, bool), jnp.zeros((), jnp.int32), z, z, z, z)
+
+  def worker_update(x, key, k, active_c, rho0, g0, data):
+    i = shard_rows[k, jax.random.randint(key, (), 0, shard_n[k])]
+    return sample_update(prob, data, x, i, active_c, rho0, g0, d[k], eta, estimator, prox)
+
+  def step(key, state, data):
+    act = state.active
+    if screening:
+      res = SC.screen(prob, data, state.x, act, radius)
+      act = res.active
+    else:
+      res = SC.screen(prob, data, state.x, act, radius)._replace(active=act)
+    mask = SC.coordinate_mask(prob, act)
+    x0 = state.x * mask
+    rho0, g0 = res.rho, res.grad * mask
+    p_s = jnp.sum(SC.coordinate_mask(prob, state.active)).astype(dtype)
+    p_next = jnp.sum(mask).astype(dtype)
+
+    def tick(t, carry):
+      x, touched, up, down = carry
+      keys = jax.random.split(jax.random.fold_in(key, t), workers)
+      idx, msg, support = jax.vmap(
+          lambda kk, k: worker_update(x, kk, k, mask, rho0, g0, data))(keys, jnp.arange(workers))
+      if prox == "sparse":
+        x = x.at[idx.ravel()].add(msg.ravel())
+        touched = touched + jnp.sum(support)
+      else:
+        def apply(xc, v):
+          return SC.prox(prob, xc - eta * v, eta) * mask, None
+        x, _ = jax.lax.scan(apply, x, msg)
+        touched = touched + workers * p_next
+      up = up + 2.0 * jnp.sum(support)          # values + indices of δ (or of v)
+      down = down + workers * p_next            # each worker reads the active x
+      return x, touched, up, down
+
+    x, touched, up, down = jax.lax.fori_loop(
+        0, ticks, tick, (x0, state.touched, state.floats_up, state.floats_down))
+    if distributed:  # snapshot x⁰ down and ∇F^k up per worker; B_{s+1} and ∇F(x⁰) down
+      up = up + workers * p_s
+      down = down + workers * (p_s + p_s / 32.0 + p_next)
+    new = DDSSState(x, act, state.s + 1, state.epochs + 1.0 + inner_steps / n,
+                    touched, up, down)
+    return new, DDSSInfo(res.gap, res.primal, p_next, res.radius)
+
+  return Algorithm(init, step)
+
+
+def sha_ddss_naive(prob, data, **kw) -> Algorithm:
+  """Alg. 1: prox-SGD with the dense prox on the screened active set."""
+  return ddss(prob, data=data, estimator="sgd", prox="dense", **kw)
+
+
+def sha_ddss(prob, data, **kw) -> Algorithm:
+  """Alg. 4: the sparse variance-reduced estimator (3-6) and the decoupled sparse prox."""
+  return ddss(prob, data=data, estimator="sparse_svrg", prox="sparse", **kw)
+
+
+def dis_ddss_naive(prob, data, workers: int = 8, **kw) -> Algorithm:
+  """Alg. 2-3: the parameter-server Naive variant (samples sharded over the workers)."""
+  return ddss(prob, data=data, estimator="sgd", prox="dense", workers=workers, shards=workers,
+              **kw)
+
+
+def dis_ddss(prob, data, workers: int = 8, **kw) -> Algorithm:
+  """Alg. 5-6: workers send sparse δ's computed with (3-6) and the sparse prox; the server
+  adds."""
+  return ddss(prob, data=data, estimator="sparse_svrg", prox="sparse", workers=workers,
+              shards=workers, **kw)
+
+
+def prox_asvrg(prob, data, **kw) -> Algorithm:
+  """The baseline ProxASVRG (Meng et al., AAAI 2017): SVRG with a dense prox, no screening."""
+  return ddss(prob, data=data, estimator="svrg", prox="dense", screening=False, **kw)

@@ -1,0 +1,195 @@
+"""DDSS (fedjaxsparse.algorithms.ddss; seed 004 Task 1, spec §1.8 T5, T7-T12): the estimators'
+unbiasedness by exact enumeration over the samples (also after eliminations, thanks to the
+cached anchor), E D_i = I and E φ_i = Ω, the fixed point at x*, vanishing variance of the VR
+estimators, Theorem 1's linear rate, finite identification of the equicorrelation set, safe
+and monotone active sets along runs, and ProxASVRG = a plain numpy Prox-SVRG loop."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjaxsparse import screening as SC
+from fedjaxsparse.algorithms import ddss as DD
+from fedjaxsparse.data import sparse_rows as SR
+
+from test_screening import _fista  # the certified float64 reference optimum
+
+
+@pytest.fixture(autouse=True)
+def x64():
+  with jax.enable_x64(True):
+    yield
+
+
+def _sparse_instance(n=40, p=15, density=0.3, seed=0):
+  rng = np.random.default_rng(seed)
+  a = rng.standard_normal((n, p)) * (rng.uniform(size=(n, p)) < density)
+  a[np.arange(n), rng.integers(0, p, n)] += 1.0  # every row touches something
+  x_true = np.zeros(p)
+  x_true[:3] = [1.5, -2.0, 1.0]
+  return a, a @ x_true + 0.3 * rng.standard_normal(n)
+
+
+def _snapshot(prob, data, x0, active):
+  res = SC.screen(prob, data, jnp.asarray(x0), active)
+  mask = SC.coordinate_mask(prob, active)
+  return res.rho, res.grad * mask, mask
+
+
+@pytest.mark.parametrize("estimator", ["svrg", "sparse_svrg"])
+def test_estimators_are_unbiased_by_enumeration_even_after_elimination(estimator):
+  a, b = _sparse_instance()
+  data = SR.from_dense(a, b)
+  prob = SC.make_problem(data, 0.2 * SC.lambda_max(data))
+  rng = np.random.default_rng(1)
+  x0 = rng.standard_normal(15)                   # the snapshot, before elimination
+  active = jnp.asarray(rng.uniform(size=15) > 0.3)  # some coordinates eliminated
+  rho0, g_full, _ = _snapshot(prob, data, x0, jnp.ones(15, bool))  # anchor at the full x⁰
+  mask = SC.coordinate_mask(prob, active)
+  g0 = g_full * mask
+  x_hat = jnp.asarray(rng.standard_normal(15)) * mask
+  d = jnp.asarray(DD.column_weights(data))
+  vs = [DD.sample_update(prob, data, x_hat, i, mask, rho0, g0, d, 0.1, estimator, "dense")[1]
+        for i in range(data.n)]
+  want = SR.rmatvec(data, SC.deriv("squared", SR.matvec(data, x_hat), data.b)) / data.n
+  np.testing.assert_allclose(np.mean(vs, 0), np.asarray(want) * np.asarray(mask), atol=1e-12)
+
+
+def test_column_weights_and_sparse_regulariser_are_unbiased():
+  a, b = _sparse_instance(seed=2)
+  data = SR.from_dense(a, b)
+  d = DD.column_weights(data)
+  touch = a != 0
+  np.testing.assert_allclose((touch * d).mean(0), (touch.sum(0) > 0).astype(float))  # E D_i = I
+  x = np.random.default_rng(3).standard_normal(15)
+  phi = [(touch[i] * d * np.abs(x)).sum() for i in range(40)]
+  assert np.mean(phi) == pytest.approx(np.abs(x)[touch.any(0)].sum(), rel=1e-12)  # E φ_i = Ω
+  rows = np.arange(10, 30)
+  dk = DD.column_weights(data, rows)
+  np.testing.assert_allclose((touch[rows] * dk).mean(0), (touch[rows].sum(0) > 0) * 1.0)
+
+
+def test_fixed_point_and_vanishing_variance_at_the_optimum():
+  """T8: at x̂ = x⁰ = x* every sparse-prox message δ_i is 0. T9: at x̂ = x⁰ the SVRG directions
+  all equal ∇F(x⁰) (variance 0) while SGD's do not."""
+  a, b = _sparse_instance(seed=4)
+  data = SR.from_dense(a, b)
+  lam = 0.2 * SC.lambda_max(data)
+  prob = SC.make_problem(data, lam)
+  x_star, gap = _fista(a, b, lam, "squared")
+  assert gap < 1e-10
+  active = jnp.ones(15, bool)
+  rho0, g0, mask = _snapshot(prob, data, x_star, active)
+  d = jnp.asarray(DD.column_weights(data))
+  xs = jnp.asarray(x_star)
+  for i in range(data.n):
+    _, delta, _ = DD.sample_update(prob, data, xs, i, mask, rho0, g0, d, 0.05, "sparse_svrg",
+                                   "sparse")
+    assert np.abs(np.asarray(delta)).max() < 1e-9
+  svrg = [DD.sample_update(prob, data, xs, i, mask, rho0, g0, d, 0.05, "svrg", "dense")[1]
+          for i in range(data.n)]
+  sgd = [DD.sample_update(prob, data, xs, i, mask, rho0, g0, d, 0.05, "sgd", "dense")[1]
+         for i in range(data.n)]
+  assert np.var(np.asarray(svrg), 0).sum() < 1e-20
+  assert np.var(np.asarray(sgd), 0).sum() > 1e-2
+
+
+def test_prox_asvrg_equals_a_numpy_prox_svrg_loop():
+  """T12: no screening, dense prox, SVRG = Xiao & Zhang's Prox-SVRG, on the same sample
+  draws (workers=1)."""
+  a, b = _sparse_instance(seed=5)
+  data = SR.from_dense(a, b)
+  lam = 0.1 * SC.lambda_max(data)
+  prob = SC.make_problem(data, lam)
+  eta, k_in = 0.05, 30
+  algo = DD.prox_asvrg(prob, data, step_size=eta, inner_steps=k_in)
+  st = algo.init(None, np.zeros(15), data)
+  keys = [jax.random.key(7), jax.random.key(8)]
+  for key in keys:
+    st, _ = jax.jit(algo.step)(key, st, data)
+  x = np.zeros(15)
+  for key in keys:
+    x0 = x.copy()
+    rho0 = a @ x0 - b
+    g0 = a.T @ rho0 / 40
+    for t in range(k_in):
+      kk = jax.random.split(jax.random.fold_in(key, t), 1)[0]
+      i = int(jax.random.randint(kk, (), 0, 40))
+      v = a[i] * ((a[i] @ x - b[i]) - rho0[i]) + g0
+      u = x - eta * v
+      x = np.sign(u) * np.maximum(np.abs(u) - eta * lam, 0)
+  np.testing.assert_allclose(np.asarray(st.x), x, rtol=1e-10, atol=1e-12)
+
+
+def test_runs_screen_safely_monotonically_and_identify_the_support():
+  """T4/T5/T11 along runs: active sets only shrink, never drop a feature of x*, and Sha-DDSS
+  ends with exactly the equicorrelation set; the Naive and distributed variants run too."""
+  a, b = _sparse_instance(n=200, p=40, density=0.2, seed=6)
+  data = SR.from_dense(a, b)
+  lam = 0.3 * SC.lambda_max(data)
+  prob = SC.make_problem(data, lam)
+  x_star, _ = _fista(a, b, lam, "squared")
+  y_star = b - a @ x_star
+  equi = np.abs(a.T @ y_star) >= 200 * lam * (1 - 1e-9)
+  nonzero = np.abs(x_star) > 1e-9
+  L = float(np.max((a ** 2).sum(1)))
+  for name, make in (("sha", DD.sha_ddss), ("naive", DD.sha_ddss_naive), ("dis", DD.dis_ddss)):
+    kw = {"workers": 4} if name == "dis" else {}
+    algo = make(prob, data, step_size=0.5 / L, inner_steps=400, **kw)
+    st = algo.init(None, np.zeros(40), data)
+    step = jax.jit(algo.step)
+    prev = np.ones(40, bool)
+    for s in range(40):
+      st, info = step(jax.random.key(s), st, data)
+      act = np.asarray(st.active)
+      assert not np.any(act & ~prev)             # monotone
+      assert not np.any(~act & nonzero)          # safe
+      prev = act
+    if name == "sha":
+      np.testing.assert_array_equal(act, equi)   # finite identification
+      assert float(info.gap) < 1e-9
+  assert float(st.floats_up) > 0 and float(st.epochs) == pytest.approx(40 * (1 + 400 / 200))
+
+
+def test_theorem_1_linear_rate_with_one_worker():
+  """T10: one worker (τ = 0), η = min(1/(24κL), 1/(2μ)), K = ⌈4 log 3/(ημ)⌉: the mean over 20
+  seeds of ‖x_S − x*‖²/‖x_0 − x*‖² is at most (2/3)^S (a strongly convex Lasso: n ≫ p, unit
+  rows so Assumption 2's L = 1)."""
+  rng = np.random.default_rng(9)
+  a = rng.standard_normal((400, 5))
+  a /= np.linalg.norm(a, axis=1, keepdims=True)
+  b = a @ np.array([1.0, -1.0, 0.0, 0.5, 0.0]) + 0.05 * rng.standard_normal(400)
+  data = SR.from_dense(a, b)
+  lam = 0.1 * SC.lambda_max(data)
+  prob = SC.make_problem(data, lam)
+  mu = float(np.linalg.eigvalsh(a.T @ a / 400)[0])
+  L, kappa = 1.0, 1.0 / mu
+  eta = min(1 / (24 * kappa * L), 1 / (2 * mu))
+  k_in = int(np.ceil(4 * np.log(3) / (eta * mu)))
+  x_star, _ = _fista(a, b, lam, "squared")
+  algo = DD.sha_ddss(prob, data, step_size=eta, inner_steps=k_in)
+  x_init = np.zeros(5)
+
+  def run(key):
+    st = algo.init(None, x_init, data)
+    st, _ = jax.lax.scan(lambda c, k: algo.step(k, c, data), st, jax.random.split(key, 3))
+    return st.x
+
+  xs = jax.jit(jax.vmap(run))(jax.random.split(jax.random.key(0), 20))
+  ratio = np.mean(np.sum((np.asarray(xs) - x_star) ** 2, 1)) / np.sum(x_star ** 2)
+  assert ratio <= (2 / 3) ** 3
+
+
+def test_bad_configurations_are_named():
+  a, b = _sparse_instance()
+  data = SR.from_dense(a, b)
+  prob = SC.make_problem(data, 0.1)
+  with pytest.raises(ValueError, match="estimator"):
+    DD.ddss(prob, data=data, step_size=0.1, inner_steps=4, estimator="saga2")
+  with pytest.raises(ValueError, match="multiple of workers"):
+    DD.ddss(prob, data=data, step_size=0.1, inner_steps=5, workers=2)
+  with pytest.raises(ValueError, match="prox='sparse'"):
+    DD.ddss(prob, data=data, step_size=0.1, inner_steps=4, estimator="svrg", prox="sparse")
+  grouped = SC.make_problem(data, 0.1, block=np.arange(15) // 3)
+  with pytest.raises(ValueError, match="singleton"):
+    DD.sha_ddss(grouped, data, step_size=0.1, inner_steps=4)
