@@ -236,3 +236,19 @@ def test_padded_rows_match_the_dense_products():
   planted, x_true = SR.planted(n=500, p=2000, density=2e-3, support=10, seed=0)
   assert planted.idx.shape[0] == 500 and np.count_nonzero(x_true) == 10
   assert int(np.min(planted.nnz_rows)) >= 1
+
+
+def test_libsvm_file_is_read_sparse(tmp_path):
+  """A LIBSVM file in the real format becomes padded rows without densifying; labels {0, 1}
+  map to {−1, +1}; the products equal scikit-learn's sparse reader's."""
+  from sklearn.datasets import load_svmlight_file
+  path = tmp_path / "tiny.svm"
+  path.write_text("1 3:0.5 100000:2.0\n0 1:1.5\n1 7:-1 8:1 9:1 # comment\n")
+  data = SR.from_libsvm(str(path))
+  assert data.p == 100000 and data.idx.shape == (3, 3)
+  np.testing.assert_array_equal(data.b, [1.0, -1.0, 1.0])
+  x, _ = load_svmlight_file(str(path))
+  v = np.random.default_rng(0).standard_normal(100000)
+  np.testing.assert_allclose(SR.matvec(data, jnp.asarray(v)), x @ v, rtol=1e-12)
+  with pytest.raises(FileNotFoundError, match="LIBSVM"):
+    SR.from_libsvm(str(tmp_path / "missing.svm"))

@@ -86,8 +86,9 @@ def _first_bad_line(path: str) -> DataError | None:
   return None
 
 
-def load_arrays(path: str, num_features: int | None = None):
-  """``(x float32 [n, d] dense, y int32 [n] in 0..C−1)`` of one svmlight file.
+def load_sparse(path: str, num_features: int | None = None):
+  """``(x scipy.sparse.csr_matrix float64 [n, d], y float64 [n])`` of one svmlight file, kept
+  sparse (KDD2010- or Avazu-sized files fit in memory only this way) with the raw labels.
 
   Raises DataError naming the first malformed line (or the file, if it holds no examples).
   """
@@ -95,8 +96,8 @@ def load_arrays(path: str, num_features: int | None = None):
   if not path or not os.path.exists(path):
     raise FileNotFoundError(
         f"LIBSVM file {path!r} not found. Download it from the LIBSVM datasets page "
-        "(binary classification: a9a, w8a, mushrooms, phishing, ...) and pass its path "
-        "(CLI: --data-dir PATH).")
+        "(binary classification: a9a, w8a, rcv1, real-sim, kdd2010, avazu, ...) and pass its "
+        "path (CLI: --data-dir PATH).")
   try:
     x, y = load_svmlight_file(path, n_features=num_features)
   except ValueError as e:
@@ -110,6 +111,13 @@ def load_arrays(path: str, num_features: int | None = None):
       empty = not f.read(1)
     raise DataError(f"{path}: no examples (the file is "
                     + ("empty)" if empty else "all comments and blank lines)"))
+  return x.tocsr(), y
+
+
+def load_arrays(path: str, num_features: int | None = None):
+  """``(x float32 [n, d] dense, y int32 [n] in 0..C−1)`` of one svmlight file (see
+  :func:`load_sparse` for the checks)."""
+  x, y = load_sparse(path, num_features)
   _, y = np.unique(y, return_inverse=True)
   return np.asarray(x.todense(), np.float32), y.astype(np.int32)
 

@@ -53,6 +53,24 @@ def from_scipy(a, b, dtype=np.float64) -> SparseRows:
                     jnp.asarray(col_sq), jnp.asarray(counts.astype(np.int32)))
 
 
+def from_libsvm(path: str, task: str = "classification", num_features: int | None = None,
+                dtype=np.float64) -> SparseRows:
+  """A LIBSVM / svmlight file kept sparse (:func:`fedjaxsparse.data.libsvm.load_sparse`):
+  ``task="classification"`` maps two classes to b ∈ {−1, +1} (the larger label is +1);
+  ``"regression"`` keeps the labels."""
+  from fedjaxsparse.data.libsvm import load_sparse
+  from fedjaxsparse.errors import DataError
+  x, y = load_sparse(path, num_features)
+  if task == "classification":
+    classes = np.unique(y)
+    if classes.size != 2:
+      raise DataError(f"{path}: a binary problem needs 2 classes, found {classes.size}.")
+    y = np.where(y == classes[1], 1.0, -1.0)
+  elif task != "regression":
+    raise ValueError(f"task must be 'classification' or 'regression', got {task!r}.")
+  return from_scipy(x, y, dtype)
+
+
 def from_dense(a: np.ndarray, b: np.ndarray, dtype=np.float64) -> SparseRows:
   import scipy.sparse as sp
   return from_scipy(sp.csr_matrix(np.asarray(a, dtype)), b, dtype)
