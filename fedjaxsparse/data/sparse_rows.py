@@ -115,3 +115,28 @@ def planted(n: int = 10_000, p: int = 100_000, density: float = 1e-3, support: i
   elif task != "regression":
     raise ValueError(f"task must be 'regression' or 'classification', got {task!r}.")
   return from_scipy(a, z, dtype), x_true
+
+
+class SparseCols(NamedTuple):
+  """The same matrix by columns (padded CSC), for coordinate descent: ``rows int32[p, m]``,
+  ``val float[p, m]`` (padding: row 0, value 0)."""
+  rows: jax.Array
+  val: jax.Array
+
+
+def columns(data: SparseRows) -> SparseCols:
+  """The padded-CSC view of ``data`` (built on the host)."""
+  import scipy.sparse as sp
+  idx, val = np.asarray(data.idx), np.asarray(data.val)
+  r = np.repeat(np.arange(data.n), idx.shape[1])
+  a = sp.csc_matrix((val.ravel(), (r, idx.ravel())), shape=(data.n, data.p))
+  a.eliminate_zeros()
+  counts = np.diff(a.indptr)
+  m = max(1, int(counts.max(initial=0)))
+  rows = np.zeros((data.p, m), np.int32)
+  vals = np.zeros((data.p, m), val.dtype)
+  pos = np.arange(a.nnz) - np.repeat(a.indptr[:-1], counts)
+  cols = np.repeat(np.arange(data.p), counts)
+  rows[cols, pos] = a.indices
+  vals[cols, pos] = a.data
+  return SparseCols(jnp.asarray(rows), jnp.asarray(vals))

@@ -1,0 +1,159 @@
+"""The baselines of seed 004's Task 1 (l. 257-265, 498-500; spec ``seed004.md`` §1.5) — not
+specified in the dissertation beyond a name and a citation, so built from the cited works:
+
+* **ProxASAGA** (Pedregosa, Leblond & Lacoste-Julien, NeurIPS 2017): asynchronous sparse
+  proximal SAGA — a table ``α_i = f_i'(a_iᵀx)`` of the last derivative seen per sample and
+  ``ᾱ = (1/n) Σ α_i a_i``; sample i sends ``δ = prox_{ηλφ_i}(x̂ − η v) − x̂`` with
+  ``v = a_i(f_i'(a_iᵀx̂) − α_i) + D_i ᾱ`` — DDSS's sparse estimator with the table in place of
+  the snapshot (it reuses :func:`fedjaxsparse.algorithms.ddss.sample_update`), no screening;
+* **PSE-Safe / PSE-Strong** (Li et al., KDD 2016, the dissertation's ref. [62]): static
+  screening once, before optimisation, with the SAFE rule (El Ghaoui et al.
+  2012: drop j if ``|a_jᵀb| < nλ − ‖a_j‖‖b‖(λ_max − λ)/λ_max``, safe) or the basic strong rule
+  (Tibshirani et al. 2012: drop j if ``|a_jᵀb| < n(2λ − λ_max)``, **not safe**), then
+  asynchronous grouped coordinate descent on the kept features (assumed form, spec §1.5:
+  ``x_j ← soft(x_j − a_jᵀ(Ax − b)/‖a_j‖², nλ/‖a_j‖²)``; ``workers`` coordinates per tick from
+  the same read). Lasso only.
+
+Both follow the ``Algorithm`` interface of :mod:`fedjaxsparse.algorithms.ddss` (one ``step`` =
+``inner_steps`` updates) and report the same counters and ``DDSSInfo``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjaxsparse import screening as SC
+from fedjaxsparse.algorithms.ddss import DDSSInfo, column_weights, sample_update
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.sparse_rows import SparseRows, columns, matvec, rmatvec
+
+PSE_RULES = ("safe", "strong")
+
+
+class SAGAState(NamedTuple):
+  x: jax.Array
+  alpha: jax.Array      # [n] last derivative per sample
+  alpha_bar: jax.Array  # [p] (1/n) Σ α_i a_i
+  epochs: jax.Array
+  touched: jax.Array
+
+
+def _info(prob, data, x, active):
+  res = SC.screen(prob, data, x, active)
+  return DDSSInfo(res.gap, res.primal, jnp.sum(SC.coordinate_mask(prob, active)), res.radius)
+
+
+def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_steps: int,
+               workers: int = 1) -> Algorithm:
+  """ProxASAGA; ``info`` is measured at the iterate at the start of each step (no screening:
+  ``p_active`` stays p)."""
+  if inner_steps % workers or not step_size > 0:
+    raise ValueError("inner_steps must be a multiple of workers and step_size > 0.")
+  d = jnp.asarray(column_weights(data), data.val.dtype)
+  eta = jnp.asarray(step_size, data.val.dtype)
+  n = data.n
+  every = jnp.ones(data.p, bool)
+
+  def init(key, x_init, data):
+    del key
+    x = jnp.asarray(x_init, data.val.dtype)
+    alpha = SC.deriv(prob.loss, matvec(data, x), data.b)
+    z = jnp.zeros((), data.val.dtype)
+    return SAGAState(x, alpha, rmatvec(data, alpha) / n, z + 1.0, z)
+
+  def step(key, state, data):
+    info = _info(prob, data, state.x, jnp.ones(prob.num_blocks, bool))
+
+    def tick(t, st):
+      x, alpha, abar, touched = st
+      ii = jax.random.randint(jax.random.fold_in(key, t), (workers,), 0, n)
+      idx, delta, support = jax.vmap(lambda i: sample_update(
+          prob, data, x, i, every, alpha, abar, d, eta, "sparse_svrg", "sparse"))(ii)
+      new_alpha = jax.vmap(lambda i: SC.deriv(prob.loss, jnp.sum(data.val[i] * x[data.idx[i]]),
+                                              data.b[i]))(ii)
+      change = (new_alpha - alpha[ii])[:, None] * data.val[ii] / n
+      abar = abar.at[data.idx[ii].ravel()].add(change.ravel())
+      return (x.at[idx.ravel()].add(delta.ravel()), alpha.at[ii].set(new_alpha), abar,
+              touched + jnp.sum(support))
+
+    x, alpha, abar, touched = jax.lax.fori_loop(
+        0, inner_steps // workers, tick, (state.x, state.alpha, state.alpha_bar, state.touched))
+    return SAGAState(x, alpha, abar, state.epochs + inner_steps / n, touched), info
+
+  return Algorithm(init, step)
+
+
+class PSEState(NamedTuple):
+  x: jax.Array
+  z: jax.Array       # A x [n]
+  keep: jax.Array    # bool[p], fixed after the one-off screening
+  epochs: jax.Array
+  touched: jax.Array
+
+
+def static_keep(data: SparseRows, lam: float, rule: str) -> np.ndarray:
+  """``bool[p]``: the features a static rule keeps for the Lasso at λ (1/n-normalised)."""
+  if rule not in PSE_RULES:
+    raise ValueError(f"rule must be one of {PSE_RULES}, got {rule!r}.")
+  n = data.n
+  corr = np.abs(np.asarray(rmatvec(data, data.b)))
+  lmax = corr.max() / n
+  if rule == "safe":
+    bound = n * lam - np.sqrt(np.asarray(data.col_sq)) * np.linalg.norm(np.asarray(data.b)) * (
+        lmax - lam) / lmax
+  else:
+    bound = n * (2 * lam - lmax)
+  return corr >= bound
+
+
+def pse(prob: SC.Problem, data: SparseRows, *, rule: str = "safe", inner_steps: int,
+        workers: int = 1) -> Algorithm:
+  """PSE-Safe (``rule="safe"``) or PSE-Strong (``"strong"``) for the Lasso."""
+  if prob.loss != "squared":
+    raise ValueError("PSE is defined for the Lasso (loss='squared') only.")
+  if inner_steps % workers:
+    raise ValueError("inner_steps must be a multiple of workers.")
+  keep0 = static_keep(data, float(prob.lam), rule)
+  cols = columns(data)
+  n = data.n
+  col_sq = data.col_sq
+  kept = jnp.asarray(np.flatnonzero(keep0) if keep0.any() else np.zeros(1, int), jnp.int32)
+  num_kept = int(keep0.sum())
+
+  def init(key, x_init, data):
+    del key
+    x = jnp.asarray(x_init, data.val.dtype) * jnp.asarray(keep0)
+    zero = jnp.zeros((), data.val.dtype)
+    return PSEState(x, matvec(data, x), jnp.asarray(keep0), zero + 1.0, zero)
+
+  def step(key, state, data):
+    info = _info(prob, data, state.x, state.keep)
+    if num_kept == 0:
+      return state, info
+
+    def tick(t, st):
+      x, z, touched = st
+      js = kept[jax.random.randint(jax.random.fold_in(key, t), (workers,), 0, num_kept)]
+
+      def new_coord(j):
+        r, v = cols.rows[j], cols.val[j]
+        g = jnp.sum(v * (z[r] - data.b[r]))
+        c = jnp.where(col_sq[j] > 0, col_sq[j], 1.0)
+        u = x[j] - g / c
+        return jnp.sign(u) * jnp.maximum(jnp.abs(u) - n * prob.lam / c, 0.0)
+
+      new = jax.vmap(new_coord)(js)
+      delta = new - x[js]
+      z = z.at[cols.rows[js].ravel()].add((cols.val[js] * delta[:, None]).ravel())
+      return x.at[js].add(delta), z, touched + jnp.sum(cols.val[js] != 0)
+
+    x, z, touched = jax.lax.fori_loop(0, inner_steps // workers, tick,
+                                      (state.x, state.z, state.touched))
+    # a data pass = nnz(A) entries read: the CD updates' entries count in that unit
+    return PSEState(x, z, state.keep, state.epochs + (touched - state.touched)
+                    / jnp.sum(data.nnz_rows), touched), info
+
+  return Algorithm(init, step)
