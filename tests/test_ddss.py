@@ -193,3 +193,24 @@ def test_bad_configurations_are_named():
   grouped = SC.make_problem(data, 0.1, block=np.arange(15) // 3)
   with pytest.raises(ValueError, match="singleton"):
     DD.sha_ddss(grouped, data, step_size=0.1, inner_steps=4)
+
+
+def test_ddss_lasso_experiment_tiny(tmp_path):
+  import json
+  from fedjaxsparse.cli import main
+  assert main(["run", "ddss_lasso", "--out", str(tmp_path), "--no-progress", "--rounds", "3",
+               "--set", "n=200", "--set", "p=600", "--set", "density=0.01", "--set",
+               "support=5", "--set", "lam_ratio=0.3", "--set", "workers=2", "--set",
+               "worker_sweep=1,2", "--set", "step_grid=0.3,1"]) == 0
+  res = json.load(open(tmp_path / "ddss_lasso" / "results.json"))
+  from fedjaxsparse.experiments.ddss_lasso import METHODS
+  assert [r["method"] for r in res["table"]] == list(METHODS)
+  for name, rec in res["methods"].items():
+    ev = rec["history"]["evals"]
+    assert np.all(np.diff(ev["p_active"]) <= 0) and np.all(np.isfinite(ev["gap"]))
+    if name.startswith("Sha-"):
+      assert ev["floats"][-1] == 0  # shared memory: nothing communicated
+  assert res["methods"]["Dis-DDSS"]["history"]["evals"]["floats"][-1] > 0
+  assert [r["workers"] for r in res["worker_sweep"]] == [1, 2]
+  for png in ("gap_vs_epochs", "gap_vs_touched", "gap_vs_floats", "active"):
+    assert (tmp_path / "ddss_lasso" / f"ddss_lasso_{png}.png").read_bytes()[:4] == b"\x89PNG"

@@ -51,7 +51,8 @@ PROXES = ("dense", "sparse")
 class DDSSState(NamedTuple):
   """``x [p]`` (eliminated coordinates 0), ``active bool[q]``, counters: ``s`` (outer
   iterations), ``epochs`` (data passes), ``touched`` (coordinates read or written by the
-  inner updates), ``floats_up`` / ``floats_down`` (communication, per the spec's §1.7)."""
+  inner updates), ``floats_up`` / ``floats_down`` (communication, per the spec's §1.7; 0 in
+  shared memory)."""
   x: jax.Array
   active: jax.Array
   s: jax.Array
@@ -193,8 +194,9 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
           return SC.prox(prob, xc - eta * v, eta) * mask, None
         x, _ = jax.lax.scan(apply, x, msg)
         touched = touched + workers * p_next
-      up = up + 2.0 * jnp.sum(support)          # values + indices of δ (or of v)
-      down = down + workers * p_next            # each worker reads the active x
+      if distributed:
+        up = up + 2.0 * jnp.sum(support)        # values + indices of δ (or of v)
+        down = down + workers * p_next          # each worker reads the active x
       return x, touched, up, down
 
     x, touched, up, down = jax.lax.fori_loop(
