@@ -14,9 +14,13 @@ snapshot, the gap-safe test (:mod:`fedjaxsparse.screening`) shrinks the active b
   ``δ = prox_{ηλφ_i}(x̂ − ηv) − x̂`` with ``φ_i = Σ_{j∈supp(a_i)} d_j|x_j|`` and the server only
   adds (the decoupled prox (3-9)/(3-10), Alg. 4-6).
 
-**Asynchrony is emulated, not timed**: in each tick the ``workers`` updates are computed from the
-same read of x (a staleness of up to ``workers − 1`` updates; ``workers=1`` is the synchronous
-limit that Theorem 1 treats), then applied (scatter-add for ``δ``s, in order for dense proxes).
+**Asynchrony is emulated, not timed** (it does not reproduce lock-free hardware timing): in each
+tick the ``workers`` updates are computed from reads of x, then applied (scatter-add for
+``δ``s, in order for dense proxes). With ``staleness=0`` every worker reads the current x (a
+delay of up to ``workers − 1`` updates; ``workers=1`` is the synchronous limit that Theorem 1
+treats); with ``staleness=τ`` each worker reads the iterate of a tick drawn uniformly among the
+last τ + 1 (a ring buffer of τ + 1 iterates, (τ + 1)·p memory), i.e. a delay of up to
+``(τ + 1)·workers − 1`` updates — Assumption 3's bounded overlap.
 The anchor ``ρ⁰`` is cached at the *pre-elimination* snapshot (spec §1.3's anchor-consistency
 fix), so the estimators stay exactly unbiased after coordinates are eliminated.
 
@@ -114,7 +118,7 @@ def sample_update(prob: SC.Problem, data: SparseRows, x: jax.Array, i: jax.Array
 def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int = 1,
          estimator: str = "sparse_svrg", prox: str = "sparse", screening: bool = True,
          radius: str = "safe", shards: int | None = None, per_shard_weights: bool = False,
-         data: SparseRows | None = None) -> Algorithm:
+         staleness: int = 0, data: SparseRows | None = None) -> Algorithm:
   """The general configuration (see the module docstring). ``data`` is needed up front for the
   sparse weights ``d`` (host-side counts); ``shards`` = number of workers holding disjoint
   sample shards (None: shared memory, every worker samples all n)."""
@@ -127,6 +131,8 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
                      f"{step_size!r}, {inner_steps!r}, {workers!r}.")
   if inner_steps % workers:
     raise ValueError(f"inner_steps ({inner_steps}) must be a multiple of workers ({workers}).")
+  if staleness < 0:
+    raise ValueError(f"staleness must be >= 0, got {staleness}.")
   if shards is not None and shards != workers:
     raise ValueError(f"shards must equal workers (one shard per worker), got {shards}.")
   if prox == "sparse" and estimator == "svrg":
@@ -182,10 +188,18 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
     p_next = jnp.sum(mask).astype(dtype)
 
     def tick(t, carry):
-      x, touched, up, down = carry
-      keys = jax.random.split(jax.random.fold_in(key, t), workers)
+      x, hist, touched, up, down = carry
+      kt = jax.random.fold_in(key, t)
+      keys = jax.random.split(kt, workers)     # worker k's sample draw
+      if staleness:  # each worker reads the iterate of a uniformly drawn tick ≤ staleness ago
+        lag_key = jax.random.fold_in(kt, workers)
+        lag = jnp.minimum(jax.random.randint(lag_key, (workers,), 0, staleness + 1), t)
+        reads = hist[(t - lag) % (staleness + 1)]
+      else:
+        reads = jnp.broadcast_to(x, (workers,) + x.shape)
       idx, msg, support = jax.vmap(
-          lambda kk, k: worker_update(x, kk, k, mask, rho0, g0, data))(keys, jnp.arange(workers))
+          lambda xr, kk, k: worker_update(xr, kk, k, mask, rho0, g0, data))(
+              reads, keys, jnp.arange(workers))
       if prox == "sparse":
         x = x.at[idx.ravel()].add(msg.ravel())
         touched = touched + jnp.sum(support)
@@ -197,10 +211,13 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
       if distributed:
         up = up + 2.0 * jnp.sum(support)        # values + indices of δ (or of v)
         down = down + workers * p_next          # each worker reads the active x
-      return x, touched, up, down
+      if staleness:
+        hist = hist.at[(t + 1) % (staleness + 1)].set(x)
+      return x, hist, touched, up, down
 
-    x, touched, up, down = jax.lax.fori_loop(
-        0, ticks, tick, (x0, state.touched, state.floats_up, state.floats_down))
+    hist0 = jnp.broadcast_to(x0, (staleness + 1,) + x0.shape) if staleness else jnp.zeros(())
+    x, _, touched, up, down = jax.lax.fori_loop(
+        0, ticks, tick, (x0, hist0, state.touched, state.floats_up, state.floats_down))
     if distributed:  # snapshot x⁰ down and ∇F^k up per worker; B_{s+1} and ∇F(x⁰) down
       up = up + workers * p_s
       down = down + workers * (p_s + p_s / 32.0 + p_next)
