@@ -252,3 +252,22 @@ def test_libsvm_file_is_read_sparse(tmp_path):
   np.testing.assert_allclose(SR.matvec(data, jnp.asarray(v)), x @ v, rtol=1e-12)
   with pytest.raises(FileNotFoundError, match="LIBSVM"):
     SR.from_libsvm(str(tmp_path / "missing.svm"))
+
+
+def test_elastic_net_is_an_exact_augmented_lasso():
+  """The augmented Lasso's objective is n/ñ times the elastic net's at every x, and its
+  gap-safe test is safe for the elastic-net optimum."""
+  a, b = _lasso_instance(80, 20, 8)
+  data = SR.from_dense(a, b)
+  lam, l2 = 0.2 * SC.lambda_max(data), 0.05
+  aug, lam_t = SC.elastic_net(data, lam, l2)
+  prob = SC.make_problem(aug, lam_t)
+  x = np.random.default_rng(0).standard_normal(20)
+  enet = np.sum((b - a @ x) ** 2) / 160 + l2 / 2 * x @ x + lam * np.abs(x).sum()
+  assert float(SC.primal(prob, aug, jnp.asarray(x))) == pytest.approx(enet * 80 / 100, rel=1e-12)
+  a_aug = np.vstack([a, np.sqrt(80 * l2) * np.eye(20)])
+  b_aug = np.concatenate([b, np.zeros(20)])
+  bad, elim, x_star = _check_safe(a_aug, b_aug, lam_t, "squared", _path(2))
+  assert bad == 0 and elim > 0
+  with pytest.raises(ValueError, match="l2"):
+    SC.elastic_net(data, lam, 0.0)
