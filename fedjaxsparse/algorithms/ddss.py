@@ -118,10 +118,14 @@ def sample_update(prob: SC.Problem, data: SparseRows, x: jax.Array, i: jax.Array
 def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int = 1,
          estimator: str = "sparse_svrg", prox: str = "sparse", screening: bool = True,
          radius: str = "safe", shards: int | None = None, per_shard_weights: bool = False,
-         staleness: int = 0, data: SparseRows | None = None) -> Algorithm:
+         staleness: int = 0, mesh=None, data: SparseRows | None = None) -> Algorithm:
   """The general configuration (see the module docstring). ``data`` is needed up front for the
   sparse weights ``d`` (host-side counts); ``shards`` = number of workers holding disjoint
-  sample shards (None: shared memory, every worker samples all n)."""
+  sample shards (None: shared memory, every worker samples all n). ``mesh``: a
+  :func:`fedjaxsparse.sharding.client_mesh` — the workers axis is then split over its devices
+  (like the client axis; ``workers`` must be divisible by the device count), the data and x
+  replicated; the scatter-add of the messages becomes a collective. Layout only: the results
+  match a one-device run to float tolerance."""
   if estimator not in ESTIMATORS:
     raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}.")
   if prox not in PROXES:
@@ -163,6 +167,16 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   eta = jnp.asarray(step_size, dtype)
   ticks = inner_steps // workers
   distributed = shards is not None
+  if mesh is not None:
+    from jax.sharding import NamedSharding, PartitionSpec
+    from fedjaxsparse.sharding import CLIENT_AXIS
+    if workers % mesh.shape[CLIENT_AXIS]:
+      raise ValueError(f"workers ({workers}) must be divisible by the mesh's "
+                       f"{mesh.shape[CLIENT_AXIS]} devices.")
+    over_workers = NamedSharding(mesh, PartitionSpec(CLIENT_AXIS))
+
+    def split(a):
+      return jax.lax.with_sharding_constraint(a, over_workers)
 
   def init(key, x_init, data):
     del key
@@ -197,6 +211,8 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
         reads = hist[(t - lag) % (staleness + 1)]
       else:
         reads = jnp.broadcast_to(x, (workers,) + x.shape)
+      if mesh is not None:
+        reads, keys = split(reads), split(keys)
       idx, msg, support = jax.vmap(
           lambda xr, kk, k: worker_update(xr, kk, k, mask, rho0, g0, data))(
               reads, keys, jnp.arange(workers))
