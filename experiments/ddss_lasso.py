@@ -96,7 +96,9 @@ def _run_method(algo, data, rounds: int, seed: int) -> dict:
     rec = {"gap": info.gap, "primal": info.primal, "p_active": info.p_active,
            "epochs": st.epochs, "touched": st.touched,
            "floats": getattr(st, "floats_up", jnp.zeros(())) + getattr(st, "floats_down",
-                                                                       jnp.zeros(()))}
+                                                                       jnp.zeros(())),
+           "floats_lazy": getattr(st, "floats_up", jnp.zeros(()))
+           + getattr(st, "floats_down_lazy", jnp.zeros(()))}
     return st2, rec
 
   run = jax.jit(lambda st: jax.lax.scan(body, st, jax.random.split(jax.random.key(seed), rounds)))
@@ -142,7 +144,8 @@ def _body(cfg: Config, opts: dict) -> dict:
     rows.append({"method": name, "step (·L)": None if eta is None else eta * big_l,
                  "final gap": hist["gap"][-1], "active coords": hist["p_active"][-1],
                  "epochs": hist["epochs"][-1], "touched": hist["touched"][-1],
-                 "floats": hist["floats"][-1] or None})
+                 "floats": hist["floats"][-1] or None,
+                 "floats (lazy reads)": hist["floats_lazy"][-1] or None})
   table = print_table(rows, list(rows[0]))
   sweep = []
   for w in opts["worker_sweep"]:

@@ -56,7 +56,8 @@ class DDSSState(NamedTuple):
   """``x [p]`` (eliminated coordinates 0), ``active bool[q]``, counters: ``s`` (outer
   iterations), ``epochs`` (data passes), ``touched`` (coordinates read or written by the
   inner updates), ``floats_up`` / ``floats_down`` (communication, per the spec's §1.7; 0 in
-  shared memory)."""
+  shared memory), ``floats_down_lazy``: the downlink if each worker pulls only the
+  ``|supp(a_i) ∩ B|`` coordinates it reads (the paper does not say which its code did)."""
   x: jax.Array
   active: jax.Array
   s: jax.Array
@@ -64,6 +65,7 @@ class DDSSState(NamedTuple):
   touched: jax.Array
   floats_up: jax.Array
   floats_down: jax.Array
+  floats_down_lazy: jax.Array
 
 
 class DDSSInfo(NamedTuple):
@@ -182,7 +184,7 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
     del key
     x = jnp.asarray(x_init, dtype)
     z = jnp.zeros((), dtype)
-    return DDSSState(x, jnp.ones(prob.num_blocks, bool), jnp.zeros((), jnp.int32), z, z, z, z)
+    return DDSSState(x, jnp.ones(prob.num_blocks, bool), jnp.zeros((), jnp.int32), z, z, z, z, z)
 
   def worker_update(x, key, k, active_c, rho0, g0, data):
     i = shard_rows[k, jax.random.randint(key, (), 0, shard_n[k])]
@@ -202,7 +204,7 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
     p_next = jnp.sum(mask).astype(dtype)
 
     def tick(t, carry):
-      x, hist, touched, up, down = carry
+      x, hist, touched, up, down, lazy = carry
       kt = jax.random.fold_in(key, t)
       keys = jax.random.split(kt, workers)     # worker k's sample draw
       if staleness:  # each worker reads the iterate of a uniformly drawn tick ≤ staleness ago
@@ -227,18 +229,21 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
       if distributed:
         up = up + 2.0 * jnp.sum(support)        # values + indices of δ (or of v)
         down = down + workers * p_next          # each worker reads the active x
+        lazy = lazy + jnp.sum(support)          # ... or only the coordinates it needs
       if staleness:
         hist = hist.at[(t + 1) % (staleness + 1)].set(x)
-      return x, hist, touched, up, down
+      return x, hist, touched, up, down, lazy
 
     hist0 = jnp.broadcast_to(x0, (staleness + 1,) + x0.shape) if staleness else jnp.zeros(())
-    x, _, touched, up, down = jax.lax.fori_loop(
-        0, ticks, tick, (x0, hist0, state.touched, state.floats_up, state.floats_down))
+    x, _, touched, up, down, lazy = jax.lax.fori_loop(
+        0, ticks, tick, (x0, hist0, state.touched, state.floats_up, state.floats_down,
+                         state.floats_down_lazy))
     if distributed:  # snapshot x⁰ down and ∇F^k up per worker; B_{s+1} and ∇F(x⁰) down
       up = up + workers * p_s
-      down = down + workers * (p_s + p_s / 32.0 + p_next)
+      snapshot = workers * (p_s + p_s / 32.0 + p_next)
+      down, lazy = down + snapshot, lazy + snapshot
     new = DDSSState(x, act, state.s + 1, state.epochs + 1.0 + inner_steps / n,
-                    touched, up, down)
+                    touched, up, down, lazy)
     return new, DDSSInfo(res.gap, res.primal, p_next, res.radius)
 
   return Algorithm(init, step)
