@@ -93,7 +93,7 @@ def _run_method(algo, data, rounds: int, seed: int) -> dict:
 
   def body(st, key):
     st2, info = algo.step(key, st, data)
-    rec = {"gap": info.gap, "primal": info.primal, "p_active": info.p_active,
+    rec = {"gap": info.gap, "primal": info.loss, "p_active": info.p_active,
            "epochs": st.epochs, "touched": st.touched,
            "floats": getattr(st, "floats_up", jnp.zeros(())) + getattr(st, "floats_down",
                                                                        jnp.zeros(())),

@@ -67,12 +67,20 @@ class DDSSState(NamedTuple):
   floats_down: jax.Array
   floats_down_lazy: jax.Array
 
+  @property
+  def params(self) -> jax.Array:
+    return self.x
+
 
 class DDSSInfo(NamedTuple):
-  """At the snapshot of the outer iteration: ``gap``, ``primal``, ``p_active`` (active
-  coordinates after the test), ``radius``."""
+  """The library's info convention (:mod:`fedjaxsparse.core`): ``loss`` (the objective P at
+  the snapshot), ``bits_up`` / ``bits_down`` (this step's communication, 32 bits a float; 0
+  in shared memory); and at the snapshot: ``gap``, ``p_active`` (active coordinates after
+  the test), ``radius``."""
+  loss: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
   gap: jax.Array
-  primal: jax.Array
   p_active: jax.Array
   radius: jax.Array
 
@@ -244,7 +252,8 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
       down, lazy = down + snapshot, lazy + snapshot
     new = DDSSState(x, act, state.s + 1, state.epochs + 1.0 + inner_steps / n,
                     touched, up, down, lazy)
-    return new, DDSSInfo(res.gap, res.primal, p_next, res.radius)
+    return new, DDSSInfo(res.primal, 32.0 * (up - state.floats_up),
+                         32.0 * (down - state.floats_down), res.gap, p_next, res.radius)
 
   return Algorithm(init, step)
 

@@ -40,10 +40,16 @@ class SAGAState(NamedTuple):
   epochs: jax.Array
   touched: jax.Array
 
+  @property
+  def params(self) -> jax.Array:
+    return self.x
+
 
 def _info(prob, data, x, active):
   res = SC.screen(prob, data, x, active)
-  return DDSSInfo(res.gap, res.primal, jnp.sum(SC.coordinate_mask(prob, active)), res.radius)
+  zero = jnp.zeros((), res.gap.dtype)
+  return DDSSInfo(res.primal, zero, zero, res.gap, jnp.sum(SC.coordinate_mask(prob, active)),
+                  res.radius)
 
 
 def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_steps: int,
@@ -92,6 +98,10 @@ class PSEState(NamedTuple):
   keep: jax.Array    # bool[p], fixed after the one-off screening
   epochs: jax.Array
   touched: jax.Array
+
+  @property
+  def params(self) -> jax.Array:
+    return self.x
 
 
 def static_keep(data: SparseRows, lam: float, rule: str) -> np.ndarray:
