@@ -171,9 +171,13 @@ def screen(prob: Problem, data: SparseRows, x: jax.Array, active: jax.Array,
   p_val = jnp.mean(_losses(prob.loss, z, data.b)) + prob.lam * regularizer(prob, x)
   d_val = dual(prob, data, y)
   gap = jnp.maximum(p_val - d_val, 0.0)
+  # rounding allowance: at an exact optimum P − D can round to ≤ 0 while features sit at
+  # |a_jᵀy| = nλ(1 ± ε); the radius uses at least a few ulps of the objective
+  eps = jnp.finfo(p_val.dtype).eps
+  gap_r = jnp.maximum(gap, 16 * eps * (jnp.abs(p_val) + jnp.abs(d_val)))
   lf = LOSSES[prob.loss]
-  r = (jnp.sqrt(2.0 * n * lf * gap) if radius == "safe"
-       else jnp.sqrt(2.0 * lf * prob.max_row_sq * gap))
+  r = (jnp.sqrt(2.0 * n * lf * gap_r) if radius == "safe"
+       else jnp.sqrt(2.0 * lf * prob.max_row_sq * gap_r))
   eliminate = n * dn / scale + prob.op_norm * r < n * prob.lam
   return Screen(active & ~eliminate, y, scale, p_val, d_val, gap, r, grad, rho)
 

@@ -66,3 +66,12 @@ def test_posttrain_notebook_runs(monkeypatch, tmp_path):
   assert "dense test perplexity:" in out and "stochria" in out
   assert "'2:4': 0.5" in out and "sparsity unchanged by refinement: True" in out
   assert "wanda+R²-DSnoT" in out and "wanda+DSnoT (same sign)" in out
+
+
+def test_ddss_notebook_runs(monkeypatch, tmp_path):
+  out = _execute(monkeypatch, tmp_path, "ddss", DDSS_N="320", DDSS_P="3000", DDSS_DENSITY="0.01",
+                 DDSS_ROUNDS="6", DDSS_STEP_GRID="1")
+  assert "safe radius: 0 non-zero features of x* eliminated" in out
+  assert "paper's literal radius: 4 non-zero features of x* eliminated" in out
+  assert out.count("(certified: True)") == 2 and "every run kept all non-zeros of x*: True" in out
+  assert all(m in out for m in ("Sha-DDSS-Naive", "Dis-DDSS", "ProxASVRG", "ProxASAGA", "PSE-Safe"))

@@ -271,3 +271,18 @@ def test_elastic_net_is_an_exact_augmented_lasso():
   assert bad == 0 and elim > 0
   with pytest.raises(ValueError, match="l2"):
     SC.elastic_net(data, lam, 0.0)
+
+
+def test_screening_at_an_exact_optimum_keeps_its_support():
+  """At a solver's optimum P − D rounds to ≈ 0 (even below): the radius keeps a rounding
+  allowance, so features with |a_jᵀy| = nλ(1 ± ε) are not eliminated."""
+  for seed, n, frac in ((101, 3000, 0.05), (105, 300, 0.2), (108, 300, 0.05)):
+    # instances where, without the allowance, P − D rounds to 0 or −1e-16 and 1-7
+    # features of the support were eliminated
+    a, b = _lasso_instance(n, 30, seed)
+    a /= np.sqrt((a ** 2).sum(1, keepdims=True))
+    data = SR.from_dense(a, b)
+    lam = frac * SC.lambda_max(data)
+    x_star, gap = _fista(a, b, lam, "squared", tol=1e-16, iters=60000)
+    res = SC.screen(SC.make_problem(data, lam), data, jnp.asarray(x_star), jnp.ones(30, bool))
+    assert not np.any(~np.asarray(res.active) & (np.abs(x_star) > 1e-12))

@@ -20,7 +20,10 @@ tick the ``workers`` updates are computed from reads of x, then applied (scatter
 delay of up to ``workers − 1`` updates; ``workers=1`` is the synchronous limit that Theorem 1
 treats); with ``staleness=τ`` each worker reads the iterate of a tick drawn uniformly among the
 last τ + 1 (a ring buffer of τ + 1 iterates, (τ + 1)·p memory), i.e. a delay of up to
-``(τ + 1)·workers − 1`` updates — Assumption 3's bounded overlap.
+``(τ + 1)·workers − 1`` updates — Assumption 3's bounded overlap. Theorem 1 needs
+``τ ≤ 1/(10√Δ)``; on dense data (Δ = 1) that allows no delay at all, and same-read workers
+with the sparse prox can stall (measured: 8 workers on a dense 300×30 Lasso stop near a gap
+of 2e-2 where one worker converges) — use ``workers=1`` or sparse data there.
 The anchor ``ρ⁰`` is cached at the *pre-elimination* snapshot (spec §1.3's anchor-consistency
 fix), so the estimators stay exactly unbiased after coordinates are eliminated.
 
@@ -54,8 +57,8 @@ PROXES = ("dense", "sparse")
 
 class DDSSState(NamedTuple):
   """``x [p]`` (eliminated coordinates 0), ``active bool[q]``, counters: ``s`` (outer
-  iterations), ``epochs`` (data passes), ``touched`` (coordinates read or written by the
-  inner updates), ``floats_up`` / ``floats_down`` (communication, per the spec's §1.7; 0 in
+  iterations), ``epochs`` (data passes), ``touched`` (matrix entries / coordinates read or
+  written: nnz(A) per full-gradient pass plus each inner update's coordinates), ``floats_up`` / ``floats_down`` (communication, per the spec's §1.7; 0 in
   shared memory), ``floats_down_lazy``: the downlink if each worker pulls only the
   ``|supp(a_i) ∩ B|`` coordinates it reads (the paper does not say which its code did)."""
   x: jax.Array
@@ -243,9 +246,10 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
       return x, hist, touched, up, down, lazy
 
     hist0 = jnp.broadcast_to(x0, (staleness + 1,) + x0.shape) if staleness else jnp.zeros(())
+    full_pass = jnp.sum(data.nnz_rows).astype(dtype)  # the snapshot's gradient reads A once
     x, _, touched, up, down, lazy = jax.lax.fori_loop(
-        0, ticks, tick, (x0, hist0, state.touched, state.floats_up, state.floats_down,
-                         state.floats_down_lazy))
+        0, ticks, tick, (x0, hist0, state.touched + full_pass, state.floats_up,
+                         state.floats_down, state.floats_down_lazy))
     if distributed:  # snapshot x⁰ down and ∇F^k up per worker; B_{s+1} and ∇F(x⁰) down
       up = up + workers * p_s
       snapshot = workers * (p_s + p_s / 32.0 + p_next)

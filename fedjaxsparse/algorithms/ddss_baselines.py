@@ -46,7 +46,9 @@ class SAGAState(NamedTuple):
 
 
 def _info(prob, data, x, active):
-  res = SC.screen(prob, data, x, active)
+  """The *full* problem's gap (the dual scaled over every block): for PSE-Strong, which may
+  discard a needed feature, the restricted problem's gap could reach 0 at a wrong point."""
+  res = SC.screen(prob, data, x, jnp.ones(prob.num_blocks, bool))
   zero = jnp.zeros((), res.gap.dtype)
   return DDSSInfo(res.primal, zero, zero, res.gap, jnp.sum(SC.coordinate_mask(prob, active)),
                   res.radius)
@@ -68,7 +70,8 @@ def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_st
     x = jnp.asarray(x_init, data.val.dtype)
     alpha = SC.deriv(prob.loss, matvec(data, x), data.b)
     z = jnp.zeros((), data.val.dtype)
-    return SAGAState(x, alpha, rmatvec(data, alpha) / n, z + 1.0, z)
+    return SAGAState(x, alpha, rmatvec(data, alpha) / n, z + 1.0,
+                     jnp.sum(data.nnz_rows).astype(z.dtype))  # the table's initial pass
 
   def step(key, state, data):
     info = _info(prob, data, state.x, jnp.ones(prob.num_blocks, bool))
@@ -137,7 +140,8 @@ def pse(prob: SC.Problem, data: SparseRows, *, rule: str = "safe", inner_steps: 
     del key
     x = jnp.asarray(x_init, data.val.dtype) * jnp.asarray(keep0)
     zero = jnp.zeros((), data.val.dtype)
-    return PSEState(x, matvec(data, x), jnp.asarray(keep0), zero + 1.0, zero)
+    nnz = jnp.sum(data.nnz_rows).astype(zero.dtype)  # the screening pass (Aᵀb) reads A once
+    return PSEState(x, matvec(data, x), jnp.asarray(keep0), zero + 1.0, nnz)
 
   def step(key, state, data):
     info = _info(prob, data, state.x, state.keep)
