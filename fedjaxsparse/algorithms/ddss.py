@@ -37,7 +37,9 @@ and its message (``|supp(a_i) ∩ B|`` values + as many indices) up.
 
 Named configurations: :func:`sha_ddss_naive`, :func:`sha_ddss`, :func:`dis_ddss_naive`,
 :func:`dis_ddss`, and the baseline :func:`prox_asvrg` (Meng et al. 2017: SVRG with a dense prox,
-no screening). Sparse estimators and proxes need singleton blocks (Lasso, ℓ1-logistic).
+no screening). Every configuration works for singleton blocks (Lasso, ℓ1-logistic) and for the
+(weighted) group Lasso: there ``D_i`` and the sparse prox act on whole blocks of Ψ_i, laid out
+once on the host by :func:`block_rows` (memory n·max|Ψ_i|·max|G|).
 """
 from __future__ import annotations
 
@@ -88,28 +90,81 @@ class DDSSInfo(NamedTuple):
   radius: jax.Array
 
 
-def column_weights(data: SparseRows, rows: np.ndarray | None = None) -> np.ndarray:
-  """``d_j = m / m_j`` over the samples ``rows`` (default all; m = their count, m_j = how many
-  of them touch column j), 0 for untouched columns. ``E_i D_i = I`` on touched columns."""
+class BlockRows(NamedTuple):
+  """Each sample's blocks Ψ_i (the blocks meeting supp(a_i)) laid out for the sparse updates:
+  ``idx int32[n, m, w]`` the coordinates of its m blocks (w = the widest block; padded),
+  ``val [n, m, w]`` a_i there (0 off supp(a_i)), ``valid bool[n, m, w]``, ``b [n]``. For
+  singleton blocks (w = 1) it is the padded CSR itself (:func:`block_rows` with no blocks)."""
+  idx: jax.Array
+  val: jax.Array
+  valid: jax.Array
+  b: jax.Array
+
+
+def block_rows(data: SparseRows, block: np.ndarray | None = None) -> BlockRows:
+  """The :class:`BlockRows` of ``data`` for the partition ``block int[p]`` (None: singletons,
+  jittable; otherwise built on the host — spec §1.9's per-sample block lists and
+  block→coordinate tables, flattened into one gather)."""
+  if block is None:
+    return BlockRows(data.idx[..., None], data.val[..., None], (data.val != 0)[..., None], data.b)
+  block = np.asarray(block)
+  idx, val = np.asarray(data.idx), np.asarray(data.val)
+  q, n = int(block.max()) + 1, idx.shape[0]
+  members = [np.flatnonzero(block == g) for g in range(q)]
+  w = max(len(c) for c in members)
+  table = np.zeros((q, w), np.int64)
+  table_ok = np.zeros((q, w), bool)
+  for g, c in enumerate(members):
+    table[g, :len(c)], table_ok[g, :len(c)] = c, True
+  psi = [np.unique(block[idx[i][val[i] != 0]]) for i in range(n)]
+  m = max(1, max(len(b) for b in psi))
+  blocks = np.zeros((n, m), np.int64)
+  blocks_ok = np.zeros((n, m), bool)
+  for i, b in enumerate(psi):
+    blocks[i, :len(b)], blocks_ok[i, :len(b)] = b, True
+  coords = table[blocks]                                   # [n, m, w]
+  valid = table_ok[blocks] & blocks_ok[..., None]
+  dense_row = np.zeros(data.p, val.dtype)
+  out_val = np.zeros(coords.shape, val.dtype)
+  for i in range(n):
+    nz = val[i] != 0
+    dense_row[idx[i][nz]] = val[i][nz]
+    out_val[i] = np.where(valid[i], dense_row[coords[i]], 0.0)
+    dense_row[idx[i][nz]] = 0.0
+  return BlockRows(jnp.asarray(coords, jnp.int32), jnp.asarray(out_val), jnp.asarray(valid),
+                   data.b)
+
+
+def column_weights(data: SparseRows, rows: np.ndarray | None = None,
+                   block: np.ndarray | None = None) -> np.ndarray:
+  """Per coordinate, ``d_G = m / m_G`` of its block G over the samples ``rows`` (default all; m =
+  their count, m_G = how many of them touch G; ``block=None``: singletons), 0 for untouched
+  blocks. ``E_i D_i = I`` on touched blocks (spec §1.3)."""
   idx, val = np.asarray(data.idx), np.asarray(data.val)
   if rows is not None:
     idx, val = idx[rows], val[rows]
-  counts = np.bincount(idx[val != 0], minlength=data.p).astype(float)
-  return np.where(counts > 0, len(idx) / np.maximum(counts, 1), 0.0)
+  block = np.arange(data.p) if block is None else np.asarray(block)
+  q = int(block.max()) + 1
+  which = np.repeat(np.arange(len(idx)), idx.shape[1])[val.ravel() != 0]
+  pairs = np.unique(np.stack([which, block[idx.ravel()[val.ravel() != 0]]]), axis=1)
+  counts = np.bincount(pairs[1], minlength=q).astype(float)
+  return np.where(counts > 0, len(idx) / np.maximum(counts, 1), 0.0)[block]
 
 
-def sample_update(prob: SC.Problem, data: SparseRows, x: jax.Array, i: jax.Array,
+def sample_update(prob: SC.Problem, rows: BlockRows, x: jax.Array, i: jax.Array,
                   active_c: jax.Array, rho0: jax.Array, g0: jax.Array, d: jax.Array,
                   eta: jax.Array, estimator: str, prox: str):
-  """Sample i's message from the read ``x``: ``(coords int[k], δ [k], support)`` for the sparse
-  prox, or ``(coords, v [p], support)`` (the dense direction) for the dense prox; ``active_c``
-  the active coordinates, ``rho0``/``g0`` the snapshot's ``ρ⁰ [n]`` and ``∇F(x⁰)`` (0 off the
-  active set), ``d [p]`` the column weights."""
+  """Sample i's message from the read ``x``: ``(coords int[m·w], δ [m·w], support)`` for the
+  sparse prox, or ``(coords, v [p], support)`` (the dense direction) for the dense prox;
+  ``rows`` from :func:`block_rows`, ``active_c`` the active coordinates, ``rho0``/``g0`` the
+  snapshot's ``ρ⁰ [n]`` and ``∇F(x⁰)`` (0 off the active set), ``d [p]`` the block weights.
+  ``D_i∇F(x⁰)`` and the sparse prox fill every coordinate of each block in Ψ_i (spec §1.3);
+  ``support`` counts those coordinates."""
   p = x.shape[0]
-  idx, val = data.idx[i], data.val[i]
-  on = (val != 0) & active_c[idx]
+  idx, val = rows.idx[i], rows.val[i]
+  on = rows.valid[i] & active_c[idx]
   z = jnp.sum(jnp.where(on, val * x[idx], 0.0))
-  rho = SC.deriv(prob.loss, z, data.b[i])
+  rho = SC.deriv(prob.loss, z, rows.b[i])
   coef = rho if estimator == "sgd" else rho - rho0[i]
   support = jnp.sum(on)
   if prox == "sparse":
@@ -118,14 +173,25 @@ def sample_update(prob: SC.Problem, data: SparseRows, x: jax.Array, i: jax.Array
       v = v + jnp.where(on, d[idx] * g0[idx], 0.0)
     u = x[idx] - eta * v
     thr = eta * prob.lam * d[idx] * prob.weights[prob.block[idx]]
-    new = jnp.sign(u) * jnp.maximum(jnp.abs(u) - thr, 0.0)
-    return idx, jnp.where(on, new - x[idx], 0.0), support
-  v = jnp.zeros(p, x.dtype).at[idx].add(jnp.where(on, val * coef, 0.0))
+    if idx.shape[-1] == 1:   # singletons: soft-thresholding
+      new = jnp.sign(u) * jnp.maximum(jnp.abs(u) - thr, 0.0)
+    else:                    # block soft-thresholding of each G ∈ Ψ_i
+      nrm = jnp.sqrt(jnp.sum(jnp.where(on, u * u, 0.0), axis=-1, keepdims=True))
+      new = u * jnp.maximum(0.0, 1.0 - thr / jnp.where(nrm > 0, nrm, 1.0))
+    return idx.ravel(), jnp.where(on, new - x[idx], 0.0).ravel(), support
+  idx, on = idx.ravel(), on.ravel()
+  v = jnp.zeros(p, x.dtype).at[idx].add(jnp.where(on, val.ravel() * coef, 0.0))
   if estimator == "svrg":
     v = v + g0
   elif estimator == "sparse_svrg":
     v = v + jnp.zeros(p, x.dtype).at[idx].add(jnp.where(on, d[idx] * g0[idx], 0.0))
   return idx, v, support
+
+
+def partition(prob: SC.Problem) -> np.ndarray | None:
+  """``prob.block`` as a host array, or None for singleton blocks."""
+  block = np.asarray(prob.block)
+  return None if np.array_equal(block, np.arange(block.shape[0])) else block
 
 
 def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int = 1,
@@ -155,26 +221,23 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   if prox == "sparse" and estimator == "svrg":
     raise ValueError("prox='sparse' needs estimator 'sparse_svrg' or 'sgd' (a dense anchor "
                      "gradient would touch every coordinate).")
-  sparse = estimator == "sparse_svrg" or prox == "sparse"
-  singleton = int(prob.num_blocks) == int(prob.block.shape[0]) and bool(
-      np.all(np.asarray(prob.block) == np.arange(prob.block.shape[0])))
-  if sparse and not singleton:
-    raise ValueError("sparse estimators / proxes need singleton blocks (Lasso, l1-logistic).")
   if data is None:
     raise ValueError("data is needed to build the algorithm (column weights, shards).")
   n, p = data.n, data.p
   dtype = data.val.dtype
+  block = partition(prob)
+  grouped = None if block is None else block_rows(data, block)  # host-built, closed over
   if shards is None:
     shard_rows = np.tile(np.arange(n), (workers, 1))
     shard_n = np.full(workers, n)
-    d = np.tile(column_weights(data), (workers, 1))
+    d = np.tile(column_weights(data, block=block), (workers, 1))
   else:
     parts = np.array_split(np.arange(n), shards)
     m = max(len(r) for r in parts)
     shard_rows = np.stack([np.pad(r, (0, m - len(r))) for r in parts])
     shard_n = np.array([len(r) for r in parts])
-    d = np.stack([column_weights(data, r) * (1.0 if per_shard_weights else 0.0)
-                  + (0.0 if per_shard_weights else 1.0) * column_weights(data) for r in parts])
+    d = np.stack([column_weights(data, r if per_shard_weights else None, block)
+                  for r in parts])
   shard_rows, shard_n = jnp.asarray(shard_rows, jnp.int32), jnp.asarray(shard_n, jnp.int32)
   d = jnp.asarray(d, dtype)
   eta = jnp.asarray(step_size, dtype)
@@ -199,7 +262,8 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
 
   def worker_update(x, key, k, active_c, rho0, g0, data):
     i = shard_rows[k, jax.random.randint(key, (), 0, shard_n[k])]
-    return sample_update(prob, data, x, i, active_c, rho0, g0, d[k], eta, estimator, prox)
+    rows = block_rows(data) if grouped is None else grouped
+    return sample_update(prob, rows, x, i, active_c, rho0, g0, d[k], eta, estimator, prox)
 
   def step(key, state, data):
     act = state.active

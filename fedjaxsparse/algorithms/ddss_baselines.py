@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse import screening as SC
-from fedjaxsparse.algorithms.ddss import DDSSInfo, column_weights, sample_update
+from fedjaxsparse.algorithms.ddss import (DDSSInfo, block_rows, column_weights, partition,
+                                          sample_update)
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.sparse_rows import SparseRows, columns, matvec, rmatvec
 
@@ -57,10 +58,13 @@ def _info(prob, data, x, active):
 def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_steps: int,
                workers: int = 1) -> Algorithm:
   """ProxASAGA; ``info`` is measured at the iterate at the start of each step (no screening:
-  ``p_active`` stays p)."""
+  ``p_active`` stays p). Group Lasso problems use block weights D_i and the block sparse prox,
+  as in DDSS."""
   if inner_steps % workers or not step_size > 0:
     raise ValueError("inner_steps must be a multiple of workers and step_size > 0.")
-  d = jnp.asarray(column_weights(data), data.val.dtype)
+  block = partition(prob)
+  grouped = None if block is None else block_rows(data, block)
+  d = jnp.asarray(column_weights(data, block=block), data.val.dtype)
   eta = jnp.asarray(step_size, data.val.dtype)
   n = data.n
   every = jnp.ones(data.p, bool)
@@ -79,8 +83,9 @@ def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_st
     def tick(t, st):
       x, alpha, abar, touched = st
       ii = jax.random.randint(jax.random.fold_in(key, t), (workers,), 0, n)
+      rows = block_rows(data) if grouped is None else grouped
       idx, delta, support = jax.vmap(lambda i: sample_update(
-          prob, data, x, i, every, alpha, abar, d, eta, "sparse_svrg", "sparse"))(ii)
+          prob, rows, x, i, every, alpha, abar, d, eta, "sparse_svrg", "sparse"))(ii)
       new_alpha = jax.vmap(lambda i: SC.deriv(prob.loss, jnp.sum(data.val[i] * x[data.idx[i]]),
                                               data.b[i]))(ii)
       change = (new_alpha - alpha[ii])[:, None] * data.val[ii] / n
