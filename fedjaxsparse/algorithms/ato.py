@@ -1,0 +1,225 @@
+"""Auto-Train-Once (seed 004 Task 2, Algorithms 7-8, l. 900-968; spec ``seed004.md`` §2.2-§2.5,
+§2.7, §2.11): train a network and prune whole zero-invariant groups in one run.
+
+``min_M L(M) + Σ_g λ_g‖[M]_g‖₂`` with ``λ_g = λ(1 − w_g)``: a controller network emits the
+binary group mask ``w`` (1 = keep); the target step is an optimiser step on ``L`` (SGD with
+momentum in the paper) followed, from epoch ``T_w`` on, by the group prox (4-4) with threshold
+``η_t λ_g`` (the Euclidean prox after the optimiser step, the paper's practice (4-14)) or by the
+half-space projector (4-3) (``projector="hsp"``: the step then includes the subgradient
+``λ_g [M]_g/‖[M]_g‖`` of the penalty — OTO's HSPG — and groups of ``w_g = 0`` failing
+``[z]_gᵀ[M]_g ≥ ε‖[M]_g‖²`` are zeroed; ε is not in the seed). In epochs
+``T_start ≤ t ≤ T_end`` the controller is trained on a fixed 5 % subset ``D_CN`` with
+``L(f(x; M, w)) + γ R_FLOPs(P(w), p P_total)`` (4-5)/(4-6), M frozen, Adam 1e-3, and ``w`` is
+regenerated at the end of the epoch; afterwards ``w`` stays frozen. No fine-tuning: the result
+is physically compressed (:func:`fedjaxsparse.zig.compress`).
+
+Controller (Table 7): an input ``[|B|, 64]`` (``ctrl_input="learned"`` or ``"fixed"`` random —
+not specified), a bidirectional GRU 64 → 2×128, LayerNorm + ReLU, one linear head per block
+(here a block is one prunable channel set: a block's inner channels, a stage's stream, an
+inverted residual's hidden channels), concatenated to ``o [G]``;
+``w = round(sigmoid((o + s + b)/τ))`` with a straight-through round, b = 3, τ = 0.4 and
+``s`` one Gumbel(0, 1) sample per group as the text says (``noise="logistic"``: the usual
+difference of two Gumbels). ``w`` starts at all ones (sigmoid(7.5) ≈ 0.9994).
+
+Choices where the seed is silent, each an option: ``mask_in_target_forward`` (default False:
+the literal (4-2) — the target's forward pass is unmasked and ``w`` acts through ``λ_g`` only);
+``regenerate_noise`` (default False: the end-of-epoch mask is ``round(sigmoid((o + b)/τ))``);
+the FLOPs ``P(w)`` of :func:`fedjaxsparse.zig.flops` (DMC-style, an assumption).
+With ``λ = 0`` or ``w ≡ 1`` the target step is plain training with the base optimiser, bit for
+bit (tested).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjaxsparse import zig as Z
+from fedjaxsparse.models.base import Model
+
+PROJECTORS = ("prox", "hsp")
+NOISES = ("gumbel", "logistic")
+
+
+class ATOConfig(NamedTuple):
+  """Table 6/§2.7 defaults; epochs are counted from 0 (``T_w``, ``T_start``, ``T_end``)."""
+  target: float = 0.5          # p: the remaining FLOPs fraction
+  lam: float = 10.0
+  gamma: float = 4.0
+  b: float = 3.0
+  tau: float = 0.4
+  T_w: int = 1
+  T_start: int = 0
+  T_end: int = 1
+  projector: str = "prox"
+  hsp_eps: float = 0.0
+  mask_in_target_forward: bool = False
+  noise: str = "gumbel"
+  regenerate_noise: bool = False
+  ctrl_lr: float = 1e-3
+  ctrl_input: str = "learned"
+
+  def validate(self) -> "ATOConfig":
+    if not 0 < self.target <= 1:
+      raise ValueError(f"target must be in (0, 1], got {self.target!r}.")
+    if self.lam < 0 or self.gamma < 0 or not self.tau > 0:
+      raise ValueError(f"lam and gamma must be >= 0 and tau > 0, got {self.lam!r}, "
+                       f"{self.gamma!r}, {self.tau!r}.")
+    if not 0 <= self.T_start <= self.T_end or self.T_w < 0:
+      raise ValueError(f"need 0 <= T_start <= T_end and T_w >= 0, got T_start={self.T_start}, "
+                       f"T_end={self.T_end}, T_w={self.T_w}.")
+    if self.projector not in PROJECTORS:
+      raise ValueError(f"projector must be one of {PROJECTORS}, got {self.projector!r}.")
+    if self.noise not in NOISES:
+      raise ValueError(f"noise must be one of {NOISES}, got {self.noise!r}.")
+    if self.ctrl_input not in ("learned", "fixed"):
+      raise ValueError(f"ctrl_input must be 'learned' or 'fixed', got {self.ctrl_input!r}.")
+    return self
+
+
+class Controller(nn.Module):
+  """Table 7: ``[|B|, 64] → o [G]`` (``block_sizes`` = |B_i|)."""
+  block_sizes: tuple
+  hidden: int = 128
+
+  @nn.compact
+  def __call__(self, z):
+    h = nn.Bidirectional(nn.RNN(nn.GRUCell(self.hidden)), nn.RNN(nn.GRUCell(self.hidden)))(
+        z[None])[0]
+    h = nn.relu(nn.LayerNorm()(h))
+    return jnp.concatenate([nn.Dense(size, name=f"head{i}")(h[i])
+                            for i, size in enumerate(self.block_sizes)])
+
+
+def gumbel_sigmoid(o: jax.Array, key: jax.Array | None, b: float, tau: float,
+                   noise: str = "gumbel") -> jax.Array:
+  """``round(sigmoid((o + s + b)/τ))`` with a straight-through round (forward values in
+  {0, 1}, gradient of the sigmoid); ``key=None``: no noise."""
+  s = 0.0
+  if key is not None:
+    s = (jax.random.gumbel(key, o.shape) if noise == "gumbel"
+         else jax.random.logistic(key, o.shape))
+  soft = jax.nn.sigmoid((o + s + b) / tau)
+  return soft + jax.lax.stop_gradient(jnp.round(soft) - soft)
+
+
+class ATOState(NamedTuple):
+  params: Any
+  opt_state: Any
+  ctrl_params: Any
+  ctrl_opt_state: Any
+  ctrl_input: jax.Array     # [|B|, 64]
+  w: jax.Array              # [G] in {0, 1}
+  epoch: jax.Array          # int32
+  step: jax.Array           # int32, target steps taken
+  key: jax.Array
+
+
+class ATOInfo(NamedTuple):
+  loss: jax.Array
+  flops: jax.Array           # P(w) / P_total
+  kept: jax.Array            # fraction of groups with w = 1
+  zero_groups: jax.Array     # fraction of groups that are exactly 0
+
+
+class ATO(NamedTuple):
+  init: Callable
+  target_step: Callable      # (state, x, y) -> (state, ATOInfo)
+  ctrl_step: Callable        # (state, x, y) -> (state, loss)
+  end_epoch: Callable        # state -> state
+  mask_logits: Callable      # (ctrl_params, ctrl_input, key|None) -> w
+
+
+def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
+        learning_rate: Callable[[jax.Array], jax.Array], config: ATOConfig = ATOConfig()
+        ) -> ATO:
+  """ATO over ``model`` (a :class:`~fedjaxsparse.models.base.Model` built from
+  :mod:`fedjaxsparse.models.prunable`) with groups ``zigs``; ``optimizer`` the base optimiser
+  and ``learning_rate(step)`` its step size η_t (the prox threshold is ``η_t λ_g``)."""
+  cfg = config.validate()
+  sizes = tuple(s.size for s in zigs.prunable)
+  controller = Controller(sizes)
+  ctrl_opt = optax.adam(cfg.ctrl_lr)
+  budget = cfg.target * Z.total_flops(zigs)
+  total = float(Z.total_flops(zigs))
+
+  def loss_fn(params, x, y):
+    return jnp.mean(model.per_example_loss(model.apply(params, x), y))
+
+  def init(key, params):
+    k_in, k_ctrl, key = jax.random.split(key, 3)
+    z = jax.random.normal(k_in, (len(sizes), 64))
+    ctrl_params = controller.init(k_ctrl, z)
+    if cfg.ctrl_input == "learned":
+      ctrl_params = {"params": ctrl_params["params"], "input": z}
+    return ATOState(params, optimizer.init(params), ctrl_params, ctrl_opt.init(ctrl_params), z,
+                    jnp.ones(zigs.num_groups), jnp.zeros((), jnp.int32),
+                    jnp.zeros((), jnp.int32), key)
+
+  def mask_logits(ctrl_params, ctrl_input, key):
+    z = ctrl_params.get("input", ctrl_input)
+    o = controller.apply({"params": ctrl_params["params"]}, z)
+    return gumbel_sigmoid(o, key, cfg.b, cfg.tau, cfg.noise)
+
+  def target_step(state, x, y):
+    penalised = state.epoch >= cfg.T_w
+    lam_g = cfg.lam * (1.0 - state.w) * penalised
+
+    def objective(params):
+      if cfg.mask_in_target_forward:
+        with Z.gate(zigs, state.w):
+          loss = loss_fn(params, x, y)
+      else:
+        loss = loss_fn(params, x, y)
+      if cfg.projector == "hsp":   # HSPG: the penalty's subgradient enters the step
+        return loss + jnp.sum(lam_g * Z.group_norms(zigs, params)), loss
+      return loss, loss
+
+    grads, loss = jax.grad(objective, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    if cfg.projector == "prox":
+      params = Z.group_prox(zigs, params, learning_rate(state.step) * lam_g)
+    else:
+      params = Z.hsp(zigs, params, state.params, cfg.hsp_eps, lam_g > 0)
+    nrm = Z.group_norms(zigs, params)
+    info = ATOInfo(loss, Z.flops(zigs, state.w) / total, jnp.mean(state.w),
+                   jnp.mean(nrm == 0))
+    return state._replace(params=params, opt_state=opt_state, step=state.step + 1), info
+
+  def ctrl_step(state, x, y):
+    key, sub = jax.random.split(state.key)
+    frozen = jax.lax.stop_gradient(state.params)
+
+    def objective(ctrl_params):
+      w = mask_logits(ctrl_params, state.ctrl_input, sub)
+      with Z.gate(zigs, w):
+        loss = loss_fn(frozen, x, y)
+      return loss + cfg.gamma * Z.flops_regularizer(Z.flops(zigs, w), budget)
+
+    loss, grads = jax.value_and_grad(objective)(state.ctrl_params)
+    updates, opt_state = ctrl_opt.update(grads, state.ctrl_opt_state, state.ctrl_params)
+    return state._replace(ctrl_params=optax.apply_updates(state.ctrl_params, updates),
+                          ctrl_opt_state=opt_state, key=key), loss
+
+  def end_epoch(state):
+    key, sub = jax.random.split(state.key)
+    fresh = mask_logits(state.ctrl_params, state.ctrl_input,
+                        sub if cfg.regenerate_noise else None)
+    window = (state.epoch >= cfg.T_start) & (state.epoch <= cfg.T_end)
+    return state._replace(w=jnp.where(window, jax.lax.stop_gradient(fresh), state.w),
+                          epoch=state.epoch + 1, key=key)
+
+  return ATO(init, target_step, ctrl_step, end_epoch, mask_logits)
+
+
+def controller_subset(n: int, fraction: float = 0.05, seed: int = 0) -> np.ndarray:
+  """``D_CN``: a fixed random ``fraction`` of the n training indices (at least one)."""
+  if not 0 < fraction <= 1:
+    raise ValueError(f"fraction must be in (0, 1], got {fraction!r}.")
+  rng = np.random.default_rng(seed)
+  return np.sort(rng.choice(n, max(1, int(round(fraction * n))), replace=False))

@@ -1,0 +1,253 @@
+"""Zero-invariant groups (ZIGs) of a network, their group operators, FLOPs and physical removal
+(seed 004 Task 2, §4.1-4.2, l. 881-939; spec ``seed004.md`` §2.1-§2.4, §2.11).
+
+A ZIG (Definition 2, from OTO) is a set of parameters whose zeroing makes an output channel
+zero for every input: here one channel ``c`` of a prunable **channel set** (declared by the
+layers of :mod:`fedjaxsparse.models.prunable`), i.e. the slice ``[..., c]`` of every
+*producer* of that set — the kernels (and biases) of the convolutions / dense layers writing
+it, the ``scale``/``bias`` of its norms, the depthwise kernels acting on it. Residual-coupled
+channels are one set, so one group spans several layers. The *consumers* (kernels reading the
+set, sliced on their input axis −2) are not in the group; they are cut by :func:`compress`.
+
+Groups are numbered set by set (``ChannelSet.offset``); ``w``, norms and thresholds are
+vectors ``[G]`` over all groups.
+
+* :func:`trace` — the groups of a flax module (``flax.linen.intercept_methods`` on one
+  abstract call), with each layer's MACs per example at full width;
+* :func:`group_norms`, :func:`scale_groups`, :func:`group_prox` (4-4), :func:`hsp` (4-3);
+* :func:`flops` — ``Σ_l MACs_l · f_in(w) · f_out(w)`` with ``f(w)`` the kept fraction of a
+  set (``f_out`` only for depthwise layers): DMC-style, bilinear in ``w``, differentiable
+  (the spec's recommended ``P(w)``, labelled an assumption: the seed gives no formula);
+* :func:`flops_regularizer` — ``R(P, pP_tot) = log(max(P, pP_tot)/(pP_tot))`` (4-6);
+* :func:`gate` — the "virtual gate" ``F̂ = w ⊙ F`` on every prunable layer output;
+* :func:`compress` — physical removal: a smaller params tree and the ``widths`` to rebuild the
+  model with, computing the masked model's function.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjaxsparse.models.prunable import PConv, PDense, PNorm
+
+Params = Any
+_PRODUCER_LEAVES = ("kernel", "bias", "scale")
+
+
+class Layer(NamedTuple):
+  """A declared layer: its params ``path``, ``kind`` ("conv", "dense", "norm"), channel sets,
+  ``depthwise``, ``macs`` per example at full width."""
+  path: tuple
+  kind: str
+  in_set: str | None
+  out_set: str | None
+  depthwise: bool
+  macs: int
+
+
+class ChannelSet(NamedTuple):
+  """``size`` channels; ``offset`` = index of its first group (−1: fixed, not prunable)."""
+  name: str
+  size: int
+  offset: int
+
+
+class ZIGs(NamedTuple):
+  sets: tuple
+  layers: tuple
+  num_groups: int
+
+  def get(self, name: str) -> ChannelSet:
+    return next(s for s in self.sets if s.name == name)
+
+  @property
+  def prunable(self) -> tuple:
+    """The prunable sets in group order (the controller's blocks)."""
+    return tuple(s for s in self.sets if s.offset >= 0)
+
+
+def trace(module: nn.Module, input_shape) -> ZIGs:
+  """The ZIGs of ``module`` from one abstract ``init`` on ``[1, *input_shape]``. Sets named
+  with a leading ``_`` are fixed."""
+  layers, sizes = [], {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    m = context.module
+    if context.method_name == "__call__" and isinstance(m, (PConv, PDense, PNorm)):
+      if isinstance(m, PConv):
+        c_in = args[0].shape[-1]
+        per_out = m.kernel_size ** 2 * (1 if m.depthwise else c_in)
+        kind, macs = "conv", int(np.prod(out.shape[1:])) * per_out
+      elif isinstance(m, PDense):
+        kind, macs = "dense", int(args[0].shape[-1] * out.shape[-1])
+      else:
+        kind, macs = "norm", 0
+      depthwise = isinstance(m, PConv) and m.depthwise
+      layers.append(Layer(tuple(m.path), kind, m.in_set, m.out_set, depthwise, macs))
+      if m.out_set is not None:
+        if sizes.setdefault(m.out_set, out.shape[-1]) != out.shape[-1]:
+          raise ValueError(f"channel set {m.out_set!r} is written with {sizes[m.out_set]} and "
+                           f"{out.shape[-1]} channels by different layers.")
+    return out
+
+  with nn.intercept_methods(interceptor):
+    jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1,) + tuple(input_shape)))
+  sets, offset = [], 0
+  for name, size in sizes.items():
+    fixed = name.startswith("_")
+    sets.append(ChannelSet(name, size, -1 if fixed else offset))
+    offset += 0 if fixed else size
+  return ZIGs(tuple(sets), tuple(layers), offset)
+
+
+def _node(params: Params, path: tuple) -> dict:
+  for p in path:
+    params = params[p]
+  return params
+
+
+def _replace(params: Params, path: tuple, leaf: str, value) -> Params:
+  if not path:
+    return {**params, leaf: value}
+  return {**params, path[0]: _replace(params[path[0]], path[1:], leaf, value)}
+
+
+def _producers(zigs: ZIGs, params: Params):
+  """``(layer path, leaf name, set)`` of every producer leaf of a prunable set."""
+  for layer in zigs.layers:
+    s = None if layer.out_set is None else zigs.get(layer.out_set)
+    if s is not None and s.offset >= 0:
+      for leaf in _PRODUCER_LEAVES:
+        if leaf in _node(params, layer.path):
+          yield layer.path, leaf, s
+
+
+def _per_group(zigs: ZIGs, params: Params, fn) -> jax.Array:
+  """``Σ`` over producer leaves of ``fn(leaf)`` reduced to the last axis, as ``[G]``."""
+  parts = {s.name: jnp.zeros(s.size) for s in zigs.prunable}
+  for path, leaf, s in _producers(zigs, params):
+    v = fn(path, leaf)
+    parts[s.name] = parts[s.name] + jnp.sum(v.reshape(-1, s.size), axis=0)
+  return jnp.concatenate([parts[s.name] for s in zigs.prunable]) if parts else jnp.zeros(0)
+
+
+def group_sq_norms(zigs: ZIGs, params: Params) -> jax.Array:
+  """``‖[M]_g‖₂²`` for every group ``[G]``."""
+  return _per_group(zigs, params, lambda p, l: jnp.square(_node(params, p)[l]))
+
+
+def group_norms(zigs: ZIGs, params: Params) -> jax.Array:
+  """``‖[M]_g‖₂`` for every group ``[G]``; differentiable everywhere (gradient 0 at a zero
+  group, the minimal-norm subgradient)."""
+  sq = group_sq_norms(zigs, params)
+  return jnp.where(sq > 0, jnp.sqrt(jnp.where(sq > 0, sq, 1.0)), 0.0)
+
+
+def scale_groups(zigs: ZIGs, params: Params, factor: jax.Array) -> Params:
+  """Every producer slice of group g times ``factor[g]`` (``factor [G]``)."""
+  for path, leaf, s in _producers(zigs, params):
+    value = _node(params, path)[leaf]
+    params = _replace(params, path, leaf,
+                      value * factor[s.offset:s.offset + s.size].astype(value.dtype))
+  return params
+
+
+def group_prox(zigs: ZIGs, params: Params, threshold: jax.Array) -> Params:
+  """(4-4) with ``α = η`` (spec §0): ``[M]_g ← (1 − t_g/‖[M]_g‖)·[M]_g`` if ``‖[M]_g‖ ≥ t_g``,
+  else 0 — the prox of ``t_g‖·‖₂``; ``threshold [G]`` = ``ηλ_g``; ``t_g = 0`` is the identity
+  (bit for bit)."""
+  nrm = group_norms(zigs, params)
+  shrink = jnp.where(nrm > threshold, 1.0 - threshold / jnp.where(nrm > 0, nrm, 1.0), 0.0)
+  return scale_groups(zigs, params, jnp.where(threshold > 0, shrink, 1.0))
+
+
+def hsp(zigs: ZIGs, z: Params, m: Params, eps: float, active: jax.Array) -> Params:
+  """The half-space projector (4-3): a group of ``active bool[G]`` is zeroed iff
+  ``[z]_gᵀ[M]_g < ε‖[M]_g‖²`` (``z`` the trial point after the optimiser step, ``m`` the
+  weights before it), or if it was already zero (OTO keeps its zero groups at zero; the test
+  alone reads ``0 < 0`` there); other groups are kept as in ``z``."""
+  dot = _per_group(zigs, z, lambda p, l: _node(z, p)[l] * _node(m, p)[l])
+  msq = group_sq_norms(zigs, m)
+  return scale_groups(zigs, z, jnp.where(active & ((dot < eps * msq) | (msq == 0)), 0.0, 1.0))
+
+
+def kept_fraction(zigs: ZIGs, w: jax.Array, name: str | None) -> jax.Array:
+  """``Σ_{g∈set} w_g / C_set`` (1 for fixed sets and the input)."""
+  s = None if name is None else zigs.get(name)
+  if s is None or s.offset < 0:
+    return jnp.ones(())
+  return jnp.sum(w[s.offset:s.offset + s.size]) / s.size
+
+
+def flops(zigs: ZIGs, w: jax.Array) -> jax.Array:
+  """``P(w)``: MACs per example under the mask ``w [G]`` (``w = 1``: the full model)."""
+  total = jnp.zeros(())
+  for layer in zigs.layers:
+    if layer.macs:
+      f = kept_fraction(zigs, w, layer.out_set)
+      if not layer.depthwise:
+        f = f * kept_fraction(zigs, w, layer.in_set)
+      total = total + layer.macs * f
+  return total
+
+
+def total_flops(zigs: ZIGs) -> int:
+  """MACs per example of the full model."""
+  return int(sum(layer.macs for layer in zigs.layers))
+
+
+def flops_regularizer(p: jax.Array, budget: jax.Array) -> jax.Array:
+  """(4-6) ``log(max(P, budget)/budget)``: 0 at or under the budget ``p·P_total``."""
+  return jnp.log(jnp.maximum(p, budget) / budget)
+
+
+@contextlib.contextmanager
+def gate(zigs: ZIGs, w: jax.Array):
+  """Within the block, every declared layer writing a prunable set multiplies its output by
+  ``w`` of that set (the virtual gate ``F̂_l = w_l ⊙ F_l``, l. 904)."""
+  def interceptor(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    m = context.module
+    if context.method_name == "__call__" and isinstance(m, (PConv, PDense, PNorm)):
+      s = None if m.out_set is None else zigs.get(m.out_set)
+      if s is not None and s.offset >= 0:
+        out = out * w[s.offset:s.offset + s.size].astype(out.dtype)
+    return out
+
+  with nn.intercept_methods(interceptor):
+    yield
+
+
+def compress(zigs: ZIGs, params: Params, keep) -> tuple[Params, dict]:
+  """Physical removal (host-side, outside ``jit``): drops the groups with ``keep[g]`` False
+  from their producers (last axis) and the consumers' input axis (−2). Returns
+  ``(params, widths)``; rebuild the model with ``widths`` (e.g.
+  ``cifar_resnet(..., widths=widths)``). The removed groups must be zero (e.g.
+  ``scale_groups(zigs, params, keep)``) for the smaller model to compute the same function; a
+  set keeps at least one (zero) channel."""
+  keep = np.asarray(keep, bool)
+  if keep.shape != (zigs.num_groups,):
+    raise ValueError(f"keep must have shape ({zigs.num_groups},), got {keep.shape}.")
+  index, widths = {}, {}
+  for s in zigs.prunable:
+    idx = np.flatnonzero(keep[s.offset:s.offset + s.size])
+    index[s.name] = idx if idx.size else np.zeros(1, int)
+    widths[s.name] = int(index[s.name].size)
+  params = jax.tree_util.tree_map(np.asarray, params)
+  for layer in zigs.layers:
+    node = _node(params, layer.path)
+    if layer.out_set in index:
+      for leaf in _PRODUCER_LEAVES:
+        if leaf in node:
+          params = _replace(params, layer.path, leaf, node[leaf][..., index[layer.out_set]])
+          node = _node(params, layer.path)
+    if layer.in_set in index and not layer.depthwise and layer.kind != "norm":
+      params = _replace(params, layer.path, "kernel",
+                        np.take(node["kernel"], index[layer.in_set], axis=-2))
+  return params, widths
