@@ -116,7 +116,7 @@ class ATOState(NamedTuple):
   w: jax.Array              # [G] in {0, 1}
   epoch: jax.Array          # int32
   step: jax.Array           # int32, target steps taken
-  key: jax.Array
+  key: jax.Array            # uint32 key data (checkpointable)
 
 
 class ATOInfo(NamedTuple):
@@ -158,7 +158,7 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
       ctrl_params = {"params": ctrl_params["params"], "input": z}
     return ATOState(params, optimizer.init(params), ctrl_params, ctrl_opt.init(ctrl_params), z,
                     jnp.ones(zigs.num_groups), jnp.zeros((), jnp.int32),
-                    jnp.zeros((), jnp.int32), key)
+                    jnp.zeros((), jnp.int32), jax.random.key_data(key))
 
   def mask_logits(ctrl_params, ctrl_input, key):
     z = ctrl_params.get("input", ctrl_input)
@@ -192,7 +192,7 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
     return state._replace(params=params, opt_state=opt_state, step=state.step + 1), info
 
   def ctrl_step(state, x, y):
-    key, sub = jax.random.split(state.key)
+    key, sub = jax.random.split(jax.random.wrap_key_data(state.key))
     frozen = jax.lax.stop_gradient(state.params)
 
     def objective(ctrl_params):
@@ -204,15 +204,15 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
     loss, grads = jax.value_and_grad(objective)(state.ctrl_params)
     updates, opt_state = ctrl_opt.update(grads, state.ctrl_opt_state, state.ctrl_params)
     return state._replace(ctrl_params=optax.apply_updates(state.ctrl_params, updates),
-                          ctrl_opt_state=opt_state, key=key), loss
+                          ctrl_opt_state=opt_state, key=jax.random.key_data(key)), loss
 
   def end_epoch(state):
-    key, sub = jax.random.split(state.key)
+    key, sub = jax.random.split(jax.random.wrap_key_data(state.key))
     fresh = mask_logits(state.ctrl_params, state.ctrl_input,
                         sub if cfg.regenerate_noise else None)
     window = (state.epoch >= cfg.T_start) & (state.epoch <= cfg.T_end)
     return state._replace(w=jnp.where(window, jax.lax.stop_gradient(fresh), state.w),
-                          epoch=state.epoch + 1, key=key)
+                          epoch=state.epoch + 1, key=jax.random.key_data(key))
 
   return ATO(init, target_step, ctrl_step, end_epoch, mask_logits)
 
@@ -223,3 +223,75 @@ def controller_subset(n: int, fraction: float = 0.05, seed: int = 0) -> np.ndarr
     raise ValueError(f"fraction must be in (0, 1], got {fraction!r}.")
   rng = np.random.default_rng(seed)
   return np.sort(rng.choice(n, max(1, int(round(fraction * n))), replace=False))
+
+
+def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarray,
+          y: np.ndarray, *, epochs: int, batch_size: int, ctrl_index: np.ndarray,
+          ctrl_batch: int | None = None,
+          evaluate: Callable[[Any, jax.Array], float] | None = None, augment=None,
+          checkpoint_dir: str | None = None, progress: bool = True, desc: str = "ATO"
+          ) -> tuple[ATOState, list[dict]]:
+  """Algorithm 7 for ``epochs`` epochs over ``x [N, ...]``, ``y [N]``: each epoch one jitted
+  pass of ``N // batch_size`` target steps (a fresh permutation; ``augment(key, x)`` per
+  batch), then — if ``T_start ≤ epoch ≤ T_end`` — one pass of controller steps over
+  ``D_CN = x[ctrl_index]`` in batches of ``ctrl_batch`` (default ``batch_size``), then :func:`ATO.end_epoch`. ``evaluate(params, w)`` (e.g. test
+  accuracy under the mask) runs after every epoch. With ``checkpoint_dir`` the state is saved
+  after every epoch and a run resumes from the newest checkpoint. Returns the final state and
+  one record per epoch (``loss``, ``flops`` = P(w)/P_total, ``kept``, ``zero_groups``,
+  ``metric``)."""
+  from tqdm.auto import tqdm
+  if epochs < 1 or batch_size < 1 or batch_size > len(x):
+    raise ValueError(f"need epochs >= 1 and 1 <= batch_size <= {len(x)}, got {epochs}, "
+                     f"{batch_size}.")
+  xd, yd = jnp.asarray(x), jnp.asarray(y)
+  xc, yc = xd[jnp.asarray(ctrl_index)], yd[jnp.asarray(ctrl_index)]
+  steps, cb = len(x) // batch_size, min(ctrl_batch or batch_size, len(ctrl_index))
+
+  @jax.jit
+  def target_epoch(state, key):
+    order = jax.random.permutation(key, len(x))[:steps * batch_size].reshape(steps, -1)
+
+    def body(st, i):
+      xb = xd[order[i]]
+      if augment is not None:
+        xb = augment(jax.random.fold_in(key, i), xb)
+      return algo.target_step(st, xb, yd[order[i]])
+
+    state, info = jax.lax.scan(body, state, jnp.arange(steps))
+    return state, jax.tree_util.tree_map(jnp.mean, info)
+
+  @jax.jit
+  def ctrl_epoch(state, key):
+    order = jax.random.permutation(key, len(ctrl_index))[:(len(ctrl_index) // cb) * cb]
+    order = order.reshape(-1, cb)
+    return jax.lax.scan(lambda st, idx: algo.ctrl_step(st, xc[idx], yc[idx]), state, order)
+
+  end_epoch = jax.jit(algo.end_epoch)
+  state = algo.init(key, params)
+  history, start = [], 0
+  ckpt = None
+  if checkpoint_dir:
+    from fedjaxsparse.checkpoint import Checkpointer
+    ckpt = Checkpointer(checkpoint_dir)
+    if ckpt.latest_round() is not None:
+      state, meta = ckpt.restore_latest(jax.eval_shape(lambda: state))
+      history, start = meta["history"], int(meta["epoch"])
+  bar = tqdm(range(start, epochs), initial=start, total=epochs, desc=desc, unit="epoch",
+             disable=not progress)
+  for t in bar:
+    k = jax.random.fold_in(jax.random.fold_in(key, 7), t)
+    state, info = target_epoch(state, k)
+    if config.T_start <= t <= config.T_end:
+      state, _ = ctrl_epoch(state, jax.random.fold_in(k, 1))
+    state = end_epoch(state)
+    rec = {"epoch": t + 1, **{f: float(v) for f, v in info._asdict().items()}}
+    if evaluate is not None:
+      rec["metric"] = float(evaluate(state.params, state.w))
+    history.append(rec)
+    bar.set_postfix(loss=f"{rec['loss']:.3f}", flops=f"{rec['flops']:.2f}",
+                    **({"acc": f"{rec['metric']:.3f}"} if "metric" in rec else {}))
+    if ckpt is not None:
+      ckpt.save(t + 1, state, {"epoch": t + 1, "history": history})
+  if ckpt is not None:
+    ckpt.close()
+  return state, history

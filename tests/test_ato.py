@@ -1,0 +1,151 @@
+"""Auto-Train-Once (fedjaxsparse.algorithms.ato; seed 004 Task 2, spec §2.10): the
+straight-through Gumbel-sigmoid, the initial all-keep mask, plain training bit for bit when
+λ = 0 or w ≡ 1, no prox before T_w, masked groups zeroed by the prox afterwards while kept
+groups follow the base optimiser, w frozen outside [T_start, T_end], the controller driving
+P(w) under the budget, and resuming from a checkpoint."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjaxsparse import zig as Z
+from fedjaxsparse.algorithms import ato as A
+from fedjaxsparse.models import prunable as P
+
+
+@pytest.fixture(scope="module")
+def digits():
+  from sklearn.datasets import load_digits
+  d = load_digits()
+  return (d.data / 16.0).astype(np.float32)[:512], d.target.astype(np.int32)[:512]
+
+
+def _setup(cfg, lr=0.05):
+  module, model = P.mlp((64,), 10, hidden=(32, 16))
+  zigs = Z.trace(module, (64,))
+  opt = optax.sgd(lr, momentum=0.9)
+  return model, zigs, opt, A.ato(model, zigs, opt, lambda t: lr, cfg)
+
+
+def test_gumbel_sigmoid_straight_through_and_initial_mask():
+  o = jnp.linspace(-6.0, 2.0, 9)
+  key = jax.random.key(0)
+  w = A.gumbel_sigmoid(o, key, 3.0, 0.4)
+  assert set(np.unique(np.asarray(w))) <= {0.0, 1.0}
+  s = jax.random.gumbel(key, o.shape)
+  sig = jax.nn.sigmoid((o + s + 3.0) / 0.4)
+  g = jax.grad(lambda o: jnp.sum(A.gumbel_sigmoid(o, key, 3.0, 0.4) * jnp.arange(9.0)))(o)
+  np.testing.assert_allclose(np.asarray(g), np.asarray(sig * (1 - sig) / 0.4 * jnp.arange(9.0)),
+                             rtol=1e-5, atol=1e-7)
+  module, model = P.cifar_resnet(56)
+  zigs = Z.trace(module, (32, 32, 3))
+  algo = A.ato(model, zigs, optax.sgd(0.1), lambda t: 0.1, A.ATOConfig())
+  st = jax.eval_shape(lambda: algo.init(jax.random.key(1), {}))
+  assert st.w.shape == (zigs.num_groups,)
+  ctrl = A.Controller(tuple(s.size for s in zigs.prunable))
+  z = jax.random.normal(jax.random.key(2), (len(zigs.prunable), 64))
+  o = ctrl.apply(ctrl.init(jax.random.key(3), z), z)
+  fracs = [float(jnp.mean(A.gumbel_sigmoid(o, jax.random.key(k), 3.0, 0.4))) for k in range(5)]
+  assert min(fracs) >= 0.99                                   # b = 3, τ = 0.4: nearly all keep
+
+
+def _plain(model, opt, params, batches):
+  """The base optimiser alone, jitted like ATO's step."""
+  @jax.jit
+  def step(params, state, xb, yb):
+    g = jax.grad(lambda p: jnp.mean(model.per_example_loss(model.apply(p, xb), yb)))(params)
+    u, state = opt.update(g, state, params)
+    return optax.apply_updates(params, u), state
+
+  state = opt.init(params)
+  for xb, yb in batches:
+    params, state = step(params, state, xb, yb)
+  return params
+
+
+@pytest.mark.parametrize("case", ["lam0", "w_ones"])
+def test_reduces_to_plain_training_bit_for_bit(digits, case):
+  x, y = digits
+  cfg = (A.ATOConfig(lam=0.0, T_w=0) if case == "lam0"
+         else A.ATOConfig(lam=10.0, T_w=0, T_start=50, T_end=60))
+  model, zigs, opt, algo = _setup(cfg)
+  params = model.init(jax.random.key(0))
+  st = algo.init(jax.random.key(1), params)
+  if case == "lam0":
+    st = st._replace(w=jnp.zeros_like(st.w))                  # every group masked, λ = 0
+  step = jax.jit(algo.target_step)
+  batches = [(jnp.asarray(x[i:i + 64]), jnp.asarray(y[i:i + 64])) for i in range(0, 256, 64)]
+  for xb, yb in batches:
+    st, _ = step(st, xb, yb)
+  want = _plain(model, opt, params, batches)
+  for a, b in zip(jax.tree_util.tree_leaves(st.params), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_prox_phase_zeroes_masked_groups_and_spares_kept_ones(digits):
+  x, y = digits
+  model, zigs, opt, algo = _setup(A.ATOConfig(lam=20.0, T_w=1), lr=0.05)   # ηλ = 1
+  params = model.init(jax.random.key(0))
+  st = algo.init(jax.random.key(1), params)
+  w = (np.arange(zigs.num_groups) % 3 != 0).astype(np.float32)
+  st = st._replace(w=jnp.asarray(w))
+  xb, yb = jnp.asarray(x[:64]), jnp.asarray(y[:64])
+  step = jax.jit(algo.target_step)
+  before, _ = step(st, xb, yb)                                # epoch 0 < T_w: no prox
+  plain = _plain(model, opt, params, [(xb, yb)])
+  for a, b in zip(jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(plain)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  after, info = step(st._replace(epoch=jnp.asarray(1)), xb, yb)
+  nrm_plain = np.asarray(Z.group_norms(zigs, plain))
+  nrm = np.asarray(Z.group_norms(zigs, after.params))
+  dead = (w == 0) & (nrm_plain <= 1.0)
+  assert 0 < dead.sum() < (w == 0).sum()                      # some zeroed, some shrunk
+  np.testing.assert_allclose(nrm[w == 0], np.maximum(nrm_plain[w == 0] - 1.0, 0), atol=1e-6)
+  assert np.all(nrm[dead] == 0) and np.all(nrm[w == 1] == nrm_plain[w == 1])
+  assert float(info.zero_groups) == pytest.approx(np.mean(dead))
+
+
+def test_mask_frozen_outside_the_controller_window():
+  model, zigs, opt, algo = _setup(A.ATOConfig(T_start=1, T_end=2))
+  st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
+  st = st._replace(w=jnp.zeros_like(st.w))
+  shifted = jax.tree_util.tree_map(lambda a: a - 5.0, st.ctrl_params)   # drives w to 0
+  st0 = algo.end_epoch(st._replace(w=jnp.ones_like(st.w), ctrl_params=shifted))
+  assert np.all(np.asarray(st0.w) == 1)                       # epoch 0 < T_start: kept
+  st1 = algo.end_epoch(st0)                                    # epoch 1: regenerated
+  assert float(jnp.mean(st1.w)) < 0.5
+  st2 = algo.end_epoch(st1._replace(ctrl_params=st.ctrl_params))  # epoch 2 = T_end: regenerated
+  st3 = algo.end_epoch(st2._replace(ctrl_params=shifted))     # epoch 3 > T_end: frozen
+  np.testing.assert_array_equal(np.asarray(st3.w), np.asarray(st2.w))
+
+
+def test_controller_drives_flops_under_the_budget(digits):
+  x, y = digits
+  cfg = A.ATOConfig(target=0.4, gamma=4.0, ctrl_lr=1e-2)
+  model, zigs, opt, algo = _setup(cfg)
+  st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
+  step = jax.jit(algo.ctrl_step)
+  full = Z.total_flops(zigs)
+  xb, yb = jnp.asarray(x[:128]), jnp.asarray(y[:128])
+  for _ in range(150):
+    st, _ = step(st, xb, yb)
+  w = algo.mask_logits(st.ctrl_params, st.ctrl_input, None)
+  assert float(Z.flops(zigs, w)) <= 0.4 * full
+
+
+def test_train_resumes_from_a_checkpoint(digits, tmp_path):
+  x, y = digits
+  cfg = A.ATOConfig(target=0.5, T_w=1, T_start=0, T_end=1, ctrl_lr=1e-2)
+  model, zigs, opt, algo = _setup(cfg)
+  params = model.init(jax.random.key(0))
+  kw = dict(epochs=3, batch_size=64, ctrl_index=A.controller_subset(len(x), 0.1),
+            progress=False)
+  full, hist = A.train(algo, cfg, jax.random.key(5), params, x, y, **kw)
+  A.train(algo, cfg, jax.random.key(5), params, x, y, checkpoint_dir=str(tmp_path),
+          **{**kw, "epochs": 2})
+  resumed, hist2 = A.train(algo, cfg, jax.random.key(5), params, x, y,
+                           checkpoint_dir=str(tmp_path), **kw)
+  assert [h["epoch"] for h in hist2] == [1, 2, 3] and hist2 == hist
+  for a, b in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(resumed)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
