@@ -1,0 +1,112 @@
+"""Fed-LPFM (seed 004 Task 3, Algorithm 10, l. 1500-1556; spec ``seed004.md`` §3.1-§3.2):
+FedAvg over a lightweight student whose local loss distils from each client's private,
+frozen foundation models,
+
+    L(D_i; θ) = λ·E ℓ_CE(h(x; θ), y) + (1 − λ)·Σ_{m=1}^{M_i} E ℓ_KL[h(x; θ) ‖ M_i^m(x)]   (5-2)-(5-4)
+
+— a *sum* over teachers; aggregation by data size (5-5); teachers are never communicated
+(the messages are FedAvg's: dense models). Teacher logits are computed **once** per example
+(:func:`fedjaxsparse.clip.cached_logits` for CLIP, or any ``logits_fn``) and carried with the
+data: :func:`pack_targets` stores label and teacher logits in the float targets ``y [N, M,
+1 + T·K]`` of a :class:`~fedjaxsparse.data.federated.FederatedData`, so FedAvg's minibatch
+sampling draws an example's teachers with it and no teacher runs inside the round.
+
+The seed leaves the KL direction and temperature open (spec §3.2): ``direction="forward"``
+(default, Hinton KD) is ``KL(softmax(M/T) ‖ softmax(h/T))``, ``"reverse"`` is
+``KL(softmax(h/T) ‖ softmax(M/T))`` (the printed ``ℓ_KL[h ‖ M]`` read literally); both are
+multiplied by ``T²`` (Hinton et al.'s gradient-scale correction; 1 at the default ``T = 1``).
+Every client carries the same number ``T`` of teacher slots; ``teacher_mask [N, T]`` switches
+slots off per client (``M_i < T``, as in mixed-teacher ablations).
+
+Baselines: FedAvg is ``lam=1`` (bit for bit: the KL term is not even traced), FedProx is
+:func:`fedjaxsparse.algorithms.fedprox.proximal`, FML is :mod:`fedjaxsparse.algorithms.fml`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.core import Algorithm
+from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.models.base import Model, make_loss
+
+DIRECTIONS = ("forward", "reverse")
+
+
+def kd_loss(student: jax.Array, teachers: jax.Array, temperature: float = 1.0,
+            direction: str = "forward", teacher_mask: jax.Array | None = None) -> jax.Array:
+  """``Σ_m T²·KL`` between the student ``[B, K]`` and teachers ``[B, T, K]`` logits, per
+  example ``[B]`` (``teacher_mask [T]`` or ``[B, T]`` switches teachers off)."""
+  if direction not in DIRECTIONS:
+    raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}.")
+  if not temperature > 0:
+    raise ValueError(f"temperature must be > 0, got {temperature!r}.")
+  log_s = jax.nn.log_softmax(student / temperature, axis=-1)[:, None, :]
+  log_t = jax.nn.log_softmax(teachers / temperature, axis=-1)
+  if direction == "forward":
+    kl = jnp.sum(jnp.exp(log_t) * (log_t - log_s), axis=-1)
+  else:
+    kl = jnp.sum(jnp.exp(log_s) * (log_s - log_t), axis=-1)
+  if teacher_mask is not None:
+    kl = kl * teacher_mask
+  return temperature ** 2 * jnp.sum(kl, axis=-1)
+
+
+def pack_targets(data: FederatedData, teacher_logits: np.ndarray,
+                 teacher_mask: np.ndarray | None = None) -> FederatedData:
+  """``data`` with ``y [N, M, 1 + T·(K + 1)]``: the label, then each teacher's logits
+  ``[N, M, T, K]`` and its on/off flag (``teacher_mask [N, T]``, default all on)."""
+  logits = np.asarray(teacher_logits, np.float32)
+  n, m = np.shape(data.y)[:2]
+  if logits.ndim != 4 or logits.shape[:2] != (n, m):
+    raise ValueError(f"teacher_logits must be [N={n}, M={m}, T, K], got {logits.shape}.")
+  t = logits.shape[2]
+  flags = np.ones((n, t), np.float32) if teacher_mask is None else np.asarray(
+      teacher_mask, np.float32)
+  if flags.shape != (n, t):
+    raise ValueError(f"teacher_mask must be [N={n}, T={t}], got {flags.shape}.")
+  flags = np.broadcast_to(flags[:, None, :, None], (n, m, t, 1))
+  teach = np.concatenate([logits, flags], axis=-1).reshape(n, m, -1)
+  y = np.concatenate([np.asarray(data.y, np.float32)[..., None], teach], axis=-1)
+  return data._replace(y=jnp.asarray(y))
+
+
+def unpack_targets(y: jax.Array, num_classes: int):
+  """``y [B, 1 + T·(K + 1)] -> (labels int32[B], logits [B, T, K], mask [B, T])``."""
+  rest = y[:, 1:].reshape(y.shape[0], -1, num_classes + 1)
+  return y[:, 0].astype(jnp.int32), rest[..., :num_classes], rest[..., num_classes]
+
+
+def fedlpfm_loss(model: Model, num_classes: int, lam: float = 0.5, temperature: float = 1.0,
+                 direction: str = "forward"):
+  """The local objective (5-2) as ``loss(params, x, y_packed, mask)`` (mean over the real
+  examples); ``lam = 1`` is exactly FedAvg's cross-entropy (:func:`make_loss`)."""
+  if not 0 <= lam <= 1:
+    raise ValueError(f"lam must be in [0, 1], got {lam!r}.")
+  kd_loss(jnp.zeros((1, 2)), jnp.zeros((1, 1, 2)), temperature, direction)  # validate
+  ce = make_loss(model)
+
+  def loss(params, x, y, mask):
+    labels, teachers, on = unpack_targets(y, num_classes)
+    if lam == 1.0:
+      return ce(params, x, labels, mask)
+    logits = model.apply(params, x)
+    per = (lam * model.per_example_loss(logits, labels)
+           + (1.0 - lam) * kd_loss(logits, teachers, temperature, direction, on))
+    return jnp.sum(per * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+  return loss
+
+
+def fedlpfm(model: Model, num_classes: int, client_optimizer: optax.GradientTransformation, *,
+            lam: float = 0.5, temperature: float = 1.0, direction: str = "forward",
+            **fedavg_kwargs: Any) -> Algorithm:
+  """Algorithm 10: :func:`fedjaxsparse.algorithms.fedavg.fedavg` (data-size weighting, stateless
+  clients) with the loss (5-2) on data from :func:`pack_targets`."""
+  return fedavg(fedlpfm_loss(model, num_classes, lam, temperature, direction),
+                client_optimizer, **fedavg_kwargs)

@@ -1,0 +1,36 @@
+"""FedProx's proximal term (Li et al., MLSys 2020; the baseline of seed 004 Task 3, spec §3.3)
+as an optax transformation: the local objective ``F_i(θ) + (μ/2)‖θ − θ_t‖²`` adds
+``μ(θ − θ_t)`` to every local gradient.
+
+FedAvg (:func:`fedjaxsparse.algorithms.fedavg.fedavg`) re-initialises the client optimiser
+with the broadcast model θ_t at the start of every round, so the anchor is exactly θ_t:
+``fedavg(loss, optax.chain(proximal(mu), optax.sgd(lr)))`` is FedProx. ``mu = 0`` is FedAvg
+bit for bit (the term adds ``0·(θ − θ_t)``).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import optax
+
+
+class ProximalState(NamedTuple):
+  anchor: Any   # θ_t, the params the optimiser was initialised with
+
+
+def proximal(mu: float) -> optax.GradientTransformation:
+  """``g ← g + μ(θ − θ_t)``, θ_t = the params given to ``init``."""
+  if not mu >= 0:
+    raise ValueError(f"mu must be >= 0, got {mu!r}.")
+
+  def init(params):
+    return ProximalState(params)
+
+  def update(updates, state, params=None):
+    if params is None:
+      raise ValueError("proximal(mu) needs params in update(updates, state, params).")
+    return jax.tree.map(lambda g, p, a: g + mu * (p - a), updates, params,
+                        state.anchor), state
+
+  return optax.GradientTransformation(init, update)
