@@ -105,6 +105,16 @@ def test_packed_cached_logits_give_the_on_the_fly_loss(setup):
   assert np.all(np.asarray(on) == 1)
   with pytest.raises(ValueError, match="teacher_logits"):
     F.pack_targets(ds.train, logits[0])
+  # mixed teachers (Table 12): a per-client mask picks one of two teachers
+  pick = np.eye(2, dtype=np.float32)[np.arange(ds.train.num_clients) % 2]
+  mixed = F.pack_targets(ds.train, logits, pick)
+  for i in (0, 1):
+    _, t, on = F.unpack_targets(mixed.y[i], 10)
+    np.testing.assert_array_equal(np.asarray(on), np.broadcast_to(pick[i], on.shape))
+    np.testing.assert_allclose(np.asarray(t), logits[i], rtol=1e-6)
+  only_second = F.pack_targets(ds.train, logits[:, :, 1:])     # client c = 1 uses teacher 2
+  np.testing.assert_allclose(float(loss(params, x, mixed.y[c], mask)),
+                             float(loss(params, x, only_second.y[c], mask)), rtol=1e-6)
 
 
 def test_fml_private_models_change_only_for_participants(setup):

@@ -1,7 +1,8 @@
-"""The Fed-LPFM experiment (seed 004 Tables 8/11/12) end to end through the CLI in a tiny
-configuration on the real Fashion-MNIST: every method and teacher variant runs, tuning picks
-a setting from the grid on the validation split, and the results carry the paper's numbers
-and the teacher's label."""
+"""The Fed-LPFM experiment (seed 004 Table 8 end to end through the CLI in a tiny configuration
+on the real Fashion-MNIST; Table 11's linear probe as a unit): every method runs, FedProx's μ
+is tuned on the validation split, and the results carry the paper's numbers and the teacher's
+label. (Table 12's mixed teachers reduce to per-client teacher masks, tested in
+test_fedlpfm.)"""
 import json
 
 import numpy as np
@@ -19,23 +20,24 @@ TINY = ["--no-progress", "--rounds", "2", "--set", "train_size=1500", "--set",
 
 def test_table8_tiny(tmp_path):
   assert main(["run", "fedlpfm_fmnist", "--out", str(tmp_path), *TINY,
-               "--set", "splits=class"]) == 0
+               "--set", "splits=class", "--set", "lams=0.5"]) == 0
   res = json.load(open(tmp_path / "fedlpfm_fmnist" / "results.json"))
   assert [r["method"] for r in res["table"]] == ["FedAvg", "FedProx", "FML", "Fed-LPFM"]
   assert [r["paper % (CIFAR-10)"] for r in res["table"]] == [67.67, 65.97, 19.29, 82.29]
   assert res["table"][1]["chosen"] in ("μ=0.01", "μ=0.1")
-  assert res["table"][3]["chosen"] in ("λ=0.25", "λ=0.5")
+  assert res["table"][3]["chosen"] == "λ=0.5"             # a one-value grid: no tuning run
   assert all(np.isfinite(r["ours %"]) and 0 <= r["ours %"] <= 100 for r in res["table"])
   assert "library-trained CNN teacher" in res["teachers"]["CNN"]
   assert (tmp_path / "fedlpfm_fmnist" / "fedlpfm_fmnist.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_teacher_ablations_tiny(tmp_path):
-  for study, variants in (("table11", ["CNN", "Linear Probing"]),
-                          ("table12", ["CNN (all clients)", "MLP (all clients)",
-                                       "mixed (uniform per client)"])):
-    assert main(["run", "fedlpfm_fmnist", "--out", str(tmp_path / study), *TINY,
-                 "--set", "splits=dir0.5", "--set", f"study={study}", "--set",
-                 "lams=0.5"]) == 0
-    res = json.load(open(tmp_path / study / "fedlpfm_fmnist" / "results.json"))
-    assert [r["method"] for r in res["table"]] == [f"Fed-LPFM [{v}]" for v in variants]
+def test_linear_probe_fits_local_labels():
+  """Table 11's teacher: a logistic head on fixed features fitted to one client's labels."""
+  from fedjaxsparse.experiments.fedlpfm_fmnist import _linear_probe
+  rng = np.random.default_rng(0)
+  centres = rng.standard_normal((3, 8)) * 3
+  y = rng.integers(0, 3, 120)
+  feats = centres[y] + rng.standard_normal((120, 8))
+  w, b = _linear_probe(feats.astype(np.float32), y, 10)
+  pred = np.argmax(feats @ w + b, -1)
+  assert np.mean(pred == y) > 0.95 and set(np.unique(pred)) <= {0, 1, 2}
