@@ -1,9 +1,8 @@
 """The Fed-LPFM experiment (seed 004 Table 8 end to end through the CLI in a tiny configuration
 on the real Fashion-MNIST; Table 11's linear probe as a unit): every method runs and the
-results carry the paper's numbers and the teacher's
-label. One-value grids keep it short (tuning itself is the shared code every experiment
-uses). Table 12's mixed teachers reduce to per-client teacher masks, tested in
-test_fedlpfm."""
+results carry the paper's numbers and the teacher's label. One-value grids keep it short
+(tuning is the shared code every experiment uses). Table 12's mixed teachers reduce to
+per-client teacher masks, tested in test_fedlpfm."""
 import json
 
 import numpy as np

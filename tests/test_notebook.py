@@ -75,3 +75,24 @@ def test_ddss_notebook_runs(monkeypatch, tmp_path):
   assert "paper's literal radius: 4 non-zero features of x* eliminated" in out
   assert out.count("(certified: True)") == 2 and "every run kept all non-zeros of x*: True" in out
   assert all(m in out for m in ("Sha-DDSS-Naive", "Dis-DDSS", "ProxASVRG", "ProxASAGA", "PSE-Safe"))
+
+
+def test_ato_notebook_runs(monkeypatch, tmp_path):
+  out = _execute(monkeypatch, tmp_path, "ato", ATO_EPOCHS="3", ATO_WIDTH="8")
+  assert "ResNet-56 on 32×32×3: 125,485,696 MACs per example" in out
+  assert "outputs equal: True" in out
+  assert "exactly those with ‖g‖ ≤ t_g: True; the others shrank by t_g: True" in out
+  assert "exactly those with zᵀM < ε‖M‖²: True" in out
+  assert "P(1) = P_total: True" in out and "equal to the rebuilt model's MACs: True" in out
+  assert "∂R/∂w ≥ 0 there: True" in out
+  assert "ATO: test accuracy" in out and "Uniform: test accuracy" in out
+
+
+def test_fedlpfm_notebook_runs(monkeypatch, tmp_path):
+  out = _execute(monkeypatch, tmp_path, "fedlpfm", FEDLPFM_ROUNDS="3", FEDLPFM_TEACHER_STEPS="200")
+  assert "student = teacher: 0.0e+00; zero: True" in out
+  assert "> 0: True; two identical teachers give twice the KD: True" in out
+  assert "λ = 1 Fed-LPFM equals FedAvg bit for bit after 3 rounds on every split: True" in out
+  for split in ("IID", "Dirichlet α=0.1", "class split"):
+    line = out.split(f"{split}: final test accuracy ")[1].split("\n")[0]
+    assert all(f"{m} " in line for m in ("FedAvg", "FedProx", "FML", "Fed-LPFM"))
