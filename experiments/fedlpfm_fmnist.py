@@ -189,12 +189,19 @@ def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
       np.savez(cache, **{str(i): np.asarray(a) for i, a in
                          enumerate(jax.tree_util.tree_leaves(params))})
     acc = _accuracy(model, params, xt, yt)
-    fn = lambda a, m=model, p=params: np.asarray(jax.jit(m.apply)(p, jnp.asarray(a)))  # noqa
+    fn = lambda a, m=model, p=params: _batched(jax.jit(m.apply), p, a)  # noqa: E731
     feats = lambda a, m=model, p=params: _penultimate(m, p, a)  # noqa: E731
     out[name] = (fn, f"library-trained {name} teacher (test acc {100 * acc:.1f} %, trained "
                      f"centrally on {len(x)} training images, {opts['teacher_epochs']} epochs)",
                  feats)
   return out
+
+
+def _batched(fn, params, x, batch: int = 512) -> np.ndarray:
+  """``fn(params, x)`` over ``x`` in batches (bounded memory: the patch convolutions of a whole
+  training set would not fit)."""
+  return np.concatenate([np.asarray(fn(params, jnp.asarray(x[i:i + batch])))
+                         for i in range(0, len(x), batch)])
 
 
 def _penultimate(model, params, x) -> np.ndarray:
@@ -213,7 +220,7 @@ def _penultimate(model, params, x) -> np.ndarray:
     with nn.intercept_methods(interceptor):
       model.apply(p, a)
     return seen[-1]
-  return np.asarray(run(params, jnp.asarray(x)))
+  return _batched(run, params, x)
 
 
 def _linear_probe(feats: np.ndarray, y: np.ndarray, classes: int, steps: int = 300,
