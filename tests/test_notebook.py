@@ -78,7 +78,7 @@ def test_ddss_notebook_runs(monkeypatch, tmp_path):
 
 
 def test_ato_notebook_runs(monkeypatch, tmp_path):
-  out = _execute(monkeypatch, tmp_path, "ato", ATO_EPOCHS="3", ATO_WIDTH="8", ATO_TRAIN="128")
+  out = _execute(monkeypatch, tmp_path, "ato", ATO_EPOCHS="3", ATO_WIDTH="4", ATO_TRAIN="128")
   assert "ResNet-56 on 32×32×3: 125,485,696 MACs per example" in out
   assert "outputs equal: True" in out
   assert "exactly those with ‖g‖ ≤ t_g: True; the others shrank by t_g: True" in out
