@@ -94,7 +94,7 @@ DEFAULTS = dict(rounds=None, eval_every=None, clients=1, dataset="fashion_mnist"
 CPU_EPOCHS, PAPER_EPOCHS = 6, 300
 BUDGET = (f"training epochs of every method (default: {CPU_EPOCHS} on Fashion-MNIST, "
           f"{PAPER_EPOCHS} on CIFAR as in the paper)")
-RUNTIME = "about 15 minutes on 2 CPU cores (8 trainings of ResNet-20)"
+RUNTIME = "about 11 minutes (8 trainings of ResNet-20 on 5,000 images; measured 10 min 54 s)"
 DATASETS = ("fashion_mnist", "cifar10", "cifar100")
 ARCHS = ("cifar_resnet", "resnet18", "resnet34", "mobilenet_v2", "mlp")
 METHODS = ("Dense", "ATO", "ATO-HSP", "Uniform", "OTO")
