@@ -55,18 +55,17 @@ images, ``D_CN`` 5 %, controller Adam 1e-3; ``--paper table4_resnet56`` (and
 fixes the architecture and Table 6's targets p and prints the paper's Table 4 rows beside ours.
 The CPU run prints the CIFAR-10 ResNet-56 rows, labelled not comparable.
 
-Execution: on CPU every step is one jitted call driven from Python (``loop="host"``): XLA:CPU
-runs a convolution inside a loop body ~20× slower (jax-ml/jax#12868), and
-:func:`fedjaxsparse.algorithms.ato.train` scans over an epoch; on accelerators the scanned
-:func:`~fedjaxsparse.algorithms.ato.train` runs. Both draw the same permutations, augmentation
-and controller batches from the same keys and write the same checkpoints, under
+Execution: :func:`fedjaxsparse.algorithms.ato.train` with ``loop="host"`` on CPU (every step
+one jitted call: XLA:CPU runs a convolution inside a loop body ~20× slower, jax-ml/jax#12868)
+and ``loop="scan"`` on accelerators (an epoch is one ``lax.scan``). Both draw the same
+permutations, augmentation and controller batches from the same keys and write the same
+checkpoints, under
 ``OUT/ato_prune/checkpoints/RUN`` (every epoch on CIFAR; on Fashion-MNIST after the last epoch
 only, ``checkpoint_every``): ``--resume`` continues every run from its newest checkpoint
 (finished runs are only evaluated again), ``--overwrite`` starts afresh.
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -139,12 +138,15 @@ OPTIONS = (
            "shrinkage as a 300-epoch CIFAR run)", kind="float", low=0.0),
     Option("mask_in_target_forward", False, "gate the target model's forward pass by w "
            "(default: the literal (4-2), unmasked)"),
-    Option("regenerate_noise", False, "Gumbel noise in the end-of-epoch mask"),
+    Option("end_mask", "median", "end-of-epoch mask: median (keep groups the noisy mask keeps "
+           "with probability > 1/2), noise_free (round(sigmoid((o + b)/τ)): undershoots with "
+           "Gumbel noise), sample (one noisy draw)", choices=A.END_MASKS),
+    Option("flops_penalty", "one_sided", "controller FLOPs penalty: one_sided (4-6) or "
+           "two_sided |log(P/pP_total)|", choices=A.PENALTIES),
     Option("augment", None, "random crop + flip (default: on for CIFAR, off for Fashion-MNIST)",
            kind="bool"),
-    Option("checkpoint_every", None, "host loop: checkpoint every this many epochs, 0: after "
-           "the last only (default 1 on CIFAR, 0 on Fashion-MNIST; the scan loop: every "
-           "epoch)", kind="int", low=0, identity=False),
+    Option("checkpoint_every", None, "checkpoint every this many epochs, 0: after the last "
+           "only (default 1 on CIFAR, 0 on Fashion-MNIST)", kind="int", low=0, identity=False),
     Option("seeds", 1, "model seeds --seed, --seed + 1, ... (results are means)", low=1,
            identity=False),
     Option("eval_batch", 500, "evaluation batch (current-batch BatchNorm statistics)", low=1,
@@ -153,8 +155,8 @@ OPTIONS = (
            low=1, identity=False),
     Option("check_size", 1000, "test images on which the compressed and the masked model's "
            "logits are compared", low=1, identity=False),
-    Option("loop", "auto", "host: one jitted call per step (fast on CPU); scan: ato.train; "
-           "auto: host on CPU", choices=("auto", "host", "scan"), identity=False),
+    Option("loop", "auto", "host: one jitted call per step (fast on CPU); scan: an epoch per "
+           "call; auto: host on CPU", choices=("auto", *A.LOOPS), identity=False),
 )
 
 # Table 4 (seed 004 l. 1032-1055) as printed: (method, base, pruned, Δ, pruned FLOPs %, note).
@@ -274,81 +276,6 @@ def _epoch(fraction: float, epochs: int) -> int:
 
 
 # ------------------------------------------------------------------------------ training
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
-def _orders(key: jax.Array, n: int, steps: int, batch: int, n_ctrl: int, ctrl_batch: int):
-  """The epoch's minibatch indices ``[steps, batch]`` and controller batches, drawn as
-  :func:`fedjaxsparse.algorithms.ato.train` draws them (jitted once for every run)."""
-  order = jax.random.permutation(key, n)[:steps * batch].reshape(steps, -1)
-  c = jax.random.permutation(jax.random.fold_in(key, 1), n_ctrl)
-  return order, c[:(n_ctrl // ctrl_batch) * ctrl_batch].reshape(-1, ctrl_batch)
-
-
-def _fit(algo: A.ATO, acfg: A.ATOConfig, key: jax.Array, params, x, y, *, epochs: int,
-         batch_size: int, ctrl_index, ctrl_batch: int | None = None, evaluate=None,
-         augment=None, checkpoint_dir: str | None = None, checkpoint_every: int = 1,
-         progress: bool = True, desc: str = "ATO"):
-  """:func:`fedjaxsparse.algorithms.ato.train` with every step a separate jitted call (no
-  loop around convolutions, ~20× faster on XLA:CPU): the same permutations, augmentation keys,
-  controller batches, epoch records and checkpoints, so the two resume each other (a
-  checkpoint every ``checkpoint_every`` epochs and after the last; 0: the last only)."""
-  from tqdm.auto import tqdm
-  if epochs < 1 or batch_size < 1 or batch_size > len(x):
-    raise ValueError(f"need epochs >= 1 and 1 <= batch_size <= {len(x)}, got {epochs}, "
-                     f"{batch_size}.")
-  xd, yd = jnp.asarray(x), jnp.asarray(y)
-  ci = jnp.asarray(ctrl_index)
-  xc, yc = xd[ci], yd[ci]
-  n, steps = len(x), len(x) // batch_size
-  cb = min(ctrl_batch or batch_size, len(ctrl_index))
-
-  @jax.jit
-  def target(state, xd, yd, idx, key, i):
-    xb = xd[idx]
-    if augment is not None:
-      xb = augment(jax.random.fold_in(key, i), xb)
-    return algo.target_step(state, xb, yd[idx])
-
-  @jax.jit
-  def ctrl(state, xc, yc, idx):
-    return algo.ctrl_step(state, xc[idx], yc[idx])[0]
-
-  end_epoch = jax.jit(algo.end_epoch)
-  state = algo.init(key, params)
-  history, start, ckpt = [], 0, None
-  if checkpoint_dir:
-    from fedjaxsparse.checkpoint import Checkpointer
-    ckpt = Checkpointer(checkpoint_dir)
-    if ckpt.latest_round() is not None:
-      state, meta = ckpt.restore_latest(jax.eval_shape(lambda: state))
-      history, start = meta["history"], int(meta["epoch"])
-  bar = tqdm(range(start, epochs), initial=start, total=epochs, desc=desc, unit="epoch",
-             disable=not progress)
-  for t in bar:
-    k = jax.random.fold_in(jax.random.fold_in(key, 7), t)
-    order, corder = _orders(k, n, steps, batch_size, len(ctrl_index), cb)
-    infos = []
-    for i in range(steps):
-      state, info = target(state, xd, yd, order[i], k, i)
-      infos.append(info)
-    info = jax.tree_util.tree_map(lambda *v: jnp.mean(jnp.stack(v)), *infos)
-    if acfg.T_start <= t <= acfg.T_end:
-      for j in range(corder.shape[0]):
-        state = ctrl(state, xc, yc, corder[j])
-    state = end_epoch(state)
-    rec = {"epoch": t + 1, **{f: float(v) for f, v in info._asdict().items()}}
-    if evaluate is not None:
-      rec["metric"] = float(evaluate(state.params, state.w))
-    history.append(rec)
-    bar.set_postfix(loss=f"{rec['loss']:.3f}", flops=f"{rec['flops']:.2f}",
-                    **({"acc": f"{rec['metric']:.3f}"} if "metric" in rec else {}))
-    if ckpt is not None and (t + 1 == epochs or (checkpoint_every and
-                                                 (t + 1) % checkpoint_every == 0)):
-      ckpt.save(t + 1, state, {"epoch": t + 1, "history": history})
-  if ckpt is not None:
-    ckpt.close()
-  return state, history
 
 
 def _checkpoints(cfg: Config, run: str, identity: dict) -> str:
@@ -479,7 +406,8 @@ def _run(cfg: Config, opts: dict) -> dict:
   base = A.ATOConfig(lam=opts["lam"], gamma=opts["gamma"], T_w=T_w, T_start=T_start,
                      T_end=T_end, hsp_eps=opts["hsp_eps"],
                      mask_in_target_forward=opts["mask_in_target_forward"],
-                     regenerate_noise=opts["regenerate_noise"], ctrl_lr=s["ctrl_lr"])
+                     end_mask=opts["end_mask"], flops_penalty=opts["flops_penalty"],
+                     ctrl_lr=s["ctrl_lr"])
   never = dict(T_start=E + 1, T_end=E + 1)
   identity = {"experiment": NAME, "dataset": cfg.dataset, "data_dir": cfg.data_dir,
               "seed": cfg.seed, "epochs": E,
@@ -494,13 +422,12 @@ def _run(cfg: Config, opts: dict) -> dict:
       init = algo.init
       algo = algo._replace(init=lambda k, p: init(k, p)._replace(w=jnp.zeros(zg.num_groups)))
     ckpt = _checkpoints(cfg, run, {**identity, "run": run, **(extra or {})})
-    fit = (functools.partial(_fit, checkpoint_every=s["checkpoint_every"]) if loop == "host"
-           else A.train)
     t0 = time.time()
-    state, hist = fit(algo, acfg, key, params, x, y, epochs=E, batch_size=s["batch"],
-                      ctrl_index=A.controller_subset(len(x), s["ctrl_fraction"], cfg.seed),
-                      ctrl_batch=s["ctrl_batch"], evaluate=evaluate, augment=augment,
-                      checkpoint_dir=ckpt, progress=cfg.progress, desc=run)
+    state, hist = A.train(algo, acfg, key, params, x, y, epochs=E, batch_size=s["batch"],
+                          ctrl_index=A.controller_subset(len(x), s["ctrl_fraction"], cfg.seed),
+                          ctrl_batch=s["ctrl_batch"], evaluate=evaluate, augment=augment,
+                          checkpoint_dir=ckpt, checkpoint_every=s["checkpoint_every"],
+                          loop=loop, progress=cfg.progress, desc=run)
     return state, hist, time.time() - t0
 
   def finish(params, keep):

@@ -202,8 +202,11 @@ def total_flops(zigs: ZIGs) -> int:
   return int(sum(layer.macs for layer in zigs.layers))
 
 
-def flops_regularizer(p: jax.Array, budget: jax.Array) -> jax.Array:
-  """(4-6) ``log(max(P, budget)/budget)``: 0 at or under the budget ``p·P_total``."""
+def flops_regularizer(p: jax.Array, budget: jax.Array, two_sided: bool = False) -> jax.Array:
+  """(4-6) ``log(max(P, budget)/budget)``: 0 at or under the budget ``p·P_total``;
+  ``two_sided``: ``|log(P/budget)|`` (P floored at 1e-9·budget), 0 only at the budget."""
+  if two_sided:
+    return jnp.abs(jnp.log(jnp.maximum(p, 1e-9 * budget) / budget))
   return jnp.log(jnp.maximum(p, budget) / budget)
 
 

@@ -2,7 +2,10 @@
 straight-through Gumbel-sigmoid, the initial all-keep mask, plain training bit for bit when
 λ = 0 or w ≡ 1, no prox before T_w, masked groups zeroed by the prox afterwards while kept
 groups follow the base optimiser, w frozen outside [T_start, T_end], the controller driving
-P(w) under the budget, and resuming from a checkpoint."""
+P(w) under the budget, the end-of-epoch "median" mask as the noisy masks' majority vote, the
+host and scanned training loops agreeing, and resuming from a checkpoint."""
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -149,3 +152,67 @@ def test_train_resumes_from_a_checkpoint(digits, tmp_path):
   assert [h["epoch"] for h in hist2] == [1, 2, 3] and hist2 == hist
   for a, b in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(resumed)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("noise", A.NOISES)
+def test_median_end_mask_is_the_noisy_masks_majority_vote(noise):
+  """end_mask="median" keeps g iff P_s(round(sigmoid((o + s + b)/τ)) = 1) > 1/2, checked by
+  Monte Carlo on groups whose keep probability is 6 standard errors away from 1/2; with
+  Gumbel noise the literal noise-free mask keeps strictly fewer of them."""
+  o = jnp.linspace(-4.5, -1.5, 301)                     # o + b around 0: probabilities vary
+  n = 4000
+  keys = jax.random.split(jax.random.key(0), n)
+  noisy = jax.vmap(lambda k: A.gumbel_sigmoid(o, k, 3.0, 0.4, noise))(keys)
+  p_hat = np.asarray(jnp.mean(noisy, 0))
+  clear = np.abs(p_hat - 0.5) > 6 * np.sqrt(0.25 / n)
+  median = np.asarray(A.gumbel_sigmoid(o, None, 3.0, 0.4, noise, A.NOISE_MEDIAN[noise]))
+  np.testing.assert_array_equal(median[clear], (p_hat > 0.5)[clear])
+  literal = np.asarray(A.gumbel_sigmoid(o, None, 3.0, 0.4, noise))
+  if noise == "gumbel":
+    assert literal.sum() < median.sum() and np.all(literal <= median)
+  else:
+    np.testing.assert_array_equal(literal, median)
+
+
+def test_end_epoch_uses_the_configured_mask():
+  """end_epoch regenerates w from the controller with the median shift (default) or none."""
+  for end_mask, shift in (("median", A.NOISE_MEDIAN["gumbel"]), ("noise_free", 0.0)):
+    model, zigs, opt, algo = _setup(A.ATOConfig(T_start=0, T_end=0, end_mask=end_mask))
+    st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
+    # shift the controller's heads so that o + b sits near 0, where the shift matters
+    ctrl = jax.tree_util.tree_map_with_path(
+        lambda path, v: v - 3.2 if "bias" in jax.tree_util.keystr(path) else v, st.ctrl_params)
+    st = algo.end_epoch(st._replace(ctrl_params=ctrl))
+    want = algo.mask_logits(ctrl, st.ctrl_input, None, shift)
+    np.testing.assert_array_equal(np.asarray(st.w), np.asarray(want))
+    assert 0 < float(jnp.mean(st.w)) < 1
+
+
+def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path):
+  """The scanned loop writes checkpoints after epochs 2 and 3; the host loop resumes from
+  epoch 2 and runs epoch 3 (target steps with augmentation, the controller pass, the mask
+  update) to the state the scanned loop reached."""
+  from fedjaxsparse.data.fashion_mnist import load_arrays
+  x, y = load_arrays(split="test")
+  x, y = x[:384], y[:384]
+  module, model = P.mlp((28, 28, 1), 10, hidden=(300, 100))   # the CLI test's network
+  zigs = Z.trace(module, (28, 28, 1))
+  cfg = A.ATOConfig(target=0.5, T_w=1, T_start=0, T_end=2, ctrl_lr=1e-2)
+  algo = A.ato(model, zigs, optax.sgd(0.05, momentum=0.9), lambda t: 0.05, cfg)
+  kw = dict(epochs=3, batch_size=64, ctrl_index=A.controller_subset(len(x), 0.25),
+            ctrl_batch=16, progress=False, checkpoint_dir=str(tmp_path),
+            augment=lambda k, xb: xb + 0.01 * jax.random.normal(k, xb.shape),
+            evaluate=lambda p, w: float(jnp.sum(w)))
+  params = model.init(jax.random.key(0))
+  want, hist = A.train(algo, cfg, jax.random.key(3), params, x, y, **kw)
+  shutil.rmtree(tmp_path / "3")                                # as if stopped after epoch 2
+  got, hist2 = A.train(algo, cfg, jax.random.key(3), params, x, y, loop="host",
+                       checkpoint_every=0, **kw)
+  assert 0 < float(jnp.mean(got.w)) < 1                         # the controller pruned
+  np.testing.assert_array_equal(np.asarray(got.w), np.asarray(want.w))
+  for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=1e-4, atol=1e-5)
+  assert [h["epoch"] for h in hist2] == [1, 2, 3] and hist2[:2] == hist[:2]
+  assert hist2[2]["kept"] == hist[2]["kept"] and hist2[2]["metric"] == hist[2]["metric"]
+  assert hist2[2]["loss"] == pytest.approx(hist[2]["loss"], rel=1e-4)

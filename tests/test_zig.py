@@ -212,3 +212,20 @@ def test_flops_regularizer_is_zero_under_budget_and_pushes_w_down():
   assert float(r) == pytest.approx(np.log(2.0))
   g = jax.grad(lambda w: Z.flops_regularizer(Z.flops(zigs, w), 0.5 * full))(ones)
   assert np.all(np.asarray(g) > 0)                                 # descent lowers w
+
+
+def test_two_sided_flops_regularizer_is_abs_log_ratio():
+  """|log(P/B)|: zero only at the budget, equal to (4-6) above it, pushes w up below it."""
+  module, _ = P.mlp((4,), 3, hidden=(8, 8))
+  zigs = Z.trace(module, (4,))
+  full = Z.total_flops(zigs)
+  ones = jnp.ones(zigs.num_groups)
+  for ratio in (0.25, 0.5, 1.0, 2.0, 4.0):
+    r = Z.flops_regularizer(Z.flops(zigs, ones), ratio * full, two_sided=True)
+    assert float(r) == pytest.approx(abs(np.log(1.0 / ratio)), abs=1e-6)
+  one = Z.flops_regularizer(Z.flops(zigs, ones), 0.5 * full)
+  assert float(Z.flops_regularizer(Z.flops(zigs, ones), 0.5 * full, True)) == float(one)
+  g = jax.grad(lambda w: Z.flops_regularizer(Z.flops(zigs, w), 2.0 * full, True))(ones)
+  assert np.all(np.asarray(g) < 0)                                 # under budget: w grows
+  zero = Z.flops_regularizer(Z.flops(zigs, 0 * ones), 0.5 * full, True)
+  assert np.isfinite(float(zero)) and float(zero) > 0              # no log(0)

@@ -23,13 +23,21 @@ difference of two Gumbels). ``w`` starts at all ones (sigmoid(7.5) ≈ 0.9994).
 
 Choices where the seed is silent, each an option: ``mask_in_target_forward`` (default False:
 the literal (4-2) — the target's forward pass is unmasked and ``w`` acts through ``λ_g`` only);
-``regenerate_noise`` (default False: the end-of-epoch mask is ``round(sigmoid((o + b)/τ))``);
-the FLOPs ``P(w)`` of :func:`fedjaxsparse.zig.flops` (DMC-style, an assumption).
+``end_mask``, how the end-of-epoch mask is regenerated — ``"median"`` (default): keep group g
+iff the noisy mask keeps it with probability > 1/2, i.e. ``round(sigmoid((o + b + m)/τ))``
+with ``m`` the noise's median (−ln ln 2 ≈ 0.367 for Gumbel, 0 for logistic); ``"noise_free"``:
+``round(sigmoid((o + b)/τ))``, which with Gumbel noise keeps fewer groups than the controller
+was trained on (the Gumbel's median is positive) and undershoots the FLOPs target (measured:
+P = 0.27 for p = 0.5); ``"sample"``: one fresh noisy draw; ``flops_penalty`` — ``"one_sided"``
+(4-6) as printed, or ``"two_sided"`` ``|log(P/(pP_total))|``, which also penalises falling
+below the budget; the FLOPs ``P(w)`` of :func:`fedjaxsparse.zig.flops` (DMC-style, an
+assumption).
 With ``λ = 0`` or ``w ≡ 1`` the target step is plain training with the base optimiser, bit for
 bit (tested).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
@@ -43,6 +51,10 @@ from fedjaxsparse.models.base import Model
 
 PROJECTORS = ("prox", "hsp")
 NOISES = ("gumbel", "logistic")
+END_MASKS = ("median", "noise_free", "sample")
+PENALTIES = ("one_sided", "two_sided")
+LOOPS = ("scan", "host")
+NOISE_MEDIAN = {"gumbel": -float(np.log(np.log(2.0))), "logistic": 0.0}
 
 
 class ATOConfig(NamedTuple):
@@ -59,7 +71,8 @@ class ATOConfig(NamedTuple):
   hsp_eps: float = 0.0
   mask_in_target_forward: bool = False
   noise: str = "gumbel"
-  regenerate_noise: bool = False
+  end_mask: str = "median"
+  flops_penalty: str = "one_sided"
   ctrl_lr: float = 1e-3
   ctrl_input: str = "learned"
 
@@ -76,6 +89,10 @@ class ATOConfig(NamedTuple):
       raise ValueError(f"projector must be one of {PROJECTORS}, got {self.projector!r}.")
     if self.noise not in NOISES:
       raise ValueError(f"noise must be one of {NOISES}, got {self.noise!r}.")
+    if self.end_mask not in END_MASKS:
+      raise ValueError(f"end_mask must be one of {END_MASKS}, got {self.end_mask!r}.")
+    if self.flops_penalty not in PENALTIES:
+      raise ValueError(f"flops_penalty must be one of {PENALTIES}, got {self.flops_penalty!r}.")
     if self.ctrl_input not in ("learned", "fixed"):
       raise ValueError(f"ctrl_input must be 'learned' or 'fixed', got {self.ctrl_input!r}.")
     return self
@@ -96,10 +113,10 @@ class Controller(nn.Module):
 
 
 def gumbel_sigmoid(o: jax.Array, key: jax.Array | None, b: float, tau: float,
-                   noise: str = "gumbel") -> jax.Array:
+                   noise: str = "gumbel", shift: float = 0.0) -> jax.Array:
   """``round(sigmoid((o + s + b)/τ))`` with a straight-through round (forward values in
-  {0, 1}, gradient of the sigmoid); ``key=None``: no noise."""
-  s = 0.0
+  {0, 1}, gradient of the sigmoid); ``key=None``: ``s = shift`` instead of a noise draw."""
+  s = shift
   if key is not None:
     s = (jax.random.gumbel(key, o.shape) if noise == "gumbel"
          else jax.random.logistic(key, o.shape))
@@ -160,10 +177,10 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
                     jnp.ones(zigs.num_groups), jnp.zeros((), jnp.int32),
                     jnp.zeros((), jnp.int32), jax.random.key_data(key))
 
-  def mask_logits(ctrl_params, ctrl_input, key):
+  def mask_logits(ctrl_params, ctrl_input, key, shift=0.0):
     z = ctrl_params.get("input", ctrl_input)
     o = controller.apply({"params": ctrl_params["params"]}, z)
-    return gumbel_sigmoid(o, key, cfg.b, cfg.tau, cfg.noise)
+    return gumbel_sigmoid(o, key, cfg.b, cfg.tau, cfg.noise, shift)
 
   def target_step(state, x, y):
     penalised = state.epoch >= cfg.T_w
@@ -199,7 +216,8 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
       w = mask_logits(ctrl_params, state.ctrl_input, sub)
       with Z.gate(zigs, w):
         loss = loss_fn(frozen, x, y)
-      return loss + cfg.gamma * Z.flops_regularizer(Z.flops(zigs, w), budget)
+      return loss + cfg.gamma * Z.flops_regularizer(Z.flops(zigs, w), budget,
+                                                    cfg.flops_penalty == "two_sided")
 
     loss, grads = jax.value_and_grad(objective)(state.ctrl_params)
     updates, opt_state = ctrl_opt.update(grads, state.ctrl_opt_state, state.ctrl_params)
@@ -209,7 +227,8 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
   def end_epoch(state):
     key, sub = jax.random.split(jax.random.wrap_key_data(state.key))
     fresh = mask_logits(state.ctrl_params, state.ctrl_input,
-                        sub if cfg.regenerate_noise else None)
+                        sub if cfg.end_mask == "sample" else None,
+                        NOISE_MEDIAN[cfg.noise] if cfg.end_mask == "median" else 0.0)
     window = (state.epoch >= cfg.T_start) & (state.epoch <= cfg.T_end)
     return state._replace(w=jnp.where(window, jax.lax.stop_gradient(fresh), state.w),
                           epoch=state.epoch + 1, key=jax.random.key_data(key))
@@ -225,51 +244,84 @@ def controller_subset(n: int, fraction: float = 0.05, seed: int = 0) -> np.ndarr
   return np.sort(rng.choice(n, max(1, int(round(fraction * n))), replace=False))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def epoch_orders(key: jax.Array, n: int, steps: int, batch: int, n_ctrl: int, ctrl_batch: int
+                 ) -> tuple[jax.Array, jax.Array]:
+  """One epoch's target minibatches ``[steps, batch]`` (a permutation of ``n``) and controller
+  minibatches ``[n_ctrl // ctrl_batch, ctrl_batch]`` (a permutation of ``D_CN``)."""
+  order = jax.random.permutation(key, n)[:steps * batch].reshape(steps, batch)
+  c = jax.random.permutation(jax.random.fold_in(key, 1), n_ctrl)
+  return order, c[:(n_ctrl // ctrl_batch) * ctrl_batch].reshape(-1, ctrl_batch)
+
+
 def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarray,
           y: np.ndarray, *, epochs: int, batch_size: int, ctrl_index: np.ndarray,
           ctrl_batch: int | None = None,
           evaluate: Callable[[Any, jax.Array], float] | None = None, augment=None,
-          checkpoint_dir: str | None = None, progress: bool = True, desc: str = "ATO"
-          ) -> tuple[ATOState, list[dict]]:
-  """Algorithm 7 for ``epochs`` epochs over ``x [N, ...]``, ``y [N]``: each epoch one jitted
-  pass of ``N // batch_size`` target steps (a fresh permutation; ``augment(key, x)`` per
-  batch), then — if ``T_start ≤ epoch ≤ T_end`` — one pass of controller steps over
-  ``D_CN = x[ctrl_index]`` in batches of ``ctrl_batch`` (default ``batch_size``), then :func:`ATO.end_epoch`. ``evaluate(params, w)`` (e.g. test
-  accuracy under the mask) runs after every epoch. With ``checkpoint_dir`` the state is saved
-  after every epoch and a run resumes from the newest checkpoint. Returns the final state and
-  one record per epoch (``loss``, ``flops`` = P(w)/P_total, ``kept``, ``zero_groups``,
-  ``metric``)."""
+          checkpoint_dir: str | None = None, checkpoint_every: int = 1, loop: str = "scan",
+          progress: bool = True, desc: str = "ATO") -> tuple[ATOState, list[dict]]:
+  """Algorithm 7 for ``epochs`` epochs over ``x [N, ...]``, ``y [N]``: each epoch
+  ``N // batch_size`` target steps over a fresh permutation (``augment(key, x)`` per batch),
+  then — if ``T_start ≤ epoch ≤ T_end`` — controller steps over ``D_CN = x[ctrl_index]`` in
+  batches of ``ctrl_batch`` (default ``batch_size``), then :func:`ATO.end_epoch`.
+  ``evaluate(params, w)`` (e.g. accuracy under the mask) runs after every epoch.
+
+  ``loop="scan"``: each epoch's steps are one jitted ``lax.scan`` (accelerators);
+  ``"host"``: every step is its own jitted call driven from Python — on XLA:CPU a convolution
+  inside a loop body runs 10-40× slower (jax-ml/jax#12868). Both draw the same batches and
+  keys and give the same result up to float reassociation. With ``checkpoint_dir`` the state
+  is saved every ``checkpoint_every`` epochs (0: after the last only) and a run resumes from
+  the newest checkpoint. Returns the final state and one record per epoch (``loss``,
+  ``flops`` = P(w)/P_total, ``kept``, ``zero_groups``, ``metric``)."""
   from tqdm.auto import tqdm
   if epochs < 1 or batch_size < 1 or batch_size > len(x):
     raise ValueError(f"need epochs >= 1 and 1 <= batch_size <= {len(x)}, got {epochs}, "
                      f"{batch_size}.")
+  if loop not in LOOPS:
+    raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}.")
+  if checkpoint_every < 0:
+    raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every!r}.")
   xd, yd = jnp.asarray(x), jnp.asarray(y)
-  xc, yc = xd[jnp.asarray(ctrl_index)], yd[jnp.asarray(ctrl_index)]
+  ci = jnp.asarray(ctrl_index)
+  xc, yc = xd[ci], yd[ci]
   steps, cb = len(x) // batch_size, min(ctrl_batch or batch_size, len(ctrl_index))
 
-  @jax.jit
-  def target_epoch(state, key):
-    order = jax.random.permutation(key, len(x))[:steps * batch_size].reshape(steps, -1)
+  def target(state, xd, yd, idx, key, i):
+    xb = xd[idx]
+    if augment is not None:
+      xb = augment(jax.random.fold_in(key, i), xb)
+    return algo.target_step(state, xb, yd[idx])
 
-    def body(st, i):
-      xb = xd[order[i]]
-      if augment is not None:
-        xb = augment(jax.random.fold_in(key, i), xb)
-      return algo.target_step(st, xb, yd[order[i]])
+  def ctrl(state, xc, yc, idx):
+    return algo.ctrl_step(state, xc[idx], yc[idx])[0]
 
-    state, info = jax.lax.scan(body, state, jnp.arange(steps))
-    return state, jax.tree_util.tree_map(jnp.mean, info)
+  if loop == "scan":
+    @jax.jit
+    def target_epoch(state, xd, yd, order, key):
+      state, info = jax.lax.scan(lambda st, i: target(st, xd, yd, order[i], key, i), state,
+                                 jnp.arange(order.shape[0]))
+      return state, jax.tree_util.tree_map(jnp.mean, info)
 
-  @jax.jit
-  def ctrl_epoch(state, key):
-    order = jax.random.permutation(key, len(ctrl_index))[:(len(ctrl_index) // cb) * cb]
-    order = order.reshape(-1, cb)
-    return jax.lax.scan(lambda st, idx: algo.ctrl_step(st, xc[idx], yc[idx]), state, order)
+    ctrl_epoch = jax.jit(lambda st, xc, yc, corder: jax.lax.scan(
+        lambda s, idx: (ctrl(s, xc, yc, idx), None), st, corder)[0])
+  else:
+    target_j, ctrl_j = jax.jit(target), jax.jit(ctrl)
+
+    def target_epoch(state, xd, yd, order, key):
+      infos = []
+      for i in range(order.shape[0]):
+        state, info = target_j(state, xd, yd, order[i], key, i)
+        infos.append(info)
+      return state, jax.tree_util.tree_map(lambda *v: jnp.mean(jnp.stack(v)), *infos)
+
+    def ctrl_epoch(state, xc, yc, corder):
+      for j in range(corder.shape[0]):
+        state = ctrl_j(state, xc, yc, corder[j])
+      return state
 
   end_epoch = jax.jit(algo.end_epoch)
   state = algo.init(key, params)
-  history, start = [], 0
-  ckpt = None
+  history, start, ckpt = [], 0, None
   if checkpoint_dir:
     from fedjaxsparse.checkpoint import Checkpointer
     ckpt = Checkpointer(checkpoint_dir)
@@ -280,9 +332,10 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
              disable=not progress)
   for t in bar:
     k = jax.random.fold_in(jax.random.fold_in(key, 7), t)
-    state, info = target_epoch(state, k)
+    order, corder = epoch_orders(k, len(x), steps, batch_size, len(ctrl_index), cb)
+    state, info = target_epoch(state, xd, yd, order, k)
     if config.T_start <= t <= config.T_end:
-      state, _ = ctrl_epoch(state, jax.random.fold_in(k, 1))
+      state = ctrl_epoch(state, xc, yc, corder)
     state = end_epoch(state)
     rec = {"epoch": t + 1, **{f: float(v) for f, v in info._asdict().items()}}
     if evaluate is not None:
@@ -290,7 +343,8 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
     history.append(rec)
     bar.set_postfix(loss=f"{rec['loss']:.3f}", flops=f"{rec['flops']:.2f}",
                     **({"acc": f"{rec['metric']:.3f}"} if "metric" in rec else {}))
-    if ckpt is not None:
+    if ckpt is not None and (t + 1 == epochs or (checkpoint_every and
+                                                 (t + 1) % checkpoint_every == 0)):
       ckpt.save(t + 1, state, {"epoch": t + 1, "history": history})
   if ckpt is not None:
     ckpt.close()
