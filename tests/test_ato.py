@@ -123,9 +123,12 @@ def test_mask_frozen_outside_the_controller_window():
   np.testing.assert_array_equal(np.asarray(st3.w), np.asarray(st2.w))
 
 
-def test_controller_drives_flops_under_the_budget(digits):
+@pytest.mark.parametrize("penalty", A.PENALTIES)
+def test_controller_drives_flops_to_the_budget(digits, penalty):
+  """(4-6) one-sided: P(w) ends at or under p·P_total (measured: far under, ~3 %); two-sided:
+  it ends within 10 % of the budget."""
   x, y = digits
-  cfg = A.ATOConfig(target=0.4, gamma=4.0, ctrl_lr=1e-2)
+  cfg = A.ATOConfig(target=0.4, gamma=4.0, ctrl_lr=1e-2, flops_penalty=penalty)
   model, zigs, opt, algo = _setup(cfg)
   st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
   step = jax.jit(algo.ctrl_step)
@@ -133,8 +136,12 @@ def test_controller_drives_flops_under_the_budget(digits):
   xb, yb = jnp.asarray(x[:128]), jnp.asarray(y[:128])
   for _ in range(150):
     st, _ = step(st, xb, yb)
-  w = algo.mask_logits(st.ctrl_params, st.ctrl_input, None)
-  assert float(Z.flops(zigs, w)) <= 0.4 * full
+  w = algo.mask_logits(st.ctrl_params, st.ctrl_input, None, A.NOISE_MEDIAN["gumbel"])
+  ratio = float(Z.flops(zigs, w)) / full
+  if penalty == "one_sided":
+    assert ratio <= 0.4
+  else:
+    assert abs(ratio / 0.4 - 1) < 0.1
 
 
 def test_train_resumes_from_a_checkpoint(digits, tmp_path):
