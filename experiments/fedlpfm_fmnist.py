@@ -378,7 +378,7 @@ def _run(cfg: Config, opts: dict) -> dict:
       else:
         paper = None
       rows.append({"split": ROW[split], "method": label, "chosen": best or "-",
-                   "ours %": st["mean"], "s.e.": st["se"],
+                   "ours %": st["mean"], "s.e.": st["se"] if len(finals) > 1 else None,
                    "paper % (CIFAR-10)": paper})
   table = print_table(rows, list(rows[0]))
   for name, note in teacher_notes.items():
