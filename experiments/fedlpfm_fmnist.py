@@ -398,9 +398,9 @@ def _run(cfg: Config, opts: dict) -> dict:
     xs.append(len(xs))
     ys.append(r["ours %"] if r["ours %"] is not None else float("nan"))
   png = plot_curves(curves, os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                    xlabel=" · ".join(ROW[s] for s in splits) + " (split index)",
-                    ylabel="test accuracy %",
-                    title=f"{cfg.dataset}: {opts['study']} (teacher: {main})", logx=False)
+                    xlabel="label skew (split)", ylabel="test accuracy %",
+                    title=f"{cfg.dataset}: {opts['study']} (teacher: {main})", logx=False,
+                    xticks=[ROW[s] for s in splits])
   print(f"results: {path}\nplot: {png}")
   return results
 

@@ -288,11 +288,12 @@ def plot_personal(methods: dict, path: str, metric: str = "accuracy", title: str
 
 def plot_curves(curves: Mapping[str, tuple], path: str, xlabel: str, ylabel: str,
                 title: str = "", baseline: tuple[str, float] | None = None,
-                logx: bool = True) -> str:
+                logx: bool = True, xticks: Sequence[str] | None = None) -> str:
   """One panel of final results against a swept value (seed 003 Fig. 5: accuracy against the
   noise scale, a line per method and distribution): ``curves`` maps a label to ``(xs, ys)``
   (``None`` ys — diverged runs — are skipped); ``baseline`` is ``(label, y)``, drawn as a
-  dashed horizontal line. Returns ``path``."""
+  dashed horizontal line; ``xticks`` names the points x = 0, 1, ... (a categorical axis).
+  Returns ``path``."""
   fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
   colors = method_colors(list(curves))
   for label, (xs, ys) in curves.items():
@@ -303,6 +304,8 @@ def plot_curves(curves: Mapping[str, tuple], path: str, xlabel: str, ylabel: str
     ax.axhline(baseline[1], color="black", ls="--", lw=1.2, label=baseline[0])
   if logx:
     ax.set_xscale("log")
+  if xticks is not None:
+    ax.set_xticks(range(len(xticks)), list(xticks))
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)

@@ -226,3 +226,21 @@ def test_personal_figure_shows_personal_global_and_per_client_spread(tmp_path):
   plt.close(fig)
   path = plot_personal(methods, str(tmp_path / "p.png"))
   assert os.path.getsize(path) > 0
+
+
+def test_plot_curves_categorical_axis_skips_diverged_points(tmp_path, monkeypatch):
+  """``xticks`` names the points 0, 1, ...; a None value (a diverged run) is not drawn."""
+  seen = {}
+
+  def keep(fig, path):
+    seen["fig"] = fig
+    return path
+
+  monkeypatch.setattr(plotting, "_save", keep)
+  path = plotting.plot_curves({"A": ([0, 1, 2], [1.0, None, 3.0]), "B": ([0, 1, 2], [2, 2, 2])},
+                              str(tmp_path / "c.png"), "split", "acc", logx=False,
+                              xticks=["IID", "Dir(0.1)", "Class Split"])
+  ax = seen["fig"].axes[0]
+  assert [t.get_text() for t in ax.get_xticklabels()] == ["IID", "Dir(0.1)", "Class Split"]
+  xs = {ln.get_label(): list(ln.get_xdata()) for ln in ax.get_lines()}
+  assert xs == {"A": [0, 2], "B": [0, 1, 2]} and path.endswith("c.png")
