@@ -86,7 +86,7 @@ from fedjaxsparse.errors import CheckpointExistsError, ConfigError, RunMismatchE
 from fedjaxsparse.experiment import Config, Option, entry, output_dir, print_table, save_results
 from fedjaxsparse.models import prunable as P
 from fedjaxsparse.plotting import plot_curves
-from fedjaxsparse.protocol import PaperConfig
+from fedjaxsparse.protocol import PaperConfig, mean_se
 
 NAME = "ato_prune"
 DESCRIPTION = ("Seed 004 Table 4: Auto-Train-Once (ATO, ATO-HSP) vs Dense, Uniform and OTO "
@@ -523,6 +523,8 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
     diffs = [r["logit_diff"] for r in recs if r["logit_diff"] is not None]
     row = {"method": label[m], "p": "-" if p is None else f"{p:g}",
            "val top-1 %": 100 * np.mean([r["val"] for r in recs]), "test top-1 %": test,
+           "s.e.": (mean_se([100 * r["test"] for r in recs])["se"] if len(recs) > 1
+                    else None),
            "Δ test": None if dense_test is None else test - dense_test,
            "pruned FLOPs %": pruned, "params (K)": np.mean([r["params"] for r in recs]) / 1e3,
            "max |Δlogit|": max(diffs) if diffs else "-",
@@ -534,7 +536,7 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
       elif m == "Dense" and paper_ato:
         row["paper top-1 %"] = paper_rows[next(iter(paper_ato.values()))][1]
     rows.append(row)
-  cols = ["method", "p", "val top-1 %", "test top-1 %", "Δ test", "pruned FLOPs %",
+  cols = ["method", "p", "val top-1 %", "test top-1 %", "s.e.", "Δ test", "pruned FLOPs %",
           "params (K)", "max |Δlogit|", "train s"]
   if comparable:
     cols += ["paper top-1 %", "paper pruned FLOPs %"]
