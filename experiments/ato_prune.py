@@ -72,7 +72,6 @@ import json
 import math
 import os
 import shutil
-import time
 
 import jax
 import jax.numpy as jnp
@@ -425,13 +424,12 @@ def _run(cfg: Config, opts: dict) -> dict:
       init = algo.init
       algo = algo._replace(init=lambda k, p: init(k, p)._replace(w=jnp.zeros(zg.num_groups)))
     ckpt = _checkpoints(cfg, run, {**identity, "run": run, **(extra or {})})
-    t0 = time.time()
     state, hist = A.train(algo, acfg, key, params, x, y, epochs=E, batch_size=s["batch"],
                           ctrl_index=A.controller_subset(len(x), s["ctrl_fraction"], cfg.seed),
                           ctrl_batch=s["ctrl_batch"], evaluate=evaluate, augment=augment,
                           checkpoint_dir=ckpt, checkpoint_every=s["checkpoint_every"],
                           loop=loop, progress=cfg.progress, desc=run)
-    return state, hist, time.time() - t0
+    return state, hist, sum(h["seconds"] for h in hist)   # resumed epochs included
 
   def finish(params, keep):
     """Zero the removed groups, compress, rebuild; evaluate the small model."""

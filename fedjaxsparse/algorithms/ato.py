@@ -39,6 +39,7 @@ bit (tested).
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
@@ -273,7 +274,8 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   keys and give the same result up to float reassociation. With ``checkpoint_dir`` the state
   is saved every ``checkpoint_every`` epochs (0: after the last only) and a run resumes from
   the newest checkpoint. Returns the final state and one record per epoch (``loss``,
-  ``flops`` = P(w)/P_total, ``kept``, ``zero_groups``, ``metric``)."""
+  ``flops`` = P(w)/P_total, ``kept``, ``zero_groups``, ``seconds`` of training, ``metric``;
+  kept in the checkpoints, so a resumed run's history covers every epoch)."""
   from tqdm.auto import tqdm
   if epochs < 1 or batch_size < 1 or batch_size > len(x):
     raise ValueError(f"need epochs >= 1 and 1 <= batch_size <= {len(x)}, got {epochs}, "
@@ -332,6 +334,7 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   bar = tqdm(range(start, epochs), initial=start, total=epochs, desc=desc, unit="epoch",
              disable=not progress)
   for t in bar:
+    t0 = time.perf_counter()
     k = jax.random.fold_in(jax.random.fold_in(key, 7), t)
     order, corder = epoch_orders(k, len(x), steps, batch_size, len(ctrl_index), cb)
     state, info = target_epoch(state, xd, yd, order, k)
@@ -339,6 +342,7 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
       state = ctrl_epoch(state, xc, yc, corder)
     state = end_epoch(state)
     rec = {"epoch": t + 1, **{f: float(v) for f, v in info._asdict().items()}}
+    rec["seconds"] = time.perf_counter() - t0   # training only (before evaluate)
     if evaluate is not None:
       rec["metric"] = float(evaluate(state.params, state.w))
     history.append(rec)
