@@ -429,7 +429,8 @@ def _run(cfg: Config, opts: dict) -> dict:
                           ctrl_batch=s["ctrl_batch"], evaluate=evaluate, augment=augment,
                           checkpoint_dir=ckpt, checkpoint_every=s["checkpoint_every"],
                           loop=loop, progress=cfg.progress, desc=run)
-    return state, hist, sum(h["seconds"] for h in hist)   # resumed epochs included
+    # resumed epochs included; NaN for epochs checkpointed before times were recorded
+    return state, hist, sum(h.get("seconds", math.nan) for h in hist)
 
   def finish(params, keep):
     """Zero the removed groups, compress, rebuild; evaluate the small model."""
