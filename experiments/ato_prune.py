@@ -217,10 +217,10 @@ PAPERS = {pc.name: pc for pc in (
 def _load(cfg: Config, opts: dict, train_size: int | None, seed: int) -> dict:
   """``{"x", "y", "xv", "yv", "xt", "yt", "shape", "classes"}`` (float32 images)."""
   if cfg.dataset == "fashion_mnist":
-    from fedjaxsparse.data.fashion_mnist import DEFAULT_DIR, load_arrays
+    from fedjaxsparse.data.fashion_mnist import default_dir, load_arrays
     try:
-      x, y = load_arrays(cfg.data_dir or DEFAULT_DIR, "train")
-      xt, yt = load_arrays(cfg.data_dir or DEFAULT_DIR, "test")
+      x, y = load_arrays(cfg.data_dir or default_dir(), "train")
+      xt, yt = load_arrays(cfg.data_dir or default_dir(), "test")
     except FileNotFoundError as e:
       hint = (" (for CIFAR, name it: --dataset cifar10|cifar100, or --paper table4_...)"
               if cfg.data_dir else "")

@@ -49,7 +49,7 @@ from fedjaxsparse.algorithms import fedlpfm as F
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.algorithms.fedprox import proximal
 from fedjaxsparse.algorithms.fml import fml
-from fedjaxsparse.data.fashion_mnist import DEFAULT_DIR, load_arrays
+from fedjaxsparse.data.fashion_mnist import default_dir, load_arrays
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import partition
 from fedjaxsparse.evaluation import make_eval_fn
@@ -63,7 +63,7 @@ NAME = "fedlpfm_fmnist"
 DESCRIPTION = ("Seed 004 Tables 8-12: Fed-LPFM vs FedAvg / FedProx / FML across label skews "
                "(library-trained teacher offline; CLIP with a local checkpoint)")
 DEFAULTS = dict(rounds=20, clients=10, dataset="fashion_mnist", eval_every=10,
-                data_dir=DEFAULT_DIR)
+                data_dir=None)
 BUDGET = "communication rounds per method"
 RUNTIME = ("about 32 minutes on 2 CPU cores at the default (7 splits x 4 methods; measured "
            "31 min 37 s)")
@@ -273,7 +273,7 @@ def _client_logits(fit, teacher, classes: int, probe: bool) -> np.ndarray:
 
 def _dataset(cfg: Config, opts: dict, split: str):
   if cfg.dataset == "fashion_mnist":
-    (x, y), (xt, yt) = (load_arrays(cfg.data_dir or DEFAULT_DIR, s) for s in ("train", "test"))
+    (x, y), (xt, yt) = (load_arrays(cfg.data_dir or default_dir(), s) for s in ("train", "test"))
   elif cfg.dataset == "cifar10":
     from fedjaxsparse.augment import CIFAR10_MEAN, CIFAR10_STD
     from fedjaxsparse.data.tfds_sources import load_split

@@ -49,7 +49,7 @@ from fedjaxsparse import compressors as C
 from fedjaxsparse import masking as M
 from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.algorithms.fedpm import fedpm
-from fedjaxsparse.data.fashion_mnist import DEFAULT_DIR, fashion_mnist
+from fedjaxsparse.data.fashion_mnist import default_dir, fashion_mnist
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results)
@@ -62,7 +62,7 @@ NAME = "fedmrn_fmnist"
 DESCRIPTION = ("Seed 003 Table 1 (FMNIST; SVHN/CIFAR with tfds data): FedMRN/FedMRNS vs FedAvg "
                "and 1-bpp compressors")
 DEFAULTS = dict(rounds=10, clients=100, dataset="fashion_mnist", eval_every=5,
-                data_dir=DEFAULT_DIR)
+                data_dir=None)
 BUDGET = "communication rounds per method"
 RUNTIME = "tens of minutes on 2 CPU cores at the reduced default (8 methods x 3 splits)"
 TFDS = {"svhn": ("svhn_cropped", 10), "cifar10": ("cifar10", 10), "cifar100": ("cifar100", 100)}
@@ -215,7 +215,7 @@ def _dataset(cfg: Config, split: str):
   """Fashion-MNIST (the Debian package) or, prepared with tfds, SVHN / CIFAR-10 / CIFAR-100,
   split by ``split`` (CIFAR-100: Dirichlet 0.2 and 20 labels per client, as the paper)."""
   if cfg.dataset == "fashion_mnist":
-    return fashion_mnist(cfg.data_dir or DEFAULT_DIR, num_clients=cfg.clients, seed=cfg.seed,
+    return fashion_mnist(cfg.data_dir or default_dir(), num_clients=cfg.clients, seed=cfg.seed,
                          **SPLITS[split])
   from fedjaxsparse.data.federated import federate
   from fedjaxsparse.data.partition import partition

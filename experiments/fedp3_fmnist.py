@@ -57,7 +57,7 @@ NAME = "fedp3_fmnist"
 DESCRIPTION = ("Seed 001 ch. 4: FedP3 layer policies, local pruning rules, global ratios and "
                "aggregations vs FedAvg")
 DEFAULTS = dict(rounds=30, clients=100, dataset="fashion_mnist", eval_every=10,
-                data_dir="/usr/share/datasets/fashion-mnist")
+                data_dir=None)
 BUDGET = "communication rounds per method"
 RUNTIME = "tens of minutes per study on 2 CPU cores at the reduced default"
 DATA = {  # name -> (classes, S1 classes per client, S2 Dirichlet α, model)
@@ -153,8 +153,8 @@ PAPERS = {
 def _arrays(cfg: Config):
   """Pooled ``(x, y)`` of the configured dataset (the chapter pools train and test)."""
   if cfg.dataset == "fashion_mnist":
-    from fedjaxsparse.data.fashion_mnist import DEFAULT_DIR, load_arrays
-    d = cfg.data_dir or DEFAULT_DIR
+    from fedjaxsparse.data.fashion_mnist import default_dir, load_arrays
+    d = cfg.data_dir or default_dir()
     parts = [load_arrays(d, s) for s in ("train", "test")]
   elif cfg.dataset == "digits":
     from sklearn.datasets import load_digits

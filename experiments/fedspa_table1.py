@@ -54,7 +54,7 @@ from fedjaxsparse.protocol import PaperConfig, mean_se, validation_split
 NAME = "fedspa_table1"
 DESCRIPTION = "Seed 002 Table 1/2: FedSpa (DST/RSM) vs Ditto, FedAvg, Sub-FedAvg, Local, Subsampling"
 DEFAULTS = dict(rounds=10, clients=100, dataset="fashion_mnist", eval_every=5,
-                data_dir="/usr/share/datasets/fashion-mnist")
+                data_dir=None)
 BUDGET = "communication rounds per method"
 RUNTIME = "about an hour on 2 CPU cores at the reduced default (7 methods x 3 splits)"
 METHODS = ("FedSpa (DST)", "FedSpa (RSM)", "Ditto", "FedAvg", "Sub-FedAvg", "Local",
@@ -143,8 +143,8 @@ PAPERS = {
 def _arrays(cfg: Config):
   """``(x, y, x_test, y_test, input_shape)`` of the configured dataset."""
   if cfg.dataset == "fashion_mnist":
-    from fedjaxsparse.data.fashion_mnist import DEFAULT_DIR, load_arrays
-    d = cfg.data_dir or DEFAULT_DIR
+    from fedjaxsparse.data.fashion_mnist import default_dir, load_arrays
+    d = cfg.data_dir or default_dir()
     (x, y), (xt, yt) = load_arrays(d, "train"), load_arrays(d, "test")
   elif cfg.dataset == "digits":
     from sklearn.datasets import load_digits

@@ -28,9 +28,11 @@ Conventions (DESIGN.md "Accounting and metrics"; seed 000 spec §A.13):
 
 Precision: with Python ints every count is an exact Python int. With a traced ``nnz`` (inside
 ``jit``), :func:`sparse_bits` returns an exact ``int32`` whenever the largest possible count
-of the message fits in int32 (``d ≤ 37,025,580`` at fp32) and ``float32`` otherwise.
-:func:`message_bits` returns ``float32``, ready to be summed over clients without int32
-overflow: exact below 2²⁴ bits, relative error below 6e-8 above.
+of the message fits in int32 (``d ≤ 37,025,580`` at fp32) and the default float dtype
+otherwise. :func:`message_bits` returns the default float dtype
+(:func:`fedjaxsparse.core.float_dtype`), ready to be summed over clients without int32
+overflow: in float32 exact below 2²⁴ bits (relative error below 6e-8 above); under
+``jax_enable_x64`` float64, exact below 2⁵³ bits.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from fedjaxsparse.core import float_dtype
 from fedjaxsparse.sparsity import nnz, num_params
 
 FLOAT_BITS = 32
@@ -81,7 +84,7 @@ def sparse_bits(nnz: Any, d: int, value_bits: int = FLOAT_BITS, encoding: str = 
 
   Args:
     nnz: a Python int (exact Python-int result) or a traced integer scalar (``int32`` result
-      when exact, else ``float32``).
+      when exact, else the default float dtype).
     d: number of entries of the message (static).
     value_bits: bits per transmitted value.
     encoding: one of ``ENCODINGS``.
@@ -94,17 +97,17 @@ def sparse_bits(nnz: Any, d: int, value_bits: int = FLOAT_BITS, encoding: str = 
     return min(slope * int(nnz) + intercept for slope, intercept in
                (costs[name] for name in names))
   largest = max(slope * d + intercept for slope, intercept in costs.values())
-  n = jnp.asarray(nnz, jnp.int32 if largest <= _INT32_MAX else jnp.float32)
+  n = jnp.asarray(nnz, jnp.int32 if largest <= _INT32_MAX else float_dtype())
   out = [slope * n + jnp.asarray(intercept, n.dtype) for slope, intercept in
          (costs[name] for name in names)]
   return out[0] if len(out) == 1 else jnp.minimum(jnp.minimum(out[0], out[1]), out[2])
 
 
 def message_bits(tree: Any, value_bits: int = FLOAT_BITS, encoding: str = "auto"):
-  """``float32[]``: bits of sending ``tree`` as it is, by its actual non-zeros under
+  """Default-float scalar: bits of sending ``tree`` as it is, by its actual non-zeros under
   ``encoding`` (``"auto"`` falls back to dense when that is cheaper). Traceable."""
   return jnp.asarray(sparse_bits(nnz(tree), num_params(tree), value_bits, encoding),
-                     jnp.float32)
+                     float_dtype())
 
 
 def mask_bits(d: int, with_seed: bool = True) -> int:

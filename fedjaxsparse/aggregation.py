@@ -10,6 +10,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fedjaxsparse.core import float_dtype
+
 WEIGHTINGS = ("num_examples", "uniform")
 
 
@@ -25,7 +27,7 @@ def client_weights(num_examples: jax.Array, weighting: str,
     mask: ``[C]`` 1 for cohort members, 0 for padding (a sampler's padded cohort); padding
       gets weight 0 and the rest is renormalised.
   """
-  dtype = jax.dtypes.canonicalize_dtype(jnp.float64)
+  dtype = float_dtype()
   m = jnp.ones(num_examples.shape, dtype) if mask is None else mask.astype(dtype)
   if weighting == "uniform":
     return m / jnp.sum(m)

@@ -247,9 +247,9 @@ def _rotation(key: jax.Array, d: int, kind: str):
   Gaussian one, sign-corrected; O(d²): small d, the exact form of the papers' theorems)."""
   if kind == "hadamard":
     dp = _padded(d)
-    xi = jax.random.rademacher(key, (dp,), jnp.float32)
-    return (lambda v: hadamard(xi * jnp.pad(v, (0, dp - d))),
-            lambda y: (xi * hadamard(y))[:d], dp)
+    xi = jax.random.rademacher(key, (dp,), jnp.int8)           # ±1, exact in any dtype
+    return (lambda v: hadamard(xi.astype(v.dtype) * jnp.pad(v, (0, dp - d))),
+            lambda y: (xi.astype(y.dtype) * hadamard(y))[:d], dp)
   q, r = jnp.linalg.qr(jax.random.normal(key, (d, d)))
   q = q * jnp.sign(jnp.diagonal(r))[None, :]
   return (lambda v: q.T @ v), (lambda y: q @ y), d

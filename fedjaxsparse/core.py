@@ -10,9 +10,11 @@ Conventions (DESIGN.md, "The shape"):
   field or a property), which is what the runner evaluates. Per-client state has leaves of
   shape ``[N, ...]``.
 * ``info`` is a NamedTuple with at least the scalar fields ``loss`` (training loss of the
-  participating clients, float32), ``bits_up`` and ``bits_down`` (bits that crossed the network
-  in this step in each direction, summed over clients, float32; see
-  :mod:`fedjaxsparse.accounting`).
+  participating clients), ``bits_up`` and ``bits_down`` (bits that crossed the network
+  in this step in each direction, summed over clients; see :mod:`fedjaxsparse.accounting`).
+* Dtypes: every weight, step size and ledger (bits, counts, fractions) of a state or an info
+  is in the default float dtype, :func:`float_dtype` — float32, or float64 under
+  ``jax_enable_x64`` — so that a float64 run stays float64 throughout.
 
 Both functions are pure and jittable; hyper-parameters are closed over by the builder that
 returns the ``Algorithm`` (the optax / blackjax convention).
@@ -22,9 +24,20 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
+import jax.numpy as jnp
 
 PRNGKey = jax.Array
 Params = Any
+
+
+def float_dtype():
+  """The default float dtype: ``float64`` under ``jax_enable_x64``, else ``float32``."""
+  return jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
+def as_float(x: Any) -> jax.Array:
+  """``x`` as an array of the default float dtype (:func:`float_dtype`)."""
+  return jnp.asarray(x, float_dtype())
 
 
 class InitFn(Protocol):

@@ -104,12 +104,13 @@ def r2_dsnot(base: str = "wanda", **overrides) -> DSnoTConfig:
   γ₂ = 1e-4) scores 18.99 on LLaMA3-8b, which is Table 6.5's *RIA* + R²-DSnoT, and its "RIA"
   best (prune relative, γ₂ = 1e-3) scores 20.50, Table 6.5's *Wanda* + R²-DSnoT. We follow
   the numbers: ``base="wanda"`` → prune relative, γ₂ = 1e-3; ``base="ria"`` → grow relative,
-  γ₂ = 1e-4."""
+  γ₂ = 1e-4. Any field given in ``overrides`` replaces the preset's value (e.g.
+  ``r2_dsnot("wanda", gamma_prune=0.0)``)."""
   presets = {"wanda": dict(prune_relative=True, gamma_prune=1e-3),
              "ria": dict(grow_relative=True, gamma_prune=1e-4)}
   if base not in presets:
     raise ValueError(f"base must be 'wanda' or 'ria', got {base!r}.")
-  return validate(DSnoTConfig(alpha=0.5, p=2.0)._replace(**presets[base], **overrides))
+  return validate(DSnoTConfig(alpha=0.5, p=2.0)._replace(**{**presets[base], **overrides}))
 
 
 def _post_swap_norm(a: jax.Array, kept: jax.Array, p: float, grow: bool) -> jax.Array:

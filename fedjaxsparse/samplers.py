@@ -29,10 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjaxsparse.core import float_dtype
+
 
 class Cohort(NamedTuple):
-  """One draw: ``ids`` ``int32[m]`` (padding entries repeat a member), ``mask`` ``float32[m]``
-  (1 for members), ``weights`` ``float32[m]`` (``1/(n p_i)`` for members, 0 for padding)."""
+  """One draw: ``ids`` ``int32[m]`` (padding entries repeat a member), ``mask`` ``[m]``
+  (1 for members), ``weights`` ``[m]`` (``1/(n p_i)`` for members, 0 for padding); mask and
+  weights in the default float dtype (float64 under ``jax_enable_x64``)."""
   ids: jax.Array
   mask: jax.Array
   weights: jax.Array
@@ -49,7 +52,7 @@ class Sampler:
     marginals: ``p_i`` ``float64[n]``.
     pairs: ``() -> P_ij`` ``float64[n, n]`` (diagonal = ``p_i``), built on demand
       (:attr:`pair_marginals`; n² entries, so not for a population of 10⁵).
-    draw: ``key -> (ids int32[m], mask float32[m])``.
+    draw: ``key -> (ids int32[m], mask [m])``.
     min_cohort_sum: ``v [n] -> min over cohorts C of Σ_{i∈C} v_i`` (closed form).
     support: ``() -> iterator of (cohort tuple, probability)``, the exact distribution.
   """
@@ -80,8 +83,8 @@ class Sampler:
   def sample(self, key: jax.Array) -> Cohort:
     """A cohort of static length ``size``, inside or outside ``jit``."""
     ids, mask = self.draw(key)
-    w = jnp.asarray(self.weights, jnp.float32)[ids] * mask
-    return Cohort(ids.astype(jnp.int32), mask.astype(jnp.float32), w)
+    w = jnp.asarray(self.weights, float_dtype())[ids] * mask
+    return Cohort(ids.astype(jnp.int32), mask.astype(float_dtype()), w)
 
 
 def _check_n(n) -> int:
@@ -91,7 +94,7 @@ def _check_n(n) -> int:
 
 
 def _ones(m: int) -> jax.Array:
-  return jnp.ones((m,), jnp.float32)
+  return jnp.ones((m,), float_dtype())
 
 
 def full(n: int) -> Sampler:
@@ -109,7 +112,7 @@ def nonuniform(probs: Sequence[float]) -> Sampler:
     raise ValueError("probs must be a 1-d array of positive probabilities summing to 1 (a "
                      "proper sampling needs p_i > 0).")
   n = len(p)
-  logits = jnp.log(jnp.asarray(p, jnp.float32))
+  logits = jnp.log(jnp.asarray(p, float_dtype()))
   return Sampler("nonuniform", n, 1, p, lambda: np.diag(p),
                  lambda key: (jax.random.categorical(key, logits)[None].astype(jnp.int32),
                               _ones(1)),
@@ -195,7 +198,7 @@ def block(blocks: Sequence[Sequence[int]], q: Sequence[float] | None = None,
     return pair
 
   table, mask, _ = _table(bl)
-  logits = jnp.log(jnp.asarray(q, jnp.float32))
+  logits = jnp.log(jnp.asarray(q, float_dtype()))
 
   def draw(key):
     j = jax.random.categorical(key, logits)

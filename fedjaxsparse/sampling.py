@@ -49,7 +49,7 @@ def minibatch(key: jax.Array, data, batch_size: int | None, augment=None):
     x, y, mask = data.x, data.y, data.mask
   else:
     idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(data.num_examples, 1))
-    x, y, mask = data.x[idx], data.y[idx], jnp.ones((batch_size,), jnp.float32)
+    x, y, mask = data.x[idx], data.y[idx], jnp.ones((batch_size,), data.mask.dtype)
   return (x if augment is None else augment(jax.random.fold_in(key, 1), x)), y, mask
 
 

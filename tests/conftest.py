@@ -1,4 +1,14 @@
-"""Test configuration: CPU only. Multi-device tests start their own subprocess with
+"""Test configuration: CPU only; no test reads data the repository does not ship or generate.
+
+Data that only some machines have (the real Fashion-MNIST) is opt-in: tests marked
+``real_data`` read the folder named by ``$FEDJAXSPARSE_FASHION_MNIST`` when the variable is
+set at the start of the session, and skip saying so otherwise. For every other test the
+variable is then pointed at an empty folder, so no loader's default (Debian's
+``/usr/share/datasets/fashion-mnist`` included) can be read silently: a test that needs
+Fashion-MNIST-shaped files takes the ``fashion_mnist_dir`` fixture (a labelled stand-in
+written in the real IDX format).
+
+CPU only. Multi-device tests start their own subprocess with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (it must be set before jax starts).
 
 The tests compile with XLA's backend optimisation level 0 (subprocesses and notebook kernels
@@ -6,7 +16,10 @@ inherit it): their tiny configurations spend most of their time compiling, and l
 halves the suite's time. Results are checked against references and tolerances (or between
 two programs compiled alike), which the level does not affect; benchmarks measure at the
 default level."""
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -14,11 +27,57 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_backend_optimization_level=0").strip()
 
+# JAX's persistent compilation cache, shared by the test session's processes (xdist workers,
+# CLI and notebook subprocesses inherit the variables): many tests compile the same programs
+# (an experiment's tiny run and its notebook, one family's round in several tests). The folder
+# is created by the first process of the session (the xdist controller) and removed when it
+# exits, so nothing carries over from one run to the next.
+if "FEDJAXSPARSE_TEST_SESSION_CACHE" not in os.environ:    # the session's first process
+  _CACHE = tempfile.mkdtemp(prefix="fedjaxsparse-test-jax-cache-")
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+  os.environ["FEDJAXSPARSE_TEST_SESSION_CACHE"] = _CACHE
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["FEDJAXSPARSE_TEST_SESSION_CACHE"]
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
+
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
+
+from fedjaxsparse.data import fashion_mnist as _fm  # noqa: E402
+from fedjaxsparse.data import standins as _standins  # noqa: E402
+
+if "FEDJAXSPARSE_TEST_REAL_FASHION_MNIST" not in os.environ:   # the session's first process
+  os.environ["FEDJAXSPARSE_TEST_REAL_FASHION_MNIST"] = os.environ.get(_fm.ENV_VAR, "")
+  _EMPTY = tempfile.mkdtemp(prefix="fedjaxsparse-no-data-")
+  atexit.register(shutil.rmtree, _EMPTY, ignore_errors=True)
+  os.environ[_fm.ENV_VAR] = _EMPTY   # loaders' default folder: empty (subprocesses inherit it)
+_REAL_FASHION_MNIST = os.environ["FEDJAXSPARSE_TEST_REAL_FASHION_MNIST"]
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_dir(tmp_path_factory) -> str:
+  """A folder with Fashion-MNIST's four IDX files (gzip) holding a labelled stand-in
+  (:func:`fedjaxsparse.data.standins.fashion_mnist_standin`, 1,600 train and 600 test images)."""
+  folder = str(tmp_path_factory.mktemp("fashion_mnist_standin"))
+  (x, y), (xt, yt) = _standins.fashion_mnist_standin(1600, 600, seed=0)
+  _fm.write_split(folder, "train", x, y)
+  _fm.write_split(folder, "test", xt, yt)
+  return folder
+
+
+@pytest.fixture(scope="session")
+def real_fashion_mnist_dir() -> str:
+  """The real Fashion-MNIST folder named by ``$FEDJAXSPARSE_FASHION_MNIST`` (skip if unset)."""
+  folder = _REAL_FASHION_MNIST
+  if not folder:
+    pytest.skip(f"real Fashion-MNIST is opt-in: set {_fm.ENV_VAR} to the folder with its four "
+                f"IDX files (Debian: {_fm.DEBIAN_DIR})")
+  if not os.path.isdir(folder) or not any(n.startswith("train-images") for n in
+                                          os.listdir(folder)):
+    pytest.skip(f"{_fm.ENV_VAR}={folder!r} holds no Fashion-MNIST IDX files")
+  return folder
 
 _HOLDER = """
 import sys, time

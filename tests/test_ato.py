@@ -200,12 +200,12 @@ def test_end_epoch_uses_the_configured_mask():
     assert 0 < float(jnp.mean(st.w)) < 1
 
 
-def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path):
+def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, fashion_mnist_dir):
   """The scanned loop writes checkpoints after epochs 2 and 3; the host loop resumes from
   epoch 2 and runs epoch 3 (target steps with augmentation, the controller pass, the mask
   update) to the state the scanned loop reached."""
   from fedjaxsparse.data.fashion_mnist import load_arrays
-  x, y = load_arrays(split="test")
+  x, y = load_arrays(fashion_mnist_dir, split="test")
   x, y = x[:384], y[:384]
   module, model = P.mlp((28, 28, 1), 10, hidden=(300, 100))   # the CLI test's network
   zigs = Z.trace(module, (28, 28, 1))

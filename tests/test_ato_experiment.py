@@ -1,5 +1,6 @@
 """The ``ato_prune`` experiment (seed 004 Task 2, Table 4) in a tiny configuration: every method
-runs through the CLI on real Fashion-MNIST, reaches a finite accuracy, the pruned networks are
+runs through the CLI on Fashion-MNIST-format files (the stand-in fixture; the real files in
+``test_real_data``), reaches a finite accuracy, the pruned networks are
 smaller than the dense one and compute their masked model's function; the uniform baseline's
 bisection matches a FLOPs budget."""
 from __future__ import annotations
@@ -20,8 +21,8 @@ TINY = ["--no-progress", "--rounds", "4", "--set", "arch=mlp", "--set", "train_s
         "curve_size=200", "--set", "check_size=500", "--set", "ctrl_lr=1e-2"]
 
 
-def test_ato_prune_tiny_through_the_cli(tmp_path, capsys):
-  out = ["--out", str(tmp_path)]
+def test_ato_prune_tiny_through_the_cli(tmp_path, capsys, fashion_mnist_dir):
+  out = ["--out", str(tmp_path), "--data-dir", fashion_mnist_dir]
   assert main(["run", "ato_prune"] + out + TINY) == 0
   text = capsys.readouterr().out
   assert "not comparable" in text and "NOT the paper's 5 %" in text

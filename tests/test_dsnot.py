@@ -114,6 +114,16 @@ def test_bad_config_is_named():
     D.r2_dsnot("sparsegpt")
 
 
+def test_r2_dsnot_overrides_replace_the_preset():
+  """A key the preset sets (``gamma_prune``, ``prune_relative``) can be overridden; the
+  other preset values stay."""
+  cfg = D.r2_dsnot("wanda", gamma_prune=0.0)
+  assert cfg.gamma_prune == 0.0 and cfg.prune_relative and cfg.alpha == 0.5 and cfg.p == 2.0
+  cfg = D.r2_dsnot("ria", grow_relative=False, gamma_prune=5e-4, alpha=0.25)
+  assert (cfg.grow_relative, cfg.gamma_prune, cfg.alpha) == (False, 5e-4, 0.25)
+  assert D.r2_dsnot("ria").gamma_prune == 1e-4 and D.r2_dsnot("ria").grow_relative
+
+
 def test_prune_params_refines_through_calib_stats():
   w, st, _ = _problem(3)
   params = {"Dense_0": {"kernel": w, "bias": jnp.zeros(C)}}

@@ -1,5 +1,5 @@
 """The Fed-LPFM experiment (seed 004 Table 8 end to end through the CLI in a tiny configuration
-on the real Fashion-MNIST; Table 11's linear probe as a unit): every method runs and the
+on Fashion-MNIST-format files, the stand-in fixture; Table 11's linear probe as a unit): every method runs and the
 results carry the paper's numbers and the teacher's label. One-value grids keep it short
 (tuning is the shared code every experiment uses). Table 12's mixed teachers reduce to
 per-client teacher masks, tested in test_fedlpfm."""
@@ -9,17 +9,14 @@ import numpy as np
 import pytest
 
 from fedjaxsparse.cli import main
-from fedjaxsparse.data.fashion_mnist import DEFAULT_DIR
-
-pytestmark = pytest.mark.skipif(
-    not __import__("os").path.isdir(DEFAULT_DIR), reason="Fashion-MNIST files not installed")
 
 TINY = ["--no-progress", "--rounds", "2", "--set", "train_size=600", "--set",
         "teacher_epochs=1", "--set", "local_steps=2", "--set", "batch=16"]
 
 
-def test_table8_tiny(tmp_path):
-  assert main(["run", "fedlpfm_fmnist", "--out", str(tmp_path), *TINY,
+def test_table8_tiny(tmp_path, fashion_mnist_dir):
+  assert main(["run", "fedlpfm_fmnist", "--out", str(tmp_path), "--data-dir", fashion_mnist_dir,
+               *TINY,
                "--set", "splits=class", "--set", "lams=0.5", "--set", "mus=0.1"]) == 0
   res = json.load(open(tmp_path / "fedlpfm_fmnist" / "results.json"))
   assert [r["method"] for r in res["table"]] == ["FedAvg", "FedProx", "FML", "Fed-LPFM"]

@@ -10,7 +10,9 @@ import pytest
 
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.data.blogfeedback import blogfeedback
-from fedjaxsparse.data.fashion_mnist import fashion_mnist, read_idx
+from fedjaxsparse.data import fashion_mnist as fm
+from fedjaxsparse.data import standins
+from fedjaxsparse.data.fashion_mnist import fashion_mnist, read_idx, write_idx
 from fedjaxsparse.data.leaf import femnist
 from fedjaxsparse.data.libsvm import libsvm
 from fedjaxsparse.data.tfds_sources import load_split
@@ -21,6 +23,32 @@ def _write_idx(path, array):
       int(s).to_bytes(4, "big") for s in array.shape)
   with gzip.open(path, "wb") as f:
     f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_write_idx_is_the_format_read_idx_reads(tmp_path):
+  """The library's writer and this file's independent one produce the same bytes."""
+  a = np.random.default_rng(1).integers(0, 256, (7, 28, 28))
+  ours, theirs = str(tmp_path / "ours.gz"), str(tmp_path / "theirs.gz")
+  write_idx(ours, a)
+  _write_idx(theirs, a)
+  assert gzip.open(ours).read() == gzip.open(theirs).read()
+  np.testing.assert_array_equal(read_idx(ours), a)
+  with pytest.raises(ValueError, match=r"\[0, 255\]"):
+    write_idx(str(tmp_path / "bad"), np.array([256]))
+
+
+def test_loader_default_folder_follows_the_environment_variable(tmp_path, monkeypatch):
+  """No folder given: ``$FEDJAXSPARSE_FASHION_MNIST``, else Debian's folder; the stand-in
+  written there loads as Fashion-MNIST (10 balanced classes)."""
+  monkeypatch.delenv(fm.ENV_VAR, raising=False)
+  assert fm.default_dir() == fm.DEBIAN_DIR
+  (x, y), (xt, yt) = standins.fashion_mnist_standin(200, 50, seed=3)
+  fm.write_split(str(tmp_path), "train", x, y)
+  fm.write_split(str(tmp_path), "test", xt, yt)
+  monkeypatch.setenv(fm.ENV_VAR, str(tmp_path))
+  got_x, got_y = fm.load_arrays(split="train")
+  np.testing.assert_array_equal(np.round(got_x[..., 0] * 255).astype(np.uint8), x)
+  np.testing.assert_array_equal(np.bincount(got_y), np.full(10, 20))
 
 
 def test_fashion_mnist_idx_fixture(tmp_path):

@@ -49,6 +49,7 @@ import numpy as np
 import optax
 
 from fedjaxsparse import zig as Z
+from fedjaxsparse.core import float_dtype
 from fedjaxsparse.models.base import Model
 
 PROJECTORS = ("prox", "hsp")
@@ -101,16 +102,19 @@ class ATOConfig(NamedTuple):
 
 
 class Controller(nn.Module):
-  """Table 7: ``[|B|, 64] → o [G]`` (``block_sizes`` = |B_i|)."""
+  """Table 7: ``[|B|, 64] → o [G]`` (``block_sizes`` = |B_i|); parameters, the GRU state and
+  the computation in ``param_dtype`` (:func:`ato` passes the default float dtype)."""
   block_sizes: tuple
   hidden: int = 128
+  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, z):
-    h = nn.Bidirectional(nn.RNN(nn.GRUCell(self.hidden)), nn.RNN(nn.GRUCell(self.hidden)))(
-        z[None])[0]
-    h = nn.relu(nn.LayerNorm()(h))
-    return jnp.concatenate([nn.Dense(size, name=f"head{i}")(h[i])
+    dt = dict(dtype=self.param_dtype, param_dtype=self.param_dtype)
+    h = nn.Bidirectional(nn.RNN(nn.GRUCell(self.hidden, **dt)),
+                         nn.RNN(nn.GRUCell(self.hidden, **dt)))(z[None])[0]
+    h = nn.relu(nn.LayerNorm(**dt)(h))
+    return jnp.concatenate([nn.Dense(size, name=f"head{i}", **dt)(h[i])
                             for i, size in enumerate(self.block_sizes)])
 
 
@@ -161,7 +165,8 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
   and ``learning_rate(step)`` its step size η_t (the prox threshold is ``η_t λ_g``)."""
   cfg = config.validate()
   sizes = tuple(s.size for s in zigs.prunable)
-  controller = Controller(sizes)
+  dtype = float_dtype()                  # the controller's, fixed when the algorithm is built
+  controller = Controller(sizes, param_dtype=dtype)
   ctrl_opt = optax.adam(cfg.ctrl_lr)
   budget = cfg.target * Z.total_flops(zigs)
   total = float(Z.total_flops(zigs))
@@ -171,7 +176,7 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
 
   def init(key, params):
     k_in, k_ctrl, key = jax.random.split(key, 3)
-    z = jax.random.normal(k_in, (len(sizes), 64))
+    z = jax.random.normal(k_in, (len(sizes), 64), dtype)
     ctrl_params = controller.init(k_ctrl, z)
     if cfg.ctrl_input == "learned":
       ctrl_params = {"params": ctrl_params["params"], "input": z}
@@ -207,7 +212,7 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
       params = Z.hsp(zigs, params, state.params, cfg.hsp_eps, lam_g > 0)
     nrm = Z.group_norms(zigs, params)
     info = ATOInfo(loss, Z.flops(zigs, state.w) / total, jnp.mean(state.w),
-                   jnp.mean(nrm == 0))
+                   jnp.mean((nrm == 0).astype(dtype)))
     return state._replace(params=params, opt_state=opt_state, step=state.step + 1), info
 
   def ctrl_step(state, x, y):

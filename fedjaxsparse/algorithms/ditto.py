@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from fedjaxsparse import accounting
 from fedjaxsparse.aggregation import client_weights
 from fedjaxsparse.clients import map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.local import epoch_sgd, max_local_steps
 from fedjaxsparse.sampling import check_cohort_size, client_keys, sample_cohort
@@ -101,7 +101,7 @@ def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 
     ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
     cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
     w, t = state.params, state.round
-    eta = lr * jnp.float32(lr_decay) ** t.astype(jnp.float32)
+    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
     steps_g = max_local_steps(data, batch_size, max(global_epochs, 1))
     steps_p = max_local_steps(data, batch_size, personal_epochs)
     v_old = jax.tree.map(lambda a: a[ids], state.personal)
@@ -114,7 +114,7 @@ def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 
     new_w = jax.tree.map(lambda a, u: a - jnp.tensordot(p.astype(u.dtype), u, axes=1), w,
                          updates)
     personal = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.personal, v_new)
-    bits = jnp.float32(s * accounting.dense_bits(w) if global_epochs else 0.0)
+    bits = as_float(s * accounting.dense_bits(w) if global_epochs else 0.0)
     info = DittoInfo(jnp.mean(losses), bits, bits, jnp.int32(s))
     return DittoState(new_w, personal, t + 1), info
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from fedjaxsparse import accounting
 from fedjaxsparse.clients import client_ids, map_clients
 from fedjaxsparse.compressors import Compressor, identity
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.population import CohortAlgorithm
 from fedjaxsparse.sampling import client_keys
@@ -115,11 +115,11 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
     if prox is not None:
       x = prox(x, gamma)
     dim = accounting.num_params(state.x)
-    up = jnp.float32(n * compressor.bits(dim))
+    up = as_float(n * compressor.bits(dim))
     if h_init == "grad":  # h_i⁰ = ∇f_i(x⁰) was uploaded dense: charged to the first step
-      up = up + jnp.where(state.t == 0, jnp.float32(n * accounting.dense_bits(dim)), 0.0)
+      up = up + jnp.where(state.t == 0, as_float(n * accounting.dense_bits(dim)), 0.0)
     info = EFBVInfo(loss=jnp.mean(losses), bits_up=up,
-                    bits_down=jnp.float32(n * accounting.dense_bits(dim)),
+                    bits_down=as_float(n * accounting.dense_bits(dim)),
                     grad_error=jnp.mean(jax.vmap(_sq_norm)(delta)))
     return EFBVState(x, h, h_clients, state.t + 1), info
 
@@ -177,8 +177,8 @@ def ef_bv_pp(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, 
     if prox is not None:
       x = prox(x, gamma)
     c, dim = ids.shape[0], accounting.num_params(server.x)
-    info = EFBVInfo(loss=jnp.mean(losses), bits_up=jnp.float32(c * compressor.bits(dim)),
-                    bits_down=jnp.float32(c * accounting.dense_bits(dim)),
+    info = EFBVInfo(loss=jnp.mean(losses), bits_up=as_float(c * compressor.bits(dim)),
+                    bits_down=as_float(c * accounting.dense_bits(dim)),
                     grad_error=jnp.mean(jax.vmap(_sq_norm)(delta)))
     return EFBVServer(x, h, server.t + 1), h_cohort, info
 

@@ -20,7 +20,7 @@ import optax
 from fedjaxsparse import accounting
 from fedjaxsparse.aggregation import WEIGHTINGS, client_weights, weighted_mean
 from fedjaxsparse.clients import local_scan, map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
 
@@ -39,7 +39,7 @@ class FedAvgState(NamedTuple):
 
 
 class FedAvgInfo(NamedTuple):
-  """Attributes (float32 scalars unless said):
+  """Attributes (scalars of the default float dtype unless said):
     loss: cohort training loss at the broadcast model (each client's loss on its first local
       batch, aggregated with the round's weights).
     bits_up: bits uploaded this round, summed over the cohort (each message charged by its
@@ -154,7 +154,7 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     local, losses = map_clients(lambda k, d: train_client(k, state.params, d), cohort_data,
                                 client_keys(k_clients, cohort))
     if weighting == "sampling":
-      weights = drawn.weights.astype(jax.dtypes.canonicalize_dtype(jnp.float64))
+      weights = drawn.weights.astype(float_dtype())
     else:
       weights = client_weights(cohort_data.num_examples, weighting, member)
     is_model = upload_prox is not None
@@ -173,10 +173,10 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       params = optax.apply_updates(state.params, updates)
     if server_prox is not None:
       params = server_prox(params)
-    sent = jnp.ones(cohort.shape, jnp.float32) if member is None else member
+    sent = jnp.ones(cohort.shape, float_dtype()) if member is None else member
     c = jnp.sum(sent)
     bits = lambda m: accounting.message_bits(m, encoding=encoding)
-    up = (c * jnp.float32(uplink.bits(accounting.num_params(state.params)))
+    up = (c * as_float(uplink.bits(accounting.num_params(state.params)))
           if uplink is not None else jnp.sum(sent * jax.vmap(bits)(messages)))
     info = FedAvgInfo(loss=jnp.dot(weights, losses),
                       bits_up=up,

@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, float_dtype
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.models.base import Model, make_loss
 
@@ -61,18 +61,19 @@ def pack_targets(data: FederatedData, teacher_logits: np.ndarray,
                  teacher_mask: np.ndarray | None = None) -> FederatedData:
   """``data`` with ``y [N, M, 1 + T·(K + 1)]``: the label, then each teacher's logits
   ``[N, M, T, K]`` and its on/off flag (``teacher_mask [N, T]``, default all on)."""
-  logits = np.asarray(teacher_logits, np.float32)
+  dtype = float_dtype()            # float64 under jax_enable_x64
+  logits = np.asarray(teacher_logits, dtype)
   n, m = np.shape(data.y)[:2]
   if logits.ndim != 4 or logits.shape[:2] != (n, m):
     raise ValueError(f"teacher_logits must be [N={n}, M={m}, T, K], got {logits.shape}.")
   t = logits.shape[2]
-  flags = np.ones((n, t), np.float32) if teacher_mask is None else np.asarray(
-      teacher_mask, np.float32)
+  flags = np.ones((n, t), dtype) if teacher_mask is None else np.asarray(
+      teacher_mask, dtype)
   if flags.shape != (n, t):
     raise ValueError(f"teacher_mask must be [N={n}, T={t}], got {flags.shape}.")
   flags = np.broadcast_to(flags[:, None, :, None], (n, m, t, 1))
   teach = np.concatenate([logits, flags], axis=-1).reshape(n, m, -1)
-  y = np.concatenate([np.asarray(data.y, np.float32)[..., None], teach], axis=-1)
+  y = np.concatenate([np.asarray(data.y, dtype)[..., None], teach], axis=-1)
   return data._replace(y=jnp.asarray(y))
 
 

@@ -43,7 +43,7 @@ from fedjaxsparse import accounting
 from fedjaxsparse import masking as M
 from fedjaxsparse.aggregation import client_weights
 from fedjaxsparse.clients import map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sparsity import magnitude_prune, top_k
 from fedjaxsparse.sampling import (check_cohort_size, client_keys, epoch_loop, epoch_steps,
@@ -172,30 +172,30 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     d = _flat_size(w)
     c = ids.shape[0]
     if masking == "none" and prune_to is not None:  # pruned models are sent
-      updates, ones = messages, jnp.float32(0)
+      updates, ones = messages, as_float(0)
       models = jax.tree.map(jnp.add, jax.tree.map(lambda a: a[None], w), messages)
       up = jnp.sum(jax.vmap(lambda m: accounting.message_bits(m))(models))
     elif masking == "none" and uplink is None:
-      updates, ones = messages, jnp.float32(0)
-      up = jnp.float32(c * accounting.dense_bits(d))
+      updates, ones = messages, as_float(0)
+      up = as_float(c * accounting.dense_bits(d))
     elif masking == "none":
       k_up = jax.random.fold_in(k_train, 1)
       updates = jax.vmap(uplink.compress)(client_keys(k_up, ids), messages)
-      ones, up = jnp.float32(0), jnp.float32(c * uplink.bits(d))
+      ones, up = as_float(0), as_float(c * uplink.bits(d))
     else:  # the server regenerates each participant's noise from its seed
       noises = jax.vmap(lambda k: M.tree_noise(k, w, noise_scale, distribution))(noise_keys)
       updates = jax.tree.map(lambda n, m: n * m.astype(n.dtype), noises, messages)
-      ones = sum(jnp.sum(m == 1) for m in jax.tree.leaves(messages)) / jnp.float32(c * d)
-      up = jnp.float32(c * accounting.mask_bits(d, with_seed=True))
+      ones = sum(jnp.sum(m == 1) for m in jax.tree.leaves(messages)) / as_float(c * d)
+      up = as_float(c * accounting.mask_bits(d, with_seed=True))
     delta = jax.tree.map(lambda v: jnp.tensordot(p.astype(v.dtype), v, axes=1), updates)
     linf = jnp.max(jnp.stack([jnp.max(jnp.abs(v)) for v in jax.tree.leaves(delta)]))
     new = jax.tree.map(jnp.add, w, delta)
     if server_sparsity is None:
-      down = jnp.float32(c * accounting.dense_bits(d))
+      down = as_float(c * accounting.dense_bits(d))
     else:
       new = magnitude_prune(new, server_sparsity(state.round))
-      down = c * accounting.message_bits(w).astype(jnp.float32)  # the pruned w^t is sent
-    info = FedMRNInfo(jnp.dot(p, losses), up, down, jnp.int32(c), ones.astype(jnp.float32),
+      down = c * accounting.message_bits(w).astype(float_dtype())  # the pruned w^t is sent
+    info = FedMRNInfo(jnp.dot(p, losses), up, down, jnp.int32(c), ones.astype(float_dtype()),
                       linf)
     return FedMRNState(new, state.round + 1), info
 

@@ -58,7 +58,7 @@ import optax
 from fedjaxsparse import layers as LY
 from fedjaxsparse import masks as MK
 from fedjaxsparse.clients import local_scan, map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
 from fedjaxsparse.sparsity import _largest_bisection, _random_keys
@@ -160,7 +160,7 @@ def make_config(key: jax.Array, train_layers: Any, keep_ratio: Any = 0.9) -> Fed
     raise ValueError(f"keep_ratio must lie in [0, 1], got {keep_ratio!r}.")
   r = np.broadcast_to(r.reshape(r.shape + (1,) * (2 - r.ndim)) if r.ndim == 1 else r,
                       train.shape)
-  return FedP3Config(train, jnp.asarray(r, jnp.float32),
+  return FedP3Config(train, jnp.asarray(r, float_dtype()),
                      jax.random.split(key, train.shape[0]))
 
 
@@ -295,8 +295,8 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
-  agg = (jnp.ones(config.num_clients, jnp.float32) if aggregation == "simple"
-         else jnp.sum(config.train_layers, axis=1).astype(jnp.float32))
+  agg = (jnp.ones(config.num_clients, float_dtype()) if aggregation == "simple"
+         else jnp.sum(config.train_layers, axis=1).astype(float_dtype()))
 
   def local_mask(key, params, layer_of, selected, num_layers):
     """Q_{i,k} on the layers ∉ L_i (True on selected layers)."""
@@ -340,7 +340,7 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
 
     (trained, _), losses = local_scan(step, (start, client_optimizer.init(start)),
                                       jax.random.split(key, local_steps))
-    return trained, losses[0], jax.tree.map(lambda a: jnp.sum(a, dtype=jnp.float32), pmask)
+    return trained, losses[0], jax.tree.map(lambda a: jnp.sum(a, dtype=float_dtype()), pmask)
 
   def init(key, params, data: FederatedData):
     del key
@@ -362,11 +362,11 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
         lambda k, tr, kr, mk, d: train_client(k, w, tr, kr, mk, d), cdata,
         client_keys(k_train, ids), train, config.keep_ratio[ids], config.mask_keys[ids])
     new_w = aggregate(w, trained, train, agg[ids], depth)
-    sizes = jnp.asarray(LY.layer_sizes(w, depth), jnp.float32)
-    up = jnp.sum(train.astype(jnp.float32) @ sizes)
+    sizes = jnp.asarray(LY.layer_sizes(w, depth), float_dtype())
+    up = jnp.sum(train.astype(float_dtype()) @ sizes)
     down = jnp.sum(sum(jax.tree.leaves(kept)))
     info = FedP3Info(jnp.mean(losses), up, down, 32.0 * up, 32.0 * down,
-                     jnp.mean(jnp.mean(train.astype(jnp.float32), axis=1)),
+                     jnp.mean(jnp.mean(train.astype(float_dtype()), axis=1)),
                      jnp.int32(ids.shape[0]))
     return FedP3State(new_w, t + 1), info
 

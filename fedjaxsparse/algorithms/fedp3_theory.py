@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse.algorithms.fedp3 import FedP3State
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import client_keys
 from fedjaxsparse.validation import check_number
@@ -170,9 +170,9 @@ def fedp3_theory(loss_fn: LossFn, gamma: float, *, local_steps: int = 1,
       owner = permutation_owner(k_perm, d, n, block)
       new = jnp.sum(jax.vmap(lambda i, u: permutation_sketch(owner, i, u, n))(
           jnp.arange(n), rows), axis=0) / n
-      up = jnp.float32(d)
+      up = as_float(d)
     else:
-      new, up = jnp.mean(rows, axis=0), jnp.float32(n * d)
+      new, up = jnp.mean(rows, axis=0), as_float(n * d)
     return FedP3State(unravel(new), state.round + 1), TheoryInfo(loss, jnp.sum(grad ** 2), up)
 
   return Algorithm(init, step)

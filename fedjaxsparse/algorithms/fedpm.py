@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from fedjaxsparse import accounting
 from fedjaxsparse.clients import map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.masking import tree_map_keyed
 from fedjaxsparse.sampling import (check_cohort_size, client_keys, epoch_minibatch, epoch_steps,
@@ -113,8 +113,8 @@ def fedpm(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     c = ids.shape[0]
     leaves = jax.tree.leaves(theta)
     density = sum(jnp.sum(t) for t in leaves) / d
-    return new, FedPMInfo(jnp.mean(losses), jnp.float32(c * d),
-                          jnp.float32(c * accounting.dense_bits(d)), jnp.int32(c),
-                          density.astype(jnp.float32))
+    return new, FedPMInfo(jnp.mean(losses), as_float(c * d),
+                          as_float(c * accounting.dense_bits(d)), jnp.int32(c),
+                          density.astype(float_dtype()))
 
   return Algorithm(init, step)

@@ -50,7 +50,7 @@ from fedjaxsparse import compressors as C
 from fedjaxsparse import masks as MK
 from fedjaxsparse.aggregation import client_weights
 from fedjaxsparse.clients import map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.local import epoch_sgd, max_local_steps
 from fedjaxsparse.sampling import check_cohort_size, client_keys, epoch_minibatch, sample_cohort
@@ -75,7 +75,7 @@ class FedSpaState(NamedTuple):
 
 
 class FedSpaInfo(NamedTuple):
-  """Per round (float32 unless said): ``loss`` (the cohort's mean loss at its downloaded
+  """Per round (default float dtype unless said): ``loss`` (the cohort's mean loss at its downloaded
   sparse models), ``bits_up`` / ``bits_down`` (the honest ledger, summed over the cohort),
   ``paper_bits_up`` / ``paper_bits_down`` (the paper's), ``num_clients`` (int32), ``alpha``
   (the drop fraction α_t), ``mask_change`` (mean Hamming distance between a participant's old
@@ -187,7 +187,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
     w, t = state.params, state.round
     counts = counts_of(w)
-    eta = lr * jnp.float32(lr_decay) ** t.astype(jnp.float32)
+    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
     alpha = drop(t, alpha0, num_rounds)
     max_steps = max_local_steps(data, batch_size, epochs)
     old = MK.as_bool(jax.tree.map(lambda m: m[ids], state.masks), w)
@@ -197,16 +197,16 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     s = ids.shape[0]
     d = sum(math.prod(a.shape) for a in jax.tree.leaves(w))
     active = sum(jax.tree.leaves(counts))
-    paper = jnp.float32(s * accounting.dense_bits(round((1.0 - sparsity) * d)))
-    down = jnp.float32(s * accounting.sparse_bits(active, d))
+    paper = as_float(s * accounting.dense_bits(round((1.0 - sparsity) * d)))
+    down = as_float(s * accounting.sparse_bits(active, d))
     up, paper_up = down, paper
     if subsample is not None:
       k = min(d, max(1, round(subsample * d)))
       comp = (C.rand_k if rescale else C.scaled_rand_k)(d, k)
       messages = jax.vmap(comp.compress)(client_keys(jax.random.fold_in(k_train, 1), ids),
                                          messages)
-      up = jnp.float32(s * comp.bits(d))
-      paper_up = jnp.float32(s * accounting.dense_bits(k))
+      up = as_float(s * comp.bits(d))
+      paper_up = as_float(s * accounting.dense_bits(k))
     p = (jnp.full((s,), 1.0 / s) if weighting == "uniform"
          else client_weights(cdata.num_examples, "num_examples"))
     new_w = jax.tree.map(lambda a, u: a - jnp.tensordot(p.astype(u.dtype), u, axes=1), w,
@@ -215,11 +215,11 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     masks = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.masks, stored)
     change = jax.vmap(MK.hamming)(old, new_masks)
     if search == "dst":
-      mask_up = jnp.minimum(jnp.float32(d), change.astype(jnp.float32)
+      mask_up = jnp.minimum(as_float(d), change.astype(float_dtype())
                             * accounting.index_bits(d))
       up = up + jnp.sum(mask_up)
     info = FedSpaInfo(jnp.mean(losses), up, down, paper_up, paper, jnp.int32(s),
-                      jnp.asarray(alpha, jnp.float32), jnp.mean(change.astype(jnp.float32)))
+                      jnp.asarray(alpha, float_dtype()), jnp.mean(change.astype(float_dtype())))
     return FedSpaState(new_w, masks, t + 1), info
 
   return Algorithm(init, step)

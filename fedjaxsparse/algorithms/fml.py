@@ -27,7 +27,7 @@ from fedjaxsparse.aggregation import client_weights, weighted_mean
 from fedjaxsparse.algorithms.fedavg import FedAvgInfo
 from fedjaxsparse.algorithms.fedlpfm import kd_loss
 from fedjaxsparse.clients import local_scan
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.models.base import Model
 from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
@@ -81,7 +81,12 @@ def fml(model: Model, private_model: Model, client_optimizer: optax.GradientTran
     check_data(data)
     check_cohort_size(cohort_size, data.num_clients)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(data.num_clients))
-    return FMLState(params, jax.vmap(private_model.init)(keys), jnp.zeros((), jnp.int32))
+    private = jax.vmap(private_model.init)(keys)
+    floats = [a.dtype for a in jax.tree.leaves(params) if jnp.issubdtype(a.dtype, jnp.floating)]
+    if floats:   # private models in the meme model's float dtype (float64 runs stay float64)
+      private = jax.tree.map(lambda a: a.astype(floats[0]) if jnp.issubdtype(
+          a.dtype, jnp.floating) else a, private)
+    return FMLState(params, private, jnp.zeros((), jnp.int32))
 
   def step(key, state: FMLState, data: FederatedData):
     k_cohort, k_clients, _ = jax.random.split(key, 3)   # FedAvg's split: the same draws
@@ -93,7 +98,7 @@ def fml(model: Model, private_model: Model, client_optimizer: optax.GradientTran
     weights = client_weights(cohort_data.num_examples, weighting)
     params = weighted_mean(memes, weights)
     stacked = jax.tree.map(lambda a, n: a.at[cohort].set(n), state.private, new_private)
-    c = jnp.float32(cohort.shape[0])
+    c = as_float(cohort.shape[0])
     bits = c * accounting.message_bits(state.params, encoding="dense")
     info = FedAvgInfo(jnp.dot(weights, losses), bits, bits, jnp.int32(cohort.shape[0]))
     return FMLState(params, stacked, state.round + 1), info

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from fedjaxsparse import accounting
 from fedjaxsparse.clients import client_ids, map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import client_keys, minibatch
 from fedjaxsparse.validation import check_number, check_positive
@@ -200,12 +200,12 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     h = jax.tree.map(lambda hi, r, wh: hi + (p / gamma) * (r - wh), state.h, ref, w_hat)
     w = jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), w_out)
     if uplink is not None:
-      up = jnp.float32(n * uplink.bits(accounting.num_params(state.server)))
+      up = as_float(n * uplink.bits(accounting.num_params(state.server)))
     else:
       up = jnp.sum(jax.vmap(lambda m: accounting.message_bits(m, encoding=encoding))(messages))
     # ASP-modified broadcasts the dense average and the clients prune it themselves.
     down = n * accounting.message_bits(ref, encoding=encoding)
-    nnz = jnp.mean(jax.vmap(accounting.nnz)(messages).astype(jnp.float32))
+    nnz = jnp.mean(jax.vmap(accounting.nnz)(messages).astype(float_dtype()))
     new = state._replace(w=w, h=h, server=w_out, comms=state.comms + 1)
     return new, (up, down, nnz)
 
@@ -217,7 +217,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
 
 def geometric_local_steps(key: jax.Array, p: float) -> jax.Array:
   """``L ~ Geometric(p)`` on {1, 2, …}: ``P(L = l) = (1 − p)^{l−1} p``, mean ``1/p``."""
-  u = jax.random.uniform(key, minval=jnp.finfo(jnp.float32).tiny, maxval=1.0)
+  u = jax.random.uniform(key, minval=jnp.finfo(float_dtype()).tiny, maxval=1.0)
   steps = 1 + jnp.floor(jnp.log(u) / jnp.log1p(-jnp.minimum(p, 1 - 1e-7)))
   return jnp.where(p >= 1, 1, steps).astype(jnp.int32)
 
@@ -235,12 +235,12 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
     h_sum = jax.tree.map(lambda a: jnp.sum(a, 0), state.h)
     h_norms = jax.vmap(_tree_norm)(state.h)
     info = ProxSkipInfo(loss=jnp.mean(losses), bits_up=up, bits_down=down,
-                        communicated=communicated.astype(jnp.float32), local_steps=steps,
+                        communicated=communicated.astype(float_dtype()), local_steps=steps,
                         sum_h_norm=_tree_norm(h_sum), mean_h_norm=jnp.mean(h_norms),
                         upload_nnz=nnz, server_norm=_tree_norm(state.server))
     return state._replace(t=state.t + steps), info
 
-  zero = (jnp.float32(0), jnp.float32(0), jnp.float32(0))
+  zero = (as_float(0), as_float(0), as_float(0))
 
   def iteration_step(key, state: ProxSkipState, data: FederatedData):
     k_coin, k_local, k_comm = jax.random.split(key, 3)

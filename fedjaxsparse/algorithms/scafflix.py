@@ -41,7 +41,7 @@ import numpy as np
 from fedjaxsparse import accounting, evaluation
 from fedjaxsparse.algorithms.proxskip import FORMS, geometric_local_steps
 from fedjaxsparse.clients import map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
 from fedjaxsparse.validation import check_number
@@ -231,7 +231,7 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
 
   def info(state, losses, a, c, communicated, steps):
     d = accounting.num_params(state.server)
-    bits = communicated * jnp.float32(c * accounting.dense_bits(d))
+    bits = communicated * as_float(c * accounting.dense_bits(d))
     ah = jax.tree.map(lambda v: jnp.tensordot(a, v, axes=1), state.h)
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(ah)))
     return ScafflixInfo(jnp.mean(losses), bits, bits, communicated, steps, norm)
@@ -252,7 +252,7 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
                                 state.h)
     new = state._replace(x=x, h=h, server=server, t=state.t + 1,
                          comms=state.comms + theta.astype(jnp.int32))
-    return new, info(new, losses, a, n, theta.astype(jnp.float32), jnp.int32(1))
+    return new, info(new, losses, a, n, theta.astype(float_dtype()), jnp.int32(1))
 
   def round_step(key, state: ScafflixState, data: FederatedData):
     n = data.num_clients
@@ -275,7 +275,7 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
     h_all = jax.tree.map(lambda v, r: v.at[ids].set(r), state.h, h)
     new = state._replace(x=_per_client(x_bar, n), h=h_all, server=x_bar, t=state.t + steps,
                          comms=state.comms + 1)
-    return new, info(new, losses, a_all, c, jnp.float32(1), steps)
+    return new, info(new, losses, a_all, c, as_float(1), steps)
 
   return Algorithm(init, iteration_step if form == "iteration" else round_step)
 
@@ -324,9 +324,9 @@ def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
     grads, losses = map_clients(lambda k, s, al, d: client(k, state.params, s, al, d), cdata,
                                 client_keys(k_local, ids), xs, a[ids])
     params = jax.tree.map(lambda x, g: x - lr * jnp.mean(g, 0), state.params, grads)
-    bits = jnp.float32(c * accounting.dense_bits(accounting.num_params(params)))
-    info = ScafflixInfo(jnp.mean(losses), bits, bits, jnp.float32(1), jnp.int32(1),
-                        jnp.float32(0))
+    bits = as_float(c * accounting.dense_bits(accounting.num_params(params)))
+    info = ScafflixInfo(jnp.mean(losses), bits, bits, as_float(1), jnp.int32(1),
+                        as_float(0))
     return FlixState(params, state.x_star, state.round + 1), info
 
   return Algorithm(init, step)

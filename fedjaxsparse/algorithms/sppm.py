@@ -36,7 +36,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse import accounting
 from fedjaxsparse.clients import map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.prox_solvers import Solver, gd
 from fedjaxsparse.samplers import Sampler
@@ -67,7 +67,7 @@ class SPPMInfo(NamedTuple):
 
 
 def _info(loss, k: int, members, d: int) -> SPPMInfo:
-  floats = jnp.float32(k * d) * members
+  floats = as_float(k * d) * members
   return SPPMInfo(loss, jnp.int32(k), members, floats, floats, floats * accounting.FLOAT_BITS,
                   floats * accounting.FLOAT_BITS)
 

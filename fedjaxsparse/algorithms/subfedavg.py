@@ -45,7 +45,7 @@ from fedjaxsparse import accounting
 from fedjaxsparse import masks as MK
 from fedjaxsparse.algorithms.fedspa import FedSpaState
 from fedjaxsparse.clients import map_clients
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.local import epoch_sgd, max_local_steps
 from fedjaxsparse.sampling import check_cohort_size, client_keys, sample_cohort
@@ -77,8 +77,8 @@ def _prune_layers(mask: Any, weights: Any, rate: Any) -> Any:
       return m
     flat = m.ravel()
     active = jnp.sum(flat, dtype=jnp.int32)
-    keep = active - jnp.floor(rate * active.astype(jnp.float32) + 1e-4).astype(jnp.int32)
-    keys = jnp.where(flat, jnp.abs(w.ravel()).astype(jnp.float32), 0.0)
+    keep = active - jnp.floor(rate * active.astype(float_dtype()) + 1e-4).astype(jnp.int32)
+    keys = jnp.where(flat, jnp.abs(w.ravel()).astype(float_dtype()), 0.0)
     return (flat & _largest_bisection(keys, keep)).reshape(m.shape)
   return jax.tree.map(one, mask, weights)
 
@@ -143,7 +143,7 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
     ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
     cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
     w, t = state.params, state.round
-    eta = lr * jnp.float32(lr_decay) ** t.astype(jnp.float32)
+    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
     old = jax.tree.map(lambda m: m[ids], state.masks)
     steps = (max_local_steps(data, batch_size, 1),
              max_local_steps(data, batch_size, max(epochs - 1, 1)))
@@ -163,9 +163,9 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
     sparse = jax.vmap(lambda n: accounting.sparse_bits(n, d))
     info = SubFedAvgInfo(
         jnp.mean(losses), jnp.sum(sparse(n_up)) + ids.shape[0] * d, jnp.sum(sparse(n_down)),
-        32.0 * jnp.sum(n_up).astype(jnp.float32), 32.0 * jnp.sum(n_down).astype(jnp.float32),
+        32.0 * jnp.sum(n_up).astype(float_dtype()), 32.0 * jnp.sum(n_down).astype(float_dtype()),
         jnp.int32(ids.shape[0]), jnp.mean(jax.vmap(_kernel_density)(new_masks)),
-        jnp.mean(pruned.astype(jnp.float32)))
+        jnp.mean(pruned.astype(float_dtype())))
     return FedSpaState(new_w, masks, t + 1), info
 
   return Algorithm(init, step)

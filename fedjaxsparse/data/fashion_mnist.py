@@ -1,5 +1,10 @@
 """Fashion-MNIST from its IDX files (Xiao et al. 2017), e.g. as installed by Debian's
-``dataset-fashion-mnist`` package in ``/usr/share/datasets/fashion-mnist``."""
+``dataset-fashion-mnist`` package in ``/usr/share/datasets/fashion-mnist``.
+
+Where the files are looked for when no folder is given (:func:`default_dir`): the folder named
+by the environment variable ``FEDJAXSPARSE_FASHION_MNIST`` if it is set, else Debian's folder.
+:func:`write_idx` writes arrays in the same format (a prepared subset, or the stand-in
+:func:`fedjaxsparse.data.standins.fashion_mnist_standin`)."""
 from __future__ import annotations
 
 import gzip
@@ -13,10 +18,39 @@ from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partition import partition as partition_fn
 from fedjaxsparse.errors import DataError
 
-DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
+ENV_VAR = "FEDJAXSPARSE_FASHION_MNIST"
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 NUM_CLASSES = 10
+
+
+def default_dir() -> str:
+  """The folder read when none is given: ``$FEDJAXSPARSE_FASHION_MNIST`` if set, else Debian's
+  ``/usr/share/datasets/fashion-mnist``."""
+  return os.environ.get(ENV_VAR) or DEBIAN_DIR
+
+
+def write_idx(path: str, array: np.ndarray) -> None:
+  """Write ``array`` (values in [0, 255]) as an unsigned-byte IDX file, gzip-compressed if
+  ``path`` ends in ``.gz`` — the format :func:`read_idx` reads."""
+  a = np.asarray(array)
+  if a.size and (a.min() < 0 or a.max() > 255):
+    raise ValueError(f"array must hold values in [0, 255] for an unsigned-byte IDX file, got "
+                     f"[{a.min()}, {a.max()}].")
+  header = bytes([0, 0, 8, a.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in a.shape)
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "wb") as f:
+    f.write(header + a.astype(np.uint8).tobytes())
+
+
+def write_split(data_dir: str, split: str, images: np.ndarray, labels: np.ndarray) -> None:
+  """Write one split (``images uint8 [n, 28, 28]``, ``labels [n]``) under the official file
+  names (gzip-compressed) into ``data_dir``."""
+  os.makedirs(data_dir, exist_ok=True)
+  image_stem, label_stem = FILES[split]
+  write_idx(os.path.join(data_dir, image_stem + ".gz"), images)
+  write_idx(os.path.join(data_dir, label_stem + ".gz"), labels)
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -60,16 +94,17 @@ def _find(data_dir: str, stem: str) -> str:
   raise FileNotFoundError(
       f"Fashion-MNIST file {stem}[.gz] not found in {data_dir!r}. Install Debian's package "
       "(`apt-get install dataset-fashion-mnist`, files in "
-      f"{DEFAULT_DIR}) or put the four IDX files (train/t10k images and labels) there and "
-      "pass data_dir (CLI: --data-dir).")
+      f"{DEBIAN_DIR}) or put the four IDX files (train/t10k images and labels) in a folder "
+      f"and pass it as data_dir (CLI: --data-dir) or in ${ENV_VAR}.")
 
 
-def load_arrays(data_dir: str = DEFAULT_DIR, split: str = "train"):
+def load_arrays(data_dir: str | None = None, split: str = "train"):
   """``(x float32 [n, 28, 28, 1] in [0, 1], y int32 [n])`` of one split.
 
   Raises DataError if the files disagree on the count, an image is not 28x28 or a label is
-  not in [0, 10) (records count from 0).
+  not in [0, 10) (records count from 0). ``data_dir=None`` reads :func:`default_dir`.
   """
+  data_dir = data_dir or default_dir()
   image_path, label_path = (_find(data_dir, s) for s in FILES[split])
   images, labels = read_idx(image_path), read_idx(label_path)
   if images.ndim != 3 or images.shape[1:] != (28, 28):
@@ -87,7 +122,7 @@ def load_arrays(data_dir: str = DEFAULT_DIR, split: str = "train"):
   return (images[..., None].astype(np.float32) / 255.0), labels.astype(np.int32)
 
 
-def fashion_mnist(data_dir: str = DEFAULT_DIR, num_clients: int = 100,
+def fashion_mnist(data_dir: str | None = None, num_clients: int = 100,
                   partition: str = "dirichlet", alpha: float = 0.5, seed: int = 0,
                   shards_per_client: int = 2, sigma: float = 0.3,
                   labels_per_client: int = 3) -> FederatedDataset:

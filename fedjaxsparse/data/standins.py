@@ -13,6 +13,8 @@ not its numbers: accuracies and R² on a stand-in are not comparable with the pa
   ≈ 95 and max ≈ 1,100 examples, 280 attributes scaled to [0, 1] plus the bias column, a
   non-negative heavy-tailed target, a pooled test split of 7,624 rows).
 * :func:`mushrooms_arrays`: mushrooms' shape (8,124 × 112 one-hot, 22 attributes).
+* :func:`fashion_mnist_standin`: Fashion-MNIST's files (uint8 28×28 images, 10 balanced
+  classes), for writing IDX files with :func:`fedjaxsparse.data.fashion_mnist.write_split`.
 """
 from __future__ import annotations
 
@@ -81,6 +83,32 @@ def femnist_standin(num_writers: int = 100, seed: int = 0, noise: float = 0.5,
                   name=f"femnist_standin({num_writers} writers, synthetic)",
                   x_test=cat(test, 0), y_test=cat(test, 1),
                   test_indices=ranges(test) if own else None)
+
+
+def fashion_mnist_standin(num_train: int = 60000, num_test: int = 10000, seed: int = 0,
+                          noise: float = 0.35):
+  """Fashion-MNIST's arrays: ``((x uint8 [n, 28, 28], y uint8 [n]), (xt, yt))``, 10 classes in
+  equal numbers (shuffled), as the IDX files hold them.
+
+  Class ``c`` is a smooth random silhouette; each image scales it by its own contrast, shifts
+  it by up to ±2 pixels and adds pixel noise of s.d. ``noise`` — learnable (a small network
+  separates the classes) but not trivially (linear models err on a share of it).
+  """
+  if num_train < 1 or num_test < 1:
+    raise ValueError(f"num_train and num_test must be >= 1, got {num_train}, {num_test}.")
+  rng = np.random.default_rng(seed)
+  protos = _smooth(rng.normal(size=(10, 28, 28)), 3)
+  protos = (protos > np.quantile(protos, 0.6, axis=(1, 2), keepdims=True)).astype(np.float64)
+
+  def split(n, r):
+    labels = r.permutation(np.arange(n) % 10)
+    shift = r.integers(-2, 3, (n, 2))
+    img = np.stack([np.roll(protos[c], tuple(t), axis=(0, 1)) for c, t in zip(labels, shift)])
+    img = img * r.uniform(0.5, 1.0, (n, 1, 1)) + noise * r.normal(size=img.shape)
+    return np.round(255 * np.clip(img, 0, 1)).astype(np.uint8), labels.astype(np.uint8)
+
+  return split(num_train, np.random.default_rng([seed, 0])), split(num_test,
+                                                                   np.random.default_rng([seed, 1]))
 
 
 def blogfeedback_standin(num_clients: int = 554, seed: int = 0) -> FederatedDataset:
