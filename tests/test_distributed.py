@@ -61,9 +61,17 @@ def _results(tmp_path, num_processes):
   return [json.load(open(f"{prefix}.{i}.json")) for i in range(num_processes)]
 
 
+@pytest.fixture(scope="module")
+def single_process_run(tmp_path_factory):
+  """The reference: SCRIPT in one process (shared by the 2- and 4-process comparisons)."""
+  (one,) = _results(tmp_path_factory.mktemp("one"), 1)
+  return one
+
+
 @pytest.mark.parametrize("num_processes", [2, 4])
-def test_several_processes_compute_the_single_process_run(tmp_path, num_processes):
-  (one,) = _results(tmp_path, 1)
+def test_several_processes_compute_the_single_process_run(tmp_path, num_processes,
+                                                          single_process_run):
+  one = single_process_run
   many = _results(tmp_path, num_processes)
   for got in many:
     assert got["processes"] == got["devices"] == num_processes

@@ -35,10 +35,10 @@ def test_sparse_proxskip_small(tmp_path):
 def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
   assert main(["run", "sparse_proxskip", "--rounds", "30", "--eval-every", "15", "--clients", "6",
         "--out", str(tmp_path), "--no-progress", "--set", "sparsities=[0.8]",
-        "--set", "search=1", "--set", "repetitions=1", "--set", "diagnostics=False"]) == 0
+        "--set", "search=1", "--set", "repetitions=1", "--set", "diagnostics=False",
+        "--set", "methods=Sparse-ProxSkip,FedIHT,FedHT"]) == 0   # both kinds of method
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
-  names = ["Final-TopK", "FedHT", "FedIHT", "Accelerated-Server-Pruning", "RandProx-l1",
-           "Sparse-ProxSkip-Local", "Sparse-ProxSkip"]
+  names = ["FedHT", "FedIHT", "Sparse-ProxSkip"]                  # the paper's order
   assert [r["method"] for r in res["sparsity_table"]] == names
   assert all(0 <= r["accuracy @ 80%"] <= 1 for r in res["sparsity_table"])
   assert set(res["tuned"]) == set(names)  # every method tuned, FedHT/FedIHT included
@@ -143,8 +143,10 @@ def test_a_budget_of_communication_rounds_is_exact_for_every_method(tmp_path):
   family (rounds of Geometric(p) local steps) and for FedHT/FedIHT (rounds of L steps)."""
   assert main(["run", "sparse_proxskip", "--rounds", "30", "--eval-every", "10", "--clients",
                "5", "--out", str(tmp_path), "--no-progress", "--set", "budget=communications",
-               "--set", "diagnostics=false"]) == 0
+               "--set", "diagnostics=false",
+               "--set", "methods=Final-TopK,FedHT,FedIHT,Sparse-ProxSkip"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
+  assert list(res["methods"]) == ["Final-TopK", "FedHT", "FedIHT", "Sparse-ProxSkip"]
   for name, rec in res["methods"].items():
     rd = rec["history"]["rounds"]
     assert rd["communications"][-1] == 30 and rd["round"][-1] == 30, name
@@ -161,12 +163,13 @@ def test_paper_configuration_runs_its_stand_in_beside_the_papers_numbers(tmp_pat
   the paper's Table 4 numbers are printed beside ours, which are the means over the seeds."""
   assert main(["run", "sparse_proxskip", "--paper", "table4", "--rounds", "3", "--clients", "4",
                "--out", str(tmp_path), "--no-progress", "--set", "search=0", "--set", "seeds=2",
-               "--set", "sparsities=[]"]) == 0
+               "--set", "sparsities=[]", "--set", "methods=FedIHT,Sparse-ProxSkip"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
   assert res["standin"].startswith("stand-in for femnist") and "stand-in" in res["dataset"]
   assert res["paper_config"]["name"] == "table4" and res["paper_config"]["budget"] == \
       "communications"
   assert res["config"]["dataset"] == "femnist" and res["config"]["paper"] == "table4"
+  assert list(res["methods"]) == ["FedIHT", "Sparse-ProxSkip"]
   rows = {r["method"]: r for r in res["paper_comparison"]}
   assert rows["Sparse-ProxSkip"]["paper accuracy @ 80%"] == 87.0
   assert rows["FedIHT"]["paper accuracy @ 99%"] == 65.4

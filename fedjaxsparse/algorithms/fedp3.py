@@ -295,8 +295,8 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
-  agg = (jnp.ones(config.num_clients, float_dtype()) if aggregation == "simple"
-         else jnp.sum(config.train_layers, axis=1).astype(float_dtype()))
+  agg = (jnp.ones(config.num_clients, jnp.int32) if aggregation == "simple"
+         else jnp.sum(config.train_layers, axis=1, dtype=jnp.int32))   # exact counts
 
   def local_mask(key, params, layer_of, selected, num_layers):
     """Q_{i,k} on the layers ∉ L_i (True on selected layers)."""
@@ -361,7 +361,7 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     trained, losses, kept = map_clients(
         lambda k, tr, kr, mk, d: train_client(k, w, tr, kr, mk, d), cdata,
         client_keys(k_train, ids), train, config.keep_ratio[ids], config.mask_keys[ids])
-    new_w = aggregate(w, trained, train, agg[ids], depth)
+    new_w = aggregate(w, trained, train, agg[ids].astype(float_dtype()), depth)
     sizes = jnp.asarray(LY.layer_sizes(w, depth), float_dtype())
     up = jnp.sum(train.astype(float_dtype()) @ sizes)
     down = jnp.sum(sum(jax.tree.leaves(kept)))

@@ -240,7 +240,7 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
                         upload_nnz=nnz, server_norm=_tree_norm(state.server))
     return state._replace(t=state.t + steps), info
 
-  zero = (as_float(0), as_float(0), as_float(0))
+  zero = lambda: (as_float(0), as_float(0), as_float(0))   # at trace time: the dtype then
 
   def iteration_step(key, state: ProxSkipState, data: FederatedData):
     k_coin, k_local, k_comm = jax.random.split(key, 3)
@@ -248,7 +248,7 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
     w_hat, losses = kernel.local_step(k_local, state, data)
     ids = client_ids(data)
     state, comm = jax.lax.cond(theta, lambda s, wh, k: kernel.communicate(s, wh, k, ids),
-                               lambda s, wh, k: (kernel.skip(s, wh), zero), state, w_hat,
+                               lambda s, wh, k: (kernel.skip(s, wh), zero()), state, w_hat,
                                k_comm)
     return finish(state, losses, comm, theta, jnp.int32(1))
 
