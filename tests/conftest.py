@@ -17,7 +17,11 @@ and notebook kernels inherit both. The tiny configurations spend most of their t
 compiling: level 0 halves the suite's time, and the elemental emitters compile about 3×
 faster (measured on the ``scafflix_nn`` tiny run: 30 s of compilation → 9 s). Results are
 checked against references and tolerances (or between two programs compiled alike), which
-neither flag affects; benchmarks measure at XLA's defaults."""
+neither flag affects — except where a test compares two *different* programs bit for bit (ATO
+with λ = 0 against plain training, say): the elemental emitters may contract a product and a
+sum into one rounding in one program and not in the other. Such tests carry the
+``xla_default_emitters`` marker and run in a subprocess of their own with XLA:CPU's default
+emitters (:func:`pytest_pyfunc_call`); benchmarks measure at XLA's defaults."""
 import atexit
 import os
 import shutil
@@ -25,7 +29,8 @@ import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+for _flag in ("--xla_backend_optimization_level=0", _EMITTERS):
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
@@ -107,3 +112,27 @@ def lock_holder():
   for proc in procs:
     proc.kill()
     proc.wait()
+
+
+_IN_SUBPROCESS = "FEDJAXSPARSE_TEST_DEFAULT_EMITTERS"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+  """A test marked ``xla_default_emitters`` runs in a subprocess whose XLA flags leave out
+  ``--xla_cpu_use_fusion_emitters=false``; its result is this test's result."""
+  if pyfuncitem.get_closest_marker("xla_default_emitters") is None or \
+      os.environ.get(_IN_SUBPROCESS):
+    return None
+  flags = " ".join(f for f in os.environ["XLA_FLAGS"].split() if f != _EMITTERS)
+  env = dict(os.environ, XLA_FLAGS=flags + " --xla_cpu_use_fusion_emitters=true",
+             **{_IN_SUBPROCESS: "1"})
+  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         "-p", "no:xdist", pyfuncitem.nodeid],
+                        cwd=str(pyfuncitem.config.rootpath), env=env, capture_output=True,
+                        text=True, timeout=600)
+  if proc.returncode != 0:
+    pytest.fail(f"{pyfuncitem.nodeid} failed under XLA:CPU's default emitters:\n"
+                + proc.stdout[-6000:] + proc.stderr[-2000:], pytrace=False)
+  return True
+

@@ -67,6 +67,7 @@ def _plain(model, opt, params, batches):
   return params
 
 
+@pytest.mark.xla_default_emitters
 @pytest.mark.parametrize("case", ["lam0", "w_ones"])
 def test_reduces_to_plain_training_bit_for_bit(digits, case):
   x, y = digits
@@ -84,8 +85,7 @@ def test_reduces_to_plain_training_bit_for_bit(digits, case):
   want = _plain(model, opt, params, batches)
   for a, b in zip(jax.tree_util.tree_leaves(st.params), jax.tree_util.tree_leaves(want)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
+@pytest.mark.xla_default_emitters
 def test_prox_phase_zeroes_masked_groups_and_spares_kept_ones(digits):
   x, y = digits
   model, zigs, opt, algo = _setup(A.ATOConfig(lam=20.0, T_w=1), lr=0.05)   # ηλ = 1

@@ -141,8 +141,7 @@ def test_every_strategy_computes_what_vmap_computes(data, strategy):
       chex.assert_trees_all_equal(states[0], states[1])
   with pytest.raises(ValueError, match="strategy"):
     with_strategy(data, "unroll:0")
-
-
+@pytest.mark.xla_default_emitters
 def test_runner_client_strategy_changes_nothing_but_speed(data):
   from fedjaxsparse.runner import run
   model = linear_regression(5, l2=0.1)

@@ -30,7 +30,8 @@ print("DDSS-SHARDING-OK")
 
 
 def test_workers_sharded_over_four_devices_match_one_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+  flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+  env = dict(os.environ, XLA_FLAGS=flags,
              JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                         text=True, timeout=600)
