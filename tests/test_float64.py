@@ -1,4 +1,5 @@
-"""float64 means float64: under ``jax_enable_x64`` every family's tiny configuration, started
+"""float64 means float64: under ``jax_enable_x64`` every family's tiny configuration (one
+builder per code path: FedProx and FedIHT are FedAvg's round, DIANA is EF-BV's), started
 from float64 parameters on float64 data, keeps every floating array of its state and of its
 info (weights, step sizes, ledgers of bits and counts) in float64 — no float32 leaks in — and
 sampling weights are the exact ``1/(n p_i)``."""
@@ -14,10 +15,9 @@ from fedjaxsparse import samplers
 from fedjaxsparse import screening as SC
 from fedjaxsparse.algorithms import ato as A
 from fedjaxsparse.algorithms import ddss as DD
-from fedjaxsparse.algorithms import (ditto, efbv, fedavg, fedht, fedlpfm, fedmrn, fedp3,
+from fedjaxsparse.algorithms import (ditto, efbv, fedavg, fedlpfm, fedmrn, fedp3,
                                      fedp3_theory, fedpm, fedspa, fml, proxskip, scafflix, sppm,
                                      subfedavg)
-from fedjaxsparse.algorithms.fedprox import proximal
 from fedjaxsparse.data import pack_clients
 from fedjaxsparse.data import sparse_rows as SR
 from fedjaxsparse.models import make_loss, mlp
@@ -57,8 +57,6 @@ BUILDERS = {
     "FedAvg-sampling": lambda loss, model, w0: fedavg.fedavg(
         loss, optax.sgd(0.1), local_steps=2, batch_size=4, sampler=samplers.nice(N, 3),
         weighting="sampling"),
-    "FedProx": lambda loss, model, w0: fedavg.fedavg(
-        loss, optax.chain(proximal(0.1), optax.sgd(0.1)), local_steps=2, batch_size=4),
     "Fed-LPFM": lambda loss, model, w0: fedlpfm.fedlpfm(
         model, K, optax.sgd(0.1), lam=0.5, temperature=2.0, local_steps=2, batch_size=4,
         cohort_size=3),
@@ -86,9 +84,7 @@ BUILDERS = {
         loss, np.full(N, 0.1), 0.5, np.full(N, 0.5),
         x_star=jax.tree.map(lambda a: jnp.stack([a] * N), w0)),
     "Sparse-ProxSkip": lambda loss, model, w0: proxskip.sparse_proxskip(loss, 0.1, 0.5, 0.5),
-    "FedIHT": lambda loss, model, w0: fedht.fediht(loss, 0.1, 2, 0.5),
     "EF21": lambda loss, model, w0: efbv.ef21(loss, C.top_k(_d(w0), 4), 0.1),
-    "DIANA": lambda loss, model, w0: efbv.diana(loss, C.rand_k(_d(w0), 4), 0.1),
     "SPPM-AS": lambda loss, model, w0: sppm.sppm_as(loss, samplers.nice(N, 3), 0.5,
                                                     PS.gd(0.1, 3)),
 }
