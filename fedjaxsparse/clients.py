@@ -304,6 +304,35 @@ def conv_flops(jaxpr: Any) -> float:
   return total
 
 
+_LAST_TRACE: list = []   # [(step, signature, closed jaxpr, mapped)]: the last traced step
+
+
+def _signature(args: Any) -> tuple:
+  leaves, treedef = jax.tree.flatten(args)
+  return treedef, tuple((tuple(np.shape(a)), str(getattr(a, "dtype", type(a))),
+                         bool(getattr(a, "weak_type", False))) for a in leaves)
+
+
+def traced_step(step: Callable, key: Any, state: Any, train: Any):
+  """``(closed jaxpr of step(key, state, train), [clients mapped by each map_clients call])``.
+
+  The runner traces one step twice before compiling — to choose the client strategy and for
+  the run's fingerprint — at the same argument types; the last trace is kept and reused when
+  the same ``step`` is traced again at the same types (the jaxpr depends on nothing else).
+  """
+  sig = _signature((key, state, train))
+  if _LAST_TRACE and _LAST_TRACE[0][0] is step and _LAST_TRACE[0][1] == sig:
+    return _LAST_TRACE[0][2], list(_LAST_TRACE[0][3])
+  mapped = []
+  token = _MAPPED.set(mapped)
+  try:
+    closed = jax.make_jaxpr(step)(key, state, train)
+  finally:
+    _MAPPED.reset(token)
+  _LAST_TRACE[:] = [(step, sig, closed, tuple(mapped))]
+  return closed, mapped
+
+
 def choose_strategy(algo: Any, params: Any, train: Any) -> tuple[str, str]:
   """The client execution strategy for ``algo`` on ``train`` and why: ``(strategy, reason)``.
 
@@ -320,13 +349,8 @@ def choose_strategy(algo: Any, params: Any, train: Any) -> tuple[str, str]:
     return "vmap", f"{jax.default_backend()} backend"
   key = jax.random.key(0)
   state = jax.eval_shape(algo.init, key, params, train)
-  mapped = []
-  token = _MAPPED.set(mapped)
-  try:
-    convs = count_primitive(jax.make_jaxpr(algo.step)(key, state, train),
-                            "conv_general_dilated")
-  finally:
-    _MAPPED.reset(token)
+  closed, mapped = traced_step(algo.step, key, state, train)
+  convs = count_primitive(closed, "conv_general_dilated")
   if not convs:
     return "vmap", "no convolutions"
   convs *= max(mapped, default=1)

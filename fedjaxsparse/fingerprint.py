@@ -21,6 +21,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from fedjaxsparse.clients import traced_step
+
 DIGEST_SIZE = 16  # bytes; 128-bit BLAKE2b
 
 
@@ -47,7 +49,11 @@ def tree_digest(tree: Any) -> str:
 
 def function_digest(fn: Callable, *args: Any) -> str:
   """Hex digest of ``fn`` traced at ``args``: its jaxpr text (literals included) and consts."""
-  closed = jax.make_jaxpr(fn)(*args)
+  return jaxpr_digest(jax.make_jaxpr(fn)(*args))
+
+
+def jaxpr_digest(closed: Any) -> str:
+  """Hex digest of a closed jaxpr: its text (literals included) and consts."""
   h = hashlib.blake2b(str(closed.jaxpr).encode(), digest_size=DIGEST_SIZE)
   h.update(tree_digest(list(closed.consts)).encode())
   return h.hexdigest()
@@ -70,8 +76,8 @@ def run_fingerprint(algo: Any, init_key: jax.Array, params: Any, train: Any, tes
   fp = {
       "seed (run key)": run_id,
       "algorithm (init)": function_digest(algo.init, init_key, params, train),
-      "algorithm (step, with its hyper-parameters and model)": function_digest(
-          algo.step, init_key, state, train),
+      "algorithm (step, with its hyper-parameters and model)": jaxpr_digest(
+          traced_step(algo.step, init_key, state, train)[0]),   # shared with choose_strategy
       "initial model": tree_digest(params),
       "training data": tree_digest(train),
       "test data": tree_digest(test),

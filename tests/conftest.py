@@ -83,7 +83,8 @@ def real_fashion_mnist_dir() -> str:
                 f"IDX files (Debian: {_fm.DEBIAN_DIR})")
   if not os.path.isdir(folder) or not any(n.startswith("train-images") for n in
                                           os.listdir(folder)):
-    pytest.skip(f"{_fm.ENV_VAR}={folder!r} holds no Fashion-MNIST IDX files")
+    pytest.skip(f"real Fashion-MNIST is opt-in: {_fm.ENV_VAR}={folder!r} holds no IDX files "
+                f"(set it to the folder with the four files, e.g. {_fm.DEBIAN_DIR})")
   return folder
 
 _HOLDER = """
