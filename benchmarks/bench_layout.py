@@ -133,6 +133,8 @@ def main():
   parser.add_argument("--chunk", type=int, default=100)
   parser.add_argument("--sites", type=int, default=554)
   parser.add_argument("--small-clients", type=int, default=1000)
+  parser.add_argument("--many-buckets", type=int, default=32,
+                      help="buckets of the many-buckets row (compile time against padding)")
   parser.add_argument("--torch-iterations", type=int, default=30,
                       help="iterations of the PyTorch client-loop reference (0: none)")
   parser.add_argument("--out", default="benchmarks/results")
@@ -150,7 +152,8 @@ def main():
     w0 = model.init(jax.random.key(0))
     sizes = np.asarray(data.num_examples)
     layouts = {"padded": data, "auto": auto_layout(data),
-               "32 buckets": bucketize(data, min(32, data.num_clients))}
+               f"{args.many_buckets} buckets": bucketize(data, min(args.many_buckets,
+                                                                  data.num_clients))}
     base = ref = None
     for lname, layout in layouts.items():
       groups = ([np.arange(len(sizes))] if not isinstance(layout, BucketedData) else

@@ -35,7 +35,7 @@ def test_bench_blogfeedback_tiny(tmp_path):
 def test_bench_layout_tiny(tmp_path):
   """Every layout computes the padded run's model; the automatic one has less padded work."""
   _run("bench_layout.py", "--iterations", "20", "--chunk", "10", "--sites", "40",
-       "--small-clients", "60", out=tmp_path)
+       "--small-clients", "60", "--many-buckets", "10", out=tmp_path)
   rows = json.load(open(tmp_path / "bench_layout.json"))["rows"]
   assert len(rows) == 6
   for r in rows:
