@@ -318,11 +318,13 @@ def traced_step(step: Callable, key: Any, state: Any, train: Any):
 
   The runner traces one step twice before compiling — to choose the client strategy and for
   the run's fingerprint — at the same argument types; the last trace is kept and reused when
-  the same ``step`` is traced again at the same types (the jaxpr depends on nothing else).
+  the same ``step`` is traced again at the same types (the jaxpr depends on nothing else),
+  once: a reuse releases it, so the trace's constants are not held for the run.
   """
   sig = _signature((key, state, train))
   if _LAST_TRACE and _LAST_TRACE[0][0] is step and _LAST_TRACE[0][1] == sig:
-    return _LAST_TRACE[0][2], list(_LAST_TRACE[0][3])
+    _, _, closed, mapped = _LAST_TRACE.pop()
+    return closed, list(mapped)
   mapped = []
   token = _MAPPED.set(mapped)
   try:
