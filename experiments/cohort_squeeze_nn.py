@@ -128,8 +128,11 @@ def _run(cfg: Config, opts: dict) -> dict:
   tune_cfg = dataclasses.replace(cfg, progress=False, on_divergence="skip")
   chosen, search = {}, {}
   for name in names:
-    scores = {}
-    for lr in (opts["local_lrs"] if name == "LocalGD" else opts["lrs"]):
+    scores, grid = {}, opts["local_lrs"] if name == "LocalGD" else opts["lrs"]
+    if len(grid) == 1:  # one candidate: nothing to tune
+      chosen[name], search[name] = grid[0], {}
+      continue
+    for lr in grid:
       rec = run_method(tune_cfg, NAME, f"tune {name} lr={lr:g}", method(name, lr), params, fit,
                        val, make_eval_fn(model))
       cost = None if rec["diverged"] else cost_to_accuracy(rec, target, c1, c2)

@@ -87,13 +87,13 @@ def _run(cfg: Config, opts: dict) -> dict:
                             noise=None if eps is None else opts["noise"], sigma=sigma), sigma
 
     scores = {}
-    for gamma in opts["gammas"]:
+    for gamma in opts["gammas"] if len(opts["gammas"]) > 1 else ():  # one value: no tuning
       rec = run_method(tune_cfg, NAME, f"tune {label} γ={gamma:g}",
                        algo(gamma, m_fit)[0], params, fit, val, eval_fn,
                        params_fn=lambda st: st)
       acc = last(rec["history"]["evals"].get("accuracy", []))
       scores[gamma] = -1.0 if rec["diverged"] or acc is None else acc
-    gamma = max(scores, key=scores.get)
+    gamma = max(scores, key=scores.get) if scores else opts["gammas"][0]
     a, sigma = algo(gamma, m)
     finals = []
     for s in range(opts["seeds"]):

@@ -169,7 +169,8 @@ def _run(cfg: Config, opts: dict) -> dict:
   fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
   pre = dict(lr=opts["pre_lr"], tol=0.0, max_steps=opts["pre_steps"], batch_size=100,
              key=jax.random.key(cfg.seed + 1))
-  fit_star = local_optima(loss, params, fit, **pre).x_star  # tuning never sees more
+  fit_star = (local_optima(loss, params, fit, **pre).x_star  # tuning never sees more
+              if len(opts["lrs"]) > 1 else None)
   x_star = local_optima(loss, params, ds.train, **pre).x_star
   print(f"{NAME}: {ds.name}{' (' + standin + ')' if standin else ''}, {ds.num_clients} "
         f"clients, {opts['cohort']} per round, alpha={alpha}, p={opts['p']}, batch {batch}; "
@@ -198,16 +199,17 @@ def _run(cfg: Config, opts: dict) -> dict:
   chosen, search = {}, {}
   for name in variants:
     scores = {}
-    for lr in opts["lrs"]:
+    for lr in opts["lrs"] if len(opts["lrs"]) > 1 else ():  # one candidate: nothing to tune
       algo, eval_fn = method(name, lr, fit_star)
       rec = run_method(tune_cfg, NAME, f"tune {name} lr={lr:g}", algo, params, fit, val,
                        eval_fn)
       acc = last(rec["history"]["evals"].get("accuracy", []))
       bad = rec["diverged"] or acc is None or not np.isfinite(acc)
       scores[lr] = -1.0 if bad else acc
-    chosen[name] = max(scores, key=scores.get)
+    chosen[name] = max(scores, key=scores.get) if scores else opts["lrs"][0]
     search[name] = scores
-    print(f"{name}: validation accuracy by lr {scores} -> lr={chosen[name]:g}")
+    if scores:
+      print(f"{name}: validation accuracy by lr {scores} -> lr={chosen[name]:g}")
 
   records, rows = {}, []
   for name in variants:

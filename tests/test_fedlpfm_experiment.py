@@ -10,7 +10,7 @@ import pytest
 
 from fedjaxsparse.cli import main
 
-TINY = ["--no-progress", "--rounds", "2", "--set", "train_size=600", "--set",
+TINY = ["--no-progress", "--rounds", "2", "--clients", "4", "--set", "train_size=600", "--set",
         "teacher_epochs=1", "--set", "local_steps=2", "--set", "batch=16"]
 
 

@@ -55,14 +55,15 @@ def test_fedspa_notebook_runs(monkeypatch, tmp_path):
 
 
 def test_fedp3_notebook_runs(monkeypatch, tmp_path):
-  out = _execute(monkeypatch, tmp_path, "fedp3", FEDP3_ROUNDS="3")
+  out = _execute(monkeypatch, tmp_path, "fedp3", FEDP3_ROUNDS="3", FEDP3_EPSILONS="1")
   assert "(max-min)/min uplink: 10815.25 %" in out and "at r = 0.5: 57.93 %" in out
   assert "LowerB: personalised test accuracy" in out and "epsilon=1.0: sigma=" in out
 
 
 def test_posttrain_notebook_runs(monkeypatch, tmp_path):
   out = _execute(monkeypatch, tmp_path, "posttrain", POSTTRAIN_STEPS="20", POSTTRAIN_HIDDEN="32",
-                 POSTTRAIN_LAYERS="1", POSTTRAIN_CALIB="16", POSTTRAIN_EVAL="64")
+                 POSTTRAIN_LAYERS="1", POSTTRAIN_CALIB="16", POSTTRAIN_EVAL="64",
+                 POSTTRAIN_LEVELS="60")
   assert "dense test perplexity:" in out and "stochria" in out
   assert "'2:4': 0.5" in out and "sparsity unchanged by refinement: True" in out
   assert "wanda+R²-DSnoT" in out and "wanda+DSnoT (same sign)" in out

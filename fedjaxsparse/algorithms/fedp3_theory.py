@@ -29,6 +29,7 @@ unknown constants c, c', §A.7); the Rand-t compressor of Table C.3 (t = d/n, ω
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -243,10 +244,20 @@ def ldp_sigma(epsilon: float, delta: float, steps: int, dataset_size: int, clip:
               batch_size: int, gamma: float, noise: str) -> float:
   """The σ that makes ``steps`` noisy steps (ε, δ)-LDP per client (inverts
   :func:`ldp_epsilon` by bisection on the noise multiplier)."""
-  import dp_accounting
   check_number("epsilon", epsilon, 0.0, None, low_open=True)
-  with _quiet_accountant():
-    z = dp_accounting.calibrate_dp_mechanism(
-        _accountant, lambda m: _event(m, dataset_size, batch_size, steps), epsilon, delta,
-        bracket_interval=dp_accounting.mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0))
+  z = _calibrated_multiplier(float(epsilon), float(delta), int(steps), int(dataset_size),
+                             int(batch_size))
   return z / noise_multiplier(1.0, clip, batch_size, gamma, noise)
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrated_multiplier(epsilon: float, delta: float, steps: int, dataset_size: int,
+                           batch_size: int) -> float:
+  """The noise multiplier of :func:`ldp_sigma` (a pure function of its arguments, cached: the
+  RDP accountant's bisection takes seconds, and a tuning grid over γ or a second seed asks
+  for the same ε again)."""
+  import dp_accounting
+  with _quiet_accountant():
+    return float(dp_accounting.calibrate_dp_mechanism(
+        _accountant, lambda m: _event(m, dataset_size, batch_size, steps), epsilon, delta,
+        bracket_interval=dp_accounting.mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0)))
