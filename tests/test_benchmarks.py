@@ -1,18 +1,28 @@
 """The benchmark scripts run in a tiny configuration (so they cannot rot) and their compiled
 and Python-loop paths compute the same numbers."""
+import io
 import json
 import os
-import subprocess
+import runpy
 import sys
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def _run(script, *args, out):
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args,
-                         "--out", str(out)], capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-  return proc.stdout
+  """Runs ``benchmarks/SCRIPT`` as ``__main__`` in this process (the subprocess start and a
+  second JAX start-up would cost more than most of these tiny runs) and returns its
+  printed output."""
+  path = os.path.join(ROOT, "benchmarks", script)
+  argv, stdout = sys.argv, sys.stdout
+  sys.argv, sys.stdout = [path, *args, "--out", str(out)], io.StringIO()
+  try:
+    runpy.run_path(path, run_name="__main__")
+  except SystemExit as e:
+    assert not e.code, sys.stdout.getvalue()[-2000:]
+  finally:
+    text, sys.argv, sys.stdout = sys.stdout.getvalue(), argv, stdout
+  return text
 
 
 def test_bench_round_tiny(tmp_path):
