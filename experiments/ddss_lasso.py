@@ -39,6 +39,9 @@ from fedjaxsparse.plotting import plot_curves, plot_evals
 NAME = "ddss_lasso"
 DESCRIPTION = "Seed 004 Task 1: dynamic safe screening in async prox-SVRG (Figs. 1-3, CPU scale)"
 DEFAULTS = dict(rounds=20, eval_every=1)
+# --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
+QUICK = dict(rounds=3, options=dict(n=200, p=600, density=0.01, support=5, lam_ratio=0.3,
+                                     workers=2, worker_sweep=[1, 2], step_grid=[0.3, 1]))
 BUDGET = "outer iterations (each: one full-gradient pass + `inner` updates)"
 RUNTIME = "a few minutes on 2 CPU cores at the default size"
 METHODS = ("Sha-DDSS-Naive", "Sha-DDSS", "Dis-DDSS-Naive", "Dis-DDSS", "ProxASVRG", "ProxASAGA",

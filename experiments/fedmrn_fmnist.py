@@ -49,10 +49,10 @@ from fedjaxsparse import compressors as C
 from fedjaxsparse import masking as M
 from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.algorithms.fedpm import fedpm
-from fedjaxsparse.data.fashion_mnist import default_dir, fashion_mnist
+from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, fashion_mnist
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
-                                     run_method, save_results)
+from fedjaxsparse.experiment import (Config, Option, entry, last, name_list, output_dir,
+                                     print_table, run_method, save_results)
 from fedjaxsparse.models import bn_cnn, make_loss, mlp
 from fedjaxsparse.plotting import method_colors, plot_curves, plot_methods
 from fedjaxsparse.protocol import PaperConfig, mean_se, validation_split
@@ -63,6 +63,9 @@ DESCRIPTION = ("Seed 003 Table 1 (FMNIST; SVHN/CIFAR with tfds data): FedMRN/Fed
                "and 1-bpp compressors")
 DEFAULTS = dict(rounds=10, clients=100, dataset="fashion_mnist", eval_every=5,
                 data_dir=None)
+# --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
+QUICK = dict(dataset="fashion_mnist_standin", clients=10, rounds=2, eval_every=1,
+             options=dict(splits="niid2", cohort=3, lrs=[0.1], model="mlp"))
 BUDGET = "communication rounds per method"
 RUNTIME = "tens of minutes on 2 CPU cores at the reduced default (8 methods x 3 splits)"
 TFDS = {"svhn": ("svhn_cropped", 10), "cifar10": ("cifar10", 10), "cifar100": ("cifar100", 100)}
@@ -177,26 +180,18 @@ def _specs(opts: dict, rounds: int) -> dict:
            "FedMRN": dict(noise_scale=opts["noise"]),
            "FedMRNS": dict(noise_scale=opts["noise"] / 2, signed=True)}
   if opts["study"] == "table1":
-    names = _names(opts["methods"], METHODS + EXTRA, "methods")
+    names = name_list(opts["methods"], "methods", METHODS + EXTRA)
     return {m: table[m] for m in names}
   if opts["study"] == "ablation":
     return {m: table[m] if kw is None else {"noise_scale": opts["noise"], **kw}
             for m, kw in ABLATION.items()}
   specs = {"FedAvg": table["FedAvg"]}
-  for dist in _names(opts["distributions"], M.DISTRIBUTIONS, "distributions"):
+  for dist in name_list(opts["distributions"], "distributions", M.DISTRIBUTIONS):
     for a in opts["noise_grid"]:
       specs[f"FedMRN {dist} α={a:g}"] = dict(noise_scale=a, distribution=dist)
       specs[f"FedMRNS {dist} α={a / 2:g}"] = dict(noise_scale=a / 2, distribution=dist,
                                                   signed=True)
   return specs
-
-
-def _names(text: str, allowed: tuple, option: str) -> list[str]:
-  names = [m.strip() for m in text.split(",") if m.strip()]
-  for m in names:
-    if m not in allowed:
-      raise ValueError(f"option {option!r} takes {allowed}, got {m!r}.")
-  return names
 
 
 def _algorithm(spec, loss, lr: float, d: int, opts: dict):
@@ -214,9 +209,9 @@ def _algorithm(spec, loss, lr: float, d: int, opts: dict):
 def _dataset(cfg: Config, split: str):
   """Fashion-MNIST (the Debian package) or, prepared with tfds, SVHN / CIFAR-10 / CIFAR-100,
   split by ``split`` (CIFAR-100: Dirichlet 0.2 and 20 labels per client, as the paper)."""
-  if cfg.dataset == "fashion_mnist":
+  if cfg.dataset in ("fashion_mnist", STANDIN):
     return fashion_mnist(cfg.data_dir or default_dir(), num_clients=cfg.clients, seed=cfg.seed,
-                         **SPLITS[split])
+                         standin=cfg.dataset == STANDIN, **SPLITS[split])
   from fedjaxsparse.data.federated import federate
   from fedjaxsparse.data.partition import partition
   from fedjaxsparse.data.tfds_sources import load_split
@@ -232,13 +227,13 @@ def _dataset(cfg: Config, split: str):
 
 
 def _run(cfg: Config, opts: dict) -> dict:
-  splits = _names(opts["splits"], tuple(SPLITS), "splits")
+  splits = name_list(opts["splits"], "splits", tuple(SPLITS))
   specs = _specs(opts, cfg.rounds)
   methods = list(specs)
-  if cfg.dataset not in ("fashion_mnist",) + tuple(TFDS):
-    raise ValueError(f"--dataset must be fashion_mnist, svhn, cifar10 or cifar100, got "
-                     f"{cfg.dataset!r}.")
-  paper = PAPER if cfg.dataset == "fashion_mnist" else PAPER_OTHER[cfg.dataset]
+  if cfg.dataset not in ("fashion_mnist", STANDIN) + tuple(TFDS):
+    raise ValueError(f"--dataset must be fashion_mnist, {STANDIN}, svhn, cifar10 or cifar100, "
+                     f"got {cfg.dataset!r}.")
+  paper = PAPER if cfg.dataset in ("fashion_mnist", STANDIN) else PAPER_OTHER[cfg.dataset]
   results = {"experiment": NAME, "study": opts["study"], "paper": paper}
   rows, records = [], {}
   for split in splits:

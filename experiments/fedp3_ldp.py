@@ -34,6 +34,8 @@ from fedjaxsparse.protocol import mean_se, validation_split
 NAME = "fedp3_ldp"
 DESCRIPTION = "Seed 001 ch. 4: LDP-FedP3 test accuracy against the privacy budget epsilon"
 DEFAULTS = dict(rounds=200, clients=10, dataset="digits", eval_every=50)
+# --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
+QUICK = dict(rounds=4, eval_every=2, options=dict(seeds=1, epsilons=[1, 8], gammas=[0.5]))
 BUDGET = "iterations (each one communication round)"
 RUNTIME = "a few minutes on 2 CPU cores"
 OPTIONS = (

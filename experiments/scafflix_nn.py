@@ -63,6 +63,9 @@ from fedjaxsparse.protocol import PaperConfig, load_or_standin, mean_se, validat
 NAME = "scafflix_nn"
 DESCRIPTION = "Seed 001 ch. 3 Fig. 3.2: Scafflix vs FLIX vs FedAvg, CNN / char-LSTM"
 DEFAULTS = dict(rounds=40, clients=20, dataset="femnist_standin", eval_every=10)
+# --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
+QUICK = dict(rounds=2, clients=3, eval_every=1, options=dict(
+    cohort=2, pre_steps=3, lrs=[0.05, 0.1], channels=[2, 4], dense=8))
 BUDGET = "communication rounds per method"
 RUNTIME = "about 2.5 min (3 methods x 2 learning rates tuned on 20 rounds, then 40 rounds; small CNN; measured 148 s)"
 OPTIONS = (

@@ -48,6 +48,9 @@ from fedjaxsparse.models.transformer import TransformerConfig
 NAME = "symwanda_lm"
 DESCRIPTION = "Seed 001 ch. 6: post-training pruning of a language model (Tables 6.2-6.5, E.1-E.4)"
 DEFAULTS = dict(rounds=None, eval_every=None)
+# --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
+QUICK = dict(options=dict(hidden=32, layers=1, train_steps=20, nsamples=4, seq_len=32,
+                          eval_tokens=2048))
 BUDGET = "none (one-shot pruning; the model's own training is measured in steps)"
 RUNTIME = "minutes on 2 CPU cores for the trained Shakespeare model"
 STUDIES = ("table62", "table63", "table64", "table65", "tableE1", "tableE2", "tableE3", "tableE4")
@@ -325,9 +328,7 @@ def _run(cfg: Config, opts: dict) -> dict:
 
 
 def _plot(rows: list[dict], path: str, title: str) -> str:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from fedjaxsparse.plotting import log_axis, plt, save_figure, wrap
   settings = list(dict.fromkeys(r["setting"] for r in rows[1:]))
   methods = list(dict.fromkeys(r["method"] for r in rows[1:]))
   fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(settings) * len(methods) / 2), 4.2),
@@ -339,13 +340,11 @@ def _plot(rows: list[dict], path: str, title: str) -> str:
     ax.bar(np.arange(len(settings)) + j * width, vals, width, label=m)
   ax.axhline(rows[0]["ppl"], color="k", ls="--", lw=1, label="dense")
   ax.set_xticks(np.arange(len(settings)) + 0.4 - width / 2, settings)
-  ax.set_yscale("log")
+  log_axis(ax, "y", [r["ppl"] for r in rows if np.isfinite(r["ppl"]) and r["ppl"] > 0])
   ax.set_ylabel("test perplexity (log)")
-  ax.set_title(title)
-  ax.legend(fontsize=8)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  ax.set_title(wrap(title, fig.get_size_inches()[0] - 2, 11))
+  fig.legend(loc="outside right upper", fontsize=8, frameon=False)
+  return save_figure(fig, path, dpi=120)
 
 
 run = entry(NAME, OPTIONS, _run)

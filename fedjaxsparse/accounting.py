@@ -128,6 +128,18 @@ def round_cost(local_rounds: Any, c1: float = 1.0, c2: float = 0.0) -> float:
   return float(np.sum(c1 * k + c2))
 
 
+def rounds_below(errors: Any, eps: float) -> int | None:
+  """The first round ``t`` from which the curve stays below ``eps`` (``errors[t:] < eps``
+  everywhere; ``errors[0]`` is the start); ``None`` if its last value is not below. Unlike a
+  first hit, a curve that dips under ``eps`` and climbs back does not count as there."""
+  e = np.asarray(errors, np.float64)
+  above = np.flatnonzero(~(e < eps))
+  if not above.size:
+    return 0
+  t = int(above[-1]) + 1
+  return t if t < len(e) else None
+
+
 def cost_to_target(errors: Any, local_rounds: Any, eps: float, c1: float = 1.0,
                    c2: float = 0.0) -> float | None:
   """The cost until the error first drops below ``eps``: ``errors[t]`` is measured after t

@@ -17,7 +17,7 @@ import textwrap
 
 from fedjaxsparse import distributed
 from fedjaxsparse.errors import ConfigError, UserError
-from fedjaxsparse.experiment import DIVERGENCE, Config, with_paper
+from fedjaxsparse.experiment import DIVERGENCE, Config, with_paper, with_quick
 
 ROUND_NOTE = """\
 What --rounds counts is each experiment's budget unit (see `fedjaxsparse describe NAME`).
@@ -55,6 +55,14 @@ def describe(module) -> str:
   lines += textwrap.wrap(f"--rounds counts: {module.BUDGET}", 92, subsequent_indent="  ")
   lines += textwrap.wrap(f"Expected runtime with the defaults on a 2-core CPU: "
                          f"{module.RUNTIME}", 92, subsequent_indent="  ")
+  quick = getattr(module, "QUICK", None)
+  if quick is not None:
+    flags = " ".join([f"--{k.replace('_', '-')} {v}" for k, v in quick.items() if k != "options"]
+                     + [f"--set {k}={_value(v)}" for k, v in quick.get("options", {}).items()])
+    lines += textwrap.wrap(f"Quick setting (--quick: {flags or 'the defaults'}): the table's "
+                           f"shape, not the paper's numbers; "
+                           f"{getattr(module, 'QUICK_RUNTIME', 'not measured yet')}", 92,
+                           subsequent_indent="  ")
   papers = getattr(module, "PAPERS", {})
   if papers:
     lines += ["", "Paper configurations (--paper NAME; real data with --data-dir, else a "
@@ -70,6 +78,13 @@ def describe(module) -> str:
     lines.append(f"  {o.name} = {o.default!r}   ({o.allowed()})")
     lines += textwrap.wrap(o.help, 88, initial_indent="      ", subsequent_indent="      ")
   return "\n".join(lines)
+
+
+def _value(v) -> str:
+  """An option value as ``--set`` takes it (lists comma-separated)."""
+  if isinstance(v, (list, tuple)):
+    return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
+  return str(v)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,42 +110,52 @@ def _parser() -> argparse.ArgumentParser:
                  help="show tracebacks of errors")
   p = sub.add_parser("run", help="run an experiment (run EXPERIMENT --help: its options)",
                      add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                     usage="fedjaxsparse run EXPERIMENT [flags] [--set KEY=VALUE ...]",
                      epilog=ROUND_NOTE)
   p.add_argument("experiment", nargs="?")
   p.add_argument("-h", "--help", action="store_true", help="show the experiment's options")
-  p.add_argument("--rounds", type=int,
-                 help="budget in the experiment's unit (communication rounds or iterations; "
-                      "see describe); default per experiment")
-  p.add_argument("--clients", type=int, help="number of clients")
-  p.add_argument("--dataset", help="dataset name (embedded: digits, diabetes, synthetic; "
-                                   "with --data-dir: fashion_mnist, blogfeedback, femnist, "
-                                   "libsvm, cifar10, cifar100, emnist)")
-  p.add_argument("--seed", type=int)
-  p.add_argument("--out", help="output directory (default: results)")
-  p.add_argument("--eval-every", type=int, dest="eval_every")
-  p.add_argument("--data-dir", dest="data_dir", help="directory (or file) with real data")
-  p.add_argument("--paper", help="run a paper configuration (one per paper table: its data, "
-                                 "clients, budget, search, seeds; see describe EXPERIMENT); "
-                                 "other flags override it")
-  mode = p.add_mutually_exclusive_group()
+  size = p.add_argument_group("what runs (each experiment has its defaults; see describe)")
+  size.add_argument("--rounds", type=int,
+                    help="budget in the experiment's unit (communication rounds or iterations)")
+  size.add_argument("--clients", type=int, help="number of clients")
+  size.add_argument("--dataset", help="dataset name (embedded: digits, breast_cancer, ...; "
+                                      "stand-ins: *_standin; with --data-dir: fashion_mnist, "
+                                      "femnist, blogfeedback, libsvm, cifar10, ...)")
+  size.add_argument("--seed", type=int, help="run and partition seed")
+  size.add_argument("--eval-every", type=int, dest="eval_every",
+                    help="evaluate every this many rounds")
+  size.add_argument("--data-dir", dest="data_dir", help="directory (or file) with real data")
+  preset = size.add_mutually_exclusive_group()
+  preset.add_argument("--paper", help="a paper configuration (its data, clients, budget, "
+                                      "search, seeds; see describe EXPERIMENT); other flags "
+                                      "override it")
+  preset.add_argument("--quick", action="store_true",
+                      help="the quick setting: the table's shape in under two minutes on a "
+                           "2-core CPU (see describe EXPERIMENT); other flags override it")
+  size.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="experiment option (repeatable; see describe EXPERIMENT)")
+  output = p.add_argument_group("output, checkpoints and progress")
+  output.add_argument("--out", help="output directory (default: results)")
+  mode = output.add_mutually_exclusive_group()
   mode.add_argument("--resume", action="store_true",
                     help="continue from the newest checkpoints (same configuration only)")
   mode.add_argument("--overwrite", action="store_true",
                     help="delete checkpoints of an earlier run in --out and start afresh")
-  p.add_argument("--on-divergence", dest="on_divergence", choices=DIVERGENCE,
-                 help="on NaN/inf: stop with an error (default) or mark the method diverged "
-                      "and go on")
-  p.add_argument("--execution", help="how clients execute: auto (default: loop-free unrolled "
-                                     "clients for CNNs on CPU, else vmap), vmap, map, unroll, "
-                                     "unroll:G — speed only, never results")
-  p.add_argument("--processes", type=int, default=1,
-                 help="run as this many local processes joined by jax.distributed (the "
-                      "client axis spans every process's devices; gloo collectives on CPU)")
-  p.add_argument("--no-progress", action="store_false", dest="progress", default=None)
-  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="experiment option (repeatable; see describe EXPERIMENT)")
-  p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                 help="show tracebacks of errors")
+  output.add_argument("--no-progress", action="store_false", dest="progress", default=None,
+                      help="no progress bars or time-left estimates")
+  run_ = p.add_argument_group("execution")
+  run_.add_argument("--on-divergence", dest="on_divergence", choices=DIVERGENCE,
+                    help="on NaN/inf: stop with an error (default) or mark the method diverged "
+                         "and go on")
+  run_.add_argument("--execution", help="how clients execute: auto (default: loop-free "
+                                        "unrolled clients for CNNs on CPU, else vmap), vmap, "
+                                        "map, unroll, unroll:G — speed only, never results")
+  run_.add_argument("--processes", type=int, default=1,
+                    help="run as this many local processes joined by jax.distributed (the "
+                         "client axis spans every process's devices; gloo collectives on CPU)")
+  run_.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                    help="show tracebacks of errors")
+  parser.run_parser = p
   return parser
 
 
@@ -142,6 +167,8 @@ def _config(module, args) -> Config:
       raise ConfigError(f"{module.NAME} has no paper configuration {args.paper!r}; choose "
                         f"from {', '.join(papers) or 'none'}.")
     cfg = with_paper(cfg, papers[args.paper])
+  if args.quick:
+    cfg = with_quick(cfg, getattr(module, "QUICK", {}))
   for field in COMMON:
     value = getattr(args, field)
     if value is not None:
@@ -222,10 +249,8 @@ def _main(parser: argparse.ArgumentParser, args) -> int:
   if args.command == "describe" or args.help:
     print(describe(module))
     if args.command == "run":
-      print("\nCommon flags: --rounds --clients --dataset --seed --out --eval-every --data-dir "
-            "--resume | --overwrite --on-divergence {error,skip} --execution STRATEGY --no-progress "
-            "--set KEY=VALUE "
-            "--debug")
+      print("\n" + parser.run_parser.format_help().replace(
+          "EXPERIMENT", args.experiment, 1))
     return 0
   module.run(_config(module, args))
   return 0

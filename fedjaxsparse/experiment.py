@@ -4,7 +4,9 @@ progress, checkpoints and divergence handling, and writing results (JSON plus PN
 locked output folder.
 
 An experiment module defines ``NAME``, ``DESCRIPTION``, ``BUDGET`` (what ``--rounds``
-counts), ``RUNTIME`` (measured time of the default configuration on a 2-core CPU),
+counts), ``RUNTIME`` (measured time of the default configuration on a 2-core CPU), ``QUICK``
+(the quick setting, ``--quick``: :class:`Config` fields plus ``"options"``, showing the
+table's shape in under two minutes) and ``QUICK_RUNTIME`` (its measured time),
 ``DEFAULTS`` (a dict of :class:`Config` overrides), ``OPTIONS`` (a tuple of :class:`Option`)
 and ``run = experiment.entry(NAME, OPTIONS, body)``, where ``body(cfg, opts) -> dict`` gets
 the parsed options.
@@ -65,6 +67,7 @@ class Config:
       beside ours and fall back to the stand-in data when the real files are absent.
     execution: how clients execute (``runner.run``'s ``clients``): ``"auto"`` (default),
       ``"vmap"``, ``"map"``, ``"unroll"`` or ``"unroll:G"`` — speed only, never results.
+    quick: the experiment's quick setting (its ``QUICK``) was applied with :func:`with_quick`.
   """
   rounds: int | None = 100
   clients: int = 20
@@ -81,6 +84,7 @@ class Config:
   fingerprint: dict = dataclasses.field(default_factory=dict)
   paper: str | None = None
   execution: str = "auto"
+  quick: bool = False
 
   def validate(self) -> "Config":
     for name, low in (("rounds", 1), ("clients", 1), ("eval_every", 1), ("seed", 0)):
@@ -231,6 +235,30 @@ def parse_options(spec: Sequence[Option], given: dict, experiment: str = "") -> 
           for name, o in known.items()}
 
 
+def name_list(text: str, option: str, allowed: Sequence[str] | None = None,
+          default: Sequence[str] | None = None) -> list[str]:
+  """The comma-separated names of a list option (``methods``, ``splits``, ...), checked: each
+  one of ``allowed`` (when given), none twice, and at least one — an empty list is
+  ``default`` when one is given, else an error. Every problem is a :class:`ConfigError`
+  naming the option and the allowed names."""
+  got = [n.strip() for n in str(text).split(",") if n.strip()]
+  choices = f"; choose from {', '.join(allowed)}" if allowed is not None else ""
+  if not got:
+    if default is not None:
+      return list(default)
+    raise ConfigError(f"option {option!r} names nothing{choices}.")
+  for n in got:
+    if allowed is not None and n not in allowed:
+      close = difflib.get_close_matches(n, list(allowed), n=1)
+      hint = f" (did you mean {close[0]!r}?)" if close else ""
+      raise ConfigError(f"option {option!r}: unknown name {n!r}{hint}{choices}.")
+  twice = sorted({n for n in got if got.count(n) > 1})
+  if twice:
+    raise ConfigError(f"option {option!r} names {', '.join(map(repr, twice))} more than once; "
+                      f"name each once.")
+  return got
+
+
 def identity_options(spec: Sequence[Option], opts: dict) -> dict:
   """The options that change what a method computes (for the checkpoint fingerprint)."""
   return {o.name: opts[o.name] for o in spec if o.identity}
@@ -243,6 +271,17 @@ def with_paper(cfg: Config, paper: PaperConfig, explicit: Sequence[str] = ()) ->
   common = {k: v for k, v in paper.common().items() if k not in explicit}
   return dataclasses.replace(cfg, **common, options={**paper.options, **cfg.options},
                              paper=paper.name)
+
+
+def with_quick(cfg: Config, quick: dict) -> Config:
+  """``cfg`` with an experiment's quick setting applied: ``quick`` (the module's ``QUICK``)
+  holds :class:`Config` fields and ``"options"``; options already in ``cfg.options`` win."""
+  fields = {k: v for k, v in quick.items() if k != "options"}
+  unknown = set(fields) - set(Config.__dataclass_fields__)
+  if unknown:
+    raise ValueError(f"QUICK sets unknown Config fields {sorted(unknown)}.")
+  return dataclasses.replace(cfg, **fields, options={**quick.get("options", {}), **cfg.options},
+                             quick=True)
 
 
 def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict],
@@ -340,11 +379,17 @@ def save_results(cfg: Config, experiment: str, results: dict) -> str:
   return path
 
 
+MISSING = "—"
+MISSING_NOTE = (f"{MISSING}: no value (a single seed has no standard error; a threshold never "
+                "reached; a diverged run; a number the paper does not give)")
+
+
 def print_table(rows: list[dict], columns: list[str]) -> str:
-  """A plain-text table of ``rows`` (dicts) with the given ``columns``; returns and prints it."""
+  """A plain-text table of ``rows`` (dicts) with the given ``columns``; returns and prints it.
+  A missing value (``None``) prints as ``MISSING`` ("—"), explained in a footnote."""
   def fmt(v):
     if v is None:
-      return "x"
+      return MISSING
     if isinstance(v, float):
       return f"{v:.4g}"
     return str(v)
@@ -354,6 +399,8 @@ def print_table(rows: list[dict], columns: list[str]) -> str:
   lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)),
            "  ".join("-" * w for w in widths)]
   lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+  if any(MISSING in row for row in cells):
+    lines.append(MISSING_NOTE)
   text = "\n".join(lines)
   print(text)
   return text

@@ -21,11 +21,24 @@ from typing import Any
 
 import numpy as np
 
+from fedjaxsparse.errors import DataError
 from fedjaxsparse.models.transformer import TransformerConfig
 
 _LLAMA_LINEAR = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                  "mlp": ("gate_proj", "up_proj", "down_proj")}
 _OPT_LINEAR = {"self_attn": ("q_proj", "k_proj", "v_proj", "out_proj"), "": ("fc1", "fc2")}
+
+
+def _json(file: str, what: str) -> dict:
+  """A JSON object from ``file``, or a one-line DataError naming the file."""
+  try:
+    with open(file) as f:
+      out = json.load(f)
+  except json.JSONDecodeError as e:
+    raise DataError(f"{file}: not valid JSON ({e}); expected {what}.") from None
+  if not isinstance(out, dict):
+    raise DataError(f"{file}: expected {what} (a JSON object), got {type(out).__name__}.")
+  return out
 
 
 def config_from_hf(d: dict[str, Any]) -> TransformerConfig:
@@ -155,30 +168,52 @@ class Checkpoint:
           f"{path!r} is not a Hugging Face checkpoint directory: config.json is missing. "
           "Download one (e.g. `huggingface-cli download meta-llama/Llama-2-7b-hf --local-dir "
           "DIR`) and pass that directory.")
-    with open(cfg_file) as f:
-      self.hf_config = json.load(f)
-    self.config = config_from_hf(self.hf_config)
+    self.hf_config = _json(cfg_file, "a Hugging Face config")
+    try:
+      self.config = config_from_hf(self.hf_config)
+    except (KeyError, TypeError, ValueError) as e:
+      raise DataError(f"{cfg_file}: not a usable model config ({e}).") from None
     self.path, self.dtype = path, dtype
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-      with open(index) as f:
-        self._where = json.load(f)["weight_map"]
+      where = _json(index, "a safetensors index").get("weight_map")
+      if not isinstance(where, dict):
+        raise DataError(f"{index}: no 'weight_map' object (tensor name -> shard file).")
+      self._where = where
     elif os.path.isfile(os.path.join(path, "model.safetensors")):
-      from safetensors import safe_open
-      with safe_open(os.path.join(path, "model.safetensors"), framework="numpy") as f:
-        self._where = {k: "model.safetensors" for k in f.keys()}
+      self._where = {k: "model.safetensors"
+                     for k in self._keys(os.path.join(path, "model.safetensors"))}
     else:
       raise FileNotFoundError(f"{path!r} has no model.safetensors(.index.json); only the "
                               "safetensors format is read (convert .bin files first).")
 
+  @staticmethod
+  def _keys(file: str) -> list[str]:
+    from safetensors import SafetensorError, safe_open
+    try:
+      with safe_open(file, framework="numpy") as f:
+        return list(f.keys())
+    except (SafetensorError, OSError, ValueError) as e:
+      raise DataError(f"{file}: not a readable safetensors file ({e}); the file is damaged "
+                      "or truncated — download it again.") from None
+
   def tensor(self, name: str) -> np.ndarray:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     for cand in (name, name.removeprefix("model."), "model." + name):
       if cand in self._where:
-        with safe_open(os.path.join(self.path, self._where[cand]), framework="numpy") as f:
-          x = f.get_tensor(cand)
+        file = os.path.join(self.path, self._where[cand])
+        if not os.path.isfile(file):
+          raise DataError(f"{file} (holding tensor {cand!r}) is missing from the checkpoint.")
+        try:
+          with safe_open(file, framework="numpy") as f:
+            x = f.get_tensor(cand)
+        except (SafetensorError, OSError, ValueError) as e:
+          raise DataError(f"{file}: tensor {cand!r} cannot be read ({e}); the file is "
+                          "damaged or truncated — download it again.") from None
         return x if self.dtype is None else x.astype(self.dtype)
-    raise KeyError(f"tensor {name!r} is not in the checkpoint at {self.path!r}.")
+    raise DataError(f"tensor {name!r} is not in the checkpoint at {self.path!r}: its "
+                    f"config.json ({self.config.num_layers} layers) asks for more than the "
+                    f"weights hold ({len(self._where)} tensors).")
 
   def _read(self, names: dict[tuple[str, ...], str]) -> dict[str, Any]:
     flat = {}

@@ -35,6 +35,7 @@ import optax
 from tqdm.auto import tqdm
 
 from fedjaxsparse.data import shakespeare
+from fedjaxsparse.errors import DataError
 
 WIKITEXT_HOW_TO = ("download wikitext-2-raw-v1.zip (e.g. from the Hugging Face dataset "
                    "'Salesforce/wikitext', config wikitext-2-raw-v1) and pass the path of its "
@@ -126,11 +127,23 @@ def c4_documents(path: str, limit: int | None = None) -> list[str]:
     raise FileNotFoundError(f"C4 shard {path!r} not found; {C4_HOW_TO}.")
   opener = gzip.open if path.endswith(".gz") else open
   docs = []
-  with opener(path, "rt", encoding="utf-8") as f:
-    for line in f:
-      docs.append(json.loads(line)["text"])
-      if limit is not None and len(docs) >= limit:
-        break
+  try:
+    with opener(path, "rt", encoding="utf-8") as f:
+      for number, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          record = json.loads(line)
+          docs.append(record["text"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+          what = "no 'text' field" if isinstance(e, (KeyError, TypeError)) else f"not JSON ({e})"
+          raise DataError(f"C4 shard {path}, line {number}: {what}; expected one JSON object "
+                          "with a 'text' field per line.") from None
+        if limit is not None and len(docs) >= limit:
+          break
+  except (OSError, EOFError, UnicodeDecodeError) as e:
+    raise DataError(f"C4 shard {path} cannot be read ({e}); the file is damaged or not a "
+                    f"C4 shard — {C4_HOW_TO}.") from None
   return docs
 
 

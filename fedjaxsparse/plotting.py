@@ -6,10 +6,21 @@ PNG and closes it. ``methods = {name: record}`` with ``record["history"] = {"rou
 "evals": {...}}`` and optionally ``record["diverged"] = {"round": int, "quantity": str}``.
 Pass one ``colors = method_colors(all_names)`` to every figure of an experiment so a method
 keeps its colour across figures.
+
+One layer for every figure: titles wrap to the figure's width, legends sit outside the data
+(to the right, below any title), round axes get integer ticks, log axes label only decades
+(or a few ticks when the data span less than one), a method whose series cannot be drawn on a
+log axis (zero bits: Local training) is named in a note under the panel, and methods cycle
+through line styles as well as colours so identical curves stay distinguishable.
+:func:`layout_problems` lists, from matplotlib's own layout, every text that overlaps another
+or leaves the figure; with ``FEDJAXSPARSE_CHECK_PLOTS=1`` in the environment (the test suite
+sets it) every saved figure must have none.
 """
 from __future__ import annotations
 
 import math
+import os
+import textwrap
 from typing import Mapping, Sequence
 
 import jax
@@ -18,8 +29,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
+from matplotlib import ticker  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+
+CHECK_ENV = "FEDJAXSPARSE_CHECK_PLOTS"
+STYLES = ("-", "--", "-.", ":")
+# x columns that count whole things (rounds, communications): integer ticks
+INTEGER_AXES = ("round", "communications", "communication_round", "local_steps", "epoch",
+                "outer", "iteration")
 
 # column name -> (panel title, axis label with units)
 LABELS: dict[str, tuple[str, str]] = {
@@ -55,6 +73,16 @@ def method_colors(names: Sequence[str]) -> dict[str, str]:
   for name in names:
     if name not in out:
       out[name] = palette[len(out) % len(palette)]
+  return out
+
+
+def method_styles(names: Sequence[str]) -> dict[str, str]:
+  """One line style per method in the given order (cycling ``STYLES``): with the colours of
+  :func:`method_colors`, two methods whose curves coincide stay distinguishable."""
+  out: dict[str, str] = {}
+  for name in names:
+    if name not in out:
+      out[name] = STYLES[len(out) % len(STYLES)]
   return out
 
 
@@ -105,14 +133,20 @@ def _floats(values) -> list[float]:
   return [math.nan if v is None else float(v) for v in values]
 
 
+MAX_MARKERS = 40  # points per line beyond which markers would merge into a band
+
+
 def _line(ax, xs, ys, color: str, diverged: bool, gid: str, **kw) -> None:
   """Plot one method's line (``gid`` = method name); a diverged method's last finite point
-  gets an ``x`` marker (``gid`` = "NAME:diverged")."""
+  gets an ``x`` marker (``gid`` = "NAME:diverged"). Point markers are dropped from lines with
+  more than ``MAX_MARKERS`` points."""
   xs, ys = _floats(xs), _floats(ys)
   n = min(len(xs), len(ys))
   xs, ys = xs[:n], ys[:n]
   if not n:
     return
+  if n > MAX_MARKERS and kw.get("marker") not in (None, "x"):
+    kw = {k: v for k, v in kw.items() if k != "marker"}
   ax.plot(xs, ys, color=color, gid=gid, **kw)
   if diverged:
     last = [i for i in range(n) if math.isfinite(xs[i]) and math.isfinite(ys[i])]
@@ -127,75 +161,207 @@ def _log_if_positive(ax, axis: str = "y") -> None:
   data = [v for ln in ax.get_lines() for v in (ln.get_ydata() if axis == "y"
                                                 else ln.get_xdata())]
   if any(math.isfinite(float(v)) and float(v) > 0 for v in data):
-    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    log_axis(ax, axis)
 
 
-def _finish(fig, axes, methods: Mapping, colors: Mapping, title: str) -> plt.Figure:
-  """Grid, one figure-level legend outside every axes, and the suptitle."""
+def log_axis(ax, axis: str = "y", values: Sequence[float] | None = None) -> None:
+  """A log-scaled ``axis`` whose labels cannot collide: decades only (at most 6 labelled),
+  unlabelled minor ticks; a span of less than one decade (of ``values``, default: the lines'
+  data) labels 1-2-5 ticks instead."""
+  (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+  ax_ = ax.yaxis if axis == "y" else ax.xaxis
+  ax_.set_major_locator(ticker.LogLocator(base=10, numticks=7))
+  ax_.set_minor_formatter(ticker.NullFormatter())
+  data = [float(v) for v in values] if values is not None else [
+      float(v) for ln in ax.get_lines()
+      for v in (ln.get_ydata() if axis == "y" else ln.get_xdata())]
+  pos = [v for v in data if math.isfinite(v) and v > 0]
+  if pos and math.floor(math.log10(min(pos))) == math.floor(math.log10(max(pos))):
+    ax_.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=7))
+    ax_.set_major_formatter(ticker.LogFormatterSciNotation(labelOnlyBase=False))
+
+
+def integer_axis(ax, axis: str = "x") -> None:
+  """Integer ticks on a linear ``axis`` that counts rounds, epochs or communications."""
+  ax_ = ax.xaxis if axis == "x" else ax.yaxis
+  if ax_.get_scale() == "linear":
+    ax_.set_major_locator(ticker.MaxNLocator(integer=True))
+
+
+def _plain(ax) -> None:
+  """No offset ('+1e5') or scientific-notation factor on the linear axes' tick labels."""
+  for axis in ("x", "y"):
+    scale = ax.get_xscale() if axis == "x" else ax.get_yscale()
+    if scale == "linear":
+      try:
+        ax.ticklabel_format(axis=axis, useOffset=False)
+      except AttributeError:  # a categorical or fixed formatter
+        pass
+
+
+def wrap(text: str, width_in: float, fontsize: float = 12.0) -> str:
+  """``text`` wrapped to lines that fit ``width_in`` inches at ``fontsize`` points."""
+  chars = max(20, int(width_in * 72 / (0.55 * fontsize)))
+  return "\n".join(textwrap.fill(part, chars) for part in text.split("\n"))
+
+
+def _finish(fig, axes, methods: Mapping, colors: Mapping, title: str,
+            styles: Mapping | None = None, x: str | None = None) -> plt.Figure:
+  """Grid, integer round ticks, panel titles wrapped to their panel, one figure-level legend
+  outside every axes (line styles as drawn), and the suptitle wrapped to the figure."""
+  width = fig.get_size_inches()[0]
   for ax in axes:
     ax.grid(alpha=0.3)
+    if x in INTEGER_AXES:
+      integer_axis(ax)
+    _plain(ax)
+    if ax.get_title():
+      ax.set_title(wrap(ax.get_title(), ax.get_position().width * width, 11))
   handles, names = [], []
   for name, record in methods.items():
     names.append(_label(name, record))
     div = bool(record.get("diverged"))
     handles.append(Line2D([], [], color=colors[name], lw=1.6, marker="x" if div else None,
-                          ms=8, mew=2))
+                          ms=8, mew=2, ls=(styles or {}).get(name, "-")))
   if handles:
-    fig.legend(handles, names, loc="outside right upper", fontsize=9, frameon=False)
+    fig.legend(handles, names, loc="outside right upper", fontsize=9, frameon=False,
+               handlelength=3)
   if title:
-    fig.suptitle(title)
+    fig.suptitle(wrap(title, 0.8 * width, 13))
   return fig
 
 
-def _save(fig, path: str) -> str:
+def _texts(fig) -> list:
+  """Every visible, non-empty text the figure draws (titles, labels, tick labels inside the
+  view, legend entries, annotations), after a draw."""
+  out = []
+  for t in fig.findobj(matplotlib.text.Text):
+    if not t.get_visible() or not t.get_text().strip():
+      continue
+    out.append(t)
+  drawn = set()
+  for ax in fig.axes:
+    for axis in (ax.xaxis, ax.yaxis):
+      lo, hi = sorted(axis.get_view_interval())
+      for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+        loc = tick.get_loc()
+        if lo - 1e-9 * max(1.0, abs(hi)) <= loc <= hi + 1e-9 * max(1.0, abs(hi)):
+          drawn.update(id(lbl) for lbl in (tick.label1, tick.label2) if lbl.get_visible())
+  ticks = {id(lbl) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+           for tick in axis.get_major_ticks() + axis.get_minor_ticks()
+           for lbl in (tick.label1, tick.label2)}
+  return [t for t in out if id(t) not in ticks or id(t) in drawn]
+
+
+def layout_problems(fig) -> list[str]:
+  """What a reader would see as broken in ``fig``: each text (title, axis or tick label,
+  legend entry) that leaves the figure or overlaps another text, and each legend that covers
+  an axes' data area or a title — measured on matplotlib's own layout (drawn once). Empty
+  for a clean figure."""
+  fig.draw_without_rendering()  # the final layout (constrained layout included), no pixels
+  renderer = fig.canvas.get_renderer()
+  frame = fig.bbox
+  texts = _texts(fig)
+  boxes = [(t, t.get_window_extent(renderer)) for t in texts]
+  problems = []
+  name = lambda t: repr(t.get_text()[:40])
+  for t, b in boxes:
+    if (b.x0 < frame.x0 - 1 or b.y0 < frame.y0 - 1 or b.x1 > frame.x1 + 1
+        or b.y1 > frame.y1 + 1):
+      problems.append(f"text {name(t)} leaves the figure")
+  for i in range(len(boxes)):
+    for j in range(i + 1, len(boxes)):
+      (t1, b1), (t2, b2) = boxes[i], boxes[j]
+      inter_w = min(b1.x1, b2.x1) - max(b1.x0, b2.x0)
+      inter_h = min(b1.y1, b2.y1) - max(b1.y0, b2.y0)
+      if inter_w > 1 and inter_h > 1:
+        problems.append(f"text {name(t1)} overlaps text {name(t2)}")
+  titles = [b for t, b in boxes if t is getattr(fig, "_suptitle", None)
+            or any(t is ax.title for ax in fig.axes)]
+  for legend in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]:
+    lb = legend.get_window_extent(renderer)
+    for ax in fig.axes:
+      if legend in fig.legends and lb.overlaps(ax.get_window_extent(renderer)):
+        inter_w = min(lb.x1, ax.bbox.x1) - max(lb.x0, ax.bbox.x0)
+        inter_h = min(lb.y1, ax.bbox.y1) - max(lb.y0, ax.bbox.y0)
+        if inter_w > 1 and inter_h > 1:
+          problems.append("a figure legend covers an axes' data area")
+    for tb in titles:
+      inter_w = min(lb.x1, tb.x1) - max(lb.x0, tb.x0)
+      inter_h = min(lb.y1, tb.y1) - max(lb.y0, tb.y0)
+      if inter_w > 1 and inter_h > 1:
+        problems.append("a legend overlaps a title")
+  return problems
+
+
+def save_figure(fig, path: str, dpi: int = 110) -> str:
+  """Save ``fig`` as ``path`` (the first process writes) and close it; returns ``path``. With
+  ``FEDJAXSPARSE_CHECK_PLOTS=1`` a figure with :func:`layout_problems` is an error."""
+  if os.environ.get(CHECK_ENV, "") not in ("", "0"):
+    problems = layout_problems(fig)
+    if problems:
+      plt.close(fig)
+      raise AssertionError(f"{os.path.basename(path)}: " + "; ".join(sorted(set(problems))))
   if jax.process_index() == 0:  # several processes: the first writes
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
   plt.close(fig)
   return path
 
 
+_save = save_figure
+
+
 def methods_figure(methods: dict, metric: str, title: str = "", log_loss: bool = True,
                    x: str = "round", bits: str = "uplink_bits", colors: dict | None = None,
-                   labels: dict | None = None) -> plt.Figure:
+                   labels: dict | None = None, loss_key: str = "loss") -> plt.Figure:
   """Three panels: ``metric`` vs ``x``, ``metric`` vs the evals column ``bits`` (log x,
-  points with zero bits dropped), training loss vs ``x``."""
-  colors = _colors(methods, colors)
+  points with zero bits dropped; a method that sent none is named in the panel's title), and
+  the ``rounds`` column ``loss_key`` (the training loss) vs ``x``."""
+  colors, styles = _colors(methods, colors), method_styles(list(methods))
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.6), layout="constrained")
+  unsent = []
   for name, record in methods.items():
     h = record["history"]
     ev, rd = h["evals"], h["rounds"]
-    div = bool(record.get("diverged"))
+    div, ls = bool(record.get("diverged")), styles[name]
     if metric in ev and x in ev:
-      _line(axes[0], ev[x], ev[metric], colors[name], div, name, marker=".", lw=1.2)
+      _line(axes[0], ev[x], ev[metric], colors[name], div, name, marker=".", lw=1.2, ls=ls)
     if metric in ev and bits in ev:
       sent = [(b, v) for b, v in zip(ev[bits], ev[metric]) if b is not None and b > 0]
       if sent:
-        _line(axes[1], *zip(*sent), colors[name], div, name, marker=".", lw=1.2)
-    if "loss" in rd and x in rd:
-      _line(axes[2], rd[x], rd["loss"], colors[name], div, name, lw=1)
+        _line(axes[1], *zip(*sent), colors[name], div, name, marker=".", lw=1.2, ls=ls)
+      else:
+        unsent.append(name)
+    if loss_key in rd and x in rd:
+      _line(axes[2], rd[x], rd[loss_key], colors[name], div, name, lw=1, ls=ls)
   mt, my = _title(metric, labels), _axis(metric, labels)
   axes[0].set(xlabel=_axis(x, labels), ylabel=my, title=f"{mt} vs {_title(x, labels)}")
-  axes[1].set(xlabel=_axis(bits, labels), ylabel=my, title=f"{mt} vs {_title(bits, labels)}")
-  axes[1].set_xscale("log")
-  axes[2].set(xlabel=_axis(x, labels), ylabel=_axis("loss", labels),
-              title=_title("loss", labels))
+  note = f"\n(not on the log axis, 0 bits: {', '.join(unsent)})" if unsent else ""
+  axes[1].set(xlabel=_axis(bits, labels), ylabel=my,
+              title=f"{mt} vs {_title(bits, labels)}{note}")
+  if axes[1].get_lines():
+    log_axis(axes[1], "x")
+  axes[2].set(xlabel=_axis(x, labels), ylabel=_axis(loss_key, labels),
+              title=_title(loss_key, labels))
   if log_loss:
     _log_if_positive(axes[2])
-  return _finish(fig, axes, methods, colors, title)
+  return _finish(fig, axes, methods, colors, title, styles, x)
 
 
 def plot_methods(methods: dict, metric: str, path: str, title: str = "",
                  log_loss: bool = True, x: str = "round", bits: str = "uplink_bits",
-                 colors: dict | None = None, labels: dict | None = None) -> str:
+                 colors: dict | None = None, labels: dict | None = None,
+                 loss_key: str = "loss") -> str:
   """Save :func:`methods_figure` as a PNG at ``path``; returns ``path``."""
-  return _save(methods_figure(methods, metric, title, log_loss, x, bits, colors, labels), path)
+  return _save(methods_figure(methods, metric, title, log_loss, x, bits, colors, labels,
+                              loss_key), path)
 
 
 def series_figure(methods: dict, names: list[str], title: str = "", x: str = "round",
                   colors: dict | None = None, labels: dict | None = None) -> plt.Figure:
   """One log-scale panel per ``rounds`` column in ``names`` (e.g. the zero-sum diagnostics
   ``sum_h_norm``, ``mean_h_norm``, ``server_norm``, ``loss``), one line per method."""
-  colors = _colors(methods, colors)
+  colors, styles = _colors(methods, colors), method_styles(list(methods))
   fig, axes = plt.subplots(1, len(names), figsize=(4.3 * len(names) + 2.5, 4.0),
                            layout="constrained", squeeze=False)
   axes = list(axes[0])
@@ -204,10 +370,10 @@ def series_figure(methods: dict, names: list[str], title: str = "", x: str = "ro
       rd = record["history"]["rounds"]
       if name in rd and x in rd:
         _line(ax, rd[x], rd[name], colors[method], bool(record.get("diverged")), method,
-              lw=1)
+              lw=1, ls=styles[method])
     ax.set(xlabel=_axis(x, labels), ylabel=_axis(name, labels), title=_title(name, labels))
     _log_if_positive(ax)
-  return _finish(fig, axes, methods, colors, title)
+  return _finish(fig, axes, methods, colors, title, styles, x)
 
 
 def plot_series(methods: dict, names: list[str], path: str, title: str = "",
@@ -221,20 +387,20 @@ def evals_figure(methods: dict, y: str, x: str, title: str = "", logx: bool = Fa
                  logy: bool = True, colors: dict | None = None,
                  labels: dict | None = None) -> plt.Figure:
   """One panel: the ``evals`` column ``y`` against the column ``x``, one line per method."""
-  colors = _colors(methods, colors)
+  colors, styles = _colors(methods, colors), method_styles(list(methods))
   fig, ax = plt.subplots(figsize=(8.5, 4.6), layout="constrained")
   for name, record in methods.items():
     ev = record["history"]["evals"]
     if y in ev and x in ev:
       _line(ax, ev[x], ev[y], colors[name], bool(record.get("diverged")), name,
-              lw=1.2)
+            lw=1.2, ls=styles[name])
   ax.set(xlabel=_axis(x, labels), ylabel=_axis(y, labels),
          title=f"{_title(y, labels)} vs {_title(x, labels)}")
   if logx:
-    ax.set_xscale("log")
+    _log_if_positive(ax, "x")
   if logy:
     _log_if_positive(ax)
-  return _finish(fig, [ax], methods, colors, title)
+  return _finish(fig, [ax], methods, colors, title, styles, x)
 
 
 def plot_evals(methods: dict, y: str, x: str, path: str, title: str = "",
@@ -276,7 +442,11 @@ def personal_figure(methods: dict, metric: str = "accuracy", title: str = "",
   axes[1].set(xlabel=_axis(x, labels), ylabel=my, title=f"{mt}: plain mean over clients")
   axes[2].set(xlabel="fraction of clients", ylabel=my,
               title=f"{mt} of each client at the end (sorted)")
-  return _finish(fig, axes, methods, colors, title)
+  fig = _finish(fig, axes, methods, colors, title)
+  for ax in axes[:2]:
+    if x in INTEGER_AXES:
+      integer_axis(ax)
+  return fig
 
 
 def plot_personal(methods: dict, path: str, metric: str = "accuracy", title: str = "",
@@ -295,21 +465,25 @@ def plot_curves(curves: Mapping[str, tuple], path: str, xlabel: str, ylabel: str
   dashed horizontal line; ``xticks`` names the points x = 0, 1, ... (a categorical axis).
   Returns ``path``."""
   fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
-  colors = method_colors(list(curves))
+  colors, styles = method_colors(list(curves)), method_styles(list(curves))
   for label, (xs, ys) in curves.items():
     pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
     if pts:
-      ax.plot(*zip(*pts), marker="o", color=colors[label], label=label)
+      ax.plot(*zip(*pts), marker="o" if len(pts) <= MAX_MARKERS else None,
+              color=colors[label], ls=styles[label], label=label)
   if baseline is not None:
     ax.axhline(baseline[1], color="black", ls="--", lw=1.2, label=baseline[0])
-  if logx:
-    ax.set_xscale("log")
+  if logx and ax.get_lines():
+    _log_if_positive(ax, "x")
   if xticks is not None:
     ax.set_xticks(range(len(xticks)), list(xticks))
+  elif any(w in xlabel.lower() for w in ("epoch", "round", "iteration")):
+    integer_axis(ax)
+  _plain(ax)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
-  fig.legend(loc="outside right upper", fontsize=8, frameon=False)
+  fig.legend(loc="outside right upper", fontsize=8, frameon=False, handlelength=3)
   if title:
-    ax.set_title(title)
+    ax.set_title(wrap(title, 5.5, 11))
   return _save(fig, path)

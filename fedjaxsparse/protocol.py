@@ -67,12 +67,22 @@ def _gather(x: np.ndarray, y: np.ndarray, rows: Sequence[np.ndarray]) -> Federat
 
 def mean_se(values: Sequence[float] | np.ndarray, axis: int = 0) -> dict:
   """``{"mean", "se", "values"}`` over ``axis`` (the seeds): the standard error is the sample
-  standard deviation (ddof = 1) over √S; 0 for a single seed."""
+  standard deviation (ddof = 1) over √S; ``None`` for a single seed (one run has no spread to
+  estimate it from; tables print "—" with a footnote)."""
   v = np.asarray(values, np.float64)
   s = v.shape[axis]
-  se = v.std(axis=axis, ddof=1) / math.sqrt(s) if s > 1 else np.zeros_like(v.mean(axis))
-  return {"mean": v.mean(axis=axis).tolist(), "se": np.asarray(se).tolist(),
-          "values": v.tolist()}
+  se = np.asarray(v.std(axis=axis, ddof=1) / math.sqrt(s)).tolist() if s > 1 else None
+  return {"mean": v.mean(axis=axis).tolist(), "se": se, "values": v.tolist()}
+
+
+def check_claim(claim: str, holds: bool | None) -> dict:
+  """Print a paper's claim with the verdict of this run — "holds here", "does NOT hold here"
+  or "not checked here" (``None``: the run lacks what the claim needs) — and return
+  ``{"claim", "holds"}`` for the results."""
+  verdict = ("not checked here" if holds is None else "holds here" if holds
+             else "does NOT hold here")
+  print(f"the paper: {claim} — {verdict}")
+  return {"claim": claim, "holds": None if holds is None else bool(holds)}
 
 
 class Dimension(NamedTuple):

@@ -39,7 +39,8 @@ from fedjaxsparse.checkpoint import Checkpointer
 from fedjaxsparse.clients import Executed, auto_layout, choose_strategy, with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
-from fedjaxsparse.errors import CheckpointExistsError, NonFiniteError, RunMismatchError
+from fedjaxsparse.errors import (CheckpointExistsError, NonFiniteError, RunMismatchError,
+                                 UserError)
 from fedjaxsparse.fingerprint import diff as fingerprint_diff
 from fedjaxsparse.fingerprint import run_fingerprint
 from fedjaxsparse.locking import FolderLock
@@ -368,21 +369,61 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     train.validate("train")
   if isinstance(test, FederatedData):
     test.validate("test", allow_empty=True)
-  train = arrange(algo, train, layout, mesh, clients, params)
-  if checkpoint_dir is None:
-    return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
-                params_fn, None, checkpoint_every, fingerprint, on_nonfinite, mesh, progress,
-                desc, estimate_after_s, on_chunk)
-  lock = (FolderLock(checkpoint_dir, purpose=f"checkpoints of {desc or 'a run'}")
-          if jax.process_index() == 0 else contextlib.nullcontext())  # one lock per run
-  with lock:
-    ckpt = _open_checkpoint(checkpoint_dir, resume, overwrite)
-    try:
+  with _params_fit(params, train, desc):
+    train = arrange(algo, train, layout, mesh, clients, params)
+    if checkpoint_dir is None:
       return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
-                  params_fn, ckpt, checkpoint_every, fingerprint, on_nonfinite, mesh,
-                  progress, desc, estimate_after_s, on_chunk)
-    finally:
-      ckpt.close()
+                  params_fn, None, checkpoint_every, fingerprint, on_nonfinite, mesh, progress,
+                  desc, estimate_after_s, on_chunk)
+    lock = (FolderLock(checkpoint_dir, purpose=f"checkpoints of {desc or 'a run'}")
+            if jax.process_index() == 0 else contextlib.nullcontext())  # one lock per run
+    with lock:
+      ckpt = _open_checkpoint(checkpoint_dir, resume, overwrite)
+      try:
+        return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every,
+                    chunk_size, params_fn, ckpt, checkpoint_every, fingerprint, on_nonfinite,
+                    mesh, progress, desc, estimate_after_s, on_chunk)
+      finally:
+        ckpt.close()
+
+
+_SHAPE_MESSAGES = ("dot_general requires", "incompatible shapes", "shape mismatch",
+                   "cannot reshape", "must have the same shape", "shapes must be equal",
+                   "got incompatible shapes", "conv_general_dilated lhs feature dimension",
+                   "size of the input")
+
+
+def _shape_error(e: BaseException) -> bool:
+  """Whether ``e`` (raised while tracing a run) says that arrays of mismatched shapes met."""
+  from flax import errors as flax_errors
+  if isinstance(e, UserError):
+    return False
+  if isinstance(e, flax_errors.ScopeParamShapeError):
+    return True
+  msg = str(e).lower()
+  return isinstance(e, (TypeError, ValueError)) and any(m in msg for m in _SHAPE_MESSAGES)
+
+
+@contextlib.contextmanager
+def _params_fit(params: Any, train: Any, desc: str):
+  """Turns a shape clash inside the traced model into one error naming ``params`` and the
+  data's feature shape (the usual cause: params of another model, or another input size)."""
+  try:
+    yield
+  except Exception as e:  # noqa: BLE001  (re-raised unless it is a shape clash)
+    if not _shape_error(e):
+      raise
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    shapes = ", ".join(f"{jax.tree_util.keystr(p)}: {tuple(np.shape(v))}"
+                       for p, v in leaves[:3]) + (", ..." if len(leaves) > 3 else "")
+    data = getattr(train, "data", train)
+    feat = tuple(np.shape(data.x)[2:]) if hasattr(data, "x") else "?"
+    first = str(e).strip().splitlines()[0][:240] if str(e).strip() else type(e).__name__
+    raise ValueError(
+        f"run{' (' + desc + ')' if desc else ''}: params do not fit the model or the data — "
+        f"{first}. params: {shapes}; the data's examples have shape {feat}. Pass the params "
+        "of the model the algorithm's loss uses (model.init), built for inputs of that "
+        "shape.") from e
 
 
 def arrange(algo: Algorithm, train: Any, layout: str, mesh=None, clients: str = "vmap",

@@ -45,6 +45,9 @@ if "FEDJAXSPARSE_TEST_SESSION_CACHE" not in os.environ:    # the session's first
   os.environ["FEDJAXSPARSE_TEST_SESSION_CACHE"] = _CACHE
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["FEDJAXSPARSE_TEST_SESSION_CACHE"]
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+# Every figure an experiment or notebook saves is checked for texts that overlap or leave it
+# (fedjaxsparse.plotting.layout_problems): a broken plot fails its test.
+os.environ["FEDJAXSPARSE_CHECK_PLOTS"] = "1"
 
 
 import subprocess  # noqa: E402
@@ -86,6 +89,32 @@ def real_fashion_mnist_dir() -> str:
     pytest.skip(f"real Fashion-MNIST is opt-in: {_fm.ENV_VAR}={folder!r} holds no IDX files "
                 f"(set it to the folder with the four files, e.g. {_fm.DEBIAN_DIR})")
   return folder
+
+QUICK_LIMIT_S = 120.0  # an experiment's quick setting must finish within this on 2 CPU cores
+
+
+@pytest.fixture
+def quick(tmp_path):
+  """``quick(experiment, *flags) -> results``: runs ``fedjaxsparse run EXPERIMENT --quick``
+  (plus ``flags``, which override the quick setting) into ``tmp_path`` and checks that it
+  succeeds within ``QUICK_LIMIT_S`` — with every figure it saves checked for overlapping or
+  escaping text (``FEDJAXSPARSE_CHECK_PLOTS``). Returns its ``results.json``."""
+  import json
+  import time
+
+  from fedjaxsparse.cli import main
+
+  def run(experiment: str, *flags: str) -> dict:
+    start = time.perf_counter()
+    assert main(["run", experiment, "--quick", "--out", str(tmp_path), "--no-progress",
+                 *flags]) == 0
+    took = time.perf_counter() - start
+    assert took < QUICK_LIMIT_S, f"{experiment} --quick took {took:.0f} s"
+    with open(tmp_path / experiment / "results.json") as f:
+      return json.load(f)
+
+  return run
+
 
 _HOLDER = """
 import sys, time

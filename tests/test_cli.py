@@ -108,6 +108,33 @@ def test_every_experiment_declares_its_options_budget_and_runtime(capsys):
   assert main(["run", "sparse_proxskip", "--help"]) == 0
   text = capsys.readouterr().out
   assert "sparsity = 0.9" in text and "--resume" in text
+  # every general flag is listed, in its group
+  groups = text.split("what runs")[1]
+  for flag in ("--rounds", "--clients", "--dataset", "--seed", "--eval-every", "--data-dir",
+               "--paper", "--quick", "--set", "--out", "--resume", "--overwrite",
+               "--no-progress", "--on-divergence", "--execution", "--processes", "--debug"):
+    assert f"  {flag}" in groups, flag
+  assert groups.index("--rounds") < groups.index("output, checkpoints and progress") \
+      < groups.index("--resume") < groups.index("execution:") < groups.index("--processes")
+
+
+def test_every_experiment_has_a_quick_setting_that_parses(capsys, quick):
+  """``QUICK`` names only Config fields and the experiment's own options, with allowed
+  values, and ``describe`` states it with its measured runtime; ``--quick`` runs it (the
+  per-experiment tests run each quick setting, checking its plots and its time)."""
+  from fedjaxsparse.experiment import Config, parse_options, with_quick
+  for name, module in experiments().items():
+    cfg = with_quick(Config(**module.DEFAULTS), module.QUICK)
+    assert cfg.quick and module.QUICK_RUNTIME, name
+    parse_options(module.OPTIONS, cfg.options, name)  # raises on a bad key or value
+    assert main(["describe", name]) == 0
+    text = capsys.readouterr().out
+    assert "Quick setting (--quick" in text and module.QUICK_RUNTIME.split()[0] in text, name
+  with pytest.raises(SystemExit):  # a paper configuration and the quick setting exclude
+    main(["run", "sparse_proxskip", "--quick", "--paper", "table4"])
+  res = quick("fedavg_digits", "--rounds", "6")  # flags override the quick setting
+  assert res["config"]["quick"] and res["config"]["rounds"] == 6
+  assert res["config"]["clients"] == experiments()["fedavg_digits"].QUICK["clients"]
 
 
 def test_resume_after_changing_an_option_is_refused_naming_it(capsys, tmp_path):

@@ -272,14 +272,8 @@ def test_bad_configurations_are_named():
     DD.ddss(prob, data=data, step_size=0.1, inner_steps=4, estimator="svrg", prox="sparse")
 
 
-def test_ddss_lasso_experiment_tiny(tmp_path):
-  import json
-  from fedjaxsparse.cli import main
-  assert main(["run", "ddss_lasso", "--out", str(tmp_path), "--no-progress", "--rounds", "3",
-               "--set", "n=200", "--set", "p=600", "--set", "density=0.01", "--set",
-               "support=5", "--set", "lam_ratio=0.3", "--set", "workers=2", "--set",
-               "worker_sweep=1,2", "--set", "step_grid=0.3,1"]) == 0
-  res = json.load(open(tmp_path / "ddss_lasso" / "results.json"))
+def test_ddss_lasso_experiment_tiny(tmp_path, quick):
+  res = quick("ddss_lasso")  # n = 200, p = 600, 3 outer iterations
   from fedjaxsparse.experiments.ddss_lasso import METHODS
   assert [r["method"] for r in res["table"]] == list(METHODS)
   for name, rec in res["methods"].items():

@@ -8,10 +8,10 @@ import pytest
 from fedjaxsparse.cli import main
 
 
-def test_sparse_proxskip_small(tmp_path):
-  assert main(["run", "sparse_proxskip", "--rounds", "300", "--eval-every", "50", "--clients", "8",
-        "--out", str(tmp_path), "--no-progress"]) == 0
-  res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
+def test_sparse_proxskip_small(tmp_path, quick):
+  """The quick setting (300 iterations, 8 clients): every method, the zero-sum diagnostics."""
+  res = quick("sparse_proxskip")
+  assert res["config"]["quick"] and res["config"]["rounds"] == 300
   methods = res["methods"]
   assert set(methods) == {"Final-TopK", "FedHT", "FedIHT", "Accelerated-Server-Pruning",
                           "RandProx-l1", "Sparse-ProxSkip-Local", "Sparse-ProxSkip",
@@ -53,11 +53,9 @@ def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
     assert row["train loss"] == ev["train_objective"][-1]
 
 
-def test_sparse_proxskip_cifar_cpu_stand_in(tmp_path):
-  """Figure 4's pipeline in its CPU-sized configuration (CIFAR-10 is not prepared here)."""
-  assert main(["run", "sparse_proxskip_cifar", "--rounds", "2", "--eval-every", "2", "--out",
-        str(tmp_path), "--no-progress", "--set", "local_steps=3", "--clients", "4"]) == 0
-  res = json.load(open(tmp_path / "sparse_proxskip_cifar" / "results.json"))
+def test_sparse_proxskip_cifar_cpu_stand_in(quick):
+  """Figure 4's pipeline in its quick CPU-sized setting (CIFAR-10 is not prepared here)."""
+  res = quick("sparse_proxskip_cifar")
   assert "stand-in" in res["dataset"] and res["model"] == "cnn"
   assert len(res["table"]) == 5
   assert list(res["methods"]) == ["Final-TopK", "Accelerated-Server-Pruning",
@@ -66,12 +64,10 @@ def test_sparse_proxskip_cifar_cpu_stand_in(tmp_path):
   assert max(sps["sum_h_norm"]) < 1e-3 * max(1.0, max(sps["mean_h_norm"]) * 4)  # n = 4
 
 
-def test_efbv_logreg_small(tmp_path):
+def test_efbv_logreg_small(quick):
   """Seed 001 A.3 on the embedded stand-in: EF-BV reaches a smaller gap than EF21 for the
   same bits (the paper's qualitative claim), with the theory's parameters."""
-  assert main(["run", "efbv_logreg", "--rounds", "3000", "--eval-every", "500", "--out",
-        str(tmp_path), "--no-progress"]) == 0
-  res = json.load(open(tmp_path / "efbv_logreg" / "results.json"))
+  res = quick("efbv_logreg")  # 3000 iterations
   ev = {m: r["history"]["evals"] for m, r in res["methods"].items()}
   assert ev["EF-BV"]["bits_per_node"] == ev["EF21"]["bits_per_node"]
   assert 0 < ev["EF-BV"]["gap"][-1] < ev["EF21"]["gap"][-1] < ev["EF21"]["gap"][0]
@@ -188,13 +184,11 @@ def test_efbv_paper_configuration_reproduces_table_a2_parameters(tmp_path):
       assert row[f"ours {col}"] == pytest.approx(row[f"paper {col}"], rel=2e-3), (row, col)
 
 
-def test_scafflix_logreg_small(tmp_path):
+def test_scafflix_logreg_small(quick):
   """Seed 001 ch. 3 on the embedded stand-in: both methods reach the FLIX optimum (computed
   independently by float64 L-BFGS); Scafflix needs fewer communication rounds than GD on
   FLIX, and smaller α needs no more rounds (the chapter's Fig. 3.1 claims)."""
-  assert main(["run", "scafflix_logreg", "--rounds", "60", "--out", str(tmp_path),
-               "--no-progress", "--set", "alphas=0.1,0.9", "--set", "split=label"]) == 0
-  res = json.load(open(tmp_path / "scafflix_logreg" / "results.json"))
+  res = quick("scafflix_logreg", "--set", "alphas=0.1,0.9", "--set", "split=label")
   assert res["split"] == "label" and set(res["f_star"]) == {"0.1", "0.9"}
   for m, r in res["methods"].items():
     assert r["history"]["evals"]["gap"][-1] < 1e-9, m
@@ -236,15 +230,11 @@ def test_scafflix_splits_partition_the_data():
   assert np.median(sizes.std(1)) > 10  # the even split's sizes have std ≤ 0.5
 
 
-def test_scafflix_nn_tiny(tmp_path):
+def test_scafflix_nn_tiny(quick):
   """Seed 001 Fig. 3.2's protocol on the FEMNIST stand-in in a tiny configuration: every
   method tuned over the same grid on validation data, then run on the test split; Scafflix
   and FLIX start from the same personalised models (equal round-0 accuracy)."""
-  assert main(["run", "scafflix_nn", "--rounds", "2", "--clients", "3", "--eval-every", "1",
-               "--out", str(tmp_path), "--no-progress", "--set", "cohort=2",
-               "--set", "pre_steps=3", "--set", "lrs=0.05,1e6", "--set", "channels=2,4",
-               "--set", "dense=8"]) == 0
-  res = json.load(open(tmp_path / "scafflix_nn" / "results.json"))
+  res = quick("scafflix_nn", "--set", "lrs=0.05,1e6")
   assert [r["method"] for r in res["table"]] == ["Scafflix", "FLIX", "FedAvg"]
   assert all(r["lr"] in (0.05, 1e6) and 0 <= r["test accuracy"] <= 1 for r in res["table"])
   # Scafflix diverges at lr = 1e6 in tuning: that candidate loses, the experiment goes on
@@ -278,13 +268,11 @@ def test_scafflix_nn_ablation_tiny(tmp_path):
                                rtol=1e-5)
 
 
-def test_scafflix_inexact_small(tmp_path):
+def test_scafflix_inexact_small(tmp_path, quick):
   """Figs. 3.4/B.7: each pre-solve tolerance is met (max ‖∇f_i‖ < ε), stricter ε costs more
   local steps, Scafflix converges on each inexact FLIX objective, and the personalised loss
   barely moves; the fixed-iterations mode takes exactly k steps per client."""
-  assert main(["run", "scafflix_inexact", "--rounds", "40", "--clients", "4", "--out",
-               str(tmp_path), "--no-progress", "--set", "eps=0.1,1e-4,1e-6"]) == 0
-  res = json.load(open(tmp_path / "scafflix_inexact" / "results.json"))
+  res = quick("scafflix_inexact", "--set", "eps=0.1,1e-4,1e-6")
   rows = res["table"]
   assert [r["pre-solve"] for r in rows] == ["ε=0.1", "ε=0.0001", "ε=1e-06"]
   for r, eps in zip(rows, (0.1, 1e-4, 1e-6)):
@@ -299,17 +287,11 @@ def test_scafflix_inexact_small(tmp_path):
   assert [r["local steps"] for r in res["table"]] == [0, 20]
 
 
-def test_cohort_squeeze_logreg_small(tmp_path):
+def test_cohort_squeeze_logreg_small(quick):
   """E5.1–E5.4 in a tiny configuration: the cost table is T·K of the configurations it names
   (LocalGD: K = 1 per round), the savings follow from it, SS's exact σ²_⋆ matches the
   sampler library, and every study wrote its curves."""
-  assert main(["run", "cohort_squeeze_logreg", "--dataset", "breast_cancer", "--clients", "12",
-               "--rounds", "15", "--out", str(tmp_path), "--no-progress",
-               "--set", "clusters=3", "--set", "clients_per_cluster=4", "--set", "ks=1,3",
-               "--set", "gammas=10", "--set", "local_steps=2", "--set", "local_lrs=0.5",
-               "--set", "seeds=2", "--set", "study_rounds=12", "--set", "eps=0.05",
-               "--set", "study_solver=cg", "--set", "trade_gammas=1", "--set", "trade_ks=2"]) == 0
-  res = json.load(open(tmp_path / "cohort_squeeze_logreg" / "results.json"))
+  res = quick("cohort_squeeze_logreg")  # breast-cancer, 12 clients, 15 rounds, 2 seeds
   rows = {r["method"]: r for r in res["cost"]["table"]}
   assert set(rows) == {"SPPM-SS γ=10 (BFGS)", "SPPM-SS γ=10 (CG)", "LocalGD"}
   for name, r in rows.items():
@@ -324,18 +306,26 @@ def test_cohort_squeeze_logreg_small(tmp_path):
   assert [r["sampling"] for r in res["sampling"]][:2] == ["SPPM-SS", "SPPM-BS"]
   assert all(len(r["curve"]) == 13 and np.isfinite(r["final error"]) for r in res["sampling"])
   assert len(res["baselines"]) == 3 and len(res["gamma"]) == 1
+  eps = res["eps"]
+  for r in res["gamma"]:  # "rounds to eps": from there on the mean error stays below eps
+    t = r["rounds to eps"]
+    if t is None:
+      assert not r["curve"][-1] < eps
+    else:
+      assert all(v < eps for v in r["curve"][t:]) and (t == 0 or not r["curve"][t - 1] < eps)
+  finals = {r["sampling"]: r["final error"] for r in res["sampling"]}
+  claims = {c["claim"].split(" (")[0]: c["holds"] for c in res["claims"]}
+  assert claims["SS settles in a significantly smaller neighbourhood than BS"] == (
+      finals["SPPM-SS"] < finals["SPPM-BS"])
+  assert claims["larger gamma converges faster to a larger neighbourhood"] is None  # one γ
 
 
-def test_cohort_squeeze_nn_tiny(tmp_path):
+def test_cohort_squeeze_nn_tiny(quick):
   """E5.5 in a tiny configuration: each method's learning rate tuned on validation data, the
   hierarchical cost to the target read from the history (c₁·K + c₂ per round), the test
   split evaluated once at the end."""
   from fedjaxsparse.experiments.cohort_squeeze_nn import cost_to_accuracy
-  assert main(["run", "cohort_squeeze_nn", "--rounds", "3", "--clients", "4", "--eval-every",
-               "1", "--out", str(tmp_path), "--no-progress", "--set", "cohort=2",
-               "--set", "ks=2", "--set", "lrs=0.01", "--set", "local_lrs=0.1",
-               "--set", "channels=2,2", "--set", "dense=4", "--set", "target=0.0"]) == 0
-  res = json.load(open(tmp_path / "cohort_squeeze_nn" / "results.json"))
+  res = quick("cohort_squeeze_nn", "--set", "target=0.0")
   assert [r["method"] for r in res["table"]] == ["SPPM-NICE (K=2)", "LocalGD"]
   rd = res["methods"]["SPPM-NICE (K=2)"]["history"]["rounds"]
   assert rd["local_rounds"] == [2, 2, 2]
@@ -346,7 +336,7 @@ def test_cohort_squeeze_nn_tiny(tmp_path):
   assert res["table"][0]["cost to 0% (T*K)"] == 0.0  # the initial model already "reaches" 0 %
 
 
-def test_fedmrn_fmnist_tiny_on_idx_files(tmp_path):
+def test_fedmrn_fmnist_tiny_on_idx_files(tmp_path, quick):
   """Seed 003 Table 1's protocol in a tiny configuration on Fashion-MNIST-format IDX files
   (gzip, the real layout; learnable synthetic pixels): the table has the paper's numbers
   beside ours, and the uplink is charged exactly — FedMRN d + 32 seed bits per upload, FedPM
@@ -368,12 +358,8 @@ def test_fedmrn_fmnist_tiny_on_idx_files(tmp_path):
       f.write(idx(x))
     with gzip.open(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", "wb") as f:
       f.write(idx(y))
-  out = tmp_path / "out"
-  assert main(["run", "fedmrn_fmnist", "--data-dir", str(tmp_path), "--clients", "10",
-               "--rounds", "2", "--eval-every", "1", "--out", str(out), "--no-progress",
-               "--set", "splits=niid2", "--set", "methods=FedAvg,FedPM,FedSparsify,FedMRN",
-               "--set", "cohort=3", "--set", "lrs=0.1", "--set", "model=mlp"]) == 0
-  res = json.load(open(out / "fedmrn_fmnist" / "results.json"))
+  res = quick("fedmrn_fmnist", "--dataset", "fashion_mnist", "--data-dir", str(tmp_path),
+              "--set", "methods=FedAvg,FedPM,FedSparsify,FedMRN")
   rows = {r["method"]: r for r in res["table"]}
   assert [rows[m]["paper %"] for m in ("FedAvg", "FedPM", "FedSparsify", "FedMRN")] \
       == [88.8, 74.6, 78.8, 88.6]
@@ -387,17 +373,11 @@ def test_fedmrn_fmnist_tiny_on_idx_files(tmp_path):
   assert all(0 <= r["ours %"] <= 100 for r in rows.values())
 
 
-def test_fedspa_table1_tiny_on_digits(tmp_path):
+def test_fedspa_table1_tiny_on_digits(quick):
   """Seed 002 Table 1's protocol in a tiny configuration (embedded digits): every row has the
   paper ledger's FedSpa comm at exactly (1 − s) of FedAvg's, Subsampling at 0.75×, Local at
   0, the honest ledger at least the paper's, and analytic FLOPs below dense for FedSpa."""
-  out = tmp_path / "out"
-  assert main(["run", "fedspa_table1", "--dataset", "digits", "--clients", "10", "--rounds",
-               "2", "--eval-every", "1", "--out", str(out), "--no-progress",
-               "--set", "splits=B", "--set", "cohort=3", "--set", "batch=16",
-               "--set", "lrs=0.1", "--set",
-               "methods=FedSpa (DST),FedAvg,Local,Subsampling,Sub-FedAvg"]) == 0
-  res = json.load(open(out / "fedspa_table1" / "results.json"))
+  res = quick("fedspa_table1", "--set", "methods=FedSpa (DST),FedAvg,Local,Subsampling,Sub-FedAvg")
   rows = {r["method"]: r for r in res["table"]}
   fedavg = rows["FedAvg"]["GB (paper ledger)"]
   assert rows["FedSpa (DST)"]["GB (paper ledger)"] == pytest.approx(0.5 * fedavg, rel=1e-3)
@@ -406,19 +386,23 @@ def test_fedspa_table1_tiny_on_digits(tmp_path):
   assert all(r["GB (honest)"] >= r["GB (paper ledger)"] for r in rows.values())
   assert rows["FedSpa (DST)"]["FLOPs"] < rows["FedAvg"]["FLOPs"]
   assert all(0 <= r["ours %"] <= 100 for r in rows.values())
-  assert res["mask_search"]["train_s"] > 0
+  # Table 5: the mask search's share is the median of alternating DST − RSM round times (not
+  # clamped at zero), printed with its interquartile range
+  ms = res["mask_search"]
+  dst, rsm = np.asarray(ms["dst_s"]), np.asarray(ms["rsm_s"])
+  assert len(dst) == len(rsm) == ms["repeats"] == 20 and ms["train_s"] > 0
+  assert ms["mask_s"] == pytest.approx(np.median(dst - rsm))
+  assert ms["train_s"] == pytest.approx(np.median(rsm))
+  lo, hi = ms["ratio_iqr"]
+  assert lo <= ms["ratio"] <= hi
+  assert lo == pytest.approx(np.percentile(dst - rsm, 25) / ms["train_s"])
 
 
-def test_fedp3_fmnist_tiny_on_digits(tmp_path):
+def test_fedp3_fmnist_tiny_on_digits(quick):
   """Seed 001 ch. 4's protocol in a tiny configuration (embedded digits, 5-layer MLP): the
   paper's layer count (LowerB sends 2 of 5 layers), FedAvg's floats at 1, LowerB's deployed
   size between r = 0.9 of the model and the full model."""
-  out = tmp_path / "out"
-  assert main(["run", "fedp3_fmnist", "--dataset", "digits", "--clients", "10", "--rounds",
-               "2", "--eval-every", "1", "--out", str(out), "--no-progress",
-               "--set", "splits=S2", "--set", "steps=2", "--set", "batch=16",
-               "--set", "lrs=0.1", "--set", "methods=FedAvg,LowerB"]) == 0
-  res = json.load(open(out / "fedp3_fmnist" / "results.json"))
+  res = quick("fedp3_fmnist", "--set", "methods=FedAvg,LowerB")
   rows = {r["method"]: r for r in res["table"]}
   assert rows["FedAvg"]["layers sent (paper's count)"] == 1.0
   assert rows["FedAvg"]["floats sent / FedAvg's"] == 1.0
@@ -428,14 +412,10 @@ def test_fedp3_fmnist_tiny_on_digits(tmp_path):
   assert all(0 <= r["ours %"] <= 100 for r in rows.values())
 
 
-def test_fedp3_ldp_tiny(tmp_path):
+def test_fedp3_ldp_tiny(quick):
   """LDP-FedP3's utility-vs-ε protocol, tiny: σ from the accountant shrinks as ε grows, the
   uplink is exactly d floats per iteration, the no-noise row has σ = 0."""
-  out = tmp_path / "out"
-  assert main(["run", "fedp3_ldp", "--rounds", "4", "--eval-every", "2", "--out", str(out),
-               "--no-progress", "--set", "seeds=1", "--set", "epsilons=1,8",
-               "--set", "gammas=0.5"]) == 0
-  rows = json.load(open(out / "fedp3_ldp" / "results.json"))["table"]
+  rows = quick("fedp3_ldp")["table"]
   assert [r["ε"] for r in rows] == [None, 1.0, 8.0] and rows[0]["σ"] == 0.0
   assert rows[1]["σ"] > rows[2]["σ"] > 0
   assert all(r["uplink floats / iteration"] == 650 for r in rows)

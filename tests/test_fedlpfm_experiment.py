@@ -3,22 +3,13 @@ on Fashion-MNIST-format files, the stand-in fixture; Table 11's linear probe as 
 results carry the paper's numbers and the teacher's label. One-value grids keep it short
 (tuning is the shared code every experiment uses). Table 12's mixed teachers reduce to
 per-client teacher masks, tested in test_fedlpfm."""
-import json
 
 import numpy as np
-import pytest
-
-from fedjaxsparse.cli import main
-
-TINY = ["--no-progress", "--rounds", "2", "--clients", "4", "--set", "train_size=600", "--set",
-        "teacher_epochs=1", "--set", "local_steps=2", "--set", "batch=16"]
 
 
-def test_table8_tiny(tmp_path, fashion_mnist_dir):
-  assert main(["run", "fedlpfm_fmnist", "--out", str(tmp_path), "--data-dir", fashion_mnist_dir,
-               *TINY,
-               "--set", "splits=class", "--set", "lams=0.5", "--set", "mus=0.1"]) == 0
-  res = json.load(open(tmp_path / "fedlpfm_fmnist" / "results.json"))
+def test_table8_tiny(tmp_path, quick):
+  """The quick setting: the labelled Fashion-MNIST stand-in, 4 clients, Class Split."""
+  res = quick("fedlpfm_fmnist")
   assert [r["method"] for r in res["table"]] == ["FedAvg", "FedProx", "FML", "Fed-LPFM"]
   assert [r["paper % (CIFAR-10)"] for r in res["table"]] == [67.67, 65.97, 19.29, 82.29]
   assert res["table"][1]["chosen"] == "μ=0.1" and res["table"][3]["chosen"] == "λ=0.5"

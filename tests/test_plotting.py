@@ -244,3 +244,74 @@ def test_plot_curves_categorical_axis_skips_diverged_points(tmp_path, monkeypatc
   assert [t.get_text() for t in ax.get_xticklabels()] == ["IID", "Dir(0.1)", "Class Split"]
   xs = {ln.get_label(): list(ln.get_xdata()) for ln in ax.get_lines()}
   assert xs == {"A": [0, 2], "B": [0, 1, 2]} and path.endswith("c.png")
+
+
+def test_layout_problems_finds_overlapping_and_escaping_text():
+  """The checker measures matplotlib's own layout: two texts drawn on top of each other, a
+  title running off the figure and a figure legend over the data are each reported; a
+  figure with none of them is clean."""
+  fig, ax = plt.subplots(figsize=(4, 3), layout="constrained")
+  ax.plot([0, 1], [0, 1], label="a line")
+  assert plotting.layout_problems(fig) == []
+  ax.text(0.5, 0.5, "first words", transform=ax.transAxes)
+  ax.text(0.52, 0.5, "second words", transform=ax.transAxes)
+  problems = plotting.layout_problems(fig)
+  assert any("'first words' overlaps text 'second words'" in p for p in problems), problems
+  fig.suptitle("a title far too long to fit in a four-inch-wide figure, running off both edges")
+  assert any("leaves the figure" in p for p in plotting.layout_problems(fig))
+  fig2, ax2 = plt.subplots(figsize=(4, 3))
+  ax2.plot([0, 1], [0, 1], label="a line")
+  fig2.legend(loc="center")  # on the data
+  assert "a figure legend covers an axes' data area" in plotting.layout_problems(fig2)
+
+
+def test_long_titles_wrap_and_round_axes_have_integer_ticks(records):
+  long = "a title that names the dataset, the split, the model and every setting " * 3
+  fig = methods_figure(records, "accuracy", title=long)
+  assert plotting.layout_problems(fig) == []
+  assert "\n" in fig._suptitle.get_text()
+  ticks = fig.axes[0].get_xticks()
+  assert np.all(ticks == np.round(ticks))  # rounds are whole numbers
+
+
+def test_overlapping_curves_differ_in_line_style_and_zero_bits_are_named(records):
+  """Identical curves stay visible (each method its own line style); a method that sent no
+  bits cannot be drawn on the log bits axis and is named in that panel's title."""
+  records = dict(records)
+  records["Copy of FedHT"] = records["FedHT"]
+  local = _record(0)
+  local["history"]["evals"]["uplink_bits"] = [0.0] * len(local["history"]["evals"]["round"])
+  records["Local"] = local
+  fig = methods_figure(records, "accuracy")
+  a, b = _lines(fig, "FedHT")[0], _lines(fig, "Copy of FedHT")[0]
+  np.testing.assert_array_equal(a.get_ydata(), b.get_ydata())
+  assert (a.get_color(), a.get_linestyle()) != (b.get_color(), b.get_linestyle())
+  assert a.get_linestyle() != b.get_linestyle() or a.get_color() != b.get_color()
+  assert "0 bits: Local" in fig.axes[1].get_title()
+  assert not [ln for ln in fig.axes[1].get_lines() if ln.get_gid() == "Local"]
+  assert plotting.layout_problems(fig) == []
+
+
+def test_log_axes_within_one_decade_have_readable_ticks():
+  """A log axis spanning less than a decade labels a few 1-2-5 ticks, none overlapping."""
+  fig, ax = plt.subplots(figsize=(5, 3), layout="constrained")
+  ax.plot([1, 2, 3], [1.1e5, 1.5e5, 1.9e5])
+  plotting.log_axis(ax, "y")
+  fig.canvas.draw()
+  labels = [t for t in plotting._texts(fig) if t in ax.yaxis.get_ticklabels(which="both")]
+  assert labels and plotting.layout_problems(fig) == []
+
+
+def test_a_line_with_many_points_has_no_markers():
+  fig = evals_figure({"m": {"history": {"rounds": {}, "evals": {
+      "round": list(range(500)), "gap": [1.0 / (k + 1) for k in range(500)]}}}}, "gap", "round")
+  assert all(ln.get_marker() in (None, "None", "") for ln in fig.axes[0].get_lines())
+
+
+def test_check_plots_environment_makes_a_broken_figure_an_error(tmp_path, monkeypatch):
+  fig, ax = plt.subplots(figsize=(3, 2))
+  ax.set_title("a title much too long for a three-inch figure, running off the edges")
+  monkeypatch.setenv(plotting.CHECK_ENV, "1")
+  with pytest.raises(AssertionError, match="leaves the figure"):
+    plotting.save_figure(fig, str(tmp_path / "bad.png"))
+  assert not (tmp_path / "bad.png").exists()

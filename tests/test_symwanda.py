@@ -35,14 +35,11 @@ def test_prune_model_is_layer_sequential():
   assert list(stats) == ["Dense_0", "Dense_1", "Dense_2"] and float(stats["Dense_0"].count) == 40
 
 
-def test_symwanda_lm_tiny_tableE2(tmp_path, capsys):
-  """Table E.2's re-weightings S1-S4 (ℓ1, α = 0.5, 50 %) on a tiny trained Shakespeare model:
-  the paper's LLaMA-2-7B numbers printed beside ours; a real checkpoint needs its tokenizer."""
-  args = ["run", "symwanda_lm", "--out", str(tmp_path), "--no-progress", "--set", "study=tableE2",
-          "--set", "hidden=32", "--set", "layers=1", "--set", "train_steps=20", "--set",
-          "nsamples=4", "--set", "seq_len=32", "--set", "eval_tokens=2048"]
-  assert main(args) == 0
-  res = json.load(open(tmp_path / "symwanda_lm" / "results.json"))
+def test_symwanda_lm_tiny_tableE2(tmp_path, capsys, quick):
+  """Table E.2's re-weightings S1-S4 (ℓ1, α = 0.5, 50 %) on the quick setting's tiny trained
+  Shakespeare model: the paper's LLaMA-2-7B numbers printed beside ours; a real checkpoint
+  needs its tokenizer."""
+  res = quick("symwanda_lm", "--set", "study=tableE2")
   rows = {(r["method"], r["setting"]): r for r in res["table"]}
   assert len(rows) == 5 and rows[("Dense", "-")]["paper (llama2-7b)"] == 5.47
   assert rows[("ℓ1 RIA", "S4")]["paper (llama2-7b)"] == 14.51
@@ -57,10 +54,8 @@ def test_symwanda_lm_tiny_tableE2(tmp_path, capsys):
   assert "tokenizer.json" in capsys.readouterr().err  # a real checkpoint needs its tokenizer
 
 
-def test_symwanda_mlp_tiny(tmp_path):
-  assert main(["run", "symwanda_mlp", "--out", str(tmp_path), "--no-progress", "--set",
-               "seeds=1", "--set", "steps=60", "--set", "hidden=16", "--set", "calib=32"]) == 0
-  res = json.load(open(tmp_path / "symwanda_mlp" / "results.json"))
+def test_symwanda_mlp_tiny(quick):
+  res = quick("symwanda_mlp")  # one seed, 60 training steps, 16 hidden units
   names = {r["method"] for r in res["table"]}
   assert {"Magnitude", "Wanda", "RIA", "stochRIA", "Wanda α=0", "Wanda α=2"} <= names
   rows = {(r["method"], r["setting"]): r for r in res["table"]}

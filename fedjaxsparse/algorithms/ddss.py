@@ -224,6 +224,9 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   if data is None:
     raise ValueError("data is needed to build the algorithm (column weights, shards).")
   n, p = data.n, data.p
+  if prob.block.shape != (p,):
+    raise ValueError(f"prob was built for {prob.block.shape[0]} features but data has p = {p}: "
+                     "build both from the same data (screening.make_problem(data, lam)).")
   dtype = data.val.dtype
   block = partition(prob)
   grouped = None if block is None else block_rows(data, block)  # host-built, closed over
@@ -254,8 +257,14 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
     def split(a):
       return jax.lax.with_sharding_constraint(a, over_workers)
 
-  def init(key, x_init, data):
+  def init(key, x_init, data_):
     del key
+    if jnp.shape(x_init) != (p,):
+      raise ValueError(f"x_init must have shape ({p},) (one coefficient per feature of data), "
+                       f"got {tuple(jnp.shape(x_init))}.")
+    if (data_.n, data_.p) != (n, p):
+      raise ValueError(f"data has shape ({data_.n}, {data_.p}) but the algorithm was built for "
+                       f"({n}, {p}): run it on the data it was built with.")
     x = jnp.asarray(x_init, dtype)
     z = jnp.zeros((), dtype)
     return DDSSState(x, jnp.ones(prob.num_blocks, bool), jnp.zeros((), jnp.int32), z, z, z, z, z)

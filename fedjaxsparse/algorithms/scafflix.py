@@ -164,6 +164,34 @@ class ScafflixInfo(NamedTuple):
   alpha_h_sum_norm: jax.Array
 
 
+def _per_client_values(name: str, value: Any, n: int, dtype) -> jax.Array:
+  """``value`` (one number or ``[N]``) as ``dtype[N]``; another length is an error naming
+  ``name``."""
+  v = jnp.asarray(value, dtype)
+  if v.ndim > 1 or (v.ndim == 1 and v.shape[0] not in (1, n)):
+    raise ValueError(f"{name} must be one number or one value per client (shape ({n},)), got "
+                     f"shape {tuple(v.shape)}.")
+  return jnp.broadcast_to(v, (n,))
+
+
+def check_local_optima(x_star: Any, params: Any, n: int) -> None:
+  """``x_star`` must hold one local optimum per client: ``params``' tree with a leading axis
+  of ``n`` on every leaf; otherwise a ValueError naming the first leaf that differs."""
+  if x_star is None:
+    raise ValueError("x_star (the local optima, [N, ...]) is needed; compute it with "
+                     "scafflix.local_optima.")
+  want, got = jax.tree.structure(params), jax.tree.structure(x_star)
+  if want != got:
+    raise ValueError(f"x_star must have the structure of params (one local optimum per "
+                     f"client); got {got}, expected {want}.")
+  for (path, p), s in zip(jax.tree_util.tree_leaves_with_path(params),
+                          jax.tree.leaves(x_star)):
+    if tuple(jnp.shape(s)) != (n,) + tuple(jnp.shape(p)):
+      raise ValueError(f"x_star{jax.tree_util.keystr(path)} has shape {tuple(jnp.shape(s))}; "
+                       f"expected ({n}, *{tuple(jnp.shape(p))}) — one local optimum per client "
+                       f"(N = {n}) of the model's shape.")
+
+
 def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = None, *,
              form: str = "iteration", cohort_size: int | None = None,
              batch_size: int | None = None) -> Algorithm:
@@ -189,8 +217,8 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
 
   def coefficients(n):
     dtype = jnp.result_type(float)  # float64 under x64: the weights α_j²/γ_j and the
-    g = jnp.broadcast_to(jnp.asarray(gammas, dtype), (n,))  # h-steps pα_i/γ_i must stay
-    a = jnp.broadcast_to(jnp.asarray(alphas, dtype), (n,))  # proportional (Σα_i h_i = 0)
+    g = _per_client_values("gammas", gammas, n, dtype)  # h-steps pα_i/γ_i must stay
+    a = _per_client_values("alphas", alphas, n, dtype)  # proportional (Σα_i h_i = 0)
     return g, a
 
   def init(key, params, data: FederatedData) -> ScafflixState:
@@ -208,6 +236,8 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
         raise ValueError("x_star (the local optima) is needed when some alpha_i < 1; compute "
                          "it with scafflix.local_optima.")
     x = _per_client(params, n)
+    if x_star is not None:
+      check_local_optima(x_star, params, n)
     xs = x if x_star is None else x_star
     return ScafflixState(x, jax.tree.map(jnp.zeros_like, x), params, xs,
                          jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
@@ -306,6 +336,8 @@ def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
     del key
     check_data(data)
     check_cohort_size(cohort_size, data.num_clients)
+    check_local_optima(x_star, params, data.num_clients)
+    _per_client_values("alphas", alphas, data.num_clients, jnp.result_type(float))
     return FlixState(params, x_star, jnp.zeros((), jnp.int32))
 
   def client(key, params, xs, alpha, data):

@@ -23,6 +23,8 @@ ENV_VAR = "FEDJAXSPARSE_FASHION_MNIST"
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 NUM_CLASSES = 10
+STANDIN = "fashion_mnist_standin"  # the experiments' name of the labelled stand-in
+STANDIN_SIZE = (6000, 1000)         # its train and test images (a tenth of the real set)
 
 
 def default_dir() -> str:
@@ -98,12 +100,22 @@ def _find(data_dir: str, stem: str) -> str:
       f"and pass it as data_dir (CLI: --data-dir) or in ${ENV_VAR}.")
 
 
-def load_arrays(data_dir: str | None = None, split: str = "train"):
+def load_arrays(data_dir: str | None = None, split: str = "train", standin: bool = False):
   """``(x float32 [n, 28, 28, 1] in [0, 1], y int32 [n])`` of one split.
 
   Raises DataError if the files disagree on the count, an image is not 28x28 or a label is
   not in [0, 10) (records count from 0). ``data_dir=None`` reads :func:`default_dir`.
+  ``standin=True`` reads nothing: the labelled stand-in of Fashion-MNIST's shape
+  (:func:`fedjaxsparse.data.standins.fashion_mnist_standin`, ``STANDIN_SIZE`` images; the
+  experiments' ``--dataset fashion_mnist_standin``).
   """
+  if split not in FILES:
+    raise ValueError(f"split must be one of {tuple(FILES)}, got {split!r}.")
+  if standin:
+    from fedjaxsparse.data.standins import fashion_mnist_standin
+    (x, y), (xt, yt) = fashion_mnist_standin(*STANDIN_SIZE, seed=0)
+    x, y = (x, y) if split == "train" else (xt, yt)
+    return x[..., None].astype(np.float32) / 255.0, y.astype(np.int32)
   data_dir = data_dir or default_dir()
   image_path, label_path = (_find(data_dir, s) for s in FILES[split])
   images, labels = read_idx(image_path), read_idx(label_path)
@@ -125,15 +137,16 @@ def load_arrays(data_dir: str | None = None, split: str = "train"):
 def fashion_mnist(data_dir: str | None = None, num_clients: int = 100,
                   partition: str = "dirichlet", alpha: float = 0.5, seed: int = 0,
                   shards_per_client: int = 2, sigma: float = 0.3,
-                  labels_per_client: int = 3) -> FederatedDataset:
+                  labels_per_client: int = 3, standin: bool = False) -> FederatedDataset:
   """The 60k training images split over clients by ``partition``; the official 10k test
-  images are the shared test set (one test client), as in FedAvg-style evaluations."""
-  x, y = load_arrays(data_dir, "train")
-  xt, yt = load_arrays(data_dir, "test")
+  images are the shared test set (one test client), as in FedAvg-style evaluations.
+  ``standin=True``: the labelled stand-in instead (see :func:`load_arrays`)."""
+  x, y = load_arrays(data_dir, "train", standin)
+  xt, yt = load_arrays(data_dir, "test", standin)
   parts = partition_fn(y, num_clients, partition, seed, alpha=alpha,
                        shards_per_client=shards_per_client, sigma=sigma,
                        labels_per_client=labels_per_client)
-  name = f"fashion_mnist/{partition}" + (f"({alpha})" if partition == "dirichlet" else
+  name = (STANDIN if standin else "fashion_mnist") + f"/{partition}" + (f"({alpha})" if partition == "dirichlet" else
                                          f"({labels_per_client})" if partition == "labels"
                                          else "")
   return federate(x, y, parts, num_classes=NUM_CLASSES, name=name, x_test=xt, y_test=yt)

@@ -23,11 +23,13 @@ def load_split(name: str, split: str, data_dir: str | None,
   try:
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:  # tfds raises AssertionError / NotImplementedError / FileNotFound
+    where = (f"in {data_dir!r}" if data_dir else
+             "(no --data-dir given, so tfds looked in its default folder ~/tensorflow_datasets)")
+    cause = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
     raise FileNotFoundError(
-        f"tfds dataset {name!r} ({split}) is not prepared in data_dir={data_dir!r}. On a "
-        f"machine with network run `tfds build {name} --data_dir DIR` (or "
-        f"tfds.builder({name!r}, data_dir=DIR).download_and_prepare()), copy DIR here and "
-        f"pass it as data_dir (CLI: --data-dir). Cause: {type(e).__name__}: {e}") from e
+        f"tfds dataset {name!r} ({split}) is not prepared {where}. On a machine with network "
+        f"run `tfds build {name} --data_dir DIR`, copy DIR here and pass it with --data-dir "
+        f"(Python: data_dir=DIR). tfds said: {cause}") from e
   n = len(source)
   records = [source[i] for i in range(n)]
   x = np.stack([np.asarray(r[image_key]) for r in records]).astype(np.float32) / 255.0

@@ -1,0 +1,164 @@
+"""Each mistake a user can make ends in one line naming the file or argument and what was
+expected — never a raw traceback from safetensors, flax, JAX or json: damaged checkpoints,
+a config that asks for more than its weights hold, garbled C4 shards, empty or repeated
+method lists, missing tfds data, params of another model, Scafflix coefficients and local
+optima of the wrong shape, and DDSS dimensions that do not match."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjaxsparse import hf, lm
+from fedjaxsparse.cli import main
+from fedjaxsparse.errors import DataError
+from fedjaxsparse.models import transformer as T
+
+TINY = T.TransformerConfig(hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                           num_kv_heads=1, max_positions=16)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("tiny_lm"))
+  hf.save(path, TINY, T.init(TINY, jax.random.key(0)))
+  return path
+
+
+def _copy(src, dst):
+  os.makedirs(dst, exist_ok=True)
+  for name in os.listdir(src):
+    with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
+      g.write(f.read())
+  return dst
+
+
+def _one_line(exc) -> str:
+  text = str(exc.value)
+  assert "\n" not in text and "Traceback" not in text
+  return text
+
+
+def test_damaged_or_truncated_safetensors_name_the_file(checkpoint_dir, tmp_path):
+  assert hf.Checkpoint(checkpoint_dir).params()  # the intact copy reads
+  bad = _copy(checkpoint_dir, str(tmp_path / "garbled"))
+  with open(os.path.join(bad, "model.safetensors"), "wb") as f:
+    f.write(b"\x07\x00\x00\x00\x00\x00\x00\x00{garbage")
+  with pytest.raises(DataError) as e:
+    hf.Checkpoint(bad)
+  assert "model.safetensors" in _one_line(e) and "damaged or truncated" in str(e.value)
+  cut = _copy(checkpoint_dir, str(tmp_path / "cut"))
+  path = os.path.join(cut, "model.safetensors")
+  size = os.path.getsize(path)
+  with open(path, "r+b") as f:
+    f.truncate(size // 2)
+  with pytest.raises(DataError) as e:
+    hf.Checkpoint(cut).params()
+  assert "model.safetensors" in _one_line(e)
+
+
+def test_a_config_asking_for_more_layers_than_the_weights_names_the_tensor(checkpoint_dir,
+                                                                             tmp_path):
+  more = _copy(checkpoint_dir, str(tmp_path / "more"))
+  with open(os.path.join(more, "config.json")) as f:
+    cfg = json.load(f)
+  cfg["num_hidden_layers"] += 1
+  with open(os.path.join(more, "config.json"), "w") as f:
+    json.dump(cfg, f)
+  with pytest.raises(DataError) as e:
+    hf.Checkpoint(more).params()
+  text = _one_line(e)
+  assert "layers.1" in text and "config.json (2 layers)" in text
+  with open(os.path.join(more, "config.json"), "w") as f:
+    f.write("{not json")
+  with pytest.raises(DataError, match="config.json: not valid JSON"):
+    hf.Checkpoint(more)
+
+
+def test_a_garbled_c4_shard_names_the_file_and_line(tmp_path):
+  path = tmp_path / "c4.json"
+  path.write_text('{"text": "one document"}\n{"text": "two"}{"text": "three"}\n')
+  with pytest.raises(DataError) as e:
+    lm.c4_documents(str(path))
+  text = _one_line(e)
+  assert str(path) in text and "line 2" in text and "'text' field per line" in text
+  path.write_text('{"url": "no text here"}\n')
+  with pytest.raises(DataError, match="line 1: no 'text' field"):
+    lm.c4_documents(str(path))
+  gz = tmp_path / "c4.json.gz"
+  gz.write_bytes(b"\x1f\x8b\x08\x00 not really gzip")
+  with pytest.raises(DataError, match="cannot be read"):
+    lm.c4_documents(str(gz))
+
+
+@pytest.mark.parametrize("value, words", [
+    (",", "option 'methods' names nothing; choose from"),
+    ("FedAvg,FedAvg", "option 'methods' names 'FedAvg' more than once"),
+    ("FedAvgg", "unknown name 'FedAvgg' (did you mean 'FedAvg'?)"),
+])
+def test_method_lists_are_checked_in_one_line(capsys, tmp_path, value, words):
+  assert main(["run", "fedmrn_fmnist", "--quick", "--out", str(tmp_path), "--no-progress",
+               "--set", f"methods={value}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and words in err[0], err
+  assert not (tmp_path / "fedmrn_fmnist" / "checkpoints").exists()
+
+
+def test_tfds_data_missing_says_where_it_looked(capsys, tmp_path, monkeypatch):
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "nothing"))
+  assert main(["run", "fedspa_table1", "--dataset", "cifar10", "--out", str(tmp_path),
+               "--no-progress"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "'cifar10' (train) is not prepared" in err[0]
+  assert "--data-dir" in err[0] and "fashion" not in err[0].lower()
+
+
+def test_params_of_another_model_name_params_and_the_data_shape():
+  from fedjaxsparse.algorithms.fedavg import fedavg
+  from fedjaxsparse.data import digits
+  from fedjaxsparse.models import make_loss, mlp
+  from fedjaxsparse.runner import run
+  ds = digits(num_clients=3)
+  algo = fedavg(make_loss(mlp((8, 8), 10)), optax.sgd(0.1), local_steps=1)
+  wrong = mlp((10, 10), 10).init(jax.random.key(0))
+  with pytest.raises(ValueError) as e:
+    run(algo, jax.random.key(0), wrong, ds.train, ds.test, num_rounds=1, progress=False)
+  text = _one_line(e)
+  assert "params do not fit" in text and "(100, 200)" in text and "shape (64,)" in text
+
+
+def test_scafflix_coefficients_and_local_optima_of_the_wrong_shape():
+  from fedjaxsparse.algorithms.scafflix import flix_sgd, scafflix
+  from fedjaxsparse.data import digits
+  from fedjaxsparse.models import make_loss, softmax_regression
+  ds = digits(num_clients=4)
+  model = softmax_regression(64, 10)
+  loss, params = make_loss(model), model.init(jax.random.key(0))
+  x_star = jax.tree.map(lambda a: jnp.stack([a] * 4), params)
+  with pytest.raises(ValueError, match=r"gammas must be one number or one value per client "
+                                       r"\(shape \(4,\)\), got shape \(3,\)"):
+    scafflix(loss, [0.1, 0.1, 0.1], 0.5, 0.5, x_star).init(jax.random.key(0), params, ds.train)
+  three = jax.tree.map(lambda a: a[:3], x_star)
+  with pytest.raises(ValueError, match=r"x_star\['w'\] has shape \(3, 64, 10\); expected "
+                                       r"\(4, \*\(64, 10\)\)"):
+    scafflix(loss, 0.1, 0.5, 0.5, three).init(jax.random.key(0), params, ds.train)
+  with pytest.raises(ValueError, match="x_star must have the structure of params"):
+    flix_sgd(loss, 0.1, 0.5, {"w": x_star["w"]}).init(jax.random.key(0), params, ds.train)
+
+
+def test_ddss_dimensions_must_match_the_data():
+  from fedjaxsparse import screening as SC
+  from fedjaxsparse.algorithms import ddss as D
+  from fedjaxsparse.data.sparse_rows import from_dense
+  rng = np.random.default_rng(0)
+  a = rng.normal(size=(30, 8)) * (rng.random((30, 8)) < 0.5)
+  data, other = from_dense(a, rng.normal(size=30)), from_dense(a[:, :6], rng.normal(size=30))
+  prob = SC.make_problem(data, 0.1)
+  with pytest.raises(ValueError, match="prob was built for 8 features but data has p = 6"):
+    D.ddss(prob, step_size=0.1, inner_steps=4, data=other)
+  algo = D.ddss(prob, step_size=0.1, inner_steps=4, data=data)
+  with pytest.raises(ValueError, match=r"x_init must have shape \(8,\)"):
+    algo.init(jax.random.key(0), np.zeros(6), data)

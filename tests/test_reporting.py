@@ -1,0 +1,42 @@
+"""What the tables print: one convention for a missing value ("—" with its footnote), no
+standard error from a single seed, "rounds to ε" as the round from which a curve stays below
+ε, and a paper's claim printed with this run's verdict."""
+import numpy as np
+import pytest
+
+from fedjaxsparse.accounting import cost_to_target, rounds_below
+from fedjaxsparse.experiment import MISSING, MISSING_NOTE, print_table
+from fedjaxsparse.protocol import check_claim, mean_se
+
+
+def test_a_single_seed_has_no_standard_error_and_prints_a_dash(capsys):
+  one, three = mean_se([0.8]), mean_se([0.7, 0.8, 0.9])
+  assert one["se"] is None and one["mean"] == 0.8
+  assert three["se"] == pytest.approx(np.std([0.7, 0.8, 0.9], ddof=1) / np.sqrt(3))
+  text = print_table([{"method": "A", "acc": one["mean"], "s.e.": one["se"]},
+                      {"method": "B", "acc": three["mean"], "s.e.": three["se"]}],
+                     ["method", "acc", "s.e."])
+  row_a = text.splitlines()[2]
+  assert row_a.split()[-1] == MISSING and " 0 " not in row_a and "x" not in row_a.split()
+  assert text.splitlines()[-1] == MISSING_NOTE
+  full = print_table([{"method": "B", "s.e.": three["se"]}], ["method", "s.e."])
+  assert MISSING_NOTE not in full  # the footnote only where a dash is printed
+
+
+def test_rounds_to_eps_is_where_the_curve_stays_below():
+  dip = [1.0, 0.04, 0.2, 0.3, 0.2, 0.03, 0.02, 0.01]   # first hit at 1, stays below from 5
+  assert rounds_below(dip, 0.05) == 5
+  assert cost_to_target(dip, 1, 0.05) == 1.0             # the paper's cost: the first hit
+  assert rounds_below([1.0, 0.5, 0.04, 0.06], 0.05) is None  # ends above: never settled
+  assert rounds_below([0.01, 0.02], 0.05) == 0
+  assert rounds_below([1.0, np.nan, 0.01], 0.05) == 2  # NaN is not below
+
+
+def test_a_claim_is_printed_with_its_verdict(capsys):
+  assert check_claim("SS beats BS", True) == {"claim": "SS beats BS", "holds": True}
+  assert check_claim("SS beats BS", False)["holds"] is False
+  assert check_claim("larger γ is faster", None)["holds"] is None
+  out = capsys.readouterr().out.splitlines()
+  assert out == ["the paper: SS beats BS — holds here",
+                 "the paper: SS beats BS — does NOT hold here",
+                 "the paper: larger γ is faster — not checked here"]
