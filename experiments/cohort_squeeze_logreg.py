@@ -46,8 +46,8 @@ from fedjaxsparse.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.experiment import (Config, Option, entry, name_list, output_dir, print_table,
-                                     save_results)
+from fedjaxsparse.experiment import (Config, Option, Steps, entry, name_list, output_dir,
+                                     print_table, save_results)
 from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.protocol import check_claim
 
@@ -58,6 +58,7 @@ DEFAULTS = dict(rounds=60, clients=100, dataset="mushrooms_standin", eval_every=
 QUICK = dict(dataset="breast_cancer", clients=12, rounds=15, options=dict(
     clusters=3, clients_per_cluster=4, ks=[1, 3], gammas=[10], local_steps=2, local_lrs=[0.5],
     seeds=2, study_rounds=12, eps=0.05, study_solver="cg", trade_gammas=[1], trade_ks=[2]))
+QUICK_RUNTIME = "measured 19 s on 2 CPU cores (a fresh process, XLA's default flags)"
 BUDGET = "global rounds per run (max T); costs count local communication rounds"
 RUNTIME = "about 5.5 min on 2 CPU cores (measured 331 s: cost study of 32 configurations x 3 seeds, three 300-round studies)"
 STUDIES = ("cost", "sampling", "baselines", "gamma")
@@ -162,7 +163,18 @@ def _experiment(cfg: Config, opts: dict) -> dict:
       {"w": x_opt}, data.x, data.y, data.mask)["w"])  # a_i = ∇f_i(x⋆)
   l_max = float(np.max([mu + np.sum(x[p].astype(np.float64) ** 2) / (4 * len(p)) for p in parts]))
   ss, bs = samplers.stratified(blocks), samplers.block(blocks)
-  run = lambda algo, rounds=T: errors(algo, w0, data, x_opt, rounds, seeds, cfg.seed)
+  ks, lsteps = {int(k) for k in opts["ks"]}, {int(v) for v in opts["local_steps"]}
+  pieces = {"cost": len(solvers) * len(opts["gammas"]) * len(ks)
+                    + len(opts["local_lrs"]) * len(lsteps),
+            "sampling": 3, "baselines": 3,
+            "gamma": len(opts["trade_gammas"]) * len({int(k) for k in opts["trade_ks"]})}
+  steps = Steps(sum(pieces[s] for s in studies), NAME, cfg.progress)
+
+  def run(algo, rounds=T):
+    e = errors(algo, w0, data, x_opt, rounds, seeds, cfg.seed)
+    steps.done(f"{rounds} rounds x {seeds} seeds")
+    return e
+
   long = lambda algo: run(algo, opts["study_rounds"])
   study = SOLVERS[opts["study_solver"]]
   print(f"{NAME}: {label}, {cfg.clients} clients ({nc} k-means clusters x {per}), cohort "

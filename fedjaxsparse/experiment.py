@@ -20,6 +20,8 @@ import functools
 import json
 import math
 import os
+import sys
+import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -304,6 +306,31 @@ def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict
   return run_experiment
 
 
+class Steps:
+  """Progress of an experiment whose pieces do not run through :func:`run_method` (which
+  shows its own bar): after each of ``total`` pieces, one line on stderr with the time spent
+  and an estimate of the time left (the mean piece time so far). Silent when ``enabled`` is
+  false (``--no-progress``)."""
+
+  def __init__(self, total: int, desc: str, enabled: bool = True):
+    self.total, self.desc, self.enabled = max(1, int(total)), desc, enabled
+    self.count, self.start = 0, time.perf_counter()
+
+  def done(self, what: str) -> None:
+    self.count += 1
+    if not self.enabled:
+      return
+    spent = time.perf_counter() - self.start
+    left = spent / self.count * max(0, self.total - self.count)
+    print(f"[{self.desc} {self.count}/{self.total}] {what} done; {_duration(spent)} so far, "
+          f"about {_duration(left)} left", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
 def output_dir(cfg: Config, name: str) -> str:
   path = os.path.join(cfg.out, name)
   os.makedirs(path, exist_ok=True)
@@ -375,13 +402,14 @@ def save_results(cfg: Config, experiment: str, results: dict) -> str:
 
   if jax.process_index() == 0:  # several processes: the first writes
     with open(path, "w") as f:
-      json.dump(clean, f, indent=1, default=default)
+      json.dump(clean, f, separators=(",", ":"), default=default)  # compact: long histories
   return path
 
 
 MISSING = "—"
-MISSING_NOTE = (f"{MISSING}: no value (a single seed has no standard error; a threshold never "
-                "reached; a diverged run; a number the paper does not give)")
+MISSING_NOTE = (f"{MISSING}: no value — not applicable to the method, a single seed (no "
+                "standard error), a threshold never reached, a diverged run, or a number the "
+                "paper does not give")
 
 
 def print_table(rows: list[dict], columns: list[str]) -> str:

@@ -26,6 +26,7 @@ import gzip
 import json
 import os
 import random
+import zlib
 from typing import Any, Callable, Sequence
 
 import jax
@@ -141,7 +142,7 @@ def c4_documents(path: str, limit: int | None = None) -> list[str]:
                           "with a 'text' field per line.") from None
         if limit is not None and len(docs) >= limit:
           break
-  except (OSError, EOFError, UnicodeDecodeError) as e:
+  except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
     raise DataError(f"C4 shard {path} cannot be read ({e}); the file is damaged or not a "
                     f"C4 shard — {C4_HOW_TO}.") from None
   return docs

@@ -50,7 +50,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "accuracy": ("test accuracy", "accuracy"),
     "r2": ("test R²", "R²"),
     "mse": ("test mean squared error", "MSE"),
-    "gap": ("optimality gap", "gap (f − f* or ‖∇f‖²)"),
+    "gap": ("optimality gap", "f(x) − f*"),
     # x axes
     "round": ("communication round", "communication round"),
     "local_steps": ("local steps", "local steps (iterations)"),
@@ -223,11 +223,11 @@ def _finish(fig, axes, methods: Mapping, colors: Mapping, title: str,
     div = bool(record.get("diverged"))
     handles.append(Line2D([], [], color=colors[name], lw=1.6, marker="x" if div else None,
                           ms=8, mew=2, ls=(styles or {}).get(name, "-")))
-  if handles:
-    fig.legend(handles, names, loc="outside right upper", fontsize=9, frameon=False,
-               handlelength=3)
+  if handles:  # below the panels: off the data and off every title
+    fig.legend(handles, names, loc="outside lower center", fontsize=9, frameon=False,
+               handlelength=3, ncol=max(1, min(len(handles), int(width // 2.8))))
   if title:
-    fig.suptitle(wrap(title, 0.8 * width, 13))
+    fig.suptitle(wrap(title, 0.9 * width, 13))
   return fig
 
 
@@ -242,11 +242,9 @@ def _texts(fig) -> list:
   drawn = set()
   for ax in fig.axes:
     for axis in (ax.xaxis, ax.yaxis):
-      lo, hi = sorted(axis.get_view_interval())
-      for tick in axis.get_major_ticks() + axis.get_minor_ticks():
-        loc = tick.get_loc()
-        if lo - 1e-9 * max(1.0, abs(hi)) <= loc <= hi + 1e-9 * max(1.0, abs(hi)):
-          drawn.update(id(lbl) for lbl in (tick.label1, tick.label2) if lbl.get_visible())
+      # the ticks matplotlib draws: those inside the view interval (its own test)
+      for tick in axis._update_ticks():  # noqa: SLF001
+        drawn.update(id(lbl) for lbl in (tick.label1, tick.label2) if lbl.get_visible())
   ticks = {id(lbl) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
            for tick in axis.get_major_ticks() + axis.get_minor_ticks()
            for lbl in (tick.label1, tick.label2)}
@@ -316,7 +314,8 @@ def methods_figure(methods: dict, metric: str, title: str = "", log_loss: bool =
                    labels: dict | None = None, loss_key: str = "loss") -> plt.Figure:
   """Three panels: ``metric`` vs ``x``, ``metric`` vs the evals column ``bits`` (log x,
   points with zero bits dropped; a method that sent none is named in the panel's title), and
-  the ``rounds`` column ``loss_key`` (the training loss) vs ``x``."""
+  the column ``loss_key`` (``rounds``, else ``evals``: the training loss, or the objective of
+  the model a table reports) vs ``x``."""
   colors, styles = _colors(methods, colors), method_styles(list(methods))
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.6), layout="constrained")
   unsent = []
@@ -332,8 +331,9 @@ def methods_figure(methods: dict, metric: str, title: str = "", log_loss: bool =
         _line(axes[1], *zip(*sent), colors[name], div, name, marker=".", lw=1.2, ls=ls)
       else:
         unsent.append(name)
-    if loss_key in rd and x in rd:
-      _line(axes[2], rd[x], rd[loss_key], colors[name], div, name, lw=1, ls=ls)
+    src = rd if loss_key in rd else ev  # a rounds column, or an evals one
+    if loss_key in src and x in src:
+      _line(axes[2], src[x], src[loss_key], colors[name], div, name, lw=1, ls=ls)
   mt, my = _title(metric, labels), _axis(metric, labels)
   axes[0].set(xlabel=_axis(x, labels), ylabel=my, title=f"{mt} vs {_title(x, labels)}")
   note = f"\n(not on the log axis, 0 bits: {', '.join(unsent)})" if unsent else ""
@@ -483,7 +483,9 @@ def plot_curves(curves: Mapping[str, tuple], path: str, xlabel: str, ylabel: str
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
-  fig.legend(loc="outside right upper", fontsize=8, frameon=False, handlelength=3)
+  n = len(ax.get_legend_handles_labels()[0])
+  fig.legend(loc="outside lower center", fontsize=8, frameon=False, handlelength=3,
+             ncol=max(1, min(n, 3)))
   if title:
-    ax.set_title(wrap(title, 5.5, 11))
+    ax.set_title(wrap(title, 6.5, 11))
   return _save(fig, path)

@@ -142,11 +142,11 @@ def test_scafflix_coefficients_and_local_optima_of_the_wrong_shape():
                                        r"\(shape \(4,\)\), got shape \(3,\)"):
     scafflix(loss, [0.1, 0.1, 0.1], 0.5, 0.5, x_star).init(jax.random.key(0), params, ds.train)
   three = jax.tree.map(lambda a: a[:3], x_star)
-  with pytest.raises(ValueError, match=r"x_star\['w'\] has shape \(3, 64, 10\); expected "
-                                       r"\(4, \*\(64, 10\)\)"):
+  with pytest.raises(ValueError, match=r"x_star\['b'\] has shape \(3, 10\); expected "
+                                       r"\(4, \*\(10,\)\)"):
     scafflix(loss, 0.1, 0.5, 0.5, three).init(jax.random.key(0), params, ds.train)
   with pytest.raises(ValueError, match="x_star must have the structure of params"):
-    flix_sgd(loss, 0.1, 0.5, {"w": x_star["w"]}).init(jax.random.key(0), params, ds.train)
+    flix_sgd(loss, 0.1, 0.5, {"b": x_star["b"]}).init(jax.random.key(0), params, ds.train)
 
 
 def test_ddss_dimensions_must_match_the_data():
@@ -162,3 +162,19 @@ def test_ddss_dimensions_must_match_the_data():
   algo = D.ddss(prob, step_size=0.1, inner_steps=4, data=data)
   with pytest.raises(ValueError, match=r"x_init must have shape \(8,\)"):
     algo.init(jax.random.key(0), np.zeros(6), data)
+
+
+def test_requests_that_cannot_be_met_are_refused_not_changed(capsys, tmp_path):
+  """More Shakespeare roles than the plays have, or a dataset an experiment does not read,
+  is refused in one line (it used to be capped, or ignored)."""
+  from fedjaxsparse.data import load_dataset
+  with pytest.raises(ValueError, match=r"num_clients \(--clients\) must be in \[1, 1108\]"):
+    load_dataset("shakespeare", num_clients=5000)
+  assert main(["run", "scafflix_nn", "--dataset", "shakespeare", "--clients", "5000", "--out",
+               str(tmp_path), "--no-progress"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "must be in [1, 1108]" in err[0]
+  assert main(["run", "ddss_lasso", "--dataset", "cifar10", "--out", str(tmp_path),
+               "--no-progress"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "--dataset 'cifar10'" in err[0] and "--dataset synthetic" in err[0]

@@ -1,6 +1,8 @@
 """What the tables print: one convention for a missing value ("—" with its footnote), no
 standard error from a single seed, "rounds to ε" as the round from which a curve stays below
 ε, and a paper's claim printed with this run's verdict."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -40,3 +42,20 @@ def test_a_claim_is_printed_with_its_verdict(capsys):
   assert out == ["the paper: SS beats BS — holds here",
                  "the paper: SS beats BS — does NOT hold here",
                  "the paper: larger γ is faster — not checked here"]
+
+
+def test_steps_report_progress_and_time_left(capsys, monkeypatch):
+  """Experiments without a runner progress bar print one line per finished piece, with the
+  time spent and the time left at the mean pace so far; ``--no-progress`` silences them."""
+  from fedjaxsparse import experiment
+  clock = itertools.chain([100.0, 110.0, 130.0], itertools.repeat(130.0))  # start, 1, 2
+  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+  steps = experiment.Steps(4, "demo")
+  steps.done("first")
+  steps.done("second")
+  err = capsys.readouterr().err.splitlines()
+  assert err == ["[demo 1/4] first done; 10 s so far, about 30 s left",
+                 "[demo 2/4] second done; 30 s so far, about 30 s left"]
+  quiet = experiment.Steps(2, "demo", enabled=False)
+  quiet.done("x")
+  assert capsys.readouterr().err == ""

@@ -64,6 +64,13 @@ def test_symwanda_mlp_tiny(quick):
     for k in ("test acc % (outliers)", "test acc % (plain)"):
       assert rows[("Wanda α=0", s)][k] == rows[("Magnitude", s)][k]
   assert len(res["outlier_channels"]) == 4
+  # each of the chapter's directions is printed with this run's verdict, read off the table
+  mean = lambda m: np.mean([rows[(m, s)]["test acc % (outliers)"] for s in ("50%", "60%",
+                                                                          "70%")])
+  verdict = {c["claim"].split(" (")[0]: c["holds"] for c in res["claims"]}
+  assert verdict["RIA >= Wanda"] == (mean("RIA") >= mean("Wanda") - 1e-9)
+  assert verdict["with outlier channels, Wanda and RIA beat magnitude pruning"] == (
+      min(mean("Wanda"), mean("RIA")) > mean("Magnitude"))
 
 
 def test_one_shot_table_of_a_federated_model():

@@ -314,10 +314,12 @@ def shakespeare(data_dir: str | None = None, num_clients: int | None = None, see
   the bundled plays): all clients, or ``num_clients`` of them drawn with ``seed`` (in their
   original order)."""
   ds, names = load_shakespeare(data_dir, **kwargs)
-  if num_clients is None or num_clients >= len(names):
+  if num_clients is not None and not 1 <= num_clients <= len(names):
+    source = "the bundled plays" if data_dir is None else repr(data_dir)
+    raise ValueError(f"num_clients (--clients) must be in [1, {len(names)}]: {source} give "
+                     f"{len(names)} roles with enough lines, got {num_clients}.")
+  if num_clients is None or num_clients == len(names):
     return ds
-  if num_clients < 1:
-    raise ValueError(f"num_clients must be >= 1, got {num_clients}.")
   keep = np.sort(np.random.default_rng(seed).choice(len(names), num_clients, replace=False))
   pick = lambda d: d.select(keep)
   return ds._replace(train=pick(ds.train), test=pick(ds.test),
