@@ -3,7 +3,10 @@ safe screening (Sha-DDSS, Dis-DDSS and their Naive variants) against ProxASVRG, 
 PSE-Safe and PSE-Strong on a sparse Lasso (or ℓ1-logistic regression, ``--set loss=logistic``).
 
 Data: the embedded default is a synthetic sparse design with a planted support (``n``, ``p``,
-``density``: n = 10⁴, p = 10⁵, density 10⁻³ — spec §1.9); ``--data-dir FILE`` reads a LIBSVM
+``density``, ``support``: n = 2,000, p = 20,000, density 2·10⁻³, 20 non-zeros, λ = 0.3·λ_max
+— a minute on 2 CPU cores, where screening already removes ~98 % of the coordinates; the
+spec's scale is ``--set n=10000 --set p=100000 --set density=1e-3 --set support=100
+--set lam_ratio=0.1``, about 15 minutes, spec §1.9); ``--data-dir FILE`` reads a LIBSVM
 file kept sparse (rcv1, real-sim, KDD2010, Avazu; the paper's λ/λ_max are 4e-6 for KDD 2010,
 2e-3 / 1e-3 for Avazu-app / -site). λ = ``lam_ratio``·λ_max. float64 throughout.
 
@@ -46,17 +49,20 @@ QUICK = dict(rounds=3, options=dict(n=200, p=600, density=0.01, support=5, lam_r
                                      workers=2, worker_sweep=[1, 2], step_grid=[0.3, 1]))
 QUICK_RUNTIME = "measured 23 s on 2 CPU cores (a fresh process, XLA's default flags)"
 BUDGET = "outer iterations (each: one full-gradient pass + `inner` updates)"
-RUNTIME = "a few minutes on 2 CPU cores at the default size"
+RUNTIME = ("about a minute on 2 CPU cores (measured 65 s: n = 2,000, p = 20,000, 20 outer "
+           "iterations; Sha-DDSS screens 98 % of the coordinates away and touches ~400x fewer "
+           "than ProxASVRG)")
 METHODS = ("Sha-DDSS-Naive", "Sha-DDSS", "Dis-DDSS-Naive", "Dis-DDSS", "ProxASVRG", "ProxASAGA",
            "PSE-Safe", "PSE-Strong")
 OPTIONS = (
     Option("loss", "squared", "Lasso or l1-logistic", choices=("squared", "logistic")),
-    Option("lam_ratio", 0.1, "λ / λ_max", low=0.0, high=1.0, low_open=True),
-    Option("n", 10_000, "samples of the synthetic default", low=10),
-    Option("p", 100_000, "features of the synthetic default", low=10),
-    Option("density", 1e-3, "density of the synthetic default", low=0.0, high=1.0,
+    Option("lam_ratio", 0.3, "λ / λ_max", low=0.0, high=1.0, low_open=True),
+    Option("n", 2000, "samples of the synthetic default (the paper's scale: 10,000+)", low=10),
+    Option("p", 20_000, "features of the synthetic default (the paper's scale: 100,000+)",
+           low=10),
+    Option("density", 2e-3, "density of the synthetic default", low=0.0, high=1.0,
            low_open=True),
-    Option("support", 100, "planted non-zeros", low=1),
+    Option("support", 20, "planted non-zeros", low=1),
     Option("inner", None, "updates per outer iteration (default n)", kind="int", low=1),
     Option("workers", 8, "emulated workers / threads", low=1),
     Option("step_grid", [0.25, 1.0, 4.0], "step sizes in units of 1/L", kind="floats",

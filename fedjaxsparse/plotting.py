@@ -177,8 +177,11 @@ def log_axis(ax, axis: str = "y", values: Sequence[float] | None = None) -> None
       for v in (ln.get_ydata() if axis == "y" else ln.get_xdata())]
   pos = [v for v in data if math.isfinite(v) and v > 0]
   if pos and math.floor(math.log10(min(pos))) == math.floor(math.log10(max(pos))):
-    ax_.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=7))
-    ax_.set_major_formatter(ticker.LogFormatterSciNotation(labelOnlyBase=False))
+    lo, hi = min(pos), max(pos)
+    subs = (1.0, 2.0, 5.0) if hi / lo > 2.5 else (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
+                                                  6.0, 8.0)
+    ax_.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
+    ax_.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))  # plain numbers
 
 
 def integer_axis(ax, axis: str = "x") -> None:
