@@ -34,7 +34,7 @@ DEFAULTS = dict(rounds=150, clients=20, dataset="digits", eval_every=5)
 QUICK = dict(rounds=20, clients=6, eval_every=2)
 QUICK_RUNTIME = "measured 14 s on 2 CPU cores (a fresh process, XLA's default flags)"
 BUDGET = "communication rounds per method"
-RUNTIME = "about 15 s (4 methods x 150 rounds, softmax regression on digits; measured 12 s)"
+RUNTIME = "about 20 s (4 methods x 150 rounds, softmax regression on digits; measured 19 s)"
 OPTIONS = (
     Option("model", "softmax", "client model; cnn is the FedAvg CNN (1.7 M parameters): on "
            "Fashion-MNIST-sized clients its full-batch FedSGD step needs a GPU",

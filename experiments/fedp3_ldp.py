@@ -38,7 +38,8 @@ DEFAULTS = dict(rounds=200, clients=10, dataset="digits", eval_every=50)
 QUICK = dict(rounds=4, eval_every=2, options=dict(seeds=1, epsilons=[1, 8], gammas=[0.5]))
 QUICK_RUNTIME = "measured 14 s on 2 CPU cores (a fresh process, XLA's default flags)"
 BUDGET = "iterations (each one communication round)"
-RUNTIME = "a few minutes on 2 CPU cores"
+RUNTIME = ("about 1.5 min on 2 CPU cores (measured 83 s: no noise and 5 values of ε, "
+           "γ tuned over 2 values for each)")
 OPTIONS = (
     Option("epsilons", [0.5, 1.0, 2.0, 4.0, 8.0], "privacy budgets ε (a no-noise run is added)",
            kind="floats", low=0.0, low_open=True),

@@ -60,8 +60,9 @@ QUICK_RUNTIME = "measured 27 s on 2 CPU cores (a fresh process, XLA's default fl
 BUDGET = ("iterations (local gradient steps) per method; ProxSkip-family methods communicate "
           "with probability p per iteration, FedHT/FedIHT run rounds/L communication rounds of "
           "L local steps, so every method takes the same local steps")
-RUNTIME = ("about 40 s (9 methods x 3000 iterations on digits, evaluated at every iteration; "
-           "measured 36 s); with --set search=8 --set seeds=5 about 13 min (measured 768 s)")
+RUNTIME = ("about a minute (9 methods x 3000 iterations on digits, evaluated at every "
+           "iteration; measured 55 s); with --set search=8 --set seeds=5 about 13 min "
+           "(measured 768 s)")
 OPTIONS = (
     Option("sparsity", 0.9, "target sparsity of the evaluated (Top-K'd) model", low=0.0,
            high=1.0, high_open=True),
