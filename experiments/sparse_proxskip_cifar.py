@@ -97,6 +97,15 @@ PAPERS = {"figure4": PaperConfig(
                "statistics do not average across clients)")}
 
 
+def empty_layers(params, sparsity: float) -> list[str]:
+  """The weight matrices and kernels (leaves of rank ≥ 2) of which the global Top-K at
+  ``sparsity`` keeps no entry — layers a magnitude-pruned ReLU network loses entirely."""
+  kept = top_k(params, sparsity=sparsity)
+  return [jax.tree_util.keystr(path) for (path, a), b in
+          zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(kept))
+          if np.ndim(a) >= 2 and not np.any(np.asarray(b) != 0)]
+
+
 def _load(cfg: Config, name: str, opts: dict):
   kw = dict(num_clients=cfg.clients, partition="dirichlet_lognormal", alpha=opts["alpha"],
             sigma=opts["sigma"], seed=cfg.seed)
@@ -198,6 +207,14 @@ def _run(cfg: Config, opts: dict) -> dict:
     for row in rows:
       row["status"] = status(records[row["method"]])
   table = print_table(rows, list(rows[0]))
+  empty = empty_layers(params, sparsity)
+  if empty:
+    print(f"note: the global Top-K of the initial model at {sparsity:.0%} sparsity keeps no "
+          f"weight of {', '.join(empty)}: a ReLU network with an empty layer has a constant "
+          f"output and no gradient through it, so the methods that train the sparse model "
+          f"({SPS_LOCAL}, {SPS}) cannot learn on this model (train loss ln 10); the paper's "
+          f"ResNet-18 keeps weights in every layer — run it with --set model=resnet18, or "
+          f"lower --set sparsity")
   if paper is not None and cfg.paper:
     print(f"{paper.source}: the paper shows a figure only (no numbers to print beside ours); "
           f"protocol deviations: {paper.deviations}")
@@ -207,7 +224,7 @@ def _run(cfg: Config, opts: dict) -> dict:
              "settings": {m: dict(zip(("lr", "clip", "local_steps", "batch_size"), v))
                           for m, v in setting.items()},
              "seed_statistics": seed_stats, "table": rows, "table_text": table,
-             "methods": records}
+             "empty_layers_at_init": empty, "methods": records}
   path = save_results(cfg, NAME, results)
   png = plot_methods(records, "accuracy", os.path.join(out, f"{NAME}.png"),
                      title=f"{label}, {model_name}, {sparsity:.0%} sparsity",

@@ -62,6 +62,18 @@ def test_sparse_proxskip_cifar_cpu_stand_in(quick):
                                   "Sparse-ProxSkip-Local", "Sparse-ProxSkip", "FedAvg"]
   sps = res["methods"]["Sparse-ProxSkip"]["history"]["rounds"]
   assert max(sps["sum_h_norm"]) < 1e-3 * max(1.0, max(sps["mean_h_norm"]) * 4)  # n = 4
+  # why the sparse-trained methods stay at chance on this stand-in, said rather than hidden:
+  # 90 % global Top-K of the small CNN's initial weights empties its second convolution
+  assert res["empty_layers_at_init"] == ["['Conv_1']['kernel']"]
+
+
+def test_empty_layers_are_the_kernels_global_top_k_keeps_nothing_of():
+  import jax.numpy as jnp
+  from fedjaxsparse.experiments.sparse_proxskip_cifar import empty_layers
+  params = {"a": {"kernel": jnp.full((3, 3), 5.0), "bias": jnp.zeros(3)},
+            "b": {"kernel": jnp.full((4, 4), 0.1)}, "c": jnp.full((2, 2), 1.0)}
+  assert empty_layers(params, 1 - 9 / 32) == ["['b']['kernel']", "['c']"]  # K = 9: a only
+  assert empty_layers(params, 0.0) == []
 
 
 def test_efbv_logreg_small(quick):
