@@ -97,6 +97,16 @@ PAPERS = {"figure4": PaperConfig(
                "statistics do not average across clients)")}
 
 
+def _rising(record: dict) -> str | None:
+  """A status for a run whose training loss ended above twice its first value (diverging
+  without a NaN, e.g. at a step size too large for the model), else ``None``."""
+  losses = [v for v in record["history"]["rounds"].get("loss", []) if v is not None
+            and np.isfinite(v)]
+  if len(losses) >= 2 and losses[-1] > 2 * losses[0]:
+    return f"diverging: train loss {losses[0]:.3g} -> {losses[-1]:.3g}"
+  return None
+
+
 def empty_layers(params, sparsity: float) -> list[str]:
   """The weight matrices and kernels (leaves of rank ≥ 2) of which the global Top-K at
   ``sparsity`` keeps no entry — layers a magnitude-pruned ReLU network loses entirely."""
@@ -203,9 +213,11 @@ def _run(cfg: Config, opts: dict) -> dict:
       st = seed_stats[m]
       row[f"accuracy mean ± s.e. ({opts['seeds']} seeds)"] = f"{st['mean']:.4f} ± {st['se']:.4f}"
     rows.append(row)
-  if any(r["diverged"] for r in records.values()):
+  rising = {m: _rising(r) for m, r in records.items()}
+  if any(r["diverged"] for r in records.values()) or any(rising.values()):
     for row in rows:
-      row["status"] = status(records[row["method"]])
+      rec = records[row["method"]]
+      row["status"] = status(rec) if rec["diverged"] else (rising[row["method"]] or "ok")
   table = print_table(rows, list(rows[0]))
   empty = empty_layers(params, sparsity)
   if empty:

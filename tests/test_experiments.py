@@ -65,6 +65,10 @@ def test_sparse_proxskip_cifar_cpu_stand_in(quick):
   # why the sparse-trained methods stay at chance on this stand-in, said rather than hidden:
   # 90 % global Top-K of the small CNN's initial weights empties its second convolution
   assert res["empty_layers_at_init"] == ["['Conv_1']['kernel']"]
+  for row in res["table"]:  # a training loss that climbs past twice its start is marked
+    loss = res["methods"][row["method"]]["history"]["rounds"]["loss"]
+    rising = loss[-1] > 2 * loss[0]
+    assert row.get("status", "ok").startswith("diverging") == rising, row
 
 
 def test_empty_layers_are_the_kernels_global_top_k_keeps_nothing_of():
