@@ -7,6 +7,7 @@ by the environment variable ``FEDJAXSPARSE_FASHION_MNIST`` if it is set, else De
 :func:`fedjaxsparse.data.standins.fashion_mnist_standin`)."""
 from __future__ import annotations
 
+import functools
 import gzip
 import math
 import os
@@ -100,6 +101,18 @@ def _find(data_dir: str, stem: str) -> str:
       f"and pass it as data_dir (CLI: --data-dir) or in ${ENV_VAR}.")
 
 
+@functools.lru_cache(maxsize=1)
+def _standins() -> tuple:
+  """Both stand-in splits, generated once (a train and a test load each need one)."""
+  from fedjaxsparse.data.standins import fashion_mnist_standin
+  return fashion_mnist_standin(*STANDIN_SIZE, seed=0)
+
+
+def _standin_split(split: str):
+  train, test = _standins()
+  return train if split == "train" else test
+
+
 def load_arrays(data_dir: str | None = None, split: str = "train", standin: bool = False):
   """``(x float32 [n, 28, 28, 1] in [0, 1], y int32 [n])`` of one split.
 
@@ -112,10 +125,8 @@ def load_arrays(data_dir: str | None = None, split: str = "train", standin: bool
   if split not in FILES:
     raise ValueError(f"split must be one of {tuple(FILES)}, got {split!r}.")
   if standin:
-    from fedjaxsparse.data.standins import fashion_mnist_standin
-    (x, y), (xt, yt) = fashion_mnist_standin(*STANDIN_SIZE, seed=0)
-    x, y = (x, y) if split == "train" else (xt, yt)
-    return x[..., None].astype(np.float32) / 255.0, y.astype(np.int32)
+    x, y = _standin_split(split)
+    return x[..., None].astype(np.float32) / 255.0, y.astype(np.int32)  # fresh copies
   data_dir = data_dir or default_dir()
   image_path, label_path = (_find(data_dir, s) for s in FILES[split])
   images, labels = read_idx(image_path), read_idx(label_path)
