@@ -24,6 +24,7 @@ sum into one rounding in one program and not in the other. Such tests carry the
 emitters (:func:`pytest_pyfunc_call`); benchmarks measure at XLA's defaults."""
 import atexit
 import os
+import re
 import shutil
 import tempfile
 
@@ -93,12 +94,121 @@ def real_fashion_mnist_dir() -> str:
 QUICK_LIMIT_S = 120.0  # an experiment's quick setting must finish within this on 2 CPU cores
 
 
+# ---------------------------------------------------------------------------------------------
+# Golden numbers: the library's numerics guard. Every experiment's quick run (the ``quick``
+# fixture) and every notebook's tiny run (tests/test_notebook.py) compares its numbers with
+# ``tests/golden/<test>.npz`` (pytest-regressions' ``ndarrays_regression``). Regenerate them
+# after a change that is *meant* to move numbers with ``python tests/golden/regenerate.py``.
+#
+# What is compared: every number of ``results.json`` (nested keys joined by "/"), except
+# wall-clock measurements (keys such as ``time_s``, ``wall_time_s``, ``seconds``, ``timings``)
+# and strings; for a notebook, every number it prints, line by line, except lines that report
+# times, progress bars or versions and devices. Integers (counts, bits held as integers,
+# rounds) must match exactly.
+# Floats: within rtol 1e-5 (plus atol 1e-9): on one host the runs are bitwise deterministic
+# (checked by running each twice), but XLA:CPU compiles for the host's instruction set, so
+# another CPU may round a fused multiply-add differently in the last bit, which a tiny run's
+# few hundred steps grow to ~1e-7 relative. A printed number is compared within one unit of
+# its last printed digit (a last-bit change can flip a rounded digit); one printed without a
+# decimal point (a count) exactly.
+# ---------------------------------------------------------------------------------------------
+GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
+GOLDEN_TOLERANCE = dict(rtol=1e-5, atol=1e-9)
+# a key is a wall-clock measurement when one of its words is one of these (``"time (s)"``,
+# ``"train s"``, ``wall_time_s``; ``mask_search``: FedSpa's Table 5 time ratios)
+_TIMING_WORDS = {"s", "ms", "time", "times", "seconds", "wall", "timing", "timings", "elapsed",
+                 "took", "host", "backend", "date", "mask_search"}
+# printed lines that report times, progress bars or the software and hardware in use
+_TIMING_LINE = re.compile(r"\d\s?(s|ms|µs|sec|seconds|min)\b|it/s|s/it|\btook\b|\bwall\b|"
+                          r"\btime|\bseconds?\b|%\||\bjax \d|\bversion|Device\(")
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?!\w|\.\d)")
+
+
+def golden_numbers(tree) -> dict:
+  """The numbers of a JSON-like ``tree`` as ``{"key/0/sub": array}`` (see above)."""
+  import numpy as np
+  out = {}
+
+  def visit(x, path):
+    if isinstance(x, dict):
+      for k, v in x.items():
+        words = set(re.split(r"[^a-z0-9]+", str(k).lower())) | {str(k)}
+        if not words & _TIMING_WORDS:
+          visit(v, f"{path}/{k}" if path else str(k))
+    elif isinstance(x, (list, tuple)):
+      if x and all(isinstance(v, (int, float)) or v is None for v in x):
+        ints = all(isinstance(v, int) for v in x)
+        out[path] = np.array([np.nan if v is None else v for v in x],
+                             np.int64 if ints else np.float64)
+      else:
+        for i, v in enumerate(x):
+          visit(v, f"{path}/{i}")
+    elif isinstance(x, bool):
+      out[path] = np.array(int(x))
+    elif isinstance(x, int):
+      out[path] = np.array(x, np.int64)
+    elif isinstance(x, float):
+      out[path] = np.array(x, np.float64)
+
+  visit(tree, "")
+  return out
+
+
+def golden_text_numbers(text: str) -> tuple[dict, dict]:
+  """The numbers printed in ``text``, one key each (the line's number and text with numbers as
+  ``#``, then the number's place in the line), and a tolerance per key: one unit of its last
+  printed digit (a number printed without a decimal point must match exactly)."""
+  import numpy as np
+  out, tolerances = {}, {}
+  for i, line in enumerate(text.splitlines()):
+    found = _NUMBER.findall(line)
+    if not found or _TIMING_LINE.search(line):
+      continue
+    line_key = f"{i:03d} " + _NUMBER.sub("#", line).strip()[:80].replace("/", "|")
+    for j, v in enumerate(found):
+      mantissa = v.lower().split("e")[0]
+      if "." in mantissa:
+        out[f"{line_key} [{j}]"] = np.array(float(v))
+        tolerances[f"{line_key} [{j}]"] = dict(
+            GOLDEN_TOLERANCE, atol=1.01 * float(f"1e{v.lower().split('e')[1] if 'e' in v.lower() else 0}")
+            * 10.0 ** -len(mantissa.split(".")[1]))
+      else:
+        out[f"{line_key} [{j}]"] = np.array(int(mantissa)) if "e" not in v.lower() \
+            else np.array(float(v))
+  return out, tolerances
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests that check golden numbers carry the ``golden`` marker (``pytest -m golden``)."""
+  for item in items:
+    if "golden" in getattr(item, "fixturenames", ()):
+      item.add_marker(pytest.mark.golden)
+
+
 @pytest.fixture
-def quick(tmp_path):
+def golden(request, ndarrays_regression):
+  """``golden(results_or_printed_text, name="")``: compares the numbers with
+  ``tests/golden/<test file>__<test>[__name].npz`` (see above)."""
+  def check(data, name: str = ""):
+    stem = f"{request.path.stem}__{request.node.name}" + (f"__{name}" if name else "")
+    stem = re.sub(r"[^\w.-]+", "_", stem)
+    if isinstance(data, str):
+      numbers, tolerances = golden_text_numbers(data)
+    else:
+      numbers, tolerances = golden_numbers(data), {}
+    assert numbers, "nothing to compare"
+    ndarrays_regression.check(numbers, fullpath=os.path.join(GOLDEN_DIR, stem + ".npz"),
+                              tolerances=tolerances, default_tolerance=GOLDEN_TOLERANCE)
+  return check
+
+
+@pytest.fixture
+def quick(tmp_path, golden):
   """``quick(experiment, *flags) -> results``: runs ``fedjaxsparse run EXPERIMENT --quick``
   (plus ``flags``, which override the quick setting) into ``tmp_path`` and checks that it
   succeeds within ``QUICK_LIMIT_S`` — with every figure it saves checked for overlapping or
-  escaping text (``FEDJAXSPARSE_CHECK_PLOTS``). Returns its ``results.json``."""
+  escaping text (``FEDJAXSPARSE_CHECK_PLOTS``) and its numbers against the golden ones.
+  Returns its ``results.json``."""
   import json
   import time
 
@@ -111,7 +221,9 @@ def quick(tmp_path):
     took = time.perf_counter() - start
     assert took < QUICK_LIMIT_S, f"{experiment} --quick took {took:.0f} s"
     with open(tmp_path / experiment / "results.json") as f:
-      return json.load(f)
+      results = json.load(f)
+    golden(results, experiment)
+    return results
 
   return run
 

@@ -1,0 +1,40 @@
+"""The golden-numbers guard (tests/conftest.py) compares what it should: every number of a
+result except wall-clock measurements, every printed number except times and versions, and a
+changed number fails the check."""
+import numpy as np
+import pytest
+from conftest import GOLDEN_TOLERANCE, golden_numbers, golden_text_numbers
+
+
+def test_result_numbers_keep_metrics_and_drop_wall_clock_measurements():
+  res = {"table": [{"method": "FedAvg", "accuracy": 0.5, "time (s)": 1.2, "train s": 3.0,
+                    "bits": 12, "curve": [1.0, None, 0.5]}],
+         "wall_time_s": 9.0, "mask_search": {"ratio": 0.2}, "converged": True}
+  got = golden_numbers(res)
+  assert set(got) == {"table/0/accuracy", "table/0/bits", "table/0/curve", "converged"}
+  assert got["table/0/bits"].dtype == np.int64 and got["converged"] == 1
+  np.testing.assert_array_equal(got["table/0/curve"], [1.0, np.nan, 0.5])
+
+
+def test_printed_numbers_carry_one_unit_of_their_last_digit():
+  got, tol = golden_text_numbers("acc 0.812 at round 20/30\nrun took 3.2 s\njax 0.10.2 on cpu\n"
+                                 "bits 1.50e+03")
+  assert sorted(got) == ["000 acc # at round #|# [0]", "000 acc # at round #|# [1]",
+                         "000 acc # at round #|# [2]", "003 bits # [0]"]
+  assert tol["000 acc # at round #|# [0]"]["atol"] == pytest.approx(1.01e-3)
+  assert "000 acc # at round #|# [1]" not in tol   # a count: exact
+  assert got["000 acc # at round #|# [1]"].dtype.kind == "i"
+  assert tol["003 bits # [0]"]["atol"] == pytest.approx(10.1)
+
+
+def test_a_moved_number_fails_the_check(ndarrays_regression, tmp_path):
+  path = tmp_path / "g.npz"
+  np.savez(path, **golden_numbers({"loss": 1.0, "bits": 8}))
+  ndarrays_regression.check(golden_numbers({"loss": 1.0 + 1e-7, "bits": 8}), fullpath=path,
+                            default_tolerance=GOLDEN_TOLERANCE)
+  with pytest.raises(AssertionError):
+    ndarrays_regression.check(golden_numbers({"loss": 1.0 + 1e-3, "bits": 8}), fullpath=path,
+                              default_tolerance=GOLDEN_TOLERANCE)
+  with pytest.raises(AssertionError):
+    ndarrays_regression.check(golden_numbers({"loss": 1.0, "bits": 9}), fullpath=path,
+                              default_tolerance=GOLDEN_TOLERANCE)
