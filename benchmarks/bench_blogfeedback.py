@@ -5,7 +5,7 @@ local gradients, 90 % sparsity, 10⁴ iterations (seed 000 §4.1's setting).
 Compared in one process, all timings with ``block_until_ready`` and compile time apart:
   * compiled, padded: the whole run as ``lax.scan`` chunks, every client padded to the
     largest;
-  * compiled, bucketed: the same with clients in size buckets (``fedjaxsparse.clients``);
+  * compiled, bucketed: the same with clients in size buckets (``fedjaxsparse.runtime.clients``);
   * reference: the same mathematics as a Python loop over clients — one jitted gradient step
     per client per iteration on its exact (unpadded) data, the coin drawn on the host, the
     communication done with jitted ops (the papers' per-client style).
@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.clients import bucketize
-from fedjaxsparse.constants import linear_model_constants
+from fedjaxsparse.runtime.clients import bucketize
+from fedjaxsparse.convex.constants import linear_model_constants
 from fedjaxsparse.data import lognormal_sizes, pack_clients
 from fedjaxsparse.models import linear_regression, make_loss
-from fedjaxsparse.runner import build_chunk, split_run_key
-from fedjaxsparse.sparsity import top_k
+from fedjaxsparse.runtime.runner import build_chunk, split_run_key
+from fedjaxsparse.ops.sparsity import top_k
 
 
 def make_problem(num_clients: int, mean_size: int, sigma: float, seed: int = 0):

@@ -1,7 +1,7 @@
 """Client execution strategies for convolutional clients: one local SGD step of the FedAvg
 CNN (McMahan et al. 2017) for C clients × B images, against one model on all C·B images.
 
-Strategies (``fedjaxsparse.clients.STRATEGIES``, all behind ``map_clients``): ``vmap`` (one
+Strategies (``fedjaxsparse.runtime.clients.STRATEGIES``, all behind ``map_clients``): ``vmap`` (one
 batched kernel: under vmap each convolution becomes a grouped convolution), ``map``
 (``lax.map``, one client at a time in a loop), ``unroll`` (the clients written out one after
 another inside the jitted program) and ``unroll:G`` (``lax.map`` over groups of G unrolled
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjaxsparse.clients import map_clients, with_strategy
+from fedjaxsparse.runtime.clients import map_clients, with_strategy
 from fedjaxsparse.data import pack_clients
 from fedjaxsparse.models import cnn, make_loss, resnet18
 
@@ -145,7 +145,7 @@ def runner_rows(args, model, loss, params, data, flat) -> list[dict]:
   batches of all C·B images (loop-free). Steady ms per round from the difference of a long and
   a short run (each run compiles once); the final models of all strategies are compared."""
   from fedjaxsparse.algorithms.fedavg import fedavg
-  from fedjaxsparse.runner import run
+  from fedjaxsparse.runtime.runner import run
   c, e = args.clients, args.local_steps
   algo = fedavg(loss, optax.sgd(0.05), local_steps=e, batch_size=args.batch)
   opt = optax.sgd(0.05)

@@ -54,7 +54,7 @@ import numpy as np
 import scipy
 import scipy.sparse as sp
 
-from fedjaxsparse import screening as SC
+from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.algorithms import ddss as DD
 from fedjaxsparse.data import sparse_rows as SR
 

@@ -18,7 +18,7 @@ seconds reported apart; every timing ends with ``jax.block_until_ready``):
     S_max = E·⌈max_k n_k/B⌉ steps of which the ones past its own S_k are masked out; one
     warm-up, then the median of ``--repeats`` rounds.
   * ``library (<strategy>)``: the same step with the clients run by the strategy the runner
-    picks on this backend (:func:`fedjaxsparse.clients.choose_strategy`: on CPU, convolutions
+    picks on this backend (:func:`fedjaxsparse.runtime.clients.choose_strategy`: on CPU, convolutions
     run ``"unroll"``, written out one client after another), when it is not ``vmap``.
   * ``loop``: a Python ``for`` over the K cohort clients and, inside it, a Python ``for``
     over that client's S_k steps, each ONE call of a jitted PSM step (regenerate the client's
@@ -59,13 +59,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import masking as M
-from fedjaxsparse.aggregation import client_weights
+from fedjaxsparse.ops import noise_masks as M
+from fedjaxsparse.ops.aggregation import client_weights
 from fedjaxsparse.algorithms.fedmrn import fedmrn
-from fedjaxsparse.clients import choose_strategy, with_strategy
+from fedjaxsparse.runtime.clients import choose_strategy, with_strategy
 from fedjaxsparse.data import pack_clients
 from fedjaxsparse.models import bn_cnn, make_loss
-from fedjaxsparse.sampling import client_keys, epoch_minibatch, epoch_steps, sample_cohort
+from fedjaxsparse.ops.sampling import client_keys, sample_cohort
+from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
 
 NOISE_SCALE = 1e-2
 CLASSES = 10

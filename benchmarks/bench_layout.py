@@ -1,6 +1,6 @@
 """The automatic client layout: compile time and speed of padded, automatic and many buckets.
 
-``fedjaxsparse.clients.auto_layout`` picks the fewest size buckets (≤ 8) whose padded work is
+``fedjaxsparse.runtime.clients.auto_layout`` picks the fewest size buckets (≤ 8) whose padded work is
 within 25 % of the real work. Every bucket is another copy of the kernel in the compiled
 program, so more buckets trade compile time for less padding. Measured in one process, for
 Sparse-ProxSkip (iteration form, full local gradients, 90 % sparsity), per layout: the
@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.clients import BucketedData, auto_layout, bucketize, padded_work
+from fedjaxsparse.runtime.clients import BucketedData, auto_layout, bucketize, padded_work
 from fedjaxsparse.data import lognormal_sizes, pack_clients
 from fedjaxsparse.data.standins import blogfeedback_standin
 from fedjaxsparse.models import linear_regression, make_loss, softmax_regression
-from fedjaxsparse.runner import build_chunk, split_run_key
+from fedjaxsparse.runtime.runner import build_chunk, split_run_key
 
 
 def small_clients(num_clients: int = 1000, mean: int = 18, seed: int = 0):

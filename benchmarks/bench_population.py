@@ -4,7 +4,7 @@ EF-BV with partial participation (EF21-PP, λ = ν = 1, Top-K uplinks) of softma
 (784 × 10 weights) over ``--clients`` clients (10⁵ by default) with ``--examples`` examples
 each, ``--cohort`` clients per round. Each client's control variate h_i has the model's
 7,850 entries, so the population's state is N × 31 KB (3.1 GB at 10⁵ clients), plus its data.
-Reported per residence (``fedjaxsparse.population``): the device bytes the compiled round
+Reported per residence (``fedjaxsparse.runtime.population``): the device bytes the compiled round
 program needs (arguments + outputs + temporaries, from XLA's memory analysis — the figure
 that must fit on an accelerator), the live device bytes after the run, ms per round, and
 whether the two residences end with the same model (bitwise).
@@ -23,12 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import compressors as C
-from fedjaxsparse import population as pop
+from fedjaxsparse.ops import compressors as C
+from fedjaxsparse.runtime import population as pop
 from fedjaxsparse.algorithms.efbv import ef_bv_pp
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runner import build_chunk, split_run_key
+from fedjaxsparse.runtime.runner import build_chunk, split_run_key
 
 
 def program_bytes(compiled) -> int:

@@ -1,5 +1,5 @@
 """Post-training pruning of every linear layer of a small LLaMA-style LM: the library's
-one-XLA-program-per-block pruning (``fedjaxsparse.sequential.prune_block``) against a plain
+one-XLA-program-per-block pruning (``fedjaxsparse.pruning.sequential.prune_block``) against a plain
 per-layer Python/numpy implementation of the same mathematics, in the same process, from the
 same random weights and the same calibration statistics.
 
@@ -54,10 +54,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import calibration as CB
-from fedjaxsparse import dsnot as D
-from fedjaxsparse import scores as S
-from fedjaxsparse import sequential as SQ
+from fedjaxsparse.pruning import calibration as CB
+from fedjaxsparse.pruning import dsnot as D
+from fedjaxsparse.pruning import scores as S
+from fedjaxsparse.pruning import sequential as SQ
 from fedjaxsparse.models import transformer as T
 
 METHODS = ("magnitude", "wanda", "ria", "wanda+dsnot")

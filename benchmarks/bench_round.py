@@ -22,11 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjaxsparse.aggregation import weighted_mean
+from fedjaxsparse.ops.aggregation import weighted_mean
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runner import build_chunk, split_run_key
+from fedjaxsparse.runtime.runner import build_chunk, split_run_key
 
 
 def make_data(num_clients: int, examples: int, dim: int, classes: int, seed: int = 0):

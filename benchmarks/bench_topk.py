@@ -1,5 +1,5 @@
 """Top-K masks on large vectors: ``lax.top_k`` + scatter against the bisection on the bit
-pattern of the k-th largest magnitude (``fedjaxsparse.sparsity``'s two paths; the library
+pattern of the k-th largest magnitude (``fedjaxsparse.ops.sparsity``'s two paths; the library
 takes ``lax.top_k`` for k ≤ d/50) and a full ``argsort``.
 
 For d in ``--dims`` (default 1e5, 1e6 and ResNet-18's 11.2M) and k in ``--fractions`` of d:
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.sparsity import _largest, _largest_bisection, _largest_top_k
+from fedjaxsparse.ops.sparsity import _largest, _largest_bisection, _largest_top_k
 
 
 def _argsort(keys, k):

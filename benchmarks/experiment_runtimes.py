@@ -21,7 +21,7 @@ import time
 
 def measure(name: str, quick: bool, timeout_s: float) -> dict:
   with tempfile.TemporaryDirectory() as out:
-    cmd = [sys.executable, "-m", "fedjaxsparse.cli", "run", name, "--no-progress", "--out", out]
+    cmd = [sys.executable, "-m", "fedjaxsparse.harness.cli", "run", name, "--no-progress", "--out", out]
     if quick:
       cmd.append("--quick")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",
@@ -44,7 +44,7 @@ def main() -> None:
   parser.add_argument("--timeout", type=float, default=7200)
   parser.add_argument("--out", default="benchmarks/results")
   args = parser.parse_args()
-  from fedjaxsparse.cli import experiments
+  from fedjaxsparse.harness.cli import experiments
   names = sorted(experiments()) if not args.only else args.only
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "experiment_runtimes.json")

@@ -1,3 +1,3 @@
 """Experiments runnable with ``fedjaxsparse run NAME`` (installed as
 ``fedjaxsparse.experiments``). Each module defines ``NAME``, ``DESCRIPTION``, ``DEFAULTS`` and
-``run(cfg)``; see :mod:`fedjaxsparse.experiment`."""
+``run(cfg)``; see :mod:`fedjaxsparse.harness.experiment`."""

@@ -24,12 +24,12 @@ seed — Uniform from its smaller network's):
   same total shrinkage Σ_t η_t λ as a 300-epoch CIFAR run).
 
 Each final model is pruned physically: groups with w = 0 (OTO: groups that are exactly zero)
-are zeroed (:func:`fedjaxsparse.zig.scale_groups`), removed (:func:`fedjaxsparse.zig.compress`)
+are zeroed (:func:`fedjaxsparse.pruning.zig.scale_groups`), removed (:func:`fedjaxsparse.pruning.zig.compress`)
 and the *smaller* network is rebuilt and evaluated; its logits are compared with the masked
 (virtual-gate) model's on ``check_size`` test images (the ``max |Δlogit|`` column, zero up to
 float error by zero-invariance). Reported: validation and test top-1 %, Δ test vs Dense,
 pruned FLOPs % = 1 − MACs(small)/MACs(dense) (the DMC-style count of
-:func:`fedjaxsparse.zig.flops`, an assumption: the seed gives no formula), parameters; means
+:func:`fedjaxsparse.pruning.zig.flops`, an assumption: the seed gives no formula), parameters; means
 over ``seeds``.
 BatchNorm is the library's current-batch BatchNorm (no running statistics): evaluation runs in
 batches of ``eval_batch``.
@@ -78,15 +78,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjaxsparse import zig as Z
+from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.algorithms import ato as A
-from fedjaxsparse.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
+from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.errors import CheckpointExistsError, ConfigError, RunMismatchError
-from fedjaxsparse.experiment import (Config, Option, entry, name_list, output_dir, print_table,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir, print_table,
                                      save_results)
 from fedjaxsparse.models import prunable as P
-from fedjaxsparse.plotting import plot_curves
-from fedjaxsparse.protocol import PaperConfig, mean_se
+from fedjaxsparse.harness.plotting import plot_curves
+from fedjaxsparse.harness.protocol import PaperConfig, mean_se
 
 NAME = "ato_prune"
 DESCRIPTION = ("Seed 004 Table 4: Auto-Train-Once (ATO, ATO-HSP) vs Dense, Uniform and OTO "

@@ -39,17 +39,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import accounting, samplers
-from fedjaxsparse import prox_solvers as P
+from fedjaxsparse.ops import accounting, sampling
+from fedjaxsparse.convex import prox_solvers as P
 from fedjaxsparse.algorithms import sppm
-from fedjaxsparse.constants import logistic_optimum
+from fedjaxsparse.convex.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.experiment import (Config, Option, Steps, entry, name_list, output_dir,
+from fedjaxsparse.harness.experiment import (Config, Option, Steps, entry, name_list, output_dir,
                                      print_table, save_results)
 from fedjaxsparse.models import logistic_regression, make_loss
-from fedjaxsparse.protocol import check_claim
+from fedjaxsparse.harness.protocol import check_claim
 
 NAME = "cohort_squeeze_logreg"
 DESCRIPTION = "Seed 001 ch. 5: SPPM-AS total cost T*K vs K, LocalGD, sampling/baselines/gamma"
@@ -162,7 +162,7 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   grads = np.asarray(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(
       {"w": x_opt}, data.x, data.y, data.mask)["w"])  # a_i = ∇f_i(x⋆)
   l_max = float(np.max([mu + np.sum(x[p].astype(np.float64) ** 2) / (4 * len(p)) for p in parts]))
-  ss, bs = samplers.stratified(blocks), samplers.block(blocks)
+  ss, bs = sampling.stratified(blocks), sampling.block(blocks)
   ks, lsteps = {int(k) for k in opts["ks"]}, {int(v) for v in opts["local_steps"]}
   pieces = {"cost": len(solvers) * len(opts["gammas"]) * len(ks)
                     + len(opts["local_lrs"]) * len(lsteps),
@@ -179,7 +179,7 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   study = SOLVERS[opts["study_solver"]]
   print(f"{NAME}: {label}, {cfg.clients} clients ({nc} k-means clusters x {per}), cohort "
         f"{ss.size}, mu={mu}, eps={eps}, f*={f_opt:.6g}, ||x*||^2={float(x_opt @ x_opt):.4g}, "
-        f"sigma^2_SS={samplers.sigma2_star(ss, grads):.3g}, mu_SS={samplers.mu_as(ss, mu):.3g}")
+        f"sigma^2_SS={sampling.sigma2_star(ss, grads):.3g}, mu_SS={sampling.mu_as(ss, mu):.3g}")
   results = {"experiment": NAME, "dataset": label, "clients": cfg.clients, "eps": eps,
              "seeds": seeds}
   claims = []
@@ -189,13 +189,13 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   if "sampling" in studies:
     rows = []
     for name, s in (("SPPM-SS", ss), ("SPPM-BS", bs), (f"SPPM-NICE({ss.size})",
-                                                       samplers.nice(cfg.clients, ss.size))):
+                                                       sampling.nice(cfg.clients, ss.size))):
       e = long(sppm.sppm_as(loss, s, 0.1, study(10)))
       rows.append({"sampling": name, "final error": float(e[:, -10:].mean()),
-                   "theory neighbourhood": samplers.neighbourhood(s, mu, grads, 0.1),
-                   "theory bound at T": float(samplers.theorem_bound(
+                   "theory neighbourhood": sampling.neighbourhood(s, mu, grads, 0.1),
+                   "theory bound at T": float(sampling.theorem_bound(
                        s, mu, grads, 0.1, float(e[0, 0]), opts["study_rounds"])),
-                   "sigma2_*": samplers.sigma2_star(s, grads), "mu_AS": samplers.mu_as(s, mu),
+                   "sigma2_*": sampling.sigma2_star(s, grads), "mu_AS": sampling.mu_as(s, mu),
                    "curve": e.mean(0).tolist()})
     print(f"E5.2 (Fig. 5.3), gamma = 0.1, {opts['study_solver'].upper()} K = 10")
     results["sampling"] = rows
@@ -228,7 +228,7 @@ def _experiment(cfg: Config, opts: dict) -> dict:
         e = long(sppm.sppm_as(loss, ss, gamma, study(k)))
         rows.append({"gamma": gamma, "K": k, "final error": float(e[:, -10:].mean()),
                      "rounds to eps": accounting.rounds_below(e.mean(0), eps),
-                     "neighbourhood (theory)": samplers.neighbourhood(ss, mu, grads, gamma),
+                     "neighbourhood (theory)": sampling.neighbourhood(ss, mu, grads, gamma),
                      "curve": e.mean(0).tolist()})
     print("E5.4 (Figs. D.4/D.5); rounds to eps: the first round from which the mean error stays "
           "below eps")
@@ -317,7 +317,7 @@ def _best(name: str, costs: dict) -> dict:
 
 
 def _plot(results: dict, path: str, label: str) -> str:
-  from fedjaxsparse.plotting import (integer_axis, log_axis, method_colors, method_styles, plt,
+  from fedjaxsparse.harness.plotting import (integer_axis, log_axis, method_colors, method_styles, plt,
                                      save_figure, wrap)
   panels = [p for p in ("cost", "sampling", "baselines", "gamma") if p in results]
   fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1, 4.4),

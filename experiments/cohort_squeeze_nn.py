@@ -32,17 +32,17 @@ import jax
 import numpy as np
 import optax
 
-from fedjaxsparse import samplers
-from fedjaxsparse import prox_solvers as P
+from fedjaxsparse.ops import sampling
+from fedjaxsparse.convex import prox_solvers as P
 from fedjaxsparse.algorithms import sppm
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import evaluate, make_eval_fn
-from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results)
 from fedjaxsparse.models import cohort_squeeze_cnn, make_loss
-from fedjaxsparse.plotting import method_colors, plot_methods
-from fedjaxsparse.protocol import PaperConfig, load_or_standin, validation_split
+from fedjaxsparse.harness.plotting import method_colors, plot_methods
+from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split
 
 NAME = "cohort_squeeze_nn"
 DESCRIPTION = "Seed 001 ch. 5 E5.5: SPPM-NICE (Adam prox solver) vs LocalGD, cost to accuracy"
@@ -111,7 +111,7 @@ def _run(cfg: Config, opts: dict) -> dict:
                              tuple(int(c) for c in opts["channels"]), opts["dense"])
   loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
-  nice = samplers.nice(n, tau)
+  nice = sampling.nice(n, tau)
   fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
   ks = sorted({int(k) for k in opts["ks"]})
   c1, c2, target, e, b = opts["c1"], opts["c2"], opts["target"], opts["worker_steps"], opts["batch"]

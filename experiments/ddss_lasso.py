@@ -32,14 +32,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import screening as SC
+from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.algorithms import ddss as DD
 from fedjaxsparse.algorithms import ddss_baselines as DB
 from fedjaxsparse.data import sparse_rows as SR
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.experiment import (Config, Option, Steps, entry, output_dir, print_table,
+from fedjaxsparse.harness.experiment import (Config, Option, Steps, entry, output_dir, print_table,
                                      save_results)
-from fedjaxsparse.plotting import plot_curves, plot_evals
+from fedjaxsparse.harness.plotting import plot_curves, plot_evals
 
 NAME = "ddss_lasso"
 DESCRIPTION = "Seed 004 Task 1: dynamic safe screening in async prox-SVRG (Figs. 1-3, CPU scale)"

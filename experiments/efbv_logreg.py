@@ -35,17 +35,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import compressors as C
+from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.algorithms.efbv import diana, diana_params, ef_bv, efbv_params
-from fedjaxsparse.constants import logistic_optimum
+from fedjaxsparse.convex.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.experiment import (Config, Option, entry, output_dir, print_table,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, output_dir, print_table,
                                      last, run_method, save_results, status)
 from fedjaxsparse.models import logistic_regression, make_loss
-from fedjaxsparse.plotting import method_colors, plot_evals
-from fedjaxsparse.protocol import PaperConfig, load_or_standin, paper_table
+from fedjaxsparse.harness.plotting import method_colors, plot_evals
+from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, paper_table
 
 NAME = "efbv_logreg"
 DESCRIPTION = "Seed 001 A.3: EF-BV vs EF21 (and DIANA) with comp-(k, d/2), f - f* vs bits"

@@ -15,17 +15,17 @@ import os
 import jax
 import optax
 
-from fedjaxsparse import posttrain
+from fedjaxsparse.pruning import posttrain
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.core import global_params
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.experiment import (Config, Option, bits_to_reach, entry, output_dir,
+from fedjaxsparse.harness.experiment import (Config, Option, bits_to_reach, entry, output_dir,
                                      last, print_table, run_method, save_results,
                                      status)
 from fedjaxsparse.models import get_model, make_loss
-from fedjaxsparse.plotting import plot_methods
+from fedjaxsparse.harness.plotting import plot_methods
 
 NAME = "fedavg_digits"
 DESCRIPTION = "FedSGD / FedAvg / partial participation / FedAdam on federated digits (offline)"

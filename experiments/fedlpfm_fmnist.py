@@ -10,7 +10,7 @@ everywhere; its test accuracy is printed. With CIFAR-10 prepared for tfds
 (``--dataset cifar10 --data-dir DIR``) and a local Hugging Face CLIP checkpoint
 (``--set clip=CKPT_DIR clip_prompts=IDS.npy``, the class prompts tokenised as ``[10, L]`` or
 ``[10, P, L]`` int ids, e.g. by ``CLIPTokenizer`` on "a photo of a {class}."), the teacher is
-zero-shot CLIP (:mod:`fedjaxsparse.clip`), as in the paper.
+zero-shot CLIP (:mod:`fedjaxsparse.models.clip`), as in the paper.
 
 Protocol (Table 8-10, §3.4): 10 clients, all participating; splits IID, Dirichlet(α) for
 α ∈ {1.0, 0.5, 0.1, 0.05, 0.01} and "Class Split" (2 classes per client,
@@ -53,11 +53,11 @@ from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, load_arrays
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import partition
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.experiment import (Config, Option, entry, last, name_list, output_dir,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
                                      print_table, run_method, save_results)
 from fedjaxsparse.models import cnn, make_loss, mlp
-from fedjaxsparse.plotting import plot_curves
-from fedjaxsparse.protocol import mean_se, validation_split
+from fedjaxsparse.harness.plotting import plot_curves
+from fedjaxsparse.harness.protocol import mean_se, validation_split
 
 NAME = "fedlpfm_fmnist"
 DESCRIPTION = ("Seed 004 Tables 8-12: Fed-LPFM vs FedAvg / FedProx / FML across label skews "
@@ -170,7 +170,7 @@ def _accuracy(model, params, x, y, batch: int = 500) -> float:
 def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
   """``{name: (logits_fn(x [n, ...]) -> [n, K], description, features_fn | None)}``."""
   if opts["clip"]:
-    from fedjaxsparse import clip
+    from fedjaxsparse.models import clip
     if not opts["clip_prompts"]:
       raise ValueError("clip=... needs clip_prompts=IDS.npy (the tokenised class prompts).")
     c = clip.load_config(opts["clip"])
@@ -281,7 +281,7 @@ def _dataset(cfg: Config, opts: dict, split: str):
     (x, y), (xt, yt) = (load_arrays(cfg.data_dir or default_dir(), s, cfg.dataset == STANDIN)
                         for s in ("train", "test"))
   elif cfg.dataset == "cifar10":
-    from fedjaxsparse.augment import CIFAR10_MEAN, CIFAR10_STD
+    from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD
     from fedjaxsparse.data.tfds_sources import load_split
     (x, y), (xt, yt) = (load_split("cifar10", s, cfg.data_dir) for s in ("train", "test"))
     if not opts["clip"]:   # CLIP normalises itself (clip.preprocess)

@@ -20,7 +20,7 @@ the frozen random initial weights, its deployed model evaluated). Uplink bits pe
 is each final run's wall time, compilation included, for Fig. 6's cost of compressing
 (DRIVE/EDEN's rotations against FedMRN's masks). ``FedSparsify-GMP`` (not a Table 1 row) is
 seed 000's FedSparsify: server-side gradual magnitude pruning to 97 % on the cubic schedule
-(:func:`fedjaxsparse.sparsity.gmp_sparsity`, dense uploads, sparse downlink).
+(:func:`fedjaxsparse.ops.sparsity.gmp_sparsity`, dense uploads, sparse downlink).
 
 ``--dataset svhn|cifar10|cifar100`` (tfds-prepared, ``--data-dir``; ``--paper table1_svhn``,
 ``table1_cifar10``, ``table1_cifar100``) runs the other columns with their paper numbers
@@ -45,18 +45,18 @@ import os
 import jax
 import numpy as np
 
-from fedjaxsparse import compressors as C
-from fedjaxsparse import masking as M
+from fedjaxsparse.ops import compressors as C
+from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.algorithms.fedpm import fedpm
 from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, fashion_mnist
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.experiment import (Config, Option, entry, last, name_list, output_dir,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
                                      print_table, run_method, save_results)
 from fedjaxsparse.models import bn_cnn, make_loss, mlp
-from fedjaxsparse.plotting import method_colors, plot_curves, plot_methods
-from fedjaxsparse.protocol import PaperConfig, mean_se, validation_split
-from fedjaxsparse.sparsity import gmp_sparsity
+from fedjaxsparse.harness.plotting import method_colors, plot_curves, plot_methods
+from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
+from fedjaxsparse.ops.sparsity import gmp_sparsity
 
 NAME = "fedmrn_fmnist"
 DESCRIPTION = ("Seed 003 Table 1 (FMNIST; SVHN/CIFAR with tfds data): FedMRN/FedMRNS vs FedAvg "

@@ -42,16 +42,16 @@ import jax
 import numpy as np
 import optax
 
-from fedjaxsparse import layers as LY
+from fedjaxsparse.ops import layer_groups as LY
 from fedjaxsparse.algorithms import fedp3 as F
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import hsu_dirichlet_partition, label_count_partition
 from fedjaxsparse.evaluation import make_personal_eval_fn
-from fedjaxsparse.experiment import (Config, Option, entry, last, name_list, output_dir,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
                                      print_table, run_method, save_results)
 from fedjaxsparse.models import fedp3_cnn, make_loss, mlp, resnet18
-from fedjaxsparse.plotting import method_colors, plot_methods
-from fedjaxsparse.protocol import PaperConfig, mean_se, validation_split
+from fedjaxsparse.harness.plotting import method_colors, plot_methods
+from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
 
 NAME = "fedp3_fmnist"
 DESCRIPTION = ("Seed 001 ch. 4: FedP3 layer policies, local pruning rules, global ratios and "

@@ -25,11 +25,11 @@ import numpy as np
 from fedjaxsparse.algorithms import fedp3_theory as T
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results)
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.plotting import plot_curves
-from fedjaxsparse.protocol import mean_se, validation_split
+from fedjaxsparse.harness.plotting import plot_curves
+from fedjaxsparse.harness.protocol import mean_se, validation_split
 
 NAME = "fedp3_ldp"
 DESCRIPTION = "Seed 001 ch. 4: LDP-FedP3 test accuracy against the privacy budget epsilon"

@@ -18,7 +18,7 @@ configuration, Dirichlet 0.2/0.1 as for EMNIST-L), ``digits`` (embedded, an MLP)
 prepared with tfds, ``emnist_l`` (LeNet5-Caffe, 26 classes, γ 0.2/0.1), ``cifar10`` (VGG11-GN,
 γ 0.5/0.3) and ``cifar100`` (ResNet18-GN, γ 0.2/0.1). Comm is reported in GB under the paper's
 ledger (fp32 values only) and the honest one (values + positions + DST's uploaded masks);
-FLOPs analytically (:mod:`fedjaxsparse.flops`: 6·MACs per trained example at each layer's
+FLOPs analytically (:mod:`fedjaxsparse.ops.flops`: 6·MACs per trained example at each layer's
 density, plus DST's dense regrowth batch). ``mask s`` is the wall time of DST's mask search per
 round (Table 5), measured by timing a round with and without it. The ablations of §3.4 are
 options: ``sparsity`` (Table 3), ``init=uniform`` (Table 4), ``shared_init=false`` (Fig. 6),
@@ -35,8 +35,8 @@ import time
 import jax
 import numpy as np
 
-from fedjaxsparse import flops as FL
-from fedjaxsparse import masks as MK
+from fedjaxsparse.ops import flops as FL
+from fedjaxsparse.ops import masks as MK
 from fedjaxsparse.algorithms.ditto import ditto, local
 from fedjaxsparse.algorithms.fedspa import fedspa
 from fedjaxsparse.algorithms.subfedavg import subfedavg
@@ -44,11 +44,11 @@ from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import (dirichlet_partition, hsu_dirichlet_partition,
                                          iid_partition, matching_test_sets)
 from fedjaxsparse.evaluation import client_accuracy, make_eval_fn, make_personal_eval_fn
-from fedjaxsparse.experiment import (Config, Option, entry, last, name_list, output_dir,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
                                      print_table, run_method, save_results)
 from fedjaxsparse.models import lenet5_caffe, make_loss, mlp, resnet18, vgg11
-from fedjaxsparse.plotting import method_colors, plot_methods
-from fedjaxsparse.protocol import PaperConfig, mean_se, validation_split
+from fedjaxsparse.harness.plotting import method_colors, plot_methods
+from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
 
 NAME = "fedspa_table1"
 DESCRIPTION = "Seed 002 Table 1/2: FedSpa (DST/RSM) vs Ditto, FedAvg, Sub-FedAvg, Local, Subsampling"

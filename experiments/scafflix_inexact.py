@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.algorithms.scafflix import local_optima, personalize, scafflix
-from fedjaxsparse.constants import logistic_optimum
-from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
+from fedjaxsparse.convex.constants import logistic_optimum
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results)
 from fedjaxsparse.experiments.scafflix_logreg import SPLITS, setup
-from fedjaxsparse.plotting import method_colors, plot_evals
+from fedjaxsparse.harness.plotting import method_colors, plot_evals
 
 NAME = "scafflix_inexact"
 DESCRIPTION = "Seed 001 ch. 3 Figs. 3.4/B.7: Scafflix with inexact local optima, pre-solve cost"

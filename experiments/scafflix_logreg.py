@@ -35,14 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.algorithms.scafflix import flix_sgd, local_optima, personalize, scafflix
-from fedjaxsparse.constants import logistic_optimum, scafflix_constants
+from fedjaxsparse.algorithms.scafflix import scafflix_constants
+from fedjaxsparse.convex.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results, status)
 from fedjaxsparse.models import logistic_regression, make_loss
-from fedjaxsparse.plotting import method_colors, plot_evals
+from fedjaxsparse.harness.plotting import method_colors, plot_evals
 
 NAME = "scafflix_logreg"
 DESCRIPTION = "Seed 001 ch. 3: Scafflix vs GD on FLIX, logistic regression, f~ - f~* vs rounds"
@@ -100,7 +101,7 @@ def _run(cfg: Config, opts: dict) -> dict:
 
 class Problem(NamedTuple):
   """One split logistic problem: arrays, client index sets, packed data, the loss, the
-  starting point and the constants of :func:`fedjaxsparse.constants.scafflix_constants`."""
+  starting point and the constants of :func:`fedjaxsparse.algorithms.scafflix.scafflix_constants`."""
   x: np.ndarray
   y: np.ndarray
   label: str

@@ -54,11 +54,11 @@ from fedjaxsparse.algorithms.scafflix import (flix_sgd, local_optima, make_perso
 from fedjaxsparse import evaluation
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results)
 from fedjaxsparse.models import char_lstm, cnn, make_loss
-from fedjaxsparse.plotting import method_colors, plot_personal
-from fedjaxsparse.protocol import PaperConfig, load_or_standin, mean_se, validation_split
+from fedjaxsparse.harness.plotting import method_colors, plot_personal
+from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, mean_se, validation_split
 
 NAME = "scafflix_nn"
 DESCRIPTION = "Seed 001 ch. 3 Fig. 3.2: Scafflix vs FLIX vs FedAvg, CNN / char-LSTM"

@@ -37,19 +37,19 @@ import numpy as np
 
 from fedjaxsparse.algorithms import proxskip as ps
 from fedjaxsparse.algorithms.fedht import fedht, fediht
-from fedjaxsparse.clients import auto_layout, map_clients
-from fedjaxsparse.constants import linear_model_constants
+from fedjaxsparse.runtime.clients import auto_layout, map_clients
+from fedjaxsparse.convex.constants import linear_model_constants
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.experiment import (Config, Option, bits_to_reach, entry, last, name_list,
+from fedjaxsparse.harness.experiment import (Config, Option, bits_to_reach, entry, last, name_list,
                                      output_dir, print_table, run_method, save_results, status)
 from fedjaxsparse.models import (global_mean_scale, linear_regression, make_loss,
                                  softmax_regression)
-from fedjaxsparse.plotting import method_colors, plot_methods, plot_series
-from fedjaxsparse.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
+from fedjaxsparse.harness.plotting import method_colors, plot_methods, plot_series
+from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
                                    paper_table, two_stage_search, validation_split)
-from fedjaxsparse.sparsity import k_from_sparsity, top_k
-from fedjaxsparse.sweep import run_batched
+from fedjaxsparse.ops.sparsity import k_from_sparsity, top_k
+from fedjaxsparse.runtime.sweep import run_batched
 
 NAME = "sparse_proxskip"
 DESCRIPTION = "Seed 000: Sparse-ProxSkip vs Final-TopK, FedHT, FedIHT, ASP, RandProx-l1, SPS-Local"
@@ -421,7 +421,7 @@ def _scores(cfg, opts, name, build, sparsity, k, params, train, test, eval_fn, m
 
 def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, metric):
   """Seed 000's tuning for EVERY method, baselines included: a two-stage random search
-  (:func:`fedjaxsparse.protocol.two_stage_search`) over γ ∈ [γ₀/10, 10γ₀] and 1/p ∈ [1, 100]
+  (:func:`fedjaxsparse.harness.protocol.two_stage_search`) over γ ∈ [γ₀/10, 10γ₀] and 1/p ∈ [1, 100]
   (FedHT/FedIHT: their local-step count ∈ [1, 100]), each candidate scored by its mean final
   metric over ``repetitions`` seeds on a validation split carved from the clients' training
   data; the test split is never seen. Returns ``{method: (γ, p or local steps)}``."""

@@ -31,17 +31,17 @@ import optax
 
 from fedjaxsparse.algorithms import proxskip as ps
 from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
+from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.experiment import (Config, Option, entry, last, output_dir, print_table,
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
                                      run_method, save_results, status)
 from fedjaxsparse.models import get_model, make_loss
-from fedjaxsparse.plotting import method_colors, plot_methods, plot_series
-from fedjaxsparse.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
+from fedjaxsparse.harness.plotting import method_colors, plot_methods, plot_series
+from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
                                    two_stage_search, validation_split)
-from fedjaxsparse.sparsity import top_k
-from fedjaxsparse.sweep import run_batched
+from fedjaxsparse.ops.sparsity import top_k
+from fedjaxsparse.runtime.sweep import run_batched
 
 NAME = "sparse_proxskip_cifar"
 DESCRIPTION = "Seed 000 Fig. 4: SPS family, ResNet-18 on CIFAR-10 (CPU stand-in: CNN on digits)"

@@ -40,9 +40,10 @@ import os
 import jax
 import numpy as np
 
-from fedjaxsparse import dsnot, hf, lm, scores
-from fedjaxsparse import sequential as SQ
-from fedjaxsparse.experiment import (Config, Option, Steps, entry, output_dir, print_table,
+from fedjaxsparse.pruning import dsnot, lm, scores
+from fedjaxsparse.models import hf
+from fedjaxsparse.pruning import sequential as SQ
+from fedjaxsparse.harness.experiment import (Config, Option, Steps, entry, output_dir, print_table,
                                      save_results)
 from fedjaxsparse.models.transformer import TransformerConfig
 
@@ -334,7 +335,7 @@ def _run(cfg: Config, opts: dict) -> dict:
 
 
 def _plot(rows: list[dict], path: str, title: str) -> str:
-  from fedjaxsparse.plotting import log_axis, plt, save_figure, wrap
+  from fedjaxsparse.harness.plotting import log_axis, plt, save_figure, wrap
   settings = list(dict.fromkeys(r["setting"] for r in rows[1:]))
   methods = list(dict.fromkeys(r["method"] for r in rows[1:]))
   fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(settings) * len(methods) / 2), 4.2),

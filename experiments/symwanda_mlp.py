@@ -7,7 +7,7 @@ Protocol: scikit-learn's digits (1,797 real 8×8 images), 75/25 train/test split
 MLP 64-256-256-10 (ReLU) trained full-batch with Adam (``steps``). Outlier model: ``outliers``
 input channels (drawn with the seed) are multiplied by ``scale`` in training and test alike, so
 the network learns small weights on large inputs; the control model sees the plain inputs.
-Each model is then pruned in one call (:func:`fedjaxsparse.posttrain.prune_model`, every dense
+Each model is then pruned in one call (:func:`fedjaxsparse.pruning.posttrain.prune_model`, every dense
 layer, layer-sequential calibration on ``calib`` training images) at 50/60/70 % unstructured
 (per-output groups) and 2:4 / 4:8, with magnitude, Wanda (α = 1), RIA (α = 0.5), stochRIA
 (β = 0.1, α = 1; mean over ``seeds``) and Wanda's α sweep {0, 0.5, 1, 2}; the table gives test
@@ -23,12 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjaxsparse import posttrain, scores
-from fedjaxsparse.experiment import (Config, Option, Steps, entry, output_dir, print_table,
+from fedjaxsparse.pruning import posttrain, scores
+from fedjaxsparse.harness.experiment import (Config, Option, Steps, entry, output_dir, print_table,
                                      save_results)
 from fedjaxsparse.models import mlp
-from fedjaxsparse.plotting import plot_curves
-from fedjaxsparse.protocol import check_claim
+from fedjaxsparse.harness.plotting import plot_curves
+from fedjaxsparse.harness.protocol import check_claim
 
 NAME = "symwanda_mlp"
 DESCRIPTION = "Seed 001 ch. 6: one-shot pruning of a digits MLP with planted outlier channels"

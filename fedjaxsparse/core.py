@@ -11,7 +11,7 @@ Conventions (DESIGN.md, "The shape"):
   shape ``[N, ...]``.
 * ``info`` is a NamedTuple with at least the scalar fields ``loss`` (training loss of the
   participating clients), ``bits_up`` and ``bits_down`` (bits that crossed the network
-  in this step in each direction, summed over clients; see :mod:`fedjaxsparse.accounting`).
+  in this step in each direction, summed over clients; see :mod:`fedjaxsparse.ops.accounting`).
 * Dtypes: every weight, step size and ledger (bits, counts, fractions) of a state or an info
   is in the default float dtype, :func:`float_dtype` — float32, or float64 under
   ``jax_enable_x64`` — so that a float64 run stays float64 throughout.
@@ -58,9 +58,9 @@ class Algorithm(NamedTuple):
     step: ``(key, state, data) -> (state, info)``; one communication round (or one iteration
       for iteration-level methods such as ProxSkip).
     bucketable: whether ``init`` and ``step`` also accept size-bucketed clients
-      (:class:`fedjaxsparse.clients.BucketedData`, run through
-      :func:`fedjaxsparse.clients.map_clients`) with the same result; the runner then
-      buckets unequal clients by itself (:func:`fedjaxsparse.clients.auto_layout`).
+      (:class:`fedjaxsparse.runtime.clients.BucketedData`, run through
+      :func:`fedjaxsparse.runtime.clients.map_clients`) with the same result; the runner then
+      buckets unequal clients by itself (:func:`fedjaxsparse.runtime.clients.auto_layout`).
   """
   init: InitFn
   step: StepFn

@@ -47,7 +47,7 @@ if "FEDJAXSPARSE_TEST_SESSION_CACHE" not in os.environ:    # the session's first
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["FEDJAXSPARSE_TEST_SESSION_CACHE"]
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 # Every figure an experiment or notebook saves is checked for texts that overlap or leave it
-# (fedjaxsparse.plotting.layout_problems): a broken plot fails its test.
+# (fedjaxsparse.harness.plotting.layout_problems): a broken plot fails its test.
 os.environ["FEDJAXSPARSE_CHECK_PLOTS"] = "1"
 
 
@@ -212,7 +212,7 @@ def quick(tmp_path, golden):
   import json
   import time
 
-  from fedjaxsparse.cli import main
+  from fedjaxsparse.harness.cli import main
 
   def run(experiment: str, *flags: str) -> dict:
     start = time.perf_counter()
@@ -230,7 +230,7 @@ def quick(tmp_path, golden):
 
 _HOLDER = """
 import sys, time
-from fedjaxsparse.locking import FolderLock
+from fedjaxsparse.runtime.locking import FolderLock
 with FolderLock(sys.argv[1], purpose="test holder"):
   print("locked", flush=True)
   time.sleep(120)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import accounting
+from fedjaxsparse.ops import accounting
 
 
 def test_dense_bits_of_a_pytree_and_of_an_int():

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse import zig as Z
+from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.algorithms import ato as A
 from fedjaxsparse.models import prunable as P
 

@@ -9,8 +9,8 @@ import math
 
 import jax.numpy as jnp
 
-from fedjaxsparse import zig as Z
-from fedjaxsparse.cli import experiments, main
+from fedjaxsparse.pruning import zig as Z
+from fedjaxsparse.harness.cli import experiments, main
 from fedjaxsparse.models import prunable as P
 
 def test_ato_prune_tiny_through_the_cli(tmp_path, capsys, quick):

@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from fedjaxsparse.cli import experiments, main
-from fedjaxsparse.experiment import Config, Option, parse_options
+from fedjaxsparse.harness.cli import experiments, main
+from fedjaxsparse.harness.experiment import Config, Option, parse_options
 
 ARGS = ["--clients", "6", "--eval-every", "2", "--no-progress", "--set", "local_steps=2",
         "--set", "cohort=3"]
@@ -122,7 +122,7 @@ def test_every_experiment_has_a_quick_setting_that_parses(capsys, quick):
   """``QUICK`` names only Config fields and the experiment's own options, with allowed
   values, and ``describe`` states it with its measured runtime; ``--quick`` runs it (the
   per-experiment tests run each quick setting, checking its plots and its time)."""
-  from fedjaxsparse.experiment import Config, parse_options, with_quick
+  from fedjaxsparse.harness.experiment import Config, parse_options, with_quick
   for name, module in experiments().items():
     cfg = with_quick(Config(**module.DEFAULTS), module.QUICK)
     assert cfg.quick and module.QUICK_RUNTIME, name

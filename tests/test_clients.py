@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.clients import (BucketedData, auto_layout, bucketize, map_clients,
+from fedjaxsparse.runtime.clients import (BucketedData, auto_layout, bucketize, map_clients,
                                   padded_work, plan_buckets)
 from fedjaxsparse.data import lognormal_partition, lognormal_sizes, pack_clients
 from fedjaxsparse.models import linear_regression, make_loss
@@ -39,7 +39,7 @@ def test_bucketize_sorts_and_trims(data):
 @pytest.mark.parametrize("uplink", [False, True])
 def test_bucketed_proxskip_equals_padded(data, uplink):
   """With an uplink compressor too: its per-client keys fold in the client's original id."""
-  from fedjaxsparse import compressors as C
+  from fedjaxsparse.ops import compressors as C
   model = linear_regression(5, l2=0.1)
   algo = ps.sparse_proxskip(make_loss(model), 0.05, 0.5, 0.5,
                             **({"uplink": C.rand_k(6, 2)} if uplink else {}))
@@ -59,7 +59,7 @@ def test_bucketed_proxskip_equals_padded(data, uplink):
 
 
 def test_bucketed_ef_bv_equals_padded(data):
-  from fedjaxsparse import compressors as C
+  from fedjaxsparse.ops import compressors as C
   from fedjaxsparse.algorithms.efbv import ef_bv
   model = linear_regression(5, l2=0.1)
   algo = ef_bv(make_loss(model), C.rand_k(6, 2), 0.02, 0.3, 0.8)
@@ -102,8 +102,8 @@ def test_auto_layout_keeps_equal_clients_padded(data):
 def test_runner_buckets_by_itself_with_the_same_result(data):
   """run(layout="auto") buckets the unequal clients (compressor included) and computes what
   the padded run computes."""
-  from fedjaxsparse import compressors as C
-  from fedjaxsparse.runner import run
+  from fedjaxsparse.ops import compressors as C
+  from fedjaxsparse.runtime.runner import run
   model = linear_regression(5, l2=0.1)
   algo = ps.sparse_proxskip(make_loss(model), 0.05, 0.3, 0.5, uplink=C.rand_k(6, 2))
   w0 = model.init(jax.random.key(0))
@@ -122,7 +122,7 @@ def test_every_strategy_computes_what_vmap_computes(data, strategy):
   and FedAvg (partial participation: a gathered cohort; full: bucketed clients)."""
   import optax
   from fedjaxsparse.algorithms.fedavg import fedavg
-  from fedjaxsparse.clients import with_strategy
+  from fedjaxsparse.runtime.clients import with_strategy
   model = linear_regression(5, l2=0.1)
   loss = make_loss(model)
   w0 = model.init(jax.random.key(0))
@@ -143,7 +143,7 @@ def test_every_strategy_computes_what_vmap_computes(data, strategy):
     with_strategy(data, "unroll:0")
 @pytest.mark.xla_default_emitters
 def test_runner_client_strategy_changes_nothing_but_speed(data):
-  from fedjaxsparse.runner import run
+  from fedjaxsparse.runtime.runner import run
   model = linear_regression(5, l2=0.1)
   algo = ps.sparse_proxskip(make_loss(model), 0.05, 0.3, 0.5, form="round")
   w0 = model.init(jax.random.key(0))
@@ -167,7 +167,7 @@ def _cnn_fedavg(num_clients, local_steps, batch=4):
 
 
 def test_count_primitive_counts_a_scan_body_length_times():
-  from fedjaxsparse.clients import count_primitive
+  from fedjaxsparse.runtime.clients import count_primitive
   w = jnp.ones((1, 1, 3, 3))  # OIHW
   conv = lambda x: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME")
   x = jnp.ones((1, 1, 5, 5))
@@ -181,7 +181,7 @@ def test_count_primitive_counts_a_scan_body_length_times():
 def test_automatic_strategy_rule(data, monkeypatch):
   """Linear clients: vmap. Convolutional clients on CPU: unroll, counting clients × local
   steps × convolutions per step; past the compile-time bound: vmap."""
-  from fedjaxsparse import clients as cl
+  from fedjaxsparse.runtime import clients as cl
   model = linear_regression(5, l2=0.1)
   algo = ps.sparse_proxskip(make_loss(model), 0.05, 0.5, 0.5)
   assert cl.choose_strategy(algo, model.init(jax.random.key(0)), data) == ("vmap",
@@ -201,8 +201,8 @@ def test_automatic_strategy_rule(data, monkeypatch):
 def test_unrolled_cnn_round_is_loop_free_and_computes_the_vmap_round():
   """Under "unroll" a FedAvg CNN round (clients and local steps written out) compiles to a
   program without any while loop or conditional, and equals the vmap round."""
-  from fedjaxsparse.clients import with_strategy
-  from fedjaxsparse.runner import build_chunk, split_run_key
+  from fedjaxsparse.runtime.clients import with_strategy
+  from fedjaxsparse.runtime.runner import build_chunk, split_run_key
   algo, model, data = _cnn_fedavg(3, 2)
   init_key, rounds_key = split_run_key(jax.random.key(0))
   state = algo.init(init_key, model.init(jax.random.key(1)), data)
@@ -219,7 +219,7 @@ def test_unrolled_cnn_round_is_loop_free_and_computes_the_vmap_round():
 
 def _convolutions_in_loops(jaxpr) -> int:
   """Convolutions inside a while loop, a rolled scan or a cond of ``jaxpr``."""
-  from fedjaxsparse.clients import count_primitive
+  from fedjaxsparse.runtime.clients import count_primitive
   total = 0
   for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
     name, params = eqn.primitive.name, eqn.params

@@ -1,4 +1,4 @@
-"""CLIP zero-shot teacher (fedjaxsparse.clip): Hugging Face checkpoint round trips and layouts,
+"""CLIP zero-shot teacher (fedjaxsparse.models.clip): Hugging Face checkpoint round trips and layouts,
 the teacher's logits as scaled cosine similarities, EOS pooling, causal masking, one encoder layer
 against a numpy re-implementation, cached logits and image preprocessing."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from fedjaxsparse import clip as C
-from fedjaxsparse.hf import _flatten, _nest
+from fedjaxsparse.models import clip as C
+from fedjaxsparse.models.hf import _flatten, _nest
 
 CFG_DICT = {
     "model_type": "clip", "projection_dim": 16, "logit_scale_init_value": 2.6592,

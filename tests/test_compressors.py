@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fedjaxsparse import accounting, compressors as C
+from fedjaxsparse.ops import accounting, compressors as C
 
 D = 20
 TRIALS = 20000

@@ -7,10 +7,10 @@ import sys
 SCRIPT = r"""
 import jax, numpy as np
 jax.config.update("jax_enable_x64", True)
-from fedjaxsparse import screening as SC
+from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.algorithms import ddss as DD
 from fedjaxsparse.data import sparse_rows as SR
-from fedjaxsparse.sharding import client_mesh
+from fedjaxsparse.runtime.sharding import client_mesh
 assert len(jax.devices()) == 4
 data, _ = SR.planted(n=300, p=800, density=0.01, support=5, seed=0)
 prob = SC.make_problem(data, 0.3 * SC.lambda_max(data))

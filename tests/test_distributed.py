@@ -1,7 +1,7 @@
 """Several processes joined by jax.distributed (gloo collectives on CPU) compute the run of
 one process: the same final model, client state and history, to float rounding.
 
-Each process runs SCRIPT (launched by fedjaxsparse.distributed.launch, coordinator on
+Each process runs SCRIPT (launched by fedjaxsparse.runtime.distributed.launch, coordinator on
 localhost) and writes what it holds; the reference is the same script in this process."""
 import json
 import os
@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from fedjaxsparse.distributed import launch
+from fedjaxsparse.runtime.distributed import launch
 
 SCRIPT = r'''
 import json, sys
-from fedjaxsparse import distributed
+from fedjaxsparse.runtime import distributed
 distributed.initialize_from_env()
 import jax, optax
 from fedjaxsparse.algorithms import proxskip as ps
@@ -22,8 +22,8 @@ from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runner import run
-from fedjaxsparse.sharding import client_mesh
+from fedjaxsparse.runtime.runner import run
+from fedjaxsparse.runtime.sharding import client_mesh
 
 ds = digits(num_clients=8, partition="dirichlet", alpha=0.5, seed=0)
 model = softmax_regression(64, 10)
@@ -97,14 +97,14 @@ def test_launch_reports_a_failing_process_without_hanging(tmp_path):
 
 CHECKPOINT_SCRIPT = r'''
 import json, sys
-from fedjaxsparse import distributed
+from fedjaxsparse.runtime import distributed
 distributed.initialize_from_env()
 import jax
 from fedjaxsparse.algorithms import proxskip as ps
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runner import run
-from fedjaxsparse.sharding import client_mesh
+from fedjaxsparse.runtime.runner import run
+from fedjaxsparse.runtime.sharding import client_mesh
 
 ds = digits(num_clients=4, partition="dirichlet", alpha=0.5, seed=0)
 model = softmax_regression(64, 10)
@@ -136,13 +136,13 @@ def test_a_checkpoint_written_by_two_processes_resumes_in_two_processes(tmp_path
 
 def test_cli_processes_flag_reproduces_the_single_process_experiment(tmp_path):
   import subprocess
-  from fedjaxsparse.cli import main
+  from fedjaxsparse.harness.cli import main
   results = {}
   args = ["run", "fedavg_digits", "--rounds", "2", "--clients", "8", "--eval-every", "1",
           "--no-progress"]
   assert main([*args, "--out", str(tmp_path / "p1")]) == 0  # one process: this one
   proc = subprocess.run(
-      [sys.executable, "-m", "fedjaxsparse.cli", *args, "--processes", "2",
+      [sys.executable, "-m", "fedjaxsparse.harness.cli", *args, "--processes", "2",
        "--out", str(tmp_path / "p2")], capture_output=True, text=True, timeout=400,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

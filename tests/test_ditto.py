@@ -11,7 +11,7 @@ from fedjaxsparse.algorithms.ditto import ditto, local
 from fedjaxsparse.algorithms.fedspa import fedspa
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.models import make_loss, mlp
-from fedjaxsparse.sampling import sample_cohort
+from fedjaxsparse.ops.sampling import sample_cohort
 
 
 @pytest.fixture(scope="module")

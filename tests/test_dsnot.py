@@ -1,4 +1,4 @@
-"""DSnoT / R²-DSnoT (fedjaxsparse.dsnot): constant per-neuron sparsity at every cycle, the
+"""DSnoT / R²-DSnoT (fedjaxsparse.pruning.dsnot): constant per-neuron sparsity at every cycle, the
 reconstruction error they minimise, the threshold stopping rule, and agreement with a plain
 per-neuron numpy loop of the same rules."""
 import jax
@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import calibration as CB
-from fedjaxsparse import dsnot as D
-from fedjaxsparse import posttrain as PT
-from fedjaxsparse import scores as S
+from fedjaxsparse.pruning import calibration as CB
+from fedjaxsparse.pruning import dsnot as D
+from fedjaxsparse.pruning import posttrain as PT
+from fedjaxsparse.pruning import scores as S
 
 B, C, A = 48, 12, 400
 

@@ -9,14 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import compressors as C
+from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.algorithms.efbv import diana, ef21, ef_bv, efbv_params, prox_gd
-from fedjaxsparse.constants import linear_model_constants
+from fedjaxsparse.convex.constants import linear_model_constants
 from fedjaxsparse.data.problems import (ridge_regression_optimum, ridge_regression_problem,
                                         uniform_weights)
 from fedjaxsparse.models import linear_regression, make_loss
-from fedjaxsparse.runner import run
-from fedjaxsparse.sampling import client_keys
+from fedjaxsparse.runtime.runner import run
+from fedjaxsparse.ops.sampling import client_keys
 
 DIM, L2 = 6, 0.5
 D = DIM + 1

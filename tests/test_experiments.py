@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjaxsparse.cli import main
+from fedjaxsparse.harness.cli import main
 
 
 def test_sparse_proxskip_small(tmp_path, quick):

@@ -7,14 +7,14 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse import accounting
-from fedjaxsparse.aggregation import client_weights
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops.aggregation import client_weights
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimum,
                                         ridge_regression_problem, uniform_weights)
 from fedjaxsparse.models import linear_regression, make_loss
-from fedjaxsparse.runner import run
-from fedjaxsparse.sampling import client_keys, sample_cohort
+from fedjaxsparse.runtime.runner import run
+from fedjaxsparse.ops.sampling import client_keys, sample_cohort
 
 L2 = 0.1
 
@@ -144,7 +144,7 @@ def test_cohort_larger_than_population_is_refused(ridge):
 def test_uplink_compressor_plug_in(ridge):
   """FedAvg with an identity uplink equals FedAvg; with rand-k the averaged update is
   unbiased (Monte Carlo over keys) and each message costs rand-k's bits."""
-  from fedjaxsparse import compressors as C
+  from fedjaxsparse.ops import compressors as C
   ds, model = ridge
   d = 6
   params = {"w": jnp.linspace(-1, 1, 5) + 0.1, "b": jnp.float32(0.3)}

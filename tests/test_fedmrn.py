@@ -6,12 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import masking as M
+from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.data import pack_clients
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.sampling import client_keys, epoch_minibatch, epoch_steps, sample_cohort
+from fedjaxsparse.ops.sampling import client_keys, sample_cohort
+from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def test_bad_arguments(setup):
 def test_post_training_compressors_on_the_same_backbone(setup):
   """masking="none" + uplink: the backbone's updates compressed once (here TernGrad) and
   charged by the compressor's bits; an uplink needs the uncompressed backbone."""
-  from fedjaxsparse import compressors as C
+  from fedjaxsparse.ops import compressors as C
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
   algo = fedmrn(loss, 0.1, epochs=1, batch_size=16, cohort_size=2, masking="none",
@@ -129,7 +130,7 @@ def test_fedsparsify_uploads_pruned_models(setup):
   """FedSparsify (seed 003's meaning): every participant's local model is pruned to k
   non-zeros, so the new global model — their data-weighted average — has at most c·k
   non-zeros, and each upload is charged by its own non-zeros (≤ k)."""
-  from fedjaxsparse import accounting
+  from fedjaxsparse.ops import accounting
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
   k = max(1, int(0.03 * d))
@@ -147,8 +148,8 @@ def test_server_side_fedsparsify_follows_the_cubic_schedule(setup):
   aggregate pruned to its k_t = round((1 − s_t)·d) largest magnitudes, s_t the cubic GMP
   ramp; the next round's downlink is charged by its non-zeros; a schedule at 0 is FedAvg
   bitwise."""
-  from fedjaxsparse import accounting
-  from fedjaxsparse.sparsity import gmp_sparsity, k_from_sparsity, top_k
+  from fedjaxsparse.ops import accounting
+  from fedjaxsparse.ops.sparsity import gmp_sparsity, k_from_sparsity, top_k
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
   sched = lambda t: gmp_sparsity(t, 0.9, begin=1, end=4)

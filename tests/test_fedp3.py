@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse import layers as LY
+from fedjaxsparse.ops import layer_groups as LY
 from fedjaxsparse.algorithms import fedp3 as F
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data.embedded import digits

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import compressors as C
+from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.algorithms import fedp3_theory as T
 from fedjaxsparse.data import pack_clients
 

@@ -10,13 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import accounting, masks as MK
+from fedjaxsparse.ops import accounting, masks as MK
 from fedjaxsparse.algorithms.fedspa import fedspa
-from fedjaxsparse.clients import with_strategy
+from fedjaxsparse.runtime.clients import with_strategy
 from fedjaxsparse.data import pack_clients
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.models import make_loss, mlp
-from fedjaxsparse.sampling import client_keys, epoch_minibatch, epoch_steps, sample_cohort
+from fedjaxsparse.ops.sampling import client_keys, sample_cohort
+from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
 
 
 @pytest.fixture(scope="module")

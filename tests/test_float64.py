@@ -9,10 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse import compressors as C
-from fedjaxsparse import prox_solvers as PS
-from fedjaxsparse import samplers
-from fedjaxsparse import screening as SC
+from fedjaxsparse.ops import compressors as C
+from fedjaxsparse.convex import prox_solvers as PS
+from fedjaxsparse.ops import sampling
+from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.algorithms import ato as A
 from fedjaxsparse.algorithms import ddss as DD
 from fedjaxsparse.algorithms import (ditto, efbv, fedavg, fedlpfm, fedmrn, fedp3,
@@ -22,7 +22,7 @@ from fedjaxsparse.data import pack_clients
 from fedjaxsparse.data import sparse_rows as SR
 from fedjaxsparse.models import make_loss, mlp
 from fedjaxsparse.models import prunable
-from fedjaxsparse import zig as Z
+from fedjaxsparse.pruning import zig as Z
 
 N, M, D, K = 6, 12, 8, 3
 
@@ -55,7 +55,7 @@ BUILDERS = {
         loss, optax.sgd(0.1), local_steps=2, batch_size=4, cohort_size=3,
         uplink=C.top_k(_d(w0), 4), server_optimizer=optax.adam(0.1)),
     "FedAvg-sampling": lambda loss, model, w0: fedavg.fedavg(
-        loss, optax.sgd(0.1), local_steps=2, batch_size=4, sampler=samplers.nice(N, 3),
+        loss, optax.sgd(0.1), local_steps=2, batch_size=4, sampler=sampling.nice(N, 3),
         weighting="sampling"),
     "Fed-LPFM": lambda loss, model, w0: fedlpfm.fedlpfm(
         model, K, optax.sgd(0.1), lam=0.5, temperature=2.0, local_steps=2, batch_size=4,
@@ -85,7 +85,7 @@ BUILDERS = {
         x_star=jax.tree.map(lambda a: jnp.stack([a] * N), w0)),
     "Sparse-ProxSkip": lambda loss, model, w0: proxskip.sparse_proxskip(loss, 0.1, 0.5, 0.5),
     "EF21": lambda loss, model, w0: efbv.ef21(loss, C.top_k(_d(w0), 4), 0.1),
-    "SPPM-AS": lambda loss, model, w0: sppm.sppm_as(loss, samplers.nice(N, 3), 0.5,
+    "SPPM-AS": lambda loss, model, w0: sppm.sppm_as(loss, sampling.nice(N, 3), 0.5,
                                                     PS.gd(0.1, 3)),
 }
 
@@ -145,7 +145,7 @@ def test_ato_initialises_and_steps_in_float64():
 def test_sampling_weights_are_exact_in_float64():
   """``1/(n p_i)`` of a non-uniform sampler, to the last float64 bit."""
   p = np.array([0.1, 0.2, 0.3, 0.15, 0.25])
-  s = samplers.nonuniform(p)
+  s = sampling.nonuniform(p)
   for k in range(5):
     c = s.sample(jax.random.key(k))
     i = int(c.ids[0])

@@ -4,7 +4,7 @@ ledger's Comm columns exactly (fp32 values only, GB = 1e9 bytes)."""
 import jax
 import pytest
 
-from fedjaxsparse import accounting, flops, masks as MK
+from fedjaxsparse.ops import accounting, flops, masks as MK
 from fedjaxsparse.models import lenet5_caffe, resnet18, vgg11
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import masking as M
+from fedjaxsparse.ops import noise_masks as M
 
 DRAWS = 200_000
 # (u, n) pairs: inside the range, outside it on both sides, opposite signs, n = 0

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import masks as MK
+from fedjaxsparse.ops import masks as MK
 
 S = jax.ShapeDtypeStruct
 F = jnp.float32

@@ -12,8 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse import hf, lm
-from fedjaxsparse.cli import main
+from fedjaxsparse.models import hf
+from fedjaxsparse.pruning import lm
+from fedjaxsparse.harness.cli import main
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.models import transformer as T
 
@@ -120,7 +121,7 @@ def test_params_of_another_model_name_params_and_the_data_shape():
   from fedjaxsparse.algorithms.fedavg import fedavg
   from fedjaxsparse.data import digits
   from fedjaxsparse.models import make_loss, mlp
-  from fedjaxsparse.runner import run
+  from fedjaxsparse.runtime.runner import run
   ds = digits(num_clients=3)
   algo = fedavg(make_loss(mlp((8, 8), 10)), optax.sgd(0.1), local_steps=1)
   wrong = mlp((10, 10), 10).init(jax.random.key(0))
@@ -150,7 +151,7 @@ def test_scafflix_coefficients_and_local_optima_of_the_wrong_shape():
 
 
 def test_ddss_dimensions_must_match_the_data():
-  from fedjaxsparse import screening as SC
+  from fedjaxsparse.convex import screening as SC
   from fedjaxsparse.algorithms import ddss as D
   from fedjaxsparse.data.sparse_rows import from_dense
   rng = np.random.default_rng(0)

@@ -7,8 +7,8 @@ import matplotlib
 import numpy as np
 import pytest
 
-from fedjaxsparse import plotting
-from fedjaxsparse.plotting import (LABELS, evals_figure, method_colors, methods_figure,
+from fedjaxsparse.harness import plotting
+from fedjaxsparse.harness.plotting import (LABELS, evals_figure, method_colors, methods_figure,
                                    plot_evals, plot_methods, plot_series, series_figure)
 
 matplotlib.use("Agg")
@@ -207,7 +207,7 @@ def test_plot_functions_save_png_and_close(tmp_path, records):
 def test_personal_figure_shows_personal_global_and_per_client_spread(tmp_path):
   """Panel 1: personal (solid) and global (dashed) lines per method; panel 2 the client mean;
   panel 3 the final per-client values sorted (NaN clients, without test data, left out)."""
-  from fedjaxsparse.plotting import personal_figure, plot_personal
+  from fedjaxsparse.harness.plotting import personal_figure, plot_personal
   per = [[0.9, float("nan"), 0.5, 0.7], [0.95, float("nan"), 0.6, 0.8]]
   ev = {"round": [0, 5], "accuracy": [0.6, 0.7], "global_accuracy": [0.5, 0.55],
         "accuracy_client_mean": [0.65, 0.75], "accuracy_per_client": per}

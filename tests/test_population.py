@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import compressors as C
-from fedjaxsparse import population as pop
+from fedjaxsparse.ops import compressors as C
+from fedjaxsparse.runtime import population as pop
 from fedjaxsparse.algorithms.efbv import ef_bv, ef_bv_pp
 from fedjaxsparse.data import pack_clients
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.models import logistic_regression, make_loss
-from fedjaxsparse.runner import run
+from fedjaxsparse.runtime.runner import run
 
 
 @pytest.fixture(scope="module")

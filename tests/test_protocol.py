@@ -11,9 +11,9 @@ from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.protocol import Dimension, mean_se, two_stage_search, validation_split
-from fedjaxsparse.runner import run
-from fedjaxsparse.sweep import run_batched
+from fedjaxsparse.harness.protocol import Dimension, mean_se, two_stage_search, validation_split
+from fedjaxsparse.runtime.runner import run
+from fedjaxsparse.runtime.sweep import run_batched
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import accounting
+from fedjaxsparse.ops import accounting
 from fedjaxsparse.algorithms import proxskip as ps
 from fedjaxsparse.algorithms.fedht import fedht, fediht
 from fedjaxsparse.data.problems import (ridge_regression_optimum, ridge_regression_problem,
                                         uniform_weights)
 from fedjaxsparse.models import linear_regression, make_loss
-from fedjaxsparse.runner import run
-from fedjaxsparse.sparsity import k_from_sparsity, top_k
+from fedjaxsparse.runtime.runner import run
+from fedjaxsparse.ops.sparsity import k_from_sparsity, top_k
 
 L2 = 0.1
 DIM = 8
@@ -379,7 +379,7 @@ def test_gradient_clipping(problem):
 def test_uplink_compressor_plug_in(problem):
   """SPS is ProxSkip with a top-k uplink compressor; an unbiased rand-k uplink keeps Σh = 0
   (the compressed message is written back) and is charged rand-k's bits."""
-  from fedjaxsparse import compressors as C
+  from fedjaxsparse.ops import compressors as C
   ds, model, loss = problem
   d = DIM + 1
   w0 = jax.tree.map(lambda a: a + 0.2, model.init(jax.random.key(0)))

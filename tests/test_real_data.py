@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjaxsparse.cli import main
+from fedjaxsparse.harness.cli import main
 from fedjaxsparse.data.fashion_mnist import load_arrays
 
 pytestmark = pytest.mark.real_data

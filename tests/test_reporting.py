@@ -6,9 +6,9 @@ import itertools
 import numpy as np
 import pytest
 
-from fedjaxsparse.accounting import cost_to_target, rounds_below
-from fedjaxsparse.experiment import MISSING, MISSING_NOTE, print_table
-from fedjaxsparse.protocol import check_claim, mean_se
+from fedjaxsparse.ops.accounting import cost_to_target, rounds_below
+from fedjaxsparse.harness.experiment import MISSING, MISSING_NOTE, print_table
+from fedjaxsparse.harness.protocol import check_claim, mean_se
 
 
 def test_a_single_seed_has_no_standard_error_and_prints_a_dash(capsys):
@@ -47,7 +47,7 @@ def test_a_claim_is_printed_with_its_verdict(capsys):
 def test_steps_report_progress_and_time_left(capsys, monkeypatch):
   """Experiments without a runner progress bar print one line per finished piece, with the
   time spent and the time left at the mean pace so far; ``--no-progress`` silences them."""
-  from fedjaxsparse import experiment
+  from fedjaxsparse.harness import experiment
   clock = itertools.chain([100.0, 110.0, 130.0], itertools.repeat(130.0))  # start, 1, 2
   monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
   steps = experiment.Steps(4, "demo")

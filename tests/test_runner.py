@@ -10,12 +10,12 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse import accounting
+from fedjaxsparse.ops import accounting
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runner import build_chunk, run, split_run_key
+from fedjaxsparse.runtime.runner import build_chunk, run, split_run_key
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_loop_free_rounds_dispatch_one_round_and_checkpoint_per_eval(setup, tmp_
                                                                    monkeypatch):
   """clients="unroll" runs one round per dispatch (no loop, no cond), evaluates on schedule,
   checkpoints every eval_every rounds, and computes the vmap run."""
-  from fedjaxsparse.checkpoint import Checkpointer
+  from fedjaxsparse.runtime.checkpoint import Checkpointer
   saved, save = [], Checkpointer.save
   monkeypatch.setattr(Checkpointer, "save",
                       lambda self, r, *a: (saved.append(r), save(self, r, *a))[1])

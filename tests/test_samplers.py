@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import samplers as S
+from fedjaxsparse.ops import sampling as S
 
 N = 6
 BLOCKS = [[0], [1, 4], [2, 3, 5]]  # unequal blocks, not contiguous
@@ -166,7 +166,7 @@ def test_epoch_minibatches_visit_every_example_once_per_epoch():
   """Epoch-based local training: S_k = E·⌈n_k/B⌉; each epoch's batches cover the client's real
   examples exactly once (last batch partial), in a new order each epoch."""
   from fedjaxsparse.data import pack_clients
-  from fedjaxsparse.sampling import epoch_minibatch, epoch_steps
+  from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
   x = np.arange(23, dtype=np.float32)[:, None]
   data = pack_clients(x, np.zeros(23, np.int32), [np.arange(0, 7), np.arange(7, 23)])
   steps = np.asarray(epoch_steps(data.num_examples, 3, 2))

@@ -169,7 +169,7 @@ def test_runner_records_per_client_metrics(quad):
   without test data does not count as divergence, and both evaluation paths agree."""
   from fedjaxsparse.evaluation import evaluate_personal
   from fedjaxsparse.models import linear_regression
-  from fedjaxsparse.runner import run
+  from fedjaxsparse.runtime.runner import run
   model = linear_regression(3, use_bias=False)
   x_star = {"w": jnp.asarray(quad["c"], jnp.float32)}
   algo = scafflix(loss, 1 / quad["L"], 0.3, ALPHA, x_star, form="round")
@@ -201,7 +201,7 @@ def test_automatic_constants_match_the_closed_form(quad):
   """γ_i = 1/L_i with L_i = λ_max(∇²f_i), p = 1/√κ_max, μ_i = λ_min(∇²f_i) (least squares);
   the global switch uses 1/max_i L_i for every client; the trace bound (l2 + tr of the data
   term, d = 3) is looser."""
-  from fedjaxsparse.constants import scafflix_constants
+  from fedjaxsparse.algorithms.scafflix import scafflix_constants
   eig = np.linalg.eigvalsh(quad["A"])
   c = scafflix_constants(quad["data"], L2, "squared", ALPHA, use_bias=False)
   np.testing.assert_allclose(c.gammas, 1 / eig[:, -1], rtol=1e-6)
@@ -222,7 +222,7 @@ def test_float64_convergence_with_fewer_communications_than_flix_gd(quad):
   """Exact gradients, theory constants, float64: Scafflix reaches the closed-form FLIX optimum
   to relative error < 1e-8 and needs fewer communications for it than GD on FLIX with its
   theory step (not within 3× as many), on an ill-conditioned problem (κ_max > 50)."""
-  from fedjaxsparse.constants import scafflix_constants
+  from fedjaxsparse.algorithms.scafflix import scafflix_constants
   x = np.asarray(quad["data"].x).reshape(60, 3) * np.array([4.0, 1.0, 0.1], np.float32)
   ill = _problem(x, np.asarray(quad["data"].y).reshape(60), 5)  # κ_max in the hundreds
   with jax.enable_x64(True):
@@ -253,7 +253,7 @@ def test_wrong_initialisation_converges_to_a_wrong_point(quad):
   """Spec C3-1: Algorithm 4's Σ_i h_i⁰ = 0 is not the invariant when the α_i differ. From
   h⁰ with Σ h_i⁰ = 0 but Σ α_i h_i⁰ ≠ 0 Scafflix converges away from the FLIX optimum; the
   library's default h⁰ = 0 converges to it (float64, exact gradients)."""
-  from fedjaxsparse.constants import scafflix_constants
+  from fedjaxsparse.algorithms.scafflix import scafflix_constants
   with jax.enable_x64(True):
     q = _x64(quad)
     c = scafflix_constants(q["data"], L2, "squared", ALPHA, use_bias=False)

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import calibration as CB
-from fedjaxsparse import posttrain as PT
-from fedjaxsparse import scores as S
+from fedjaxsparse.pruning import calibration as CB
+from fedjaxsparse.pruning import posttrain as PT
+from fedjaxsparse.pruning import scores as S
 
 RNG = np.random.default_rng(0)
 B, C, A, D = 12, 8, 30, 5

@@ -1,5 +1,5 @@
 """Gap-safe screening for the Lasso, ℓ1-logistic regression and the group Lasso
-(fedjaxsparse.screening; seed 004 Task 1, spec §1.2 and §1.8 T1-T4, T6): weak duality, dual
+(fedjaxsparse.convex.screening; seed 004 Task 1, spec §1.2 and §1.8 T1-T4, T6): weak duality, dual
 feasibility, the closed forms, λ_max, the gap closing at the optimum, and **safety** — every
 eliminated block is zero at a float64 reference optimum, while the paper's literal radius is
 shown to eliminate an active feature."""
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import screening as SC
+from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.data import sparse_rows as SR
 
 

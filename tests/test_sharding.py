@@ -13,8 +13,8 @@ SCRIPT = textwrap.dedent("""
     from fedjaxsparse.data.embedded import digits
     from fedjaxsparse.evaluation import make_eval_fn
     from fedjaxsparse.models import make_loss, softmax_regression
-    from fedjaxsparse.runner import run
-    from fedjaxsparse.sharding import CLIENT_AXIS, client_mesh, shard_clients
+    from fedjaxsparse.runtime.runner import run
+    from fedjaxsparse.runtime.sharding import CLIENT_AXIS, client_mesh, shard_clients
 
     ds = digits(num_clients=8, partition="dirichlet", alpha=0.5, seed=0)
     model = softmax_regression(64, 10)

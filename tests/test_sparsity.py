@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fedjaxsparse import sparsity
+from fedjaxsparse.ops import sparsity
 
 
 def _flat(tree):
@@ -210,7 +210,7 @@ def test_top_k_under_jit_and_client_vmap_equals_a_loop(k):
 def test_float64_top_k_keeps_the_truly_largest(k):
   """Entries that differ only below float32 resolution are ranked by their float64 values,
   in sparsity.top_k and in the top-k compressor alike (one implementation)."""
-  from fedjaxsparse import compressors as C
+  from fedjaxsparse.ops import compressors as C
   with jax.enable_x64(True):
     rng = np.random.default_rng(0)
     base = 1.0 + rng.permutation(1000) * 1e-12  # distinct in float64, equal in float32

@@ -7,8 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse import accounting, samplers
-from fedjaxsparse import prox_solvers as P
+from fedjaxsparse.ops import accounting, sampling
+from fedjaxsparse.convex import prox_solvers as P
 from fedjaxsparse.algorithms import sppm
 from fedjaxsparse.data import pack_clients
 
@@ -45,7 +45,7 @@ def _prox(q, ids, weights, x, gamma):
 
 
 def test_one_newton_step_is_the_exact_cohort_prox(quad):
-  s = samplers.nice(N, 3)
+  s = sampling.nice(N, 3)
   algo = sppm.sppm_as(loss, s, 2.0, P.newton())
   state = algo.init(None, quad["w0"], quad["data"])
   key = jax.random.key(3)
@@ -59,7 +59,7 @@ def test_one_newton_step_is_the_exact_cohort_prox(quad):
 
 
 def test_full_sampling_is_ppm(quad):
-  algo = sppm.sppm_as(loss, samplers.full(N), 0.5, P.newton())
+  algo = sppm.sppm_as(loss, sampling.full(N), 0.5, P.newton())
   state, step = algo.init(None, quad["w0"], quad["data"]), jax.jit(algo.step)
   x = np.asarray(quad["w0"]["w"], np.float64)
   for t in range(5):
@@ -73,7 +73,7 @@ def test_full_sampling_is_ppm(quad):
 
 
 def test_one_gd_step_is_minibatch_gd(quad):
-  s = samplers.stratified(samplers.contiguous_blocks(N, 4))
+  s = sampling.stratified(sampling.contiguous_blocks(N, 4))
   eta = 0.05
   new, _ = sppm.sppm_as(loss, s, 10.0, P.gd(eta, 1)).step(
       jax.random.key(1), sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
@@ -94,7 +94,7 @@ def test_solvers_approach_the_exact_prox_as_k_grows(quad, name):
   make = {"cg": P.cg, "bfgs": P.bfgs, "lbfgs": P.lbfgs, "gd": lambda k: P.gd(lr, 10 * k)}[name]
   errs = []
   for k in (1, 3, 30):
-    new, _ = jax.jit(sppm.sppm_as(loss, samplers.full(N), gamma, make(k)).step)(
+    new, _ = jax.jit(sppm.sppm_as(loss, sampling.full(N), gamma, make(k)).step)(
         jax.random.key(0), sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
     errs.append(np.linalg.norm(np.asarray(new.params["w"]) - want))
   assert errs[2] < 1e-3 * np.linalg.norm(want - x) and errs[2] <= errs[0], errs
@@ -105,7 +105,7 @@ def test_solvers_approach_the_exact_prox_as_k_grows(quad, name):
 def test_theorem_532_bound_holds_by_monte_carlo(quad):
   """E‖x_t − x⋆‖² ≤ (1 + γμ_AS)^{-2t}‖x_0 − x⋆‖² + γσ²/(γμ_AS² + 2μ_AS) (exact prox, NICE τ = 3,
   γ = 2) for the Monte Carlo mean over 1,000 runs, with a 4-s.e. allowance."""
-  s, gamma, runs, rounds = samplers.nice(N, 3), 2.0, 1000, 25
+  s, gamma, runs, rounds = sampling.nice(N, 3), 2.0, 1000, 25
   algo = sppm.sppm_as(loss, s, gamma, P.newton())
   step = jax.vmap(algo.step, in_axes=(0, 0, None))
   state = jax.vmap(lambda _: algo.init(None, quad["w0"], quad["data"]))(jnp.arange(runs))
@@ -117,11 +117,11 @@ def test_theorem_532_bound_holds_by_monte_carlo(quad):
     errs.append(np.sum((np.asarray(state.params["w"], np.float64) - quad["x_opt"]) ** 2, 1))
   errs = np.array(errs)  # [rounds, runs]
   d0 = float(np.sum((np.asarray(quad["w0"]["w"], np.float64) - quad["x_opt"]) ** 2))
-  bound = samplers.theorem_bound(s, quad["mu"], quad["a"], gamma, d0, np.arange(1, rounds + 1))
+  bound = sampling.theorem_bound(s, quad["mu"], quad["a"], gamma, d0, np.arange(1, rounds + 1))
   se = errs.std(1) / np.sqrt(runs)
   assert np.all(errs.mean(1) <= bound + 4 * se + 1e-6), (errs.mean(1), bound)
   # the iterates settle (a stationary neighbourhood, not convergence: σ²_⋆ > 0) inside it
-  nb = samplers.neighbourhood(s, quad["mu"], quad["a"], gamma)
+  nb = sampling.neighbourhood(s, quad["mu"], quad["a"], gamma)
   tail = errs.mean(1)[-5:]
   assert np.ptp(tail) < 0.1 * tail.mean() and 0 < tail.mean() < nb < d0, (tail, nb)
 
@@ -132,17 +132,17 @@ def test_proximal_averaging_and_local_gd(quad):
   E local GD steps."""
   gamma, x = 0.7, np.asarray(quad["w0"]["w"], np.float64)
   st = sppm.SPPMState(quad["w0"], jnp.int32(0))
-  new, info = sppm.fedprox_sppm_as(loss, samplers.full(N), gamma, P.newton()).step(
+  new, info = sppm.fedprox_sppm_as(loss, sampling.full(N), gamma, P.newton()).step(
       jax.random.key(0), st, quad["data"])
   want = np.mean([_prox(quad, np.array([i]), np.ones(1), x, gamma) for i in range(N)], 0)
   np.testing.assert_allclose(new.params["w"], want, rtol=1e-4, atol=1e-5)
   # FedAvg-SPPM-AS, K = 1: both prox terms centred at x; 1/(2α) + 1/(2γ) = 1/(2·γα/(γ+α))
-  both, _ = sppm.fedavg_sppm_as(loss, samplers.full(N), gamma, gamma, P.newton()).step(
+  both, _ = sppm.fedavg_sppm_as(loss, sampling.full(N), gamma, gamma, P.newton()).step(
       jax.random.key(0), st, quad["data"])
   want2 = np.mean([_prox(quad, np.array([i]), np.ones(1), x, gamma / 2) for i in range(N)], 0)
   np.testing.assert_allclose(both.params["w"], want2, rtol=1e-4, atol=1e-5)
   lr, e = 0.05, 4
-  new, info = sppm.local_gd(loss, samplers.full(N), lr, e).step(jax.random.key(0), st,
+  new, info = sppm.local_gd(loss, sampling.full(N), lr, e).step(jax.random.key(0), st,
                                                                    quad["data"])
   zs = []
   for i in range(N):
@@ -157,7 +157,7 @@ def test_proximal_averaging_and_local_gd(quad):
 def test_fedavg_style_adam_solver_runs_and_descends(quad):
   """The NN experiments' solver: E Adam steps per member per local round on
   f_i + ‖· − x_t‖²/(2γ), K rounds: the cohort objective decreases."""
-  algo = sppm.fedavg_sppm_as(loss, samplers.nice(N, 4), 1.0, None,
+  algo = sppm.fedavg_sppm_as(loss, sampling.nice(N, 4), 1.0, None,
                              P.optax_steps(optax.adam(0.05), 3, "adam"), local_rounds=3)
   state, step = algo.init(None, quad["w0"], quad["data"]), jax.jit(algo.step)
   losses = []
@@ -187,13 +187,13 @@ def test_hierarchical_cost_reproduces_the_papers_arithmetic():
 
 def test_bad_arguments(quad):
   with pytest.raises(ValueError, match="gamma"):
-    sppm.sppm_as(loss, samplers.full(N), 0.0, P.newton())
+    sppm.sppm_as(loss, sampling.full(N), 0.0, P.newton())
   with pytest.raises(ValueError, match="iterations"):
     P.cg(0)
   with pytest.raises(ValueError, match="weighting"):
-    sppm.cohort_average(loss, samplers.full(N), P.newton(), weighting="size")
+    sppm.cohort_average(loss, sampling.full(N), P.newton(), weighting="size")
   with pytest.raises(ValueError, match="sampler"):
-    sppm.sppm_as(loss, samplers.full(N + 1), 1.0, P.newton()).step(
+    sppm.sppm_as(loss, sampling.full(N + 1), 1.0, P.newton()).step(
         jax.random.key(0), sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
 
 
@@ -203,7 +203,7 @@ def test_fedavg_takes_any_sampler(quad):
   distribution is the full-participation mean update (one local GD step)."""
   from fedjaxsparse.algorithms.fedavg import fedavg
   blocks = [[0], [1, 4], [2, 3, 5, 6, 7]]
-  s = samplers.block(blocks, q=[0.2, 0.3, 0.5])
+  s = sampling.block(blocks, q=[0.2, 0.3, 0.5])
   lr = 0.1
   x = np.asarray(quad["w0"]["w"], np.float64)
   deltas = -lr * (np.einsum("nij,j->ni", quad["H"], x) - quad["c"])  # one GD step each

@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.augment import crop_flip
+from fedjaxsparse.ops.augment import crop_flip
 from fedjaxsparse.data.partition import dirichlet_lognormal_partition, lognormal_sizes
 from fedjaxsparse.data.standins import (MUSHROOM_CARDINALITIES, blogfeedback_standin,
                                         femnist_standin, mushrooms_arrays)
 from fedjaxsparse.models import global_mean_scale, make_loss, softmax_regression
-from fedjaxsparse.protocol import Dimension, two_stage_search
+from fedjaxsparse.harness.protocol import Dimension, two_stage_search
 
 
 def test_mushrooms_standin_has_the_shape_of_mushrooms():

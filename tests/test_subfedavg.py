@@ -11,7 +11,7 @@ from fedjaxsparse.algorithms.subfedavg import _prune_layers, subfedavg
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import client_accuracy
 from fedjaxsparse.models import make_loss, mlp
-from fedjaxsparse.sampling import sample_cohort
+from fedjaxsparse.ops.sampling import sample_cohort
 
 
 @pytest.fixture(scope="module")

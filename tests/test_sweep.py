@@ -9,8 +9,8 @@ from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runner import run
-from fedjaxsparse.sweep import grid, run_batched
+from fedjaxsparse.runtime.runner import run
+from fedjaxsparse.runtime.sweep import grid, run_batched
 
 
 @pytest.fixture(scope="module")

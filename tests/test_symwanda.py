@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import calibration as CB
-from fedjaxsparse import posttrain as PT
-from fedjaxsparse import scores
-from fedjaxsparse.cli import main
+from fedjaxsparse.pruning import calibration as CB
+from fedjaxsparse.pruning import posttrain as PT
+from fedjaxsparse.pruning import scores
+from fedjaxsparse.harness.cli import main
 from fedjaxsparse.models import mlp
 
 

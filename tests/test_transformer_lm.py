@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import calibration as CB
-from fedjaxsparse import hf, lm, posttrain, scores
-from fedjaxsparse import sequential as SQ
+from fedjaxsparse.pruning import calibration as CB
+from fedjaxsparse.models import hf
+from fedjaxsparse.pruning import lm, posttrain, scores
+from fedjaxsparse.pruning import sequential as SQ
 from fedjaxsparse.models import transformer as T
 
 LLAMA = T.TransformerConfig(arch="llama", vocab_size=64, hidden_size=32, intermediate_size=48,

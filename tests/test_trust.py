@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse import compressors as C
+from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.algorithms import proxskip as ps
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.algorithms.fedht import fedht
@@ -26,9 +26,9 @@ from fedjaxsparse.data.federated import FederatedData, FederatedDataset
 from fedjaxsparse.errors import (CheckpointCorruptError, CheckpointExistsError, ConfigError,
                                  DataError, LockedError, NonFiniteError, RunMismatchError)
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.locking import FolderLock
+from fedjaxsparse.runtime.locking import FolderLock
 from fedjaxsparse.models import linear_regression, make_loss, mlp, softmax_regression
-from fedjaxsparse.runner import build_chunk, run, split_run_key
+from fedjaxsparse.runtime.runner import build_chunk, run, split_run_key
 
 MODEL = softmax_regression(64, 10)
 

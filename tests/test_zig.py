@@ -1,4 +1,4 @@
-"""Zero-invariant groups (fedjaxsparse.zig, models.prunable; seed 004 Task 2, spec §2.10):
+"""Zero-invariant groups (fedjaxsparse.pruning.zig, models.prunable; seed 004 Task 2, spec §2.10):
 zeroing a group zeroes exactly its channels for any input (conv + BN, dense, residual-coupled
 and depthwise sets), physical removal computes the masked model's function with fewer
 parameters, the group prox is the prox of t‖·‖₂ (numerical argmin) and leaves t = 0 groups
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse import zig as Z
+from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.models import prunable as P
 
 ARCHS = {

@@ -11,7 +11,7 @@ half-space projector (4-3) (``projector="hsp"``: the step then includes the subg
 ``T_start ≤ t ≤ T_end`` the controller is trained on a fixed 5 % subset ``D_CN`` with
 ``L(f(x; M, w)) + γ R_FLOPs(P(w), p P_total)`` (4-5)/(4-6), M frozen, Adam 1e-3, and ``w`` is
 regenerated at the end of the epoch; afterwards ``w`` stays frozen. No fine-tuning: the result
-is physically compressed (:func:`fedjaxsparse.zig.compress`).
+is physically compressed (:func:`fedjaxsparse.pruning.zig.compress`).
 
 Controller (Table 7): an input ``[|B|, 64]`` (``ctrl_input="learned"`` or ``"fixed"`` random —
 not specified), a bidirectional GRU 64 → 2×128, LayerNorm + ReLU, one linear head per block
@@ -32,7 +32,7 @@ masks the controller was trained with (the Gumbel's median is positive; tested);
 which is 0 anywhere under the budget, or ``"two_sided"`` ``|log(P/(pP_total))|``, which also
 penalises falling below it (measured on ResNet-20 / Fashion-MNIST, 234 controller steps: the
 one-sided penalty ends at P = 0.29 for p = 0.5, the two-sided at 0.43; the end mask moved P
-by ~0.02); the FLOPs ``P(w)`` of :func:`fedjaxsparse.zig.flops` (DMC-style, an assumption).
+by ~0.02); the FLOPs ``P(w)`` of :func:`fedjaxsparse.pruning.zig.flops` (DMC-style, an assumption).
 With ``λ = 0`` or ``w ≡ 1`` the target step is plain training with the base optimiser, bit for
 bit (tested).
 """
@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjaxsparse import zig as Z
+from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.core import float_dtype
 from fedjaxsparse.models.base import Model
 
@@ -331,7 +331,7 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   state = algo.init(key, params)
   history, start, ckpt = [], 0, None
   if checkpoint_dir:
-    from fedjaxsparse.checkpoint import Checkpointer
+    from fedjaxsparse.runtime.checkpoint import Checkpointer
     ckpt = Checkpointer(checkpoint_dir)
     if ckpt.latest_round() is not None:
       state, meta = ckpt.restore_latest(jax.eval_shape(lambda: state))

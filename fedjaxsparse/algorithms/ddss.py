@@ -2,7 +2,7 @@
 Algorithms 1-6, l. 326-473; spec ``seed004.md`` §1.3-§1.5, §1.7, §1.9).
 
 One ``step`` is one **outer iteration** s: a full pass computes ``∇F(x⁰)`` and ``ρ⁰`` at the
-snapshot, the gap-safe test (:mod:`fedjaxsparse.screening`) shrinks the active blocks, then
+snapshot, the gap-safe test (:mod:`fedjaxsparse.convex.screening`) shrinks the active blocks, then
 ``inner_steps`` stochastic proximal updates run, ``workers`` at a time in one ``vmap``:
 
 * ``estimator="sgd"`` (the Naive variants, Alg. 1-3): ``v = a_i f_i'(a_iᵀx̂)``;
@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import screening as SC
+from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.sparse_rows import SparseRows
 
@@ -201,7 +201,7 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   """The general configuration (see the module docstring). ``data`` is needed up front for the
   sparse weights ``d`` (host-side counts); ``shards`` = number of workers holding disjoint
   sample shards (None: shared memory, every worker samples all n). ``mesh``: a
-  :func:`fedjaxsparse.sharding.client_mesh` — the workers axis is then split over its devices
+  :func:`fedjaxsparse.runtime.sharding.client_mesh` — the workers axis is then split over its devices
   (like the client axis; ``workers`` must be divisible by the device count), the data and x
   replicated; the scatter-add of the messages becomes a collective. Layout only: the results
   match a one-device run to float tolerance."""
@@ -248,7 +248,7 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   distributed = shards is not None
   if mesh is not None:
     from jax.sharding import NamedSharding, PartitionSpec
-    from fedjaxsparse.sharding import CLIENT_AXIS
+    from fedjaxsparse.runtime.sharding import CLIENT_AXIS
     if workers % mesh.shape[CLIENT_AXIS]:
       raise ValueError(f"workers ({workers}) must be divisible by the mesh's "
                        f"{mesh.shape[CLIENT_AXIS]} devices.")

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import screening as SC
+from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.algorithms.ddss import (DDSSInfo, block_rows, column_weights, partition,
                                           sample_update)
 from fedjaxsparse.core import Algorithm

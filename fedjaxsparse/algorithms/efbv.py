@@ -24,14 +24,14 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse import accounting
-from fedjaxsparse.clients import client_ids, map_clients
-from fedjaxsparse.compressors import Compressor, identity
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.runtime.clients import client_ids, map_clients
+from fedjaxsparse.ops.compressors import Compressor, identity
 from fedjaxsparse.core import Algorithm, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.population import CohortAlgorithm
-from fedjaxsparse.sampling import client_keys
-from fedjaxsparse.validation import check_number, check_positive
+from fedjaxsparse.runtime.population import CohortAlgorithm
+from fedjaxsparse.ops.sampling import client_keys
+from fedjaxsparse.errors import check_number, check_positive
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 Prox = Callable[[Any, float], Any]  # (tree, step) -> prox_{step·R}(tree)
@@ -74,8 +74,8 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
 
   Args:
     loss_fn: ``(params, x, y, mask) -> f_i`` of one client; the data may be padded
-      ``FederatedData`` or size-bucketed :class:`fedjaxsparse.clients.BucketedData`.
-    compressor: a :class:`~fedjaxsparse.compressors.Compressor` (independent draw per client).
+      ``FederatedData`` or size-bucketed :class:`fedjaxsparse.runtime.clients.BucketedData`.
+    compressor: a :class:`~fedjaxsparse.ops.compressors.Compressor` (independent draw per client).
     gamma: step size γ (see :func:`efbv_params`).
     lam, nu: scalings λ (control variates) and ν (gradient estimate), in (0, 1].
     prox: ``(tree, step) -> prox_{step·R}(tree)``, or ``None`` for R = 0.
@@ -140,8 +140,8 @@ class EFBVServer(NamedTuple):
 def ef_bv_pp(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu: float,
              cohort_size: int | None, *, prox: Prox | None = None) -> CohortAlgorithm:
   """EF-BV with partial participation, a
-  :class:`~fedjaxsparse.population.CohortAlgorithm` (run it with
-  :func:`~fedjaxsparse.population.on_device` or :func:`~fedjaxsparse.population.run_on_host`).
+  :class:`~fedjaxsparse.runtime.population.CohortAlgorithm` (run it with
+  :func:`~fedjaxsparse.runtime.population.on_device` or :func:`~fedjaxsparse.runtime.population.run_on_host`).
 
   Each round a uniform cohort S of C clients computes ``d_i = C_i(∇f_i(x) − h_i)`` and
   ``h_i ← h_i + λ d_i``; the others keep ``h_i``. The server uses ``d = (1/n) Σ_{i∈S} d_i``

@@ -17,12 +17,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjaxsparse import accounting
-from fedjaxsparse.aggregation import WEIGHTINGS, client_weights, weighted_mean
-from fedjaxsparse.clients import local_scan, map_clients
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops.aggregation import WEIGHTINGS, client_weights, weighted_mean
+from fedjaxsparse.runtime.clients import local_scan, map_clients
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.local import minibatch
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]  # (params, x, y, mask)
 
@@ -63,7 +64,7 @@ def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_st
   step draws ``batch_size`` examples uniformly *with replacement* from the client's real
   examples — a static batch shape, so clients of any size share one kernel.
   ``local_prox`` (e.g. Top-K for FedIHT) is applied after every step; ``augment`` transforms
-  every minibatch (:mod:`fedjaxsparse.augment`).
+  every minibatch (:mod:`fedjaxsparse.ops.augment`).
   """
 
   def train(key, params, data: FederatedData):
@@ -108,14 +109,14 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     upload_prox: applied to the client's final model, which is then uploaded *as a model*
       (FedIHT uploads Top-K'd models); without it the client uploads its dense delta.
     server_prox: applied to the new global model (FedHT prunes the average).
-    uplink: a :class:`fedjaxsparse.compressors.Compressor` applied to every uploaded message
+    uplink: a :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded message
       (independent key per client, ``fold_in`` of its id); charged ``uplink.bits(d)`` each.
-    encoding: message encoding for the bit accounting (:mod:`fedjaxsparse.accounting`):
+    encoding: message encoding for the bit accounting (:mod:`fedjaxsparse.ops.accounting`):
       ``"dense"`` (default, ``32·d`` per message) or a sparse encoding such as ``"auto"``,
       which charges each message by its actual non-zeros.
     augment: ``(key, x) -> x`` applied to every local minibatch inside ``jit``
-      (:mod:`fedjaxsparse.augment`).
-    sampler: a :class:`fedjaxsparse.samplers.Sampler` drawing each round's cohort (block,
+      (:mod:`fedjaxsparse.ops.augment`).
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing each round's cohort (block,
       stratified, importance, ...) instead of ``cohort_size``'s uniform one; padded cohort
       entries get weight 0; ``weighting="sampling"`` aggregates with the unbiased weights
       ``1/(n p_i)`` (not normalised: ``E Σ_{i∈S} Δ_i/(n p_i) = mean_i Δ_i``).

@@ -20,7 +20,7 @@ import optax
 from fedjaxsparse.algorithms.fedavg import LossFn, fedavg
 from fedjaxsparse.algorithms.proxskip import top_k_prox
 from fedjaxsparse.core import Algorithm
-from fedjaxsparse.validation import check_positive
+from fedjaxsparse.errors import check_positive
 
 
 def fedht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,

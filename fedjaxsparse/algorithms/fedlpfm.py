@@ -6,7 +6,7 @@ frozen foundation models,
 
 — a *sum* over teachers; aggregation by data size (5-5); teachers are never communicated
 (the messages are FedAvg's: dense models). Teacher logits are computed **once** per example
-(:func:`fedjaxsparse.clip.cached_logits` for CLIP, or any ``logits_fn``) and carried with the
+(:func:`fedjaxsparse.models.clip.cached_logits` for CLIP, or any ``logits_fn``) and carried with the
 data: :func:`pack_targets` stores label and teacher logits in the float targets ``y [N, M,
 1 + T·K]`` of a :class:`~fedjaxsparse.data.federated.FederatedData`, so FedAvg's minibatch
 sampling draws an example's teachers with it and no teacher runs inside the round.

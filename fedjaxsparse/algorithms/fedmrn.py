@@ -3,7 +3,7 @@
 seed.
 
 Round t: the server samples a cohort (K of N, uniform without replacement, or any
-:class:`fedjaxsparse.samplers.Sampler`) and broadcasts ``w^t`` (dense). Client k draws its
+:class:`fedjaxsparse.ops.sampling.Sampler`) and broadcasts ``w^t`` (dense). Client k draws its
 noise ``n_k = G(s_k^t)`` (seed = ``fold_in(round noise key, client id)``, fresh per client and
 round), starts from ``u = 0`` and runs epoch-based SGD — E epochs of minibatches of B without
 replacement, ``S_k = E·⌈n_k/B⌉`` steps (clients of unequal size share one vmapped kernel; the
@@ -23,7 +23,7 @@ ablations of B.8 are options, not copies: ``stochastic=False`` (w/o SM: DM inste
 local SGD, then one SM of the final update) and ``masking="none"`` (the FedAvg backbone: the
 dense update u is sent, 32 bits per entry, or compressed once by ``uplink``).
 
-``server_sparsity`` (a schedule ``round -> s_t``, e.g. :func:`fedjaxsparse.sparsity.gmp_sparsity`)
+``server_sparsity`` (a schedule ``round -> s_t``, e.g. :func:`fedjaxsparse.ops.sparsity.gmp_sparsity`)
 is FedSparsify as seed 000 describes it (l. 108-111, Stripelis et al. 2022): gradual magnitude
 pruning at the server, ``w^{t+1} ← MagPrune(w^t + Δ, s_t)`` after every aggregation; the
 clients train dense from the pruned model (pruned weights may regrow and are pruned again —
@@ -39,16 +39,16 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse import accounting
-from fedjaxsparse import masking as M
-from fedjaxsparse.aggregation import client_weights
-from fedjaxsparse.clients import map_clients
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops import noise_masks as M
+from fedjaxsparse.ops.aggregation import client_weights
+from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sparsity import magnitude_prune, top_k
-from fedjaxsparse.sampling import (check_cohort_size, client_keys, epoch_loop, epoch_steps,
-                                   sample_cohort)
-from fedjaxsparse.validation import check_number
+from fedjaxsparse.ops.sparsity import magnitude_prune, top_k
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.local import epoch_loop, epoch_steps
+from fedjaxsparse.errors import check_number
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 MASKINGS = ("learned", "post", "none")
@@ -93,7 +93,7 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     noise_scale: α of the noise (uniform on [−α, α]; paper: 1e-2 FedMRN, 5e-3 FedMRNS).
     distribution: ``"uniform"``, ``"gaussian"`` (std α) or ``"bernoulli"`` (±α).
     stochastic, progressive, masking: the ablations (module docstring).
-    uplink: with ``masking="none"``, a :class:`fedjaxsparse.compressors.Compressor` applied
+    uplink: with ``masking="none"``, a :class:`fedjaxsparse.ops.compressors.Compressor` applied
       once to each client's final update before upload (the post-training compressors of
       seed 003's baselines: SignSGD, TernGrad, DRIVE, EDEN, top-k), charged ``uplink.bits(d)``.
     prune_to: with ``masking="none"``, FedSparsify as seed 003 uses it — magnitude pruning

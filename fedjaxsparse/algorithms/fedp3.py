@@ -7,7 +7,7 @@ leading client axis (:class:`FedP3Config`) so one vmapped kernel serves all clie
 * ``L_i`` (``train_layers[i]``): the layers it trains **and uploads**;
 * ``P_i`` (global pruning): a random mask keeping ``round(r_{i,l}·numel)`` entries of every
   kernel of the layers ``l ∉ L_i`` (biases and norm parameters dense, the masked-leaf rule of
-  :mod:`fedjaxsparse.masks`), drawn once from the client's own key and regenerated inside
+  :mod:`fedjaxsparse.ops.masks`), drawn once from the client's own key and regenerated inside
   ``jit`` (no n×d mask storage);
 * ``Q_i`` (local pruning, on the layers ∉ L_i, redrawn every local step k, Alg. 6):
   ``"fixed"`` (none), ``"uniform"`` (keep each surviving kernel entry with probability
@@ -55,14 +55,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjaxsparse import layers as LY
-from fedjaxsparse import masks as MK
-from fedjaxsparse.clients import local_scan, map_clients
+from fedjaxsparse.ops import layer_groups as LY
+from fedjaxsparse.ops import masks as MK
+from fedjaxsparse.runtime.clients import local_scan, map_clients
 from fedjaxsparse.core import Algorithm, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
-from fedjaxsparse.sparsity import _largest_bisection, _random_keys
-from fedjaxsparse.validation import check_number
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.local import minibatch
+from fedjaxsparse.ops.sparsity import _largest_bisection, _random_keys
+from fedjaxsparse.errors import check_number
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 LOCAL_RULES = ("fixed", "uniform", "ordered_dropout")
@@ -207,7 +208,7 @@ def ordered_dropout_mask(shape: tuple, q: jax.Array, prune_in: bool = True,
 def _input_periods(params: Any, depth: int) -> Any:
   """Per leaf: the previous layer's output width C when the leaf is a dense kernel whose input
   is a flattened ``(..., C)`` map (``d_in`` a proper multiple of C), else ``None``. Layers are
-  taken in :mod:`fedjaxsparse.layers`' order, which must be the network's (true for
+  taken in :mod:`fedjaxsparse.ops.layer_groups`' order, which must be the network's (true for
   ``conv1 … fc3`` and ``Dense_0 … Dense_9``)."""
   width = {}
   for leaf, l in zip(jax.tree.leaves(params), jax.tree.leaves(LY.layer_index(params, depth))):
@@ -282,7 +283,7 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
       ``"ordered_dropout"`` (``low == high``: a fixed ratio).
     aggregation: ``"simple"`` (α ∝ 1) or ``"weighted"`` (α ∝ |L_i|), normalised per layer.
     train_non_selected: train the pruned layers ∉ L_i locally (prose) or freeze them (Alg. 6).
-    depth: path prefix length that defines a layer (:mod:`fedjaxsparse.layers`).
+    depth: path prefix length that defines a layer (:mod:`fedjaxsparse.ops.layer_groups`).
   """
   if local_rule not in LOCAL_RULES:
     raise ValueError(f"local_rule must be one of {LOCAL_RULES}, got {local_rule!r}.")

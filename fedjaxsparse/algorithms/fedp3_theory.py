@@ -24,7 +24,7 @@ zero-padded to a uniform size ``block``). The privacy accountant (:func:`ldp_eps
 minibatches sampled without replacement, per client, with replace-one-example neighbours
 (sensitivity 2C/b of the clipped mean gradient; the paper's σ² = cKC² log(1/δ)/(m²ε²) has
 unknown constants c, c', §A.7); the Rand-t compressor of Table C.3 (t = d/n, ω = n − 1) is
-:func:`fedjaxsparse.compressors.rand_k`.
+:func:`fedjaxsparse.ops.compressors.rand_k`.
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ from jax.flatten_util import ravel_pytree
 from fedjaxsparse.algorithms.fedp3 import FedP3State
 from fedjaxsparse.core import Algorithm, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sampling import client_keys
-from fedjaxsparse.validation import check_number
+from fedjaxsparse.ops.sampling import client_keys
+from fedjaxsparse.errors import check_number
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 NOISES = (None, "model", "update")

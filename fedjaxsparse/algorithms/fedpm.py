@@ -20,14 +20,14 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse import accounting
-from fedjaxsparse.clients import map_clients
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.masking import tree_map_keyed
-from fedjaxsparse.sampling import (check_cohort_size, client_keys, epoch_minibatch, epoch_steps,
-                                   sample_cohort)
-from fedjaxsparse.validation import check_number
+from fedjaxsparse.ops.noise_masks import tree_map_keyed
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
+from fedjaxsparse.errors import check_number
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 

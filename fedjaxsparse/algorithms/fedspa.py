@@ -21,7 +21,7 @@ leading axis N). Round t:
    Sub-FedAvg's intersection average), nothing zeroed in ``w`` (a regrown coordinate comes back
    with the current global value, the paper's warm start).
 
-Initial masks: exact per-layer counts (:mod:`fedjaxsparse.masks`) at ERK (or ER / uniform)
+Initial masks: exact per-layer counts (:mod:`fedjaxsparse.ops.masks`) at ERK (or ER / uniform)
 densities, from one shared seed (every client the same mask) or per-client seeds
 (``shared_init=False``, the "different init" ablation). Kernels are masked, biases and norm
 parameters dense. ``η_t = lr·lr_decay^t`` (the paper: 0.1·0.998^t). With ``sparsity=0`` FedSpa
@@ -30,7 +30,7 @@ is FedAvg with uniform weights (no mask search: every layer is full).
 Communication, two ledgers (:class:`FedSpaInfo`): the paper's — values only, fp32, the same
 density applied to all d parameters (``2·S·(1−s)·d·32`` bits a round, §2.5) — and an honest
 one: each sparse message charged by its values plus the cheaper of a bitmap and indices
-(:func:`fedjaxsparse.accounting.message_bits`), and the uploaded DST mask as the cheaper of
+(:func:`fedjaxsparse.ops.accounting.message_bits`), and the uploaded DST mask as the cheaper of
 d bits and the changed positions' indices.
 
 Choices where the paper is silent (options): ``c = ⌈α_t n_l⌉`` (RigL/ITOP rounding); just-pruned
@@ -45,16 +45,17 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse import accounting
-from fedjaxsparse import compressors as C
-from fedjaxsparse import masks as MK
-from fedjaxsparse.aggregation import client_weights
-from fedjaxsparse.clients import map_clients
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops import compressors as C
+from fedjaxsparse.ops import masks as MK
+from fedjaxsparse.ops.aggregation import client_weights
+from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.local import epoch_sgd, max_local_steps
-from fedjaxsparse.sampling import check_cohort_size, client_keys, epoch_minibatch, sample_cohort
-from fedjaxsparse.validation import check_number
+from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.local import epoch_minibatch
+from fedjaxsparse.errors import check_number
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 SEARCHES = ("dst", "rsm")

@@ -22,15 +22,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjaxsparse import accounting
-from fedjaxsparse.aggregation import client_weights, weighted_mean
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops.aggregation import client_weights, weighted_mean
 from fedjaxsparse.algorithms.fedavg import FedAvgInfo
 from fedjaxsparse.algorithms.fedlpfm import kd_loss
-from fedjaxsparse.clients import local_scan
+from fedjaxsparse.runtime.clients import local_scan
 from fedjaxsparse.core import Algorithm, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.models.base import Model
-from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.local import minibatch
 
 
 class FMLState(NamedTuple):

@@ -37,13 +37,14 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse import accounting
-from fedjaxsparse.clients import client_ids, map_clients
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.runtime.clients import client_ids, map_clients
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sampling import client_keys, minibatch
-from fedjaxsparse.validation import check_number, check_positive
-from fedjaxsparse.sparsity import k_from_sparsity, soft_threshold, top_k
+from fedjaxsparse.ops.sampling import client_keys
+from fedjaxsparse.ops.local import minibatch
+from fedjaxsparse.errors import check_number, check_positive
+from fedjaxsparse.ops.sparsity import k_from_sparsity, soft_threshold, top_k
 
 Prox = Callable[[Any], Any]  # one client's pytree -> pytree
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -100,7 +101,7 @@ class ProxSkipKernel(NamedTuple):
     local_step: ``(key, state, data) -> (w_hat [N, ...], losses [N])``, L6–L7 for all clients.
     communicate: ``(state, w_hat, key=None, ids=None) -> (state, (bits_up, bits_down,
       upload_nnz))``, L9–L12 (the key feeds an uplink compressor, folded with each client's
-      original id ``ids[N]`` — :func:`fedjaxsparse.clients.client_ids` — so bucketed and
+      original id ``ids[N]`` — :func:`fedjaxsparse.runtime.clients.client_ids` — so bucketed and
       padded runs draw the same compressions).
     skip: ``(state, w_hat) -> state``, L14.
   """
@@ -131,7 +132,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
 
   Args:
     loss_fn: ``(params, x, y, mask) -> f_i`` for one client. The data may be a
-      ``FederatedData`` or size-bucketed :class:`fedjaxsparse.clients.BucketedData`.
+      ``FederatedData`` or size-bucketed :class:`fedjaxsparse.runtime.clients.BucketedData`.
     gamma: step size γ.
     p: communication probability p ∈ (0, 1].
     local_prox, upload_prox, server_prox: the L7 / L9 / L11 operators (``None`` = identity).
@@ -145,12 +146,12 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
       errors" without it; the paper does not say norm or value clipping), or ``None``.
     clip_mode: ``"norm"`` (rescale the gradient to global norm ≤ clip) or ``"value"``
       (clip every entry to [−clip, clip]).
-    uplink: a :class:`fedjaxsparse.compressors.Compressor` applied to every uploaded vector
+    uplink: a :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded vector
       after ``upload_prox`` (independent key per client); the compressed vector is the message
       (and is written back when ``write_back``), charged ``uplink.bits(d)`` per client.
-    encoding: sparse-message encoding for the bit accounting (:mod:`fedjaxsparse.accounting`).
+    encoding: sparse-message encoding for the bit accounting (:mod:`fedjaxsparse.ops.accounting`).
     augment: ``(key, x) -> x`` applied to every local minibatch inside ``jit``
-      (:mod:`fedjaxsparse.augment`; seed 000 §E's flip/crop/normalise for CIFAR-10).
+      (:mod:`fedjaxsparse.ops.augment`; seed 000 §E's flip/crop/normalise for CIFAR-10).
   """
   _check(gamma, p)
   if clip_mode not in ("norm", "value"):

@@ -38,13 +38,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import accounting, evaluation
+from fedjaxsparse.ops import accounting
+from fedjaxsparse import evaluation
 from fedjaxsparse.algorithms.proxskip import FORMS, geometric_local_steps
-from fedjaxsparse.clients import map_clients
+from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.sampling import check_cohort_size, client_keys, minibatch, sample_cohort
-from fedjaxsparse.validation import check_number
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.local import minibatch
+from fedjaxsparse.errors import check_number
+from fedjaxsparse.convex.constants import client_curvatures
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 
@@ -362,3 +365,36 @@ def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
     return FlixState(params, state.x_star, state.round + 1), info
 
   return Algorithm(init, step)
+
+
+class ScafflixConstants(NamedTuple):
+  """Step sizes and communication probability of Scafflix from the data (seed 001 ch. 3).
+
+  Attributes: ``gammas`` ``[N]`` (``1/L_i``, or ``1/max_i L_i`` for all with global steps),
+  ``p`` (``1/√κ_max``, Cor. 3.2.4), ``L`` and ``mu`` ``[N]`` (the clients' L_i, μ_i),
+  ``kappa_max`` (``max_i L_i/μ_i``), ``flix_lr`` (``1/((1/N) Σ_i α_i² L_i)``, GD on FLIX's
+  step: that sum bounds f̃'s smoothness)."""
+  gammas: np.ndarray
+  p: float
+  L: np.ndarray
+  mu: np.ndarray
+  kappa_max: float
+  flix_lr: float
+
+
+def scafflix_constants(data: FederatedData, l2: float, loss: str = "logistic",
+                       alphas=1.0, individual: bool = True, **kw) -> ScafflixConstants:
+  """Theory's choices for Scafflix on a linear model (keywords of
+  :func:`client_curvatures`): γ_i = 1/L_i (Thm 3.2.3 with exact gradients, A_i = L_i) or,
+  with ``individual=False``, one step 1/max_i L_i (Fig. 3.5's "global stepsize");
+  p = 1/√κ_max with κ_max = max_i L_i/μ_i — the rate and p depend on f_i's constants, not on
+  α (f̃_i's are α_i² times f_i's, and Scafflix's steps γ_i/α_i account for that)."""
+  ls, mus = client_curvatures(data, l2, loss, **kw)
+  if np.min(mus) <= 0:
+    raise ValueError(f"l2 (or the data) must make every f_i strongly convex for p = "
+                     f"1/sqrt(kappa_max); min mu_i = {np.min(mus):.3g}.")
+  kappa = float(np.max(ls / mus))
+  a = np.broadcast_to(np.asarray(alphas, np.float64), ls.shape)
+  gammas = 1 / ls if individual else np.full_like(ls, 1 / ls.max())
+  return ScafflixConstants(gammas, float(min(1.0, 1 / np.sqrt(kappa))), ls, mus, kappa,
+                           float(1 / np.mean(a ** 2 * ls)))

@@ -2,12 +2,12 @@
 stochastic proximal point with arbitrary cohort sampling, and its relatives.
 
 **SPPM-AS** (Algorithm 8; FL form Algorithm 14) — :func:`sppm_as`. Each global round the
-server samples a cohort ``S ~ 𝒮`` (any :class:`fedjaxsparse.samplers.Sampler`), broadcasts
+server samples a cohort ``S ~ 𝒮`` (any :class:`fedjaxsparse.ops.sampling.Sampler`), broadcasts
 ``x_t``, and the cohort computes
 
     x_{t+1} ≈ prox_{γ f_S}(x_t) = argmin_z  Σ_{i∈S} f_i(z)/(n p_i) + ‖z − x_t‖²/(2γ)
 
-with a prox solver 𝒜 (:mod:`fedjaxsparse.prox_solvers`) run for K iterations from z₀ = x_t,
+with a prox solver 𝒜 (:mod:`fedjaxsparse.convex.prox_solvers`) run for K iterations from z₀ = x_t,
 each iteration one *local communication round* of the cohort (clients ↔ hub). Clients are
 stateless. Special cases: full sampling → **PPM**; one client per round (uniform/nonuniform
 sampling) → **SPPM**; the solver ``gd(η, 1)`` → **MB-GD** ``x_t − η ∇f_S(x_t)`` (tested).
@@ -24,7 +24,7 @@ steps). The average is uniform over the cohort (the algorithms' ``1/|S_t|``); ``
 
 Cost (:class:`SPPMInfo`): each global round reports its local communication rounds K, the
 cohort size and the floats sent up and down (d per member per local round); the hierarchical
-cost model and cost-to-target are in :mod:`fedjaxsparse.accounting`.
+cost model and cost-to-target are in :mod:`fedjaxsparse.ops.accounting`.
 """
 from __future__ import annotations
 
@@ -34,14 +34,15 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from fedjaxsparse import accounting
-from fedjaxsparse.clients import map_clients
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.prox_solvers import Solver, gd
-from fedjaxsparse.samplers import Sampler
-from fedjaxsparse.sampling import client_keys, minibatch
-from fedjaxsparse.validation import check_number
+from fedjaxsparse.convex.prox_solvers import Solver, gd
+from fedjaxsparse.ops.sampling import Sampler
+from fedjaxsparse.ops.sampling import client_keys
+from fedjaxsparse.ops.local import minibatch
+from fedjaxsparse.errors import check_number
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 WEIGHTINGS = ("uniform", "sampling")

@@ -41,16 +41,16 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse import accounting
-from fedjaxsparse import masks as MK
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops import masks as MK
 from fedjaxsparse.algorithms.fedspa import FedSpaState
-from fedjaxsparse.clients import map_clients
+from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.local import epoch_sgd, max_local_steps
-from fedjaxsparse.sampling import check_cohort_size, client_keys, sample_cohort
-from fedjaxsparse.sparsity import _largest_bisection, nnz
-from fedjaxsparse.validation import check_number
+from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.sparsity import _largest_bisection, nnz
+from fedjaxsparse.errors import check_number
 
 LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 

@@ -1,6 +1,6 @@
 """Synthetic stand-ins of the papers' data sets, of the same shape, for offline runs.
 
-A paper configuration (:mod:`fedjaxsparse.protocol`) runs on the real data when its files are
+A paper configuration (:mod:`fedjaxsparse.harness.protocol`) runs on the real data when its files are
 present and on one of these otherwise; every output then names the stand-in. They reproduce
 the *shape* of a protocol — clients, examples per client, features, classes, heterogeneity —
 not its numbers: accuracies and R² on a stand-in are not comparable with the paper's.

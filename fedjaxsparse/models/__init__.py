@@ -11,7 +11,7 @@ from fedjaxsparse.models.linear import (linear_regression, logistic_loss, logist
 from fedjaxsparse.models.nets import (bn_cnn, char_lstm, cnn, cohort_squeeze_cnn, fedp3_cnn, lenet5_caffe,
                                       mlp,
                                       resnet18, vgg11)
-from fedjaxsparse.sparsity import num_params
+from fedjaxsparse.ops.sparsity import num_params
 
 MODELS = ("linear", "softmax", "mlp", "cnn", "resnet18", "lstm")
 

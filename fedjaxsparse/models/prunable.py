@@ -6,7 +6,7 @@ Every parameterised layer names the **channel set** of its input and output chan
 convolution's output channels with the norm that follows it, a depthwise convolution's channels
 with the 1×1 convolutions around it, and, across a residual addition, the channels of every
 branch that is summed (the residual stream of a stage is one set, produced by the stem or
-shortcut and by each block's last convolution). :mod:`fedjaxsparse.zig` reads these
+shortcut and by each block's last convolution). :mod:`fedjaxsparse.pruning.zig` reads these
 declarations off a traced call (``flax.linen.intercept_methods``) and builds the zero-invariant
 groups (one per channel of a prunable set; sets named with a leading ``_`` are fixed), the
 group operators and the physical removal. The
@@ -16,7 +16,7 @@ numerically (zeroing a group zeroes its channels for any input, and the physical
 network computes the masked one's function).
 
 Architectures (each takes ``widths``: ``{set name: channels}`` overrides, as produced by
-:func:`fedjaxsparse.zig.compress`):
+:func:`fedjaxsparse.pruning.zig.compress`):
 
 * :func:`cifar_resnet` — He et al.'s CIFAR ResNet-(6n+2) (ResNet-20/56/110; option-A
   shortcuts: subsample and zero-pad, no parameters), widths 16/32/64; the inner channel of each
@@ -260,7 +260,7 @@ def cifar_resnet(depth: int = 56, input_shape: Sequence[int] = (32, 32, 3),
                  num_classes: int = 10, norm: str = "batch", num_groups: int = 8,
                  widths: dict | None = None) -> tuple[nn.Module, Model]:
   """ResNet-``depth`` (``depth = 6n + 2``: 20, 32, 44, 56, 110). Returns ``(module, Model)``;
-  the module is what :func:`fedjaxsparse.zig.trace` reads."""
+  the module is what :func:`fedjaxsparse.pruning.zig.trace` reads."""
   if depth < 8 or (depth - 2) % 6:
     raise ValueError(f"depth must be 6n + 2 with n >= 1 (8, 14, 20, 56, ...), got {depth}.")
   _check(norm, num_groups)

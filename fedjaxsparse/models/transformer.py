@@ -2,11 +2,11 @@
 prunes (l. 1830): **LLaMA-style** (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention;
 LLaMA-2/3) and **OPT-style** (learned positions offset by 2, pre-LayerNorm, ReLU MLP, biases).
 
-Parameter names follow the Hugging Face checkpoints, so :mod:`fedjaxsparse.hf` maps them one to
+Parameter names follow the Hugging Face checkpoints, so :mod:`fedjaxsparse.models.hf` maps them one to
 one: block ``i`` is ``layers_{i}`` with ``self_attn/{q,k,v,o|out}_proj``, ``mlp/{gate,up,down}_proj``
 (LLaMA) or ``fc1``/``fc2`` (OPT); every linear layer's ``kernel`` is flax's ``(in, out)`` layout.
 Each :class:`Linear` sows its input into the ``"calib"`` collection when that collection is
-mutable — this is how :mod:`fedjaxsparse.sequential` collects per-layer calibration statistics
+mutable — this is how :mod:`fedjaxsparse.pruning.sequential` collects per-layer calibration statistics
 one block at a time (``Block(cfg).apply({"params": p}, h, mutable=["calib"])``).
 
 Shapes: token ids ``int32[B, T]`` → logits ``float32[B, T, V]``; hidden states ``[B, T, H]``.

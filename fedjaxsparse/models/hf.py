@@ -3,7 +3,7 @@
 
 Reading is lazy and per tensor (``safetensors.safe_open``), so :func:`block` loads one decoder
 block at a time into host memory — a model larger than the accelerator can be pruned block by
-block (:mod:`fedjaxsparse.sequential`). Linear weights are stored ``[out, in]`` (PyTorch) and
+block (:mod:`fedjaxsparse.pruning.sequential`). Linear weights are stored ``[out, in]`` (PyTorch) and
 become flax kernels ``[in, out]``. :func:`save` writes the same format (the test checkpoints,
 the Shakespeare model this library trains, and pruned models).
 

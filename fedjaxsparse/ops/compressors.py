@@ -4,7 +4,7 @@ Every compressor is a :class:`Compressor` NamedTuple: ``compress(key, tree) -> t
 jittable, static shapes), the class constants of seed 001 — relative bias ``eta`` and relative
 variance ``omega`` of ``C(η, ω)`` (``‖E C(x) − x‖ ≤ η‖x‖``, ``E‖C(x) − E C(x)‖² ≤ ω‖x‖²``) —
 and ``bits(d)``, the uplink cost of one message under the accounting conventions of
-:mod:`fedjaxsparse.accounting`. Sparsifiers act on the whole flattened pytree (global, as
+:mod:`fedjaxsparse.ops.accounting`. Sparsifiers act on the whole flattened pytree (global, as
 ``x ∈ R^d`` in the papers). Constants depend on ``d``, so constructors take ``d``.
 
 Catalogue (spec ``seed001_ch2.md`` §2.1): identity; rand-k (unbiased, ω = d/k − 1); scaled
@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from fedjaxsparse import accounting
+from fedjaxsparse.ops import accounting
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.sparsity import top_k_indices
+from fedjaxsparse.ops.sparsity import top_k_indices
 
 
 class Compressor(NamedTuple):

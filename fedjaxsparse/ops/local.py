@@ -1,49 +1,21 @@
-"""Client sampling inside ``jit``, and per-client randomness.
-
-Shared randomness (the cohort) is drawn once per round from the round key, outside any client
-``vmap``. A client's own key is ``fold_in(key, client_id)``, so it depends on the client's
-identity only, not on its position in the cohort or on the device count (DESIGN.md).
-"""
+"""Local training of ONE client: minibatches (with replacement, :func:`minibatch`; or epochs
+without replacement, :func:`epoch_minibatch`), the epoch loop under a static step count
+(:func:`epoch_loop`), and epoch-based local SGD (:func:`epoch_sgd`: seed 002's protocol of E
+epochs of minibatches of B, weight decay, a step size set per round) shared by FedSpa, Ditto,
+Local and Sub-FedAvg. Clients of unequal size share one vmapped loop of ``max_steps`` steps."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-
-from fedjaxsparse.samplers import nice
-
-
-def check_cohort_size(cohort_size: int | None, num_clients: int) -> int:
-  """The static cohort size (``None`` means full participation), validated."""
-  if cohort_size is None:
-    return num_clients
-  if not isinstance(cohort_size, int) or not 1 <= cohort_size <= num_clients:
-    raise ValueError(f"cohort_size must be an int in [1, num_clients={num_clients}], got "
-                     f"{cohort_size!r}.")
-  return cohort_size
-
-
-def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int | None) -> jax.Array:
-  """Client ids ``int32[C]`` of this round's cohort.
-
-  Full participation (``cohort_size`` None or ``num_clients``) returns ``arange(N)``; otherwise
-  a uniform sample of ``C`` distinct clients (every C-subset equally likely), sorted: τ-NICE
-  of :mod:`fedjaxsparse.samplers`, which has the other samplings.
-  """
-  return nice(num_clients, check_cohort_size(cohort_size, num_clients)).draw(key)[0]
-
-
-def client_keys(key: jax.Array, client_ids: jax.Array) -> jax.Array:
-  """Per-client keys ``[C]``: ``fold_in(key, client_id)`` for each id in ``client_ids[C]``."""
-  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, client_ids)
 
 
 def minibatch(key: jax.Array, data, batch_size: int | None, augment=None):
   """One client's ``(x, y, mask)`` for a local step: its full (masked) data when
   ``batch_size`` is ``None``, else ``batch_size`` examples drawn uniformly *with replacement*
   from its real examples (a static shape, so clients of any size share one kernel).
-  ``augment(key, x) -> x`` (e.g. :func:`fedjaxsparse.augment.crop_flip`) transforms the
+  ``augment(key, x) -> x`` (e.g. :func:`fedjaxsparse.ops.augment.crop_flip`) transforms the
   drawn images with its own key; ``data`` is one client's row (``x [M, ...]``)."""
   if batch_size is None:
     x, y, mask = data.x, data.y, data.mask
@@ -89,3 +61,32 @@ def epoch_loop(update, carry: Any, key: jax.Array, data, batch_size: int, epochs
     return jax.tree.map(lambda old, nw: jnp.where(t < s_k, nw, old), c, new)
 
   return jax.lax.fori_loop(0, max_steps, body, carry)
+
+
+def epoch_sgd(grad_fn: Callable, params: Any, key: jax.Array, data, *, lr: Any, epochs: int,
+              batch_size: int, max_steps: int, weight_decay: float = 0.0, mask: Any = None,
+              prox: tuple[float, Any] | None = None) -> Any:
+  """``params`` after ``S_k = E⌈n_k/B⌉`` steps of
+
+      v ← v − η·m⊙(∇L(v; ξ) + λ_wd v + μ(v − c)),
+
+  ``grad_fn(params, x, y, mask) -> grads``; ``mask`` (boolean pytree, ``None``: dense) keeps
+  the iterate on its support (entries off the mask never move — zero if they start at zero);
+  ``prox = (μ, c)`` adds Ditto's proximal pull towards ``c``. ``lr`` may be traced."""
+  mu, centre = prox if prox is not None else (0.0, None)
+
+  def update(t, v, batch):
+    g = grad_fn(v, *batch)
+    g = jax.tree.map(lambda gi, vi: gi + weight_decay * vi, g, v)
+    if centre is not None:
+      g = jax.tree.map(lambda gi, vi, ci: gi + mu * (vi - ci), g, v, centre)
+    if mask is not None:
+      g = jax.tree.map(lambda m, gi: jnp.where(m, gi, jnp.zeros_like(gi)), mask, g)
+    return jax.tree.map(lambda vi, gi: vi - lr * gi, v, g)
+
+  return epoch_loop(update, params, key, data, batch_size, epochs, max_steps)
+
+
+def max_local_steps(data, batch_size: int, epochs: int) -> int:
+  """The static ``S_max = E⌈max_k n_k/B⌉`` of a (padded) federated dataset."""
+  return epochs * -(-data.max_examples // batch_size)

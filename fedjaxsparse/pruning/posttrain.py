@@ -12,8 +12,8 @@
 :func:`prune_params` applies a score to every 2-D ``kernel`` leaf (by path), with per-layer
 calibration statistics (``{path: CalibStats}``, or ``{path: x_norm}``) and a per-leaf key
 (``fold_in`` of its index) for the stochastic scores, so masks are deterministic under the key;
-``refine=`` a :class:`~fedjaxsparse.dsnot.DSnoTConfig` then refines every unstructured mask with
-DSnoT / R²-DSnoT (which needs the full :class:`~fedjaxsparse.calibration.CalibStats`).
+``refine=`` a :class:`~fedjaxsparse.pruning.dsnot.DSnoTConfig` then refines every unstructured mask with
+DSnoT / R²-DSnoT (which needs the full :class:`~fedjaxsparse.pruning.calibration.CalibStats`).
 
 :func:`prune_model` calibrates and prunes any flax model in one call (layer-sequentially, via
 ``flax.linen.intercept_methods``); :func:`one_shot` tabulates a trained federated model's
@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import dsnot
-from fedjaxsparse.calibration import CalibStats
+from fedjaxsparse.pruning import dsnot
+from fedjaxsparse.pruning.calibration import CalibStats
 
 GROUPS = ("per_output", "per_input", "per_layer")
 ScoreFn = Callable[[jax.Array, Any, jax.Array], jax.Array]  # (W, x_norm | None, key) -> S
@@ -143,7 +143,7 @@ def _captured_inputs(apply_fn: Callable, params: Any, x: jax.Array) -> dict[str,
 def calibrate(apply_fn: Callable, params: Any, batches) -> dict[str, CalibStats]:
   """``{path: CalibStats}`` of the inputs of every dense layer of a flax model
   (``apply_fn(params, x)``, e.g. ``Model.apply``) over the calibration ``batches``."""
-  from fedjaxsparse.calibration import init_stats, update_stats
+  from fedjaxsparse.pruning.calibration import init_stats, update_stats
   stats: dict[str, CalibStats] = {}
   for x in batches:
     for path, inp in _captured_inputs(apply_fn, params, jnp.asarray(x)).items():
@@ -190,8 +190,8 @@ def one_shot(apply_fn: Callable, params: Any, batches, evaluate: Callable[[Any],
              sparsities, score_names=("magnitude", "wanda", "ria"), **kw) -> list[dict]:
   """Rows ``{"score", "sparsity", **evaluate(pruned params)}``: a trained (e.g. federated
   global) model pruned one-shot by :func:`prune_model` with each named score
-  (:func:`fedjaxsparse.scores.by_name` defaults) at each sparsity."""
-  from fedjaxsparse.scores import by_name
+  (:func:`fedjaxsparse.pruning.scores.by_name` defaults) at each sparsity."""
+  from fedjaxsparse.pruning.scores import by_name
   batches = list(batches)
   rows = [{"score": "dense", "sparsity": 0.0,
            **{k: float(v) for k, v in evaluate(params).items()}}]

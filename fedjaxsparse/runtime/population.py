@@ -33,8 +33,8 @@ from tqdm.auto import tqdm
 
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.runner import EvalFn, History, split_run_key
-from fedjaxsparse.sampling import check_cohort_size, sample_cohort
+from fedjaxsparse.runtime.runner import EvalFn, History, split_run_key
+from fedjaxsparse.ops.sampling import check_cohort_size, sample_cohort
 
 RESIDENCES = ("auto", "device", "host")
 
@@ -200,7 +200,7 @@ class _HostChunk(NamedTuple):  # what History.add_chunk reads
 def run(algo: CohortAlgorithm, key: jax.Array, params: Any, train: FederatedData,
         test: Any = None, *, num_rounds: int, residence: str = "auto", **kw):
   """Run ``algo`` with its client state where ``residence`` says: ``"device"``
-  (:func:`fedjaxsparse.runner.run` of :func:`on_device`; returns its ``RunResult``),
+  (:func:`fedjaxsparse.runtime.runner.run` of :func:`on_device`; returns its ``RunResult``),
   ``"host"`` (:func:`run_on_host`; returns a :class:`HostRun`) or ``"auto"``
   (:func:`choose_residence`). ``kw`` go to the chosen runner (``eval_fn``, ``eval_every``,
   ``progress``, ``desc``; the device runner also takes checkpoints, mesh, ...)."""
@@ -210,5 +210,5 @@ def run(algo: CohortAlgorithm, key: jax.Array, params: Any, train: FederatedData
     residence = choose_residence(algo, params, train)[0]
   if residence == "host":
     return run_on_host(algo, key, params, train, test, num_rounds=num_rounds, **kw)
-  from fedjaxsparse.runner import run as run_device
+  from fedjaxsparse.runtime.runner import run as run_device
   return run_device(on_device(algo), key, params, train, test, num_rounds=num_rounds, **kw)

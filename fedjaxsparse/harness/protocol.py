@@ -8,7 +8,7 @@
   this range were taken" (`000:505`, `000:529`): stage 1 samples a wide box, the best
   ``top_fraction`` of its candidates span the box of stage 2, and the best candidate of both
   stages wins. Candidates are scored by a caller-supplied batch function, so all candidates ×
-  repetitions of a stage can run as one vmapped program (:func:`fedjaxsparse.sweep.
+  repetitions of a stage can run as one vmapped program (:func:`fedjaxsparse.runtime.sweep.
   run_batched`); hyper-parameters that must stay static (local-step counts) are grouped by
   value by the caller.
 * **Seeds** (:func:`mean_se`): every reported number is a mean ± standard error over S runs,
@@ -188,7 +188,7 @@ class PaperConfig:
   deviations: str = ""
 
   def common(self) -> dict:
-    """The :class:`fedjaxsparse.experiment.Config` fields this configuration sets."""
+    """The :class:`fedjaxsparse.harness.experiment.Config` fields this configuration sets."""
     return {"dataset": self.dataset, "clients": self.clients, "rounds": self.rounds,
             "eval_every": self.eval_every}
 
@@ -216,7 +216,7 @@ def paper_table(paper: PaperConfig, ours: dict, label: str,
   """Rows ``{"method", "ours COL", "paper COL", ...}`` for every method and column of
   ``paper.paper``; ``ours`` is ``{column: {method: value}}`` (missing: ``None``), converted
   to the paper's unit by ``convert``. Printed with a header naming both sources."""
-  from fedjaxsparse.experiment import print_table  # the table printer of the experiments
+  from fedjaxsparse.harness.experiment import print_table  # the table printer of the experiments
   methods = list(dict.fromkeys(m for col in paper.paper.values() for m in col))
   rows = []
   for m in methods:

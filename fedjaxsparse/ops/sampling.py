@@ -1,6 +1,7 @@
 """Cohort samplings ("arbitrary sampling", seed 001 chapter 5 §5.3 and D.2; spec
 ``seed001_ch3_ch5.md`` §3.1, §3.3, §3.4): full, nonuniform, uniform, importance, τ-NICE, block,
-stratified and Algorithm 14's two-stage cluster sampling.
+stratified and Algorithm 14's two-stage cluster sampling; and the plain uniform cohort of a
+round (:func:`sample_cohort`) with per-client keys (:func:`client_keys`).
 
 A :class:`Sampler` draws a **static-shape** cohort inside ``jit`` (:meth:`Sampler.sample`:
 ids ``int32[m]``, a 0/1 ``mask[m]`` for samplings whose cohort size varies, and the weights
@@ -315,3 +316,33 @@ def kmeans_blocks(features: np.ndarray, b: int, seed: int = 0) -> list[np.ndarra
     raise ValueError(f"b (number of blocks) must be an int in [1, n={len(f)}], got {b!r}.")
   labels = KMeans(n_clusters=b, n_init=10, random_state=seed).fit_predict(f)
   return [np.flatnonzero(labels == k) for k in range(b)]
+
+
+# --- The cohort of a round and per-client randomness ------------------------------------
+# Shared randomness (the cohort) is drawn once per round from the round key, outside any client
+# ``vmap``. A client's own key is ``fold_in(key, client_id)``, so it depends on the client's
+# identity only, not on its position in the cohort or on the device count.
+
+def check_cohort_size(cohort_size: int | None, num_clients: int) -> int:
+  """The static cohort size (``None`` means full participation), validated."""
+  if cohort_size is None:
+    return num_clients
+  if not isinstance(cohort_size, int) or not 1 <= cohort_size <= num_clients:
+    raise ValueError(f"cohort_size must be an int in [1, num_clients={num_clients}], got "
+                     f"{cohort_size!r}.")
+  return cohort_size
+
+
+def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int | None) -> jax.Array:
+  """Client ids ``int32[C]`` of this round's cohort.
+
+  Full participation (``cohort_size`` None or ``num_clients``) returns ``arange(N)``; otherwise
+  a uniform sample of ``C`` distinct clients (every C-subset equally likely), sorted: τ-NICE
+  (:func:`nice`).
+  """
+  return nice(num_clients, check_cohort_size(cohort_size, num_clients)).draw(key)[0]
+
+
+def client_keys(key: jax.Array, client_ids: jax.Array) -> jax.Array:
+  """Per-client keys ``[C]``: ``fold_in(key, client_id)`` for each id in ``client_ids[C]``."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, client_ids)

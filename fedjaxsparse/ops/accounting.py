@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.core import float_dtype
-from fedjaxsparse.sparsity import nnz, num_params
+from fedjaxsparse.ops.sparsity import nnz, num_params
 
 FLOAT_BITS = 32
 SEED_BITS = 32

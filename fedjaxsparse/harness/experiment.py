@@ -27,13 +27,13 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from fedjaxsparse.clients import with_strategy
+from fedjaxsparse.runtime.clients import with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.locking import FolderLock
-from fedjaxsparse.protocol import PaperConfig
-from fedjaxsparse.runner import EvalFn, run
-from fedjaxsparse.sharding import client_mesh
+from fedjaxsparse.runtime.locking import FolderLock
+from fedjaxsparse.harness.protocol import PaperConfig
+from fedjaxsparse.runtime.runner import EvalFn, run
+from fedjaxsparse.runtime.sharding import client_mesh
 
 DIVERGENCE = ("error", "skip")
 INT32_MAX = 2 ** 31 - 1
@@ -51,7 +51,7 @@ class Config:
     seed: run and partition seed.
     out: output directory; results go to ``out/<experiment>/``.
     resume: continue each method from its newest checkpoint (the checkpoint must come from
-      the same configuration; see :func:`fedjaxsparse.runner.run`).
+      the same configuration; see :func:`fedjaxsparse.runtime.runner.run`).
     overwrite: delete checkpoints of an earlier run and start afresh (without it, and without
       ``resume``, an output folder holding checkpoints is an error).
     eval_every: evaluate every this many rounds.

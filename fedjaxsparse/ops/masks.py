@@ -1,7 +1,7 @@
 """Sparse masks over model pytrees: layer-wise densities, exact-count random masks, prune and
 regrow, drop-fraction schedules, diagnostics and bit-packed storage (seed 002, FedSpa §3 and
 App. A; spec ``seed002.md`` §3, §8). Every sparse-training method builds on these; FedMRN's
-masks over noise are another thing (:mod:`fedjaxsparse.masking`).
+masks over noise are another thing (:mod:`fedjaxsparse.ops.noise_masks`).
 
 * **Which leaves are masked.** Leaves with ``ndim ≥ 2`` (conv and dense kernels) are masked;
   biases and norm scales/offsets (``ndim ≤ 1``) stay dense, as in the FLOPs arithmetic of the
@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.sparsity import _random_keys
+from fedjaxsparse.ops.sparsity import _random_keys
 
 DISTRIBUTIONS = ("erk", "er", "uniform")
 REGROWTHS = ("gradient", "random")

@@ -13,7 +13,7 @@ work is within ``max_waste`` of the real work, cut optimally (dynamic programmin
 sorted sizes). Every bucket is one more copy of the kernel in the compiled program, so
 compile time grows with the number of buckets; ``max_buckets`` bounds it
 (``benchmarks/bench_layout.py`` measures both). Algorithms whose step accepts bucketed data
-set ``Algorithm.bucketable``; :func:`fedjaxsparse.runner.run` then applies
+set ``Algorithm.bucketable``; :func:`fedjaxsparse.runtime.runner.run` then applies
 :func:`auto_layout` to unequal training data by itself.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``run_batched`` compiles ``init`` plus all rounds (the runner's scan, one chunk of
 ``num_rounds``) and vmaps it over ``S`` run keys and, optionally, ``S`` hyper-parameter
-settings. Repetition ``s`` computes exactly what :func:`fedjaxsparse.runner.run` computes for
+settings. Repetition ``s`` computes exactly what :func:`fedjaxsparse.runtime.runner.run` computes for
 ``keys[s]`` (same key derivation), so five repetitions or a learning-rate grid are one XLA
 program. Hyper-parameters must enter the algorithm as arrays (e.g. an optax learning rate),
 not as static Python values (local step counts, K in Top-K and cohort sizes stay static).
@@ -18,7 +18,7 @@ import numpy as np
 
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import check_data
-from fedjaxsparse.runner import EvalFn, History, arrange, build_chunk, split_run_key
+from fedjaxsparse.runtime.runner import EvalFn, History, arrange, build_chunk, split_run_key
 
 
 def grid(**axes: Any) -> dict[str, np.ndarray]:
@@ -46,7 +46,7 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
     train, test: data shared by all runs.
     num_rounds: rounds per run.
     hparams: a pytree whose leaves have leading axis ``S``, or ``None``.
-    eval_fn, eval_every, params_fn, layout, clients: as in :func:`fedjaxsparse.runner.run`.
+    eval_fn, eval_every, params_fn, layout, clients: as in :func:`fedjaxsparse.runtime.runner.run`.
 
   Returns:
     ``(states, histories)``: final states with leading axis ``S``, and one :class:`History`

@@ -48,7 +48,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.calibration import CalibStats
+from fedjaxsparse.pruning.calibration import CalibStats
 
 ACCEPT_RULES = ("threshold", "same_sign", "decrease")
 _P_VALUES = (1.0, 2.0, float("inf"))

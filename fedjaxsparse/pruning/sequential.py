@@ -3,18 +3,18 @@
 
 1. the calibration windows are embedded once, ``h [N, T, H]``;
 2. for block ℓ = 0, 1, …: one dense forward of block ℓ over ``h`` accumulates, for each of its
-   linear layers, the streaming :class:`~fedjaxsparse.calibration.CalibStats` of its inputs (and
+   linear layers, the streaming :class:`~fedjaxsparse.pruning.calibration.CalibStats` of its inputs (and
    their Gram matrix ``XᵀX`` when the layer is at most ``gram_limit`` wide, for the
    reconstruction error); every linear layer of the block is then scored, masked (and refined by
    DSnoT) in **one jitted program**; ``h`` is pushed through the *pruned* block, so block ℓ+1
    is calibrated on what the pruned model really feeds it.
 
 Only one block's parameters are on the accelerator at a time; the rest stay in host memory (or
-on disk, with :class:`fedjaxsparse.hf.Checkpoint`), so a model larger than the accelerator can be
+on disk, with :class:`fedjaxsparse.models.hf.Checkpoint`), so a model larger than the accelerator can be
 pruned. :func:`perplexity` evaluates the same way, block by block.
 
 A *source* is anything with ``config``, ``outer()`` and ``block(i)`` (host parameters): a
-:class:`~fedjaxsparse.hf.Checkpoint` or a :class:`ParamsSource`.
+:class:`~fedjaxsparse.models.hf.Checkpoint` or a :class:`ParamsSource`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse import calibration, dsnot, posttrain
+from fedjaxsparse.pruning import calibration, dsnot, posttrain
 from fedjaxsparse.models import transformer as T
 
 
@@ -111,7 +111,7 @@ def prune(source, calib_ids: np.ndarray, score_fn, *, sparsity: float | None = N
           batch_size: int = 8, gram_limit: int = 4096, progress: bool = False
           ) -> tuple[ParamsSource, dict[str, LayerReport]]:
   """Prunes every linear layer of every block of ``source`` with ``score_fn``
-  (:func:`fedjaxsparse.scores.by_name`), block-sequentially on ``calib_ids [N, T]``. Returns the
+  (:func:`fedjaxsparse.pruning.scores.by_name`), block-sequentially on ``calib_ids [N, T]``. Returns the
   pruned model (host numpy) and ``{"layers_{i}/<linear>": LayerReport}``."""
   cfg = source.config
   key = jax.random.key(0) if key is None else key
@@ -150,7 +150,7 @@ def prune(source, calib_ids: np.ndarray, score_fn, *, sparsity: float | None = N
 
 
 def perplexity(source, windows: np.ndarray, batch_size: int = 8) -> float:
-  """:func:`fedjaxsparse.lm.perplexity`'s quantity, computed block by block (one block on the
+  """:func:`fedjaxsparse.pruning.lm.perplexity`'s quantity, computed block by block (one block on the
   accelerator at a time)."""
   cfg = source.config
   embed, head, fwd, _ = _fns(cfg)

@@ -21,7 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from fedjaxsparse.errors import CheckpointCorruptError
-from fedjaxsparse.fingerprint import tree_digest
+from fedjaxsparse.runtime.fingerprint import tree_digest
 
 
 class Checkpointer:

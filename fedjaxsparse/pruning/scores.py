@@ -5,7 +5,7 @@ the *smallest* score.
 Layout (spec §0.2.1): the layer computes ``X W`` with calibration inputs ``X ∈ R^{a×b}`` (a
 tokens, b = C_in) and ``W ∈ R^{b×c}`` (c = C_out) — flax's ``Dense`` kernel ``(in, out)``. Row
 ``W_{j:}`` is input channel j (length c), column ``W_{:k}`` output neuron k (length b).
-``x_norm[b]`` is ``‖X_{:j}‖₂`` (:mod:`fedjaxsparse.calibration`), ``y_norm[c]`` is
+``x_norm[b]`` is ``‖X_{:j}‖₂`` (:mod:`fedjaxsparse.pruning.calibration`), ``y_norm[c]`` is
 ``‖Y_{k:}‖₂`` of an output-side calibration Y.
 
 Every score is a pure function ``W[b, c] (, stats, key) -> float[b, c]``:

@@ -15,7 +15,7 @@ Randomness: the run key splits into an init key and a rounds key; round ``r`` (0
 stopped after any chunk and resumed from its checkpoint is bitwise identical (on CPU) to an
 uninterrupted one.
 
-Trust: a checkpoint records the run's fingerprint (:mod:`fedjaxsparse.fingerprint`), a digest
+Trust: a checkpoint records the run's fingerprint (:mod:`fedjaxsparse.runtime.fingerprint`), a digest
 of its state and the total training time; ``resume`` refuses a checkpoint of another run and
 falls back past damaged steps; a fresh run refuses to write over an earlier run's checkpoints
 unless told to; the checkpoint folder is locked while a run uses it. Every chunk also reports
@@ -35,16 +35,16 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedjaxsparse.checkpoint import Checkpointer
-from fedjaxsparse.clients import Executed, auto_layout, choose_strategy, with_strategy
+from fedjaxsparse.runtime.checkpoint import Checkpointer
+from fedjaxsparse.runtime.clients import Executed, auto_layout, choose_strategy, with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import (CheckpointExistsError, NonFiniteError, RunMismatchError,
                                  UserError)
-from fedjaxsparse.fingerprint import diff as fingerprint_diff
-from fedjaxsparse.fingerprint import run_fingerprint
-from fedjaxsparse.locking import FolderLock
-from fedjaxsparse.sharding import shard_clients
+from fedjaxsparse.runtime.fingerprint import diff as fingerprint_diff
+from fedjaxsparse.runtime.fingerprint import run_fingerprint
+from fedjaxsparse.runtime.locking import FolderLock
+from fedjaxsparse.runtime.sharding import shard_clients
 
 EvalFn = Callable[[Any, Any], dict]  # (params, test_data) -> {name: scalar}
 
@@ -323,12 +323,12 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     chunk_size: rounds per compiled chunk (default ``eval_every``, capped at ``num_rounds``).
     params_fn: ``state -> global model`` (default ``state.params``).
     checkpoint_dir: where to write orbax checkpoints (none if ``None``). The folder is locked
-      while the run is active (:class:`~fedjaxsparse.locking.FolderLock`).
+      while the run is active (:class:`~fedjaxsparse.runtime.locking.FolderLock`).
     checkpoint_every: checkpoint after every this many chunks (and after the last); a chunk
       counts ``eval_every`` rounds here when ``chunk_size`` is not given.
     resume: continue from the newest intact checkpoint in ``checkpoint_dir``. The checkpoint
       must come from the same run — same algorithm and hyper-parameters, model, data, initial
-      model, key and evaluation (see :mod:`fedjaxsparse.fingerprint`) — and hold at most
+      model, key and evaluation (see :mod:`fedjaxsparse.runtime.fingerprint`) — and hold at most
       ``num_rounds`` rounds; otherwise :class:`~fedjaxsparse.errors.RunMismatchError` names
       what differs. A longer ``num_rounds`` extends the run.
     overwrite: with ``resume=False``, delete checkpoints already in ``checkpoint_dir``
@@ -342,18 +342,18 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
       history holds the rounds before the first non-finite one). Checked inside the compiled
       chunk, read at every chunk boundary.
     mesh: shard the client axis of data and per-client state over this mesh
-      (:func:`fedjaxsparse.sharding.client_mesh`).
+      (:func:`fedjaxsparse.runtime.sharding.client_mesh`).
     progress: show a progress bar (round, loss, metric, cumulative uplink bits), and an
       estimate of the remaining time when it exceeds ``estimate_after_s``.
     desc: progress bar label (and the run's name in errors).
     on_chunk: called as ``on_chunk(round, state, history)`` after each chunk (logging, early
       stopping by raising).
     layout: ``"auto"`` puts unequal clients of a :class:`~fedjaxsparse.data.FederatedData`
-      into size buckets (:func:`fedjaxsparse.clients.auto_layout`) when the algorithm is
+      into size buckets (:func:`fedjaxsparse.runtime.clients.auto_layout`) when the algorithm is
       ``bucketable`` and no ``mesh`` is given — the same result, less padded work;
       ``"padded"`` runs ``train`` as given.
-    clients: how the clients' kernels execute (:func:`fedjaxsparse.clients.with_strategy`):
-      ``"auto"`` (default: :func:`fedjaxsparse.clients.choose_strategy`, ``"vmap"`` unless
+    clients: how the clients' kernels execute (:func:`fedjaxsparse.runtime.clients.with_strategy`):
+      ``"auto"`` (default: :func:`fedjaxsparse.runtime.clients.choose_strategy`, ``"vmap"`` unless
       convolutional clients on CPU), ``"vmap"``, ``"map"``, ``"unroll"`` or ``"unroll:G"`` —
       the same results, different speed and compile time
       (``benchmarks/bench_client_strategies.py``). Under ``"unroll"`` rounds run loop-free:

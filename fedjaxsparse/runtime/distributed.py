@@ -3,7 +3,7 @@
 Every process runs the same program (SPMD). :func:`initialize` joins the processes through a
 coordinator (on CPU, cross-process collectives go through gloo,
 ``jax_cpu_collectives_implementation``); afterwards ``jax.devices()`` lists every process's
-devices, and :func:`fedjaxsparse.sharding.client_mesh` spans them all, so
+devices, and :func:`fedjaxsparse.runtime.sharding.client_mesh` spans them all, so
 ``run(..., mesh=client_mesh())`` shards the client axis over every process's devices, the
 server aggregate becomes a cross-process reduction, and every process holds the same
 replicated global model, history and diagnostics (the host reads only replicated values and

@@ -15,9 +15,9 @@ import pkgutil
 import sys
 import textwrap
 
-from fedjaxsparse import distributed
+from fedjaxsparse.runtime import distributed
 from fedjaxsparse.errors import ConfigError, UserError
-from fedjaxsparse.experiment import DIVERGENCE, Config, with_paper, with_quick
+from fedjaxsparse.harness.experiment import DIVERGENCE, Config, with_paper, with_quick
 
 ROUND_NOTE = """\
 What --rounds counts is each experiment's budget unit (see `fedjaxsparse describe NAME`).
@@ -220,7 +220,7 @@ def _launch(argv: list[str], processes: int) -> int:
   if processes < 1:
     print(f"fedjaxsparse: error: --processes must be >= 1, got {processes}.", file=sys.stderr)
     return 2
-  runs = distributed.launch(["-m", "fedjaxsparse.cli", *argv], processes, stream_primary=True)
+  runs = distributed.launch(["-m", "fedjaxsparse.harness.cli", *argv], processes, stream_primary=True)
   for i, r in enumerate(runs[1:], 1):
     if r.returncode:
       print(f"fedjaxsparse: process {i} failed ({r.returncode}):\n{r.stderr[-3000:]}",

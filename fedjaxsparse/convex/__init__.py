@@ -1,0 +1,3 @@
+"""Sparse convex problems: gap-safe screening (``screening``), proximal solvers
+(``prox_solvers``) and the smoothness and strong-convexity constants of linear models
+(``constants``)."""

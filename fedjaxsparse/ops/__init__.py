@@ -1,0 +1,6 @@
+"""The small pure pieces algorithms compose: Top-K and thresholds (``sparsity``), ERK masks and
+prune/regrow (``masks``), FedMRN's masked noise (``noise_masks``), uplink compressors
+(``compressors``), client samplings with exact marginals and the round's cohort
+(``sampling``), local training loops and minibatches (``local``), aggregation weights
+(``aggregation``), bit and FLOP ledgers (``accounting``, ``flops``), image augmentation
+(``augment``) and FedP3's layer groups (``layer_groups``)."""
