@@ -82,8 +82,9 @@ from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.algorithms import ato as A
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.errors import CheckpointExistsError, ConfigError, RunMismatchError
-from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir, print_table,
-                                     save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
+                                             save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import prunable as P
 from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se

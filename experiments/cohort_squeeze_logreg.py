@@ -47,7 +47,8 @@ from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.experiment import (Config, Option, Steps, entry, name_list, output_dir,
-                                     print_table, save_results)
+                                             save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.harness.protocol import check_claim
 
@@ -317,8 +318,8 @@ def _best(name: str, costs: dict) -> dict:
 
 
 def _plot(results: dict, path: str, label: str) -> str:
-  from fedjaxsparse.harness.plotting import (integer_axis, log_axis, method_colors, method_styles, plt,
-                                     save_figure, wrap)
+  from fedjaxsparse.harness.plotting import (integer_axis, log_axis, method_colors, method_styles,
+                                             plt, save_figure, wrap)
   panels = [p for p in ("cost", "sampling", "baselines", "gamma") if p in results]
   fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1, 4.4),
                            layout="constrained", squeeze=False)

@@ -38,8 +38,9 @@ from fedjaxsparse.algorithms import sppm
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import evaluate, make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
-                                     run_method, save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
+                                             save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import cohort_squeeze_cnn, make_loss
 from fedjaxsparse.harness.plotting import method_colors, plot_methods
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split

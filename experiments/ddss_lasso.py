@@ -37,8 +37,8 @@ from fedjaxsparse.algorithms import ddss as DD
 from fedjaxsparse.algorithms import ddss_baselines as DB
 from fedjaxsparse.data import sparse_rows as SR
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import (Config, Option, Steps, entry, output_dir, print_table,
-                                     save_results)
+from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, output_dir, save_results
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.harness.plotting import plot_curves, plot_evals
 
 NAME = "ddss_lasso"

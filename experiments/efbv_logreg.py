@@ -41,8 +41,9 @@ from fedjaxsparse.convex.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import (Config, Option, entry, output_dir, print_table,
-                                     last, run_method, save_results, status)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, output_dir, last, run_method,
+                                             save_results, status)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.harness.plotting import method_colors, plot_evals
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, paper_table

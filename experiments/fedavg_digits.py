@@ -21,9 +21,9 @@ from fedjaxsparse.core import global_params
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, bits_to_reach, entry, output_dir,
-                                     last, print_table, run_method, save_results,
-                                     status)
+from fedjaxsparse.harness.experiment import (Config, Option, bits_to_reach, entry, output_dir, last,
+                                             run_method, save_results, status)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import get_model, make_loss
 from fedjaxsparse.harness.plotting import plot_methods
 

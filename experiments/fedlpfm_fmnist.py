@@ -54,7 +54,8 @@ from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import partition
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
-                                     print_table, run_method, save_results)
+                                             run_method, save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import cnn, make_loss, mlp
 from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import mean_se, validation_split

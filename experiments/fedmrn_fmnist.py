@@ -52,7 +52,8 @@ from fedjaxsparse.algorithms.fedpm import fedpm
 from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, fashion_mnist
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
-                                     print_table, run_method, save_results)
+                                             run_method, save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import bn_cnn, make_loss, mlp
 from fedjaxsparse.harness.plotting import method_colors, plot_curves, plot_methods
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split

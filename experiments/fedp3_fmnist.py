@@ -48,7 +48,8 @@ from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import hsu_dirichlet_partition, label_count_partition
 from fedjaxsparse.evaluation import make_personal_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
-                                     print_table, run_method, save_results)
+                                             run_method, save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import fedp3_cnn, make_loss, mlp, resnet18
 from fedjaxsparse.harness.plotting import method_colors, plot_methods
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split

@@ -25,8 +25,9 @@ import numpy as np
 from fedjaxsparse.algorithms import fedp3_theory as T
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
-                                     run_method, save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
+                                             save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import make_loss, softmax_regression
 from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import mean_se, validation_split

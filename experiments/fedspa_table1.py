@@ -45,7 +45,8 @@ from fedjaxsparse.data.partition import (dirichlet_partition, hsu_dirichlet_part
                                          iid_partition, matching_test_sets)
 from fedjaxsparse.evaluation import client_accuracy, make_eval_fn, make_personal_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
-                                     print_table, run_method, save_results)
+                                             run_method, save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import lenet5_caffe, make_loss, mlp, resnet18, vgg11
 from fedjaxsparse.harness.plotting import method_colors, plot_methods
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split

@@ -28,8 +28,9 @@ import numpy as np
 
 from fedjaxsparse.algorithms.scafflix import local_optima, personalize, scafflix
 from fedjaxsparse.convex.constants import logistic_optimum
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
-                                     run_method, save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
+                                             save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.experiments.scafflix_logreg import SPLITS, setup
 from fedjaxsparse.harness.plotting import method_colors, plot_evals
 

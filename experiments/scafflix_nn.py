@@ -49,13 +49,13 @@ import numpy as np
 import optax
 
 from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.algorithms.scafflix import (flix_sgd, local_optima, make_personal_eval_fn,
-                                              scafflix)
+from fedjaxsparse.algorithms.scafflix import flix_sgd, local_optima, make_personal_eval_fn, scafflix
 from fedjaxsparse import evaluation
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
-                                     run_method, save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
+                                             save_results)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import char_lstm, cnn, make_loss
 from fedjaxsparse.harness.plotting import method_colors, plot_personal
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, mean_se, validation_split

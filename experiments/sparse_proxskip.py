@@ -42,12 +42,12 @@ from fedjaxsparse.convex.constants import linear_model_constants
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Option, bits_to_reach, entry, last, name_list,
-                                     output_dir, print_table, run_method, save_results, status)
-from fedjaxsparse.models import (global_mean_scale, linear_regression, make_loss,
-                                 softmax_regression)
+                                             output_dir, run_method, save_results, status)
+from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.models import global_mean_scale, linear_regression, make_loss, softmax_regression
 from fedjaxsparse.harness.plotting import method_colors, plot_methods, plot_series
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
-                                   paper_table, two_stage_search, validation_split)
+                                           paper_table, two_stage_search, validation_split)
 from fedjaxsparse.ops.sparsity import k_from_sparsity, top_k
 from fedjaxsparse.runtime.sweep import run_batched
 

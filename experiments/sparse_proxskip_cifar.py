@@ -34,12 +34,13 @@ from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, print_table,
-                                     run_method, save_results, status)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
+                                             save_results, status)
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import get_model, make_loss
 from fedjaxsparse.harness.plotting import method_colors, plot_methods, plot_series
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
-                                   two_stage_search, validation_split)
+                                           two_stage_search, validation_split)
 from fedjaxsparse.ops.sparsity import top_k
 from fedjaxsparse.runtime.sweep import run_batched
 

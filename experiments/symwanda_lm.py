@@ -43,8 +43,8 @@ import numpy as np
 from fedjaxsparse.pruning import dsnot, lm, scores
 from fedjaxsparse.models import hf
 from fedjaxsparse.pruning import sequential as SQ
-from fedjaxsparse.harness.experiment import (Config, Option, Steps, entry, output_dir, print_table,
-                                     save_results)
+from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, output_dir, save_results
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models.transformer import TransformerConfig
 
 NAME = "symwanda_lm"

@@ -24,8 +24,8 @@ import numpy as np
 import optax
 
 from fedjaxsparse.pruning import posttrain, scores
-from fedjaxsparse.harness.experiment import (Config, Option, Steps, entry, output_dir, print_table,
-                                     save_results)
+from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, output_dir, save_results
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import mlp
 from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import check_claim

@@ -10,7 +10,7 @@ import pytest
 
 from fedjaxsparse.algorithms import proxskip as ps
 from fedjaxsparse.runtime.clients import (BucketedData, auto_layout, bucketize, map_clients,
-                                  padded_work, plan_buckets)
+                                          padded_work, plan_buckets)
 from fedjaxsparse.data import lognormal_partition, lognormal_sizes, pack_clients
 from fedjaxsparse.models import linear_regression, make_loss
 

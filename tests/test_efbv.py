@@ -1,7 +1,6 @@
 """EF-BV, EF21, DIANA: exact reductions with shared keys, the invariants of Fig. 2.1, linear
 convergence to the closed-form optimum at the theoretical step size, and the parameter rule
 checked against Table A.2."""
-import math
 
 import chex
 import jax

@@ -2,7 +2,6 @@
 binary masks (so c·θ is an integer inside the clip), d bits per upload, the deployed model
 is W₀ masked by 1[θ ≥ ½], and the probabilistic mask learns on frozen random weights."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -13,7 +13,6 @@ import pytest
 from fedjaxsparse.ops import accounting, masks as MK
 from fedjaxsparse.algorithms.fedspa import fedspa
 from fedjaxsparse.runtime.clients import with_strategy
-from fedjaxsparse.data import pack_clients
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.models import make_loss, mlp
 from fedjaxsparse.ops.sampling import client_keys, sample_cohort

@@ -15,9 +15,8 @@ from fedjaxsparse.ops import sampling
 from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.algorithms import ato as A
 from fedjaxsparse.algorithms import ddss as DD
-from fedjaxsparse.algorithms import (ditto, efbv, fedavg, fedlpfm, fedmrn, fedp3,
-                                     fedp3_theory, fedpm, fedspa, fml, proxskip, scafflix, sppm,
-                                     subfedavg)
+from fedjaxsparse.algorithms import (ditto, efbv, fedavg, fedlpfm, fedmrn, fedp3, fedp3_theory,
+                                     fedpm, fedspa, fml, proxskip, scafflix, sppm, subfedavg)
 from fedjaxsparse.data import pack_clients
 from fedjaxsparse.data import sparse_rows as SR
 from fedjaxsparse.models import make_loss, mlp

@@ -9,7 +9,7 @@ import pytest
 
 from fedjaxsparse.harness import plotting
 from fedjaxsparse.harness.plotting import (LABELS, evals_figure, method_colors, methods_figure,
-                                   plot_evals, plot_methods, plot_series, series_figure)
+                                           plot_evals, plot_methods, plot_series, series_figure)
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

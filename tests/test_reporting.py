@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedjaxsparse.ops.accounting import cost_to_target, rounds_below
-from fedjaxsparse.harness.experiment import MISSING, MISSING_NOTE, print_table
+from fedjaxsparse.harness.report import MISSING, MISSING_NOTE, print_table
 from fedjaxsparse.harness.protocol import check_claim, mean_se
 
 

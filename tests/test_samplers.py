@@ -1,7 +1,6 @@
 """The sampler library (seed 001 ch. 5 §5.3, D.2): exact inclusion probabilities against Monte
 Carlo draws (tolerances from the sample size), the exact distributions against the marginals,
 E f_S = f, and μ_AS / σ²_⋆,AS against brute-force enumeration."""
-import itertools
 
 import jax
 import jax.numpy as jnp

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.algorithms.scafflix import (flix_sgd, i_scaffnew, local_optima,
-                                              personalize, scafflix)
+from fedjaxsparse.algorithms.scafflix import (flix_sgd, i_scaffnew, local_optima, personalize,
+                                              scafflix)
 from fedjaxsparse.data import pack_clients
 from fedjaxsparse.errors import ConfigError
 

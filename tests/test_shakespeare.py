@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.data.shakespeare import (PLAYS_ARCHIVE, SEQ_LEN, VOCAB, encode,
-                                           load_shakespeare, parse_play)
+from fedjaxsparse.data.shakespeare import (PLAYS_ARCHIVE, SEQ_LEN, VOCAB, encode, load_shakespeare,
+                                           parse_play)
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.models import get_model, make_loss, num_params
 

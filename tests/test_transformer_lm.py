@@ -2,7 +2,6 @@
 and block-sequential pruning (fedjaxsparse.models.transformer, hf, lm, sequential)."""
 import gzip
 import json
-import os
 
 import jax
 import jax.numpy as jnp

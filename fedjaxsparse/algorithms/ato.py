@@ -47,10 +47,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from tqdm.auto import tqdm
 
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.core import float_dtype
 from fedjaxsparse.models.base import Model
+from fedjaxsparse.runtime.checkpoint import Checkpointer
 
 PROJECTORS = ("prox", "hsp")
 NOISES = ("gumbel", "logistic")
@@ -281,7 +283,6 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   the newest checkpoint. Returns the final state and one record per epoch (``loss``,
   ``flops`` = P(w)/P_total, ``kept``, ``zero_groups``, ``seconds`` of training, ``metric``;
   kept in the checkpoints, so a resumed run's history covers every epoch)."""
-  from tqdm.auto import tqdm
   if epochs < 1 or batch_size < 1 or batch_size > len(x):
     raise ValueError(f"need epochs >= 1 and 1 <= batch_size <= {len(x)}, got {epochs}, "
                      f"{batch_size}.")
@@ -331,7 +332,6 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   state = algo.init(key, params)
   history, start, ckpt = [], 0, None
   if checkpoint_dir:
-    from fedjaxsparse.runtime.checkpoint import Checkpointer
     ckpt = Checkpointer(checkpoint_dir)
     if ckpt.latest_round() is not None:
       state, meta = ckpt.restore_latest(jax.eval_shape(lambda: state))

@@ -48,10 +48,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.sparse_rows import SparseRows
+from fedjaxsparse.runtime.sharding import CLIENT_AXIS
 
 ESTIMATORS = ("sgd", "svrg", "sparse_svrg")
 PROXES = ("dense", "sparse")
@@ -247,8 +249,6 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   ticks = inner_steps // workers
   distributed = shards is not None
   if mesh is not None:
-    from jax.sharding import NamedSharding, PartitionSpec
-    from fedjaxsparse.runtime.sharding import CLIENT_AXIS
     if workers % mesh.shape[CLIENT_AXIS]:
       raise ValueError(f"workers ({workers}) must be divisible by the mesh's "
                        f"{mesh.shape[CLIENT_AXIS]} devices.")

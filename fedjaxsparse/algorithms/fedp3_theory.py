@@ -204,7 +204,7 @@ def noise_multiplier(sigma: float, clip: float, batch_size: int, gamma: float,
 @contextlib.contextmanager
 def _quiet_accountant():
   """dp_accounting logs a warning per RDP order it drops; keep them out of experiment logs."""
-  from absl import logging as absl_logging
+  from absl import logging as absl_logging  # deferred: absl (with dp-accounting) is slow to import
   level = absl_logging.get_verbosity()
   absl_logging.set_verbosity(absl_logging.ERROR)
   try:
@@ -214,13 +214,13 @@ def _quiet_accountant():
 
 
 def _event(multiplier: float, dataset_size: int, batch_size: int, steps: int):
-  import dp_accounting
+  import dp_accounting  # deferred: dp-accounting is slow to import
   return dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
       dataset_size, batch_size, dp_accounting.GaussianDpEvent(multiplier)), steps)
 
 
 def _accountant():
-  import dp_accounting
+  import dp_accounting  # deferred: dp-accounting is slow to import
   return dp_accounting.rdp.RdpAccountant(
       neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
 
@@ -256,7 +256,7 @@ def _calibrated_multiplier(epsilon: float, delta: float, steps: int, dataset_siz
   """The noise multiplier of :func:`ldp_sigma` (a pure function of its arguments, cached: the
   RDP accountant's bisection takes seconds, and a tuning grid over γ or a second seed asks
   for the same ε again)."""
-  import dp_accounting
+  import dp_accounting  # deferred: dp-accounting is slow to import
   with _quiet_accountant():
     return float(dp_accounting.calibrate_dp_mechanism(
         _accountant, lambda m: _event(m, dataset_size, batch_size, steps), epsilon, delta,

@@ -42,7 +42,6 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops import masks as MK
 from fedjaxsparse.algorithms.fedspa import FedSpaState
 from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, as_float, float_dtype

@@ -99,8 +99,8 @@ def logistic_optimum(x: np.ndarray, y: np.ndarray, parts, mu: float, alpha: floa
   the rows ``parts[i]``), by L-BFGS in float64. ``α = 1`` is the plain federated objective;
   otherwise FLIX's, with the local optima ``x_star [n, d]``. With ``return_x``:
   ``(minimum, minimiser)``."""
-  from scipy.optimize import minimize
-  from scipy.special import expit
+  from scipy.optimize import minimize  # deferred: scipy is slow to import
+  from scipy.special import expit  # deferred: scipy is slow to import
   b = 2.0 * np.asarray(y, np.float64) - 1.0
   shifts = np.zeros((len(parts), x.shape[1])) if x_star is None else (1 - alpha) * x_star
   blocks = [(x[p].astype(np.float64), b[p], s) for p, s in zip(parts, shifts)]

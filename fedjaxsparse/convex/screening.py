@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.data.sparse_rows import SparseRows, matvec, rmatvec
+from fedjaxsparse.data.sparse_rows import from_scipy
 
 LOSSES = {"squared": 1.0, "logistic": 0.25}  # name -> L_f, the Lipschitz constant of f_i'
 RADII = ("safe", "paper_literal")
@@ -80,7 +81,7 @@ def make_problem(data: SparseRows, lam: float, loss: str = "squared",
 
 
 def _group_spectral_norms(data: SparseRows, block: np.ndarray) -> np.ndarray:
-  import scipy.sparse as sp
+  import scipy.sparse as sp  # deferred: scipy is slow to import
   idx, val = np.asarray(data.idx), np.asarray(data.val)
   rows = np.repeat(np.arange(data.n), idx.shape[1])
   a = sp.csc_matrix((val.ravel(), (rows, idx.ravel())), shape=(data.n, data.p))
@@ -202,8 +203,7 @@ def elastic_net(data: SparseRows, lam: float, l2: float, loss: str = "squared"
   gap-safe test and every DDSS algorithm apply unchanged (and F becomes l2-strongly convex, as
   Theorem 1 / Remark 3 need). Returns ``(augmented data, λ̃)``; the augmented problem's
   objective is ``n/ñ`` times the elastic net's."""
-  import scipy.sparse as sp
-  from fedjaxsparse.data.sparse_rows import from_scipy
+  import scipy.sparse as sp  # deferred: scipy is slow to import
   if loss != "squared":
     raise ValueError("the augmentation is exact for the squared loss only.")
   if not l2 > 0:

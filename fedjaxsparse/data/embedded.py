@@ -14,7 +14,7 @@ def digits(num_clients: int = 20, partition: str = "dirichlet", alpha: float = 0
   """scikit-learn's handwritten digits (1,797 real 8×8 images, 10 classes), ``x [.., 64]``
   scaled to [0, 1], split over clients by ``partition`` ("iid", "dirichlet", "shards",
   "lognormal", "dirichlet_lognormal"); each client's examples are split into its own train/test parts."""
-  from sklearn.datasets import load_digits
+  from sklearn.datasets import load_digits  # deferred: scikit-learn is slow to import
   x, y = load_digits(return_X_y=True)
   parts = _partition(y, num_clients, partition, seed, alpha, shards_per_client, sigma)
   name = f"digits/{partition}" + {"dirichlet": f"({alpha})", "lognormal": f"({sigma})",
@@ -27,7 +27,7 @@ def diabetes(num_clients: int = 10, partition: str = "iid", seed: int = 0,
              test_fraction: float = 0.2, sigma: float = 0.3) -> FederatedDataset:
   """scikit-learn's diabetes regression set (442 patients, 10 features); features and target
   standardised to zero mean and unit variance; ``partition`` is "iid" or "lognormal"."""
-  from sklearn.datasets import load_diabetes
+  from sklearn.datasets import load_diabetes  # deferred: scikit-learn is slow to import
   x, y = load_diabetes(return_X_y=True)
   x = (x - x.mean(0)) / x.std(0)
   y = (y - y.mean()) / y.std()

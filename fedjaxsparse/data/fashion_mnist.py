@@ -18,6 +18,7 @@ import numpy as np
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partition import partition as partition_fn
 from fedjaxsparse.errors import DataError
+from fedjaxsparse.data.standins import fashion_mnist_standin
 
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 ENV_VAR = "FEDJAXSPARSE_FASHION_MNIST"
@@ -104,7 +105,6 @@ def _find(data_dir: str, stem: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _standins() -> tuple:
   """Both stand-in splits, generated once (a train and a test load each need one)."""
-  from fedjaxsparse.data.standins import fashion_mnist_standin
   return fashion_mnist_standin(*STANDIN_SIZE, seed=0)
 
 

@@ -16,6 +16,8 @@ import numpy as np
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partition import partition as partition_fn
 from fedjaxsparse.errors import DataError
+from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.data.standins import mushrooms_arrays
 
 FORMAT = "LABEL INDEX:VALUE ..."
 
@@ -92,7 +94,7 @@ def load_sparse(path: str, num_features: int | None = None):
 
   Raises DataError naming the first malformed line (or the file, if it holds no examples).
   """
-  from sklearn.datasets import load_svmlight_file
+  from sklearn.datasets import load_svmlight_file  # deferred: scikit-learn is slow to import
   if not path or not os.path.exists(path):
     raise FileNotFoundError(
         f"LIBSVM file {path!r} not found. Download it from the LIBSVM datasets page "
@@ -143,7 +145,6 @@ def binary_arrays(name: str, data_dir: str | None, experiment: str = "") -> tupl
   ``"libsvm"`` (the LIBSVM file at ``data_dir``), ``"mushrooms_standin"`` (the labelled
   synthetic stand-in of mushrooms' shape) or ``"breast_cancer"`` (scikit-learn's real set,
   features scaled to [0, 1])."""
-  from fedjaxsparse.errors import ConfigError
   if name == "libsvm":
     if not data_dir:
       raise FileNotFoundError("no LIBSVM file given: download it from "
@@ -155,13 +156,12 @@ def binary_arrays(name: str, data_dir: str | None, experiment: str = "") -> tupl
                         f"{int(y.max()) + 1} classes.")
     return x, y, f"libsvm:{os.path.basename(data_dir)}"
   if name == "mushrooms_standin":
-    from fedjaxsparse.data.standins import mushrooms_arrays
     x, y = mushrooms_arrays()
     return x, y, "synthetic stand-in of mushrooms' shape (8124 x 112 one-hot)"
   if name != "breast_cancer":
     raise ConfigError(f"{experiment} runs on --dataset mushrooms_standin or breast_cancer "
                       f"(embedded) or libsvm (with --data-dir FILE), got {name!r}.")
-  from sklearn.datasets import load_breast_cancer
+  from sklearn.datasets import load_breast_cancer  # deferred: scikit-learn is slow to import
   x, y = load_breast_cancer(return_X_y=True)
   x = (x - x.min(0)) / (x.max(0) - x.min(0))
   return x.astype(np.float32), y.astype(np.int32), "breast_cancer (embedded stand-in)"

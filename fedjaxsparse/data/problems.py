@@ -88,8 +88,8 @@ def softmax_regression_optimum(data: FederatedData, num_classes: int, l2: float,
   ``Σ_c b_c = 0`` (gradient descent from ``b = 0`` keeps that sum, since the bias gradient
   sums to zero over classes). Solved with L-BFGS in float64 to gradient norm ``tol``.
   """
-  from scipy.optimize import minimize
-  from scipy.special import logsumexp
+  from scipy.optimize import minimize  # deferred: scipy is slow to import
+  from scipy.special import logsumexp  # deferred: scipy is slow to import
   if not l2 > 0:
     raise ValueError(f"l2 must be > 0 for a unique optimum, got {l2}.")
   x, y, _ = _client_arrays(data)

@@ -12,6 +12,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fedjaxsparse.data.libsvm import load_sparse
+from fedjaxsparse.errors import DataError
 
 
 class SparseRows(NamedTuple):
@@ -34,7 +36,7 @@ class SparseRows(NamedTuple):
 
 def from_scipy(a, b, dtype=np.float64) -> SparseRows:
   """From a ``scipy.sparse`` matrix ``[n, p]`` (any format) and labels ``b [n]``."""
-  import scipy.sparse as sp
+  import scipy.sparse as sp  # deferred: scipy is slow to import
   a = sp.csr_matrix(a, dtype=dtype)
   a.sum_duplicates()
   n, p = a.shape
@@ -58,8 +60,6 @@ def from_libsvm(path: str, task: str = "classification", num_features: int | Non
   """A LIBSVM / svmlight file kept sparse (:func:`fedjaxsparse.data.libsvm.load_sparse`):
   ``task="classification"`` maps two classes to b ∈ {−1, +1} (the larger label is +1);
   ``"regression"`` keeps the labels."""
-  from fedjaxsparse.data.libsvm import load_sparse
-  from fedjaxsparse.errors import DataError
   x, y = load_sparse(path, num_features)
   if task == "classification":
     classes = np.unique(y)
@@ -72,7 +72,7 @@ def from_libsvm(path: str, task: str = "classification", num_features: int | Non
 
 
 def from_dense(a: np.ndarray, b: np.ndarray, dtype=np.float64) -> SparseRows:
-  import scipy.sparse as sp
+  import scipy.sparse as sp  # deferred: scipy is slow to import
   return from_scipy(sp.csr_matrix(np.asarray(a, dtype)), b, dtype)
 
 
@@ -95,7 +95,7 @@ def planted(n: int = 10_000, p: int = 100_000, density: float = 1e-3, support: i
   with ``support`` non-zeros N(0, 1) on columns that some rows touch, ``b = A x_true + noise``
   (``task="classification"``: ``b = sign(A x_true + noise)`` in {±1}). Returns
   ``(data, x_true)``."""
-  import scipy.sparse as sp
+  import scipy.sparse as sp  # deferred: scipy is slow to import
   if not 0 < density <= 1 or not 0 < support <= p:
     raise ValueError(f"density must lie in (0, 1] and support in [1, p], got {density}, "
                      f"{support}.")
@@ -126,7 +126,7 @@ class SparseCols(NamedTuple):
 
 def columns(data: SparseRows) -> SparseCols:
   """The padded-CSC view of ``data`` (built on the host)."""
-  import scipy.sparse as sp
+  import scipy.sparse as sp  # deferred: scipy is slow to import
   idx, val = np.asarray(data.idx), np.asarray(data.val)
   r = np.repeat(np.arange(data.n), idx.shape[1])
   a = sp.csc_matrix((val.ravel(), (r, idx.ravel())), shape=(data.n, data.p))

@@ -17,7 +17,8 @@ from fedjaxsparse.data.partition import partition as partition_fn
 def load_split(name: str, split: str, data_dir: str | None,
                image_key: str = "image", label_key: str = "label"):
   """``(x float32 [n, H, W, C] in [0, 1], y int32 [n])`` from a prepared tfds dataset."""
-  import tensorflow_datasets as tfds
+  import tensorflow_datasets as tfds  # deferred: tensorflow-datasets is slow to import
+  # deferred: tensorflow-datasets is slow to import
   from tensorflow_datasets.core.download import downloader
   downloader.MAX_RETRIES = 0  # belt and braces: download=False already avoids the network
   try:

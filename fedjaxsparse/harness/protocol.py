@@ -30,6 +30,7 @@ import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.harness.report import print_table
 
 
 def validation_split(data: FederatedData, fraction: float, seed: int
@@ -216,7 +217,6 @@ def paper_table(paper: PaperConfig, ours: dict, label: str,
   """Rows ``{"method", "ours COL", "paper COL", ...}`` for every method and column of
   ``paper.paper``; ``ours`` is ``{column: {method: value}}`` (missing: ``None``), converted
   to the paper's unit by ``convert``. Printed with a header naming both sources."""
-  from fedjaxsparse.harness.experiment import print_table  # the table printer of the experiments
   methods = list(dict.fromkeys(m for col in paper.paper.values() for m in col))
   rows = []
   for m in methods:

@@ -8,9 +8,8 @@ from fedjaxsparse.models.base import (CLASSIFICATION, REGRESSION, Model, global_
                                       make_loss, softmax_cross_entropy, squared_error)
 from fedjaxsparse.models.linear import (linear_regression, logistic_loss, logistic_regression,
                                         softmax_regression)
-from fedjaxsparse.models.nets import (bn_cnn, char_lstm, cnn, cohort_squeeze_cnn, fedp3_cnn, lenet5_caffe,
-                                      mlp,
-                                      resnet18, vgg11)
+from fedjaxsparse.models.nets import (bn_cnn, char_lstm, cnn, cohort_squeeze_cnn, fedp3_cnn,
+                                      lenet5_caffe, mlp, resnet18, vgg11)
 from fedjaxsparse.ops.sparsity import num_params
 
 MODELS = ("linear", "softmax", "mlp", "cnn", "resnet18", "lstm")

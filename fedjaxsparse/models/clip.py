@@ -416,7 +416,7 @@ def _to_hf(path: tuple[str, ...], x: np.ndarray) -> np.ndarray:
 
 
 def _read(path: str, names: list[str]) -> dict[str, np.ndarray]:
-  from safetensors import safe_open
+  from safetensors import safe_open  # deferred: safetensors is slow to import
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.isfile(index):
     with open(index) as f:
@@ -469,7 +469,7 @@ def load_params(path: str, dtype: Any = np.float32) -> dict[str, Any]:
 def save_params(path: str, cfg_dict: dict[str, Any] | CLIPConfig, params: dict[str, Any]) -> None:
   """Writes ``config.json`` (``cfg_dict``) and ``model.safetensors`` (float32, Hugging Face
   names and layouts) — the format :func:`load_params` reads."""
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save_file  # deferred: safetensors is slow to import
   if isinstance(cfg_dict, CLIPConfig):
     cfg_dict = config_to_hf(cfg_dict)
   shapes = _flatten(param_shapes(config_from_hf(cfg_dict)))

@@ -189,7 +189,7 @@ class Checkpoint:
 
   @staticmethod
   def _keys(file: str) -> list[str]:
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError, safe_open  # deferred: safetensors is slow to import
     try:
       with safe_open(file, framework="numpy") as f:
         return list(f.keys())
@@ -198,7 +198,7 @@ class Checkpoint:
                       "or truncated — download it again.") from None
 
   def tensor(self, name: str) -> np.ndarray:
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError, safe_open  # deferred: safetensors is slow to import
     for cand in (name, name.removeprefix("model."), "model." + name):
       if cand in self._where:
         file = os.path.join(self.path, self._where[cand])
@@ -242,7 +242,7 @@ class Checkpoint:
 
 def save(path: str, cfg: TransformerConfig, params: dict[str, Any]) -> None:
   """Writes ``config.json`` and ``model.safetensors`` (float32, Hugging Face names)."""
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save_file  # deferred: safetensors is slow to import
   os.makedirs(path, exist_ok=True)
   names = dict(_outer_names(cfg))
   for i in range(cfg.num_layers):

@@ -310,7 +310,7 @@ def kmeans_blocks(features: np.ndarray, b: int, seed: int = 0) -> list[np.ndarra
   """Clients grouped into ``b`` blocks by k-means on their feature vectors ``[n, f]`` (e.g.
   each client's mean example), with scikit-learn's ``KMeans``; empty clusters cannot occur
   (KMeans relocates them)."""
-  from sklearn.cluster import KMeans
+  from sklearn.cluster import KMeans  # deferred: scikit-learn is slow to import
   f = np.asarray(features, np.float64).reshape(len(features), -1)
   if not isinstance(b, (int, np.integer)) or not 1 <= b <= len(f):
     raise ValueError(f"b (number of blocks) must be an int in [1, n={len(f)}], got {b!r}.")

@@ -37,6 +37,8 @@ from tqdm.auto import tqdm
 
 from fedjaxsparse.data import shakespeare
 from fedjaxsparse.errors import DataError
+from fedjaxsparse.models.transformer import next_token_loss
+from fedjaxsparse.models import transformer as T
 
 WIKITEXT_HOW_TO = ("download wikitext-2-raw-v1.zip (e.g. from the Hugging Face dataset "
                    "'Salesforce/wikitext', config wikitext-2-raw-v1) and pass the path of its "
@@ -64,14 +66,14 @@ class FileTokenizer:
   as OPT's ``GPT2Tokenizer`` does."""
 
   def __init__(self, path: str):
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # deferred: tokenizers is slow to import
     self._bos = None
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if os.path.isfile(file):
       self._tok = Tokenizer.from_file(file)
     elif all(os.path.isfile(os.path.join(folder, f)) for f in ("vocab.json", "merges.txt")):
-      from tokenizers import ByteLevelBPETokenizer
+      from tokenizers import ByteLevelBPETokenizer  # deferred: tokenizers is slow to import
       self._tok = ByteLevelBPETokenizer(os.path.join(folder, "vocab.json"),
                                         os.path.join(folder, "merges.txt"))
       cfg = os.path.join(folder, "config.json")
@@ -111,7 +113,7 @@ def wikitext2_test(path: str) -> str:
     raise FileNotFoundError(f"WikiText-2 test file {path!r} not found; {WIKITEXT_HOW_TO}.")
   if path.endswith(".parquet"):
     try:
-      import pyarrow.parquet as pq
+      import pyarrow.parquet as pq  # deferred: pyarrow is slow to import
     except ImportError as e:
       raise ImportError("reading parquet needs pyarrow (pip install pyarrow), or pass "
                         "wiki.test.raw instead.") from e
@@ -187,7 +189,6 @@ def perplexity(logits_fn: Callable[[jax.Array], jax.Array], windows: np.ndarray,
                batch_size: int = 8) -> float:
   """``exp`` of the mean next-token cross-entropy over ``windows [n, T]`` (each window's
   ``T − 1`` predictions; every window weighs the same, as in the peers' ``eval_ppl``)."""
-  from fedjaxsparse.models.transformer import next_token_loss
   total = 0.0
   for s in range(0, len(windows), batch_size):
     w = jnp.asarray(windows[s:s + batch_size])
@@ -201,7 +202,6 @@ def train(cfg, text_ids: np.ndarray, *, steps: int, batch_size: int = 32, seq_le
   """Trains a :class:`~fedjaxsparse.models.transformer.Decoder` on random windows of
   ``text_ids`` with AdamW (weight decay 0.1, warm-up then cosine decay, clipping at 1).
   Returns ``(params, losses)``."""
-  from fedjaxsparse.models import transformer as T
   if len(text_ids) <= seq_len + 1:
     raise ValueError(f"the training text has {len(text_ids)} tokens, not more than seq_len.")
   key = jax.random.key(seed)

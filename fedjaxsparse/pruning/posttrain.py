@@ -27,9 +27,12 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import flax.linen as nn
 
 from fedjaxsparse.pruning import dsnot
 from fedjaxsparse.pruning.calibration import CalibStats
+from fedjaxsparse.pruning.calibration import init_stats, update_stats
+from fedjaxsparse.pruning.scores import by_name
 
 GROUPS = ("per_output", "per_input", "per_layer")
 ScoreFn = Callable[[jax.Array, Any, jax.Array], jax.Array]  # (W, x_norm | None, key) -> S
@@ -121,7 +124,6 @@ def prune_params(params: Any, score_fn: ScoreFn, *, sparsity: float | None = Non
 def _captured_inputs(apply_fn: Callable, params: Any, x: jax.Array) -> dict[str, jax.Array]:
   """``{path: input}`` of every flax module call whose parameters hold a 2-D ``kernel``
   (``nn.Dense`` and the like), in call order, via ``flax.linen.intercept_methods``."""
-  import flax.linen as nn
   seen: dict[str, jax.Array] = {}
 
   def interceptor(next_fun, args, kwargs, context):
@@ -143,7 +145,6 @@ def _captured_inputs(apply_fn: Callable, params: Any, x: jax.Array) -> dict[str,
 def calibrate(apply_fn: Callable, params: Any, batches) -> dict[str, CalibStats]:
   """``{path: CalibStats}`` of the inputs of every dense layer of a flax model
   (``apply_fn(params, x)``, e.g. ``Model.apply``) over the calibration ``batches``."""
-  from fedjaxsparse.pruning.calibration import init_stats, update_stats
   stats: dict[str, CalibStats] = {}
   for x in batches:
     for path, inp in _captured_inputs(apply_fn, params, jnp.asarray(x)).items():
@@ -191,7 +192,6 @@ def one_shot(apply_fn: Callable, params: Any, batches, evaluate: Callable[[Any],
   """Rows ``{"score", "sparsity", **evaluate(pruned params)}``: a trained (e.g. federated
   global) model pruned one-shot by :func:`prune_model` with each named score
   (:func:`fedjaxsparse.pruning.scores.by_name` defaults) at each sparsity."""
-  from fedjaxsparse.pruning.scores import by_name
   batches = list(batches)
   rows = [{"score": "dense", "sparsity": 0.0,
            **{k: float(v) for k, v in evaluate(params).items()}}]

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm.auto import tqdm
 
 from fedjaxsparse.pruning import calibration, dsnot, posttrain
 from fedjaxsparse.models import transformer as T
@@ -123,7 +124,6 @@ def prune(source, calib_ids: np.ndarray, score_fn, *, sparsity: float | None = N
   report: dict[str, LayerReport] = {}
   blocks = range(cfg.num_layers)
   if progress:
-    from tqdm.auto import tqdm
     blocks = tqdm(blocks, desc="prune blocks", unit="block")
   for i in blocks:
     p = jax.device_put(source.block(i))

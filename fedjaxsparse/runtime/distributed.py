@@ -27,6 +27,7 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 ENV_ID, ENV_COUNT, ENV_COORDINATOR = ("FEDJAXSPARSE_PROCESS_ID", "FEDJAXSPARSE_NUM_PROCESSES",
                                       "FEDJAXSPARSE_COORDINATOR")
@@ -62,7 +63,6 @@ def is_primary() -> bool:
 
 def to_host(tree):
   """``tree`` as numpy arrays on every process (gathers arrays spread over processes)."""
-  from jax.experimental import multihost_utils
 
   def get(a):
     if not isinstance(a, jax.Array) or a.is_fully_addressable:

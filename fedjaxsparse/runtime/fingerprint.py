@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from fedjaxsparse.runtime.clients import traced_step
+from fedjaxsparse.runtime.distributed import to_host
 
 DIGEST_SIZE = 16  # bytes; 128-bit BLAKE2b
 
@@ -30,7 +31,6 @@ def _host(leaf: Any) -> np.ndarray:
   if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
     leaf = jax.random.key_data(leaf)
   if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:  # several processes
-    from fedjaxsparse.runtime.distributed import to_host
     return to_host(leaf)
   return np.asarray(jax.device_get(leaf))
 

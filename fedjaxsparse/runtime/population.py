@@ -35,6 +35,7 @@ from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.runtime.runner import EvalFn, History, split_run_key
 from fedjaxsparse.ops.sampling import check_cohort_size, sample_cohort
+from fedjaxsparse.runtime.runner import run as run_device
 
 RESIDENCES = ("auto", "device", "host")
 
@@ -210,5 +211,4 @@ def run(algo: CohortAlgorithm, key: jax.Array, params: Any, train: FederatedData
     residence = choose_residence(algo, params, train)[0]
   if residence == "host":
     return run_on_host(algo, key, params, train, test, num_rounds=num_rounds, **kw)
-  from fedjaxsparse.runtime.runner import run as run_device
   return run_device(on_device(algo), key, params, train, test, num_rounds=num_rounds, **kw)

@@ -34,13 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
+from jax.experimental import multihost_utils
+from flax import errors as flax_errors
 
 from fedjaxsparse.runtime.checkpoint import Checkpointer
 from fedjaxsparse.runtime.clients import Executed, auto_layout, choose_strategy, with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
-from fedjaxsparse.errors import (CheckpointExistsError, NonFiniteError, RunMismatchError,
-                                 UserError)
+from fedjaxsparse.errors import CheckpointExistsError, NonFiniteError, RunMismatchError, UserError
 from fedjaxsparse.runtime.fingerprint import diff as fingerprint_diff
 from fedjaxsparse.runtime.fingerprint import run_fingerprint
 from fedjaxsparse.runtime.locking import FolderLock
@@ -291,7 +292,6 @@ def _open_checkpoint(directory: str, resume: bool, overwrite: bool) -> Checkpoin
     if jax.process_index() == 0:
       ckpt.clear()
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("fedjaxsparse checkpoint folder ready")
   return ckpt
 
@@ -395,7 +395,6 @@ _SHAPE_MESSAGES = ("dot_general requires", "incompatible shapes", "shape mismatc
 
 def _shape_error(e: BaseException) -> bool:
   """Whether ``e`` (raised while tracing a run) says that arrays of mismatched shapes met."""
-  from flax import errors as flax_errors
   if isinstance(e, UserError):
     return False
   if isinstance(e, flax_errors.ScopeParamShapeError):
