@@ -1,5 +1,77 @@
-"""fedjaxsparse: federated sparse training, compression and local training in JAX."""
-from fedjaxsparse.core import Algorithm, global_params
+"""fedjaxsparse: federated sparse training, compression and local training in JAX.
+
+``import fedjaxsparse as fjs`` is all a user types:
+
+* every paper method by its paper name, each returning an :class:`Algorithm` of two pure
+  functions ``init(key, params, data)`` and ``step(key, state, data)``: ``fjs.fedavg``,
+  ``fjs.sparse_proxskip``, ``fjs.ef21``, ``fjs.scafflix``, ``fjs.fedspa``, ``fjs.fedmrn``,
+  ``fjs.fedp3``, ``fjs.fedlpfm``, ``fjs.ato``, ``fjs.dis_ddss``, ... (``__all__`` lists them);
+* running them: ``fjs.run`` (rounds in ``lax.scan`` chunks, evaluation, checkpoints, resume)
+  and ``fjs.run_batched`` (seeds or a hyper-parameter grid as one program);
+  ``fjs.global_params(state)`` and ``fjs.personal_params(state)`` read the models;
+* the pieces, by concept: ``fjs.compressors``, ``fjs.sparsity``, ``fjs.masks``,
+  ``fjs.sampling``, ``fjs.aggregation``, ``fjs.accounting`` (all in ``fjs.ops``),
+  ``fjs.data``, ``fjs.models``, ``fjs.pruning``, ``fjs.convex``, ``fjs.runtime``,
+  ``fjs.algorithms`` (the modules of the paper families), ``fjs.evaluation``, ``fjs.errors``,
+  and ``fjs.harness`` (experiments, tables, plots, CLI; loaded on first use).
+
+Heavy optional modules load only when used: the harness (matplotlib), Hugging Face and CLIP
+checkpoints (``fjs.models.hf``, ``fjs.models.clip``), the language-model protocol
+(``fjs.pruning.lm``) and tensorflow-datasets sources.
+"""
+from fedjaxsparse import (algorithms, convex, core, data, errors, evaluation, models, ops,
+                          pruning, runtime)
+from fedjaxsparse.algorithms.ato import ato
+from fedjaxsparse.algorithms.ddss import (dis_ddss, dis_ddss_naive, prox_asvrg, sha_ddss,
+                                          sha_ddss_naive)
+from fedjaxsparse.algorithms.ddss_baselines import prox_asaga, pse
+from fedjaxsparse.algorithms.ditto import ditto
+from fedjaxsparse.algorithms.efbv import diana, ef21, ef_bv, ef_bv_pp, prox_gd
+from fedjaxsparse.algorithms.fedavg import fedavg, local_sgd
+from fedjaxsparse.algorithms.fedht import fedht, fediht
+from fedjaxsparse.algorithms.fedlpfm import fedlpfm
+from fedjaxsparse.algorithms.fedmrn import fedmrn
+from fedjaxsparse.algorithms.fedp3 import fedp3
+from fedjaxsparse.algorithms.fedp3_theory import fedp3_theory
+from fedjaxsparse.algorithms.fedpm import fedpm
+from fedjaxsparse.algorithms.fedspa import fedspa
+from fedjaxsparse.algorithms.fml import fml
+from fedjaxsparse.algorithms.proxskip import (accelerated_server_pruning,
+                                              accelerated_server_pruning_modified,
+                                              meta_sparse_proxskip, proxskip, randprox_l1,
+                                              sparse_proxskip, sparse_proxskip_local,
+                                              sparse_proxskip_modified)
+from fedjaxsparse.algorithms.scafflix import flix_sgd, i_scaffnew, scafflix
+from fedjaxsparse.algorithms.sppm import fedavg_sppm_as, fedprox_sppm_as, local_gd, sppm_as
+from fedjaxsparse.algorithms.subfedavg import subfedavg
+from fedjaxsparse.core import Algorithm, LossFn, global_params, personal_params
+from fedjaxsparse.ops import accounting, aggregation, compressors, masks, sampling, sparsity
+from fedjaxsparse.runtime import run, run_batched
 
 __version__ = "0.1.0"
-__all__ = ["Algorithm", "global_params", "__version__"]
+
+METHODS = (
+    "fedavg", "local_sgd", "proxskip", "sparse_proxskip", "sparse_proxskip_local",
+    "sparse_proxskip_modified", "accelerated_server_pruning",
+    "accelerated_server_pruning_modified", "meta_sparse_proxskip", "randprox_l1", "fedht",
+    "fediht", "ef_bv", "ef_bv_pp", "ef21", "diana", "prox_gd", "scafflix", "i_scaffnew",
+    "flix_sgd", "sppm_as", "fedprox_sppm_as", "fedavg_sppm_as", "local_gd", "fedspa", "ditto",
+    "subfedavg", "fedpm", "fedmrn", "fedp3", "fedp3_theory", "fedlpfm", "fml", "ato",
+    "sha_ddss_naive", "sha_ddss", "dis_ddss_naive", "dis_ddss", "prox_asvrg", "prox_asaga", "pse",
+)
+"""The paper methods at the top of the package, by their papers' names."""
+
+__all__ = [
+    *METHODS,
+    "Algorithm", "LossFn", "global_params", "personal_params", "run", "run_batched",
+    "algorithms", "convex", "core", "data", "errors", "evaluation", "models", "ops", "pruning",
+    "runtime", "harness", "accounting", "aggregation", "compressors", "masks", "sampling",
+    "sparsity", "METHODS", "__version__",
+]
+
+
+def __getattr__(name):
+  if name == "harness":   # experiments, tables, plots, CLI: matplotlib, loaded on first use
+    import importlib
+    return importlib.import_module("fedjaxsparse.harness")
+  raise AttributeError(f"module 'fedjaxsparse' has no attribute {name!r}")

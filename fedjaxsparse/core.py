@@ -28,6 +28,9 @@ import jax.numpy as jnp
 
 PRNGKey = jax.Array
 Params = Any
+# One client's loss: ``(params, x [B, ...], y [B], mask [B]) -> scalar`` (``mask`` is 1 for a
+# real example and 0 for padding; :func:`fedjaxsparse.models.make_loss` builds one from a model).
+LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 def float_dtype():
@@ -79,3 +82,17 @@ def global_params(state: Any) -> Params:
 
 
 ParamsFn = Callable[[Any], Params]
+
+
+def personal_params(state: Any) -> Params:
+  """The personalised models ``[N, ...]`` (one per client, stacked on the leading axis) held
+  by a personalised algorithm's ``state`` (its ``personal`` field or property: FedSpa, Ditto,
+  Sub-FedAvg, ...)."""
+  try:
+    return state.personal
+  except AttributeError as e:
+    raise TypeError(
+        f"{type(state).__name__} has no `personal` field or property: it is not the state of a "
+        "personalised algorithm (personalised states expose their per-client models as "
+        "`state.personal`)."
+    ) from e

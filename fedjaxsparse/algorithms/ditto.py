@@ -19,7 +19,7 @@ is :func:`local`: no global part and λ = 0 — each sampled client trains its o
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,13 +27,12 @@ import jax.numpy as jnp
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.aggregation import client_weights
 from fedjaxsparse.runtime.clients import map_clients
-from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.errors import check_number
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 CENTRES = ("received", "updated")
 
 

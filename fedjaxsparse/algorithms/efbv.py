@@ -27,13 +27,12 @@ import jax.numpy as jnp
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.runtime.clients import client_ids, map_clients
 from fedjaxsparse.ops.compressors import Compressor, identity
-from fedjaxsparse.core import Algorithm, as_float
+from fedjaxsparse.core import Algorithm, LossFn, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.errors import check_number, check_positive
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 Prox = Callable[[Any, float], Any]  # (tree, step) -> prox_{step·R}(tree)
 
 

@@ -20,12 +20,11 @@ import optax
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.aggregation import WEIGHTINGS, client_weights, weighted_mean
 from fedjaxsparse.runtime.clients import local_scan, map_clients
-from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import minibatch
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]  # (params, x, y, mask)
 
 
 class FedAvgState(NamedTuple):

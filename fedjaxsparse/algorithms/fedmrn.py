@@ -43,14 +43,13 @@ from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.ops.aggregation import client_weights
 from fedjaxsparse.runtime.clients import map_clients
-from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sparsity import magnitude_prune, top_k
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import epoch_loop, epoch_steps
 from fedjaxsparse.errors import check_number
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 MASKINGS = ("learned", "post", "none")
 
 

@@ -48,7 +48,7 @@ Theorem-side FedP3 (Algorithm 10, the sketches, LDP-FedP3) lives in
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -58,14 +58,13 @@ import optax
 from fedjaxsparse.ops import layer_groups as LY
 from fedjaxsparse.ops import masks as MK
 from fedjaxsparse.runtime.clients import local_scan, map_clients
-from fedjaxsparse.core import Algorithm, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.ops.sparsity import _largest_bisection, _random_keys
 from fedjaxsparse.errors import check_number
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 LOCAL_RULES = ("fixed", "uniform", "ordered_dropout")
 AGGREGATIONS = ("simple", "weighted")
 POLICIES = {  # name -> numbers of non-FFC layers a client may draw (uniformly), FFC always added

@@ -30,19 +30,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse.algorithms.fedp3 import FedP3State
-from fedjaxsparse.core import Algorithm, as_float
+from fedjaxsparse.core import Algorithm, LossFn, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.errors import check_number
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 NOISES = (None, "model", "update")
 SKETCHES = ("permutation", "identity")
 

@@ -15,21 +15,20 @@ paper does not say which mask it evaluates).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.runtime.clients import map_clients
-from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.noise_masks import tree_map_keyed
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
 from fedjaxsparse.errors import check_number
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 class FedPMState(NamedTuple):

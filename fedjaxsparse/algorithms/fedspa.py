@@ -40,7 +40,7 @@ the lower index; the regrowth minibatch is a fresh draw of B examples (its own k
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,14 +50,13 @@ from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.ops import masks as MK
 from fedjaxsparse.ops.aggregation import client_weights
 from fedjaxsparse.runtime.clients import map_clients
-from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import epoch_minibatch
 from fedjaxsparse.errors import check_number
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 SEARCHES = ("dst", "rsm")
 
 

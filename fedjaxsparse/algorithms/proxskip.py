@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.runtime.clients import client_ids, map_clients
-from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.ops.local import minibatch
@@ -47,7 +47,6 @@ from fedjaxsparse.errors import check_number, check_positive
 from fedjaxsparse.ops.sparsity import k_from_sparsity, soft_threshold, top_k
 
 Prox = Callable[[Any], Any]  # one client's pytree -> pytree
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 FORMS = ("iteration", "round")
 
 

@@ -42,14 +42,13 @@ from fedjaxsparse.ops import accounting
 from fedjaxsparse import evaluation
 from fedjaxsparse.algorithms.proxskip import FORMS, geometric_local_steps
 from fedjaxsparse.runtime.clients import map_clients
-from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.convex.constants import client_curvatures
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 def _per_client(tree, num_clients: int):

@@ -28,7 +28,7 @@ cost model and cost-to-target are in :mod:`fedjaxsparse.ops.accounting`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +36,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.runtime.clients import map_clients
-from fedjaxsparse.core import Algorithm, as_float
+from fedjaxsparse.core import Algorithm, LossFn, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.convex.prox_solvers import Solver, gd
 from fedjaxsparse.ops.sampling import Sampler
@@ -44,7 +44,6 @@ from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.errors import check_number
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 WEIGHTINGS = ("uniform", "sampling")
 
 

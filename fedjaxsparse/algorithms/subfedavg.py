@@ -44,14 +44,13 @@ import jax.numpy as jnp
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.algorithms.fedspa import FedSpaState
 from fedjaxsparse.runtime.clients import map_clients
-from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.sparsity import _largest_bisection, nnz
 from fedjaxsparse.errors import check_number
 
-LossFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 class SubFedAvgInfo(NamedTuple):

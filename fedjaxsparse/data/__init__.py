@@ -1,4 +1,8 @@
-"""Federated datasets: the padded pytree, partitioners, loaders and reference problems."""
+"""Federated datasets: the padded pytree (``FederatedData``), partitioners, loaders (embedded
+sets, Fashion-MNIST IDX files, LEAF, Shakespeare, LIBSVM, BlogFeedback; tensorflow-datasets
+sources load on first use), labelled stand-ins, reference problems and the dataset registry."""
+from fedjaxsparse.data import (blogfeedback, embedded, fashion_mnist, federated, leaf, libsvm,
+                               problems, registry, shakespeare, sparse_rows, standins)
 from fedjaxsparse.data.embedded import diabetes, digits, synthetic
 from fedjaxsparse.data.federated import (FederatedData, FederatedDataset, federate, pack_clients,
                                          split_clients)
@@ -9,3 +13,13 @@ from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimu
                                         ridge_regression_problem, softmax_regression_optimum,
                                         uniform_weights)
 from fedjaxsparse.data.registry import DATASETS, load_dataset
+
+__all__ = [
+    "blogfeedback", "embedded", "fashion_mnist", "federated", "leaf", "libsvm", "partition",
+    "problems", "registry", "shakespeare", "sparse_rows", "standins", "diabetes", "digits",
+    "synthetic", "FederatedData", "FederatedDataset", "federate", "pack_clients", "split_clients",
+    "PARTITIONS", "dirichlet_partition", "iid_partition", "lognormal_partition", "lognormal_sizes",
+    "natural_partition", "shard_partition", "example_weights",
+    "ridge_regression_optimum", "ridge_regression_problem", "softmax_regression_optimum",
+    "uniform_weights", "DATASETS", "load_dataset",
+]

@@ -1,9 +1,13 @@
-"""Models for one client: ``Model(init, apply, per_example_loss, regularizer, task)``."""
+"""Models for one client: ``Model(init, apply, per_example_loss, regularizer, task)``: linear
+models, the papers' networks (``nets``, ``conv``), networks that declare their prunable
+channel groups (``prunable``), EfficientNet, a decoder-only transformer (``transformer``), and
+— loaded on first use — Hugging Face checkpoints (``hf``) and CLIP (``clip``)."""
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
+from fedjaxsparse.models import base, conv, efficientnet, linear, nets, prunable, transformer
 from fedjaxsparse.models.base import (CLASSIFICATION, REGRESSION, Model, global_mean_scale,
                                       make_loss, softmax_cross_entropy, squared_error)
 from fedjaxsparse.models.linear import (linear_regression, logistic_loss, logistic_regression,
@@ -34,6 +38,23 @@ def get_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs)
                                                                **kwargs)
 
 
-__all__ = ["CLASSIFICATION", "REGRESSION", "Model", "make_loss", "global_mean_scale", "softmax_cross_entropy",
-           "squared_error", "logistic_loss", "linear_regression", "softmax_regression",
-           "logistic_regression", "mlp", "cnn", "cohort_squeeze_cnn", "bn_cnn", "fedp3_cnn", "lenet5_caffe", "vgg11", "resnet18", "char_lstm", "num_params", "get_model", "MODELS"]
+__all__ = [
+    "base", "conv", "efficientnet", "linear", "nets", "prunable", "transformer", "hf", "clip",
+    "CLASSIFICATION", "REGRESSION", "Model", "make_loss", "global_mean_scale",
+    "softmax_cross_entropy", "squared_error", "logistic_loss", "linear_regression",
+    "softmax_regression", "logistic_regression", "mlp", "cnn", "cohort_squeeze_cnn", "bn_cnn",
+    "fedp3_cnn", "lenet5_caffe", "vgg11", "resnet18", "char_lstm", "num_params", "get_model",
+    "MODELS",
+]
+
+
+# Checkpoint formats with heavy optional dependencies (safetensors, tokenizers): imported on
+# first use (``fedjaxsparse.models.hf``), never by ``import fedjaxsparse``.
+_LAZY = ("hf", "clip")
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    import importlib
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,3 +4,10 @@ prune/regrow (``masks``), FedMRN's masked noise (``noise_masks``), uplink compre
 (``sampling``), local training loops and minibatches (``local``), aggregation weights
 (``aggregation``), bit and FLOP ledgers (``accounting``, ``flops``), image augmentation
 (``augment``) and FedP3's layer groups (``layer_groups``)."""
+from fedjaxsparse.ops import (accounting, aggregation, augment, compressors, flops, layer_groups,
+                              local, masks, noise_masks, sampling, sparsity)
+
+__all__ = [
+    "accounting", "aggregation", "augment", "compressors", "flops", "layer_groups", "local",
+    "masks", "noise_masks", "sampling", "sparsity",
+]
