@@ -1,6 +1,11 @@
 """Auto-Train-Once (seed 004 Task 2, Algorithms 7-8, l. 900-968; spec ``seed004.md`` §2.2-§2.5,
 §2.7, §2.11): train a network and prune whole zero-invariant groups in one run.
 
+References:
+  Xidong Wu, Shangqian Gao, Zeyu Zhang, Zhenzhen Li, Runxue Bao, Yanfu Zhang, et al. (2024).
+    Auto-Train-Once: Controller Network Guided Automatic Network Pruning from Scratch. CVPR
+    2024. arXiv:2403.14729.
+
 ``min_M L(M) + Σ_g λ_g‖[M]_g‖₂`` with ``λ_g = λ(1 − w_g)``: a controller network emits the
 binary group mask ``w`` (1 = keep); the target step is an optimiser step on ``L`` (SGD with
 momentum in the paper) followed, from epoch ``T_w`` on, by the group prox (4-4) with threshold

@@ -1,6 +1,17 @@
 """Distributed dynamic safe screening inside variance-reduced proximal SGD (seed 004, Task 1,
 Algorithms 1-6, l. 326-473; spec ``seed004.md`` §1.3-§1.5, §1.7, §1.9).
 
+References:
+  Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+    for Stochastic Composite Optimization. IJCAI 2022 (the venue Xidong Wu's thesis cites for
+    DDSS); the method's preprint: Distributed Dynamic Safe Screening Algorithms for Sparse
+    Regularization, arXiv:2204.10981.
+  Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
+    Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
+  Qi Meng, Wei Chen, Jingcheng Yu, Taifeng Wang, Zhi-Ming Ma, Tie-Yan Liu (2017). Asynchronous
+    Stochastic Proximal Optimization Algorithms with Variance Reduction. AAAI 2017.
+    arXiv:1609.08435.
+
 One ``step`` is one **outer iteration** s: a full pass computes ``∇F(x⁰)`` and ``ρ⁰`` at the
 snapshot, the gap-safe test (:mod:`fedjaxsparse.convex.screening`) shrinks the active blocks, then
 ``inner_steps`` stochastic proximal updates run, ``workers`` at a time in one ``vmap``:

@@ -1,6 +1,14 @@
 """The baselines of seed 004's Task 1 (l. 257-265, 498-500; spec ``seed004.md`` §1.5) — not
 specified in the dissertation beyond a name and a citation, so built from the cited works:
 
+References:
+  Fabian Pedregosa, Rémi Leblond, Simon Lacoste-Julien (2017). Breaking the Nonsmooth Barrier:
+    A Scalable Parallel Method for Composite Optimization. NeurIPS 2017. arXiv:1707.06468.
+  Rémi Leblond, Fabian Pedregosa, Simon Lacoste-Julien (2018). Improved Asynchronous Parallel
+    Optimization Analysis for Stochastic Incremental Methods. JMLR 2018. arXiv:1801.03749.
+  Qingyang Li, Shuang Qiu, Shuiwang Ji, et al. (2016). Parallel Lasso Screening for Big Data
+    Optimization. ACM SIGKDD 2016. (no arXiv version found).
+
 * **ProxASAGA** (Pedregosa, Leblond & Lacoste-Julien, NeurIPS 2017): asynchronous sparse
   proximal SAGA — a table ``α_i = f_i'(a_iᵀx)`` of the last derivative seen per sample and
   ``ᾱ = (1/n) Σ α_i a_i``; sample i sends ``δ = prox_{ηλφ_i}(x̂ − η v) − x̂`` with

@@ -1,6 +1,13 @@
 """Ditto (Li et al. 2021) and Local, the personalised dense baselines of seed 002 (B.3 l. 853-875;
 spec ``seed002.md`` §4.2-4.3).
 
+References:
+  Tian Li, Shengyuan Hu, Ahmad Beirami, Virginia Smith (2021). Ditto: Fair and Robust
+    Federated Learning Through Personalization. ICML 2021. arXiv:2012.04221.
+  Tiansheng Huang, Shiwei Liu, Li Shen, Fengxiang He, Weiwei Lin, Dacheng Tao (2022).
+    Achieving Personalized Federated Learning with Sparse Local Models. arXiv preprint.
+    arXiv:2201.11380.
+
 Ditto, round t, every client k of a uniform cohort S_t:
 
 (a) global part: ``global_epochs`` of SGD from the received ``w_t`` → ``w_k``, uploaded dense;

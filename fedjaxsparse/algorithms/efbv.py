@@ -1,6 +1,16 @@
 """EF-BV, EF21, DIANA and proximal gradient descent (seed 001 chapter 2, Fig. 2.1; spec
 ``specs/seed001_ch2.md`` §3–4).
 
+References:
+  Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
+    and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
+    Optimization. NeurIPS 2022. arXiv:2205.04180.
+  Peter Richtárik, Igor Sokolov, Ilyas Fatkhullin (2021). EF21: A New, Simpler, Theoretically
+    Better, and Practically Faster Error Feedback. NeurIPS 2021. arXiv:2106.05203.
+  Konstantin Mishchenko, Eduard Gorbunov, Martin Takáč, Peter Richtárik (2019). Distributed
+    Learning with Compressed Gradient Differences. Optimization Methods and Software (2024).
+    arXiv:1901.09269.
+
 Problem ``min (1/n) Σ_i f_i(x) + R(x)`` with full local gradients and uniform averaging. One
 iteration of EF-BV (compressor C ∈ C(η, ω), scalings λ, ν ∈ (0, 1]):
 

@@ -1,6 +1,14 @@
 """FedAvg (McMahan et al. 2017) with an optax client optimizer and an optional server
 optimizer (FedOpt, Reddi et al. 2021) — the reference algorithm of the library.
 
+References:
+  H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas (2017).
+    Communication-Efficient Learning of Deep Networks from Decentralized Data. AISTATS 2017.
+    arXiv:1602.05629.
+  Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush, Jakub
+    Konečný, Sanjiv Kumar, H. Brendan McMahan (2021). Adaptive Federated Optimization. ICLR
+    2021. arXiv:2003.00295.
+
 One round: sample a cohort (inside ``jit``), broadcast the global model, run ``local_steps``
 steps of the client optimizer on every cohort client (one kernel written for one client,
 lifted with ``jax.vmap``), average the model deltas (weighted by client size or uniformly),

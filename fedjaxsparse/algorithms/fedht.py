@@ -2,6 +2,13 @@
 FedAvg-with-Top-K baselines of seed 000 (§4, spec A.12): no acceleration, no control
 variates. Both are :func:`~fedjaxsparse.algorithms.fedavg.fedavg` with Top-K hooks.
 
+References:
+  Qianqian Tong, Guannan Liang, Tan Zhu, Jinbo Bi (2020). Federated Nonconvex Sparse Learning.
+    arXiv preprint. arXiv:2101.00052.
+  Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
+    the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
+    arXiv:2405.20623.
+
 * FedHT: clients train dense and upload dense models; the server hard-thresholds the average
   (downlink K-sparse).
 * FedIHT: clients hard-threshold before uploading (uplink K-sparse); the server averages

@@ -2,6 +2,11 @@
 FedAvg over a lightweight student whose local loss distils from each client's private,
 frozen foundation models,
 
+References:
+  Xidong Wu, Wan-Yi Lin, Devin Willmott, Filipe Condessa, Yufei Huang, Zhenzhen Li, et al.
+    (2023). Leveraging Foundation Models to Improve Lightweight Clients in Federated Learning.
+    NeurIPS 2023 FL workshop. arXiv:2311.08479.
+
     L(D_i; θ) = λ·E ℓ_CE(h(x; θ), y) + (1 − λ)·Σ_{m=1}^{M_i} E ℓ_KL[h(x; θ) ‖ M_i^m(x)]   (5-2)-(5-4)
 
 — a *sum* over teachers; aggregation by data size (5-5); teachers are never communicated

@@ -2,6 +2,11 @@
 1-bit masks over seeded random noise during local training, so the uplink is d bits plus one
 seed.
 
+References:
+  Shiwei Li, Yingyi Cheng, Haozhao Wang, Xing Tang, Shijie Xu, Weihong Luo, et al. (2024).
+    Masked Random Noise for Communication-Efficient Federated Learning. ACM Multimedia 2024.
+    arXiv:2408.03220.
+
 Round t: the server samples a cohort (K of N, uniform without replacement, or any
 :class:`fedjaxsparse.ops.sampling.Sampler`) and broadcasts ``w^t`` (dense). Client k draws its
 noise ``n_k = G(s_k^t)`` (seed = ``fold_in(round noise key, client id)``, fresh per client and

@@ -1,6 +1,11 @@
 """FedP3, federated personalized and privacy-friendly network pruning (seed 001, ch. 4,
 Algorithms 5-7, l. 1125-1208; spec ``seed001_ch4_ch6.md`` §A.2-§A.5).
 
+References:
+  Kai Yi, Nidham Gazagnadou, Peter Richtárik, Lingjuan Lyu (2024). FedP3: Federated
+    Personalized and Privacy-friendly Network Pruning under Model Heterogeneity. ICLR 2024.
+    arXiv:2404.09816.
+
 Every client i has a configuration fixed before training (Alg. 5 l. 2), stored as arrays with a
 leading client axis (:class:`FedP3Config`) so one vmapped kernel serves all clients:
 

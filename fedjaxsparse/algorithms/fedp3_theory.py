@@ -1,6 +1,11 @@
 """Theoretical FedP3 (seed 001, Algorithm 10, l. 3051-3062) with its sketches (Definitions
 4.3.1-4.3.2, l. 1219-1225), and LDP-FedP3 (Algorithm 11, l. 3139-3226); spec §A.6-§A.8.
 
+References:
+  Kai Yi, Nidham Gazagnadou, Peter Richtárik, Lingjuan Lyu (2024). FedP3: Federated
+    Personalized and Privacy-friendly Network Pruning under Model Heterogeneity. ICLR 2024.
+    arXiv:2404.09816.
+
 Full participation, n clients, iteration k:
 
 * server: ``P_i^k w^k`` to client i — P_i a *biased* random coordinate mask (Def. 4.3.1: keep

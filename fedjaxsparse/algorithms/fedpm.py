@@ -1,6 +1,14 @@
 """FedPM (Isik et al. 2023; seed 003's model-compression baseline, spec ``seed000_003.md`` B.5):
 federated *probabilistic masks* over frozen random weights — the mask is the model.
 
+References:
+  Berivan Isik, Francesco Pase, Deniz Gündüz, Tsachy Weissman, Michele Zorzi (2023). Sparse
+    Random Networks for Communication-Efficient Federated Learning. ICLR 2023.
+    arXiv:2209.15328.
+  Shiwei Li, Yingyi Cheng, Haozhao Wang, Xing Tang, Shijie Xu, Weihong Luo, et al. (2024).
+    Masked Random Noise for Communication-Efficient Federated Learning. ACM Multimedia 2024.
+    arXiv:2408.03220.
+
 Every client shares the frozen random weights ``W₀`` (one seed) and the server keeps mask
 probabilities ``θ`` (one per weight). Round t: each participant trains scores ``s`` from
 ``logit(θ^t)`` by epoch-based SGD with the forward model ``W₀ ⊙ m``, ``m ~ Bernoulli(σ(s))``

@@ -2,6 +2,10 @@
 as an optax transformation: the local objective ``F_i(θ) + (μ/2)‖θ − θ_t‖²`` adds
 ``μ(θ − θ_t)`` to every local gradient.
 
+References:
+  Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith
+    (2020). Federated Optimization in Heterogeneous Networks. MLSys 2020. arXiv:1812.06127.
+
 FedAvg (:func:`fedjaxsparse.algorithms.fedavg.fedavg`) re-initialises the client optimiser
 with the broadcast model θ_t at the start of every round, so the anchor is exactly θ_t:
 ``fedavg(loss, optax.chain(proximal(mu), optax.sgd(lr)))`` is FedProx. ``mu = 0`` is FedAvg

@@ -2,6 +2,11 @@
 masks over one dense global model, trained sparse-to-sparse, with the DST (Alg. 2) and RSM
 (Alg. 3) mask-search plug-ins.
 
+References:
+  Tiansheng Huang, Shiwei Liu, Li Shen, Fengxiang He, Weiwei Lin, Dacheng Tao (2022).
+    Achieving Personalized Federated Learning with Sparse Local Models. arXiv preprint.
+    arXiv:2201.11380.
+
 The server keeps the dense global model ``w_t`` and every client's mask ``m_k`` (stacked,
 leading axis N). Round t:
 

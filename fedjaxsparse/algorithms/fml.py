@@ -2,6 +2,13 @@
 seed 004 Task 3, l. 1645; spec ``seed004.md`` §3.3 — details from the cited paper, not the
 dissertation).
 
+References:
+  Tao Shen, Jie Zhang, Xinkang Jia, Fengda Zhang, Gang Huang, Pan Zhou, et al. (2020).
+    Federated Mutual Learning. arXiv preprint. arXiv:2006.16765.
+  Xidong Wu, Wan-Yi Lin, Devin Willmott, Filipe Condessa, Yufei Huang, Zhenzhen Li, et al.
+    (2023). Leveraging Foundation Models to Improve Lightweight Clients in Federated Learning.
+    NeurIPS 2023 FL workshop. arXiv:2311.08479.
+
 Every client keeps a **private** model φ_i across rounds and trains, each round, a copy of the
 shared **meme** model θ alongside it by mutual distillation on its local data:
 

@@ -1,6 +1,16 @@
 """ProxSkip / Scaffnew and the Sparse-ProxSkip family (seed 000, Algorithm 1 "Meta
 Sparse-ProxSkip", §3; spec ``specs/seed000_003.md`` A.2–A.10).
 
+References:
+  Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
+    ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
+    ICML 2022. arXiv:2202.09357.
+  Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
+    the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
+    arXiv:2405.20623.
+  Laurent Condat, Peter Richtárik (2023). RandProx: Primal-Dual Optimization Algorithms with
+    Randomized Proximal Updates. ICLR 2023. arXiv:2207.12891.
+
 Problem: ``min_w (1/N) Σ_i f_i(w)`` in consensus form. Every client ``i`` keeps an iterate
 ``w_i`` and a control variate ``h_i`` with ``Σ_i h_i = 0``. One *iteration*:
 

@@ -1,6 +1,16 @@
 """FLIX personalization and Scafflix / i-Scaffnew (seed 001 chapter 3 and appendix B; spec
 ``specs/seed001_ch3_ch5.md`` §2).
 
+References:
+  Kai Yi, Laurent Condat, Peter Richtárik (2023). Explicit Personalization and Local Training:
+    Double Communication Acceleration in Federated Learning. TMLR 2025. arXiv:2305.13170.
+  Elnur Gasanov, Ahmed Khaled, Samuel Horváth, Peter Richtárik (2022). FLIX: A Simple and
+    Communication-Efficient Alternative to Local Methods in Federated Learning. AISTATS 2022.
+    arXiv:2111.11556.
+  Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
+    ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
+    ICML 2022. arXiv:2202.09357.
+
 FLIX (Gasanov et al. 2022): each client first solves its own problem, ``x_i* = argmin f_i``
 (:func:`local_optima`), then all clients train one ``x`` for the personalised objective
 

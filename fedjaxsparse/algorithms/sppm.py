@@ -1,6 +1,13 @@
 """Cohort-Squeeze (seed 001 chapter 5 and appendix D; spec ``seed001_ch3_ch5.md`` §3):
 stochastic proximal point with arbitrary cohort sampling, and its relatives.
 
+References:
+  Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
+    Single Communication Round per Cohort in Cross-Device Federated Learning. FL@FM-NeurIPS'24
+    workshop (oral). arXiv:2406.01115.
+  Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith
+    (2020). Federated Optimization in Heterogeneous Networks. MLSys 2020. arXiv:1812.06127.
+
 **SPPM-AS** (Algorithm 8; FL form Algorithm 14) — :func:`sppm_as`. Each global round the
 server samples a cohort ``S ~ 𝒮`` (any :class:`fedjaxsparse.ops.sampling.Sampler`), broadcasts
 ``x_t``, and the cohort computes

@@ -5,6 +5,14 @@ spec ``seed002.md`` §4.4). Its details come from its own paper and the authors'
 002, which gives only the hyper-parameters (prune rate 0.05, distance threshold 1e-4,
 accuracy threshold 0.5, final density 0.5).
 
+References:
+  Saeed Vahidian, Mahdi Morafah, Bill Lin (2021). Personalized Federated Learning by
+    Structured and Unstructured Pruning under Data Heterogeneity. IEEE ICDCS Workshops 2021.
+    arXiv:2105.00562.
+  Tiansheng Huang, Shiwei Liu, Li Shen, Fengxiang He, Weiwei Lin, Dacheng Tao (2022).
+    Achieving Personalized Federated Learning with Sparse Local Models. arXiv preprint.
+    arXiv:2201.11380.
+
 Every client holds a mask ``m_k`` over the shared model (all ones at the start). Round t, each
 client k of a uniform cohort S_t:
 

@@ -1,6 +1,14 @@
 """Sparse convex problems and gap-safe screening (seed 004, Task 1, §3.1-3.2, l. 307-349;
 spec ``seed004.md`` §1.1-§1.2).
 
+References:
+  Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
+    Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
+  Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+    for Stochastic Composite Optimization. IJCAI 2022 (the venue Xidong Wu's thesis cites for
+    DDSS); the method's preprint: Distributed Dynamic Safe Screening Algorithms for Sparse
+    Regularization, arXiv:2204.10981.
+
 ``min_x P(x) = (1/n) Σ_i f_i(a_iᵀx) + λ Σ_j w_j ‖x_{G_j}‖₂`` — the Lasso (``loss="squared"``,
 ``f_i(z) = ½(b_i − z)²``, singleton blocks), ℓ1-logistic regression (``"logistic"``,
 ``f_i(z) = log(1 + e^{−b_i z})``, b ∈ {±1}) and the weighted group Lasso (any blocks). Its dual

@@ -1,5 +1,10 @@
 """Compressors ``C: R^d → R^d`` over pytrees, with their constants exposed (seed 001 §2.2).
 
+References:
+  Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
+    and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
+    Optimization. NeurIPS 2022. arXiv:2205.04180.
+
 Every compressor is a :class:`Compressor` NamedTuple: ``compress(key, tree) -> tree`` (pure,
 jittable, static shapes), the class constants of seed 001 — relative bias ``eta`` and relative
 variance ``omega`` of ``C(η, ω)`` (``‖E C(x) − x‖ ≤ η‖x‖``, ``E‖C(x) − E C(x)‖² ≤ ω‖x‖²``) —

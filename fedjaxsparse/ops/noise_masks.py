@@ -1,6 +1,11 @@
 """Masked random noise (seed 003, FedMRN §3; spec ``seed000_003.md`` B.1): the pieces that let
 a client *learn* a 1-bit uplink — a mask ``m`` over seeded noise ``G(s)`` — during training.
 
+References:
+  Shiwei Li, Yingyi Cheng, Haozhao Wang, Xing Tang, Shijie Xu, Weihong Luo, et al. (2024).
+    Masked Random Noise for Communication-Efficient Federated Learning. ACM Multimedia 2024.
+    arXiv:2408.03220.
+
 Per element, with update ``u`` and noise ``n`` (all functions are elementwise on arrays; the
 pytree helpers at the end apply them leaf by leaf with per-leaf keys):
 

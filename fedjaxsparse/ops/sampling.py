@@ -3,6 +3,11 @@
 stratified and Algorithm 14's two-stage cluster sampling; and the plain uniform cohort of a
 round (:func:`sample_cohort`) with per-client keys (:func:`client_keys`).
 
+References:
+  Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
+    Single Communication Round per Cohort in Cross-Device Federated Learning. FL@FM-NeurIPS'24
+    workshop (oral). arXiv:2406.01115.
+
 A :class:`Sampler` draws a **static-shape** cohort inside ``jit`` (:meth:`Sampler.sample`:
 ids ``int32[m]``, a 0/1 ``mask[m]`` for samplings whose cohort size varies, and the weights
 ``1/(n p_i)`` that make the cohort objective ``f_S = Σ_{i∈S} f_i/(n p_i)`` unbiased, ``E f_S = f``)

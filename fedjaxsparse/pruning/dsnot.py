@@ -1,6 +1,13 @@
 """Training-free mask refinement: DSnoT and R²-DSnoT (seed 001, ch. 6, §6.4, l. 1796-1826, and
 E.3.1/E.3.5, l. 4549-4551, 4607-4639; spec ``seed001_ch4_ch6.md`` §B.5).
 
+References:
+  Yuxin Zhang, Lirui Zhao, Mingbao Lin, Yunyun Sun, Yiwu Yao, Xingjia Han, et al. (2024).
+    Dynamic Sparse No Training: Training-Free Fine-tuning for Sparse LLMs. ICLR 2024.
+    arXiv:2310.08915.
+  Kai Yi, Peter Richtárik (2025). Symmetric Pruning of Large Language Models. ICLR 2025
+    Workshop on Sparsity in LLMs. arXiv:2501.18980.
+
 Given a linear layer's dense kernel ``W`` (flax ``(in, out)`` layout, ``[b, c]``), a pruning mask
 ``M`` from any score, and the calibration statistics of its inputs (mean ``μ``, variance ``v``,
 norm ``n = ‖X_r‖₂``), each output neuron q ("row" in the paper's PyTorch layout) swaps one pruned

@@ -2,6 +2,15 @@
 l. 1652-1794; appendix E.2-E.3; spec ``seed001_ch4_ch6.md`` §B.1-§B.4). Prune the entries with
 the *smallest* score.
 
+References:
+  Mingjie Sun, Zhuang Liu, Anna Bair, J. Zico Kolter (2024). A Simple and Effective Pruning
+    Approach for Large Language Models. ICLR 2024. arXiv:2306.11695.
+  Yingtao Zhang, Haoli Bai, Haokun Lin, Jialin Zhao, Lu Hou, Carlo Vittorio Cannistraci
+    (2024). Plug-and-Play: An Efficient Post-training Pruning Method for Large Language
+    Models. ICLR 2024. (no arXiv version found).
+  Kai Yi, Peter Richtárik (2025). Symmetric Pruning of Large Language Models. ICLR 2025
+    Workshop on Sparsity in LLMs. arXiv:2501.18980.
+
 Layout (spec §0.2.1): the layer computes ``X W`` with calibration inputs ``X ∈ R^{a×b}`` (a
 tokens, b = C_in) and ``W ∈ R^{b×c}`` (c = C_out) — flax's ``Dense`` kernel ``(in, out)``. Row
 ``W_{j:}`` is input channel j (length c), column ``W_{:k}`` output neuron k (length b).

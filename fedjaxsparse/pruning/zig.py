@@ -1,6 +1,11 @@
 """Zero-invariant groups (ZIGs) of a network, their group operators, FLOPs and physical removal
 (seed 004 Task 2, §4.1-4.2, l. 881-939; spec ``seed004.md`` §2.1-§2.4, §2.11).
 
+References:
+  Xidong Wu, Shangqian Gao, Zeyu Zhang, Zhenzhen Li, Runxue Bao, Yanfu Zhang, et al. (2024).
+    Auto-Train-Once: Controller Network Guided Automatic Network Pruning from Scratch. CVPR
+    2024. arXiv:2403.14729.
+
 A ZIG (Definition 2, from OTO) is a set of parameters whose zeroing makes an output channel
 zero for every input: here one channel ``c`` of a prunable **channel set** (declared by the
 layers of :mod:`fedjaxsparse.models.prunable`), i.e. the slice ``[..., c]`` of every
