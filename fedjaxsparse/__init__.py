@@ -34,6 +34,7 @@ from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.algorithms.fedp3 import fedp3
 from fedjaxsparse.algorithms.fedp3_theory import fedp3_theory
 from fedjaxsparse.algorithms.fedpm import fedpm
+from fedjaxsparse.algorithms.fedprox import fedprox
 from fedjaxsparse.algorithms.fedspa import fedspa
 from fedjaxsparse.algorithms.fml import fml
 from fedjaxsparse.algorithms.proxskip import (accelerated_server_pruning,
@@ -51,7 +52,7 @@ from fedjaxsparse.runtime import run, run_batched
 __version__ = "0.1.0"
 
 METHODS = (
-    "fedavg", "local_sgd", "proxskip", "sparse_proxskip", "sparse_proxskip_local",
+    "fedavg", "local_sgd", "fedprox", "proxskip", "sparse_proxskip", "sparse_proxskip_local",
     "sparse_proxskip_modified", "accelerated_server_pruning",
     "accelerated_server_pruning_modified", "meta_sparse_proxskip", "randprox_l1", "fedht",
     "fediht", "ef_bv", "ef_bv_pp", "ef21", "diana", "prox_gd", "scafflix", "i_scaffnew",

@@ -32,12 +32,12 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops.aggregation import client_weights
+from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
 from fedjaxsparse.errors import check_number
 
 CENTRES = ("received", "updated")
@@ -63,9 +63,14 @@ class DittoInfo(NamedTuple):
 def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 2,
           personal_epochs: int = 3, batch_size: int = 128, cohort_size: int | None = 10,
           prox_centre: str = "received", lr_decay: float = 1.0, weight_decay: float = 0.0,
-          weighting: str = "uniform") -> Algorithm:
+          weighting: str = "uniform", sampler: Any = None) -> Algorithm:
   """Ditto; see the module docstring. ``global_epochs=0`` skips the global part (then nothing
   is communicated and ``w`` never changes: :func:`local` with ``lam=0``). ``η_t = lr·lr_decay^t``.
+
+  ``sampler``: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
+  uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); ``weighting="sampling"``
+  then aggregates the global updates with its unbiased weights ``1/(n p_i)``, so the expected
+  global step is the full-participation one (:mod:`fedjaxsparse.runtime.cohort`).
   """
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("lam", lam, 0.0, None)
@@ -77,8 +82,7 @@ def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 
       raise ValueError(f"{name} must be an int >= {low}, got {v!r}.")
   if prox_centre not in CENTRES:
     raise ValueError(f"prox_centre must be one of {CENTRES}, got {prox_centre!r}.")
-  if weighting not in ("uniform", "num_examples"):
-    raise ValueError(f"weighting must be 'uniform' or 'num_examples', got {weighting!r}.")
+  cohorts.check_options(cohort_size, sampler, weighting)
   grad = jax.grad(loss_fn)
 
   def init(key, params, data: FederatedData) -> DittoState:
@@ -104,8 +108,8 @@ def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 
 
   def step(key, state: DittoState, data: FederatedData):
     k_cohort, k_train = jax.random.split(key)
-    ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
-    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
+    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
+    ids, cdata = cohort.ids, cohort.data
     w, t = state.params, state.round
     eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
     steps_g = max_local_steps(data, batch_size, max(global_epochs, 1))
@@ -115,13 +119,18 @@ def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 
         lambda v, k, d: client(w, v, eta, k, d, steps_g, steps_p), cdata, v_old,
         client_keys(k_train, ids))
     s = ids.shape[0]
-    p = (jnp.full((s,), 1.0 / s) if weighting == "uniform"
-         else client_weights(cdata.num_examples, "num_examples"))
+    if sampler is None and weighting == "uniform":
+      p = jnp.full((s,), 1.0 / s)
+    else:
+      p = cohorts.weights(cohort, weighting)
     new_w = jax.tree.map(lambda a, u: a - jnp.tensordot(p.astype(u.dtype), u, axes=1), w,
                          updates)
+    # padding entries of a sampler's cohort repeat a member (same key and data: same v_new)
     personal = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.personal, v_new)
-    bits = as_float(s * accounting.dense_bits(w) if global_epochs else 0.0)
-    info = DittoInfo(jnp.mean(losses), bits, bits, jnp.int32(s))
+    size = cohort.size
+    bits = size * as_float(accounting.dense_bits(w) if global_epochs else 0.0)
+    loss = jnp.sum(cohort.member * losses) / size
+    info = DittoInfo(loss, bits, bits, size.astype(jnp.int32))
     return DittoState(new_w, personal, t + 1), info
 
   return Algorithm(init, step)

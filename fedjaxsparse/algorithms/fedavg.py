@@ -26,11 +26,12 @@ import jax.numpy as jnp
 import optax
 
 from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops.aggregation import WEIGHTINGS, client_weights, weighted_mean
+from fedjaxsparse.ops.aggregation import weighted_mean
+from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import local_scan, map_clients
-from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
 from fedjaxsparse.ops.local import minibatch
 
 
@@ -128,18 +129,11 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       entries get weight 0; ``weighting="sampling"`` aggregates with the unbiased weights
       ``1/(n p_i)`` (not normalised: ``E Σ_{i∈S} Δ_i/(n p_i) = mean_i Δ_i``).
   """
-  if sampler is not None and cohort_size is not None:
-    raise ValueError("give either cohort_size (uniform cohorts) or sampler, not both.")
-  if weighting == "sampling" and sampler is None:
-    raise ValueError("weighting='sampling' needs a sampler (its marginals give 1/(n p_i)).")
+  cohorts.check_options(cohort_size, sampler, weighting)
   if not isinstance(local_steps, int) or local_steps < 1:
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
-  if weighting not in WEIGHTINGS + ("sampling",):
-    raise ValueError(f"weighting must be one of {WEIGHTINGS + ('sampling',)}, got "
-                     f"{weighting!r}.")
-  server_opt = server_optimizer or optax.identity()
   train_client = local_sgd(loss_fn, client_optimizer, local_steps, batch_size, local_prox,
                            augment)
 
@@ -147,45 +141,30 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     del key
     check_data(data)
     check_cohort_size(cohort_size, data.num_clients)
-    return FedAvgState(params, server_opt.init(params), jnp.zeros((), jnp.int32))
+    return FedAvgState(params, cohorts.server_init(params, server_optimizer),
+                       jnp.zeros((), jnp.int32))
 
   def step(key, state: FedAvgState, data: FederatedData):
-    num_clients = data.num_clients
     k_cohort, k_clients, k_uplink = jax.random.split(key, 3)
-    if sampler is None:
-      cohort, member = sample_cohort(k_cohort, num_clients, cohort_size), None
-    else:
-      drawn = sampler.sample(k_cohort)
-      cohort, member = drawn.ids, drawn.mask
-    cohort_data = (data if cohort.shape[0] == num_clients and sampler is None
-                   else data.select(cohort))
-    local, losses = map_clients(lambda k, d: train_client(k, state.params, d), cohort_data,
-                                client_keys(k_clients, cohort))
-    if weighting == "sampling":
-      weights = drawn.weights.astype(float_dtype())
-    else:
-      weights = client_weights(cohort_data.num_examples, weighting, member)
+    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
+    local, losses = map_clients(lambda k, d: train_client(k, state.params, d), cohort.data,
+                                client_keys(k_clients, cohort.ids))
+    weights = cohorts.weights(cohort, weighting)
     is_model = upload_prox is not None
     messages = (jax.vmap(upload_prox)(local) if is_model else
                 jax.tree.map(lambda l, g: l - g, local, state.params))
-    if uplink is not None:
-      messages = jax.vmap(uplink.compress)(client_keys(k_uplink, cohort), messages)
+    messages = cohorts.upload(k_uplink, cohort, messages, uplink)
     delta = weighted_mean(messages, weights)
     if is_model:
       delta = jax.tree.map(jnp.subtract, delta, state.params)
-    if server_optimizer is None:
-      params, opt_state = jax.tree.map(jnp.add, state.params, delta), state.server_opt_state
-    else:
-      pseudo_grad = jax.tree.map(jnp.negative, delta)
-      updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
-      params = optax.apply_updates(state.params, updates)
+    params, opt_state = cohorts.server_update(state.params, state.server_opt_state, delta,
+                                              server_optimizer)
     if server_prox is not None:
       params = server_prox(params)
-    sent = jnp.ones(cohort.shape, float_dtype()) if member is None else member
-    c = jnp.sum(sent)
+    c = cohort.size
     bits = lambda m: accounting.message_bits(m, encoding=encoding)
-    up = (c * as_float(uplink.bits(accounting.num_params(state.params)))
-          if uplink is not None else jnp.sum(sent * jax.vmap(bits)(messages)))
+    up = (cohorts.uplink_bits(cohort, uplink, accounting.num_params(state.params))
+          if uplink is not None else jnp.sum(cohort.member * jax.vmap(bits)(messages)))
     info = FedAvgInfo(loss=jnp.dot(weights, losses),
                       bits_up=up,
                       bits_down=c * bits(state.params),

@@ -8,8 +8,9 @@ References:
 
 FedAvg (:func:`fedjaxsparse.algorithms.fedavg.fedavg`) re-initialises the client optimiser
 with the broadcast model θ_t at the start of every round, so the anchor is exactly θ_t:
-``fedavg(loss, optax.chain(proximal(mu), optax.sgd(lr)))`` is FedProx. ``mu = 0`` is FedAvg
-bit for bit (the term adds ``0·(θ − θ_t)``).
+:func:`fedprox` is ``fedavg(loss, optax.chain(proximal(mu), client_optimizer), ...)`` and takes
+every option of FedAvg's cohort round (``sampler=``, ``uplink=``, ``server_optimizer=``,
+``weighting=``). ``mu = 0`` is FedAvg bit for bit (the term adds ``0·(θ − θ_t)``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from typing import Any, NamedTuple
 
 import jax
 import optax
+
+from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.core import Algorithm, LossFn
 
 
 class ProximalState(NamedTuple):
@@ -38,3 +42,12 @@ def proximal(mu: float) -> optax.GradientTransformation:
                         state.anchor), state
 
   return optax.GradientTransformation(init, update)
+
+
+def fedprox(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, mu: float,
+            **fedavg_options: Any) -> Algorithm:
+  """FedProx: every client minimises ``F_i(θ) + (μ/2)‖θ − θ_t‖²`` from the broadcast θ_t with
+  ``client_optimizer`` (local SGD in the paper); the rest is FedAvg's cohort round, whose
+  keywords (``local_steps``, ``batch_size``, ``cohort_size`` or ``sampler``, ``uplink``,
+  ``server_optimizer``, ``weighting``, ...) pass through. ``mu = 0`` is FedAvg bit for bit."""
+  return fedavg(loss_fn, optax.chain(proximal(mu), client_optimizer), **fedavg_options)

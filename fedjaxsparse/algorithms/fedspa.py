@@ -102,7 +102,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
            regrow_pruned: bool = True, lr_decay: float = 1.0,
            weight_decay: float = 0.0, weighting: str = "uniform",
            subsample: float | None = None, rescale: bool = False,
-           pack_masks: bool = False) -> Algorithm:
+           pack_masks: bool = False, uplink: Any = None) -> Algorithm:
   """FedSpa (DST or RSM); see the module docstring.
 
   Args:
@@ -130,6 +130,9 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     pack_masks: store the N masks one bit per entry (``uint8``, 8× less server memory: ResNet-18
       × 100 clients is 140 MB instead of 1.1 GB); the S sampled rows are unpacked and packed
       back inside the round. The results are the same.
+    uplink: any :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded
+      ``U_k`` (its own key per client and round: ``fold_in`` of the client id), charged
+      ``uplink.bits(d)`` per client (plus the DST mask changes) — e.g. TernGrad, EDEN, rand-k.
   """
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
@@ -142,6 +145,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
   MK.cosine_drop(0, alpha0, num_rounds)  # validates alpha0
+  if subsample is not None and uplink is not None:
+    raise ValueError("give either subsample (the paper's rand-k baseline) or uplink, not both.")
   if subsample is not None:
     check_number("subsample", subsample, 0.0, 1.0, low_open=True)
   if weighting not in ("uniform", "num_examples"):
@@ -212,6 +217,10 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
                                          messages)
       up = as_float(s * comp.bits(d))
       paper_up = as_float(s * accounting.dense_bits(k))
+    if uplink is not None:   # any compressor of the cohort round, one key per client
+      messages = jax.vmap(uplink.compress)(client_keys(jax.random.fold_in(k_train, 1), ids),
+                                           messages)
+      up = paper_up = as_float(s * uplink.bits(d))
     p = (jnp.full((s,), 1.0 / s) if weighting == "uniform"
          else client_weights(cdata.num_examples, "num_examples"))
     new_w = jax.tree.map(lambda a, u: a - jnp.tensordot(p.astype(u.dtype), u, axes=1), w,

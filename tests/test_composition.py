@@ -1,0 +1,79 @@
+"""Methods no paper in the library defines, composed through the public face from the pieces of
+the cohort round (any sampler, any uplink compressor, any server optimizer): each is a few lines
+of user code, run, and checked for an invariant or a reduction."""
+import jax
+import numpy as np
+import optax
+
+import fedjaxsparse as fjs
+
+DS = fjs.data.digits(num_clients=6, partition="iid", seed=0)
+MODEL = fjs.models.softmax_regression(64, 10)
+LOSS = fjs.models.make_loss(MODEL)
+PARAMS = MODEL.init(jax.random.key(0))
+D = fjs.accounting.num_params(PARAMS)
+DRAWS = 256
+
+
+def _round(algo, keys):
+  """One round from the same start under each key: the new global models ``[K, ...]``."""
+  state = algo.init(jax.random.key(1), PARAMS, DS.train)
+  return jax.jit(jax.vmap(lambda k: algo.step(k, state, DS.train)[0].params))(keys)
+
+
+def _assert_mc_equal(samples, reference, directions=16):
+  """The Monte Carlo mean of ``samples [K, ...]`` equals that of ``reference [K, ...]`` (the
+  same round without the random piece, under the same keys) along ``directions`` random
+  Gaussian directions, within 5 standard errors of the projected difference: a projection sums
+  all d coordinates, so its mean over K draws is close to normal (one coordinate of a sparse
+  compressor is not: a rare keep makes its sample variance unreliable). Returns the errors."""
+  a = np.concatenate([np.ravel(x).reshape(len(x), -1) for x in jax.tree.leaves(samples)], 1)
+  b = np.concatenate([np.ravel(x).reshape(len(x), -1) for x in jax.tree.leaves(reference)], 1)
+  r = np.random.default_rng(0).standard_normal((a.shape[1], directions))
+  diff = (a.astype(np.float64) - b) @ r
+  se = diff.std(0, ddof=1) / np.sqrt(len(diff))
+  assert np.all(np.abs(diff.mean(0)) <= 5 * se), (diff.mean(0), se)
+  return se
+
+
+def test_fedspa_with_a_terngrad_uplink_is_unbiased():
+  # FedSpa (personalised sparse masks) whose clients upload through TernGrad
+  algo = fjs.fedspa(LOSS, 0.1, num_rounds=10, sparsity=0.5, epochs=1, batch_size=512,
+                    cohort_size=None, uplink=fjs.compressors.terngrad(D))
+  plain = fjs.fedspa(LOSS, 0.1, num_rounds=10, sparsity=0.5, epochs=1, batch_size=512,
+                     cohort_size=None)
+  keys = jax.random.split(jax.random.key(2), DRAWS)
+  se = _assert_mc_equal(_round(algo, keys), _round(plain, keys))
+  assert np.max(se) > 0   # the compressor is random: the check has teeth
+  info = algo.step(keys[0], algo.init(None, PARAMS, DS.train), DS.train)[1]
+  changed = info.bits_up - 6 * fjs.compressors.terngrad(D).bits(D)   # 6 clients upload
+  assert changed >= 0   # plus the DST mask changes, nothing else
+
+
+def test_ditto_with_importance_sampling_has_an_unbiased_global_step():
+  # Ditto whose one-client cohorts are drawn with p_i ∝ n_i + 10, aggregated with 1/(n p_i)
+  sizes = np.asarray(DS.train.num_examples, np.float64)
+  sampler = fjs.sampling.importance(sizes + 10.0)
+  algo = fjs.ditto(LOSS, 0.05, global_epochs=1, personal_epochs=1, batch_size=512,
+                   cohort_size=None, sampler=sampler, weighting="sampling")
+  full = fjs.ditto(LOSS, 0.05, global_epochs=1, personal_epochs=1, batch_size=512,
+                   cohort_size=None, weighting="uniform")
+  keys = jax.random.split(jax.random.key(3), DRAWS * 4)
+  _assert_mc_equal(_round(algo, keys), _round(full, keys))
+
+
+def test_fedprox_with_eden_and_fedadam_at_mu_zero_is_fedavg_bit_for_bit():
+  common = dict(local_steps=3, batch_size=16, cohort_size=4, uplink=fjs.compressors.eden(D),
+                server_optimizer=optax.adam(0.01))
+  prox = fjs.fedprox(LOSS, optax.sgd(0.1), 0.0, **common)
+  avg = fjs.fedavg(LOSS, optax.sgd(0.1), **common)
+  results = [fjs.run(a, jax.random.key(4), PARAMS, DS.train, num_rounds=5, progress=False)
+             for a in (prox, avg)]
+  for x, y in zip(jax.tree.leaves(results[0].state.params), jax.tree.leaves(results[1].state.params)):
+    np.testing.assert_array_equal(x, y)
+  assert not np.allclose(jax.tree.leaves(results[0].state.params)[0],
+                         jax.tree.leaves(PARAMS)[0])   # it trained
+  moved = fjs.run(fjs.fedprox(LOSS, optax.sgd(0.1), 1.0, **common), jax.random.key(4), PARAMS,
+                  DS.train, num_rounds=5, progress=False)
+  assert not np.array_equal(jax.tree.leaves(moved.state.params)[0],
+                            jax.tree.leaves(results[1].state.params)[0])   # μ > 0 differs
