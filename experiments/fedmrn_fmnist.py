@@ -57,7 +57,7 @@ from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import bn_cnn, make_loss, mlp
 from fedjaxsparse.harness.plotting import method_colors, plot_curves, plot_methods
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
-from fedjaxsparse.ops.sparsity import gmp_sparsity
+from fedjaxsparse.ops.sparsity import gmp_sparsity, num_params
 
 NAME = "fedmrn_fmnist"
 DESCRIPTION = ("Seed 003 Table 1 (FMNIST; SVHN/CIFAR with tfds data): FedMRN/FedMRNS vs FedAvg "
@@ -245,7 +245,7 @@ def _run(cfg: Config, opts: dict) -> dict:
              if opts["model"] == "cnn" else mlp(shape, ds.num_classes))
     loss = make_loss(model)
     params = model.init(jax.random.key(cfg.seed))
-    d = sum(a.size for a in jax.tree.leaves(params))
+    d = num_params(params)
     fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
     tune_cfg = dataclasses.replace(cfg, progress=False, on_divergence="skip",
                                    rounds=max(1, cfg.rounds // 2),

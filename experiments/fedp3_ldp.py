@@ -31,6 +31,7 @@ from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import make_loss, softmax_regression
 from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import mean_se, validation_split
+from fedjaxsparse.ops.sparsity import num_params
 
 NAME = "fedp3_ldp"
 DESCRIPTION = "Seed 001 ch. 4: LDP-FedP3 test accuracy against the privacy budget epsilon"
@@ -63,7 +64,7 @@ def _run(cfg: Config, opts: dict) -> dict:
   model = softmax_regression(64, 10)
   loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
-  d = sum(a.size for a in jax.tree.leaves(params))
+  d = num_params(params)
   if d % cfg.clients:
     raise ValueError(f"--clients must divide d = {d} (the permutation sketch), got "
                      f"{cfg.clients}.")

@@ -50,6 +50,7 @@ from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import lenet5_caffe, make_loss, mlp, resnet18, vgg11
 from fedjaxsparse.harness.plotting import method_colors, plot_methods
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
+from fedjaxsparse.ops.sparsity import num_params
 
 NAME = "fedspa_table1"
 DESCRIPTION = "Seed 002 Table 1/2: FedSpa (DST/RSM) vs Ditto, FedAvg, Sub-FedAvg, Local, Subsampling"
@@ -238,7 +239,7 @@ def _run(cfg: Config, opts: dict) -> dict:
   loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
   macs = FL.layer_macs(model, params, shape)
-  d = sum(a.size for a in jax.tree.leaves(params))
+  d = num_params(params)
   paper = PAPER.get(cfg.dataset, {})
   rows, records = [], {}
   print(f"{NAME}: {cfg.dataset}, {cfg.clients} clients, {opts['cohort']} per round, "

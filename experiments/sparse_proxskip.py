@@ -48,7 +48,7 @@ from fedjaxsparse.models import global_mean_scale, linear_regression, make_loss,
 from fedjaxsparse.harness.plotting import method_colors, plot_methods, plot_series
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
                                            paper_table, two_stage_search, validation_split)
-from fedjaxsparse.ops.sparsity import k_from_sparsity, top_k
+from fedjaxsparse.ops.sparsity import k_from_sparsity, num_params, top_k
 from fedjaxsparse.runtime.sweep import run_batched
 
 NAME = "sparse_proxskip"
@@ -223,7 +223,7 @@ def _run(cfg: Config, opts: dict) -> dict:
   p = opts["p"] or min(1.0, max(0.02, 1.0 / math.sqrt(consts.kappa)))
   loss = make_loss(model, base_reduction, scale)
   params = model.init(jax.random.key(cfg.seed))
-  d = sum(x.size for x in jax.tree.leaves(params))
+  d = num_params(params)
   k = k_from_sparsity(d, sparsity)
   lam = opts["lam"] if opts["lam"] is not None else 1.0 / (2 * ds.num_clients)  # (1/2N)·φ
   steps = max(1, round(1 / p))

@@ -10,7 +10,7 @@
   and ``fjs.run_batched`` (seeds or a hyper-parameter grid as one program);
   ``fjs.global_params(state)`` and ``fjs.personal_params(state)`` read the models;
 * the pieces, by concept: ``fjs.compressors``, ``fjs.sparsity``, ``fjs.masks``,
-  ``fjs.sampling``, ``fjs.aggregation``, ``fjs.accounting`` (all in ``fjs.ops``),
+  ``fjs.sampling``, ``fjs.proxes``, ``fjs.aggregation``, ``fjs.accounting`` (in ``fjs.ops``),
   ``fjs.data``, ``fjs.models``, ``fjs.pruning``, ``fjs.convex``, ``fjs.runtime``,
   ``fjs.algorithms`` (the modules of the paper families), ``fjs.evaluation``, ``fjs.errors``,
   and ``fjs.harness`` (experiments, tables, plots, CLI; loaded on first use).
@@ -46,7 +46,8 @@ from fedjaxsparse.algorithms.scafflix import flix_sgd, i_scaffnew, scafflix
 from fedjaxsparse.algorithms.sppm import fedavg_sppm_as, fedprox_sppm_as, local_gd, sppm_as
 from fedjaxsparse.algorithms.subfedavg import subfedavg
 from fedjaxsparse.core import Algorithm, LossFn, global_params, personal_params
-from fedjaxsparse.ops import accounting, aggregation, compressors, masks, sampling, sparsity
+from fedjaxsparse.ops import (accounting, aggregation, compressors, masks, proxes, sampling,
+                              sparsity)
 from fedjaxsparse.runtime import run, run_batched
 
 __version__ = "0.1.0"
@@ -66,7 +67,7 @@ __all__ = [
     *METHODS,
     "Algorithm", "LossFn", "global_params", "personal_params", "run", "run_batched",
     "algorithms", "convex", "core", "data", "errors", "evaluation", "models", "ops", "pruning",
-    "runtime", "harness", "accounting", "aggregation", "compressors", "masks", "sampling",
+    "runtime", "harness", "accounting", "aggregation", "compressors", "masks", "proxes", "sampling",
     "sparsity", "METHODS", "__version__",
 ]
 

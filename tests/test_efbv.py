@@ -232,7 +232,8 @@ def test_constants_from_data_bound_the_true_curvature(problem):
 def test_tuned_constructor_and_l1_prox_reach_the_lasso_solution(problem):
   """EF-BV with an l1 prox and the KL step rule converges to the federated lasso solution
   (computed by proximal GD), with no parameter given by hand."""
-  from fedjaxsparse.algorithms.efbv import l1_prox, l2_prox, tuned
+  from fedjaxsparse.algorithms.efbv import tuned
+  from fedjaxsparse.ops.proxes import l1 as l1_prox, l2 as l2_prox
   ds, model, loss = problem
   consts = linear_model_constants(ds.train, L2, "squared", "mean")
   prox = l1_prox(0.3)

@@ -9,6 +9,7 @@ import pytest
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.algorithms import proxskip as ps
+from fedjaxsparse.ops import proxes
 from fedjaxsparse.algorithms.fedht import fedht, fediht
 from fedjaxsparse.data.problems import (ridge_regression_optimum, ridge_regression_problem,
                                         uniform_weights)
@@ -80,8 +81,8 @@ def test_asp_and_sps_modified_drift_by_the_exact_formula(problem):
   for name, algo in (("asp", ps.accelerated_server_pruning(loss, gamma, p, s)),
                      ("sps_mod", ps.sparse_proxskip_modified(loss, gamma, p, s))):
     kernel = ps.proxskip_kernel(
-        loss, gamma, p, upload_prox=ps.top_k_prox(s) if name == "sps_mod" else None,
-        write_back=name != "sps_mod", server_prox=ps.top_k_prox(s) if name == "asp" else None)
+        loss, gamma, p, upload_prox=proxes.top_k(s) if name == "sps_mod" else None,
+        write_back=name != "sps_mod", server_prox=proxes.top_k(s) if name == "asp" else None)
     state = algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
     drift = []
     for t in range(5):
@@ -237,7 +238,7 @@ def test_zero_sparsity_variants_equal_proxskip(problem):
 def test_round_form_equals_iteration_form_on_a_fixed_coin_sequence(problem):
   ds, model, loss = problem
   gamma, p = 0.02, 0.3
-  kernel = ps.proxskip_kernel(loss, gamma, p, upload_prox=ps.top_k_prox(0.5))
+  kernel = ps.proxskip_kernel(loss, gamma, p, upload_prox=proxes.top_k(0.5))
   w0 = model.init(jax.random.key(0))
   state = kernel.init(None, w0, ds.train)
   # Iteration form driven by the coins 0, 0, 1, 0, 1 ...

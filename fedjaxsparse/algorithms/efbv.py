@@ -29,7 +29,7 @@ parameter left to tune").
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +42,8 @@ from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.errors import check_number, check_positive
+from fedjaxsparse.ops.proxes import Prox
 
-Prox = Callable[[Any, float], Any]  # (tree, step) -> prox_{step·R}(tree)
 
 
 class EFBVState(NamedTuple):
@@ -212,17 +212,6 @@ def prox_gd(loss_fn: LossFn, gamma: float, d: int, **kw) -> Algorithm:
   """Proximal gradient descent = EF-BV with the identity compressor and λ = ν = 1
   (Remark 2.4.4); every client uploads its dense gradient."""
   return ef_bv(loss_fn, identity(d), gamma, 1.0, 1.0, **kw)
-
-
-def l1_prox(weight: float) -> Prox:
-  """``prox_{γ·weight·‖·‖₁}``: soft thresholding at ``γ·weight``."""
-  return lambda tree, step: jax.tree.map(
-      lambda a: jnp.sign(a) * jnp.maximum(jnp.abs(a) - step * weight, 0), tree)
-
-
-def l2_prox(weight: float) -> Prox:
-  """``prox_{γ·(weight/2)·‖·‖²}``: shrinkage by ``1/(1 + γ·weight)``."""
-  return lambda tree, step: jax.tree.map(lambda a: a / (1 + step * weight), tree)
 
 
 def tuned(method: str, loss_fn: LossFn, compressor: Compressor, num_clients: int, L: float,

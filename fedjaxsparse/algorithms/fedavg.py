@@ -27,6 +27,7 @@ import optax
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.aggregation import weighted_mean
+from fedjaxsparse.ops.proxes import Prox
 from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import local_scan, map_clients
 from fedjaxsparse.core import Algorithm, LossFn
@@ -63,7 +64,7 @@ class FedAvgInfo(NamedTuple):
 
 
 def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_steps: int,
-              batch_size: int | None, local_prox: Callable | None = None,
+              batch_size: int | None, local_prox: Prox | None = None,
               augment: Callable | None = None) -> Callable:
   """Local training of ONE client: ``(key, params, client_data) -> (params, first_loss)``.
 
@@ -83,7 +84,7 @@ def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_st
       loss, grads = jax.value_and_grad(loss_fn)(p, *minibatch(k, data, batch_size, augment))
       updates, s = optimizer.update(grads, s, p)
       p = optax.apply_updates(p, updates)
-      return (local_prox(p) if local_prox is not None else p, s), loss
+      return (local_prox(p, 1.0) if local_prox is not None else p, s), loss
 
     (params, _), losses = local_scan(step, (params, opt_state),
                                      jax.random.split(key, local_steps))
@@ -95,8 +96,8 @@ def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_st
 def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
            local_steps: int = 1, batch_size: int | None = None, cohort_size: int | None = None,
            server_optimizer: optax.GradientTransformation | None = None,
-           weighting: str = "num_examples", local_prox: Callable | None = None,
-           upload_prox: Callable | None = None, server_prox: Callable | None = None,
+           weighting: str = "num_examples", local_prox: Prox | None = None,
+           upload_prox: Prox | None = None, server_prox: Prox | None = None,
            uplink: Any = None, encoding: str = "dense",
            augment: Callable | None = None, sampler: Any = None) -> Algorithm:
   """Build FedAvg.
@@ -113,7 +114,10 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     server_optimizer: optional optax transformation applied to the pseudo-gradient ``−Δ̄``
       (``optax.sgd(1.0)`` reproduces plain FedAvg).
     weighting: ``"num_examples"`` (``n_i / Σ n_j`` over the cohort) or ``"uniform"``.
-    local_prox: applied to the client model after every local step.
+    local_prox: a :mod:`fedjaxsparse.ops.proxes` prox applied to the client model after every
+      local step. FedAvg's proxes are called with step 1 (the client step lives in the optax
+      optimiser): projections such as ``proxes.top_k`` ignore it; for a regulariser R pass the
+      prox of ``lr·R``.
     upload_prox: applied to the client's final model, which is then uploaded *as a model*
       (FedIHT uploads Top-K'd models); without it the client uploads its dense delta.
     server_prox: applied to the new global model (FedHT prunes the average).
@@ -151,7 +155,7 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
                                 client_keys(k_clients, cohort.ids))
     weights = cohorts.weights(cohort, weighting)
     is_model = upload_prox is not None
-    messages = (jax.vmap(upload_prox)(local) if is_model else
+    messages = (jax.vmap(lambda m: upload_prox(m, 1.0))(local) if is_model else
                 jax.tree.map(lambda l, g: l - g, local, state.params))
     messages = cohorts.upload(k_uplink, cohort, messages, uplink)
     delta = weighted_mean(messages, weights)
@@ -160,7 +164,7 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     params, opt_state = cohorts.server_update(state.params, state.server_opt_state, delta,
                                               server_optimizer)
     if server_prox is not None:
-      params = server_prox(params)
+      params = server_prox(params, 1.0)
     c = cohort.size
     bits = lambda m: accounting.message_bits(m, encoding=encoding)
     up = (cohorts.uplink_bits(cohort, uplink, accounting.num_params(state.params))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import optax
 
 from fedjaxsparse.algorithms.fedavg import LossFn, fedavg
-from fedjaxsparse.algorithms.proxskip import top_k_prox
+from fedjaxsparse.ops import proxes
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.errors import check_positive
 
@@ -36,7 +36,7 @@ def fedht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
   kw.setdefault("encoding", "auto")
   return fedavg(loss_fn, optax.sgd(check_positive("lr", lr)), local_steps=local_steps,
                 weighting=weighting,
-                server_prox=top_k_prox(sparsity, scope), **kw)
+                server_prox=proxes.top_k(sparsity, scope), **kw)
 
 
 def fediht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
@@ -44,7 +44,7 @@ def fediht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
            **kw) -> Algorithm:
   """FedIHT: ``w ← mean_i TopK(LocalSGD_i(w))`` (Top-K also after every local step if
   ``prune_every_step``)."""
-  prox = top_k_prox(sparsity, scope)
+  prox = proxes.top_k(sparsity, scope)
   kw.setdefault("encoding", "auto")
   return fedavg(loss_fn, optax.sgd(check_positive("lr", lr)), local_steps=local_steps,
                 weighting=weighting,

@@ -44,7 +44,6 @@ the lower index; the regrowth minibatch is a fresh draw of B examples (its own k
 """
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -61,6 +60,7 @@ from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import epoch_minibatch
 from fedjaxsparse.errors import check_number
+from fedjaxsparse.ops.sparsity import num_params
 
 SEARCHES = ("dst", "rsm")
 
@@ -205,7 +205,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
         lambda m, k, d: client(w, m, eta, alpha, counts, max_steps, k, d), cdata, old,
         client_keys(k_train, ids))
     s = ids.shape[0]
-    d = sum(math.prod(a.shape) for a in jax.tree.leaves(w))
+    d = num_params(w)
     active = sum(jax.tree.leaves(counts))
     paper = as_float(s * accounting.dense_bits(round((1.0 - sparsity) * d)))
     down = as_float(s * accounting.sparse_bits(active, d))

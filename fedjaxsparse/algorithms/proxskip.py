@@ -54,9 +54,9 @@ from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.errors import check_number, check_positive
-from fedjaxsparse.ops.sparsity import k_from_sparsity, soft_threshold, top_k
+from fedjaxsparse.ops import proxes
+from fedjaxsparse.ops.proxes import Prox
 
-Prox = Callable[[Any], Any]  # one client's pytree -> pytree
 FORMS = ("iteration", "round")
 
 
@@ -167,10 +167,9 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     raise ValueError(f"clip_mode must be 'norm' or 'value', got {clip_mode!r}.")
   if clip is not None:
     check_positive("clip", clip)  # traced in a search: unchecked
-  identity = lambda x: x
-  local_prox = local_prox or identity
-  upload_prox = upload_prox or identity
-  server_prox = server_prox or identity
+  local_prox = local_prox or proxes.identity
+  upload_prox = upload_prox or proxes.identity
+  server_prox = server_prox or proxes.identity
   grad_fn = jax.value_and_grad(loss_fn)
 
   def init(key, params, data: FederatedData) -> ProxSkipState:
@@ -188,7 +187,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     elif clip is not None:
       g = jax.tree.map(lambda a: jnp.clip(a, -clip, clip), g)
     w_hat = jax.tree.map(lambda a, gi, hi: a - gamma * (gi - hi), w, g, h)
-    return local_prox(w_hat), loss
+    return local_prox(w_hat, gamma), loss
 
   def local_step(key, state: ProxSkipState, data):
     keys = client_keys(key, client_ids(data))
@@ -196,7 +195,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
 
   def communicate(state: ProxSkipState, w_hat, key=None, ids=None):
     n = jax.tree.leaves(w_hat)[0].shape[0]
-    messages = jax.vmap(upload_prox)(w_hat)
+    messages = jax.vmap(lambda m: upload_prox(m, gamma / p))(w_hat)
     if uplink is not None:
       if key is None:
         raise ValueError("communicate needs a key when an uplink compressor is set.")
@@ -205,7 +204,7 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     if write_back:
       w_hat = messages
     w_bar = jax.tree.map(lambda m: jnp.mean(m, axis=0), messages)
-    w_out = server_prox(w_bar)
+    w_out = server_prox(w_bar, gamma / p)
     ref = w_out if h_after_server_prox else w_bar
     h = jax.tree.map(lambda hi, r, wh: hi + (p / gamma) * (r - wh), state.h, ref, w_hat)
     w = jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), w_out)
@@ -291,21 +290,21 @@ def sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                     scope: str = "global", **kw) -> Algorithm:
   """Sparse-ProxSkip (seed 000's method, L9): Top-K of the local iterate right before
   communication, *written back* into ŵ_i, so Σ_i h_i stays 0 (spec A.9)."""
-  return meta_sparse_proxskip(loss_fn, gamma, p, upload_prox=top_k_prox(sparsity, scope), **kw)
+  return meta_sparse_proxskip(loss_fn, gamma, p, upload_prox=proxes.top_k(sparsity, scope), **kw)
 
 
 def sparse_proxskip_local(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                           scope: str = "global", **kw) -> Algorithm:
   """Sparse-ProxSkip-Local (L7): Top-K after every local step — RandProx with the
   ℓ0-ball indicator, whose prox is Top-K (spec A.8)."""
-  return meta_sparse_proxskip(loss_fn, gamma, p, local_prox=top_k_prox(sparsity, scope), **kw)
+  return meta_sparse_proxskip(loss_fn, gamma, p, local_prox=proxes.top_k(sparsity, scope), **kw)
 
 
 def sparse_proxskip_modified(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                              scope: str = "global", **kw) -> Algorithm:
   """Sparse-ProxSkip-modified (appendix D): the upload is Top-K'd but the client keeps its
   dense ŵ_i for the h-update, which breaks Σ_i h_i = 0 (spec A.10; a diagnostic)."""
-  return meta_sparse_proxskip(loss_fn, gamma, p, upload_prox=top_k_prox(sparsity, scope),
+  return meta_sparse_proxskip(loss_fn, gamma, p, upload_prox=proxes.top_k(sparsity, scope),
                               write_back=False, **kw)
 
 
@@ -313,7 +312,7 @@ def accelerated_server_pruning(loss_fn: LossFn, gamma: float, p: float, sparsity
                                scope: str = "global", **kw) -> Algorithm:
   """Accelerated-Server-Pruning (L11): dense uploads, Top-K of the average at the server
   before the h-update, which breaks Σ_i h_i = 0 (spec A.6; the baseline shown to fail)."""
-  return meta_sparse_proxskip(loss_fn, gamma, p, server_prox=top_k_prox(sparsity, scope), **kw)
+  return meta_sparse_proxskip(loss_fn, gamma, p, server_prox=proxes.top_k(sparsity, scope), **kw)
 
 
 def accelerated_server_pruning_modified(loss_fn: LossFn, gamma: float, p: float,
@@ -321,7 +320,7 @@ def accelerated_server_pruning_modified(loss_fn: LossFn, gamma: float, p: float,
                                         scope: str = "global", **kw) -> Algorithm:
   """ASP-modified (appendix D): L11 and L12 swapped — the h-update uses the dense average,
   then the clients prune it; Σ_i h_i = 0 holds (spec A.7; dense up- and downlink)."""
-  return meta_sparse_proxskip(loss_fn, gamma, p, server_prox=top_k_prox(sparsity, scope),
+  return meta_sparse_proxskip(loss_fn, gamma, p, server_prox=proxes.top_k(sparsity, scope),
                               h_after_server_prox=False, **kw)
 
 
@@ -345,11 +344,4 @@ def randprox_l1(loss_fn: LossFn, gamma: float, p: float, lam: float, **kw) -> Al
   if not lam >= 0:
     raise ValueError(f"lam (the l1 weight) must be >= 0, got {lam}.")
   return meta_sparse_proxskip(loss_fn, gamma, p,
-                              local_prox=lambda tree: soft_threshold(tree, gamma * lam), **kw)
-
-
-def top_k_prox(sparsity: float, scope: str = "global") -> Prox:
-  """Top-K at target ``sparsity`` (fraction of zeros; ``K = k_from_sparsity(d, sparsity)``)
-  over the whole model (``"global"``, as in seed 000) or per leaf (``"per_leaf"``)."""
-  k_from_sparsity(1, sparsity)  # validates 0 <= sparsity < 1 at build time
-  return lambda tree: top_k(tree, sparsity=sparsity, scope=scope)
+                              local_prox=proxes.l1(lam), **kw)

@@ -56,7 +56,7 @@ from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
-from fedjaxsparse.ops.sparsity import _largest_bisection, nnz
+from fedjaxsparse.ops.sparsity import _largest_bisection, nnz, num_params
 from fedjaxsparse.errors import check_number
 
 
@@ -163,7 +163,7 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
 
     new_w = jax.tree.map(average, w, sent, new_masks)
     masks = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.masks, new_masks)
-    d = sum(a.size for a in jax.tree.leaves(w))
+    d = num_params(w)
     n_down = jax.vmap(lambda m: nnz(jax.tree.map(lambda x: x.astype(jnp.int8), m)))(old)
     n_up = jax.vmap(lambda m: nnz(jax.tree.map(lambda x: x.astype(jnp.int8), m)))(new_masks)
     sparse = jax.vmap(lambda n: accounting.sparse_bits(n, d))

@@ -1,0 +1,46 @@
+"""Proximal operators with one signature, shared by every algorithm that takes one (the ProxSkip
+family and RandProx, FedHT/FedIHT through FedAvg, EF-BV/EF21/DIANA and proximal GD):
+
+    prox(tree, step) -> prox_{step·R}(tree) = argmin_z  step·R(z) + ½‖z − tree‖²
+
+``tree`` is one client's (or the server's) model, a pytree; ``step`` a scalar (it may be
+traced: a hyper-parameter sweep vmaps over it). The algorithm passes its own step: EF-BV and
+proximal GD their γ; ProxSkip γ after a local step (L7) and γ/p at upload and on the server
+(L9, L11: the prox of ψ scaled by the expected number of local steps); FedAvg, whose client
+step lives in an optax optimiser, passes 1. A projection (the prox of an indicator, Top-K)
+ignores the step.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+
+from fedjaxsparse.ops.sparsity import k_from_sparsity, soft_threshold, top_k as _top_k
+
+Prox = Callable[[Any, Any], Any]   # (tree, step) -> tree
+
+
+def identity(tree: Any, step: Any = None) -> Any:
+  """The prox of R = 0: ``tree`` unchanged."""
+  del step
+  return tree
+
+
+def l1(weight: float) -> Prox:
+  """``prox_{step·weight·‖·‖₁}``: soft thresholding at ``step·weight`` (the lasso's prox)."""
+  return lambda tree, step: soft_threshold(tree, step * weight)
+
+
+def l2(weight: float) -> Prox:
+  """``prox_{step·(weight/2)·‖·‖²}``: shrinkage by ``1/(1 + step·weight)``."""
+  return lambda tree, step: jax.tree.map(lambda a: a / (1 + step * weight), tree)
+
+
+def top_k(sparsity: float, scope: str = "global") -> Prox:
+  """The projection onto K-sparse models (the prox of the indicator of ``‖z‖₀ ≤ K``, for every
+  step): Top-K at target ``sparsity`` (fraction of zeros; ``K = k_from_sparsity(d, sparsity)``)
+  over the whole model (``"global"``, as in Sparse-ProxSkip and FedHT) or per leaf
+  (``"per_leaf"``)."""
+  k_from_sparsity(1, sparsity)  # validates 0 <= sparsity < 1 at build time
+  return lambda tree, step: _top_k(tree, sparsity=sparsity, scope=scope)
