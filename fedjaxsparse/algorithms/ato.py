@@ -1,5 +1,4 @@
-"""Auto-Train-Once (seed 004 Task 2, Algorithms 7-8, l. 900-968; spec ``seed004.md`` §2.2-§2.5,
-§2.7, §2.11): train a network and prune whole zero-invariant groups in one run.
+"""Auto-Train-Once: train a network and prune whole zero-invariant groups in one run.
 
 References:
   Xidong Wu, Shangqian Gao, Zeyu Zhang, Zhenzhen Li, Runxue Bao, Yanfu Zhang, et al. (2024).
@@ -40,6 +39,9 @@ one-sided penalty ends at P = 0.29 for p = 0.5, the two-sided at 0.43; the end m
 by ~0.02); the FLOPs ``P(w)`` of :func:`fedjaxsparse.pruning.zig.flops` (DMC-style, an assumption).
 With ``λ = 0`` or ``w ≡ 1`` the target step is plain training with the base optimiser, bit for
 bit (tested).
+
+Source for the team: seed 004 Task 2, Algorithms 7-8, l. 900-968; spec ``seed004.md`` §2.2-§2.5,
+§2.7, §2.11.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Distributed dynamic safe screening inside variance-reduced proximal SGD (seed 004, Task 1,
-Algorithms 1-6, l. 326-473; spec ``seed004.md`` §1.3-§1.5, §1.7, §1.9).
+"""Distributed dynamic safe screening inside variance-reduced proximal SGD.
 
 References:
   Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
@@ -51,6 +50,9 @@ Named configurations: :func:`sha_ddss_naive`, :func:`sha_ddss`, :func:`dis_ddss_
 no screening). Every configuration works for singleton blocks (Lasso, ℓ1-logistic) and for the
 (weighted) group Lasso: there ``D_i`` and the sparse prox act on whole blocks of Ψ_i, laid out
 once on the host by :func:`block_rows` (memory n·max|Ψ_i|·max|G|).
+
+Source for the team: seed 004, Task 1, Algorithms 1-6, l. 326-473; spec ``seed004.md`` §1.3-§1.5,
+§1.7, §1.9.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The baselines of seed 004's Task 1 (l. 257-265, 498-500; spec ``seed004.md`` §1.5) — not
-specified in the dissertation beyond a name and a citation, so built from the cited works:
+"""The baselines of seed 004's Task 1 — not specified in the dissertation beyond a name and a
+citation, so built from the cited works:
 
 References:
   Fabian Pedregosa, Rémi Leblond, Simon Lacoste-Julien (2017). Breaking the Nonsmooth Barrier:
@@ -24,6 +24,8 @@ References:
 
 Both follow the ``Algorithm`` interface of :mod:`fedjaxsparse.algorithms.ddss` (one ``step`` =
 ``inner_steps`` updates) and report the same counters and ``DDSSInfo``.
+
+Source for the team: l. 257-265, 498-500; spec ``seed004.md`` §1.5.
 """
 from __future__ import annotations
 

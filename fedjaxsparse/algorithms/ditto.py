@@ -1,5 +1,4 @@
-"""Ditto (Li et al. 2021) and Local, the personalised dense baselines of seed 002 (B.3 l. 853-875;
-spec ``seed002.md`` §4.2-4.3).
+"""Ditto (Li et al. 2021) and Local, the personalised dense baselines of seed 002.
 
 References:
   Tian Li, Shengyuan Hu, Ahmad Beirami, Virginia Smith (2021). Ditto: Fair and Robust
@@ -23,6 +22,8 @@ The paper: λ = 0.5, 2 global + 3 personal epochs (5 in all, like the other meth
 is :func:`local`: no global part and λ = 0 — each sampled client trains its own model for
 ``epochs`` epochs, nothing is sent. Evaluation uses the personal models
 (:attr:`DittoState.personal`).
+
+Source for the team: B.3 l. 853-875; spec ``seed002.md`` §4.2-4.3.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""EF-BV, EF21, DIANA and proximal gradient descent (seed 001 chapter 2, Fig. 2.1; spec
-``specs/seed001_ch2.md`` §3–4).
+"""EF-BV, EF21, DIANA and proximal gradient descent.
 
 References:
   Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
@@ -25,6 +24,8 @@ EF21 is ν = λ (``λ = 1`` is the original EF21 for contractive C; the chapter 
 ``ν = λ = λ*``), DIANA is ν = 1, and the identity compressor with λ = ν = 1 is proximal gradient
 descent. :func:`efbv_params` gives the theory's λ*, ν*, r, r_av, s* and γ (Remark 2.4.3: "no
 parameter left to tune").
+
+Source for the team: seed 001 chapter 2, Fig. 2.1; spec ``specs/seed001_ch2.md`` §3–4.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Fed-LPFM (seed 004 Task 3, Algorithm 10, l. 1500-1556; spec ``seed004.md`` §3.1-§3.2):
-FedAvg over a lightweight student whose local loss distils from each client's private,
+"""Fed-LPFM: FedAvg over a lightweight student whose local loss distils from each client's private,
 frozen foundation models,
 
 References:
@@ -25,6 +24,8 @@ slots off per client (``M_i < T``, as in mixed-teacher ablations).
 
 Baselines: FedAvg is ``lam=1`` (bit for bit: the KL term is not even traced), FedProx is
 :func:`fedjaxsparse.algorithms.fedprox.proximal`, FML is :mod:`fedjaxsparse.algorithms.fml`.
+
+Source for the team: seed 004 Task 3, Algorithm 10, l. 1500-1556; spec ``seed004.md`` §3.1-§3.2.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""FedMRN / FedMRNS (seed 003 Algorithm 1; spec ``seed000_003.md`` B.0–B.2, B.8): clients learn
-1-bit masks over seeded random noise during local training, so the uplink is d bits plus one
-seed.
+"""FedMRN / FedMRNS: clients learn 1-bit masks over seeded random noise during local training, so
+the uplink is d bits plus one seed.
 
 References:
   Shiwei Li, Yingyi Cheng, Haozhao Wang, Xing Tang, Shijie Xu, Weihong Luo, et al. (2024).
@@ -36,6 +35,8 @@ the literal server-side reading; Stripelis et al. also freeze the mask on the cl
 this option does not) and the downlink is charged by the pruned model's non-zeros.
 
 Messages are *updates* (``u`` or ``n⊙m``), added to ``w^t`` — not models.
+
+Source for the team: seed 003 Algorithm 1; spec ``seed000_003.md`` B.0–B.2, B.8.
 """
 from __future__ import annotations
 

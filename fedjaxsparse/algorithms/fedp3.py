@@ -1,5 +1,4 @@
-"""FedP3, federated personalized and privacy-friendly network pruning (seed 001, ch. 4,
-Algorithms 5-7, l. 1125-1208; spec ``seed001_ch4_ch6.md`` §A.2-§A.5).
+"""FedP3, federated personalized and privacy-friendly network pruning.
 
 References:
   Kai Yi, Nidham Gazagnadou, Peter Richtárik, Lingjuan Lyu (2024). FedP3: Federated
@@ -49,6 +48,9 @@ from the client's own seed, agreed once, so no index bits), and the paper's laye
 
 Theorem-side FedP3 (Algorithm 10, the sketches, LDP-FedP3) lives in
 :mod:`fedjaxsparse.algorithms.fedp3_theory`.
+
+Source for the team: seed 001, ch. 4, Algorithms 5-7, l. 1125-1208; spec ``seed001_ch4_ch6.md``
+§A.2-§A.5.
 """
 from __future__ import annotations
 

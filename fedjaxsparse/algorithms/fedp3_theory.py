@@ -1,5 +1,5 @@
-"""Theoretical FedP3 (seed 001, Algorithm 10, l. 3051-3062) with its sketches (Definitions
-4.3.1-4.3.2, l. 1219-1225), and LDP-FedP3 (Algorithm 11, l. 3139-3226); spec §A.6-§A.8.
+"""Theoretical FedP3 with its sketches (Definitions 4.3.1-4.3.2, l. 1219-1225), and LDP-FedP3
+(Algorithm 11, l. 3139-3226); spec §A.6-§A.8.
 
 References:
   Kai Yi, Nidham Gazagnadou, Peter Richtárik, Lingjuan Lyu (2024). FedP3: Federated
@@ -30,6 +30,8 @@ minibatches sampled without replacement, per client, with replace-one-example ne
 (sensitivity 2C/b of the clipped mean gradient; the paper's σ² = cKC² log(1/δ)/(m²ε²) has
 unknown constants c, c', §A.7); the Rand-t compressor of Table C.3 (t = d/n, ω = n − 1) is
 :func:`fedjaxsparse.ops.compressors.rand_k`.
+
+Source for the team: seed 001, Algorithm 10, l. 3051-3062.
 """
 from __future__ import annotations
 

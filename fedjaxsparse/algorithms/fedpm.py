@@ -1,5 +1,4 @@
-"""FedPM (Isik et al. 2023; seed 003's model-compression baseline, spec ``seed000_003.md`` B.5):
-federated *probabilistic masks* over frozen random weights — the mask is the model.
+"""FedPM: federated *probabilistic masks* over frozen random weights — the mask is the model.
 
 References:
   Berivan Isik, Francesco Pase, Deniz Gündüz, Tsachy Weissman, Michele Zorzi (2023). Sparse
@@ -20,6 +19,9 @@ clipped because ``logit(0 or 1) = ∓∞``.
 
 The deployed model (:attr:`FedPMState.params`) is ``W₀ ⊙ 1[θ ≥ ½]``, the most likely mask (the
 paper does not say which mask it evaluates).
+
+Source for the team: Isik et al. 2023; seed 003's model-compression baseline, spec
+``seed000_003.md`` B.5.
 """
 from __future__ import annotations
 

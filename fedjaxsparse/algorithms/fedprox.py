@@ -1,6 +1,5 @@
-"""FedProx's proximal term (Li et al., MLSys 2020; the baseline of seed 004 Task 3, spec §3.3)
-as an optax transformation: the local objective ``F_i(θ) + (μ/2)‖θ − θ_t‖²`` adds
-``μ(θ − θ_t)`` to every local gradient.
+"""FedProx's proximal term as an optax transformation: the local objective ``F_i(θ) + (μ/2)‖θ −
+θ_t‖²`` adds ``μ(θ − θ_t)`` to every local gradient.
 
 References:
   Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith
@@ -11,6 +10,8 @@ with the broadcast model θ_t at the start of every round, so the anchor is exac
 :func:`fedprox` is ``fedavg(loss, optax.chain(proximal(mu), client_optimizer), ...)`` and takes
 every option of FedAvg's cohort round (``sampler=``, ``uplink=``, ``server_optimizer=``,
 ``weighting=``). ``mu = 0`` is FedAvg bit for bit (the term adds ``0·(θ − θ_t)``).
+
+Source for the team: Li et al., MLSys 2020; the baseline of seed 004 Task 3, spec §3.3.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""FedSpa (seed 002, Algorithm 1, l. 338-385; spec ``seed002.md`` §2-§3): personalised sparse
-masks over one dense global model, trained sparse-to-sparse, with the DST (Alg. 2) and RSM
-(Alg. 3) mask-search plug-ins.
+"""FedSpa: personalised sparse masks over one dense global model, trained sparse-to-sparse, with the
+DST (Alg. 2) and RSM (Alg. 3) mask-search plug-ins.
 
 References:
   Tiansheng Huang, Shiwei Liu, Li Shen, Fengxiang He, Weiwei Lin, Dacheng Tao (2022).
@@ -41,6 +40,8 @@ d bits and the changed positions' indices.
 Choices where the paper is silent (options): ``c = ⌈α_t n_l⌉`` (RigL/ITOP rounding); just-pruned
 entries may be regrown (``regrow_pruned``); ``α_t`` uses ``T − 1`` (``α_{T−1} = 0``); ties go to
 the lower index; the regrowth minibatch is a fresh draw of B examples (its own key).
+
+Source for the team: seed 002, Algorithm 1, l. 338-385; spec ``seed002.md`` §2-§3.
 """
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Federated Mutual Learning (Shen et al. 2020, "Federated Mutual Learning"; the FML baseline of
-seed 004 Task 3, l. 1645; spec ``seed004.md`` §3.3 — details from the cited paper, not the
-dissertation).
+"""Federated Mutual Learning.
 
 References:
   Tao Shen, Jie Zhang, Xinkang Jia, Fengda Zhang, Gang Huang, Pan Zhou, et al. (2020).
@@ -20,6 +18,9 @@ take one optimiser step per local step on the same minibatch). Only the meme mod
 and averaged (data-size weights); the private models are stacked ``[N, ...]`` in the state and
 change only for the round's participants. FML's defaults α = β = 0.5. The global (meme)
 model is the one evaluated.
+
+Source for the team: Shen et al. 2020, "Federated Mutual Learning"; the FML baseline of seed 004
+Task 3, l. 1645; spec ``seed004.md`` §3.3 — details from the cited paper, not the dissertation.
 """
 from __future__ import annotations
 

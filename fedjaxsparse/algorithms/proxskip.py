@@ -1,5 +1,4 @@
-"""ProxSkip / Scaffnew and the Sparse-ProxSkip family (seed 000, Algorithm 1 "Meta
-Sparse-ProxSkip", §3; spec ``specs/seed000_003.md`` A.2–A.10).
+"""ProxSkip / Scaffnew and the Sparse-ProxSkip family.
 
 References:
   Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
@@ -39,6 +38,9 @@ communicates. The round form is the iteration form grouped between successive co
 Evaluation (seed 000 §B, "every method's model is TopK'd before any evaluation"): the state's
 ``params`` is the last model the server broadcast; apply ``top_k`` in the runner's
 ``params_fn`` for the sparse evaluation (see the seed-000 experiment).
+
+Source for the team: seed 000, Algorithm 1 "Meta Sparse-ProxSkip", §3; spec ``specs/seed000_003.md``
+A.2–A.10.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""FLIX personalization and Scafflix / i-Scaffnew (seed 001 chapter 3 and appendix B; spec
-``specs/seed001_ch3_ch5.md`` §2).
+"""FLIX personalization and Scafflix / i-Scaffnew.
 
 References:
   Kai Yi, Laurent Condat, Peter Richtárik (2023). Explicit Personalization and Local Training:
@@ -39,6 +38,8 @@ current server model, runs the round's L local steps from it with its own h_i, a
 averaged with weights ∝ α_j²/γ_j *renormalised over S*; only the cohort's h_i change. The
 renormalisation keeps Σ_{j∈S} (α_j²/γ_j)(x̄ − x̂_j) = 0, so Σ_i α_i h_i stays exactly
 preserved; with S = all clients it is the full-participation round form.
+
+Source for the team: seed 001 chapter 3 and appendix B; spec ``specs/seed001_ch3_ch5.md`` §2.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Cohort-Squeeze (seed 001 chapter 5 and appendix D; spec ``seed001_ch3_ch5.md`` §3):
-stochastic proximal point with arbitrary cohort sampling, and its relatives.
+"""Cohort-Squeeze: stochastic proximal point with arbitrary cohort sampling, and its relatives.
 
 References:
   Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
@@ -32,6 +31,8 @@ steps). The average is uniform over the cohort (the algorithms' ``1/|S_t|``); ``
 Cost (:class:`SPPMInfo`): each global round reports its local communication rounds K, the
 cohort size and the floats sent up and down (d per member per local round); the hierarchical
 cost model and cost-to-target are in :mod:`fedjaxsparse.ops.accounting`.
+
+Source for the team: seed 001 chapter 5 and appendix D; spec ``seed001_ch3_ch5.md`` §3.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Sub-FedAvg (Un) (Vahidian, Morafah & Lin, ICDCS 2021, arXiv 2105.00562), the dense-to-sparse
-personalised-pruning baseline of seed 002 (B.3 l. 877-881, hyper-parameters l. 559-561, 574;
-spec ``seed002.md`` §4.4). Its details come from its own paper and the authors' code
-(MMorafah/Sub-FedAvg: ``client_u.py``, ``unstructured.py``, ``sub_fedavg_u.py``), not from seed
-002, which gives only the hyper-parameters (prune rate 0.05, distance threshold 1e-4,
-accuracy threshold 0.5, final density 0.5).
+personalised-pruning baseline of seed 002. Its details come from its own paper and the authors' code
+(MMorafah/Sub-FedAvg: ``client_u.py``, ``unstructured.py``, ``sub_fedavg_u.py``), not from seed 002,
+which gives only the hyper-parameters (prune rate 0.05, distance threshold 1e-4, accuracy threshold
+0.5, final density 0.5).
 
 References:
   Saeed Vahidian, Mahdi Morafah, Bill Lin (2021). Personalized Federated Learning by
@@ -41,6 +40,8 @@ target; biases and norm parameters stay dense.
 Communication: the paper's ledger counts the values sent (the sparse model both ways, fp32);
 the honest one adds their positions (cheaper of bitmap and indices) and the uploaded mask
 (``d`` bits).
+
+Source for the team: B.3 l. 877-881, hyper-parameters l. 559-561, 574; spec ``seed002.md`` §4.4.
 """
 from __future__ import annotations
 

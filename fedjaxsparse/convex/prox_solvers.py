@@ -1,6 +1,5 @@
-"""Prox solvers 𝒜 (seed 001 ch. 5 §5.4.3, Tables 5.2/D.1; spec §3.5): approximately minimise
-a smooth objective ``φ(v)`` over a flat parameter vector ``v`` in a fixed number of iterations
-``K`` (static, so a solve is one jitted program).
+"""Prox solvers 𝒜: approximately minimise a smooth objective ``φ(v)`` over a flat parameter vector
+``v`` in a fixed number of iterations ``K`` (static, so a solve is one jitted program).
 
 In SPPM-AS (:mod:`fedjaxsparse.algorithms.sppm`) ``φ`` is the cohort's prox objective
 ``Φ_t(z) = f_S(z) + ‖z − x_t‖²/(2γ)`` and **one solver iteration is one local communication
@@ -19,6 +18,8 @@ objective — the FedAvg-style inner loop).
 
 ``φ(v, key)``: the key draws minibatches for stochastic objectives; deterministic solvers pass
 one fixed key.
+
+Source for the team: seed 001 ch. 5 §5.4.3, Tables 5.2/D.1; spec §3.5.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Sparse convex problems and gap-safe screening (seed 004, Task 1, §3.1-3.2, l. 307-349;
-spec ``seed004.md`` §1.1-§1.2).
+"""Sparse convex problems and gap-safe screening.
 
 References:
   Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
@@ -29,6 +28,8 @@ exact rule and keep the printed one as an option:
 
 All functions are pure and jittable; use float64 (``with jax.enable_x64(True):``) to drive gaps
 to 1e-12 — in float32 the gap plateaus near 1e-7·P and screening stalls (safely).
+
+Source for the team: seed 004, Task 1, §3.1-3.2, l. 307-349; spec ``seed004.md`` §1.1-§1.2.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BlogFeedback (Buza 2013, UCI) with its natural federated split (seed 000, appendix B).
+"""BlogFeedback (Buza 2013, UCI) with its natural federated split.
 
 Files: ``blogData_train.csv`` and the 60 ``blogData_test-2012.*.csv`` files; each row has 280
 attributes and the target (comments in the next 24 h) in column 281. Clients are the source
@@ -9,6 +9,8 @@ model's range) and a constant-1 column is appended as the bias, so ``d = 281`` a
 is ``linear_regression(281, use_bias=False)``. The target is left unscaled: the paper's
 training losses (≈ 2.8·10⁷ for a sum of squared errors) are on raw comment counts. The test
 split is one shared test client.
+
+Source for the team: seed 000, appendix B.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Shakespeare next-character prediction (LEAF; seed 001 chapter 3's "1,129 devices"): one
-client per speaking role of each play, samples of 80 characters predicting the next one.
+"""Shakespeare next-character prediction: one client per speaking role of each play, samples of 80
+characters predicting the next one.
 
 Sources (``data_dir``):
 
@@ -36,6 +36,8 @@ order (a user without training samples is skipped), each with its own examples o
 each keeping its LEAF split (pass ``max_samples=None`` for all of LEAF's samples — every
 client is padded to the largest one); ``min_samples``, ``stride`` and ``test_fraction`` are
 settings of the plays only (LEAF's ``-k`` and ``--tf`` made those choices).
+
+Source for the team: LEAF; seed 001 chapter 3's "1,129 devices".
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""Sparse design matrices as padded CSR rows (seed 004, Task 1; spec ``seed004.md`` §1.9): every
-sample ``a_i`` keeps its ``k = max_i nnz(a_i)`` (column, value) pairs, padded with value 0 at
-column 0, so ``A x`` is a gather and ``Aᵀ r`` a ``segment_sum`` inside ``jit`` — memory
-``O(n·k)``, never ``O(n·p)``.
+"""Sparse design matrices as padded CSR rows: every sample ``a_i`` keeps its ``k = max_i nnz(a_i)``
+(column, value) pairs, padded with value 0 at column 0, so ``A x`` is a gather and ``Aᵀ r`` a
+``segment_sum`` inside ``jit`` — memory ``O(n·k)``, never ``O(n·p)``.
 
 Shapes: ``idx int32[n, k]``, ``val float[n, k]``, ``b float[n]`` (labels), ``num_features`` p.
+
+Source for the team: seed 004, Task 1; spec ``seed004.md`` §1.9.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""CLIP (Hugging Face ``CLIPModel``) in flax, as the frozen zero-shot teacher of Fed-LPFM (seed 004
-Task 3): the teacher's class logits are scaled cosine similarities between an image embedding and
-the embeddings of one text prompt per class,
-``logits = exp(logit_scale) * normalize(img_emb) @ normalize(text_emb).T`` (``[B, K]``).
+"""CLIP (Hugging Face ``CLIPModel``) in flax, as the frozen zero-shot teacher of Fed-LPFM: the
+teacher's class logits are scaled cosine similarities between an image embedding and the embeddings
+of one text prompt per class, ``logits = exp(logit_scale) * normalize(img_emb) @
+normalize(text_emb).T`` (``[B, K]``).
 
 Parameter names mirror the Hugging Face checkpoint one to one (``layers.{i}`` is ``layers_{i}``;
 a linear ``weight [out, in]`` is a flax ``kernel [in, out]``; the patch conv ``weight
@@ -25,6 +25,8 @@ Typical use (the teacher's logits for a whole data set, computed once and reused
   size = t.cfg.vision_config.image_size
   logits = cached_logits(lambda p, x: teacher_logits(t, p, preprocess(x, size)), images,
                          params=t.params)
+
+Source for the team: seed 004 Task 3.
 """
 from __future__ import annotations
 

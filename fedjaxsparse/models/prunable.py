@@ -1,5 +1,4 @@
-"""Convolutional networks whose layers declare their channel sets, for structured pruning
-(seed 004 Task 2, ATO; spec ``seed004.md`` §2.1).
+"""Convolutional networks whose layers declare their channel sets, for structured pruning.
 
 Every parameterised layer names the **channel set** of its input and output channels
 (``in_set`` / ``out_set``): channels that must be kept or removed together share a set — a
@@ -35,6 +34,8 @@ Normalisation: ``norm="batch"`` is the library's current-batch BatchNorm (no run
 ``norm="group"`` is GroupNorm (Fed-LPFM's students use 8 groups) — zero-invariant, but removing
 channels changes the other channels' group statistics, so physical removal is exact only with
 ``"batch"``.
+
+Source for the team: seed 004 Task 2, ATO; spec ``seed004.md`` §2.1.
 """
 from __future__ import annotations
 

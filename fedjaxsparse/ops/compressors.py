@@ -1,4 +1,4 @@
-"""Compressors ``C: R^d → R^d`` over pytrees, with their constants exposed (seed 001 §2.2).
+"""Compressors ``C: R^d → R^d`` over pytrees, with their constants exposed.
 
 References:
   Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
@@ -20,6 +20,8 @@ dithering with s levels (Alistarh et al. 2017, unbiased, ω = min(d/s², √d/s)
 compressors: stochastic sign (SignSGD), TernGrad, DRIVE and EDEN (randomised Hadamard
 rotation, :func:`hadamard`). Combinators: ``scale``
 (λC, Prop 2.2.1) and ``omega_ran`` (independent clients, m-nice sampling).
+
+Source for the team: seed 001 §2.2.
 """
 from __future__ import annotations
 

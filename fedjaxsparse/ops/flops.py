@@ -1,6 +1,5 @@
-"""Analytic training FLOPs of sparse models (seed 002 Tables 1/3/4; spec ``seed002.md`` §2.5,
-§6.4): the FLOPs are counted, not measured, since masked dense kernels save nothing on
-accelerators.
+"""Analytic training FLOPs of sparse models: the FLOPs are counted, not measured, since masked dense
+kernels save nothing on accelerators.
 
 * :func:`layer_macs` — multiply-accumulates per example of every parameter leaf, read off the
   model's jaxpr: each ``dot_general`` / ``conv_general_dilated`` whose operand is (a reshape,
@@ -11,6 +10,8 @@ accelerators.
   × 3 for forward + backward), times the examples processed, plus ``6·Σ_l MACs_l`` per example
   of dense work (FedSpa-DST's regrowth gradient: one dense minibatch per participant and
   round). This is the paper's convention: it reproduces Tables 1, 3 and 4 to about 1 %.
+
+Source for the team: seed 002 Tables 1/3/4; spec ``seed002.md`` §2.5, §6.4.
 """
 from __future__ import annotations
 

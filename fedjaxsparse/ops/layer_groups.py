@@ -1,11 +1,13 @@
-"""Layers of a model as units of work (seed 001, ch. 4: FedP3 trains, uploads and prunes whole
-layers; Fig. C.1 counts parameters per layer).
+"""Layers of a model as units of work.
 
 A *layer* is a group of parameter leaves that share a path prefix of ``depth`` keys:
 ``depth=1`` makes ``{"conv1": {"kernel", "bias"}, "fc1": ...}`` five layers of the chapter's
 CNN; ``depth=2`` splits a ResNet's ``{"layer2": {"block0": ..., "block1": ...}}`` into blocks.
 Layers are numbered in the pytree's flattening order (sorted keys), the order every helper and
 every ``bool[n, num_layers]`` layer assignment uses.
+
+Source for the team: seed 001, ch. 4: FedP3 trains, uploads and prunes whole layers; Fig. C.1 counts
+parameters per layer.
 """
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""Local training of ONE client: minibatches (with replacement, :func:`minibatch`; or epochs
-without replacement, :func:`epoch_minibatch`), the epoch loop under a static step count
-(:func:`epoch_loop`), and epoch-based local SGD (:func:`epoch_sgd`: seed 002's protocol of E
-epochs of minibatches of B, weight decay, a step size set per round) shared by FedSpa, Ditto,
-Local and Sub-FedAvg. Clients of unequal size share one vmapped loop of ``max_steps`` steps."""
+"""Local training of ONE client: minibatches (with replacement, :func:`minibatch`; or epochs without
+replacement, :func:`epoch_minibatch`), the epoch loop under a static step count
+(:func:`epoch_loop`), and epoch-based local SGD shared by FedSpa, Ditto, Local and Sub-FedAvg.
+Clients of unequal size share one vmapped loop of ``max_steps`` steps.
+
+Source for the team: :func:`epoch_sgd`: seed 002's protocol of E epochs of minibatches of B, weight
+decay, a step size set per round.
+"""
 from __future__ import annotations
 
 from typing import Any, Callable

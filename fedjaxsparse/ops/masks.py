@@ -1,7 +1,6 @@
 """Sparse masks over model pytrees: layer-wise densities, exact-count random masks, prune and
-regrow, drop-fraction schedules, diagnostics and bit-packed storage (seed 002, FedSpa §3 and
-App. A; spec ``seed002.md`` §3, §8). Every sparse-training method builds on these; FedMRN's
-masks over noise are another thing (:mod:`fedjaxsparse.ops.noise_masks`).
+regrow, drop-fraction schedules, diagnostics and bit-packed storage. Every sparse-training method
+builds on these; FedMRN's masks over noise are another thing (:mod:`fedjaxsparse.ops.noise_masks`).
 
 * **Which leaves are masked.** Leaves with ``ndim ≥ 2`` (conv and dense kernels) are masked;
   biases and norm scales/offsets (``ndim ≤ 1``) stay dense, as in the FLOPs arithmetic of the
@@ -31,6 +30,8 @@ masks over noise are another thing (:mod:`fedjaxsparse.ops.noise_masks`).
   ``K × d`` masks a server keeps.
 
 Masks are boolean pytrees with the structure of the parameters (unmasked leaves all True).
+
+Source for the team: seed 002, FedSpa §3 and App. A; spec ``seed002.md`` §3, §8.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Masked random noise (seed 003, FedMRN §3; spec ``seed000_003.md`` B.1): the pieces that let
-a client *learn* a 1-bit uplink — a mask ``m`` over seeded noise ``G(s)`` — during training.
+"""Masked random noise: the pieces that let a client *learn* a 1-bit uplink — a mask ``m`` over
+seeded noise ``G(s)`` — during training.
 
 References:
   Shiwei Li, Yingyi Cheng, Haozhao Wang, Xing Tang, Shijie Xu, Weihong Luo, et al. (2024).
@@ -33,6 +33,8 @@ pytree helpers at the end apply them leaf by leaf with per-leaf keys):
 
 ``signed=True`` selects FedMRNS's {−1, +1} masks. The identity ``G⊙m_s = 2G⊙m − G`` links them
 (a signed mask is a binary one over noise of twice the amplitude).
+
+Source for the team: seed 003, FedMRN §3; spec ``seed000_003.md`` B.1.
 """
 from __future__ import annotations
 

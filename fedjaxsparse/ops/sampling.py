@@ -1,7 +1,6 @@
-"""Cohort samplings ("arbitrary sampling", seed 001 chapter 5 §5.3 and D.2; spec
-``seed001_ch3_ch5.md`` §3.1, §3.3, §3.4): full, nonuniform, uniform, importance, τ-NICE, block,
-stratified and Algorithm 14's two-stage cluster sampling; and the plain uniform cohort of a
-round (:func:`sample_cohort`) with per-client keys (:func:`client_keys`).
+"""Cohort samplings: full, nonuniform, uniform, importance, τ-NICE, block, stratified and Algorithm
+14's two-stage cluster sampling; and the plain uniform cohort of a round (:func:`sample_cohort`)
+with per-client keys (:func:`client_keys`).
 
 References:
   Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
@@ -23,6 +22,9 @@ and knows its exact first- and second-order inclusion probabilities ``p_i = P(i 
 :meth:`Sampler.support` enumerates the exact cohort distribution (small n; tests check the
 closed forms against it and it against the draws). Clustering for block/stratified sampling:
 :func:`kmeans_blocks` (scikit-learn's KMeans) and :func:`contiguous_blocks`.
+
+Source for the team: "arbitrary sampling", seed 001 chapter 5 §5.3 and D.2; spec
+``seed001_ch3_ch5.md`` §3.1, §3.3, §3.4.
 """
 from __future__ import annotations
 

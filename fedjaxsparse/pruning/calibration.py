@@ -1,8 +1,10 @@
-"""Streaming calibration statistics of one linear layer's inputs (seed 001, ch. 6, §B.1.1 and
-§B.3 of spec ``seed001_ch4_ch6.md``): ``Σ_t x_tj²``, ``Σ_t x_tj`` and the token count,
-accumulated batch by batch inside ``jit``, giving ``‖X_{:j}‖₂`` (Wanda, RIA, every score of
-:mod:`fedjaxsparse.pruning.scores`), and the per-channel mean and variance (DSnoT). A uniform rescaling
-of ``‖X‖`` (e.g. Wanda's code divides by the number of samples) changes no ranking for α > 0.
+"""Streaming calibration statistics of one linear layer's inputs: ``Σ_t x_tj²``, ``Σ_t x_tj`` and
+the token count, accumulated batch by batch inside ``jit``, giving ``‖X_{:j}‖₂`` (Wanda, RIA, every
+score of :mod:`fedjaxsparse.pruning.scores`), and the per-channel mean and variance (DSnoT). A
+uniform rescaling of ``‖X‖`` (e.g. Wanda's code divides by the number of samples) changes no ranking
+for α > 0.
+
+Source for the team: seed 001, ch. 6, §B.1.1 and §B.3 of spec ``seed001_ch4_ch6.md``.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Training-free mask refinement: DSnoT and R²-DSnoT (seed 001, ch. 6, §6.4, l. 1796-1826, and
-E.3.1/E.3.5, l. 4549-4551, 4607-4639; spec ``seed001_ch4_ch6.md`` §B.5).
+"""Training-free mask refinement: DSnoT and R²-DSnoT.
 
 References:
   Yuxin Zhang, Lirui Zhao, Mingbao Lin, Yunyun Sun, Yiwu Yao, Xingjia Han, et al. (2024).
@@ -47,6 +46,9 @@ deliberately (§0.2 of the spec):
 * ``accept="threshold"`` is DSnoT's default rule (swap while ``|e| > threshold``);
   ``"same_sign"`` is its ``without_same_sign=False`` rule (the error keeps its initial sign);
   ``"decrease"`` also requires ``|e|`` to strictly decrease, which makes ``|e_q|`` monotone.
+
+Source for the team: seed 001, ch. 6, §6.4, l. 1796-1826, and E.3.1/E.3.5, l. 4549-4551, 4607-4639;
+spec ``seed001_ch4_ch6.md`` §B.5.
 """
 from __future__ import annotations
 

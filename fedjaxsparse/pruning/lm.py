@@ -1,6 +1,6 @@
-"""Language-model data and evaluation for post-training pruning (seed 001, ch. 6; spec
-``seed001_ch4_ch6.md`` §B.3, §B.6): tokenizers, texts, calibration windows, perplexity, and the
-small Shakespeare model this library trains itself as the offline default.
+"""Language-model data and evaluation for post-training pruning: tokenizers, texts, calibration
+windows, perplexity, and the small Shakespeare model this library trains itself as the offline
+default.
 
 Pinned protocol choices (the peers' issue trackers show each one breaking reproductions), all
 printed by :mod:`experiments.symwanda_lm`:
@@ -19,6 +19,8 @@ printed by :mod:`experiments.symwanda_lm`:
 * **Tokenizers** — bytes (UTF-8, vocabulary 256) for the embedded model; a ``tokenizer.json``
   (the ``tokenizers`` library, with the checkpoint's special-token template, e.g. LLaMA's BOS)
   for real checkpoints.
+
+Source for the team: seed 001, ch. 6; spec ``seed001_ch4_ch6.md`` §B.3, §B.6.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Scores to masks, and masks to a pruned model (seed 001, ch. 6; spec ``seed001_ch4_ch6.md``
-§B.3): one-shot, training-free ``W ↦ W⊙M`` for every dense kernel ``W[b, c]`` (flax's
-``(in, out)`` layout) of a parameter pytree.
+"""Scores to masks, and masks to a pruned model: one-shot, training-free ``W ↦ W⊙M`` for every dense
+kernel ``W[b, c]`` (flax's ``(in, out)`` layout) of a parameter pytree.
 
 * **Unstructured** at sparsity ε with exact counts in a comparison group (the paper never
   states it, §0.2.14): ``"per_output"`` (the peers' default — Wanda's and RIA's code rank
@@ -18,6 +17,8 @@ DSnoT / R²-DSnoT (which needs the full :class:`~fedjaxsparse.pruning.calibratio
 :func:`prune_model` calibrates and prunes any flax model in one call (layer-sequentially, via
 ``flax.linen.intercept_methods``); :func:`one_shot` tabulates a trained federated model's
 metrics after one-shot pruning, calibrated on the clients' data (:func:`client_batches`).
+
+Source for the team: seed 001, ch. 6; spec ``seed001_ch4_ch6.md`` §B.3.
 """
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Post-training pruning scores of one linear layer (seed 001, ch. 6, Table 6.1 and §6.3,
-l. 1652-1794; appendix E.2-E.3; spec ``seed001_ch4_ch6.md`` §B.1-§B.4). Prune the entries with
-the *smallest* score.
+"""Post-training pruning scores of one linear layer. Prune the entries with the *smallest* score.
 
 References:
   Mingjie Sun, Zhuang Liu, Anna Bair, J. Zico Kolter (2024). A Simple and Effective Pruning
@@ -39,6 +37,9 @@ Every score is a pure function ``W[b, c] (, stats, key) -> float[b, c]``:
 
 A zero row or column norm is guarded (``where(norm == 0, …)``): its entries are all zero and
 score 0.
+
+Source for the team: seed 001, ch. 6, Table 6.1 and §6.3, l. 1652-1794; appendix E.2-E.3; spec
+``seed001_ch4_ch6.md`` §B.1-§B.4.
 """
 from __future__ import annotations
 

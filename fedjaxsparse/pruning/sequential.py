@@ -1,5 +1,4 @@
-"""Block-sequential calibration and pruning of a decoder (seed 001, ch. 6; spec
-``seed001_ch4_ch6.md`` §B.3 — what Wanda's and RIA's code do, which the paper inherits):
+"""Block-sequential calibration and pruning of a decoder:
 
 1. the calibration windows are embedded once, ``h [N, T, H]``;
 2. for block ℓ = 0, 1, …: one dense forward of block ℓ over ``h`` accumulates, for each of its
@@ -15,6 +14,9 @@ pruned. :func:`perplexity` evaluates the same way, block by block.
 
 A *source* is anything with ``config``, ``outer()`` and ``block(i)`` (host parameters): a
 :class:`~fedjaxsparse.models.hf.Checkpoint` or a :class:`ParamsSource`.
+
+Source for the team: seed 001, ch. 6; spec ``seed001_ch4_ch6.md`` §B.3 — what Wanda's and RIA's code
+do, which the paper inherits.
 """
 from __future__ import annotations
 

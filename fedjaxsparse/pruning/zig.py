@@ -1,5 +1,4 @@
-"""Zero-invariant groups (ZIGs) of a network, their group operators, FLOPs and physical removal
-(seed 004 Task 2, §4.1-4.2, l. 881-939; spec ``seed004.md`` §2.1-§2.4, §2.11).
+"""Zero-invariant groups (ZIGs) of a network, their group operators, FLOPs and physical removal.
 
 References:
   Xidong Wu, Shangqian Gao, Zeyu Zhang, Zhenzhen Li, Runxue Bao, Yanfu Zhang, et al. (2024).
@@ -27,6 +26,8 @@ vectors ``[G]`` over all groups.
 * :func:`gate` — the "virtual gate" ``F̂ = w ⊙ F`` on every prunable layer output;
 * :func:`compress` — physical removal: a smaller params tree and the ``widths`` to rebuild the
   model with, computing the masked model's function.
+
+Source for the team: seed 004 Task 2, §4.1-4.2, l. 881-939; spec ``seed004.md`` §2.1-§2.4, §2.11.
 """
 from __future__ import annotations
 
