@@ -77,3 +77,31 @@ def test_fedprox_with_eden_and_fedadam_at_mu_zero_is_fedavg_bit_for_bit():
                   DS.train, num_rounds=5, progress=False)
   assert not np.array_equal(jax.tree.leaves(moved.state.params)[0],
                             jax.tree.leaves(results[1].state.params)[0])   # μ > 0 differs
+
+
+def test_fedp3_with_rand_k_on_the_uploaded_layers_charges_bits_exactly():
+  # FedP3 (OPU2 layer assignments) whose uploaded layers go through rand-k, layer by layer
+  model = fjs.models.mlp((64,), 10, hidden=(16, 16))
+  params = model.init(jax.random.key(0))
+  train = fjs.algorithms.fedp3.layer_policy(jax.random.key(2), 6, 3, "opu2")
+  cfg = fjs.algorithms.fedp3.make_config(jax.random.key(1), train, 0.9)
+  rand_k = lambda d: fjs.compressors.rand_k(d, max(1, d // 4))
+  algo = fjs.fedp3(fjs.models.make_loss(model), optax.sgd(0.1), cfg, local_steps=2,
+                   batch_size=16, uplink=rand_k)
+  state = algo.init(None, params, DS.train)
+  new, info = jax.jit(algo.step)(jax.random.key(5), state, DS.train)
+  sizes = fjs.ops.layer_groups.layer_sizes(params)
+  expected = sum(rand_k(int(d)).bits(int(d)) for row in np.asarray(train)
+                 for d, sent in zip(sizes, row) if sent)
+  assert float(info.bits_up) == float(expected)
+  # the identity compressor per layer is FedP3 itself, bit for bit
+  plain = fjs.fedp3(fjs.models.make_loss(model), optax.sgd(0.1), cfg, local_steps=2,
+                    batch_size=16)
+  same = fjs.fedp3(fjs.models.make_loss(model), optax.sgd(0.1), cfg, local_steps=2,
+                   batch_size=16, uplink=fjs.compressors.identity)
+  a = jax.jit(plain.step)(jax.random.key(5), state, DS.train)[0].params
+  b = jax.jit(same.step)(jax.random.key(5), state, DS.train)[0].params
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+  assert not all(np.array_equal(x, y) for x, y in
+                 zip(jax.tree.leaves(new.params), jax.tree.leaves(a)))   # rand-k changed it

@@ -55,7 +55,7 @@ Source for the team: seed 001, ch. 4, Algorithms 5-7, l. 1125-1208; spec ``seed0
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -259,23 +259,54 @@ def aggregate(params: Any, trained: Any, train_layers: jax.Array, weights: jax.A
   over the participants that returned layer l (``train_layers`` ``bool[m, L]``, ``weights``
   ``a`` ``[m]``: 1 or |L_i|); a layer nobody returned is unchanged. ``trained`` ``[m, ...]``
   is read only where ``t_{i,l}`` holds (NaN elsewhere cannot leak)."""
+  updates = jax.tree.map(lambda tl, wl: tl - wl[None], trained, params)
+  return aggregate_updates(params, updates, train_layers, weights, depth)
+
+
+def aggregate_updates(params: Any, updates: Any, train_layers: jax.Array, weights: jax.Array,
+                      depth: int = 1) -> Any:
+  """:func:`aggregate` from the received updates ``W_i^l − W^l`` (``[m, ...]``; compressed by
+  an uplink, say) instead of the trained models."""
   coef = train_layers * weights[:, None]
   den = jnp.sum(coef, axis=0)
   alpha = coef / jnp.where(den > 0, den, 1.0)
 
-  def one(wl, tl, l):
+  def one(wl, ul, l):
     sent = train_layers[:, l].reshape((-1,) + (1,) * wl.ndim)
-    msg = jnp.where(sent, tl - wl[None], jnp.zeros_like(tl))
+    msg = jnp.where(sent, ul, jnp.zeros_like(ul))
     return wl + jnp.tensordot(alpha[:, l].astype(wl.dtype), msg, axes=1)
 
-  return jax.tree.map(one, params, trained, LY.layer_index(params, depth))
+  return jax.tree.map(one, params, updates, LY.layer_index(params, depth))
+
+
+def compress_layers(key: jax.Array, ids: jax.Array, updates: Any, uplink: Callable[[int], Any],
+                    depth: int = 1) -> tuple[Any, list]:
+  """Every client's update compressed layer by layer: layer l (its leaves flattened together,
+  ``d_l`` entries) by the compressor ``uplink(d_l)``, with the key ``fold_in(fold_in(key, l),
+  client_id)``. Returns the compressed updates ``[m, ...]`` and the compressors (one per
+  layer, for the bit count)."""
+  w_like = jax.tree.map(lambda u: u[0], updates)
+  sizes = LY.layer_sizes(w_like, depth)
+  leaves, treedef = jax.tree.flatten(updates)
+  index = jax.tree.leaves(LY.layer_index(w_like, depth))
+  comps = []
+  for l, d_l in enumerate(sizes):
+    comp = uplink(int(d_l))
+    comps.append(comp)
+    pos = [j for j, li in enumerate(index) if li == l]
+    keys = client_keys(jax.random.fold_in(key, l), ids)
+    out = jax.vmap(comp.compress)(keys, [leaves[j] for j in pos])
+    for j, o in zip(pos, out):
+      leaves[j] = o
+  return jax.tree.unflatten(treedef, leaves), comps
 
 
 def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
           config: FedP3Config, *, local_steps: int = 10, batch_size: int | None = 48,
           cohort_size: int | None = None, local_rule: str = "fixed",
           q_range: tuple[float, float] = (0.5, 1.0), aggregation: str = "simple",
-          train_non_selected: bool = True, depth: int = 1) -> Algorithm:
+          train_non_selected: bool = True, depth: int = 1,
+          uplink: Callable[[int], Any] | None = None) -> Algorithm:
   """FedP3 (Algorithms 5-7); see the module docstring.
 
   Args:
@@ -290,6 +321,10 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     aggregation: ``"simple"`` (α ∝ 1) or ``"weighted"`` (α ∝ |L_i|), normalised per layer.
     train_non_selected: train the pruned layers ∉ L_i locally (prose) or freeze them (Alg. 6).
     depth: path prefix length that defines a layer (:mod:`fedjaxsparse.ops.layer_groups`).
+    uplink: ``d_l -> Compressor``: every uploaded layer's update (``d_l`` entries) is
+      compressed by ``uplink(d_l)`` (e.g. ``lambda d: compressors.rand_k(d, d // 4)``), its own
+      key per client and layer; ``bits_up`` charges ``Σ_i Σ_{l∈L_i} uplink(d_l).bits(d_l)``
+      (``floats_up`` keeps the paper's count of uploaded floats).
   """
   if local_rule not in LOCAL_RULES:
     raise ValueError(f"local_rule must be one of {LOCAL_RULES}, got {local_rule!r}.")
@@ -368,11 +403,21 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     trained, losses, kept = map_clients(
         lambda k, tr, kr, mk, d: train_client(k, w, tr, kr, mk, d), cdata,
         client_keys(k_train, ids), train, config.keep_ratio[ids], config.mask_keys[ids])
-    new_w = aggregate(w, trained, train, agg[ids].astype(float_dtype()), depth)
     sizes = jnp.asarray(LY.layer_sizes(w, depth), float_dtype())
     up = jnp.sum(train.astype(float_dtype()) @ sizes)
+    if uplink is None:
+      new_w = aggregate(w, trained, train, agg[ids].astype(float_dtype()), depth)
+      bits_up = 32.0 * up
+    else:
+      updates, comps = compress_layers(
+          jax.random.fold_in(k_train, 1), ids,
+          jax.tree.map(lambda tl, wl: tl - wl[None], trained, w), uplink, depth)
+      new_w = aggregate_updates(w, updates, train, agg[ids].astype(float_dtype()), depth)
+      layer_bits = jnp.asarray([c.bits(int(d_l)) for c, d_l in
+                                zip(comps, LY.layer_sizes(w, depth))], float_dtype())
+      bits_up = jnp.sum(train.astype(float_dtype()) @ layer_bits)
     down = jnp.sum(sum(jax.tree.leaves(kept)))
-    info = FedP3Info(jnp.mean(losses), up, down, 32.0 * up, 32.0 * down,
+    info = FedP3Info(jnp.mean(losses), up, down, bits_up, 32.0 * down,
                      jnp.mean(jnp.mean(train.astype(float_dtype()), axis=1)),
                      jnp.int32(ids.shape[0]))
     return FedP3State(new_w, t + 1), info
