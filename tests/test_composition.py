@@ -105,3 +105,17 @@ def test_fedp3_with_rand_k_on_the_uploaded_layers_charges_bits_exactly():
     np.testing.assert_array_equal(x, y)
   assert not all(np.array_equal(x, y) for x, y in
                  zip(jax.tree.leaves(new.params), jax.tree.leaves(a)))   # rand-k changed it
+
+
+def test_fedspa_with_a_nice_sampler_and_its_weights_is_fedspas_uniform_cohort():
+  # tau-NICE draws the same cohort as cohort_size=tau; its weights 1/(n p_i) = 1/tau
+  kw = dict(num_rounds=10, sparsity=0.5, epochs=1, batch_size=64)
+  nice = fjs.fedspa(LOSS, 0.1, cohort_size=None, sampler=fjs.sampling.nice(6, 3),
+                    weighting="sampling", **kw)
+  uniform = fjs.fedspa(LOSS, 0.1, cohort_size=3, **kw)
+  runs = [fjs.run(a, jax.random.key(6), PARAMS, DS.train, num_rounds=3, progress=False)
+          for a in (nice, uniform)]
+  for x, y in zip(jax.tree.leaves(runs[0].state), jax.tree.leaves(runs[1].state)):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+  np.testing.assert_array_equal(runs[0].history.rounds["uplink_bits"],
+                                runs[1].history.rounds["uplink_bits"])

@@ -53,12 +53,12 @@ import jax.numpy as jnp
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.ops import masks as MK
-from fedjaxsparse.ops.aggregation import client_weights
+from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
 from fedjaxsparse.ops.local import epoch_minibatch
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops.sparsity import num_params
@@ -103,7 +103,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
            regrow_pruned: bool = True, lr_decay: float = 1.0,
            weight_decay: float = 0.0, weighting: str = "uniform",
            subsample: float | None = None, rescale: bool = False,
-           pack_masks: bool = False, uplink: Any = None) -> Algorithm:
+           pack_masks: bool = False, uplink: Any = None, sampler: Any = None) -> Algorithm:
   """FedSpa (DST or RSM); see the module docstring.
 
   Args:
@@ -120,9 +120,9 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     regrowth: ``"gradient"`` (RigL) or ``"random"`` (SET, Fig. 7's ablation).
     regrow_pruned: whether entries pruned in a round may be regrown in it.
     weight_decay: λ_wd added to the gradient (on active entries; the paper: 5e-4).
-    weighting: ``"uniform"`` (1/S, FedSpa's Eq. 4) or ``"num_examples"`` (n_k/Σ_{S_t} n_j,
-      FedAvg as McMahan et al. and FedML weight it; the paper does not say which its FedAvg
-      baseline used).
+    weighting: ``"uniform"`` (1/S, FedSpa's Eq. 4), ``"sampling"`` (with ``sampler``) or
+      ``"num_examples"`` (n_k/Σ_{S_t} n_j, FedAvg as McMahan et al. and FedML weight it; the
+      paper does not say which its FedAvg baseline used).
     subsample, rescale: keep a fresh uniformly random ``round(q·d)`` entries of every
       ``U_k`` (its own key per client and round), scaled by ``1/q`` with ``rescale`` (then
       unbiased): with ``sparsity=0`` and ``search="rsm"`` the Subsampling baseline (Konečný et
@@ -134,6 +134,10 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     uplink: any :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded
       ``U_k`` (its own key per client and round: ``fold_in`` of the client id), charged
       ``uplink.bits(d)`` per client (plus the DST mask changes) — e.g. TernGrad, EDEN, rand-k.
+    sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
+      uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); with
+      ``weighting="sampling"`` the dense update is aggregated with its unbiased weights
+      ``1/(n p_i)`` (:mod:`fedjaxsparse.runtime.cohort`).
   """
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
@@ -150,8 +154,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     raise ValueError("give either subsample (the paper's rand-k baseline) or uplink, not both.")
   if subsample is not None:
     check_number("subsample", subsample, 0.0, 1.0, low_open=True)
-  if weighting not in ("uniform", "num_examples"):
-    raise ValueError(f"weighting must be 'uniform' or 'num_examples', got {weighting!r}.")
+  cohorts.check_options(cohort_size, sampler, weighting)
   if regrowth not in MK.REGROWTHS:
     raise ValueError(f"regrowth must be one of {MK.REGROWTHS}, got {regrowth!r}.")
   drop = MK.DROP_SCHEDULES[schedule]
@@ -194,8 +197,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
 
   def step(key, state: FedSpaState, data: FederatedData):
     k_cohort, k_train = jax.random.split(key)
-    ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
-    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
+    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
+    ids, cdata = cohort.ids, cohort.data
     w, t = state.params, state.round
     counts = counts_of(w)
     eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
@@ -208,6 +211,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     s = ids.shape[0]
     d = num_params(w)
     active = sum(jax.tree.leaves(counts))
+    if sampler is not None:   # a sampler's cohort varies in size: count its members
+      s = cohort.size
     paper = as_float(s * accounting.dense_bits(round((1.0 - sparsity) * d)))
     down = as_float(s * accounting.sparse_bits(active, d))
     up, paper_up = down, paper
@@ -222,8 +227,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
       messages = jax.vmap(uplink.compress)(client_keys(jax.random.fold_in(k_train, 1), ids),
                                            messages)
       up = paper_up = as_float(s * uplink.bits(d))
-    p = (jnp.full((s,), 1.0 / s) if weighting == "uniform"
-         else client_weights(cdata.num_examples, "num_examples"))
+    p = (jnp.full((ids.shape[0],), 1.0 / ids.shape[0])
+         if weighting == "uniform" and sampler is None else cohorts.weights(cohort, weighting))
     new_w = jax.tree.map(lambda a, u: a - jnp.tensordot(p.astype(u.dtype), u, axes=1), w,
                          messages)
     stored = jax.vmap(MK.pack)(new_masks) if pack_masks else new_masks
@@ -232,9 +237,11 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     if search == "dst":
       mask_up = jnp.minimum(as_float(d), change.astype(float_dtype())
                             * accounting.index_bits(d))
-      up = up + jnp.sum(mask_up)
-    info = FedSpaInfo(jnp.mean(losses), up, down, paper_up, paper, jnp.int32(s),
-                      jnp.asarray(alpha, float_dtype()), jnp.mean(change.astype(float_dtype())))
+      up = up + jnp.sum(cohort.member * mask_up)
+    mean = (jnp.mean if sampler is None else
+            lambda v: jnp.sum(cohort.member * v) / cohort.size)   # over members only
+    info = FedSpaInfo(mean(losses), up, down, paper_up, paper, jnp.asarray(s, jnp.int32),
+                      jnp.asarray(alpha, float_dtype()), mean(change.astype(float_dtype())))
     return FedSpaState(new_w, masks, t + 1), info
 
   return Algorithm(init, step)
