@@ -37,7 +37,6 @@ are marked so).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
@@ -53,12 +52,12 @@ from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, load_arrays
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import partition
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
-                                             run_method, save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
+                                             save_results, tune_then_run, tuning_config)
 from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import cnn, make_loss, mlp
 from fedjaxsparse.harness.plotting import plot_curves
-from fedjaxsparse.harness.protocol import mean_se, validation_split
+from fedjaxsparse.harness.protocol import validation_split
 
 NAME = "fedlpfm_fmnist"
 DESCRIPTION = ("Seed 004 Tables 8-12: Fed-LPFM vs FedAvg / FedProx / FML across label skews "
@@ -346,9 +345,7 @@ def _run(cfg: Config, opts: dict) -> dict:
     print(f"{NAME}: {ds.name}, {ds.num_clients} clients (all per round), {opts['local_steps']}"
           f" local steps of {opts['batch']}, lr {opts['lr']:g}, teacher: "
           f"{teachers[main][1]}")
-    tune_cfg = dataclasses.replace(cfg, progress=False, on_divergence="skip",
-                                   rounds=max(1, cfg.rounds // 2),
-                                   eval_every=max(1, cfg.rounds // 2))
+    tune_cfg = tuning_config(cfg)
     specs = _algorithms(opts, model, classes)
     plan = ([(m, None) for m in METHODS] if opts["study"] == "table8"
             else [("Fed-LPFM", v) for v in variants])
@@ -360,26 +357,14 @@ def _run(cfg: Config, opts: dict) -> dict:
       def data(part, packed):
         return F.pack_targets(part, logits, mask) if packed else part
 
-      scores = {}
-      for setting, build, packed in specs[method]:
-        if len(specs[method]) == 1:
-          scores[setting] = 0.0
-          break
-        rec = run_method(tune_cfg, NAME, f"{split} tune {label} {setting}", build(), params,
-                         data(fit, packed), val, make_eval_fn(model))
-        acc = last(rec["history"]["evals"].get("accuracy", []))
-        scores[setting] = -1.0 if rec["diverged"] or acc is None else acc
-      best = max(scores, key=scores.get)
-      build, packed = next((b, p) for s, b, p in specs[method] if s == best)
-      finals = []
-      for s in range(opts["seeds"]):
-        rec = run_method(cfg, NAME, f"{split} {label} seed {s}", build(), params,
-                         data(fit, packed), ds.test, make_eval_fn(model),
-                         key=jax.random.key(cfg.seed + 100 * s))
-        if not rec["diverged"]:
-          finals.append(100 * last(rec["history"]["evals"]["accuracy"]))
-        records.setdefault(f"{label} ({split})", rec)
-      st = mean_se(finals) if finals else {"mean": None, "se": None}
+      options = {setting: (build, packed) for setting, build, packed in specs[method]}
+      tuned = tune_then_run(
+          cfg, NAME, f"{split} {label}", list(options),
+          lambda setting, run: options[setting][0](), params, fit, val, fit, ds.test,
+          make_eval_fn(model), tune_cfg=tune_cfg, seeds=opts["seeds"],
+          data=lambda setting, part: data(part, options[setting][1]))
+      best, st, finals = tuned.best, tuned.stats, tuned.finals
+      records[f"{label} ({split})"] = tuned.records[0]
       if opts["study"] == "table8":
         paper = PAPER8[split][METHODS.index(method)]
       elif opts["study"] == "table11":

@@ -37,7 +37,6 @@ over ``lrs``.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -51,12 +50,12 @@ from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.algorithms.fedpm import fedpm
 from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, fashion_mnist
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
-                                             run_method, save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
+                                             save_results, tune_then_run, tuning_config)
 from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import bn_cnn, make_loss, mlp
 from fedjaxsparse.harness.plotting import method_colors, plot_curves, plot_methods
-from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
+from fedjaxsparse.harness.protocol import PaperConfig, validation_split
 from fedjaxsparse.ops.sparsity import gmp_sparsity, num_params
 
 NAME = "fedmrn_fmnist"
@@ -247,29 +246,17 @@ def _run(cfg: Config, opts: dict) -> dict:
     params = model.init(jax.random.key(cfg.seed))
     d = num_params(params)
     fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-    tune_cfg = dataclasses.replace(cfg, progress=False, on_divergence="skip",
-                                   rounds=max(1, cfg.rounds // 2),
-                                   eval_every=max(1, cfg.rounds // 2))
+    tune_cfg = tuning_config(cfg)
     print(f"{NAME}: {ds.name}, {ds.num_clients} clients, {opts['cohort']} per round, "
           f"{opts['epochs']} local epoch(s) of {opts['batch']}, d={d}")
     for m in methods:
-      scores = {} if len(opts["lrs"]) > 1 else {opts["lrs"][0]: 0.0}  # one lr: no tuning
-      for lr in opts["lrs"] if len(opts["lrs"]) > 1 else ():
-        rec = run_method(tune_cfg, NAME, f"{split} tune {m} lr={lr:g}",
-                         _algorithm(specs[m], loss, lr, d, opts), params, fit, val,
-                         make_eval_fn(model))
-        acc = last(rec["history"]["evals"].get("accuracy", []))
-        scores[lr] = -1.0 if rec["diverged"] or acc is None else acc
-      lr = max(scores, key=scores.get)
-      finals = []
-      for s in range(opts["seeds"]):
-        rec = run_method(cfg, NAME, f"{split} {m} seed {s}", _algorithm(specs[m], loss, lr, d, opts),
-                         params, ds.train, ds.test, make_eval_fn(model),
-                         key=jax.random.key(cfg.seed + 100 * s))
-        if not rec["diverged"]:
-          finals.append(100 * last(rec["history"]["evals"]["accuracy"]))
-        records.setdefault(f"{m} ({split})", rec)
-      stats = mean_se(finals) if finals else {"mean": None, "se": None}
+      tuned = tune_then_run(
+          cfg, NAME, f"{split} {m}", opts["lrs"],
+          lambda lr, run: _algorithm(specs[m], loss, lr, d, opts), params, fit, val,
+          ds.train, ds.test, make_eval_fn(model), tune_cfg=tune_cfg, seeds=opts["seeds"],
+          label=lambda lr: f"lr={lr:g}")
+      lr, stats = tuned.best, tuned.stats
+      records[f"{m} ({split})"] = tuned.records[0]
       up = records[f"{m} ({split})"]["history"]["rounds"]["uplink_bits"]
       sent_bpp = (up[-1] / len(up) / opts["cohort"] / d) if up else None
       rows.append({"split": split, "method": m, "lr": lr, "ours %": stats["mean"],

@@ -35,7 +35,6 @@ uploaded per round relative to FedAvg's), plus the deployed model size.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
@@ -47,12 +46,12 @@ from fedjaxsparse.algorithms import fedp3 as F
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import hsu_dirichlet_partition, label_count_partition
 from fedjaxsparse.evaluation import make_personal_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
-                                             run_method, save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
+                                             save_results, tune_then_run, tuning_config)
 from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import fedp3_cnn, make_loss, mlp, resnet18
 from fedjaxsparse.harness.plotting import method_colors, plot_methods
-from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
+from fedjaxsparse.harness.protocol import PaperConfig, validation_split
 
 NAME = "fedp3_fmnist"
 DESCRIPTION = ("Seed 001 ch. 4: FedP3 layer policies, local pruning rules, global ratios and "
@@ -265,33 +264,21 @@ def _run(cfg: Config, opts: dict) -> dict:
     ds = federate(x, y, parts, num_classes=classes, name=f"{cfg.dataset}/{split}",
                   test_fraction=0.3, seed=cfg.seed)
     fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-    tune_cfg = dataclasses.replace(cfg, progress=False, on_divergence="skip",
-                                   rounds=max(1, cfg.rounds // 2),
-                                   eval_every=max(1, cfg.rounds // 2))
+    tune_cfg = tuning_config(cfg)
     n = ds.train.num_clients
     for m in methods:
       spec = study[m]
-      scores = {}
-      for lr in opts["lrs"]:
-        if len(opts["lrs"]) == 1:
-          scores[lr] = 0.0
-          break
-        algo, fcfg = _algorithm(spec, loss, lr, opts, n, names, cfg.seed)
-        rec = run_method(tune_cfg, NAME, f"{split} tune {m} lr={lr:g}", algo, params, fit, val,
-                         _eval_fn(model, fcfg, depth), params_fn=lambda st: st)
-        acc = last(rec["history"]["evals"].get("accuracy", []))
-        scores[lr] = -1.0 if rec["diverged"] or acc is None else acc
-      lr = max(scores, key=scores.get)
-      finals = []
-      for s in range(opts["seeds"]):
-        algo, fcfg = _algorithm(spec, loss, lr, opts, n, names, cfg.seed + 1000 * s)
-        rec = run_method(cfg, NAME, f"{split} {m} seed {s}", algo, params, ds.train, ds.test,
-                         _eval_fn(model, fcfg, depth), params_fn=lambda st: st,
-                         key=jax.random.key(cfg.seed + 100 * s))
-        records.setdefault(f"{m} ({split})", rec)
-        if not rec["diverged"]:
-          finals.append(100 * last(rec["history"]["evals"]["accuracy"]))
-      stats = mean_se(finals) if finals else {"mean": None, "se": None}
+
+      def build(lr, run):
+        algo, fcfg = _algorithm(spec, loss, lr, opts, n, names, cfg.seed + 1000 * run.seed)
+        return algo, _eval_fn(model, fcfg, depth)
+
+      tuned = tune_then_run(cfg, NAME, f"{split} {m}", opts["lrs"], build, params, fit, val,
+                            ds.train, ds.test, None, tune_cfg=tune_cfg, seeds=opts["seeds"],
+                            label=lambda lr: f"lr={lr:g}", params_fn=lambda st: st)
+      lr, stats = tuned.best, tuned.stats
+      records[f"{m} ({split})"] = tuned.records[0]
+      fcfg = _algorithm(spec, loss, lr, opts, n, names, cfg.seed + 1000 * (opts["seeds"] - 1))[1]
       train = np.asarray(fcfg.train_layers)
       keep = np.asarray(fcfg.keep_ratio)
       deployed = np.mean([F.deployed_size(sizes, t, k[~t].mean() if (~t).any() else 1.0)

@@ -16,7 +16,6 @@ iteration in total) does not grow with n — measured as floats per iteration.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
@@ -25,12 +24,12 @@ import numpy as np
 from fedjaxsparse.algorithms import fedp3_theory as T
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
-                                             save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, output_dir, save_results,
+                                             tune_then_run, tuning_config)
 from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import make_loss, softmax_regression
 from fedjaxsparse.harness.plotting import plot_curves
-from fedjaxsparse.harness.protocol import mean_se, validation_split
+from fedjaxsparse.harness.protocol import validation_split
 from fedjaxsparse.ops.sparsity import num_params
 
 NAME = "fedp3_ldp"
@@ -76,8 +75,7 @@ def _run(cfg: Config, opts: dict) -> dict:
                      f"examples, got {opts['batch']}.")
   ev = make_eval_fn(model)
   eval_fn = lambda st, test: ev(st.params, test)
-  tune_cfg = dataclasses.replace(cfg, progress=False, on_divergence="skip",
-                                 eval_every=cfg.rounds)
+  tune_cfg = tuning_config(cfg, fraction=1.0)
   rows, records = [], {}
   print(f"{NAME}: digits, {cfg.clients} clients (m ≥ {m} examples), d={d}, K={cfg.rounds}, "
         f"b={opts['batch']}, C={opts['clip']}, δ={opts['delta']:g}, noise on the "
@@ -92,22 +90,14 @@ def _run(cfg: Config, opts: dict) -> dict:
       return T.fedp3_theory(loss, gamma, batch_size=opts["batch"], clip=opts["clip"],
                             noise=None if eps is None else opts["noise"], sigma=sigma), sigma
 
-    scores = {}
-    for gamma in opts["gammas"] if len(opts["gammas"]) > 1 else ():  # one value: no tuning
-      rec = run_method(tune_cfg, NAME, f"tune {label} γ={gamma:g}",
-                       algo(gamma, m_fit)[0], params, fit, val, eval_fn,
-                       params_fn=lambda st: st)
-      acc = last(rec["history"]["evals"].get("accuracy", []))
-      scores[gamma] = -1.0 if rec["diverged"] or acc is None else acc
-    gamma = max(scores, key=scores.get) if scores else opts["gammas"][0]
-    a, sigma = algo(gamma, m)
-    finals = []
-    for s in range(opts["seeds"]):
-      rec = run_method(cfg, NAME, f"{label} seed {s}", a, params, ds.train, ds.test, eval_fn,
-                       params_fn=lambda st: st, key=jax.random.key(cfg.seed + 100 * s))
-      records.setdefault(label, rec)
-      finals.append(100 * last(rec["history"]["evals"]["accuracy"]))
-    stats = mean_se(finals)
+    tuned = tune_then_run(
+        cfg, NAME, label, opts["gammas"],
+        lambda gamma, run: algo(gamma, m_fit if run.tuning else m)[0], params, fit, val,
+        ds.train, ds.test, eval_fn, tune_cfg=tune_cfg, seeds=opts["seeds"],
+        label=lambda gamma: f"γ={gamma:g}", params_fn=lambda st: st)
+    gamma, stats = tuned.best, tuned.stats
+    sigma = algo(gamma, m)[1]
+    records[label] = tuned.records[0]
     floats = records[label]["history"]["rounds"]["floats_up"][-1]
     rows.append({"ε": eps, "γ": gamma, "σ": sigma, "test acc %": stats["mean"],
                  "s.e.": stats["se"], "uplink floats / iteration": floats,

@@ -28,7 +28,6 @@ last epoch) cannot pass, so it runs with distance threshold 0 there.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -44,12 +43,12 @@ from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import (dirichlet_partition, hsu_dirichlet_partition,
                                          iid_partition, matching_test_sets)
 from fedjaxsparse.evaluation import client_accuracy, make_eval_fn, make_personal_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, output_dir,
-                                             run_method, save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
+                                             save_results, tune_then_run, tuning_config)
 from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import lenet5_caffe, make_loss, mlp, resnet18, vgg11
 from fedjaxsparse.harness.plotting import method_colors, plot_methods
-from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
+from fedjaxsparse.harness.protocol import PaperConfig, validation_split
 from fedjaxsparse.ops.sparsity import num_params
 
 NAME = "fedspa_table1"
@@ -256,33 +255,18 @@ def _run(cfg: Config, opts: dict) -> dict:
     ds = federate(x, y, parts, num_classes=classes, name=f"{cfg.dataset}/{split}",
                   x_test=xt, y_test=yt, test_indices=tests)
     fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-    tune_cfg = dataclasses.replace(cfg, progress=False, on_divergence="skip",
-                                   rounds=max(1, cfg.rounds // 2),
-                                   eval_every=max(1, cfg.rounds // 2))
+    tune_cfg = tuning_config(cfg)
     mean_n = float(np.mean([len(p) for p in parts]))
     for m in methods:
-      scores = {}
-      for lr in opts["lrs"]:
-        if len(opts["lrs"]) == 1:
-          scores[lr] = 0.0
-          break
-        rec = run_method(tune_cfg, NAME, f"{split} tune {m} lr={lr:g}",
-                         _algorithm(m, model, loss, lr, opts, tune_cfg.rounds), params, fit, val,
-                         _eval_fn(m, model), params_fn=lambda st: st)
-        acc = last(rec["history"]["evals"].get("accuracy", []))
-        scores[lr] = -1.0 if rec["diverged"] or acc is None else acc
-      lr = max(scores, key=scores.get)
-      finals, reach = [], []
-      for s in range(opts["seeds"]):
-        rec = run_method(cfg, NAME, f"{split} {m} seed {s}",
-                         _algorithm(m, model, loss, lr, opts, cfg.rounds), params, ds.train, ds.test,
-                         _eval_fn(m, model), params_fn=lambda st: st,
-                         key=jax.random.key(cfg.seed + 100 * s))
-        records.setdefault(f"{m} ({split})", rec)
-        if not rec["diverged"]:
-          finals.append(100 * last(rec["history"]["evals"]["accuracy"]))
-        reach.append([_rounds_to(rec["history"]["evals"], t) for t in opts["targets"]])
-      stats = mean_se(finals) if finals else {"mean": None, "se": None}
+      tuned = tune_then_run(
+          cfg, NAME, f"{split} {m}", opts["lrs"],
+          lambda lr, run: _algorithm(m, model, loss, lr, opts, run.rounds), params, fit,
+          val, ds.train, ds.test, _eval_fn(m, model), tune_cfg=tune_cfg, seeds=opts["seeds"],
+          label=lambda lr: f"lr={lr:g}", params_fn=lambda st: st)
+      lr, stats = tuned.best, tuned.stats
+      records[f"{m} ({split})"] = tuned.records[0]
+      reach = [[_rounds_to(rec["history"]["evals"], t) for t in opts["targets"]]
+               for rec in tuned.records]
       hist = records[f"{m} ({split})"]["history"]["rounds"]
       honest = (hist["uplink_bits"][-1] + hist["downlink_bits"][-1]) / 8e9 if hist["round"] \
           else 0.0

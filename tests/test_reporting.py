@@ -59,3 +59,36 @@ def test_steps_report_progress_and_time_left(capsys, monkeypatch):
   quiet = experiment.Steps(2, "demo", enabled=False)
   quiet.done("x")
   assert capsys.readouterr().err == ""
+
+
+def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp_path):
+  import jax
+  import optax
+
+  import fedjaxsparse as fjs
+  from fedjaxsparse.harness.experiment import Config, tune_then_run, tuning_config
+  from fedjaxsparse.harness.protocol import validation_split
+
+  ds = fjs.data.digits(num_clients=4, partition="iid", seed=0)
+  model = fjs.models.softmax_regression(64, 10)
+  cfg = Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
+  fit, val = validation_split(ds.train, 0.25, 0)
+  seen = []
+
+  def build(lr, run):
+    seen.append((lr, run))
+    return fjs.fedavg(fjs.models.make_loss(model), optax.sgd(lr), local_steps=5, batch_size=16)
+
+  tuned = tune_then_run(cfg, "t", "FedAvg", [1e-6, 0.3], build, model.init(jax.random.key(0)),
+                        fit, val, ds.train, ds.test, fjs.evaluation.make_eval_fn(model),
+                        tune_cfg=tuning_config(cfg), seeds=2)
+  assert tuned.best == 0.3 and tuned.scores[0.3] > tuned.scores[1e-6]
+  assert [r for _, r in seen[:2]] == [(0, 3, True)] * 2              # half the rounds to tune
+  assert [r for _, r in seen[2:]] == [(0, 6, False), (1, 6, False)]  # then every seed, in full
+  assert len(tuned.records) == 2 and len(tuned.finals) == 2
+  assert tuned.stats["mean"] == pytest.approx(sum(tuned.finals) / 2)
+  assert tuned.finals[0] == pytest.approx(100 * tuned.records[0]["final"]["accuracy"])
+  single = tune_then_run(cfg, "t", "one", [0.3], build, model.init(jax.random.key(0)), fit, val,
+                         ds.train, ds.test, fjs.evaluation.make_eval_fn(model),
+                         tune_cfg=tuning_config(cfg), seeds=1)
+  assert single.best == 0.3 and single.scores == {} and single.stats["se"] is None

@@ -22,7 +22,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -31,7 +31,7 @@ from fedjaxsparse.runtime.clients import with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime.locking import FolderLock
-from fedjaxsparse.harness.protocol import PaperConfig
+from fedjaxsparse.harness.protocol import PaperConfig, mean_se
 from fedjaxsparse.runtime.runner import EvalFn, run
 from fedjaxsparse.runtime.sharding import client_mesh
 
@@ -363,6 +363,91 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm, param
           "diverged": res.diverged, "clients": res.clients,
           "final": {k: last(v) for k, v in res.history.evals.items()},
           "state": res.state}
+
+
+def tuning_config(cfg: Config, fraction: float = 0.5, evaluate_once: bool = True) -> Config:
+  """The configuration of tuning runs: ``max(1, fraction·rounds)`` rounds (the budget of a
+  validation run), no progress bar, a diverging candidate recorded and skipped instead of
+  stopping the experiment, and (``evaluate_once``) one evaluation at the end."""
+  rounds = max(1, int(cfg.rounds * fraction))
+  return dataclasses.replace(cfg, progress=False, on_divergence="skip", rounds=rounds,
+                             eval_every=rounds if evaluate_once else cfg.eval_every)
+
+
+class Run(NamedTuple):
+  """What :func:`tune_then_run` asks ``build`` for: a tuning run (``tuning``, on the fitting
+  split) or a final one, its ``seed`` index (0 for tuning runs) and its length ``rounds``."""
+  seed: int
+  rounds: int
+  tuning: bool
+
+
+@dataclasses.dataclass
+class Tuned:
+  """One method tuned on validation data, then run with several seeds (:func:`tune_then_run`).
+
+  Attributes:
+    best: the chosen candidate (the grid's only value when there is nothing to tune).
+    scores: ``{candidate: final validation metric}`` (−1 for a diverged or unevaluated run;
+      empty when there was nothing to tune).
+    records: one :func:`run_method` record per seed (the first is the one plotted).
+    finals: ``scale ×`` the final test metric of every seed that did not diverge.
+    stats: :func:`fedjaxsparse.harness.protocol.mean_se` of ``finals`` (mean and se ``None``
+      when every seed diverged).
+  """
+  best: Any
+  scores: dict
+  records: list
+  finals: list
+  stats: dict
+
+
+def _built(built: Any, eval_fn: EvalFn | None) -> tuple[Algorithm, EvalFn | None]:
+  if hasattr(built, "init") and hasattr(built, "step"):   # an algorithm (itself a NamedTuple)
+    return built, eval_fn
+  return built
+
+
+def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
+                  build: Callable[[Any, Run], Any], params: Any, fit: Any, val: Any,
+                  train: Any, test: Any, eval_fn: EvalFn | None, *, tune_cfg: Config,
+                  seeds: int, label: Callable[[Any], str] = str,
+                  data: Callable[[Any, Any], Any] | None = None,
+                  params_fn: ParamsFn = global_params, metric: str = "accuracy",
+                  scale: float = 100.0) -> Tuned:
+  """The protocol every method of a tuned experiment follows: each candidate of ``grid`` runs
+  ``tune_cfg.rounds`` rounds on the fitting split ``fit`` and is scored by its final ``metric``
+  on ``val`` (never on test); the best (the first of equals) then runs ``seeds`` times on
+  ``train``/``test`` with keys ``cfg.seed + 100·s``. A grid of one value is not tuned.
+
+  ``build(candidate, run) -> Algorithm`` (``run``: a :class:`Run` — seed index, length, whether
+  it is a tuning run — for schedules or noise calibrations that depend on them), or
+  ``-> (Algorithm, eval_fn)`` when the evaluation
+  depends on what was built (per-client models of a drawn configuration, say) — then it
+  replaces ``eval_fn``; ``data(candidate, split)``
+  turns a split into the one that candidate trains on (e.g. targets packed in); run names are
+  ``"{name} tune {label(candidate)}"`` and ``"{name} seed {s}"`` (their checkpoint folders)."""
+  grid = list(grid)
+  prep = data or (lambda candidate, split: split)
+  scores = {}
+  if len(grid) > 1:
+    for c in grid:
+      algo, ev = _built(build(c, Run(0, tune_cfg.rounds, True)), eval_fn)
+      rec = run_method(tune_cfg, experiment, f"{name} tune {label(c)}", algo, params,
+                       prep(c, fit), val, ev, params_fn=params_fn)
+      value = last(rec["history"]["evals"].get(metric, []))
+      scores[c] = -1.0 if rec["diverged"] or value is None else value
+  best = max(scores, key=scores.get) if scores else grid[0]
+  records, finals = [], []
+  for s in range(seeds):
+    algo, ev = _built(build(best, Run(s, cfg.rounds, False)), eval_fn)
+    rec = run_method(cfg, experiment, f"{name} seed {s}", algo, params, prep(best, train), test,
+                     ev, params_fn=params_fn, key=jax.random.key(cfg.seed + 100 * s))
+    records.append(rec)
+    if not rec["diverged"]:
+      finals.append(scale * last(rec["history"]["evals"][metric]))
+  stats = mean_se(finals) if finals else {"mean": None, "se": None}
+  return Tuned(best, scores, records, finals, stats)
 
 
 def last(values: Sequence) -> Any:
