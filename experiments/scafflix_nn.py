@@ -45,7 +45,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedjaxsparse.algorithms.fedavg import fedavg
@@ -53,12 +52,12 @@ from fedjaxsparse.algorithms.scafflix import flix_sgd, local_optima, make_person
 from fedjaxsparse import evaluation
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
-                                             save_results)
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, save_results,
+                                             tune_then_run)
 from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import char_lstm, cnn, make_loss
 from fedjaxsparse.harness.plotting import method_colors, plot_personal
-from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, mean_se, validation_split
+from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split
 
 NAME = "scafflix_nn"
 DESCRIPTION = "Seed 001 ch. 3 Fig. 3.2: Scafflix vs FLIX vs FedAvg, CNN / char-LSTM"
@@ -200,34 +199,18 @@ def _run(cfg: Config, opts: dict) -> dict:
   search_rounds = opts["search_rounds"] or max(1, cfg.rounds // 2)
   tune_cfg = dataclasses.replace(cfg, rounds=search_rounds, eval_every=search_rounds,
                                  progress=False, on_divergence="skip")  # a diverging lr loses
-  chosen, search = {}, {}
+  chosen, search, records, rows = {}, {}, {}, []
   for name in variants:
-    scores = {}
-    for lr in opts["lrs"] if len(opts["lrs"]) > 1 else ():  # one candidate: nothing to tune
-      algo, eval_fn = method(name, lr, fit_star)
-      rec = run_method(tune_cfg, NAME, f"tune {name} lr={lr:g}", algo, params, fit, val,
-                       eval_fn)
-      acc = last(rec["history"]["evals"].get("accuracy", []))
-      bad = rec["diverged"] or acc is None or not np.isfinite(acc)
-      scores[lr] = -1.0 if bad else acc
-    chosen[name] = max(scores, key=scores.get) if scores else opts["lrs"][0]
-    search[name] = scores
-    if scores:
-      print(f"{name}: validation accuracy by lr {scores} -> lr={chosen[name]:g}")
-
-  records, rows = {}, []
-  for name in variants:
-    finals, diverged = [], 0
-    for s in range(opts["seeds"]):
-      algo, eval_fn = method(name, chosen[name], x_star)
-      rec = run_method(cfg, NAME, f"{name} seed {s}", algo, params, ds.train, ds.test,
-                       eval_fn, key=jax.random.key(cfg.seed + 100 * s))
-      if rec["diverged"]:  # (only with --on-divergence skip) no final accuracy: reported
-        diverged += 1
-      else:
-        finals.append(last(rec["history"]["evals"]["accuracy"]))
-      records.setdefault(name, rec)
-    stats = mean_se(finals) if finals else {"mean": None, "se": None}
+    tuned = tune_then_run(
+        cfg, NAME, name, opts["lrs"],
+        lambda lr, run: method(name, lr, fit_star if run.tuning else x_star), params, fit, val,
+        ds.train, ds.test, None, tune_cfg=tune_cfg, seeds=opts["seeds"],
+        label=lambda lr: f"lr={lr:g}", scale=1.0)
+    chosen[name], search[name], stats = tuned.best, tuned.scores, tuned.stats
+    if tuned.scores:
+      print(f"{name}: validation accuracy by lr {tuned.scores} -> lr={chosen[name]:g}")
+    records[name] = tuned.records[0]
+    finals, diverged = tuned.finals, opts["seeds"] - len(tuned.finals)
     ev = records[name]["history"]["evals"]
     ok = not records[name]["diverged"]
     rows.append({"method": name, "lr": chosen[name], "test accuracy": stats["mean"],

@@ -388,7 +388,8 @@ class Tuned:
 
   Attributes:
     best: the chosen candidate (the grid's only value when there is nothing to tune).
-    scores: ``{candidate: final validation metric}`` (−1 for a diverged or unevaluated run;
+    scores: ``{candidate: final validation metric}`` (−1 for a diverged, non-finite or
+      unevaluated run;
       empty when there was nothing to tune).
     records: one :func:`run_method` record per seed (the first is the one plotted).
     finals: ``scale ×`` the final test metric of every seed that did not diverge.
@@ -436,7 +437,8 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
       rec = run_method(tune_cfg, experiment, f"{name} tune {label(c)}", algo, params,
                        prep(c, fit), val, ev, params_fn=params_fn)
       value = last(rec["history"]["evals"].get(metric, []))
-      scores[c] = -1.0 if rec["diverged"] or value is None else value
+      bad = rec["diverged"] or value is None or not math.isfinite(value)
+      scores[c] = -1.0 if bad else value
   best = max(scores, key=scores.get) if scores else grid[0]
   records, finals = [], []
   for s in range(seeds):
