@@ -45,7 +45,7 @@ from fedjaxsparse.algorithms.proxskip import (accelerated_server_pruning,
 from fedjaxsparse.algorithms.scafflix import flix_sgd, i_scaffnew, scafflix
 from fedjaxsparse.algorithms.sppm import fedavg_sppm_as, fedprox_sppm_as, local_gd, sppm_as
 from fedjaxsparse.algorithms.subfedavg import subfedavg
-from fedjaxsparse.core import Algorithm, LossFn, global_params, personal_params
+from fedjaxsparse.core import Algorithm, LossFn, Model, global_params, personal_params
 from fedjaxsparse.ops import (accounting, aggregation, compressors, masks, proxes, sampling,
                               sparsity)
 from fedjaxsparse.runtime import run, run_batched
@@ -65,7 +65,7 @@ METHODS = (
 
 __all__ = [
     *METHODS,
-    "Algorithm", "LossFn", "global_params", "personal_params", "run", "run_batched",
+    "Algorithm", "LossFn", "Model", "global_params", "personal_params", "run", "run_batched",
     "algorithms", "convex", "core", "data", "errors", "evaluation", "models", "ops", "pruning",
     "runtime", "harness", "accounting", "aggregation", "compressors", "masks", "proxes", "sampling",
     "sparsity", "METHODS", "__version__",

@@ -96,3 +96,27 @@ def personal_params(state: Any) -> Params:
         "personalised algorithm (personalised states expose their per-client models as "
         "`state.personal`)."
     ) from e
+
+
+# --- The model contract: what every network of ``fedjaxsparse.models`` returns -------------
+
+CLASSIFICATION = "classification"
+REGRESSION = "regression"
+
+
+class Model(NamedTuple):
+  """A model as pure functions.
+
+  Attributes:
+    init: ``key -> params``, the initial parameters of one client (a pytree).
+    apply: ``(params, x[B, ...]) -> outputs``; logits ``[B, C]`` for classification,
+      predictions ``[B]`` for regression.
+    per_example_loss: ``(outputs, y[B]) -> [B]`` loss of every example.
+    regularizer: ``params -> scalar`` added once to the loss (e.g. a ridge term), or ``None``.
+    task: ``"classification"`` or ``"regression"``.
+  """
+  init: Callable[[jax.Array], Params]
+  apply: Callable[[Params, jax.Array], jax.Array]
+  per_example_loss: Callable[[jax.Array, jax.Array], jax.Array]
+  regularizer: Callable[[Params], jax.Array] | None
+  task: str

@@ -6,13 +6,15 @@ determination against the pooled test mean) and ``mse`` for regression.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.data.federated import FederatedData
-from fedjaxsparse.models.base import CLASSIFICATION, Model
+from fedjaxsparse.core import CLASSIFICATION, Model
+
+if TYPE_CHECKING:   # annotations only: evaluation sits below the data wing
+  from fedjaxsparse.data.federated import FederatedData
 
 
 def _client_sums(model: Model, params: Any, x: jax.Array, y: jax.Array, mask: jax.Array,

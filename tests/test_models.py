@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.models import (CLASSIFICATION, REGRESSION, cnn, get_model, linear_regression,
-                                 make_loss, mlp, num_params, resnet18, softmax_regression)
+from fedjaxsparse.models import (cnn, get_model, linear_regression, make_loss, mlp, num_params,
+                                 resnet18, softmax_regression)
 from fedjaxsparse.models.nets import _BatchStatNorm
+from fedjaxsparse.core import CLASSIFICATION, REGRESSION
 
 
 def _data(seed, shape, num_classes=3, b=7):

@@ -57,8 +57,7 @@ import optax
 from tqdm.auto import tqdm
 
 from fedjaxsparse.pruning import zig as Z
-from fedjaxsparse.core import float_dtype
-from fedjaxsparse.models.base import Model
+from fedjaxsparse.core import Model, float_dtype
 from fedjaxsparse.runtime.checkpoint import Checkpointer
 
 PROJECTORS = ("prox", "hsp")
@@ -169,7 +168,7 @@ class ATO(NamedTuple):
 def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
         learning_rate: Callable[[jax.Array], jax.Array], config: ATOConfig = ATOConfig()
         ) -> ATO:
-  """ATO over ``model`` (a :class:`~fedjaxsparse.models.base.Model` built from
+  """ATO over ``model`` (a :class:`~fedjaxsparse.core.Model` built from
   :mod:`fedjaxsparse.models.prunable`) with groups ``zigs``; ``optimizer`` the base optimiser
   and ``learning_rate(step)`` its step size η_t (the prox threshold is ``η_t λ_g``)."""
   cfg = config.validate()

@@ -37,9 +37,9 @@ import numpy as np
 import optax
 
 from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.core import Algorithm, float_dtype
+from fedjaxsparse.core import Algorithm, Model, float_dtype
 from fedjaxsparse.data.federated import FederatedData
-from fedjaxsparse.models.base import Model, make_loss
+from fedjaxsparse.models.base import make_loss
 
 DIRECTIONS = ("forward", "reverse")
 

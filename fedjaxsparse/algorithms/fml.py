@@ -35,9 +35,8 @@ from fedjaxsparse.ops.aggregation import client_weights, weighted_mean
 from fedjaxsparse.algorithms.fedavg import FedAvgInfo
 from fedjaxsparse.algorithms.fedlpfm import kd_loss
 from fedjaxsparse.runtime.clients import local_scan
-from fedjaxsparse.core import Algorithm, as_float
+from fedjaxsparse.core import Algorithm, Model, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.models.base import Model
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import minibatch
 

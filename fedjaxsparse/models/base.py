@@ -1,40 +1,20 @@
-"""The model interface: pure functions of one client's parameters and a batch.
+"""Losses of the model interface (:class:`fedjaxsparse.core.Model`: pure functions of one
+client's parameters and a batch).
 
-A :class:`Model` is written for *one* client; algorithms lift it over the client axis with
+A :class:`~fedjaxsparse.core.Model` is written for *one* client; algorithms lift it over the client axis with
 ``jax.vmap``. Shapes: ``x`` is ``[B, ...]``, ``y`` is ``[B]`` (class ids, int32) or ``[B]``
 (regression targets, float32), ``mask`` is ``[B]`` float32 (1 for a real example, 0 for
 padding).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-Params = Any
-
-CLASSIFICATION = "classification"
-REGRESSION = "regression"
-
-
-class Model(NamedTuple):
-  """A model as pure functions.
-
-  Attributes:
-    init: ``key -> params``, the initial parameters of one client (a pytree).
-    apply: ``(params, x[B, ...]) -> outputs``; logits ``[B, C]`` for classification,
-      predictions ``[B]`` for regression.
-    per_example_loss: ``(outputs, y[B]) -> [B]`` loss of every example.
-    regularizer: ``params -> scalar`` added once to the loss (e.g. a ridge term), or ``None``.
-    task: ``"classification"`` or ``"regression"``.
-  """
-  init: Callable[[jax.Array], Params]
-  apply: Callable[[Params, jax.Array], jax.Array]
-  per_example_loss: Callable[[jax.Array, jax.Array], jax.Array]
-  regularizer: Callable[[Params], jax.Array] | None
-  task: str
+from fedjaxsparse.core import Model
 
 
 def softmax_cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:

@@ -28,7 +28,7 @@ Regularisation: stochastic depth (``drop_rate``, torchvision's ``stochastic_dept
 ``i`` of 16, counted from 0, drops its residual branch per example with probability
 ``drop_rate * i / 16`` and rescales the kept ones by ``1 / (1 - p)``) and head dropout
 (``dropout_rate``) act only when the module is called with ``train=True`` and a ``"dropout"``
-rng. :class:`~fedjaxsparse.models.base.Model`'s ``apply`` takes no rng, so it is always the
+rng. :class:`~fedjaxsparse.core.Model`'s ``apply`` takes no rng, so it is always the
 deterministic (evaluation) network; both rates default to 0 (torchvision: 0.2 and 0.2).
 """
 from __future__ import annotations
@@ -40,8 +40,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.models.base import Model
 from fedjaxsparse.models.prunable import NORMS, PNorm, _model
+from fedjaxsparse.core import Model
 
 # (expand ratio, kernel, stride, C_in, C_out, layers): torchvision's efficientnet_b0 (width and
 # depth multipliers 1), Table 1 of Tan & Le (2019).

@@ -14,8 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.models.base import (CLASSIFICATION, REGRESSION, Model, softmax_cross_entropy,
-                                      squared_error)
+from fedjaxsparse.models.base import softmax_cross_entropy, squared_error
+from fedjaxsparse.core import CLASSIFICATION, Model, REGRESSION
 
 INITS = ("zeros", "lecun", "pytorch")
 

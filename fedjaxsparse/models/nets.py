@@ -1,4 +1,4 @@
-"""Neural networks (flax linen) behind the :class:`~fedjaxsparse.models.base.Model` interface.
+"""Neural networks (flax linen) behind the :class:`~fedjaxsparse.core.Model` interface.
 
 ``init(key)`` initialises from a dummy input of ``input_shape`` (no batch axis) and returns
 the linen ``params`` collection, a plain nested dict, so ``jax.vmap`` over a client axis of
@@ -30,8 +30,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.models.base import CLASSIFICATION, Model, softmax_cross_entropy
+from fedjaxsparse.models.base import softmax_cross_entropy
 from fedjaxsparse.models.conv import Conv, resolve_impl
+from fedjaxsparse.core import CLASSIFICATION, Model
 
 NORMS = ("group", "batch")
 

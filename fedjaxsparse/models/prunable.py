@@ -45,7 +45,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.models.base import CLASSIFICATION, Model, softmax_cross_entropy
+from fedjaxsparse.models.base import softmax_cross_entropy
+from fedjaxsparse.core import CLASSIFICATION, Model
 
 NORMS = ("batch", "group")
 
