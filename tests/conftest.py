@@ -105,7 +105,8 @@ QUICK_LIMIT_S = 120.0  # an experiment's quick setting must finish within this o
 # and strings; for a notebook, every number it prints, line by line, except lines that report
 # times, progress bars or versions and devices. Integers (counts, bits held as integers,
 # rounds) must match exactly.
-# Floats: within rtol 1e-5 (plus atol 1e-9): on one host the runs are bitwise deterministic
+# Floats: within rtol 1e-5 (plus atol 1e-9; invariant residuals that are rounding noise within
+# atol 1e-4, see ROUNDING_RESIDUALS): on one host the runs are bitwise deterministic
 # (checked by running each twice), but XLA:CPU compiles for the host's instruction set, so
 # another CPU may round a fused multiply-add differently in the last bit, which a tiny run's
 # few hundred steps grow to ~1e-7 relative. A printed number is compared within one unit of
@@ -114,6 +115,12 @@ QUICK_LIMIT_S = 120.0  # an experiment's quick setting must finish within this o
 # ---------------------------------------------------------------------------------------------
 GOLDEN_DIR = os.path.join(os.path.dirname(__file__), "golden")
 GOLDEN_TOLERANCE = dict(rtol=1e-5, atol=1e-9)
+# Invariant residuals that are zero up to float32 rounding (ProxSkip's ‖Σ h_i‖, Scafflix's
+# ‖Σ α_i² h_i/γ_i‖, ATO's logit difference of a compressed model): values of ~1e-7..1e-5 that
+# are rounding noise, compared absolutely. Measured: compiled with XLA:CPU's other emitters
+# (different FMA contraction), these were the only golden numbers to move beyond rtol 1e-5.
+ROUNDING_RESIDUALS = re.compile(r"sum_h_norm|h_sum_norm|logit_diff|Δlogit")
+ROUNDING_TOLERANCE = dict(rtol=1e-5, atol=1e-4)
 # a key is a wall-clock measurement when one of its words is one of these (``"time (s)"``,
 # ``"train s"``, ``wall_time_s``; ``mask_search``: FedSpa's Table 5 time ratios)
 _TIMING_WORDS = {"s", "ms", "time", "times", "seconds", "wall", "timing", "timings", "elapsed",
@@ -195,7 +202,8 @@ def golden(request, ndarrays_regression):
     if isinstance(data, str):
       numbers, tolerances = golden_text_numbers(data)
     else:
-      numbers, tolerances = golden_numbers(data), {}
+      numbers = golden_numbers(data)
+      tolerances = {k: ROUNDING_TOLERANCE for k in numbers if ROUNDING_RESIDUALS.search(k)}
     assert numbers, "nothing to compare"
     ndarrays_regression.check(numbers, fullpath=os.path.join(GOLDEN_DIR, stem + ".npz"),
                               tolerances=tolerances, default_tolerance=GOLDEN_TOLERANCE)
