@@ -45,7 +45,8 @@ from fedjaxsparse.algorithms.proxskip import (accelerated_server_pruning,
 from fedjaxsparse.algorithms.scafflix import flix_sgd, i_scaffnew, scafflix
 from fedjaxsparse.algorithms.sppm import fedavg_sppm_as, fedprox_sppm_as, local_gd, sppm_as
 from fedjaxsparse.algorithms.subfedavg import subfedavg
-from fedjaxsparse.core import Algorithm, LossFn, Model, global_params, personal_params
+from fedjaxsparse.core import (Algorithm, LossFn, Model, global_params, lazy_submodules,
+                               personal_params)
 from fedjaxsparse.ops import (accounting, aggregation, compressors, masks, proxes, sampling,
                               sparsity)
 from fedjaxsparse.runtime import run, run_batched
@@ -72,8 +73,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-  if name == "harness":   # experiments, tables, plots, CLI: matplotlib, loaded on first use
-    import importlib
-    return importlib.import_module("fedjaxsparse.harness")
-  raise AttributeError(f"module 'fedjaxsparse' has no attribute {name!r}")
+# experiments, tables, plots, CLI (matplotlib): loaded on first use
+__getattr__ = lazy_submodules(__name__, ("harness",))

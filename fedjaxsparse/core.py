@@ -98,6 +98,17 @@ def personal_params(state: Any) -> Params:
     ) from e
 
 
+def lazy_submodules(package: str, names: tuple[str, ...]) -> Callable[[str], Any]:
+  """A module ``__getattr__`` (PEP 562) for ``package`` that imports the submodules ``names``
+  on first use: heavy optional modules stay out of ``import fedjaxsparse``."""
+  def __getattr__(name: str) -> Any:
+    if name in names:
+      import importlib   # only when a lazy submodule is first used
+      return importlib.import_module(f"{package}.{name}")
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+  return __getattr__
+
+
 # --- The model contract: what every network of ``fedjaxsparse.models`` returns -------------
 
 CLASSIFICATION = "classification"

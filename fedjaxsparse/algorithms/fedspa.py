@@ -224,8 +224,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
       up = as_float(s * comp.bits(d))
       paper_up = as_float(s * accounting.dense_bits(k))
     if uplink is not None:   # any compressor of the cohort round, one key per client
-      messages = jax.vmap(uplink.compress)(client_keys(jax.random.fold_in(k_train, 1), ids),
-                                           messages)
+      messages = cohorts.upload(jax.random.fold_in(k_train, 1), cohort, messages, uplink)
       up = paper_up = as_float(s * uplink.bits(d))
     p = (jnp.full((ids.shape[0],), 1.0 / ids.shape[0])
          if weighting == "uniform" and sampler is None else cohorts.weights(cohort, weighting))

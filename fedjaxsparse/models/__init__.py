@@ -15,7 +15,7 @@ from fedjaxsparse.models.linear import (linear_regression, logistic_loss, logist
 from fedjaxsparse.models.nets import (bn_cnn, char_lstm, cnn, cohort_squeeze_cnn, fedp3_cnn,
                                       lenet5_caffe, mlp, resnet18, vgg11)
 from fedjaxsparse.ops.sparsity import num_params
-from fedjaxsparse.core import Model
+from fedjaxsparse.core import Model, lazy_submodules
 
 MODELS = ("linear", "softmax", "mlp", "cnn", "resnet18", "lstm")
 
@@ -51,11 +51,4 @@ __all__ = [
 
 # Checkpoint formats with heavy optional dependencies (safetensors, tokenizers): imported on
 # first use (``fedjaxsparse.models.hf``), never by ``import fedjaxsparse``.
-_LAZY = ("hf", "clip")
-
-
-def __getattr__(name):
-  if name in _LAZY:
-    import importlib
-    return importlib.import_module(f"{__name__}.{name}")
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_submodules(__name__, ("hf", "clip"))

@@ -3,6 +3,7 @@
 (``dsnot``), one-shot pruning of a model (``posttrain``), layer-sequential pruning
 (``sequential``), the language-model evaluation protocol (``lm``) and ATO's zero-invariant
 groups (``zig``)."""
+from fedjaxsparse.core import lazy_submodules
 from fedjaxsparse.pruning import calibration, dsnot, posttrain, scores, sequential, zig
 
 __all__ = [
@@ -12,11 +13,4 @@ __all__ = [
 
 # The language-model protocol (tokenizers, parquet C4 shards): imported on first use
 # (``fedjaxsparse.pruning.lm``), never by ``import fedjaxsparse``.
-_LAZY = ('lm',)
-
-
-def __getattr__(name):
-  if name in _LAZY:
-    import importlib
-    return importlib.import_module(f"{__name__}.{name}")
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_submodules(__name__, ("lm",))
