@@ -36,10 +36,17 @@ def test_run_writes_results_and_plot_and_resumes(tmp_path):
     assert record["diverged"] is None
   with open(tmp_path / "a" / "fedavg_digits" / "fedavg_digits.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  # a run shorter than --checkpoint-every-s (default 60 s) is checkpointed after its end only
+  from fedjaxsparse.runtime.checkpoint import Checkpointer
+  folder = tmp_path / "{}" / "fedavg_digits" / "checkpoints"
+  steps = lambda run: [Checkpointer(str(folder).format(run) + "/" + m.replace("/", "_")).steps()
+                       for m in res["methods"]]
+  assert steps("a") == [[4]] * 4
   # Resume: extend to 6 rounds from the checkpoints; equals a fresh 6-round run.
   assert main(["run", "fedavg_digits", "--rounds", "6", "--out", out, "--resume"] + ARGS) == 0
-  assert main(["run", "fedavg_digits", "--rounds", "6", "--out", str(tmp_path / "b")] +
-              ARGS) == 0
+  assert main(["run", "fedavg_digits", "--rounds", "6", "--out", str(tmp_path / "b"),
+               "--checkpoint-every-s", "0"] + ARGS) == 0
+  assert steps("b") == [[4, 6]] * 4   # at every evaluation (the newest two are kept)
   resumed = json.load(open(tmp_path / "a" / "fedavg_digits" / "results.json"))
   fresh = json.load(open(tmp_path / "b" / "fedavg_digits" / "results.json"))
   for m in fresh["methods"]:
@@ -199,3 +206,5 @@ def test_config_validation():
     Config(rounds=0).validate()
   with pytest.raises(ValueError, match="on_divergence"):
     Config(on_divergence="ignore").validate()
+  with pytest.raises(ValueError, match="checkpoint_interval_s must be a number of seconds >= 0"):
+    Config(checkpoint_interval_s=-5).validate()

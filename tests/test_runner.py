@@ -96,6 +96,10 @@ def test_loop_free_rounds_dispatch_one_round_and_checkpoint_per_eval(setup, tmp_
                              rtol=1e-5)
   chex.assert_trees_all_close(a.state, b.state, rtol=1e-5, atol=1e-6)
   assert saved == [4, 8, 12]
+  saved.clear()   # a run shorter than checkpoint_interval_s writes its last chunk only
+  c = _run(setup, num_rounds=12, eval_every=4, checkpoint_dir=str(tmp_path / "ck2"),
+           checkpoint_interval_s=3600.0)
+  assert saved == [12] and c.history.evals["round"] == [0, 4, 8, 12]
 
 
 def test_evaluation_schedule_and_cumulative_bits(setup):
@@ -155,6 +159,8 @@ def test_resume_with_another_key_is_refused(setup, tmp_path):
 @pytest.mark.parametrize("kw, match", [
     (dict(num_rounds=0), "num_rounds"),
     (dict(num_rounds=5, eval_every=0), "eval_every"),
+    (dict(num_rounds=5, checkpoint_interval_s=-1.0), "checkpoint_interval_s"),
+    (dict(num_rounds=5, checkpoint_interval_s=float("nan")), "checkpoint_interval_s"),
 ])
 def test_bad_arguments(setup, kw, match):
   with pytest.raises(ValueError, match=match):

@@ -27,7 +27,7 @@ server aggregates. Iteration-level methods (the ProxSkip family) count local ste
 instead, and communicate with probability p per step."""
 
 COMMON = ("rounds", "clients", "dataset", "seed", "out", "eval_every", "data_dir",
-          "progress", "on_divergence", "execution")
+          "progress", "on_divergence", "execution", "checkpoint_interval_s")
 
 
 def experiments() -> dict:
@@ -141,6 +141,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="continue from the newest checkpoints (same configuration only)")
   mode.add_argument("--overwrite", action="store_true",
                     help="delete checkpoints of an earlier run in --out and start afresh")
+  output.add_argument("--checkpoint-every-s", type=float, dest="checkpoint_interval_s",
+                      metavar="SECONDS",
+                      help="checkpoint a method at an evaluation once this many seconds passed "
+                           "since its last checkpoint, and after its last round (default 60; "
+                           "0: at every evaluation)")
   output.add_argument("--no-progress", action="store_false", dest="progress", default=None,
                       help="no progress bars or time-left estimates")
   run_ = p.add_argument_group("execution")

@@ -70,6 +70,10 @@ class Config:
     execution: how clients execute (``runner.run``'s ``clients``): ``"auto"`` (default),
       ``"vmap"``, ``"map"``, ``"unroll"`` or ``"unroll:G"`` — speed only, never results.
     quick: the experiment's quick setting (its ``QUICK``) was applied with :func:`with_quick`.
+    checkpoint_interval_s: a method's run writes a checkpoint at an evaluation only when at
+      least this many seconds passed since its previous one, and always after its last round
+      (``runner.run``'s ``checkpoint_interval_s``; 0: at every evaluation). A crash loses at
+      most this much training; a run shorter than it writes a single checkpoint.
   """
   rounds: int | None = 100
   clients: int = 20
@@ -87,6 +91,7 @@ class Config:
   paper: str | None = None
   execution: str = "auto"
   quick: bool = False
+  checkpoint_interval_s: float = 60.0
 
   def validate(self) -> "Config":
     for name, low in (("rounds", 1), ("clients", 1), ("eval_every", 1), ("seed", 0)):
@@ -96,6 +101,10 @@ class Config:
       if (not isinstance(v, (int, np.integer)) or isinstance(v, bool)
           or not low <= v <= INT32_MAX):
         raise ConfigError(f"{name} must be an int in [{low}, {INT32_MAX}], got {v!r}.")
+    if not (isinstance(self.checkpoint_interval_s, (int, float)) and
+            0 <= self.checkpoint_interval_s < float("inf")):
+      raise ConfigError("checkpoint_interval_s must be a number of seconds >= 0, got "
+                        f"{self.checkpoint_interval_s!r}.")
     if self.on_divergence not in DIVERGENCE:
       raise ConfigError(f"on_divergence must be one of {DIVERGENCE}, got "
                         f"{self.on_divergence!r}.")
@@ -354,8 +363,8 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm, param
               **{f"--set {k}": v for k, v in cfg.fingerprint.items()}}
   res = run(algo, key, params, train, test, num_rounds=cfg.rounds, eval_fn=eval_fn,
             eval_every=cfg.eval_every, chunk_size=chunk_size, params_fn=params_fn,
-            checkpoint_dir=ckpt, resume=cfg.resume, overwrite=cfg.overwrite,
-            fingerprint=identity,
+            checkpoint_dir=ckpt, checkpoint_interval_s=cfg.checkpoint_interval_s,
+            resume=cfg.resume, overwrite=cfg.overwrite, fingerprint=identity,
             on_nonfinite="stop" if cfg.on_divergence == "skip" else "raise",
             progress=cfg.progress, desc=method, clients=cfg.execution,
             mesh=client_mesh() if jax.process_count() > 1 else None)

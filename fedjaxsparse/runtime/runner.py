@@ -299,8 +299,8 @@ def _open_checkpoint(directory: str, resume: bool, overwrite: bool) -> Checkpoin
 def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = None, *,
         num_rounds: int, eval_fn: EvalFn | None = None, eval_every: int = 10,
         chunk_size: int | None = None, params_fn: ParamsFn = global_params,
-        checkpoint_dir: str | None = None, checkpoint_every: int = 1, resume: bool = False,
-        overwrite: bool = False, fingerprint: dict | None = None,
+        checkpoint_dir: str | None = None, checkpoint_every: int = 1,
+        checkpoint_interval_s: float = 0.0, resume: bool = False, overwrite: bool = False, fingerprint: dict | None = None,
         on_nonfinite: str = "raise", mesh: jax.sharding.Mesh | None = None,
         progress: bool = True, desc: str = "", estimate_after_s: float = 60.0,
         on_chunk: Callable[[int, Any, History], None] | None = None,
@@ -326,6 +326,12 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
       while the run is active (:class:`~fedjaxsparse.runtime.locking.FolderLock`).
     checkpoint_every: checkpoint after every this many chunks (and after the last); a chunk
       counts ``eval_every`` rounds here when ``chunk_size`` is not given.
+    checkpoint_interval_s: besides ``checkpoint_every``, wait at least this many seconds of
+      wall time since the previous checkpoint (or the run's start) before writing one; the
+      last chunk is always checkpointed. ``0`` (default): by chunk count only. A short run
+      then writes one checkpoint instead of one per chunk (an orbax save costs ~0.1 s, more
+      than a small model's chunk); a long run loses at most this many seconds to a crash.
+      With several processes, process 0's clock decides for all.
     resume: continue from the newest intact checkpoint in ``checkpoint_dir``. The checkpoint
       must come from the same run — same algorithm and hyper-parameters, model, data, initial
       model, key and evaluation (see :mod:`fedjaxsparse.runtime.fingerprint`) — and hold at most
@@ -365,6 +371,8 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
   if on_nonfinite not in NONFINITE:
     raise ValueError(f"on_nonfinite must be one of {NONFINITE}, got {on_nonfinite!r}.")
+  if not checkpoint_interval_s >= 0:
+    raise ValueError(f"checkpoint_interval_s must be >= 0 seconds, got {checkpoint_interval_s!r}.")
   if isinstance(train, FederatedData):
     train.validate("train")
   if isinstance(test, FederatedData):
@@ -373,16 +381,16 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     train = arrange(algo, train, layout, mesh, clients, params)
     if checkpoint_dir is None:
       return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
-                  params_fn, None, checkpoint_every, fingerprint, on_nonfinite, mesh, progress,
-                  desc, estimate_after_s, on_chunk)
+                  params_fn, None, checkpoint_every, checkpoint_interval_s, fingerprint,
+                  on_nonfinite, mesh, progress, desc, estimate_after_s, on_chunk)
     lock = (FolderLock(checkpoint_dir, purpose=f"checkpoints of {desc or 'a run'}")
             if jax.process_index() == 0 else contextlib.nullcontext())  # one lock per run
     with lock:
       ckpt = _open_checkpoint(checkpoint_dir, resume, overwrite)
       try:
         return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every,
-                    chunk_size, params_fn, ckpt, checkpoint_every, fingerprint, on_nonfinite,
-                    mesh, progress, desc, estimate_after_s, on_chunk)
+                    chunk_size, params_fn, ckpt, checkpoint_every, checkpoint_interval_s,
+                    fingerprint, on_nonfinite, mesh, progress, desc, estimate_after_s, on_chunk)
       finally:
         ckpt.close()
 
@@ -446,8 +454,8 @@ def arrange(algo: Algorithm, train: Any, layout: str, mesh=None, clients: str = 
 
 
 def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
-         params_fn, ckpt, checkpoint_every, config, on_nonfinite, mesh, progress, desc,
-         estimate_after_s, on_chunk) -> RunResult:
+         params_fn, ckpt, checkpoint_every, checkpoint_interval_s, config, on_nonfinite, mesh,
+         progress, desc, estimate_after_s, on_chunk) -> RunResult:
   t_start = time.perf_counter()
   progress = progress and jax.process_index() == 0  # several processes: one bar
   strategy = train.strategy if isinstance(train, Executed) else "vmap"
@@ -520,6 +528,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
     history.add_eval(0, initial)
 
   dispatches, diverged, since_checkpoint = 0, None, 0
+  last_checkpoint = time.perf_counter()
   chunk_times = []
   bar = tqdm(total=num_rounds, initial=start, desc=desc, disable=not progress, unit="round",
              dynamic_ncols=True, leave=True)
@@ -557,8 +566,10 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
                     f"per {chunk_size}-round chunk; the first, with compilation, took "
                     f"{chunk_times[0]:.2g} s).")
       since_checkpoint += active
-      if ckpt is not None and (since_checkpoint >= checkpoint_rounds or done == num_rounds):
-        since_checkpoint = 0
+      if ckpt is not None and (done == num_rounds or (
+          since_checkpoint >= checkpoint_rounds
+          and _interval_passed(last_checkpoint, checkpoint_interval_s))):
+        since_checkpoint, last_checkpoint = 0, time.perf_counter()
         ckpt.save(done, state, {"round": done, "run_id": run_id, "fingerprint": fp,
                                 "history": history.to_dict(),
                                 "train_time_s": prior_time + time.perf_counter() - t_start})
@@ -568,6 +579,16 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
     bar.close()
   return RunResult(state, history, traces[0], dispatches,
                    prior_time + time.perf_counter() - t_start, diverged, strategy)
+
+
+def _interval_passed(since: float, interval_s: float) -> bool:
+  """Whether ``interval_s`` seconds passed since ``since`` (process 0's answer for all)."""
+  if interval_s <= 0:
+    return True
+  passed = time.perf_counter() - since >= interval_s
+  if jax.process_count() > 1:   # every process must take part in the same saves
+    passed = bool(multihost_utils.broadcast_one_to_all(np.asarray(passed)))
+  return passed
 
 
 def _with_metrics(out: ChunkOutput, metrics: dict, position: int) -> ChunkOutput:
