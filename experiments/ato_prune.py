@@ -47,7 +47,7 @@ not depend on p, so both runs are identical); 3e-4 with 50 % (the default) reach
 0.20 — below both targets: once a group is masked, the prox zeroes it within a step (ηλ = 1)
 and a zeroed BatchNorm channel gets no gradient back, so the controller's decisions are
 irreversible, and (4-6) is 0 under the budget, so nothing pulls P back up.
-``--set flops_penalty=two_sided`` (|log(P/(pP_total))|, not the paper's) ends nearer the
+``--set flops_penalty=two_sided`` (``|log(P/(pP_total))|``, not the paper's) ends nearer the
 targets: 0.43 and 0.27 (seed 0). The run prints how its controller differs from the paper's.
 
 ``--dataset cifar10|cifar100 --data-dir DIR`` (tfds-prepared) runs Table 4's setting: 32×32×3

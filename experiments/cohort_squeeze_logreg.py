@@ -14,6 +14,7 @@ Every number is a mean over ``seeds`` seeds (cohort draws); a configuration "rea
 target only if every seed does within ``max_rounds`` global rounds.
 
 Studies (``studies``):
+
 * ``cost`` (E5.1, Figs. 5.1/5.2): T·K to ε = ``eps`` for K in ``ks`` and γ in ``gammas`` for each
   solver, the optimal K per γ, and **LocalGD** (MB-LocalGD on the same SS cohorts, one
   communication per round) over its step sizes ``local_lrs`` and local iterations

@@ -2,6 +2,7 @@
 the hierarchical cost of reaching a target training accuracy, against LocalGD.
 
 Protocol (spec ``seed001_ch3_ch5.md`` §5.9):
+
 * Data: FEMNIST with one writer per client, each writer's own train/test split (LEAF's
   ≈ 9:1; ``--dataset femnist --data-dir DIR``; the first ``--clients`` writers in file order,
   where the paper draws 100 uniformly), or offline the labelled FEMNIST stand-in.

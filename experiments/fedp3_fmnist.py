@@ -30,6 +30,7 @@ Studies (``--set study=``):
   block B2 or B3 whole ("-B2-B3 (full)"), or the first or last two convolutions of B2 / B3
   ("part": one BasicBlock's conv1/conv2 and norms; projection shortcuts are kept, so the
   network stays valid), neither training nor receiving them.
+
 Comm is reported as the paper counts it (the fraction of layers uploaded) and honestly (floats
 uploaded per round relative to FedAvg's), plus the deployed model size.
 """

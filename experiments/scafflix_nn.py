@@ -3,6 +3,7 @@ FedAvg on neural networks — FEMNIST with a CNN, Shakespeare with LEAF's charac
 personalised validation accuracy against communication rounds.
 
 Protocol (spec ``seed001_ch3_ch5.md`` §5.2; the paper's numbers are figures only, C3-13):
+
 1. Each client's training examples are split into a fitting part and a validation part
    (``protocol.validation_split``); the test examples are never used for any choice.
 2. Every client pre-trains its local optimum x_i* alone: minibatch SGD, batch 100

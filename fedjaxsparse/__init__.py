@@ -52,6 +52,7 @@ from fedjaxsparse.ops import (accounting, aggregation, compressors, masks, proxe
 from fedjaxsparse.runtime import run, run_batched
 
 __version__ = "0.1.0"
+"""The package version."""
 
 METHODS = (
     "fedavg", "local_sgd", "fedprox", "proxskip", "sparse_proxskip", "sparse_proxskip_local",

@@ -110,7 +110,7 @@ class ATOConfig(NamedTuple):
 
 
 class Controller(nn.Module):
-  """Table 7: ``[|B|, 64] → o [G]`` (``block_sizes`` = |B_i|); parameters, the GRU state and
+  """Table 7: ``[|B|, 64] → o [G]`` (``block_sizes`` = ``len(B_i)``); parameters, the GRU state and
   the computation in ``param_dtype`` (:func:`ato` passes the default float dtype)."""
   block_sizes: tuple
   hidden: int = 128

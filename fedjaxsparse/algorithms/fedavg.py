@@ -2,12 +2,12 @@
 optimizer (FedOpt, Reddi et al. 2021) — the reference algorithm of the library.
 
 References:
-  H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas (2017).
+  McMahan, H. Brendan; Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas (2017).
     Communication-Efficient Learning of Deep Networks from Decentralized Data. AISTATS 2017.
     arXiv:1602.05629.
   Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush, Jakub
-    Konečný, Sanjiv Kumar, H. Brendan McMahan (2021). Adaptive Federated Optimization. ICLR
-    2021. arXiv:2003.00295.
+    Konečný, Sanjiv Kumar, H. Brendan McMahan (2021). Adaptive Federated Optimization.
+    ICLR 2021. arXiv:2003.00295.
 
 One round: sample a cohort (inside ``jit``), broadcast the global model, run ``local_steps``
 steps of the client optimizer on every cohort client (one kernel written for one client,
@@ -49,7 +49,9 @@ class FedAvgState(NamedTuple):
 
 
 class FedAvgInfo(NamedTuple):
-  """Attributes (scalars of the default float dtype unless said):
+  """One round's diagnostics (scalars of the default float dtype unless said).
+
+  Attributes:
     loss: cohort training loss at the broadcast model (each client's loss on its first local
       batch, aggregated with the round's weights).
     bits_up: bits uploaded this round, summed over the cohort (each message charged by its

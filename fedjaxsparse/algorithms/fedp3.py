@@ -21,7 +21,7 @@ leading client axis (:class:`FedP3Config`) so one vmapped kernel serves all clie
   dimension (first layer) and output dimension (last layer) are never pruned; a dense layer
   after a flatten keeps the inputs of the channels the convolution before it keeps), with
   ``q_{i,k} ~ U[q_range]`` (the paper gives no law: ``q_range=(p, p)`` is a fixed ratio p);
-* an aggregation weight: 1 (``"simple"``) or ``N_i = |L_i|`` (``"weighted"``).
+* an aggregation weight: 1 (``"simple"``) or ``N_i = len(L_i)`` (``"weighted"``).
 
 Round t: a cohort C_t (uniform without replacement, ``cohort_size``; ``None``: every client,
 what the authors' code always does); client i starts from ``W^l`` for ``l ∈ L_i`` and
@@ -257,7 +257,7 @@ def aggregate(params: Any, trained: Any, train_layers: jax.Array, weights: jax.A
               depth: int = 1) -> Any:
   """Algorithm 7: ``W^l + Σ_i α_{i,l} (W_i^l − W^l)``, ``α_{i,l} = a_i t_{i,l} / Σ_j a_j t_{j,l}``
   over the participants that returned layer l (``train_layers`` ``bool[m, L]``, ``weights``
-  ``a`` ``[m]``: 1 or |L_i|); a layer nobody returned is unchanged. ``trained`` ``[m, ...]``
+  ``a`` ``[m]``: 1 or ``len(L_i)``); a layer nobody returned is unchanged. ``trained`` ``[m, ...]``
   is read only where ``t_{i,l}`` holds (NaN elsewhere cannot leak)."""
   updates = jax.tree.map(lambda tl, wl: tl - wl[None], trained, params)
   return aggregate_updates(params, updates, train_layers, weights, depth)
@@ -318,7 +318,7 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     local_rule: Q_i, one of ``LOCAL_RULES``.
     q_range: ``(low, high)``: ``q_{i,k} ~ U[low, high]`` for ``"uniform"`` and
       ``"ordered_dropout"`` (``low == high``: a fixed ratio).
-    aggregation: ``"simple"`` (α ∝ 1) or ``"weighted"`` (α ∝ |L_i|), normalised per layer.
+    aggregation: ``"simple"`` (α ∝ 1) or ``"weighted"`` (α ∝ ``len(L_i)``), normalised per layer.
     train_non_selected: train the pruned layers ∉ L_i locally (prose) or freeze them (Alg. 6).
     depth: path prefix length that defines a layer (:mod:`fedjaxsparse.ops.layer_groups`).
     uplink: ``d_l -> Compressor``: every uploaded layer's update (``d_l`` entries) is

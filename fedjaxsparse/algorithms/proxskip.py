@@ -11,7 +11,7 @@ References:
     Randomized Proximal Updates. ICLR 2023. arXiv:2207.12891.
 
 Problem: ``min_w (1/N) Σ_i f_i(w)`` in consensus form. Every client ``i`` keeps an iterate
-``w_i`` and a control variate ``h_i`` with ``Σ_i h_i = 0``. One *iteration*:
+``w_i`` and a control variate ``h_i`` with ``Σ_i h_i = 0``. One *iteration*::
 
     L6   ŵ_i = w_i − γ (∇f_i(w_i) − h_i)                  (all clients, one vmapped kernel)
     L7   [local_prox]   ŵ_i = prox(ŵ_i)                      Sparse-ProxSkip-Local: TopK

@@ -18,7 +18,7 @@ FLIX (Gasanov et al. 2022): each client first solves its own problem, ``x_i* = a
 and client ``i`` uses its personalised model ``x̃_i`` (:func:`personalize`).
 
 Scafflix (Algorithm 4, corrected as in the spec): per-client step sizes γ_i, one coin θ ~
-Bernoulli(p) per iteration shared by all clients (drawn outside the client vmap):
+Bernoulli(p) per iteration shared by all clients (drawn outside the client vmap)::
 
     x̂_i = x_i − (γ_i/α_i)(∇f_i(x̃_i) − h_i)                 gradient at the PERSONALISED point
     θ = 1:  x̄ = Σ_j w_j x̂_j,  w_j ∝ α_j²/γ_j             (``:894``'s index typo fixed)

@@ -250,6 +250,7 @@ def label_count_partition(labels: np.ndarray, num_clients: int, labels_per_clien
 
 PARTITIONS = ("iid", "dirichlet", "hsu_dirichlet", "shards", "lognormal", "dirichlet_lognormal",
               "labels")
+"""The partition names :func:`partition` accepts (``partition=`` of the loaders)."""
 
 
 def partition(labels: np.ndarray, num_clients: int, method: str, seed: int = 0, *,

@@ -22,6 +22,8 @@ DATASETS = {
     "cifar100": ("fedjaxsparse.data.tfds_sources", "cifar100"),
     "emnist": ("fedjaxsparse.data.tfds_sources", "emnist"),
 }
+"""``{name: (module, loader)}``: the data sets :func:`load_dataset` (and ``--dataset``) knows,
+loaded lazily from their modules."""
 
 
 def load_dataset(name: str, **kwargs) -> FederatedDataset:

@@ -18,6 +18,7 @@ from fedjaxsparse.ops.sparsity import num_params
 from fedjaxsparse.core import Model, lazy_submodules
 
 MODELS = ("linear", "softmax", "mlp", "cnn", "resnet18", "lstm")
+"""The model names the experiments' ``model`` option accepts."""
 
 
 def get_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs) -> Model:

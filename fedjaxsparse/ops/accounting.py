@@ -45,8 +45,13 @@ from fedjaxsparse.core import float_dtype
 from fedjaxsparse.ops.sparsity import nnz, num_params
 
 FLOAT_BITS = 32
+"""Bits of one transmitted float (fp32)."""
 SEED_BITS = 32
+"""Bits of one transmitted PRNG seed (FedMRN's and FedPM's regenerated noise)."""
 ENCODINGS = ("auto", "indices", "bitmask", "values", "dense")
+"""Encodings of a sparse message (:func:`sparse_bits`): ``auto`` (the smaller of indices
+and bitmask), values plus 32-bit ``indices``, values plus a d-bit ``bitmask``, ``values``
+only (some papers' count) and ``dense``."""
 
 _INT32_MAX = 2 ** 31 - 1
 

@@ -114,7 +114,7 @@ def full(n: int) -> Sampler:
 
 
 def nonuniform(probs: Sequence[float]) -> Sampler:
-  """One client, client ``i`` with probability ``probs[i]`` (NS; |S| = 1; SPPM's sampling)."""
+  """One client, client ``i`` with probability ``probs[i]`` (NS; ``len(S) = 1``; SPPM's sampling)."""
   p = np.asarray(probs, np.float64)
   if p.ndim != 1 or np.any(p <= 0) or abs(p.sum() - 1) > 1e-9:
     raise ValueError("probs must be a 1-d array of positive probabilities summing to 1 (a "

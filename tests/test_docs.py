@@ -1,0 +1,80 @@
+"""The documentation site (``docs/``): it builds offline with warnings as errors, every public
+name has a rendered entry (API coverage), and the reproduction ledger lists every table and
+figure of the seeds with every experiment's paper configurations."""
+import os
+import posixpath
+import re
+import subprocess
+import sys
+
+import pytest
+
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+sys.path.insert(0, os.path.join(DOCS, "_ext"))
+
+import fjsdocs  # noqa: E402
+
+STATUSES = {"reproduced", "partial", "not reproduced", "no results"}
+
+
+def test_the_ledger_names_every_paper_configuration_and_only_real_ones():
+  assert fjsdocs.ledger_problems() == []
+  items = fjsdocs.ledger_items()
+  assert {it["seed"] for it in items} == {"000", "001", "002", "003", "004"}
+  for it in items:
+    where = f"seed {it['seed']} {it['label']}"
+    assert it["status"] in STATUSES, where
+    assert it["label"].split()[0] in ("Table", "Figure", "Fig."), where
+    if it["status"] in ("reproduced", "partial"):
+      assert it["experiment"] and it["command"].startswith("fedjaxsparse run "), where
+      assert it["command"].split()[2] == it["experiment"], where
+      assert it["data"] and it["scale"], where
+  labels = [(it["seed"], it["label"]) for it in items]
+  assert len(labels) == len(set(labels)), "an item is listed twice"
+
+
+def test_a_missing_paper_configuration_is_reported(monkeypatch):
+  items = fjsdocs.ledger_items()
+  dropped = next(it for it in items if it["papers"])
+  monkeypatch.setattr(fjsdocs, "ledger_items",
+                      lambda: [it for it in items if it is not dropped])
+  problems = fjsdocs.ledger_problems()
+  assert len(problems) == len(dropped["papers"])
+  assert all("missing from docs/reproduction.toml" in p for p in problems)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+  """The site built as CI builds it: ``sphinx-build -W --keep-going`` (no network)."""
+  out = tmp_path_factory.mktemp("site")
+  proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b",
+                         "html", DOCS, str(out)], capture_output=True, text=True,
+                        env={**os.environ, "FEDJAXSPARSE_DOCS_EXECUTE": "0"})
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return out
+
+
+def test_the_site_builds_and_every_public_name_has_an_entry(site):
+  from sphinx.util.inventory import InventoryFile
+  import fedjaxsparse as fjs
+  with open(site / "objects.inv", "rb") as f:
+    inventory = InventoryFile.load(f, "", posixpath.join)
+  rendered = {name for kind, entries in inventory.items() if kind.startswith("py:")
+              for name in entries}
+  expected = {f"fedjaxsparse.{n}" for n in fjs.__all__}
+  for module in fjsdocs.public_modules():
+    expected.add(module)
+    namespace = __import__(module, fromlist=["_"])
+    expected |= {f"{module}.{n}" for n in fjsdocs.public_names(namespace)}
+  missing = sorted(expected - rendered)
+  assert not missing, f"{len(missing)} public names without an entry: {missing[:20]}"
+  assert len(expected) > 500   # the whole public face, not a sample
+  # the pages a reader navigates: landing, tour, concepts, a page per family, the ledger
+  for page in ("index", "getting_started", "concepts", "command_line", "benchmarks",
+               "_generated/reproduction", "_generated/api/fedjaxsparse",
+               *(f"_generated/papers/{fam[0]}" for fam in fjsdocs.FAMILIES),
+               *(f"_generated/notebooks/{n[:-6]}" for n in os.listdir(
+                   os.path.join(os.path.dirname(DOCS), "notebooks")) if n.endswith(".ipynb"))):
+    assert (site / f"{page}.html").exists(), page
+  ledger = re.sub(r"<[^>]+>", "", (site / "_generated" / "reproduction.html").read_text())
+  assert "fedjaxsparse run sparse_proxskip --paper table4" in ledger
