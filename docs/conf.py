@@ -60,3 +60,4 @@ html_theme = "furo"
 html_title = f"fedjaxsparse {release}"
 html_static_path = []
 html_theme_options = {"navigation_with_keys": True}
+smartquotes = False   # options such as --paper must read as typed

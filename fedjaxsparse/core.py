@@ -64,6 +64,18 @@ class Algorithm(NamedTuple):
       (:class:`fedjaxsparse.runtime.clients.BucketedData`, run through
       :func:`fedjaxsparse.runtime.clients.map_clients`) with the same result; the runner then
       buckets unequal clients by itself (:func:`fedjaxsparse.runtime.clients.auto_layout`).
+
+  >>> import jax, optax
+  >>> import fedjaxsparse as fjs
+  >>> ds = fjs.data.digits(num_clients=4)
+  >>> model = fjs.models.softmax_regression(64, 10)
+  >>> algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.1), local_steps=2)
+  >>> state = algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
+  >>> state, info = algo.step(jax.random.key(1), state, ds.train)
+  >>> info.bits_up.item() == 4 * 32 * (64 * 10 + 10)     # four dense fp32 uploads
+  True
+  >>> jax.tree.map(lambda x: x.shape, fjs.global_params(state))
+  {'b': (10,), 'w': (64, 10)}
   """
   init: InitFn
   step: StepFn

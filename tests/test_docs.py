@@ -78,3 +78,16 @@ def test_the_site_builds_and_every_public_name_has_an_entry(site):
     assert (site / f"{page}.html").exists(), page
   ledger = re.sub(r"<[^>]+>", "", (site / "_generated" / "reproduction.html").read_text())
   assert "fedjaxsparse run sparse_proxskip --paper table4" in ledger
+
+
+@pytest.mark.parametrize("module", ["fedjaxsparse.ops.sparsity", "fedjaxsparse.ops.compressors",
+                                    "fedjaxsparse.ops.sampling", "fedjaxsparse.ops.proxes",
+                                    "fedjaxsparse.ops.accounting", "fedjaxsparse.core"])
+def test_docstring_examples_run(module):
+  """The examples in the public face's docstrings are doctests: each runs and prints what
+  it says."""
+  import doctest
+  import importlib
+  result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+  assert result.failed == 0
+  assert result.attempted >= 2, f"{module} has no docstring example"

@@ -253,11 +253,17 @@ def _family_of(experiment: str) -> str | None:
   return None
 
 
+# what a ledger status says: whether the protocol is implemented, not whether our numbers
+# match the paper's (a family page shows measured paper-scale numbers where committed)
+STATUS_TEXT = {"reproduced": "protocol implemented", "partial": "partly implemented",
+               "not reproduced": "not implemented", "no results": "no results to reproduce"}
+
+
 def reproduction_page() -> str:
   items = ledger_items()
   counts = {}
   for it in items:
-    counts[it["status"]] = counts.get(it["status"], 0) + 1
+    counts[STATUS_TEXT[it["status"]]] = counts.get(STATUS_TEXT[it["status"]], 0) + 1
   text = "# Reproducing the papers\n\n"
   text += (f"Every table and figure of the seed papers: {len(items)} items — "
            + ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda x: -x[1]))
@@ -268,16 +274,20 @@ def reproduction_page() -> str:
            "the same shape runs without them), stand-in. *scale*: the paper's protocol or a "
            "reduced CPU version.\n\n")
   for seed in sorted({it["seed"] for it in items}):
-    text += f"## Seed {seed}\n\n| item | what | command | data | scale | status | note |\n"
-    text += "|---|---|---|---|---|---|---|\n"
+    text += f"## Seed {seed}\n\n"
     for it in (i for i in items if i["seed"] == seed):
       fam = _family_of(it.get("experiment", ""))
-      status = it["status"] + (f" ([page](papers/{fam}.md))" if fam else "")
-      cmd = f"`{it['command']}`" if it.get("command") else ""
-      text += (f"| {_cell(it['label'])} | {_cell(it['caption'])} | {cmd} | "
-               f"{_cell(it.get('data', ''))} | {_cell(it.get('scale', ''))} | {status} | "
-               f"{_cell(it.get('note', ''))} |\n")
-    text += "\n"
+      where = ", ".join(x for x in (it.get("data", ""), it.get("scale", "")) if x)
+      measured = any(_committed_result(it["experiment"], p) for p in it.get("papers", []))
+      status = STATUS_TEXT[it["status"]] + ("; measured at paper scale" if measured else "")
+      text += (f"- **{it['label']}** — {it['caption']}. *{status}*"
+               + (f" · {where}" if where else "")
+               + (f" · [family page](papers/{fam}.md)" if fam else ""))
+      if it.get("command"):
+        text += f"\\\n  `{it['command']}`"
+      if it.get("note"):
+        text += f"\\\n  {it['note']}"
+      text += "\n\n"
   return text
 
 
@@ -397,6 +407,22 @@ def _write(path: str, text: str) -> None:
     f.write(text)
 
 
+def literal_blocks(app, what, name, obj, options, lines) -> None:
+  """Plain-text docstrings introduce pseudocode and formulas with a line ending in ``:``
+  followed by an indented block; reStructuredText would render that block as a quotation
+  with its alignment lost. Such a block becomes a literal block (``::``), as written."""
+  def indent(line):
+    return len(line) - len(line.lstrip())
+  for i in range(len(lines) - 2):
+    line = lines[i].rstrip()
+    if (line.endswith(":") and not line.endswith("::") and line.strip()
+        and not line.lstrip().startswith((":", "..")) and not lines[i + 1].strip()
+        and lines[i + 2].strip() and indent(lines[i + 2]) > indent(line)
+        and not lines[i + 2].lstrip().startswith(("* ", "- ", ":", ".."))):
+      lines[i] = line + ":"
+
+
 def setup(app):
   app.connect("builder-inited", write_pages)
+  app.connect("autodoc-process-docstring", literal_blocks, priority=900)  # after napoleon
   return {"version": "1", "parallel_read_safe": True}

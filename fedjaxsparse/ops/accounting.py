@@ -93,6 +93,13 @@ def sparse_bits(nnz: Any, d: int, value_bits: int = FLOAT_BITS, encoding: str = 
     d: number of entries of the message (static).
     value_bits: bits per transmitted value.
     encoding: one of ``ENCODINGS``.
+
+  >>> sparse_bits(10, 1000)     # 10 values + 10 indices of 10 bits (< 32 values + a 1000-bit mask)
+  420
+  >>> sparse_bits(600, 1000)    # 600 values + a 1000-bit mask (< 600 indices)
+  20200
+  >>> sparse_bits(600, 1000, encoding="values")   # some papers count the values only
+  19200
   """
   if encoding not in ENCODINGS:
     raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}.")

@@ -28,7 +28,12 @@ def identity(tree: Any, step: Any = None) -> Any:
 
 
 def l1(weight: float) -> Prox:
-  """``prox_{step·weight·‖·‖₁}``: soft thresholding at ``step·weight`` (the lasso's prox)."""
+  """``prox_{step·weight·‖·‖₁}``: soft thresholding at ``step·weight`` (the lasso's prox).
+
+  >>> import jax.numpy as jnp
+  >>> l1(0.5)(jnp.array([1.0, -0.2, 0.3]), 1.0).tolist()
+  [0.5, -0.0, 0.0]
+"""
   return lambda tree, step: soft_threshold(tree, step * weight)
 
 

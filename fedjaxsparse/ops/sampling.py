@@ -143,7 +143,16 @@ def importance(mu: Sequence[float]) -> Sampler:
 
 def nice(n: int, tau: int) -> Sampler:
   """τ-NICE: a uniformly random subset of exactly τ clients (sorted ids); ``p_i = τ/n``,
-  ``P_ij = τ(τ−1)/(n(n−1))``."""
+  ``P_ij = τ(τ−1)/(n(n−1))``.
+
+  >>> import jax
+  >>> s = nice(10, 3)
+  >>> float(s.marginals[0]), s.size
+  (0.3, 3)
+  >>> ids, _ = s.draw(jax.random.key(0))
+  >>> len(set(ids.tolist()))    # three distinct clients
+  3
+"""
   n = _check_n(n)
   if not isinstance(tau, (int, np.integer)) or not 1 <= tau <= n:
     raise ValueError(f"tau (cohort size) must be an int in [1, n={n}], got {tau!r}.")

@@ -204,6 +204,12 @@ def top_k(tree: Any, k: int | None = None, *, sparsity: float | None = None,
 
   Takes the arguments of :func:`top_k_mask`. Idempotent, and the Euclidean projection onto
   ``{‖w‖₀ ≤ k}`` (the prox of its indicator).
+
+  >>> import jax.numpy as jnp
+  >>> top_k(jnp.array([0.5, -3.0, 1.0, 2.0]), k=2).tolist()
+  [0.0, -3.0, 0.0, 2.0]
+  >>> top_k({"w": jnp.ones((2, 5)), "b": jnp.zeros(2)}, sparsity=0.5)["w"].sum().item()
+  6.0
   """
   return apply_mask(tree, top_k_mask(tree, k, sparsity=sparsity, scope=scope))
 
