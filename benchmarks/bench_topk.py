@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.ops.sparsity import _largest, _largest_bisection, _largest_top_k
+from fedjaxsparse.ops.sparsity import _largest, largest_mask, _largest_top_k
 
 
 def _argsort(keys, k):
@@ -35,7 +35,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--out", default="benchmarks/results")
   args = parser.parse_args()
-  paths = {"library": _largest, "lax.top_k": _largest_top_k, "bisection": _largest_bisection,
+  paths = {"library": _largest, "lax.top_k": _largest_top_k, "bisection": largest_mask,
            "argsort": _argsort}
   rows = []
   for d in args.dims:

@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from fedjaxsparse.models import clip as C
-from fedjaxsparse.models.hf import _flatten, _nest
+from fedjaxsparse.models.hf import flatten_paths, nest_paths
 
 CFG_DICT = {
     "model_type": "clip", "projection_dim": 16, "logit_scale_init_value": 2.6592,
@@ -46,7 +46,7 @@ def _random_params(cfg, seed=0):
   changes the outputs."""
   rng = np.random.default_rng(seed)
   out = {}
-  for p, s in sorted(_flatten(C.param_shapes(cfg)).items()):
+  for p, s in sorted(flatten_paths(C.param_shapes(cfg)).items()):
     if p[-1] == "logit_scale":
       x = np.asarray(1.7)
     elif p[-1] == "scale":
@@ -56,7 +56,7 @@ def _random_params(cfg, seed=0):
     else:                          # biases, embeddings, class embedding
       x = 0.2 * rng.normal(size=s.shape)
     out[p] = x.astype(np.float32)
-  return _nest(out)
+  return nest_paths(out)
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,7 @@ from fedjaxsparse.core import Algorithm, LossFn, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import minibatch
-from fedjaxsparse.ops.sparsity import _largest_bisection, _random_keys
+from fedjaxsparse.ops.sparsity import largest_mask, random_keys
 from fedjaxsparse.errors import check_number
 
 LOCAL_RULES = ("fixed", "uniform", "ordered_dropout")
@@ -187,7 +187,7 @@ def global_mask(key: jax.Array, params: Any, selected: Any, keep: Any) -> Any:
       out.append(jnp.broadcast_to(sel | (r > 0), w.shape))
       continue
     count = jnp.round(r * w.size).astype(jnp.int32)
-    kept = _largest_bisection(_random_keys(k, w.size), count).reshape(w.shape)
+    kept = largest_mask(random_keys(k, w.size), count).reshape(w.shape)
     out.append(kept | sel)
   return jax.tree.unflatten(tree, out)
 

@@ -57,7 +57,7 @@ from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
-from fedjaxsparse.ops.sparsity import _largest_bisection, nnz, num_params
+from fedjaxsparse.ops.sparsity import largest_mask, nnz, num_params
 from fedjaxsparse.errors import check_number
 
 
@@ -86,7 +86,7 @@ def _prune_layers(mask: Any, weights: Any, rate: Any) -> Any:
     active = jnp.sum(flat, dtype=jnp.int32)
     keep = active - jnp.floor(rate * active.astype(float_dtype()) + 1e-4).astype(jnp.int32)
     keys = jnp.where(flat, jnp.abs(w.ravel()).astype(float_dtype()), 0.0)
-    return (flat & _largest_bisection(keys, keep)).reshape(m.shape)
+    return (flat & largest_mask(keys, keep)).reshape(m.shape)
   return jax.tree.map(one, mask, weights)
 
 

@@ -8,8 +8,8 @@ import math
 from typing import Sequence
 
 from fedjaxsparse.models import base, conv, efficientnet, linear, nets, prunable, transformer
-from fedjaxsparse.models.base import (global_mean_scale, make_loss, softmax_cross_entropy,
-                                      squared_error)
+from fedjaxsparse.models.base import (from_flax, global_mean_scale, make_loss,
+                                      softmax_cross_entropy, squared_error)
 from fedjaxsparse.models.linear import (linear_regression, logistic_loss, logistic_regression,
                                         softmax_regression)
 from fedjaxsparse.models.nets import (bn_cnn, char_lstm, cnn, cohort_squeeze_cnn, fedp3_cnn,
@@ -42,7 +42,7 @@ def get_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs)
 
 __all__ = [
     "base", "conv", "efficientnet", "linear", "nets", "prunable", "transformer", "hf", "clip",
-    "make_loss", "global_mean_scale",
+    "make_loss", "global_mean_scale", "from_flax",
     "softmax_cross_entropy", "squared_error", "logistic_loss", "linear_regression",
     "softmax_regression", "logistic_regression", "mlp", "cnn", "cohort_squeeze_cnn", "bn_cnn",
     "fedp3_cnn", "lenet5_caffe", "vgg11", "resnet18", "char_lstm", "num_params", "get_model",

@@ -14,13 +14,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.core import Model
+from fedjaxsparse.core import CLASSIFICATION, Model
 
 
 def softmax_cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:
   """``[B, C], [B] -> [B]`` cross-entropy with integer labels."""
   logz = jax.nn.logsumexp(logits, axis=-1)
   return logz - jnp.take_along_axis(logits, y[:, None].astype(jnp.int32), axis=-1)[:, 0]
+
+
+def from_flax(module, input_shape, model_shape=None) -> Model:
+  """A flax ``module`` as a classification :class:`~fedjaxsparse.core.Model` (softmax cross
+  entropy, no regulariser): ``init(key)`` initialises it on one zero input of ``model_shape``
+  (default ``input_shape``), and ``apply(params, x)`` reshapes ``x [B, *input_shape]`` to
+  ``[B, *model_shape]`` first (flat pixels to images, say)."""
+  model_shape = tuple(input_shape if model_shape is None else model_shape)
+
+  def init(key):
+    return module.init(key, jnp.zeros((1,) + model_shape, jnp.float32))["params"]
+
+  def apply(params, x):
+    return module.apply({"params": params}, x.reshape((x.shape[0],) + model_shape))
+
+  return Model(init, apply, softmax_cross_entropy, None, CLASSIFICATION)
 
 
 def squared_error(pred: jax.Array, y: jax.Array) -> jax.Array:

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.models.hf import _flatten, _nest
+from fedjaxsparse.models.hf import flatten_paths, nest_paths
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -453,7 +453,7 @@ def load_params(path: str, dtype: Any = np.float32) -> dict[str, Any]:
   """The :class:`CLIP` parameters (host numpy, ``dtype``; None keeps the stored one) of a local
   Hugging Face ``CLIPModel`` checkpoint directory. Extra tensors (e.g. old ``position_ids``
   buffers) are ignored; a shape that disagrees with ``config.json`` raises ValueError."""
-  shapes = _flatten(param_shapes(load_config(path)))
+  shapes = flatten_paths(param_shapes(load_config(path)))
   names = {p: hf_name(p) for p in shapes}
   raw = _read(path, list(names.values()))
   flat = {}
@@ -465,7 +465,7 @@ def load_params(path: str, dtype: Any = np.float32) -> dict[str, Any]:
       raise ValueError(f"tensor {n!r} has shape {tuple(raw[n].shape)}, which does not fit "
                        f"config.json (flax {p} wants {tuple(shapes[p].shape)}).")
     flat[p] = x if dtype is None else x.astype(dtype)
-  return _nest(flat)
+  return nest_paths(flat)
 
 
 def save_params(path: str, cfg_dict: dict[str, Any] | CLIPConfig, params: dict[str, Any]) -> None:
@@ -474,8 +474,8 @@ def save_params(path: str, cfg_dict: dict[str, Any] | CLIPConfig, params: dict[s
   from safetensors.numpy import save_file  # deferred: safetensors is slow to import
   if isinstance(cfg_dict, CLIPConfig):
     cfg_dict = config_to_hf(cfg_dict)
-  shapes = _flatten(param_shapes(config_from_hf(cfg_dict)))
-  flat = _flatten(jax.tree.map(np.asarray, unfreeze(params)))
+  shapes = flatten_paths(param_shapes(config_from_hf(cfg_dict)))
+  flat = flatten_paths(jax.tree.map(np.asarray, unfreeze(params)))
   if set(flat) != set(shapes):
     raise ValueError(f"params do not match the config: missing {sorted(set(shapes) - set(flat))}"
                      f", unexpected {sorted(set(flat) - set(shapes))}.")

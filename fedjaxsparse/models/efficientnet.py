@@ -40,7 +40,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.models.prunable import NORMS, PNorm, _model
+from fedjaxsparse.models.base import from_flax
+from fedjaxsparse.models.prunable import NORMS, PNorm
 from fedjaxsparse.core import Model
 
 # (expand ratio, kernel, stride, C_in, C_out, layers): torchvision's efficientnet_b0 (width and
@@ -178,4 +179,4 @@ def efficientnet_b0(input_shape: Sequence[int] = (32, 32, 3), num_classes: int =
       raise ValueError(f"{name} must be in [0, 1), got {rate}.")
   module = EfficientNet(num_classes, norm, num_groups, bool(cifar_stem), float(drop_rate),
                         float(dropout_rate))
-  return module, _model(module, shape)
+  return module, from_flax(module, shape)

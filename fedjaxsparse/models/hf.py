@@ -140,7 +140,9 @@ def _outer_names(cfg: TransformerConfig) -> dict[tuple[str, ...], str]:
   return out
 
 
-def _nest(flat: dict[tuple[str, ...], np.ndarray]) -> dict[str, Any]:
+def nest_paths(flat: dict[tuple[str, ...], np.ndarray]) -> dict[str, Any]:
+  """``{("a", "b"): v}`` -> ``{"a": {"b": v}}``: a nested params dict from path keys (the
+  inverse of :func:`flatten_paths`)."""
   tree: dict[str, Any] = {}
   for path, v in flat.items():
     node = tree
@@ -150,10 +152,11 @@ def _nest(flat: dict[tuple[str, ...], np.ndarray]) -> dict[str, Any]:
   return tree
 
 
-def _flatten(tree: dict[str, Any], prefix=()) -> dict[tuple[str, ...], Any]:
+def flatten_paths(tree: dict[str, Any], prefix=()) -> dict[tuple[str, ...], Any]:
+  """``{"a": {"b": v}}`` -> ``{("a", "b"): v}``: a nested params dict as path keys."""
   out = {}
   for k, v in tree.items():
-    out.update(_flatten(v, prefix + (k,)) if isinstance(v, dict) else {prefix + (k,): v})
+    out.update(flatten_paths(v, prefix + (k,)) if isinstance(v, dict) else {prefix + (k,): v})
   return out
 
 
@@ -220,7 +223,7 @@ class Checkpoint:
     for path, hf in names.items():
       x = self.tensor(hf)
       flat[path] = x.T if path[-1] == "kernel" else x
-    return _nest(flat)
+    return nest_paths(flat)
 
   def block(self, i: int) -> dict[str, Any]:
     """Block ``i``'s flax parameters (host numpy)."""
@@ -247,7 +250,7 @@ def save(path: str, cfg: TransformerConfig, params: dict[str, Any]) -> None:
   names = dict(_outer_names(cfg))
   for i in range(cfg.num_layers):
     names.update({(f"layers_{i}",) + k: v for k, v in _block_names(cfg, i).items()})
-  flat = _flatten(params)
+  flat = flatten_paths(params)
   tensors = {}
   for p, hf in names.items():
     x = np.asarray(flat[p], np.float32)

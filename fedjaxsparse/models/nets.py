@@ -30,25 +30,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.models.base import softmax_cross_entropy
+from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.models.conv import Conv, resolve_impl
-from fedjaxsparse.core import CLASSIFICATION, Model
+from fedjaxsparse.core import Model
 
 NORMS = ("group", "batch")
-
-
-def _as_model(module: nn.Module, input_shape: Sequence[int],
-              model_shape: Sequence[int] | None = None) -> Model:
-  """Wraps ``module`` as a Model; inputs are reshaped to ``[B, *model_shape]`` first."""
-  model_shape = tuple(input_shape if model_shape is None else model_shape)
-
-  def init(key):
-    return module.init(key, jnp.zeros((1,) + model_shape, jnp.float32))["params"]
-
-  def apply(params, x):
-    return module.apply({"params": params}, x.reshape((x.shape[0],) + model_shape))
-
-  return Model(init, apply, softmax_cross_entropy, None, CLASSIFICATION)
 
 
 def _image_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
@@ -79,7 +65,7 @@ class _MLP(nn.Module):
 def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (200, 200)
         ) -> Model:
   """A ReLU MLP on flattened inputs; ``hidden=(200, 200)`` is McMahan et al. 2017's "2NN"."""
-  return _as_model(_MLP(tuple(hidden), num_classes), input_shape)
+  return from_flax(_MLP(tuple(hidden), num_classes), input_shape)
 
 
 class _CNN(nn.Module):
@@ -119,7 +105,7 @@ def cnn(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = 
   resolve_impl(conv)
   if padding not in ("SAME", "VALID"):
     raise ValueError(f"padding must be 'SAME' or 'VALID', got {padding!r}.")
-  return _as_model(_CNN(num_classes, tuple(channels), dense, conv, padding, pool_each),
+  return from_flax(_CNN(num_classes, tuple(channels), dense, conv, padding, pool_each),
                    input_shape, _image_shape(input_shape))
 
 
@@ -187,7 +173,7 @@ def bn_cnn(input_shape: Sequence[int], num_classes: int,
   resolve_impl(conv)
   if norm not in ("batch", "group"):
     raise ValueError(f"norm must be 'batch' or 'group', got {norm!r}.")
-  return _as_model(_BNCNN(num_classes, tuple(channels), norm, pool_every, conv), input_shape,
+  return from_flax(_BNCNN(num_classes, tuple(channels), norm, pool_every, conv), input_shape,
                    _image_shape(input_shape))
 
 
@@ -253,7 +239,7 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
   if num_groups < 1 or 64 % num_groups:
     raise ValueError(f"num_groups must divide 64 (the narrowest layer), got {num_groups}.")
   resolve_impl(conv)
-  return _as_model(_ResNet18(num_classes, norm, num_groups, conv), input_shape,
+  return from_flax(_ResNet18(num_classes, norm, num_groups, conv), input_shape,
                    _image_shape(input_shape))
 
 
@@ -277,7 +263,7 @@ def lenet5_caffe(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 26
   dense 800 → 500 (ReLU), dense 500 → classes. 28×28 inputs, 26 classes: 439,096 parameters
   (the spec's d)."""
   resolve_impl(conv)
-  return _as_model(_LeNet5Caffe(num_classes, conv), input_shape, _image_shape(input_shape))
+  return from_flax(_LeNet5Caffe(num_classes, conv), input_shape, _image_shape(input_shape))
 
 
 class _FedP3CNN(nn.Module):
@@ -313,7 +299,7 @@ def fedp3_cnn(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
   shape = _image_shape(input_shape)
   if shape[0] > pad_to or shape[1] > pad_to:
     raise ValueError(f"pad_to must be >= the image size {shape[:2]}, got {pad_to}.")
-  return _as_model(_FedP3CNN(num_classes, channels, tuple(hidden), pad_to, conv), input_shape,
+  return from_flax(_FedP3CNN(num_classes, channels, tuple(hidden), pad_to, conv), input_shape,
                    shape)
 
 
@@ -347,7 +333,7 @@ def vgg11(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
   resolve_impl(conv)
   if num_groups < 1 or 64 % num_groups:
     raise ValueError(f"num_groups must divide 64 (the narrowest layer), got {num_groups}.")
-  return _as_model(_VGG11(num_classes, num_groups, conv), input_shape,
+  return from_flax(_VGG11(num_classes, num_groups, conv), input_shape,
                    _image_shape(input_shape))
 
 
@@ -371,4 +357,4 @@ def char_lstm(seq_len: int, vocab: int, embed: int = 8, hidden: int = 256,
   character embedding, ``layers`` LSTM layers of ``hidden`` units and a dense layer on the last
   step's output. Inputs ``int32 [B, seq_len]`` character indices; logits ``[B, vocab]`` for the
   next character."""
-  return _as_model(_CharLSTM(vocab, embed, hidden, layers), (seq_len,))
+  return from_flax(_CharLSTM(vocab, embed, hidden, layers), (seq_len,))

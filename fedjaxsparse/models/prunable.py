@@ -45,8 +45,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.models.base import softmax_cross_entropy
-from fedjaxsparse.core import CLASSIFICATION, Model
+from fedjaxsparse.models.base import from_flax
+from fedjaxsparse.core import Model
 
 NORMS = ("batch", "group")
 
@@ -239,18 +239,6 @@ class _MLP(nn.Module):
     return PDense(self.num_classes, src, None, name="head")(x)
 
 
-def _model(module: nn.Module, input_shape: Sequence[int]) -> Model:
-  shape = tuple(input_shape)
-
-  def init(key):
-    return module.init(key, jnp.zeros((1,) + shape, jnp.float32))["params"]
-
-  def apply(params, x):
-    return module.apply({"params": params}, x.reshape((x.shape[0],) + shape))
-
-  return Model(init, apply, softmax_cross_entropy, None, CLASSIFICATION)
-
-
 def _check(norm: str, num_groups: int) -> None:
   if norm not in NORMS:
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}.")
@@ -267,7 +255,7 @@ def cifar_resnet(depth: int = 56, input_shape: Sequence[int] = (32, 32, 3),
     raise ValueError(f"depth must be 6n + 2 with n >= 1 (8, 14, 20, 56, ...), got {depth}.")
   _check(norm, num_groups)
   module = _CifarResNet(depth, num_classes, norm, num_groups, tuple(sorted((widths or {}).items())))
-  return module, _model(module, input_shape)
+  return module, from_flax(module, input_shape)
 
 
 def resnet(blocks: Sequence[int] = (2, 2, 2, 2), input_shape: Sequence[int] = (32, 32, 3),
@@ -279,7 +267,7 @@ def resnet(blocks: Sequence[int] = (2, 2, 2, 2), input_shape: Sequence[int] = (3
   _check(norm, num_groups)
   module = _ResNet(tuple(blocks), num_classes, norm, num_groups,
                    tuple(sorted((widths or {}).items())))
-  return module, _model(module, input_shape)
+  return module, from_flax(module, input_shape)
 
 
 def mlp(input_shape: Sequence[int], num_classes: int = 10, hidden: Sequence[int] = (256, 128),
@@ -288,7 +276,7 @@ def mlp(input_shape: Sequence[int], num_classes: int = 10, hidden: Sequence[int]
   if not hidden or min(hidden) < 1:
     raise ValueError(f"hidden must be positive widths, got {tuple(hidden)}.")
   module = _MLP(tuple(hidden), num_classes, tuple(sorted((widths or {}).items())))
-  return module, _model(module, input_shape)
+  return module, from_flax(module, input_shape)
 
 
 def mobilenet_v2(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
@@ -302,4 +290,4 @@ def mobilenet_v2(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10
     raise ValueError(f"config must be rows (t, c, n, s) of positive ints, got {config!r}.")
   module = _MobileNetV2(num_classes, norm, num_groups, tuple(sorted((widths or {}).items())),
                         tuple(tuple(r) for r in config))
-  return module, _model(module, input_shape)
+  return module, from_flax(module, input_shape)

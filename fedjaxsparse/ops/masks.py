@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.ops.sparsity import _random_keys
+from fedjaxsparse.ops.sparsity import random_keys
 
 DISTRIBUTIONS = ("erk", "er", "uniform")
 REGROWTHS = ("gradient", "random")
@@ -118,7 +118,7 @@ def random_masks(key: jax.Array, params: Any, counts: Any) -> Any:
     if c >= np.size(a):
       out.append(jnp.ones(jnp.shape(a), bool))
       continue
-    keys = _random_keys(jax.random.fold_in(key, i), int(np.size(a)))
+    keys = random_keys(jax.random.fold_in(key, i), int(np.size(a)))
     idx = jax.lax.top_k(keys, c)[1]
     out.append(jnp.zeros(np.size(a), bool).at[idx].set(True).reshape(jnp.shape(a)))
   return jax.tree.unflatten(treedef, out)
@@ -181,7 +181,7 @@ def prune_regrow(mask: Any, weights: Any, scores: Any, fraction: Any, counts: An
     if regrowth == "gradient":
       s = jnp.abs(g.ravel()).astype(jnp.float32)
     else:
-      s = _random_keys(jax.random.fold_in(key, i), m.size)
+      s = random_keys(jax.random.fold_in(key, i), m.size)
     grow = _select(jnp.where(grow_ok, s, -jnp.inf), c, bound)
     out.append((half | grow).reshape(m.shape))
   return jax.tree.unflatten(treedef, out)

@@ -103,7 +103,7 @@ def _magnitude_keys(x: jax.Array) -> jax.Array:
   return a if a.dtype == jnp.float64 else a.astype(jnp.float32)
 
 
-def _random_keys(key: jax.Array, n: int) -> jax.Array:
+def random_keys(key: jax.Array, n: int) -> jax.Array:
   """``float32[n]`` i.i.d. keys with 29 random bits each: ``(bits >> 3) + 2²³`` read as a
   float32, a positive normal float whose order is that of the integer."""
   bits = jax.random.bits(key, (n,), jnp.uint32)
@@ -115,14 +115,18 @@ def _largest(keys: jax.Array, k: int) -> jax.Array:
   to the lower index: ``lax.top_k`` + scatter for ``k ≤ d/50``, else bisection for the k-th
   largest key on its bit pattern (31 passes for float32 keys, 63 for float64; see the module
   docstring; ``benchmarks/bench_topk.py`` measures both)."""
-  return _largest_top_k(keys, k) if k * 50 <= keys.shape[0] else _largest_bisection(keys, k)
+  return _largest_top_k(keys, k) if k * 50 <= keys.shape[0] else largest_mask(keys, k)
 
 
 def _largest_top_k(keys: jax.Array, k: int) -> jax.Array:
   return jnp.zeros(keys.shape, bool).at[jax.lax.top_k(keys, k)[1]].set(True)
 
 
-def _largest_bisection(keys: jax.Array, k: int) -> jax.Array:
+def largest_mask(keys: jax.Array, k: int) -> jax.Array:
+  """``float[d] -> bool[d]`` with exactly ``k`` True at the largest non-negative ``keys``
+  (ties to the lower index), by bisection for the k-th largest key on its bit pattern (31
+  passes for float32 keys, 63 for float64). ``k`` may be a traced integer (a per-client
+  count inside ``vmap``), unlike ``lax.top_k``'s static ``k``."""
   uint, nbits = (jnp.uint64, 63) if keys.dtype == jnp.float64 else (jnp.uint32, 31)
   bits = jax.lax.bitcast_convert_type(keys, uint)  # monotone for keys >= 0, NaN on top
 
@@ -146,7 +150,7 @@ def random_indices(key: jax.Array, d: int, k: int) -> jax.Array:
   """``int32[k]``: a uniformly random ``k``-subset of ``range(d)``, the indices of the ``k``
   largest of ``d`` i.i.d. random keys (uniform up to ties between keys, probability ≈
   d/2²⁹)."""
-  return jax.lax.top_k(_random_keys(key, d), k)[1]
+  return jax.lax.top_k(random_keys(key, d), k)[1]
 
 
 def _resolve(tree: Any, k: int | None, sparsity: float | None, scope: str) -> int | None:
@@ -222,7 +226,7 @@ def random_mask(key: jax.Array, tree: Any, k: int | None = None, *,
   every leaf (keys from ``fold_in(key, leaf number)``).
   """
   k = _resolve(tree, k, sparsity, scope)
-  return _masks(lambda i, leaf: _random_keys(jax.random.fold_in(key, i), leaf.size), tree, k,
+  return _masks(lambda i, leaf: random_keys(jax.random.fold_in(key, i), leaf.size), tree, k,
                 sparsity)
 
 
@@ -259,7 +263,7 @@ def magnitude_prune(tree: Any, sparsity: Any) -> Any:
   d = num_params(tree)
   k = jnp.maximum(1, jnp.round((1.0 - jnp.asarray(sparsity, jnp.float32)) * d)).astype(
       jnp.int32)
-  flat = _largest_bisection(jnp.concatenate([_magnitude_keys(a).ravel() for a in leaves]), k)
+  flat = largest_mask(jnp.concatenate([_magnitude_keys(a).ravel() for a in leaves]), k)
   ends = list(itertools.accumulate(a.size for a in leaves))
   return jax.tree.unflatten(treedef, [
       jnp.where(flat[e - a.size:e].reshape(a.shape), a, jnp.zeros_like(a))
