@@ -497,6 +497,26 @@ def save_results(cfg: Config, experiment: str, results: dict) -> str:
     raise TypeError(f"not JSON-serialisable: {type(o)}")
 
   if jax.process_index() == 0:  # several processes: the first writes
-    with open(path, "w") as f:
-      json.dump(clean, f, separators=(",", ":"), default=default)  # compact: long histories
+    with open(path, "w") as f:   # compact: long histories
+      json.dump(_shortest_floats(json.loads(json.dumps(clean, default=default))), f,
+                separators=(",", ":"))
   return path
+
+
+def _shortest_floats(tree: Any) -> Any:
+  """``tree`` with every float that is exactly a float32 number written as the shortest
+  decimal that reads back as that float32 (``0.1`` rather than ``0.10000000149011612``):
+  float32 histories take half the space and read back bit for bit in float32; float64
+  values (not float32 numbers) are kept as they are."""
+  if isinstance(tree, dict):
+    return {k: _shortest_floats(v) for k, v in tree.items()}
+  if isinstance(tree, list):
+    return [_shortest_floats(v) for v in tree]
+  if isinstance(tree, float) and math.isfinite(tree):
+    single = np.float32(tree)
+    if float(single) == tree:
+      text = (np.format_float_positional(single, unique=True, trim="-")
+              if 1e-4 <= abs(tree) < 1e16 else
+              np.format_float_scientific(single, unique=True, trim="-"))
+      return float(text)
+  return tree
