@@ -16,6 +16,7 @@ from fedjaxsparse.algorithms.fml import fml
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import partition
 from fedjaxsparse.models import make_loss, mlp
+from fedjaxsparse.core import personal_params
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +125,8 @@ def test_fml_private_models_change_only_for_participants(setup):
   st = algo.init(jax.random.key(0), params, ds.train)
   new, info = jax.jit(algo.step)(jax.random.key(1), st, ds.train)
   changed = np.array([any(not np.array_equal(np.asarray(a[i]), np.asarray(b[i]))
-                          for a, b in zip(jax.tree_util.tree_leaves(st.private),
-                                          jax.tree_util.tree_leaves(new.private)))
+                          for a, b in zip(jax.tree_util.tree_leaves(personal_params(st)),
+                                          jax.tree_util.tree_leaves(personal_params(new))))
                       for i in range(ds.train.num_clients)])
   assert changed.sum() == 2 and float(info.num_clients) == 2
   # α = 1: the meme model ignores the private one and trains as FedAvg's model

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import fedjaxsparse as fjs
+
 from fedjaxsparse.algorithms import proxskip as ps
 from fedjaxsparse.algorithms.scafflix import (flix_sgd, i_scaffnew, local_optima, personalize,
                                               scafflix)
@@ -88,6 +90,8 @@ def test_scafflix_converges_to_the_flix_optimum(quad):
   tilde = personalize(state.server, x_star, jnp.asarray(ALPHA))
   np.testing.assert_allclose(tilde["w"], ALPHA[:, None] * quad["x_opt"]
                              + (1 - ALPHA[:, None]) * quad["c"], atol=2e-4)
+  # ... and are what the state reads out as its personal models (the uniform reader)
+  chex.assert_trees_all_equal(fjs.personal_params(state), tilde)
 
 
 def test_round_form_with_partial_participation_keeps_the_invariant(quad):
@@ -116,6 +120,10 @@ def test_p_one_is_gradient_descent_on_flix(quad):
   a, _ = _run(scafflix(loss, gammas, 1.0, ALPHA, x_star), quad, 50)
   b, _ = _run(flix_sgd(loss, lr, ALPHA, x_star), quad, 50)
   chex.assert_trees_all_close(a.server, b.params, rtol=1e-4, atol=1e-5)
+  # both read out the same personalised models x̃_i = α_i x + (1 − α_i) x_i*
+  chex.assert_trees_all_close(fjs.personal_params(a), fjs.personal_params(b), rtol=1e-4,
+                              atol=1e-5)
+  np.testing.assert_allclose(fjs.personal_params(b)["w"][3], b.params["w"])  # α = 1
 
 
 def test_bad_arguments(quad):

@@ -42,9 +42,15 @@ from fedjaxsparse.ops.local import minibatch
 
 
 class FMLState(NamedTuple):
+  """``params``: the meme (global) model; ``private``: ``[N, ...]`` the clients' private
+  models, also read as ``personal`` (:func:`fedjaxsparse.personal_params`); ``round``."""
   params: Any       # the meme (global) model
   private: Any      # [N, ...] the clients' private models
   round: jax.Array
+
+  @property
+  def personal(self):
+    return self.private
 
 
 def fml(model: Model, private_model: Model, client_optimizer: optax.GradientTransformation, *,

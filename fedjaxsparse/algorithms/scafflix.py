@@ -151,6 +151,10 @@ class ScafflixState(NamedTuple):
     server: the last broadcast model x̄ (``x⁰`` at the start): the global model.
     x_star: ``[N, ...]`` local optima (constant).
     t: ``int32[]`` local steps done; comms: ``int32[]`` communications done.
+    alpha: ``[N]`` personalization factors α_i (constant).
+
+  ``params`` is the global model x̄ and ``personal`` the clients' FLIX models
+  ``x̃_i = α_i x̄ + (1 − α_i) x_i*`` (``[N, ...]``, :func:`fedjaxsparse.personal_params`).
   """
   x: Any
   h: Any
@@ -158,10 +162,15 @@ class ScafflixState(NamedTuple):
   x_star: Any
   t: jax.Array
   comms: jax.Array
+  alpha: jax.Array
 
   @property
   def params(self):
     return self.server
+
+  @property
+  def personal(self):
+    return personalize(self.server, self.x_star, self.alpha)
 
 
 class ScafflixInfo(NamedTuple):
@@ -253,7 +262,7 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
       check_local_optima(x_star, params, n)
     xs = x if x_star is None else x_star
     return ScafflixState(x, jax.tree.map(jnp.zeros_like, x), params, xs,
-                         jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+                         jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), a)
 
   def client_step(key, x, h, xs, alpha, gamma, data):  # one client: x̂_i and f_i(x̃_i)
     xt = jax.tree.map(lambda a, s: alpha * a + (1 - alpha) * s, x, xs)
@@ -330,10 +339,16 @@ def i_scaffnew(loss_fn: LossFn, gammas: Any, p: float, **kw) -> Algorithm:
 
 
 class FlixState(NamedTuple):
-  """Attributes: ``params`` (the global x), ``x_star`` (``[N, ...]``), ``round``."""
+  """Attributes: ``params`` (the global x), ``x_star`` (``[N, ...]``), ``round``, ``alpha``
+  (``[N]``); ``personal``: the clients' models ``x̃_i = α_i x + (1 − α_i) x_i*``."""
   params: Any
   x_star: Any
   round: jax.Array
+  alpha: jax.Array
+
+  @property
+  def personal(self):
+    return personalize(self.params, self.x_star, self.alpha)
 
 
 def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
@@ -350,8 +365,8 @@ def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
     check_data(data)
     check_cohort_size(cohort_size, data.num_clients)
     check_local_optima(x_star, params, data.num_clients)
-    _per_client_values("alphas", alphas, data.num_clients, jnp.result_type(float))
-    return FlixState(params, x_star, jnp.zeros((), jnp.int32))
+    a = _per_client_values("alphas", alphas, data.num_clients, jnp.result_type(float))
+    return FlixState(params, x_star, jnp.zeros((), jnp.int32), a)
 
   def client(key, params, xs, alpha, data):
     xt = jax.tree.map(lambda a, s: alpha * a + (1 - alpha) * s, params, xs)
@@ -372,7 +387,7 @@ def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
     bits = as_float(c * accounting.dense_bits(accounting.num_params(params)))
     info = ScafflixInfo(jnp.mean(losses), bits, bits, as_float(1), jnp.int32(1),
                         as_float(0))
-    return FlixState(params, state.x_star, state.round + 1), info
+    return state._replace(params=params, round=state.round + 1), info
 
   return Algorithm(init, step)
 
