@@ -188,6 +188,25 @@ def test_missing_data_is_one_line_naming_where_to_put_it(capsys, tmp_path):
   assert "Fashion-MNIST" in err
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_full_disk_is_one_line_saying_what_to_do(capsys, tmp_path, monkeypatch, wrapped):
+  """A full disk while writing (the OS error itself, or wrapped by the checkpoint library)
+  ends in one line that names the cause and the way out."""
+  import errno
+  from fedjaxsparse.experiments import fedavg_digits
+
+  def full(*args, **kwargs):
+    e = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "results.json"))
+    if not wrapped:
+      raise e
+    raise RuntimeError("orbax: writing the checkpoint failed") from e
+
+  monkeypatch.setattr(fedavg_digits, "run", full)
+  err = _err(capsys, ["run", "fedavg_digits", "--out", str(tmp_path)], 1)
+  assert "No space left on device" in err or "no space left" in err
+  assert "--out" in err and "--resume" in err
+
+
 def test_debug_shows_the_traceback(tmp_path):
   with pytest.raises(ValueError, match="unknown option"):
     main(["run", "fedavg_digits", "--debug", "--set", "x=1", "--out", str(tmp_path)])

@@ -9,6 +9,7 @@ line and exits non-zero: 2 for bad options, 1 for the rest; --debug shows the tr
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import pkgutil
@@ -209,15 +210,33 @@ def main(argv: list[str] | None = None) -> int:
   except (UserError, ValueError, OSError) as e:
     if args.debug:
       raise
-    print(f"fedjaxsparse: error: {e}", file=sys.stderr)
+    hint = (" — free disk space or write elsewhere with --out (checkpoints written so far are "
+            "kept; rerun with --resume)" if _disk_full(e) else "")
+    print(f"fedjaxsparse: error: {e}{hint}", file=sys.stderr)
     return 2 if isinstance(e, ConfigError) else 1
   except Exception as e:  # noqa: BLE001  (device out of memory: a configuration too large)
+    if not args.debug and _disk_full(e):   # orbax / tensorstore wrap the OS error
+      print(f"fedjaxsparse: error: no space left on the disk while writing ("
+            f"{str(e).splitlines()[0][:160]}) — free disk space or write elsewhere with --out "
+            "(checkpoints written so far are kept; rerun with --resume)", file=sys.stderr)
+      return 1
     if args.debug or "RESOURCE_EXHAUSTED" not in str(e):
       raise
     print("fedjaxsparse: error: out of device memory (" + str(e).splitlines()[0][:160] +
           "); use fewer clients, smaller batches or model, or a larger device.",
           file=sys.stderr)
     return 1
+
+
+def _disk_full(e: BaseException) -> bool:
+  """Whether ``e`` (or an error it wraps) is a full disk or an exhausted quota."""
+  while e is not None:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+      return True
+    if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def _launch(argv: list[str], processes: int) -> int:
