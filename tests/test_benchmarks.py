@@ -116,3 +116,24 @@ def test_bench_fedmrn_tiny(tmp_path):
   for r in rows:
     assert r["seconds_per_round"] > 0 and r["examples_per_s"] > 0 and r["compile_s"] > 0
     assert r["max_abs_diff"] < 1e-3, r  # the loop's new params == the library's
+
+
+def test_gpu_suite_tiny(tmp_path):
+  """benchmarks/gpu_suite.py in its --tiny mode: every section runs and writes its rows (the
+  suite is ready the moment a GPU is at hand); a section past --budget-s is skipped, saying
+  so, and what finished is on disk."""
+  out = _run("gpu_suite.py", "--tiny", out=tmp_path)
+  res = json.load(open(tmp_path / "suite.json"))
+  assert res["tiny"] and res["device"] and res["jax"] and res["skipped"] == []
+  rows = res["rows"]
+  assert [r["row"] for r in rows[:3]] == ["fedavg_cnn"] * 3   # the most valuable first
+  assert [r["variant"] for r in rows[:3]] == ["library", "per-client jit loop",
+                                              "one model, same work"]
+  assert {r["row"] for r in rows} >= {"fedavg_cnn_scaling", "sparse_proxskip_blogfeedback",
+                                       "ef21_mushrooms", "scafflix_femnist", "fedspa_lenet5",
+                                       "fedmrn_cnn", "ditto_cnn", "fedpm_cnn"}
+  assert all(r["ms_per_round"] > 0 and r["compile_s"] >= 0 for r in rows)
+  assert rows[0]["vs_library"] == 1.0 and "wrote" in out
+  _run("gpu_suite.py", "--tiny", "--budget-s", "0", out=tmp_path / "late")
+  late = json.load(open(tmp_path / "late" / "suite.json"))
+  assert late["rows"] == [] and len(late["skipped"]) == 3
