@@ -91,3 +91,23 @@ def test_docstring_examples_run(module):
   result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
   assert result.failed == 0
   assert result.attempted >= 2, f"{module} has no docstring example"
+
+
+def test_committed_results_name_a_real_configuration_and_the_papers_own_numbers():
+  """A measured result shown on a family page (``docs/results/<experiment>__<paper>.json``)
+  belongs to an existing paper configuration, says how it was run, and its "paper" columns
+  are that configuration's numbers (nothing typed by hand)."""
+  folder = os.path.join(DOCS, "results")
+  configs = fjsdocs.paper_configurations()
+  files = [f for f in os.listdir(folder) if f.endswith(".json")]
+  assert files
+  for name in files:
+    experiment, paper = name[:-5].split("__")
+    pc = configs[(experiment, paper)]
+    res = fjsdocs._committed_result(experiment, paper)
+    assert res["command"].startswith(f"fedjaxsparse run {experiment} --paper {paper}")
+    assert res["config"]["paper"] == paper and "standin" in res
+    for row in res["paper_comparison"]:
+      for column, by_method in pc.paper.items():
+        if row["method"] in by_method:
+          assert row[f"paper {column}"] == by_method[row["method"]], (name, column)

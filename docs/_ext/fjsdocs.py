@@ -10,7 +10,8 @@
 * ``papers/<family>.md``: a page per paper family (:data:`FAMILIES`): the algorithm modules'
   docstrings (citation, mathematics, the library's choices), the constructors, the
   experiments with their commands, and each paper configuration's printed numbers beside ours
-  where a measured paper-scale result is committed under ``docs/results/`` (never typed).
+  where a measured result is committed under ``docs/results/<experiment>__<paper>.json``
+  (never typed; the file says the command and the data it ran on).
 * ``notebooks/``: copies of ``notebooks/*.ipynb`` (rendered, not executed, unless
   ``FEDJAXSPARSE_DOCS_EXECUTE=1``).
 """
@@ -278,8 +279,11 @@ def reproduction_page() -> str:
     for it in (i for i in items if i["seed"] == seed):
       fam = _family_of(it.get("experiment", ""))
       where = ", ".join(x for x in (it.get("data", ""), it.get("scale", "")) if x)
-      measured = any(_committed_result(it["experiment"], p) for p in it.get("papers", []))
-      status = STATUS_TEXT[it["status"]] + ("; measured at paper scale" if measured else "")
+      results = [r for r in (_committed_result(it["experiment"], p)
+                             for p in it.get("papers", [])) if r]
+      status = STATUS_TEXT[it["status"]] + "".join(
+          f"; measured ({'on a stand-in' if r.get('standin') else 'real data'})"
+          for r in results[:1])
       text += (f"- **{it['label']}** — {it['caption']}. *{status}*"
                + (f" · {where}" if where else "")
                + (f" · [family page](papers/{fam}.md)" if fam else ""))
@@ -319,6 +323,10 @@ def _paper_numbers(experiment: str, paper: str, pc) -> str:
   text = f"Paper's numbers ({_cell(pc.unit)})"
   text += (":" if measured is None else " beside ours (committed result "
            f"`docs/results/{experiment}__{paper}.json`):") + "\n\n"
+  if measured is not None:
+    data = measured.get("standin") or "the real data"
+    text += (f"Measured with `{measured['command']}` on {data} ({measured.get('jax_backend')})."
+             f" {measured.get('note', '')}\n\n")
   head = ["method"] + [f"{c} (paper)" for c in columns]
   if measured is not None:
     head = ["method"] + [h for c in columns for h in (f"{c} (paper)", f"{c} (ours)")]
