@@ -94,10 +94,10 @@ def test_docstring_examples_run(module):
 
 
 def test_committed_results_name_a_real_configuration_and_the_papers_own_numbers():
-  """A measured result shown on a family page (``docs/results/<experiment>__<paper>.json``)
+  """A measured result shown on a family page (``docs/measured/<experiment>__<paper>.json``)
   belongs to an existing paper configuration, says how it was run, and its "paper" columns
   are that configuration's numbers (nothing typed by hand)."""
-  folder = os.path.join(DOCS, "results")
+  folder = os.path.join(DOCS, "measured")
   configs = fjsdocs.paper_configurations()
   files = [f for f in os.listdir(folder) if f.endswith(".json")]
   assert files

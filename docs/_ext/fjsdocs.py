@@ -10,7 +10,7 @@
 * ``papers/<family>.md``: a page per paper family (:data:`FAMILIES`): the algorithm modules'
   docstrings (citation, mathematics, the library's choices), the constructors, the
   experiments with their commands, and each paper configuration's printed numbers beside ours
-  where a measured result is committed under ``docs/results/<experiment>__<paper>.json``
+  where a measured result is committed under ``docs/measured/<experiment>__<paper>.json``
   (never typed; the file says the command and the data it ran on).
 * ``notebooks/``: copies of ``notebooks/*.ipynb`` (rendered, not executed, unless
   ``FEDJAXSPARSE_DOCS_EXECUTE=1``).
@@ -297,7 +297,7 @@ def reproduction_page() -> str:
 
 # ------------------------------------------------------------------------- family pages
 def _committed_result(experiment: str, paper: str) -> dict | None:
-  path = os.path.join(DOCS, "results", f"{experiment}__{paper}.json")
+  path = os.path.join(DOCS, "measured", f"{experiment}__{paper}.json")
   if not os.path.exists(path):
     return None
   with open(path) as f:
@@ -322,7 +322,7 @@ def _paper_numbers(experiment: str, paper: str, pc) -> str:
         methods.append(m)
   text = f"Paper's numbers ({_cell(pc.unit)})"
   text += (":" if measured is None else " beside ours (committed result "
-           f"`docs/results/{experiment}__{paper}.json`):") + "\n\n"
+           f"`docs/measured/{experiment}__{paper}.json`):") + "\n\n"
   if measured is not None:
     data = measured.get("standin") or "the real data"
     text += (f"Measured with `{measured['command']}` on {data} ({measured.get('jax_backend')})."
