@@ -107,7 +107,7 @@ def round_row(name: str, algo, params, data, repeats: int) -> dict:
   holder = {"state": state}
 
   def one():
-    holder["state"], info = step(jax.random.key(1), holder["state"], data)
+    holder["state"], _ = step(jax.random.key(1), holder["state"], data)
     return holder["state"]
 
   _, steady = timed(one, repeats)

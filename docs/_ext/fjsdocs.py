@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import json
@@ -103,19 +104,19 @@ def public_modules() -> list[str]:
   return out
 
 
-def _entry(module: types.ModuleType, name: str, qualified: str) -> str:
-  """The autodoc directive documenting ``module.name`` under ``qualified``."""
+def _entry(module: types.ModuleType, name: str, qualified: str, index: bool = True) -> str:
+  """The autodoc directive documenting ``module.name`` under ``qualified`` (``index=False``:
+  a second rendering, e.g. on a family page, that is not a cross-reference target)."""
   value = getattr(module, name)
   if isinstance(value, types.ModuleType):
     return ""
   if inspect.isclass(value):
-    import dataclasses
     record = dataclasses.is_dataclass(value) or (issubclass(value, tuple)
                                                 and hasattr(value, "_fields"))
     # a record's fields are its docstring's Attributes; other classes list their methods
     return f".. autoclass:: {qualified}\n" + ("" if record else "   :members:\n") + "\n"
   if callable(value):
-    return f".. autofunction:: {qualified}\n\n"
+    return f".. autofunction:: {qualified}\n" + ("" if index else "   :no-index:\n") + "\n"
   doc = _attribute_doc(module, name)
   owner, short = qualified.rsplit(".", 1)
   return (f".. py:data:: {short}\n   :module: {owner}\n   :type: {type(value).__name__}\n\n"
@@ -357,9 +358,8 @@ def family_page(slug, title, seed, modules, exps, notebooks) -> str:
     module = importlib.import_module(name)
     text += f"## `{name.replace('fedjaxsparse', 'fjs', 1)}`\n\n"
     text += f"```{{eval-rst}}\n.. automodule:: {name}\n   :no-members:\n   :no-index:\n```\n\n"
-    entries = "".join(_entry(module, n, f"{name}.{n}").replace(
-        "\n\n", "\n   :no-index:\n\n", 1) for n in public_names(module)
-        if inspect.isfunction(getattr(module, n)))
+    entries = "".join(_entry(module, n, f"{name}.{n}", index=False)
+                      for n in public_names(module) if inspect.isfunction(getattr(module, n)))
     if entries:
       text += "### Constructors\n\n```{eval-rst}\n" + entries + "```\n\n"
   text += "## Experiments\n\n"

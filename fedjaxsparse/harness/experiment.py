@@ -515,8 +515,5 @@ def _shortest_floats(tree: Any) -> Any:
   if isinstance(tree, float) and math.isfinite(tree):
     single = np.float32(tree)
     if float(single) == tree:
-      text = (np.format_float_positional(single, unique=True, trim="-")
-              if 1e-4 <= abs(tree) < 1e16 else
-              np.format_float_scientific(single, unique=True, trim="-"))
-      return float(text)
+      return float(str(single))   # numpy prints a float32 as its shortest round-trip decimal
   return tree
