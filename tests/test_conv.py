@@ -49,10 +49,10 @@ def test_conv_module_is_a_drop_in_for_flax_conv():
 def test_models_compute_the_same_with_either_convolution(name):
   shape = (8, 8, 3)
   build = (lambda conv: cnn(shape, 4, channels=(3, 5), dense=8, conv=conv)) if name == "cnn" \
-      else (lambda conv: resnet18(shape, 4, num_groups=2, conv=conv))
+      else (lambda conv: resnet18(shape, 4, num_groups=2, conv=conv, width=8))
   a, b = build("patches"), build("xla")
-  params = a.init(jax.random.key(0))
-  chex.assert_trees_all_equal(params, b.init(jax.random.key(0)))
+  params = jax.jit(a.init)(jax.random.key(0))
+  chex.assert_trees_all_equal(params, jax.jit(b.init)(jax.random.key(0)))
   x = jax.random.normal(jax.random.key(1), (3,) + shape)
   y, m = jnp.array([0, 1, 3]), jnp.ones(3)
   # jitted: one program each (op-by-op dispatch of ResNet-18's backward pass takes minutes)

@@ -121,18 +121,18 @@ def test_vmap_over_client_params_equals_a_loop():
     np.testing.assert_allclose(batched, looped, rtol=1e-6)
 
 
-def _resnet18_count(num_classes):
+def _resnet18_count(num_classes, width=64):
   """Weights of the CIFAR ResNet-18, layer by layer (3×3 convs without bias; every norm layer
   has a scale and a bias per channel)."""
-  total = 3 * 3 * 3 * 64 + 2 * 64  # stem
-  c_in = 64
-  for c in (64, 128, 256, 512):
+  total = 3 * 3 * 3 * width + 2 * width  # stem
+  c_in = width
+  for c in (width, 2 * width, 4 * width, 8 * width):
     for _ in range(2):
       total += 9 * c_in * c + 2 * c + 9 * c * c + 2 * c
       if c_in != c:
         total += c_in * c + 2 * c  # 1×1 projection shortcut
       c_in = c
-  return total + 512 * num_classes + num_classes
+  return total + 8 * width * num_classes + num_classes
 
 
 def test_reference_parameter_counts():
@@ -148,11 +148,13 @@ def test_reference_parameter_counts():
   for norm in ("group", "batch"):
     assert count(resnet18((32, 32, 3), 10, norm=norm)) == 11_173_962
   assert count(resnet18((32, 32, 3), 100)) == _resnet18_count(100)
+  assert count(resnet18((32, 32, 3), 10, num_groups=4, width=8)) == _resnet18_count(10, 8)
 
 
 def test_resnet18_group_and_batch_norm_under_jit():
   """Same params for both norms; GroupNorm is per example, batch statistics are not."""
-  group, batch = resnet18((8, 8, 3), 10), resnet18((8, 8, 3), 10, norm="batch")
+  group, batch = (resnet18((8, 8, 3), 10, num_groups=4, width=8),   # narrowed: the same graph
+                  resnet18((8, 8, 3), 10, norm="batch", width=8))
   p = jax.jit(group.init)(jax.random.key(0))
   assert jax.tree.structure(jax.eval_shape(batch.init, jax.random.key(0))) == \
       jax.tree.structure(p)

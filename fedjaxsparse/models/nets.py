@@ -203,12 +203,13 @@ class _ResNet18(nn.Module):
   norm: str
   num_groups: int
   conv: str
+  width: int = 64
 
   @nn.compact
   def __call__(self, x):
-    x = Conv(64, (3, 3), use_bias=False, impl=self.conv, name="stem_conv")(x)
+    x = Conv(self.width, (3, 3), use_bias=False, impl=self.conv, name="stem_conv")(x)
     x = nn.relu(_norm(self.norm, self.num_groups, "stem_norm")(x))
-    for i, channels in enumerate((64, 128, 256, 512)):
+    for i, channels in enumerate(self.width * m for m in (1, 2, 4, 8)):
       for j in range(2):
         stride = 2 if i > 0 and j == 0 else 1
         x = _BasicBlock(channels, stride, self.norm, self.num_groups, self.conv,
@@ -218,7 +219,7 @@ class _ResNet18(nn.Module):
 
 
 def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
-             num_groups: int = 32, conv: str = "auto") -> Model:
+             num_groups: int = 32, conv: str = "auto", width: int = 64) -> Model:
   """CIFAR-style ResNet-18 (He et al. 2016): a 3×3 stem convolution (no max-pool), four
   stages of two BasicBlocks with 64/128/256/512 channels (stride 2 at the start of stages
   2-4, 1×1 projection shortcuts), global average pooling and a linear head.
@@ -227,19 +228,24 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
     input_shape: ``(H, W, C)``, ``(H, W)`` or a flat square; CIFAR-10 is ``(32, 32, 3)``.
     num_classes: output classes.
     norm: ``"group"`` or ``"batch"`` (current-batch statistics; see the module docstring).
-    num_groups: GroupNorm groups (Wu & He 2018's default 32); must divide 64.
+    num_groups: GroupNorm groups (Wu & He 2018's default 32); must divide ``width``.
     conv: how convolutions compute (as in :func:`cnn`; the patches of a 3×3 convolution hold
       9 copies of its input, kept for the backward pass).
+    width: channels of the stem and the first stage (the stages have ``width·(1, 2, 4, 8)``);
+      64 is ResNet-18, a smaller width the same network narrowed (quick CPU runs).
 
   Params are named by layer (``stem_conv``, ``stage2_block1/norm1/scale``, ``head``, ...)
   and have the same tree under both norms (``scale, bias [C]`` for each norm layer).
   """
   if norm not in NORMS:
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}.")
-  if num_groups < 1 or 64 % num_groups:
-    raise ValueError(f"num_groups must divide 64 (the narrowest layer), got {num_groups}.")
+  if not isinstance(width, int) or width < 1:
+    raise ValueError(f"width must be an int >= 1, got {width!r}.")
+  if norm == "group" and (num_groups < 1 or width % num_groups):
+    raise ValueError(f"num_groups must divide width={width} (the narrowest layer), got "
+                     f"{num_groups}.")
   resolve_impl(conv)
-  return from_flax(_ResNet18(num_classes, norm, num_groups, conv), input_shape,
+  return from_flax(_ResNet18(num_classes, norm, num_groups, conv, width), input_shape,
                    _image_shape(input_shape))
 
 
