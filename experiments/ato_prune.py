@@ -68,10 +68,8 @@ only, ``checkpoint_every``): ``--resume`` continues every run from its newest ch
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -81,7 +79,7 @@ import optax
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.algorithms import ato as A
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
-from fedjaxsparse.errors import CheckpointExistsError, ConfigError, RunMismatchError
+from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
                                              save_results)
 from fedjaxsparse.harness.report import print_table
@@ -288,32 +286,6 @@ def _epoch(fraction: float, epochs: int) -> int:
 # ------------------------------------------------------------------------------ training
 
 
-def _checkpoints(cfg: Config, run: str, identity: dict) -> str:
-  """The run's checkpoint folder, after the ``--resume`` / ``--overwrite`` rules: a fresh run
-  refuses a folder holding checkpoints, a resumed one refuses another run's."""
-  path = os.path.join(output_dir(cfg, NAME), "checkpoints", run)
-  stamp = os.path.join(path, "fingerprint.json")
-  identity = json.loads(json.dumps(identity))
-  if os.path.isdir(path) and os.listdir(path):
-    if cfg.overwrite:
-      shutil.rmtree(path)
-    elif not cfg.resume:
-      raise CheckpointExistsError(
-          f"{path} holds checkpoints of an earlier run: continue it with --resume or delete "
-          "it with --overwrite.")
-    elif os.path.exists(stamp):
-      with open(stamp) as f:
-        old = json.load(f)
-      diff = [f"{k}: checkpoint has {old.get(k)!r}, this run has {identity.get(k)!r}"
-              for k in sorted(set(old) | set(identity)) if old.get(k) != identity.get(k)]
-      if diff:
-        raise RunMismatchError(f"{path} was written by a different run: " + "; ".join(diff))
-  os.makedirs(path, exist_ok=True)
-  with open(stamp, "w") as f:
-    json.dump(identity, f, indent=1)
-  return path
-
-
 class _Evaluator:
   """Jitted logits of one network, plain or under a group mask (the virtual gate)."""
 
@@ -428,11 +400,13 @@ def _run(cfg: Config, opts: dict) -> dict:
     if zero_mask:   # OTO: every group penalised from the start, w never regenerated
       init = algo.init
       algo = algo._replace(init=lambda k, p: init(k, p)._replace(w=jnp.zeros(zg.num_groups)))
-    ckpt = _checkpoints(cfg, run, {**identity, "run": run, **(extra or {})})
     state, hist = A.train(algo, acfg, key, params, x, y, epochs=E, batch_size=s["batch"],
                           ctrl_index=A.controller_subset(len(x), s["ctrl_fraction"], cfg.seed),
                           ctrl_batch=s["ctrl_batch"], evaluate=evaluate, augment=augment,
-                          checkpoint_dir=ckpt, checkpoint_every=s["checkpoint_every"],
+                          checkpoint_dir=os.path.join(output_dir(cfg, NAME), "checkpoints", run),
+                          checkpoint_every=s["checkpoint_every"], resume=cfg.resume,
+                          overwrite=cfg.overwrite,
+                          fingerprint={**identity, "run": run, **(extra or {})},
                           loop=loop, progress=cfg.progress, desc=run)
     # resumed epochs included; NaN for epochs checkpointed before times were recorded
     return state, hist, sum(h.get("seconds", math.nan) for h in hist)

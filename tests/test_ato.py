@@ -14,6 +14,7 @@ import pytest
 
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.algorithms import ato as A
+from fedjaxsparse.errors import CheckpointExistsError, RunMismatchError
 from fedjaxsparse.models import prunable as P
 
 
@@ -157,10 +158,18 @@ def test_train_resumes_from_a_checkpoint(digits, tmp_path):
   kw = dict(epochs=3, batch_size=64, ctrl_index=A.controller_subset(len(x), 0.1),
             progress=False)
   full, hist = A.train(algo, cfg, jax.random.key(5), params, x, y, **kw)
-  _, hist_first = A.train(algo, cfg, jax.random.key(5), params, x, y,
-                          checkpoint_dir=str(tmp_path), **{**kw, "epochs": 2})
-  resumed, hist2 = A.train(algo, cfg, jax.random.key(5), params, x, y,
-                           checkpoint_dir=str(tmp_path), **kw)
+  ck = dict(checkpoint_dir=str(tmp_path), fingerprint={"lr": 0.05})
+  _, hist_first = A.train(algo, cfg, jax.random.key(5), params, x, y, **ck,
+                          **{**kw, "epochs": 2})
+  with pytest.raises(CheckpointExistsError, match="resume=True"):   # the runner's rules
+    A.train(algo, cfg, jax.random.key(5), params, x, y, **ck, **kw)
+  with pytest.raises(RunMismatchError, match="config: lr: checkpoint has 0.05, this run has 0.1"):
+    A.train(algo, cfg, jax.random.key(5), params, x, y, resume=True,
+            **{**ck, "fingerprint": {"lr": 0.1}}, **kw)
+  resumed, hist2 = A.train(algo, cfg, jax.random.key(5), params, x, y, resume=True, **ck, **kw)
+  with pytest.raises(RunMismatchError, match="already holds 3 epochs but epochs=2"):
+    A.train(algo, cfg, jax.random.key(5), params, x, y, resume=True, **ck,
+            **{**kw, "epochs": 2})
   def untimed(hs):
     return [{k: v for k, v in h.items() if k != "seconds"} for h in hs]
 
@@ -224,7 +233,7 @@ def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, fashion_mnist_
   want, hist = A.train(algo, cfg, jax.random.key(3), params, x, y, **kw)
   shutil.rmtree(tmp_path / "3")                                # as if stopped after epoch 2
   got, hist2 = A.train(algo, cfg, jax.random.key(3), params, x, y, loop="host",
-                       checkpoint_every=0, **kw)
+                       checkpoint_every=0, resume=True, **kw)
   assert 0 < float(jnp.mean(got.w)) < 1                         # the controller pruned
   np.testing.assert_array_equal(np.asarray(got.w), np.asarray(want.w))
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):

@@ -46,6 +46,7 @@ Source for the team: seed 004 Task 2, Algorithms 7-8, l. 900-968; spec ``seed004
 from __future__ import annotations
 
 import functools
+import json
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -58,7 +59,7 @@ from tqdm.auto import tqdm
 
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.core import Model, float_dtype
-from fedjaxsparse.runtime.checkpoint import Checkpointer
+from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
 
 PROJECTORS = ("prox", "hsp")
 NOISES = ("gumbel", "logistic")
@@ -273,7 +274,8 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
           y: np.ndarray, *, epochs: int, batch_size: int, ctrl_index: np.ndarray,
           ctrl_batch: int | None = None,
           evaluate: Callable[[Any, jax.Array], float] | None = None, augment=None,
-          checkpoint_dir: str | None = None, checkpoint_every: int = 1, loop: str = "scan",
+          checkpoint_dir: str | None = None, checkpoint_every: int = 1, resume: bool = False,
+          overwrite: bool = False, fingerprint: dict | None = None, loop: str = "scan",
           progress: bool = True, desc: str = "ATO") -> tuple[ATOState, list[dict]]:
   """Algorithm 7 for ``epochs`` epochs over ``x [N, ...]``, ``y [N]``: each epoch
   ``N // batch_size`` target steps over a fresh permutation (``augment(key, x)`` per batch),
@@ -285,8 +287,12 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   ``"host"``: every step is its own jitted call driven from Python — on XLA:CPU a convolution
   inside a loop body runs 10-40× slower (jax-ml/jax#12868). Both draw the same batches and
   keys and give the same result up to float reassociation. With ``checkpoint_dir`` the state
-  is saved every ``checkpoint_every`` epochs (0: after the last only) and a run resumes from
-  the newest checkpoint. Returns the final state and one record per epoch (``loss``,
+  is saved every ``checkpoint_every`` epochs (0: after the last only), under the runner's
+  rules (:func:`fedjaxsparse.runtime.checkpoint.open_checkpoint`): ``resume=True`` continues
+  from the newest intact checkpoint if it was written with the same ``fingerprint`` (a dict of
+  the caller's settings, stored with every checkpoint: a refused resume names what changed)
+  and holds at most ``epochs``; a fresh run refuses a folder holding checkpoints unless
+  ``overwrite``. Returns the final state and one record per epoch (``loss``,
   ``flops`` = P(w)/P_total, ``kept``, ``zero_groups``, ``seconds`` of training, ``metric``;
   kept in the checkpoints, so a resumed run's history covers every epoch)."""
   if epochs < 1 or batch_size < 1 or batch_size > len(x):
@@ -337,31 +343,39 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   end_epoch = jax.jit(algo.end_epoch)
   state = algo.init(key, params)
   history, start, ckpt = [], 0, None
+  fingerprint = {f"config: {k}": json.loads(json.dumps(v, sort_keys=True, default=repr))
+                 for k, v in sorted((fingerprint or {}).items())}   # named in a refused resume
   if checkpoint_dir:
-    ckpt = Checkpointer(checkpoint_dir)
-    if ckpt.latest_round() is not None:
-      state, meta = ckpt.restore_latest(jax.eval_shape(lambda: state))
+    ckpt = open_checkpoint(checkpoint_dir, resume=resume, overwrite=overwrite)
+  try:
+    if ckpt is not None and ckpt.latest_round() is not None:
+      check = functools.partial(check_resumable, ckpt, fingerprint=fingerprint, total=epochs,
+                                option="epochs", unit="epochs", cli=None)
+      state, meta = ckpt.restore_latest(jax.eval_shape(lambda: state),
+                                        lambda m: check(meta=m, done=0))
       history, start = meta["history"], int(meta["epoch"])
-  bar = tqdm(range(start, epochs), initial=start, total=epochs, desc=desc, unit="epoch",
-             disable=not progress)
-  for t in bar:
-    t0 = time.perf_counter()
-    k = jax.random.fold_in(jax.random.fold_in(key, 7), t)
-    order, corder = epoch_orders(k, len(x), steps, batch_size, len(ctrl_index), cb)
-    state, info = target_epoch(state, xd, yd, order, k)
-    if config.T_start <= t <= config.T_end:
-      state = ctrl_epoch(state, xc, yc, corder)
-    state = end_epoch(state)
-    rec = {"epoch": t + 1, **{f: float(v) for f, v in info._asdict().items()}}
-    rec["seconds"] = time.perf_counter() - t0   # training only (before evaluate)
-    if evaluate is not None:
-      rec["metric"] = float(evaluate(state.params, state.w))
-    history.append(rec)
-    bar.set_postfix(loss=f"{rec['loss']:.3f}", flops=f"{rec['flops']:.2f}",
-                    **({"acc": f"{rec['metric']:.3f}"} if "metric" in rec else {}))
-    if ckpt is not None and (t + 1 == epochs or (checkpoint_every and
-                                                 (t + 1) % checkpoint_every == 0)):
-      ckpt.save(t + 1, state, {"epoch": t + 1, "history": history})
-  if ckpt is not None:
-    ckpt.close()
+      check(meta=meta, done=start)
+    bar = tqdm(range(start, epochs), initial=start, total=epochs, desc=desc, unit="epoch",
+               disable=not progress)
+    for t in bar:
+      t0 = time.perf_counter()
+      k = jax.random.fold_in(jax.random.fold_in(key, 7), t)
+      order, corder = epoch_orders(k, len(x), steps, batch_size, len(ctrl_index), cb)
+      state, info = target_epoch(state, xd, yd, order, k)
+      if config.T_start <= t <= config.T_end:
+        state = ctrl_epoch(state, xc, yc, corder)
+      state = end_epoch(state)
+      rec = {"epoch": t + 1, **{f: float(v) for f, v in info._asdict().items()}}
+      rec["seconds"] = time.perf_counter() - t0   # training only (before evaluate)
+      if evaluate is not None:
+        rec["metric"] = float(evaluate(state.params, state.w))
+      history.append(rec)
+      bar.set_postfix(loss=f"{rec['loss']:.3f}", flops=f"{rec['flops']:.2f}",
+                      **({"acc": f"{rec['metric']:.3f}"} if "metric" in rec else {}))
+      if ckpt is not None and (t + 1 == epochs or (checkpoint_every and
+                                                   (t + 1) % checkpoint_every == 0)):
+        ckpt.save(t + 1, state, {"epoch": t + 1, "history": history, "fingerprint": fingerprint})
+  finally:
+    if ckpt is not None:
+      ckpt.close()
   return state, history

@@ -20,7 +20,10 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from fedjaxsparse.errors import CheckpointCorruptError
+from jax.experimental import multihost_utils
+
+from fedjaxsparse.errors import CheckpointCorruptError, CheckpointExistsError, RunMismatchError
+from fedjaxsparse.runtime.fingerprint import diff as fingerprint_diff
 from fedjaxsparse.runtime.fingerprint import tree_digest
 
 
@@ -121,3 +124,44 @@ class Checkpointer:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def open_checkpoint(directory: str, *, resume: bool, overwrite: bool) -> Checkpointer:
+  """A run's checkpointer under the rules every trainer follows (the runner, ATO's epoch
+  loop): a fresh run (``resume=False``) refuses a folder that holds another run's checkpoints
+  (:class:`~fedjaxsparse.errors.CheckpointExistsError`, naming ``resume`` and ``overwrite``)
+  unless ``overwrite``, which empties it; ``resume=True`` keeps them for
+  :func:`check_resumable`. With several processes, process 0 deletes and all wait for it."""
+  ckpt = Checkpointer(directory)
+  if ckpt.latest_round() is not None and not resume:
+    if not overwrite:
+      ckpt.close()
+      raise CheckpointExistsError(
+          f"{ckpt.directory} holds checkpoints of an earlier run (up to round "
+          f"{ckpt.latest_round()}); pass resume=True to continue it (CLI: --resume) or "
+          "overwrite=True to delete it and start afresh (CLI: --overwrite).")
+    if jax.process_index() == 0:
+      ckpt.clear()
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("fedjaxsparse checkpoint folder ready")
+  return ckpt
+
+
+def check_resumable(ckpt: Checkpointer, meta: dict, fingerprint: dict | None, done: int,
+                    total: int, option: str = "num_rounds", unit: str = "rounds",
+                    cli: str | None = "--rounds") -> None:
+  """Raises :class:`~fedjaxsparse.errors.RunMismatchError` unless the checkpoint whose
+  metadata is ``meta`` was written by the run ``fingerprint`` describes (its ``"fingerprint"``
+  entry; the differences are named) and its ``done`` units (rounds, epochs) are at most the
+  ``total`` the run asks for (``option``, CLI flag ``cli``)."""
+  differences = fingerprint_diff(meta.get("fingerprint") or {}, fingerprint or {})
+  if differences:
+    raise RunMismatchError(
+        f"cannot resume from {ckpt.directory}: its checkpoint was written by a different "
+        "run — " + "; ".join(differences) + ". Use another checkpoint folder, restore the "
+        "settings, or start afresh with overwrite=True (CLI: --overwrite).")
+  if done > total:
+    raise RunMismatchError(
+        f"cannot resume from {ckpt.directory}: it already holds {done} {unit} but "
+        f"{option}={total}; ask for at least {done} {unit}" + (f" (CLI: {cli})" if cli else "")
+        + " or start afresh with overwrite=True (CLI: --overwrite).")

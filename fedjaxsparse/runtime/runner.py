@@ -37,12 +37,11 @@ from tqdm.auto import tqdm
 from jax.experimental import multihost_utils
 from flax import errors as flax_errors
 
-from fedjaxsparse.runtime.checkpoint import Checkpointer
+from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
 from fedjaxsparse.runtime.clients import Executed, auto_layout, choose_strategy, with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
-from fedjaxsparse.errors import CheckpointExistsError, NonFiniteError, RunMismatchError, UserError
-from fedjaxsparse.runtime.fingerprint import diff as fingerprint_diff
+from fedjaxsparse.errors import NonFiniteError, UserError
 from fedjaxsparse.runtime.fingerprint import run_fingerprint
 from fedjaxsparse.runtime.locking import FolderLock
 from fedjaxsparse.runtime.sharding import shard_clients
@@ -279,23 +278,6 @@ def _nonfinite_error(desc: str, round_: int, quantity: str,
       round_, quantity, desc)
 
 
-def _open_checkpoint(directory: str, resume: bool, overwrite: bool) -> Checkpointer:
-  """The run's checkpointer; refuses to mix a fresh run into an earlier run's checkpoints."""
-  ckpt = Checkpointer(directory)
-  if ckpt.latest_round() is not None and not resume:
-    if not overwrite:
-      ckpt.close()
-      raise CheckpointExistsError(
-          f"{ckpt.directory} holds checkpoints of an earlier run (up to round "
-          f"{ckpt.latest_round()}); pass resume=True to continue it (CLI: --resume) or "
-          "overwrite=True to delete it and start afresh (CLI: --overwrite).")
-    if jax.process_index() == 0:
-      ckpt.clear()
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("fedjaxsparse checkpoint folder ready")
-  return ckpt
-
-
 def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = None, *,
         num_rounds: int, eval_fn: EvalFn | None = None, eval_every: int = 10,
         chunk_size: int | None = None, params_fn: ParamsFn = global_params,
@@ -386,7 +368,7 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     lock = (FolderLock(checkpoint_dir, purpose=f"checkpoints of {desc or 'a run'}")
             if jax.process_index() == 0 else contextlib.nullcontext())  # one lock per run
     with lock:
-      ckpt = _open_checkpoint(checkpoint_dir, resume, overwrite)
+      ckpt = open_checkpoint(checkpoint_dir, resume=resume, overwrite=overwrite)
       try:
         return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every,
                     chunk_size, params_fn, ckpt, checkpoint_every, checkpoint_interval_s,
@@ -474,22 +456,11 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
 
   start, history, prior_time = 0, History(), 0.0
   if ckpt is not None and ckpt.latest_round() is not None:  # resume (run() checked the flag)
-    def check(meta):
-      differences = fingerprint_diff(meta.get("fingerprint") or {}, fp)
-      if differences:
-        raise RunMismatchError(
-            f"cannot resume from {ckpt.directory}: its checkpoint was written by a different "
-            "run — " + "; ".join(differences) + ". Use another checkpoint folder, restore the "
-            "settings, or start afresh with overwrite=True (CLI: --overwrite).")
-
     abstract = jax.eval_shape(algo.init, init_key, params, train)
-    state, meta = ckpt.restore_latest(abstract, check)
+    state, meta = ckpt.restore_latest(  # the fingerprint is checked before a state is read
+        abstract, lambda meta: check_resumable(ckpt, meta, fp, 0, num_rounds))
     start = int(meta["round"])
-    if start > num_rounds:
-      raise RunMismatchError(
-          f"cannot resume from {ckpt.directory}: it already holds {start} rounds but "
-          f"num_rounds={num_rounds}; ask for at least {start} rounds (CLI: --rounds) or start "
-          "afresh with overwrite=True (CLI: --overwrite).")
+    check_resumable(ckpt, meta, fp, start, num_rounds)
     history, prior_time = History.from_dict(meta["history"]), float(meta["train_time_s"])
     if start < num_rounds and start % eval_every and history.last("evals", "round", -1) == start:
       history.drop_last_eval()  # the shorter run's final-round evaluation: not on schedule
