@@ -80,6 +80,7 @@ from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.algorithms import ato as A
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.runtime.epochs import LOOPS
 from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
                                              save_results)
 from fedjaxsparse.harness.report import print_table
@@ -163,7 +164,7 @@ OPTIONS = (
     Option("check_size", 1000, "test images on which the compressed and the masked model's "
            "logits are compared", low=1, identity=False),
     Option("loop", "auto", "host: one jitted call per step (fast on CPU); scan: an epoch per "
-           "call; auto: host on CPU", choices=("auto", *A.LOOPS), identity=False),
+           "call; auto: host on CPU", choices=("auto", *LOOPS), identity=False),
 )
 
 # Table 4 (seed 004 l. 1032-1055) as printed: (method, base, pruned, Δ, pruned FLOPs %, note).

@@ -55,6 +55,7 @@ from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
                                              save_results, tune_then_run, tuning_config)
 from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.runtime.epochs import mean_loss_step, train_epochs
 from fedjaxsparse.models import cnn, make_loss, mlp
 from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import validation_split
@@ -137,28 +138,13 @@ def _student(opts: dict, shape, classes: int):
 
 
 def _train_central(model, x, y, epochs: int, seed: int, batch: int = 128, lr: float = 1e-3):
-  """Adam on all of ``(x, y)``: the library's own teacher."""
+  """Adam on all of ``(x, y)`` (the library's epoch loop): the library's own teacher."""
   params = model.init(jax.random.key(seed))
   opt = optax.adam(lr)
-  state = opt.init(params)
-  xd, yd = jnp.asarray(x), jnp.asarray(y)
-  steps = len(x) // batch
-
-  @jax.jit
-  def epoch(params, state, key):
-    order = jax.random.permutation(key, len(x))[:steps * batch].reshape(steps, batch)
-
-    def body(carry, idx):
-      p, s = carry
-      g = jax.grad(lambda q: jnp.mean(model.per_example_loss(model.apply(q, xd[idx]),
-                                                             yd[idx])))(p)
-      u, s = opt.update(g, s, p)
-      return (optax.apply_updates(p, u), s), None
-
-    return jax.lax.scan(body, (params, state), order)[0]
-
-  for e in range(epochs):
-    params, state = epoch(params, state, jax.random.key(seed * 1000 + e))
+  loss = lambda p, xb, yb: jnp.mean(model.per_example_loss(model.apply(p, xb), yb))  # noqa: E731
+  (params, _), _ = train_epochs(mean_loss_step(loss, opt), (params, opt.init(params)), x, y,
+                                key=jax.random.key(seed), epochs=epochs,
+                                batch_size=min(batch, len(x)), progress=False)
   return params
 
 

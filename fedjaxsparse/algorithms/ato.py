@@ -45,9 +45,6 @@ Source for the team: seed 004 Task 2, Algorithms 7-8, l. 900-968; spec ``seed004
 """
 from __future__ import annotations
 
-import functools
-import json
-import time
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
@@ -55,17 +52,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm.auto import tqdm
 
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.core import Model, float_dtype
-from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
+from fedjaxsparse.runtime.epochs import epoch_order, train_epochs
 
 PROJECTORS = ("prox", "hsp")
 NOISES = ("gumbel", "logistic")
 END_MASKS = ("median", "noise_free", "sample")
 PENALTIES = ("one_sided", "two_sided")
-LOOPS = ("scan", "host")
 NOISE_MEDIAN = {"gumbel": -float(np.log(np.log(2.0))), "logistic": 0.0}
 
 
@@ -260,16 +255,6 @@ def controller_subset(n: int, fraction: float = 0.05, seed: int = 0) -> np.ndarr
   return np.sort(rng.choice(n, max(1, int(round(fraction * n))), replace=False))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
-def epoch_orders(key: jax.Array, n: int, steps: int, batch: int, n_ctrl: int, ctrl_batch: int
-                 ) -> tuple[jax.Array, jax.Array]:
-  """One epoch's target minibatches ``[steps, batch]`` (a permutation of ``n``) and controller
-  minibatches ``[n_ctrl // ctrl_batch, ctrl_batch]`` (a permutation of ``D_CN``)."""
-  order = jax.random.permutation(key, n)[:steps * batch].reshape(steps, batch)
-  c = jax.random.permutation(jax.random.fold_in(key, 1), n_ctrl)
-  return order, c[:(n_ctrl // ctrl_batch) * ctrl_batch].reshape(-1, ctrl_batch)
-
-
 def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarray,
           y: np.ndarray, *, epochs: int, batch_size: int, ctrl_index: np.ndarray,
           ctrl_batch: int | None = None,
@@ -295,45 +280,25 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   ``overwrite``. Returns the final state and one record per epoch (``loss``,
   ``flops`` = P(w)/P_total, ``kept``, ``zero_groups``, ``seconds`` of training, ``metric``;
   kept in the checkpoints, so a resumed run's history covers every epoch)."""
-  if epochs < 1 or batch_size < 1 or batch_size > len(x):
-    raise ValueError(f"need epochs >= 1 and 1 <= batch_size <= {len(x)}, got {epochs}, "
-                     f"{batch_size}.")
-  if loop not in LOOPS:
-    raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}.")
-  if checkpoint_every < 0:
-    raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every!r}.")
   xd, yd = jnp.asarray(x), jnp.asarray(y)
   ci = jnp.asarray(ctrl_index)
   xc, yc = xd[ci], yd[ci]
-  steps, cb = len(x) // batch_size, min(ctrl_batch or batch_size, len(ctrl_index))
+  n_ctrl = len(ctrl_index)
+  cb = min(ctrl_batch or batch_size, n_ctrl)
 
-  def target(state, xd, yd, idx, key, i):
-    xb = xd[idx]
+  def target(state, xb, yb, key):   # key: fold_in(epoch key, step)
     if augment is not None:
-      xb = augment(jax.random.fold_in(key, i), xb)
-    return algo.target_step(state, xb, yd[idx])
+      xb = augment(key, xb)
+    return algo.target_step(state, xb, yb)
 
   def ctrl(state, xc, yc, idx):
     return algo.ctrl_step(state, xc[idx], yc[idx])[0]
 
   if loop == "scan":
-    @jax.jit
-    def target_epoch(state, xd, yd, order, key):
-      state, info = jax.lax.scan(lambda st, i: target(st, xd, yd, order[i], key, i), state,
-                                 jnp.arange(order.shape[0]))
-      return state, jax.tree_util.tree_map(jnp.mean, info)
-
     ctrl_epoch = jax.jit(lambda st, xc, yc, corder: jax.lax.scan(
         lambda s, idx: (ctrl(s, xc, yc, idx), None), st, corder)[0])
   else:
-    target_j, ctrl_j = jax.jit(target), jax.jit(ctrl)
-
-    def target_epoch(state, xd, yd, order, key):
-      infos = []
-      for i in range(order.shape[0]):
-        state, info = target_j(state, xd, yd, order[i], key, i)
-        infos.append(info)
-      return state, jax.tree_util.tree_map(lambda *v: jnp.mean(jnp.stack(v)), *infos)
+    ctrl_j = jax.jit(ctrl)
 
     def ctrl_epoch(state, xc, yc, corder):
       for j in range(corder.shape[0]):
@@ -341,41 +306,18 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
       return state
 
   end_epoch = jax.jit(algo.end_epoch)
-  state = algo.init(key, params)
-  history, start, ckpt = [], 0, None
-  fingerprint = {f"config: {k}": json.loads(json.dumps(v, sort_keys=True, default=repr))
-                 for k, v in sorted((fingerprint or {}).items())}   # named in a refused resume
-  if checkpoint_dir:
-    ckpt = open_checkpoint(checkpoint_dir, resume=resume, overwrite=overwrite)
-  try:
-    if ckpt is not None and ckpt.latest_round() is not None:
-      check = functools.partial(check_resumable, ckpt, fingerprint=fingerprint, total=epochs,
-                                option="epochs", unit="epochs", cli=None)
-      state, meta = ckpt.restore_latest(jax.eval_shape(lambda: state),
-                                        lambda m: check(meta=m, done=0))
-      history, start = meta["history"], int(meta["epoch"])
-      check(meta=meta, done=start)
-    bar = tqdm(range(start, epochs), initial=start, total=epochs, desc=desc, unit="epoch",
-               disable=not progress)
-    for t in bar:
-      t0 = time.perf_counter()
-      k = jax.random.fold_in(jax.random.fold_in(key, 7), t)
-      order, corder = epoch_orders(k, len(x), steps, batch_size, len(ctrl_index), cb)
-      state, info = target_epoch(state, xd, yd, order, k)
-      if config.T_start <= t <= config.T_end:
-        state = ctrl_epoch(state, xc, yc, corder)
-      state = end_epoch(state)
-      rec = {"epoch": t + 1, **{f: float(v) for f, v in info._asdict().items()}}
-      rec["seconds"] = time.perf_counter() - t0   # training only (before evaluate)
-      if evaluate is not None:
-        rec["metric"] = float(evaluate(state.params, state.w))
-      history.append(rec)
-      bar.set_postfix(loss=f"{rec['loss']:.3f}", flops=f"{rec['flops']:.2f}",
-                      **({"acc": f"{rec['metric']:.3f}"} if "metric" in rec else {}))
-      if ckpt is not None and (t + 1 == epochs or (checkpoint_every and
-                                                   (t + 1) % checkpoint_every == 0)):
-        ckpt.save(t + 1, state, {"epoch": t + 1, "history": history, "fingerprint": fingerprint})
-  finally:
-    if ckpt is not None:
-      ckpt.close()
-  return state, history
+
+  def after(state, t, k):   # the controller pass over D_CN (in its window), then the mask
+    if config.T_start <= t <= config.T_end:
+      state = ctrl_epoch(state, xc, yc, epoch_order(jax.random.fold_in(k, 1), n_ctrl, cb))
+    return end_epoch(state)
+
+  return train_epochs(
+      target, algo.init(key, params), x, y, key=jax.random.fold_in(key, 7), epochs=epochs,
+      batch_size=batch_size, loop=loop, after_epoch=after,
+      evaluate=None if evaluate is None else (lambda st: evaluate(st.params, st.w)),
+      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+      overwrite=overwrite, fingerprint=fingerprint, progress=progress, desc=desc,
+      postfix=lambda r: {"loss": f"{r['loss']:.3f}", "flops": f"{r['flops']:.2f}",
+                         **({"acc": f"{r['metric']:.3f}"} if "metric" in r else {})})
+

@@ -1,14 +1,15 @@
 """Running algorithms: the runner (``run``, ``run_batched``, chunks, evaluation schedules,
 resume), client execution strategies and layouts (``clients``), device sharding
 (``sharding``), multi-process ``jax.distributed`` (``distributed``), host-resident client
-populations (``population``), vmapped hyper-parameter sweeps (``sweep``), checkpoints with
-their fingerprints and folder locks (``checkpoint``, ``fingerprint``, ``locking``)."""
-from fedjaxsparse.runtime import (checkpoint, clients, distributed, fingerprint, locking,
+populations (``population``), vmapped hyper-parameter sweeps (``sweep``), centralised
+training by epochs (``epochs``: ATO, Fed-LPFM's teacher), checkpoints with their fingerprints
+and folder locks (``checkpoint``, ``fingerprint``, ``locking``)."""
+from fedjaxsparse.runtime import (checkpoint, clients, distributed, epochs, fingerprint, locking,
                                   population, runner, sharding, sweep)
 from fedjaxsparse.runtime.runner import run
 from fedjaxsparse.runtime.sweep import run_batched
 
 __all__ = [
-    "checkpoint", "clients", "distributed", "fingerprint", "locking", "population", "runner",
-    "sharding", "sweep", "run", "run_batched",
+    "checkpoint", "clients", "distributed", "epochs", "fingerprint", "locking", "population",
+    "runner", "sharding", "sweep", "run", "run_batched",
 ]
