@@ -185,22 +185,11 @@ def golden_text_numbers(text: str) -> tuple[dict, dict]:
   return out, tolerances
 
 
-# Files of long tests (10-25 s each: experiments end to end, benchmarks, notebooks, several
-# processes), run first: xdist hands tests out in collection order, so the last ones left are
-# short and neither worker idles long at the end while the other finishes a long test.
-LONG_FIRST = ("test_experiments.py", "test_fedlpfm_experiment.py", "test_benchmarks.py",
-              "test_docs.py", "test_distributed.py", "test_notebook.py", "test_ato_experiment.py",
-              "test_cli.py", "test_ato.py")
-
-
 def pytest_collection_modifyitems(config, items):
-  """Tests that check golden numbers carry the ``golden`` marker (``pytest -m golden``); the
-  files of long tests run first (``LONG_FIRST``; a stable sort: each file keeps its order)."""
+  """Tests that check golden numbers carry the ``golden`` marker (``pytest -m golden``)."""
   for item in items:
     if "golden" in getattr(item, "fixturenames", ()):
       item.add_marker(pytest.mark.golden)
-  rank = {name: i for i, name in enumerate(LONG_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
 
 
 @pytest.fixture
