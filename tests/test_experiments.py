@@ -156,7 +156,7 @@ def test_paper_configuration_runs_its_stand_in_beside_the_papers_numbers(tmp_pat
   """``--paper table4``: FEMNIST is absent, so its stand-in of the same shape runs (labelled);
   the paper's Table 4 numbers are printed beside ours, which are the means over the seeds —
   mean and standard error of the vmapped seeds, whose seed 0 is the reported single run."""
-  assert main(["run", "sparse_proxskip", "--paper", "table4", "--rounds", "3", "--clients", "4",
+  assert main(["run", "sparse_proxskip", "--paper", "table4", "--rounds", "3", "--clients", "2",
                "--out", str(tmp_path), "--no-progress", "--set", "search=0", "--set", "seeds=3",
                "--set", "sparsities=[]", "--set", "methods=FedIHT,Sparse-ProxSkip"]) == 0
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
