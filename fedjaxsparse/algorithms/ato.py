@@ -312,8 +312,8 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
       state = ctrl_epoch(state, xc, yc, epoch_order(jax.random.fold_in(k, 1), n_ctrl, cb))
     return end_epoch(state)
 
-  return train_epochs(
-      target, algo.init(key, params), x, y, key=jax.random.fold_in(key, 7), epochs=epochs,
+  return train_epochs(   # xd, yd: the data on the device once
+      target, algo.init(key, params), xd, yd, key=jax.random.fold_in(key, 7), epochs=epochs,
       batch_size=batch_size, loop=loop, after_epoch=after,
       evaluate=None if evaluate is None else (lambda st: evaluate(st.params, st.w)),
       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,

@@ -23,7 +23,6 @@ same run, whose history then covers every epoch.
 from __future__ import annotations
 
 import functools
-import json
 import time
 from typing import Any, Callable
 
@@ -33,6 +32,7 @@ import optax
 from tqdm.auto import tqdm
 
 from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
+from fedjaxsparse.runtime.fingerprint import config_components
 
 LOOPS = ("scan", "host")
 """How an epoch's steps execute: one jitted ``lax.scan`` or one jitted call per step."""
@@ -117,8 +117,7 @@ def train_epochs(step: StepFn, state: Any, x: Any, y: Any, *, key: jax.Array, ep
         infos.append(info)
       return state, jax.tree_util.tree_map(lambda *v: jnp.mean(jnp.stack(v)), *infos)
 
-  fingerprint = {f"config: {k}": json.loads(json.dumps(v, sort_keys=True, default=repr))
-                 for k, v in sorted((fingerprint or {}).items())}   # named in a refused resume
+  fingerprint = config_components(fingerprint)   # a refused resume names what changed
   history, start, ckpt = [], 0, None
   if checkpoint_dir:
     ckpt = open_checkpoint(checkpoint_dir, resume=resume, overwrite=overwrite)

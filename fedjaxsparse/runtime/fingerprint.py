@@ -85,9 +85,14 @@ def run_fingerprint(algo: Any, init_key: jax.Array, params: Any, train: Any, tes
       "evaluation": (None if eval_fn is None else
                      function_digest(lambda s, t: eval_fn(params_fn(s), t), state, test)),
   }
-  if config:
-    fp.update({f"config: {k}": _canonical(v) for k, v in sorted(config.items())})
+  fp.update(config_components(config))
   return fp
+
+
+def config_components(config: dict | None) -> dict:
+  """Caller-named fingerprint components (an experiment's options, say), JSON-stable and
+  keyed ``"config: NAME"``, so that :func:`diff` names a changed option with both values."""
+  return {f"config: {k}": _canonical(v) for k, v in sorted((config or {}).items())}
 
 
 def diff(old: dict, new: dict) -> list[str]:
