@@ -14,7 +14,6 @@ import pytest
 
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.algorithms import ato as A
-from fedjaxsparse.errors import CheckpointExistsError, RunMismatchError
 from fedjaxsparse.models import prunable as P
 
 
@@ -148,36 +147,6 @@ def test_controller_drives_flops_to_the_budget(digits, penalty):
     assert ratio <= 0.4
   else:
     assert abs(ratio / 0.4 - 1) < 0.1
-
-
-def test_train_resumes_from_a_checkpoint(digits, tmp_path):
-  x, y = digits
-  cfg = A.ATOConfig(target=0.5, T_w=1, T_start=0, T_end=1, ctrl_lr=1e-2)
-  model, zigs, opt, algo = _setup(cfg)
-  params = model.init(jax.random.key(0))
-  kw = dict(epochs=3, batch_size=64, ctrl_index=A.controller_subset(len(x), 0.1),
-            progress=False)
-  full, hist = A.train(algo, cfg, jax.random.key(5), params, x, y, **kw)
-  ck = dict(checkpoint_dir=str(tmp_path), fingerprint={"lr": 0.05})
-  _, hist_first = A.train(algo, cfg, jax.random.key(5), params, x, y, **ck,
-                          **{**kw, "epochs": 2})
-  with pytest.raises(CheckpointExistsError, match="resume=True"):   # the runner's rules
-    A.train(algo, cfg, jax.random.key(5), params, x, y, **ck, **kw)
-  with pytest.raises(RunMismatchError, match="config: lr: checkpoint has 0.05, this run has 0.1"):
-    A.train(algo, cfg, jax.random.key(5), params, x, y, resume=True,
-            **{**ck, "fingerprint": {"lr": 0.1}}, **kw)
-  resumed, hist2 = A.train(algo, cfg, jax.random.key(5), params, x, y, resume=True, **ck, **kw)
-  with pytest.raises(RunMismatchError, match="already holds 3 epochs but epochs=2"):
-    A.train(algo, cfg, jax.random.key(5), params, x, y, resume=True, **ck,
-            **{**kw, "epochs": 2})
-  def untimed(hs):
-    return [{k: v for k, v in h.items() if k != "seconds"} for h in hs]
-
-  assert [h["epoch"] for h in hist2] == [1, 2, 3] and untimed(hist2) == untimed(hist)
-  assert all(h["seconds"] > 0 for h in hist2)
-  assert hist2[:2] == hist_first[:2]          # epochs 1-2 come from the checkpoint, timings too
-  for a, b in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(resumed)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.parametrize("noise", A.NOISES)

@@ -1,13 +1,24 @@
 """Methods no paper in the library defines, composed through the public face from the pieces of
 the cohort round (any sampler, any uplink compressor, any server optimizer): each is a few lines
 of user code, run, and checked for an invariant or a reduction."""
+import functools
+
 import jax
 import numpy as np
 import optax
 
 import fedjaxsparse as fjs
 
-DS = fjs.data.digits(num_clients=6, partition="iid", seed=0)
+
+class _Digits:
+  """scikit-learn's digits on 6 clients, loaded when a test first needs them (not while every
+  xdist worker collects this module)."""
+  @functools.cached_property
+  def train(self):
+    return fjs.data.digits(num_clients=6, partition="iid", seed=0).train
+
+
+DS = _Digits()
 MODEL = fjs.models.softmax_regression(64, 10)
 LOSS = fjs.models.make_loss(MODEL)
 PARAMS = MODEL.init(jax.random.key(0))

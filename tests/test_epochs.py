@@ -1,12 +1,14 @@
 """The centralised epoch loop (runtime.epochs): every epoch a permutation in minibatches, the
 scanned and host loops compute the same run, SGD on least squares reaches the closed-form
-optimum, and a resumed run is the uninterrupted one."""
+optimum, and a resumed run is the uninterrupted one (the runner's rules for checkpoints that
+exist or disagree hold here too; ATO's loop: tests/test_ato.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from fedjaxsparse.errors import CheckpointExistsError, RunMismatchError
 from fedjaxsparse.runtime.epochs import epoch_order, mean_loss_step, train_epochs
 
 
@@ -59,10 +61,18 @@ def test_a_resumed_run_is_the_uninterrupted_run(tmp_path):
   want, hist = train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5, **kw)
   ck = dict(checkpoint_dir=str(tmp_path), checkpoint_every=2, fingerprint={"lr": 0.05})
   train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=3, **ck, **kw)
+  with pytest.raises(CheckpointExistsError, match="resume=True"):   # the runner's rules
+    train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5, **ck, **kw)
+  with pytest.raises(RunMismatchError, match="config: lr: checkpoint has 0.05, this run has 0.1"):
+    train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5, resume=True,
+                 **{**ck, "fingerprint": {"lr": 0.1}}, **kw)
   seen.clear()
   got, hist2 = train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5,
                             resume=True, **ck, **kw)
   assert seen == [3, 4]                                    # epochs 1-3 came from the checkpoint
+  with pytest.raises(RunMismatchError, match="already holds 5 epochs but epochs=4"):
+    train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=4, resume=True,
+                 **ck, **kw)
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   untimed = lambda hs: [{k: v for k, v in h.items() if k != "seconds"} for h in hs]  # noqa: E731
