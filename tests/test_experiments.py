@@ -62,9 +62,9 @@ def test_sparse_proxskip_cifar_cpu_stand_in(quick):
                                   "Sparse-ProxSkip-Local", "Sparse-ProxSkip", "FedAvg"]
   sps = res["methods"]["Sparse-ProxSkip"]["history"]["rounds"]
   assert max(sps["sum_h_norm"]) < 1e-3 * max(1.0, max(sps["mean_h_norm"]) * 4)  # n = 4
-  # why the sparse-trained methods stay at chance on this stand-in, said rather than hidden:
-  # 90 % global Top-K of the small CNN's initial weights empties its second convolution
-  assert res["empty_layers_at_init"] == ["['Conv_1']['kernel']"]
+  # the stand-in's CNN keeps weights in every layer under 90 % global Top-K (an empty layer
+  # would leave the sparse-trained methods at chance; it is reported when it happens)
+  assert res["empty_layers_at_init"] == []
   for row in res["table"]:  # a training loss that climbs past twice its start is marked
     loss = res["methods"][row["method"]]["history"]["rounds"]["loss"]
     rising = loss[-1] > 2 * loss[0]
