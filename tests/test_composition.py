@@ -4,6 +4,7 @@ of user code, run, and checked for an invariant or a reduction."""
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -130,3 +131,31 @@ def test_fedspa_with_a_nice_sampler_and_its_weights_is_fedspas_uniform_cohort():
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
   np.testing.assert_array_equal(runs[0].history.rounds["uplink_bits"],
                                 runs[1].history.rounds["uplink_bits"])
+
+
+def test_fedavg_with_fedmrn_noise_masks_as_its_uplink():
+  # FedAvg whose clients upload FedMRN's stochastic masks over seeded ±α noise, one client a
+  # round: FedMRN's "FedAvg w. SM" ablation. E[n·M(u, n)] = u (signed masks) and u/2 (binary
+  # masks) per entry when |u| ≤ α, so the new model's mean is plain FedAvg's (signed) or the
+  # halfway point (binary).
+  common = dict(local_steps=3, batch_size=16, cohort_size=1)
+  plain = fjs.fedavg(LOSS, optax.sgd(0.1), **common)
+  keys = jax.random.split(jax.random.key(7), DRAWS * 4)
+  reference = _round(plain, keys)
+  w = jax.tree.map(lambda a: a[None], PARAMS)
+  moved = jax.tree.map(jnp.subtract, reference, w)             # one client's update u per key
+  alpha = 2.0 * max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(moved))
+  for signed, expected in ((True, reference),
+                           (False, jax.tree.map(lambda a, u: a + 0.5 * u, w, moved))):
+    mask = fjs.compressors.noise_mask(D, alpha, "bernoulli", signed=signed)
+    algo = fjs.fedavg(LOSS, optax.sgd(0.1), uplink=mask, **common)
+    samples = _round(algo, keys)
+    se = _assert_mc_equal(samples, expected)
+    assert np.max(se) > 0   # the masks are random: the check has teeth
+    # every received entry is ±α or 0: a mask over the regenerated noise
+    values = np.unique(np.abs(np.concatenate([np.ravel(np.asarray(a) - np.asarray(b))
+                                              for a, b in zip(jax.tree.leaves(samples),
+                                                              jax.tree.leaves(w))])))
+    assert np.allclose(values, [alpha] if signed else [0.0, alpha], rtol=1e-5), values[:5]
+  info = algo.step(keys[0], algo.init(None, PARAMS, DS.train), DS.train)[1]
+  assert float(info.bits_up) == D + fjs.accounting.SEED_BITS   # 1 bit per entry + the seed

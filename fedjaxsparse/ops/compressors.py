@@ -18,7 +18,7 @@ comp-(k, k′); natural compression (Horváth et al. 2019, unbiased, ω = 1/8); 
 dithering with s levels (Alistarh et al. 2017, unbiased, ω = min(d/s², √d/s)); scaled sign
 (Karimireddy et al. 2019, deterministic, η = √(1 − 1/d) worst case); seed 003's 1-bpp update
 compressors: stochastic sign (SignSGD), TernGrad, DRIVE and EDEN (randomised Hadamard
-rotation, :func:`hadamard`). Combinators: ``scale``
+rotation, :func:`hadamard`), and FedMRN's stochastic noise mask (:func:`noise_mask`). Combinators: ``scale``
 (λC, Prop 2.2.1) and ``omega_ran`` (independent clients, m-nice sampling).
 
 Source for the team: seed 001 §2.2.
@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.ops.sparsity import top_k_indices
 
@@ -233,6 +234,39 @@ def terngrad(d: int) -> Compressor:
 
   return Compressor(_flat(fn, d, "terngrad"), 0.0, math.sqrt(d) - 1.0,
                     lambda n: accounting.quantized_bits(n, math.log2(3)), "terngrad")
+
+
+def noise_mask(d: int, scale: float, distribution: str = "uniform",
+               signed: bool = False) -> Compressor:
+  """FedMRN's stochastic noise mask (SM, Li et al. 2024, arXiv:2408.03220) as a compressor
+  applied once to a finished update — FedMRN's "FedAvg w. SM" ablation, for any method with an
+  ``uplink=``: the client draws seeded noise ``n = G(s)`` (:func:`fedjaxsparse.ops.noise_masks.
+  tree_noise`: uniform on [−scale, scale], Gaussian or Bernoulli ±scale) and uploads a 1-bit mask
+  ``m = M(u, n)`` (binary {0, 1}, or {−1, +1} with ``signed=True``, FedMRNS) and the seed; the
+  server regenerates ``n`` and receives ``n ⊙ m``. Per entry ``E[n·m | n] = clip(u, n)``
+  (:func:`fedjaxsparse.ops.noise_masks.sm_moments`): with Bernoulli noise and ``|u| ≤ scale``
+  the signed mask is unbiased (``E = u``) and the binary one halves the update (``E = u/2``).
+  No class constants hold for every ``u`` (the clip is a bias up to ``‖u‖``, the variance
+  ``n² − ū²`` does not shrink with ``u``): ``eta = 1``, ``omega = inf`` (no contraction).
+  Bits: ``d + SEED_BITS`` (:func:`fedjaxsparse.ops.accounting.mask_bits`)."""
+  if not scale > 0:
+    raise ValueError(f"scale must be > 0, got {scale!r}.")
+  if distribution not in M.DISTRIBUTIONS:
+    raise ValueError(f"distribution must be one of {M.DISTRIBUTIONS}, got {distribution!r}.")
+  name = f"noise-mask{'-signed' if signed else ''}({distribution} {scale:g})"
+
+  def compress(key, tree):
+    size = sum(a.size for a in jax.tree.leaves(tree))
+    if size != d:
+      raise ConfigError(f"compressor {name} was built for d={d} entries but was applied to a "
+                        f"tree of {size}; build it with d={size} (accounting.num_params(tree)).")
+    k_noise, k_mask = jax.random.split(key)
+    n = M.tree_noise(k_noise, tree, scale, distribution)
+    m = M.tree_map_keyed(lambda k, u, ni: M.stochastic_mask(k, u, ni, signed), k_mask, tree, n)
+    return jax.tree.map(jnp.multiply, n, m)
+
+  return Compressor(compress, 1.0, math.inf, lambda n: accounting.mask_bits(n, with_seed=True),
+                    name)
 
 
 def hadamard(v: jax.Array) -> jax.Array:
