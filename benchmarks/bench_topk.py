@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.ops.sparsity import _largest, largest_mask, _largest_top_k
+import fedjaxsparse as fjs
 
 
 def _argsort(keys, k):
@@ -35,8 +35,9 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--out", default="benchmarks/results")
   args = parser.parse_args()
-  paths = {"library": _largest, "lax.top_k": _largest_top_k, "bisection": largest_mask,
-           "argsort": _argsort}
+  method = lambda m: lambda keys, k: fjs.sparsity.largest_mask(keys, k, m)  # noqa: E731
+  paths = {"library": method("auto"), "lax.top_k": method("top_k"),
+           "bisection": method("bisection"), "argsort": _argsort}
   rows = []
   for d in args.dims:
     keys = jnp.abs(jax.random.normal(jax.random.key(0), (d,)))

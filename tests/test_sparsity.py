@@ -247,3 +247,15 @@ def test_magnitude_prune_with_a_traced_sparsity_is_top_k(s):
   got = jax.jit(sparsity.magnitude_prune)(tree, jnp.float32(s))
   for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(sparsity.top_k(tree, k))):
     np.testing.assert_array_equal(x, y)
+
+
+def test_largest_mask_methods_agree_with_ties_and_name_a_bad_method():
+  keys = jnp.asarray(np.random.default_rng(3).integers(0, 20, 500).astype(np.float32))  # ties
+  order = np.argsort(-np.asarray(keys), kind="stable")
+  for k in (1, 7, 250, 500):
+    want = np.zeros(500, bool)
+    want[order[:k]] = True       # the k largest, ties to the lower index
+    for method in sparsity.LARGEST_METHODS:
+      np.testing.assert_array_equal(np.asarray(sparsity.largest_mask(keys, k, method)), want)
+  with pytest.raises(ValueError, match="method must be one of"):
+    sparsity.largest_mask(keys, 3, "sort")

@@ -47,6 +47,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 SCOPES = ("global", "per_leaf")
 
@@ -110,23 +111,27 @@ def random_keys(key: jax.Array, n: int) -> jax.Array:
   return jax.lax.bitcast_convert_type((bits >> 3) + jnp.uint32(1 << 23), jnp.float32)
 
 
-def _largest(keys: jax.Array, k: int) -> jax.Array:
-  """``float[d] -> bool[d]`` with exactly ``k`` True at the largest non-negative keys, ties
-  to the lower index: ``lax.top_k`` + scatter for ``k ≤ d/50``, else bisection for the k-th
-  largest key on its bit pattern (31 passes for float32 keys, 63 for float64; see the module
-  docstring; ``benchmarks/bench_topk.py`` measures both)."""
-  return _largest_top_k(keys, k) if k * 50 <= keys.shape[0] else largest_mask(keys, k)
+LARGEST_METHODS = ("auto", "bisection", "top_k")
+"""How :func:`largest_mask` finds the ``k`` largest keys."""
 
 
-def _largest_top_k(keys: jax.Array, k: int) -> jax.Array:
-  return jnp.zeros(keys.shape, bool).at[jax.lax.top_k(keys, k)[1]].set(True)
-
-
-def largest_mask(keys: jax.Array, k: int) -> jax.Array:
+def largest_mask(keys: jax.Array, k: int, method: str = "bisection") -> jax.Array:
   """``float[d] -> bool[d]`` with exactly ``k`` True at the largest non-negative ``keys``
-  (ties to the lower index), by bisection for the k-th largest key on its bit pattern (31
-  passes for float32 keys, 63 for float64). ``k`` may be a traced integer (a per-client
-  count inside ``vmap``), unlike ``lax.top_k``'s static ``k``."""
+  (ties to the lower index).
+
+  ``method``: ``"bisection"`` finds the k-th largest key on its bit pattern (31 passes for
+  float32 keys, 63 for float64); ``k`` may be a traced integer (a per-client count inside
+  ``vmap``), unlike ``lax.top_k``'s static ``k``. ``"top_k"``: ``lax.top_k`` and a scatter
+  (static ``k``). ``"auto"`` (what :func:`top_k` and :func:`top_k_mask` use): ``"top_k"`` for
+  ``k ≤ d/50``, else ``"bisection"`` — the rule ``benchmarks/bench_topk.py`` measures. All
+  three give the same mask."""
+  if method not in LARGEST_METHODS:
+    raise ValueError(f"method must be one of {LARGEST_METHODS}, got {method!r}.")
+  if method == "auto":
+    method = ("top_k" if isinstance(k, (int, np.integer)) and k * 50 <= keys.shape[0]
+              else "bisection")
+  if method == "top_k":
+    return jnp.zeros(keys.shape, bool).at[jax.lax.top_k(keys, k)[1]].set(True)
   uint, nbits = (jnp.uint64, 63) if keys.dtype == jnp.float64 else (jnp.uint32, 31)
   bits = jax.lax.bitcast_convert_type(keys, uint)  # monotone for keys >= 0, NaN on top
 
@@ -176,10 +181,11 @@ def _masks(keys_fn, tree: Any, k: int | None, sparsity: float | None) -> Any:
   leaves = [jnp.asarray(leaf) for leaf in leaves]
   keys = [keys_fn(i, leaf) for i, leaf in enumerate(leaves)]
   if k is None:
-    flags = [_largest(key, k_from_sparsity(leaf.size, sparsity)) if leaf.size else key > 0
+    flags = [largest_mask(key, k_from_sparsity(leaf.size, sparsity), "auto") if leaf.size
+             else key > 0
              for key, leaf in zip(keys, leaves)]
   else:
-    flat = _largest(jnp.concatenate(keys), k) if leaves else None
+    flat = largest_mask(jnp.concatenate(keys), k, "auto") if leaves else None
     ends = list(itertools.accumulate(leaf.size for leaf in leaves))
     flags = [flat[end - leaf.size:end] for end, leaf in zip(ends, leaves)]
   return jax.tree.unflatten(treedef, [f.reshape(leaf.shape).astype(leaf.dtype)
