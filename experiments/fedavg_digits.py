@@ -6,11 +6,13 @@ et al. 2017), FedAvg with partial participation, and FedAdam (FedAvg with an Ada
 optimizer, Reddi et al. 2021). Prints a table of final accuracy and uplink bits to reach an
 accuracy threshold, and writes ``results.json`` plus ``fedavg_digits.png``.
 
+A declared experiment (:func:`fedjaxsparse.harness.experiment.declared`): ``setup`` (data,
+model, evaluation), ``methods`` (paper name → Algorithm) and ``report`` (the optional
+post-training pruning table); the harness runs, tabulates, saves and plots.
+
 Options: see ``OPTIONS`` (``fedjaxsparse describe fedavg_digits``).
 """
 from __future__ import annotations
-
-import os
 
 import jax
 import optax
@@ -21,11 +23,9 @@ from fedjaxsparse.core import global_params
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, bits_to_reach, entry, output_dir, last,
-                                             run_method, save_results, status)
+from fedjaxsparse.harness.experiment import Config, Context, Option, declared
 from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.models import get_model, make_loss
-from fedjaxsparse.harness.plotting import plot_methods
 
 NAME = "fedavg_digits"
 DESCRIPTION = "FedSGD / FedAvg / partial participation / FedAdam on federated digits (offline)"
@@ -69,67 +69,55 @@ def _dataset_kwargs(cfg: Config, opts: dict) -> dict:
   return kw
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict) -> Context:
+  """The federated dataset, the client model's initial parameters and its evaluation."""
   ds = load_dataset(cfg.dataset, **_dataset_kwargs(cfg, opts))
   if ds.num_classes == 0:
     raise ConfigError(f"{NAME} needs a classification dataset; {cfg.dataset!r} is regression.")
   model = get_model(opts["model"], ds.train.x.shape[2:], ds.num_classes)
-  loss = make_loss(model)
-  params = model.init(jax.random.key(cfg.seed))
-  eval_fn = make_eval_fn(model, batch_size=opts["eval_batch_size"])
-  lr, steps, batch = opts["client_lr"], opts["local_steps"], opts["batch_size"]
   cohort = opts["cohort"] or max(1, cfg.clients // 4)
   if cohort > ds.num_clients:
     raise ConfigError(f"option 'cohort' must be in [1, clients={ds.num_clients}], got "
                       f"{cohort}.")
-  methods = {
+  print(f"{NAME}: {ds.name}, {ds.num_clients} clients, "
+        f"{int(ds.train.num_examples.sum())} train examples, model={opts['model']}")
+  return Context(ds, model.init(jax.random.key(cfg.seed)),
+                 make_eval_fn(model, batch_size=opts["eval_batch_size"]),
+                 {"model": model, "loss": make_loss(model), "cohort": cohort})
+
+
+def _fedavg_name(opts: dict) -> str:
+  return f"FedAvg (E={opts['local_steps']}, B={opts['batch_size']})"
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """FedSGD, FedAvg, FedAvg with partial participation and FedAdam, by their papers' names."""
+  loss, cohort = ctx.extra["loss"], ctx.extra["cohort"]
+  lr, steps, batch = opts["client_lr"], opts["local_steps"], opts["batch_size"]
+  return {
       "FedSGD": fedavg(loss, optax.sgd(lr), local_steps=1),
-      f"FedAvg (E={steps}, B={batch})": fedavg(loss, optax.sgd(lr), local_steps=steps,
-                                              batch_size=batch),
+      _fedavg_name(opts): fedavg(loss, optax.sgd(lr), local_steps=steps, batch_size=batch),
       f"FedAvg, {cohort}/{cfg.clients} clients per round": fedavg(
           loss, optax.sgd(lr), local_steps=steps, batch_size=batch, cohort_size=cohort),
       "FedAdam (server Adam 0.01)": fedavg(loss, optax.sgd(lr), local_steps=steps,
                                            batch_size=batch,
                                            server_optimizer=optax.adam(0.01)),
   }
-  print(f"{NAME}: {ds.name}, {ds.num_clients} clients, "
-        f"{int(ds.train.num_examples.sum())} train examples, model={opts['model']}")
-  records = {m: run_method(cfg, NAME, m, algo, params, ds.train, ds.test, eval_fn)
-             for m, algo in methods.items()}
-  for r in records.values():
-    ev = r["history"]["evals"]
-    ev["uplink_bits_per_client"] = [b / ds.num_clients for b in ev["uplink_bits"]]
-
-  threshold = opts["threshold"]
-  rows = []
-  for m, r in records.items():
-    ev = r["history"]["evals"]
-    b = bits_to_reach(ev, "accuracy", threshold, "uplink_bits_per_client")
-    acc = ev.get("accuracy", [])
-    rows.append({"method": m, "final acc": last(acc), "best acc": max(acc, default=None),
-                 f"uplink bits/client to {threshold:.0%}": b,
-                 "total uplink bits/client": last(ev["uplink_bits_per_client"]),
-                 "time (s)": r["wall_time_s"]})
-    if any(rec["diverged"] for rec in records.values()):
-      rows[-1]["status"] = status(r)
-  table = print_table(rows, list(rows[0]))
-  results = {"experiment": NAME, "dataset": ds.name, "metric": "accuracy", "table": rows,
-             "table_text": table, "methods": records}
-  if opts["posttrain"]:
-    fedavg_name = f"FedAvg (E={steps}, B={batch})"
-    print(f"{fedavg_name}'s global model pruned one-shot (seed 001 ch. 6 scores, "
-          "layer-sequential calibration on 32 examples per client):")
-    pruned_rows = posttrain.one_shot(
-        model.apply, global_params(records[fedavg_name]["state"]),
-        posttrain.client_batches(ds.train, 32), lambda p: eval_fn(p, ds.test),
-        opts["posttrain"])
-    results["posttrain"] = pruned_rows
-    results["posttrain_text"] = print_table(pruned_rows, ["score", "sparsity", "accuracy"])
-  path = save_results(cfg, NAME, results)
-  png = plot_methods(records, "accuracy", os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                     title=f"{NAME}: {ds.name}", bits="uplink_bits_per_client")
-  print(f"results: {path}\nplot: {png}")
-  return results
 
 
-run = entry(NAME, OPTIONS, _run)
+def report(records: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """With ``--set posttrain=...``: FedAvg's final global model pruned one-shot."""
+  if not opts["posttrain"]:
+    return {}
+  name = _fedavg_name(opts)
+  print(f"{name}'s global model pruned one-shot (seed 001 ch. 6 scores, "
+        "layer-sequential calibration on 32 examples per client):")
+  rows = posttrain.one_shot(
+      ctx.extra["model"].apply, global_params(records[name]["state"]),
+      posttrain.client_batches(ctx.data.train, 32), lambda p: ctx.eval_fn(p, ctx.data.test),
+      opts["posttrain"])
+  return {"posttrain": rows, "posttrain_text": print_table(rows, ["score", "sparsity",
+                                                                  "accuracy"])}
+
+
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report)

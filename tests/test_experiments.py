@@ -435,3 +435,44 @@ def test_fedp3_ldp_tiny(quick):
   assert [r["ε"] for r in rows] == [None, 1.0, 8.0] and rows[0]["σ"] == 0.0
   assert rows[1]["σ"] > rows[2]["σ"] > 0
   assert all(r["uplink floats / iteration"] == 650 for r in rows)
+
+
+def test_a_declared_experiment_is_setup_and_methods_and_the_harness_does_the_rest(tmp_path):
+  """A researcher's experiment in a few lines (harness.experiment.declared): FedProx at μ = 0
+  is FedAvg, so their rows agree exactly; the table has the bits-to-threshold column of the
+  declared ``threshold`` option; results.json, the plot and ``report``'s extra keys are
+  written. And fedavg_digits, a declared experiment, runs its report (post-training pruning)."""
+  import jax
+  import optax
+  import fedjaxsparse as fjs
+  from fedjaxsparse.harness.experiment import Config, Context, Option, declared
+
+  def setup(cfg, opts):
+    ds = fjs.data.digits(num_clients=cfg.clients, partition="iid", seed=cfg.seed)
+    model = fjs.models.softmax_regression(64, 10)
+    return Context(ds, model.init(jax.random.key(0)), fjs.evaluation.make_eval_fn(model),
+                   {"loss": fjs.models.make_loss(model)})
+
+  def methods(ctx, cfg, opts):
+    kw = dict(local_steps=2, batch_size=16)
+    return {"FedAvg": fjs.fedavg(ctx.extra["loss"], optax.sgd(opts["lr"]), **kw),
+            "FedProx (μ=0)": fjs.fedprox(ctx.extra["loss"], optax.sgd(opts["lr"]), 0.0, **kw)}
+
+  run = declared("mine", (Option("lr", 0.3, "client step"), Option("threshold", 0.5, "target")),
+                 setup=setup, methods=methods,
+                 report=lambda records, ctx, cfg, opts: {"clients seen": ctx.data.num_clients})
+  res = run(Config(rounds=4, clients=4, eval_every=2, out=str(tmp_path), progress=False))
+  a, b = res["table"]
+  assert [a["method"], b["method"]] == ["FedAvg", "FedProx (μ=0)"]
+  assert {k: v for k, v in a.items() if k not in ("method", "time (s)")} == \
+      {k: v for k, v in b.items() if k not in ("method", "time (s)")}
+  assert "uplink bits/client to 50%" in a and res["clients seen"] == 4
+  assert a["final acc"] == res["methods"]["FedAvg"]["history"]["evals"]["accuracy"][-1]
+  assert (tmp_path / "mine" / "results.json").exists()
+  assert (tmp_path / "mine" / "mine.png").read_bytes()[:4] == b"\x89PNG"
+  assert main(["run", "fedavg_digits", "--rounds", "2", "--clients", "4", "--eval-every", "2",
+               "--out", str(tmp_path), "--no-progress", "--set", "local_steps=1",
+               "--set", "posttrain=0.5"]) == 0
+  pruned = json.load(open(tmp_path / "fedavg_digits" / "results.json"))["posttrain"]
+  assert {(r["score"], r["sparsity"]) for r in pruned} == {
+      ("dense", 0.0), ("magnitude", 0.5), ("wanda", 0.5), ("ria", 0.5)}

@@ -8,8 +8,12 @@ counts), ``RUNTIME`` (measured time of the default configuration on a 2-core CPU
 (the quick setting, ``--quick``: :class:`Config` fields plus ``"options"``, showing the
 table's shape in under two minutes) and ``QUICK_RUNTIME`` (its measured time),
 ``DEFAULTS`` (a dict of :class:`Config` overrides), ``OPTIONS`` (a tuple of :class:`Option`)
-and ``run = experiment.entry(NAME, OPTIONS, body)``, where ``body(cfg, opts) -> dict`` gets
-the parsed options.
+and ``run``: either a declaration, ``run = experiment.declared(NAME, OPTIONS, setup=...,
+methods=..., report=...)`` — the experiment says what its data, model and methods are and the
+harness runs them, tabulates, saves and plots (:func:`declared`) — or, for a protocol of its
+own, ``run = experiment.entry(NAME, OPTIONS, body)``, where ``body(cfg, opts) -> dict`` gets
+the parsed options and does the rest with the helpers here (:func:`run_method`,
+:func:`tune_then_run`, :func:`save_results`).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime.locking import FolderLock
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se
+from fedjaxsparse.harness.report import print_table
 from fedjaxsparse.runtime.runner import EvalFn, run
 from fedjaxsparse.runtime.sharding import client_mesh
 
@@ -313,6 +318,87 @@ def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict
     with lock:
       return body(cfg, opts)
   return run_experiment
+
+
+class Context(NamedTuple):
+  """What a declared experiment's ``setup(cfg, opts)`` returns and its ``methods`` and
+  ``report`` receive.
+
+  Attributes:
+    data: the :class:`fedjaxsparse.data.FederatedDataset` every method trains and is evaluated
+      on (``train``, ``test``, ``num_clients``, ``name``).
+    params: the initial model parameters every method starts from.
+    eval_fn: ``(params, test) -> {metric: value}`` (``None``: no evaluation).
+    extra: whatever ``methods`` and ``report`` also need (the loss, the model, ...).
+  """
+  data: Any
+  params: Any
+  eval_fn: EvalFn | None
+  extra: dict = {}
+
+
+METRIC_COLUMNS = {"accuracy": "acc"}
+"""Short names of metrics in a declared experiment's table (``final acc``, ``best acc``)."""
+
+
+def declared(name: str, spec: Sequence[Option], *,
+             setup: Callable[[Config, dict], Context],
+             methods: Callable[[Context, Config, dict], dict[str, Algorithm]],
+             report: Callable[[dict, Context, Config, dict], dict] | None = None,
+             metric: str = "accuracy", higher_is_better: bool = True,
+             papers: dict[str, PaperConfig] | None = None) -> Callable[[Config], dict]:
+  """An experiment's ``run(cfg)`` from its declaration: ``setup(cfg, opts) -> Context`` (data,
+  initial parameters, evaluation), ``methods(context, cfg, opts) -> {paper name: Algorithm}``
+  and, optionally, ``report(records, context, cfg, opts) -> dict`` (extra tables or
+  statistics, merged into ``results.json``). The harness owns the rest, alike for every
+  method: each runs ``cfg.rounds`` rounds from ``context.params`` through :func:`run_method`
+  (progress, checkpoints and resume, divergence handling), then one table — final and best
+  ``metric``, uplink bits per client to reach the ``threshold`` option's value (when the
+  experiment declares one), total uplink bits per client, training time and, when a method
+  diverged, a status column — ``results.json`` and ``<name>.png`` (``metric`` against rounds
+  and against uplink bits per client). Validation and the output folder's lock are
+  :func:`entry`'s."""
+  short = METRIC_COLUMNS.get(metric, metric)
+  best = max if higher_is_better else min
+
+  def body(cfg: Config, opts: dict) -> dict:
+    from fedjaxsparse.harness.plotting import plot_methods  # matplotlib: loaded on first use
+    ctx = setup(cfg, opts)
+    algos = methods(ctx, cfg, opts)
+    ds = ctx.data
+    records = {m: run_method(cfg, name, m, algo, ctx.params, ds.train, ds.test, ctx.eval_fn)
+               for m, algo in algos.items()}
+    for r in records.values():
+      ev = r["history"]["evals"]
+      ev["uplink_bits_per_client"] = [b / ds.num_clients for b in ev.get("uplink_bits", [])]
+    threshold = opts.get("threshold")
+    rows = []
+    for m, r in records.items():
+      ev = r["history"]["evals"]
+      values = ev.get(metric, [])
+      row = {"method": m, f"final {short}": last(values),
+             f"best {short}": best(values, default=None)}
+      if threshold is not None:
+        row[f"uplink bits/client to {threshold:.0%}"] = bits_to_reach(
+            ev, metric, threshold, "uplink_bits_per_client")
+      row.update({"total uplink bits/client": last(ev["uplink_bits_per_client"]),
+                  "time (s)": r["wall_time_s"]})
+      if any(rec["diverged"] for rec in records.values()):
+        row["status"] = status(r)
+      rows.append(row)
+    table = print_table(rows, list(rows[0]))
+    results = {"experiment": name, "dataset": ds.name, "metric": metric, "table": rows,
+               "table_text": table, "methods": records}
+    if report is not None:
+      results.update(report(records, ctx, cfg, opts))
+    path = save_results(cfg, name, results)
+    png = plot_methods(records, metric, os.path.join(output_dir(cfg, name), f"{name}.png"),
+                       title=f"{name}: {ds.name}", bits="uplink_bits_per_client")
+    print(f"results: {path}\nplot: {png}")
+    return results
+
+  body.__name__ = body.__qualname__ = f"{name}_declared"
+  return entry(name, spec, body, papers)
 
 
 class Steps:
