@@ -25,30 +25,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.runtime.clients import bucketize
-from fedjaxsparse.convex.constants import linear_model_constants
-from fedjaxsparse.data import lognormal_sizes, pack_clients
-from fedjaxsparse.models import linear_regression, make_loss
-from fedjaxsparse.runtime.runner import build_chunk, split_run_key
-from fedjaxsparse.ops.sparsity import top_k
+import fedjaxsparse as fjs
 
 
 def make_problem(num_clients: int, mean_size: int, sigma: float, seed: int = 0):
   rng = np.random.default_rng(seed)
-  sizes = lognormal_sizes(num_clients * mean_size, num_clients, sigma, seed)
+  sizes = fjs.data.lognormal_sizes(num_clients * mean_size, num_clients, sigma, seed)
   n = int(sizes.sum())
   x = np.concatenate([rng.uniform(0, 1, (n, 280)), np.ones((n, 1))], 1).astype(np.float32)
   y = (x @ rng.normal(size=281) + rng.normal(size=n)).astype(np.float32)
   parts = np.split(np.arange(n), np.cumsum(sizes)[:-1])
-  return pack_clients(x, y, parts), x, y, parts
+  return fjs.data.pack_clients(x, y, parts), x, y, parts
 
 
 def time_compiled(algo, data, w0, iterations: int, chunk: int) -> tuple[float, float]:
   """(compile seconds, steady seconds for ``iterations``), chunks of ``chunk`` iterations."""
-  init_key, rounds_key = split_run_key(jax.random.key(0))
+  init_key, rounds_key = fjs.runtime.runner.split_run_key(jax.random.key(0))
   state = algo.init(init_key, w0, data)
-  fn = jax.jit(build_chunk(algo, chunk))
+  fn = jax.jit(fjs.runtime.runner.build_chunk(algo, chunk))
   t = time.perf_counter()
   compiled = fn.lower(rounds_key, state, jnp.int32(0), jnp.int32(iterations), data,
                       None).compile()
@@ -62,7 +56,7 @@ def time_compiled(algo, data, w0, iterations: int, chunk: int) -> tuple[float, f
 
 def time_loop(loss, x, y, parts, w0, gamma, p, sparsity, iterations: int) -> float:
   grad = jax.jit(jax.grad(loss))
-  step = jax.jit(lambda w, h, xi, yi, mi: top_k(
+  step = jax.jit(lambda w, h, xi, yi, mi: fjs.sparsity.top_k(
       jax.tree.map(lambda a, g, c: a - gamma * (g - c), w, grad(w, xi, yi, mi), h),
       sparsity=sparsity))
   local = jax.jit(lambda w, h, xi, yi, mi: jax.tree.map(
@@ -110,13 +104,14 @@ def main() -> None:
 
   data, x, y, parts = make_problem(args.clients, args.mean_size, args.sigma)
   sizes = np.asarray(data.num_examples)
-  model = linear_regression(281, l2=500.0, use_bias=False)
-  loss = make_loss(model, "sum")
-  consts = linear_model_constants(data, 500.0, "squared", "sum", use_bias=False)
+  model = fjs.models.linear_regression(281, l2=500.0, use_bias=False)
+  loss = fjs.models.make_loss(model, "sum")
+  consts = fjs.convex.constants.linear_model_constants(data, 500.0, "squared", "sum",
+                                                     use_bias=False)
   gamma, p, sparsity = 1.0 / consts.L_max, 0.1, 0.9
-  algo = ps.sparse_proxskip(loss, gamma, p, sparsity)
+  algo = fjs.sparse_proxskip(loss, gamma, p, sparsity)
   w0 = model.init(jax.random.key(0))
-  bucketed = bucketize(data, args.buckets)
+  bucketed = fjs.runtime.clients.bucketize(data, args.buckets)
 
   rows = []
   c, s = time_compiled(algo, bucketed, w0, args.iterations, args.chunk)

@@ -32,9 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjaxsparse.runtime.clients import map_clients, with_strategy
-from fedjaxsparse.data import pack_clients
-from fedjaxsparse.models import cnn, make_loss, resnet18
+import fedjaxsparse as fjs
 
 
 def main():
@@ -65,10 +63,11 @@ def main():
   shape = (28, 28, 1) if args.model == "cnn" else (32, 32, 3)
   x = rng.random((c * b,) + shape).astype(np.float32)
   y = rng.integers(0, 10, c * b).astype(np.int32)
-  data = pack_clients(x, y, np.split(np.arange(c * b), c))
-  model = (cnn(shape, 10, channels=tuple(args.channels), dense=args.dense, conv=args.conv)
-           if args.model == "cnn" else resnet18(shape, 10, conv=args.conv))
-  loss = make_loss(model)
+  data = fjs.data.pack_clients(x, y, np.split(np.arange(c * b), c))
+  model = (fjs.models.cnn(shape, 10, channels=tuple(args.channels), dense=args.dense,
+                          conv=args.conv)
+           if args.model == "cnn" else fjs.models.resnet18(shape, 10, conv=args.conv))
+  loss = fjs.models.make_loss(model)
   opt = optax.sgd(0.05)
   params = model.init(jax.random.key(0))
 
@@ -77,7 +76,7 @@ def main():
     return optax.apply_updates(w, opt.update(g, opt.init(w), w)[0])
 
   def cohort_step(w_clients, data):
-    return map_clients(local_step, data, w_clients)
+    return fjs.runtime.clients.map_clients(local_step, data, w_clients)
 
   def single_step(w, x, y, m):  # one model on all C·B images
     g = jax.grad(loss)(w, x, y, m)
@@ -102,7 +101,7 @@ def main():
                   in_loop(args.loop, True), args.loop)]
   steps_of = {"single model": 1}
   for name, s, fn, steps in variants:
-    d = with_strategy(data, s)
+    d = fjs.runtime.clients.with_strategy(data, s)
     t = time.perf_counter()
     programs[name] = jax.jit(fn).lower(w_clients, d).compile()
     compile_s[name] = time.perf_counter() - t
@@ -134,7 +133,8 @@ def main():
   path = os.path.join(args.out, f"bench_client_strategies_{args.model}_{args.conv}.json")
   with open(path, "w") as f:
     json.dump({"backend": jax.default_backend(), "device": str(jax.devices()[0]),
-               "model": args.model, "conv": args.conv, "clients": c, "batch": b, "channels": list(args.channels),
+               "model": args.model, "conv": args.conv, "clients": c, "batch": b,
+               "channels": list(args.channels),
                "dense": args.dense, "rows": rows, "runner_rows": run_rows}, f, indent=1)
   print(f"wrote {path}")
 
@@ -144,10 +144,8 @@ def runner_rows(args, model, loss, params, data, flat) -> list[dict]:
   ``runner.run`` with each client strategy, against one model taking the same steps on
   batches of all C·B images (loop-free). Steady ms per round from the difference of a long and
   a short run (each run compiles once); the final models of all strategies are compared."""
-  from fedjaxsparse.algorithms.fedavg import fedavg
-  from fedjaxsparse.runtime.runner import run
   c, e = args.clients, args.local_steps
-  algo = fedavg(loss, optax.sgd(0.05), local_steps=e, batch_size=args.batch)
+  algo = fjs.fedavg(loss, optax.sgd(0.05), local_steps=e, batch_size=args.batch)
   opt = optax.sgd(0.05)
 
   def single_round(w, x, y, m):  # e steps of one model on all C·B images, written out
@@ -166,8 +164,8 @@ def runner_rows(args, model, loss, params, data, flat) -> list[dict]:
   for strategy in args.runner_strategies:
     times = {}
     for rounds in (1, 1 + args.rounds):
-      res = run(algo, jax.random.key(0), params, data, num_rounds=rounds, eval_every=rounds,
-                progress=False, clients=strategy)
+      res = fjs.run(algo, jax.random.key(0), params, data, num_rounds=rounds,
+                    eval_every=rounds, progress=False, clients=strategy)
       times[rounds] = res.train_time_s
     ms = (times[1 + args.rounds] - times[1]) * 1e3 / args.rounds
     finals[strategy] = res.state.params

@@ -54,14 +54,12 @@ import numpy as np
 import scipy
 import scipy.sparse as sp
 
-from fedjaxsparse.convex import screening as SC
-from fedjaxsparse.algorithms import ddss as DD
-from fedjaxsparse.data import sparse_rows as SR
+import fedjaxsparse as fjs
 
 
 # --- inputs ---------------------------------------------------------------------------------
 
-def to_csr(data: SR.SparseRows) -> sp.csr_matrix:
+def to_csr(data: fjs.data.sparse_rows.SparseRows) -> sp.csr_matrix:
   """The padded rows as a scipy CSR matrix (padding dropped; no explicit zeros)."""
   idx, val = np.asarray(data.idx), np.asarray(data.val)
   rows = np.repeat(np.arange(data.n), idx.shape[1])
@@ -174,14 +172,14 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 def run(args) -> dict:
   t = time.perf_counter()
-  data, _ = SR.planted(args.n, args.p, args.density, args.support, seed=args.seed)
+  data, _ = fjs.data.sparse_rows.planted(args.n, args.p, args.density, args.support, seed=args.seed)
   data = jax.block_until_ready(data)
-  lam_max = SC.lambda_max(data)
+  lam_max = fjs.convex.screening.lambda_max(data)
   lam = args.lam_ratio * lam_max
-  prob = SC.make_problem(data, lam)
-  big_l = SC.LOSSES["squared"] * float(prob.max_row_sq)
+  prob = fjs.convex.screening.make_problem(data, lam)
+  big_l = fjs.convex.screening.LOSSES["squared"] * float(prob.max_row_sq)
   eta = args.step / big_l
-  algo = DD.sha_ddss(prob, data, step_size=eta, inner_steps=args.inner, workers=1)
+  algo = fjs.sha_ddss(prob, data, step_size=eta, inner_steps=args.inner, workers=1)
   setup_s = time.perf_counter() - t
 
   # host copies for the references
@@ -216,8 +214,9 @@ def run(args) -> dict:
   lib_run_s = statistics.median(run_times)
   x_lib_final = np.asarray(states[-1].x)
   lib_gap = np_gap(a, b, lam, col_norm, x_lib_final)
-  lib_gap_screen = float(jax.jit(lambda x: SC.screen(prob, data, x, jnp.ones(args.p, bool)).gap)(
-      states[-1].x))
+  lib_gap_screen = float(jax.jit(
+      lambda x: fjs.convex.screening.screen(prob, data, x, jnp.ones(args.p, bool)).gap)(
+          states[-1].x))
 
   # --- one outer iteration: library vs numpy/scipy --------------------------------------------
   given, key = states[args.start], keys[args.start]

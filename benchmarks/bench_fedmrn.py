@@ -59,14 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.ops import noise_masks as M
-from fedjaxsparse.ops.aggregation import client_weights
-from fedjaxsparse.algorithms.fedmrn import fedmrn
-from fedjaxsparse.runtime.clients import choose_strategy, with_strategy
-from fedjaxsparse.data import pack_clients
-from fedjaxsparse.models import bn_cnn, make_loss
-from fedjaxsparse.ops.sampling import client_keys, sample_cohort
-from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
+import fedjaxsparse as fjs
 
 NOISE_SCALE = 1e-2
 CLASSES = 10
@@ -83,7 +76,8 @@ def make_data(num_clients: int, mean_examples: int, seed: int = 0):
   patterns = rng.uniform(0, 1, (CLASSES, 28, 28)).astype(np.float32)
   x = np.clip(0.3 * patterns[y] + rng.uniform(0, 0.7, (n, 28, 28)), 0, 1).astype(np.float32)
   bounds = np.concatenate([[0], np.cumsum(sizes)])
-  return pack_clients(x, y, [np.arange(bounds[i], bounds[i + 1]) for i in range(num_clients)])
+  return fjs.data.pack_clients(x, y, [np.arange(bounds[i], bounds[i + 1])
+                                      for i in range(num_clients)])
 
 
 def compile_ahead(fn, *args):
@@ -108,54 +102,58 @@ def median_time(fn, repeats: int, warmup: bool) -> tuple[float, object]:
 def bench(args) -> tuple[list[dict], dict]:
   E, B, K, lr = args.epochs, args.batch, args.cohort, args.lr
   data = make_data(args.clients, args.examples)
-  model = bn_cnn((28, 28), CLASSES, tuple(args.channels))
-  loss = make_loss(model)
+  model = fjs.models.bn_cnn((28, 28), CLASSES, tuple(args.channels))
+  loss = fjs.models.make_loss(model)
   w0 = model.init(jax.random.key(0))
   key = jax.random.key(1)
   d = sum(int(a.size) for a in jax.tree.leaves(w0))
 
   # --- library: the compiled round ------------------------------------------------------
-  algo = fedmrn(loss, lr, epochs=E, batch_size=B, cohort_size=K, noise_scale=NOISE_SCALE)
+  algo = fjs.fedmrn(loss, lr, epochs=E, batch_size=B, cohort_size=K, noise_scale=NOISE_SCALE)
   state = algo.init(None, w0, data)
   lib_step, lib_compile = compile_ahead(algo.step, key, state, data)
   lib_s, (lib_state, _) = median_time(lambda: lib_step(key, state, data), args.repeats, True)
   lib_params = lib_state.params
   # the client strategy the runner would pick here (clients.choose_strategy), when not vmap
-  strategy, why = choose_strategy(algo, w0, data)
+  strategy, why = fjs.runtime.clients.choose_strategy(algo, w0, data)
   auto = None
   if strategy != "vmap":
-    ex = with_strategy(data, strategy)
+    ex = fjs.runtime.clients.with_strategy(data, strategy)
     auto_step, auto_compile = compile_ahead(algo.step, key, state, ex)
     auto_s, (auto_state, _) = median_time(lambda: auto_step(key, state, ex), args.repeats, True)
     auto = (f"library ({strategy})", auto_s, auto_compile, auto_state.params)
 
   # --- the pieces the references share ----------------------------------------------------
+  noise_masks = fjs.ops.noise_masks  # FedMRN's masked noise
+
   def round_keys(key):
     k_cohort, k_noise, k_train = jax.random.split(key, 3)
-    ids = sample_cohort(k_cohort, data.num_clients, K)
-    return ids, client_keys(k_noise, ids), client_keys(k_train, ids)
+    ids = fjs.sampling.sample_cohort(k_cohort, data.num_clients, K)
+    return ids, fjs.sampling.client_keys(k_noise, ids), fjs.sampling.client_keys(k_train, ids)
 
   grad = jax.grad(lambda v, w, x, y, m: loss(jax.tree.map(jnp.add, w, v), x, y, m))
 
   def psm_step(u, w, row, k_noise, k_train, t, s_k):
     """One local step of one client: noise from its seed, minibatch t, PSM, SGD on u."""
-    noise = M.tree_noise(k_noise, w, NOISE_SCALE)
+    noise = noise_masks.tree_noise(k_noise, w, NOISE_SCALE)
     k_order, k_psm, _ = jax.random.split(k_train, 3)
-    x, y, bm = epoch_minibatch(k_order, row, B, t)
-    p = M.pm_probability(t, s_k)
-    at = M.tree_map_keyed(lambda k, ui, ni: M.progressive(k, ui, ni, p, False),
-                          jax.random.fold_in(k_psm, t), u, noise)
+    x, y, bm = fjs.ops.local.epoch_minibatch(k_order, row, B, t)
+    p = noise_masks.pm_probability(t, s_k)
+    at = noise_masks.tree_map_keyed(
+        lambda k, ui, ni: noise_masks.progressive(k, ui, ni, p, False),
+        jax.random.fold_in(k_psm, t), u, noise)
     return jax.tree.map(lambda ui, gi: ui - lr * gi, u, grad(at, w, x, y, bm))
 
   def final_mask(u, w, k_noise, k_train):
-    noise = M.tree_noise(k_noise, w, NOISE_SCALE)
+    noise = noise_masks.tree_noise(k_noise, w, NOISE_SCALE)
     k_final = jax.random.split(k_train, 3)[2]
-    return M.tree_map_keyed(lambda k, ui, ni: M.stochastic_mask(k, ui, ni, False).astype(
-        jnp.int8), k_final, u, noise)
+    return noise_masks.tree_map_keyed(
+        lambda k, ui, ni: noise_masks.stochastic_mask(k, ui, ni, False).astype(jnp.int8),
+        k_final, u, noise)
 
   def accumulate(delta, w, k_noise, mask, p_k):
     """The server: regenerate n_k from the seed, add p_k n_k⊙m_k."""
-    noise = M.tree_noise(k_noise, w, NOISE_SCALE)
+    noise = noise_masks.tree_noise(k_noise, w, NOISE_SCALE)
     return jax.tree.map(lambda a, n, m: a + p_k * (n * m.astype(n.dtype)), delta, noise, mask)
 
   def local_training(w, row, k_noise, k_train, s_k):
@@ -180,8 +178,8 @@ def bench(args) -> tuple[list[dict], dict]:
     c_local, t_local = compile_ahead(local_training, w0, rows[0], k0, k0, i32(1))
 
   ids = np.asarray(c_keys(key)[0])
-  s = {int(i): int(epoch_steps(int(sizes[i]), B, E)) for i in ids}
-  weights = np.asarray(client_weights(jnp.asarray(sizes[ids]), "num_examples"), f32)
+  s = {int(i): int(fjs.ops.local.epoch_steps(int(sizes[i]), B, E)) for i in ids}
+  weights = np.asarray(fjs.aggregation.client_weights(jnp.asarray(sizes[ids]), "num_examples"), f32)
   examples = B * sum(s.values())
 
   def loop_round():

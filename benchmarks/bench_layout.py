@@ -28,28 +28,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.runtime.clients import BucketedData, auto_layout, bucketize, padded_work
-from fedjaxsparse.data import lognormal_sizes, pack_clients
-from fedjaxsparse.data.standins import blogfeedback_standin
-from fedjaxsparse.models import linear_regression, make_loss, softmax_regression
-from fedjaxsparse.runtime.runner import build_chunk, split_run_key
+import fedjaxsparse as fjs
 
 
 def small_clients(num_clients: int = 1000, mean: int = 18, seed: int = 0):
   rng = np.random.default_rng(seed)
-  sizes = lognormal_sizes(num_clients * mean, num_clients, 1.0, seed)
+  sizes = fjs.data.lognormal_sizes(num_clients * mean, num_clients, 1.0, seed)
   x = rng.normal(size=(sizes.sum(), 60)).astype(np.float32)
   y = np.argmax(x @ rng.normal(size=(60, 10)), 1).astype(np.int32)
   bounds = np.cumsum(np.r_[0, sizes])
-  return pack_clients(x, y, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])])
+  return fjs.data.pack_clients(x, y, [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])])
 
 
 def measure(algo, data, w0, iterations: int, chunk: int) -> tuple[float, float, dict]:
   """(compile seconds, steady ms per iteration, final server model)."""
-  init_key, rounds_key = split_run_key(jax.random.key(0))
+  init_key, rounds_key = fjs.runtime.runner.split_run_key(jax.random.key(0))
   state = algo.init(init_key, w0, data)
-  fn = jax.jit(build_chunk(algo, chunk))
+  fn = jax.jit(fjs.runtime.runner.build_chunk(algo, chunk))
   t = time.perf_counter()
   compiled = fn.lower(rounds_key, state, jnp.int32(0), jnp.int32(iterations), data,
                       None).compile()
@@ -70,7 +65,7 @@ def pooled_floor(data, model, reduction, repeats: int = 20) -> float:
   keep = np.asarray(data.mask).reshape(-1) > 0
   x = jnp.asarray(np.asarray(data.x).reshape((-1,) + data.x.shape[2:])[keep])
   y = jnp.asarray(np.asarray(data.y).reshape(-1)[keep])
-  loss = make_loss(model, reduction)
+  loss = fjs.models.make_loss(model, reduction)
   grad = jax.jit(jax.grad(loss))
   w = model.init(jax.random.key(0))
   m = jnp.ones(x.shape[0], jnp.float32)
@@ -139,24 +134,26 @@ def main():
                       help="iterations of the PyTorch client-loop reference (0: none)")
   parser.add_argument("--out", default="benchmarks/results")
   args = parser.parse_args()
-  blog = blogfeedback_standin(args.sites).train
+  blog = fjs.data.standins.blogfeedback_standin(args.sites).train
   small = small_clients(args.small_clients)
   problems = {
       "BlogFeedback-shaped (554 sites, d=281)": (
-          blog, linear_regression(281, l2=500.0, use_bias=False), "sum", 2e-5),
-      "1,000 small clients (softmax 60x10)": (small, softmax_regression(60, 10), "mean", 0.1),
+          blog, fjs.models.linear_regression(281, l2=500.0, use_bias=False), "sum", 2e-5),
+      "1,000 small clients (softmax 60x10)": (
+          small, fjs.models.softmax_regression(60, 10), "mean", 0.1),
   }
   rows, references = [], []
   for pname, (data, model, reduction, gamma) in problems.items():
-    algo = ps.sparse_proxskip(make_loss(model, reduction), gamma, 0.1, 0.9)
+    algo = fjs.sparse_proxskip(fjs.models.make_loss(model, reduction), gamma, 0.1, 0.9)
     w0 = model.init(jax.random.key(0))
     sizes = np.asarray(data.num_examples)
-    layouts = {"padded": data, "auto": auto_layout(data),
-               f"{args.many_buckets} buckets": bucketize(data, min(args.many_buckets,
-                                                                  data.num_clients))}
+    layouts = {"padded": data, "auto": fjs.runtime.clients.auto_layout(data),
+               f"{args.many_buckets} buckets": fjs.runtime.clients.bucketize(
+                   data, min(args.many_buckets, data.num_clients))}
     base = ref = None
     for lname, layout in layouts.items():
-      groups = ([np.arange(len(sizes))] if not isinstance(layout, BucketedData) else
+      groups = ([np.arange(len(sizes))]
+                if not isinstance(layout, fjs.runtime.clients.BucketedData) else
                 np.split(np.asarray(layout.order),
                          np.cumsum([b.num_clients for b in layout.buckets])[:-1]))
       compile_s, ms, server = measure(algo, layout, w0, args.iterations, args.chunk)
@@ -164,7 +161,8 @@ def main():
       diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
                  zip(jax.tree.leaves(server), jax.tree.leaves(ref)))
       rows.append({"problem": pname, "layout": lname, "buckets": len(groups),
-                   "padded work / real": padded_work(sizes, groups) / sizes.sum(),
+                   "padded work / real": (fjs.runtime.clients.padded_work(sizes, groups)
+                                          / sizes.sum()),
                    "compile s": compile_s, "ms/iteration": ms,
                    "compile vs padded": compile_s / base[0], "speed-up vs padded": base[1] / ms,
                    "max |model - padded model|": diff})

@@ -23,12 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.ops import compressors as C
-from fedjaxsparse.runtime import population as pop
-from fedjaxsparse.algorithms.efbv import ef_bv_pp
-from fedjaxsparse.data.federated import FederatedData
-from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runtime.runner import build_chunk, split_run_key
+import fedjaxsparse as fjs
 
 
 def program_bytes(compiled) -> int:
@@ -47,22 +42,23 @@ def main():
   args = parser.parse_args()
   n, m, d = args.clients, args.examples, 784
   rng = np.random.default_rng(0)
-  data = FederatedData(x=rng.random((n, m, d), dtype=np.float32),
-                       y=rng.integers(0, 10, (n, m)).astype(np.int32),
-                       mask=np.ones((n, m), np.float32),
-                       num_examples=np.full(n, m, np.int32))
-  model = softmax_regression(d, 10)
+  data = fjs.data.FederatedData(x=rng.random((n, m, d), dtype=np.float32),
+                                y=rng.integers(0, 10, (n, m)).astype(np.int32),
+                                mask=np.ones((n, m), np.float32),
+                                num_examples=np.full(n, m, np.int32))
+  model = fjs.models.softmax_regression(d, 10)
   w0 = model.init(jax.random.key(0))
   dim = 7850
-  algo = ef_bv_pp(make_loss(model), C.top_k(dim, dim // 100), 0.1, 1.0, 1.0,
-                  cohort_size=args.cohort)
+  algo = fjs.ef_bv_pp(fjs.models.make_loss(model), fjs.compressors.top_k(dim, dim // 100), 0.1,
+                      1.0, 1.0, cohort_size=args.cohort)
   key = jax.random.key(1)
   rows, finals = [], {}
-  state_gb = pop.state_bytes(algo, w0, data) / 2**30
+  state_gb = fjs.runtime.population.state_bytes(algo, w0, data) / 2**30
 
   # host: client state and data stay in numpy; the device sees one cohort per round
   t = time.perf_counter()
-  host = pop.run_on_host(algo, key, w0, data, num_rounds=args.rounds, progress=False)
+  host = fjs.runtime.population.run_on_host(algo, key, w0, data, num_rounds=args.rounds,
+                                            progress=False)
   host_s = time.perf_counter() - t
   n_c = args.cohort
   cohort = jax.tree.map(lambda a: a[:n_c], data)
@@ -71,18 +67,18 @@ def main():
   step = jax.jit(lambda k, s, r, i, dd: algo.step(k, s, r, i, dd, n))
   compiled = step.lower(key, server, h_rows, jnp.arange(n_c), cohort).compile()
   rows.append({"residence": "host", "round program device MB": program_bytes(compiled) / 2**20,
-               "live device MB after run": pop._live_device_bytes() / 2**20,
+               "live device MB after run": fjs.runtime.population.live_device_bytes() / 2**20,
                "peak live device MB (round boundaries)": host.peak_device_bytes / 2**20,
                "ms/round (incl. host gather/scatter)": 1e3 * host_s / args.rounds})
   finals["host"] = jax.device_get(host.server.x)
   del host
 
   # device: the whole population's state and data on the device
-  dev_algo = pop.on_device(algo)
-  init_key, rounds_key = split_run_key(key)
+  dev_algo = fjs.runtime.population.on_device(algo)
+  init_key, rounds_key = fjs.runtime.runner.split_run_key(key)
   t = time.perf_counter()
   state = jax.jit(dev_algo.init)(init_key, w0, data)
-  chunk = jax.jit(build_chunk(dev_algo, 1))
+  chunk = jax.jit(fjs.runtime.runner.build_chunk(dev_algo, 1))
   compiled = chunk.lower(rounds_key, state, jnp.int32(0), jnp.int32(args.rounds), data,
                          None).compile()
   dev_data = jax.device_put(data)
@@ -92,7 +88,7 @@ def main():
   jax.block_until_ready(state)
   dev_s = time.perf_counter() - t
   rows.append({"residence": "device", "round program device MB": program_bytes(compiled) / 2**20,
-               "live device MB after run": pop._live_device_bytes() / 2**20,
+               "live device MB after run": fjs.runtime.population.live_device_bytes() / 2**20,
                "peak live device MB (round boundaries)": None,
                "ms/round (incl. host gather/scatter)": 1e3 * dev_s / args.rounds})
   finals["device"] = jax.device_get(state.server.x)

@@ -54,41 +54,44 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.pruning import calibration as CB
-from fedjaxsparse.pruning import dsnot as D
-from fedjaxsparse.pruning import scores as S
-from fedjaxsparse.pruning import sequential as SQ
-from fedjaxsparse.models import transformer as T
+import fedjaxsparse as fjs
+
+calibration = fjs.pruning.calibration
+dsnot = fjs.pruning.dsnot
+scores = fjs.pruning.scores
+sequential = fjs.pruning.sequential
+transformer = fjs.models.transformer
 
 METHODS = ("magnitude", "wanda", "ria", "wanda+dsnot")
 
 
 # --- inputs ---------------------------------------------------------------------------------
 
-def make_model(args) -> tuple[T.TransformerConfig, list[dict], list[dict]]:
+def make_model(args) -> tuple[transformer.TransformerConfig, list[dict], list[dict]]:
   """(config, [block params on the device], [{path: CalibStats}] per block)."""
-  cfg = T.TransformerConfig(hidden_size=args.hidden, intermediate_size=args.intermediate,
-                            num_layers=args.layers, num_heads=args.heads,
-                            num_kv_heads=args.kv_heads)
-  params = T.init(cfg, jax.random.key(args.seed))
+  cfg = transformer.TransformerConfig(hidden_size=args.hidden,
+                                      intermediate_size=args.intermediate,
+                                      num_layers=args.layers, num_heads=args.heads,
+                                      num_kv_heads=args.kv_heads)
+  params = transformer.init(cfg, jax.random.key(args.seed))
   rng = np.random.default_rng(args.seed)
   blocks, stats = [], []
   for i in range(cfg.num_layers):
-    p = jax.device_put(T.block_params(params, i))
+    p = jax.device_put(transformer.block_params(params, i))
     st = {}
-    for path, w in SQ._kernels(p).items():
+    for path, w in sequential.kernels(p).items():
       b = w.shape[0]
       mu = args.mean_scale * rng.normal(size=b)
       x = rng.normal(size=(args.tokens, b)) * rng.uniform(0.2, 3.0, b) + mu
-      st[path] = CB.update_stats(CB.init_stats(b), jnp.asarray(x, jnp.float32))
+      st[path] = calibration.update_stats(calibration.init_stats(b), jnp.asarray(x, jnp.float32))
     blocks.append(p)
     stats.append(jax.block_until_ready(st))
   return cfg, blocks, stats
 
 
-def split(method: str) -> tuple[str, D.DSnoTConfig | None]:
+def split(method: str) -> tuple[str, dsnot.DSnoTConfig | None]:
   """(score name, DSnoT config or None)."""
-  return ("wanda", D.dsnot(skip=())) if method == "wanda+dsnot" else (method, None)
+  return ("wanda", dsnot.dsnot(skip=())) if method == "wanda+dsnot" else (method, None)
 
 
 # --- the library ----------------------------------------------------------------------------
@@ -96,15 +99,15 @@ def split(method: str) -> tuple[str, D.DSnoTConfig | None]:
 def run_library(method, blocks, stats, sparsity, repeats):
   """(median seconds of a pass over all blocks, compile seconds, [{path: bool mask}])."""
   name, refine = split(method)
-  score_fn = S.by_name(name)  # one object: prune_block's static argument, one compile
+  score_fn = scores.by_name(name)  # one object: prune_block's static argument, one compile
   keys = [jax.random.fold_in(jax.random.key(0), i) for i in range(len(blocks))]
   kw = dict(score_fn=score_fn, sparsity=sparsity, refine=refine)
   t = time.perf_counter()
-  SQ.prune_block.lower(blocks[0], stats[0], keys[0], **kw).compile()  # fills jit's cache
+  sequential.prune_block.lower(blocks[0], stats[0], keys[0], **kw).compile()  # fills jit's cache
   compile_s = time.perf_counter() - t
 
   def one_pass():
-    return jax.block_until_ready([SQ.prune_block(p, st, k, **kw)
+    return jax.block_until_ready([sequential.prune_block(p, st, k, **kw)
                                   for p, st, k in zip(blocks, stats, keys)])
 
   outs = one_pass()  # warm-up
@@ -113,7 +116,7 @@ def run_library(method, blocks, stats, sparsity, repeats):
     t = time.perf_counter()
     one_pass()
     times.append(time.perf_counter() - t)
-  masks = [{path: np.asarray(m) for path, m in SQ._kernels(masks).items()}
+  masks = [{path: np.asarray(m) for path, m in sequential.kernels(masks).items()}
            for _, masks in outs]
   return statistics.median(times), compile_s, masks
 
@@ -145,7 +148,7 @@ def np_mask(score: np.ndarray, sparsity: float) -> np.ndarray:
   return mask
 
 
-def np_dsnot(w: np.ndarray, m0: np.ndarray, st: CB.CalibStats, cfg: D.DSnoTConfig
+def np_dsnot(w: np.ndarray, m0: np.ndarray, st: calibration.CalibStats, cfg: dsnot.DSnoTConfig
              ) -> tuple[np.ndarray, int]:
   """(refined mask, swaps made): DSnoT, one output neuron at a time, one swap per cycle
   (``tests/test_dsnot.py``)."""
@@ -239,7 +242,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
   args = parse_args(argv)
   cfg, blocks, stats = make_model(args)
-  blocks_np = [{path: np.asarray(w, np.float32) for path, w in SQ._kernels(p).items()}
+  blocks_np = [{path: np.asarray(w, np.float32) for path, w in sequential.kernels(p).items()}
                for p in blocks]
   shapes = {path: list(w.shape) for path, w in blocks_np[0].items()}
   rows, lib_masks = [], {}
@@ -278,7 +281,7 @@ def main(argv=None) -> dict:
                 "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads")},
             "kernel_shapes": shapes, "weights_pruned": n_params,
-            "dsnot_config": D.dsnot()._asdict(), "backend": jax.default_backend(),
+            "dsnot_config": dsnot.dsnot()._asdict(), "backend": jax.default_backend(),
             "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
             "numpy": np.__version__, "machine": platform.machine(),
             "cpu_count": os.cpu_count(), "rows": rows}

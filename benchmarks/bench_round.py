@@ -22,11 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjaxsparse.ops.aggregation import weighted_mean
-from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.data.federated import pack_clients
-from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runtime.runner import build_chunk, split_run_key
+import fedjaxsparse as fjs
 
 
 def make_data(num_clients: int, examples: int, dim: int, classes: int, seed: int = 0):
@@ -34,7 +30,7 @@ def make_data(num_clients: int, examples: int, dim: int, classes: int, seed: int
   n = num_clients * examples
   x = rng.normal(size=(n, dim)).astype(np.float32)
   y = rng.integers(0, classes, size=n)
-  return pack_clients(x, y, np.split(np.arange(n), num_clients))
+  return fjs.data.pack_clients(x, y, np.split(np.arange(n), num_clients))
 
 
 def timed(fn, repeats: int) -> tuple[float, float]:
@@ -52,10 +48,10 @@ def timed(fn, repeats: int) -> tuple[float, float]:
 
 def bench(num_clients: int, args) -> dict:
   data = make_data(num_clients, args.examples, args.dim, args.classes)
-  model = softmax_regression(args.dim, args.classes)
-  loss = make_loss(model)
+  model = fjs.models.softmax_regression(args.dim, args.classes)
+  loss = fjs.models.make_loss(model)
   params = model.init(jax.random.key(0))
-  algo = fedavg(loss, optax.sgd(args.lr), local_steps=args.local_steps)
+  algo = fjs.fedavg(loss, optax.sgd(args.lr), local_steps=args.local_steps)
   state = algo.init(jax.random.key(0), params, data)
 
   # (a) one round = one jitted program.
@@ -64,8 +60,8 @@ def bench(num_clients: int, args) -> dict:
   first_round, round_s = timed(lambda: step(key, state, data)[0].params, args.repeats)
 
   # (b) R rounds under lax.scan in one program (the runner's chunk), per round.
-  _, rounds_key = split_run_key(key)
-  chunk = jax.jit(build_chunk(algo, args.scan_rounds))
+  _, rounds_key = fjs.runtime.runner.split_run_key(key)
+  chunk = jax.jit(fjs.runtime.runner.build_chunk(algo, args.scan_rounds))
   first_scan, scan_s = timed(
       lambda: chunk(rounds_key, state, jnp.int32(0), jnp.int32(args.scan_rounds), data,
                     None)[0].params, max(1, args.repeats // 2))
@@ -75,7 +71,7 @@ def bench(num_clients: int, args) -> dict:
   def client_step(p, x, y, m):
     return jax.tree.map(lambda a, g: a - args.lr * g, p, jax.grad(loss)(p, x, y, m))
 
-  average = jax.jit(weighted_mean)
+  average = jax.jit(fjs.aggregation.weighted_mean)
 
   xs = [data.x[i] for i in range(num_clients)]
   ys = [data.y[i] for i in range(num_clients)]

@@ -36,9 +36,7 @@ import time
 import jax
 import numpy as np
 
-from fedjaxsparse.algorithms.scafflix import local_optima, scafflix
-from fedjaxsparse.data.federated import pack_clients
-from fedjaxsparse.models import logistic_regression, make_loss
+import fedjaxsparse as fjs
 
 
 def make_problem(num_clients: int, examples: int, dim: int, seed: int = 0):
@@ -51,7 +49,7 @@ def make_problem(num_clients: int, examples: int, dim: int, seed: int = 0):
   z = np.einsum("nmd,nd->nm", a, w) + rng.normal(scale=0.5, size=(num_clients, examples))
   y = (z > 0).astype(np.int32)
   n = num_clients * examples
-  data = pack_clients(a.reshape(n, dim), y.reshape(n), np.split(np.arange(n), num_clients))
+  data = fjs.data.pack_clients(a.reshape(n, dim), y.reshape(n), np.split(np.arange(n), num_clients))
   return data, a, y
 
 
@@ -90,15 +88,15 @@ def loop_run(state, a, y, gammas, alphas, p: float, mu: float, coins
 
 def bench(num_clients: int, args) -> dict:
   data, a, y = make_problem(num_clients, args.examples, args.dim)
-  model = logistic_regression(args.dim, l2=args.mu, use_bias=False)
-  loss = make_loss(model)
+  model = fjs.models.logistic_regression(args.dim, l2=args.mu, use_bias=False)
+  loss = fjs.models.make_loss(model)
   li = args.mu + np.sum(a.astype(np.float64) ** 2, (1, 2)) / (4 * args.examples)
   gammas = (1 / li).astype(np.float32)
   alphas = np.full(num_clients, args.alpha, np.float32)
   w0 = model.init(jax.random.key(0))
-  x_star = local_optima(loss, w0, data, lr=float(1 / li.max()), max_steps=args.presolve_steps
-                        ).x_star
-  algo = scafflix(loss, gammas, args.p, alphas, x_star)
+  x_star = fjs.algorithms.scafflix.local_optima(loss, w0, data, lr=float(1 / li.max()),
+                                                max_steps=args.presolve_steps).x_star
+  algo = fjs.scafflix(loss, gammas, args.p, alphas, x_star)
   state = algo.init(jax.random.key(0), w0, data)
 
   @jax.jit

@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+import fedjaxsparse as fjs
+
 
 def measure(name: str, quick: bool, timeout_s: float) -> dict:
   with tempfile.TemporaryDirectory() as out:
@@ -44,8 +46,7 @@ def main() -> None:
   parser.add_argument("--timeout", type=float, default=7200)
   parser.add_argument("--out", default="benchmarks/results")
   args = parser.parse_args()
-  from fedjaxsparse.harness.cli import experiments
-  names = sorted(experiments()) if not args.only else args.only
+  names = sorted(fjs.harness.cli.experiments()) if not args.only else args.only
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "experiment_runtimes.json")
   rows = []

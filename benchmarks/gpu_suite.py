@@ -42,7 +42,6 @@ import numpy as np
 import optax
 
 import fedjaxsparse as fjs
-from fedjaxsparse.data.federated import pack_clients
 
 
 def block(tree):
@@ -73,7 +72,7 @@ def images(num_clients: int, per_client: int, shape=(28, 28, 1), classes: int = 
   n = num_clients * per_client
   x = rng.normal(size=(n,) + shape).astype(np.float32)
   y = rng.integers(0, classes, n)
-  return pack_clients(x, y, np.split(np.arange(n), num_clients))
+  return fjs.data.pack_clients(x, y, np.split(np.arange(n), num_clients))
 
 
 def vectors(num_clients: int, per_client: int, dim: int, classes: int = 2, seed=0):
@@ -81,7 +80,7 @@ def vectors(num_clients: int, per_client: int, dim: int, classes: int = 2, seed=
   n = num_clients * per_client
   x = rng.normal(size=(n, dim)).astype(np.float32)
   y = rng.integers(0, classes, n)
-  return pack_clients(x, y, np.split(np.arange(n), num_clients))
+  return fjs.data.pack_clients(x, y, np.split(np.arange(n), num_clients))
 
 
 def flops_of(compiled) -> float | None:

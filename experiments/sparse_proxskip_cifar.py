@@ -4,8 +4,10 @@ Setting (seed 000 appendix E; spec A.15.3): 10 clients, full participation, FedL
 unbalanced Dirichlet split (label proportions Dirichlet(0.3), client sizes log-normal with
 σ = 0.3), 90 % sparsity, minibatch local steps, gradient clipping, weight decay 1e-4,
 flip/crop/normalise augmentation (inside ``jit``), p = 1/#local steps, 500 communication
-rounds. Methods: Final-TopK (dense ProxSkip), Accelerated-Server-Pruning, Sparse-ProxSkip-Local,
-Sparse-ProxSkip and FedAvg, every model Top-K'd at evaluation. With ``--set search=N`` every
+rounds. Methods: Final-TopK (dense ProxSkip), FedHT, FedIHT, Accelerated-Server-Pruning,
+RandProx-l1 (λ = ``lam``, default 1/(2N)), Sparse-ProxSkip-Local, Sparse-ProxSkip and FedAvg,
+every model Top-K'd at evaluation; FedHT, FedIHT and FedAvg run rounds of ``local_steps``
+local steps, the ProxSkip family rounds of Geometric(p) local steps. With ``--set search=N`` every
 method is tuned by the paper's random search — learning rate, local steps ∈ [8, 256],
 batch size ∈ {32, 64}, clipping threshold log-uniform in [10, 200] — in two stages of N
 candidates on a validation split of the clients' training data (candidates with the same
@@ -31,10 +33,10 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.algorithms.fedavg import clipped_sgd, fedavg
+from fedjaxsparse.algorithms.fedht import fedht, fediht
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
@@ -74,6 +76,8 @@ OPTIONS = (
            low_open=True),
     Option("clip_mode", "norm", "gradient clipping: global norm or per value",
            choices=("norm", "value")),
+    Option("lam", None, "RandProx-l1 weight (default seed 000's literal 1/(2N))", kind="float",
+           low=0.0),
     Option("weight_decay", 1e-4, "l2 weight decay", low=0.0),
     Option("augment", True, "random crop (and, on CIFAR, flip) of every local minibatch"),
     Option("search", 0, "candidates per stage of the two-stage random search run for every "
@@ -91,7 +95,8 @@ OPTIONS = (
 )
 STAND_IN_ROUNDS, STAND_IN_EVAL_EVERY = 20, 5
 ASP, SPS_LOCAL, SPS = "Accelerated-Server-Pruning", "Sparse-ProxSkip-Local", "Sparse-ProxSkip"
-METHODS = ("Final-TopK", ASP, SPS_LOCAL, SPS, "FedAvg")
+METHODS = ("Final-TopK", "FedHT", "FedIHT", ASP, "RandProx-l1", SPS_LOCAL, SPS, "FedAvg")
+FEDAVG_STYLE = ("FedHT", "FedIHT", "FedAvg")  # rounds of a static number of local steps
 PAPERS = {"figure4": PaperConfig(
     "figure4", "seed 000 appendix E, Figure 4 (CIFAR-10, ResNet-18)", dataset="cifar10",
     standin="digits", clients=10, rounds=500, eval_every=25,
@@ -170,15 +175,20 @@ def _run(cfg: Config, opts: dict) -> dict:
   def build(name, lr, clip, steps, batch):
     """Method ``name``; ``lr`` and ``clip`` may be traced (a search), ``steps`` and
     ``batch`` are static."""
-    if name == "FedAvg":
-      clipper = (optax.clip_by_global_norm(clip) if opts["clip_mode"] == "norm" else
-                 optax.clip(clip))
-      return fedavg(loss, optax.chain(clipper, optax.sgd(lr)), local_steps=steps,
-                    batch_size=batch, weighting="uniform", augment=augment)
+    if name in FEDAVG_STYLE:   # rounds of `steps` local steps
+      kw = dict(batch_size=batch, weighting="uniform", augment=augment)
+      optimizer = clipped_sgd(lr, clip, opts["clip_mode"])
+      return {"FedAvg": lambda: fedavg(loss, optimizer, local_steps=steps, **kw),
+              "FedHT": lambda: fedht(loss, lr, steps, sparsity, clip=clip,
+                                     clip_mode=opts["clip_mode"], **kw),
+              "FedIHT": lambda: fediht(loss, lr, steps, sparsity, clip=clip,
+                                       clip_mode=opts["clip_mode"], **kw)}[name]()
     kw = dict(batch_size=batch, clip=clip, clip_mode=opts["clip_mode"], augment=augment,
               form="round")
     p = 1.0 / steps
+    lam = opts["lam"] if opts["lam"] is not None else 1.0 / (2 * ds.num_clients)
     return {"Final-TopK": lambda: ps.proxskip(loss, lr, p, **kw),
+            "RandProx-l1": lambda: ps.randprox_l1(loss, lr, p, lam, **kw),
             ASP: lambda: ps.accelerated_server_pruning(loss, lr, p, sparsity, **kw),
             SPS_LOCAL: lambda: ps.sparse_proxskip_local(loss, lr, p, sparsity, **kw),
             SPS: lambda: ps.sparse_proxskip(loss, lr, p, sparsity, **kw)}[name]()
@@ -251,7 +261,7 @@ def _run(cfg: Config, opts: dict) -> dict:
   png = plot_methods(records, "accuracy", os.path.join(out, f"{NAME}.png"),
                      title=f"{label}, {model_name}, {sparsity:.0%} sparsity",
                      x="round", bits="uplink_bits_per_client", colors=colors)
-  plot_series({m: r for m, r in records.items() if m != "FedAvg"},
+  plot_series({m: r for m, r in records.items() if m not in FEDAVG_STYLE},
               ["sum_h_norm", "mean_h_norm", "loss"], os.path.join(out, f"{NAME}_h.png"),
               title="control variates", x="round", colors=colors)
   print(f"results: {path}\nplot: {png}")

@@ -9,7 +9,7 @@ import pytest
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.aggregation import client_weights
-from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.algorithms.fedavg import clipped_sgd, fedavg
 from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimum,
                                         ridge_regression_problem, uniform_weights)
 from fedjaxsparse.models import linear_regression, make_loss
@@ -188,3 +188,13 @@ def test_float64_one_full_batch_step_is_gradient_descent_to_1e12(ridge, weightin
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(x)):
       assert a.dtype == jnp.float64
       np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_clipped_sgd_rescales_to_the_norm_or_clips_each_value():
+  g = {"a": jnp.array([3.0, -4.0]), "b": jnp.array([0.0])}          # global norm 5
+  step = lambda opt: opt.update(g, opt.init(g))[0]                  # noqa: E731
+  np.testing.assert_allclose(step(clipped_sgd(0.5, 1.0, "norm"))["a"], [-0.3, 0.4], rtol=1e-6)
+  np.testing.assert_allclose(step(clipped_sgd(0.5, 3.5, "value"))["a"], [-1.5, 1.75])
+  np.testing.assert_allclose(step(clipped_sgd(0.5))["a"], [-1.5, 2.0])   # no clipping
+  with pytest.raises(ValueError, match="clip_mode must be one of"):
+    clipped_sgd(0.5, 1.0, "max")

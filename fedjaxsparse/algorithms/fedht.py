@@ -22,30 +22,30 @@ are charged by their non-zeros (``encoding="auto"``).
 """
 from __future__ import annotations
 
-import optax
-
-from fedjaxsparse.algorithms.fedavg import LossFn, fedavg
+from fedjaxsparse.algorithms.fedavg import LossFn, clipped_sgd, fedavg
 from fedjaxsparse.ops import proxes
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.errors import check_positive
 
 
 def fedht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
-          scope: str = "global", weighting: str = "uniform", **kw) -> Algorithm:
-  """FedHT: ``w ← TopK(mean_i LocalSGD_i(w))``."""
+          scope: str = "global", weighting: str = "uniform", clip: float | None = None,
+          clip_mode: str = "norm", **kw) -> Algorithm:
+  """FedHT: ``w ← TopK(mean_i LocalSGD_i(w))`` (local SGD with gradient clipping given
+  ``clip``: :func:`~fedjaxsparse.algorithms.fedavg.clipped_sgd`)."""
   kw.setdefault("encoding", "auto")
-  return fedavg(loss_fn, optax.sgd(check_positive("lr", lr)), local_steps=local_steps,
+  return fedavg(loss_fn, clipped_sgd(check_positive("lr", lr), clip, clip_mode), local_steps=local_steps,
                 weighting=weighting,
                 server_prox=proxes.top_k(sparsity, scope), **kw)
 
 
 def fediht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
            scope: str = "global", weighting: str = "uniform", prune_every_step: bool = False,
-           **kw) -> Algorithm:
+           clip: float | None = None, clip_mode: str = "norm", **kw) -> Algorithm:
   """FedIHT: ``w ← mean_i TopK(LocalSGD_i(w))`` (Top-K also after every local step if
-  ``prune_every_step``)."""
+  ``prune_every_step``; gradient clipping as in :func:`fedht`)."""
   prox = proxes.top_k(sparsity, scope)
   kw.setdefault("encoding", "auto")
-  return fedavg(loss_fn, optax.sgd(check_positive("lr", lr)), local_steps=local_steps,
+  return fedavg(loss_fn, clipped_sgd(check_positive("lr", lr), clip, clip_mode), local_steps=local_steps,
                 weighting=weighting,
                 upload_prox=prox, local_prox=prox if prune_every_step else None, **kw)

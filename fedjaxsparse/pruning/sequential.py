@@ -84,11 +84,13 @@ def _linear_inputs(col: dict[str, Any], prefix: str = "") -> dict[str, tuple]:
   return out
 
 
-def _kernels(p: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def kernels(p: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  """The ``kernel`` leaves of a nested flax parameter dict by their layer paths,
+  ``{"block/Dense_0": kernel}`` (the matrices a block-wise pruner scores)."""
   out = {}
   for k, v in p.items():
     if isinstance(v, dict):
-      out.update(_kernels(v, prefix + k + "/"))
+      out.update(kernels(v, prefix + k + "/"))
     elif k == "kernel":
       out[prefix[:-1]] = v
   return out
@@ -129,17 +131,17 @@ def prune(source, calib_ids: np.ndarray, score_fn, *, sparsity: float | None = N
     blocks = tqdm(blocks, desc="prune blocks", unit="block")
   for i in blocks:
     p = jax.device_put(source.block(i))
-    kernels = _kernels(p)
+    block_kernels = kernels(p)
     acc = {path: (calibration.init_stats(w.shape[0]),
                   jnp.zeros((w.shape[0],) * 2, jnp.float32) if w.shape[0] <= gram_limit
-                  else None) for path, w in kernels.items()}
+                  else None) for path, w in block_kernels.items()}
     for hb in h:
       acc = calib(p, hb, acc, gram_limit)
     stats = {path: st for path, (st, _) in acc.items()}
     new, masks = prune_block(p, stats, jax.random.fold_in(key, i), score_fn=score_fn,
                              sparsity=sparsity, nm=nm, group=group, refine=refine)
-    new_k, mask_k = _kernels(new), _kernels(masks)
-    for path, w in kernels.items():
+    new_k, mask_k = kernels(new), kernels(masks)
+    for path, w in block_kernels.items():
       _, g = acc[path]
       err = None
       if g is not None:

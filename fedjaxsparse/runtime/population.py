@@ -128,7 +128,9 @@ class HostRun(NamedTuple):
   peak_device_bytes: int
 
 
-def _live_device_bytes() -> int:
+def live_device_bytes() -> int:
+  """Bytes held by every live JAX array of this process (what :func:`run_on_host` reports as
+  its peak device memory)."""
   return sum(a.nbytes for a in jax.live_arrays())
 
 
@@ -170,7 +172,7 @@ def run_on_host(algo: CohortAlgorithm, key: jax.Array, params: Any, train: Feder
   history = History()
   if evaluate is not None:
     history.add_eval(0, jax.device_get(evaluate(server.params, test)))
-  peak = _live_device_bytes()
+  peak = live_device_bytes()
   bar = tqdm(total=num_rounds, desc=desc, disable=not progress, unit="round", leave=True)
   try:
     for r in range(num_rounds):
@@ -180,7 +182,7 @@ def run_on_host(algo: CohortAlgorithm, key: jax.Array, params: Any, train: Feder
       server, rows, info = round_step(key_r, server, rows, ids,
                                       jax.tree.map(lambda a: a[ids], host))
       jax.tree.map(lambda a, v: a.__setitem__(ids, v), clients, jax.device_get(rows))
-      peak = max(peak, _live_device_bytes())
+      peak = max(peak, live_device_bytes())
       info = {k: np.asarray(v)[None] for k, v in info._asdict().items() if np.ndim(v) == 0}
       out = _HostChunk(info)
       history.add_chunk(r, out, 1)
