@@ -17,11 +17,8 @@ static local-step count and batch size run as one vmapped program).
 (``--data-dir``), and in CI, a CPU-sized stand-in runs instead — digits (8×8 images, the same
 unbalanced Dirichlet split) with a small CNN (5×5 convolutions of 8 and 16 channels, one 2×2
 pool, 64 dense units: 20,522 parameters, every layer keeping weights under 90 % global Top-K),
-20 rounds, crop-only augmentation (no flips on digits) — labelled as such. Measured at the
-defaults (2 CPU cores, 67 s): final accuracy Final-TopK 61.7 %, Sparse-ProxSkip 45.0 %,
-FedAvg 45.3 %, Sparse-ProxSkip-Local 36.9 %, Accelerated-Server-Pruning 10.1 % (best 22.9 %;
-it prunes only on the server, so the clients' control variates never see the sparse model). The paper shows a figure only, so there are no numbers to print
-beside ours.
+20 rounds, crop-only augmentation (no flips on digits) — labelled as such. The paper shows a
+figure only, so there are no numbers to print beside ours.
 
 Options: see ``OPTIONS`` (``fedjaxsparse describe sparse_proxskip_cifar``).
 """
@@ -59,8 +56,9 @@ QUICK_RUNTIME = "measured 40 s on 2 CPU cores (a fresh process, XLA's default fl
 BUDGET = ("communication rounds for every method: ProxSkip-family rounds of Geometric(p) "
           "local steps (p = 1/local_steps), FedAvg rounds of local_steps steps; default 500 on "
           "CIFAR-10 (the paper), 20 on the CPU stand-in")
-RUNTIME = ("CPU stand-in (no CIFAR-10 prepared): measured 67 s on 2 CPU cores; ResNet-18 on "
-           "CIFAR-10 needs a GPU (the paper: up to 20 h per run on an A100)")
+RUNTIME = ("CPU stand-in (no CIFAR-10 prepared): about 2-3 minutes (8 methods; measured "
+           "3 min 5 s on 2 busy CPU cores); ResNet-18 on CIFAR-10 needs a GPU (the paper: up "
+           "to 20 h per run on an A100)")
 OPTIONS = (
     Option("model", None, "resnet18 or cnn (default: resnet18 on CIFAR-10, a small CNN on the "
            "stand-in)", kind="str", choices=("resnet18", "cnn")),
