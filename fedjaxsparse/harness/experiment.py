@@ -527,6 +527,11 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   prep = data or (lambda candidate, split: split)
   scores = {}
   if len(grid) > 1:
+    shown = cfg.progress and jax.process_index() == 0
+    if shown:   # tuning runs have no bars of their own: a line per candidate instead
+      print(f"{name}: tuning {len(grid)} candidates, {tune_cfg.rounds} round(s) each on the "
+            "validation split", file=sys.stderr, flush=True)
+    steps = Steps(len(grid), f"{name} tuning", enabled=shown)
     for c in grid:
       algo, ev = _built(build(c, Run(0, tune_cfg.rounds, True)), eval_fn)
       rec = run_method(tune_cfg, experiment, f"{name} tune {label(c)}", algo, params,
@@ -534,6 +539,7 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
       value = last(rec["history"]["evals"].get(metric, []))
       bad = rec["diverged"] or value is None or not math.isfinite(value)
       scores[c] = -1.0 if bad else value
+      steps.done(f"{label(c)} ({metric} {'diverged' if bad else f'{value:.4g}'})")
   best = max(scores, key=scores.get) if scores else grid[0]
   records, finals = [], []
   for s in range(seeds):
