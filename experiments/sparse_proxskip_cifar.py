@@ -52,7 +52,7 @@ DESCRIPTION = "Seed 000 Fig. 4: SPS family, ResNet-18 on CIFAR-10 (CPU stand-in:
 DEFAULTS = dict(rounds=None, clients=10, dataset="cifar10", eval_every=None)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=2, eval_every=2, clients=4, options=dict(local_steps=3))
-QUICK_RUNTIME = "measured 40 s on 2 CPU cores (a fresh process, XLA's default flags)"
+QUICK_RUNTIME = "measured 45 s on 2 CPU cores (a fresh process, XLA's default flags; 8 methods)"
 BUDGET = ("communication rounds for every method: ProxSkip-family rounds of Geometric(p) "
           "local steps (p = 1/local_steps), FedAvg rounds of local_steps steps; default 500 on "
           "CIFAR-10 (the paper), 20 on the CPU stand-in")
