@@ -17,7 +17,7 @@ from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partition import partition as partition_fn
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.data.standins import mushrooms_arrays
+from fedjaxsparse.data.standins import BINARY_SHAPES, binary_arrays_like, mushrooms_arrays
 
 FORMAT = "LABEL INDEX:VALUE ..."
 
@@ -143,8 +143,9 @@ def libsvm(data_dir: str | None = None, num_clients: int = 10, partition: str = 
 def binary_arrays(name: str, data_dir: str | None, experiment: str = "") -> tuple:
   """``(x, y, label)`` of a binary classification set for the convex experiments:
   ``"libsvm"`` (the LIBSVM file at ``data_dir``), ``"mushrooms_standin"`` (the labelled
-  synthetic stand-in of mushrooms' shape) or ``"breast_cancer"`` (scikit-learn's real set,
-  features scaled to [0, 1])."""
+  synthetic stand-in of mushrooms' shape), ``"phishing_standin"``, ``"a9a_standin"``,
+  ``"w8a_standin"`` (:func:`fedjaxsparse.data.standins.binary_arrays_like`) or
+  ``"breast_cancer"`` (scikit-learn's real set, features scaled to [0, 1])."""
   if name == "libsvm":
     if not data_dir:
       raise FileNotFoundError("no LIBSVM file given: download it from "
@@ -158,9 +159,14 @@ def binary_arrays(name: str, data_dir: str | None, experiment: str = "") -> tupl
   if name == "mushrooms_standin":
     x, y = mushrooms_arrays()
     return x, y, "synthetic stand-in of mushrooms' shape (8124 x 112 one-hot)"
+  if name.endswith("_standin") and name[:-len("_standin")] in BINARY_SHAPES:
+    x, y = binary_arrays_like(name[:-len("_standin")])
+    return x, y, f"synthetic stand-in of {name[:-len('_standin')]}'s shape ({x.shape[0]} x " \
+                 f"{x.shape[1]} binary)"
   if name != "breast_cancer":
-    raise ConfigError(f"{experiment} runs on --dataset mushrooms_standin or breast_cancer "
-                      f"(embedded) or libsvm (with --data-dir FILE), got {name!r}.")
+    others = ", ".join(f"{k}_standin" for k in BINARY_SHAPES)
+    raise ConfigError(f"{experiment} runs on --dataset mushrooms_standin, {others} or "
+                      f"breast_cancer (embedded) or libsvm (with --data-dir FILE), got {name!r}.")
   from sklearn.datasets import load_breast_cancer  # deferred: scikit-learn is slow to import
   x, y = load_breast_cancer(return_X_y=True)
   x = (x - x.min(0)) / (x.max(0) - x.min(0))

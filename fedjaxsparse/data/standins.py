@@ -13,6 +13,9 @@ not its numbers: accuracies and R² on a stand-in are not comparable with the pa
   ≈ 95 and max ≈ 1,100 examples, 280 attributes scaled to [0, 1] plus the bias column, a
   non-negative heavy-tailed target, a pooled test split of 7,624 rows).
 * :func:`mushrooms_arrays`: mushrooms' shape (8,124 × 112 one-hot, 22 attributes).
+* :func:`binary_arrays_like`: the shapes of LIBSVM's phishing (11,055 × 68), a9a (32,561 ×
+  123) and w8a (49,749 × 300) binary sets: 0/1 features of the real set's density and class
+  balance.
 * :func:`fashion_mnist_standin`: Fashion-MNIST's files (uint8 28×28 images, 10 balanced
   classes), for writing IDX files with :func:`fedjaxsparse.data.fashion_mnist.write_split`.
 """
@@ -25,6 +28,10 @@ from fedjaxsparse.data.partition import lognormal_sizes
 
 FEMNIST_MEAN, FEMNIST_SD = 226.83, 88.94  # LEAF (Caldas et al. 2018), Table 1
 MUSHROOM_CARDINALITIES = (6, 4, 10, 2, 9, 2, 2, 2, 12, 2, 4, 4, 4, 9, 9, 1, 4, 3, 5, 9, 6, 3)
+BINARY_SHAPES = {"phishing": (11055, 68, 0.557, 30 / 68), "a9a": (32561, 123, 0.241, 13.87 / 123),
+                 "w8a": (49749, 300, 0.0297, 11.65 / 300)}
+"""LIBSVM binary sets: ``name -> (examples, features, fraction of class 1, mean fraction of
+non-zero features)``, from the LIBSVM data page and the files' statistics."""
 
 
 def _smooth(noise: np.ndarray, passes: int) -> np.ndarray:
@@ -154,3 +161,20 @@ def mushrooms_arrays(num_examples: int = 8124, seed: int = 0) -> tuple[np.ndarra
     values = (u > np.cumsum(probs[y], axis=1)).sum(1).clip(0, card - 1)
     blocks.append(np.eye(card, dtype=np.float32)[values])
   return np.concatenate(blocks, 1), y
+
+
+def binary_arrays_like(name: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """``(x float32 [n, d] in {0, 1}, y int32 [n])`` of the shape of LIBSVM's ``name``
+  (:data:`BINARY_SHAPES`: phishing, a9a, w8a): the label is drawn with the real set's class
+  balance, then every feature independently with a class-conditional probability (per class
+  and feature, Beta-distributed around the real set's mean density), so the Bayes posterior
+  is a logistic model of the features."""
+  if name not in BINARY_SHAPES:
+    raise ValueError(f"name must be one of {sorted(BINARY_SHAPES)}, got {name!r}.")
+  n, d, positive, density = BINARY_SHAPES[name]
+  rng = np.random.default_rng(seed)
+  y = (rng.random(n) < positive).astype(np.int32)
+  concentration = 2.0
+  probs = rng.beta(density * concentration, (1 - density) * concentration, size=(2, d))
+  x = (rng.random((n, d)) < probs[y]).astype(np.float32)
+  return x, y
