@@ -12,9 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.pruning import zig as Z
-from fedjaxsparse.algorithms import ato as A
-from fedjaxsparse.models import prunable as P
+import fedjaxsparse as fjs
+
+ato = fjs.algorithms.ato
 
 
 @pytest.fixture(scope="module")
@@ -25,31 +25,31 @@ def digits():
 
 
 def _setup(cfg, lr=0.05):
-  module, model = P.mlp((64,), 10, hidden=(32, 16))
-  zigs = Z.trace(module, (64,))
+  module, model = fjs.models.prunable.mlp((64,), 10, hidden=(32, 16))
+  zigs = fjs.pruning.zig.trace(module, (64,))
   opt = optax.sgd(lr, momentum=0.9)
-  return model, zigs, opt, A.ato(model, zigs, opt, lambda t: lr, cfg)
+  return model, zigs, opt, fjs.ato(model, zigs, opt, lambda t: lr, cfg)
 
 
 def test_gumbel_sigmoid_straight_through_and_initial_mask():
   o = jnp.linspace(-6.0, 2.0, 9)
   key = jax.random.key(0)
-  w = A.gumbel_sigmoid(o, key, 3.0, 0.4)
+  w = ato.gumbel_sigmoid(o, key, 3.0, 0.4)
   assert set(np.unique(np.asarray(w))) <= {0.0, 1.0}
   s = jax.random.gumbel(key, o.shape)
   sig = jax.nn.sigmoid((o + s + 3.0) / 0.4)
-  g = jax.grad(lambda o: jnp.sum(A.gumbel_sigmoid(o, key, 3.0, 0.4) * jnp.arange(9.0)))(o)
+  g = jax.grad(lambda o: jnp.sum(ato.gumbel_sigmoid(o, key, 3.0, 0.4) * jnp.arange(9.0)))(o)
   np.testing.assert_allclose(np.asarray(g), np.asarray(sig * (1 - sig) / 0.4 * jnp.arange(9.0)),
                              rtol=1e-5, atol=1e-7)
-  module, model = P.cifar_resnet(56)
-  zigs = Z.trace(module, (32, 32, 3))
-  algo = A.ato(model, zigs, optax.sgd(0.1), lambda t: 0.1, A.ATOConfig())
+  module, model = fjs.models.prunable.cifar_resnet(56)
+  zigs = fjs.pruning.zig.trace(module, (32, 32, 3))
+  algo = fjs.ato(model, zigs, optax.sgd(0.1), lambda t: 0.1, ato.ATOConfig())
   st = jax.eval_shape(lambda: algo.init(jax.random.key(1), {}))
   assert st.w.shape == (zigs.num_groups,)
-  ctrl = A.Controller(tuple(s.size for s in zigs.prunable))
+  ctrl = ato.Controller(tuple(s.size for s in zigs.prunable))
   z = jax.random.normal(jax.random.key(2), (len(zigs.prunable), 64))
   o = ctrl.apply(ctrl.init(jax.random.key(3), z), z)
-  fracs = [float(jnp.mean(A.gumbel_sigmoid(o, jax.random.key(k), 3.0, 0.4))) for k in range(5)]
+  fracs = [float(jnp.mean(ato.gumbel_sigmoid(o, jax.random.key(k), 3.0, 0.4))) for k in range(5)]
   assert min(fracs) >= 0.99                                   # b = 3, τ = 0.4: nearly all keep
 
 
@@ -75,8 +75,8 @@ def test_reduces_to_plain_training_bit_for_bit(digits):
   batches = [(jnp.asarray(x[i:i + 64]), jnp.asarray(y[i:i + 64])) for i in range(0, 256, 64)]
   want = None
   for case in ("lam0", "w_ones"):
-    cfg = (A.ATOConfig(lam=0.0, T_w=0) if case == "lam0"
-           else A.ATOConfig(lam=10.0, T_w=0, T_start=50, T_end=60))
+    cfg = (ato.ATOConfig(lam=0.0, T_w=0) if case == "lam0"
+           else ato.ATOConfig(lam=10.0, T_w=0, T_start=50, T_end=60))
     model, zigs, opt, algo = _setup(cfg)
     params = model.init(jax.random.key(0))
     st = algo.init(jax.random.key(1), params)
@@ -93,7 +93,7 @@ def test_reduces_to_plain_training_bit_for_bit(digits):
 @pytest.mark.xla_default_emitters
 def test_prox_phase_zeroes_masked_groups_and_spares_kept_ones(digits):
   x, y = digits
-  model, zigs, opt, algo = _setup(A.ATOConfig(lam=20.0, T_w=1), lr=0.05)   # ηλ = 1
+  model, zigs, opt, algo = _setup(ato.ATOConfig(lam=20.0, T_w=1), lr=0.05)   # ηλ = 1
   params = model.init(jax.random.key(0))
   st = algo.init(jax.random.key(1), params)
   w = (np.arange(zigs.num_groups) % 3 != 0).astype(np.float32)
@@ -105,8 +105,8 @@ def test_prox_phase_zeroes_masked_groups_and_spares_kept_ones(digits):
   for a, b in zip(jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(plain)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   after, info = step(st._replace(epoch=jnp.asarray(1)), xb, yb)
-  nrm_plain = np.asarray(Z.group_norms(zigs, plain))
-  nrm = np.asarray(Z.group_norms(zigs, after.params))
+  nrm_plain = np.asarray(fjs.pruning.zig.group_norms(zigs, plain))
+  nrm = np.asarray(fjs.pruning.zig.group_norms(zigs, after.params))
   dead = (w == 0) & (nrm_plain <= 1.0)
   assert 0 < dead.sum() < (w == 0).sum()                      # some zeroed, some shrunk
   np.testing.assert_allclose(nrm[w == 0], np.maximum(nrm_plain[w == 0] - 1.0, 0), atol=1e-6)
@@ -115,7 +115,7 @@ def test_prox_phase_zeroes_masked_groups_and_spares_kept_ones(digits):
 
 
 def test_mask_frozen_outside_the_controller_window():
-  model, zigs, opt, algo = _setup(A.ATOConfig(T_start=1, T_end=2))
+  model, zigs, opt, algo = _setup(ato.ATOConfig(T_start=1, T_end=2))
   st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
   st = st._replace(w=jnp.zeros_like(st.w))
   shifted = jax.tree_util.tree_map(lambda a: a - 5.0, st.ctrl_params)   # drives w to 0
@@ -128,28 +128,28 @@ def test_mask_frozen_outside_the_controller_window():
   np.testing.assert_array_equal(np.asarray(st3.w), np.asarray(st2.w))
 
 
-@pytest.mark.parametrize("penalty", A.PENALTIES)
+@pytest.mark.parametrize("penalty", ato.PENALTIES)
 def test_controller_drives_flops_to_the_budget(digits, penalty):
   """(4-6) one-sided: P(w) ends at or under p·P_total (measured: far under, ~3 %); two-sided:
   it ends within 10 % of the budget."""
   x, y = digits
-  cfg = A.ATOConfig(target=0.4, gamma=4.0, ctrl_lr=1e-2, flops_penalty=penalty)
+  cfg = ato.ATOConfig(target=0.4, gamma=4.0, ctrl_lr=1e-2, flops_penalty=penalty)
   model, zigs, opt, algo = _setup(cfg)
   st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
   step = jax.jit(algo.ctrl_step)
-  full = Z.total_flops(zigs)
+  full = fjs.pruning.zig.total_flops(zigs)
   xb, yb = jnp.asarray(x[:128]), jnp.asarray(y[:128])
   for _ in range(150):
     st, _ = step(st, xb, yb)
-  w = algo.mask_logits(st.ctrl_params, st.ctrl_input, None, A.NOISE_MEDIAN["gumbel"])
-  ratio = float(Z.flops(zigs, w)) / full
+  w = algo.mask_logits(st.ctrl_params, st.ctrl_input, None, ato.NOISE_MEDIAN["gumbel"])
+  ratio = float(fjs.pruning.zig.flops(zigs, w)) / full
   if penalty == "one_sided":
     assert ratio <= 0.4
   else:
     assert abs(ratio / 0.4 - 1) < 0.1
 
 
-@pytest.mark.parametrize("noise", A.NOISES)
+@pytest.mark.parametrize("noise", ato.NOISES)
 def test_median_end_mask_is_the_noisy_masks_majority_vote(noise):
   """end_mask="median" keeps g iff P_s(round(sigmoid((o + s + b)/τ)) = 1) > 1/2, checked by
   Monte Carlo on groups whose keep probability is 6 standard errors away from 1/2; with
@@ -157,12 +157,12 @@ def test_median_end_mask_is_the_noisy_masks_majority_vote(noise):
   o = jnp.linspace(-4.5, -1.5, 301)                     # o + b around 0: probabilities vary
   n = 4000
   keys = jax.random.split(jax.random.key(0), n)
-  noisy = jax.vmap(lambda k: A.gumbel_sigmoid(o, k, 3.0, 0.4, noise))(keys)
+  noisy = jax.vmap(lambda k: ato.gumbel_sigmoid(o, k, 3.0, 0.4, noise))(keys)
   p_hat = np.asarray(jnp.mean(noisy, 0))
   clear = np.abs(p_hat - 0.5) > 6 * np.sqrt(0.25 / n)
-  median = np.asarray(A.gumbel_sigmoid(o, None, 3.0, 0.4, noise, A.NOISE_MEDIAN[noise]))
+  median = np.asarray(ato.gumbel_sigmoid(o, None, 3.0, 0.4, noise, ato.NOISE_MEDIAN[noise]))
   np.testing.assert_array_equal(median[clear], (p_hat > 0.5)[clear])
-  literal = np.asarray(A.gumbel_sigmoid(o, None, 3.0, 0.4, noise))
+  literal = np.asarray(ato.gumbel_sigmoid(o, None, 3.0, 0.4, noise))
   if noise == "gumbel":
     assert literal.sum() < median.sum() and np.all(literal <= median)
   else:
@@ -171,8 +171,8 @@ def test_median_end_mask_is_the_noisy_masks_majority_vote(noise):
 
 def test_end_epoch_uses_the_configured_mask():
   """end_epoch regenerates w from the controller with the median shift (default) or none."""
-  for end_mask, shift in (("median", A.NOISE_MEDIAN["gumbel"]), ("noise_free", 0.0)):
-    model, zigs, opt, algo = _setup(A.ATOConfig(T_start=0, T_end=0, end_mask=end_mask))
+  for end_mask, shift in (("median", ato.NOISE_MEDIAN["gumbel"]), ("noise_free", 0.0)):
+    model, zigs, opt, algo = _setup(ato.ATOConfig(T_start=0, T_end=0, end_mask=end_mask))
     st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
     # shift the controller's heads so that o + b sits near 0, where the shift matters
     ctrl = jax.tree_util.tree_map_with_path(
@@ -187,22 +187,22 @@ def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, fashion_mnist_
   """The scanned loop writes checkpoints after epochs 2 and 3; the host loop resumes from
   epoch 2 and runs epoch 3 (target steps with augmentation, the controller pass, the mask
   update) to the state the scanned loop reached."""
-  from fedjaxsparse.data.fashion_mnist import load_arrays
-  x, y = load_arrays(fashion_mnist_dir, split="test")
+  x, y = fjs.data.fashion_mnist.load_arrays(fashion_mnist_dir, split="test")
   x, y = x[:384], y[:384]
-  module, model = P.mlp((28, 28, 1), 10, hidden=(300, 100))   # the CLI test's network
-  zigs = Z.trace(module, (28, 28, 1))
-  cfg = A.ATOConfig(target=0.5, T_w=1, T_start=0, T_end=2, ctrl_lr=1e-2)
-  algo = A.ato(model, zigs, optax.sgd(0.05, momentum=0.9), lambda t: 0.05, cfg)
-  kw = dict(epochs=3, batch_size=64, ctrl_index=A.controller_subset(len(x), 0.25),
+  module, model = fjs.models.prunable.mlp((28, 28, 1), 10,
+                                          hidden=(300, 100))   # the CLI test's network
+  zigs = fjs.pruning.zig.trace(module, (28, 28, 1))
+  cfg = ato.ATOConfig(target=0.5, T_w=1, T_start=0, T_end=2, ctrl_lr=1e-2)
+  algo = fjs.ato(model, zigs, optax.sgd(0.05, momentum=0.9), lambda t: 0.05, cfg)
+  kw = dict(epochs=3, batch_size=64, ctrl_index=ato.controller_subset(len(x), 0.25),
             ctrl_batch=16, progress=False, checkpoint_dir=str(tmp_path),
             augment=lambda k, xb: xb + 0.01 * jax.random.normal(k, xb.shape),
             evaluate=lambda p, w: float(jnp.sum(w)))
   params = model.init(jax.random.key(0))
-  want, hist = A.train(algo, cfg, jax.random.key(3), params, x, y, **kw)
+  want, hist = ato.train(algo, cfg, jax.random.key(3), params, x, y, **kw)
   shutil.rmtree(tmp_path / "3")                                # as if stopped after epoch 2
-  got, hist2 = A.train(algo, cfg, jax.random.key(3), params, x, y, loop="host",
-                       checkpoint_every=0, resume=True, **kw)
+  got, hist2 = ato.train(algo, cfg, jax.random.key(3), params, x, y, loop="host",
+                         checkpoint_every=0, resume=True, **kw)
   assert 0 < float(jnp.mean(got.w)) < 1                         # the controller pruned
   np.testing.assert_array_equal(np.asarray(got.w), np.asarray(want.w))
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fedjaxsparse.ops import accounting, compressors as C
+import fedjaxsparse as fjs
 
 D = 20
 TRIALS = 20000
@@ -24,10 +24,13 @@ def _samples(comp, x, trials=TRIALS):
   return np.asarray(jax.jit(jax.vmap(comp.compress, in_axes=(0, None)))(keys, x), np.float64)
 
 
-@pytest.mark.parametrize("make", [lambda: C.rand_k(D, 5), lambda: C.natural(D),
-                                  lambda: C.qsgd(D, 4), lambda: C.identity(D),
-                                  lambda: C.stochastic_sign(D), lambda: C.terngrad(D),
-                                  lambda: C.eden(D, "uniform")])
+@pytest.mark.parametrize("make", [lambda: fjs.compressors.rand_k(D, 5),
+                                  lambda: fjs.compressors.natural(D),
+                                  lambda: fjs.compressors.qsgd(D, 4),
+                                  lambda: fjs.compressors.identity(D),
+                                  lambda: fjs.compressors.stochastic_sign(D),
+                                  lambda: fjs.compressors.terngrad(D),
+                                  lambda: fjs.compressors.eden(D, "uniform")])
 def test_unbiased_compressors(make):
   comp = make()
   x = _x()
@@ -43,7 +46,7 @@ def test_unbiased_compressors(make):
 
 
 def test_rand_k_variance_is_exact():
-  comp = C.rand_k(D, 5)
+  comp = fjs.compressors.rand_k(D, 5)
   x = _x(3)
   err = ((_samples(comp, x) - np.asarray(x)) ** 2).sum(1)
   expected = comp.omega * float(jnp.sum(x ** 2))  # E‖C(x) − x‖² = (d/k − 1)‖x‖² exactly
@@ -59,7 +62,7 @@ def _topk_np(x, k):
 
 @pytest.mark.parametrize("k, k2", [(3, 5), (1, 9), (5, 10)])
 def test_mix_mean_and_class_bounds(k, k2):
-  comp = C.mix_k(D, k, k2)
+  comp = fjs.compressors.mix_k(D, k, k2)
   for x in (_x(1), jnp.ones(D)):  # random, and equal magnitudes (where the bounds are tight)
     xn = np.asarray(x, np.float64)
     s = _samples(comp, x)
@@ -76,7 +79,7 @@ def test_mix_mean_and_class_bounds(k, k2):
 
 @pytest.mark.parametrize("k, k2", [(2, 8), (1, 10)])
 def test_comp_mean_is_top_k2_and_class_bounds(k, k2):
-  comp = C.comp_k(D, k, k2)
+  comp = fjs.compressors.comp_k(D, k, k2)
   x = _x(2)
   xn = np.asarray(x, np.float64)
   s = _samples(comp, x)
@@ -94,10 +97,10 @@ def test_top_k_scaled_rand_k_and_sign_contract():
   x = _x(4)
   xn = np.asarray(x, np.float64)
   norm2 = (xn ** 2).sum()
-  for comp in (C.top_k(D, 4), C.scaled_sign(D)):
+  for comp in (fjs.compressors.top_k(D, 4), fjs.compressors.scaled_sign(D)):
     y = np.asarray(comp.compress(jax.random.key(0), x))
     assert ((y - xn) ** 2).sum() <= (comp.eta ** 2 + comp.omega) * norm2 + 1e-6
-  s = _samples(C.scaled_rand_k(D, 5), x)
+  s = _samples(fjs.compressors.scaled_rand_k(D, 5), x)
   np.testing.assert_allclose(s.mean(0), 0.25 * xn, atol=5 * s.std(0).max() / math.sqrt(TRIALS))
 
 
@@ -106,19 +109,20 @@ def test_top_k_scaled_rand_k_and_sign_contract():
 def test_exact_nnz_and_bits(d, data):
   k = data.draw(st.integers(1, d))
   x = jnp.asarray(np.random.default_rng(d).normal(size=d) + 3.0, jnp.float32)  # no zeros
-  for comp in (C.rand_k(d, k), C.top_k(d, k), C.scaled_rand_k(d, k)):
+  for comp in (fjs.compressors.rand_k(d, k), fjs.compressors.top_k(d, k),
+               fjs.compressors.scaled_rand_k(d, k)):
     y = comp.compress(jax.random.key(k), x)
-    assert int(accounting.nnz(y)) == k
-    assert comp.bits(d) == accounting.sparse_bits(k, d)
+    assert int(fjs.accounting.nnz(y)) == k
+    assert comp.bits(d) == fjs.accounting.sparse_bits(k, d)
 
 
 def test_pytree_input_and_scaling():
   tree = {"a": jnp.arange(1.0, 7.0).reshape(2, 3), "b": jnp.array([10.0, -20.0])}
-  y = C.top_k(8, 2).compress(jax.random.key(0), tree)
+  y = fjs.compressors.top_k(8, 2).compress(jax.random.key(0), tree)
   np.testing.assert_array_equal(y["b"], [10.0, -20.0])
   np.testing.assert_array_equal(y["a"], 0.0)
-  c = C.scale(C.comp_k(D, 2, 8), 0.5)
-  base = C.comp_k(D, 2, 8)
+  c = fjs.compressors.scale(fjs.compressors.comp_k(D, 2, 8), 0.5)
+  base = fjs.compressors.comp_k(D, 2, 8)
   assert c.omega == pytest.approx(0.25 * base.omega)
   assert c.eta == pytest.approx(0.5 * base.eta + 0.5)
   y1 = c.compress(jax.random.key(3), _x())
@@ -127,15 +131,15 @@ def test_pytree_input_and_scaling():
 
 
 def test_omega_ran_and_errors():
-  assert C.omega_ran(4.0, 8) == 0.5
-  assert C.omega_ran(0.0, 10, "m-nice", m=3) == pytest.approx(7 / 27)
+  assert fjs.compressors.omega_ran(4.0, 8) == 0.5
+  assert fjs.compressors.omega_ran(0.0, 10, "m-nice", m=3) == pytest.approx(7 / 27)
   with pytest.raises(ValueError, match="k must be"):
-    C.rand_k(10, 11)
+    fjs.compressors.rand_k(10, 11)
   with pytest.raises(ValueError, match="k2"):
-    C.mix_k(10, 5, 6)
+    fjs.compressors.mix_k(10, 5, 6)
   with pytest.raises(ValueError, match="lam"):
-    C.scale(C.identity(3), 1.5)
-  assert C.top_k(100, 10).alpha == pytest.approx(0.1)
+    fjs.compressors.scale(fjs.compressors.identity(3), 1.5)
+  assert fjs.compressors.top_k(100, 10).alpha == pytest.approx(0.1)
 
 
 def test_one_bit_rotation_compressors():
@@ -143,22 +147,23 @@ def test_one_bit_rotation_compressors():
   ⟨x̂, x⟩ = ‖x‖² exactly for either rotation; DRIVE: ‖x − x̂‖² = ‖x‖² − ‖Rx‖₁²/d′ ≤
   (1 − 1/d′)‖x‖² on every draw; bits as counted: d′ signs + one fp32 scale (TernGrad:
   log2 3 per entry)."""
-  h = np.asarray(jax.vmap(C.hadamard)(jnp.eye(16)))
+  h = np.asarray(jax.vmap(fjs.compressors.hadamard)(jnp.eye(16)))
   np.testing.assert_allclose(h @ h.T, np.eye(16), atol=1e-6)
   np.testing.assert_allclose(h @ h, np.eye(16), atol=1e-6)
-  jaxpr = jax.make_jaxpr(C.hadamard)(jnp.zeros(1024))
+  jaxpr = jax.make_jaxpr(fjs.compressors.hadamard)(jnp.zeros(1024))
   assert sum(e.primitive.name == "add" for e in jaxpr.eqns) == 10  # log2(1024) stages
   x = _x(5)
-  for rotation in C.ROTATIONS:
-    s = _samples(C.eden(D, rotation), x, 200)
+  for rotation in fjs.compressors.ROTATIONS:
+    s = _samples(fjs.compressors.eden(D, rotation), x, 200)
     np.testing.assert_allclose(s @ np.asarray(x, np.float64), float(jnp.sum(x ** 2)), rtol=1e-4)
-    s = _samples(C.drive(D, rotation), x, 200)
+    s = _samples(fjs.compressors.drive(D, rotation), x, 200)
     err = ((s - np.asarray(x)) ** 2).sum(1)
     dp = 32 if rotation == "hadamard" else D
     assert np.all(err <= (1 - 1 / dp) * float(jnp.sum(x ** 2)) + 1e-5)
-  assert C.drive(D).bits(D) == 32 + 32 and C.eden(D, "uniform").bits(D) == D + 32
-  assert C.stochastic_sign(D).bits(D) == D + 32
-  assert C.terngrad(D).bits(D) == pytest.approx(D * math.log2(3) + 32)
-  assert round(C.terngrad(D).bits(D) / D - 32 / D, 3) == 1.585
+  assert (fjs.compressors.drive(D).bits(D) == 32 + 32
+          and fjs.compressors.eden(D, "uniform").bits(D) == D + 32)
+  assert fjs.compressors.stochastic_sign(D).bits(D) == D + 32
+  assert fjs.compressors.terngrad(D).bits(D) == pytest.approx(D * math.log2(3) + 32)
+  assert round(fjs.compressors.terngrad(D).bits(D) / D - 32 / D, 3) == 1.585
   with pytest.raises(ValueError, match="rotation"):
-    C.drive(D, "givens")
+    fjs.compressors.drive(D, "givens")

@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.models import cnn, make_loss, resnet18
-from fedjaxsparse.models.conv import Conv, patch_conv, resolve_impl
+import fedjaxsparse as fjs
 
 
 @pytest.mark.parametrize("kernel,strides,padding", [
@@ -20,7 +19,7 @@ def test_patch_conv_is_xla_conv(kernel, strides, padding):
   w = jax.random.normal(jax.random.key(1), kernel + (3, 4))
   xla = lambda x, w: jax.lax.conv_general_dilated(x, w, strides, padding,
                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
-  ours = lambda x, w: patch_conv(x, w, strides, padding)
+  ours = lambda x, w: fjs.models.conv.patch_conv(x, w, strides, padding)
   np.testing.assert_allclose(ours(x, w), xla(x, w), rtol=1e-5, atol=1e-5)
   # gradients w.r.t. input and kernel, per client under vmap (per-client kernels)
   loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))
@@ -35,21 +34,23 @@ def test_conv_module_is_a_drop_in_for_flax_conv():
   ref = nn.Conv(5, (3, 3), (2, 2), padding="SAME")
   p = ref.init(jax.random.key(3), x)
   for impl in ("patches", "xla"):
-    mine = Conv(5, (3, 3), (2, 2), padding="SAME", impl=impl)
+    mine = fjs.models.conv.Conv(5, (3, 3), (2, 2), padding="SAME", impl=impl)
     chex.assert_trees_all_equal(mine.init(jax.random.key(3), x), p)  # names, shapes, values
     np.testing.assert_allclose(mine.apply(p, x), ref.apply(p, x), rtol=1e-5, atol=1e-5)
-  assert resolve_impl("auto") == ("patches" if jax.default_backend() == "cpu" else "xla")
+  assert fjs.models.conv.resolve_impl("auto") == ("patches" if jax.default_backend() == "cpu"
+                                                  else "xla")
   with pytest.raises(ValueError, match="conv impl"):
-    resolve_impl("fft")
+    fjs.models.conv.resolve_impl("fft")
   with pytest.raises(ValueError, match="conv impl"):
-    cnn((8, 8, 1), 3, conv="fft")
+    fjs.models.cnn((8, 8, 1), 3, conv="fft")
 
 
 @pytest.mark.parametrize("name", ["cnn", "resnet18"])
 def test_models_compute_the_same_with_either_convolution(name):
   shape = (8, 8, 3)
-  build = (lambda conv: cnn(shape, 4, channels=(3, 5), dense=8, conv=conv)) if name == "cnn" \
-      else (lambda conv: resnet18(shape, 4, num_groups=2, conv=conv, width=8))
+  build = ((lambda conv: fjs.models.cnn(shape, 4, channels=(3, 5), dense=8, conv=conv))
+           if name == "cnn"
+           else (lambda conv: fjs.models.resnet18(shape, 4, num_groups=2, conv=conv, width=8)))
   a, b = build("patches"), build("xla")
   params = jax.jit(a.init)(jax.random.key(0))
   chex.assert_trees_all_equal(params, jax.jit(b.init)(jax.random.key(0)))
@@ -58,6 +59,6 @@ def test_models_compute_the_same_with_either_convolution(name):
   # jitted: one program each (op-by-op dispatch of ResNet-18's backward pass takes minutes)
   np.testing.assert_allclose(jax.jit(a.apply)(params, x), jax.jit(b.apply)(params, x),
                              rtol=1e-4, atol=1e-5)
-  ga = jax.jit(jax.grad(make_loss(a)))(params, x, y, m)
-  gb = jax.jit(jax.grad(make_loss(b)))(params, x, y, m)
+  ga = jax.jit(jax.grad(fjs.models.make_loss(a)))(params, x, y, m)
+  gb = jax.jit(jax.grad(fjs.models.make_loss(b)))(params, x, y, m)
   chex.assert_trees_all_close(ga, gb, rtol=1e-3, atol=1e-5)

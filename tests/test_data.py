@@ -4,17 +4,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.data import (diabetes, digits, example_weights, load_dataset, pack_clients,
-                               ridge_regression_optimum, ridge_regression_problem,
-                               softmax_regression_optimum, split_clients, synthetic,
-                               uniform_weights)
-from fedjaxsparse.models import linear_regression, make_loss, softmax_regression
+import fedjaxsparse as fjs
 
 
 def test_pack_clients_pads_and_masks():
   x = np.arange(12, dtype=np.float32).reshape(6, 2)
   y = np.arange(6)
-  fd = pack_clients(x, y, [np.array([0, 3]), np.array([1, 2, 5]), np.array([4])])
+  fd = fjs.data.pack_clients(x, y, [np.array([0, 3]), np.array([1, 2, 5]), np.array([4])])
   assert fd.x.shape == (3, 3, 2)
   np.testing.assert_array_equal(fd.num_examples, [2, 3, 1])
   np.testing.assert_array_equal(fd.mask, [[1, 1, 0], [1, 1, 1], [1, 0, 0]])
@@ -28,40 +24,40 @@ def test_pack_clients_pads_and_masks():
 def test_pack_clients_rejects_bad_input():
   x = np.ones((4, 2), np.float32)
   with pytest.raises(ValueError, match="no example"):
-    pack_clients(x, np.zeros(4), [np.array([0, 1]), np.array([], int)])
+    fjs.data.pack_clients(x, np.zeros(4), [np.array([0, 1]), np.array([], int)])
   bad = x.copy()
   bad[1, 0] = np.nan
   with pytest.raises(ValueError, match="NaN"):
-    pack_clients(bad, np.zeros(4), [np.arange(4)])
+    fjs.data.pack_clients(bad, np.zeros(4), [np.arange(4)])
   with pytest.raises(ValueError, match="same number"):
-    pack_clients(x, np.zeros(3), [np.arange(3)])
+    fjs.data.pack_clients(x, np.zeros(3), [np.arange(3)])
 
 
 def test_split_clients_keeps_a_training_example():
-  tr, te = split_clients([np.arange(10), np.array([7])], 0.5, seed=0)
+  tr, te = fjs.data.split_clients([np.arange(10), np.array([7])], 0.5, seed=0)
   assert len(tr[0]) == 5 and len(te[0]) == 5 and len(tr[1]) == 1 and len(te[1]) == 0
   assert set(tr[0]) | set(te[0]) == set(range(10)) and not set(tr[0]) & set(te[0])
 
 
 def test_digits_is_real_and_covers_all_examples():
-  ds = digits(num_clients=10, partition="dirichlet", alpha=0.5, seed=0)
+  ds = fjs.data.digits(num_clients=10, partition="dirichlet", alpha=0.5, seed=0)
   total = int(ds.train.num_examples.sum() + ds.test.num_examples.sum())
   assert total == 1797 and ds.num_classes == 10
   assert float(ds.train.x.max()) == 1.0 and float(ds.train.x.min()) == 0.0
   assert ds.name == "digits/dirichlet(0.5)"
-  assert load_dataset("digits", num_clients=10, seed=0).train.x.shape == ds.train.x.shape
+  assert fjs.data.load_dataset("digits", num_clients=10, seed=0).train.x.shape == ds.train.x.shape
 
 
 def test_diabetes_is_standardised_regression():
-  ds = diabetes(num_clients=5)
+  ds = fjs.data.diabetes(num_clients=5)
   assert ds.num_classes == 0
   y = np.concatenate([np.asarray(s.y)[np.asarray(s.mask) > 0] for s in (ds.train, ds.test)])
   assert len(y) == 442 and abs(y.mean()) < 1e-5 and abs(y.std() - 1) < 1e-5
 
 
 def test_synthetic_alpha_beta_drive_heterogeneity():
-  iid = synthetic(num_clients=20, iid=True, seed=0)
-  het = synthetic(alpha=5.0, beta=5.0, num_clients=20, seed=0)
+  iid = fjs.data.synthetic(num_clients=20, iid=True, seed=0)
+  het = fjs.data.synthetic(alpha=5.0, beta=5.0, num_clients=20, seed=0)
   assert iid.train.x.shape[-1] == 60 and iid.num_classes == 10
 
   def mean_tv_to_global(ds):
@@ -83,15 +79,15 @@ def _objective(loss, params, data, c):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("weights", [example_weights, uniform_weights])
+@pytest.mark.parametrize("weights", [fjs.data.example_weights, fjs.data.uniform_weights])
 def test_ridge_optimum_zeroes_the_gradient(reduction, weights):
-  ds = ridge_regression_problem(num_clients=6, dim=4, seed=1)
+  ds = fjs.data.ridge_regression_problem(num_clients=6, dim=4, seed=1)
   c = weights(ds.train)
-  opt = ridge_regression_optimum(ds.train, 0.3, c, reduction=reduction)
+  opt = fjs.data.ridge_regression_optimum(ds.train, 0.3, c, reduction=reduction)
   with jax.enable_x64(True):
     data = jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)
                         if np.asarray(a).dtype.kind == "f" else jnp.asarray(a), ds.train)
-    loss = make_loss(linear_regression(4, l2=0.3), reduction)
+    loss = fjs.models.make_loss(fjs.models.linear_regression(4, l2=0.3), reduction)
     params = jax.tree.map(jnp.asarray, opt)
     g = jax.grad(_objective, argnums=1)(loss, params, data, c)
     assert max(float(jnp.abs(v).max()) for v in jax.tree.leaves(g)) < 1e-9
@@ -101,20 +97,20 @@ def test_ridge_optimum_zeroes_the_gradient(reduction, weights):
 
 
 def test_softmax_optimum_zeroes_the_gradient():
-  ds = digits(num_clients=5, partition="iid", seed=0)
-  c = uniform_weights(ds.train)
-  opt = softmax_regression_optimum(ds.train, 10, 0.05, c)
+  ds = fjs.data.digits(num_clients=5, partition="iid", seed=0)
+  c = fjs.data.uniform_weights(ds.train)
+  opt = fjs.data.softmax_regression_optimum(ds.train, 10, 0.05, c)
   assert abs(opt["b"].sum()) < 1e-12  # the pinned gauge
   with jax.enable_x64(True):
     data = jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)
                         if np.asarray(a).dtype.kind == "f" else jnp.asarray(a), ds.train)
-    loss = make_loss(softmax_regression(64, 10, l2=0.05))
+    loss = fjs.models.make_loss(fjs.models.softmax_regression(64, 10, l2=0.05))
     g = jax.grad(_objective, argnums=1)(loss, jax.tree.map(jnp.asarray, opt), data, c)
     assert max(float(jnp.abs(v).max()) for v in jax.tree.leaves(g)) < 1e-7
   with pytest.raises(ValueError, match="l2"):
-    softmax_regression_optimum(ds.train, 10, 0.0, c)
+    fjs.data.softmax_regression_optimum(ds.train, 10, 0.0, c)
 
 
 def test_unknown_dataset():
   with pytest.raises(ValueError, match="unknown dataset"):
-    load_dataset("imagenet")
+    fjs.data.load_dataset("imagenet")

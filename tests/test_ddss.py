@@ -8,11 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.convex import screening as SC
-from fedjaxsparse.algorithms import ddss as DD
-from fedjaxsparse.data import sparse_rows as SR
+import fedjaxsparse as fjs
 
 from test_screening import _fista  # the certified float64 reference optimum
+
+ddss = fjs.algorithms.ddss
+screening = fjs.convex.screening
+sparse_rows = fjs.data.sparse_rows
 
 
 @pytest.fixture(autouse=True)
@@ -31,42 +33,43 @@ def _sparse_instance(n=40, p=15, density=0.3, seed=0):
 
 
 def _snapshot(prob, data, x0, active):
-  res = SC.screen(prob, data, jnp.asarray(x0), active)
-  mask = SC.coordinate_mask(prob, active)
+  res = screening.screen(prob, data, jnp.asarray(x0), active)
+  mask = screening.coordinate_mask(prob, active)
   return res.rho, res.grad * mask, mask
 
 
 @pytest.mark.parametrize("estimator", ["svrg", "sparse_svrg"])
 def test_estimators_are_unbiased_by_enumeration_even_after_elimination(estimator):
   a, b = _sparse_instance()
-  data = SR.from_dense(a, b)
-  prob = SC.make_problem(data, 0.2 * SC.lambda_max(data))
+  data = sparse_rows.from_dense(a, b)
+  prob = screening.make_problem(data, 0.2 * screening.lambda_max(data))
   rng = np.random.default_rng(1)
   x0 = rng.standard_normal(15)                   # the snapshot, before elimination
   active = jnp.asarray(rng.uniform(size=15) > 0.3)  # some coordinates eliminated
   rho0, g_full, _ = _snapshot(prob, data, x0, jnp.ones(15, bool))  # anchor at the full x⁰
-  mask = SC.coordinate_mask(prob, active)
+  mask = screening.coordinate_mask(prob, active)
   g0 = g_full * mask
   x_hat = jnp.asarray(rng.standard_normal(15)) * mask
-  d = jnp.asarray(DD.column_weights(data))
-  rows = DD.block_rows(data)
-  vs = [DD.sample_update(prob, rows, x_hat, i, mask, rho0, g0, d, 0.1, estimator, "dense")[1]
+  d = jnp.asarray(ddss.column_weights(data))
+  rows = ddss.block_rows(data)
+  vs = [ddss.sample_update(prob, rows, x_hat, i, mask, rho0, g0, d, 0.1, estimator, "dense")[1]
         for i in range(data.n)]
-  want = SR.rmatvec(data, SC.deriv("squared", SR.matvec(data, x_hat), data.b)) / data.n
+  want = sparse_rows.rmatvec(
+      data, screening.deriv("squared", sparse_rows.matvec(data, x_hat), data.b)) / data.n
   np.testing.assert_allclose(np.mean(vs, 0), np.asarray(want) * np.asarray(mask), atol=1e-12)
 
 
 def test_column_weights_and_sparse_regulariser_are_unbiased():
   a, b = _sparse_instance(seed=2)
-  data = SR.from_dense(a, b)
-  d = DD.column_weights(data)
+  data = sparse_rows.from_dense(a, b)
+  d = ddss.column_weights(data)
   touch = a != 0
   np.testing.assert_allclose((touch * d).mean(0), (touch.sum(0) > 0).astype(float))  # E D_i = I
   x = np.random.default_rng(3).standard_normal(15)
   phi = [(touch[i] * d * np.abs(x)).sum() for i in range(40)]
   assert np.mean(phi) == pytest.approx(np.abs(x)[touch.any(0)].sum(), rel=1e-12)  # E φ_i = Ω
   rows = np.arange(10, 30)
-  dk = DD.column_weights(data, rows)
+  dk = ddss.column_weights(data, rows)
   np.testing.assert_allclose((touch[rows] * dk).mean(0), (touch[rows].sum(0) > 0) * 1.0)
 
 
@@ -74,23 +77,23 @@ def test_fixed_point_and_vanishing_variance_at_the_optimum():
   """T8: at x̂ = x⁰ = x* every sparse-prox message δ_i is 0. T9: at x̂ = x⁰ the SVRG directions
   all equal ∇F(x⁰) (variance 0) while SGD's do not."""
   a, b = _sparse_instance(seed=4)
-  data = SR.from_dense(a, b)
-  lam = 0.2 * SC.lambda_max(data)
-  prob = SC.make_problem(data, lam)
+  data = sparse_rows.from_dense(a, b)
+  lam = 0.2 * screening.lambda_max(data)
+  prob = screening.make_problem(data, lam)
   x_star, gap = _fista(a, b, lam, "squared")
   assert gap < 1e-10
   active = jnp.ones(15, bool)
   rho0, g0, mask = _snapshot(prob, data, x_star, active)
-  d = jnp.asarray(DD.column_weights(data))
-  rows = DD.block_rows(data)
+  d = jnp.asarray(ddss.column_weights(data))
+  rows = ddss.block_rows(data)
   xs = jnp.asarray(x_star)
   for i in range(data.n):
-    _, delta, _ = DD.sample_update(prob, rows, xs, i, mask, rho0, g0, d, 0.05, "sparse_svrg",
-                                   "sparse")
+    _, delta, _ = ddss.sample_update(prob, rows, xs, i, mask, rho0, g0, d, 0.05, "sparse_svrg",
+                                     "sparse")
     assert np.abs(np.asarray(delta)).max() < 1e-9
-  svrg = [DD.sample_update(prob, rows, xs, i, mask, rho0, g0, d, 0.05, "svrg", "dense")[1]
+  svrg = [ddss.sample_update(prob, rows, xs, i, mask, rho0, g0, d, 0.05, "svrg", "dense")[1]
           for i in range(data.n)]
-  sgd = [DD.sample_update(prob, rows, xs, i, mask, rho0, g0, d, 0.05, "sgd", "dense")[1]
+  sgd = [ddss.sample_update(prob, rows, xs, i, mask, rho0, g0, d, 0.05, "sgd", "dense")[1]
          for i in range(data.n)]
   assert np.var(np.asarray(svrg), 0).sum() < 1e-20
   assert np.var(np.asarray(sgd), 0).sum() > 1e-2
@@ -100,11 +103,11 @@ def test_prox_asvrg_equals_a_numpy_prox_svrg_loop():
   """T12: no screening, dense prox, SVRG = Xiao & Zhang's Prox-SVRG, on the same sample
   draws (workers=1)."""
   a, b = _sparse_instance(seed=5)
-  data = SR.from_dense(a, b)
-  lam = 0.1 * SC.lambda_max(data)
-  prob = SC.make_problem(data, lam)
+  data = sparse_rows.from_dense(a, b)
+  lam = 0.1 * screening.lambda_max(data)
+  prob = screening.make_problem(data, lam)
   eta, k_in = 0.05, 30
-  algo = DD.prox_asvrg(prob, data, step_size=eta, inner_steps=k_in)
+  algo = fjs.prox_asvrg(prob, data, step_size=eta, inner_steps=k_in)
   st = algo.init(None, np.zeros(15), data)
   keys = [jax.random.key(7), jax.random.key(8)]
   for key in keys:
@@ -127,15 +130,15 @@ def test_runs_screen_safely_monotonically_and_identify_the_support():
   """T4/T5/T11 along runs: active sets only shrink, never drop a feature of x*, and Sha-DDSS
   ends with exactly the equicorrelation set; the Naive and distributed variants run too."""
   a, b = _sparse_instance(n=200, p=40, density=0.2, seed=6)
-  data = SR.from_dense(a, b)
-  lam = 0.3 * SC.lambda_max(data)
-  prob = SC.make_problem(data, lam)
+  data = sparse_rows.from_dense(a, b)
+  lam = 0.3 * screening.lambda_max(data)
+  prob = screening.make_problem(data, lam)
   x_star, _ = _fista(a, b, lam, "squared")
   y_star = b - a @ x_star
   equi = np.abs(a.T @ y_star) >= 200 * lam * (1 - 1e-9)
   nonzero = np.abs(x_star) > 1e-9
   L = float(np.max((a ** 2).sum(1)))
-  for name, make in (("sha", DD.sha_ddss), ("naive", DD.sha_ddss_naive), ("dis", DD.dis_ddss)):
+  for name, make in (("sha", fjs.sha_ddss), ("naive", fjs.sha_ddss_naive), ("dis", fjs.dis_ddss)):
     kw = {"workers": 4} if name == "dis" else {}
     algo = make(prob, data, step_size=0.5 / L, inner_steps=400, **kw)
     st = algo.init(None, np.zeros(40), data)
@@ -161,15 +164,15 @@ def test_theorem_1_linear_rate_with_one_worker():
   a = rng.standard_normal((400, 5))
   a /= np.linalg.norm(a, axis=1, keepdims=True)
   b = a @ np.array([1.0, -1.0, 0.0, 0.5, 0.0]) + 0.05 * rng.standard_normal(400)
-  data = SR.from_dense(a, b)
-  lam = 0.1 * SC.lambda_max(data)
-  prob = SC.make_problem(data, lam)
+  data = sparse_rows.from_dense(a, b)
+  lam = 0.1 * screening.lambda_max(data)
+  prob = screening.make_problem(data, lam)
   mu = float(np.linalg.eigvalsh(a.T @ a / 400)[0])
   L, kappa = 1.0, 1.0 / mu
   eta = min(1 / (24 * kappa * L), 1 / (2 * mu))
   k_in = int(np.ceil(4 * np.log(3) / (eta * mu)))
   x_star, _ = _fista(a, b, lam, "squared")
-  algo = DD.sha_ddss(prob, data, step_size=eta, inner_steps=k_in)
+  algo = fjs.sha_ddss(prob, data, step_size=eta, inner_steps=k_in)
   x_init = np.zeros(5)
 
   def run(key):
@@ -190,14 +193,14 @@ def test_group_blocks_layout_weights_unbiasedness_and_fixed_point():
   the sparse VR direction unbiased by enumeration with blocks eliminated, and the fixed point
   x* = prox_{ηλφ_i}(x* − ηD_i∇F(x*)) for every i at a certified group-Lasso optimum."""
   a, b = _sparse_instance(seed=7, density=0.15)
-  data = SR.from_dense(a, b)
-  rows = DD.block_rows(data, UNEVEN)
+  data = sparse_rows.from_dense(a, b)
+  rows = ddss.block_rows(data, UNEVEN)
   touch_blk = np.stack([np.isin(UNEVEN, UNEVEN[a[i] != 0]) for i in range(40)])  # [n, p]
   for i in range(40):
     idx, ok = np.asarray(rows.idx[i])[np.asarray(rows.valid[i])], np.flatnonzero(touch_blk[i])
     np.testing.assert_array_equal(np.sort(idx), ok)       # every coordinate of Ψ_i, once
     np.testing.assert_array_equal(np.asarray(rows.val[i])[np.asarray(rows.valid[i])], a[i, idx])
-  d = DD.column_weights(data, block=UNEVEN)
+  d = ddss.column_weights(data, block=UNEVEN)
   np.testing.assert_allclose((touch_blk * d).mean(0), touch_blk.any(0) * 1.0)   # E D_i = I
   rng = np.random.default_rng(8)
   w = rng.uniform(0.5, 2.0, 7)
@@ -207,30 +210,31 @@ def test_group_blocks_layout_weights_unbiasedness_and_fixed_point():
       UNEVEN[a[i] != 0])) for i in range(40)]
   assert np.mean(phi) == pytest.approx((w * gnorm)[np.unique(UNEVEN[(a != 0).any(0)])].sum(),
                                        rel=1e-12)                                # E φ_i = Ω
-  prob = SC.make_problem(data, 0.3 * SC.lambda_max(data, block=UNEVEN, weights=w),
-                         block=UNEVEN, weights=w)
+  prob = screening.make_problem(data, 0.3 * screening.lambda_max(data, block=UNEVEN, weights=w),
+                                block=UNEVEN, weights=w)
   active = jnp.asarray([True, False, True, True, True, False, True])
   rho0, _, _ = _snapshot(prob, data, rng.standard_normal(15), jnp.ones(7, bool))
   g_full = _snapshot(prob, data, rng.standard_normal(15), jnp.ones(7, bool))[1]
-  mask = SC.coordinate_mask(prob, active)
+  mask = screening.coordinate_mask(prob, active)
   x_hat = jnp.asarray(rng.standard_normal(15)) * mask
-  vs = [DD.sample_update(prob, rows, x_hat, i, mask, rho0, g_full * mask, jnp.asarray(d), 0.1,
-                         "sparse_svrg", "dense")[1] for i in range(40)]
-  grad = SR.rmatvec(data, SC.deriv("squared", SR.matvec(data, x_hat), data.b)) / 40
+  vs = [ddss.sample_update(prob, rows, x_hat, i, mask, rho0, g_full * mask, jnp.asarray(d), 0.1,
+                           "sparse_svrg", "dense")[1] for i in range(40)]
+  grad = sparse_rows.rmatvec(
+      data, screening.deriv("squared", sparse_rows.matvec(data, x_hat), data.b)) / 40
   # E v = ∇F(x̂) − (1/n)Σ a_i ρ⁰_i + E[D_i] g⁰ on the active blocks; ρ⁰ and g⁰ come from two
   # different points here, so each of the three terms is checked separately
-  anchor = SR.rmatvec(data, rho0) / 40
+  anchor = sparse_rows.rmatvec(data, rho0) / 40
   want = (np.asarray(grad) - np.asarray(anchor) + np.asarray(g_full)) * np.asarray(mask)
   want = want * touch_blk.any(0)
   np.testing.assert_allclose(np.mean(vs, 0), want, atol=1e-12)
-  lam = 0.3 * SC.lambda_max(data, block=UNEVEN)
-  prob = SC.make_problem(data, lam, block=UNEVEN)
+  lam = 0.3 * screening.lambda_max(data, block=UNEVEN)
+  prob = screening.make_problem(data, lam, block=UNEVEN)
   x_star, gap = _fista(a, b, lam, "squared", UNEVEN)
   assert gap < 1e-10 and 0 < np.sum(np.abs(x_star) > 1e-9) < 15
   rho0, g0, mask = _snapshot(prob, data, x_star, jnp.ones(7, bool))
   for i in range(40):
-    _, delta, _ = DD.sample_update(prob, rows, jnp.asarray(x_star), i, mask, rho0, g0,
-                                   jnp.asarray(d), 0.05, "sparse_svrg", "sparse")
+    _, delta, _ = ddss.sample_update(prob, rows, jnp.asarray(x_star), i, mask, rho0, g0,
+                                     jnp.asarray(d), 0.05, "sparse_svrg", "sparse")
     assert np.abs(np.asarray(delta)).max() < 1e-9
 
 
@@ -238,15 +242,14 @@ def test_group_lasso_runs_screen_safely_and_converge():
   """Sha-DDSS, Dis-DDSS and ProxASAGA on a group Lasso with uneven blocks: the gap goes to
   ~0, the active blocks only shrink and keep every non-zero block of the certified x*."""
   a, b = _sparse_instance(n=200, p=15, density=0.2, seed=9)
-  data = SR.from_dense(a, b)
-  lam = 0.4 * SC.lambda_max(data, block=UNEVEN)
-  prob = SC.make_problem(data, lam, block=UNEVEN)
+  data = sparse_rows.from_dense(a, b)
+  lam = 0.4 * screening.lambda_max(data, block=UNEVEN)
+  prob = screening.make_problem(data, lam, block=UNEVEN)
   x_star, _ = _fista(a, b, lam, "squared", UNEVEN)
   nonzero = np.bincount(UNEVEN, x_star ** 2, 7) > 1e-18
   assert 0 < nonzero.sum() < 7
   L = float(np.max((a ** 2).sum(1)))
-  from fedjaxsparse.algorithms.ddss_baselines import prox_asaga
-  for make in (DD.sha_ddss, lambda *a_, **k: DD.dis_ddss(*a_, workers=4, **k), prox_asaga):
+  for make in (fjs.sha_ddss, lambda *a_, **k: fjs.dis_ddss(*a_, workers=4, **k), fjs.prox_asaga):
     algo = make(prob, data, step_size=0.5 / L, inner_steps=400)
     st = algo.init(None, np.zeros(15), data)
     step = jax.jit(algo.step)
@@ -262,14 +265,14 @@ def test_group_lasso_runs_screen_safely_and_converge():
 
 def test_bad_configurations_are_named():
   a, b = _sparse_instance()
-  data = SR.from_dense(a, b)
-  prob = SC.make_problem(data, 0.1)
+  data = sparse_rows.from_dense(a, b)
+  prob = screening.make_problem(data, 0.1)
   with pytest.raises(ValueError, match="estimator"):
-    DD.ddss(prob, data=data, step_size=0.1, inner_steps=4, estimator="saga2")
+    ddss.ddss(prob, data=data, step_size=0.1, inner_steps=4, estimator="saga2")
   with pytest.raises(ValueError, match="multiple of workers"):
-    DD.ddss(prob, data=data, step_size=0.1, inner_steps=5, workers=2)
+    ddss.ddss(prob, data=data, step_size=0.1, inner_steps=5, workers=2)
   with pytest.raises(ValueError, match="prox='sparse'"):
-    DD.ddss(prob, data=data, step_size=0.1, inner_steps=4, estimator="svrg", prox="sparse")
+    ddss.ddss(prob, data=data, step_size=0.1, inner_steps=4, estimator="svrg", prox="sparse")
 
 
 def test_ddss_lasso_experiment_tiny(tmp_path, quick):
@@ -291,14 +294,14 @@ def test_bounded_staleness_reads_old_iterates_and_still_converges():
   """staleness=τ: workers read iterates up to τ ticks old; the run differs from the
   same-read one, stays safe, and still closes the gap on a small Lasso."""
   a, b = _sparse_instance(n=200, p=40, density=0.2, seed=6)
-  data = SR.from_dense(a, b)
-  lam = 0.3 * SC.lambda_max(data)
-  prob = SC.make_problem(data, lam)
+  data = sparse_rows.from_dense(a, b)
+  lam = 0.3 * screening.lambda_max(data)
+  prob = screening.make_problem(data, lam)
   x_star, _ = _fista(a, b, lam, "squared")
   L = float(np.max((a ** 2).sum(1)))
   out = {}
   for tau in (0, 3):
-    algo = DD.sha_ddss(prob, data, step_size=0.3 / L, inner_steps=400, workers=4, staleness=tau)
+    algo = fjs.sha_ddss(prob, data, step_size=0.3 / L, inner_steps=400, workers=4, staleness=tau)
     st = algo.init(None, np.zeros(40), data)
     step = jax.jit(algo.step)
     first = None
@@ -310,4 +313,4 @@ def test_bounded_staleness_reads_old_iterates_and_still_converges():
   assert not np.allclose(out[0][0], out[3][0], atol=1e-9)  # the same draws, older reads
   assert out[3][1] < 1e-6
   with pytest.raises(ValueError, match="staleness"):
-    DD.sha_ddss(prob, data, step_size=0.1, inner_steps=4, staleness=-1)
+    fjs.sha_ddss(prob, data, step_size=0.1, inner_steps=4, staleness=-1)

@@ -7,18 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.algorithms.ditto import ditto, local
-from fedjaxsparse.algorithms.fedspa import fedspa
-from fedjaxsparse.data.embedded import digits
-from fedjaxsparse.models import make_loss, mlp
-from fedjaxsparse.ops.sampling import sample_cohort
+import fedjaxsparse as fjs
 
 
 @pytest.fixture(scope="module")
 def setup():
-  ds = digits(num_clients=8, partition="dirichlet", alpha=0.3, seed=0)
-  model = mlp((64,), 10, hidden=(16,))
-  return ds, model, make_loss(model), model.init(jax.random.key(0))
+  ds = fjs.data.digits(num_clients=8, partition="dirichlet", alpha=0.3, seed=0)
+  model = fjs.models.mlp((64,), 10, hidden=(16,))
+  return ds, model, fjs.models.make_loss(model), model.init(jax.random.key(0))
 
 
 def _dist(a, b):
@@ -30,16 +26,16 @@ def test_global_part_is_fedavg_and_lambda_zero_is_local_training(setup):
   ds, _, loss, w0 = setup
   key = jax.random.key(4)
   kw = dict(batch_size=16, cohort_size=3, lr_decay=0.99, weight_decay=5e-4)
-  d0 = ditto(loss, 0.1, lam=0.0, global_epochs=2, personal_epochs=3, **kw)
+  d0 = fjs.ditto(loss, 0.1, lam=0.0, global_epochs=2, personal_epochs=3, **kw)
   s0 = d0.init(None, w0, ds.train)
   s0 = s0._replace(round=jnp.int32(3))  # η_t = 0.1·0.99³ in both
   new, info = jax.jit(d0.step)(key, s0, ds.train)
-  fa = fedspa(loss, 0.1, num_rounds=10, sparsity=0.0, search="rsm", epochs=2, **kw)
+  fa = fjs.fedspa(loss, 0.1, num_rounds=10, sparsity=0.0, search="rsm", epochs=2, **kw)
   fs = fa.init(None, w0, ds.train)._replace(round=jnp.int32(3))
   want = jax.jit(fa.step)(key, fs, ds.train)[0].params
   for x, y in zip(jax.tree.leaves(new.params), jax.tree.leaves(want)):
     np.testing.assert_array_equal(x, y)
-  lo = local(loss, 0.1, epochs=3, **kw)
+  lo = fjs.algorithms.ditto.local(loss, 0.1, epochs=3, **kw)
   ls = lo.init(None, w0, ds.train)._replace(round=jnp.int32(3))
   lnew, linfo = jax.jit(lo.step)(key, ls, ds.train)
   for x, y in zip(jax.tree.leaves(new.personal), jax.tree.leaves(lnew.personal)):
@@ -49,7 +45,7 @@ def test_global_part_is_fedavg_and_lambda_zero_is_local_training(setup):
     np.testing.assert_array_equal(x, y)
   d = sum(a.size for a in jax.tree.leaves(w0))
   assert float(info.bits_up) == float(info.bits_down) == 3 * 32 * d
-  ids = set(np.asarray(sample_cohort(jax.random.split(key)[0], 8, 3)).tolist())
+  ids = set(np.asarray(fjs.sampling.sample_cohort(jax.random.split(key)[0], 8, 3)).tolist())
   for leaf_new, leaf_old in zip(jax.tree.leaves(new.personal), jax.tree.leaves(s0.personal)):
     for k in range(8):
       same = np.array_equal(np.asarray(leaf_new[k]), np.asarray(leaf_old[k]))
@@ -63,8 +59,8 @@ def test_large_lambda_pins_personal_models_to_the_global_one(setup):
   key = jax.random.key(1)
   dists = {}
   for lam in (0.0, 10.0):
-    algo = ditto(loss, 0.1, lam=lam, global_epochs=1, personal_epochs=3, batch_size=16,
-                 cohort_size=8)
+    algo = fjs.ditto(loss, 0.1, lam=lam, global_epochs=1, personal_epochs=3, batch_size=16,
+                     cohort_size=8)
     new, _ = jax.jit(algo.step)(key, algo.init(None, w0, ds.train), ds.train)
     dists[lam] = max(_dist(jax.tree.map(lambda a: a[k], new.personal), w0) for k in range(8))
   assert dists[10.0] < 0.25 * dists[0.0], dists
@@ -73,8 +69,8 @@ def test_large_lambda_pins_personal_models_to_the_global_one(setup):
 def test_bad_arguments(setup):
   _, _, loss, _ = setup
   with pytest.raises(ValueError, match="prox_centre"):
-    ditto(loss, 0.1, prox_centre="middle")
+    fjs.ditto(loss, 0.1, prox_centre="middle")
   with pytest.raises(ValueError, match="personal_epochs"):
-    ditto(loss, 0.1, personal_epochs=0)
+    fjs.ditto(loss, 0.1, personal_epochs=0)
   with pytest.raises(ValueError, match="lam"):
-    ditto(loss, 0.1, lam=-1.0)
+    fjs.ditto(loss, 0.1, lam=-1.0)

@@ -6,10 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.pruning import calibration as CB
-from fedjaxsparse.pruning import dsnot as D
-from fedjaxsparse.pruning import posttrain as PT
-from fedjaxsparse.pruning import scores as S
+import fedjaxsparse as fjs
+
+dsnot = fjs.pruning.dsnot
 
 B, C, A = 48, 12, 400
 
@@ -18,8 +17,10 @@ def _problem(seed=0):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(A, B)) * rng.uniform(0.2, 3.0, B) + rng.normal(size=B)  # non-zero means
   w = rng.normal(size=(B, C)).astype(np.float32)
-  st = CB.update_stats(CB.init_stats(B), jnp.asarray(x, jnp.float32))
-  m0 = PT.unstructured_mask(S.wanda(jnp.asarray(w), st.x_norm), 0.6)
+  st = fjs.pruning.calibration.update_stats(fjs.pruning.calibration.init_stats(B),
+                                            jnp.asarray(x, jnp.float32))
+  m0 = fjs.pruning.posttrain.unstructured_mask(
+      fjs.pruning.scores.wanda(jnp.asarray(w), st.x_norm), 0.6)
   return jnp.asarray(w), st, m0
 
 
@@ -52,12 +53,13 @@ def _numpy_reference(w, m0, st, cfg):
   return m
 
 
-@pytest.mark.parametrize("cfg", [D.dsnot(), D.r2_dsnot("wanda"), D.r2_dsnot("ria", p=np.inf),
-                                 D.dsnot(accept="decrease"), D.dsnot(accept="same_sign")])
+@pytest.mark.parametrize("cfg", [dsnot.dsnot(), dsnot.r2_dsnot("wanda"),
+                                 dsnot.r2_dsnot("ria", p=np.inf), dsnot.dsnot(accept="decrease"),
+                                 dsnot.dsnot(accept="same_sign")])
 def test_sparsity_constant_at_every_cycle_and_error_reduced(cfg):
   w, st, m0 = _problem()
   counts0 = np.asarray(m0).sum(0)
-  run = jax.jit(D.refine, static_argnums=3)
+  run = jax.jit(dsnot.refine, static_argnums=3)
   prev = _error(np.asarray(w), np.asarray(m0), np.asarray(st.mean))
   for t in (1, 3):
     m, info = run(w, m0, st, cfg._replace(max_cycles=t))
@@ -75,8 +77,8 @@ def test_sparsity_constant_at_every_cycle_and_error_reduced(cfg):
 
 def test_matches_plain_numpy_loop():
   w, st, m0 = _problem(1)
-  cfg = D.dsnot(max_cycles=30)
-  m, _ = D.refine(w, m0, st, cfg)
+  cfg = dsnot.dsnot(max_cycles=30)
+  m, _ = dsnot.refine(w, m0, st, cfg)
   np.testing.assert_array_equal(np.asarray(m), _numpy_reference(w, m0, st, cfg))
 
 
@@ -84,13 +86,13 @@ def test_threshold_stops_rows():
   w, st, m0 = _problem(2)
   e0 = _error(np.asarray(w), np.asarray(m0), np.asarray(st.mean))
   thr = float(np.median(e0))
-  m, info = D.refine(w, m0, st, D.dsnot(update_threshold=thr))
+  m, info = dsnot.refine(w, m0, st, dsnot.dsnot(update_threshold=thr))
   quiet = e0 <= thr
   assert quiet.any() and (~quiet).any()
   np.testing.assert_array_equal(np.asarray(m)[:, quiet], np.asarray(m0)[:, quiet])
   assert np.all(np.asarray(info.swaps)[quiet] == 0)
   # error_scale multiplies |e| before the comparison
-  m_big, info_big = D.refine(w, m0, st, D.dsnot(update_threshold=thr, error_scale=1e-9))
+  m_big, info_big = dsnot.refine(w, m0, st, dsnot.dsnot(update_threshold=thr, error_scale=1e-9))
   np.testing.assert_array_equal(np.asarray(m_big), np.asarray(m0))
   assert int(info_big.cycles) == 1
 
@@ -98,48 +100,50 @@ def test_threshold_stops_rows():
 def test_regulariser_depends_on_the_candidate():
   a = jnp.array([3.0, 1.0, 2.0, 5.0])
   kept = jnp.array([True, True, False, False])
-  np.testing.assert_allclose(D._post_swap_norm(a, kept, 2.0, grow=True),
+  np.testing.assert_allclose(dsnot._post_swap_norm(a, kept, 2.0, grow=True),
                              np.sqrt(10 + a ** 2), rtol=1e-6)
-  np.testing.assert_allclose(D._post_swap_norm(a, kept, 1.0, grow=False)[:2], 4 - a[:2])
-  np.testing.assert_allclose(D._post_swap_norm(a, kept, np.inf, grow=False)[:2], [1.0, 3.0])
-  np.testing.assert_allclose(D._post_swap_norm(a, kept, np.inf, grow=True), [3, 3, 3, 5])
+  np.testing.assert_allclose(dsnot._post_swap_norm(a, kept, 1.0, grow=False)[:2], 4 - a[:2])
+  np.testing.assert_allclose(dsnot._post_swap_norm(a, kept, np.inf, grow=False)[:2], [1.0, 3.0])
+  np.testing.assert_allclose(dsnot._post_swap_norm(a, kept, np.inf, grow=True), [3, 3, 3, 5])
 
 
 def test_bad_config_is_named():
   with pytest.raises(ValueError, match="accept"):
-    D.dsnot(accept="always")
+    dsnot.dsnot(accept="always")
   with pytest.raises(ValueError, match="p must"):
-    D.r2_dsnot(p=3)
+    dsnot.r2_dsnot(p=3)
   with pytest.raises(ValueError, match="base"):
-    D.r2_dsnot("sparsegpt")
+    dsnot.r2_dsnot("sparsegpt")
 
 
 def test_r2_dsnot_overrides_replace_the_preset():
   """A key the preset sets (``gamma_prune``, ``prune_relative``) can be overridden; the
   other preset values stay."""
-  cfg = D.r2_dsnot("wanda", gamma_prune=0.0)
+  cfg = dsnot.r2_dsnot("wanda", gamma_prune=0.0)
   assert cfg.gamma_prune == 0.0 and cfg.prune_relative and cfg.alpha == 0.5 and cfg.p == 2.0
-  cfg = D.r2_dsnot("ria", grow_relative=False, gamma_prune=5e-4, alpha=0.25)
+  cfg = dsnot.r2_dsnot("ria", grow_relative=False, gamma_prune=5e-4, alpha=0.25)
   assert (cfg.grow_relative, cfg.gamma_prune, cfg.alpha) == (False, 5e-4, 0.25)
-  assert D.r2_dsnot("ria").gamma_prune == 1e-4 and D.r2_dsnot("ria").grow_relative
+  assert dsnot.r2_dsnot("ria").gamma_prune == 1e-4 and dsnot.r2_dsnot("ria").grow_relative
 
 
 def test_prune_params_refines_through_calib_stats():
   w, st, _ = _problem(3)
   params = {"Dense_0": {"kernel": w, "bias": jnp.zeros(C)}}
-  fn = lambda w_, x, k: S.wanda(w_, x)  # noqa: E731
-  _, m_plain = PT.prune_params(params, fn, sparsity=0.6, stats={"Dense_0": st})
-  _, m_ref = PT.prune_params(params, fn, sparsity=0.6, stats={"Dense_0": st}, refine=D.dsnot())
-  direct, _ = D.refine(w, m_plain["Dense_0"]["kernel"], st, D.dsnot())
+  fn = lambda w_, x, k: fjs.pruning.scores.wanda(w_, x)  # noqa: E731
+  _, m_plain = fjs.pruning.posttrain.prune_params(params, fn, sparsity=0.6, stats={"Dense_0": st})
+  _, m_ref = fjs.pruning.posttrain.prune_params(params, fn, sparsity=0.6, stats={"Dense_0": st},
+                                                refine=dsnot.dsnot())
+  direct, _ = dsnot.refine(w, m_plain["Dense_0"]["kernel"], st, dsnot.dsnot())
   np.testing.assert_array_equal(np.asarray(m_ref["Dense_0"]["kernel"]), np.asarray(direct))
   with pytest.raises(ValueError, match="refine"):
-    PT.prune_params(params, fn, nm=(2, 4), stats={"Dense_0": st}, refine=D.dsnot())
+    fjs.pruning.posttrain.prune_params(params, fn, nm=(2, 4), stats={"Dense_0": st},
+                                       refine=dsnot.dsnot())
   # DSnoT's default skips MLP layers (they keep the score's mask); skip=() refines them too
   nested = {"mlp": params}
-  _, m_skip = PT.prune_params(nested, fn, sparsity=0.6, stats={"mlp/Dense_0": st},
-                              refine=D.dsnot())
-  _, m_all = PT.prune_params(nested, fn, sparsity=0.6, stats={"mlp/Dense_0": st},
-                             refine=D.dsnot(skip=()))
+  _, m_skip = fjs.pruning.posttrain.prune_params(nested, fn, sparsity=0.6,
+                                                 stats={"mlp/Dense_0": st}, refine=dsnot.dsnot())
+  _, m_all = fjs.pruning.posttrain.prune_params(nested, fn, sparsity=0.6, stats={"mlp/Dense_0": st},
+                                                refine=dsnot.dsnot(skip=()))
   np.testing.assert_array_equal(m_skip["mlp"]["Dense_0"]["kernel"], m_plain["Dense_0"]["kernel"])
   np.testing.assert_array_equal(m_all["mlp"]["Dense_0"]["kernel"], np.asarray(direct))
   assert not np.array_equal(np.asarray(direct), np.asarray(m_plain["Dense_0"]["kernel"]))

@@ -15,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.models import efficientnet as E
+import fedjaxsparse as fjs
+
+efficientnet = fjs.models.efficientnet
 
 TORCHVISION_B0_PARAMS = 5_288_548   # torchvision EfficientNet_B0_Weights meta["num_params"]
 RESIDUAL = ("block3", "block5", "block7", "block8", "block10", "block11", "block13", "block14",
@@ -52,7 +54,7 @@ def _forward_io(model, params, x):
 
   def record(next_fun, args, kwargs, context):
     out = next_fun(*args, **kwargs)
-    if isinstance(context.module, E.MBConv) and context.method_name == "__call__":
+    if isinstance(context.module, efficientnet.MBConv) and context.method_name == "__call__":
       io[context.module.name] = (args[0], out)
     return out
 
@@ -64,7 +66,7 @@ def _forward_io(model, params, x):
 @pytest.fixture(scope="module")
 def net():
   """``(model, params, jitted _forward_io)`` of the default GroupNorm B0 for 32×32×3."""
-  _, model = E.efficientnet_b0()
+  _, model = efficientnet.efficientnet_b0()
   return model, _params(model), jax.jit(functools.partial(_forward_io, model))
 
 
@@ -75,14 +77,16 @@ def _x(b: int, seed: int = 1, shape=(32, 32, 3)):
 def test_parameter_count_matches_torchvision():
   ten = TORCHVISION_B0_PARAMS - (1280 * 1000 + 1000) + (1280 * 10 + 10)
   assert ten == 4_020_358
-  assert _count(E.efficientnet_b0()[1]) == ten
-  assert _count(E.efficientnet_b0(norm="batch")[1]) == ten      # same scale/bias per channel
-  assert _count(E.efficientnet_b0(cifar_stem=True, num_groups=4)[1]) == ten
-  assert _count(E.efficientnet_b0((224, 224, 3), num_classes=1000)[1]) == TORCHVISION_B0_PARAMS
+  assert _count(efficientnet.efficientnet_b0()[1]) == ten
+  # same scale/bias per channel
+  assert _count(efficientnet.efficientnet_b0(norm="batch")[1]) == ten
+  assert _count(efficientnet.efficientnet_b0(cifar_stem=True, num_groups=4)[1]) == ten
+  assert (_count(efficientnet.efficientnet_b0((224, 224, 3), num_classes=1000)[1])
+          == TORCHVISION_B0_PARAMS)
 
 
 def test_block_structure():
-  p = jax.eval_shape(E.efficientnet_b0()[1].init, KEY)
+  p = jax.eval_shape(efficientnet.efficientnet_b0()[1].init, KEY)
   assert p["stem_conv"]["kernel"].shape == (3, 3, 3, 32)
   assert sorted(k for k in p if k.startswith("block")) == sorted(f"block{i}" for i in range(1, 17))
   assert "expand_conv" not in p["block1"]                     # expand ratio 1
@@ -135,7 +139,7 @@ def test_residual_blocks_become_identity(net):
 
 
 def test_cifar_stem_keeps_resolution():
-  _, model = E.efficientnet_b0(cifar_stem=True)
+  _, model = efficientnet.efficientnet_b0(cifar_stem=True)
   logits, io = jax.eval_shape(functools.partial(_forward_io, model),
                               jax.eval_shape(model.init, KEY), _x(2))
   assert logits.shape == (2, 10)
@@ -146,7 +150,7 @@ def test_cifar_stem_keeps_resolution():
 @pytest.mark.parametrize("norm", ["group", "batch"])
 def test_block_batch_coupling(norm):
   """One residual block: GroupNorm keeps examples apart, current-batch BatchNorm does not."""
-  block = E.MBConv(6, 3, 1, 16, 16, norm, 8)
+  block = efficientnet.MBConv(6, 3, 1, 16, 16, norm, 8)
   x = _x(8, shape=(4, 4, 16))
   variables = _draw(jax.eval_shape(block.init, KEY, x))
   full, first = block.apply(variables, x), block.apply(variables, x[:2])
@@ -155,7 +159,7 @@ def test_block_batch_coupling(norm):
 
 
 def test_stochastic_depth():
-  block = E.MBConv(6, 3, 1, 16, 16, "group", 8, drop_prob=0.5)
+  block = efficientnet.MBConv(6, 3, 1, 16, 16, "group", 8, drop_prob=0.5)
   x = _x(64, shape=(4, 4, 16))
   variables = _draw(jax.eval_shape(block.init, KEY, x))
   branch = block.apply(variables, x) - x                      # eval: no drop
@@ -164,11 +168,11 @@ def test_stochastic_depth():
   assert 10 <= dropped.sum() <= 54
   np.testing.assert_allclose(out[~dropped], (x + 2.0 * branch)[~dropped], rtol=1e-5, atol=1e-5)
   # the per-block rate grows linearly: drop_rate * k / 16 for block k + 1
-  module, model = E.efficientnet_b0(drop_rate=0.2, dropout_rate=0.2)
+  module, model = efficientnet.efficientnet_b0(drop_rate=0.2, dropout_rate=0.2)
   probs = {}
 
   def record(next_fun, args, kwargs, context):
-    if isinstance(context.module, E.MBConv) and context.method_name == "__call__":
+    if isinstance(context.module, efficientnet.MBConv) and context.method_name == "__call__":
       probs[context.module.name] = context.module.drop_prob
     return next_fun(*args, **kwargs)
 
@@ -187,5 +191,5 @@ def test_stochastic_depth():
     ({"num_classes": 0}, "num_classes"), ({"input_shape": (32, 32)}, "input_shape")])
 def test_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    E.efficientnet_b0(**kwargs)
-  E.efficientnet_b0(norm="batch", num_groups=16)   # num_groups is GroupNorm's only
+    efficientnet.efficientnet_b0(**kwargs)
+  efficientnet.efficientnet_b0(norm="batch", num_groups=16)   # num_groups is GroupNorm's only

@@ -8,8 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.errors import CheckpointExistsError, RunMismatchError
-from fedjaxsparse.runtime.epochs import epoch_order, mean_loss_step, train_epochs
+import fedjaxsparse as fjs
+
+epochs = fjs.runtime.epochs
 
 
 def _problem(n=50, d=3, seed=0):
@@ -21,9 +22,9 @@ def _problem(n=50, d=3, seed=0):
 
 
 def test_every_epoch_is_a_permutation_in_minibatches():
-  order = np.asarray(epoch_order(jax.random.key(3), 50, 8))
+  order = np.asarray(epochs.epoch_order(jax.random.key(3), 50, 8))
   assert order.shape == (6, 8) and len(np.unique(order)) == 48 and order.max() < 50
-  other = np.asarray(epoch_order(jax.random.fold_in(jax.random.key(3), 1), 50, 8))
+  other = np.asarray(epochs.epoch_order(jax.random.fold_in(jax.random.key(3), 1), 50, 8))
   assert not np.array_equal(order, other)
 
 
@@ -32,16 +33,16 @@ def test_sgd_reaches_the_least_squares_optimum_and_both_loops_agree():
   opt = optax.sgd(0.1)
   w0 = jnp.zeros(3)
   common = dict(key=jax.random.key(0), batch_size=10, progress=False)
-  (w, _), hist = train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=300,
-                              **common)
+  (w, _), hist = epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y,
+                                     epochs=300, **common)
   w_star = np.linalg.lstsq(x.astype(np.float64), y.astype(np.float64), rcond=None)[0]
   # constant-step SGD settles in a ball around w*: its radius shrinks with the step size
   assert np.linalg.norm(np.asarray(w) - w_star) < 0.05
   assert [h["epoch"] for h in hist] == list(range(1, 301)) and hist[-1]["loss"] < hist[0]["loss"]
-  (ws, _), hs = train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=4,
-                             **common)
-  (wh, _), hh = train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=4,
-                             loop="host", **common)
+  (ws, _), hs = epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y,
+                                    epochs=4, **common)
+  (wh, _), hh = epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y,
+                                    epochs=4, loop="host", **common)
   np.testing.assert_allclose(np.asarray(ws), np.asarray(wh), rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose([h["loss"] for h in hs], [h["loss"] for h in hh], rtol=1e-6)
 
@@ -58,21 +59,25 @@ def test_a_resumed_run_is_the_uninterrupted_run(tmp_path):
 
   kw = dict(key=jax.random.key(1), batch_size=16, progress=False, after_epoch=after,
             evaluate=lambda s: float(loss(s[0], x, y)))
-  want, hist = train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5, **kw)
+  want, hist = epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y,
+                                   epochs=5, **kw)
   ck = dict(checkpoint_dir=str(tmp_path), checkpoint_every=2, fingerprint={"lr": 0.05})
-  train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=3, **ck, **kw)
-  with pytest.raises(CheckpointExistsError, match="resume=True"):   # the runner's rules
-    train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5, **ck, **kw)
-  with pytest.raises(RunMismatchError, match="config: lr: checkpoint has 0.05, this run has 0.1"):
-    train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5, resume=True,
-                 **{**ck, "fingerprint": {"lr": 0.1}}, **kw)
+  epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=3, **ck,
+                      **kw)
+  with pytest.raises(fjs.errors.CheckpointExistsError, match="resume=True"):   # the runner's rules
+    epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5,
+                        **ck, **kw)
+  with pytest.raises(fjs.errors.RunMismatchError,
+                     match="config: lr: checkpoint has 0.05, this run has 0.1"):
+    epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5,
+                        resume=True, **{**ck, "fingerprint": {"lr": 0.1}}, **kw)
   seen.clear()
-  got, hist2 = train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5,
-                            resume=True, **ck, **kw)
+  got, hist2 = epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y,
+                                   epochs=5, resume=True, **ck, **kw)
   assert seen == [3, 4]                                    # epochs 1-3 came from the checkpoint
-  with pytest.raises(RunMismatchError, match="already holds 5 epochs but epochs=4"):
-    train_epochs(mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=4, resume=True,
-                 **ck, **kw)
+  with pytest.raises(fjs.errors.RunMismatchError, match="already holds 5 epochs but epochs=4"):
+    epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=4,
+                        resume=True, **ck, **kw)
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   untimed = lambda hs: [{k: v for k, v in h.items() if k != "seconds"} for h in hs]  # noqa: E731
@@ -81,11 +86,11 @@ def test_a_resumed_run_is_the_uninterrupted_run(tmp_path):
 
 def test_bad_arguments_are_named():
   x, y, loss = _problem()
-  step = mean_loss_step(loss, optax.sgd(0.1))
+  step = epochs.mean_loss_step(loss, optax.sgd(0.1))
   state = (jnp.zeros(3), optax.sgd(0.1).init(jnp.zeros(3)))
   for kw, name in ((dict(epochs=0, batch_size=4), "epochs"),
                    (dict(epochs=1, batch_size=51), r"batch_size must be an int in \[1, 50\]"),
                    (dict(epochs=1, batch_size=4, loop="while"), "loop"),
                    (dict(epochs=1, batch_size=4, checkpoint_every=-1), "checkpoint_every")):
     with pytest.raises(ValueError, match=name):
-      train_epochs(step, state, x, y, key=jax.random.key(0), progress=False, **kw)
+      epochs.train_epochs(step, state, x, y, key=jax.random.key(0), progress=False, **kw)

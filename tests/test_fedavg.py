@@ -7,23 +7,16 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops.aggregation import client_weights
-from fedjaxsparse.algorithms.fedavg import clipped_sgd, fedavg
-from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimum,
-                                        ridge_regression_problem, uniform_weights)
-from fedjaxsparse.models import linear_regression, make_loss
-from fedjaxsparse.runtime.runner import run
-from fedjaxsparse.ops.sampling import client_keys, sample_cohort
+import fedjaxsparse as fjs
 
 L2 = 0.1
 
 
 @pytest.fixture(scope="module")
 def ridge():
-  ds = ridge_regression_problem(num_clients=8, dim=5, examples_per_client=30,
-                                heterogeneity=1.0, seed=3)
-  model = linear_regression(5, l2=L2)
+  ds = fjs.data.ridge_regression_problem(num_clients=8, dim=5, examples_per_client=30,
+                                         heterogeneity=1.0, seed=3)
+  model = fjs.models.linear_regression(5, l2=L2)
   return ds, model
 
 
@@ -40,29 +33,30 @@ def _smoothness(train, weights):
 @pytest.mark.parametrize("weighting", ["num_examples", "uniform"])
 def test_one_local_step_is_gradient_descent_and_converges_to_the_optimum(ridge, weighting):
   ds, model = ridge
-  w = (example_weights if weighting == "num_examples" else uniform_weights)(ds.train)
+  w = (fjs.data.example_weights if weighting == "num_examples"
+       else fjs.data.uniform_weights)(ds.train)
   lr = 1.0 / _smoothness(ds.train, w)
-  algo = fedavg(make_loss(model), optax.sgd(lr), local_steps=1, weighting=weighting)
-  res = run(algo, jax.random.key(0), model.init(jax.random.key(0)), ds.train,
-            num_rounds=3000, chunk_size=1000, progress=False)
-  opt = ridge_regression_optimum(ds.train, L2, w)
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(lr), local_steps=1, weighting=weighting)
+  res = fjs.run(algo, jax.random.key(0), model.init(jax.random.key(0)), ds.train,
+                num_rounds=3000, chunk_size=1000, progress=False)
+  opt = fjs.data.ridge_regression_optimum(ds.train, L2, w)
   np.testing.assert_allclose(res.state.params["w"], opt["w"], rtol=2e-4, atol=2e-5)
   np.testing.assert_allclose(res.state.params["b"], opt["b"], rtol=2e-4, atol=2e-5)
 
 
 def test_weighting_changes_the_fixed_point(ridge):
   ds, _ = ridge
-  a = ridge_regression_optimum(ds.train, L2, example_weights(ds.train))
-  b = ridge_regression_optimum(ds.train, L2, uniform_weights(ds.train))
+  a = fjs.data.ridge_regression_optimum(ds.train, L2, fjs.data.example_weights(ds.train))
+  b = fjs.data.ridge_regression_optimum(ds.train, L2, fjs.data.uniform_weights(ds.train))
   assert np.abs(a["w"] - b["w"]).max() > 1e-3  # the test above can tell them apart
 
 
 def test_round_equals_python_loop_reference(ridge):
   """Same mathematics as fedjax/the papers: a Python loop over clients and local steps."""
   ds, model = ridge
-  loss = make_loss(model)
+  loss = fjs.models.make_loss(model)
   lr, steps = 0.05, 4
-  algo = fedavg(loss, optax.sgd(lr), local_steps=steps)
+  algo = fjs.fedavg(loss, optax.sgd(lr), local_steps=steps)
   params = {"w": jnp.linspace(-1, 1, 5) + 0.1, "b": jnp.float32(0.3)}  # no zeros: dense
   state = algo.init(jax.random.key(0), params, ds.train)
   state, info = jax.jit(algo.step)(jax.random.key(1), state, ds.train)
@@ -83,23 +77,24 @@ def test_round_equals_python_loop_reference(ridge):
   chex.assert_trees_all_close(state.params, expected, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(info.loss, np.dot(wts, losses), rtol=1e-5)
   d = 6
-  assert info.bits_up == info.bits_down == ds.train.num_clients * accounting.dense_bits(d)
+  assert info.bits_up == info.bits_down == ds.train.num_clients * fjs.accounting.dense_bits(d)
 
 
 def test_server_sgd_with_unit_rate_is_plain_fedavg(ridge):
   ds, model = ridge
   params = model.init(jax.random.key(0))
   kw = dict(local_steps=3, batch_size=4, cohort_size=3)
-  a = fedavg(make_loss(model), optax.sgd(0.05), **kw)
-  b = fedavg(make_loss(model), optax.sgd(0.05), server_optimizer=optax.sgd(1.0), **kw)
-  ra = run(a, jax.random.key(2), params, ds.train, num_rounds=20, progress=False)
-  rb = run(b, jax.random.key(2), params, ds.train, num_rounds=20, progress=False)
+  a = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.05), **kw)
+  b = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.05), server_optimizer=optax.sgd(1.0),
+                 **kw)
+  ra = fjs.run(a, jax.random.key(2), params, ds.train, num_rounds=20, progress=False)
+  rb = fjs.run(b, jax.random.key(2), params, ds.train, num_rounds=20, progress=False)
   chex.assert_trees_all_close(ra.state.params, rb.state.params, rtol=1e-5, atol=1e-6)
 
 
 def test_cohort_is_uniform_without_replacement():
   n, c, trials = 10, 3, 4000
-  cohorts = jax.vmap(lambda k: sample_cohort(k, n, c))(
+  cohorts = jax.vmap(lambda k: fjs.sampling.sample_cohort(k, n, c))(
       jax.random.split(jax.random.key(0), trials))
   cohorts = np.asarray(cohorts)
   assert all(len(set(row)) == c for row in cohorts)  # distinct clients
@@ -107,20 +102,22 @@ def test_cohort_is_uniform_without_replacement():
   p = c / n
   se = np.sqrt(p * (1 - p) / trials)
   np.testing.assert_array_less(np.abs(freq - p), 5 * se)  # 5-sigma, per client
-  np.testing.assert_array_equal(sample_cohort(jax.random.key(0), n, None), np.arange(n))
+  np.testing.assert_array_equal(fjs.sampling.sample_cohort(jax.random.key(0), n, None),
+                                np.arange(n))
 
 
 def test_client_key_depends_on_identity_not_position():
   key = jax.random.key(3)
-  a = client_keys(key, jnp.array([3, 5, 9]))
-  b = client_keys(key, jnp.array([5]))
+  a = fjs.sampling.client_keys(key, jnp.array([3, 5, 9]))
+  b = fjs.sampling.client_keys(key, jnp.array([5]))
   np.testing.assert_array_equal(jax.random.key_data(a[1]), jax.random.key_data(b[0]))
 
 
 def test_weights():
-  w = client_weights(jnp.array([1, 3]), "num_examples")
+  w = fjs.aggregation.client_weights(jnp.array([1, 3]), "num_examples")
   np.testing.assert_allclose(w, [0.25, 0.75])
-  np.testing.assert_allclose(client_weights(jnp.array([1, 3]), "uniform"), [0.5, 0.5])
+  np.testing.assert_allclose(fjs.aggregation.client_weights(jnp.array([1, 3]), "uniform"),
+                             [0.5, 0.5])
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -131,12 +128,12 @@ def test_weights():
 def test_bad_arguments(ridge, kw, match):
   _, model = ridge
   with pytest.raises(ValueError, match=match):
-    fedavg(make_loss(model), optax.sgd(0.1), **kw)
+    fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.1), **kw)
 
 
 def test_cohort_larger_than_population_is_refused(ridge):
   ds, model = ridge
-  algo = fedavg(make_loss(model), optax.sgd(0.1), cohort_size=9)
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.1), cohort_size=9)
   with pytest.raises(ValueError, match="cohort_size"):
     algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
 
@@ -144,17 +141,18 @@ def test_cohort_larger_than_population_is_refused(ridge):
 def test_uplink_compressor_plug_in(ridge):
   """FedAvg with an identity uplink equals FedAvg; with rand-k the averaged update is
   unbiased (Monte Carlo over keys) and each message costs rand-k's bits."""
-  from fedjaxsparse.ops import compressors as C
   ds, model = ridge
   d = 6
   params = {"w": jnp.linspace(-1, 1, 5) + 0.1, "b": jnp.float32(0.3)}
-  plain = fedavg(make_loss(model), optax.sgd(0.05), local_steps=2)
-  ident = fedavg(make_loss(model), optax.sgd(0.05), local_steps=2, uplink=C.identity(d))
+  plain = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.05), local_steps=2)
+  ident = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.05), local_steps=2,
+                     uplink=fjs.compressors.identity(d))
   s0 = plain.init(None, params, ds.train)
   p1, _ = plain.step(jax.random.key(0), s0, ds.train)
   p2, _ = ident.step(jax.random.key(0), s0, ds.train)
   chex.assert_trees_all_close(p1.params, p2.params, rtol=1e-6)
-  rk = fedavg(make_loss(model), optax.sgd(0.05), local_steps=2, uplink=C.rand_k(d, 2))
+  rk = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.05), local_steps=2,
+                  uplink=fjs.compressors.rand_k(d, 2))
   step = jax.jit(jax.vmap(lambda k: rk.step(k, s0, ds.train)[0].params))
   trials = 4000
   out = step(jax.random.split(jax.random.key(1), trials))
@@ -163,7 +161,7 @@ def test_uplink_compressor_plug_in(ridge):
     se = np.asarray(out[name]).std(0) / np.sqrt(trials)
     np.testing.assert_array_less(np.abs(mean - np.asarray(p1.params[name])), 5 * se + 1e-6)
   _, info = rk.step(jax.random.key(0), s0, ds.train)
-  assert float(info.bits_up) == ds.train.num_clients * accounting.sparse_bits(2, d)
+  assert float(info.bits_up) == ds.train.num_clients * fjs.accounting.sparse_bits(2, d)
 
 
 @pytest.mark.parametrize("weighting", ["num_examples", "uniform"])
@@ -175,9 +173,9 @@ def test_float64_one_full_batch_step_is_gradient_descent_to_1e12(ridge, weightin
     train = jax.tree.map(lambda a: jnp.asarray(np.asarray(a, np.float64))
                          if np.issubdtype(np.asarray(a).dtype, np.floating) else a, ds.train)
     params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), model.init(jax.random.key(0)))
-    loss = make_loss(model)
-    algo = fedavg(loss, optax.sgd(0.05), local_steps=1, weighting=weighting)
-    w = client_weights(train.num_examples, weighting)
+    loss = fjs.models.make_loss(model)
+    algo = fjs.fedavg(loss, optax.sgd(0.05), local_steps=1, weighting=weighting)
+    w = fjs.aggregation.client_weights(train.num_examples, weighting)
     assert w.dtype == jnp.float64
     state = algo.init(None, params, train)
     x = params
@@ -193,8 +191,11 @@ def test_float64_one_full_batch_step_is_gradient_descent_to_1e12(ridge, weightin
 def test_clipped_sgd_rescales_to_the_norm_or_clips_each_value():
   g = {"a": jnp.array([3.0, -4.0]), "b": jnp.array([0.0])}          # global norm 5
   step = lambda opt: opt.update(g, opt.init(g))[0]                  # noqa: E731
-  np.testing.assert_allclose(step(clipped_sgd(0.5, 1.0, "norm"))["a"], [-0.3, 0.4], rtol=1e-6)
-  np.testing.assert_allclose(step(clipped_sgd(0.5, 3.5, "value"))["a"], [-1.5, 1.75])
-  np.testing.assert_allclose(step(clipped_sgd(0.5))["a"], [-1.5, 2.0])   # no clipping
+  np.testing.assert_allclose(step(fjs.algorithms.fedavg.clipped_sgd(0.5, 1.0, "norm"))["a"],
+                             [-0.3, 0.4], rtol=1e-6)
+  np.testing.assert_allclose(step(fjs.algorithms.fedavg.clipped_sgd(0.5, 3.5, "value"))["a"],
+                             [-1.5, 1.75])
+  np.testing.assert_allclose(step(fjs.algorithms.fedavg.clipped_sgd(0.5))["a"],
+                             [-1.5, 2.0])   # no clipping
   with pytest.raises(ValueError, match="clip_mode must be one of"):
-    clipped_sgd(0.5, 1.0, "max")
+    fjs.algorithms.fedavg.clipped_sgd(0.5, 1.0, "max")

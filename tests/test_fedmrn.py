@@ -6,28 +6,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.ops import noise_masks as M
-from fedjaxsparse.algorithms.fedmrn import fedmrn
-from fedjaxsparse.data import pack_clients
-from fedjaxsparse.data.embedded import digits
-from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.ops.sampling import client_keys, sample_cohort
-from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
+import fedjaxsparse as fjs
 
 
 @pytest.fixture(scope="module")
 def setup():
-  ds = digits(num_clients=6, seed=0)
-  model = softmax_regression(64, 10)
-  return ds, model, make_loss(model), model.init(jax.random.key(0))
+  ds = fjs.data.digits(num_clients=6, seed=0)
+  model = fjs.models.softmax_regression(64, 10)
+  return ds, model, fjs.models.make_loss(model), model.init(jax.random.key(0))
 
 
 @pytest.mark.parametrize("signed", [False, True])
 def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, signed):
   ds, _, loss, w0 = setup
   alpha = 5e-3 if signed else 1e-2
-  algo = fedmrn(loss, 0.1, epochs=2, batch_size=16, cohort_size=4, noise_scale=alpha,
-                signed=signed)
+  algo = fjs.fedmrn(loss, 0.1, epochs=2, batch_size=16, cohort_size=4, noise_scale=alpha,
+                    signed=signed)
   state = algo.init(None, w0, ds.train)
   key = jax.random.key(11)
   new, info = jax.jit(algo.step)(key, state, ds.train)
@@ -36,8 +30,9 @@ def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, signed):
   delta = jax.tree.map(jnp.subtract, new.params, w0)
   # the participants' noise, regenerated from their seeds as the server does
   k_cohort, k_noise, _ = jax.random.split(key, 3)
-  ids = sample_cohort(k_cohort, ds.train.num_clients, 4)
-  noises = [M.tree_noise(k, w0, alpha) for k in client_keys(k_noise, ids)]
+  ids = fjs.sampling.sample_cohort(k_cohort, ds.train.num_clients, 4)
+  noises = [fjs.ops.noise_masks.tree_noise(k, w0, alpha)
+            for k in fjs.sampling.client_keys(k_noise, ids)]
   for leaf, *ns in zip(jax.tree.leaves(delta), *[jax.tree.leaves(n) for n in noises]):
     ns = np.stack([np.asarray(n) for n in ns])
     lo = ns.min(0) if not signed else -np.abs(ns).max(0)
@@ -53,16 +48,16 @@ def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, signed):
 def _loop_round(loss, w, data, key, lr, epochs, batch, cohort):
   """The same round, one client at a time in Python (masking="none": the FedAvg backbone)."""
   k_cohort, _, k_train = jax.random.split(key, 3)
-  ids = np.asarray(sample_cohort(k_cohort, data.num_clients, cohort))
+  ids = np.asarray(fjs.sampling.sample_cohort(k_cohort, data.num_clients, cohort))
   grad = jax.jit(jax.grad(lambda v, x, y, m: loss(jax.tree.map(jnp.add, w, v), x, y, m)))
   sizes = np.asarray(data.num_examples)[ids]
   total = jax.tree.map(jnp.zeros_like, w)
-  for i, kt in zip(ids, client_keys(k_train, jnp.asarray(ids))):
+  for i, kt in zip(ids, fjs.sampling.client_keys(k_train, jnp.asarray(ids))):
     row = jax.tree.map(lambda a: a[i], data)
     k_order = jax.random.split(kt, 3)[0]
     u = jax.tree.map(jnp.zeros_like, w)
-    for t in range(int(epoch_steps(row.num_examples, batch, epochs))):
-      x, y, m = epoch_minibatch(k_order, row, batch, jnp.int32(t))
+    for t in range(int(fjs.ops.local.epoch_steps(row.num_examples, batch, epochs))):
+      x, y, m = fjs.ops.local.epoch_minibatch(k_order, row, batch, jnp.int32(t))
       u = jax.tree.map(lambda a, g: a - lr * g, u, grad(u, x, y, m))
     total = jax.tree.map(lambda s, a: s + a * data.num_examples[i] / sizes.sum(), total, u)
   return jax.tree.map(jnp.add, w, total)
@@ -73,8 +68,8 @@ def test_vmapped_round_equals_a_per_client_loop(setup):
   ds, _, loss, w0 = setup
   x = np.asarray(ds.train.x).reshape(-1, 64)[:90]
   y = np.asarray(ds.train.y).reshape(-1)[:90]
-  data = pack_clients(x, y, [np.arange(0, 10), np.arange(10, 45), np.arange(45, 90)])
-  algo = fedmrn(loss, 0.2, epochs=2, batch_size=8, cohort_size=2, masking="none")
+  data = fjs.data.pack_clients(x, y, [np.arange(0, 10), np.arange(10, 45), np.arange(45, 90)])
+  algo = fjs.fedmrn(loss, 0.2, epochs=2, batch_size=8, cohort_size=2, masking="none")
   new, info = jax.jit(algo.step)(jax.random.key(2), algo.init(None, w0, data), data)
   want = _loop_round(loss, w0, data, jax.random.key(2), 0.2, 2, 8, 2)
   for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want)):
@@ -86,7 +81,6 @@ def test_fedmrn_and_its_ablations_learn(setup):
   """Masked 1-bit uplinks still train: after 15 rounds every variant's test accuracy is well
   above chance (noise ±0.1: a linear model's weights must move by O(1), and a round moves
   each by at most the noise scale, so they trail the FedAvg backbone after 15 rounds)."""
-  from fedjaxsparse.evaluation import evaluate
   ds, model, loss, w0 = setup
   accs = {}
   for name, kw in {"FedAvg": dict(masking="none"), "FedMRN": {},
@@ -94,53 +88,51 @@ def test_fedmrn_and_its_ablations_learn(setup):
                    "w/o PSM": dict(stochastic=False, progressive=False),
                    "FedAvg w. SM": dict(masking="post")}.items():
     kw = {"noise_scale": 0.1, **kw}
-    algo = fedmrn(loss, 0.3, epochs=2, batch_size=16, cohort_size=3, **kw)
+    algo = fjs.fedmrn(loss, 0.3, epochs=2, batch_size=16, cohort_size=3, **kw)
     state, step = algo.init(None, w0, ds.train), jax.jit(algo.step)
     for t in range(15):
       state, _ = step(jax.random.key(t), state, ds.train)
-    accs[name] = float(evaluate(model, state.params, ds.test)["accuracy"])
+    accs[name] = float(fjs.evaluation.evaluate(model, state.params, ds.test)["accuracy"])
   assert accs["FedAvg"] > 0.8 and all(a > 0.5 for a in accs.values()), accs  # chance: 0.1
 
 
 def test_bad_arguments(setup):
   _, _, loss, _ = setup
   with pytest.raises(ValueError, match="masking"):
-    fedmrn(loss, 0.1, masking="sometimes")
+    fjs.fedmrn(loss, 0.1, masking="sometimes")
   with pytest.raises(ValueError, match="noise_scale"):
-    fedmrn(loss, 0.1, noise_scale=0.0)
+    fjs.fedmrn(loss, 0.1, noise_scale=0.0)
   with pytest.raises(ValueError, match="epochs"):
-    fedmrn(loss, 0.1, epochs=0)
+    fjs.fedmrn(loss, 0.1, epochs=0)
 
 
 def test_post_training_compressors_on_the_same_backbone(setup):
   """masking="none" + uplink: the backbone's updates compressed once (here TernGrad) and
   charged by the compressor's bits; an uplink needs the uncompressed backbone."""
-  from fedjaxsparse.ops import compressors as C
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
-  algo = fedmrn(loss, 0.1, epochs=1, batch_size=16, cohort_size=2, masking="none",
-                uplink=C.terngrad(d))
+  algo = fjs.fedmrn(loss, 0.1, epochs=1, batch_size=16, cohort_size=2, masking="none",
+                    uplink=fjs.compressors.terngrad(d))
   _, info = jax.jit(algo.step)(jax.random.key(0), algo.init(None, w0, ds.train), ds.train)
-  assert float(info.bits_up) == pytest.approx(2 * C.terngrad(d).bits(d))
+  assert float(info.bits_up) == pytest.approx(2 * fjs.compressors.terngrad(d).bits(d))
   with pytest.raises(ValueError, match="uplink"):
-    fedmrn(loss, 0.1, uplink=C.terngrad(d))
+    fjs.fedmrn(loss, 0.1, uplink=fjs.compressors.terngrad(d))
 
 
 def test_fedsparsify_uploads_pruned_models(setup):
   """FedSparsify (seed 003's meaning): every participant's local model is pruned to k
   non-zeros, so the new global model — their data-weighted average — has at most c·k
   non-zeros, and each upload is charged by its own non-zeros (≤ k)."""
-  from fedjaxsparse.ops import accounting
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
   k = max(1, int(0.03 * d))
-  algo = fedmrn(loss, 0.1, epochs=1, batch_size=16, cohort_size=3, masking="none", prune_to=k)
+  algo = fjs.fedmrn(loss, 0.1, epochs=1, batch_size=16, cohort_size=3, masking="none", prune_to=k)
   new, info = jax.jit(algo.step)(jax.random.key(0), algo.init(None, w0, ds.train), ds.train)
   nnz = sum(int(np.sum(np.asarray(a) != 0)) for a in jax.tree.leaves(new.params))
   assert 0 < nnz <= 3 * k
-  assert float(info.bits_up) <= 3 * accounting.sparse_bits(k, d) + 1e-3
+  assert float(info.bits_up) <= 3 * fjs.accounting.sparse_bits(k, d) + 1e-3
   with pytest.raises(ValueError, match="prune_to"):
-    fedmrn(loss, 0.1, prune_to=k)
+    fjs.fedmrn(loss, 0.1, prune_to=k)
 
 
 def test_server_side_fedsparsify_follows_the_cubic_schedule(setup):
@@ -148,25 +140,24 @@ def test_server_side_fedsparsify_follows_the_cubic_schedule(setup):
   aggregate pruned to its k_t = round((1 − s_t)·d) largest magnitudes, s_t the cubic GMP
   ramp; the next round's downlink is charged by its non-zeros; a schedule at 0 is FedAvg
   bitwise."""
-  from fedjaxsparse.ops import accounting
-  from fedjaxsparse.ops.sparsity import gmp_sparsity, k_from_sparsity, top_k
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
-  sched = lambda t: gmp_sparsity(t, 0.9, begin=1, end=4)
+  sched = lambda t: fjs.sparsity.gmp_sparsity(t, 0.9, begin=1, end=4)
   kw = dict(epochs=1, batch_size=16, cohort_size=3, masking="none")
-  algo, dense = fedmrn(loss, 0.1, server_sparsity=sched, **kw), fedmrn(loss, 0.1, **kw)
+  algo, dense = fjs.fedmrn(loss, 0.1, server_sparsity=sched, **kw), fjs.fedmrn(loss, 0.1, **kw)
   state, step, dense_step = algo.init(None, w0, ds.train), jax.jit(algo.step), jax.jit(dense.step)
   for t in range(6):
     prev = state
     state, info = step(jax.random.key(t), state, ds.train)
     unpruned = dense_step(jax.random.key(t), prev, ds.train)[0].params
-    want = top_k(unpruned, k_from_sparsity(d, float(sched(t))))
+    want = fjs.sparsity.top_k(unpruned, fjs.sparsity.k_from_sparsity(d, float(sched(t))))
     for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(want)):
       np.testing.assert_array_equal(x, y)
-    assert float(info.bits_down) == pytest.approx(3 * float(accounting.message_bits(prev.params)))
+    assert float(info.bits_down) == pytest.approx(
+        3 * float(fjs.accounting.message_bits(prev.params)))
   nnz = sum(int(np.sum(np.asarray(a) != 0)) for a in jax.tree.leaves(state.params))
-  assert nnz == k_from_sparsity(d, 0.9)
-  zero = fedmrn(loss, 0.1, server_sparsity=lambda t: 0.0, **kw)
+  assert nnz == fjs.sparsity.k_from_sparsity(d, 0.9)
+  zero = fjs.fedmrn(loss, 0.1, server_sparsity=lambda t: 0.0, **kw)
   a = dense.step(jax.random.key(5), dense.init(None, w0, ds.train), ds.train)[0]
   b = zero.step(jax.random.key(5), zero.init(None, w0, ds.train), ds.train)[0]
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):

@@ -7,10 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.ops import compressors as C
-from fedjaxsparse.algorithms import fedp3_theory as T
-from fedjaxsparse.data import pack_clients
+import fedjaxsparse as fjs
 
+fedp3_theory = fjs.algorithms.fedp3_theory
 
 
 def ls_loss(w, x, y, m):
@@ -23,7 +22,7 @@ def _problem(n=4, m=30, d=8, seed=0, interpolate=False):
   w_star = rng.normal(size=d).astype(np.float32)
   y = (x @ w_star * (0 if interpolate else 1) + (0 if interpolate else 0.3)
        * rng.normal(size=n * m)).astype(np.float32)
-  data = pack_clients(x, y, [np.arange(i * m, (i + 1) * m) for i in range(n)])
+  data = fjs.data.pack_clients(x, y, [np.arange(i * m, (i + 1) * m) for i in range(n)])
   ls = [np.linalg.eigvalsh(x[i * m:(i + 1) * m].T @ x[i * m:(i + 1) * m] / m).max()
         for i in range(n)]
   return data, x, y, np.array(ls)
@@ -33,51 +32,51 @@ def test_permutation_sketch_identities_on_every_draw_and_in_expectation():
   n, d = 5, 40
   x = jnp.asarray(np.random.default_rng(0).normal(size=d), jnp.float32)
   for s in range(20):
-    owner = T.permutation_owner(jax.random.key(s), d, n)
-    sk = jnp.stack([T.permutation_sketch(owner, i, jnp.ones(d), n) for i in range(n)])
+    owner = fedp3_theory.permutation_owner(jax.random.key(s), d, n)
+    sk = jnp.stack([fedp3_theory.permutation_sketch(owner, i, jnp.ones(d), n) for i in range(n)])
     np.testing.assert_array_equal(sk.sum(0), n * np.ones(d))  # Σ_i S_i = nI
     assert ((sk > 0).sum(0) == 1).all() and ((sk > 0).sum(1) == d // n).all()
   draws = 20000
-  owners = jax.vmap(lambda k: T.permutation_owner(k, d, n))(
+  owners = jax.vmap(lambda k: fedp3_theory.permutation_owner(k, d, n))(
       jax.random.split(jax.random.key(1), draws))
-  sx = jax.vmap(lambda o: T.permutation_sketch(o, 2, x, n))(owners)  # client 2
+  sx = jax.vmap(lambda o: fedp3_theory.permutation_sketch(o, 2, x, n))(owners)  # client 2
   mean, se = sx.mean(0), sx.std(0) / np.sqrt(draws)
   assert np.all(np.abs(mean - x) < 5 * se + 1e-6)  # E[S_i x] = x
   sq = jnp.sum(sx ** 2, 1)
   assert abs(sq.mean() - n * jnp.sum(x ** 2)) < 5 * sq.std() / np.sqrt(draws)
   ys = jnp.asarray(np.random.default_rng(1).normal(size=(n, d)), jnp.float32)
-  agg = jax.vmap(lambda o: jnp.sum(jnp.stack([T.permutation_sketch(o, i, ys[i], n)
+  agg = jax.vmap(lambda o: jnp.sum(jnp.stack([fedp3_theory.permutation_sketch(o, i, ys[i], n)
                                               for i in range(n)]), 0) / n)(owners)
   sq = jnp.sum(agg ** 2, 1)  # E‖(1/n)Σ S_i y_i‖² = (1/n)Σ‖y_i‖² (disjoint supports)
   assert abs(sq.mean() - jnp.sum(ys ** 2) / n) < 5 * sq.std() / np.sqrt(draws)
-  blocks = T.permutation_owner(jax.random.key(3), 24, 3, block=4)
+  blocks = fedp3_theory.permutation_owner(jax.random.key(3), 24, 3, block=4)
   assert (blocks.reshape(-1, 4) == blocks.reshape(-1, 4)[:, :1]).all()
   with pytest.raises(ValueError, match="divisible"):
-    T.permutation_owner(jax.random.key(0), 10, 3)
+    fedp3_theory.permutation_owner(jax.random.key(0), 10, 3)
 
 
 def test_aggregation_is_a_gather_and_gamma_zero_is_a_fixed_point():
   data, *_ = _problem(n=4, d=8)
   w0 = jnp.arange(8, dtype=jnp.float32)
   key = jax.random.key(4)
-  algo = T.fedp3_theory(ls_loss, 0.05)
+  algo = fjs.fedp3_theory(ls_loss, 0.05)
   new, info = algo.step(key, algo.init(None, w0, data), data)
   k_perm, k_clients = jax.random.split(key)
-  owner = T.permutation_owner(k_perm, 8, 4)
+  owner = fedp3_theory.permutation_owner(k_perm, 8, 4)
   us = [w0 - 0.05 * jax.grad(ls_loss)(w0, *(a[i] for a in (data.x, data.y, data.mask)))
         for i in range(4)]
   gathered = jnp.stack(us)[owner, jnp.arange(8)]
   np.testing.assert_allclose(new.params, gathered, rtol=1e-6, atol=1e-7)
   assert float(info.floats_up) == 8
-  still = T.fedp3_theory(lambda w, x, y, m: 0.0 * jnp.sum(w), 1.0)
+  still = fjs.fedp3_theory(lambda w, x, y, m: 0.0 * jnp.sum(w), 1.0)
   np.testing.assert_array_equal(still.step(key, still.init(None, w0, data), data)[0].params, w0)
 
 
 def test_theorem_433_bound_holds_at_the_prescribed_step():
   data, x, y, ls = _problem(n=4, d=8, seed=1)
   K = 200
-  gamma = T.theorem_433_step(ls.mean(), ls.max(), K)
-  algo = T.fedp3_theory(ls_loss, gamma)
+  gamma = fedp3_theory.theorem_433_step(ls.mean(), ls.max(), K)
+  algo = fjs.fedp3_theory(ls_loss, gamma)
   f = lambda w: np.mean([float(ls_loss(w, *(a[i] for a in (data.x, data.y, data.mask))))
                          for i in range(4)])
   w_inf = np.linalg.lstsq(np.asarray(x, np.float64), np.asarray(y, np.float64), rcond=None)[0]
@@ -86,7 +85,7 @@ def test_theorem_433_bound_holds_at_the_prescribed_step():
       lambda s, k: algo.step(k, s, data), algo.init(None, jnp.zeros(8), data),
       jax.random.split(key, K))[1].grad_norm_sq)
   g = np.mean([np.asarray(run(jax.random.key(s))) for s in range(10)], axis=0)  # E‖∇f(w^k)‖²
-  bound = T.theorem_433_bound(delta0, gamma, ls.mean(), ls.max(), K)
+  bound = fedp3_theory.theorem_433_bound(delta0, gamma, ls.mean(), ls.max(), K)
   assert g.min() <= bound
   assert g[-1] < 1e-2 * g[0]  # it also converges, far inside the bound
 
@@ -97,20 +96,20 @@ def test_theorem_c35_update_matrix_and_biased_pruning():
   data, *_ = _problem(n=n, d=d, interpolate=True)
   w = jnp.linspace(-1.0, 1.0, d)
   key = jax.random.key(9)
-  algo = T.fedp3_theory(ls_loss, 0.1, prune=0.6, sketch="identity")
+  algo = fjs.fedp3_theory(ls_loss, 0.1, prune=0.6, sketch="identity")
   new = algo.step(key, algo.init(None, w, data), data)[0].params
   _, k_clients = jax.random.split(key)
   P, B = np.zeros((d, d)), np.zeros((d, d))
   for i in range(n):
     kp = jax.random.split(jax.random.fold_in(k_clients, i))[0]
-    Pi = np.diag(np.asarray(T.pruning_mask(kp, d, 0.6), np.float64))
+    Pi = np.diag(np.asarray(fedp3_theory.pruning_mask(kp, d, 0.6), np.float64))
     xi = np.asarray(data.x[i], np.float64)
     Li = xi.T @ xi / xi.shape[0]
     P += Pi / n
     B += Pi @ Li @ Pi / n
   np.testing.assert_allclose(new, (P - 0.1 * B) @ np.asarray(w), rtol=1e-5, atol=1e-6)
   draws = 20000
-  masks = jax.vmap(lambda k: T.pruning_mask(k, d, 0.6))(jax.random.split(key, draws))
+  masks = jax.vmap(lambda k: fedp3_theory.pruning_mask(k, d, 0.6))(jax.random.split(key, draws))
   pw = masks * w
   assert np.all(np.abs(pw.mean(0) - 0.6 * w) < 5 * pw.std(0) / np.sqrt(draws) + 1e-6)
 
@@ -121,8 +120,8 @@ def test_ldp_noise_variance_after_aggregation(placement, scale):
   (model) or γ²σ² (update) — each coordinate carries exactly one client's noise."""
   n, d, sigma, gamma = 5, 4000, 0.7, 0.3
   data, *_ = _problem(n=n, d=2)  # the loss ignores the data
-  algo = T.fedp3_theory(lambda w, x, y, m: 0.0 * jnp.sum(w), gamma, noise=placement,
-                        sigma=sigma)
+  algo = fjs.fedp3_theory(lambda w, x, y, m: 0.0 * jnp.sum(w), gamma, noise=placement,
+                          sigma=sigma)
   state = algo.init(None, jnp.zeros(d), data)
   step = jax.jit(algo.step)
   diffs = np.concatenate([np.asarray(step(jax.random.key(s), state, data)[0].params)
@@ -138,32 +137,32 @@ def test_clipping_bounds_every_per_example_gradient():
   per = jax.vmap(lambda xi, yi: jax.grad(ls_loss)(w, xi[None], yi[None], jnp.ones(1)))(x, y)
   norms = np.linalg.norm(np.asarray(per), axis=1)
   c = float(np.median(norms))
-  g = T.clipped_mean_grad(ls_loss, w, x, y, m, c)
+  g = fedp3_theory.clipped_mean_grad(ls_loss, w, x, y, m, c)
   want = (per * np.minimum(1.0, c / norms)[:, None]).mean(0)
   np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
   assert np.linalg.norm(g) <= c + 1e-5
-  np.testing.assert_allclose(T.clipped_mean_grad(ls_loss, w, x, y, m, 1e9),
+  np.testing.assert_allclose(fedp3_theory.clipped_mean_grad(ls_loss, w, x, y, m, 1e9),
                              jax.grad(ls_loss)(w, x, y, m), rtol=1e-4, atol=1e-5)
 
 
 def test_accountant_is_monotone_and_inverts():
-  eps = [T.ldp_epsilon(z, 100, 10, 100, 1e-5) for z in (0.8, 1.2, 2.0)]
+  eps = [fedp3_theory.ldp_epsilon(z, 100, 10, 100, 1e-5) for z in (0.8, 1.2, 2.0)]
   assert eps[0] > eps[1] > eps[2] > 0
-  assert T.ldp_epsilon(1.2, 100, 10, 400, 1e-5) > eps[1]  # more steps, more ε
-  assert T.ldp_epsilon(1.2, 100, 20, 100, 1e-5) > eps[1]  # larger sampling rate, more ε
-  sigma = T.ldp_sigma(2.0, 1e-5, 100, 100, clip=1.0, batch_size=10, gamma=0.1,
-                      noise="update")
-  z = T.noise_multiplier(sigma, 1.0, 10, 0.1, "update")
-  assert abs(T.ldp_epsilon(z, 100, 10, 100, 1e-5) - 2.0) < 0.05
+  assert fedp3_theory.ldp_epsilon(1.2, 100, 10, 400, 1e-5) > eps[1]  # more steps, more ε
+  assert fedp3_theory.ldp_epsilon(1.2, 100, 20, 100, 1e-5) > eps[1]  # larger sampling rate, more ε
+  sigma = fedp3_theory.ldp_sigma(2.0, 1e-5, 100, 100, clip=1.0, batch_size=10, gamma=0.1,
+                                 noise="update")
+  z = fedp3_theory.noise_multiplier(sigma, 1.0, 10, 0.1, "update")
+  assert abs(fedp3_theory.ldp_epsilon(z, 100, 10, 100, 1e-5) - 2.0) < 0.05
   assert np.isclose(z, sigma * 10 / 2.0)  # replace-one sensitivity of the mean: 2C/b
-  assert np.isclose(T.noise_multiplier(sigma * 0.1, 1.0, 10, 0.1, "model"), z)
+  assert np.isclose(fedp3_theory.noise_multiplier(sigma * 0.1, 1.0, 10, 0.1, "model"), z)
   with pytest.raises(ValueError, match="batch_size"):
-    T.ldp_epsilon(1.0, 10, 20, 5, 1e-5)
+    fedp3_theory.ldp_epsilon(1.0, 10, 20, 5, 1e-5)
 
 
 def test_rand_t_with_t_d_over_n_has_omega_n_minus_one():
   n, d = 4, 64
-  comp = C.rand_k(d, d // n)
+  comp = fjs.compressors.rand_k(d, d // n)
   assert comp.omega == n - 1
   x = jnp.asarray(np.random.default_rng(2).normal(size=d), jnp.float32)
   draws = 20000

@@ -5,18 +5,15 @@ import jax
 import numpy as np
 import pytest
 
-from fedjaxsparse.algorithms.fedpm import fedpm
-from fedjaxsparse.data.embedded import digits
-from fedjaxsparse.evaluation import evaluate
-from fedjaxsparse.models import make_loss, mlp
+import fedjaxsparse as fjs
 
 
 def test_fedpm_round_invariants_and_learning():
-  ds = digits(num_clients=6, seed=0)
-  model = mlp((64,), 10, hidden=(128,))
-  loss = make_loss(model)
+  ds = fjs.data.digits(num_clients=6, seed=0)
+  model = fjs.models.mlp((64,), 10, hidden=(128,))
+  loss = fjs.models.make_loss(model)
   w0 = model.init(jax.random.key(1))  # frozen random weights
-  algo = fedpm(loss, 0.5, epochs=1, batch_size=32, cohort_size=4, clip=1e-3)
+  algo = fjs.fedpm(loss, 0.5, epochs=1, batch_size=32, cohort_size=4, clip=1e-3)
   state, step = algo.init(None, w0, ds.train), jax.jit(algo.step)
   d = sum(a.size for a in jax.tree.leaves(w0))
   state1, info = step(jax.random.key(0), state, ds.train)
@@ -30,14 +27,14 @@ def test_fedpm_round_invariants_and_learning():
                      jax.tree.leaves(state1.theta)):
     np.testing.assert_array_equal(p, np.asarray(w) * (np.asarray(t) >= 0.5))
   # learning (slowly, as in the paper's table): all clients, large score steps
-  algo = fedpm(loss, 50.0, epochs=3, batch_size=32, clip=0.2)
+  algo = fjs.fedpm(loss, 50.0, epochs=3, batch_size=32, clip=0.2)
   state, step = algo.init(None, w0, ds.train), jax.jit(algo.step)
-  acc0 = float(evaluate(model, state.params, ds.test)["accuracy"])
+  acc0 = float(fjs.evaluation.evaluate(model, state.params, ds.test)["accuracy"])
   losses = []
   for r in range(30):
     state, info = step(jax.random.key(r), state, ds.train)
     losses.append(float(info.loss))
-  acc = float(evaluate(model, state.params, ds.test)["accuracy"])
+  acc = float(fjs.evaluation.evaluate(model, state.params, ds.test)["accuracy"])
   assert acc > acc0 + 0.1 and np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.05, (acc0, acc)
   with pytest.raises(ValueError, match="clip"):
-    fedpm(loss, 0.1, clip=0.5)
+    fjs.fedpm(loss, 0.1, clip=0.5)

@@ -10,20 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.ops import accounting, masks as MK
-from fedjaxsparse.algorithms.fedspa import fedspa
-from fedjaxsparse.runtime.clients import with_strategy
-from fedjaxsparse.data.embedded import digits
-from fedjaxsparse.models import make_loss, mlp
-from fedjaxsparse.ops.sampling import client_keys, sample_cohort
-from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
+import fedjaxsparse as fjs
 
 
 @pytest.fixture(scope="module")
 def setup():
-  ds = digits(num_clients=8, partition="dirichlet", alpha=0.3, seed=0)
-  model = mlp((64,), 10, hidden=(16,))
-  return ds, model, make_loss(model), model.init(jax.random.key(0))
+  ds = fjs.data.digits(num_clients=8, partition="dirichlet", alpha=0.3, seed=0)
+  model = fjs.models.mlp((64,), 10, hidden=(16,))
+  return ds, model, fjs.models.make_loss(model), model.init(jax.random.key(0))
 
 
 def _leaves_equal(a, b):
@@ -35,21 +29,21 @@ def test_zero_sparsity_is_uniform_fedavg(setup):
   """All-ones masks: w_{t+1} = w_t − (1/S) Σ_k (w_t − w_k), w_k E epochs of SGD — computed
   here one client at a time with the same keys."""
   ds, _, loss, w0 = setup
-  algo = fedspa(loss, 0.1, num_rounds=5, sparsity=0.0, epochs=2, batch_size=16, cohort_size=3)
+  algo = fjs.fedspa(loss, 0.1, num_rounds=5, sparsity=0.0, epochs=2, batch_size=16, cohort_size=3)
   state = algo.init(jax.random.key(0), w0, ds.train)
   assert all(bool(m.all()) for m in jax.tree.leaves(state.masks))
   key = jax.random.key(7)
   new, _ = jax.jit(algo.step)(key, state, ds.train)
   k_cohort, k_train = jax.random.split(key)
-  ids = sample_cohort(k_cohort, ds.train.num_clients, 3)
+  ids = fjs.sampling.sample_cohort(k_cohort, ds.train.num_clients, 3)
   grad = jax.jit(jax.grad(loss))
   total = jax.tree.map(jnp.zeros_like, w0)
-  for i, kc in zip(np.asarray(ids), client_keys(k_train, ids)):
+  for i, kc in zip(np.asarray(ids), fjs.sampling.client_keys(k_train, ids)):
     row = jax.tree.map(lambda a: a[i], ds.train)
     k_order = jax.random.split(kc, 3)[0]
     v = w0
-    for t in range(int(epoch_steps(row.num_examples, 16, 2))):
-      g = grad(v, *epoch_minibatch(k_order, row, 16, jnp.int32(t)))
+    for t in range(int(fjs.ops.local.epoch_steps(row.num_examples, 16, 2))):
+      g = grad(v, *fjs.ops.local.epoch_minibatch(k_order, row, 16, jnp.int32(t)))
       v = jax.tree.map(lambda a, b: a - 0.1 * b, v, g)
     total = jax.tree.map(lambda s, a, b: s + (a - b), total, w0, v)
   want = jax.tree.map(lambda a, s: a - s / 3, w0, total)
@@ -67,13 +61,13 @@ def test_aggregation_divides_by_s_and_untouched_coordinates_stay(setup, weightin
   c = jax.tree.map(lambda a: jnp.linspace(-1.0, 1.0, a.size).reshape(a.shape), w0)
   loss = lambda p, x, y, m: sum(jnp.sum(ci * pi) for ci, pi in
                                 zip(jax.tree.leaves(c), jax.tree.leaves(p)))
-  algo = fedspa(loss, 0.05, num_rounds=3, sparsity=0.8, search="rsm", shared_init=False,
-                epochs=1, batch_size=16, cohort_size=3, weighting=weighting)
+  algo = fjs.fedspa(loss, 0.05, num_rounds=3, sparsity=0.8, search="rsm", shared_init=False,
+                    epochs=1, batch_size=16, cohort_size=3, weighting=weighting)
   state = algo.init(jax.random.key(1), w0, ds.train)
   key = jax.random.key(2)
   new, _ = jax.jit(algo.step)(key, state, ds.train)
-  ids = np.asarray(sample_cohort(jax.random.split(key)[0], ds.train.num_clients, 3))
-  steps = np.asarray(epoch_steps(ds.train.num_examples, 16, 1))[ids]
+  ids = np.asarray(fjs.sampling.sample_cohort(jax.random.split(key)[0], ds.train.num_clients, 3))
+  steps = np.asarray(fjs.ops.local.epoch_steps(ds.train.num_examples, 16, 1))[ids]
   n = np.asarray(ds.train.num_examples)[ids]
   p = np.full(3, 1 / 3) if weighting == "uniform" else n / n.sum()
   for w, wn, ci, m in zip(*(jax.tree.leaves(t) for t in (w0, new.params, c, state.masks))):
@@ -88,17 +82,17 @@ def test_aggregation_divides_by_s_and_untouched_coordinates_stay(setup, weightin
 def test_dst_keeps_counts_and_the_other_clients_masks(setup):
   ds, _, loss, w0 = setup
   T = 6
-  algo = fedspa(loss, 0.1, num_rounds=T, sparsity=0.5, epochs=1, batch_size=16, cohort_size=3)
+  algo = fjs.fedspa(loss, 0.1, num_rounds=T, sparsity=0.5, epochs=1, batch_size=16, cohort_size=3)
   state = algo.init(jax.random.key(0), w0, ds.train)
-  counts = MK.layer_counts(w0, MK.layer_densities(w0, 0.5))
+  counts = fjs.masks.layer_counts(w0, fjs.masks.layer_densities(w0, 0.5))
   step = jax.jit(algo.step)
   changed = 0.0
   for t in range(T):
     key = jax.random.key(10 + t)
     old = state
     state, info = step(key, state, ds.train)
-    ids = set(np.asarray(sample_cohort(jax.random.split(key)[0], 8, 3)).tolist())
-    assert float(info.alpha) == pytest.approx(float(MK.cosine_drop(t, 0.5, T)), abs=1e-6)
+    ids = set(np.asarray(fjs.sampling.sample_cohort(jax.random.split(key)[0], 8, 3)).tolist())
+    assert float(info.alpha) == pytest.approx(float(fjs.masks.cosine_drop(t, 0.5, T)), abs=1e-6)
     for mo, mn, n in zip(*(jax.tree.leaves(x) for x in (old.masks, state.masks, counts))):
       mo, mn = np.asarray(mo), np.asarray(mn)
       assert [int(r.sum()) for r in mn] == [n] * 8  # per-layer counts never change
@@ -113,13 +107,13 @@ def test_dst_keeps_counts_and_the_other_clients_masks(setup):
   d = sum(a.size for a in jax.tree.leaves(w0))
   assert float(info.paper_bits_down) == 3 * 32 * round(0.5 * d)
   active = sum(jax.tree.leaves(counts))
-  assert float(info.bits_down) == 3 * accounting.sparse_bits(active, d)
+  assert float(info.bits_down) == 3 * fjs.accounting.sparse_bits(active, d)
 
 
 def test_rsm_with_a_shared_mask_is_fedavg_on_a_fixed_subnetwork(setup):
   ds, _, loss, w0 = setup
-  algo = fedspa(loss, 0.1, num_rounds=4, sparsity=0.7, search="rsm", epochs=1, batch_size=16,
-                cohort_size=4)
+  algo = fjs.fedspa(loss, 0.1, num_rounds=4, sparsity=0.7, search="rsm", epochs=1, batch_size=16,
+                    cohort_size=4)
   state = algo.init(jax.random.key(3), w0, ds.train)
   mask0 = jax.tree.map(lambda m: m[0], state.masks)
   step = jax.jit(algo.step)
@@ -135,10 +129,11 @@ def test_rsm_with_a_shared_mask_is_fedavg_on_a_fixed_subnetwork(setup):
 
 def test_results_do_not_depend_on_how_clients_are_batched(setup):
   ds, _, loss, w0 = setup
-  algo = fedspa(loss, 0.1, num_rounds=4, sparsity=0.5, epochs=1, batch_size=16, cohort_size=3)
+  algo = fjs.fedspa(loss, 0.1, num_rounds=4, sparsity=0.5, epochs=1, batch_size=16, cohort_size=3)
   state = algo.init(jax.random.key(0), w0, ds.train)
   a = jax.jit(algo.step)(jax.random.key(5), state, ds.train)[0]
-  b = jax.jit(algo.step)(jax.random.key(5), state, with_strategy(ds.train, "map"))[0]
+  b = jax.jit(algo.step)(jax.random.key(5), state,
+                         fjs.runtime.clients.with_strategy(ds.train, "map"))[0]
   _leaves_equal(a.masks, b.masks)
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
@@ -147,18 +142,18 @@ def test_results_do_not_depend_on_how_clients_are_batched(setup):
 def test_dst_personalises_under_label_skew(setup):
   """Learning check on strongly non-IID digits: after 30 rounds DST's personalised models
   beat chance by far and its masks have diverged across clients (coverage above 1 − s)."""
-  from fedjaxsparse.evaluation import evaluate_personal
   _, model, loss, w0 = setup
-  ds = digits(num_clients=12, partition="dirichlet", alpha=0.1, seed=1)
-  algo = fedspa(loss, 0.1, num_rounds=30, sparsity=0.5, epochs=2, batch_size=16,
-                cohort_size=4)
+  ds = fjs.data.digits(num_clients=12, partition="dirichlet", alpha=0.1, seed=1)
+  algo = fjs.fedspa(loss, 0.1, num_rounds=30, sparsity=0.5, epochs=2, batch_size=16,
+                    cohort_size=4)
   state, step = algo.init(jax.random.key(0), w0, ds.train), jax.jit(algo.step)
   for t in range(30):
     state, _ = step(jax.random.key(t), state, ds.train)
-  acc = float(evaluate_personal(model, state.personal, ds.test, per_client=False)["accuracy"])
+  acc = float(fjs.evaluation.evaluate_personal(model, state.personal, ds.test,
+                                               per_client=False)["accuracy"])
   assert acc > 0.6, acc
   kernel = {"k": state.masks["Dense_0"]["kernel"]}
-  assert float(MK.coverage(kernel)) > float(MK.density_per_layer(kernel)["k"]) + 0.05
+  assert float(fjs.masks.coverage(kernel)) > float(fjs.masks.density_per_layer(kernel)["k"]) + 0.05
 
 
 def test_subsampling_uplink_and_its_ledgers(setup):
@@ -167,12 +162,12 @@ def test_subsampling_uplink_and_its_ledgers(setup):
   honest one adds the positions."""
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
-  sub = fedspa(loss, 0.1, num_rounds=3, sparsity=0.0, search="rsm", epochs=1, batch_size=16,
-               cohort_size=3, subsample=0.5)
+  sub = fjs.fedspa(loss, 0.1, num_rounds=3, sparsity=0.0, search="rsm", epochs=1, batch_size=16,
+                   cohort_size=3, subsample=0.5)
   _, info = jax.jit(sub.step)(jax.random.key(0), sub.init(None, w0, ds.train), ds.train)
   assert float(info.paper_bits_up) == 3 * 32 * (d // 2)
   assert float(info.paper_bits_down) == 3 * 32 * d
-  assert float(info.bits_up) == 3 * accounting.sparse_bits(d // 2, d)
+  assert float(info.bits_up) == 3 * fjs.accounting.sparse_bits(d // 2, d)
   assert (float(info.paper_bits_up) + float(info.paper_bits_down)) / (2 * 3 * 32 * d) \
       == pytest.approx(0.75, abs=1 / d)
 
@@ -180,13 +175,13 @@ def test_subsampling_uplink_and_its_ledgers(setup):
 def test_bad_arguments(setup):
   _, _, loss, _ = setup
   with pytest.raises(ValueError, match="search"):
-    fedspa(loss, 0.1, num_rounds=3, search="lottery")
+    fjs.fedspa(loss, 0.1, num_rounds=3, search="lottery")
   with pytest.raises(ValueError, match="alpha0"):
-    fedspa(loss, 0.1, num_rounds=3, alpha0=2.0)
+    fjs.fedspa(loss, 0.1, num_rounds=3, alpha0=2.0)
   with pytest.raises(ValueError, match="weighting"):
-    fedspa(loss, 0.1, num_rounds=3, weighting="size")
+    fjs.fedspa(loss, 0.1, num_rounds=3, weighting="size")
   with pytest.raises(ValueError, match="num_rounds"):
-    fedspa(loss, 0.1, num_rounds=0)
+    fjs.fedspa(loss, 0.1, num_rounds=0)
 
 
 def test_rescaled_subsampling_is_unbiased(setup):
@@ -200,8 +195,8 @@ def test_rescaled_subsampling_is_unbiased(setup):
                                 zip(jax.tree.leaves(c), jax.tree.leaves(p)))
   kw = dict(num_rounds=3, sparsity=0.0, search="rsm", epochs=1, batch_size=16,
             cohort_size=None)
-  exact = fedspa(loss, 0.05, **kw)
-  sub = fedspa(loss, 0.05, subsample=0.3, rescale=True, **kw)
+  exact = fjs.fedspa(loss, 0.05, **kw)
+  sub = fjs.fedspa(loss, 0.05, subsample=0.3, rescale=True, **kw)
   state = exact.init(None, w0, ds.train)
   want = exact.step(jax.random.key(0), state, ds.train)[0].params
   r = 400
@@ -221,8 +216,8 @@ def test_packed_masks_give_the_same_run(setup):
   ds, _, loss, w0 = setup
   runs = []
   for pack in (False, True):
-    algo = fedspa(loss, 0.1, num_rounds=3, sparsity=0.6, epochs=1, batch_size=16,
-                  cohort_size=3, shared_init=False, pack_masks=pack)
+    algo = fjs.fedspa(loss, 0.1, num_rounds=3, sparsity=0.6, epochs=1, batch_size=16,
+                      cohort_size=3, shared_init=False, pack_masks=pack)
     state, step = algo.init(jax.random.key(0), w0, ds.train), jax.jit(algo.step)
     for t in range(3):
       state, _ = step(jax.random.key(t), state, ds.train)
@@ -230,5 +225,5 @@ def test_packed_masks_give_the_same_run(setup):
   assert runs[1].masks["Dense_0"]["kernel"].dtype == jnp.uint8
   assert runs[1].masks["Dense_0"]["kernel"].shape == (8, (64 * 16 + 7) // 8)  # 1 bit an entry
   _leaves_equal(runs[0].params, runs[1].params)
-  _leaves_equal(runs[0].masks, MK.as_bool(runs[1].masks, w0))
+  _leaves_equal(runs[0].masks, fjs.masks.as_bool(runs[1].masks, w0))
   _leaves_equal(runs[0].personal, runs[1].personal)

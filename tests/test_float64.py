@@ -9,19 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.ops import compressors as C
-from fedjaxsparse.convex import prox_solvers as PS
-from fedjaxsparse.ops import sampling
-from fedjaxsparse.convex import screening as SC
-from fedjaxsparse.algorithms import ato as A
-from fedjaxsparse.algorithms import ddss as DD
-from fedjaxsparse.algorithms import (ditto, efbv, fedavg, fedlpfm, fedmrn, fedp3, fedp3_theory,
-                                     fedpm, fedspa, fml, proxskip, scafflix, sppm, subfedavg)
-from fedjaxsparse.data import pack_clients
-from fedjaxsparse.data import sparse_rows as SR
-from fedjaxsparse.models import make_loss, mlp
-from fedjaxsparse.models import prunable
-from fedjaxsparse.pruning import zig as Z
+import fedjaxsparse as fjs
 
 N, M, D, K = 6, 12, 8, 3
 
@@ -37,10 +25,10 @@ def problem():
   with jax.enable_x64(True):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(N * M, D)), rng.integers(0, K, N * M).astype(np.int32)
-    data = pack_clients(x, y, np.split(np.arange(N * M), N))
+    data = fjs.data.pack_clients(x, y, np.split(np.arange(N * M), N))
     data = data._replace(x=jnp.asarray(data.x, jnp.float64),
                          mask=jnp.asarray(data.mask, jnp.float64))
-    model = mlp((D,), K, hidden=(5,))
+    model = fjs.models.mlp((D,), K, hidden=(5,))
     w0 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), model.init(jax.random.key(0)))
     return data, model, w0
 
@@ -50,42 +38,43 @@ def _d(w0):
 
 
 BUILDERS = {
-    "FedAvg": lambda loss, model, w0: fedavg.fedavg(
+    "FedAvg": lambda loss, model, w0: fjs.fedavg(
         loss, optax.sgd(0.1), local_steps=2, batch_size=4, cohort_size=3,
-        uplink=C.top_k(_d(w0), 4), server_optimizer=optax.adam(0.1)),
-    "FedAvg-sampling": lambda loss, model, w0: fedavg.fedavg(
-        loss, optax.sgd(0.1), local_steps=2, batch_size=4, sampler=sampling.nice(N, 3),
+        uplink=fjs.compressors.top_k(_d(w0), 4), server_optimizer=optax.adam(0.1)),
+    "FedAvg-sampling": lambda loss, model, w0: fjs.fedavg(
+        loss, optax.sgd(0.1), local_steps=2, batch_size=4, sampler=fjs.sampling.nice(N, 3),
         weighting="sampling"),
-    "Fed-LPFM": lambda loss, model, w0: fedlpfm.fedlpfm(
+    "Fed-LPFM": lambda loss, model, w0: fjs.fedlpfm(
         model, K, optax.sgd(0.1), lam=0.5, temperature=2.0, local_steps=2, batch_size=4,
         cohort_size=3),
-    "FML": lambda loss, model, w0: fml.fml(model, model, optax.sgd(0.1), local_steps=2,
+    "FML": lambda loss, model, w0: fjs.fml(model, model, optax.sgd(0.1), local_steps=2,
                                            batch_size=4, cohort_size=3),
-    "FedSpa": lambda loss, model, w0: fedspa.fedspa(
+    "FedSpa": lambda loss, model, w0: fjs.fedspa(
         loss, 0.1, num_rounds=3, sparsity=0.5, epochs=1, batch_size=4, cohort_size=3,
         subsample=0.5),
-    "FedMRN": lambda loss, model, w0: fedmrn.fedmrn(loss, 0.1, epochs=1, batch_size=4,
-                                                    cohort_size=3),
-    "FedPM": lambda loss, model, w0: fedpm.fedpm(loss, 0.1, epochs=1, batch_size=4,
+    "FedMRN": lambda loss, model, w0: fjs.fedmrn(loss, 0.1, epochs=1, batch_size=4,
                                                  cohort_size=3),
-    "Ditto": lambda loss, model, w0: ditto.ditto(loss, 0.1, batch_size=4, cohort_size=3,
-                                                 global_epochs=1, personal_epochs=1),
-    "Sub-FedAvg": lambda loss, model, w0: subfedavg.subfedavg(
+    "FedPM": lambda loss, model, w0: fjs.fedpm(loss, 0.1, epochs=1, batch_size=4,
+                                               cohort_size=3),
+    "Ditto": lambda loss, model, w0: fjs.ditto(loss, 0.1, batch_size=4, cohort_size=3,
+                                               global_epochs=1, personal_epochs=1),
+    "Sub-FedAvg": lambda loss, model, w0: fjs.subfedavg(
         loss, 0.1, accuracy_fn=lambda p, x, y, m: jnp.asarray(0.9), epochs=1, batch_size=4,
         cohort_size=3),
-    "FedP3": lambda loss, model, w0: fedp3.fedp3(
-        loss, optax.sgd(0.1), fedp3.make_config(jax.random.key(1), np.ones((N, 2), bool), 0.9),
+    "FedP3": lambda loss, model, w0: fjs.fedp3(
+        loss, optax.sgd(0.1),
+        fjs.algorithms.fedp3.make_config(jax.random.key(1), np.ones((N, 2), bool), 0.9),
         local_steps=2, batch_size=4, cohort_size=3, aggregation="weighted",
         local_rule="uniform"),
-    "FedP3-theory": lambda loss, model, w0: fedp3_theory.fedp3_theory(
+    "FedP3-theory": lambda loss, model, w0: fjs.fedp3_theory(
         loss, 0.1, local_steps=2, prune=0.5, sketch="identity"),
-    "Scafflix": lambda loss, model, w0: scafflix.scafflix(
+    "Scafflix": lambda loss, model, w0: fjs.scafflix(
         loss, np.full(N, 0.1), 0.5, np.full(N, 0.5),
         x_star=jax.tree.map(lambda a: jnp.stack([a] * N), w0)),
-    "Sparse-ProxSkip": lambda loss, model, w0: proxskip.sparse_proxskip(loss, 0.1, 0.5, 0.5),
-    "EF21": lambda loss, model, w0: efbv.ef21(loss, C.top_k(_d(w0), 4), 0.1),
-    "SPPM-AS": lambda loss, model, w0: sppm.sppm_as(loss, sampling.nice(N, 3), 0.5,
-                                                    PS.gd(0.1, 3)),
+    "Sparse-ProxSkip": lambda loss, model, w0: fjs.sparse_proxskip(loss, 0.1, 0.5, 0.5),
+    "EF21": lambda loss, model, w0: fjs.ef21(loss, fjs.compressors.top_k(_d(w0), 4), 0.1),
+    "SPPM-AS": lambda loss, model, w0: fjs.sppm_as(loss, fjs.sampling.nice(N, 3), 0.5,
+                                                   fjs.convex.prox_solvers.gd(0.1, 3)),
 }
 
 
@@ -99,10 +88,10 @@ def _float32_leaves(tree):
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_state_and_info_stay_float64(problem, name):
   data, model, w0 = problem
-  algo = BUILDERS[name](make_loss(model), model, w0)
+  algo = BUILDERS[name](fjs.models.make_loss(model), model, w0)
   if name == "Fed-LPFM":   # targets packed with two teachers' logits
     logits = np.random.default_rng(1).normal(size=data.y.shape + (2, K))
-    data = fedlpfm.pack_targets(data, logits)
+    data = fjs.algorithms.fedlpfm.pack_targets(data, logits)
     assert data.y.dtype == jnp.float64
   st = algo.init(jax.random.key(1), w0, data)
   step = jax.jit(algo.step)
@@ -115,9 +104,9 @@ def test_state_and_info_stay_float64(problem, name):
 def test_ddss_stays_float64():
   rng = np.random.default_rng(1)
   a = rng.standard_normal((30, 10)) * (rng.uniform(size=(30, 10)) < 0.4)
-  data = SR.from_dense(a, a @ rng.standard_normal(10))
-  prob = SC.make_problem(data, 0.3 * SC.lambda_max(data))
-  algo = DD.sha_ddss(prob, data, step_size=0.01, inner_steps=5)
+  data = fjs.data.sparse_rows.from_dense(a, a @ rng.standard_normal(10))
+  prob = fjs.convex.screening.make_problem(data, 0.3 * fjs.convex.screening.lambda_max(data))
+  algo = fjs.sha_ddss(prob, data, step_size=0.01, inner_steps=5)
   st = algo.init(None, np.zeros(10), data)
   st, info = jax.jit(algo.step)(jax.random.key(0), st, data)
   assert _float32_leaves(st) == [] and _float32_leaves(info) == []
@@ -126,9 +115,10 @@ def test_ddss_stays_float64():
 def test_ato_initialises_and_steps_in_float64():
   """The controller (GRU, LayerNorm, heads), its input and the mask follow the default float
   dtype; float32 parameters are accepted in a float64 program."""
-  module, model = prunable.mlp((D,), K, hidden=(6,))
-  zigs = Z.trace(module, (D,))
-  algo = A.ato(model, zigs, optax.sgd(0.1), lambda t: 0.1, A.ATOConfig(T_w=0, T_start=0))
+  module, model = fjs.models.prunable.mlp((D,), K, hidden=(6,))
+  zigs = fjs.pruning.zig.trace(module, (D,))
+  algo = fjs.ato(model, zigs, optax.sgd(0.1), lambda t: 0.1,
+                 fjs.algorithms.ato.ATOConfig(T_w=0, T_start=0))
   x = jnp.asarray(np.random.default_rng(0).normal(size=(8, D)))
   y = jnp.arange(8, dtype=jnp.int32) % K
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), model.init(jax.random.key(0)))
@@ -144,7 +134,7 @@ def test_ato_initialises_and_steps_in_float64():
 def test_sampling_weights_are_exact_in_float64():
   """``1/(n p_i)`` of a non-uniform sampler, to the last float64 bit."""
   p = np.array([0.1, 0.2, 0.3, 0.15, 0.25])
-  s = sampling.nonuniform(p)
+  s = fjs.sampling.nonuniform(p)
   for k in range(5):
     c = s.sample(jax.random.key(k))
     i = int(c.ids[0])

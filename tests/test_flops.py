@@ -4,18 +4,17 @@ ledger's Comm columns exactly (fp32 values only, GB = 1e9 bytes)."""
 import jax
 import pytest
 
-from fedjaxsparse.ops import accounting, flops, masks as MK
-from fedjaxsparse.models import lenet5_caffe, resnet18, vgg11
+import fedjaxsparse as fjs
 
 
 @pytest.fixture(scope="module")
 def nets():
   out = {}
-  for name, model, shape in (("lenet5", lenet5_caffe((28, 28, 1), 26), (28, 28, 1)),
-                             ("vgg11", vgg11((32, 32, 3), 10), (32, 32, 3)),
-                             ("resnet18", resnet18((32, 32, 3), 100), (32, 32, 3))):
+  for name, model, shape in (("lenet5", fjs.models.lenet5_caffe((28, 28, 1), 26), (28, 28, 1)),
+                             ("vgg11", fjs.models.vgg11((32, 32, 3), 10), (32, 32, 3)),
+                             ("resnet18", fjs.models.resnet18((32, 32, 3), 100), (32, 32, 3))):
     params = jax.eval_shape(model.init, jax.random.key(0))
-    out[name] = (params, flops.layer_macs(model, params, shape))
+    out[name] = (params, fjs.ops.flops.layer_macs(model, params, shape))
   return out
 
 
@@ -36,16 +35,17 @@ def test_parameter_counts_and_macs(nets):
                                         ("resnet18", 0.795)])
 def test_erk_flops_ratio_at_half_sparsity(nets, name, ratio):
   params, macs = nets[name]
-  got = flops.training_flops(macs, MK.layer_densities(params, 0.5)) / flops.training_flops(macs)
+  got = (fjs.ops.flops.training_flops(macs, fjs.masks.layer_densities(params, 0.5))
+         / fjs.ops.flops.training_flops(macs))
   assert got == pytest.approx(ratio, abs=1e-3)
 
 
 def _fedspa_flops(params, macs, sparsity, rounds, mean_examples, dist="erk", batch=128):
   """T·S·(5 epochs of n̄ examples at the layer densities + one dense regrowth batch)."""
   per_round = 10  # S
-  dens = MK.layer_densities(params, sparsity, dist)
-  return flops.training_flops(macs, dens, rounds * per_round * 5 * mean_examples,
-                              rounds * per_round * batch)
+  dens = fjs.masks.layer_densities(params, sparsity, dist)
+  return fjs.ops.flops.training_flops(macs, dens, rounds * per_round * 5 * mean_examples,
+                                      rounds * per_round * batch)
 
 
 def test_tables_flops_columns(nets):
@@ -56,16 +56,16 @@ def test_tables_flops_columns(nets):
     assert abs(ours - table) <= 0.5 * unit + 0.01 * table, (ours, table)
 
   p, m = nets["vgg11"]
-  close(flops.training_flops(m, None, 1000 * 10 * 5 * 500) / 1e14, 229.3, 0.1)
+  close(fjs.ops.flops.training_flops(m, None, 1000 * 10 * 5 * 500) / 1e14, 229.3, 0.1)
   close(_fedspa_flops(p, m, 0.5, 1000, 500) / 1e14, 172.9, 0.1)
   p, m = nets["resnet18"]
-  close(flops.training_flops(m, None, 1000 * 10 * 5 * 500) / 1e14, 833.2, 0.1)
+  close(fjs.ops.flops.training_flops(m, None, 1000 * 10 * 5 * 500) / 1e14, 833.2, 0.1)
   close(_fedspa_flops(p, m, 0.5, 1000, 500) / 1e14, 705.1, 0.1)
   for s, table in ((0.2, 8.2), (0.4, 7.6), (0.5, 7.1), (0.6, 6.5), (0.8, 4.6)):
     close(_fedspa_flops(p, m, s, 1000, 500) / 1e16, table, 0.1)
   close(_fedspa_flops(p, m, 0.5, 1000, 500, "uniform") / 1e16, 4.6, 0.1)
   p, m = nets["lenet5"]
-  close(flops.training_flops(m, None, 400 * 10 * 5 * 1248) / 1e14, 3.5, 0.1)
+  close(fjs.ops.flops.training_flops(m, None, 400 * 10 * 5 * 1248) / 1e14, 3.5, 0.1)
   close(_fedspa_flops(p, m, 0.5, 400, 1248) / 1e14, 2.0, 0.1)
 
 
@@ -76,8 +76,8 @@ def test_paper_ledger_comm_columns(nets):
   T ≥ 400 (399 gives 14.0) and Subsampling's 10.5 needs T ≤ 400 (401 gives 10.6), so T = 400
   (the spec's "≈ 401" came from the FedAvg column alone)."""
   def gb(d, rounds, down, up):
-    bits = rounds * 10 * (accounting.dense_bits(round(down * d))
-                          + accounting.dense_bits(round(up * d)))
+    bits = rounds * 10 * (fjs.accounting.dense_bits(round(down * d))
+                          + fjs.accounting.dense_bits(round(up * d)))
     return round(bits / 8 / 1e9, 1)
 
   dv, dr, dl = (_d(nets[n][0]) for n in ("vgg11", "resnet18", "lenet5"))

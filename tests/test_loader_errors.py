@@ -8,12 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from fedjaxsparse.data import load_dataset
-from fedjaxsparse.data import blogfeedback as blog
-from fedjaxsparse.data import fashion_mnist as fm
-from fedjaxsparse.data import libsvm as svm
-from fedjaxsparse.data.leaf import femnist
-from fedjaxsparse.errors import DataError
+import fedjaxsparse as fjs
 
 
 def _where(path, *parts):
@@ -38,16 +33,16 @@ def _where(path, *parts):
 def test_libsvm_malformed_line(tmp_path, text, line, reason):
   path = tmp_path / "bad.svm"
   path.write_text(text)
-  with pytest.raises(DataError, match=_where(path, f"line {line}:", "expected", reason)):
-    svm.load_arrays(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, f"line {line}:", "expected", reason)):
+    fjs.data.libsvm.load_arrays(str(path))
 
 
 def test_libsvm_malformed_gzip_line(tmp_path):
   path = tmp_path / "bad.svm.gz"
   with gzip.open(path, "wb") as f:
     f.write(b"1 1:0.5\n1 2:0.5 3:1e\n")
-  with pytest.raises(DataError, match=_where(path, "line 2:", "'1 2:0.5 3:1e'")):
-    svm.load_arrays(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "line 2:", "'1 2:0.5 3:1e'")):
+    fjs.data.libsvm.load_arrays(str(path))
 
 
 @pytest.mark.parametrize("text, why", [("", "the file is empty"),
@@ -55,8 +50,8 @@ def test_libsvm_malformed_gzip_line(tmp_path):
 def test_libsvm_no_examples(tmp_path, text, why):
   path = tmp_path / "empty.svm"
   path.write_text(text)
-  with pytest.raises(DataError, match=_where(path, "no examples", why)):
-    svm.libsvm(str(path), num_clients=2)
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "no examples", why)):
+    fjs.data.libsvm.libsvm(str(path), num_clients=2)
 
 
 def test_libsvm_comments_qid_multiclass_gzip_and_test_file(tmp_path):
@@ -64,15 +59,15 @@ def test_libsvm_comments_qid_multiclass_gzip_and_test_file(tmp_path):
   with gzip.open(train, "wt") as f:
     f.write("# a comment line\n3 qid:1 1:0.5 4:2 # trailing comment\n\n7 2:-1.5\n"
             "5 1:2.5e-1 3:4\n")
-  x, y = svm.load_arrays(str(train))
+  x, y = fjs.data.libsvm.load_arrays(str(train))
   np.testing.assert_array_equal(x, [[0.5, 0, 0, 2], [0, -1.5, 0, 0], [0.25, 0, 4, 0]])
   assert x.dtype == np.float32 and y.dtype == np.int32
   np.testing.assert_array_equal(y, [0, 2, 1])  # labels 3, 7, 5 -> ranks 0, 2, 1
   test = tmp_path / "test.svm"
   test.write_text("5 2:1\n3 1:1\n")
-  xt, yt = svm.load_arrays(str(test), num_features=x.shape[1])
+  xt, yt = fjs.data.libsvm.load_arrays(str(test), num_features=x.shape[1])
   np.testing.assert_array_equal(xt, [[0, 1, 0, 0], [1, 0, 0, 0]])
-  ds = svm.libsvm(str(train), num_clients=1, test_path=str(test))
+  ds = fjs.data.libsvm.libsvm(str(train), num_clients=1, test_path=str(test))
   assert ds.num_classes == 3 and ds.train.x.shape[-1] == 4
 
 
@@ -98,30 +93,30 @@ def _write(path, data):
 def test_idx_truncated(tmp_path, suffix):
   path = tmp_path / ("train-images-idx3-ubyte" + suffix)
   _write(path, _idx_bytes(np.zeros((5, 28, 28)))[:-100])  # 5 * 784 - 100 = 3820 bytes
-  with pytest.raises(DataError, match=_where(
+  with pytest.raises(fjs.errors.DataError, match=_where(
       path, "truncated IDX file: header declares shape (5, 28, 28) = 3920 bytes, "
       "found 3820 bytes (4 complete records)")):
-    fm.read_idx(str(path))
+    fjs.data.fashion_mnist.read_idx(str(path))
 
 
 def test_idx_trailing_bytes_bad_magic_and_short_header(tmp_path):
   path = tmp_path / "labels-idx1-ubyte"
   _write(path, _idx_bytes(np.arange(6)) + b"\x00\x01")
-  with pytest.raises(DataError, match=_where(path, "(6) = 6 bytes, found 8", "2 extra")):
-    fm.read_idx(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "(6) = 6 bytes, found 8", "2 extra")):
+    fjs.data.fashion_mnist.read_idx(str(path))
   _write(path, b"\x00\x00\x0d\x01" + _idx_bytes(np.arange(6))[4:])  # float IDX
-  with pytest.raises(DataError, match=_where(path, "not an unsigned-byte IDX file")):
-    fm.read_idx(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "not an unsigned-byte IDX file")):
+    fjs.data.fashion_mnist.read_idx(str(path))
   _write(path, bytes([0, 0, 8, 3, 0, 0, 0, 5]))  # 3 dimensions, one size given
-  with pytest.raises(DataError, match=_where(path, "truncated IDX file", "16 bytes")):
-    fm.read_idx(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "truncated IDX file", "16 bytes")):
+    fjs.data.fashion_mnist.read_idx(str(path))
   _write(path, b"\x00\x00")
-  with pytest.raises(DataError, match=_where(path, "not an unsigned-byte IDX file")):
-    fm.read_idx(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "not an unsigned-byte IDX file")):
+    fjs.data.fashion_mnist.read_idx(str(path))
 
 
 def _write_split(tmp_path, images, labels, suffix=""):
-  stems = fm.FILES["train"]
+  stems = fjs.data.fashion_mnist.FILES["train"]
   _write(tmp_path / (stems[0] + suffix), _idx_bytes(images))
   _write(tmp_path / (stems[1] + suffix), _idx_bytes(labels))
   return [str(tmp_path / (s + suffix)) for s in stems]
@@ -130,21 +125,23 @@ def _write_split(tmp_path, images, labels, suffix=""):
 def test_fashion_mnist_label_out_of_range(tmp_path):
   labels = np.array([0, 9, 3, 200, 1])
   _, label_path = _write_split(tmp_path, np.zeros((5, 28, 28)), labels, ".gz")
-  with pytest.raises(DataError, match=_where(label_path, "record 3: label 200 outside [0, 10)")):
-    fm.load_arrays(str(tmp_path), "train")
+  with pytest.raises(fjs.errors.DataError,
+                     match=_where(label_path, "record 3: label 200 outside [0, 10)")):
+    fjs.data.fashion_mnist.load_arrays(str(tmp_path), "train")
 
 
 def test_fashion_mnist_count_mismatch(tmp_path):
   image_path, label_path = _write_split(tmp_path, np.zeros((5, 28, 28)), np.arange(4))
-  with pytest.raises(DataError, match=_where(image_path, "5 images", label_path, "4 labels")):
-    fm.load_arrays(str(tmp_path), "train")
+  with pytest.raises(fjs.errors.DataError,
+                     match=_where(image_path, "5 images", label_path, "4 labels")):
+    fjs.data.fashion_mnist.load_arrays(str(tmp_path), "train")
 
 
 def test_fashion_mnist_uncompressed_files(tmp_path):
   rng = np.random.default_rng(1)
   images, labels = rng.integers(0, 256, (7, 28, 28)), np.array([9, 0, 1, 2, 3, 4, 5])
   _write_split(tmp_path, images, labels)
-  x, y = fm.load_arrays(str(tmp_path), "train")
+  x, y = fjs.data.fashion_mnist.load_arrays(str(tmp_path), "train")
   assert x.shape == (7, 28, 28, 1) and x.dtype == np.float32 and y.dtype == np.int32
   np.testing.assert_allclose(x[..., 0] * 255, images, atol=1e-4)
   np.testing.assert_array_equal(y, labels)
@@ -182,8 +179,8 @@ def test_blogfeedback_bad_value(tmp_path, column, text, why):
   path = tmp_path / "blogData_train.csv"
   _blog_file(path, _blog_rows(4))
   _replace_field(path, 3, column, text)
-  with pytest.raises(DataError, match=_where(path, "line 3: " + why)):
-    blog._read(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "line 3: " + why)):
+    fjs.data.blogfeedback._read(str(path))
 
 
 def test_blogfeedback_wrong_width(tmp_path):
@@ -192,14 +189,14 @@ def test_blogfeedback_wrong_width(tmp_path):
   lines = path.read_text().splitlines()
   lines[1] = lines[1].rsplit(",", 1)[0]  # a row of 280 values
   path.write_text("\n".join(lines) + "\n")
-  with pytest.raises(DataError, match=_where(path, "line 2: expected 281", "got 280")):
-    blog._read(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "line 2: expected 281", "got 280")):
+    fjs.data.blogfeedback._read(str(path))
   _blog_file(path, np.ones((2, 5)))  # every row too short: still names the first line
-  with pytest.raises(DataError, match=_where(path, "line 1: expected 281", "got 5")):
-    blog._read(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "line 1: expected 281", "got 5")):
+    fjs.data.blogfeedback._read(str(path))
   path.write_text("")
-  with pytest.raises(DataError, match=_where(path, "the file is empty")):
-    blog._read(str(path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "the file is empty")):
+    fjs.data.blogfeedback._read(str(path))
 
 
 def test_blogfeedback_bad_test_file_is_named(tmp_path):
@@ -208,8 +205,8 @@ def test_blogfeedback_bad_test_file_is_named(tmp_path):
   bad = tmp_path / "blogData_test-2012.02.02.00_00.csv"
   _blog_file(bad, _blog_rows(2))
   _replace_field(bad, 2, 281, "inf")
-  with pytest.raises(DataError, match=_where(bad, "line 2: non-finite", "(target)")):
-    blog.blogfeedback(str(tmp_path))
+  with pytest.raises(fjs.errors.DataError, match=_where(bad, "line 2: non-finite", "(target)")):
+    fjs.data.blogfeedback.blogfeedback(str(tmp_path))
 
 
 def test_blogfeedback_rows_and_negative_target(tmp_path):
@@ -217,7 +214,7 @@ def test_blogfeedback_rows_and_negative_target(tmp_path):
   rows = _blog_rows(3)
   rows[1, -1] = -2.0  # accepted: only non-finite values are errors
   _blog_file(path, rows)
-  data = blog._read(str(path))
+  data = fjs.data.blogfeedback._read(str(path))
   assert data.shape == (3, 281) and data.dtype == np.float64
   np.testing.assert_array_equal(data, rows)
 
@@ -248,8 +245,8 @@ def _leaf_blob(n=3):
 
 def test_femnist_invalid_json(tmp_path):
   path = _leaf_dir(tmp_path, '{"users": ["w1"],\n "user_data": {"w1": {"x": [[0.5,]]}}}')
-  with pytest.raises(DataError, match=_where(path, "invalid JSON at line 2, column")):
-    femnist(str(tmp_path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, "invalid JSON at line 2, column")):
+    fjs.data.leaf.femnist(str(tmp_path))
 
 
 @pytest.mark.parametrize("edit, where", [
@@ -272,13 +269,13 @@ def test_femnist_malformed_content(tmp_path, edit, where):
   blob = _leaf_blob()
   edit(blob)
   path = _leaf_dir(tmp_path, blob)
-  with pytest.raises(DataError, match=_where(path, *where)):
-    femnist(str(tmp_path))
+  with pytest.raises(fjs.errors.DataError, match=_where(path, *where)):
+    fjs.data.leaf.femnist(str(tmp_path))
 
 
 def test_femnist_values_and_writer_without_test_data(tmp_path):
   _leaf_dir(tmp_path, _leaf_blob(n=3), n_test=2)
-  ds = femnist(str(tmp_path))
+  ds = fjs.data.leaf.femnist(str(tmp_path))
   assert ds.num_clients == 2 and ds.train.x.shape[2:] == (28, 28, 1)
   np.testing.assert_array_equal(ds.test.num_examples, [2, 0])  # w2 has no test examples
   mask = np.asarray(ds.train.mask) > 0
@@ -294,4 +291,4 @@ def test_femnist_values_and_writer_without_test_data(tmp_path):
                                         ("libsvm", "LIBSVM")])
 def test_missing_data_dir_says_where_to_put_the_files(name, hint):
   with pytest.raises(FileNotFoundError, match=hint):
-    load_dataset(name)
+    fjs.data.load_dataset(name)

@@ -8,13 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from fedjaxsparse.data import load_dataset
-from fedjaxsparse.data.blogfeedback import blogfeedback
-from fedjaxsparse.data import fashion_mnist as fm
-from fedjaxsparse.data import standins
-from fedjaxsparse.data.fashion_mnist import fashion_mnist, read_idx, write_idx
-from fedjaxsparse.data.leaf import femnist
-from fedjaxsparse.data.libsvm import libsvm
+import fedjaxsparse as fjs
 from fedjaxsparse.data.tfds_sources import load_split
 
 
@@ -29,24 +23,24 @@ def test_write_idx_is_the_format_read_idx_reads(tmp_path):
   """The library's writer and this file's independent one produce the same bytes."""
   a = np.random.default_rng(1).integers(0, 256, (7, 28, 28))
   ours, theirs = str(tmp_path / "ours.gz"), str(tmp_path / "theirs.gz")
-  write_idx(ours, a)
+  fjs.data.fashion_mnist.write_idx(ours, a)
   _write_idx(theirs, a)
   assert gzip.open(ours).read() == gzip.open(theirs).read()
-  np.testing.assert_array_equal(read_idx(ours), a)
+  np.testing.assert_array_equal(fjs.data.fashion_mnist.read_idx(ours), a)
   with pytest.raises(ValueError, match=r"\[0, 255\]"):
-    write_idx(str(tmp_path / "bad"), np.array([256]))
+    fjs.data.fashion_mnist.write_idx(str(tmp_path / "bad"), np.array([256]))
 
 
 def test_loader_default_folder_follows_the_environment_variable(tmp_path, monkeypatch):
   """No folder given: ``$FEDJAXSPARSE_FASHION_MNIST``, else Debian's folder; the stand-in
   written there loads as Fashion-MNIST (10 balanced classes)."""
-  monkeypatch.delenv(fm.ENV_VAR, raising=False)
-  assert fm.default_dir() == fm.DEBIAN_DIR
-  (x, y), (xt, yt) = standins.fashion_mnist_standin(200, 50, seed=3)
-  fm.write_split(str(tmp_path), "train", x, y)
-  fm.write_split(str(tmp_path), "test", xt, yt)
-  monkeypatch.setenv(fm.ENV_VAR, str(tmp_path))
-  got_x, got_y = fm.load_arrays(split="train")
+  monkeypatch.delenv(fjs.data.fashion_mnist.ENV_VAR, raising=False)
+  assert fjs.data.fashion_mnist.default_dir() == fjs.data.fashion_mnist.DEBIAN_DIR
+  (x, y), (xt, yt) = fjs.data.standins.fashion_mnist_standin(200, 50, seed=3)
+  fjs.data.fashion_mnist.write_split(str(tmp_path), "train", x, y)
+  fjs.data.fashion_mnist.write_split(str(tmp_path), "test", xt, yt)
+  monkeypatch.setenv(fjs.data.fashion_mnist.ENV_VAR, str(tmp_path))
+  got_x, got_y = fjs.data.fashion_mnist.load_arrays(split="train")
   np.testing.assert_array_equal(np.round(got_x[..., 0] * 255).astype(np.uint8), x)
   np.testing.assert_array_equal(np.bincount(got_y), np.full(10, 20))
 
@@ -59,9 +53,10 @@ def test_fashion_mnist_idx_fixture(tmp_path):
   _write_idx(tmp_path / "train-labels-idx1-ubyte.gz", train_y)
   _write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", train_x[:20])
   _write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", train_y[:20])
-  np.testing.assert_array_equal(read_idx(str(tmp_path / "train-images-idx3-ubyte.gz")),
-                                train_x)
-  ds = fashion_mnist(str(tmp_path), num_clients=5, partition="shards", seed=0)
+  np.testing.assert_array_equal(
+      fjs.data.fashion_mnist.read_idx(str(tmp_path / "train-images-idx3-ubyte.gz")), train_x)
+  ds = fjs.data.fashion_mnist.fashion_mnist(str(tmp_path), num_clients=5, partition="shards",
+                                            seed=0)
   assert ds.train.x.shape[2:] == (28, 28, 1) and ds.test.num_clients == 1
   assert int(ds.train.num_examples.sum()) == 60 and int(ds.test.num_examples[0]) == 20
   # Pixel values survive the round trip (scaled to [0, 1]).
@@ -87,7 +82,7 @@ def test_blogfeedback_fixture(tmp_path):
              delimiter=",")
   np.savetxt(tmp_path / "blogData_test-2012.02.02.00_00.csv", _blog_rows(rng, [1], 3),
              delimiter=",")
-  ds = blogfeedback(str(tmp_path))
+  ds = fjs.data.blogfeedback.blogfeedback(str(tmp_path))
   assert ds.num_clients == 3  # one client per distinct first-50-column combination
   np.testing.assert_array_equal(ds.train.num_examples, [4, 4, 4])
   assert ds.train.x.shape[-1] == 281 and ds.num_classes == 0
@@ -111,13 +106,13 @@ def test_femnist_leaf_json_fixture(tmp_path):
                               "y": rng.integers(0, 62, n).tolist()} for u in users}}
     with open(tmp_path / split / "all_data_0.json", "w") as f:
       json.dump(blob, f)
-  ds = femnist(str(tmp_path), num_writers=2)
+  ds = fjs.data.leaf.femnist(str(tmp_path), num_writers=2)
   assert ds.num_clients == 2 and ds.num_classes == 62
   np.testing.assert_array_equal(ds.train.num_examples, [3, 3])
   np.testing.assert_array_equal(ds.test.num_examples, [1, 1])  # each writer's own test data
   assert ds.train.x.shape[2:] == (28, 28, 1)
   # seed 000's protocol: 2 training writers, the unrestricted test set of all 3 writers
-  full = femnist(str(tmp_path), num_writers=2, test="all")
+  full = fjs.data.leaf.femnist(str(tmp_path), num_writers=2, test="all")
   np.testing.assert_array_equal(full.test.num_examples, [3])
   np.testing.assert_array_equal(full.train.x, ds.train.x)
   kept = {tuple(np.round(r, 6)) for r in np.asarray(ds.test.x).reshape(2, -1)}
@@ -128,7 +123,7 @@ def test_femnist_leaf_json_fixture(tmp_path):
 def test_libsvm_fixture(tmp_path):
   path = tmp_path / "toy.svm"
   path.write_text("-1 1:0.5 3:1.0\n+1 2:2.0\n+1 1:1.5 2:0.25\n-1 3:3.0\n")
-  ds = libsvm(str(path), num_clients=2, partition="iid", test_fraction=0.0)
+  ds = fjs.data.libsvm.libsvm(str(path), num_clients=2, partition="iid", test_fraction=0.0)
   x = np.asarray(ds.train.x)[np.asarray(ds.train.mask) > 0]
   assert x.shape == (4, 3)
   y = np.asarray(ds.train.y)[np.asarray(ds.train.mask) > 0]
@@ -156,5 +151,5 @@ def test_missing_files_fail_fast_with_instructions(tmp_path, name, kwargs, hint)
   empty = str(tmp_path / "nothing-here")
   start = time.perf_counter()
   with pytest.raises(FileNotFoundError, match=hint):
-    load_dataset(name, data_dir=empty, **kwargs)
+    fjs.data.load_dataset(name, data_dir=empty, **kwargs)
   assert time.perf_counter() - start < 10.0

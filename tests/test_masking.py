@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.ops import noise_masks as M
+import fedjaxsparse as fjs
+
+noise_masks = fjs.ops.noise_masks
 
 DRAWS = 200_000
 # (u, n) pairs: inside the range, outside it on both sides, opposite signs, n = 0
@@ -17,14 +19,15 @@ N = np.array([1.0, -0.5, 1.0, 1.0, 0.5, 0.8, 0.0, -1.0, -0.3], np.float32)
 
 def _draws(signed):
   keys = jax.random.split(jax.random.key(0), DRAWS)
-  m = jax.jit(jax.vmap(lambda k: M.stochastic_mask(k, jnp.asarray(U), jnp.asarray(N), signed)))(keys)
+  m = jax.jit(jax.vmap(
+      lambda k: noise_masks.stochastic_mask(k, jnp.asarray(U), jnp.asarray(N), signed)))(keys)
   return np.asarray(N, np.float64) * np.asarray(m, np.float64)  # [DRAWS, 9] values of n·M
 
 
 @pytest.mark.parametrize("signed", [False, True])
 def test_sm_mean_and_variance_by_monte_carlo(signed):
   x = _draws(signed)
-  mean, var = M.sm_moments(U, N, signed)
+  mean, var = noise_masks.sm_moments(U, N, signed)
   se = np.sqrt(var / DRAWS)
   np.testing.assert_array_less(np.abs(x.mean(0) - mean), 5 * se + 1e-7)
   # two-point law: Var of the sample variance ≈ (μ4 − σ⁴)/N with μ4 = πq(b−a)⁴(1 − 3πq)
@@ -45,9 +48,9 @@ def test_psm_is_unbiased_for_the_clipped_update_and_routes_p(signed):
   p = 0.3
   keys = jax.random.split(jax.random.key(1), DRAWS)
   u, n = jnp.asarray(U), jnp.asarray(N)
-  uhat = np.asarray(jax.jit(jax.vmap(lambda k: M.progressive(k, u, n, p, signed)))(keys),
+  uhat = np.asarray(jax.jit(jax.vmap(lambda k: noise_masks.progressive(k, u, n, p, signed)))(keys),
                     np.float64)
-  ubar, var = M.sm_moments(U, N, signed)
+  ubar, var = noise_masks.sm_moments(U, N, signed)
   np.testing.assert_array_less(np.abs(uhat.mean(0) - ubar), 5 * np.sqrt(p * var / DRAWS) + 1e-7)
   # the masking error shrinks by p (not p²): E(û − ū)² = p·Var[n·M]
   err = ((uhat - ubar) ** 2).mean(0)
@@ -63,16 +66,16 @@ def test_pm_schedule_and_the_papers_factors():
   """p_τ = (τ+1)/S with the last step fully masked; Prop. 1's √(Σ τ²/S³) is 1, 0.62, 0.58 for
   S = 1, 10, 100; the law that holds averages p_τ: (S + 1)/(2S) (0.55 at S = 10)."""
   s = 10
-  p = np.asarray(M.pm_probability(jnp.arange(s), s))
+  p = np.asarray(noise_masks.pm_probability(jnp.arange(s), s))
   np.testing.assert_allclose(p, np.arange(1, s + 1) / s)
   assert p[-1] == 1.0
-  assert [round(M.prop1_factor(k), 2) for k in (1, 10, 100)] == [1.0, 0.62, 0.58]
-  assert M.pm_error_factor(10) == pytest.approx(np.mean(p)) == pytest.approx(0.55)
+  assert [round(noise_masks.prop1_factor(k), 2) for k in (1, 10, 100)] == [1.0, 0.62, 0.58]
+  assert noise_masks.pm_error_factor(10) == pytest.approx(np.mean(p)) == pytest.approx(0.55)
   # at p = 1 PSM is plain SM: û = n·M(u, n) for the same mask draw
   key, u, n = jax.random.key(3), jnp.asarray(U), jnp.asarray(N)
-  full = M.progressive(key, u, n, 1.0, False)
-  np.testing.assert_array_equal(full, n * M.stochastic_mask(jax.random.split(key)[1], u, n,
-                                                             False))
+  full = noise_masks.progressive(key, u, n, 1.0, False)
+  np.testing.assert_array_equal(full, n * noise_masks.stochastic_mask(jax.random.split(key)[1],
+                                                                      u, n, False))
 
 
 def test_signed_mask_is_a_binary_mask_over_twice_the_noise():
@@ -81,47 +84,48 @@ def test_signed_mask_is_a_binary_mask_over_twice_the_noise():
   u, n = jnp.asarray(U), jnp.asarray(N)
   for k in range(5):
     key = jax.random.key(k)
-    ms = M.stochastic_mask(key, u, n, True)
-    mb = M.stochastic_mask(key, u + n, 2 * n, False)
+    ms = noise_masks.stochastic_mask(key, u, n, True)
+    mb = noise_masks.stochastic_mask(key, u + n, 2 * n, False)
     np.testing.assert_array_equal(np.asarray(n * ms)[N != 0],
                                   np.asarray(2 * n * mb - n)[N != 0])
 
 
 def test_deterministic_mask_and_straight_through():
   u, n = jnp.asarray(U), jnp.asarray(N)
-  mb, ms = M.deterministic_mask(u, n, False), M.deterministic_mask(u, n, True)
+  mb, ms = noise_masks.deterministic_mask(u, n, False), noise_masks.deterministic_mask(u, n, True)
   np.testing.assert_array_equal(mb, (np.sign(U) == np.sign(N)) & (N != 0))
   np.testing.assert_array_equal(n * ms, np.abs(N) * np.sign(U) * (N != 0))
-  fwd = M.progressive(jax.random.key(0), u, n, 0.5, True)
+  fwd = noise_masks.progressive(jax.random.key(0), u, n, 0.5, True)
   f = lambda v: jnp.sum(jnp.sin(v) * jnp.arange(9.0))
-  g = jax.grad(lambda v: f(M.straight_through(v, fwd)))(u)
+  g = jax.grad(lambda v: f(noise_masks.straight_through(v, fwd)))(u)
   np.testing.assert_allclose(g, jax.grad(f)(fwd), rtol=1e-6)  # the gradient at û, applied to u
-  np.testing.assert_array_equal(M.straight_through(u, fwd), fwd)
+  np.testing.assert_array_equal(noise_masks.straight_through(u, fwd), fwd)
 
 
 def test_seeded_noise_is_regenerated_bitwise():
   like = {"a": jnp.zeros((3, 4)), "b": jnp.zeros(7)}
   key = jax.random.fold_in(jax.random.fold_in(jax.random.key(5), 12), 3)  # (round, client)
-  for dist in M.DISTRIBUTIONS:
+  for dist in noise_masks.DISTRIBUTIONS:
     # the client draws inside its vmapped local training, the server alone: same bits (the
     # uniform and Bernoulli noise even eagerly, being exact; Gaussian noise within compiled
     # code — its erfinv may round differently op by op)
     keys = jnp.stack([key, jax.random.fold_in(key, 9)])
     a = jax.tree.map(lambda v: v[0], jax.jit(jax.vmap(
-        lambda k: M.tree_noise(k, like, 0.01, dist)))(keys))
-    b = jax.jit(lambda k: M.tree_noise(k, like, 0.01, dist))(key)  # "the server"
+        lambda k: noise_masks.tree_noise(k, like, 0.01, dist)))(keys))
+    b = jax.jit(lambda k: noise_masks.tree_noise(k, like, 0.01, dist))(key)  # "the server"
     if dist != "gaussian":
-      for x, y in zip(jax.tree.leaves(M.tree_noise(key, like, 0.01, dist)), jax.tree.leaves(b)):
+      for x, y in zip(jax.tree.leaves(noise_masks.tree_noise(key, like, 0.01, dist)),
+                      jax.tree.leaves(b)):
         np.testing.assert_array_equal(x, y)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
       np.testing.assert_array_equal(x, y)
-    other = M.tree_noise(jax.random.fold_in(key, 1), like, 0.01, dist)
+    other = noise_masks.tree_noise(jax.random.fold_in(key, 1), like, 0.01, dist)
     assert not np.array_equal(a["b"], other["b"])
-  big = M.noise(jax.random.key(0), (100_000,), 0.5, "uniform")
+  big = noise_masks.noise(jax.random.key(0), (100_000,), 0.5, "uniform")
   assert float(jnp.max(jnp.abs(big))) <= 0.5
-  assert set(np.unique(np.asarray(M.noise(jax.random.key(0), (1000,), 0.5, "bernoulli")))) \
-      == {-0.5, 0.5}
-  g = np.asarray(M.noise(jax.random.key(0), (100_000,), 0.5, "gaussian"))
+  assert set(np.unique(np.asarray(
+      noise_masks.noise(jax.random.key(0), (1000,), 0.5, "bernoulli")))) == {-0.5, 0.5}
+  g = np.asarray(noise_masks.noise(jax.random.key(0), (100_000,), 0.5, "gaussian"))
   assert abs(g.std() - 0.5) < 5 * 0.5 / np.sqrt(2 * 100_000)
   with pytest.raises(ValueError, match="distribution"):
-    M.noise(jax.random.key(0), (3,), 0.1, "laplace")
+    noise_masks.noise(jax.random.key(0), (3,), 0.1, "laplace")

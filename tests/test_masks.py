@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.ops import masks as MK
+import fedjaxsparse as fjs
 
 S = jax.ShapeDtypeStruct
 F = jnp.float32
@@ -33,11 +33,11 @@ def test_erk_densities_equal_the_spec_oracles():
   """spec seed002 §3.1: LeNet5-Caffe at s = 0.5: conv1 1.0, conv2 ≈ 0.477, fc1 ≈ 0.485,
   fc2 1.0; VGG11 conv1-3 1.0, conv4 ≈ 0.849, conv5 ≈ 0.634, conv6-8 ≈ 0.422, fc 1.0; the
   budget (1 − s)·Σ|P_l| over the kernels is met; 1-D leaves stay dense."""
-  d = MK.layer_densities(lenet5_caffe(), 0.5)
+  d = fjs.masks.layer_densities(lenet5_caffe(), 0.5)
   got = [d["conv1"]["kernel"], d["conv2"]["kernel"], d["fc1"]["kernel"], d["fc2"]["kernel"]]
   np.testing.assert_allclose(got, [1.0, 0.477, 0.485, 1.0], atol=1e-3)
   assert d["fc1"]["bias"] == 1.0
-  v = MK.layer_densities(vgg11(), 0.5)
+  v = fjs.masks.layer_densities(vgg11(), 0.5)
   np.testing.assert_allclose([v[f"conv{i}"]["kernel"] for i in range(1, 9)] + [v["fc"]["kernel"]],
                              [1, 1, 1, 0.849, 0.634, 0.422, 0.422, 0.422, 1], atol=1e-3)
   for tree, dens in ((lenet5_caffe(), d), (vgg11(), v)):
@@ -46,10 +46,10 @@ def test_erk_densities_equal_the_spec_oracles():
             if len(a.shape) >= 2]
     total = [n for n, a in zip(sizes, jax.tree.leaves(tree)) if len(a.shape) >= 2]
     assert sum(kept) == pytest.approx(0.5 * sum(total))
-  u = MK.layer_densities(vgg11(), 0.3, "uniform")
+  u = fjs.masks.layer_densities(vgg11(), 0.3, "uniform")
   assert all(x == pytest.approx(0.7) for x in (u["conv1"]["kernel"], u["fc"]["kernel"]))
   with pytest.raises(ValueError, match="sparsity"):
-    MK.layer_densities(vgg11(), 1.0)
+    fjs.masks.layer_densities(vgg11(), 1.0)
 
 
 def _tree(key, shapes):
@@ -59,18 +59,19 @@ def _tree(key, shapes):
 
 def test_random_masks_have_exact_counts_and_shared_or_own_supports():
   params = _tree(jax.random.key(0), [(30, 20), (20,), (3, 3, 4, 8)])
-  counts = MK.layer_counts(params, MK.layer_densities(params, 0.7))
-  m = MK.random_masks(jax.random.key(1), params, counts)
+  counts = fjs.masks.layer_counts(params, fjs.masks.layer_densities(params, 0.7))
+  m = fjs.masks.random_masks(jax.random.key(1), params, counts)
   for leaf, c in zip(jax.tree.leaves(m), jax.tree.leaves(counts)):
     assert int(leaf.sum()) == c
   assert bool(m["l1"].all())
-  many = jax.vmap(lambda k: MK.random_masks(k, params, counts))(jax.random.split(jax.random.key(2), 5))
+  many = jax.vmap(lambda k: fjs.masks.random_masks(k, params, counts))(
+      jax.random.split(jax.random.key(2), 5))
   assert [int(x) for x in many["l0"].reshape(5, -1).sum(1)] == [counts["l0"]] * 5
-  dist = np.asarray(MK.pairwise_hamming(many))
+  dist = np.asarray(fjs.masks.pairwise_hamming(many))
   assert np.all(np.diag(dist) == 0) and np.all(dist[~np.eye(5, dtype=bool)] > 0)
   np.testing.assert_array_equal(dist, dist.T)
-  assert int(dist[0, 1]) == int(MK.hamming(jax.tree.map(lambda a: a[0], many),
-                                           jax.tree.map(lambda a: a[1], many)))
+  assert int(dist[0, 1]) == int(fjs.masks.hamming(jax.tree.map(lambda a: a[0], many),
+                                                  jax.tree.map(lambda a: a[1], many)))
 
 
 @pytest.mark.parametrize("regrowth", ["gradient", "random"])
@@ -80,12 +81,12 @@ def test_prune_regrow_keeps_counts_and_orders_by_magnitude_and_gradient(regrowth
   non-regrown |g| (gradient regrowth)."""
   params = _tree(jax.random.key(0), [(40, 30), (30,), (3, 3, 6, 10)])
   grads = _tree(jax.random.key(1), [(40, 30), (30,), (3, 3, 6, 10)])
-  counts = MK.layer_counts(params, MK.layer_densities(params, 0.6))
-  m = MK.random_masks(jax.random.key(2), params, counts)
+  counts = fjs.masks.layer_counts(params, fjs.masks.layer_densities(params, 0.6))
+  m = fjs.masks.random_masks(jax.random.key(2), params, counts)
   w = jax.tree.map(lambda a, k: jnp.where(k, a, 0), params, m)
-  f = jax.jit(lambda m, w, g, a: MK.prune_regrow(m, w, g, a, counts, max_fraction=0.5,
-                                                 regrowth=regrowth, key=jax.random.key(3),
-                                                 regrow_pruned=False))
+  f = jax.jit(lambda m, w, g, a: fjs.masks.prune_regrow(m, w, g, a, counts, max_fraction=0.5,
+                                                        regrowth=regrowth, key=jax.random.key(3),
+                                                        regrow_pruned=False))
   for alpha in (0.5, 0.3, 0.0):
     new = f(m, w, grads, jnp.float32(alpha))
     for name in ("l0", "l2"):
@@ -100,33 +101,34 @@ def test_prune_regrow_keeps_counts_and_orders_by_magnitude_and_gradient(regrowth
         if regrowth == "gradient":
           assert g[grown].min() >= g[~old_m & ~new_m].max()
     np.testing.assert_array_equal(new["l1"], m["l1"])
-  assert int(MK.hamming(m, f(m, w, grads, jnp.float32(0.0)))) == 0
+  assert int(fjs.masks.hamming(m, f(m, w, grads, jnp.float32(0.0)))) == 0
 
 
 def test_drop_schedules():
   t = jnp.arange(11)
-  a = np.asarray(MK.cosine_drop(t, 0.5, 11))
+  a = np.asarray(fjs.masks.cosine_drop(t, 0.5, 11))
   assert a[0] == pytest.approx(0.5) and a[-1] == pytest.approx(0.0, abs=1e-7)
   assert a[5] == pytest.approx(0.25) and np.all(np.diff(a) <= 0)
-  assert float(MK.cosine_drop(0, 0.5, 1)) == pytest.approx(0.5)
-  np.testing.assert_allclose(MK.linear_drop(t, 0.5, 11), 0.5 * (1 - t / 10), atol=1e-7)
-  np.testing.assert_allclose(MK.constant_drop(t, 0.2, 11), 0.2)
+  assert float(fjs.masks.cosine_drop(0, 0.5, 1)) == pytest.approx(0.5)
+  np.testing.assert_allclose(fjs.masks.linear_drop(t, 0.5, 11), 0.5 * (1 - t / 10), atol=1e-7)
+  np.testing.assert_allclose(fjs.masks.constant_drop(t, 0.2, 11), 0.2)
   with pytest.raises(ValueError, match="alpha0"):
-    MK.cosine_drop(0, 1.5, 10)
+    fjs.masks.cosine_drop(0, 1.5, 10)
 
 
 def test_diagnostics_and_bit_packing():
   params = _tree(jax.random.key(0), [(13, 7), (5,)])
-  counts = MK.layer_counts(params, MK.layer_densities(params, 0.5))
-  many = jax.vmap(lambda k: MK.random_masks(k, params, counts))(jax.random.split(jax.random.key(1), 4))
+  counts = fjs.masks.layer_counts(params, fjs.masks.layer_densities(params, 0.5))
+  many = jax.vmap(lambda k: fjs.masks.random_masks(k, params, counts))(
+      jax.random.split(jax.random.key(1), 4))
   union = np.asarray(many["l0"]).any(0).sum() + 5
-  assert float(MK.coverage(many)) == pytest.approx(union / (13 * 7 + 5))
+  assert float(fjs.masks.coverage(many)) == pytest.approx(union / (13 * 7 + 5))
   one = jax.tree.map(lambda a: a[0], many)
-  assert float(MK.overlap(one, one)) == 1.0
-  packed = jax.vmap(MK.pack)(many)
+  assert float(fjs.masks.overlap(one, one)) == 1.0
+  packed = jax.vmap(fjs.masks.pack)(many)
   assert packed["l0"].shape == (4, math.ceil(91 / 8)) and packed["l0"].dtype == jnp.uint8
-  back = jax.vmap(lambda p: MK.unpack(p, params))(packed)
+  back = jax.vmap(lambda p: fjs.masks.unpack(p, params))(packed)
   for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(many)):
     np.testing.assert_array_equal(x, y)
-  dens = MK.density_per_layer(one)
+  dens = fjs.masks.density_per_layer(one)
   assert float(dens["l0"]) == pytest.approx(counts["l0"] / 91)

@@ -5,10 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.models import (cnn, get_model, linear_regression, make_loss, mlp, num_params,
-                                 resnet18, softmax_regression)
+import fedjaxsparse as fjs
 from fedjaxsparse.models.nets import _BatchStatNorm
-from fedjaxsparse.core import CLASSIFICATION, REGRESSION
 
 
 def _data(seed, shape, num_classes=3, b=7):
@@ -21,22 +19,23 @@ def test_linear_regression_loss_and_gradient_match_closed_form():
   rng = np.random.default_rng(0)
   x = rng.normal(size=(7, 2, 2)).astype(np.float32)  # flattened to d = 4
   y = rng.normal(size=7).astype(np.float32)
-  model = linear_regression(4, l2=0.5)
-  assert model.task == REGRESSION
+  model = fjs.models.linear_regression(4, l2=0.5)
+  assert model.task == fjs.core.REGRESSION
   p = {"w": jnp.array([0.1, -0.2, 0.3, 0.4]), "b": jnp.float32(0.7)}
   assert jax.tree.map(jnp.shape, model.init(jax.random.key(0))) == {"w": (4,), "b": ()}
   ones = np.ones(7, np.float32)
   X, w = x.reshape(7, 4).astype(np.float64), np.asarray(p["w"], np.float64)
   r = X @ w + 0.7 - y
-  np.testing.assert_allclose(make_loss(model)(p, x, y, ones),
+  np.testing.assert_allclose(fjs.models.make_loss(model)(p, x, y, ones),
                              0.5 * np.mean(r ** 2) + 0.25 * w @ w, rtol=1e-6)
-  np.testing.assert_allclose(make_loss(model, "sum")(p, x, y, ones),
+  np.testing.assert_allclose(fjs.models.make_loss(model, "sum")(p, x, y, ones),
                              0.5 * np.sum(r ** 2) + 0.25 * w @ w, rtol=1e-6)
-  g = jax.grad(make_loss(model))(p, x, y, ones)  # X^T (Xw + b − y)/n + l2·w; b not regularised
+  # X^T (Xw + b − y)/n + l2·w; b not regularised
+  g = jax.grad(fjs.models.make_loss(model))(p, x, y, ones)
   np.testing.assert_allclose(g["w"], X.T @ r / 7 + 0.5 * w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(g["b"], r.mean(), rtol=1e-5, atol=1e-6)
 
-  no_bias = linear_regression(4, use_bias=False, init="lecun")
+  no_bias = fjs.models.linear_regression(4, use_bias=False, init="lecun")
   q = no_bias.init(jax.random.key(0))
   assert set(q) == {"w"} and float(jnp.linalg.norm(q["w"])) > 0
   np.testing.assert_allclose(no_bias.apply(q, x), X @ np.asarray(q["w"]), rtol=1e-5)
@@ -44,8 +43,8 @@ def test_linear_regression_loss_and_gradient_match_closed_form():
 
 def test_softmax_regression_loss_and_gradient_match_closed_form():
   x, y, ones = _data(1, (3,), b=5)
-  model = softmax_regression(3, 4, l2=0.1, init="lecun")
-  assert model.task == CLASSIFICATION
+  model = fjs.models.softmax_regression(3, 4, l2=0.1, init="lecun")
+  assert model.task == fjs.core.CLASSIFICATION
   p = model.init(jax.random.key(0))
   W, b = np.asarray(p["w"], np.float64), np.asarray(p["b"], np.float64)
   assert W.shape == (3, 4) and b.shape == (4,)
@@ -54,31 +53,31 @@ def test_softmax_regression_loss_and_gradient_match_closed_form():
   prob /= prob.sum(1, keepdims=True)
   onehot = np.eye(4)[y]
   expected = -np.log(prob[np.arange(5), y]).mean() + 0.05 * np.sum(W ** 2)
-  np.testing.assert_allclose(make_loss(model)(p, x, y, ones), expected, rtol=1e-5)
-  g = jax.grad(make_loss(model))(p, x, y, ones)  # X^T (softmax − onehot)/n + l2·W
+  np.testing.assert_allclose(fjs.models.make_loss(model)(p, x, y, ones), expected, rtol=1e-5)
+  g = jax.grad(fjs.models.make_loss(model))(p, x, y, ones)  # X^T (softmax − onehot)/n + l2·W
   np.testing.assert_allclose(g["w"], x.T @ (prob - onehot) / 5 + 0.1 * W, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(g["b"], (prob - onehot).mean(0), rtol=1e-4, atol=1e-6)
 
 
 _SMALL = {
-    "linear": lambda: linear_regression(16, l2=0.01),
-    "softmax": lambda: softmax_regression(16, 3, l2=0.01),
-    "mlp": lambda: mlp((4, 4, 1), 3, hidden=(8, 8)),
-    "cnn": lambda: cnn((4, 4, 1), 3, channels=(4, 8), dense=16),
+    "linear": lambda: fjs.models.linear_regression(16, l2=0.01),
+    "softmax": lambda: fjs.models.softmax_regression(16, 3, l2=0.01),
+    "mlp": lambda: fjs.models.mlp((4, 4, 1), 3, hidden=(8, 8)),
+    "cnn": lambda: fjs.models.cnn((4, 4, 1), 3, channels=(4, 8), dense=16),
 }
 
 
 @pytest.mark.parametrize("name", list(_SMALL))
 def test_shapes_descent_and_padding_invariance(name):
   model = _SMALL[name]()
-  loss = jax.jit(make_loss(model))
-  grad = jax.jit(jax.grad(make_loss(model)))
+  loss = jax.jit(fjs.models.make_loss(model))
+  grad = jax.jit(jax.grad(fjs.models.make_loss(model)))
   x, y, ones = _data(2, (4, 4, 1), b=6)
-  if model.task == REGRESSION:
+  if model.task == fjs.core.REGRESSION:
     y = x.reshape(6, -1) @ np.linspace(-1, 1, 16).astype(np.float32)
   p = model.init(jax.random.key(0))
   out = model.apply(p, x)
-  assert out.shape == ((6,) if model.task == REGRESSION else (6, 3))
+  assert out.shape == ((6,) if model.task == fjs.core.REGRESSION else (6, 3))
 
   first = loss(p, x, y, ones)
   for _ in range(10):
@@ -97,19 +96,20 @@ def test_shapes_descent_and_padding_invariance(name):
 
 def test_cnn_accepts_images_grayscale_and_flat_squares():
   x = np.random.default_rng(4).normal(size=(2, 8, 8)).astype(np.float32)
-  p = cnn((8, 8, 1), 10, channels=(4, 8), dense=16).init(jax.random.key(0))
-  ref = cnn((8, 8, 1), 10, channels=(4, 8), dense=16).apply(p, x[..., None])
+  p = fjs.models.cnn((8, 8, 1), 10, channels=(4, 8), dense=16).init(jax.random.key(0))
+  ref = fjs.models.cnn((8, 8, 1), 10, channels=(4, 8), dense=16).apply(p, x[..., None])
   assert ref.shape == (2, 10)
   for shape, xs in (((8, 8), x), ((64,), x.reshape(2, 64))):
-    model = cnn(shape, 10, channels=(4, 8), dense=16)
+    model = fjs.models.cnn(shape, 10, channels=(4, 8), dense=16)
     np.testing.assert_allclose(model.apply(p, xs), ref, rtol=1e-6)
   with pytest.raises(ValueError, match="input_shape"):
-    cnn((10,), 3)
+    fjs.models.cnn((10,), 3)
 
 
 def test_vmap_over_client_params_equals_a_loop():
-  for model in (mlp((6,), 4, hidden=(5,)), softmax_regression(6, 4, init="lecun")):
-    loss = make_loss(model)
+  for model in (fjs.models.mlp((6,), 4, hidden=(5,)),
+                fjs.models.softmax_regression(6, 4, init="lecun")):
+    loss = fjs.models.make_loss(model)
     keys = jax.random.split(jax.random.key(0), 3)
     params = jax.vmap(model.init)(keys)
     rng = np.random.default_rng(3)
@@ -136,25 +136,26 @@ def _resnet18_count(num_classes, width=64):
 
 
 def test_reference_parameter_counts():
-  count = lambda model: num_params(jax.eval_shape(model.init, jax.random.key(0)))
-  assert count(mlp((28, 28), 10)) == 784 * 200 + 200 + 200 * 200 + 200 + 2010 == 199_210
-  assert count(cnn((28, 28, 1), 10)) == 1_663_370  # McMahan et al. 2017
+  count = lambda model: fjs.models.num_params(jax.eval_shape(model.init, jax.random.key(0)))
+  assert count(fjs.models.mlp((28, 28), 10)) == 784 * 200 + 200 + 200 * 200 + 200 + 2010 == 199_210
+  assert count(fjs.models.cnn((28, 28, 1), 10)) == 1_663_370  # McMahan et al. 2017
   # seed 001 Table D.4, shapes corrected (C5-9): 832 + 51,264 + 819,328 + 7,998
-  from fedjaxsparse.models import cohort_squeeze_cnn
-  d4 = cohort_squeeze_cnn()
+  d4 = fjs.models.cohort_squeeze_cnn()
   assert count(d4) == 832 + 51_264 + 819_328 + 7_998 == 879_422
   assert d4.apply(d4.init(jax.random.key(0)), jnp.zeros((2, 28, 28, 1))).shape == (2, 62)
   assert _resnet18_count(10) == 11_173_962
   for norm in ("group", "batch"):
-    assert count(resnet18((32, 32, 3), 10, norm=norm)) == 11_173_962
-  assert count(resnet18((32, 32, 3), 100)) == _resnet18_count(100)
-  assert count(resnet18((32, 32, 3), 10, num_groups=4, width=8)) == _resnet18_count(10, 8)
+    assert count(fjs.models.resnet18((32, 32, 3), 10, norm=norm)) == 11_173_962
+  assert count(fjs.models.resnet18((32, 32, 3), 100)) == _resnet18_count(100)
+  assert (count(fjs.models.resnet18((32, 32, 3), 10, num_groups=4, width=8))
+          == _resnet18_count(10, 8))
 
 
 def test_resnet18_group_and_batch_norm_under_jit():
   """Same params for both norms; GroupNorm is per example, batch statistics are not."""
-  group, batch = (resnet18((8, 8, 3), 10, num_groups=4, width=8),   # narrowed: the same graph
-                  resnet18((8, 8, 3), 10, norm="batch", width=8))
+  # narrowed: the same graph
+  group, batch = (fjs.models.resnet18((8, 8, 3), 10, num_groups=4, width=8),
+                  fjs.models.resnet18((8, 8, 3), 10, norm="batch", width=8))
   p = jax.jit(group.init)(jax.random.key(0))
   assert jax.tree.structure(jax.eval_shape(batch.init, jax.random.key(0))) == \
       jax.tree.structure(p)
@@ -166,7 +167,7 @@ def test_resnet18_group_and_batch_norm_under_jit():
     same = np.allclose(apply(p, x[:3]), out[:3], rtol=1e-4, atol=1e-5)
     assert same == per_example
 
-  loss, grad = jax.jit(make_loss(batch)), jax.jit(jax.grad(make_loss(batch)))
+  loss, grad = jax.jit(fjs.models.make_loss(batch)), jax.jit(jax.grad(fjs.models.make_loss(batch)))
   first = loss(p, x, y, ones)
   for _ in range(3):
     p = jax.tree.map(lambda a, g: a - 0.02 * g, p, grad(p, x, y, ones))
@@ -184,32 +185,32 @@ def test_batch_statistics_norm_standardises_each_channel():
 
 
 def test_get_model_and_errors():
-  assert get_model("softmax", (8, 8), 10).init(jax.random.key(0))["w"].shape == (64, 10)
-  assert get_model("linear", (5,), 0, l2=1.0).regularizer is not None
-  assert get_model("mlp", (8, 8), 10, hidden=(3,)).apply(
-      get_model("mlp", (8, 8), 10, hidden=(3,)).init(jax.random.key(0)),
+  assert fjs.models.get_model("softmax", (8, 8), 10).init(jax.random.key(0))["w"].shape == (64, 10)
+  assert fjs.models.get_model("linear", (5,), 0, l2=1.0).regularizer is not None
+  assert fjs.models.get_model("mlp", (8, 8), 10, hidden=(3,)).apply(
+      fjs.models.get_model("mlp", (8, 8), 10, hidden=(3,)).init(jax.random.key(0)),
       np.zeros((2, 8, 8))).shape == (2, 10)
   with pytest.raises(ValueError, match="unknown model 'vit'"):
-    get_model("vit", (8,), 2)
+    fjs.models.get_model("vit", (8,), 2)
   with pytest.raises(ValueError, match="l2"):
-    linear_regression(3, l2=-1.0)
+    fjs.models.linear_regression(3, l2=-1.0)
   with pytest.raises(ValueError, match="init"):
-    softmax_regression(3, 2, init="glorot")
+    fjs.models.softmax_regression(3, 2, init="glorot")
   with pytest.raises(ValueError, match="num_classes"):
-    softmax_regression(3, 1)
+    fjs.models.softmax_regression(3, 1)
   with pytest.raises(ValueError, match="norm"):
-    resnet18((32, 32, 3), 10, norm="layer")
+    fjs.models.resnet18((32, 32, 3), 10, norm="layer")
   with pytest.raises(ValueError, match="num_groups"):
-    resnet18((32, 32, 3), 10, num_groups=3)
+    fjs.models.resnet18((32, 32, 3), 10, num_groups=3)
   with pytest.raises(ValueError, match="reduction"):
-    make_loss(linear_regression(3), "max")
+    fjs.models.make_loss(fjs.models.linear_regression(3), "max")
 
 
 def test_pytorch_default_linear_init():
   """torch.nn.Linear's default: weight and bias i.i.d. U(-1/sqrt(d), 1/sqrt(d)); checked by
   its bounds, mean 0 and variance 1/(3d) within 5 standard errors over 784 x 62 draws."""
   d, c = 784, 62
-  p = softmax_regression(d, c, init="pytorch").init(jax.random.key(0))
+  p = fjs.models.softmax_regression(d, c, init="pytorch").init(jax.random.key(0))
   w, b = np.asarray(p["w"], np.float64), np.asarray(p["b"], np.float64)
   bound = 1 / np.sqrt(d)
   assert np.abs(w).max() <= bound and np.abs(b).max() <= bound and np.abs(b).min() > 0
@@ -218,4 +219,4 @@ def test_pytorch_default_linear_init():
   assert abs(w.mean()) < 5 * np.sqrt(var / n)
   # Var of the sample variance of U(-a, a): (E x^4 - var^2)/n with E x^4 = a^4/5
   assert abs(w.var() - var) < 5 * np.sqrt((bound ** 4 / 5 - var ** 2) / n)
-  assert linear_regression(d, init="pytorch").init(jax.random.key(1))["b"].shape == ()
+  assert fjs.models.linear_regression(d, init="pytorch").init(jax.random.key(1))["b"].shape == ()

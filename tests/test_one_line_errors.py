@@ -12,20 +12,16 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.models import hf
-from fedjaxsparse.pruning import lm
-from fedjaxsparse.harness.cli import main
-from fedjaxsparse.errors import DataError
-from fedjaxsparse.models import transformer as T
+import fedjaxsparse as fjs
 
-TINY = T.TransformerConfig(hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                           num_kv_heads=1, max_positions=16)
+TINY = fjs.models.transformer.TransformerConfig(hidden_size=16, intermediate_size=32, num_layers=1,
+                                                num_heads=2, num_kv_heads=1, max_positions=16)
 
 
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("tiny_lm"))
-  hf.save(path, TINY, T.init(TINY, jax.random.key(0)))
+  fjs.models.hf.save(path, TINY, fjs.models.transformer.init(TINY, jax.random.key(0)))
   return path
 
 
@@ -44,20 +40,20 @@ def _one_line(exc) -> str:
 
 
 def test_damaged_or_truncated_safetensors_name_the_file(checkpoint_dir, tmp_path):
-  assert hf.Checkpoint(checkpoint_dir).params()  # the intact copy reads
+  assert fjs.models.hf.Checkpoint(checkpoint_dir).params()  # the intact copy reads
   bad = _copy(checkpoint_dir, str(tmp_path / "garbled"))
   with open(os.path.join(bad, "model.safetensors"), "wb") as f:
     f.write(b"\x07\x00\x00\x00\x00\x00\x00\x00{garbage")
-  with pytest.raises(DataError) as e:
-    hf.Checkpoint(bad)
+  with pytest.raises(fjs.errors.DataError) as e:
+    fjs.models.hf.Checkpoint(bad)
   assert "model.safetensors" in _one_line(e) and "damaged or truncated" in str(e.value)
   cut = _copy(checkpoint_dir, str(tmp_path / "cut"))
   path = os.path.join(cut, "model.safetensors")
   size = os.path.getsize(path)
   with open(path, "r+b") as f:
     f.truncate(size // 2)
-  with pytest.raises(DataError) as e:
-    hf.Checkpoint(cut).params()
+  with pytest.raises(fjs.errors.DataError) as e:
+    fjs.models.hf.Checkpoint(cut).params()
   assert "model.safetensors" in _one_line(e)
 
 
@@ -69,30 +65,30 @@ def test_a_config_asking_for_more_layers_than_the_weights_names_the_tensor(check
   cfg["num_hidden_layers"] += 1
   with open(os.path.join(more, "config.json"), "w") as f:
     json.dump(cfg, f)
-  with pytest.raises(DataError) as e:
-    hf.Checkpoint(more).params()
+  with pytest.raises(fjs.errors.DataError) as e:
+    fjs.models.hf.Checkpoint(more).params()
   text = _one_line(e)
   assert "layers.1" in text and "config.json (2 layers)" in text
   with open(os.path.join(more, "config.json"), "w") as f:
     f.write("{not json")
-  with pytest.raises(DataError, match="config.json: not valid JSON"):
-    hf.Checkpoint(more)
+  with pytest.raises(fjs.errors.DataError, match="config.json: not valid JSON"):
+    fjs.models.hf.Checkpoint(more)
 
 
 def test_a_garbled_c4_shard_names_the_file_and_line(tmp_path):
   path = tmp_path / "c4.json"
   path.write_text('{"text": "one document"}\n{"text": "two"}{"text": "three"}\n')
-  with pytest.raises(DataError) as e:
-    lm.c4_documents(str(path))
+  with pytest.raises(fjs.errors.DataError) as e:
+    fjs.pruning.lm.c4_documents(str(path))
   text = _one_line(e)
   assert str(path) in text and "line 2" in text and "'text' field per line" in text
   path.write_text('{"url": "no text here"}\n')
-  with pytest.raises(DataError, match="line 1: no 'text' field"):
-    lm.c4_documents(str(path))
+  with pytest.raises(fjs.errors.DataError, match="line 1: no 'text' field"):
+    fjs.pruning.lm.c4_documents(str(path))
   gz = tmp_path / "c4.json.gz"
   gz.write_bytes(b"\x1f\x8b\x08\x00 not really gzip")
-  with pytest.raises(DataError, match="cannot be read"):
-    lm.c4_documents(str(gz))
+  with pytest.raises(fjs.errors.DataError, match="cannot be read"):
+    fjs.pruning.lm.c4_documents(str(gz))
 
 
 @pytest.mark.parametrize("value, words", [
@@ -101,8 +97,8 @@ def test_a_garbled_c4_shard_names_the_file_and_line(tmp_path):
     ("FedAvgg", "unknown name 'FedAvgg' (did you mean 'FedAvg'?)"),
 ])
 def test_method_lists_are_checked_in_one_line(capsys, tmp_path, value, words):
-  assert main(["run", "fedmrn_fmnist", "--quick", "--out", str(tmp_path), "--no-progress",
-               "--set", f"methods={value}"]) == 2
+  assert fjs.harness.cli.main(["run", "fedmrn_fmnist", "--quick", "--out", str(tmp_path),
+                               "--no-progress", "--set", f"methods={value}"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and words in err[0], err
   assert not (tmp_path / "fedmrn_fmnist" / "checkpoints").exists()
@@ -110,57 +106,48 @@ def test_method_lists_are_checked_in_one_line(capsys, tmp_path, value, words):
 
 def test_tfds_data_missing_says_where_it_looked(capsys, tmp_path, monkeypatch):
   monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "nothing"))
-  assert main(["run", "fedspa_table1", "--dataset", "cifar10", "--out", str(tmp_path),
-               "--no-progress"]) == 1
+  assert fjs.harness.cli.main(["run", "fedspa_table1", "--dataset", "cifar10", "--out",
+                               str(tmp_path), "--no-progress"]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "'cifar10' (train) is not prepared" in err[0]
   assert "--data-dir" in err[0] and "fashion" not in err[0].lower()
 
 
 def test_params_of_another_model_name_params_and_the_data_shape():
-  from fedjaxsparse.algorithms.fedavg import fedavg
-  from fedjaxsparse.data import digits
-  from fedjaxsparse.models import make_loss, mlp
-  from fedjaxsparse.runtime.runner import run
-  ds = digits(num_clients=3)
-  algo = fedavg(make_loss(mlp((8, 8), 10)), optax.sgd(0.1), local_steps=1)
-  wrong = mlp((10, 10), 10).init(jax.random.key(0))
+  ds = fjs.data.digits(num_clients=3)
+  algo = fjs.fedavg(fjs.models.make_loss(fjs.models.mlp((8, 8), 10)), optax.sgd(0.1), local_steps=1)
+  wrong = fjs.models.mlp((10, 10), 10).init(jax.random.key(0))
   with pytest.raises(ValueError) as e:
-    run(algo, jax.random.key(0), wrong, ds.train, ds.test, num_rounds=1, progress=False)
+    fjs.run(algo, jax.random.key(0), wrong, ds.train, ds.test, num_rounds=1, progress=False)
   text = _one_line(e)
   assert "params do not fit" in text and "(100, 200)" in text and "shape (64,)" in text
 
 
 def test_scafflix_coefficients_and_local_optima_of_the_wrong_shape():
-  from fedjaxsparse.algorithms.scafflix import flix_sgd, scafflix
-  from fedjaxsparse.data import digits
-  from fedjaxsparse.models import make_loss, softmax_regression
-  ds = digits(num_clients=4)
-  model = softmax_regression(64, 10)
-  loss, params = make_loss(model), model.init(jax.random.key(0))
+  ds = fjs.data.digits(num_clients=4)
+  model = fjs.models.softmax_regression(64, 10)
+  loss, params = fjs.models.make_loss(model), model.init(jax.random.key(0))
   x_star = jax.tree.map(lambda a: jnp.stack([a] * 4), params)
   with pytest.raises(ValueError, match=r"gammas must be one number or one value per client "
                                        r"\(shape \(4,\)\), got shape \(3,\)"):
-    scafflix(loss, [0.1, 0.1, 0.1], 0.5, 0.5, x_star).init(jax.random.key(0), params, ds.train)
+    fjs.scafflix(loss, [0.1, 0.1, 0.1], 0.5, 0.5, x_star).init(jax.random.key(0), params, ds.train)
   three = jax.tree.map(lambda a: a[:3], x_star)
   with pytest.raises(ValueError, match=r"x_star\['b'\] has shape \(3, 10\); expected "
                                        r"\(4, \*\(10,\)\)"):
-    scafflix(loss, 0.1, 0.5, 0.5, three).init(jax.random.key(0), params, ds.train)
+    fjs.scafflix(loss, 0.1, 0.5, 0.5, three).init(jax.random.key(0), params, ds.train)
   with pytest.raises(ValueError, match="x_star must have the structure of params"):
-    flix_sgd(loss, 0.1, 0.5, {"b": x_star["b"]}).init(jax.random.key(0), params, ds.train)
+    fjs.flix_sgd(loss, 0.1, 0.5, {"b": x_star["b"]}).init(jax.random.key(0), params, ds.train)
 
 
 def test_ddss_dimensions_must_match_the_data():
-  from fedjaxsparse.convex import screening as SC
-  from fedjaxsparse.algorithms import ddss as D
-  from fedjaxsparse.data.sparse_rows import from_dense
   rng = np.random.default_rng(0)
   a = rng.normal(size=(30, 8)) * (rng.random((30, 8)) < 0.5)
-  data, other = from_dense(a, rng.normal(size=30)), from_dense(a[:, :6], rng.normal(size=30))
-  prob = SC.make_problem(data, 0.1)
+  data, other = (fjs.data.sparse_rows.from_dense(a, rng.normal(size=30)),
+                 fjs.data.sparse_rows.from_dense(a[:, :6], rng.normal(size=30)))
+  prob = fjs.convex.screening.make_problem(data, 0.1)
   with pytest.raises(ValueError, match="prob was built for 8 features but data has p = 6"):
-    D.ddss(prob, step_size=0.1, inner_steps=4, data=other)
-  algo = D.ddss(prob, step_size=0.1, inner_steps=4, data=data)
+    fjs.algorithms.ddss.ddss(prob, step_size=0.1, inner_steps=4, data=other)
+  algo = fjs.algorithms.ddss.ddss(prob, step_size=0.1, inner_steps=4, data=data)
   with pytest.raises(ValueError, match=r"x_init must have shape \(8,\)"):
     algo.init(jax.random.key(0), np.zeros(6), data)
 
@@ -168,14 +155,13 @@ def test_ddss_dimensions_must_match_the_data():
 def test_requests_that_cannot_be_met_are_refused_not_changed(capsys, tmp_path):
   """More Shakespeare roles than the plays have, or a dataset an experiment does not read,
   is refused in one line (it used to be capped, or ignored)."""
-  from fedjaxsparse.data import load_dataset
   with pytest.raises(ValueError, match=r"num_clients \(--clients\) must be in \[1, 1108\]"):
-    load_dataset("shakespeare", num_clients=5000)
-  assert main(["run", "scafflix_nn", "--dataset", "shakespeare", "--clients", "5000", "--out",
-               str(tmp_path), "--no-progress"]) == 1
+    fjs.data.load_dataset("shakespeare", num_clients=5000)
+  assert fjs.harness.cli.main(["run", "scafflix_nn", "--dataset", "shakespeare", "--clients",
+                               "5000", "--out", str(tmp_path), "--no-progress"]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "must be in [1, 1108]" in err[0]
-  assert main(["run", "ddss_lasso", "--dataset", "cifar10", "--out", str(tmp_path),
-               "--no-progress"]) == 2
+  assert fjs.harness.cli.main(["run", "ddss_lasso", "--dataset", "cifar10", "--out", str(tmp_path),
+                               "--no-progress"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "--dataset 'cifar10'" in err[0] and "--dataset synthetic" in err[0]

@@ -2,8 +2,7 @@
 import numpy as np
 import pytest
 
-from fedjaxsparse.data import (dirichlet_partition, iid_partition, lognormal_partition,
-                               lognormal_sizes, natural_partition, shard_partition)
+import fedjaxsparse as fjs
 from fedjaxsparse.data.partition import hsu_dirichlet_partition
 
 LABELS = np.repeat(np.arange(10), 100)  # 1000 examples, 10 balanced classes
@@ -25,10 +24,10 @@ def _label_entropy(parts, labels):
 
 
 @pytest.mark.parametrize("make", [
-    lambda s: iid_partition(1000, 7, s),
-    lambda s: dirichlet_partition(LABELS, 7, 0.5, s),
-    lambda s: shard_partition(LABELS, 10, 2, s),
-    lambda s: lognormal_partition(1000, 7, 1.0, s),
+    lambda s: fjs.data.iid_partition(1000, 7, s),
+    lambda s: fjs.data.dirichlet_partition(LABELS, 7, 0.5, s),
+    lambda s: fjs.data.shard_partition(LABELS, 10, 2, s),
+    lambda s: fjs.data.lognormal_partition(1000, 7, 1.0, s),
 ])
 def test_every_example_exactly_once_and_deterministic(make):
   parts = make(0)
@@ -42,65 +41,65 @@ def test_every_example_exactly_once_and_deterministic(make):
 
 
 def test_iid_sizes_differ_by_at_most_one():
-  sizes = [len(p) for p in iid_partition(1000, 7, 0)]
+  sizes = [len(p) for p in fjs.data.iid_partition(1000, 7, 0)]
   assert max(sizes) - min(sizes) <= 1
 
 
 def test_dirichlet_skew_grows_as_alpha_shrinks():
-  skewed = dirichlet_partition(LABELS, 10, 0.05, 0)
-  uniform = dirichlet_partition(LABELS, 10, 100.0, 0)
+  skewed = fjs.data.dirichlet_partition(LABELS, 10, 0.05, 0)
+  uniform = fjs.data.dirichlet_partition(LABELS, 10, 100.0, 0)
   # Full entropy is log 10 = 2.30; tiny alpha leaves clients with few classes.
   assert _label_entropy(skewed, LABELS) < 1.0 < 2.0 < _label_entropy(uniform, LABELS)
 
 
 def test_dirichlet_min_size_and_errors():
-  parts = dirichlet_partition(LABELS, 20, 0.1, 3, min_size=5)
+  parts = fjs.data.dirichlet_partition(LABELS, 20, 0.1, 3, min_size=5)
   assert min(len(p) for p in parts) >= 5
   with pytest.raises(ValueError, match="alpha"):
-    dirichlet_partition(LABELS, 5, 0.0)
+    fjs.data.dirichlet_partition(LABELS, 5, 0.0)
   with pytest.raises(ValueError, match="num_clients"):
-    dirichlet_partition(LABELS[:3], 5, 1.0)
+    fjs.data.dirichlet_partition(LABELS[:3], 5, 1.0)
 
 
 def test_shards_give_few_classes_per_client():
-  parts = shard_partition(LABELS, 10, 2, 0)
+  parts = fjs.data.shard_partition(LABELS, 10, 2, 0)
   # 20 shards of 50 examples never straddle a class boundary of 100-example classes.
   assert all(len(np.unique(LABELS[p])) <= 2 for p in parts)
   assert all(len(p) == 100 for p in parts)
   with pytest.raises(ValueError, match="shards_per_client"):
-    shard_partition(LABELS, 10, 0)
+    fjs.data.shard_partition(LABELS, 10, 0)
 
 
 def test_natural_partition_groups_exactly_by_key():
   keys = np.array([[1, 2], [3, 4], [1, 2], [5, 6], [3, 4], [1, 2]])
-  parts = natural_partition(keys)
+  parts = fjs.data.natural_partition(keys)
   assert [p.tolist() for p in parts] == [[0, 2, 5], [1, 4], [3]]  # order of first appearance
-  parts1d = natural_partition(np.array(["b", "a", "b"]))
+  parts1d = fjs.data.natural_partition(np.array(["b", "a", "b"]))
   assert [p.tolist() for p in parts1d] == [[0, 2], [1]]
 
 
 def test_lognormal_sizes():
-  sizes = lognormal_sizes(1000, 30, 1.5, 0)
+  sizes = fjs.data.lognormal_sizes(1000, 30, 1.5, 0)
   assert sizes.sum() == 1000 and sizes.min() >= 1
   assert sizes.max() > 3 * np.median(sizes)  # heavy tail at sigma = 1.5
-  flat = lognormal_sizes(1000, 10, 0.0, 0)
+  flat = fjs.data.lognormal_sizes(1000, 10, 0.0, 0)
   assert flat.max() - flat.min() <= 1  # sigma = 0 is balanced
   with pytest.raises(ValueError, match="sigma"):
-    lognormal_sizes(100, 5, -1.0)
+    fjs.data.lognormal_sizes(100, 5, -1.0)
 
 
 def test_label_count_split_gives_each_client_exactly_k_labels():
   """Seed 003's Non-IID-2 (NIID-Bench #C = 3): every client holds exactly 3 labels, every
   example is used once (100 clients ≥ 10 labels), each label's examples are shared equally
   (±1) among its holders; deterministic under the seed."""
-  from fedjaxsparse.data.partition import label_count_partition, partition
+  from fedjaxsparse.data.partition import label_count_partition
   parts = label_count_partition(LABELS, 100 // 10 * 2, 3, seed=0)
   _assert_exact_cover(parts, 1000)
   assert all(len(np.unique(LABELS[p])) == 3 for p in parts)
   for c in range(10):
     counts = [int(np.sum(LABELS[p] == c)) for p in parts if np.any(LABELS[p] == c)]
     assert max(counts) - min(counts) <= 1
-  again = partition(LABELS, 20, "labels", 0, labels_per_client=3)
+  again = fjs.data.partition(LABELS, 20, "labels", 0, labels_per_client=3)
   assert all(np.array_equal(a, b) for a, b in zip(parts, again))
   with pytest.raises(ValueError, match="labels_per_client"):
     label_count_partition(LABELS, 20, 11)

@@ -7,18 +7,12 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.data.embedded import digits
-from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.harness.protocol import Dimension, mean_se, two_stage_search, validation_split
-from fedjaxsparse.runtime.runner import run
-from fedjaxsparse.runtime.sweep import run_batched
+import fedjaxsparse as fjs
 
 
 @pytest.fixture(scope="module")
 def ds():
-  return digits(num_clients=8, partition="dirichlet", alpha=0.5, seed=0)
+  return fjs.data.digits(num_clients=8, partition="dirichlet", alpha=0.5, seed=0)
 
 
 def _rows(data, i):
@@ -28,7 +22,7 @@ def _rows(data, i):
 
 
 def test_validation_split_partitions_each_client(ds):
-  fit, val = validation_split(ds.train, 0.2, seed=3)
+  fit, val = fjs.harness.protocol.validation_split(ds.train, 0.2, seed=3)
   fit.validate("fit")
   val.validate("validation", allow_empty=True)
   for i in range(ds.num_clients):
@@ -38,23 +32,25 @@ def test_validation_split_partitions_each_client(ds):
     assert int(val.num_examples[i]) == min(round(0.2 * n), n - 1) and int(fit.num_examples[i])
     assert a | b == whole and not a & b  # disjoint, together the client's training data
     assert not (b & _rows(ds.test, i))    # and disjoint from the test split
-  again = validation_split(ds.train, 0.2, seed=3)[1]
+  again = fjs.harness.protocol.validation_split(ds.train, 0.2, seed=3)[1]
   np.testing.assert_array_equal(again.x, val.x)
-  other = validation_split(ds.train, 0.2, seed=4)[1]
+  other = fjs.harness.protocol.validation_split(ds.train, 0.2, seed=4)[1]
   assert not np.array_equal(other.x, val.x)
 
 
 def test_mean_se_of_vmapped_seeds_equals_separate_runs(ds):
-  model = softmax_regression(64, 10)
-  algo = fedavg(make_loss(model), optax.sgd(0.3), local_steps=2, batch_size=8, cohort_size=4)
+  model = fjs.models.softmax_regression(64, 10)
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.3), local_steps=2, batch_size=8,
+                    cohort_size=4)
   params = model.init(jax.random.key(0))
   keys = jax.random.split(jax.random.key(1), 5)
-  _, hist = run_batched(lambda hp: algo, keys, params, ds.train, ds.test, num_rounds=12,
-                        eval_fn=make_eval_fn(model), eval_every=12)
-  batched = mean_se([h.evals["accuracy"][-1] for h in hist])
-  separate = mean_se([run(algo, k, params, ds.train, ds.test, num_rounds=12,
-                          eval_fn=make_eval_fn(model), eval_every=12, progress=False)
-                      .history.evals["accuracy"][-1] for k in keys])
+  _, hist = fjs.run_batched(lambda hp: algo, keys, params, ds.train, ds.test, num_rounds=12,
+                            eval_fn=fjs.evaluation.make_eval_fn(model), eval_every=12)
+  batched = fjs.harness.protocol.mean_se([h.evals["accuracy"][-1] for h in hist])
+  separate = fjs.harness.protocol.mean_se(
+      [fjs.run(algo, k, params, ds.train, ds.test, num_rounds=12,
+               eval_fn=fjs.evaluation.make_eval_fn(model), eval_every=12, progress=False)
+       .history.evals["accuracy"][-1] for k in keys])
   np.testing.assert_allclose(batched["values"], separate["values"], atol=1e-6)
   np.testing.assert_allclose([batched["mean"], batched["se"]],
                              [separate["mean"], separate["se"]], atol=1e-6)
@@ -71,8 +67,9 @@ def test_two_stage_search_finds_the_optimum_and_narrows():
     calls.append(len(c["gamma"]))
     return -(np.log(c["gamma"] / best["gamma"]) ** 2 + np.log(c["steps"] / best["steps"]) ** 2)
 
-  space = {"gamma": Dimension(1e-4, 10.0), "steps": Dimension(1, 500, integer=True)}
-  res = two_stage_search(score, space, (40, 40), seed=0)
+  space = {"gamma": fjs.harness.protocol.Dimension(1e-4, 10.0),
+           "steps": fjs.harness.protocol.Dimension(1, 500, integer=True)}
+  res = fjs.harness.protocol.two_stage_search(score, space, (40, 40), seed=0)
   assert calls == [40, 40]  # each stage scored as one batch
   assert abs(np.log(res.best["gamma"] / 0.03)) < 0.5 and abs(np.log(res.best["steps"] / 20)) < 0.5
   (lo1, hi1), (lo2, hi2) = res.stages[0]["box"]["gamma"], res.stages[1]["box"]["gamma"]
@@ -85,8 +82,10 @@ def test_diverged_candidates_never_win():
   def score(c):  # the larger the step size the better, but above 1 the run diverges
     return np.where(c["gamma"] > 1.0, np.nan, np.log(c["gamma"]))
 
-  res = two_stage_search(score, {"gamma": Dimension(1e-3, 1e3)}, (30, 30), seed=1)
+  res = fjs.harness.protocol.two_stage_search(
+      score, {"gamma": fjs.harness.protocol.Dimension(1e-3, 1e3)}, (30, 30), seed=1)
   assert res.best["gamma"] <= 1.0 and np.isfinite(res.best_score)
   with pytest.raises(ValueError, match="every candidate"):
-    two_stage_search(lambda c: np.full(len(c["gamma"]), np.nan),
-                     {"gamma": Dimension(1e-3, 1.0)}, (5,), seed=0)
+    fjs.harness.protocol.two_stage_search(lambda c: np.full(len(c["gamma"]), np.nan),
+                                          {"gamma": fjs.harness.protocol.Dimension(1e-3, 1.0)},
+                                          (5,), seed=0)

@@ -7,15 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.ops import accounting
-from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.ops import proxes
-from fedjaxsparse.algorithms.fedht import fedht, fediht
-from fedjaxsparse.data.problems import (ridge_regression_optimum, ridge_regression_problem,
-                                        uniform_weights)
-from fedjaxsparse.models import linear_regression, make_loss
-from fedjaxsparse.runtime.runner import run
-from fedjaxsparse.ops.sparsity import k_from_sparsity, top_k
+import fedjaxsparse as fjs
 
 L2 = 0.1
 DIM = 8
@@ -23,10 +15,10 @@ DIM = 8
 
 @pytest.fixture(scope="module")
 def problem():
-  ds = ridge_regression_problem(num_clients=6, dim=DIM, examples_per_client=20,
-                                heterogeneity=2.0, seed=0)
-  model = linear_regression(DIM, l2=L2)
-  return ds, model, make_loss(model)
+  ds = fjs.data.ridge_regression_problem(num_clients=6, dim=DIM, examples_per_client=20,
+                                         heterogeneity=2.0, seed=0)
+  model = fjs.models.linear_regression(DIM, l2=L2)
+  return ds, model, fjs.models.make_loss(model)
 
 
 def _x64(tree):
@@ -53,10 +45,10 @@ def _iterate(algo, state, data, n, seed=0):
 
 
 ZERO_SUM = {
-    "proxskip": lambda loss: ps.proxskip(loss, 0.02, 0.3),
-    "sparse_proxskip": lambda loss: ps.sparse_proxskip(loss, 0.02, 0.3, 0.5),
-    "sparse_proxskip_local": lambda loss: ps.sparse_proxskip_local(loss, 0.02, 0.3, 0.5),
-    "asp_modified": lambda loss: ps.accelerated_server_pruning_modified(loss, 0.02, 0.3, 0.5),
+    "proxskip": lambda loss: fjs.proxskip(loss, 0.02, 0.3),
+    "sparse_proxskip": lambda loss: fjs.sparse_proxskip(loss, 0.02, 0.3, 0.5),
+    "sparse_proxskip_local": lambda loss: fjs.sparse_proxskip_local(loss, 0.02, 0.3, 0.5),
+    "asp_modified": lambda loss: fjs.accelerated_server_pruning_modified(loss, 0.02, 0.3, 0.5),
 }
 
 
@@ -78,11 +70,11 @@ def test_asp_and_sps_modified_drift_by_the_exact_formula(problem):
   ds, model, loss = problem
   gamma, p, s = 0.02, 0.5, 0.5
   n = ds.num_clients
-  for name, algo in (("asp", ps.accelerated_server_pruning(loss, gamma, p, s)),
-                     ("sps_mod", ps.sparse_proxskip_modified(loss, gamma, p, s))):
-    kernel = ps.proxskip_kernel(
-        loss, gamma, p, upload_prox=proxes.top_k(s) if name == "sps_mod" else None,
-        write_back=name != "sps_mod", server_prox=proxes.top_k(s) if name == "asp" else None)
+  for name, algo in (("asp", fjs.accelerated_server_pruning(loss, gamma, p, s)),
+                     ("sps_mod", fjs.sparse_proxskip_modified(loss, gamma, p, s))):
+    kernel = fjs.algorithms.proxskip.proxskip_kernel(
+        loss, gamma, p, upload_prox=fjs.proxes.top_k(s) if name == "sps_mod" else None,
+        write_back=name != "sps_mod", server_prox=fjs.proxes.top_k(s) if name == "asp" else None)
     state = algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
     drift = []
     for t in range(5):
@@ -91,9 +83,9 @@ def test_asp_and_sps_modified_drift_by_the_exact_formula(problem):
       delta = _flat(_sum_h(new)) - _flat(_sum_h(state))
       if name == "asp":
         w_bar = jax.tree.map(lambda a: jnp.mean(a, 0), w_hat)
-        expected = (p * n / gamma) * (_flat(top_k(w_bar, sparsity=s)) - _flat(w_bar))
+        expected = (p * n / gamma) * (_flat(fjs.sparsity.top_k(w_bar, sparsity=s)) - _flat(w_bar))
       else:
-        pruned = jax.vmap(lambda w: top_k(w, sparsity=s))(w_hat)
+        pruned = jax.vmap(lambda w: fjs.sparsity.top_k(w, sparsity=s))(w_hat)
         expected = (p / gamma) * np.sum(
             np.stack([_flat(jax.tree.map(lambda a, b: a[i] - b[i], pruned, w_hat))
                       for i in range(n)]), 0)
@@ -106,7 +98,7 @@ def test_asp_and_sps_modified_drift_by_the_exact_formula(problem):
 def test_p_equal_one_is_gradient_descent_on_the_average(problem):
   ds, model, loss = problem
   gamma = 0.02
-  algo = ps.proxskip(loss, gamma, 1.0)
+  algo = fjs.proxskip(loss, gamma, 1.0)
   w0 = model.init(jax.random.key(0))
   state = algo.init(jax.random.key(0), w0, ds.train)
   grad_i = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))
@@ -140,10 +132,10 @@ def _smoothness_and_mu(train, l2):
 def test_proxskip_converges_linearly_to_the_ridge_optimum_with_fewer_communications(problem):
   ds, _, _ = problem
   l2 = 1.0
-  model = linear_regression(DIM, l2=l2)
-  loss = make_loss(model)
+  model = fjs.models.linear_regression(DIM, l2=l2)
+  loss = fjs.models.make_loss(model)
   lmax, mu = _smoothness_and_mu(ds.train, l2)
-  opt = ridge_regression_optimum(ds.train, l2, uniform_weights(ds.train))
+  opt = fjs.data.ridge_regression_optimum(ds.train, l2, fjs.data.uniform_weights(ds.train))
   gamma = 1.0 / lmax
   p = float(np.sqrt(mu / lmax))  # ProxSkip's optimal p = 1/sqrt(κ)
 
@@ -151,23 +143,23 @@ def test_proxskip_converges_linearly_to_the_ridge_optimum_with_fewer_communicati
     with jax.enable_x64(True):
       data = _x64(ds.train)
       w0 = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64), model.init(jax.random.key(0)))
-      res = run(algo, jax.random.key(1), w0, data, num_rounds=iterations, chunk_size=500,
-                progress=False)
+      res = fjs.run(algo, jax.random.key(1), w0, data, num_rounds=iterations, chunk_size=500,
+                    progress=False)
       err = np.linalg.norm(_flat(res.state.server) - _flat(opt)) / np.linalg.norm(_flat(opt))
       return err, int(res.state.comms), res
 
-  err_ps, comms_ps, res = comms_to_reach(ps.proxskip(loss, gamma, p), 5000)
+  err_ps, comms_ps, res = comms_to_reach(fjs.proxskip(loss, gamma, p), 5000)
   assert err_ps < 1e-6
-  err_gd, comms_gd, _ = comms_to_reach(ps.proxskip(loss, gamma, 1.0), 5000)
+  err_gd, comms_gd, _ = comms_to_reach(fjs.proxskip(loss, gamma, 1.0), 5000)
   # GD (p = 1) communicates every iteration; ProxSkip needs far fewer communications.
   assert lmax / mu > 50  # the ill-conditioned regime where acceleration matters
   assert comms_ps < 0.3 * comms_gd
   # Linear convergence: the error at the end of the run is below the error halfway.
   with jax.enable_x64(True):
-    half = run(ps.proxskip(loss, gamma, p), jax.random.key(1),
-               jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64),
-                            model.init(jax.random.key(0))), _x64(ds.train), num_rounds=2500,
-               chunk_size=500, progress=False)
+    half = fjs.run(fjs.proxskip(loss, gamma, p), jax.random.key(1),
+                   jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64),
+                                model.init(jax.random.key(0))), _x64(ds.train), num_rounds=2500,
+                   chunk_size=500, progress=False)
   err_half = np.linalg.norm(_flat(half.state.server) - _flat(opt)) / np.linalg.norm(_flat(opt))
   assert err_ps < 1e-2 * err_half
 
@@ -176,12 +168,13 @@ def test_fixed_point_and_the_zero_sum_argument(problem):
   ds, model, loss = problem
   gamma = 0.02
   opt = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32),
-                     ridge_regression_optimum(ds.train, L2, uniform_weights(ds.train)))
+                     fjs.data.ridge_regression_optimum(ds.train, L2,
+                                                       fjs.data.uniform_weights(ds.train)))
   grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(opt, ds.train.x, ds.train.y,
                                                             ds.train.mask)
   n = ds.num_clients
   # (w_i = w*, h_i = ∇f_i(w*)) is a fixed point of dense ProxSkip for any coin.
-  algo = ps.proxskip(loss, gamma, 0.5)
+  algo = fjs.proxskip(loss, gamma, 0.5)
   state = algo.init(jax.random.key(0), opt, ds.train)._replace(h=grads)
   for t in range(6):
     state, _ = jax.jit(algo.step)(jax.random.key(t), state, ds.train)
@@ -191,7 +184,7 @@ def test_fixed_point_and_the_zero_sum_argument(problem):
   shift = jax.tree.map(lambda a: jnp.ones_like(a[:1]) * jnp.arange(n).reshape(
       (n,) + (1,) * (a.ndim - 1)) * 0.1, grads)
   h = jax.tree.map(jnp.add, grads, shift)
-  gd = ps.proxskip(loss, gamma, 1.0)
+  gd = fjs.proxskip(loss, gamma, 1.0)
   s0 = gd.init(jax.random.key(0), opt, ds.train)._replace(h=h)
   s1, _ = gd.step(jax.random.key(0), s0, ds.train)
   expected = jax.tree.map(lambda w, sh: w + gamma / n * jnp.sum(sh, 0), opt, shift)
@@ -203,32 +196,32 @@ def test_sparsity_of_messages_and_models_and_bits(problem):
   ds, model, loss = problem
   d = DIM + 1
   s = 0.6
-  k = k_from_sparsity(d, s)
+  k = fjs.sparsity.k_from_sparsity(d, s)
   n = ds.num_clients
-  algo = ps.sparse_proxskip(loss, 0.02, 1.0, s, encoding="indices")
+  algo = fjs.sparse_proxskip(loss, 0.02, 1.0, s, encoding="indices")
   state = algo.init(jax.random.key(0), jax.tree.map(lambda a: a + 0.3,
                                                     model.init(jax.random.key(0))), ds.train)
   for t in range(4):
     state, info = jax.jit(algo.step)(jax.random.key(t), state, ds.train)
     assert float(info.upload_nnz) == k  # exactly K non-zeros in every upload
-    assert int(accounting.nnz(state.server)) <= min(d, n * k)
-    assert float(info.bits_up) == n * k * (32 + accounting.index_bits(d))
-    w_local = jax.vmap(accounting.nnz)(state.w)
+    assert int(fjs.accounting.nnz(state.server)) <= min(d, n * k)
+    assert float(info.bits_up) == n * k * (32 + fjs.accounting.index_bits(d))
+    w_local = jax.vmap(fjs.accounting.nnz)(state.w)
     assert int(w_local.max()) <= min(d, n * k)
   # Sparse-ProxSkip-Local: every local iterate has at most K non-zeros.
-  local = ps.sparse_proxskip_local(loss, 0.02, 0.2, s)
+  local = fjs.sparse_proxskip_local(loss, 0.02, 0.2, s)
   st = local.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
   for t in range(10):
     st, info = jax.jit(local.step)(jax.random.key(t), st, ds.train)
     if float(info.communicated) == 0:
-      assert int(jax.vmap(accounting.nnz)(st.w).max()) <= k
+      assert int(jax.vmap(fjs.accounting.nnz)(st.w).max()) <= k
 @pytest.mark.xla_default_emitters
 def test_zero_sparsity_variants_equal_proxskip(problem):
   ds, model, loss = problem
   w0 = jax.tree.map(lambda a: a + 0.1, model.init(jax.random.key(0)))
-  ref, _ = _iterate(ps.proxskip(loss, 0.02, 0.4),
-                    ps.proxskip(loss, 0.02, 0.4).init(None, w0, ds.train), ds.train, 20)
-  for make in (ps.sparse_proxskip, ps.sparse_proxskip_local, ps.accelerated_server_pruning):
+  ref, _ = _iterate(fjs.proxskip(loss, 0.02, 0.4),
+                    fjs.proxskip(loss, 0.02, 0.4).init(None, w0, ds.train), ds.train, 20)
+  for make in (fjs.sparse_proxskip, fjs.sparse_proxskip_local, fjs.accelerated_server_pruning):
     algo = make(loss, 0.02, 0.4, 0.0)  # K = d
     st, _ = _iterate(algo, algo.init(None, w0, ds.train), ds.train, 20)
     chex.assert_trees_all_equal(st.w, ref.w)
@@ -238,7 +231,8 @@ def test_zero_sparsity_variants_equal_proxskip(problem):
 def test_round_form_equals_iteration_form_on_a_fixed_coin_sequence(problem):
   ds, model, loss = problem
   gamma, p = 0.02, 0.3
-  kernel = ps.proxskip_kernel(loss, gamma, p, upload_prox=proxes.top_k(0.5))
+  kernel = fjs.algorithms.proxskip.proxskip_kernel(loss, gamma, p,
+                                                   upload_prox=fjs.proxes.top_k(0.5))
   w0 = model.init(jax.random.key(0))
   state = kernel.init(None, w0, ds.train)
   # Iteration form driven by the coins 0, 0, 1, 0, 1 ...
@@ -257,7 +251,7 @@ def test_round_form_equals_iteration_form_on_a_fixed_coin_sequence(problem):
   chex.assert_trees_all_close(it.w, rd.w)
   chex.assert_trees_all_close(it.h, rd.h)
   # The round-form algorithm runs and communicates every step, with Geometric(p) lengths.
-  algo = ps.meta_sparse_proxskip(loss, gamma, p, form="round")
+  algo = fjs.meta_sparse_proxskip(loss, gamma, p, form="round")
   st = algo.init(None, w0, ds.train)
   st, info = jax.jit(algo.step)(jax.random.key(3), st, ds.train)
   assert float(info.communicated) == 1.0 and int(st.t) == int(info.local_steps) >= 1
@@ -265,7 +259,7 @@ def test_round_form_equals_iteration_form_on_a_fixed_coin_sequence(problem):
 
 def test_geometric_local_steps_and_coin_frequency():
   p, trials = 0.2, 20000
-  lengths = jax.vmap(lambda k: ps.geometric_local_steps(k, p))(
+  lengths = jax.vmap(lambda k: fjs.algorithms.proxskip.geometric_local_steps(k, p))(
       jax.random.split(jax.random.key(0), trials))
   lengths = np.asarray(lengths)
   assert lengths.min() >= 1
@@ -278,19 +272,19 @@ def test_geometric_local_steps_and_coin_frequency():
 def test_fedht_and_fediht_sparsity(problem):
   ds, model, loss = problem
   d, s = DIM + 1, 0.6
-  k = k_from_sparsity(d, s)
+  k = fjs.sparsity.k_from_sparsity(d, s)
   w0 = jax.tree.map(lambda a: a + 0.2, model.init(jax.random.key(0)))
-  ht = fedht(loss, 0.02, 3, s)
+  ht = fjs.fedht(loss, 0.02, 3, s)
   st = ht.init(None, w0, ds.train)
   for t in range(3):
     st, info = jax.jit(ht.step)(jax.random.key(t), st, ds.train)
-    assert int(accounting.nnz(st.params)) <= k  # the server prunes the average
-  iht = fediht(loss, 0.02, 3, s)
+    assert int(fjs.accounting.nnz(st.params)) <= k  # the server prunes the average
+  iht = fjs.fediht(loss, 0.02, 3, s)
   st = iht.init(None, w0, ds.train)
   st, info = jax.jit(iht.step)(jax.random.key(0), st, ds.train)
   n = ds.num_clients
-  assert float(info.bits_up) <= n * accounting.sparse_bits(k, d)  # K-sparse uploads
-  assert k < int(accounting.nnz(st.params)) <= min(d, n * k)  # the average is denser
+  assert float(info.bits_up) <= n * fjs.accounting.sparse_bits(k, d)  # K-sparse uploads
+  assert k < int(fjs.accounting.nnz(st.params)) <= min(d, n * k)  # the average is denser
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -301,9 +295,9 @@ def test_fedht_and_fediht_sparsity(problem):
 def test_bad_arguments(problem, kw, match):
   _, _, loss = problem
   with pytest.raises(ValueError, match=match):
-    ps.proxskip(loss, **kw)
+    fjs.proxskip(loss, **kw)
   with pytest.raises(ValueError, match="sparsity"):
-    ps.sparse_proxskip(loss, 0.1, 0.5, 1.0)
+    fjs.sparse_proxskip(loss, 0.1, 0.5, 1.0)
 
 
 def test_randprox_l1_equals_the_primal_dual_randprox_iteration(problem):
@@ -311,7 +305,7 @@ def test_randprox_l1_equals_the_primal_dual_randprox_iteration(problem):
   constraint, g = λ‖·‖₁ and R = Bernoulli(p)/p, against our ProxSkip-with-soft-threshold."""
   ds, model, loss = problem
   gamma, p, lam = 0.02, 0.4, 0.5
-  algo = ps.randprox_l1(loss, gamma, p, lam)
+  algo = fjs.randprox_l1(loss, gamma, p, lam)
   w0 = jax.tree.map(lambda a: a + 0.3, model.init(jax.random.key(0)))
   state = algo.init(None, w0, ds.train)
   grad_i = jax.vmap(jax.grad(loss))
@@ -338,8 +332,8 @@ def test_randprox_l1_equals_the_primal_dual_randprox_iteration(problem):
 def test_randprox_l1_reaches_the_federated_lasso_solution(problem):
   ds, _, _ = problem
   l2, lam = 1.0, 0.3
-  model = linear_regression(DIM, l2=l2)
-  loss = make_loss(model)
+  model = fjs.models.linear_regression(DIM, l2=l2)
+  loss = fjs.models.make_loss(model)
   lmax, mu = _smoothness_and_mu(ds.train, l2)
   gamma = 1.0 / lmax
   with jax.enable_x64(True):
@@ -353,8 +347,8 @@ def test_randprox_l1_reaches_the_federated_lasso_solution(problem):
     soft = lambda v: jnp.sign(v) * jnp.maximum(jnp.abs(v) - gamma * lam, 0)
     for _ in range(5000):
       ref = jax.tree.map(lambda a, g: soft(a - gamma * g), ref, grad(ref))
-    res = run(ps.randprox_l1(loss, gamma, float(np.sqrt(mu / lmax)), lam), jax.random.key(0),
-              w0, data, num_rounds=6000, chunk_size=1000, progress=False)
+    res = fjs.run(fjs.randprox_l1(loss, gamma, float(np.sqrt(mu / lmax)), lam), jax.random.key(0),
+                  w0, data, num_rounds=6000, chunk_size=1000, progress=False)
   # The lasso solution has exact zeros, and RandProx-l1 finds it.
   assert int(np.sum(np.asarray(ref["w"]) == 0)) >= 1
   np.testing.assert_allclose(_flat(res.state.server), _flat(ref), atol=1e-6)
@@ -364,38 +358,37 @@ def test_gradient_clipping(problem):
   ds, model, loss = problem
   w0 = jax.tree.map(lambda a: a + 5.0, model.init(jax.random.key(0)))  # large gradients
   for mode in ("norm", "value"):
-    kernel = ps.proxskip_kernel(loss, 1.0, 0.5, clip=0.1, clip_mode=mode)
+    kernel = fjs.algorithms.proxskip.proxskip_kernel(loss, 1.0, 0.5, clip=0.1, clip_mode=mode)
     state = kernel.init(None, w0, ds.train)
     w_hat, _ = kernel.local_step(jax.random.key(0), state, ds.train)
     step = jax.tree.map(jnp.subtract, state.w, w_hat)  # = γ·clipped gradient (h = 0)
     if mode == "norm":
-      norms = jax.vmap(ps._tree_norm)(step)
+      norms = jax.vmap(fjs.algorithms.proxskip._tree_norm)(step)
       np.testing.assert_allclose(norms, 0.1, rtol=1e-5)
     else:
       assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(step)) <= 0.1 + 1e-7
   with pytest.raises(ValueError, match="clip_mode"):
-    ps.proxskip_kernel(loss, 1.0, 0.5, clip=1.0, clip_mode="l1")
+    fjs.algorithms.proxskip.proxskip_kernel(loss, 1.0, 0.5, clip=1.0, clip_mode="l1")
 
 
 def test_uplink_compressor_plug_in(problem):
   """SPS is ProxSkip with a top-k uplink compressor; an unbiased rand-k uplink keeps Σh = 0
   (the compressed message is written back) and is charged rand-k's bits."""
-  from fedjaxsparse.ops import compressors as C
   ds, model, loss = problem
   d = DIM + 1
   w0 = jax.tree.map(lambda a: a + 0.2, model.init(jax.random.key(0)))
-  k = k_from_sparsity(d, 0.6)
-  a = ps.sparse_proxskip(loss, 0.02, 0.5, 0.6)
-  b = ps.proxskip(loss, 0.02, 0.5, uplink=C.top_k(d, k))
+  k = fjs.sparsity.k_from_sparsity(d, 0.6)
+  a = fjs.sparse_proxskip(loss, 0.02, 0.5, 0.6)
+  b = fjs.proxskip(loss, 0.02, 0.5, uplink=fjs.compressors.top_k(d, k))
   sa, sb = a.init(None, w0, ds.train), b.init(None, w0, ds.train)
   for t in range(10):
     sa, _ = jax.jit(a.step)(jax.random.key(t), sa, ds.train)
     sb, ib = jax.jit(b.step)(jax.random.key(t), sb, ds.train)
   chex.assert_trees_all_close(sa.w, sb.w, rtol=1e-6, atol=1e-7)
-  c = ps.proxskip(loss, 0.02, 0.5, uplink=C.rand_k(d, 3))
+  c = fjs.proxskip(loss, 0.02, 0.5, uplink=fjs.compressors.rand_k(d, 3))
   sc = c.init(None, w0, ds.train)
   for t in range(10):
     sc, ic = jax.jit(c.step)(jax.random.key(t), sc, ds.train)
     if float(ic.communicated):
-      assert float(ic.bits_up) == ds.num_clients * accounting.sparse_bits(3, d)
+      assert float(ic.bits_up) == ds.num_clients * fjs.accounting.sparse_bits(3, d)
     assert float(ic.sum_h_norm) < 1e-4 * max(1.0, float(ic.mean_h_norm) * 6)

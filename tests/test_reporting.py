@@ -6,38 +6,40 @@ import itertools
 import numpy as np
 import pytest
 
-from fedjaxsparse.ops.accounting import cost_to_target, rounds_below
-from fedjaxsparse.harness.report import MISSING, MISSING_NOTE, print_table
-from fedjaxsparse.harness.protocol import check_claim, mean_se
+import fedjaxsparse as fjs
 
 
 def test_a_single_seed_has_no_standard_error_and_prints_a_dash(capsys):
-  one, three = mean_se([0.8]), mean_se([0.7, 0.8, 0.9])
+  one, three = fjs.harness.protocol.mean_se([0.8]), fjs.harness.protocol.mean_se([0.7, 0.8, 0.9])
   assert one["se"] is None and one["mean"] == 0.8
   assert three["se"] == pytest.approx(np.std([0.7, 0.8, 0.9], ddof=1) / np.sqrt(3))
-  text = print_table([{"method": "A", "acc": one["mean"], "s.e.": one["se"]},
-                      {"method": "B", "acc": three["mean"], "s.e.": three["se"]}],
-                     ["method", "acc", "s.e."])
+  text = fjs.harness.report.print_table(
+      [{"method": "A", "acc": one["mean"], "s.e.": one["se"]},
+       {"method": "B", "acc": three["mean"], "s.e.": three["se"]}],
+      ["method", "acc", "s.e."])
   row_a = text.splitlines()[2]
-  assert row_a.split()[-1] == MISSING and " 0 " not in row_a and "x" not in row_a.split()
-  assert text.splitlines()[-1] == MISSING_NOTE
-  full = print_table([{"method": "B", "s.e.": three["se"]}], ["method", "s.e."])
-  assert MISSING_NOTE not in full  # the footnote only where a dash is printed
+  assert (row_a.split()[-1] == fjs.harness.report.MISSING and " 0 " not in row_a
+          and "x" not in row_a.split())
+  assert text.splitlines()[-1] == fjs.harness.report.MISSING_NOTE
+  full = fjs.harness.report.print_table([{"method": "B", "s.e.": three["se"]}], ["method", "s.e."])
+  assert fjs.harness.report.MISSING_NOTE not in full  # the footnote only where a dash is printed
 
 
 def test_rounds_to_eps_is_where_the_curve_stays_below():
   dip = [1.0, 0.04, 0.2, 0.3, 0.2, 0.03, 0.02, 0.01]   # first hit at 1, stays below from 5
-  assert rounds_below(dip, 0.05) == 5
-  assert cost_to_target(dip, 1, 0.05) == 1.0             # the paper's cost: the first hit
-  assert rounds_below([1.0, 0.5, 0.04, 0.06], 0.05) is None  # ends above: never settled
-  assert rounds_below([0.01, 0.02], 0.05) == 0
-  assert rounds_below([1.0, np.nan, 0.01], 0.05) == 2  # NaN is not below
+  assert fjs.accounting.rounds_below(dip, 0.05) == 5
+  assert fjs.accounting.cost_to_target(dip, 1, 0.05) == 1.0  # the paper's cost: the first hit
+  # ends above: never settled
+  assert fjs.accounting.rounds_below([1.0, 0.5, 0.04, 0.06], 0.05) is None
+  assert fjs.accounting.rounds_below([0.01, 0.02], 0.05) == 0
+  assert fjs.accounting.rounds_below([1.0, np.nan, 0.01], 0.05) == 2  # NaN is not below
 
 
 def test_a_claim_is_printed_with_its_verdict(capsys):
-  assert check_claim("SS beats BS", True) == {"claim": "SS beats BS", "holds": True}
-  assert check_claim("SS beats BS", False)["holds"] is False
-  assert check_claim("larger γ is faster", None)["holds"] is None
+  assert fjs.harness.protocol.check_claim("SS beats BS", True) == {"claim": "SS beats BS",
+                                                                    "holds": True}
+  assert fjs.harness.protocol.check_claim("SS beats BS", False)["holds"] is False
+  assert fjs.harness.protocol.check_claim("larger γ is faster", None)["holds"] is None
   out = capsys.readouterr().out.splitlines()
   assert out == ["the paper: SS beats BS — holds here",
                  "the paper: SS beats BS — does NOT hold here",
@@ -47,16 +49,15 @@ def test_a_claim_is_printed_with_its_verdict(capsys):
 def test_steps_report_progress_and_time_left(capsys, monkeypatch):
   """Experiments without a runner progress bar print one line per finished piece, with the
   time spent and the time left at the mean pace so far; ``--no-progress`` silences them."""
-  from fedjaxsparse.harness import experiment
   clock = itertools.chain([100.0, 110.0, 130.0], itertools.repeat(130.0))  # start, 1, 2
-  monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
-  steps = experiment.Steps(4, "demo")
+  monkeypatch.setattr(fjs.harness.experiment.time, "perf_counter", lambda: next(clock))
+  steps = fjs.harness.experiment.Steps(4, "demo")
   steps.done("first")
   steps.done("second")
   err = capsys.readouterr().err.splitlines()
   assert err == ["[demo 1/4] first done; 10 s so far, about 30 s left",
                  "[demo 2/4] second done; 30 s so far, about 30 s left"]
-  quiet = experiment.Steps(2, "demo", enabled=False)
+  quiet = fjs.harness.experiment.Steps(2, "demo", enabled=False)
   quiet.done("x")
   assert capsys.readouterr().err == ""
 
@@ -65,30 +66,28 @@ def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp
   import jax
   import optax
 
-  import fedjaxsparse as fjs
-  from fedjaxsparse.harness.experiment import Config, tune_then_run, tuning_config
-  from fedjaxsparse.harness.protocol import validation_split
-
   ds = fjs.data.digits(num_clients=4, partition="iid", seed=0)
   model = fjs.models.softmax_regression(64, 10)
-  cfg = Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
-  fit, val = validation_split(ds.train, 0.25, 0)
+  cfg = fjs.harness.experiment.Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
+  fit, val = fjs.harness.protocol.validation_split(ds.train, 0.25, 0)
   seen = []
 
   def build(lr, run):
     seen.append((lr, run))
     return fjs.fedavg(fjs.models.make_loss(model), optax.sgd(lr), local_steps=5, batch_size=16)
 
-  tuned = tune_then_run(cfg, "t", "FedAvg", [1e-6, 0.3], build, model.init(jax.random.key(0)),
-                        fit, val, ds.train, ds.test, fjs.evaluation.make_eval_fn(model),
-                        tune_cfg=tuning_config(cfg), seeds=2)
+  tuned = fjs.harness.experiment.tune_then_run(
+      cfg, "t", "FedAvg", [1e-6, 0.3], build, model.init(jax.random.key(0)), fit, val, ds.train,
+      ds.test, fjs.evaluation.make_eval_fn(model),
+      tune_cfg=fjs.harness.experiment.tuning_config(cfg), seeds=2)
   assert tuned.best == 0.3 and tuned.scores[0.3] > tuned.scores[1e-6]
   assert [r for _, r in seen[:2]] == [(0, 3, True)] * 2              # half the rounds to tune
   assert [r for _, r in seen[2:]] == [(0, 6, False), (1, 6, False)]  # then every seed, in full
   assert len(tuned.records) == 2 and len(tuned.finals) == 2
   assert tuned.stats["mean"] == pytest.approx(sum(tuned.finals) / 2)
   assert tuned.finals[0] == pytest.approx(100 * tuned.records[0]["final"]["accuracy"])
-  single = tune_then_run(cfg, "t", "one", [0.3], build, model.init(jax.random.key(0)), fit, val,
-                         ds.train, ds.test, fjs.evaluation.make_eval_fn(model),
-                         tune_cfg=tuning_config(cfg), seeds=1)
+  single = fjs.harness.experiment.tune_then_run(
+      cfg, "t", "one", [0.3], build, model.init(jax.random.key(0)), fit, val, ds.train, ds.test,
+      fjs.evaluation.make_eval_fn(model), tune_cfg=fjs.harness.experiment.tuning_config(cfg),
+      seeds=1)
   assert single.best == 0.3 and single.scores == {} and single.stats["se"] is None

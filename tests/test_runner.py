@@ -10,34 +10,31 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.ops import accounting
-from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.data.embedded import digits
-from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runtime.runner import build_chunk, run, split_run_key
+import fedjaxsparse as fjs
 
 
 @pytest.fixture(scope="module")
 def setup():
-  ds = digits(num_clients=12, partition="dirichlet", alpha=0.5, seed=0)
-  model = softmax_regression(64, 10)
-  algo = fedavg(make_loss(model), optax.sgd(0.3), local_steps=3, batch_size=8, cohort_size=5)
+  ds = fjs.data.digits(num_clients=12, partition="dirichlet", alpha=0.5, seed=0)
+  model = fjs.models.softmax_regression(64, 10)
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.3), local_steps=3, batch_size=8,
+                    cohort_size=5)
   return ds, model, algo
 
 
 def _run(setup, **kw):
   ds, model, algo = setup
   kw.setdefault("progress", False)
-  return run(algo, jax.random.key(7), model.init(jax.random.key(0)), ds.train, ds.test,
-             eval_fn=make_eval_fn(model), **kw)
+  return fjs.run(algo, jax.random.key(7), model.init(jax.random.key(0)), ds.train, ds.test,
+                 eval_fn=fjs.evaluation.make_eval_fn(model), **kw)
 
 
 def test_chunk_function_is_traced_once_for_a_whole_run(setup):
   ds, model, algo = setup
   chex.clear_trace_counter()
-  chunk = jax.jit(chex.assert_max_traces(build_chunk(algo, 20, make_eval_fn(model), 20), n=1))
-  init_key, rounds_key = split_run_key(jax.random.key(0))
+  chunk = jax.jit(chex.assert_max_traces(
+      fjs.runtime.runner.build_chunk(algo, 20, fjs.evaluation.make_eval_fn(model), 20), n=1))
+  init_key, rounds_key = fjs.runtime.runner.split_run_key(jax.random.key(0))
   state = algo.init(init_key, model.init(jax.random.key(0)), ds.train)
   for r0 in range(0, 200, 20):  # 10 chunks, the last one shorter than the others
     state, out = chunk(rounds_key, state, jnp.int32(r0), jnp.int32(190), ds.train, ds.test)
@@ -82,9 +79,8 @@ def test_loop_free_rounds_dispatch_one_round_and_checkpoint_per_eval(setup, tmp_
                                                                    monkeypatch):
   """clients="unroll" runs one round per dispatch (no loop, no cond), evaluates on schedule,
   checkpoints every eval_every rounds, and computes the vmap run."""
-  from fedjaxsparse.runtime.checkpoint import Checkpointer
-  saved, save = [], Checkpointer.save
-  monkeypatch.setattr(Checkpointer, "save",
+  saved, save = [], fjs.runtime.checkpoint.Checkpointer.save
+  monkeypatch.setattr(fjs.runtime.checkpoint.Checkpointer, "save",
                       lambda self, r, *a: (saved.append(r), save(self, r, *a))[1])
   a = _run(setup, num_rounds=12, eval_every=4, clients="vmap")
   b = _run(setup, num_rounds=12, eval_every=4, clients="unroll",
@@ -107,14 +103,14 @@ def test_evaluation_schedule_and_cumulative_bits(setup):
   res = _run(setup, num_rounds=25, eval_every=10, chunk_size=4)
   assert res.history.evals["round"] == [0, 10, 20, 25]
   d = sum(l.size for l in jax.tree.leaves(model.init(jax.random.key(0))))
-  per_round = 5 * accounting.dense_bits(d)  # cohort of 5 dense fp32 uploads
+  per_round = 5 * fjs.accounting.dense_bits(d)  # cohort of 5 dense fp32 uploads
   np.testing.assert_allclose(res.history.rounds["bits_up"], per_round)
   np.testing.assert_allclose(res.history.rounds["uplink_bits"],
                              per_round * np.arange(1, 26))
   np.testing.assert_allclose(res.history.evals["uplink_bits"], per_round * np.array(
       [0, 10, 20, 25]))
   # The evaluation inside the scan equals evaluating the final model directly.
-  final = jax.jit(make_eval_fn(model))(res.state.params, ds.test)
+  final = jax.jit(fjs.evaluation.make_eval_fn(model))(res.state.params, ds.test)
   np.testing.assert_allclose(res.history.evals["accuracy"][-1], final["accuracy"], rtol=1e-6)
   json.dumps(res.history.to_dict())  # JSON-serialisable
 
@@ -152,8 +148,8 @@ def test_resume_with_another_key_is_refused(setup, tmp_path):
   ckpt = str(tmp_path / "ckpt")
   _run(setup, num_rounds=2, eval_every=1, checkpoint_dir=ckpt)
   with pytest.raises(ValueError, match=r"seed \(run key\)"):
-    run(algo, jax.random.key(8), model.init(jax.random.key(0)), ds.train, ds.test,
-        num_rounds=4, checkpoint_dir=ckpt, resume=True, progress=False)
+    fjs.run(algo, jax.random.key(8), model.init(jax.random.key(0)), ds.train, ds.test,
+            num_rounds=4, checkpoint_dir=ckpt, resume=True, progress=False)
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.ops import sampling as S
+import fedjaxsparse as fjs
 
 N = 6
 BLOCKS = [[0], [1, 4], [2, 3, 5]]  # unequal blocks, not contiguous
@@ -16,11 +16,13 @@ DRAWS = 20_000
 
 def _all():
   return {
-      "full": S.full(N), "uniform": S.uniform(N),
-      "nonuniform": S.nonuniform([0.05, 0.1, 0.15, 0.2, 0.2, 0.3]),
-      "importance": S.importance([1.0, 2.0, 0.5, 4.0, 1.5, 3.0]), "nice1": S.nice(N, 1),
-      "nice3": S.nice(N, 3), "block": S.block(BLOCKS), "block_q": S.block(BLOCKS, q=[0.2, 0.3, 0.5]),
-      "stratified": S.stratified(BLOCKS), "clusters2of3": S.clusters(BLOCKS, 2),
+      "full": fjs.sampling.full(N), "uniform": fjs.sampling.uniform(N),
+      "nonuniform": fjs.sampling.nonuniform([0.05, 0.1, 0.15, 0.2, 0.2, 0.3]),
+      "importance": fjs.sampling.importance([1.0, 2.0, 0.5, 4.0, 1.5, 3.0]),
+      "nice1": fjs.sampling.nice(N, 1), "nice3": fjs.sampling.nice(N, 3),
+      "block": fjs.sampling.block(BLOCKS), "block_q": fjs.sampling.block(BLOCKS, q=[0.2, 0.3, 0.5]),
+      "stratified": fjs.sampling.stratified(BLOCKS),
+      "clusters2of3": fjs.sampling.clusters(BLOCKS, 2),
   }
 
 
@@ -77,8 +79,8 @@ def test_mu_as_and_sigma2_equal_enumeration(name):
   brute_mu = min(np.sum(mu[list(c)] * s.weights[list(c)]) for c, _ in sup)
   brute_sigma = sum(pc * np.sum(np.sum(a[list(c)] * s.weights[list(c)][:, None], 0) ** 2)
                     for c, pc in sup)
-  np.testing.assert_allclose(S.mu_as(s, mu), brute_mu, rtol=1e-12)
-  np.testing.assert_allclose(S.sigma2_star(s, a), brute_sigma, rtol=1e-10, atol=1e-14)
+  np.testing.assert_allclose(fjs.sampling.mu_as(s, mu), brute_mu, rtol=1e-12)
+  np.testing.assert_allclose(fjs.sampling.sigma2_star(s, a), brute_sigma, rtol=1e-10, atol=1e-14)
 
 
 def test_closed_forms_of_the_spec_table():
@@ -89,28 +91,30 @@ def test_closed_forms_of_the_spec_table():
   a = rng.normal(size=(N, 2))
   a -= a.mean(0)
   for tau in range(1, N + 1):
-    s = S.nice(N, tau)
-    np.testing.assert_allclose(S.mu_as(s, mu), np.sort(mu)[:tau].mean(), rtol=1e-12)
-    np.testing.assert_allclose(S.sigma2_star(s, a), (N - tau) / (tau * (N - 1))
+    s = fjs.sampling.nice(N, tau)
+    np.testing.assert_allclose(fjs.sampling.mu_as(s, mu), np.sort(mu)[:tau].mean(), rtol=1e-12)
+    np.testing.assert_allclose(fjs.sampling.sigma2_star(s, a), (N - tau) / (tau * (N - 1))
                                * np.mean(np.sum(a ** 2, 1)), rtol=1e-10, atol=1e-14)
-  assert abs(S.sigma2_star(S.full(N), a)) < 1e-14
-  np.testing.assert_allclose(S.mu_as(S.importance(mu), mu), mu.mean(), rtol=1e-12)
+  assert abs(fjs.sampling.sigma2_star(fjs.sampling.full(N), a)) < 1e-14
+  np.testing.assert_allclose(fjs.sampling.mu_as(fjs.sampling.importance(mu), mu), mu.mean(),
+                             rtol=1e-12)
 
 
 def test_example_d613_stratified_can_be_worse_than_nice():
   """Example D.6.13: a = (0,1), (1,0), (0,−1), (−1,0), clusters {1,3}, {2,4}: σ²_SS = 1/2 and
   σ²_NICE(2) = 1/3."""
   a = np.array([[0, 1], [1, 0], [0, -1], [-1, 0]], float)
-  np.testing.assert_allclose(S.sigma2_star(S.stratified([[0, 2], [1, 3]]), a), 0.5)
-  np.testing.assert_allclose(S.sigma2_star(S.nice(4, 2), a), 1 / 3)
+  np.testing.assert_allclose(
+      fjs.sampling.sigma2_star(fjs.sampling.stratified([[0, 2], [1, 3]]), a), 0.5)
+  np.testing.assert_allclose(fjs.sampling.sigma2_star(fjs.sampling.nice(4, 2), a), 1 / 3)
 
 
 def test_two_stage_differs_from_stratified_when_fewer_clusters_are_drawn():
   """Spec C5-6: with C = q Algorithm 14's scheme is SS; with C < q its marginals are
   (C/q)/|C_B(i)|, not SS's 1/|C_B(i)|."""
-  two, ss = S.clusters(BLOCKS, 3), S.stratified(BLOCKS)
+  two, ss = fjs.sampling.clusters(BLOCKS, 3), fjs.sampling.stratified(BLOCKS)
   np.testing.assert_allclose(two.pair_marginals, ss.pair_marginals)
-  fewer = S.clusters(BLOCKS, 2)
+  fewer = fjs.sampling.clusters(BLOCKS, 2)
   np.testing.assert_allclose(fewer.marginals, (2 / 3) * ss.marginals)
 
 
@@ -121,7 +125,7 @@ def test_static_shapes_determinism_and_weights():
     np.testing.assert_array_equal(a.ids, b.ids)
     np.testing.assert_allclose(a.weights, s.weights[np.asarray(a.ids)] * np.asarray(a.mask),
                                rtol=1e-6)
-  c = S.block(BLOCKS).sample(jax.random.key(0))  # padded to the largest block
+  c = fjs.sampling.block(BLOCKS).sample(jax.random.key(0))  # padded to the largest block
   assert c.ids.shape == (3,) and set(np.asarray(c.mask).tolist()) <= {0.0, 1.0}
 
 
@@ -132,49 +136,47 @@ def test_theorem_bound_and_lemma_d611():
   mu = rng.uniform(0.1, 2.0, N)
   a = rng.normal(size=(N, 2))
   a -= a.mean(0)
-  mus = [S.mu_as(S.nice(N, t), mu) for t in range(1, N + 1)]
-  sig = [S.sigma2_star(S.nice(N, t), a) for t in range(1, N + 1)]
+  mus = [fjs.sampling.mu_as(fjs.sampling.nice(N, t), mu) for t in range(1, N + 1)]
+  sig = [fjs.sampling.sigma2_star(fjs.sampling.nice(N, t), a) for t in range(1, N + 1)]
   assert np.all(np.diff(mus) >= -1e-12)
   assert all(sig[t - 1] <= sig[0] / t + 1e-12 for t in range(1, N + 1))
-  s = S.nice(N, 2)
+  s = fjs.sampling.nice(N, 2)
   for gamma in (0.01, 1.0, 100.0, 1e5):
-    nb = S.neighbourhood(s, mu, a, gamma)
-    assert nb <= S.sigma2_star(s, a) / S.mu_as(s, mu) ** 2 + 1e-12
+    nb = fjs.sampling.neighbourhood(s, mu, a, gamma)
+    assert nb <= fjs.sampling.sigma2_star(s, a) / fjs.sampling.mu_as(s, mu) ** 2 + 1e-12
 
 
 def test_clustering_helpers_and_bad_input():
-  blocks = S.contiguous_blocks(10, 3)
+  blocks = fjs.sampling.contiguous_blocks(10, 3)
   assert [len(b) for b in blocks] == [4, 3, 3]
   feats = np.concatenate([np.zeros((4, 2)), np.ones((5, 2)) * 10]) + \
       np.random.default_rng(0).normal(size=(9, 2)) * 0.1
-  km = S.kmeans_blocks(feats, 2)
+  km = fjs.sampling.kmeans_blocks(feats, 2)
   assert sorted(map(len, km)) == [4, 5]
   with pytest.raises(ValueError, match="tau"):
-    S.nice(4, 5)
+    fjs.sampling.nice(4, 5)
   with pytest.raises(ValueError, match="partition"):
-    S.stratified([[0, 1], [1, 2]])
+    fjs.sampling.stratified([[0, 1], [1, 2]])
   with pytest.raises(ValueError, match="probs"):
-    S.nonuniform([0.5, 0.6])
+    fjs.sampling.nonuniform([0.5, 0.6])
   with pytest.raises(ValueError, match="q must"):
-    S.block(BLOCKS, q=[0.5, 0.5])
+    fjs.sampling.block(BLOCKS, q=[0.5, 0.5])
   with pytest.raises(ValueError, match="num_clusters"):
-    S.clusters(BLOCKS, 4)
+    fjs.sampling.clusters(BLOCKS, 4)
 
 
 def test_epoch_minibatches_visit_every_example_once_per_epoch():
   """Epoch-based local training: S_k = E·⌈n_k/B⌉; each epoch's batches cover the client's real
   examples exactly once (last batch partial), in a new order each epoch."""
-  from fedjaxsparse.data import pack_clients
-  from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
   x = np.arange(23, dtype=np.float32)[:, None]
-  data = pack_clients(x, np.zeros(23, np.int32), [np.arange(0, 7), np.arange(7, 23)])
-  steps = np.asarray(epoch_steps(data.num_examples, 3, 2))
+  data = fjs.data.pack_clients(x, np.zeros(23, np.int32), [np.arange(0, 7), np.arange(7, 23)])
+  steps = np.asarray(fjs.ops.local.epoch_steps(data.num_examples, 3, 2))
   np.testing.assert_array_equal(steps, [2 * 3, 2 * 6])
   for i in range(2):
     row = jax.tree.map(lambda a: a[i], data)
     seen = []
     for s in range(int(steps[i])):
-      bx, _, bm = epoch_minibatch(jax.random.key(i), row, 3, jnp.int32(s))
+      bx, _, bm = fjs.ops.local.epoch_minibatch(jax.random.key(i), row, 3, jnp.int32(s))
       seen.append(np.asarray(bx[:, 0])[np.asarray(bm) > 0])
     per = len(seen) // 2
     ep1, ep2 = np.concatenate(seen[:per]), np.concatenate(seen[per:])

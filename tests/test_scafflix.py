@@ -9,12 +9,6 @@ import pytest
 
 import fedjaxsparse as fjs
 
-from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.algorithms.scafflix import (flix_sgd, i_scaffnew, local_optima, personalize,
-                                              scafflix)
-from fedjaxsparse.data import pack_clients
-from fedjaxsparse.errors import ConfigError
-
 L2 = 0.1
 ALPHA = np.array([0.2, 0.5, 0.9, 1.0, 0.7], np.float32)
 
@@ -27,7 +21,7 @@ def loss(params, x, y, mask):
 def _problem(x, y, n):
   """``n`` equal clients of (x, y) with their closed forms (float64)."""
   m, d = len(x) // n, x.shape[1]
-  data = pack_clients(x, y, np.split(np.arange(n * m), n))
+  data = fjs.data.pack_clients(x, y, np.split(np.arange(n * m), n))
   xs = np.asarray(data.x, np.float64)
   A = np.einsum("nmi,nmj->nij", xs, xs) / m + L2 * np.eye(d)
   c = np.linalg.solve(A, (np.einsum("nmi,nm->ni", xs, np.asarray(data.y, np.float64)) / m)[..., None])[..., 0]
@@ -61,8 +55,9 @@ def _run(algo, q, steps, key=0):
 
 
 def test_local_optima_reach_the_closed_form(quad):
-  opt = local_optima(loss, quad["w0"], quad["data"], lr=float(1 / quad["L"].max()),
-                     tol=1e-5, max_steps=5000)
+  opt = fjs.algorithms.scafflix.local_optima(loss, quad["w0"], quad["data"],
+                                             lr=float(1 / quad["L"].max()), tol=1e-5,
+                                             max_steps=5000)
   np.testing.assert_allclose(opt.x_star["w"], quad["c"], atol=1e-4)
   assert np.all(np.asarray(opt.grad_norm) < 1e-5) and np.all(np.asarray(opt.steps) > 0)
 
@@ -70,8 +65,9 @@ def test_local_optima_reach_the_closed_form(quad):
 def test_local_optima_by_sgd_approach_the_closed_form(quad):
   """Minibatch SGD (the chapter's pre-training of networks) with a fixed budget gets near
   x_i*; tol = 0 runs exactly max_steps steps."""
-  opt = local_optima(loss, quad["w0"], quad["data"], lr=float(0.3 / quad["L"].max()), tol=0.0,
-                     max_steps=3000, batch_size=12, key=jax.random.key(5))
+  opt = fjs.algorithms.scafflix.local_optima(loss, quad["w0"], quad["data"],
+                                             lr=float(0.3 / quad["L"].max()), tol=0.0,
+                                             max_steps=3000, batch_size=12, key=jax.random.key(5))
   np.testing.assert_array_equal(opt.steps, 3000)
   err = np.linalg.norm(np.asarray(opt.x_star["w"]) - quad["c"], axis=1)
   assert np.all(err < 0.1 * np.linalg.norm(quad["c"], axis=1)), err
@@ -79,7 +75,7 @@ def test_local_optima_by_sgd_approach_the_closed_form(quad):
 
 def test_scafflix_converges_to_the_flix_optimum(quad):
   x_star = {"w": jnp.asarray(quad["c"], jnp.float32)}
-  algo = scafflix(loss, 1 / quad["L"], 0.3, ALPHA, x_star)
+  algo = fjs.scafflix(loss, 1 / quad["L"], 0.3, ALPHA, x_star)
   state, info = _run(algo, quad, 3000)
   np.testing.assert_allclose(state.server["w"], quad["x_opt"], atol=2e-4)
   np.testing.assert_allclose(state.h["w"], quad["h_opt"], atol=2e-4)
@@ -87,7 +83,7 @@ def test_scafflix_converges_to_the_flix_optimum(quad):
   assert float(np.max(info.alpha_h_sum_norm)) < 1e-4
   assert float(np.linalg.norm(np.sum(quad["h_opt"], 0))) > 0.1
   # the personalised models are x̃_i* = α_i x* + (1 − α_i) x_i*
-  tilde = personalize(state.server, x_star, jnp.asarray(ALPHA))
+  tilde = fjs.algorithms.scafflix.personalize(state.server, x_star, jnp.asarray(ALPHA))
   np.testing.assert_allclose(tilde["w"], ALPHA[:, None] * quad["x_opt"]
                              + (1 - ALPHA[:, None]) * quad["c"], atol=2e-4)
   # ... and are what the state reads out as its personal models (the uniform reader)
@@ -96,7 +92,7 @@ def test_scafflix_converges_to_the_flix_optimum(quad):
 
 def test_round_form_with_partial_participation_keeps_the_invariant(quad):
   x_star = {"w": jnp.asarray(quad["c"], jnp.float32)}
-  algo = scafflix(loss, 1 / quad["L"], 0.3, ALPHA, x_star, form="round", cohort_size=2)
+  algo = fjs.scafflix(loss, 1 / quad["L"], 0.3, ALPHA, x_star, form="round", cohort_size=2)
   state, info = _run(algo, quad, 400)
   assert float(np.max(info.alpha_h_sum_norm)) < 1e-4
   assert set(np.unique(info.bits_up)) == {2 * 32 * 3}  # two dense uploads of d = 3 per round
@@ -106,8 +102,8 @@ def test_round_form_with_partial_participation_keeps_the_invariant(quad):
 
 def test_equal_steps_and_no_personalization_is_proxskip(quad):
   gamma = float(1 / quad["L"].max())
-  a, _ = _run(i_scaffnew(loss, gamma, 0.3), quad, 200)
-  b, _ = _run(ps.proxskip(loss, gamma, 0.3), quad, 200)
+  a, _ = _run(fjs.i_scaffnew(loss, gamma, 0.3), quad, 200)
+  b, _ = _run(fjs.proxskip(loss, gamma, 0.3), quad, 200)
   chex.assert_trees_all_close(a.server, b.server, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_close(a.h, b.h, rtol=1e-5, atol=1e-5)
   assert int(a.comms) == int(b.comms) > 0
@@ -117,8 +113,8 @@ def test_p_one_is_gradient_descent_on_flix(quad):
   x_star = {"w": jnp.asarray(quad["c"], jnp.float32)}
   gammas = 1 / quad["L"]
   lr = float(1 / np.mean(ALPHA ** 2 / gammas))
-  a, _ = _run(scafflix(loss, gammas, 1.0, ALPHA, x_star), quad, 50)
-  b, _ = _run(flix_sgd(loss, lr, ALPHA, x_star), quad, 50)
+  a, _ = _run(fjs.scafflix(loss, gammas, 1.0, ALPHA, x_star), quad, 50)
+  b, _ = _run(fjs.flix_sgd(loss, lr, ALPHA, x_star), quad, 50)
   chex.assert_trees_all_close(a.server, b.params, rtol=1e-4, atol=1e-5)
   # both read out the same personalised models x̃_i = α_i x + (1 − α_i) x_i*
   chex.assert_trees_all_close(fjs.personal_params(a), fjs.personal_params(b), rtol=1e-4,
@@ -128,15 +124,15 @@ def test_p_one_is_gradient_descent_on_flix(quad):
 
 def test_bad_arguments(quad):
   x_star = {"w": jnp.asarray(quad["c"], jnp.float32)}
-  with pytest.raises(ConfigError, match="alpha_i"):
-    scafflix(loss, 0.1, 0.3, np.array([0.0, 1, 1, 1, 1]), x_star).init(None, quad["w0"],
-                                                                        quad["data"])
+  with pytest.raises(fjs.errors.ConfigError, match="alpha_i"):
+    fjs.scafflix(loss, 0.1, 0.3, np.array([0.0, 1, 1, 1, 1]), x_star).init(None, quad["w0"],
+                                                                           quad["data"])
   with pytest.raises(ValueError, match="x_star"):
-    scafflix(loss, 0.1, 0.3, 0.5).init(None, quad["w0"], quad["data"])
+    fjs.scafflix(loss, 0.1, 0.3, 0.5).init(None, quad["w0"], quad["data"])
   with pytest.raises(ValueError, match="form='round'"):
-    scafflix(loss, 0.1, 0.3, 0.5, x_star, cohort_size=2)
-  with pytest.raises(ConfigError, match="p"):
-    scafflix(loss, 0.1, 0.0, 0.5, x_star)
+    fjs.scafflix(loss, 0.1, 0.3, 0.5, x_star, cohort_size=2)
+  with pytest.raises(fjs.errors.ConfigError, match="p"):
+    fjs.scafflix(loss, 0.1, 0.0, 0.5, x_star)
 
 
 def test_personal_evaluation_uses_each_clients_own_model():
@@ -144,24 +140,21 @@ def test_personal_evaluation_uses_each_clients_own_model():
   its own x_i*: the per-client values are the clients' own-model metrics, the example-weighted
   average pools them, the client mean averages them; a client without test examples is NaN
   in the vector and left out of the mean; the global model is reported beside them."""
-  from fedjaxsparse.algorithms.scafflix import make_personal_eval_fn
-  from fedjaxsparse.evaluation import evaluate, evaluate_per_client
-  from fedjaxsparse.models import softmax_regression
   rng = np.random.default_rng(0)
   x = rng.normal(size=(60, 4)).astype(np.float32)
   y = rng.integers(0, 3, 60).astype(np.int32)
   parts = [np.arange(0, 10), np.arange(10, 40), np.arange(40, 60), np.arange(0)]
-  data = pack_clients(x, y, parts, allow_empty=True)
-  model = softmax_regression(4, 3)
+  data = fjs.data.pack_clients(x, y, parts, allow_empty=True)
+  model = fjs.models.softmax_regression(4, 3)
   g = model.init(jax.random.key(0))
   own = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=(4,) + a.shape), jnp.float32), g)
-  glob = make_personal_eval_fn(model, own, 1.0)(g, data)
-  pooled = evaluate(model, g, data)
+  glob = fjs.algorithms.scafflix.make_personal_eval_fn(model, own, 1.0)(g, data)
+  pooled = fjs.evaluation.evaluate(model, g, data)
   for k in ("loss", "accuracy"):
     np.testing.assert_allclose(glob[k], pooled[k], rtol=1e-6)
     np.testing.assert_allclose(glob[f"global_{k}"], pooled[k], rtol=1e-6)
-  personal = make_personal_eval_fn(model, own, 1e-7)(g, data)
-  per = evaluate_per_client(model, own, data)
+  personal = fjs.algorithms.scafflix.make_personal_eval_fn(model, own, 1e-7)(g, data)
+  per = fjs.evaluation.evaluate_per_client(model, own, data)
   sizes = np.array([len(p) for p in parts])
   for k in ("loss", "accuracy"):
     v = np.asarray(per[k])[:3]
@@ -175,20 +168,18 @@ def test_personal_evaluation_uses_each_clients_own_model():
 def test_runner_records_per_client_metrics(quad):
   """Vector metrics land in the history as lists (one value per client), NaN for a client
   without test data does not count as divergence, and both evaluation paths agree."""
-  from fedjaxsparse.evaluation import evaluate_personal
-  from fedjaxsparse.models import linear_regression
-  from fedjaxsparse.runtime.runner import run
-  model = linear_regression(3, use_bias=False)
+  model = fjs.models.linear_regression(3, use_bias=False)
   x_star = {"w": jnp.asarray(quad["c"], jnp.float32)}
-  algo = scafflix(loss, 1 / quad["L"], 0.3, ALPHA, x_star, form="round")
+  algo = fjs.scafflix(loss, 1 / quad["L"], 0.3, ALPHA, x_star, form="round")
   d = quad["data"]
   test = d._replace(mask=d.mask.at[4].set(0.0), num_examples=d.num_examples.at[4].set(0))
 
   def eval_fn(params, test):
-    return evaluate_personal(model, personalize(params, x_star, jnp.asarray(ALPHA)), test)
+    return fjs.evaluation.evaluate_personal(
+        model, fjs.algorithms.scafflix.personalize(params, x_star, jnp.asarray(ALPHA)), test)
 
-  runs = [run(algo, jax.random.key(0), quad["w0"], quad["data"], test, num_rounds=4,
-              eval_fn=eval_fn, eval_every=2, chunk_size=c, progress=False) for c in (2, 4)]
+  runs = [fjs.run(algo, jax.random.key(0), quad["w0"], quad["data"], test, num_rounds=4,
+                  eval_fn=eval_fn, eval_every=2, chunk_size=c, progress=False) for c in (2, 4)]
   for r in runs:
     per = np.array(r.history.evals["loss_per_client"])
     assert per.shape == (3, 5) and np.all(np.isnan(per[:, 4])) and np.all(per[:, :4] > 0)
@@ -209,33 +200,33 @@ def test_automatic_constants_match_the_closed_form(quad):
   """γ_i = 1/L_i with L_i = λ_max(∇²f_i), p = 1/√κ_max, μ_i = λ_min(∇²f_i) (least squares);
   the global switch uses 1/max_i L_i for every client; the trace bound (l2 + tr of the data
   term, d = 3) is looser."""
-  from fedjaxsparse.algorithms.scafflix import scafflix_constants
   eig = np.linalg.eigvalsh(quad["A"])
-  c = scafflix_constants(quad["data"], L2, "squared", ALPHA, use_bias=False)
+  c = fjs.algorithms.scafflix.scafflix_constants(quad["data"], L2, "squared", ALPHA, use_bias=False)
   np.testing.assert_allclose(c.gammas, 1 / eig[:, -1], rtol=1e-6)
   np.testing.assert_allclose(c.mu, eig[:, 0], rtol=1e-6)
   np.testing.assert_allclose(c.p, 1 / np.sqrt(np.max(eig[:, -1] / eig[:, 0])), rtol=1e-6)
   np.testing.assert_allclose(c.flix_lr, 1 / np.mean(ALPHA.astype(float) ** 2 * eig[:, -1]),
                              rtol=1e-6)
-  g = scafflix_constants(quad["data"], L2, "squared", individual=False, use_bias=False)
+  g = fjs.algorithms.scafflix.scafflix_constants(quad["data"], L2, "squared", individual=False,
+                                                 use_bias=False)
   np.testing.assert_allclose(g.gammas, np.full(5, 1 / eig[:, -1].max()), rtol=1e-6)
-  t = scafflix_constants(quad["data"], L2, "squared", bound="trace", use_bias=False)
+  t = fjs.algorithms.scafflix.scafflix_constants(quad["data"], L2, "squared", bound="trace",
+                                                 use_bias=False)
   np.testing.assert_allclose(t.L, np.trace(quad["A"], axis1=1, axis2=2) - 2 * L2, rtol=1e-6)
   assert np.all(t.L >= c.L)
   with pytest.raises(ValueError, match="strongly convex"):
-    scafflix_constants(quad["data"], 0.0, "logistic", use_bias=False)
+    fjs.algorithms.scafflix.scafflix_constants(quad["data"], 0.0, "logistic", use_bias=False)
 
 
 def test_float64_convergence_with_fewer_communications_than_flix_gd(quad):
   """Exact gradients, theory constants, float64: Scafflix reaches the closed-form FLIX optimum
   to relative error < 1e-8 and needs fewer communications for it than GD on FLIX with its
   theory step (not within 3× as many), on an ill-conditioned problem (κ_max > 50)."""
-  from fedjaxsparse.algorithms.scafflix import scafflix_constants
   x = np.asarray(quad["data"].x).reshape(60, 3) * np.array([4.0, 1.0, 0.1], np.float32)
   ill = _problem(x, np.asarray(quad["data"].y).reshape(60), 5)  # κ_max in the hundreds
   with jax.enable_x64(True):
     q = _x64(ill)
-    c = scafflix_constants(q["data"], L2, "squared", ALPHA, use_bias=False)
+    c = fjs.algorithms.scafflix.scafflix_constants(q["data"], L2, "squared", ALPHA, use_bias=False)
     x_star = {"w": jnp.asarray(q["c"])}
     target = np.linalg.norm(q["x_opt"])
 
@@ -251,21 +242,20 @@ def test_float64_convergence_with_fewer_communications_than_flix_gd(quad):
       return None
 
     assert c.kappa_max > 50
-    sx = comms_to_target(scafflix(loss, c.gammas, c.p, ALPHA, x_star, form="round"), 2000)
+    sx = comms_to_target(fjs.scafflix(loss, c.gammas, c.p, ALPHA, x_star, form="round"), 2000)
     assert sx is not None
     # GD on FLIX does not get there in three times as many communications
-    assert comms_to_target(flix_sgd(loss, c.flix_lr, ALPHA, x_star), 3 * sx) is None
+    assert comms_to_target(fjs.flix_sgd(loss, c.flix_lr, ALPHA, x_star), 3 * sx) is None
 
 
 def test_wrong_initialisation_converges_to_a_wrong_point(quad):
   """Spec C3-1: Algorithm 4's Σ_i h_i⁰ = 0 is not the invariant when the α_i differ. From
   h⁰ with Σ h_i⁰ = 0 but Σ α_i h_i⁰ ≠ 0 Scafflix converges away from the FLIX optimum; the
   library's default h⁰ = 0 converges to it (float64, exact gradients)."""
-  from fedjaxsparse.algorithms.scafflix import scafflix_constants
   with jax.enable_x64(True):
     q = _x64(quad)
-    c = scafflix_constants(q["data"], L2, "squared", ALPHA, use_bias=False)
-    algo = scafflix(loss, c.gammas, 0.3, ALPHA, {"w": jnp.asarray(q["c"])})
+    c = fjs.algorithms.scafflix.scafflix_constants(q["data"], L2, "squared", ALPHA, use_bias=False)
+    algo = fjs.scafflix(loss, c.gammas, 0.3, ALPHA, {"w": jnp.asarray(q["c"])})
     step = jax.jit(algo.step)
     h0 = np.random.default_rng(1).normal(size=(5, 3))
     h0 -= h0.mean(0)  # Σ h_i⁰ = 0
@@ -286,7 +276,7 @@ def test_small_alpha_gives_the_local_optima(quad):
   (distance O(α)); Scafflix runs with a tiny α and its personal models are within 2α·‖x*‖."""
   x_star = {"w": jnp.asarray(quad["c"], jnp.float32)}
   alpha = 1e-3
-  state, _ = _run(scafflix(loss, alpha ** 2 / quad["L"], 0.5, alpha, x_star), quad, 200)
-  tilde = personalize(state.server, x_star, jnp.full((5,), alpha))
+  state, _ = _run(fjs.scafflix(loss, alpha ** 2 / quad["L"], 0.5, alpha, x_star), quad, 200)
+  tilde = fjs.algorithms.scafflix.personalize(state.server, x_star, jnp.full((5,), alpha))
   gap = np.linalg.norm(np.asarray(tilde["w"]) - quad["c"], axis=1)
   assert np.all(gap <= 2 * alpha * max(np.linalg.norm(quad["x_opt"]), 1.0)), gap

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.pruning import calibration as CB
-from fedjaxsparse.pruning import posttrain as PT
-from fedjaxsparse.pruning import scores as S
+import fedjaxsparse as fjs
+
+scores = fjs.pruning.scores
 
 RNG = np.random.default_rng(0)
 B, C, A, D = 12, 8, 30, 5
@@ -22,7 +22,7 @@ YN = jnp.linalg.norm(Y, axis=1)  # ‖Y_{k:}‖₂
 
 def test_lemma_631_and_the_squared_identity_exactly():
   """Zeroing only W_jk: ‖X(W̃−W)‖_F + ‖(W̃−W)Y‖_F = S_jk; squared objective = S'_jk²."""
-  s, s2 = S.general(W, XN, YN), S.general(W, XN, YN, squared=True)
+  s, s2 = scores.general(W, XN, YN), scores.general(W, XN, YN, squared=True)
   for j, k in [(0, 0), (3, 5), (11, 7), (6, 2)]:
     delta = jnp.zeros_like(W).at[j, k].set(-W[j, k])
     g = jnp.linalg.norm(X @ delta) + jnp.linalg.norm(delta @ Y)
@@ -42,38 +42,39 @@ def _row_norms(y):  # ‖Y_{k:}‖ for every k
 def test_special_cases_are_the_general_form_with_their_x_and_y():
   zeros_y = jnp.zeros((C, D))
   close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
-  close(S.wanda(W, XN), S.general(W, XN, _row_norms(zeros_y)))             # Y = 0
-  close(S.magnitude(W), S.general(W, _col_norms(jnp.eye(B)), _row_norms(zeros_y)))  # X = I
-  close(S.owanda(W, YN), S.general(W, jnp.zeros(B), YN))                   # X = 0
-  close(S.symmetric(W), S.general(W, _col_norms(W.T), _row_norms(W.T)))    # X = Y = Wᵀ
-  close(S.symmetric(W, squared=True),
-        S.general(W, _col_norms(W.T), _row_norms(W.T), squared=True))
+  close(scores.wanda(W, XN), scores.general(W, XN, _row_norms(zeros_y)))             # Y = 0
+  close(scores.magnitude(W),
+        scores.general(W, _col_norms(jnp.eye(B)), _row_norms(zeros_y)))              # X = I
+  close(scores.owanda(W, YN), scores.general(W, jnp.zeros(B), YN))                   # X = 0
+  close(scores.symmetric(W), scores.general(W, _col_norms(W.T), _row_norms(W.T)))    # X = Y = Wᵀ
+  close(scores.symmetric(W, squared=True),
+        scores.general(W, _col_norms(W.T), _row_norms(W.T), squared=True))
   r1, c1 = jnp.abs(W).sum(1), jnp.abs(W).sum(0)
-  v1 = S.general(W, _col_norms(jnp.ones((B, B)) / (jnp.sqrt(B) * r1)[None, :]),   # RI v1
-                 _row_norms(jnp.ones((C, C)) / (jnp.sqrt(C) * c1)[:, None]))
-  v2 = S.general(W, _col_norms(jnp.diag(1 / r1)), _row_norms(jnp.diag(1 / c1)))    # RI v2
-  close(S.ri(W), v1)
-  close(S.ri(W), v2)
-  close(S.ria(W, XN, 0.5), S.ri(W) * jnp.sqrt(XN)[:, None])
-  close(S.general_diagonal(W, XN, YN), S.general(W, XN / r1, YN / c1))
+  v1 = scores.general(W, _col_norms(jnp.ones((B, B)) / (jnp.sqrt(B) * r1)[None, :]),   # RI v1
+                      _row_norms(jnp.ones((C, C)) / (jnp.sqrt(C) * c1)[:, None]))
+  v2 = scores.general(W, _col_norms(jnp.diag(1 / r1)), _row_norms(jnp.diag(1 / c1)))    # RI v2
+  close(scores.ri(W), v1)
+  close(scores.ri(W), v2)
+  close(scores.ria(W, XN, 0.5), scores.ri(W) * jnp.sqrt(XN)[:, None])
+  close(scores.general_diagonal(W, XN, YN), scores.general(W, XN / r1, YN / c1))
   rp, cp = (jnp.abs(W) ** 3).sum(1) ** (1 / 3), (jnp.abs(W) ** 3).sum(0) ** (1 / 3)
   u = jnp.asarray(RNG.normal(size=(A,)), jnp.float32)
   v = jnp.asarray(RNG.normal(size=(D,)), jnp.float32)
   u, v = u / jnp.linalg.norm(u), v / jnp.linalg.norm(v)  # ℓp v2 (Lemma 6.3.9), unit u, v
-  close(S.lp(W, 3.0), S.general(W, _col_norms(u[:, None] / rp[None, :]),
+  close(scores.lp(W, 3.0), scores.general(W, _col_norms(u[:, None] / rp[None, :]),
                                  _row_norms((1 / cp)[:, None] * v[None, :])))
-  close(S.lp(W, 3.0, "S2"), jnp.abs(W) / (rp[:, None] + cp[None, :]))
-  close(S.lp(W, 3.0, "S3"), jnp.abs(W) * (rp[:, None] + cp[None, :]))
-  close(S.lp(W, 3.0, "S4"), jnp.abs(W) / (1 / rp[:, None] + 1 / cp[None, :]))
-  close(S.lp(W, jnp.inf), jnp.abs(W) * (1 / jnp.abs(W).max(1)[:, None]
-                                        + 1 / jnp.abs(W).max(0)[None, :]))
-  close(S.relative_importance(W, "inputs", XN, 1.0), jnp.abs(W) / c1[None, :] * XN[:, None])
-  close(S.relative_importance(W, "outputs", XN, 1.0), jnp.abs(W) / r1[:, None] * XN[:, None])
+  close(scores.lp(W, 3.0, "S2"), jnp.abs(W) / (rp[:, None] + cp[None, :]))
+  close(scores.lp(W, 3.0, "S3"), jnp.abs(W) * (rp[:, None] + cp[None, :]))
+  close(scores.lp(W, 3.0, "S4"), jnp.abs(W) / (1 / rp[:, None] + 1 / cp[None, :]))
+  close(scores.lp(W, jnp.inf), jnp.abs(W) * (1 / jnp.abs(W).max(1)[:, None]
+                                             + 1 / jnp.abs(W).max(0)[None, :]))
+  close(scores.relative_importance(W, "inputs", XN, 1.0), jnp.abs(W) / c1[None, :] * XN[:, None])
+  close(scores.relative_importance(W, "outputs", XN, 1.0), jnp.abs(W) / r1[:, None] * XN[:, None])
 
 
 def test_l0_ri_ranks_like_wanda():
-  a = np.asarray(S.lp(W, 0.0, x_norm=XN, alpha=1.0)).ravel()
-  b = np.asarray(S.wanda(W, XN)).ravel()
+  a = np.asarray(scores.lp(W, 0.0, x_norm=XN, alpha=1.0)).ravel()
+  b = np.asarray(scores.wanda(W, XN)).ravel()
   np.testing.assert_array_equal(np.argsort(a, kind="stable"), np.argsort(b, kind="stable"))
 
 
@@ -81,20 +82,21 @@ def test_stoch_ria_beta_one_is_ria_on_square_layers_and_deterministic():
   w = jnp.asarray(RNG.normal(size=(9, 9)), jnp.float32)
   xn = jnp.asarray(RNG.uniform(0.5, 2.0, 9), jnp.float32)
   key = jax.random.key(3)
-  np.testing.assert_allclose(S.stoch_ria(w, key, 1.0, xn, 0.5), S.ria(w, xn, 0.5), rtol=1e-5)
-  a, b = S.stoch_ria(W, key, 0.5, XN), S.stoch_ria(W, key, 0.5, XN)
+  np.testing.assert_allclose(scores.stoch_ria(w, key, 1.0, xn, 0.5), scores.ria(w, xn, 0.5),
+                             rtol=1e-5)
+  a, b = scores.stoch_ria(W, key, 0.5, XN), scores.stoch_ria(W, key, 0.5, XN)
   np.testing.assert_array_equal(a, b)
-  assert not np.array_equal(a, S.stoch_ria(W, jax.random.key(4), 0.5, XN))
+  assert not np.array_equal(a, scores.stoch_ria(W, jax.random.key(4), 0.5, XN))
   # τ = round(0.5·min(12, 8)) = 4 entries per row: the row term ≥ RIA's (a partial ℓ1 sum)
-  assert np.all(np.asarray(a) >= np.asarray(S.ria(W, XN, 0.5)) - 1e-6)
+  assert np.all(np.asarray(a) >= np.asarray(scores.ria(W, XN, 0.5)) - 1e-6)
 
 
 @pytest.mark.parametrize("group,axis,n", [("per_output", 0, B), ("per_input", 1, C),
                                           ("per_layer", None, B * C)])
 def test_unstructured_masks_have_exact_counts_per_group(group, axis, n):
-  score = S.wanda(W, XN)
+  score = scores.wanda(W, XN)
   for eps in (0.0, 0.5, 0.6, 0.7):
-    m = np.asarray(PT.unstructured_mask(score, eps, group))
+    m = np.asarray(fjs.pruning.posttrain.unstructured_mask(score, eps, group))
     kept = m.sum() if axis is None else m.sum(axis)
     assert np.all(kept == n - int(eps * n))
     pruned, survivors = np.asarray(score)[~m], np.asarray(score)[m]
@@ -103,38 +105,41 @@ def test_unstructured_masks_have_exact_counts_per_group(group, axis, n):
 
 
 def test_nm_masks_keep_exactly_n_per_block_of_inputs():
-  score = S.magnitude(W)
+  score = scores.magnitude(W)
   for n, m in ((2, 4), (1, 4), (4, 4)):
-    mask = np.asarray(PT.nm_mask(score, n, m)).reshape(B // m, m, C)
+    mask = np.asarray(fjs.pruning.posttrain.nm_mask(score, n, m)).reshape(B // m, m, C)
     assert np.all(mask.sum(1) == n)
     s = np.asarray(score).reshape(B // m, m, C)
     assert np.all(np.where(mask, s, np.inf).min(1) >= np.where(mask, -np.inf, s).max(1))
   with pytest.raises(ValueError, match="divisible"):
-    PT.nm_mask(score, 2, 5)
+    fjs.pruning.posttrain.nm_mask(score, 2, 5)
 
 
 def test_prune_params_by_path_with_stats_and_keys():
   params = {"Dense_0": {"kernel": W, "bias": jnp.ones(C)}, "Dense_1": {"kernel": W.T}}
-  fn = lambda w, x, k: S.stoch_ria(w, k, 0.5, x)
+  fn = lambda w, x, k: scores.stoch_ria(w, k, 0.5, x)
   stats = {"Dense_0": XN, "Dense_1": jnp.ones(C)}
-  p1, m1 = PT.prune_params(params, fn, sparsity=0.5, stats=stats, key=jax.random.key(1))
-  p2, _ = PT.prune_params(params, fn, sparsity=0.5, stats=stats, key=jax.random.key(1))
+  p1, m1 = fjs.pruning.posttrain.prune_params(params, fn, sparsity=0.5, stats=stats,
+                                              key=jax.random.key(1))
+  p2, _ = fjs.pruning.posttrain.prune_params(params, fn, sparsity=0.5, stats=stats,
+                                             key=jax.random.key(1))
   for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
     np.testing.assert_array_equal(a, b)
   assert bool(m1["Dense_0"]["bias"].all())
   assert int((p1["Dense_0"]["kernel"] != 0).sum()) == C * (B - B // 2)
-  _, m24 = PT.prune_params(params, lambda w, x, k: S.magnitude(w), nm=(2, 4))
+  _, m24 = fjs.pruning.posttrain.prune_params(params, lambda w, x, k: scores.magnitude(w),
+                                              nm=(2, 4))
   assert int(m24["Dense_1"]["kernel"].sum()) == C * B // 2
   with pytest.raises(ValueError, match="exactly one"):
-    PT.prune_params(params, fn)
+    fjs.pruning.posttrain.prune_params(params, fn)
 
 
 def test_streaming_statistics_equal_the_batch_ones():
   x = jnp.asarray(RNG.normal(size=(7, 9, B)), jnp.float32)
   mask = jnp.asarray(RNG.uniform(size=(7, 9)) > 0.2, jnp.float32)
-  st = CB.init_stats(B)
+  st = fjs.pruning.calibration.init_stats(B)
   for i in range(7):
-    st = jax.jit(CB.update_stats)(st, x[i], mask[i])
+    st = jax.jit(fjs.pruning.calibration.update_stats)(st, x[i], mask[i])
   real = np.asarray(x)[np.asarray(mask) > 0]
   np.testing.assert_allclose(st.x_norm, np.linalg.norm(real, axis=0), rtol=1e-5)
   np.testing.assert_allclose(st.mean, real.mean(0), rtol=1e-4, atol=1e-6)
@@ -146,7 +151,7 @@ def test_streaming_variance_is_stable_for_large_means():
   """Channels with mean 50 and spread 0.1 (Σx²/n − μ² would lose ~7 % in float32): the merged
   centred sums keep the variance to 1e-3, batch after batch."""
   x = 50.0 + 0.1 * RNG.standard_normal((64, 4096, 3))
-  st = CB.init_stats(3)
+  st = fjs.pruning.calibration.init_stats(3)
   for i in range(64):
-    st = jax.jit(CB.update_stats)(st, jnp.asarray(x[i], jnp.float32))
+    st = jax.jit(fjs.pruning.calibration.update_stats)(st, jnp.asarray(x[i], jnp.float32))
   np.testing.assert_allclose(st.variance, x.reshape(-1, 3).var(0), rtol=1e-3)

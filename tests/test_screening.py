@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.convex import screening as SC
-from fedjaxsparse.data import sparse_rows as SR
+import fedjaxsparse as fjs
+
+screening = fjs.convex.screening
+sparse_rows = fjs.data.sparse_rows
 
 
 @pytest.fixture(autouse=True)
@@ -73,8 +75,8 @@ def _fista(a, b, lam, loss, block=None, iters=20000, tol=1e-13):
 
 def _check_safe(a, b, lam, loss, path_points, block=None, radius="safe"):
   """Screens at each point; returns (eliminated-but-active blocks, eliminated count)."""
-  data = SR.from_dense(a, b)
-  prob = SC.make_problem(data, lam, loss, block)
+  data = sparse_rows.from_dense(a, b)
+  prob = screening.make_problem(data, lam, loss, block)
   x_star, g = _fista(a, b, lam, loss, block)
   assert g < 1e-9  # the reference optimum is certified by its duality gap
   bl = np.arange(a.shape[1]) if block is None else block
@@ -82,8 +84,8 @@ def _check_safe(a, b, lam, loss, path_points, block=None, radius="safe"):
   active = jnp.ones(prob.num_blocks, bool)
   bad, eliminated = 0, 0
   for x in path_points(x_star):
-    xm = jnp.asarray(x) * SC.coordinate_mask(prob, active)
-    res = SC.screen(prob, data, xm, active, radius)
+    xm = jnp.asarray(x) * screening.coordinate_mask(prob, active)
+    res = screening.screen(prob, data, xm, active, radius)
     new_out = np.asarray(active & ~res.active)
     bad += int(np.sum(new_out & nonzero))
     eliminated += int(new_out.sum())
@@ -106,48 +108,48 @@ def test_weak_duality_and_feasibility_of_the_dual_point():
     a, b = _lasso_instance(60, 25, 1)
     if loss == "logistic":
       b = np.where(b >= 0, 1.0, -1.0)
-    data = SR.from_dense(a, b)
-    lam = 0.3 * SC.lambda_max(data, loss)
-    prob = SC.make_problem(data, lam, loss)
+    data = sparse_rows.from_dense(a, b)
+    lam = 0.3 * screening.lambda_max(data, loss)
+    prob = screening.make_problem(data, lam, loss)
     active = jnp.ones(25, bool)
     for _ in range(20):
       x = jnp.asarray(rng.standard_normal(25) * rng.uniform(0, 2))
-      res = SC.screen(prob, data, x, active)
+      res = screening.screen(prob, data, x, active)
       assert float(res.primal) >= float(res.dual) - 1e-12          # T1
-      aty = np.abs(np.asarray(SR.rmatvec(data, res.y)))
+      aty = np.abs(np.asarray(sparse_rows.rmatvec(data, res.y)))
       assert aty.max() <= 60 * lam * (1 + 1e-12)                   # T2: feasible
       if float(res.scale) > 1:
         assert aty.max() == pytest.approx(60 * lam, rel=1e-12)    # tight after scaling
       # any other feasible point is below P too (weak duality, not just at our y)
       u = rng.uniform(0, 1, 60) * (b if loss == "logistic" else rng.standard_normal(60))
       u = u / max(1.0, np.abs(a.T @ u).max() / (60 * lam))
-      assert float(res.primal) >= float(SC.dual(prob, data, jnp.asarray(u))) - 1e-12
+      assert float(res.primal) >= float(screening.dual(prob, data, jnp.asarray(u))) - 1e-12
 
 
 def test_lasso_closed_forms():
   a, b = _lasso_instance(40, 10, 2)
-  data = SR.from_dense(a, b)
-  lam = 0.2 * SC.lambda_max(data)
-  prob = SC.make_problem(data, lam)
+  data = sparse_rows.from_dense(a, b)
+  lam = 0.2 * screening.lambda_max(data)
+  prob = screening.make_problem(data, lam)
   x = np.random.default_rng(3).standard_normal(10)
-  res = SC.screen(prob, data, jnp.asarray(x), jnp.ones(10, bool))
+  res = screening.screen(prob, data, jnp.asarray(x), jnp.ones(10, bool))
   r = b - a @ x
   y = r / max(1.0, np.abs(a.T @ r).max() / (40 * lam))
   np.testing.assert_allclose(res.y, y, rtol=1e-12)
   assert float(res.primal) == pytest.approx(r @ r / 80 + lam * np.abs(x).sum(), rel=1e-12)
   assert float(res.dual) == pytest.approx((b @ b - (b - y) @ (b - y)) / 80, rel=1e-12)
   assert float(res.radius) == pytest.approx(np.sqrt(2 * 40 * float(res.gap)), rel=1e-12)
-  assert SC.lambda_max(data) == pytest.approx(np.abs(a.T @ b).max() / 40, rel=1e-12)
+  assert screening.lambda_max(data) == pytest.approx(np.abs(a.T @ b).max() / 40, rel=1e-12)
 
 
 def test_above_lambda_max_everything_is_eliminated_at_zero():
   a, b = _lasso_instance(50, 20, 4)
-  data = SR.from_dense(a, b)
-  lmax = SC.lambda_max(data)
+  data = sparse_rows.from_dense(a, b)
+  lmax = screening.lambda_max(data)
   zero, active = jnp.zeros(20), jnp.ones(20, bool)
-  res = SC.screen(SC.make_problem(data, 1.0001 * lmax), data, zero, active)
+  res = screening.screen(screening.make_problem(data, 1.0001 * lmax), data, zero, active)
   assert float(res.gap) < 1e-12 and not np.any(res.active)            # T6
-  res = SC.screen(SC.make_problem(data, lmax), data, zero, active)
+  res = screening.screen(screening.make_problem(data, lmax), data, zero, active)
   assert np.asarray(res.active)[np.argmax(np.abs(a.T @ b))]          # the argmax survives
   x_star, _ = _fista(a, b, 1.0001 * lmax, "squared")
   assert np.abs(x_star).max() < 1e-12
@@ -164,7 +166,7 @@ def test_screening_is_safe_on_many_instances(loss):
     a, b = _lasso_instance(n, p, 10 + seed, density)
     if loss == "logistic":
       b = np.where(b >= 0, 1.0, -1.0)
-    lam = frac * SC.lambda_max(SR.from_dense(a, b), loss)
+    lam = frac * screening.lambda_max(sparse_rows.from_dense(a, b), loss)
     bad, elim, _ = _check_safe(a, b, lam, loss, _path(seed))
     assert bad == 0
     total += elim
@@ -175,7 +177,7 @@ def test_group_lasso_screening_is_safe():
   a, b = _lasso_instance(120, 48, 7)
   block = np.arange(48) // 4
   for frac in (0.5, 0.1):
-    lam = frac * SC.lambda_max(SR.from_dense(a, b), block=block)
+    lam = frac * screening.lambda_max(sparse_rows.from_dense(a, b), block=block)
     bad, elim, x_star = _check_safe(a, b, lam, "squared", _path(1), block=block)
     assert bad == 0 and elim > 0
 
@@ -184,10 +186,11 @@ def test_gap_closes_and_dual_point_converges_at_the_optimum():
   """T3: at x*, G → 0 and y → −ρ(x*); the radius then screens every block outside the
   equicorrelation set."""
   a, b = _lasso_instance(100, 40, 5)
-  data = SR.from_dense(a, b)
-  lam = 0.1 * SC.lambda_max(data)
+  data = sparse_rows.from_dense(a, b)
+  lam = 0.1 * screening.lambda_max(data)
   x_star, _ = _fista(a, b, lam, "squared")
-  res = SC.screen(SC.make_problem(data, lam), data, jnp.asarray(x_star), jnp.ones(40, bool))
+  res = screening.screen(screening.make_problem(data, lam), data, jnp.asarray(x_star),
+                         jnp.ones(40, bool))
   assert float(res.gap) < 1e-10
   np.testing.assert_allclose(res.y, b - a @ x_star, atol=1e-6)
   equi = np.abs(a.T @ (b - a @ x_star)) >= 100 * lam * (1 - 1e-6)
@@ -201,7 +204,7 @@ def test_the_papers_literal_radius_is_unsafe():
   for seed in range(6):
     a, b = _lasso_instance(3000, 30, 100 + seed)
     a /= np.sqrt((a ** 2).sum(1, keepdims=True))  # unit rows: Assumption 2's L = 1
-    lam = 0.05 * SC.lambda_max(SR.from_dense(a, b))
+    lam = 0.05 * screening.lambda_max(sparse_rows.from_dense(a, b))
     bad, _, _ = _check_safe(a, b, lam, "squared", _path(seed), radius="paper_literal")
     safe_bad, _, _ = _check_safe(a, b, lam, "squared", _path(seed))
     assert safe_bad == 0
@@ -213,27 +216,30 @@ def test_the_papers_literal_radius_is_unsafe():
 
 def test_bad_inputs_are_named():
   a, b = _lasso_instance(20, 5, 0)
-  data = SR.from_dense(a, b)
+  data = sparse_rows.from_dense(a, b)
   with pytest.raises(ValueError, match="loss"):
-    SC.make_problem(data, 0.1, "hinge")
+    screening.make_problem(data, 0.1, "hinge")
   with pytest.raises(ValueError, match="lam"):
-    SC.make_problem(data, 0.0)
+    screening.make_problem(data, 0.0)
   with pytest.raises(ValueError, match="labels"):
-    SC.make_problem(data, 0.1, "logistic")
+    screening.make_problem(data, 0.1, "logistic")
   with pytest.raises(ValueError, match="radius"):
-    SC.screen(SC.make_problem(data, 0.1), data, jnp.zeros(5), jnp.ones(5, bool), "tight")
+    screening.screen(screening.make_problem(data, 0.1), data, jnp.zeros(5), jnp.ones(5, bool),
+                     "tight")
 
 
 def test_padded_rows_match_the_dense_products():
   import scipy.sparse as sp
   rng = np.random.default_rng(0)
   a = sp.random(30, 50, density=0.1, random_state=1, format="csr")
-  data = SR.from_scipy(a, rng.standard_normal(30))
+  data = sparse_rows.from_scipy(a, rng.standard_normal(30))
   x, r = rng.standard_normal(50), rng.standard_normal(30)
-  np.testing.assert_allclose(SR.matvec(data, jnp.asarray(x)), a @ x, rtol=1e-12, atol=1e-12)
-  np.testing.assert_allclose(SR.rmatvec(data, jnp.asarray(r)), a.T @ r, rtol=1e-12, atol=1e-12)
+  np.testing.assert_allclose(sparse_rows.matvec(data, jnp.asarray(x)), a @ x, rtol=1e-12,
+                             atol=1e-12)
+  np.testing.assert_allclose(sparse_rows.rmatvec(data, jnp.asarray(r)), a.T @ r, rtol=1e-12,
+                             atol=1e-12)
   np.testing.assert_allclose(data.col_sq, np.asarray(a.multiply(a).sum(0)).ravel())
-  planted, x_true = SR.planted(n=500, p=2000, density=2e-3, support=10, seed=0)
+  planted, x_true = sparse_rows.planted(n=500, p=2000, density=2e-3, support=10, seed=0)
   assert planted.idx.shape[0] == 500 and np.count_nonzero(x_true) == 10
   assert int(np.min(planted.nnz_rows)) >= 1
 
@@ -244,33 +250,34 @@ def test_libsvm_file_is_read_sparse(tmp_path):
   from sklearn.datasets import load_svmlight_file
   path = tmp_path / "tiny.svm"
   path.write_text("1 3:0.5 100000:2.0\n0 1:1.5\n1 7:-1 8:1 9:1 # comment\n")
-  data = SR.from_libsvm(str(path))
+  data = sparse_rows.from_libsvm(str(path))
   assert data.p == 100000 and data.idx.shape == (3, 3)
   np.testing.assert_array_equal(data.b, [1.0, -1.0, 1.0])
   x, _ = load_svmlight_file(str(path))
   v = np.random.default_rng(0).standard_normal(100000)
-  np.testing.assert_allclose(SR.matvec(data, jnp.asarray(v)), x @ v, rtol=1e-12)
+  np.testing.assert_allclose(sparse_rows.matvec(data, jnp.asarray(v)), x @ v, rtol=1e-12)
   with pytest.raises(FileNotFoundError, match="LIBSVM"):
-    SR.from_libsvm(str(tmp_path / "missing.svm"))
+    sparse_rows.from_libsvm(str(tmp_path / "missing.svm"))
 
 
 def test_elastic_net_is_an_exact_augmented_lasso():
   """The augmented Lasso's objective is n/ñ times the elastic net's at every x, and its
   gap-safe test is safe for the elastic-net optimum."""
   a, b = _lasso_instance(80, 20, 8)
-  data = SR.from_dense(a, b)
-  lam, l2 = 0.2 * SC.lambda_max(data), 0.05
-  aug, lam_t = SC.elastic_net(data, lam, l2)
-  prob = SC.make_problem(aug, lam_t)
+  data = sparse_rows.from_dense(a, b)
+  lam, l2 = 0.2 * screening.lambda_max(data), 0.05
+  aug, lam_t = screening.elastic_net(data, lam, l2)
+  prob = screening.make_problem(aug, lam_t)
   x = np.random.default_rng(0).standard_normal(20)
   enet = np.sum((b - a @ x) ** 2) / 160 + l2 / 2 * x @ x + lam * np.abs(x).sum()
-  assert float(SC.primal(prob, aug, jnp.asarray(x))) == pytest.approx(enet * 80 / 100, rel=1e-12)
+  assert float(screening.primal(prob, aug, jnp.asarray(x))) == pytest.approx(enet * 80 / 100,
+                                                                             rel=1e-12)
   a_aug = np.vstack([a, np.sqrt(80 * l2) * np.eye(20)])
   b_aug = np.concatenate([b, np.zeros(20)])
   bad, elim, x_star = _check_safe(a_aug, b_aug, lam_t, "squared", _path(2))
   assert bad == 0 and elim > 0
   with pytest.raises(ValueError, match="l2"):
-    SC.elastic_net(data, lam, 0.0)
+    screening.elastic_net(data, lam, 0.0)
 
 
 def test_screening_at_an_exact_optimum_keeps_its_support():
@@ -281,8 +288,9 @@ def test_screening_at_an_exact_optimum_keeps_its_support():
     # features of the support were eliminated
     a, b = _lasso_instance(n, 30, seed)
     a /= np.sqrt((a ** 2).sum(1, keepdims=True))
-    data = SR.from_dense(a, b)
-    lam = frac * SC.lambda_max(data)
+    data = sparse_rows.from_dense(a, b)
+    lam = frac * screening.lambda_max(data)
     x_star, gap = _fista(a, b, lam, "squared", tol=1e-16, iters=60000)
-    res = SC.screen(SC.make_problem(data, lam), data, jnp.asarray(x_star), jnp.ones(30, bool))
+    res = screening.screen(screening.make_problem(data, lam), data, jnp.asarray(x_star),
+                           jnp.ones(30, bool))
     assert not np.any(~np.asarray(res.active) & (np.abs(x_star) > 1e-12))

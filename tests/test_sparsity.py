@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fedjaxsparse.ops import sparsity
+import fedjaxsparse as fjs
 
 
 def _flat(tree):
@@ -26,8 +26,8 @@ def _reference_mask(values, k):
 
 @functools.partial(jax.jit, static_argnums=1)
 def _mask_top_k_twice(tree, k):
-  out = sparsity.top_k(tree, k)
-  return sparsity.top_k_mask(tree, k), out, sparsity.top_k(out, k)
+  out = fjs.sparsity.top_k(tree, k)
+  return fjs.sparsity.top_k_mask(tree, k), out, fjs.sparsity.top_k(out, k)
 
 
 # Sizes up to 300 reach both paths: lax.top_k + scatter for k <= d/50, bisection above.
@@ -50,7 +50,7 @@ def test_global_top_k_equals_the_stable_argsort_reference(shapes, frac, small_k,
   assert jax.tree.structure(mask) == jax.tree.structure(tree)
   np.testing.assert_array_equal(_flat(mask), _reference_mask(flat, k))
   np.testing.assert_array_equal(_flat(out), flat * _reference_mask(flat, k))
-  assert int(sparsity.nnz(out)) == min(k, np.count_nonzero(flat))
+  assert int(fjs.sparsity.nnz(out)) == min(k, np.count_nonzero(flat))
   # A projection onto {||w||_0 <= k}: the error is the sum of the d - k smallest squares.
   sq = np.sort(flat.astype(np.float64) ** 2)
   np.testing.assert_allclose(np.sum((flat - _flat(out)).astype(np.float64) ** 2),
@@ -61,62 +61,62 @@ def test_global_top_k_equals_the_stable_argsort_reference(shapes, frac, small_k,
 @pytest.mark.parametrize("k", [3, 400])  # lax.top_k path, then bisection path
 def test_ties_keep_exactly_k_lower_flat_indices_first(k):
   tree = {"a": jnp.ones(600), "b": -jnp.ones((2, 100))}
-  mask = sparsity.top_k_mask(tree, k)
+  mask = fjs.sparsity.top_k_mask(tree, k)
   np.testing.assert_array_equal(_flat(mask), np.arange(800) < k)
   # NaN ranks above every number, zeros below; a selected zero stays zero.
   x = jnp.zeros(800).at[700].set(jnp.nan).at[5].set(1.0)
-  got = np.asarray(sparsity.top_k_mask({"x": x}, k)["x"])
+  got = np.asarray(fjs.sparsity.top_k_mask({"x": x}, k)["x"])
   assert got.sum() == k and got[700] == 1 and got[5] == 1
-  assert int(sparsity.nnz(sparsity.top_k({"x": x.at[700].set(2.0)}, k))) == 2
+  assert int(fjs.sparsity.nnz(fjs.sparsity.top_k({"x": x.at[700].set(2.0)}, k))) == 2
 
 
 def test_per_leaf_scope_keeps_the_fraction_in_every_leaf():
   rng = np.random.default_rng(0)
   tree = {"a": jnp.asarray(rng.normal(size=10)), "b": jnp.asarray(rng.normal(size=(4, 5))),
           "c": jnp.asarray(rng.normal(size=3)), "e": jnp.zeros((0,))}
-  mask = sparsity.top_k_mask(tree, sparsity=0.7, scope="per_leaf")
+  mask = fjs.sparsity.top_k_mask(tree, sparsity=0.7, scope="per_leaf")
   assert {n: int(v.sum()) for n, v in mask.items()} == {"a": 3, "b": 6, "c": 1, "e": 0}
   for name in "abc":
     np.testing.assert_array_equal(np.asarray(mask[name]).ravel(),
                                   _reference_mask(np.asarray(tree[name]).ravel(),
                                                   int(mask[name].sum())))
-  out = sparsity.top_k(tree, sparsity=0.7, scope="per_leaf")
-  assert int(sparsity.nnz(out)) == 10
+  out = fjs.sparsity.top_k(tree, sparsity=0.7, scope="per_leaf")
+  assert int(fjs.sparsity.nnz(out)) == 10
 
 
 def test_k_from_sparsity_rounding_rule():
-  assert sparsity.k_from_sparsity(281, 0.9) == 28  # 28.1
-  assert sparsity.k_from_sparsity(1000, 0.9) == 100  # (1 - 0.9)·1000 = 99.99999999999997
-  assert sparsity.k_from_sparsity(10, 0.99) == 1  # at least one entry
-  assert sparsity.k_from_sparsity(7, 0.0) == 7
-  assert sparsity.k_from_sparsity(11_173_962, 0.9) == 1_117_396
+  assert fjs.sparsity.k_from_sparsity(281, 0.9) == 28  # 28.1
+  assert fjs.sparsity.k_from_sparsity(1000, 0.9) == 100  # (1 - 0.9)·1000 = 99.99999999999997
+  assert fjs.sparsity.k_from_sparsity(10, 0.99) == 1  # at least one entry
+  assert fjs.sparsity.k_from_sparsity(7, 0.0) == 7
+  assert fjs.sparsity.k_from_sparsity(11_173_962, 0.9) == 1_117_396
 
 
 def test_errors_at_the_boundary():
   tree = {"a": jnp.ones(3)}
   for bad in (1.0, -0.1, float("nan")):
     with pytest.raises(ValueError, match="sparsity"):
-      sparsity.k_from_sparsity(10, bad)
+      fjs.sparsity.k_from_sparsity(10, bad)
   with pytest.raises(ValueError, match=r"k must be in \[0, 3\]"):
-    sparsity.top_k(tree, 4)
+    fjs.sparsity.top_k(tree, 4)
   with pytest.raises(ValueError, match="k must be"):
-    sparsity.top_k(tree, -1)
+    fjs.sparsity.top_k(tree, -1)
   with pytest.raises(ValueError, match="static int"):
-    sparsity.top_k(tree, 1.5)
+    fjs.sparsity.top_k(tree, 1.5)
   with pytest.raises(ValueError, match="k must be"):
-    sparsity.random_mask(jax.random.key(0), tree, 4)
+    fjs.sparsity.random_mask(jax.random.key(0), tree, 4)
   with pytest.raises(ValueError, match="exactly one"):
-    sparsity.top_k(tree, 1, sparsity=0.5)
+    fjs.sparsity.top_k(tree, 1, sparsity=0.5)
   with pytest.raises(ValueError, match="per_leaf"):
-    sparsity.top_k(tree, 2, scope="per_leaf")
+    fjs.sparsity.top_k(tree, 2, scope="per_leaf")
   with pytest.raises(ValueError, match="sparsity"):
-    sparsity.top_k(tree, sparsity=1.0, scope="per_leaf")
+    fjs.sparsity.top_k(tree, sparsity=1.0, scope="per_leaf")
   with pytest.raises(ValueError, match="scope"):
-    sparsity.top_k(tree, 1, scope="layer")
+    fjs.sparsity.top_k(tree, 1, scope="layer")
   with pytest.raises(ValueError, match="threshold"):
-    sparsity.hard_threshold(tree, -1.0)
+    fjs.sparsity.hard_threshold(tree, -1.0)
   with pytest.raises(ValueError, match="threshold"):
-    sparsity.soft_threshold(tree, -0.5)
+    fjs.sparsity.soft_threshold(tree, -0.5)
 
 
 def test_soft_threshold_is_the_l1_prox():
@@ -124,7 +124,7 @@ def test_soft_threshold_is_the_l1_prox():
   condition v − x ∈ t·∂|x|."""
   v = np.array([-2.0, -0.5, -0.3, 0.0, 0.2, 0.5, 0.9, 3.0])
   t = 0.5
-  x = np.asarray(sparsity.soft_threshold({"v": jnp.asarray(v)}, t)["v"])
+  x = np.asarray(fjs.sparsity.soft_threshold({"v": jnp.asarray(v)}, t)["v"])
   grid = np.linspace(-4, 4, 80001)
   brute = [grid[np.argmin(0.5 * (grid - vi) ** 2 + t * np.abs(grid))] for vi in v]
   np.testing.assert_allclose(x, brute, atol=1e-4)
@@ -132,36 +132,36 @@ def test_soft_threshold_is_the_l1_prox():
   np.testing.assert_allclose((v - x)[nz], t * np.sign(x[nz]), atol=1e-6)
   assert np.all(np.abs(v[~nz]) <= t)
   # A traced threshold works under jit.
-  got = jax.jit(sparsity.soft_threshold)({"v": jnp.asarray(v)}, jnp.float32(t))["v"]
+  got = jax.jit(fjs.sparsity.soft_threshold)({"v": jnp.asarray(v)}, jnp.float32(t))["v"]
   np.testing.assert_allclose(got, x)
 
 
 def test_hard_threshold_is_strict():
   x = {"a": jnp.array([0.1, -0.5, 2.0, 0.0, 0.3, -0.3])}
-  np.testing.assert_array_equal(sparsity.hard_threshold(x, 0.3)["a"],
+  np.testing.assert_array_equal(fjs.sparsity.hard_threshold(x, 0.3)["a"],
                                 [0, -0.5, 2.0, 0, 0, 0])
-  np.testing.assert_array_equal(sparsity.hard_threshold(x, 0.0)["a"], x["a"])
-  got = jax.jit(sparsity.hard_threshold)(x, jnp.float32(0.3))["a"]
+  np.testing.assert_array_equal(fjs.sparsity.hard_threshold(x, 0.0)["a"], x["a"])
+  got = jax.jit(fjs.sparsity.hard_threshold)(x, jnp.float32(0.3))["a"]
   np.testing.assert_array_equal(got, [0, -0.5, 2.0, 0, 0, 0])
 
 
 def test_mask_utilities_and_counts():
   a = {"m": jnp.array([1.0, 0.0, 1.0, 0.0])}
   b = {"m": jnp.array([1.0, 1.0, 0.0, 0.0])}
-  np.testing.assert_array_equal(sparsity.mask_union(a, b)["m"], [1, 1, 1, 0])
-  np.testing.assert_array_equal(sparsity.mask_intersection(a, b)["m"], [1, 0, 0, 0])
+  np.testing.assert_array_equal(fjs.sparsity.mask_union(a, b)["m"], [1, 1, 1, 0])
+  np.testing.assert_array_equal(fjs.sparsity.mask_intersection(a, b)["m"], [1, 0, 0, 0])
   x = {"m": jnp.array([jnp.inf, 2.0, -3.0, jnp.nan])}
-  np.testing.assert_array_equal(sparsity.apply_mask(x, a)["m"], [jnp.inf, 0, -3.0, 0])
+  np.testing.assert_array_equal(fjs.sparsity.apply_mask(x, a)["m"], [jnp.inf, 0, -3.0, 0])
   tree = {"w": jnp.array([[0.0, 1.0], [2.0, 0.0]]), "b": jnp.zeros(4)}
-  assert sparsity.num_params(tree) == 8
-  assert int(jax.jit(sparsity.nnz)(tree)) == 2
-  np.testing.assert_allclose(jax.jit(sparsity.density)(tree), 0.25)
+  assert fjs.sparsity.num_params(tree) == 8
+  assert int(jax.jit(fjs.sparsity.nnz)(tree)) == 2
+  np.testing.assert_allclose(jax.jit(fjs.sparsity.density)(tree), 0.25)
 
 
 def test_flat_index_primitives():
   x = jnp.array([0.5, -3.0, 2.0, -2.0, 0.0])
-  np.testing.assert_array_equal(sparsity.top_k_indices(x, 3), [1, 2, 3])
-  idx = np.asarray(sparsity.random_indices(jax.random.key(0), 1000, 100))
+  np.testing.assert_array_equal(fjs.sparsity.top_k_indices(x, 3), [1, 2, 3])
+  idx = np.asarray(fjs.sparsity.random_indices(jax.random.key(0), 1000, 100))
   assert len(set(idx.tolist())) == 100 and idx.min() >= 0 and idx.max() < 1000
 
 
@@ -171,8 +171,8 @@ def test_random_mask_is_a_uniform_k_subset():
   marginal k/d (5 standard errors)."""
   n = 4000
   keys = jax.random.split(jax.random.key(0), n)
-  masks = np.asarray(jax.vmap(lambda key: sparsity.random_mask(key, {"a": jnp.zeros(5)},
-                                                               2)["a"])(keys))
+  masks = np.asarray(jax.vmap(lambda key: fjs.sparsity.random_mask(key, {"a": jnp.zeros(5)},
+                                                                   2)["a"])(keys))
   np.testing.assert_array_equal(masks.sum(1), 2)
   supports = {s: 0 for s in itertools.combinations(range(5), 2)}
   for row in masks:
@@ -182,13 +182,13 @@ def test_random_mask_is_a_uniform_k_subset():
   assert chi2 < 27.9  # the 0.999 quantile of chi-square with 9 degrees of freedom
 
   tree = {"a": jnp.zeros((10, 10)), "b": jnp.zeros(100)}
-  masks = jax.vmap(lambda key: sparsity.random_mask(key, tree, 2))(keys)
+  masks = jax.vmap(lambda key: fjs.sparsity.random_mask(key, tree, 2))(keys)
   flat = np.concatenate([np.asarray(masks["a"]).reshape(n, -1), np.asarray(masks["b"])], 1)
   np.testing.assert_array_equal(flat.sum(1), 2)
   p = 2 / 200
   np.testing.assert_array_less(np.abs(flat.mean(0) - p), 5 * np.sqrt(p * (1 - p) / n))
 
-  per_leaf = sparsity.random_mask(keys[0], tree, sparsity=0.9, scope="per_leaf")
+  per_leaf = fjs.sparsity.random_mask(keys[0], tree, sparsity=0.9, scope="per_leaf")
   assert [int(v.sum()) for v in jax.tree.leaves(per_leaf)] == [10, 10]
 
 
@@ -196,10 +196,10 @@ def test_random_mask_is_a_uniform_k_subset():
 def test_top_k_under_jit_and_client_vmap_equals_a_loop(k):
   x = jax.random.normal(jax.random.key(0), (5, 100))  # 5 clients
   tree = {"w": x[:, :60].reshape(5, 6, 10), "b": x[:, 60:]}
-  out = jax.jit(jax.vmap(lambda t: sparsity.top_k(t, k)))(tree)
+  out = jax.jit(jax.vmap(lambda t: fjs.sparsity.top_k(t, k)))(tree)
   for i in range(5):
     client = jax.tree.map(lambda a: a[i], tree)
-    expected = sparsity.top_k(client, k)
+    expected = fjs.sparsity.top_k(client, k)
     for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(expected)):
       np.testing.assert_array_equal(got[i], want)
     np.testing.assert_array_equal(
@@ -210,23 +210,22 @@ def test_top_k_under_jit_and_client_vmap_equals_a_loop(k):
 def test_float64_top_k_keeps_the_truly_largest(k):
   """Entries that differ only below float32 resolution are ranked by their float64 values,
   in sparsity.top_k and in the top-k compressor alike (one implementation)."""
-  from fedjaxsparse.ops import compressors as C
   with jax.enable_x64(True):
     rng = np.random.default_rng(0)
     base = 1.0 + rng.permutation(1000) * 1e-12  # distinct in float64, equal in float32
     assert len(np.unique(base.astype(np.float32))) == 1
     x = jnp.asarray(base * np.where(rng.random(1000) < 0.5, -1, 1))
     expected = np.sort(np.argsort(-np.abs(base), kind="stable")[:k])
-    got = np.flatnonzero(np.asarray(sparsity.top_k(x, k)))
+    got = np.flatnonzero(np.asarray(fjs.sparsity.top_k(x, k)))
     np.testing.assert_array_equal(got, expected)
-    comp = np.flatnonzero(np.asarray(C.top_k(1000, k).compress(None, x)))
+    comp = np.flatnonzero(np.asarray(fjs.compressors.top_k(1000, k).compress(None, x)))
     np.testing.assert_array_equal(comp, expected)
 
 
 def test_gmp_sparsity_is_zhu_and_gupta_cubic_ramp():
   """s_i before t0, s_f from t1 on, s_f + (s_i − s_f)/8 halfway, non-decreasing, and held
   constant between updates every Δ steps."""
-  f = lambda t, **kw: float(sparsity.gmp_sparsity(t, 0.9, begin=10, end=30, initial=0.1, **kw))
+  f = lambda t, **kw: float(fjs.sparsity.gmp_sparsity(t, 0.9, begin=10, end=30, initial=0.1, **kw))
   assert f(0) == pytest.approx(0.1) and f(10) == pytest.approx(0.1)
   assert f(30) == pytest.approx(0.9) and f(99) == pytest.approx(0.9)
   assert f(20) == pytest.approx(0.9 - 0.8 / 8)
@@ -234,18 +233,18 @@ def test_gmp_sparsity_is_zhu_and_gupta_cubic_ramp():
   assert all(b >= a for a, b in zip(vals, vals[1:]))
   assert f(21, every=5) == f(24, every=5) == pytest.approx(f(20))
   with pytest.raises(ValueError, match="final"):
-    sparsity.gmp_sparsity(0, 1.0, begin=0, end=1)
+    fjs.sparsity.gmp_sparsity(0, 1.0, begin=0, end=1)
   with pytest.raises(ValueError, match="begin"):
-    sparsity.gmp_sparsity(0, 0.5, begin=3, end=3)
+    fjs.sparsity.gmp_sparsity(0, 0.5, begin=3, end=3)
 
 
 @pytest.mark.parametrize("s", [0.0, 0.5, 0.97])
 def test_magnitude_prune_with_a_traced_sparsity_is_top_k(s):
   tree = {"a": jax.random.normal(jax.random.key(1), (37, 5)),
           "b": jnp.round(jax.random.normal(jax.random.key(2), (50,)), 1)}  # ties
-  k = sparsity.k_from_sparsity(235, s)
-  got = jax.jit(sparsity.magnitude_prune)(tree, jnp.float32(s))
-  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(sparsity.top_k(tree, k))):
+  k = fjs.sparsity.k_from_sparsity(235, s)
+  got = jax.jit(fjs.sparsity.magnitude_prune)(tree, jnp.float32(s))
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(fjs.sparsity.top_k(tree, k))):
     np.testing.assert_array_equal(x, y)
 
 
@@ -255,7 +254,7 @@ def test_largest_mask_methods_agree_with_ties_and_name_a_bad_method():
   for k in (1, 7, 250, 500):
     want = np.zeros(500, bool)
     want[order[:k]] = True       # the k largest, ties to the lower index
-    for method in sparsity.LARGEST_METHODS:
-      np.testing.assert_array_equal(np.asarray(sparsity.largest_mask(keys, k, method)), want)
+    for method in fjs.sparsity.LARGEST_METHODS:
+      np.testing.assert_array_equal(np.asarray(fjs.sparsity.largest_mask(keys, k, method)), want)
   with pytest.raises(ValueError, match="method must be one of"):
-    sparsity.largest_mask(keys, 3, "sort")
+    fjs.sparsity.largest_mask(keys, 3, "sort")

@@ -7,10 +7,9 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.ops import accounting, sampling
-from fedjaxsparse.convex import prox_solvers as P
-from fedjaxsparse.algorithms import sppm
-from fedjaxsparse.data import pack_clients
+import fedjaxsparse as fjs
+
+solvers = fjs.convex.prox_solvers
 
 L2 = 0.05
 N, M, D = 8, 10, 3
@@ -27,7 +26,8 @@ def quad():
   rng = np.random.default_rng(0)
   x = rng.normal(size=(N * M, D)) * np.repeat(rng.uniform(0.5, 2.0, N), M)[:, None]
   y = x @ rng.normal(size=D) + np.repeat(rng.normal(size=N) * 3, M) + rng.normal(size=N * M)
-  data = pack_clients(x.astype(np.float32), y.astype(np.float32), np.split(np.arange(N * M), N))
+  data = fjs.data.pack_clients(x.astype(np.float32), y.astype(np.float32),
+                               np.split(np.arange(N * M), N))
   xs, ys = np.asarray(data.x, np.float64), np.asarray(data.y, np.float64)
   H = np.einsum("nmi,nmj->nij", xs, xs) / M + L2 * np.eye(D)
   c = np.einsum("nmi,nm->ni", xs, ys) / M
@@ -45,8 +45,8 @@ def _prox(q, ids, weights, x, gamma):
 
 
 def test_one_newton_step_is_the_exact_cohort_prox(quad):
-  s = sampling.nice(N, 3)
-  algo = sppm.sppm_as(loss, s, 2.0, P.newton())
+  s = fjs.sampling.nice(N, 3)
+  algo = fjs.sppm_as(loss, s, 2.0, solvers.newton())
   state = algo.init(None, quad["w0"], quad["data"])
   key = jax.random.key(3)
   new, info = jax.jit(algo.step)(key, state, quad["data"])
@@ -59,7 +59,7 @@ def test_one_newton_step_is_the_exact_cohort_prox(quad):
 
 
 def test_full_sampling_is_ppm(quad):
-  algo = sppm.sppm_as(loss, sampling.full(N), 0.5, P.newton())
+  algo = fjs.sppm_as(loss, fjs.sampling.full(N), 0.5, solvers.newton())
   state, step = algo.init(None, quad["w0"], quad["data"]), jax.jit(algo.step)
   x = np.asarray(quad["w0"]["w"], np.float64)
   for t in range(5):
@@ -73,10 +73,10 @@ def test_full_sampling_is_ppm(quad):
 
 
 def test_one_gd_step_is_minibatch_gd(quad):
-  s = sampling.stratified(sampling.contiguous_blocks(N, 4))
+  s = fjs.sampling.stratified(fjs.sampling.contiguous_blocks(N, 4))
   eta = 0.05
-  new, _ = sppm.sppm_as(loss, s, 10.0, P.gd(eta, 1)).step(
-      jax.random.key(1), sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
+  new, _ = fjs.sppm_as(loss, s, 10.0, solvers.gd(eta, 1)).step(
+      jax.random.key(1), fjs.algorithms.sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
   cohort = s.sample(jax.random.split(jax.random.key(1))[0])
   ids, w = np.asarray(cohort.ids), np.asarray(cohort.weights, np.float64)
   x = np.asarray(quad["w0"]["w"], np.float64)
@@ -91,11 +91,12 @@ def test_solvers_approach_the_exact_prox_as_k_grows(quad, name):
   gamma, x = 5.0, np.asarray(quad["w0"]["w"], np.float64)
   want = _prox(quad, np.arange(N), np.full(N, 1 / N), x, gamma)
   lr = 1 / (np.linalg.eigvalsh(quad["H"].mean(0))[-1] + 1 / gamma)
-  make = {"cg": P.cg, "bfgs": P.bfgs, "lbfgs": P.lbfgs, "gd": lambda k: P.gd(lr, 10 * k)}[name]
+  make = {"cg": solvers.cg, "bfgs": solvers.bfgs, "lbfgs": solvers.lbfgs,
+          "gd": lambda k: solvers.gd(lr, 10 * k)}[name]
   errs = []
   for k in (1, 3, 30):
-    new, _ = jax.jit(sppm.sppm_as(loss, sampling.full(N), gamma, make(k)).step)(
-        jax.random.key(0), sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
+    new, _ = jax.jit(fjs.sppm_as(loss, fjs.sampling.full(N), gamma, make(k)).step)(
+        jax.random.key(0), fjs.algorithms.sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
     errs.append(np.linalg.norm(np.asarray(new.params["w"]) - want))
   assert errs[2] < 1e-3 * np.linalg.norm(want - x) and errs[2] <= errs[0], errs
   if name == "cg":
@@ -105,8 +106,8 @@ def test_solvers_approach_the_exact_prox_as_k_grows(quad, name):
 def test_theorem_532_bound_holds_by_monte_carlo(quad):
   """E‖x_t − x⋆‖² ≤ (1 + γμ_AS)^{-2t}‖x_0 − x⋆‖² + γσ²/(γμ_AS² + 2μ_AS) (exact prox, NICE τ = 3,
   γ = 2) for the Monte Carlo mean over 1,000 runs, with a 4-s.e. allowance."""
-  s, gamma, runs, rounds = sampling.nice(N, 3), 2.0, 1000, 25
-  algo = sppm.sppm_as(loss, s, gamma, P.newton())
+  s, gamma, runs, rounds = fjs.sampling.nice(N, 3), 2.0, 1000, 25
+  algo = fjs.sppm_as(loss, s, gamma, solvers.newton())
   step = jax.vmap(algo.step, in_axes=(0, 0, None))
   state = jax.vmap(lambda _: algo.init(None, quad["w0"], quad["data"]))(jnp.arange(runs))
   errs = []
@@ -117,11 +118,11 @@ def test_theorem_532_bound_holds_by_monte_carlo(quad):
     errs.append(np.sum((np.asarray(state.params["w"], np.float64) - quad["x_opt"]) ** 2, 1))
   errs = np.array(errs)  # [rounds, runs]
   d0 = float(np.sum((np.asarray(quad["w0"]["w"], np.float64) - quad["x_opt"]) ** 2))
-  bound = sampling.theorem_bound(s, quad["mu"], quad["a"], gamma, d0, np.arange(1, rounds + 1))
+  bound = fjs.sampling.theorem_bound(s, quad["mu"], quad["a"], gamma, d0, np.arange(1, rounds + 1))
   se = errs.std(1) / np.sqrt(runs)
   assert np.all(errs.mean(1) <= bound + 4 * se + 1e-6), (errs.mean(1), bound)
   # the iterates settle (a stationary neighbourhood, not convergence: σ²_⋆ > 0) inside it
-  nb = sampling.neighbourhood(s, quad["mu"], quad["a"], gamma)
+  nb = fjs.sampling.neighbourhood(s, quad["mu"], quad["a"], gamma)
   tail = errs.mean(1)[-5:]
   assert np.ptp(tail) < 0.1 * tail.mean() and 0 < tail.mean() < nb < d0, (tail, nb)
 
@@ -131,18 +132,18 @@ def test_proximal_averaging_and_local_gd(quad):
   FedAvg-SPPM-AS with α = γ equals it when the round starts there (K = 1); LocalGD = mean of
   E local GD steps."""
   gamma, x = 0.7, np.asarray(quad["w0"]["w"], np.float64)
-  st = sppm.SPPMState(quad["w0"], jnp.int32(0))
-  new, info = sppm.fedprox_sppm_as(loss, sampling.full(N), gamma, P.newton()).step(
+  st = fjs.algorithms.sppm.SPPMState(quad["w0"], jnp.int32(0))
+  new, info = fjs.fedprox_sppm_as(loss, fjs.sampling.full(N), gamma, solvers.newton()).step(
       jax.random.key(0), st, quad["data"])
   want = np.mean([_prox(quad, np.array([i]), np.ones(1), x, gamma) for i in range(N)], 0)
   np.testing.assert_allclose(new.params["w"], want, rtol=1e-4, atol=1e-5)
   # FedAvg-SPPM-AS, K = 1: both prox terms centred at x; 1/(2α) + 1/(2γ) = 1/(2·γα/(γ+α))
-  both, _ = sppm.fedavg_sppm_as(loss, sampling.full(N), gamma, gamma, P.newton()).step(
+  both, _ = fjs.fedavg_sppm_as(loss, fjs.sampling.full(N), gamma, gamma, solvers.newton()).step(
       jax.random.key(0), st, quad["data"])
   want2 = np.mean([_prox(quad, np.array([i]), np.ones(1), x, gamma / 2) for i in range(N)], 0)
   np.testing.assert_allclose(both.params["w"], want2, rtol=1e-4, atol=1e-5)
   lr, e = 0.05, 4
-  new, info = sppm.local_gd(loss, sampling.full(N), lr, e).step(jax.random.key(0), st,
+  new, info = fjs.local_gd(loss, fjs.sampling.full(N), lr, e).step(jax.random.key(0), st,
                                                                    quad["data"])
   zs = []
   for i in range(N):
@@ -157,8 +158,8 @@ def test_proximal_averaging_and_local_gd(quad):
 def test_fedavg_style_adam_solver_runs_and_descends(quad):
   """The NN experiments' solver: E Adam steps per member per local round on
   f_i + ‖· − x_t‖²/(2γ), K rounds: the cohort objective decreases."""
-  algo = sppm.fedavg_sppm_as(loss, sampling.nice(N, 4), 1.0, None,
-                             P.optax_steps(optax.adam(0.05), 3, "adam"), local_rounds=3)
+  algo = fjs.fedavg_sppm_as(loss, fjs.sampling.nice(N, 4), 1.0, None,
+                            solvers.optax_steps(optax.adam(0.05), 3, "adam"), local_rounds=3)
   state, step = algo.init(None, quad["w0"], quad["data"]), jax.jit(algo.step)
   losses = []
   for t in range(30):
@@ -172,43 +173,43 @@ def test_hierarchical_cost_reproduces_the_papers_arithmetic():
   """§5.4.5 (spec C5-7): SPPM-SS with K = 10 for one round at c₁ = 1, c₂ = 0 costs 10 against
   LocalGD's 39: 74.36 % saved; with hubs (c₁ = 0.1, c₂ = 1) it costs 2: 94.87 % saved (charging
   LocalGD (c₁ + c₂)·39 instead gives 95.34 %)."""
-  local_gd_cost = accounting.round_cost(np.ones(39))
+  local_gd_cost = fjs.accounting.round_cost(np.ones(39))
   assert local_gd_cost == 39
-  assert round(100 * (1 - accounting.round_cost(10) / local_gd_cost), 2) == 74.36
-  assert accounting.round_cost(10, c1=0.1, c2=1.0) == pytest.approx(2.0)
-  assert round(100 * (1 - accounting.round_cost(10, 0.1, 1.0) / local_gd_cost), 2) == 94.87
-  assert round(100 * (1 - 2.0 / accounting.round_cost(np.ones(39), 0.1, 1.0)), 2) == 95.34
+  assert round(100 * (1 - fjs.accounting.round_cost(10) / local_gd_cost), 2) == 74.36
+  assert fjs.accounting.round_cost(10, c1=0.1, c2=1.0) == pytest.approx(2.0)
+  assert round(100 * (1 - fjs.accounting.round_cost(10, 0.1, 1.0) / local_gd_cost), 2) == 94.87
+  assert round(100 * (1 - 2.0 / fjs.accounting.round_cost(np.ones(39), 0.1, 1.0)), 2) == 95.34
   errs = [1.0, 0.5, 0.1, 0.01, 0.001]
-  assert accounting.cost_to_target(errs, 4, 0.05) == 12  # 3 rounds of K = 4
-  assert accounting.cost_to_target(errs, 4, 0.05, c1=0.5, c2=2) == 12
-  assert accounting.cost_to_target(errs, 4, 1e-9) is None
-  assert accounting.cost_to_target(errs, 4, 2.0) == 0.0
+  assert fjs.accounting.cost_to_target(errs, 4, 0.05) == 12  # 3 rounds of K = 4
+  assert fjs.accounting.cost_to_target(errs, 4, 0.05, c1=0.5, c2=2) == 12
+  assert fjs.accounting.cost_to_target(errs, 4, 1e-9) is None
+  assert fjs.accounting.cost_to_target(errs, 4, 2.0) == 0.0
 
 
 def test_bad_arguments(quad):
   with pytest.raises(ValueError, match="gamma"):
-    sppm.sppm_as(loss, sampling.full(N), 0.0, P.newton())
+    fjs.sppm_as(loss, fjs.sampling.full(N), 0.0, solvers.newton())
   with pytest.raises(ValueError, match="iterations"):
-    P.cg(0)
+    solvers.cg(0)
   with pytest.raises(ValueError, match="weighting"):
-    sppm.cohort_average(loss, sampling.full(N), P.newton(), weighting="size")
+    fjs.algorithms.sppm.cohort_average(loss, fjs.sampling.full(N), solvers.newton(),
+                                       weighting="size")
   with pytest.raises(ValueError, match="sampler"):
-    sppm.sppm_as(loss, sampling.full(N + 1), 1.0, P.newton()).step(
-        jax.random.key(0), sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
+    fjs.sppm_as(loss, fjs.sampling.full(N + 1), 1.0, solvers.newton()).step(
+        jax.random.key(0), fjs.algorithms.sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
 
 
 def test_fedavg_takes_any_sampler(quad):
   """FedAvg with a padded block cohort: padding gets weight 0 and is not charged; with
   ``weighting="sampling"`` the update is Σ_{i∈S} Δ_i/(n p_i), whose mean over the exact cohort
   distribution is the full-participation mean update (one local GD step)."""
-  from fedjaxsparse.algorithms.fedavg import fedavg
   blocks = [[0], [1, 4], [2, 3, 5, 6, 7]]
-  s = sampling.block(blocks, q=[0.2, 0.3, 0.5])
+  s = fjs.sampling.block(blocks, q=[0.2, 0.3, 0.5])
   lr = 0.1
   x = np.asarray(quad["w0"]["w"], np.float64)
   deltas = -lr * (np.einsum("nij,j->ni", quad["H"], x) - quad["c"])  # one GD step each
   for weighting in ("uniform", "sampling"):
-    algo = fedavg(loss, optax.sgd(lr), sampler=s, weighting=weighting)
+    algo = fjs.fedavg(loss, optax.sgd(lr), sampler=s, weighting=weighting)
     state = algo.init(None, quad["w0"], quad["data"])
     key = jax.random.key(4)
     new, info = jax.jit(algo.step)(key, state, quad["data"])
@@ -224,4 +225,4 @@ def test_fedavg_takes_any_sampler(quad):
   mean_update = sum(pc * (s.weights[list(c)] @ deltas[list(c)]) for c, pc in s.support())
   np.testing.assert_allclose(mean_update, deltas.mean(0), rtol=1e-12)
   with pytest.raises(ValueError, match="sampler"):
-    fedavg(loss, optax.sgd(lr), weighting="sampling")
+    fjs.fedavg(loss, optax.sgd(lr), weighting="sampling")

@@ -6,29 +6,25 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.ops.augment import crop_flip
-from fedjaxsparse.data.partition import dirichlet_lognormal_partition, lognormal_sizes
-from fedjaxsparse.data.standins import (MUSHROOM_CARDINALITIES, blogfeedback_standin,
-                                        femnist_standin, mushrooms_arrays)
-from fedjaxsparse.models import global_mean_scale, make_loss, softmax_regression
-from fedjaxsparse.harness.protocol import Dimension, two_stage_search
+import fedjaxsparse as fjs
+from fedjaxsparse.data.partition import dirichlet_lognormal_partition
 
 
 def test_mushrooms_standin_has_the_shape_of_mushrooms():
   """8,124 × 112 one-hot rows (exactly one 1 per attribute: 22 per row), binary labels near
   mushrooms' 52/48 balance, and informative attributes (a logistic fit beats the prior)."""
   from sklearn.linear_model import LogisticRegression
-  x, y = mushrooms_arrays()
-  assert x.shape == (8124, 112) and sum(MUSHROOM_CARDINALITIES) == 112
+  x, y = fjs.data.standins.mushrooms_arrays()
+  assert x.shape == (8124, 112) and sum(fjs.data.standins.MUSHROOM_CARDINALITIES) == 112
   assert set(np.unique(x)) == {0.0, 1.0} and np.all(x.sum(1) == 22)
   assert abs(y.mean() - 0.518) < 3 * np.sqrt(0.25 / 8124)  # 3 standard errors
   acc = LogisticRegression(max_iter=500).fit(x[:6000], y[:6000]).score(x[6000:], y[6000:])
   assert acc > max(y.mean(), 1 - y.mean()) + 0.1
-  np.testing.assert_array_equal(mushrooms_arrays()[0], x)  # deterministic
+  np.testing.assert_array_equal(fjs.data.standins.mushrooms_arrays()[0], x)  # deterministic
 
 
 def test_femnist_standin_has_femnists_shape():
-  ds = femnist_standin(num_writers=30, seed=0)
+  ds = fjs.data.standins.femnist_standin(num_writers=30, seed=0)
   assert ds.num_clients == 30 and ds.num_classes == 62
   assert ds.train.x.shape[2:] == (28, 28, 1) and ds.test.num_clients == 1  # unrestricted test
   x = np.asarray(ds.train.x)
@@ -45,7 +41,7 @@ def test_femnist_standin_has_femnists_shape():
 
 
 def test_blogfeedback_standin_has_blogfeedbacks_shape():
-  ds = blogfeedback_standin()
+  ds = fjs.data.standins.blogfeedback_standin()
   assert ds.num_clients == 554 and ds.num_classes == 0 and ds.train.x.shape[2] == 281
   n = np.asarray(ds.train.num_examples)
   assert abs(n.mean() - 94.6) < 0.1 and n.max() > 10 * n.mean()  # very unequal sites
@@ -59,7 +55,7 @@ def test_dirichlet_lognormal_split_has_the_lognormal_sizes_and_label_skew():
   rng = np.random.default_rng(0)
   labels = rng.integers(0, 10, 5000)
   parts = dirichlet_lognormal_partition(labels, 10, alpha=0.3, sigma=0.3, seed=4)
-  np.testing.assert_array_equal([len(p) for p in parts], lognormal_sizes(5000, 10, 0.3, 4))
+  np.testing.assert_array_equal([len(p) for p in parts], fjs.data.lognormal_sizes(5000, 10, 0.3, 4))
   all_ids = np.concatenate(parts)
   assert len(np.unique(all_ids)) == 5000  # a partition
   # label skew: with alpha = 0.3 a client's largest class is far above the uniform 10 %
@@ -68,7 +64,7 @@ def test_dirichlet_lognormal_split_has_the_lognormal_sizes_and_label_skew():
 
 
 def test_global_mean_loss_is_the_sample_mean():
-  model = softmax_regression(4, 3, l2=0.0)
+  model = fjs.models.softmax_regression(4, 3, l2=0.0)
   rng = np.random.default_rng(0)
   sizes = np.array([2, 5, 9])
   x = np.zeros((3, 9, 4), np.float32)
@@ -78,19 +74,19 @@ def test_global_mean_loss_is_the_sample_mean():
     x[i, :n], y[i, :n], mask[i, :n] = rng.normal(size=(n, 4)), rng.integers(0, 3, n), 1
   params = model.init(jax.random.key(1))
   params = jax.tree.map(lambda a: a + 0.3, params)
-  loss = make_loss(model, "sum", global_mean_scale(sizes))
+  loss = fjs.models.make_loss(model, "sum", fjs.models.global_mean_scale(sizes))
   per_client = jax.vmap(loss, in_axes=(None, 0, 0, 0))(params, x, y, mask)
   logits = jnp.concatenate([model.apply(params, x[i, :n]) for i, n in enumerate(sizes)])
   labels = np.concatenate([y[i, :n] for i, n in enumerate(sizes)])
   sample_mean = -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(16), labels])
   np.testing.assert_allclose(jnp.mean(per_client), sample_mean, rtol=1e-6)
   with pytest.raises(ValueError, match="scale"):
-    make_loss(model, "sum", 0.0)
+    fjs.models.make_loss(model, "sum", 0.0)
 
 
 def test_crop_flip_moves_pixels_without_changing_them():
   x = jnp.arange(2 * 6 * 6 * 1, dtype=jnp.float32).reshape(2, 6, 6, 1) + 1.0
-  aug = crop_flip(pad=2)
+  aug = fjs.ops.augment.crop_flip(pad=2)
   out = np.asarray(aug(jax.random.key(0), x))
   assert out.shape == x.shape
   padded = np.pad(np.asarray(x), ((0, 0), (2, 2), (2, 2), (0, 0)), mode="reflect")
@@ -99,14 +95,17 @@ def test_crop_flip_moves_pixels_without_changing_them():
     assert any(np.array_equal(out[i], c) or np.array_equal(out[i], c[:, ::-1]) for c in crops)
   outs = np.stack([np.asarray(aug(jax.random.key(k), x))[0] for k in range(40)])
   assert len({o.tobytes() for o in outs}) > 10  # random offsets and flips
-  np.testing.assert_array_equal(crop_flip(pad=0, flip=False)(jax.random.key(0), x), x)
+  np.testing.assert_array_equal(
+      fjs.ops.augment.crop_flip(pad=0, flip=False)(jax.random.key(0), x), x)
 
 
 def test_search_over_choices_keeps_the_best_choice():
   def score(c):  # batch 64 is better, and lr near 0.1
     return -np.log(c["lr"] / 0.1) ** 2 + (c["batch"] == 64)
 
-  res = two_stage_search(score, {"lr": Dimension(1e-3, 1.0),
-                                 "batch": Dimension(32, 64, choices=(32, 64))}, (30, 30), seed=0)
+  res = fjs.harness.protocol.two_stage_search(
+      score, {"lr": fjs.harness.protocol.Dimension(1e-3, 1.0),
+              "batch": fjs.harness.protocol.Dimension(32, 64, choices=(32, 64))},
+      (30, 30), seed=0)
   assert res.best["batch"] == 64
   assert set(res.stages[1]["candidates"]["batch"]) <= {32.0, 64.0}

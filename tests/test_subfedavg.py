@@ -7,18 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.algorithms.subfedavg import _prune_layers, subfedavg
-from fedjaxsparse.data.embedded import digits
-from fedjaxsparse.evaluation import client_accuracy
-from fedjaxsparse.models import make_loss, mlp
-from fedjaxsparse.ops.sampling import sample_cohort
+import fedjaxsparse as fjs
+
+from fedjaxsparse.algorithms.subfedavg import _prune_layers
 
 
 @pytest.fixture(scope="module")
 def setup():
-  ds = digits(num_clients=6, partition="dirichlet", alpha=0.3, seed=0)
-  model = mlp((64,), 10, hidden=(16,))
-  return ds, model, make_loss(model), model.init(jax.random.key(0))
+  ds = fjs.data.digits(num_clients=6, partition="dirichlet", alpha=0.3, seed=0)
+  model = fjs.models.mlp((64,), 10, hidden=(16,))
+  return ds, model, fjs.models.make_loss(model), model.init(jax.random.key(0))
 
 
 def test_prune_layers_drops_the_smallest_active_magnitudes():
@@ -35,8 +33,9 @@ def test_prune_layers_drops_the_smallest_active_magnitudes():
 
 def test_masks_shrink_to_the_target_and_aggregation_is_per_coordinate(setup):
   ds, model, loss, w0 = setup
-  algo = subfedavg(loss, 0.1, accuracy_fn=client_accuracy(model), epochs=2, batch_size=16,
-                   cohort_size=6, prune_rate=0.2, target_sparsity=0.5, acc_threshold=0.0)
+  algo = fjs.subfedavg(loss, 0.1, accuracy_fn=fjs.evaluation.client_accuracy(model), epochs=2,
+                       batch_size=16, cohort_size=6, prune_rate=0.2, target_sparsity=0.5,
+                       acc_threshold=0.0)
   state, step = algo.init(None, w0, ds.train), jax.jit(algo.step)
   dens = []
   for t in range(6):
@@ -55,12 +54,13 @@ def test_masks_shrink_to_the_target_and_aggregation_is_per_coordinate(setup):
 
 def test_the_accuracy_and_distance_thresholds_gate_pruning(setup):
   ds, model, loss, w0 = setup
-  algo = subfedavg(loss, 0.1, accuracy_fn=client_accuracy(model), epochs=2, batch_size=16,
-                   cohort_size=3, acc_threshold=1.0)  # no model is more than 100 % accurate
+  algo = fjs.subfedavg(loss, 0.1, accuracy_fn=fjs.evaluation.client_accuracy(model), epochs=2,
+                       batch_size=16, cohort_size=3,
+                       acc_threshold=1.0)  # no model is more than 100 % accurate
   _, info = jax.jit(algo.step)(jax.random.key(0), algo.init(None, w0, ds.train), ds.train)
   assert float(info.pruned) == 0.0 and float(info.density) == 1.0
-  one_epoch = subfedavg(loss, 0.1, accuracy_fn=client_accuracy(model), epochs=1,
-                        batch_size=16, cohort_size=3, acc_threshold=0.0)
+  one_epoch = fjs.subfedavg(loss, 0.1, accuracy_fn=fjs.evaluation.client_accuracy(model), epochs=1,
+                            batch_size=16, cohort_size=3, acc_threshold=0.0)
   _, info = jax.jit(one_epoch.step)(jax.random.key(0), one_epoch.init(None, w0, ds.train),
                                     ds.train)
   assert float(info.pruned) == 0.0  # one epoch: m¹ = m², the masks do not move
@@ -70,11 +70,12 @@ def test_single_participant_average_is_its_model(setup):
   """One client per round: the new global model is that client's trained model on its mask
   and the old global model elsewhere."""
   ds, model, loss, w0 = setup
-  algo = subfedavg(loss, 0.1, accuracy_fn=client_accuracy(model), epochs=2, batch_size=16,
-                   cohort_size=1, acc_threshold=0.0, prune_rate=0.5, dist_threshold=0.0)
+  algo = fjs.subfedavg(loss, 0.1, accuracy_fn=fjs.evaluation.client_accuracy(model), epochs=2,
+                       batch_size=16, cohort_size=1, acc_threshold=0.0, prune_rate=0.5,
+                       dist_threshold=0.0)
   state = algo.init(None, w0, ds.train)
   new, _ = jax.jit(algo.step)(jax.random.key(3), state, ds.train)
-  k = int(sample_cohort(jax.random.split(jax.random.key(3))[0], 6, 1)[0])
+  k = int(fjs.sampling.sample_cohort(jax.random.split(jax.random.key(3))[0], 6, 1)[0])
   for a, b, m in zip(*(jax.tree.leaves(x) for x in (new.params, w0, new.masks))):
     m_k = np.asarray(m[k])
     np.testing.assert_array_equal(np.asarray(a)[~m_k], np.asarray(b)[~m_k])

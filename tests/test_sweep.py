@@ -5,33 +5,28 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.data.embedded import digits
-from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.runtime.runner import run
-from fedjaxsparse.runtime.sweep import grid, run_batched
+import fedjaxsparse as fjs
 
 
 @pytest.fixture(scope="module")
 def setup():
-  ds = digits(num_clients=10, partition="dirichlet", alpha=0.5, seed=1)
-  model = softmax_regression(64, 10)
+  ds = fjs.data.digits(num_clients=10, partition="dirichlet", alpha=0.5, seed=1)
+  model = fjs.models.softmax_regression(64, 10)
   return ds, model
 
 
 def test_repetitions_equal_single_runs(setup):
   ds, model = setup
-  build = lambda _: fedavg(make_loss(model), optax.sgd(0.3), local_steps=2, batch_size=8,
-                           cohort_size=4)
+  build = lambda _: fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.3), local_steps=2,
+                               batch_size=8, cohort_size=4)
   keys = jax.random.split(jax.random.key(0), 3)
   params = model.init(jax.random.key(1))
-  eval_fn = make_eval_fn(model)
-  states, histories = run_batched(build, keys, params, ds.train, ds.test, num_rounds=12,
-                                  eval_fn=eval_fn, eval_every=4)
+  eval_fn = fjs.evaluation.make_eval_fn(model)
+  states, histories = fjs.run_batched(build, keys, params, ds.train, ds.test, num_rounds=12,
+                                      eval_fn=eval_fn, eval_every=4)
   for s in range(3):
-    single = run(build(None), keys[s], params, ds.train, ds.test, num_rounds=12,
-                 eval_fn=eval_fn, eval_every=4, progress=False)
+    single = fjs.run(build(None), keys[s], params, ds.train, ds.test, num_rounds=12,
+                     eval_fn=eval_fn, eval_every=4, progress=False)
     chex.assert_trees_all_close(jax.tree.map(lambda a: a[s], states.params),
                                 single.state.params, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(histories[s].rounds["loss"], single.history.rounds["loss"],
@@ -44,22 +39,23 @@ def test_repetitions_equal_single_runs(setup):
 
 def test_learning_rate_grid_matches_single_runs(setup):
   ds, model = setup
-  hp = grid(lr=[0.05, 0.5], seed=[0, 1])
+  hp = fjs.runtime.sweep.grid(lr=[0.05, 0.5], seed=[0, 1])
   keys = jax.vmap(jax.random.key)(hp["seed"].astype(np.uint32))
-  build = lambda h: fedavg(make_loss(model), optax.sgd(h["lr"]), local_steps=2)
+  build = lambda h: fjs.fedavg(fjs.models.make_loss(model), optax.sgd(h["lr"]), local_steps=2)
   params = model.init(jax.random.key(1))
-  states, histories = run_batched(build, keys, params, ds.train, num_rounds=5,
-                                  hparams={"lr": hp["lr"].astype(np.float32)})
+  states, histories = fjs.run_batched(build, keys, params, ds.train, num_rounds=5,
+                                      hparams={"lr": hp["lr"].astype(np.float32)})
   assert len(histories) == 4
   for s in (0, 3):
-    single = run(fedavg(make_loss(model), optax.sgd(float(hp["lr"][s])), local_steps=2),
-                 keys[s], params, ds.train, num_rounds=5, progress=False)
+    single = fjs.run(fjs.fedavg(fjs.models.make_loss(model), optax.sgd(float(hp["lr"][s])),
+                                local_steps=2),
+                     keys[s], params, ds.train, num_rounds=5, progress=False)
     chex.assert_trees_all_close(jax.tree.map(lambda a: a[s], states.params),
                                 single.state.params, rtol=1e-5, atol=1e-6)
 
 
 def test_grid_is_the_cartesian_product():
-  g = grid(a=[1, 2, 3], b=[10, 20])
+  g = fjs.runtime.sweep.grid(a=[1, 2, 3], b=[10, 20])
   assert len(g["a"]) == 6
   assert set(zip(g["a"].tolist(), g["b"].tolist())) == {(a, b) for a in (1, 2, 3)
                                                         for b in (10, 20)}
@@ -68,28 +64,25 @@ def test_grid_is_the_cartesian_product():
 def test_hparams_need_one_setting_per_key(setup):
   ds, model = setup
   with pytest.raises(ValueError, match="leading axis"):
-    run_batched(lambda h: fedavg(make_loss(model), optax.sgd(h)), jax.random.split(
-        jax.random.key(0), 3), model.init(jax.random.key(1)), ds.train, num_rounds=2,
-                hparams=np.ones(2, np.float32))
+    fjs.run_batched(lambda h: fjs.fedavg(fjs.models.make_loss(model), optax.sgd(h)),
+                    jax.random.split(jax.random.key(0), 3), model.init(jax.random.key(1)),
+                    ds.train, num_rounds=2, hparams=np.ones(2, np.float32))
 
 
 def test_proxskip_step_size_and_p_grid_is_one_program():
   """Seed 000's random search over (γ, p) with repetitions: traced hyper-parameters."""
-  from fedjaxsparse.algorithms import proxskip as ps
-  from fedjaxsparse.data.problems import ridge_regression_problem
-  from fedjaxsparse.models import linear_regression
-  ds = ridge_regression_problem(num_clients=4, dim=3, seed=0)
-  model = linear_regression(3, l2=0.1)
-  loss = make_loss(model)
-  hp = grid(gamma=[0.01, 0.03], p=[0.2, 0.6], rep=[0, 1])
+  ds = fjs.data.ridge_regression_problem(num_clients=4, dim=3, seed=0)
+  model = fjs.models.linear_regression(3, l2=0.1)
+  loss = fjs.models.make_loss(model)
+  hp = fjs.runtime.sweep.grid(gamma=[0.01, 0.03], p=[0.2, 0.6], rep=[0, 1])
   keys = jax.vmap(jax.random.key)(hp["rep"].astype(np.uint32))
-  build = lambda h: ps.sparse_proxskip(loss, h["gamma"], h["p"], 0.5)
+  build = lambda h: fjs.sparse_proxskip(loss, h["gamma"], h["p"], 0.5)
   params = model.init(jax.random.key(0))
   hps = {"gamma": hp["gamma"].astype(np.float32), "p": hp["p"].astype(np.float32)}
-  states, hist = run_batched(build, keys, params, ds.train, num_rounds=30, hparams=hps)
+  states, hist = fjs.run_batched(build, keys, params, ds.train, num_rounds=30, hparams=hps)
   for s in (0, 5):
-    single = run(ps.sparse_proxskip(loss, float(hp["gamma"][s]), float(hp["p"][s]), 0.5),
-                 keys[s], params, ds.train, num_rounds=30, progress=False)
+    single = fjs.run(fjs.sparse_proxskip(loss, float(hp["gamma"][s]), float(hp["p"][s]), 0.5),
+                     keys[s], params, ds.train, num_rounds=30, progress=False)
     chex.assert_trees_all_close(jax.tree.map(lambda a: a[s], states.server),
                                 single.state.server, rtol=1e-4, atol=1e-5)
     assert hist[s].rounds["communicated"] == single.history.rounds["communicated"]

@@ -7,31 +7,27 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.pruning import calibration as CB
-from fedjaxsparse.pruning import posttrain as PT
-from fedjaxsparse.pruning import scores
-from fedjaxsparse.harness.cli import main
-from fedjaxsparse.models import mlp
+import fedjaxsparse as fjs
 
 
 def test_prune_model_is_layer_sequential():
   """Layer ℓ's mask comes from the statistics of its inputs under the already-pruned layers
   before it; the one-shot variant uses the dense model's; both hit the exact sparsity."""
-  m = mlp((16,), 4, hidden=(12, 8))
+  m = fjs.models.mlp((16,), 4, hidden=(12, 8))
   p = m.init(jax.random.key(0))
   x = jnp.asarray(np.random.default_rng(0).normal(size=(40, 16)), jnp.float32)
-  fn = scores.by_name("wanda")
-  seq, masks = PT.prune_model(m.apply, p, [x[:20], x[20:]], fn, sparsity=0.5)
-  one, _ = PT.prune_model(m.apply, p, [x], fn, sparsity=0.5, sequential=False)
+  fn = fjs.pruning.scores.by_name("wanda")
+  seq, masks = fjs.pruning.posttrain.prune_model(m.apply, p, [x[:20], x[20:]], fn, sparsity=0.5)
+  one, _ = fjs.pruning.posttrain.prune_model(m.apply, p, [x], fn, sparsity=0.5, sequential=False)
   for name, width in (("Dense_0", 16), ("Dense_1", 12), ("Dense_2", 8)):
     assert np.all(np.asarray(masks[name]["kernel"]).sum(0) == width - width // 2)
   np.testing.assert_array_equal(seq["Dense_0"]["kernel"], one["Dense_0"]["kernel"])
   # layer 1 by hand: its inputs are relu(x @ W0_pruned + b0)
   h = jax.nn.relu(x @ seq["Dense_0"]["kernel"] + p["Dense_0"]["bias"])
-  st = CB.update_stats(CB.init_stats(12), h)
-  want = PT.unstructured_mask(fn(p["Dense_1"]["kernel"], st.x_norm, None), 0.5)
+  st = fjs.pruning.calibration.update_stats(fjs.pruning.calibration.init_stats(12), h)
+  want = fjs.pruning.posttrain.unstructured_mask(fn(p["Dense_1"]["kernel"], st.x_norm, None), 0.5)
   np.testing.assert_array_equal(np.asarray(seq["Dense_1"]["kernel"]) != 0, np.asarray(want))
-  stats = PT.calibrate(m.apply, p, [x])
+  stats = fjs.pruning.posttrain.calibrate(m.apply, p, [x])
   assert list(stats) == ["Dense_0", "Dense_1", "Dense_2"] and float(stats["Dense_0"].count) == 40
 
 
@@ -49,8 +45,9 @@ def test_symwanda_lm_tiny_tableE2(tmp_path, capsys, quick):
   assert (tmp_path / "symwanda_lm" / "symwanda_lm_tableE2.png").read_bytes()[:4] == b"\x89PNG"
   trained = json.load(open(tmp_path / "symwanda_lm" / "model" / "fedjaxsparse_training.json"))
   assert trained["recipe"]["steps"] == 20 and len(trained["train_loss"]) >= 2
-  assert main(["run", "symwanda_lm", "--out", str(tmp_path / "real"), "--no-progress", "--set",
-               f"model={tmp_path / 'symwanda_lm' / 'model'}"]) != 0
+  assert fjs.harness.cli.main(["run", "symwanda_lm", "--out", str(tmp_path / "real"),
+                               "--no-progress", "--set",
+                               f"model={tmp_path / 'symwanda_lm' / 'model'}"]) != 0
   assert "tokenizer.json" in capsys.readouterr().err  # a real checkpoint needs its tokenizer
 
 
@@ -77,18 +74,16 @@ def test_one_shot_table_of_a_federated_model():
   """A federated global model pruned one-shot with each score, calibrated on the clients'
   data (the statistics are sums: calibrating on per-client batches = summing per-client
   statistics), its metrics tabulated beside the dense ones."""
-  from fedjaxsparse.data.embedded import digits
-  from fedjaxsparse.evaluation import make_eval_fn
-  ds = digits(num_clients=5, partition="iid", seed=0)
-  m = mlp((64,), 10, hidden=(16,))
+  ds = fjs.data.digits(num_clients=5, partition="iid", seed=0)
+  m = fjs.models.mlp((64,), 10, hidden=(16,))
   p = m.init(jax.random.key(0))
-  batches = PT.client_batches(ds.train, 8)
+  batches = fjs.pruning.posttrain.client_batches(ds.train, 8)
   assert len(batches) == 5 and all(b.shape == (8, 64) for b in batches)
-  summed = PT.calibrate(m.apply, p, batches)["Dense_0"]
-  whole = PT.calibrate(m.apply, p, [jnp.concatenate(batches)])["Dense_0"]
+  summed = fjs.pruning.posttrain.calibrate(m.apply, p, batches)["Dense_0"]
+  whole = fjs.pruning.posttrain.calibrate(m.apply, p, [jnp.concatenate(batches)])["Dense_0"]
   np.testing.assert_allclose(summed.sumsq, whole.sumsq, rtol=1e-5)
-  ev = make_eval_fn(m)
-  rows = PT.one_shot(m.apply, p, batches, lambda q: ev(q, ds.test), [0.5, 0.9])
+  ev = fjs.evaluation.make_eval_fn(m)
+  rows = fjs.pruning.posttrain.one_shot(m.apply, p, batches, lambda q: ev(q, ds.test), [0.5, 0.9])
   assert [(r["score"], r["sparsity"]) for r in rows] == [
       ("dense", 0.0), ("magnitude", 0.5), ("magnitude", 0.9), ("wanda", 0.5), ("wanda", 0.9),
       ("ria", 0.5), ("ria", 0.9)]

@@ -8,22 +8,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.pruning import calibration as CB
-from fedjaxsparse.models import hf
-from fedjaxsparse.pruning import lm, posttrain, scores
-from fedjaxsparse.pruning import sequential as SQ
-from fedjaxsparse.models import transformer as T
+import fedjaxsparse as fjs
 
-LLAMA = T.TransformerConfig(arch="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
-                            num_layers=2, num_heads=4, num_kv_heads=2, max_positions=32)
-OPT = T.TransformerConfig(arch="opt", vocab_size=64, hidden_size=32, intermediate_size=48,
-                          num_layers=2, num_heads=4, num_kv_heads=4, max_positions=32,
-                          tie_embeddings=True, bias=True)
+transformer = fjs.models.transformer
+
+LLAMA = transformer.TransformerConfig(arch="llama", vocab_size=64, hidden_size=32,
+                                      intermediate_size=48, num_layers=2, num_heads=4,
+                                      num_kv_heads=2, max_positions=32)
+OPT = transformer.TransformerConfig(arch="opt", vocab_size=64, hidden_size=32, intermediate_size=48,
+                                    num_layers=2, num_heads=4, num_kv_heads=4, max_positions=32,
+                                    tie_embeddings=True, bias=True)
 IDS = np.random.default_rng(0).integers(0, 64, (6, 16)).astype(np.int32)
 
 
 def _params(cfg, seed=0):
-  p = T.init(cfg, jax.random.key(seed))
+  p = transformer.init(cfg, jax.random.key(seed))
   # non-trivial norms and biases, so a mis-mapped tensor changes the output
   return jax.tree_util.tree_map_with_path(
       lambda path, x: x + 0.1 * jax.random.normal(jax.random.key(len(str(path))), x.shape)
@@ -33,21 +32,21 @@ def _params(cfg, seed=0):
 @pytest.mark.parametrize("cfg", [LLAMA, OPT], ids=["llama", "opt"])
 def test_checkpoint_round_trip_gives_the_same_model(cfg, tmp_path):
   params = _params(cfg)
-  hf.save(str(tmp_path), cfg, params)
-  ck = hf.Checkpoint(str(tmp_path))
+  fjs.models.hf.save(str(tmp_path), cfg, params)
+  ck = fjs.models.hf.Checkpoint(str(tmp_path))
   assert ck.config == cfg
   loaded = ck.params()
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
                params, loaded)
-  direct = SQ.ParamsSource(cfg, params)
+  direct = fjs.pruning.sequential.ParamsSource(cfg, params)
   win = IDS[:, :12]
-  ppl_direct = lm.perplexity(SQ.logits_fn(direct), win)
-  assert SQ.perplexity(ck, win) == pytest.approx(ppl_direct, rel=1e-6)
-  assert SQ.perplexity(direct, win) == pytest.approx(ppl_direct, rel=1e-6)
+  ppl_direct = fjs.pruning.lm.perplexity(fjs.pruning.sequential.logits_fn(direct), win)
+  assert fjs.pruning.sequential.perplexity(ck, win) == pytest.approx(ppl_direct, rel=1e-6)
+  assert fjs.pruning.sequential.perplexity(direct, win) == pytest.approx(ppl_direct, rel=1e-6)
   # pruning the loaded checkpoint gives the same masks as pruning the directly built weights
-  fn = scores.by_name("wanda")
-  pa, _ = SQ.prune(ck, IDS, fn, sparsity=0.5)
-  pb, rep = SQ.prune(direct, IDS, fn, sparsity=0.5)
+  fn = fjs.pruning.scores.by_name("wanda")
+  pa, _ = fjs.pruning.sequential.prune(ck, IDS, fn, sparsity=0.5)
+  pb, rep = fjs.pruning.sequential.prune(direct, IDS, fn, sparsity=0.5)
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a == 0, b == 0), pa.params, pb.params)
   assert all(r.sparsity == pytest.approx(0.5) for r in rep.values())
   assert len(rep) == cfg.num_layers * (7 if cfg.arch == "llama" else 6)
@@ -58,7 +57,7 @@ def test_hf_names_shapes_and_sharded_index(tmp_path):
   sharded checkpoint (index json) reads the same."""
   from safetensors.numpy import load_file, save_file
   params = _params(LLAMA)
-  hf.save(str(tmp_path / "one"), LLAMA, params)
+  fjs.models.hf.save(str(tmp_path / "one"), LLAMA, params)
   t = load_file(str(tmp_path / "one" / "model.safetensors"))
   d = LLAMA.head_dim
   assert t["model.layers.1.self_attn.k_proj.weight"].shape == (2 * d, 32)
@@ -78,25 +77,26 @@ def test_hf_names_shapes_and_sharded_index(tmp_path):
                             for i, n in enumerate(names)}},
             open(shard / "model.safetensors.index.json", "w"))
   json.dump(cfg, open(shard / "config.json", "w"))
-  jax.tree.map(np.testing.assert_array_equal, hf.Checkpoint(str(shard)).block(1),
-               hf.Checkpoint(str(tmp_path / "one")).block(1))
+  jax.tree.map(np.testing.assert_array_equal, fjs.models.hf.Checkpoint(str(shard)).block(1),
+               fjs.models.hf.Checkpoint(str(tmp_path / "one")).block(1))
 
 
 def test_checkpoint_errors_are_named(tmp_path):
   with pytest.raises(FileNotFoundError, match="config.json"):
-    hf.Checkpoint(str(tmp_path))
+    fjs.models.hf.Checkpoint(str(tmp_path))
   with pytest.raises(ValueError, match="model_type"):
-    hf.config_from_hf({"model_type": "gpt2"})
+    fjs.models.hf.config_from_hf({"model_type": "gpt2"})
   with pytest.raises(ValueError, match="rope_scaling"):
-    hf.config_from_hf({**hf.config_to_hf(LLAMA), "rope_scaling": {"type": "llama3"}})
+    fjs.models.hf.config_from_hf({**fjs.models.hf.config_to_hf(LLAMA),
+                                  "rope_scaling": {"type": "llama3"}})
   with pytest.raises(ValueError, match="num_kv_heads"):
-    T.TransformerConfig(num_heads=4, num_kv_heads=3)
+    transformer.TransformerConfig(num_heads=4, num_kv_heads=3)
 
 
 def test_grouped_query_attention_equals_repeated_heads():
   """GQA with 2 kv heads = multi-head attention whose k/v projections repeat each kv head over
   its group of query heads."""
-  mha = T.TransformerConfig(**{**LLAMA.__dict__, "num_kv_heads": 4})
+  mha = transformer.TransformerConfig(**{**LLAMA.__dict__, "num_kv_heads": 4})
   p = _params(LLAMA)
   q = jax.tree.map(lambda x: x, p)
   d = LLAMA.head_dim
@@ -105,8 +105,8 @@ def test_grouped_query_attention_equals_repeated_heads():
     for n in ("k_proj", "v_proj"):
       k = att[n]["kernel"].reshape(32, 2, d)
       att[n] = {"kernel": jnp.repeat(k, 2, axis=1).reshape(32, 4 * d)}
-  a = T.Decoder(LLAMA).apply({"params": p}, IDS)
-  b = T.Decoder(mha).apply({"params": q}, IDS)
+  a = transformer.Decoder(LLAMA).apply({"params": p}, IDS)
+  b = transformer.Decoder(mha).apply({"params": q}, IDS)
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -117,7 +117,7 @@ def test_rotary_is_relative_and_attention_causal():
   # the same vectors at every position: <R_m q, R_n k> depends on m − n only
   qs = jnp.broadcast_to(q[:, :1], q.shape)
   ks = jnp.broadcast_to(k[:, :1], k.shape)
-  rq, rk = T.rotary(qs, 10000.0)[0, :, 0], T.rotary(ks, 10000.0)[0, :, 0]
+  rq, rk = transformer.rotary(qs, 10000.0)[0, :, 0], transformer.rotary(ks, 10000.0)[0, :, 0]
   dots = np.asarray(rq @ rk.T)
   np.testing.assert_allclose(dots[5, 2], dots[9, 6], rtol=1e-5)
   np.testing.assert_allclose(dots[3, 3], float(qs[0, 0, 0] @ ks[0, 0, 0]), rtol=1e-5)
@@ -127,8 +127,8 @@ def test_rotary_is_relative_and_attention_causal():
     p = _params(cfg)
     ids2 = IDS.copy()
     ids2[:, 10:] = (ids2[:, 10:] + 1) % 64
-    a = T.Decoder(cfg).apply({"params": p}, IDS)
-    b = T.Decoder(cfg).apply({"params": p}, ids2)
+    a = transformer.Decoder(cfg).apply({"params": p}, IDS)
+    b = transformer.Decoder(cfg).apply({"params": p}, ids2)
     np.testing.assert_allclose(a[:, :10], b[:, :10], rtol=1e-5, atol=1e-6)
     assert not np.allclose(a[:, 10:], b[:, 10:])
 
@@ -137,32 +137,37 @@ def test_block_sequential_calibration_uses_the_pruned_outputs():
   """Block 1's masks are those computed from statistics of block-0 outputs of the *pruned*
   block 0 (Wanda's and RIA's pipeline), not of the dense one."""
   cfg, params = LLAMA, _params(LLAMA)
-  fn = scores.by_name("wanda")
+  fn = fjs.pruning.scores.by_name("wanda")
   key = jax.random.key(3)
-  pruned, _ = SQ.prune(SQ.ParamsSource(cfg, params), IDS, fn, sparsity=0.5, key=key, batch_size=4)
-  model = T.Decoder(cfg)
+  pruned, _ = fjs.pruning.sequential.prune(fjs.pruning.sequential.ParamsSource(cfg, params), IDS,
+                                           fn, sparsity=0.5, key=key, batch_size=4)
+  model = transformer.Decoder(cfg)
   h = model.apply({"params": params}, IDS, method="embed")
-  h1 = T.Block(cfg).apply({"params": pruned.params["layers_0"]}, h)
-  _, col = T.Block(cfg).apply({"params": params["layers_1"]}, h1, mutable=["calib"])
+  h1 = transformer.Block(cfg).apply({"params": pruned.params["layers_0"]}, h)
+  _, col = transformer.Block(cfg).apply({"params": params["layers_1"]}, h1, mutable=["calib"])
   x = col["calib"]["mlp"]["down_proj"]["inputs"][0]
-  st = CB.update_stats(CB.init_stats(x.shape[-1]), x)
+  st = fjs.pruning.calibration.update_stats(fjs.pruning.calibration.init_stats(x.shape[-1]), x)
   w = params["layers_1"]["mlp"]["down_proj"]["kernel"]
-  m = posttrain.unstructured_mask(fn(w, st.x_norm, None), 0.5)
+  m = fjs.pruning.posttrain.unstructured_mask(fn(w, st.x_norm, None), 0.5)
   np.testing.assert_array_equal(np.asarray(pruned.params["layers_1"]["mlp"]["down_proj"]
                                            ["kernel"]) != 0, np.asarray(m))
-  dense_h1 = T.Block(cfg).apply({"params": params["layers_0"]}, h)
-  _, col_d = T.Block(cfg).apply({"params": params["layers_1"]}, dense_h1, mutable=["calib"])
+  dense_h1 = transformer.Block(cfg).apply({"params": params["layers_0"]}, h)
+  _, col_d = transformer.Block(cfg).apply({"params": params["layers_1"]}, dense_h1,
+                                          mutable=["calib"])
   xd = col_d["calib"]["mlp"]["down_proj"]["inputs"][0]
-  md = posttrain.unstructured_mask(fn(w, CB.update_stats(CB.init_stats(48), xd).x_norm, None), 0.5)
+  md = fjs.pruning.posttrain.unstructured_mask(
+      fn(w, fjs.pruning.calibration.update_stats(fjs.pruning.calibration.init_stats(48), xd).x_norm,
+         None), 0.5)
   assert not np.array_equal(np.asarray(m), np.asarray(md))  # the choice matters here
 
 
 def test_reconstruction_error_matches_the_definition():
   cfg, params = OPT, _params(OPT)
-  pruned, rep = SQ.prune(SQ.ParamsSource(cfg, params), IDS, scores.by_name("magnitude"),
-                         sparsity=0.6)
-  h = T.Decoder(cfg).apply({"params": params}, IDS, method="embed")
-  _, col = T.Block(cfg).apply({"params": params["layers_0"]}, h, mutable=["calib"])
+  pruned, rep = fjs.pruning.sequential.prune(fjs.pruning.sequential.ParamsSource(cfg, params),
+                                             IDS, fjs.pruning.scores.by_name("magnitude"),
+                                             sparsity=0.6)
+  h = transformer.Decoder(cfg).apply({"params": params}, IDS, method="embed")
+  _, col = transformer.Block(cfg).apply({"params": params["layers_0"]}, h, mutable=["calib"])
   x = np.asarray(col["calib"]["fc1"]["inputs"][0]).reshape(-1, 32)
   w = np.asarray(params["layers_0"]["fc1"]["kernel"])
   wt = np.asarray(pruned.params["layers_0"]["fc1"]["kernel"])
@@ -174,24 +179,24 @@ def test_reconstruction_error_matches_the_definition():
 def test_text_protocol_files(tmp_path):
   raw = tmp_path / "wiki.test.raw"
   raw.write_text(" \n = Title = \n \n Some text .\n")
-  text = lm.wikitext2_test(str(raw))
+  text = fjs.pruning.lm.wikitext2_test(str(raw))
   # the hub's rows: "" for whitespace-only lines, each line with its newline; joined by "\n\n"
   assert text == "\n\n = Title = \n\n\n\n\n Some text .\n"
   with pytest.raises(FileNotFoundError, match="wikitext-2-raw-v1"):
-    lm.wikitext2_test(str(tmp_path / "missing.raw"))
+    fjs.pruning.lm.wikitext2_test(str(tmp_path / "missing.raw"))
   docs = ["short", "x" * 300, "y" * 50 + "z" * 250]
   with gzip.open(tmp_path / "c4.json.gz", "wt") as f:
     for d in docs:
       f.write(json.dumps({"text": d, "url": "u"}) + "\n")
-  assert lm.c4_documents(str(tmp_path / "c4.json.gz")) == docs
-  tok = lm.ByteTokenizer()
-  w = lm.calibration_windows(docs, tok, nsamples=5, seq_len=100, seed=0)
+  assert fjs.pruning.lm.c4_documents(str(tmp_path / "c4.json.gz")) == docs
+  tok = fjs.pruning.lm.ByteTokenizer()
+  w = fjs.pruning.lm.calibration_windows(docs, tok, nsamples=5, seq_len=100, seed=0)
   assert w.shape == (5, 100)
   joined = [tok.encode(d).tolist() for d in docs]
   for row in w.tolist():  # each window is a contiguous slice of one long-enough document
     assert any(any(doc[s:s + 100] == row for s in range(len(doc) - 99)) for doc in joined[1:])
-  np.testing.assert_array_equal(w, lm.calibration_windows(docs, tok, 5, 100, seed=0))
-  assert lm.eval_windows(np.arange(250), 100).shape == (2, 100)
+  np.testing.assert_array_equal(w, fjs.pruning.lm.calibration_windows(docs, tok, 5, 100, seed=0))
+  assert fjs.pruning.lm.eval_windows(np.arange(250), 100).shape == (2, 100)
 
 
 def test_file_tokenizer_round_trip(tmp_path):
@@ -201,7 +206,7 @@ def test_file_tokenizer_round_trip(tmp_path):
   tk.train_from_iterator(["to be or not to be"] * 20, trainers.BpeTrainer(
       vocab_size=40, special_tokens=["[UNK]"]))
   tk.save(str(tmp_path / "tokenizer.json"))
-  ft = lm.tokenizer(str(tmp_path))
+  ft = fjs.pruning.lm.tokenizer(str(tmp_path))
   ids = ft.encode("to be or not")
   assert ids.dtype == np.int32 and len(ids) >= 4 and ft.decode(ids).replace(" ", "") == "tobeornot"
   # OPT's layout: GPT-2 vocab.json + merges.txt, the config's BOS prepended
@@ -212,23 +217,24 @@ def test_file_tokenizer_round_trip(tmp_path):
   opt.mkdir()
   bl.save_model(str(opt))
   json.dump({"bos_token_id": 2}, open(opt / "config.json", "w"))
-  ot = lm.tokenizer(str(opt))
+  ot = fjs.pruning.lm.tokenizer(str(opt))
   ids = ot.encode("to be")
   assert ids[0] == 2 and ot.decode(ids[1:]) == "to be"
-  b = lm.tokenizer("byte")
+  b = fjs.pruning.lm.tokenizer("byte")
   assert b.decode(b.encode("Now is the winter")) == "Now is the winter"
 
 
 def test_shakespeare_splits_are_disjoint_plays():
-  sp = lm.shakespeare_splits()
+  sp = fjs.pruning.lm.shakespeare_splits()
   assert len(sp["train"]) > 5 * len(sp["test"]) > 0 and len(sp["validation"]) > 0
   assert sp["test"][:2000] not in sp["train"] and sp["validation"][:2000] not in sp["train"]
 
 
 def test_training_lowers_the_loss():
-  cfg = T.TransformerConfig(hidden_size=32, intermediate_size=48, num_layers=1, num_heads=2,
-                            num_kv_heads=1)
-  ids = lm.ByteTokenizer().encode(lm.shakespeare_splits()["validation"][:50_000])
-  _, losses = lm.train(cfg, ids, steps=60, batch_size=8, seq_len=32, log_every=59,
-                       progress=False)
+  cfg = transformer.TransformerConfig(hidden_size=32, intermediate_size=48, num_layers=1,
+                                      num_heads=2, num_kv_heads=1)
+  ids = fjs.pruning.lm.ByteTokenizer().encode(
+      fjs.pruning.lm.shakespeare_splits()["validation"][:50_000])
+  _, losses = fjs.pruning.lm.train(cfg, ids, steps=60, batch_size=8, seq_len=32, log_every=59,
+                                   progress=False)
   assert losses[0] > np.log(256) - 0.5 and losses[-1] < losses[0] - 1.0

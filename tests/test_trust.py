@@ -17,38 +17,28 @@ import numpy as np
 import optax
 import pytest
 
-from fedjaxsparse.ops import compressors as C
-from fedjaxsparse.algorithms import proxskip as ps
-from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.algorithms.fedht import fedht
-from fedjaxsparse.core import Algorithm
-from fedjaxsparse.data.embedded import diabetes, digits
-from fedjaxsparse.data.federated import FederatedData, FederatedDataset
-from fedjaxsparse.errors import (CheckpointCorruptError, CheckpointExistsError, ConfigError,
-                                 DataError, LockedError, NonFiniteError, RunMismatchError)
-from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.runtime.locking import FolderLock
-from fedjaxsparse.models import linear_regression, make_loss, mlp, softmax_regression
-from fedjaxsparse.runtime.runner import build_chunk, run, split_run_key
+import fedjaxsparse as fjs
 
-MODEL = softmax_regression(64, 10)
+MODEL = fjs.models.softmax_regression(64, 10)
 
 
 @pytest.fixture(scope="module")
 def ds():
-  return digits(num_clients=6, partition="dirichlet", alpha=0.5, seed=0)
+  return fjs.data.digits(num_clients=6, partition="dirichlet", alpha=0.5, seed=0)
 
 
 def _algo(lr=0.3, model=MODEL):
-  return fedavg(make_loss(model), optax.sgd(lr), local_steps=2, batch_size=8, cohort_size=3)
+  return fjs.fedavg(fjs.models.make_loss(model), optax.sgd(lr), local_steps=2, batch_size=8,
+                    cohort_size=3)
 
 
 def _run(ds, algo=None, *, model=MODEL, key=7, train=None, **kw):
   kw.setdefault("progress", False)
   kw.setdefault("eval_every", 2)
   kw.setdefault("chunk_size", 2)
-  return run(algo or _algo(), jax.random.key(key), model.init(jax.random.key(0)),
-             ds.train if train is None else train, ds.test, eval_fn=make_eval_fn(model), **kw)
+  return fjs.run(algo or _algo(), jax.random.key(key), model.init(jax.random.key(0)),
+                 ds.train if train is None else train, ds.test,
+                 eval_fn=fjs.evaluation.make_eval_fn(model), **kw)
 
 
 # ----------------------------------------------------------------------------- resume
@@ -66,18 +56,20 @@ def test_resume_refuses_every_kind_of_mismatch(ds, tmp_path, change, match):
   kw = dict(num_rounds=6, checkpoint_dir=ckpt, resume=True,
             fingerprint={"method": "FedAvg", "lr": 0.3})
   kw.update(change)
-  with pytest.raises(RunMismatchError, match=match):
+  with pytest.raises(fjs.errors.RunMismatchError, match=match):
     _run(ds, **kw)
 
 
 def test_resume_refuses_other_data_partition_and_model(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
   _run(ds, num_rounds=4, checkpoint_dir=ckpt)
-  other = digits(num_clients=6, partition="dirichlet", alpha=0.5, seed=1)  # another partition
-  with pytest.raises(RunMismatchError, match="training data"):
+  # another partition
+  other = fjs.data.digits(num_clients=6, partition="dirichlet", alpha=0.5, seed=1)
+  with pytest.raises(fjs.errors.RunMismatchError, match="training data"):
     _run(ds, train=other.train, num_rounds=6, checkpoint_dir=ckpt, resume=True)
-  other_model = mlp((64,), 10, hidden=(16,))
-  with pytest.raises(RunMismatchError, match="algorithm .*differs.*initial model differs"):
+  other_model = fjs.models.mlp((64,), 10, hidden=(16,))
+  with pytest.raises(fjs.errors.RunMismatchError,
+                     match="algorithm .*differs.*initial model differs"):
     _run(ds, _algo(model=other_model), model=other_model, num_rounds=6, checkpoint_dir=ckpt,
          resume=True)
 
@@ -85,7 +77,7 @@ def test_resume_refuses_other_data_partition_and_model(ds, tmp_path):
 def test_resume_refuses_fewer_rounds_and_extends_to_more(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
   _run(ds, num_rounds=6, checkpoint_dir=ckpt)
-  with pytest.raises(RunMismatchError, match="already holds 6 rounds but num_rounds=4"):
+  with pytest.raises(fjs.errors.RunMismatchError, match="already holds 6 rounds but num_rounds=4"):
     _run(ds, num_rounds=4, checkpoint_dir=ckpt, resume=True)
   resumed = _run(ds, num_rounds=10, checkpoint_dir=ckpt, resume=True)
   fresh = _run(ds, num_rounds=10)
@@ -104,7 +96,7 @@ def test_fresh_run_refuses_old_checkpoints_unless_overwrite(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
   _run(ds, _algo(lr=0.1), num_rounds=6, checkpoint_dir=ckpt)
   (tmp_path / "ckpt" / "notes.txt").write_text("mine")  # not a checkpoint: kept
-  with pytest.raises(CheckpointExistsError, match="--resume.*--overwrite"):
+  with pytest.raises(fjs.errors.CheckpointExistsError, match="--resume.*--overwrite"):
     _run(ds, num_rounds=4, checkpoint_dir=ckpt)
   over = _run(ds, num_rounds=4, checkpoint_dir=ckpt, overwrite=True)
   # The old run's steps are gone: resuming the new run continues *it*, to the fresh result.
@@ -133,13 +125,13 @@ def test_training_time_adds_up_across_resumes(ds, tmp_path):
 
 def test_nan_stops_the_run_with_round_and_quantity():
   """FedAvg with a too-large learning rate on least squares overflows to inf/NaN."""
-  reg = diabetes(num_clients=6)
-  model = linear_regression(10)
-  algo = fedavg(make_loss(model), optax.sgd(3.0), local_steps=2, batch_size=8)
-  go = lambda **kw: run(algo, jax.random.key(7), model.init(jax.random.key(0)), reg.train,
-                        reg.test, num_rounds=60, eval_fn=make_eval_fn(model), eval_every=10,
-                        chunk_size=10, progress=False, **kw)
-  with pytest.raises(NonFiniteError) as e:
+  reg = fjs.data.diabetes(num_clients=6)
+  model = fjs.models.linear_regression(10)
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(3.0), local_steps=2, batch_size=8)
+  go = lambda **kw: fjs.run(algo, jax.random.key(7), model.init(jax.random.key(0)), reg.train,
+                            reg.test, num_rounds=60, eval_fn=fjs.evaluation.make_eval_fn(model),
+                            eval_every=10, chunk_size=10, progress=False, **kw)
+  with pytest.raises(fjs.errors.NonFiniteError) as e:
     go(desc="FedAvg lr=3")
   err = e.value
   assert err.method == "FedAvg lr=3" and 1 < err.round < 60
@@ -158,17 +150,17 @@ def test_state_divergence_round_does_not_depend_on_the_chunk_size(ds):
   """FedAdam's server state goes NaN at round 1 with a huge client step: reported at round 1
   whatever the chunking, and a stopped run keeps no round."""
   model = MODEL
-  algo = fedavg(make_loss(model), optax.sgd(1e30), local_steps=1,
-                server_optimizer=optax.adam(0.01))
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(1e30), local_steps=1,
+                    server_optimizer=optax.adam(0.01))
   for chunk in (1, 5):
-    r = run(algo, jax.random.key(0), model.init(jax.random.key(0)), ds.train, ds.test,
-            num_rounds=10, eval_fn=make_eval_fn(model), eval_every=5, chunk_size=chunk,
-            on_nonfinite="stop", progress=False)
+    r = fjs.run(algo, jax.random.key(0), model.init(jax.random.key(0)), ds.train, ds.test,
+                num_rounds=10, eval_fn=fjs.evaluation.make_eval_fn(model), eval_every=5,
+                chunk_size=chunk, on_nonfinite="stop", progress=False)
     assert r.diverged["round"] == 1 and r.diverged["quantity"].startswith("state")
     assert r.history.rounds["round"] == [] and r.history.evals["round"] == [0]
 
 
-def _nan_state_algo(bad_round: int) -> Algorithm:
+def _nan_state_algo(bad_round: int) -> fjs.Algorithm:
   """Loss always finite; a state leaf becomes NaN after ``bad_round`` steps."""
   def init(key, params, data):
     return {"params": params, "t": jnp.zeros((), jnp.int32), "aux": jnp.zeros(3)}
@@ -179,21 +171,21 @@ def _nan_state_algo(bad_round: int) -> Algorithm:
     info = {"loss": jnp.float32(1.0), "bits_up": jnp.float32(0), "bits_down": jnp.float32(0)}
     return {"params": state["params"], "t": t, "aux": aux}, info
 
-  return Algorithm(init, step)
+  return fjs.Algorithm(init, step)
 
 
 def test_nonfinite_state_is_caught_inside_the_compiled_chunk(ds):
   algo = _nan_state_algo(5)
-  chunk = jax.jit(build_chunk(algo, 4))
-  init_key, rounds_key = split_run_key(jax.random.key(0))
+  chunk = jax.jit(fjs.runtime.runner.build_chunk(algo, 4))
+  init_key, rounds_key = fjs.runtime.runner.split_run_key(jax.random.key(0))
   state = algo.init(init_key, MODEL.init(jax.random.key(0)), ds.train)
   state, out = chunk(rounds_key, state, jnp.int32(0), jnp.int32(8), ds.train, None)
   assert out.state_finite.shape == (3,) and bool(out.state_finite.all())
   state, out = chunk(rounds_key, state, jnp.int32(4), jnp.int32(8), ds.train, None)
   assert not bool(out.state_finite.all())
-  with pytest.raises(NonFiniteError, match=r"state\['aux'\]") as e:
-    run(algo, jax.random.key(0), MODEL.init(jax.random.key(0)), ds.train, num_rounds=12,
-        chunk_size=4, progress=False)
+  with pytest.raises(fjs.errors.NonFiniteError, match=r"state\['aux'\]") as e:
+    fjs.run(algo, jax.random.key(0), MODEL.init(jax.random.key(0)), ds.train, num_rounds=12,
+            chunk_size=4, progress=False)
   assert e.value.round == 5  # exact, though it falls inside a chunk of 4 rounds
 
 
@@ -206,14 +198,15 @@ def test_a_long_run_announces_its_remaining_time(ds, capsys):
 
 
 def test_infinite_or_nonpositive_step_sizes_are_rejected():
-  loss = make_loss(MODEL)
+  loss = fjs.models.make_loss(MODEL)
   for bad in (float("inf"), float("nan"), 0.0, -1.0):
-    with pytest.raises(ConfigError, match=r"gamma \(step size\) must be a finite number"):
-      ps.sparse_proxskip(loss, bad, 0.1, 0.9)
-    with pytest.raises(ConfigError, match="lr must be a finite number"):
-      fedht(loss, bad, 2, 0.9)
-  with pytest.raises(ConfigError, match=r"p \(communication probability\).*\(0, 1\]"):
-    ps.proxskip(loss, 0.1, 1.5)
+    with pytest.raises(fjs.errors.ConfigError,
+                       match=r"gamma \(step size\) must be a finite number"):
+      fjs.sparse_proxskip(loss, bad, 0.1, 0.9)
+    with pytest.raises(fjs.errors.ConfigError, match="lr must be a finite number"):
+      fjs.fedht(loss, bad, 2, 0.9)
+  with pytest.raises(fjs.errors.ConfigError, match=r"p \(communication probability\).*\(0, 1\]"):
+    fjs.proxskip(loss, 0.1, 1.5)
 
 
 # ------------------------------------------------------------------------------ data
@@ -224,41 +217,42 @@ def test_empty_client_and_nan_feature_rejected_at_the_data_boundary(ds):
   n = np.asarray(tr.num_examples).copy()
   n[2] = 0
   mask = (np.arange(tr.max_examples)[None] < n[:, None]).astype(np.float32)
-  empty = FederatedData(tr.x * mask[..., None], tr.y, jnp.asarray(mask), jnp.asarray(n))
-  algo = fedavg(make_loss(MODEL), optax.sgd(0.1), local_steps=2, batch_size=4)
-  with pytest.raises(DataError, match="client 2 has no example"):
+  empty = fjs.data.FederatedData(tr.x * mask[..., None], tr.y, jnp.asarray(mask), jnp.asarray(n))
+  algo = fjs.fedavg(fjs.models.make_loss(MODEL), optax.sgd(0.1), local_steps=2, batch_size=4)
+  with pytest.raises(fjs.errors.DataError, match="client 2 has no example"):
     algo.init(jax.random.key(0), MODEL.init(jax.random.key(0)), empty)
-  with pytest.raises(DataError, match="client 2 has no example"):
+  with pytest.raises(fjs.errors.DataError, match="client 2 has no example"):
     _run(ds, algo, train=empty, num_rounds=2)
   x = np.asarray(tr.x).copy()
   x[4, 0, 7] = np.nan
-  with pytest.raises(DataError, match="client 4 has a NaN or infinite feature"):
+  with pytest.raises(fjs.errors.DataError, match="client 4 has a NaN or infinite feature"):
     _run(ds, train=tr._replace(x=jnp.asarray(x)), num_rounds=2)
   holes = np.asarray(tr.mask).copy()
   holes[1, 0] = 0.0  # a padding row before real rows
-  with pytest.raises(DataError, match="client 1 mask must be 1 on the first"):
+  with pytest.raises(fjs.errors.DataError, match="client 1 mask must be 1 on the first"):
     tr._replace(mask=jnp.asarray(holes)).validate()
 
 
 def test_labels_outside_the_classes_rejected(ds):
   y = np.asarray(ds.train.y).copy()
   y[3, 0] = 10
-  bad = FederatedDataset(ds.train._replace(y=jnp.asarray(y)), ds.test, 10, "digits")
-  with pytest.raises(DataError, match=r"client 3 has a label outside \[0, 10\)"):
+  bad = fjs.data.FederatedDataset(ds.train._replace(y=jnp.asarray(y)), ds.test, 10, "digits")
+  with pytest.raises(fjs.errors.DataError, match=r"client 3 has a label outside \[0, 10\)"):
     bad.validate()
   t = np.asarray(ds.train.y, np.float32).copy()
   t[0, 0] = np.nan
-  with pytest.raises(DataError, match="client 0 has a NaN or infinite target"):
+  with pytest.raises(fjs.errors.DataError, match="client 0 has a NaN or infinite target"):
     ds.train._replace(y=jnp.asarray(t)).validate()
 
 
 def test_compressor_applied_to_a_tree_of_another_size():
-  c = C.rand_k(5, 2)
-  with pytest.raises(ConfigError, match=r"rand-2 was built for d=5 .* tree of 10"):
+  c = fjs.compressors.rand_k(5, 2)
+  with pytest.raises(fjs.errors.ConfigError, match=r"rand-2 was built for d=5 .* tree of 10"):
     c.compress(jax.random.key(0), jnp.ones(10))
-  for make in (lambda: C.top_k(5, 2), lambda: C.natural(5), lambda: C.identity(5),
-               lambda: C.qsgd(5, 2), lambda: C.comp_k(5, 1, 2)):
-    with pytest.raises(ConfigError, match="built for d=5"):
+  for make in (lambda: fjs.compressors.top_k(5, 2), lambda: fjs.compressors.natural(5),
+               lambda: fjs.compressors.identity(5), lambda: fjs.compressors.qsgd(5, 2),
+               lambda: fjs.compressors.comp_k(5, 1, 2)):
+    with pytest.raises(fjs.errors.ConfigError, match="built for d=5"):
       make().compress(jax.random.key(0), {"a": jnp.ones(3), "b": jnp.ones(4)})
   assert c.compress(jax.random.key(0), jnp.ones(5)).shape == (5,)
 
@@ -268,10 +262,10 @@ def test_compressor_applied_to_a_tree_of_another_size():
 def test_folder_lock_contention_names_the_owner_and_dies_with_it(ds, tmp_path, lock_holder):
   folder = str(tmp_path / "ckpt")
   proc = lock_holder(folder)
-  with pytest.raises(LockedError, match=f"pid {proc.pid}.*test holder"):
+  with pytest.raises(fjs.errors.LockedError, match=f"pid {proc.pid}.*test holder"):
     _run(ds, num_rounds=2, checkpoint_dir=folder)
-  with pytest.raises(LockedError):
-    FolderLock(folder).acquire()
+  with pytest.raises(fjs.errors.LockedError):
+    fjs.runtime.locking.FolderLock(folder).acquire()
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   # The kernel released the lock with the killed owner: no stale lock.
@@ -321,13 +315,14 @@ def test_no_readable_checkpoint_is_a_clear_error(ds, tmp_path):
     json.dump(meta, open(meta_path, "w"))
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    with pytest.raises(CheckpointCorruptError, match="no readable checkpoint.*--overwrite"):
+    with pytest.raises(fjs.errors.CheckpointCorruptError,
+                       match="no readable checkpoint.*--overwrite"):
       _run(ds, num_rounds=6, checkpoint_dir=ckpt, resume=True)
 
 
 def test_counts_and_label_types_checked(ds):
   tr = ds.train
-  with pytest.raises(DataError, match=r"num_examples must be integers in \[0, M="):
+  with pytest.raises(fjs.errors.DataError, match=r"num_examples must be integers in \[0, M="):
     tr._replace(num_examples=tr.num_examples.at[0].set(tr.max_examples + 1)).validate()
-  with pytest.raises(DataError, match="must be integers"):
-    FederatedDataset(tr._replace(y=tr.y.astype(jnp.float32)), ds.test, 10, "x").validate()
+  with pytest.raises(fjs.errors.DataError, match="must be integers"):
+    fjs.data.FederatedDataset(tr._replace(y=tr.y.astype(jnp.float32)), ds.test, 10, "x").validate()

@@ -10,14 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjaxsparse.pruning import zig as Z
-from fedjaxsparse.models import prunable as P
+import fedjaxsparse as fjs
+
+zig = fjs.pruning.zig
+prunable = fjs.models.prunable
 
 ARCHS = {
-    "mlp": lambda **kw: P.mlp((6, 6, 1), 5, hidden=(12, 8), **kw),
-    "cifar_resnet8": lambda **kw: P.cifar_resnet(8, (8, 8, 3), 5, **kw),
-    "resnet_2stages": lambda **kw: P.resnet((2, 1), (8, 8, 3), 5, **kw),
-    "mobilenet_v2": lambda **kw: P.mobilenet_v2(
+    "mlp": lambda **kw: prunable.mlp((6, 6, 1), 5, hidden=(12, 8), **kw),
+    "cifar_resnet8": lambda **kw: prunable.cifar_resnet(8, (8, 8, 3), 5, **kw),
+    "resnet_2stages": lambda **kw: prunable.resnet((2, 1), (8, 8, 3), 5, **kw),
+    "mobilenet_v2": lambda **kw: prunable.mobilenet_v2(
         (8, 8, 3), 5, config=((1, 8, 1, 1), (6, 12, 2, 2), (6, 16, 2, 1)), **kw),
 }
 SHAPES = {"mlp": (6, 6, 1), "cifar_resnet8": (8, 8, 3), "resnet_2stages": (8, 8, 3),
@@ -31,8 +33,8 @@ def _outputs(module, params, x):
 
     def interceptor(next_fun, args, kwargs, context):
       out = next_fun(*args, **kwargs)
-      if context.method_name == "__call__" and isinstance(context.module,
-                                                           (P.PConv, P.PDense, P.PNorm)):
+      if context.method_name == "__call__" and isinstance(
+          context.module, (prunable.PConv, prunable.PDense, prunable.PNorm)):
         seen[tuple(context.module.path)] = out
       return out
 
@@ -63,7 +65,7 @@ def test_zero_invariance_and_physical_removal(arch):
   amplifies summation-order rounding to ~1e-3)."""
   with jax.enable_x64(True):
     module, model = ARCHS[arch]()
-    zigs = Z.trace(module, SHAPES[arch])
+    zigs = zig.trace(module, SHAPES[arch])
     params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64),
                                     _random_params(model, 2))
     rng = np.random.default_rng(3)
@@ -71,7 +73,7 @@ def test_zero_invariance_and_physical_removal(arch):
     s0 = zigs.prunable[-1]
     keep[s0.offset:s0.offset + s0.size] = False        # a whole set removed: one zero kept
     w = keep.astype(np.float64)
-    masked = jax.jit(lambda p: Z.scale_groups(zigs, p, jnp.asarray(w)))(params)
+    masked = jax.jit(lambda p: zig.scale_groups(zigs, p, jnp.asarray(w)))(params)
     x = jax.random.normal(jax.random.key(4), (6,) + SHAPES[arch], jnp.float64) * 2.0
     outs = _outputs(module, masked, x)
     for layer in zigs.layers:
@@ -83,7 +85,7 @@ def test_zero_invariance_and_physical_removal(arch):
       assert np.all(out[:, dead] == 0), layer.path       # zeroed groups: exactly zero
       if not dead.all():
         assert np.any(np.abs(out[:, ~dead]) > 0), layer.path  # kept ones: alive
-    small, widths = Z.compress(zigs, masked, keep)
+    small, widths = zig.compress(zigs, masked, keep)
     assert widths[s0.name] == 1
     module2, model2 = ARCHS[arch](widths=widths)
     shapes = jax.tree_util.tree_map(lambda a: a.shape, jax.eval_shape(
@@ -95,30 +97,30 @@ def test_zero_invariance_and_physical_removal(arch):
                                np.asarray(jax.jit(model.apply)(masked, x)),
                                atol=1e-12, rtol=1e-12)
     keep[s0.offset] = True                             # the kept zero channel
-    p_small = Z.total_flops(Z.trace(module2, SHAPES[arch]))
-    assert p_small == pytest.approx(float(Z.flops(zigs, jnp.asarray(keep, jnp.float64))))
+    p_small = zig.total_flops(zig.trace(module2, SHAPES[arch]))
+    assert p_small == pytest.approx(float(zig.flops(zigs, jnp.asarray(keep, jnp.float64))))
 
 
 def test_residual_streams_are_coupled_sets():
   module, _ = ARCHS["resnet_2stages"]()
-  zigs = Z.trace(module, SHAPES["resnet_2stages"])
+  zigs = zig.trace(module, SHAPES["resnet_2stages"])
   writers = [l.path for l in zigs.layers if l.out_set == "stage1"]
   # stem conv + norm and both blocks' second conv + norm write the stage-1 stream
   assert len(writers) == 6 and zigs.get("stage1").offset >= 0
   shortcut = [l for l in zigs.layers if l.path[-1] == "s2b1_shortcut_conv"][0]
   assert (shortcut.in_set, shortcut.out_set) == ("stage1", "stage2")
   module, _ = ARCHS["cifar_resnet8"]()
-  zigs = Z.trace(module, SHAPES["cifar_resnet8"])   # option-A streams are fixed
+  zigs = zig.trace(module, SHAPES["cifar_resnet8"])   # option-A streams are fixed
   assert all(s.offset < 0 for s in zigs.sets if s.name.startswith("_stream"))
 
 
 def test_group_prox_is_the_prox_of_the_group_norm():
   from scipy.optimize import minimize
-  module, model = P.mlp((2,), 3, hidden=(5,))
-  zigs = Z.trace(module, (2,))
+  module, model = prunable.mlp((2,), 3, hidden=(5,))
+  zigs = zig.trace(module, (2,))
   params = _random_params(model, 5)
   t = jnp.asarray([0.0, 0.3, 1.0, 2.5, 10.0])
-  out = Z.group_prox(zigs, params, t)
+  out = zig.group_prox(zigs, params, t)
   z = np.concatenate([np.asarray(params["dense1"]["kernel"]),
                       np.asarray(params["dense1"]["bias"])[None]])      # [3, 5] group columns
   got = np.concatenate([np.asarray(out["dense1"]["kernel"]),
@@ -136,14 +138,14 @@ def test_group_prox_is_the_prox_of_the_group_norm():
 
 def test_hsp_zeroes_exactly_the_groups_failing_its_test():
   module, model = ARCHS["cifar_resnet8"]()
-  zigs = Z.trace(module, SHAPES["cifar_resnet8"])
+  zigs = zig.trace(module, SHAPES["cifar_resnet8"])
   m = _random_params(model, 6)
   leaves, tree = jax.tree_util.tree_flatten(m)
   keys = jax.random.split(jax.random.key(99), len(leaves))
   z = jax.tree_util.tree_unflatten(
       tree, [0.3 * a + jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
   active = jnp.asarray(np.random.default_rng(8).uniform(size=zigs.num_groups) > 0.3)
-  out = jax.jit(lambda z, m: Z.hsp(zigs, z, m, 0.1, active))(z, m)
+  out = jax.jit(lambda z, m: zig.hsp(zigs, z, m, 0.1, active))(z, m)
   # the test by hand over the flattened producer slices of each group
   dot, msq = np.zeros(zigs.num_groups), np.zeros(zigs.num_groups)
   for layer in zigs.layers:
@@ -160,7 +162,7 @@ def test_hsp_zeroes_exactly_the_groups_failing_its_test():
         msq[s.offset:s.offset + s.size] += (b * b).sum(0)
   expect_zero = np.asarray(active) & (dot < 0.1 * msq)
   assert 0 < expect_zero.sum() < np.asarray(active).sum()
-  norms = jax.jit(lambda p: Z.group_norms(zigs, p))
+  norms = jax.jit(lambda p: zig.group_norms(zigs, p))
   nrm = np.asarray(norms(out))
   np.testing.assert_array_equal(nrm == 0, expect_zero)
   np.testing.assert_array_equal(nrm[~expect_zero], np.asarray(norms(z))[~expect_zero])
@@ -174,13 +176,13 @@ def test_flops_match_hand_counts():
     hand += 9 * c_in * c * hw * hw + 9 * c * c * hw * hw          # the first block
     hand += 8 * 2 * 9 * c * c * hw * hw                             # 8 more blocks
   hand += 64 * 10
-  module, _ = P.cifar_resnet(56)
-  zigs = Z.trace(module, (32, 32, 3))
-  assert Z.total_flops(zigs) == hand == 125_485_696   # the literature's 125.49M
+  module, _ = prunable.cifar_resnet(56)
+  zigs = zig.trace(module, (32, 32, 3))
+  assert zig.total_flops(zigs) == hand == 125_485_696   # the literature's 125.49M
   # MobileNetV2 (32×32): stem, inverted residuals, last 1×1, head
   hw, c_in = 32, 32
   hand = 9 * 3 * 32 * hw * hw
-  for t, c, n, s in P._MBV2:
+  for t, c, n, s in prunable._MBV2:
     for j in range(n):
       hid = t * c_in
       if t != 1:
@@ -189,43 +191,43 @@ def test_flops_match_hand_counts():
       hand += 9 * hid * hw * hw + hid * c * hw * hw
       c_in = c
   hand += 320 * 1280 * hw * hw + 1280 * 10
-  module, _ = P.mobilenet_v2()
-  zigs = Z.trace(module, (32, 32, 3))
-  assert Z.total_flops(zigs) == hand
+  module, _ = prunable.mobilenet_v2()
+  zigs = zig.trace(module, (32, 32, 3))
+  assert zig.total_flops(zigs) == hand
   # under a mask: halving one block's hidden set scales its expand, depthwise and project
   w = np.ones(zigs.num_groups, np.float32)
   s = zigs.get("block2")
   w[s.offset:s.offset + s.size // 2] = 0
   expand = 16 * 96 * 32 * 32
   dw, proj = 9 * 96 * 32 * 32, 96 * 24 * 32 * 32
-  assert float(Z.flops(zigs, jnp.asarray(w))) == pytest.approx(hand - (expand + dw + proj) / 2)
+  assert float(zig.flops(zigs, jnp.asarray(w))) == pytest.approx(hand - (expand + dw + proj) / 2)
 
 
 def test_flops_regularizer_is_zero_under_budget_and_pushes_w_down():
-  module, _ = P.mlp((4,), 3, hidden=(8, 8))
-  zigs = Z.trace(module, (4,))
-  full = Z.total_flops(zigs)
+  module, _ = prunable.mlp((4,), 3, hidden=(8, 8))
+  zigs = zig.trace(module, (4,))
+  full = zig.total_flops(zigs)
   ones = jnp.ones(zigs.num_groups)
-  assert float(Z.flops_regularizer(Z.flops(zigs, ones), 1.0 * full)) == 0.0
-  assert float(Z.flops_regularizer(Z.flops(zigs, ones), 2.0 * full)) == 0.0
-  r = Z.flops_regularizer(Z.flops(zigs, ones), 0.5 * full)
+  assert float(zig.flops_regularizer(zig.flops(zigs, ones), 1.0 * full)) == 0.0
+  assert float(zig.flops_regularizer(zig.flops(zigs, ones), 2.0 * full)) == 0.0
+  r = zig.flops_regularizer(zig.flops(zigs, ones), 0.5 * full)
   assert float(r) == pytest.approx(np.log(2.0))
-  g = jax.grad(lambda w: Z.flops_regularizer(Z.flops(zigs, w), 0.5 * full))(ones)
+  g = jax.grad(lambda w: zig.flops_regularizer(zig.flops(zigs, w), 0.5 * full))(ones)
   assert np.all(np.asarray(g) > 0)                                 # descent lowers w
 
 
 def test_two_sided_flops_regularizer_is_abs_log_ratio():
   """|log(P/B)|: zero only at the budget, equal to (4-6) above it, pushes w up below it."""
-  module, _ = P.mlp((4,), 3, hidden=(8, 8))
-  zigs = Z.trace(module, (4,))
-  full = Z.total_flops(zigs)
+  module, _ = prunable.mlp((4,), 3, hidden=(8, 8))
+  zigs = zig.trace(module, (4,))
+  full = zig.total_flops(zigs)
   ones = jnp.ones(zigs.num_groups)
   for ratio in (0.25, 0.5, 1.0, 2.0, 4.0):
-    r = Z.flops_regularizer(Z.flops(zigs, ones), ratio * full, two_sided=True)
+    r = zig.flops_regularizer(zig.flops(zigs, ones), ratio * full, two_sided=True)
     assert float(r) == pytest.approx(abs(np.log(1.0 / ratio)), abs=1e-6)
-  one = Z.flops_regularizer(Z.flops(zigs, ones), 0.5 * full)
-  assert float(Z.flops_regularizer(Z.flops(zigs, ones), 0.5 * full, True)) == float(one)
-  g = jax.grad(lambda w: Z.flops_regularizer(Z.flops(zigs, w), 2.0 * full, True))(ones)
+  one = zig.flops_regularizer(zig.flops(zigs, ones), 0.5 * full)
+  assert float(zig.flops_regularizer(zig.flops(zigs, ones), 0.5 * full, True)) == float(one)
+  g = jax.grad(lambda w: zig.flops_regularizer(zig.flops(zigs, w), 2.0 * full, True))(ones)
   assert np.all(np.asarray(g) < 0)                                 # under budget: w grows
-  zero = Z.flops_regularizer(Z.flops(zigs, 0 * ones), 0.5 * full, True)
+  zero = zig.flops_regularizer(zig.flops(zigs, 0 * ones), 0.5 * full, True)
   assert np.isfinite(float(zero)) and float(zero) > 0              # no log(0)
