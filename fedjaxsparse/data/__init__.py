@@ -6,9 +6,13 @@ from fedjaxsparse.data import (blogfeedback, embedded, fashion_mnist, federated,
 from fedjaxsparse.data.embedded import diabetes, digits, synthetic
 from fedjaxsparse.data.federated import (FederatedData, FederatedDataset, federate, pack_clients,
                                          split_clients)
-from fedjaxsparse.data.partition import (PARTITIONS, dirichlet_partition, iid_partition,
-                                         lognormal_partition, lognormal_sizes, natural_partition,
-                                         partition, shard_partition)
+# every partitioner of data/partition.py; ``partition`` here is its dispatcher function
+# (``partition(labels, num_clients, method)``), which shadows the module's name in this namespace
+from fedjaxsparse.data.partition import (PARTITIONS, dirichlet_lognormal_partition,
+                                         dirichlet_partition, hsu_dirichlet_partition,
+                                         iid_partition, label_count_partition,
+                                         lognormal_partition, lognormal_sizes, matching_test_sets,
+                                         natural_partition, partition, shard_partition)
 from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimum,
                                         ridge_regression_problem, softmax_regression_optimum,
                                         uniform_weights)
@@ -19,7 +23,8 @@ __all__ = [
     "problems", "registry", "shakespeare", "sparse_rows", "standins", "diabetes", "digits",
     "synthetic", "FederatedData", "FederatedDataset", "federate", "pack_clients", "split_clients",
     "PARTITIONS", "dirichlet_partition", "iid_partition", "lognormal_partition", "lognormal_sizes",
-    "natural_partition", "shard_partition", "example_weights",
+    "natural_partition", "shard_partition", "dirichlet_lognormal_partition",
+    "hsu_dirichlet_partition", "label_count_partition", "matching_test_sets", "example_weights",
     "ridge_regression_optimum", "ridge_regression_problem", "softmax_regression_optimum",
     "uniform_weights", "DATASETS", "load_dataset",
 ]
