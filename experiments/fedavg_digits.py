@@ -24,7 +24,7 @@ from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.experiment import Config, Context, Option, declared
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.report import Table
 from fedjaxsparse.models import get_model, make_loss
 
 NAME = "fedavg_digits"
@@ -105,19 +105,18 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
   }
 
 
-def report(records: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
   """With ``--set posttrain=...``: FedAvg's final global model pruned one-shot."""
   if not opts["posttrain"]:
     return {}
   name = _fedavg_name(opts)
-  print(f"{name}'s global model pruned one-shot (seed 001 ch. 6 scores, "
-        "layer-sequential calibration on 32 examples per client):")
   rows = posttrain.one_shot(
-      ctx.extra["model"].apply, global_params(records[name]["state"]),
+      ctx.extra["model"].apply, global_params(results["methods"][name]["state"]),
       posttrain.client_batches(ctx.data.train, 32), lambda p: ctx.eval_fn(p, ctx.data.test),
       opts["posttrain"])
-  return {"posttrain": rows, "posttrain_text": print_table(rows, ["score", "sparsity",
-                                                                  "accuracy"])}
+  return {"posttrain": Table(rows, ["score", "sparsity", "accuracy"], title=(
+      f"{name}'s global model pruned one-shot (seed 001 ch. 6 scores, layer-sequential "
+      "calibration on 32 examples per client):"))}
 
 
 run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import jax
 import numpy as np
@@ -50,12 +49,11 @@ from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.algorithms.fedpm import fedpm
 from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, fashion_mnist
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
-                                             save_results, tune_then_run, tuning_config)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
+                                             name_list)
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import bn_cnn, make_loss, mlp
-from fedjaxsparse.harness.plotting import method_colors, plot_curves, plot_methods
-from fedjaxsparse.harness.protocol import PaperConfig, validation_split
+from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.ops.sparsity import gmp_sparsity, num_params
 
 NAME = "fedmrn_fmnist"
@@ -229,69 +227,63 @@ def _dataset(cfg: Config, split: str):
                   x_test=xt, y_test=yt)
 
 
-def _run(cfg: Config, opts: dict) -> dict:
-  splits = name_list(opts["splits"], "splits", tuple(SPLITS))
-  specs = _specs(opts, cfg.rounds)
-  methods = list(specs)
+def setup(cfg: Config, opts: dict):
+  """One setting per split: its dataset, the model's initial parameters and evaluation."""
   if cfg.dataset not in ("fashion_mnist", STANDIN) + tuple(TFDS):
     raise ValueError(f"--dataset must be fashion_mnist, {STANDIN}, svhn, cifar10 or cifar100, "
                      f"got {cfg.dataset!r}.")
   paper = PAPER if cfg.dataset in ("fashion_mnist", STANDIN) else PAPER_OTHER[cfg.dataset]
-  results = {"experiment": NAME, "study": opts["study"], "paper": paper}
-  rows, records = [], {}
-  for split in splits:
+  for split in name_list(opts["splits"], "splits", tuple(SPLITS)):
     ds = _dataset(cfg, split)
     shape = ds.train.x.shape[2:]
     model = (bn_cnn(shape, ds.num_classes, tuple(int(c) for c in opts["channels"]))
              if opts["model"] == "cnn" else mlp(shape, ds.num_classes))
-    loss = make_loss(model)
     params = model.init(jax.random.key(cfg.seed))
     d = num_params(params)
-    fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-    tune_cfg = tuning_config(cfg)
     print(f"{NAME}: {ds.name}, {ds.num_clients} clients, {opts['cohort']} per round, "
           f"{opts['epochs']} local epoch(s) of {opts['batch']}, d={d}")
-    for m in methods:
-      tuned = tune_then_run(
-          cfg, NAME, f"{split} {m}", opts["lrs"],
-          lambda lr, run: _algorithm(specs[m], loss, lr, d, opts), params, fit, val,
-          ds.train, ds.test, make_eval_fn(model), tune_cfg=tune_cfg, seeds=opts["seeds"],
-          label=lambda lr: f"lr={lr:g}")
-      lr, stats = tuned.best, tuned.stats
-      records[f"{m} ({split})"] = tuned.records[0]
-      up = records[f"{m} ({split})"]["history"]["rounds"]["uplink_bits"]
-      sent_bpp = (up[-1] / len(up) / opts["cohort"] / d) if up else None
-      rows.append({"split": split, "method": m, "lr": lr, "ours %": stats["mean"],
-                   "s.e.": stats["se"],
-                   "paper %": paper.get(m, (None,) * 3)[list(SPLITS).index(split)],
-                   "bpp (paper's count)": PAPER_BPP.get(m, 1), "bpp sent": sent_bpp,
-                   "train s": records[f"{m} ({split})"]["wall_time_s"]})
-  table = print_table(rows, list(rows[0]))
+    yield Context(ds, params, make_eval_fn(model),
+                  {"loss": make_loss(model), "d": d, "paper": paper}, setting=split)
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The study's methods, each tuned over the ``lrs`` grid."""
+  loss, d = ctx.extra["loss"], ctx.extra["d"]
+  return {m: Method(lambda lr, run, spec=spec: _algorithm(spec, loss, lr, d, opts),
+                    opts["lrs"], label=lambda lr: f"lr={lr:g}")
+          for m, spec in _specs(opts, cfg.rounds).items()}
+
+
+def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The paper's number, the uplink's bits per parameter both ways, the final run's time."""
+  up = tuned.records[0]["history"]["rounds"]["uplink_bits"]
+  return {"paper %": ctx.extra["paper"].get(m, (None,) * 3)[list(SPLITS).index(ctx.setting)],
+          "bpp (paper's count)": PAPER_BPP.get(m, 1),
+          "bpp sent": (up[-1] / len(up) / opts["cohort"] / ctx.extra["d"]) if up else None,
+          "train s": tuned.records[0]["wall_time_s"]}
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """Table 2 (accuracy change against FedAvg summed over the splits) and, for the noise study,
+  Fig. 5 (final accuracy against the noise scale)."""
+  rows = results["table"].rows
+  names = list(dict.fromkeys(r["method"] for r in rows))
   losses = {}
-  for m in methods:  # Table 2: summed accuracy change vs FedAvg over the splits run
+  for m in names:  # Table 2: summed accuracy change vs FedAvg over the splits run
     ours = [r["ours %"] for r in rows if r["method"] == m]
     base = [r["ours %"] for r in rows if r["method"] == "FedAvg"]
-    if len(ours) == len(base) and None not in ours + base and "FedAvg" in methods:
+    if len(ours) == len(base) and None not in ours + base and "FedAvg" in names:
       losses[m] = float(np.sum(np.subtract(ours, base)))
   summed = ", ".join(f"{m} {v:+.1f}" for m, v in losses.items())
   if opts["study"] == "table1":
-    print(f"Table 2 (accuracy change vs FedAvg summed over the splits run): {summed} — the "
-          "paper, FMNIST: FedMRN −0.7, FedMRNS +0.1, SignSGD −4.7, TernGrad −2.3, DRIVE −1.8, "
-          "EDEN −1.8, Top-k −5.9")
+    note = (f"Table 2 (accuracy change vs FedAvg summed over the splits run): {summed} — the "
+            "paper, FMNIST: FedMRN −0.7, FedMRNS +0.1, SignSGD −4.7, TernGrad −2.3, DRIVE "
+            "−1.8, EDEN −1.8, Top-k −5.9")
   else:
-    print(f"accuracy change vs FedAvg summed over the splits run: {summed}\nthe paper's "
-          f"claims: {ABLATION_CLAIMS if opts['study'] == 'ablation' else NOISE_CLAIMS}")
-  results.update({"table": rows, "table_text": table, "accuracy_change": losses,
-                  "methods": records})
-  path = save_results(cfg, NAME, results)
-  for rec in records.values():  # the table's unit: bits per client, not all clients together
-    ev = rec["history"]["evals"]
-    if "uplink_bits" in ev:
-      ev["uplink_bits_per_client"] = [None if b is None else b / cfg.clients
-                                      for b in ev["uplink_bits"]]
-  png = plot_methods(records, "accuracy", os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                     title=f"{cfg.dataset}: test accuracy vs rounds and uplink bits per client",
-                     colors=method_colors(list(records)), bits="uplink_bits_per_client")
+    note = (f"accuracy change vs FedAvg summed over the splits run: {summed}\nthe paper's "
+            f"claims: {ABLATION_CLAIMS if opts['study'] == 'ablation' else NOISE_CLAIMS}")
+  out = {"study": opts["study"], "paper": ctx.extra["paper"], "accuracy_change": losses,
+         "table": Table(rows, note=note)}
   if opts["study"] == "noise":  # Fig. 5: final accuracy against the noise scale
     curves = {}
     for r in rows:
@@ -301,11 +293,13 @@ def _run(cfg: Config, opts: dict) -> dict:
         xs.append(float(alpha[2:]))
         ys.append(r["ours %"])
     base = [r["ours %"] for r in rows if r["method"] == "FedAvg"]
-    png = plot_curves(curves, os.path.join(output_dir(cfg, NAME), f"{NAME}_noise.png"),
-                      "noise scale α", "test accuracy %", "Fashion-MNIST: accuracy vs noise",
-                      baseline=("FedAvg", base[0]) if base and base[0] is not None else None)
-  print(f"results: {path}\nplot: {png}")
-  return results
+    out["figures"] = [Figure("curves", dict(
+        curves=curves, xlabel="noise scale α", ylabel="test accuracy %",
+        title="Fashion-MNIST: accuracy vs noise",
+        baseline=("FedAvg", base[0]) if base and base[0] is not None else None),
+        suffix="_noise")]
+  return out
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, papers=PAPERS,
+               tuning=Tuning(columns=columns))

@@ -484,7 +484,7 @@ def test_a_declared_experiment_is_setup_and_methods_and_the_harness_does_the_res
 
   run = declared("mine", (Option("lr", 0.3, "client step"), Option("threshold", 0.5, "target")),
                  setup=setup, methods=methods,
-                 report=lambda records, ctx, cfg, opts: {"clients seen": ctx.data.num_clients})
+                 report=lambda results, ctx, cfg, opts: {"clients seen": ctx.data.num_clients})
   res = run(Config(rounds=4, clients=4, eval_every=2, out=str(tmp_path), progress=False))
   a, b = res["table"]
   assert [a["method"], b["method"]] == ["FedAvg", "FedProx (μ=0)"]

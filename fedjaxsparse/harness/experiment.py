@@ -12,8 +12,10 @@ and ``run``: either a declaration, ``run = experiment.declared(NAME, OPTIONS, se
 methods=..., report=...)`` — the experiment says what its data, model and methods are and the
 harness runs them, tabulates, saves and plots (:func:`declared`) — or, for a protocol of its
 own, ``run = experiment.entry(NAME, OPTIONS, body)``, where ``body(cfg, opts) -> dict`` gets
-the parsed options and does the rest with the helpers here (:func:`run_method`,
-:func:`tune_then_run`, :func:`save_results`).
+the parsed options, runs its methods with the helpers here (:func:`run_method`,
+:func:`tune_then_run`) and returns its results, declaring its tables and figures
+(:class:`~fedjaxsparse.harness.report.Table`, :class:`~fedjaxsparse.harness.report.Figure`);
+the harness prints, saves and draws them (:func:`finish`).
 """
 from __future__ import annotations
 
@@ -35,8 +37,8 @@ from fedjaxsparse.runtime.clients import with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime.locking import FolderLock
-from fedjaxsparse.harness.protocol import PaperConfig, mean_se
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.runner import EvalFn, run
 from fedjaxsparse.runtime.sharding import client_mesh
 
@@ -316,13 +318,13 @@ def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict
     lock = (FolderLock(output_dir(cfg, name), purpose=f"experiment {name}")
             if jax.process_index() == 0 else contextlib.nullcontext())  # one per experiment
     with lock:
-      return body(cfg, opts)
+      return finish(cfg, name, body(cfg, opts))
   return run_experiment
 
 
 class Context(NamedTuple):
-  """What a declared experiment's ``setup(cfg, opts)`` returns and its ``methods`` and
-  ``report`` receive.
+  """What a declared experiment's ``setup(cfg, opts)`` returns (one, or one per setting) and
+  its ``methods`` and ``report`` receive.
 
   Attributes:
     data: the :class:`fedjaxsparse.data.FederatedDataset` every method trains and is evaluated
@@ -330,11 +332,68 @@ class Context(NamedTuple):
     params: the initial model parameters every method starts from.
     eval_fn: ``(params, test) -> {metric: value}`` (``None``: no evaluation).
     extra: whatever ``methods`` and ``report`` also need (the loss, the model, ...).
+    setting: the name of this setting of a tuned experiment that runs its methods in several
+      (the paper's data splits, say): the table's first column and part of every run's name;
+      ``None`` for one setting.
+    fit, val: the fitting and validation splits of ``data.train`` that tuning runs train and
+      are scored on (tuned experiments; ``None``: the harness splits off the ``validation``
+      option's fraction of every client's examples).
   """
   data: Any
   params: Any
   eval_fn: EvalFn | None
   extra: dict = {}
+  setting: str | None = None
+  fit: Any = None
+  val: Any = None
+
+
+class Method(NamedTuple):
+  """A method of a tuned declared experiment: tuned on validation data over ``grid``, then run
+  with several seeds (:func:`tune_then_run`, whose arguments these are).
+
+  Attributes:
+    build: ``(candidate, run) -> Algorithm`` or ``-> (Algorithm, eval_fn)`` (:class:`Run`).
+    grid: the candidates (one: nothing to tune).
+    label: a candidate's name in run names (``lambda lr: f"lr={lr:g}"``).
+    params_fn: ``state -> what eval_fn evaluates`` (personalised methods: the state).
+    data: ``(candidate, split) -> split`` a candidate trains on, or ``None``.
+  """
+  build: Callable[[Any, "Run"], Any]
+  grid: Sequence = (None,)
+  label: Callable[[Any], str] = str
+  params_fn: ParamsFn = global_params
+  data: Callable[[Any, Any], Any] | None = None
+
+
+def _always(cfg: Config, opts: dict) -> Config:
+  return tuning_config(cfg)
+
+
+class Tuning(NamedTuple):
+  """How a declared experiment tunes its :class:`Method` s and what its table shows.
+
+  Every method of every setting (:class:`Context` ``.setting``) is tuned alike: the harness
+  splits validation data off the training data (or takes the context's ``fit``/``val``), runs
+  :func:`tune_then_run` with the ``seeds`` option's number of seeds (1 without one) and adds a
+  row ``{setting, "method", candidate: the chosen one, column: mean over seeds, "s.e.",
+  **columns(...)}``.
+
+  Attributes:
+    candidate: the table column of the chosen candidate (``"lr"``).
+    column: the column of the seeds' mean of ``scale ×`` the final test metric.
+    scale: 100 for percentages.
+    setting: the column of the setting's name.
+    config: ``(cfg, opts) -> Config`` of tuning runs (default :func:`tuning_config`).
+    columns: ``(method, tuned, context, cfg, opts) -> dict``, the row's other entries (the
+      paper's numbers, bits, times); ``tuned`` is the :class:`Tuned`.
+  """
+  candidate: str = "lr"
+  column: str = "ours %"
+  scale: float = 100.0
+  setting: str = "split"
+  config: Callable[[Config, dict], Config] = _always
+  columns: Callable[..., dict] | None = None
 
 
 METRIC_COLUMNS = {"accuracy": "acc"}
@@ -342,27 +401,37 @@ METRIC_COLUMNS = {"accuracy": "acc"}
 
 
 def declared(name: str, spec: Sequence[Option], *,
-             setup: Callable[[Config, dict], Context],
-             methods: Callable[[Context, Config, dict], dict[str, Algorithm]],
+             setup: Callable[[Config, dict], Any],
+             methods: Callable[[Context, Config, dict], dict],
              report: Callable[[dict, Context, Config, dict], dict] | None = None,
              metric: str = "accuracy", higher_is_better: bool = True,
-             papers: dict[str, PaperConfig] | None = None) -> Callable[[Config], dict]:
+             papers: dict[str, PaperConfig] | None = None, tuning: Tuning | None = None,
+             figure: Callable[[dict, Context, Config, dict], Any] | None = None
+             ) -> Callable[[Config], dict]:
   """An experiment's ``run(cfg)`` from its declaration: ``setup(cfg, opts) -> Context`` (data,
-  initial parameters, evaluation), ``methods(context, cfg, opts) -> {paper name: Algorithm}``
-  and, optionally, ``report(records, context, cfg, opts) -> dict`` (extra tables or
-  statistics, merged into ``results.json``). The harness owns the rest, alike for every
-  method: each runs ``cfg.rounds`` rounds from ``context.params`` through :func:`run_method`
-  (progress, checkpoints and resume, divergence handling), then one table — final and best
-  ``metric``, uplink bits per client to reach the ``threshold`` option's value (when the
-  experiment declares one), total uplink bits per client, training time and, when a method
-  diverged, a status column — ``results.json`` and ``<name>.png`` (``metric`` against rounds
-  and against uplink bits per client). Validation and the output folder's lock are
-  :func:`entry`'s."""
+  initial parameters, evaluation; with ``tuning``, an iterable of contexts, one per setting),
+  ``methods(context, cfg, opts) -> {paper name: Algorithm}`` (with ``tuning``:
+  ``{paper name: Method}``) and, optionally, ``report(results, context, cfg, opts) -> dict``
+  (extra :class:`~fedjaxsparse.harness.report.Table` s, statistics and ``"figures"``, merged
+  into the results; ``context`` is the last setting's). The harness owns the rest, alike for
+  every method:
+
+  * without ``tuning``, each runs ``cfg.rounds`` rounds from ``context.params`` through
+    :func:`run_method` (progress, checkpoints and resume, divergence handling), then one
+    table — final and best ``metric``, uplink bits per client to reach the ``threshold``
+    option's value (when the experiment declares one), total uplink bits per client,
+    training time and, when a method diverged, a status column;
+  * with ``tuning``, each is tuned on validation data and run with seeds (:class:`Tuning`),
+    one row per setting and method, mean ± s.e. over seeds;
+
+  then ``results.json`` and the figures (default: ``metric`` against rounds and against
+  uplink bits per client, ``<name>.png``; ``figure(results, context, cfg, opts)`` returns
+  others — a :class:`~fedjaxsparse.harness.report.Figure` or a list). Validation, the output
+  folder's lock and the rendering are :func:`entry`'s."""
   short = METRIC_COLUMNS.get(metric, metric)
   best = max if higher_is_better else min
 
-  def body(cfg: Config, opts: dict) -> dict:
-    from fedjaxsparse.harness.plotting import plot_methods  # matplotlib: loaded on first use
+  def plain(cfg: Config, opts: dict) -> tuple[dict, Context]:
     ctx = setup(cfg, opts)
     algos = methods(ctx, cfg, opts)
     ds = ctx.data
@@ -386,19 +455,93 @@ def declared(name: str, spec: Sequence[Option], *,
       if any(rec["diverged"] for rec in records.values()):
         row["status"] = status(r)
       rows.append(row)
-    table = print_table(rows, list(rows[0]))
-    results = {"experiment": name, "dataset": ds.name, "metric": metric, "table": rows,
-               "table_text": table, "methods": records}
+    return {"experiment": name, "dataset": ds.name, "metric": metric, "table": Table(rows),
+            "methods": records}, ctx
+
+  def tuned(cfg: Config, opts: dict) -> tuple[dict, Context]:
+    made = setup(cfg, opts)
+    rows, records, ctx = [], {}, None
+    for ctx in [made] if isinstance(made, Context) else made:
+      if ctx.fit is None:
+        fit, val = validation_split(ctx.data.train, opts["validation"], cfg.seed)
+        ctx = ctx._replace(fit=fit, val=val)
+      tune_cfg = tuning.config(cfg, opts)
+      for m, method in methods(ctx, cfg, opts).items():
+        where = f"{ctx.setting} {m}" if ctx.setting is not None else m
+        t = tune_then_run(cfg, name, where, method.grid, method.build, ctx.params, ctx.fit,
+                          ctx.val, ctx.data.train, ctx.data.test, ctx.eval_fn,
+                          tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
+                          data=method.data, params_fn=method.params_fn, metric=metric,
+                          scale=tuning.scale)
+        records[f"{m} ({ctx.setting})" if ctx.setting is not None else m] = t.records[0]
+        row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
+        row.update({"method": m, tuning.candidate: t.best, tuning.column: t.stats["mean"],
+                    "s.e.": t.stats["se"]})
+        if tuning.columns is not None:
+          row.update(tuning.columns(m, t, ctx, cfg, opts))
+        rows.append(row)
+    if ctx is None:
+      raise ConfigError(f"{name}: setup declared no setting to run.")
+    return {"experiment": name, "table": Table(rows), "methods": records}, ctx
+
+  def body(cfg: Config, opts: dict) -> dict:
+    results, ctx = (plain if tuning is None else tuned)(cfg, opts)
+    records = results["methods"]
+    if figure is None:
+      title = f"{name}: {ctx.data.name}" if tuning is None else \
+          f"{name}: {metric} against rounds and uplink bits per client"
+      figures = [Figure("methods", dict(methods=_bits_per_client(records, cfg.clients),
+                                        metric=metric, title=title,
+                                        bits="uplink_bits_per_client"))]
+    else:
+      made = figure(results, ctx, cfg, opts)
+      figures = list(made) if isinstance(made, (list, tuple)) else [made]
     if report is not None:
-      results.update(report(records, ctx, cfg, opts))
-    path = save_results(cfg, name, results)
-    png = plot_methods(records, metric, os.path.join(output_dir(cfg, name), f"{name}.png"),
-                       title=f"{name}: {ds.name}", bits="uplink_bits_per_client")
-    print(f"results: {path}\nplot: {png}")
+      extra = report(results, ctx, cfg, opts)
+      figures += list(extra.pop("figures", []))
+      results.update(extra)
+    results["figures"] = figures
     return results
 
   body.__name__ = body.__qualname__ = f"{name}_declared"
   return entry(name, spec, body, papers)
+
+
+def _bits_per_client(records: dict, clients: int) -> dict:
+  """``records`` whose evals gain ``uplink_bits_per_client`` (for plots; copies, so the saved
+  histories stay as the runs wrote them)."""
+  out = {}
+  for m, r in records.items():
+    ev = r["history"]["evals"]
+    if "uplink_bits_per_client" in ev or "uplink_bits" not in ev:
+      out[m] = r
+      continue
+    per = [None if b is None else b / clients for b in ev["uplink_bits"]]
+    out[m] = {**r, "history": {**r["history"], "evals": {**ev, "uplink_bits_per_client": per}}}
+  return out
+
+
+def finish(cfg: Config, name: str, results: dict) -> dict:
+  """Render what an experiment's body returned: every :class:`~fedjaxsparse.harness.report.Table`
+  value is printed and saved as its rows (and ``<key>_text``), ``results.json`` is written
+  (:func:`save_results`), then every :class:`~fedjaxsparse.harness.report.Figure` of
+  ``results["figures"]`` is drawn in the output folder; prints the paths and returns the
+  results as saved (methods' final states kept)."""
+  if "figures" not in results and not any(isinstance(v, Table) for v in results.values()):
+    return results   # TRANSITIONAL: a body that saved its results itself
+  out = {}
+  for k, v in results.items():
+    if isinstance(v, Table):
+      out[k], out[f"{k}_text"] = v.rows, v.render()
+    elif k != "figures":
+      out[k] = v
+  path = save_results(cfg, name, out)
+  folder = output_dir(cfg, name)
+  pngs = [f.draw(folder, name) for f in results.get("figures", ())]
+  print(f"results: {path}")
+  if pngs:
+    print(("plot: " if len(pngs) == 1 else "plots: ") + ", ".join(pngs))
+  return out
 
 
 class Steps:

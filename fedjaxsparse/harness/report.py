@@ -1,6 +1,13 @@
-"""Result tables as plain text: one row per method, a dash for a missing value, explained in a
-footnote (the experiments' tables and the paper's numbers beside ours)."""
+"""What an experiment reports, declared: :class:`Table` (rows printed as plain text, one row per
+method, a dash for a missing value explained in a footnote — the experiments' tables and the
+paper's numbers beside ours) and :class:`Figure` (a plot of :mod:`fedjaxsparse.harness.plotting`
+by name). An experiment returns them in its results; the harness prints, saves and draws them
+(:func:`fedjaxsparse.harness.experiment.finish`), so no experiment formats or plots by hand."""
 from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Sequence
 
 MISSING = "—"
 MISSING_NOTE = (f"{MISSING}: no value — not applicable to the method, a single seed (no "
@@ -29,3 +36,51 @@ def print_table(rows: list[dict], columns: list[str]) -> str:
   print(text)
   return text
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  """A result table an experiment declares under a key of its results: the harness prints it
+  (``title`` above, ``note`` below — the paper's claims, say) and saves ``rows`` under that key
+  of ``results.json`` and the printed text under ``<key>_text``.
+
+  Attributes:
+    rows: one dict per row (``None``: a missing value).
+    columns: the columns in order (default: the first row's keys).
+    title: a line printed above the table.
+    note: a line printed below it.
+  """
+  rows: list
+  columns: Sequence[str] | None = None
+  title: str | None = None
+  note: str | None = None
+
+  def render(self) -> str:
+    """Print the table (with its title and note) and return the table's text."""
+    if self.title:
+      print(self.title)
+    columns = list(self.columns) if self.columns is not None else list(self.rows[0])
+    text = print_table(self.rows, columns)
+    if self.note:
+      print(self.note)
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+  """A plot an experiment declares (in its results' ``"figures"`` list): ``kind`` names a
+  ``plot_<kind>`` function of :mod:`fedjaxsparse.harness.plotting` (``methods``, ``series``,
+  ``evals``, ``personal``, ``curves``, ``panels``, ``bars``), ``args`` are its arguments but the
+  path; the harness saves it as ``<experiment><suffix>.png`` in the output folder."""
+  kind: str
+  args: dict
+  suffix: str = ""
+
+  def draw(self, folder: str, experiment: str) -> str:
+    """Save the figure under ``folder``; returns the PNG's path."""
+    from fedjaxsparse.harness import plotting  # matplotlib: loaded when a figure is drawn
+    fn: Any = getattr(plotting, f"plot_{self.kind}", None)
+    if fn is None:
+      raise ValueError(f"Figure kind must name a plot_<kind> of harness.plotting, got "
+                       f"{self.kind!r}.")
+    return fn(path=os.path.join(folder, f"{experiment}{self.suffix}.png"), **self.args)
