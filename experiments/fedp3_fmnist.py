@@ -36,8 +36,6 @@ uploaded per round relative to FedAvg's), plus the deployed model size.
 """
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 import optax
@@ -47,12 +45,11 @@ from fedjaxsparse.algorithms import fedp3 as F
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import hsu_dirichlet_partition, label_count_partition
 from fedjaxsparse.evaluation import make_personal_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
-                                             save_results, tune_then_run, tuning_config)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
+                                             name_list)
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import fedp3_cnn, make_loss, mlp, resnet18
-from fedjaxsparse.harness.plotting import method_colors, plot_methods
-from fedjaxsparse.harness.protocol import PaperConfig, validation_split
+from fedjaxsparse.harness.protocol import PaperConfig
 
 NAME = "fedp3_fmnist"
 DESCRIPTION = ("Seed 001 ch. 4: FedP3 layer policies, local pruning rules, global ratios and "
@@ -238,12 +235,14 @@ def _eval_fn(model, cfg, depth: int):
                                lambda st: st.params, per_client=False)
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict):
+  """One setting per split (S1, S2) of the pooled data, each client's share split 70/30 into
+  its own train and test data; the study's network and its layers."""
   if cfg.dataset not in DATA:
     raise ValueError(f"--dataset must be one of {tuple(DATA)}, got {cfg.dataset!r}.")
   study = STUDIES[opts["study"]]
-  methods = name_list(opts["methods"], f"methods (study {opts['study']})", tuple(study),
-                  default=list(study))
+  name_list(opts["methods"], f"methods (study {opts['study']})", tuple(study),
+            default=list(study))
   splits = name_list(opts["splits"], "splits", ("S1", "S2"))
   classes, _, _, kind = DATA[cfg.dataset]
   if opts["study"] == "resnet":
@@ -253,58 +252,72 @@ def _run(cfg: Config, opts: dict) -> dict:
     kind = "resnet18"
   x, y = _arrays(cfg)
   model = _model(kind, x.shape[1:], classes, opts)
-  loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
   depth = _depth(opts)
   sizes = LY.layer_sizes(params, depth)
   names = LY.layer_names(params, depth)
-  paper = PAPER.get(opts["study"], {}).get(cfg.dataset, {})
   print(f"{NAME}: {cfg.dataset}, study {opts['study']}, {cfg.clients} clients "
         f"({opts['cohort'] or 'all'} per round), K={opts['steps']} steps of {opts['batch']}, "
         f"{len(names)} layers ({int(sizes.sum())} parameters)")
-  rows, records = [], {}
+  extra = {"model": model, "loss": make_loss(model), "depth": depth, "sizes": sizes,
+           "names": names, "paper": PAPER.get(opts["study"], {}).get(cfg.dataset, {})}
   for split in splits:
     parts = _partition(split, y, cfg)
     ds = federate(x, y, parts, num_classes=classes, name=f"{cfg.dataset}/{split}",
                   test_fraction=0.3, seed=cfg.seed)
-    fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-    tune_cfg = tuning_config(cfg)
-    n = ds.train.num_clients
-    for m in methods:
-      spec = study[m]
-
-      def build(lr, run):
-        algo, fcfg = _algorithm(spec, loss, lr, opts, n, names, cfg.seed + 1000 * run.seed)
-        return algo, _eval_fn(model, fcfg, depth)
-
-      tuned = tune_then_run(cfg, NAME, f"{split} {m}", opts["lrs"], build, params, fit, val,
-                            ds.train, ds.test, None, tune_cfg=tune_cfg, seeds=opts["seeds"],
-                            label=lambda lr: f"lr={lr:g}", params_fn=lambda st: st)
-      lr, stats = tuned.best, tuned.stats
-      records[f"{m} ({split})"] = tuned.records[0]
-      fcfg = _algorithm(spec, loss, lr, opts, n, names, cfg.seed + 1000 * (opts["seeds"] - 1))[1]
-      train = np.asarray(fcfg.train_layers)
-      keep = np.asarray(fcfg.keep_ratio)
-      deployed = np.mean([F.deployed_size(sizes, t, k[~t].mean() if (~t).any() else 1.0)
-                          for t, k in zip(train, keep)])
-      ref = paper.get(m, (None, None))[("S1", "S2").index(split)]
-      rows.append({"split": split, "method": m, "lr": lr, "ours %": stats["mean"],
-                   "s.e.": stats["se"], "paper %": ref,
-                   "layers sent (paper's count)": float(train.mean()),
-                   "floats sent / FedAvg's": float((train @ sizes).mean() / sizes.sum()),
-                   "deployed / full": float(deployed / sizes.sum()),
-                   "train s": records[f"{m} ({split})"]["wall_time_s"]})
-  table = print_table(rows, list(rows[0]))
-  print(f"the paper's claims: {CLAIMS[opts['study']]}")
-  results = {"experiment": NAME, "study": opts["study"], "table": rows, "table_text": table,
-             "paper": paper, "claims": CLAIMS[opts["study"]], "methods": records}
-  path = save_results(cfg, NAME, results)
-  png = plot_methods(records, "accuracy",
-                     os.path.join(output_dir(cfg, NAME), f"{NAME}_{opts['study']}.png"),
-                     title=f"{cfg.dataset}: FedP3 {opts['study']} — personalised accuracy",
-                     colors=method_colors(list(records)))
-  print(f"results: {path}\nplot: {png}")
-  return results
+    yield Context(ds, params, None, extra, setting=split)
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The study's methods, each tuned over the ``lrs`` grid; every client's deployed model is
+  evaluated on its own test split."""
+  study = STUDIES[opts["study"]]
+  x = ctx.extra
+  n = ctx.data.train.num_clients
+
+  def build(spec, lr, run):
+    algo, fcfg = _algorithm(spec, x["loss"], lr, opts, n, x["names"],
+                            cfg.seed + 1000 * run.seed)
+    return algo, _eval_fn(x["model"], fcfg, x["depth"])
+
+  return {m: Method(lambda lr, run, spec=study[m]: build(spec, lr, run), opts["lrs"],
+                    label=lambda lr: f"lr={lr:g}", params_fn=lambda st: st)
+          for m in name_list(opts["methods"], f"methods (study {opts['study']})",
+                             tuple(study), default=list(study))}
+
+
+def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The paper's number, the layers sent (the paper's count), the floats sent and the
+  deployed model's size relative to FedAvg's, the final run's time."""
+  x = ctx.extra
+  fcfg = _algorithm(STUDIES[opts["study"]][m], x["loss"], tuned.best, opts,
+                    ctx.data.train.num_clients, x["names"],
+                    cfg.seed + 1000 * (opts["seeds"] - 1))[1]
+  train = np.asarray(fcfg.train_layers)
+  keep = np.asarray(fcfg.keep_ratio)
+  sizes = x["sizes"]
+  deployed = np.mean([F.deployed_size(sizes, t, k[~t].mean() if (~t).any() else 1.0)
+                      for t, k in zip(train, keep)])
+  return {"paper %": x["paper"].get(m, (None, None))[("S1", "S2").index(ctx.setting)],
+          "layers sent (paper's count)": float(train.mean()),
+          "floats sent / FedAvg's": float((train @ sizes).mean() / sizes.sum()),
+          "deployed / full": float(deployed / sizes.sum()),
+          "train s": tuned.records[0]["wall_time_s"]}
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The study's claims from the chapter, printed under the table."""
+  claims = CLAIMS[opts["study"]]
+  return {"study": opts["study"], "paper": ctx.extra["paper"], "claims": claims,
+          "table": Table(results["table"].rows, note=f"the paper's claims: {claims}")}
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> Figure:
+  return Figure("methods", dict(
+      methods=results["methods"], metric="accuracy",
+      title=f"{cfg.dataset}: FedP3 {opts['study']} — personalised accuracy"),
+      suffix=f"_{opts['study']}")
+
+
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, figure=figure,
+               papers=PAPERS, tuning=Tuning(columns=columns))

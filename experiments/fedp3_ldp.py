@@ -16,19 +16,16 @@ iteration in total) does not grow with n — measured as floats per iteration.
 """
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 
 from fedjaxsparse.algorithms import fedp3_theory as T
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, output_dir, save_results,
-                                             tune_then_run, tuning_config)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
+                                             tuning_config)
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import make_loss, softmax_regression
-from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import validation_split
 from fedjaxsparse.ops.sparsity import num_params
 
@@ -56,12 +53,13 @@ OPTIONS = (
 )
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict) -> Context:
+  """Digits over IID clients, softmax regression, the smallest clients' example counts (the
+  accountant's m: on the fitting split for tuning runs, on all training data for the final)."""
   if cfg.dataset != "digits":
     raise ValueError(f"--dataset must be digits, got {cfg.dataset!r}.")
   ds = digits(num_clients=cfg.clients, partition="iid", seed=cfg.seed)
   model = softmax_regression(64, 10)
-  loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
   d = num_params(params)
   if d % cfg.clients:
@@ -74,48 +72,60 @@ def _run(cfg: Config, opts: dict) -> dict:
     raise ValueError(f"option 'batch' must be <= the smallest client's {m_fit} fitting "
                      f"examples, got {opts['batch']}.")
   ev = make_eval_fn(model)
-  eval_fn = lambda st, test: ev(st.params, test)
-  tune_cfg = tuning_config(cfg, fraction=1.0)
-  rows, records = [], {}
   print(f"{NAME}: digits, {cfg.clients} clients (m ≥ {m} examples), d={d}, K={cfg.rounds}, "
         f"b={opts['batch']}, C={opts['clip']}, δ={opts['delta']:g}, noise on the "
         f"{opts['noise']}")
-  for eps in [None] + list(opts["epsilons"]):
-    label = "no noise" if eps is None else f"ε={eps:g}"
+  return Context(ds, params, lambda st, test: ev(st.params, test),
+                 {"loss": make_loss(model), "d": d, "m": (m_fit, m)}, fit=fit, val=val)
 
-    def algo(gamma, m_client):
-      sigma = 0.0 if eps is None else T.ldp_sigma(eps, opts["delta"], cfg.rounds, m_client,
-                                                  opts["clip"], opts["batch"], gamma,
-                                                  opts["noise"])
-      return T.fedp3_theory(loss, gamma, batch_size=opts["batch"], clip=opts["clip"],
-                            noise=None if eps is None else opts["noise"], sigma=sigma), sigma
 
-    tuned = tune_then_run(
-        cfg, NAME, label, opts["gammas"],
-        lambda gamma, run: algo(gamma, m_fit if run.tuning else m)[0], params, fit, val,
-        ds.train, ds.test, eval_fn, tune_cfg=tune_cfg, seeds=opts["seeds"],
-        label=lambda gamma: f"γ={gamma:g}", params_fn=lambda st: st)
-    gamma, stats = tuned.best, tuned.stats
-    sigma = algo(gamma, m)[1]
-    records[label] = tuned.records[0]
-    floats = records[label]["history"]["rounds"]["floats_up"][-1]
-    rows.append({"ε": eps, "γ": gamma, "σ": sigma, "test acc %": stats["mean"],
-                 "s.e.": stats["se"], "uplink floats / iteration": floats,
-                 "= d": floats == d})
-  table = print_table(rows, list(rows[0]))
-  print("the paper: utility O(C√(L d log(1/δ))/(mε)) — accuracy falls as ε shrinks; uplink d "
-        "floats per iteration whatever n (Table C.3)")
-  results = {"experiment": NAME, "table": rows, "table_text": table, "methods": records}
-  path = save_results(cfg, NAME, results)
+def _epsilons(opts: dict) -> dict:
+  return {"no noise" if e is None else f"ε={e:g}": e for e in [None] + list(opts["epsilons"])}
+
+
+def _algorithm(ctx: Context, cfg: Config, opts: dict, eps, gamma: float, m_client: int):
+  """LDP-FedP3 at privacy budget ``eps`` (``None``: no noise) and its noise level σ."""
+  sigma = 0.0 if eps is None else T.ldp_sigma(eps, opts["delta"], cfg.rounds, m_client,
+                                              opts["clip"], opts["batch"], gamma, opts["noise"])
+  return T.fedp3_theory(ctx.extra["loss"], gamma, batch_size=opts["batch"], clip=opts["clip"],
+                        noise=None if eps is None else opts["noise"], sigma=sigma), sigma
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """One run per privacy budget (and one without noise), γ tuned over ``gammas``."""
+  m_fit, m = ctx.extra["m"]
+  return {label: Method(lambda gamma, run, eps=eps: _algorithm(
+      ctx, cfg, opts, eps, gamma, m_fit if run.tuning else m)[0], opts["gammas"],
+      label=lambda gamma: f"γ={gamma:g}", params_fn=lambda st: st)
+      for label, eps in _epsilons(opts).items()}
+
+
+def columns(label: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """ε, the σ it calibrates, and the uplink floats per iteration (d whatever the clients)."""
+  eps = _epsilons(opts)[label]
+  floats = tuned.records[0]["history"]["rounds"]["floats_up"][-1]
+  return {"ε": eps, "σ": _algorithm(ctx, cfg, opts, eps, tuned.best, ctx.extra["m"][1])[1],
+          "uplink floats / iteration": floats, "= d": floats == ctx.extra["d"]}
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The paper's statements under the table, and utility against ε as a figure."""
+  rows = results["table"].rows
   xs = [r["ε"] for r in rows if r["ε"] is not None]
-  png = plot_curves({f"LDP-FedP3 (noise on the {opts['noise']})":
-                     (xs, [r["test acc %"] for r in rows if r["ε"] is not None])},
-                    os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                    xlabel=f"ε (δ = {opts['delta']:g})", ylabel="test accuracy %",
-                    title="LDP-FedP3: utility against privacy",
-                    baseline=("no noise", rows[0]["test acc %"]))
-  print(f"results: {path}\nplot: {png}")
-  return results
+  return {"table": Table(rows, ["ε", "γ", "σ", "test acc %", "s.e.",
+                                "uplink floats / iteration", "= d"], note=(
+      "the paper: utility O(C√(L d log(1/δ))/(mε)) — accuracy falls as ε shrinks; uplink d "
+      "floats per iteration whatever n (Table C.3)")),
+      "figures": [Figure("curves", dict(
+          curves={f"LDP-FedP3 (noise on the {opts['noise']})":
+                  (xs, [r["test acc %"] for r in rows if r["ε"] is not None])},
+          xlabel=f"ε (δ = {opts['delta']:g})", ylabel="test accuracy %",
+          title="LDP-FedP3: utility against privacy",
+          baseline=("no noise", rows[0]["test acc %"])))]}
 
 
-run = entry(NAME, OPTIONS, _run)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report,
+               figure=lambda results, ctx, cfg, opts: [],
+               tuning=Tuning(candidate="γ", column="test acc %",
+                             config=lambda cfg, opts: tuning_config(cfg, fraction=1.0),
+                             columns=columns))

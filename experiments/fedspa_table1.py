@@ -28,7 +28,6 @@ last epoch) cannot pass, so it runs with distance threshold 0 there.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import jax
@@ -43,12 +42,11 @@ from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import (dirichlet_partition, hsu_dirichlet_partition,
                                          iid_partition, matching_test_sets)
 from fedjaxsparse.evaluation import client_accuracy, make_eval_fn, make_personal_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
-                                             save_results, tune_then_run, tuning_config)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
+                                             name_list)
+from fedjaxsparse.harness.report import Table
 from fedjaxsparse.models import lenet5_caffe, make_loss, mlp, resnet18, vgg11
-from fedjaxsparse.harness.plotting import method_colors, plot_methods
-from fedjaxsparse.harness.protocol import PaperConfig, validation_split
+from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.ops.sparsity import num_params
 
 NAME = "fedspa_table1"
@@ -229,22 +227,21 @@ def _flops(name: str, macs, params, opts: dict, rounds: int, mean_examples: floa
   return FL.training_flops(macs, None, examples)
 
 
-def _run(cfg: Config, opts: dict) -> dict:
-  splits = name_list(opts["splits"], "splits", SPLITS)
-  methods = name_list(opts["methods"], "methods", METHODS)
+def setup(cfg: Config, opts: dict):
+  """One setting per split (IID, Non-IID A, B): the clients' data with matching test sets,
+  the model's initial parameters, and what the table's FLOPs column needs."""
   if cfg.dataset not in DATA:
     raise ValueError(f"--dataset must be one of {tuple(DATA)}, got {cfg.dataset!r}.")
+  splits = name_list(opts["splits"], "splits", SPLITS)
+  name_list(opts["methods"], "methods", METHODS)
   classes, gamma_a, gamma_b, kind = DATA[cfg.dataset]
   x, y, xt, yt, shape = _arrays(cfg)
   model = _model(kind, shape, classes)
-  loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
-  macs = FL.layer_macs(model, params, shape)
-  d = num_params(params)
-  paper = PAPER.get(cfg.dataset, {})
-  rows, records = [], {}
+  extra = {"model": model, "loss": make_loss(model),
+           "macs": FL.layer_macs(model, params, shape), "paper": PAPER.get(cfg.dataset, {})}
   print(f"{NAME}: {cfg.dataset}, {cfg.clients} clients, {opts['cohort']} per round, "
-        f"{opts['epochs']} epoch(s) of {opts['batch']}, {kind} (d={d})")
+        f"{opts['epochs']} epoch(s) of {opts['batch']}, {kind} (d={num_params(params)})")
   for split in splits:
     if split == "iid":
       parts = iid_partition(len(y), cfg.clients, cfg.seed)
@@ -256,50 +253,54 @@ def _run(cfg: Config, opts: dict) -> dict:
                                seed=cfg.seed, replace=True)
     ds = federate(x, y, parts, num_classes=classes, name=f"{cfg.dataset}/{split}",
                   x_test=xt, y_test=yt, test_indices=tests)
-    fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-    tune_cfg = tuning_config(cfg)
-    mean_n = float(np.mean([len(p) for p in parts]))
-    for m in methods:
-      tuned = tune_then_run(
-          cfg, NAME, f"{split} {m}", opts["lrs"],
-          lambda lr, run: _algorithm(m, model, loss, lr, opts, run.rounds), params, fit,
-          val, ds.train, ds.test, _eval_fn(m, model), tune_cfg=tune_cfg, seeds=opts["seeds"],
-          label=lambda lr: f"lr={lr:g}", params_fn=lambda st: st)
-      lr, stats = tuned.best, tuned.stats
-      records[f"{m} ({split})"] = tuned.records[0]
-      reach = [[_rounds_to(rec["history"]["evals"], t) for t in opts["targets"]]
-               for rec in tuned.records]
-      hist = records[f"{m} ({split})"]["history"]["rounds"]
-      honest = (hist["uplink_bits"][-1] + hist["downlink_bits"][-1]) / 8e9 if hist["round"] \
-          else 0.0
-      paper_bits = sum(hist.get("paper_bits_up", [])) + sum(hist.get("paper_bits_down", []))
-      paper_gb = paper_bits / 8e9 if "paper_bits_up" in hist else honest
-      ref = paper.get(m, ((None,) * 3,) * 3)[SPLITS.index(split)]
-      rows.append({
-          "split": split, "method": m, "lr": lr, "ours %": stats["mean"], "s.e.": stats["se"],
-          "paper %": ref[0], "GB (paper ledger)": paper_gb, "GB (honest)": honest,
+    yield Context(ds, params, None,
+                  {**extra, "mean_n": float(np.mean([len(p) for p in parts]))}, setting=split)
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """Table 1's methods, each tuned over the ``lrs`` grid; personalised ones are evaluated
+  with each client's model on its own test set."""
+  model, loss = ctx.extra["model"], ctx.extra["loss"]
+  return {m: Method(lambda lr, run, m=m: (_algorithm(m, model, loss, lr, opts, run.rounds),
+                                          _eval_fn(m, model)),
+                    opts["lrs"], label=lambda lr: f"lr={lr:g}", params_fn=lambda st: st)
+          for m in name_list(opts["methods"], "methods", METHODS)}
+
+
+def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The paper's numbers, communication by the paper's ledger and honestly, FLOPs, the rounds
+  to reach each target accuracy (median over seeds) and the final run's time."""
+  reach = [[_rounds_to(rec["history"]["evals"], t) for t in opts["targets"]]
+           for rec in tuned.records]
+  hist = tuned.records[0]["history"]["rounds"]
+  honest = (hist["uplink_bits"][-1] + hist["downlink_bits"][-1]) / 8e9 if hist["round"] \
+      else 0.0
+  paper_bits = sum(hist.get("paper_bits_up", [])) + sum(hist.get("paper_bits_down", []))
+  paper_gb = paper_bits / 8e9 if "paper_bits_up" in hist else honest
+  ref = ctx.extra["paper"].get(m, ((None,) * 3,) * 3)[SPLITS.index(ctx.setting)]
+  return {"paper %": ref[0], "GB (paper ledger)": paper_gb, "GB (honest)": honest,
           "paper GB": ref[1],
-          "FLOPs": _flops(m, macs, params, opts, cfg.rounds, mean_n), "paper FLOPs e14": ref[2],
+          "FLOPs": _flops(m, ctx.extra["macs"], ctx.params, opts, cfg.rounds,
+                          ctx.extra["mean_n"]),
+          "paper FLOPs e14": ref[2],
           **{f"rounds to {t:g}%": _median(r[i] for r in reach)
              for i, t in enumerate(opts["targets"])},
-          "train s": records[f"{m} ({split})"]["wall_time_s"]})
-  table = print_table(rows, list(rows[0]))
-  mask_time = _mask_search_share(loss, params, ds, opts, cfg) if "FedSpa (DST)" in methods \
-      else None
-  if mask_time:
-    lo, hi = mask_time["ratio_iqr"]
-    print(f"Table 5 (mask search / local training wall time per round, median of "
-          f"{mask_time['repeats']} alternating DST/RSM rounds): {mask_time['mask_s']:.4f} s / "
-          f"{mask_time['train_s']:.4f} s = {100 * mask_time['ratio']:.1f} % (interquartile "
-          f"range {100 * lo:.1f} to {100 * hi:.1f} %) — the paper: 5.7-19.2 %")
-  results = {"experiment": NAME, "table": rows, "table_text": table, "paper": paper,
-             "mask_search": mask_time, "methods": records}
-  path = save_results(cfg, NAME, results)
-  png = plot_methods(records, "accuracy", os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                     title=f"{cfg.dataset}: personalised test accuracy vs rounds and bits",
-                     colors=method_colors(list(records)))
-  print(f"results: {path}\nplot: {png}")
-  return results
+          "train s": tuned.records[0]["wall_time_s"]}
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """Table 5 (with FedSpa (DST) among the methods): the mask search's share of a round."""
+  out = {"paper": ctx.extra["paper"], "mask_search": None}
+  if "FedSpa (DST)" in name_list(opts["methods"], "methods", METHODS):
+    t = out["mask_search"] = _mask_search_share(ctx.extra["loss"], ctx.params, ctx.data, opts,
+                                                cfg)
+    lo, hi = t["ratio_iqr"]
+    out["table"] = Table(results["table"].rows, note=(
+        f"Table 5 (mask search / local training wall time per round, median of "
+        f"{t['repeats']} alternating DST/RSM rounds): {t['mask_s']:.4f} s / "
+        f"{t['train_s']:.4f} s = {100 * t['ratio']:.1f} % (interquartile range "
+        f"{100 * lo:.1f} to {100 * hi:.1f} %) — the paper: 5.7-19.2 %"))
+  return out
 
 
 def _median(values):
@@ -343,4 +344,5 @@ def _mask_search_share(loss, params, ds, opts: dict, cfg: Config,
           "dst_s": dst.tolist(), "rsm_s": rsm.tolist()}
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, papers=PAPERS,
+               tuning=Tuning(columns=columns))

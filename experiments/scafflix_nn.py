@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -53,11 +52,10 @@ from fedjaxsparse.algorithms.scafflix import flix_sgd, local_optima, make_person
 from fedjaxsparse import evaluation
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, save_results,
-                                             tune_then_run)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
+                                             last)
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import char_lstm, cnn, make_loss
-from fedjaxsparse.harness.plotting import method_colors, plot_personal
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split
 
 NAME = "scafflix_nn"
@@ -154,7 +152,10 @@ def _variants(opts: dict, alpha: float, cohort: int) -> dict[str, dict]:
   return {f"Scafflix ({SYMBOL[what]}={v:g})": {**base, what: v} for v in values}
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict) -> Context:
+  """The clients' data (each evaluated on its own test examples), the model, every client's
+  local optimum x_i* (on the fitting split for tuning runs, on all training data for the final
+  ones) and the compared variants."""
   ds, standin = load_or_standin(PAPERS.get(cfg.paper), cfg.dataset, cfg.data_dir,
                                 lambda name: _load(cfg, name))
   if ds.test.num_clients != ds.train.num_clients:
@@ -166,7 +167,6 @@ def _run(cfg: Config, opts: dict) -> dict:
     if v["cohort"] > ds.num_clients:
       raise ConfigError(f"clients per round (option 'cohort' or an ablation value) must be "
                         f"in [1, clients={ds.num_clients}], got {v['cohort']}.")
-  batch = opts["batch"]
   model = _model(ds, opts)
   loss = make_loss(model)
   params = model.init(jax.random.key(cfg.seed))
@@ -177,13 +177,24 @@ def _run(cfg: Config, opts: dict) -> dict:
               if len(opts["lrs"]) > 1 else None)
   x_star = local_optima(loss, params, ds.train, **pre).x_star
   print(f"{NAME}: {ds.name}{' (' + standin + ')' if standin else ''}, {ds.num_clients} "
-        f"clients, {opts['cohort']} per round, alpha={alpha}, p={opts['p']}, batch {batch}; "
-        f"local optima: {opts['pre_steps']} SGD steps per client")
+        f"clients, {opts['cohort']} per round, alpha={alpha}, p={opts['p']}, batch "
+        f"{opts['batch']}; local optima: {opts['pre_steps']} SGD steps per client")
+  return Context(ds, params, None, {"model": model, "loss": loss, "variants": variants,
+                                    "alpha": alpha, "standin": standin,
+                                    "stars": (fit_star, x_star)}, fit=fit, val=val)
 
-  def method(name, lr, star):
-    """``(algorithm, eval_fn)``; every method is evaluated client by client on the client's
-    own test examples (FedAvg with the global model on every client)."""
-    v = variants[name]
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """Scafflix, FLIX and FedAvg (or Scafflix at each ablated value), each tuned over ``lrs``
+  and evaluated client by client on the client's own test examples (FedAvg with the global
+  model on every client)."""
+  model, loss, batch = ctx.extra["model"], ctx.extra["loss"], opts["batch"]
+  fit_star, x_star = ctx.extra["stars"]
+  n = ctx.data.num_clients
+
+  def build(name, lr, run):
+    star = fit_star if run.tuning else x_star
+    v = ctx.extra["variants"][name]
     a, p, c = v["alpha"], v["p"], v["cohort"]
     if name.startswith("Scafflix"):
       algo = scafflix(loss, lr, p, a, star, form="round", cohort_size=c, batch_size=batch)
@@ -192,51 +203,58 @@ def _run(cfg: Config, opts: dict) -> dict:
     else:
       algo = fedavg(loss, optax.sgd(lr), local_steps=math.ceil(1 / p), batch_size=batch,
                     cohort_size=c)
-      n = ds.num_clients
       return algo, evaluation.make_personal_eval_fn(
           model, lambda x: jax.tree.map(lambda l: jnp.broadcast_to(l, (n,) + l.shape), x), None)
     return algo, make_personal_eval_fn(model, star, a)
 
+  return {name: Method(lambda lr, run, name=name: build(name, lr, run), opts["lrs"],
+                       label=lambda lr: f"lr={lr:g}")
+          for name in ctx.extra["variants"]}
+
+
+def _tuning_config(cfg: Config, opts: dict) -> Config:
+  """Tuning runs: ``search_rounds`` rounds (default half the budget), one evaluation at the
+  end, a diverging learning rate recorded as the worst."""
   search_rounds = opts["search_rounds"] or max(1, cfg.rounds // 2)
-  tune_cfg = dataclasses.replace(cfg, rounds=search_rounds, eval_every=search_rounds,
-                                 progress=False, on_divergence="skip")  # a diverging lr loses
-  chosen, search, records, rows = {}, {}, {}, []
-  for name in variants:
-    tuned = tune_then_run(
-        cfg, NAME, name, opts["lrs"],
-        lambda lr, run: method(name, lr, fit_star if run.tuning else x_star), params, fit, val,
-        ds.train, ds.test, None, tune_cfg=tune_cfg, seeds=opts["seeds"],
-        label=lambda lr: f"lr={lr:g}", scale=1.0)
-    chosen[name], search[name], stats = tuned.best, tuned.scores, tuned.stats
-    if tuned.scores:
-      print(f"{name}: validation accuracy by lr {tuned.scores} -> lr={chosen[name]:g}")
-    records[name] = tuned.records[0]
-    finals, diverged = tuned.finals, opts["seeds"] - len(tuned.finals)
-    ev = records[name]["history"]["evals"]
-    ok = not records[name]["diverged"]
-    rows.append({"method": name, "lr": chosen[name], "test accuracy": stats["mean"],
-                 "s.e.": stats["se"],
-                 "client mean": last(ev["accuracy_client_mean"]) if ok else None,
-                 "global model": last(ev.get("global_accuracy", ev["accuracy"])) if ok else None,
-                 "seeds": len(finals),
-                 "status": f"{diverged} of {opts['seeds']} diverged" if diverged else "ok"})
-  table = print_table(rows, list(rows[0]))
-  results = {"experiment": NAME, "dataset": ds.name, "standin": standin, "alpha": alpha,
-             "p": opts["p"], "cohort": opts["cohort"], "ablate": opts["ablate"],
-             "search": {m: {str(k): v for k, v in s.items()} for m, s in search.items()},
-             "table": rows, "table_text": table, "methods": records}
+  return dataclasses.replace(cfg, rounds=search_rounds, eval_every=search_rounds,
+                             progress=False, on_divergence="skip")
+
+
+def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The plain client mean, the global model's accuracy, the seeds that did not diverge."""
+  ev = tuned.records[0]["history"]["evals"]
+  ok = not tuned.records[0]["diverged"]
+  diverged = opts["seeds"] - len(tuned.finals)
+  return {"client mean": last(ev["accuracy_client_mean"]) if ok else None,
+          "global model": last(ev.get("global_accuracy", ev["accuracy"])) if ok else None,
+          "seeds": len(tuned.finals),
+          "status": f"{diverged} of {opts['seeds']} diverged" if diverged else "ok"}
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The setting, every learning rate's validation accuracy and, for an ablation, the best
+  value here beside the paper's finding."""
+  out = {"dataset": ctx.data.name, "standin": ctx.extra["standin"],
+         "alpha": ctx.extra["alpha"], "p": opts["p"], "cohort": opts["cohort"],
+         "ablate": opts["ablate"],
+         "search": {m: {str(k): v for k, v in t.scores.items()}
+                    for m, t in results["tuned"].items()}}
   if opts["ablate"] != "none":
+    rows = results["table"].rows
     best = max(rows, key=lambda r: -1.0 if r["test accuracy"] is None
                else r["test accuracy"])["method"]
-    results["ablation"] = {"best": best, "paper": ABLATIONS[opts["ablate"]][1]}
-    print(f"ablation of {opts['ablate']}: best here {best}; the paper: "
-          f"{ABLATIONS[opts['ablate']][1]}")
-  path = save_results(cfg, NAME, results)
-  png = plot_personal(records, os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                      title=f"{ds.name}: test accuracy of each client's model on its own data",
-                      colors=method_colors(list(records)))
-  print(f"results: {path}\nplot: {png}")
-  return results
+    out["ablation"] = {"best": best, "paper": ABLATIONS[opts["ablate"]][1]}
+    out["table"] = Table(rows, note=f"ablation of {opts['ablate']}: best here {best}; the "
+                                    f"paper: {ABLATIONS[opts['ablate']][1]}")
+  return out
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> Figure:
+  return Figure("personal", dict(
+      methods=results["methods"],
+      title=f"{ctx.data.name}: test accuracy of each client's model on its own data"))
+
+
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, figure=figure,
+               papers=PAPERS, tuning=Tuning(column="test accuracy", scale=1.0,
+                                            config=_tuning_config, columns=columns))

@@ -413,7 +413,8 @@ def declared(name: str, spec: Sequence[Option], *,
   ``methods(context, cfg, opts) -> {paper name: Algorithm}`` (with ``tuning``:
   ``{paper name: Method}``) and, optionally, ``report(results, context, cfg, opts) -> dict``
   (extra :class:`~fedjaxsparse.harness.report.Table` s, statistics and ``"figures"``, merged
-  into the results; ``context`` is the last setting's). The harness owns the rest, alike for
+  into the results; ``context`` is the last setting's; with ``tuning``, ``results["tuned"]``
+  maps each row's method to its :class:`Tuned`, scores of every candidate included). The harness owns the rest, alike for
   every method:
 
   * without ``tuning``, each runs ``cfg.rounds`` rounds from ``context.params`` through
@@ -460,7 +461,7 @@ def declared(name: str, spec: Sequence[Option], *,
 
   def tuned(cfg: Config, opts: dict) -> tuple[dict, Context]:
     made = setup(cfg, opts)
-    rows, records, ctx = [], {}, None
+    rows, records, found, ctx = [], {}, {}, None
     for ctx in [made] if isinstance(made, Context) else made:
       if ctx.fit is None:
         fit, val = validation_split(ctx.data.train, opts["validation"], cfg.seed)
@@ -473,7 +474,8 @@ def declared(name: str, spec: Sequence[Option], *,
                           tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
                           data=method.data, params_fn=method.params_fn, metric=metric,
                           scale=tuning.scale)
-        records[f"{m} ({ctx.setting})" if ctx.setting is not None else m] = t.records[0]
+        key = f"{m} ({ctx.setting})" if ctx.setting is not None else m
+        records[key], found[key] = t.records[0], t
         row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
         row.update({"method": m, tuning.candidate: t.best, tuning.column: t.stats["mean"],
                     "s.e.": t.stats["se"]})
@@ -482,7 +484,7 @@ def declared(name: str, spec: Sequence[Option], *,
         rows.append(row)
     if ctx is None:
       raise ConfigError(f"{name}: setup declared no setting to run.")
-    return {"experiment": name, "table": Table(rows), "methods": records}, ctx
+    return {"experiment": name, "table": Table(rows), "methods": records, "tuned": found}, ctx
 
   def body(cfg: Config, opts: dict) -> dict:
     results, ctx = (plain if tuning is None else tuned)(cfg, opts)
@@ -500,6 +502,7 @@ def declared(name: str, spec: Sequence[Option], *,
       extra = report(results, ctx, cfg, opts)
       figures += list(extra.pop("figures", []))
       results.update(extra)
+    results.pop("tuned", None)   # the Tuned records: for report, not results.json
     results["figures"] = figures
     return results
 
