@@ -52,12 +52,11 @@ from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, load_arrays
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partition import partition
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
-                                             save_results, tune_then_run, tuning_config)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
+                                             name_list, output_dir)
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.epochs import mean_loss_step, train_epochs
 from fedjaxsparse.models import cnn, make_loss, mlp
-from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import validation_split
 
 NAME = "fedlpfm_fmnist"
@@ -309,19 +308,26 @@ def _algorithms(opts: dict, model, classes: int) -> dict:
   return out
 
 
-def _run(cfg: Config, opts: dict) -> dict:
-  splits = name_list(opts["splits"], "splits", tuple(SPLITS))
-  results = {"experiment": NAME, "study": opts["study"]}
-  rows, records, teacher_notes = [], {}, {}
-  for split in splits:
+CLAIMS = {"table8": "Fed-LPFM > FedAvg ≈ FedProx ≫ FML on every split, the gap widest under "
+                    "strong skew (Class Split, Dir(0.01))",
+          "table11": "the 0-shot teacher beats one linear-probed on local data, by most under "
+                     "strong skew",
+          "table12": "ViT-B/32 ≥ mixed ≥ RN50 (no numbers survive in the text)"}
+
+
+def setup(cfg: Config, opts: dict):
+  """One setting per split: the clients' data, the student, the teachers and their logits on
+  every client's fitting examples (the variants the study compares). Methods train on the
+  fitting split, whose examples the teachers' logits are packed with."""
+  notes = {}
+  for split in name_list(opts["splits"], "splits", tuple(SPLITS)):
     ds, (x, y, xt, yt) = _dataset(cfg, opts, split)
     classes = ds.num_classes
-    shape = ds.train.x.shape[2:]
-    model = _student(opts, shape, classes)
+    model = _student(opts, ds.train.x.shape[2:], classes)
     params = model.init(jax.random.key(cfg.seed))
     fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
     teachers = _teachers(cfg, opts, x, y, xt, yt, classes)
-    teacher_notes.update({k: v[1] for k, v in teachers.items()})
+    notes.update({k: v[1] for k, v in teachers.items()})
     main = next(iter(teachers))
     variants = {main: _client_logits(fit, teachers[main], classes, False)[:, :, None]}
     if opts["study"] == "table11":
@@ -335,58 +341,69 @@ def _run(cfg: Config, opts: dict) -> dict:
     print(f"{NAME}: {ds.name}, {ds.num_clients} clients (all per round), {opts['local_steps']}"
           f" local steps of {opts['batch']}, lr {opts['lr']:g}, teacher: "
           f"{teachers[main][1]}")
-    tune_cfg = tuning_config(cfg)
-    specs = _algorithms(opts, model, classes)
-    plan = ([(m, None) for m in METHODS] if opts["study"] == "table8"
-            else [("Fed-LPFM", v) for v in variants])
-    for method, variant in plan:
-      label = method if variant is None else f"Fed-LPFM [{variant}]"
-      teach = variants[main if variant is None else variant]
-      logits, mask = teach if isinstance(teach, tuple) else (teach, None)
+    yield Context(ds._replace(train=fit), params, make_eval_fn(model),
+                  {"model": model, "variants": variants, "main": main, "teachers": notes},
+                  setting=split, fit=fit, val=val)
 
-      def data(part, packed):
-        return F.pack_targets(part, logits, mask) if packed else part
 
-      options = {setting: (build, packed) for setting, build, packed in specs[method]}
-      tuned = tune_then_run(
-          cfg, NAME, f"{split} {label}", list(options),
-          lambda setting, run: options[setting][0](), params, fit, val, fit, ds.test,
-          make_eval_fn(model), tune_cfg=tune_cfg, seeds=opts["seeds"],
-          data=lambda setting, part: data(part, options[setting][1]))
-      best, st, finals = tuned.best, tuned.stats, tuned.finals
-      records[f"{label} ({split})"] = tuned.records[0]
-      if opts["study"] == "table8":
-        paper = PAPER8[split][METHODS.index(method)]
-      elif opts["study"] == "table11":
-        paper = PAPER11[split][0 if variant == "Linear Probing" else 2]
-      else:
-        paper = None
-      rows.append({"split": ROW[split], "method": label, "chosen": best or "-",
-                   "ours %": st["mean"], "s.e.": st["se"] if len(finals) > 1 else None,
-                   "paper % (CIFAR-10)": paper})
-  table = print_table(rows, list(rows[0]))
-  for name, note in teacher_notes.items():
-    print(f"teacher {name}: {note}")
-  claims = {"table8": "Fed-LPFM > FedAvg ≈ FedProx ≫ FML on every split, the gap widest "
-                      "under strong skew (Class Split, Dir(0.01))",
-            "table11": "the 0-shot teacher beats one linear-probed on local data, by most "
-                       "under strong skew",
-            "table12": "ViT-B/32 ≥ mixed ≥ RN50 (no numbers survive in the text)"}
-  print(f"the paper's claim: {claims[opts['study']]}")
-  results.update({"table": rows, "table_text": table, "teachers": teacher_notes,
-                  "claim": claims[opts["study"]], "methods": records})
-  path = save_results(cfg, NAME, results)
+def _plan(opts: dict, variants: dict) -> dict:
+  """``{row label: (method, teacher variant or None)}``: Table 8's methods, or Fed-LPFM with
+  each teacher variant (Tables 11 and 12)."""
+  if opts["study"] == "table8":
+    return {m: (m, None) for m in METHODS}
+  return {f"Fed-LPFM [{v}]": ("Fed-LPFM", v) for v in variants}
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """Every method's settings (FedProx's μ, FML's α = β, Fed-LPFM's λ) tuned on validation;
+  Fed-LPFM trains on targets packed with its teacher's logits."""
+  x = ctx.extra
+  specs = _algorithms(opts, x["model"], ctx.data.num_classes)
+  out = {}
+  for label, (method, variant) in _plan(opts, x["variants"]).items():
+    teach = x["variants"][x["main"] if variant is None else variant]
+    logits, mask = teach if isinstance(teach, tuple) else (teach, None)
+    options = {setting: (build, packed) for setting, build, packed in specs[method]}
+    out[label] = Method(
+        lambda setting, run, options=options: options[setting][0](), list(options),
+        data=lambda setting, part, options=options, logits=logits, mask=mask: (
+            F.pack_targets(part, logits, mask) if options[setting][1] else part))
+  return out
+
+
+def columns(label: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The split's name in the paper's words, the chosen setting, the paper's CIFAR-10 number."""
+  method, variant = _plan(opts, ctx.extra["variants"])[label]
+  if opts["study"] == "table8":
+    paper = PAPER8[ctx.setting][METHODS.index(method)]
+  elif opts["study"] == "table11":
+    paper = PAPER11[ctx.setting][0 if variant == "Linear Probing" else 2]
+  else:
+    paper = None
+  return {"split": ROW[ctx.setting], "chosen": tuned.best or "-",
+          "s.e.": tuned.stats["se"] if len(tuned.finals) > 1 else None,
+          "paper % (CIFAR-10)": paper}
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The teachers, the paper's claim, and accuracy against the label skew as a figure."""
+  rows, notes = results["table"].rows, ctx.extra["teachers"]
   curves = {}
   for r in rows:
     xs, ys = curves.setdefault(r["method"], ([], []))
     xs.append(len(xs))
     ys.append(r["ours %"] if r["ours %"] is not None else float("nan"))
-  png = plot_curves(curves, os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                    xlabel="label skew (split)", ylabel="test accuracy %",
-                    title=f"{cfg.dataset}: {opts['study']} (teacher: {main})", logx=False,
-                    xticks=[ROW[s] for s in splits])
-  print(f"results: {path}\nplot: {png}")
-  return results
+  splits = name_list(opts["splits"], "splits", tuple(SPLITS))
+  return {"study": opts["study"], "teachers": notes, "claim": CLAIMS[opts["study"]],
+          "table": Table(rows, note="\n".join(
+              [f"teacher {name}: {note}" for name, note in notes.items()]
+              + [f"the paper's claim: {CLAIMS[opts['study']]}"])),
+          "figures": [Figure("curves", dict(
+              curves=curves, xlabel="label skew (split)", ylabel="test accuracy %",
+              title=f"{cfg.dataset}: {opts['study']} (teacher: {ctx.extra['main']})",
+              logx=False, xticks=[ROW[s] for s in splits]))]}
 
 
-run = entry(NAME, OPTIONS, _run)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report,
+               figure=lambda results, ctx, cfg, opts: [], tuning=Tuning(candidate="chosen",
+                                                                        columns=columns))
