@@ -14,7 +14,7 @@ zero-shot CLIP (:mod:`fedjaxsparse.models.clip`), as in the paper.
 
 Protocol (Table 8-10, §3.4): 10 clients, all participating; splits IID, Dirichlet(α) for
 α ∈ {1.0, 0.5, 0.1, 0.05, 0.01} and "Class Split" (2 classes per client,
-:func:`~fedjaxsparse.data.partition.label_count_partition`); SGD with weight decay 5e-4, the
+:func:`~fedjaxsparse.data.partitions.label_count_partition`); SGD with weight decay 5e-4, the
 same learning rate for every method; accuracy on the balanced test set, mean ± s.e. over
 ``seeds``. The student is ``student`` (a small CNN on CPU; MobileNetV2 / ResNet-18 /
 EfficientNet-B0 with GroupNorm(8) for the paper's Tables 8/10/9). The seed gives neither λ,
@@ -50,7 +50,7 @@ from fedjaxsparse.algorithms.fedprox import proximal
 from fedjaxsparse.algorithms.fml import fml
 from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, load_arrays
 from fedjaxsparse.data.federated import federate
-from fedjaxsparse.data.partition import partition
+from fedjaxsparse.data.partitions import partition
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
                                              name_list, output_dir)

@@ -214,7 +214,7 @@ def _dataset(cfg: Config, split: str):
     return fashion_mnist(cfg.data_dir or default_dir(), num_clients=cfg.clients, seed=cfg.seed,
                          standin=cfg.dataset == STANDIN, **SPLITS[split])
   from fedjaxsparse.data.federated import federate
-  from fedjaxsparse.data.partition import partition
+  from fedjaxsparse.data.partitions import partition
   from fedjaxsparse.data.tfds_sources import load_split
   name, classes = TFDS[cfg.dataset]
   (x, y), (xt, yt) = (load_split(name, s, cfg.data_dir) for s in ("train", "test"))

@@ -7,7 +7,7 @@ Protocol (the chapter's, §A.10.1-§A.10.2): train and test pooled and dealt to 
 each client's share split 70 % / 30 % into its own train and test data; S1 — class-wise,
 5 classes per client (15 for CIFAR-100; NIID-Bench's "#C = k" deal); S2 — FedCR's Dirichlet
 (every client draws its class proportions from Dirichlet(0.5), 0.3 for CIFAR-100, and is filled
-without replacement to an equal size: :func:`~fedjaxsparse.data.partition.hsu_dirichlet_partition`);
+without replacement to an equal size: :func:`~fedjaxsparse.data.partitions.hsu_dirichlet_partition`);
 K = 10 local SGD steps on minibatches of 48; the chapter's CNN (Table C.2,
 :func:`~fedjaxsparse.models.fedp3_cnn`; the MLP 784-1024-1024-1024-10 for EMNIST-L); global
 pruning ratio r = 0.9 on the layers a client does not train; the learning rate of every method
@@ -43,7 +43,7 @@ import optax
 from fedjaxsparse.ops import layer_groups as LY
 from fedjaxsparse.algorithms import fedp3 as F
 from fedjaxsparse.data.federated import federate
-from fedjaxsparse.data.partition import hsu_dirichlet_partition, label_count_partition
+from fedjaxsparse.data.partitions import hsu_dirichlet_partition, label_count_partition
 from fedjaxsparse.evaluation import make_personal_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
                                              name_list)

@@ -39,7 +39,7 @@ from fedjaxsparse.algorithms.ditto import ditto, local
 from fedjaxsparse.algorithms.fedspa import fedspa
 from fedjaxsparse.algorithms.subfedavg import subfedavg
 from fedjaxsparse.data.federated import federate
-from fedjaxsparse.data.partition import (dirichlet_partition, hsu_dirichlet_partition,
+from fedjaxsparse.data.partitions import (dirichlet_partition, hsu_dirichlet_partition,
                                          iid_partition, matching_test_sets)
 from fedjaxsparse.evaluation import client_accuracy, make_eval_fn, make_personal_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import fedjaxsparse as fjs
-from fedjaxsparse.data.partition import hsu_dirichlet_partition
+from fedjaxsparse.data.partitions import hsu_dirichlet_partition
 
 LABELS = np.repeat(np.arange(10), 100)  # 1000 examples, 10 balanced classes
 
@@ -92,7 +92,7 @@ def test_label_count_split_gives_each_client_exactly_k_labels():
   """Seed 003's Non-IID-2 (NIID-Bench #C = 3): every client holds exactly 3 labels, every
   example is used once (100 clients ≥ 10 labels), each label's examples are shared equally
   (±1) among its holders; deterministic under the seed."""
-  from fedjaxsparse.data.partition import label_count_partition
+  from fedjaxsparse.data.partitions import label_count_partition
   parts = label_count_partition(LABELS, 100 // 10 * 2, 3, seed=0)
   _assert_exact_cover(parts, 1000)
   assert all(len(np.unique(LABELS[p])) == 3 for p in parts)
@@ -106,7 +106,7 @@ def test_label_count_split_gives_each_client_exactly_k_labels():
 
 
 def test_hsu_dirichlet_has_equal_sizes_covers_everything_and_skews_labels():
-  from fedjaxsparse.data.partition import hsu_dirichlet_partition
+  from fedjaxsparse.data.partitions import hsu_dirichlet_partition
   y = np.random.default_rng(0).integers(0, 10, 2003)
   parts = hsu_dirichlet_partition(y, 20, 0.1, seed=3)
   assert sorted(len(p) for p in parts) == [100] * 17 + [101] * 3
@@ -120,7 +120,7 @@ def test_hsu_dirichlet_has_equal_sizes_covers_everything_and_skews_labels():
 def test_matching_test_sets_follow_the_training_label_proportions():
   """Client k's 100 test labels: ⌊100 q_kc⌋ per class plus the largest remainders, sampled
   from that class's test examples without repeats."""
-  from fedjaxsparse.data.partition import matching_test_sets
+  from fedjaxsparse.data.partitions import matching_test_sets
   rng = np.random.default_rng(1)
   train = [np.array([0] * 7 + [1] * 2 + [2] * 1), np.array([3] * 3 + [4] * 3 + [5] * 3)]
   test = rng.integers(0, 10, 2000)

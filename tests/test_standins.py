@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fedjaxsparse as fjs
-from fedjaxsparse.data.partition import dirichlet_lognormal_partition
+from fedjaxsparse.data.partitions import dirichlet_lognormal_partition
 
 
 def test_mushrooms_standin_has_the_shape_of_mushrooms():

@@ -2,13 +2,14 @@
 sets, Fashion-MNIST IDX files, LEAF, Shakespeare, LIBSVM, BlogFeedback; tensorflow-datasets
 sources load on first use), labelled stand-ins, reference problems and the dataset registry."""
 from fedjaxsparse.data import (blogfeedback, embedded, fashion_mnist, federated, leaf, libsvm,
-                               problems, registry, shakespeare, sparse_rows, standins)
+                               partitions, problems, registry, shakespeare, sparse_rows,
+                               standins)
 from fedjaxsparse.data.embedded import diabetes, digits, synthetic
 from fedjaxsparse.data.federated import (FederatedData, FederatedDataset, federate, pack_clients,
                                          split_clients)
-# every partitioner of data/partition.py; ``partition`` here is its dispatcher function
-# (``partition(labels, num_clients, method)``), which shadows the module's name in this namespace
-from fedjaxsparse.data.partition import (PARTITIONS, dirichlet_lognormal_partition,
+# every partitioner of data/partitions.py, and ``partition(labels, num_clients, method)``, the
+# dispatcher over them by name
+from fedjaxsparse.data.partitions import (PARTITIONS, dirichlet_lognormal_partition,
                                          dirichlet_partition, hsu_dirichlet_partition,
                                          iid_partition, label_count_partition,
                                          lognormal_partition, lognormal_sizes, matching_test_sets,
@@ -20,7 +21,7 @@ from fedjaxsparse.data.registry import DATASETS, load_dataset
 
 __all__ = [
     "blogfeedback", "embedded", "fashion_mnist", "federated", "leaf", "libsvm", "partition",
-    "problems", "registry", "shakespeare", "sparse_rows", "standins", "diabetes", "digits",
+    "partitions", "problems", "registry", "shakespeare", "sparse_rows", "standins", "diabetes", "digits",
     "synthetic", "FederatedData", "FederatedDataset", "federate", "pack_clients", "split_clients",
     "PARTITIONS", "dirichlet_partition", "iid_partition", "lognormal_partition", "lognormal_sizes",
     "natural_partition", "shard_partition", "dirichlet_lognormal_partition",

@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
-from fedjaxsparse.data.partition import natural_partition
+from fedjaxsparse.data.partitions import natural_partition
 from fedjaxsparse.errors import DataError
 
 TRAIN_FILE = "blogData_train.csv"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
-from fedjaxsparse.data.partition import lognormal_sizes, partition
+from fedjaxsparse.data.partitions import lognormal_sizes, partition
 
 
 def digits(num_clients: int = 20, partition: str = "dirichlet", alpha: float = 0.5,

@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
-from fedjaxsparse.data.partition import partition as partition_fn
+from fedjaxsparse.data.partitions import partition as partition_fn
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.data.standins import fashion_mnist_standin
 

@@ -2,7 +2,7 @@
 
 ``FederatedData`` is what algorithms consume; ``FederatedDataset`` bundles a train and a test
 split plus static metadata. Builders turn flat arrays plus per-client index lists (from
-:mod:`fedjaxsparse.data.partition`) into padded arrays.
+:mod:`fedjaxsparse.data.partitions`) into padded arrays.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
-from fedjaxsparse.data.partition import partition as partition_fn
+from fedjaxsparse.data.partitions import partition as partition_fn
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.data.standins import BINARY_SHAPES, binary_arrays_like, mushrooms_arrays

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
-from fedjaxsparse.data.partition import lognormal_sizes
+from fedjaxsparse.data.partitions import lognormal_sizes
 
 FEMNIST_MEAN, FEMNIST_SD = 226.83, 88.94  # LEAF (Caldas et al. 2018), Table 1
 MUSHROOM_CARDINALITIES = (6, 4, 10, 2, 9, 2, 2, 2, 12, 2, 4, 4, 4, 9, 9, 1, 4, 3, 5, 9, 6, 3)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
-from fedjaxsparse.data.partition import partition as partition_fn
+from fedjaxsparse.data.partitions import partition as partition_fn
 
 
 def load_split(name: str, split: str, data_dir: str | None,
