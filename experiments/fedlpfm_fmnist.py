@@ -48,7 +48,9 @@ from fedjaxsparse.algorithms import fedlpfm as F
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.algorithms.fedprox import proximal
 from fedjaxsparse.algorithms.fml import fml
-from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, load_arrays
+from fedjaxsparse.data.fashion_mnist import STANDIN
+from fedjaxsparse.data.registry import load_arrays
+from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partitions import partition
 from fedjaxsparse.evaluation import make_eval_fn
@@ -266,19 +268,13 @@ def _client_logits(fit, teacher, classes: int, probe: bool) -> np.ndarray:
 
 
 def _dataset(cfg: Config, opts: dict, split: str):
-  if cfg.dataset in ("fashion_mnist", STANDIN):
-    (x, y), (xt, yt) = (load_arrays(cfg.data_dir or default_dir(), s, cfg.dataset == STANDIN)
-                        for s in ("train", "test"))
-  elif cfg.dataset == "cifar10":
-    from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD
-    from fedjaxsparse.data.tfds_sources import load_split
-    (x, y), (xt, yt) = (load_split("cifar10", s, cfg.data_dir) for s in ("train", "test"))
-    if not opts["clip"]:   # CLIP normalises itself (clip.preprocess)
-      x = (x - np.asarray(CIFAR10_MEAN)) / np.asarray(CIFAR10_STD)
-      xt = (xt - np.asarray(CIFAR10_MEAN)) / np.asarray(CIFAR10_STD)
-  else:
+  if cfg.dataset not in ("fashion_mnist", STANDIN, "cifar10"):
     raise ValueError(f"--dataset must be fashion_mnist, fashion_mnist_standin or cifar10, got "
                      f"{cfg.dataset!r}.")
+  (x, y), (xt, yt) = (load_arrays(cfg.dataset, s, cfg.data_dir) for s in ("train", "test"))
+  if cfg.dataset == "cifar10" and not opts["clip"]:   # CLIP normalises itself (clip.preprocess)
+    x = (x - np.asarray(CIFAR10_MEAN)) / np.asarray(CIFAR10_STD)
+    xt = (xt - np.asarray(CIFAR10_MEAN)) / np.asarray(CIFAR10_STD)
   if opts["train_size"] and opts["train_size"] < len(x):
     keep = np.random.default_rng(cfg.seed).permutation(len(x))[:opts["train_size"]]
     x, y = x[keep], y[keep]

@@ -48,6 +48,9 @@ from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.algorithms.fedpm import fedpm
 from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, fashion_mnist
+from fedjaxsparse.data.federated import federate
+from fedjaxsparse.data.partitions import partition
+from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
                                              name_list)
@@ -69,7 +72,7 @@ BUDGET = "communication rounds per method"
 RUNTIME = ("about 75 minutes on 2 CPU cores at the reduced default: 8 methods x 3 splits, each "
            "2 tuning runs of 5 rounds and a 10-round run, at about 9 s per round of 10 clients "
            "(measured: FedMRN, 4 rounds in 39 s on the real Fashion-MNIST)")
-TFDS = {"svhn": ("svhn_cropped", 10), "cifar10": ("cifar10", 10), "cifar100": ("cifar100", 100)}
+TFDS = {"svhn": 10, "cifar10": 10, "cifar100": 100}  # tfds-prepared sets -> classes
 SPLITS = {"iid": dict(partition="iid"), "niid1": dict(partition="dirichlet", alpha=0.3),
           "niid2": dict(partition="labels", labels_per_client=3)}
 METHODS = ("FedAvg", "FedPM", "FedSparsify", "SignSGD", "Top-k", "TernGrad", "DRIVE", "EDEN",
@@ -213,11 +216,8 @@ def _dataset(cfg: Config, split: str):
   if cfg.dataset in ("fashion_mnist", STANDIN):
     return fashion_mnist(cfg.data_dir or default_dir(), num_clients=cfg.clients, seed=cfg.seed,
                          standin=cfg.dataset == STANDIN, **SPLITS[split])
-  from fedjaxsparse.data.federated import federate
-  from fedjaxsparse.data.partitions import partition
-  from fedjaxsparse.data.tfds_sources import load_split
-  name, classes = TFDS[cfg.dataset]
-  (x, y), (xt, yt) = (load_split(name, s, cfg.data_dir) for s in ("train", "test"))
+  classes = TFDS[cfg.dataset]
+  (x, y), (xt, yt) = (load_arrays(cfg.dataset, s, cfg.data_dir) for s in ("train", "test"))
   kw = dict(SPLITS[split])
   if cfg.dataset == "cifar100":
     kw.update(alpha=0.2) if split == "niid1" else kw.update(labels_per_client=20)

@@ -43,6 +43,7 @@ import optax
 from fedjaxsparse.ops import layer_groups as LY
 from fedjaxsparse.algorithms import fedp3 as F
 from fedjaxsparse.data.federated import federate
+from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.data.partitions import hsu_dirichlet_partition, label_count_partition
 from fedjaxsparse.evaluation import make_personal_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
@@ -156,25 +157,6 @@ PAPERS = {
     for study in STUDIES for ds in ("fashion_mnist", "emnist_l", "cifar10", "cifar100")}
 
 
-def _arrays(cfg: Config):
-  """Pooled ``(x, y)`` of the configured dataset (the chapter pools train and test)."""
-  if cfg.dataset in ("fashion_mnist", "fashion_mnist_standin"):
-    from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, load_arrays
-    d = cfg.data_dir or default_dir()
-    parts = [load_arrays(d, s, cfg.dataset == STANDIN) for s in ("train", "test")]
-  elif cfg.dataset == "digits":
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    parts = [((x / 16.0).astype(np.float32), y.astype(np.int32))]
-  else:
-    from fedjaxsparse.data.tfds_sources import load_split
-    name = {"emnist_l": "emnist/letters"}.get(cfg.dataset, cfg.dataset)
-    parts = [load_split(name, s, cfg.data_dir) for s in ("train", "test")]
-    if cfg.dataset == "emnist_l":
-      parts = [(x, y - 1) for x, y in parts]
-  return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
-
-
 def _model(kind: str, shape, classes: int, opts: dict):
   if kind == "resnet18":
     return resnet18(shape, classes)
@@ -250,7 +232,7 @@ def setup(cfg: Config, opts: dict):
       raise ValueError(f"study 'resnet' runs on --dataset cifar10 or cifar100, got "
                        f"{cfg.dataset!r}.")
     kind = "resnet18"
-  x, y = _arrays(cfg)
+  x, y = load_arrays(cfg.dataset, "all", cfg.data_dir)  # the chapter pools train and test
   model = _model(kind, x.shape[1:], classes, opts)
   params = model.init(jax.random.key(cfg.seed))
   depth = _depth(opts)

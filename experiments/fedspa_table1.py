@@ -39,6 +39,7 @@ from fedjaxsparse.algorithms.ditto import ditto, local
 from fedjaxsparse.algorithms.fedspa import fedspa
 from fedjaxsparse.algorithms.subfedavg import subfedavg
 from fedjaxsparse.data.federated import federate
+from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.data.partitions import (dirichlet_partition, hsu_dirichlet_partition,
                                          iid_partition, matching_test_sets)
 from fedjaxsparse.evaluation import client_accuracy, make_eval_fn, make_personal_eval_fn
@@ -147,27 +148,6 @@ PAPERS = {
         deviations="lr tuned on validation")}
 
 
-def _arrays(cfg: Config):
-  """``(x, y, x_test, y_test, input_shape)`` of the configured dataset."""
-  if cfg.dataset in ("fashion_mnist", "fashion_mnist_standin"):
-    from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, load_arrays
-    d = cfg.data_dir or default_dir()
-    (x, y), (xt, yt) = (load_arrays(d, s, cfg.dataset == STANDIN) for s in ("train", "test"))
-  elif cfg.dataset == "digits":
-    from sklearn.datasets import load_digits
-    xa, ya = load_digits(return_X_y=True)
-    perm = np.random.default_rng(0).permutation(len(ya))
-    xa, ya = (xa[perm] / 16.0).astype(np.float32), ya[perm].astype(np.int32)
-    x, y, xt, yt = xa[:1400], ya[:1400], xa[1400:], ya[1400:]
-  else:
-    from fedjaxsparse.data.tfds_sources import load_split
-    name = {"emnist_l": "emnist/letters"}.get(cfg.dataset, cfg.dataset)
-    (x, y), (xt, yt) = (load_split(name, s, cfg.data_dir) for s in ("train", "test"))
-    if cfg.dataset == "emnist_l":  # tfds letters are labelled 1..26
-      y, yt = y - 1, yt - 1
-  return x, y, xt, yt, x.shape[1:]
-
-
 def _model(kind: str, shape, classes: int):
   if kind == "lenet5":
     return lenet5_caffe(shape, classes)
@@ -235,7 +215,8 @@ def setup(cfg: Config, opts: dict):
   splits = name_list(opts["splits"], "splits", SPLITS)
   name_list(opts["methods"], "methods", METHODS)
   classes, gamma_a, gamma_b, kind = DATA[cfg.dataset]
-  x, y, xt, yt, shape = _arrays(cfg)
+  (x, y), (xt, yt) = (load_arrays(cfg.dataset, s, cfg.data_dir) for s in ("train", "test"))
+  shape = x.shape[1:]
   model = _model(kind, shape, classes)
   params = model.init(jax.random.key(cfg.seed))
   extra = {"model": model, "loss": make_loss(model),

@@ -114,3 +114,22 @@ def test_softmax_optimum_zeroes_the_gradient():
 def test_unknown_dataset():
   with pytest.raises(ValueError, match="unknown dataset"):
     fjs.data.load_dataset("imagenet")
+
+
+def test_load_arrays_splits_partition_the_pooled_set():
+  """The registry's centralised arrays: digits' train and test splits are disjoint and together
+  hold every example of the natural-order "all" (as multisets of rows), with the documented
+  sizes; the stand-in's "all" is its train then its test split; bad names are refused."""
+  xa, ya = fjs.data.load_arrays("digits", "all")
+  (x, y), (xt, yt) = (fjs.data.load_arrays("digits", s) for s in ("train", "test"))
+  assert len(y) == fjs.data.registry.DIGITS_TRAIN and len(y) + len(yt) == len(ya) == 1797
+  rows = lambda a, b: sorted(map(tuple, np.c_[a, b].tolist()))
+  assert rows(np.r_[x, xt], np.r_[y, yt]) == rows(xa, ya)
+  assert xa.dtype == np.float32 and ya.dtype == np.int32 and 0 <= xa.min() and xa.max() <= 1
+  s_all = fjs.data.load_arrays("fashion_mnist_standin", "all")
+  s_tr, s_te = (fjs.data.load_arrays("fashion_mnist_standin", s) for s in ("train", "test"))
+  np.testing.assert_array_equal(s_all[1], np.r_[s_tr[1], s_te[1]])
+  with pytest.raises(ValueError, match="name must be one of"):
+    fjs.data.load_arrays("mnist")
+  with pytest.raises(ValueError, match="split must be"):
+    fjs.data.load_arrays("digits", "validation")

@@ -17,7 +17,7 @@ from fedjaxsparse.data.partitions import (PARTITIONS, dirichlet_lognormal_partit
 from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimum,
                                         ridge_regression_problem, softmax_regression_optimum,
                                         uniform_weights)
-from fedjaxsparse.data.registry import DATASETS, load_dataset
+from fedjaxsparse.data.registry import ARRAYS, DATASETS, load_arrays, load_dataset
 
 __all__ = [
     "blogfeedback", "embedded", "fashion_mnist", "federated", "leaf", "libsvm", "partition",
@@ -27,5 +27,5 @@ __all__ = [
     "natural_partition", "shard_partition", "dirichlet_lognormal_partition",
     "hsu_dirichlet_partition", "label_count_partition", "matching_test_sets", "example_weights",
     "ridge_regression_optimum", "ridge_regression_problem", "softmax_regression_optimum",
-    "uniform_weights", "DATASETS", "load_dataset",
+    "uniform_weights", "ARRAYS", "DATASETS", "load_arrays", "load_dataset",
 ]

@@ -32,3 +32,51 @@ def load_dataset(name: str, **kwargs) -> FederatedDataset:
     raise ValueError(f"unknown dataset {name!r}; choose from {sorted(DATASETS)}.")
   module, fn = DATASETS[name]
   return getattr(importlib.import_module(module), fn)(**kwargs)
+
+
+ARRAYS = {  # name -> (module, function, its dataset name, label offset)
+    "fashion_mnist": ("fedjaxsparse.data.fashion_mnist", "load_arrays", None, 0),
+    "fashion_mnist_standin": ("fedjaxsparse.data.fashion_mnist", "load_arrays", None, 0),
+    "digits": ("sklearn.datasets", "load_digits", None, 0),
+    "cifar10": ("fedjaxsparse.data.tfds_sources", "load_split", "cifar10", 0),
+    "cifar100": ("fedjaxsparse.data.tfds_sources", "load_split", "cifar100", 0),
+    "svhn": ("fedjaxsparse.data.tfds_sources", "load_split", "svhn_cropped", 0),
+    "emnist_l": ("fedjaxsparse.data.tfds_sources", "load_split", "emnist/letters", 1),
+}
+"""``{name: ...}``: the classification sets :func:`load_arrays` reads as centralised arrays."""
+DIGITS_TRAIN = 1400
+"""digits has no split of its own: its train split is the first ``DIGITS_TRAIN`` examples of a
+fixed permutation (seed 0), its test split the other 397."""
+
+
+def load_arrays(name: str, split: str = "train", data_dir: str | None = None):
+  """``(x float32 [n, ...] in [0, 1], y int32 [n])``: one split of a classification set as
+  centralised arrays, before any federation — ``"train"``, ``"test"`` or ``"all"`` (both, in
+  that order; digits: its natural order). For experiments that partition pooled data their own
+  way. ``fashion_mnist`` reads the IDX files (``data_dir`` or the default folder),
+  ``fashion_mnist_standin`` their labelled stand-in, ``digits`` scikit-learn's bundled set,
+  and ``cifar10``, ``cifar100``, ``svhn`` and ``emnist_l`` (26 letters, labels from 0)
+  tensorflow-datasets' prepared files (``data_dir``)."""
+  import numpy as np
+  if name not in ARRAYS:
+    raise ValueError(f"load_arrays: name must be one of {sorted(ARRAYS)}, got {name!r}.")
+  if split not in ("train", "test", "all"):
+    raise ValueError(f"load_arrays: split must be 'train', 'test' or 'all', got {split!r}.")
+  if name == "digits":
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    x, y = (x / 16.0).astype(np.float32), y.astype(np.int32)
+    if split == "all":
+      return x, y
+    perm = np.random.default_rng(0).permutation(len(y))
+    keep = perm[:DIGITS_TRAIN] if split == "train" else perm[DIGITS_TRAIN:]
+    return x[keep], y[keep]
+  if split == "all":
+    parts = [load_arrays(name, s, data_dir) for s in ("train", "test")]
+    return tuple(np.concatenate(a) for a in zip(*parts))
+  module, fn, source, offset = ARRAYS[name]
+  loader = getattr(importlib.import_module(module), fn)
+  if source is None:   # the Fashion-MNIST IDX files or their stand-in
+    return loader(data_dir, split, name.endswith("_standin"))
+  x, y = loader(source, split, data_dir)
+  return x, y - offset if offset else y
