@@ -153,3 +153,18 @@ def test_missing_files_fail_fast_with_instructions(tmp_path, name, kwargs, hint)
   with pytest.raises(FileNotFoundError, match=hint):
     fjs.data.load_dataset(name, data_dir=empty, **kwargs)
   assert time.perf_counter() - start < 10.0
+
+
+def test_emnist_l10_keeps_the_first_ten_letters_of_the_tfds_source():
+  """Seed 001 ch. 4's 10-class EMNIST-L from tfds' emnist/letters (labels 1..26 there; tfds'
+  mock data also draws the unused label 0): exactly the examples with letters 1..10 are kept,
+  as labels 0..9."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  with tfds.testing.mock_data(num_examples=60):
+    x26, y26 = fjs.data.load_arrays("emnist_l", "train")
+    x10, y10 = fjs.data.load_arrays("emnist_l10", "train")
+  kept = (y26 >= 0) & (y26 < 10)
+  assert 0 < kept.sum() < len(y26)
+  np.testing.assert_array_equal(y10, y26[kept])
+  np.testing.assert_array_equal(x10, x26[kept])
+  assert x10.shape[1:] == (28, 28, 1) and y10.max() < 10

@@ -34,16 +34,20 @@ def load_dataset(name: str, **kwargs) -> FederatedDataset:
   return getattr(importlib.import_module(module), fn)(**kwargs)
 
 
-ARRAYS = {  # name -> (module, function, its dataset name, label offset)
-    "fashion_mnist": ("fedjaxsparse.data.fashion_mnist", "load_arrays", None, 0),
-    "fashion_mnist_standin": ("fedjaxsparse.data.fashion_mnist", "load_arrays", None, 0),
-    "digits": ("sklearn.datasets", "load_digits", None, 0),
-    "cifar10": ("fedjaxsparse.data.tfds_sources", "load_split", "cifar10", 0),
-    "cifar100": ("fedjaxsparse.data.tfds_sources", "load_split", "cifar100", 0),
-    "svhn": ("fedjaxsparse.data.tfds_sources", "load_split", "svhn_cropped", 0),
-    "emnist_l": ("fedjaxsparse.data.tfds_sources", "load_split", "emnist/letters", 1),
+ARRAYS = {  # name -> (module, function, its dataset name, label offset, classes kept)
+    "fashion_mnist": ("fedjaxsparse.data.fashion_mnist", "load_arrays", None, 0, None),
+    "fashion_mnist_standin": ("fedjaxsparse.data.fashion_mnist", "load_arrays", None, 0, None),
+    "digits": ("sklearn.datasets", "load_digits", None, 0, None),
+    "cifar10": ("fedjaxsparse.data.tfds_sources", "load_split", "cifar10", 0, None),
+    "cifar100": ("fedjaxsparse.data.tfds_sources", "load_split", "cifar100", 0, None),
+    "svhn": ("fedjaxsparse.data.tfds_sources", "load_split", "svhn_cropped", 0, None),
+    "emnist_l": ("fedjaxsparse.data.tfds_sources", "load_split", "emnist/letters", 1, None),
+    "emnist_l10": ("fedjaxsparse.data.tfds_sources", "load_split", "emnist/letters", 1, 10),
 }
-"""``{name: ...}``: the classification sets :func:`load_arrays` reads as centralised arrays."""
+"""``{name: ...}``: the classification sets :func:`load_arrays` reads as centralised arrays.
+``emnist_l`` is EMNIST Letters' 26 classes; ``emnist_l10`` its first ten (a-j), the
+"EMNIST-L" of FedCR-style personalisation papers (seed 001 ch. 4, Table C.1: 10 classes, 48K +
+8K examples — Letters holds 4,800 training and 800 test images per class)."""
 DIGITS_TRAIN = 1400
 """digits has no split of its own: its train split is the first ``DIGITS_TRAIN`` examples of a
 fixed permutation (seed 0), its test split the other 397."""
@@ -55,8 +59,8 @@ def load_arrays(name: str, split: str = "train", data_dir: str | None = None):
   that order; digits: its natural order). For experiments that partition pooled data their own
   way. ``fashion_mnist`` reads the IDX files (``data_dir`` or the default folder),
   ``fashion_mnist_standin`` their labelled stand-in, ``digits`` scikit-learn's bundled set,
-  and ``cifar10``, ``cifar100``, ``svhn`` and ``emnist_l`` (26 letters, labels from 0)
-  tensorflow-datasets' prepared files (``data_dir``)."""
+  and ``cifar10``, ``cifar100``, ``svhn``, ``emnist_l`` (26 letters, labels from 0) and
+  ``emnist_l10`` (letters a-j) tensorflow-datasets' prepared files (``data_dir``)."""
   import numpy as np
   if name not in ARRAYS:
     raise ValueError(f"load_arrays: name must be one of {sorted(ARRAYS)}, got {name!r}.")
@@ -74,9 +78,13 @@ def load_arrays(name: str, split: str = "train", data_dir: str | None = None):
   if split == "all":
     parts = [load_arrays(name, s, data_dir) for s in ("train", "test")]
     return tuple(np.concatenate(a) for a in zip(*parts))
-  module, fn, source, offset = ARRAYS[name]
+  module, fn, source, offset, classes = ARRAYS[name]
   loader = getattr(importlib.import_module(module), fn)
   if source is None:   # the Fashion-MNIST IDX files or their stand-in
     return loader(data_dir, split, name.endswith("_standin"))
   x, y = loader(source, split, data_dir)
-  return x, y - offset if offset else y
+  y = y - offset if offset else y
+  if classes is not None:
+    keep = (y >= 0) & (y < classes)
+    x, y = x[keep], y[keep]
+  return x, y
