@@ -27,7 +27,6 @@ Protocol (spec ``seed001_ch3_ch5.md`` §5.9):
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import numpy as np
@@ -39,11 +38,9 @@ from fedjaxsparse.algorithms import sppm
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import evaluate, make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
-                                             save_results)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import Config, Option, entry, last, run_method
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import cohort_squeeze_cnn, make_loss
-from fedjaxsparse.harness.plotting import method_colors, plot_methods
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split
 
 NAME = "cohort_squeeze_nn"
@@ -162,18 +159,14 @@ def _run(cfg: Config, opts: dict) -> dict:
                  f"cost to {target:.0%} (c1={c1:g}, c2={c2:g})":
                      cost_to_accuracy(rec, target, c1, c2),
                  f"cost to {target:.0%} (T*K)": cost_to_accuracy(rec, target, 1.0, 0.0)})
-  table = print_table(rows, list(rows[0]))
-  print("the paper (figures only): SPPM-AS with several local rounds reaches 70 % at a lower "
-        "total cost than LocalGD, the optimal K growing with gamma (Figs. 5.6/5.7)")
-  results = {"experiment": NAME, "dataset": ds.name, "standin": standin, "target": target,
-             "c1": c1, "c2": c2, "search": search, "table": rows, "table_text": table,
-             "methods": records}
-  path = save_results(cfg, NAME, results)
-  png = plot_methods(records, "accuracy", os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                     title=f"{ds.name}: training accuracy vs global rounds and uplink bits",
-                     colors=method_colors(list(records)))
-  print(f"results: {path}\nplot: {png}")
-  return results
+  note = ("the paper (figures only): SPPM-AS with several local rounds reaches 70 % at a lower "
+          "total cost than LocalGD, the optimal K growing with gamma (Figs. 5.6/5.7)")
+  figure = Figure("methods", dict(
+      methods=records, metric="accuracy",
+      title=f"{ds.name}: training accuracy vs global rounds and uplink bits"))
+  return {"experiment": NAME, "dataset": ds.name, "standin": standin, "target": target,
+          "c1": c1, "c2": c2, "search": search, "table": Table(rows, note=note),
+          "methods": records, "figures": [figure]}
 
 
 run = entry(NAME, OPTIONS, _run, PAPERS)

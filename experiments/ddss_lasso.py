@@ -37,9 +37,8 @@ from fedjaxsparse.algorithms import ddss as DD
 from fedjaxsparse.algorithms import ddss_baselines as DB
 from fedjaxsparse.data import sparse_rows as SR
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, output_dir, save_results
-from fedjaxsparse.harness.report import print_table
-from fedjaxsparse.harness.plotting import plot_curves, plot_evals
+from fedjaxsparse.harness.experiment import Config, Option, Steps, entry
+from fedjaxsparse.harness.report import Figure, Table
 
 NAME = "ddss_lasso"
 DESCRIPTION = "Seed 004 Task 1: dynamic safe screening in async prox-SVRG (Figs. 1-3, CPU scale)"
@@ -175,7 +174,6 @@ def _body(cfg: Config, opts: dict) -> dict:
                  "status": "ok" if diverged is None else
                  f"diverging: gap {g[-1]:.3g} > 2 × its best {np.nanmin(g):.3g}"})
     steps.done(name)
-  table = print_table(rows, list(rows[0]))
   sweep = []
   for w in opts["worker_sweep"]:
     w = int(w)
@@ -183,32 +181,29 @@ def _body(cfg: Config, opts: dict) -> dict:
                           inner - inner % w, w), data, cfg.rounds, cfg.seed)
     sweep.append({"workers": w, "final gap": h["gap"][-1], "updates per tick": w})
     steps.done(f"Sha-DDSS with {w} workers")
-  sweep_text = print_table(sweep, ["workers", "updates per tick", "final gap"])
-  print("emulated asynchrony: w workers apply w updates per tick from one read; the same "
-        "number of updates is run for every w — a work-unit comparison, not a timing")
-  out = output_dir(cfg, NAME)
   labels = {"gap": ("duality gap", "duality gap P(x) − D(θ)"),
             "epochs": ("epochs", "epochs (passes over the data)"),
             "touched": ("coordinates touched", "coordinates read or written"),
             "floats": ("communicated floats", "floats sent between workers and server")}
-  pngs = [plot_evals(records, "gap", x, os.path.join(out, f"{NAME}_gap_vs_{x}.png"),
-                     title=f"{NAME}: duality gap vs {x} ({what})", logx=x != "epochs",
-                     labels=labels)
-          for x in ("epochs", "touched")]
+  figures = [Figure("evals", dict(methods=records, y="gap", x=x, labels=labels,
+                                  title=f"{NAME}: duality gap vs {x} ({what})",
+                                  logx=x != "epochs"), suffix=f"_gap_vs_{x}")
+             for x in ("epochs", "touched")]
   dist = {m: r for m, r in records.items() if m.startswith("Dis-")}
-  pngs.append(plot_evals(dist, "gap", "floats", os.path.join(out, f"{NAME}_gap_vs_floats.png"),
-                         title=f"{NAME}: duality gap vs communicated floats", logx=True,
-                         labels=labels))
-  pngs.append(plot_curves({m: (list(range(cfg.rounds)), r["history"]["evals"]["p_active"])
-                           for m, r in records.items()},
-                          os.path.join(out, f"{NAME}_active.png"), xlabel="outer iteration",
-                          ylabel="active coordinates", title="active-set size", logx=False))
-  results = {"experiment": NAME, "dataset": what, "lambda": lam, "lambda_max": lmax,
-             "table": rows, "table_text": table, "worker_sweep": sweep,
-             "worker_sweep_text": sweep_text, "methods": records}
-  path = save_results(cfg, NAME, results)
-  print(f"results: {path}\nplots: {', '.join(pngs)}")
-  return results
+  figures.append(Figure("evals", dict(methods=dist, y="gap", x="floats", logx=True, labels=labels,
+                                      title=f"{NAME}: duality gap vs communicated floats"),
+                        suffix="_gap_vs_floats"))
+  figures.append(Figure("curves", dict(
+      curves={m: (list(range(cfg.rounds)), r["history"]["evals"]["p_active"])
+              for m, r in records.items()},
+      xlabel="outer iteration", ylabel="active coordinates", title="active-set size",
+      logx=False), suffix="_active"))
+  return {"experiment": NAME, "dataset": what, "lambda": lam, "lambda_max": lmax,
+          "table": Table(rows),
+          "worker_sweep": Table(sweep, ["workers", "updates per tick", "final gap"], note=(
+              "emulated asynchrony: w workers apply w updates per tick from one read; the same "
+              "number of updates is run for every w — a work-unit comparison, not a timing")),
+          "methods": records, "figures": figures}
 
 
 run = entry(NAME, OPTIONS, _run)

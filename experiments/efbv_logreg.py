@@ -29,7 +29,6 @@ metric).
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -42,11 +41,9 @@ from fedjaxsparse.convex.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import (Config, Option, entry, output_dir, last, run_method,
-                                             save_results, status)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import Config, Option, entry, last, run_method, status
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
-from fedjaxsparse.harness.plotting import method_colors, plot_evals
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, paper_table
 
 NAME = "efbv_logreg"
@@ -181,7 +178,6 @@ def _experiment(cfg: Config, opts: dict) -> dict:
     for row, p in zip(param_rows, settings.values()):
       floor = p["rate_floor"] if "rate_floor" in p else (p["r"] + 1) / 2
       row["rate max(1-γμ, ·)"] = max(1 - row["gamma"] * mu, floor)
-  param_text = print_table(param_rows, list(param_rows[0]))
   paper_rows = []
   if paper is not None:
     ours = {col: {row["method"]: row[key] for row in param_rows}
@@ -213,21 +209,16 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   if any(r["diverged"] for r in records.values()):
     for row in rows:
       row["status"] = status(records[row["method"]])
-  table = print_table(rows, list(rows[0]))
-  results = {"experiment": NAME, "dataset": label, "standin": standin,
-             "paper_comparison": paper_rows, "compressor": comp.name, "f_star": f_star,
-             "L": L, "parameters": param_rows, "parameters_text": param_text, "table": rows,
-             "table_text": table, "methods": records}
-  path = save_results(cfg, NAME, results)
-  png = plot_evals(records, "gap", "bits_per_node",
-                   os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                   title=f"{label}: {comp.name}, n={n}, xi={xi}" + (
-                       ", nonconvex (gap = ‖∇f‖²)" if nonconvex else ", gap = f − f*"),
-                   colors=method_colors(list(records)),
-                   labels={"gap": ("squared gradient norm", "‖∇f(x)‖²") if nonconvex
-                           else ("optimality gap", "f(x) − f*")})
-  print(f"results: {path}\nplot: {png}")
-  return results
+  figure = Figure("evals", dict(
+      methods=records, y="gap", x="bits_per_node",
+      title=f"{label}: {comp.name}, n={n}, xi={xi}" + (
+          ", nonconvex (gap = ‖∇f‖²)" if nonconvex else ", gap = f − f*"),
+      labels={"gap": ("squared gradient norm", "‖∇f(x)‖²") if nonconvex
+              else ("optimality gap", "f(x) − f*")}))
+  return {"experiment": NAME, "dataset": label, "standin": standin,
+          "paper_comparison": paper_rows, "compressor": comp.name, "f_star": f_star,
+          "L": L, "parameters": Table(param_rows), "table": Table(rows), "methods": records,
+          "figures": [figure]}
 
 
 run = entry(NAME, OPTIONS, _run, PAPERS)

@@ -20,19 +20,15 @@ printed beside ours.
 """
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.algorithms.scafflix import local_optima, personalize, scafflix
 from fedjaxsparse.convex.constants import logistic_optimum
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
-                                             save_results)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import Config, Option, entry, last, run_method
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.experiments.scafflix_logreg import SPLITS, setup
-from fedjaxsparse.harness.plotting import method_colors, plot_evals
 
 NAME = "scafflix_inexact"
 DESCRIPTION = "Seed 001 ch. 3 Figs. 3.4/B.7: Scafflix with inexact local optima, pre-solve cost"
@@ -108,26 +104,19 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   for r in rows:
     r["cost vs strictest"] = r["local steps"] / max(ref["local steps"], 1)
     r["personal loss excess"] = r["personal loss"] - ref["personal loss"]
-  table = print_table(rows, list(rows[0]))
-  comparison = None
+  comparison, note = None, None
   if {"ε=0.1", "ε=1e-06"} <= set(solves):
     steps = {r["pre-solve"]: r["local steps"] for r in rows}
     ratio = steps["ε=1e-06"] / max(steps["ε=0.1"], 1)
     comparison = {"ours": ratio, "paper": PAPER_RATIO, "clients": n}
-    print(f"pre-solve cost, ε = 1e-6 over ε = 1e-1: {ratio:.2f}x here ({n} clients); the "
-          f"paper: {PAPER_RATIO}x (100 clients, mushrooms; Fig. B.7)")
-  results = {"experiment": NAME, "dataset": prob.label, "split": opts["split"],
-             "alpha": alpha, "p": c.p, "kappa_max": c.kappa_max, "pre_solve": pre,
-             "cost_ratio": comparison, "table": rows, "table_text": table,
-             "methods": records}
-  path = save_results(cfg, NAME, results)
-  folder = output_dir(cfg, NAME)
-  colors = method_colors(list(records))
-  pngs = [plot_evals(records, y, "round", os.path.join(folder, f"{NAME}_{y}.png"),
-                     title=f"{prob.label}: Scafflix with inexact local optima, α={alpha:g}",
-                     colors=colors) for y in ("gap", "personal_loss")]
-  print(f"results: {path}\nplots: {', '.join(pngs)}")
-  return results
+    note = (f"pre-solve cost, ε = 1e-6 over ε = 1e-1: {ratio:.2f}x here ({n} clients); the "
+            f"paper: {PAPER_RATIO}x (100 clients, mushrooms; Fig. B.7)")
+  title = f"{prob.label}: Scafflix with inexact local optima, α={alpha:g}"
+  return {"experiment": NAME, "dataset": prob.label, "split": opts["split"],
+          "alpha": alpha, "p": c.p, "kappa_max": c.kappa_max, "pre_solve": pre,
+          "cost_ratio": comparison, "table": Table(rows, note=note), "methods": records,
+          "figures": [Figure("evals", dict(methods=records, y=y, x="round", title=title),
+                             suffix=f"_{y}") for y in ("gap", "personal_loss")]}
 
 
 run = entry(NAME, OPTIONS, _run)

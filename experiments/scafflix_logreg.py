@@ -27,7 +27,6 @@ smaller α converges in fewer rounds, and Scafflix needs far fewer rounds than F
 """
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import jax
@@ -40,11 +39,9 @@ from fedjaxsparse.convex.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
-                                             save_results, status)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import Config, Option, entry, last, run_method, status
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
-from fedjaxsparse.harness.plotting import method_colors, plot_evals
 
 NAME = "scafflix_logreg"
 DESCRIPTION = "Seed 001 ch. 3: Scafflix vs GD on FLIX, logistic regression, f~ - f~* vs rounds"
@@ -183,22 +180,17 @@ def _experiment(cfg: Config, opts: dict) -> dict:
                  "local steps": int(np.sum(r["history"]["rounds"].get("local_steps", [0])))})
     if any(rec["diverged"] for rec in records.values()):
       rows[-1]["status"] = status(r)
-  table = print_table(rows, list(rows[0]))
   claims = _claims(records, opts["alphas"], threshold)
-  for claim, holds in claims.items():
-    print(f"paper's claim (figures only, spec C3-13): {claim}: "
-          f"{'holds' if holds else 'does NOT hold'} here")
-  results = {"experiment": NAME, "dataset": label, "split": opts["split"], "p": p,
-             "kappa_max": kappa_max, "L_i": li.tolist(), "f_star": f_stars,
-             "local_optimum_steps": pre_steps.tolist(), "claims": claims, "table": rows,
-             "table_text": table, "methods": records}
-  path = save_results(cfg, NAME, results)
-  png = plot_evals(records, "gap", "round", os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                   title=f"{label}: FLIX, n={n}, {opts['split']} split, p={p:.3g}",
-                   colors=method_colors(list(records)),
-                   labels={"gap": ("FLIX optimality gap", "f̃(x) − f̃*")})
-  print(f"results: {path}\nplot: {png}")
-  return results
+  note = "\n".join(f"paper's claim (figures only, spec C3-13): {claim}: "
+                   f"{'holds' if holds else 'does NOT hold'} here"
+                   for claim, holds in claims.items())
+  figure = Figure("evals", dict(methods=records, y="gap", x="round",
+                                title=f"{label}: FLIX, n={n}, {opts['split']} split, p={p:.3g}",
+                                labels={"gap": ("FLIX optimality gap", "f̃(x) − f̃*")}))
+  return {"experiment": NAME, "dataset": label, "split": opts["split"], "p": p,
+          "kappa_max": kappa_max, "L_i": li.tolist(), "f_star": f_stars,
+          "local_optimum_steps": pre_steps.tolist(), "claims": claims,
+          "table": Table(rows, note=note), "methods": records, "figures": [figure]}
 
 
 def _claims(records: dict, alphas, threshold: float) -> dict:
