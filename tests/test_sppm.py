@@ -226,3 +226,71 @@ def test_fedavg_takes_any_sampler(quad):
   np.testing.assert_allclose(mean_update, deltas.mean(0), rtol=1e-12)
   with pytest.raises(ValueError, match="sampler"):
     fjs.fedavg(loss, optax.sgd(lr), weighting="sampling")
+
+
+def _adam(state, g, lr, b1=0.9, b2=0.999, eps=1e-8):
+  """optax.adam's step in float64: ``(update, new state)``, state ``(count, mu, nu)``."""
+  count, mu, nu = state
+  mu, nu, count = b1 * mu + (1 - b1) * g, b2 * nu + (1 - b2) * g * g, count + 1
+  mh, nh = mu / (1 - b1 ** count), nu / (1 - b2 ** count)
+  return -lr * mh / (np.sqrt(nh) + eps), (count, mu, nu)
+
+
+def test_fig_d10_solvers_against_independent_float64_oracles(quad):
+  """Fig. D.10's solvers on quadratics with exact gradients, K = 2 local rounds, E = 2 worker
+  steps, full participation, ψ_i = f_i + ‖· − x_0‖²/(2γ): FedAdam-Adam (Adam worker from a
+  fresh state, Adam server on x_k − mean z_i over the K rounds) and MimeLite-Adam (Adam
+  updates with the server state frozen during the worker steps, the state advanced by the mean
+  of ∇ψ_i(x_k)) equal NumPy float64 re-implementations; an SGD server at step 1 is the plain
+  average and MimeLite with SGD is the SGD worker (bit for bit), uploading twice the floats."""
+  gamma, lr, slr, K, E = 1.0, 0.05, 0.3, 2, 2
+  x0 = np.asarray(quad["w0"]["w"], np.float64)
+  H, c = quad["H"], quad["c"]
+  grad = lambda i, v: H[i] @ v - c[i] + (v - x0) / gamma
+  zero = (0, np.zeros(D), np.zeros(D))
+  # FedAdam-Adam
+  x, s_srv = x0.copy(), zero
+  for _ in range(K):
+    zs = []
+    for i in range(N):
+      z, st = x.copy(), zero
+      for _ in range(E):
+        u, st = _adam(st, grad(i, z), lr)
+        z = z + u
+      zs.append(z)
+    u, s_srv = _adam(s_srv, x - np.mean(zs, 0), slr)
+    x = x + u
+  fedadam_adam = x
+  # MimeLite-Adam
+  x, s = x0.copy(), zero
+  for _ in range(K):
+    zs = []
+    for i in range(N):
+      z = x.copy()
+      for _ in range(E):
+        z = z + _adam(s, grad(i, z), lr)[0]   # the server state, frozen
+      zs.append(z)
+    s = _adam(s, np.mean([grad(i, x) for i in range(N)], 0), lr)[1]
+    x = np.mean(zs, 0)
+  mime = x
+  full = fjs.sampling.full(N)
+  cohort_average = fjs.algorithms.sppm.cohort_average
+  run = lambda algo: algo.step(jax.random.key(0), algo.init(None, quad["w0"], quad["data"]),
+                               quad["data"])
+  adam_worker = solvers.optax_steps(optax.adam(lr), E, "adam")
+  got, _ = run(cohort_average(loss, full, adam_worker, local_rounds=K, gamma=gamma,
+                              server_optimizer=optax.adam(slr)))
+  np.testing.assert_allclose(got.params["w"], fedadam_adam, rtol=2e-4, atol=2e-5)
+  got, info = run(cohort_average(loss, full, fjs.algorithms.sppm.mime_lite(optax.adam(lr), E),
+                                 local_rounds=K, gamma=gamma))
+  np.testing.assert_allclose(got.params["w"], mime, rtol=2e-4, atol=2e-5)
+  assert float(info.floats_up) == 2 * float(info.floats_down) == 2 * K * N * D
+  assert np.abs(mime - fedadam_adam).max() > 1e-3   # the two solvers differ
+  sgd = solvers.optax_steps(optax.sgd(lr), E, "sgd")
+  plain, _ = run(cohort_average(loss, full, sgd, local_rounds=K, gamma=gamma))
+  served, _ = run(cohort_average(loss, full, sgd, local_rounds=K, gamma=gamma,
+                                 server_optimizer=optax.sgd(1.0)))
+  mime_sgd, _ = run(cohort_average(loss, full, fjs.algorithms.sppm.mime_lite(optax.sgd(lr), E),
+                                   local_rounds=K, gamma=gamma))
+  np.testing.assert_allclose(served.params["w"], plain.params["w"], rtol=1e-6, atol=1e-7)
+  np.testing.assert_array_equal(mime_sgd.params["w"], plain.params["w"])

@@ -6,6 +6,12 @@ References:
     workshop (oral). arXiv:2406.01115.
   Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith
     (2020). Federated Optimization in Heterogeneous Networks. MLSys 2020. arXiv:1812.06127.
+  Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush, Jakub
+    Konečný, Sanjiv Kumar, H. Brendan McMahan (2021). Adaptive Federated Optimization. ICLR
+    2021. arXiv:2003.00295.
+  Sai Praneeth Karimireddy, Martin Jaggi, Satyen Kale, Mehryar Mohri, Sashank J. Reddi,
+    Sebastian U. Stich, Ananda Theertha Suresh (2020). Mime: Mimicking Centralized Stochastic
+    Algorithms in Federated Learning. arXiv:2008.03606.
 
 **SPPM-AS** (Algorithm 8; FL form Algorithm 14) — :func:`sppm_as`. Each global round the
 server samples a cohort ``S ~ 𝒮`` (any :class:`fedjaxsparse.ops.sampling.Sampler`), broadcasts
@@ -26,7 +32,10 @@ as the spec untangles it, C5-4: both terms, the γ term centred at the round's s
 the FedAvg-style SPPM-AS of the NN experiments (the γ term only, E optimiser steps per local
 round), and **LocalGD / MB-LocalGD / FedAvg** on the cohort (no prox term, K = 1, E local GD
 steps). The average is uniform over the cohort (the algorithms' ``1/|S_t|``); ``weighting=
-"sampling"`` uses the unbiased weights ``1/(n p_i)`` instead.
+"sampling"`` uses the unbiased weights ``1/(n p_i)`` instead. The chapter's NN solver study
+(Fig. D.10) compares the workers and servers of this average: **FedSGD** (SGD worker),
+**FedAdam** (Adam worker), **FedAdam-Adam** (Adam worker, Adam server over the K local rounds:
+``server_optimizer``) and **MimeLite-Adam** (:func:`mime_lite`).
 
 Cost (:class:`SPPMInfo`): each global round reports its local communication rounds K, the
 cohort size and the floats sent up and down (d per member per local round); the hierarchical
@@ -40,6 +49,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse.ops import accounting
@@ -74,10 +84,10 @@ class SPPMInfo(NamedTuple):
   bits_down: jax.Array
 
 
-def _info(loss, k: int, members, d: int) -> SPPMInfo:
+def _info(loss, k: int, members, d: int, up: int = 1) -> SPPMInfo:
   floats = as_float(k * d) * members
-  return SPPMInfo(loss, jnp.int32(k), members, floats, floats, floats * accounting.FLOAT_BITS,
-                  floats * accounting.FLOAT_BITS)
+  return SPPMInfo(loss, jnp.int32(k), members, up * floats, floats,
+                  up * floats * accounting.FLOAT_BITS, floats * accounting.FLOAT_BITS)
 
 
 def _init(key, params, data: FederatedData) -> SPPMState:
@@ -131,16 +141,50 @@ def sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver, *,
   return Algorithm(_init, step)
 
 
-def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver, *,
+class MimeLite(NamedTuple):
+  """MimeLite's worker (:func:`mime_lite`) in place of a prox solver of :func:`cohort_average`:
+  ``steps`` steps of ``optimizer`` whose state is the server's, frozen during the steps."""
+  optimizer: optax.GradientTransformation
+  steps: int
+
+
+def mime_lite(optimizer: optax.GradientTransformation, steps: int) -> MimeLite:
+  """MimeLite (Karimireddy et al. 2020, "Mime: Mimicking Centralized Stochastic Algorithms in
+  Federated Learning", arXiv:2008.03606, Algorithm 1 without the control variate) as the cohort
+  solver of :func:`cohort_average`: in local round k every member runs ``steps`` steps
+  ``z ← z + U(∇ψ_i(z; ζ), s)`` from ``x_k``, where ``U`` is ``optimizer``'s update with the
+  server state ``s`` *frozen* (``optimizer.update(g, s, z)[0]``, its new state discarded); the
+  members also send ``∇ψ_i(x_k)``, and the server, after averaging the models, advances ``s``
+  with the cohort mean of those gradients (``optimizer.update(mean ∇ψ_i(x_k), s, x_k)[1]``).
+  Uploads are 2d floats per member per local round (model and gradient). The state starts
+  fresh at every global round, like the clients (seed 001 ch. 5 leaves it unspecified: each
+  global round is a new prox problem). With a stateless optimizer (SGD) this is exactly
+  :func:`~fedjaxsparse.convex.prox_solvers.optax_steps`' worker (tested); with Adam it is the
+  chapter's "MimeLite-Adam" (Fig. D.10)."""
+  if not isinstance(steps, int) or steps < 1:
+    raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
+  return MimeLite(optimizer, steps)
+
+
+def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver | MimeLite, *,
                    local_rounds: int = 1, alpha: float | None = None,
                    gamma: float | None = None, weighting: str = "uniform",
-                   batch_size: int | None = None) -> Algorithm:
+                   batch_size: int | None = None,
+                   server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
   """K = ``local_rounds`` rounds of ``x_{k+1} = avg_{i∈S} argmin ψ_{i,k}`` (see the module
   docstring), each client's argmin by ``solver`` from ``x_k``.
 
   ``alpha``: the local prox term ``‖z − x_k‖²/(2α)`` (``None``: none); ``gamma``: the global
   one ``‖z − x_{0,t}‖²/(2γ)`` centred at the round's start (``None``: none). Named forms:
   :func:`fedprox_sppm_as`, :func:`fedavg_sppm_as`, :func:`local_gd`.
+
+  ``server_optimizer`` (FedOpt, Reddi et al. 2021, arXiv:2003.00295): the server treats
+  ``x_k − avg_i z_i`` as a pseudo-gradient, ``x_{k+1} = x_k + u`` with
+  ``(u, s) = server_optimizer.update(x_k − avg_i z_i, s, x_k)``; its state lives over the K
+  local rounds of one global round (``optax.sgd(1.0)`` is the plain average). With Adam at
+  the server and an Adam worker (``optax_steps(optax.adam(η), E)``) this is the chapter's
+  "FedAdam-Adam" solver (Fig. D.10). ``solver`` may also be :func:`mime_lite`'s worker
+  ("MimeLite-Adam").
   """
   if not isinstance(local_rounds, int) or local_rounds < 1:
     raise ValueError(f"local_rounds (K) must be an int >= 1, got {local_rounds!r}.")
@@ -149,6 +193,7 @@ def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver, *,
       check_number(name, v, 0.0, None, low_open=True)
   if weighting not in WEIGHTINGS:
     raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
+  mime = solver if isinstance(solver, MimeLite) else None
 
   def step(key, state: SPPMState, data: FederatedData):
     k_cohort, k_local = jax.random.split(key)
@@ -159,7 +204,7 @@ def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver, *,
     w = cohort.mask if weighting == "uniform" else cohort.weights
     w = w / jnp.sum(w)
 
-    def client(kc, xk, d):
+    def objective(xk, d):
       def psi(v, kk):
         out = f(v, kk, d)
         if alpha is not None:
@@ -167,16 +212,37 @@ def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver, *,
         if gamma is not None:
           out = out + jnp.sum(jnp.square(v - x0)) / (2 * gamma)
         return out
-      return solver.solve(psi, xk, kc)
+      return psi
 
-    def local_round(k, xk):
+    def mime_client(kc, xk, d, s):
+      psi = objective(xk, d)
+
+      def body(j, v):
+        g = jax.grad(psi)(v, jax.random.fold_in(kc, j))
+        return optax.apply_updates(v, mime.optimizer.update(g, s, v)[0])  # s frozen
+
+      return jax.lax.fori_loop(0, mime.steps, body, xk), jax.grad(psi)(xk, kc)
+
+    def local_round(k, carry):
+      xk, s_mime, s_server = carry
       keys = client_keys(jax.random.fold_in(k_local, k), cohort.ids)
-      z = map_clients(lambda kc, d: client(kc, xk, d), cdata, keys)
-      return jnp.tensordot(w, z, axes=1)
+      if mime is None:
+        z = map_clients(lambda kc, d: solver.solve(objective(xk, d), xk, kc), cdata, keys)
+      else:
+        z, g = map_clients(lambda kc, d: mime_client(kc, xk, d, s_mime), cdata, keys)
+        s_mime = mime.optimizer.update(jnp.tensordot(w, g, axes=1), s_mime, xk)[1]
+      avg = jnp.tensordot(w, z, axes=1)
+      if server_optimizer is None:
+        return avg, s_mime, s_server
+      u, s_server = server_optimizer.update(xk - avg, s_server, xk)
+      return optax.apply_updates(xk, u), s_mime, s_server
 
-    x = jax.lax.fori_loop(0, local_rounds, local_round, x0)
+    init = (x0, mime.optimizer.init(x0) if mime else (),
+            server_optimizer.init(x0) if server_optimizer is not None else ())
+    x = jax.lax.fori_loop(0, local_rounds, local_round, init)[0]
     losses = map_clients(lambda kc, d: f(x0, kc, d), cdata, client_keys(k_local, cohort.ids))
-    info = _info(jnp.sum(cohort.weights * losses), local_rounds, jnp.sum(cohort.mask), x0.size)
+    info = _info(jnp.sum(cohort.weights * losses), local_rounds, jnp.sum(cohort.mask), x0.size,
+                 up=2 if mime else 1)
     return SPPMState(unravel(x), state.round + 1), info
 
   return Algorithm(_init, step)
