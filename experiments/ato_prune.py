@@ -81,11 +81,9 @@ from fedjaxsparse.algorithms import ato as A
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime.epochs import LOOPS
-from fedjaxsparse.harness.experiment import (Config, Option, entry, name_list, output_dir,
-                                             save_results)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import Config, Option, entry, name_list, output_dir
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import prunable as P
-from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se
 
 NAME = "ato_prune"
@@ -519,39 +517,36 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
           "params (K)", "max |Δlogit|", "train s"]
   if comparable:
     cols += ["paper top-1 %", "paper pruned FLOPs %"]
-  print(f"\n{arch} on {cfg.dataset}, {setup['settings']['epochs']} epochs, mean over "
-        f"{opts['seeds']} seed(s); pruned FLOPs = 1 − MACs(compressed)/MACs(dense); max "
-        f"|Δlogit| = compressed vs masked model on {opts['check_size']} test images")
-  table = print_table(rows, cols)
+  title = (f"\n{arch} on {cfg.dataset}, {setup['settings']['epochs']} epochs, mean over "
+           f"{opts['seeds']} seed(s); pruned FLOPs = 1 − MACs(compressed)/MACs(dense); max "
+           f"|Δlogit| = compressed vs masked model on {opts['check_size']} test images")
+  notes = []
   for (m, p), recs in records.items():
     if m in ("ATO", "ATO-HSP"):
       r = recs[0]
-      print(f"  {label[m]} p={p:g} (seed {cfg.seed}): final P(w)/P_total = "
-            f"{r['final_flops_frac']:.3f} (target {p:g}), {r['kept_groups']} groups kept, "
-            f"{r['unzeroed_masked_groups']} masked groups not exactly zero before removal")
+      notes.append(f"  {label[m]} p={p:g} (seed {cfg.seed}): final P(w)/P_total = "
+                   f"{r['final_flops_frac']:.3f} (target {p:g}), {r['kept_groups']} groups "
+                   f"kept, {r['unzeroed_masked_groups']} masked groups not exactly zero before "
+                   f"removal")
   if ("OTO", None) in records:
-    print(f"  OTO (HSPG): λ = {oto_lam:.3g} on every group, "
-          f"{records[('OTO', None)][0]['kept_groups']} groups non-zero at the end")
+    notes.append(f"  OTO (HSPG): λ = {oto_lam:.3g} on every group, "
+                 f"{records[('OTO', None)][0]['kept_groups']} groups non-zero at the end")
   src = (f"paper Table 4 ({'CIFAR-10' if cfg.dataset == 'cifar10' else 'CIFAR-100'} {arch})"
          if comparable else "paper Table 4 (CIFAR-10 ResNet-56, not comparable)")
   prows = [{"method": mth, "base top-1 %": b, "pruned top-1 %": pr, "Δ": d,
             "pruned FLOPs %": fl, "note": note}
            for mth, b, pr, d, fl, note in (paper_rows or PAPER_T4[("cifar10", "ResNet-56")])]
-  print(f"\n{src}:")
-  print_table(prows, list(prows[0]))
-  results = {"experiment": NAME, "arch": arch, "dataset": cfg.dataset, "table": rows,
-             "table_text": table, "paper_label": src, "paper_table": prows,
-             "dense_flops": dense_flops, "oto_lam": oto_lam, "setup": setup,
-             "runs": {f"{m}" + ("" if p is None else f" p={p:g}"): recs
-                      for (m, p), recs in records.items()}}
-  path = save_results(cfg, NAME, results)
-  out = output_dir(cfg, NAME)
-  pngs = _plots(records, label, dense_flops, dense_test, out, f"{arch} on {cfg.dataset}")
-  print(f"\nresults: {path}\nplots: {', '.join(pngs)}")
-  return results
+  return {"experiment": NAME, "arch": arch, "dataset": cfg.dataset,
+          "table": Table(rows, cols, title=title, note="\n".join(notes) or None),
+          "paper_label": src, "paper_table": Table(prows, title=f"\n{src}:"),
+          "dense_flops": dense_flops, "oto_lam": oto_lam, "setup": setup,
+          "runs": {f"{m}" + ("" if p is None else f" p={p:g}"): recs
+                   for (m, p), recs in records.items()},
+          "figures": _figures(records, label, dense_flops, dense_test,
+                              f"{arch} on {cfg.dataset}")}
 
 
-def _plots(records, label, dense_flops, dense_test, out, what) -> list[str]:
+def _figures(records, label, dense_flops, dense_test, what) -> list[Figure]:
   curves = {}
   for (m, p), recs in sorted(records.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
     if m == "Dense":
@@ -562,10 +557,10 @@ def _plots(records, label, dense_flops, dense_test, out, what) -> list[str]:
   for xs, ys in curves.values():
     order = np.argsort(xs)
     xs[:], ys[:] = [xs[i] for i in order], [ys[i] for i in order]
-  pngs = [plot_curves(curves, os.path.join(out, f"{NAME}.png"), xlabel="pruned FLOPs %",
-                      ylabel="test top-1 %", title=f"{what}: accuracy vs pruned FLOPs",
-                      baseline=None if dense_test is None else ("Dense", dense_test),
-                      logx=False)]
+  figures = [Figure("curves", dict(
+      curves=curves, xlabel="pruned FLOPs %", ylabel="test top-1 %",
+      title=f"{what}: accuracy vs pruned FLOPs",
+      baseline=None if dense_test is None else ("Dense", dense_test), logx=False))]
   acc, fl = {}, {}
   for (m, p), recs in records.items():
     if m in ("ATO", "ATO-HSP"):
@@ -578,13 +573,14 @@ def _plots(records, label, dense_flops, dense_test, out, what) -> list[str]:
     base = None
     if dense:
       base = ("Dense (final)", 100 * dense[0]["history"][-1]["metric"])
-    pngs.append(plot_curves(acc, os.path.join(out, f"{NAME}_accuracy.png"), xlabel="epoch",
-                            ylabel="validation top-1 % (under the mask w)",
-                            title=f"{what}: ATO training (seed 0)", baseline=base, logx=False))
-    pngs.append(plot_curves(fl, os.path.join(out, f"{NAME}_flops.png"),
-                            xlabel="epoch (mask after it)", ylabel="P(w) / P_total",
-                            title=f"{what}: ATO's mask FLOPs (seed 0)", logx=False))
-  return pngs
+    figures.append(Figure("curves", dict(
+        curves=acc, xlabel="epoch", ylabel="validation top-1 % (under the mask w)",
+        title=f"{what}: ATO training (seed 0)", baseline=base, logx=False),
+        suffix="_accuracy"))
+    figures.append(Figure("curves", dict(
+        curves=fl, xlabel="epoch (mask after it)", ylabel="P(w) / P_total",
+        title=f"{what}: ATO's mask FLOPs (seed 0)", logx=False), suffix="_flops"))
+  return figures
 
 
 run = entry(NAME, OPTIONS, _run, PAPERS)

@@ -34,7 +34,6 @@ breast-cancer set (few examples: use fewer clusters/clients).
 """
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
@@ -47,9 +46,8 @@ from fedjaxsparse.convex.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import (Config, Option, Steps, entry, name_list, output_dir,
-                                             save_results)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, name_list
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.harness.protocol import check_claim
 
@@ -199,13 +197,13 @@ def _experiment(cfg: Config, opts: dict) -> dict:
                        s, mu, grads, 0.1, float(e[0, 0]), opts["study_rounds"])),
                    "sigma2_*": sampling.sigma2_star(s, grads), "mu_AS": sampling.mu_as(s, mu),
                    "curve": e.mean(0).tolist()})
-    print(f"E5.2 (Fig. 5.3), gamma = 0.1, {opts['study_solver'].upper()} K = 10")
-    results["sampling"] = rows
-    print_table([{k: v for k, v in r.items() if k != "curve"} for r in rows],
-                ["sampling", "final error", "theory bound at T", "theory neighbourhood",
-                 "sigma2_*", "mu_AS"])
-    claims.append(check_claim("SS settles in a significantly smaller neighbourhood than BS "
-                              "(final error)", rows[0]["final error"] < rows[1]["final error"]))
+    claim = check_claim("SS settles in a significantly smaller neighbourhood than BS "
+                         "(final error)", rows[0]["final error"] < rows[1]["final error"])
+    claims.append(claim)
+    results["sampling"] = Table(
+        rows, ["sampling", "final error", "theory bound at T", "theory neighbourhood",
+               "sigma2_*", "mu_AS"], note=claim["text"],
+        title=f"E5.2 (Fig. 5.3), gamma = 0.1, {opts['study_solver'].upper()} K = 10")
   if "baselines" in studies:
     lr = 1 / l_max
     rows = []
@@ -216,13 +214,12 @@ def _experiment(cfg: Config, opts: dict) -> dict:
       e = long(algo)
       rows.append({"method": name, "final error": float(e[:, -10:].mean()),
                    "curve": e.mean(0).tolist()})
-    print("E5.3 (Fig. 5.4)")
-    print_table([{k: v for k, v in r.items() if k != "curve"} for r in rows],
-                ["method", "final error"])
-    claims.append(check_claim(
+    claim = check_claim(
         "SPPM-SS reaches a significantly smaller neighbourhood than MB-GD and MB-LocalGD "
-        "(final error)", all(rows[0]["final error"] < r["final error"] for r in rows[1:])))
-    results["baselines"] = rows
+        "(final error)", all(rows[0]["final error"] < r["final error"] for r in rows[1:]))
+    claims.append(claim)
+    results["baselines"] = Table(rows, ["method", "final error"], title="E5.3 (Fig. 5.4)",
+                                 note=claim["text"])
   if "gamma" in studies:
     rows = []
     for gamma in opts["trade_gammas"]:
@@ -232,18 +229,17 @@ def _experiment(cfg: Config, opts: dict) -> dict:
                      "rounds to eps": accounting.rounds_below(e.mean(0), eps),
                      "neighbourhood (theory)": sampling.neighbourhood(ss, mu, grads, gamma),
                      "curve": e.mean(0).tolist()})
-    print("E5.4 (Figs. D.4/D.5); rounds to eps: the first round from which the mean error stays "
-          "below eps")
-    print_table([{k: v for k, v in r.items() if k != "curve"} for r in rows],
-                ["gamma", "K", "final error", "rounds to eps", "neighbourhood (theory)"])
-    results["gamma"] = rows
-    claims.append(check_claim("larger gamma converges faster to a larger neighbourhood",
-                              _faster_to_larger(rows)))
+    claim = check_claim("larger gamma converges faster to a larger neighbourhood",
+                         _faster_to_larger(rows))
+    claims.append(claim)
+    results["gamma"] = Table(
+        rows, ["gamma", "K", "final error", "rounds to eps", "neighbourhood (theory)"],
+        title="E5.4 (Figs. D.4/D.5); rounds to eps: the first round from which the mean error "
+              "stays below eps", note=claim["text"])
 
   results["claims"] = claims
-  path = save_results(cfg, NAME, results)
-  png = _plot(results, os.path.join(output_dir(cfg, NAME), f"{NAME}.png"), label)
-  print(f"results: {path}\nplot: {png}")
+  results["figures"] = [Figure("panels", dict(
+      panels=_panels(results), title=f"{label}: Cohort-Squeeze (seed 001 ch. 5)"))]
   return results
 
 
@@ -287,9 +283,6 @@ def _cost_study(opts, run, loss, ss, eps, solvers) -> dict:
   for r in rows:
     paper = PAPER.get(r["method"] if r["method"] != "LocalGD" else "LocalGD", {})
     r["paper optimal K"], r["paper cost"] = paper.get("optimal K"), paper.get("cost")
-  print(f"E5.1 (Figs. 5.1/5.2): total cost T*K to ||x_T - x*||^2 < {eps:g} (mean over seeds; "
-        f"hierarchical: c1={c1:g}, c2={c2:g}); the paper's numbers are a6a/mushrooms")
-  print_table(rows, list(rows[0]))
   savings = {}
   sppm_rows = [r for r in rows if r["method"] != "LocalGD"]
   if best_local["cost"] and any(r["cost"] for r in sppm_rows):
@@ -299,10 +292,12 @@ def _cost_study(opts, run, loss, ss, eps, solvers) -> dict:
                f"hierarchical (c1={c1:g}, c2={c2:g})": 100 * (1 - hier / best_local["cost"]),
                "hierarchical vs LocalGD charged (c1+c2)T":
                    100 * (1 - hier / best_local["hierarchical cost"])}
-    for k, v in savings.items():
-      print(f"saving of SPPM-SS over LocalGD, {k}: {v:.2f} % (the paper: "
-            f"{PAPER_SAVINGS.get(k, 'n/a')})")
-  return {"table": rows, "curves": {m: {str(k): v for k, v in c.items()}
+  table = Table(
+      rows, title=f"E5.1 (Figs. 5.1/5.2): total cost T*K to ||x_T - x*||^2 < {eps:g} (mean "
+      f"over seeds; hierarchical: c1={c1:g}, c2={c2:g}); the paper's numbers are a6a/mushrooms",
+      note="\n".join(f"saving of SPPM-SS over LocalGD, {k}: {v:.2f} % (the paper: "
+                     f"{PAPER_SAVINGS.get(k, 'n/a')})" for k, v in savings.items()) or None)
+  return {"table": table, "curves": {m: {str(k): v for k, v in c.items()}
                                     for m, c in curves.items()}, "savings": savings}
 
 
@@ -318,41 +313,26 @@ def _best(name: str, costs: dict) -> dict:
           "hierarchical cost": okh[kh][1] if okh else None}
 
 
-def _plot(results: dict, path: str, label: str) -> str:
-  from fedjaxsparse.harness.plotting import (integer_axis, log_axis, method_colors, method_styles,
-                                             plt, save_figure, wrap)
-  panels = [p for p in ("cost", "sampling", "baselines", "gamma") if p in results]
-  fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1, 4.4),
-                           layout="constrained", squeeze=False)
-  for ax, p in zip(axes[0], panels):
-    if p == "cost":
-      curves = results["cost"]["curves"]
-      colors, styles = method_colors(list(curves)), method_styles(list(curves))
-      for m, c in curves.items():
-        ks = [int(k) for k, v in c.items() if v is not None]
-        ax.plot(ks, [c[str(k)] for k in ks], marker="o", color=colors[m], ls=styles[m],
-                label=m)
-      integer_axis(ax)
-      ax.set(xlabel="K (local rounds; LocalGD: local iterations)", ylabel="total cost T·K",
-             title="cost to ε vs K (Figs. 5.1/5.2)")
-    else:
-      rows = results[p]
+def _panels(results: dict) -> list[dict]:
+  """A panel per study run: the cost to eps against K (Figs. 5.1/5.2), then the error curves of
+  the sampling, baselines and gamma studies against the global round."""
+  panels = []
+  if "cost" in results:
+    panels.append({"lines": {m: ([int(k) for k in c], list(c.values()))
+                             for m, c in results["cost"]["curves"].items()},
+                   "marker": "o", "xlabel": "K (local rounds; LocalGD: local iterations)",
+                   "ylabel": "total cost T·K", "title": "cost to ε vs K (Figs. 5.1/5.2)"})
+  titles = {"sampling": "SS vs BS vs NICE (Fig. 5.3)",
+            "baselines": "SPPM-SS vs MB-GD / MB-LocalGD (Fig. 5.4)",
+            "gamma": "γ trade-off (Figs. D.4/D.5)"}
+  for p, title in titles.items():
+    if p in results:
       key = {"sampling": "sampling", "baselines": "method"}.get(p)
-      for i, r in enumerate(rows):
-        name = r[key] if key else f"γ={r['gamma']:g}, K={r['K']}"
-        ax.plot(r["curve"], label=name, ls=("-", "--", "-.", ":")[i % 4])
-      ax.set(xlabel="global round t", ylabel="‖x_t − x⋆‖²",
-             title={"sampling": "SS vs BS vs NICE (Fig. 5.3)", "baselines":
-                    "SPPM-SS vs MB-GD / MB-LocalGD (Fig. 5.4)", "gamma":
-                    "γ trade-off (Figs. D.4/D.5)"}[p])
-      if any(v > 0 for r in rows for v in r["curve"] if v is not None and np.isfinite(v)):
-        log_axis(ax, "y")
-      integer_axis(ax)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
-              frameon=False)  # below the panel: off the data
-  fig.suptitle(wrap(f"{label}: Cohort-Squeeze (seed 001 ch. 5)", fig.get_size_inches()[0], 13))
-  return save_figure(fig, path)
+      panels.append({"lines": {(r[key] if key else f"γ={r['gamma']:g}, K={r['K']}"):
+                               (None, r["curve"]) for r in results[p].rows},
+                     "logy": True, "xlabel": "global round t", "ylabel": "‖x_t − x⋆‖²",
+                     "title": title})
+  return panels
 
 
 run = entry(NAME, OPTIONS, _run)

@@ -26,8 +26,6 @@ Protocol (spec ``seed001_ch3_ch5.md`` §5.9):
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import numpy as np
 import optax
@@ -38,7 +36,8 @@ from fedjaxsparse.algorithms import sppm
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import evaluate, make_eval_fn
-from fedjaxsparse.harness.experiment import Config, Option, entry, last, run_method
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, tune_then_run,
+                                             tuning_config)
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import cohort_squeeze_cnn, make_loss
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split
@@ -53,6 +52,10 @@ QUICK_RUNTIME = "measured 17 s on 2 CPU cores (a fresh process, XLA's default fl
 BUDGET = "global rounds per method (cost: c1 per local round + c2 per global round)"
 RUNTIME = "about 5 min on 2 CPU cores (small CNN, 20 clients, 30 rounds; measured 317 s)"
 OPTIONS = (
+    Option("study", "cost", "cost (Figs. 5.6/5.7: SPPM-NICE for each K against LocalGD) or "
+           "solvers (Fig. D.10: FedSGD, FedAdam, FedAdam-Adam, MimeLite-Adam as the cohort's "
+           "prox solver at K = solver_k)", choices=("cost", "solvers")),
+    Option("solver_k", 3, "local rounds K of the solver study (the paper: 3)", low=1),
     Option("cohort", 10, "tau of the NICE cohorts", low=1),
     Option("gamma", 1.0, "SPPM-AS prox parameter", low=0.0, low_open=True),
     Option("ks", [1, 3], "local communication rounds K of SPPM-NICE", kind="floats", low=1),
@@ -92,6 +95,32 @@ def cost_to_accuracy(record: dict, target: float, c1: float, c2: float) -> float
   return float(np.sum(c1 * k + c2))
 
 
+SOLVERS = ("FedSGD", "FedAdam", "FedAdam-Adam", "MimeLite-Adam")
+"""Fig. D.10's cohort solvers: the worker's optimiser and the server's (see :func:`_method`)."""
+
+
+def _method(name: str, lr: float, loss, nice, opts: dict):
+  """The algorithm of a row: ``LocalGD``; ``SPPM-NICE (K=k)`` (E Adam worker steps per local
+  round); or, in the solver study, SPPM-NICE with K = ``solver_k`` and Fig. D.10's solver —
+  FedSGD (SGD worker), FedAdam (Adam worker), FedAdam-Adam (Adam worker and Adam server over
+  the K local rounds, one learning rate for both) or MimeLite-Adam (the server's Adam state
+  frozen in the worker steps)."""
+  e, b, gamma = opts["worker_steps"], opts["batch"], opts["gamma"]
+  if name == "LocalGD":
+    return sppm.cohort_average(loss, nice, P.optax_steps(optax.sgd(lr), e, "sgd"),
+                               batch_size=b)
+  if name in SOLVERS:
+    worker = {"FedSGD": P.optax_steps(optax.sgd(lr), e, "sgd"),
+              "MimeLite-Adam": sppm.mime_lite(optax.adam(lr), e)}.get(
+                  name, P.optax_steps(optax.adam(lr), e, "adam"))
+    return sppm.cohort_average(
+        loss, nice, worker, local_rounds=opts["solver_k"], gamma=gamma, batch_size=b,
+        server_optimizer=optax.adam(lr) if name == "FedAdam-Adam" else None)
+  k = int(name.split("K=")[1].rstrip(")"))
+  return sppm.fedavg_sppm_as(loss, nice, gamma, None, P.optax_steps(optax.adam(lr), e, "adam"),
+                             local_rounds=k, batch_size=b)
+
+
 def _run(cfg: Config, opts: dict) -> dict:
   def load(name):
     if name == "femnist":
@@ -112,60 +141,52 @@ def _run(cfg: Config, opts: dict) -> dict:
   params = model.init(jax.random.key(cfg.seed))
   nice = sampling.nice(n, tau)
   fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-  ks = sorted({int(k) for k in opts["ks"]})
-  c1, c2, target, e, b = opts["c1"], opts["c2"], opts["target"], opts["worker_steps"], opts["batch"]
-
-  def method(name, lr):
-    if name == "LocalGD":
-      return sppm.cohort_average(loss, nice, P.optax_steps(optax.sgd(lr), e, "sgd"),
-                                 batch_size=b)
-    k = int(name.split("K=")[1].rstrip(")"))
-    return sppm.fedavg_sppm_as(loss, nice, opts["gamma"], None,
-                               P.optax_steps(optax.adam(lr), e, "adam"), local_rounds=k,
-                               batch_size=b)
-
-  names = [f"SPPM-NICE (K={k})" for k in ks] + ["LocalGD"]
+  c1, c2, target = opts["c1"], opts["c2"], opts["target"]
+  if opts["study"] == "solvers":
+    names = list(SOLVERS)
+  else:
+    names = [f"SPPM-NICE (K={k})" for k in sorted({int(k) for k in opts["ks"]})] + ["LocalGD"]
   print(f"{NAME}: {ds.name}{' (' + standin + ')' if standin else ''}, {n} clients, NICE "
-        f"cohorts of {tau}, gamma={opts['gamma']}, {e} worker steps, batch {b}, target "
-        f"{target:.0%} training accuracy, cost c1={c1:g} per local round + c2={c2:g}")
-  tune_cfg = dataclasses.replace(cfg, progress=False, on_divergence="skip")
-  chosen, search = {}, {}
-  for name in names:
-    scores, grid = {}, opts["local_lrs"] if name == "LocalGD" else opts["lrs"]
-    if len(grid) == 1:  # one candidate: nothing to tune
-      chosen[name], search[name] = grid[0], {}
-      continue
-    for lr in grid:
-      rec = run_method(tune_cfg, NAME, f"tune {name} lr={lr:g}", method(name, lr), params, fit,
-                       val, make_eval_fn(model))
-      cost = None if rec["diverged"] else cost_to_accuracy(rec, target, c1, c2)
-      acc = last(rec["history"]["evals"].get("accuracy", [])) if not rec["diverged"] else None
-      scores[lr] = (cost, acc if acc is not None and np.isfinite(acc) else -1.0)
-    # the cheapest to the target; without one, the best final validation accuracy
-    chosen[name] = min(scores, key=lambda lr: (scores[lr][0] is None, scores[lr][0] or 0.0,
-                                               -scores[lr][1]))
-    search[name] = {str(k): v for k, v in scores.items()}
-    print(f"{name}: (cost to target, validation accuracy) by lr {scores} -> lr={chosen[name]:g}")
+        f"cohorts of {tau}, gamma={opts['gamma']}, {opts['worker_steps']} worker steps, batch "
+        f"{opts['batch']}, target {target:.0%} training accuracy, cost c1={c1:g} per local "
+        f"round + c2={c2:g}")
 
-  records, rows = {}, []
+  def score(rec):  # the cheapest to the target; without one, the best validation accuracy
+    cost = cost_to_accuracy(rec, target, c1, c2)
+    acc = last(rec["history"]["evals"].get("accuracy", []))
+    return (cost is not None, -(cost or 0.0),
+            acc if acc is not None and np.isfinite(acc) else -1.0)
+
+  tune_cfg = tuning_config(cfg, fraction=1.0, evaluate_once=False)
+  search, records, rows = {}, {}, []
   for name in names:
-    rec = run_method(cfg, NAME, name, method(name, chosen[name]), params, ds.train, ds.train,
-                     make_eval_fn(model))
-    records[name] = rec
+    tuned = tune_then_run(
+        cfg, NAME, name, opts["local_lrs"] if name == "LocalGD" else opts["lrs"],
+        lambda lr, run, name=name: _method(name, lr, loss, nice, opts), params, fit, val,
+        ds.train, ds.train, make_eval_fn(model), tune_cfg=tune_cfg, seeds=1,
+        label=lambda lr: f"lr={lr:g}", score=score)
+    search[name] = {str(k): v for k, v in tuned.scores.items()}
+    rec = records[name] = tuned.records[0]
     test = evaluate(model, rec["state"].params, ds.test)
-    rows.append({"method": name, "lr": chosen[name],
+    rows.append({"method": name, "lr": tuned.best,
                  "final train accuracy": last(rec["history"]["evals"]["accuracy"]),
                  "test accuracy": float(test["accuracy"]),
                  f"cost to {target:.0%} (c1={c1:g}, c2={c2:g})":
                      cost_to_accuracy(rec, target, c1, c2),
                  f"cost to {target:.0%} (T*K)": cost_to_accuracy(rec, target, 1.0, 0.0)})
-  note = ("the paper (figures only): SPPM-AS with several local rounds reaches 70 % at a lower "
-          "total cost than LocalGD, the optimal K growing with gamma (Figs. 5.6/5.7)")
+  if opts["study"] == "solvers":
+    note = ("the paper (Fig. D.10, figures only): all four solvers perform similarly; "
+            "MimeLite-Adam and FedSGD are best on test")
+  else:
+    note = ("the paper (figures only): SPPM-AS with several local rounds reaches 70 % at a "
+            "lower total cost than LocalGD, the optimal K growing with gamma (Figs. 5.6/5.7)")
+  title = ("one local communication round = one iteration of the cohort solver: every member "
+           f"runs {opts['worker_steps']} worker steps, then the cohort averages (T*K counts them)")
   figure = Figure("methods", dict(
       methods=records, metric="accuracy",
       title=f"{ds.name}: training accuracy vs global rounds and uplink bits"))
   return {"experiment": NAME, "dataset": ds.name, "standin": standin, "target": target,
-          "c1": c1, "c2": c2, "search": search, "table": Table(rows, note=note),
+          "c1": c1, "c2": c2, "search": search, "table": Table(rows, title=title, note=note),
           "methods": records, "figures": [figure]}
 
 

@@ -183,9 +183,10 @@ def _experiment(cfg: Config, opts: dict) -> dict:
     ours = {col: {row["method"]: row[key] for row in param_rows}
             for col, key in (("λ", "lambda"), ("ν", "nu"), ("r", "r"), ("r_av", "r_av"),
                              ("γ", "gamma"))}
-    paper_rows = paper_table(paper, ours, label, convert=lambda v: float(f"{v:.3g}"))
-    print(f"(λ, ν, r, r_av depend only on the compressor and n, so they must agree on the "
-          f"stand-in too; γ depends on the data's L~.) Deviations: {paper.deviations}")
+    paper_rows = paper_table(
+        paper, ours, label, convert=lambda v: float(f"{v:.3g}"),
+        note=f"(λ, ν, r, r_av depend only on the compressor and n, so they must agree on the "
+             f"stand-in too; γ depends on the data's L~.) Deviations: {paper.deviations}")
 
   def objective(params, test):
     return jnp.mean(jax.vmap(loss, in_axes=(None, 0, 0, 0))(params, test.x, test.y, test.mask))

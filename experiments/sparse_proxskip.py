@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -42,10 +41,9 @@ from fedjaxsparse.convex.constants import linear_model_constants
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Option, bits_to_reach, entry, last, name_list,
-                                             output_dir, run_method, save_results, status)
-from fedjaxsparse.harness.report import print_table
+                                             run_method, status)
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import global_mean_scale, linear_regression, make_loss, softmax_regression
-from fedjaxsparse.harness.plotting import method_colors, plot_methods, plot_series
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
                                            paper_table, two_stage_search, validation_split)
 from fedjaxsparse.ops.sparsity import k_from_sparsity, num_params, top_k
@@ -254,7 +252,6 @@ def _run(cfg: Config, opts: dict) -> dict:
   names = list(paper_names)
   if opts["diagnostics"]:
     names += [ASP_MOD, SPS_MOD]
-  colors = method_colors(names)
   base_eval = make_eval_fn(model)
   train = auto_layout(ds.train)  # size buckets for unequal clients (the same results)
 
@@ -318,7 +315,6 @@ def _run(cfg: Config, opts: dict) -> dict:
   if len(by_sparsity) > 1:  # Table 1 / Table 4 layout: final metric per method and sparsity
     grid_rows = [{"method": m, **{f"{metric} @ {sp:.0%}": final(sp, m, metric)
                                   for sp in sorted(by_sparsity)}} for m in paper_names]
-    print_table(grid_rows, list(grid_rows[0]))
   else:
     grid_rows = []
 
@@ -345,7 +341,6 @@ def _run(cfg: Config, opts: dict) -> dict:
   if any(r["diverged"] for r in records.values()):
     for row in rows:
       row["status"] = status(records[row["method"]])
-  table = print_table(rows, list(rows[0]))
   paper_rows = []
   if paper is not None:
     ours, shown = {}, {"r2": "R²", "accuracy": "accuracy"}[metric]
@@ -360,39 +355,38 @@ def _run(cfg: Config, opts: dict) -> dict:
               next(r for r in rows if r["method"] == m)[f"bits/client to {t}"])
           for m in records}
       ours[f"to {t:g}"] = {m: None if v is None else v / 1e6 for m, v in ours[f"to {t:g}"].items()}
-    paper_rows = paper_table(paper, ours, label, convert=lambda v: float(f"{v:.3g}"))
-    if paper.deviations:
-      print(f"protocol deviations: {paper.deviations}")
-  out = output_dir(cfg, NAME)
-  results = {"experiment": NAME, "dataset": label, "standin": standin, "metric": metric,
-             "sparsity": sparsity, "paper_config": None if paper is None else {
-                 "name": paper.name, "source": paper.source, "deviations": paper.deviations,
-                 "budget": opts["budget"], "rounds": cfg.rounds},
-             "k": k, "gamma": gamma, "p": p, "tuned": tuned,
-             "settings": {n: {"gamma": g, ("local_steps" if n in FEDAVG_STYLE else "p"): x}
-                          for n, (g, x) in setting.items()},
-             "constants": consts._asdict(),
-             "table": rows, "table_text": table, "sparsity_table": grid_rows,
-             "seed_statistics": {str(sp): v for sp, v in seed_stats.items()},
-             "paper_comparison": paper_rows,
-             "methods": records}
-  path = save_results(cfg, NAME, results)
-  png = plot_methods(records, metric, os.path.join(out, f"{NAME}.png"),
-                     title=f"{label}, {sparsity:.0%} sparsity (models Top-K'd at evaluation)",
-                     x="communications" if by_comms else "local_steps",
-                     bits="uplink_bits_per_client", colors=colors,
-                     loss_key="train_objective",  # the table's "train loss": Top-K'd model
-                     labels={"train_objective": ("training objective of the evaluated "
-                                                 "(Top-K'd) model", "train loss")})
-  print(f"results: {path}\nplot: {png}")
+    paper_rows = paper_table(paper, ours, label, convert=lambda v: float(f"{v:.3g}"),
+                             note=f"protocol deviations: {paper.deviations}"
+                             if paper.deviations else None)
+  x_axis = "communications" if by_comms else "local_steps"
+  figures = [Figure("methods", dict(
+      methods=records, metric=metric,
+      title=f"{label}, {sparsity:.0%} sparsity (models Top-K'd at evaluation)", x=x_axis,
+      bits="uplink_bits_per_client",
+      loss_key="train_objective",  # the table's "train loss": Top-K'd model
+      labels={"train_objective": ("training objective of the evaluated (Top-K'd) model",
+                                  "train loss")}))]
   if opts["diagnostics"]:
-    diag = plot_series({m: r for m, r in records.items() if m not in FEDAVG_STYLE},
-                       ["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
-                       os.path.join(out, f"{NAME}_zero_sum.png"),
-                       title="zero-sum diagnostics (seed 000 appendix D)",
-                       x="communications" if by_comms else "local_steps", colors=colors)
-    print(f"diagnostics: {diag}")
-  return results
+    figures.append(Figure("series", dict(
+        methods={m: r for m, r in records.items() if m not in FEDAVG_STYLE},
+        names=["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
+        title="zero-sum diagnostics (seed 000 appendix D)", x=x_axis,
+        colors=list(names)), suffix="_zero_sum"))
+  over = f" (mean over {opts['seeds']} seeds)" if seed_stats else ""
+  return {"experiment": NAME, "dataset": label, "standin": standin, "metric": metric,
+          "sparsity": sparsity, "paper_config": None if paper is None else {
+              "name": paper.name, "source": paper.source, "deviations": paper.deviations,
+              "budget": opts["budget"], "rounds": cfg.rounds},
+          "k": k, "gamma": gamma, "p": p, "tuned": tuned,
+          "settings": {n: {"gamma": g, ("local_steps" if n in FEDAVG_STYLE else "p"): x}
+                       for n, (g, x) in setting.items()},
+          "constants": consts._asdict(),
+          "table": Table(rows),
+          "sparsity_table": (Table(grid_rows, title=f"final {metric} per method and sparsity"
+                                   f"{over}") if grid_rows else []),
+          "seed_statistics": {str(sp): v for sp, v in seed_stats.items()},
+          "paper_comparison": paper_rows,
+          "methods": records, "figures": figures}
 
 
 def _scores(cfg, opts, name, build, sparsity, k, params, train, test, eval_fn, metric, cands,

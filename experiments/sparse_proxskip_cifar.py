@@ -25,7 +25,6 @@ Options: see ``OPTIONS`` (``fedjaxsparse describe sparse_proxskip_cifar``).
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import jax.numpy as jnp
@@ -37,11 +36,9 @@ from fedjaxsparse.algorithms.fedht import fedht, fediht
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, output_dir, run_method,
-                                             save_results, status)
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import Config, Option, entry, last, run_method, status
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import get_model, make_loss
-from fedjaxsparse.harness.plotting import method_colors, plot_methods, plot_series
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
                                            two_stage_search, validation_split)
 from fedjaxsparse.ops.sparsity import top_k
@@ -217,7 +214,6 @@ def _run(cfg: Config, opts: dict) -> dict:
                             ds.train, ds.test, num_rounds=rounds, eval_fn=eval_fn,
                             eval_every=rounds, params_fn=sparse_params)
       seed_stats[name] = mean_se([h.evals["accuracy"][-1] for h in hist])
-  colors = method_colors(list(records))
   rows = []
   for m, r in records.items():
     ev = r["history"]["evals"]
@@ -236,34 +232,33 @@ def _run(cfg: Config, opts: dict) -> dict:
     for row in rows:
       rec = records[row["method"]]
       row["status"] = status(rec) if rec["diverged"] else (rising[row["method"]] or "ok")
-  table = print_table(rows, list(rows[0]))
   empty = empty_layers(params, sparsity)
+  notes = []
   if empty:
-    print(f"note: the global Top-K of the initial model at {sparsity:.0%} sparsity keeps no "
-          f"weight of {', '.join(empty)}: a ReLU network with an empty layer has a constant "
-          f"output and no gradient through it, so the methods that train the sparse model "
-          f"({SPS_LOCAL}, {SPS}) cannot learn on this model (train loss ln 10); the paper's "
-          f"ResNet-18 keeps weights in every layer — run it with --set model=resnet18, or "
-          f"lower --set sparsity")
+    notes.append(
+        f"note: the global Top-K of the initial model at {sparsity:.0%} sparsity keeps no "
+        f"weight of {', '.join(empty)}: a ReLU network with an empty layer has a constant "
+        f"output and no gradient through it, so the methods that train the sparse model "
+        f"({SPS_LOCAL}, {SPS}) cannot learn on this model (train loss ln 10); the paper's "
+        f"ResNet-18 keeps weights in every layer — run it with --set model=resnet18, or "
+        f"lower --set sparsity")
   if paper is not None and cfg.paper:
-    print(f"{paper.source}: the paper shows a figure only (no numbers to print beside ours); "
-          f"protocol deviations: {paper.deviations}")
-  out = output_dir(cfg, NAME)
-  results = {"experiment": NAME, "dataset": label, "standin": standin, "model": model_name,
-             "budget": "communication rounds", "rounds": rounds, "tuned": tuned,
-             "settings": {m: dict(zip(("lr", "clip", "local_steps", "batch_size"), v))
-                          for m, v in setting.items()},
-             "seed_statistics": seed_stats, "table": rows, "table_text": table,
-             "empty_layers_at_init": empty, "methods": records}
-  path = save_results(cfg, NAME, results)
-  png = plot_methods(records, "accuracy", os.path.join(out, f"{NAME}.png"),
-                     title=f"{label}, {model_name}, {sparsity:.0%} sparsity",
-                     x="round", bits="uplink_bits_per_client", colors=colors)
-  plot_series({m: r for m, r in records.items() if m not in FEDAVG_STYLE},
-              ["sum_h_norm", "mean_h_norm", "loss"], os.path.join(out, f"{NAME}_h.png"),
-              title="control variates", x="round", colors=colors)
-  print(f"results: {path}\nplot: {png}")
-  return results
+    notes.append(f"{paper.source}: the paper shows a figure only (no numbers to print beside "
+                 f"ours); protocol deviations: {paper.deviations}")
+  return {"experiment": NAME, "dataset": label, "standin": standin, "model": model_name,
+          "budget": "communication rounds", "rounds": rounds, "tuned": tuned,
+          "settings": {m: dict(zip(("lr", "clip", "local_steps", "batch_size"), v))
+                       for m, v in setting.items()},
+          "seed_statistics": seed_stats, "table": Table(rows, note="\n".join(notes) or None),
+          "empty_layers_at_init": empty, "methods": records,
+          "figures": [
+              Figure("methods", dict(methods=records, metric="accuracy",
+                                     title=f"{label}, {model_name}, {sparsity:.0%} sparsity",
+                                     x="round", bits="uplink_bits_per_client")),
+              Figure("series", dict(
+                  methods={m: r for m, r in records.items() if m not in FEDAVG_STYLE},
+                  names=["sum_h_norm", "mean_h_norm", "loss"], title="control variates",
+                  x="round", colors=list(records)), suffix="_h")]}
 
 
 def _tune(cfg, opts, build, params, ds, eval_fn, sparse_params) -> dict:

@@ -43,8 +43,8 @@ import numpy as np
 from fedjaxsparse.pruning import dsnot, lm, scores
 from fedjaxsparse.models import hf
 from fedjaxsparse.pruning import sequential as SQ
-from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, output_dir, save_results
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, output_dir
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models.transformer import TransformerConfig
 
 NAME = "symwanda_lm"
@@ -315,44 +315,25 @@ def _run(cfg: Config, opts: dict) -> dict:
                  "s.e.": float(np.std(ppls, ddof=1) / np.sqrt(trials)) if trials > 1 else None,
                  "recon error": float(np.mean(errs)), f"paper ({opts['paper_model']})": paper})
     steps.done(f"{method} {setting}")
-  table = print_table(rows, list(rows[0]))
   scale = ("trained byte-level Shakespeare model — perplexities NOT comparable with the paper's "
            "LLaMA/OPT column, compare directions only" if opts["model"] == "shakespeare"
            else "real checkpoint")
-  print(f"scale: {scale}")
-  results = {"experiment": NAME, "study": study, "model": path, "scale": scale, "text": text,
-             "table": rows, "table_text": table, "training": training,
-             "paper": {f"{m} / {s}": v for (m, s), v in PAPER[study].items()},
-             "protocol": {"nsamples": len(calib), "seq_len": opts["seq_len"],
-                          "eval_windows": len(windows), "calibration_seed": 0,
-                          "calibration": "block-sequential", "group": opts["group"],
-                          "dsnot_cycles": opts["dsnot_cycles"]}}
-  out = save_results(cfg, NAME, results)
-  png = _plot(rows, os.path.join(output_dir(cfg, NAME), f"{NAME}_{study}.png"),
-              f"{study}: perplexity after pruning ({'Shakespeare LM' if training else path})")
-  print(f"results: {out}\nplot: {png}")
-  return results
-
-
-def _plot(rows: list[dict], path: str, title: str) -> str:
-  from fedjaxsparse.harness.plotting import log_axis, plt, save_figure, wrap
   settings = list(dict.fromkeys(r["setting"] for r in rows[1:]))
-  methods = list(dict.fromkeys(r["method"] for r in rows[1:]))
-  fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(settings) * len(methods) / 2), 4.2),
-                         layout="constrained")
-  width = 0.8 / len(methods)
-  for j, m in enumerate(methods):
-    vals = [next((r["ppl"] for r in rows if r["method"] == m and r["setting"] == s), np.nan)
-            for s in settings]
-    ax.bar(np.arange(len(settings)) + j * width, vals, width, label=m)
-  ax.axhline(rows[0]["ppl"], color="k", ls="--", lw=1, label="dense")
-  ax.set_xticks(np.arange(len(settings)) + 0.4 - width / 2, settings)
-  log_axis(ax, "y", [r["ppl"] for r in rows if np.isfinite(r["ppl"]) and r["ppl"] > 0])
-  ax.set_ylabel("test perplexity (log)")
-  ax.set_title(wrap(title, fig.get_size_inches()[0] - 2, 11))
-  fig.legend(loc="outside lower center", fontsize=8, frameon=False,
-             ncol=max(1, min(len(methods) + 1, 4)))
-  return save_figure(fig, path, dpi=120)
+  bars = {m: [next((r["ppl"] for r in rows if r["method"] == m and r["setting"] == s), None)
+              for s in settings] for m in dict.fromkeys(r["method"] for r in rows[1:])}
+  figure = Figure("bars", dict(
+      bars=bars, groups=settings, ylabel="test perplexity (log)", logy=True,
+      baseline=("dense", rows[0]["ppl"]),
+      title=f"{study}: perplexity after pruning ({'Shakespeare LM' if training else path})"),
+      suffix=f"_{study}")
+  return {"experiment": NAME, "study": study, "model": path, "scale": scale, "text": text,
+          "table": Table(rows, note=f"scale: {scale}"), "training": training,
+          "paper": {f"{m} / {s}": v for (m, s), v in PAPER[study].items()},
+          "protocol": {"nsamples": len(calib), "seq_len": opts["seq_len"],
+                       "eval_windows": len(windows), "calibration_seed": 0,
+                       "calibration": "block-sequential", "group": opts["group"],
+                       "dsnot_cycles": opts["dsnot_cycles"]},
+          "figures": [figure]}
 
 
 run = entry(NAME, OPTIONS, _run)

@@ -16,7 +16,6 @@ activation-aware scores beat magnitude when inputs have outliers; RIA ≥ Wanda;
 """
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
@@ -24,10 +23,9 @@ import numpy as np
 import optax
 
 from fedjaxsparse.pruning import posttrain, scores
-from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, output_dir, save_results
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.experiment import Config, Option, Steps, entry
+from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import mlp
-from fedjaxsparse.harness.plotting import plot_curves
 from fedjaxsparse.harness.protocol import check_claim
 
 NAME = "symwanda_mlp"
@@ -126,7 +124,6 @@ def _run(cfg: Config, opts: dict) -> dict:
         rows.append({"method": name, "setting": _label(x_),
                      "test acc % (outliers)": 100 * np.mean(acc[(name, _label(x_), "outliers")]),
                      "test acc % (plain)": 100 * np.mean(acc[(name, _label(x_), "plain")])})
-  table = print_table(rows, list(rows[0]))
   mean = lambda m, k="outliers": np.mean([np.mean(acc[(m, _label(x_), k)])
                                           for x_ in SETTINGS[:3]])  # over 50/60/70 %
   claims = [
@@ -136,18 +133,15 @@ def _run(cfg: Config, opts: dict) -> dict:
                   mean("Wanda α=0.5") >= max(mean("Wanda α=0"), mean("Wanda α=2"))),
       check_claim("RIA >= Wanda (Tables 6.2/6.4; mean over 50/60/70 %, outliers)",
                   mean("RIA") >= mean("Wanda"))]
-  results = {"experiment": NAME, "table": rows, "table_text": table, "claims": claims,
-             "outlier_channels": chans.tolist(), "scale": opts["scale"]}
-  path = save_results(cfg, NAME, results)
   curves = {f"{m} ({k})": ([0.5, 0.6, 0.7], [100 * np.mean(acc[(m, _label(x_), k)])
                                              for x_ in SETTINGS[:3]])
             for m in ("Magnitude", "Wanda", "RIA") for k in ("outliers", "plain")}
-  png = plot_curves(curves, os.path.join(output_dir(cfg, NAME), f"{NAME}.png"),
-                    xlabel="unstructured sparsity", ylabel="test accuracy %",
-                    title="One-shot pruning of a digits MLP: planted outlier channels vs plain",
-                    baseline=("dense (outliers)", rows[0]["test acc % (outliers)"]), logx=False)
-  print(f"results: {path}\nplot: {png}")
-  return results
+  return {"experiment": NAME, "table": Table(rows, note="\n".join(c["text"] for c in claims)),
+          "claims": claims, "outlier_channels": chans.tolist(), "scale": opts["scale"],
+          "figures": [Figure("curves", dict(
+              curves=curves, xlabel="unstructured sparsity", ylabel="test accuracy %",
+              title="One-shot pruning of a digits MLP: planted outlier channels vs plain",
+              baseline=("dense (outliers)", rows[0]["test acc % (outliers)"]), logx=False))]}
 
 
 run = entry(NAME, OPTIONS, _run)

@@ -526,18 +526,22 @@ def _bits_per_client(records: dict, clients: int) -> dict:
 
 def finish(cfg: Config, name: str, results: dict) -> dict:
   """Render what an experiment's body returned: every :class:`~fedjaxsparse.harness.report.Table`
-  value is printed and saved as its rows (and ``<key>_text``), ``results.json`` is written
+  value (at any depth of nested dicts) is printed and saved as its rows (and ``<key>_text``), ``results.json`` is written
   (:func:`save_results`), then every :class:`~fedjaxsparse.harness.report.Figure` of
   ``results["figures"]`` is drawn in the output folder; prints the paths and returns the
   results as saved (methods' final states kept)."""
-  if "figures" not in results and not any(isinstance(v, Table) for v in results.values()):
-    return results   # TRANSITIONAL: a body that saved its results itself
-  out = {}
-  for k, v in results.items():
-    if isinstance(v, Table):
-      out[k], out[f"{k}_text"] = v.rows, v.render()
-    elif k != "figures":
-      out[k] = v
+  def rendered(tree: dict) -> dict:   # Tables at any depth of nested dicts
+    out = {}
+    for k, v in tree.items():
+      if isinstance(v, Table):
+        out[k], out[f"{k}_text"] = v.rows, v.render()
+      elif isinstance(v, dict) and any(isinstance(x, (Table, dict)) for x in v.values()):
+        out[k] = rendered(v)
+      else:
+        out[k] = v
+    return out
+
+  out = rendered({k: v for k, v in results.items() if k != "figures"})
   path = save_results(cfg, name, out)
   folder = output_dir(cfg, name)
   pngs = [f.draw(folder, name) for f in results.get("figures", ())]
@@ -630,8 +634,8 @@ class Tuned:
   Attributes:
     best: the chosen candidate (the grid's only value when there is nothing to tune).
     scores: ``{candidate: final validation metric}`` (−1 for a diverged, non-finite or
-      unevaluated run;
-      empty when there was nothing to tune).
+      unevaluated run), or ``{candidate: score(record)}`` (``None``: diverged); empty when
+      there was nothing to tune.
     records: one :func:`run_method` record per seed (the first is the one plotted).
     finals: ``scale ×`` the final test metric of every seed that did not diverge.
     stats: :func:`fedjaxsparse.harness.protocol.mean_se` of ``finals`` (mean and se ``None``
@@ -656,7 +660,7 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
                   seeds: int, label: Callable[[Any], str] = str,
                   data: Callable[[Any, Any], Any] | None = None,
                   params_fn: ParamsFn = global_params, metric: str = "accuracy",
-                  scale: float = 100.0) -> Tuned:
+                  scale: float = 100.0, score: Callable[[dict], Any] | None = None) -> Tuned:
   """The protocol every method of a tuned experiment follows: each candidate of ``grid`` runs
   ``tune_cfg.rounds`` rounds on the fitting split ``fit`` and is scored by its final ``metric``
   on ``val`` (never on test); the best (the first of equals) then runs ``seeds`` times on
@@ -668,7 +672,10 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   depends on what was built (per-client models of a drawn configuration, say) — then it
   replaces ``eval_fn``; ``data(candidate, split)``
   turns a split into the one that candidate trains on (e.g. targets packed in); run names are
-  ``"{name} tune {label(candidate)}"`` and ``"{name} seed {s}"`` (their checkpoint folders)."""
+  ``"{name} tune {label(candidate)}"`` and ``"{name} seed {s}"`` (their checkpoint folders).
+  ``score(record)`` replaces the final validation ``metric`` as what is maximised (any values
+  that compare, e.g. ``(reached, −cost, accuracy)``); a diverged candidate is never chosen
+  (the first candidate when every one diverged)."""
   grid = list(grid)
   prep = data or (lambda candidate, split: split)
   scores = {}
@@ -682,11 +689,16 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
       algo, ev = _built(build(c, Run(0, tune_cfg.rounds, True)), eval_fn)
       rec = run_method(tune_cfg, experiment, f"{name} tune {label(c)}", algo, params,
                        prep(c, fit), val, ev, params_fn=params_fn)
+      if score is not None:
+        scores[c] = None if rec["diverged"] else score(rec)
+        steps.done(f"{label(c)} ({'diverged' if rec['diverged'] else scores[c]})")
+        continue
       value = last(rec["history"]["evals"].get(metric, []))
       bad = rec["diverged"] or value is None or not math.isfinite(value)
       scores[c] = -1.0 if bad else value
       steps.done(f"{label(c)} ({metric} {'diverged' if bad else f'{value:.4g}'})")
-  best = max(scores, key=scores.get) if scores else grid[0]
+  ok = [c for c in scores if scores[c] is not None]
+  best = max(ok, key=scores.get) if ok else grid[0]
   records, finals = [], []
   for s in range(seeds):
     algo, ev = _built(build(best, Run(s, cfg.rounds, False)), eval_fn)

@@ -94,10 +94,14 @@ def _palette() -> list[str]:
           + [to_hex(c) for c in cm["tab20c"].colors])
 
 
-def _colors(methods: Mapping, colors: Mapping | None) -> dict[str, str]:
-  """``colors`` completed with unused palette colours for methods it lacks."""
+def _colors(methods: Mapping, colors: Mapping | Sequence[str] | None) -> dict[str, str]:
+  """``colors`` completed with unused palette colours for methods it lacks; a list of names is
+  :func:`method_colors` of those names (a figure of some of an experiment's methods keeping
+  the colours they have in a figure of all of them)."""
   if colors is None:
     return method_colors(list(methods))
+  if not isinstance(colors, Mapping):
+    colors = method_colors(list(colors))
   out = dict(colors)
   free = [c for c in _palette() if c not in set(map(str, out.values()))] or _palette()
   for name in methods:
@@ -492,3 +496,81 @@ def plot_curves(curves: Mapping[str, tuple], path: str, xlabel: str, ylabel: str
   if title:
     ax.set_title(wrap(title, 6.5, 11))
   return _save(fig, path)
+
+
+def panels_figure(panels: Sequence[Mapping], title: str = "") -> plt.Figure:
+  """Several studies of one experiment side by side, one panel each, each with its own legend
+  below it (a cost against a swept parameter beside error curves against rounds, say).
+
+  Each panel is a mapping with ``lines`` (``{label: (xs, ys)}``; ``xs`` ``None``: the points
+  0, 1, ...; points with a ``None`` y are skipped, a label without points stays in the
+  legend), ``title``, ``xlabel``, ``ylabel`` and optionally ``marker`` (a point marker for
+  every line) and ``logy`` (a log y axis when the panel holds a positive value). Colours and
+  line styles follow the labels of each panel (:func:`method_colors`, :func:`method_styles`);
+  x axes that stay linear get integer ticks; ``title`` is the figure's, wrapped to its width."""
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1, 4.4),
+                           layout="constrained", squeeze=False)
+  for ax, panel in zip(axes[0], panels):
+    lines = panel["lines"]
+    colors, styles = method_colors(list(lines)), method_styles(list(lines))
+    for label, (xs, ys) in lines.items():
+      xs = range(len(ys)) if xs is None else xs
+      pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+      ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=panel.get("marker"),
+              color=colors[label], ls=styles[label], label=label)
+    ax.set(xlabel=panel.get("xlabel", ""), ylabel=panel.get("ylabel", ""),
+           title=panel.get("title", ""))
+    if panel.get("logy"):
+      _log_if_positive(ax)
+    integer_axis(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+              frameon=False)  # below the panel: off the data
+  if title:
+    fig.suptitle(wrap(title, fig.get_size_inches()[0], 13))
+  return fig
+
+
+def plot_panels(panels: Sequence[Mapping], path: str, title: str = "") -> str:
+  """Save :func:`panels_figure` as a PNG at ``path``; returns ``path``."""
+  return _save(panels_figure(panels, title), path)
+
+
+def bars_figure(bars: Mapping[str, Sequence[float | None]], groups: Sequence[str],
+                ylabel: str, title: str = "", baseline: tuple[str, float] | None = None,
+                logy: bool = False) -> plt.Figure:
+  """Grouped bars (a result per method and setting: perplexity after pruning at each sparsity,
+  say): one group per entry of ``groups`` (the x tick labels), in each a bar per label of
+  ``bars``, whose values hold one number per group (``None``: no bar); ``baseline`` is
+  ``(label, y)``, drawn as a dashed horizontal line (the dense model, say); ``logy``: a log y
+  axis over the bars and the baseline. One legend below the panel."""
+  n = max(1, len(bars))
+  fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * n / 2), 4.2),
+                         layout="constrained")
+  width = 0.8 / n
+  colors = method_colors(list(bars))
+  values = []
+  for j, (label, ys) in enumerate(bars.items()):
+    ys = _floats(ys)
+    values += ys
+    ax.bar(np.arange(len(groups)) + j * width, ys, width, color=colors[label], label=label)
+  if baseline is not None:
+    ax.axhline(baseline[1], color="k", ls="--", lw=1, label=baseline[0])
+    values.append(float(baseline[1]))
+  ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, list(groups))
+  if logy:
+    log_axis(ax, "y", [v for v in values if math.isfinite(v) and v > 0])
+  ax.set_ylabel(ylabel)
+  if title:
+    ax.set_title(wrap(title, fig.get_size_inches()[0] - 2, 11))
+  handles = len(ax.get_legend_handles_labels()[0])
+  fig.legend(loc="outside lower center", fontsize=8, frameon=False,
+             ncol=max(1, min(handles, 4)))
+  return fig
+
+
+def plot_bars(bars: Mapping[str, Sequence[float | None]], groups: Sequence[str], path: str,
+              ylabel: str, title: str = "", baseline: tuple[str, float] | None = None,
+              logy: bool = False) -> str:
+  """Save :func:`bars_figure` as a PNG at ``path``; returns ``path``."""
+  return save_figure(bars_figure(bars, groups, ylabel, title, baseline, logy), path, dpi=120)

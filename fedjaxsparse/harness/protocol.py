@@ -30,7 +30,7 @@ import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.report import print_table
+from fedjaxsparse.harness.report import Table
 
 
 def validation_split(data: FederatedData, fraction: float, seed: int
@@ -77,13 +77,13 @@ def mean_se(values: Sequence[float] | np.ndarray, axis: int = 0) -> dict:
 
 
 def check_claim(claim: str, holds: bool | None) -> dict:
-  """Print a paper's claim with the verdict of this run — "holds here", "does NOT hold here"
-  or "not checked here" (``None``: the run lacks what the claim needs) — and return
-  ``{"claim", "holds"}`` for the results."""
+  """A paper's claim with the verdict of this run: ``{"claim", "holds", "text"}``, ``text``
+  the line to print under the run's table — "the paper: <claim> — holds here", "does NOT hold
+  here" or "not checked here" (``holds=None``: the run lacks what the claim needs)."""
   verdict = ("not checked here" if holds is None else "holds here" if holds
              else "does NOT hold here")
-  print(f"the paper: {claim} — {verdict}")
-  return {"claim": claim, "holds": None if holds is None else bool(holds)}
+  return {"claim": claim, "holds": None if holds is None else bool(holds),
+          "text": f"the paper: {claim} — {verdict}"}
 
 
 class Dimension(NamedTuple):
@@ -213,10 +213,11 @@ def load_or_standin(paper: PaperConfig | None, dataset: str, data_dir: str | Non
 
 
 def paper_table(paper: PaperConfig, ours: dict, label: str,
-                convert: Callable[[Any], Any] = lambda v: v) -> list[dict]:
-  """Rows ``{"method", "ours COL", "paper COL", ...}`` for every method and column of
+                convert: Callable[[Any], Any] = lambda v: v, note: str | None = None) -> Table:
+  """The paper's numbers beside ours as a :class:`~fedjaxsparse.harness.report.Table`: rows
+  ``{"method", "ours COL", "paper COL", ...}`` for every method and column of
   ``paper.paper``; ``ours`` is ``{column: {method: value}}`` (missing: ``None``), converted
-  to the paper's unit by ``convert``. Printed with a header naming both sources."""
+  to the paper's unit by ``convert``; titled with both sources, ``note`` below."""
   methods = list(dict.fromkeys(m for col in paper.paper.values() for m in col))
   rows = []
   for m in methods:
@@ -226,6 +227,5 @@ def paper_table(paper: PaperConfig, ours: dict, label: str,
       row[f"ours {col}"] = None if v is None else convert(v)
       row[f"paper {col}"] = values.get(m)
     rows.append(row)
-  print(f"\n{paper.unit}: ours ({label}) beside the paper ({paper.source}):")
-  print_table(rows, list(rows[0]))
-  return rows
+  return Table(rows, title=f"\n{paper.unit}: ours ({label}) beside the paper ({paper.source}):",
+               note=note)
