@@ -280,3 +280,37 @@ def test_small_alpha_gives_the_local_optima(quad):
   tilde = fjs.algorithms.scafflix.personalize(state.server, x_star, jnp.full((5,), alpha))
   gap = np.linalg.norm(np.asarray(tilde["w"]) - quad["c"], axis=1)
   assert np.all(gap <= 2 * alpha * max(np.linalg.norm(quad["x_opt"]), 1.0)), gap
+
+
+def test_cohort_form_for_host_resident_populations(quad):
+  """scafflix_cohort (client state h_i, x_i* read and written for the cohort only): its
+  init_client's GD reaches the closed-form local optima; with p = 1 and every client it is
+  Scafflix's round form from those optima, round for round; with a cohort of 2 and p = 0.3
+  the host-resident run equals the device-resident one bit for bit, Σ_i α_i h_i over the whole
+  population stays 0 and x̄ approaches the FLIX optimum."""
+  population = fjs.runtime.population
+  lr = float(1 / quad["L"].max())
+  kw = dict(optimum_lr=lr, optimum_steps=3000)
+  full = fjs.algorithms.scafflix.scafflix_cohort(loss, 1 / quad["L"], 1.0, ALPHA, **kw)
+  res = fjs.run(population.on_device(full), jax.random.key(0), quad["w0"], quad["data"],
+                num_rounds=20, progress=False)
+  x_star = res.state.clients.x_star
+  np.testing.assert_allclose(x_star["w"], quad["c"], atol=1e-4)
+  ref, _ = _run(fjs.scafflix(loss, 1 / quad["L"], 1.0, ALPHA, x_star, form="round"), quad, 20)
+  np.testing.assert_allclose(res.state.server.params["w"], ref.server["w"], rtol=1e-5,
+                             atol=1e-6)
+  np.testing.assert_allclose(res.state.clients.h["w"], ref.h["w"], rtol=1e-5, atol=1e-6)
+  part = fjs.algorithms.scafflix.scafflix_cohort(loss, 1 / quad["L"], 0.3, ALPHA,
+                                                 cohort_size=2, **kw)
+  key = jax.random.key(7)
+  dev = fjs.run(population.on_device(part), key, quad["w0"], quad["data"], num_rounds=30,
+                progress=False)
+  host = population.run_on_host(part, key, quad["w0"], quad["data"], num_rounds=30,
+                                progress=False)
+  chex.assert_trees_all_equal(jax.device_get(dev.state.server), jax.device_get(host.server))
+  chex.assert_trees_all_equal(jax.device_get(dev.state.clients), host.clients)
+  assert np.linalg.norm(ALPHA @ host.clients.h["w"]) < 1e-4
+  long = fjs.run(population.on_device(part), key, quad["w0"], quad["data"], num_rounds=400,
+                 progress=False)
+  gap = np.linalg.norm(np.asarray(long.state.server.params["w"]) - quad["x_opt"])
+  assert gap < 0.05 * np.linalg.norm(quad["x_opt"])

@@ -53,6 +53,7 @@ from fedjaxsparse.ops import accounting
 from fedjaxsparse import evaluation
 from fedjaxsparse.algorithms.proxskip import FORMS, geometric_local_steps
 from fedjaxsparse.runtime.clients import map_clients
+from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
@@ -330,6 +331,92 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
     return new, info(new, losses, a_all, c, as_float(1), steps)
 
   return Algorithm(init, iteration_step if form == "iteration" else round_step)
+
+
+class ScafflixServer(NamedTuple):
+  """The server state of :func:`scafflix_cohort`: ``params`` (the global model x̄), ``t``
+  (local steps done) and ``comms`` (communications done)."""
+  params: Any
+  t: jax.Array
+  comms: jax.Array
+
+
+class ScafflixClient(NamedTuple):
+  """One client's state of :func:`scafflix_cohort`: its control variate ``h`` and local optimum
+  ``x_star`` (the model's shape each)."""
+  h: Any
+  x_star: Any
+
+
+def scafflix_cohort(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, *,
+                    optimum_lr: float, optimum_steps: int, optimum_batch_size: int | None = None,
+                    cohort_size: int | None = None, batch_size: int | None = None,
+                    key: jax.Array | None = None) -> CohortAlgorithm:
+  """Scafflix's round form (:func:`scafflix` with ``form="round"``) as a
+  :class:`~fedjaxsparse.runtime.population.CohortAlgorithm`: every client's state — its control
+  variate h_i and local optimum x_i* — is read and written for the cohort only, so
+  :func:`fedjaxsparse.runtime.population.run` can keep the population's state in host memory
+  (FEMNIST's 3,400 writers hold two model copies each) while the device holds a cohort.
+
+  The local optimum x_i* is computed when the client's state is made (``init_client``):
+  ``optimum_steps`` (S)GD steps of size ``optimum_lr`` on the client's data from the initial
+  model (minibatches of ``optimum_batch_size``, keys from ``key``; ``None``: full batch) —
+  :func:`local_optima` for one client with ``tol=0``. ``gammas`` and ``alphas``: one number
+  for all clients or ``[N]``. Each round: L ~ Geometric(p) local steps of the cohort from x̄,
+  the weighted average with weights ∝ α_i²/γ_i over the cohort, the cohort's h_i updated
+  (the library's partial-participation rule of :func:`scafflix`). ``info.alpha_h_sum_norm``
+  is ``‖Σ_{i∈S} α_i h_i‖`` over the cohort (the population's sum is not on the device); with
+  full participation it is the invariant.
+  """
+  check_number("p (communication probability)", p, 0.0, 1.0, low_open=True)
+  check_number("optimum_lr", optimum_lr, 0.0, None, low_open=True)
+  if not isinstance(optimum_steps, int) or optimum_steps < 0:
+    raise ValueError(f"optimum_steps must be an int >= 0, got {optimum_steps!r}.")
+  value_and_grad, grad = jax.value_and_grad(loss_fn), jax.grad(loss_fn)
+  key = jax.random.key(0) if key is None else key
+
+  def init(key_, params) -> ScafflixServer:
+    del key_
+    return ScafflixServer(params, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+  def init_client(server: ScafflixServer, data) -> ScafflixClient:
+    def body(step, w):
+      g = grad(w, *minibatch(jax.random.fold_in(key, step), data, optimum_batch_size))
+      return jax.tree.map(lambda a, gi: a - (optimum_lr * gi).astype(a.dtype), w, g)
+
+    x_star = jax.lax.fori_loop(0, optimum_steps, body, server.params)
+    return ScafflixClient(jax.tree.map(jnp.zeros_like, server.params), x_star)
+
+  def client_step(key_, x, h, xs, alpha, gamma, data):
+    xt = jax.tree.map(lambda a, s: alpha * a + (1 - alpha) * s, x, xs)
+    loss, g = value_and_grad(xt, *minibatch(key_, data, batch_size))
+    return jax.tree.map(lambda a, gi, hi: a - (gamma / alpha) * (gi - hi), x, g, h), loss
+
+  def step(key_, server: ScafflixServer, rows: ScafflixClient, ids, data, num_clients: int):
+    dtype = jnp.result_type(float)
+    g = _per_client_values("gammas", gammas, num_clients, dtype)[ids]
+    a = _per_client_values("alphas", alphas, num_clients, dtype)[ids]
+    k_len, k_local = jax.random.split(key_)
+    steps = geometric_local_steps(k_len, p)
+    c = ids.shape[0]
+    local = lambda j, x: map_clients(client_step, data, client_keys(  # noqa: E731
+        jax.random.fold_in(k_local, j), ids), x, rows.h, rows.x_star, a, g)
+    x_hat, losses = local(0, _per_client(server.params, c))
+    x_hat = jax.lax.fori_loop(1, steps, lambda j, x: local(j, x)[0], x_hat)
+    w = a ** 2 / g
+    w = w / jnp.sum(w)
+    x_bar = jax.tree.map(lambda v: jnp.tensordot(w, v, axes=1), x_hat)
+    coef = p * a / g
+    h = jax.tree.map(lambda hi, v, xb: hi + coef.reshape((-1,) + (1,) * (v.ndim - 1))
+                     * (xb - v), rows.h, x_hat, x_bar)
+    bits = as_float(c * accounting.dense_bits(accounting.num_params(x_bar)))
+    ah = jax.tree.map(lambda v: jnp.tensordot(a, v, axes=1), h)
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(ah)))
+    info = ScafflixInfo(jnp.mean(losses), bits, bits, as_float(1), steps, norm)
+    new = ScafflixServer(x_bar, server.t + steps, server.comms + 1)
+    return new, rows._replace(h=h), info
+
+  return CohortAlgorithm(init, init_client, step, cohort_size)
 
 
 def i_scaffnew(loss_fn: LossFn, gammas: Any, p: float, **kw) -> Algorithm:
