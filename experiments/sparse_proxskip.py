@@ -12,10 +12,12 @@ writers, ``--dataset femnist --data-dir ...``) or regression (ridge regression, 
 The default is the embedded digits set (offline), a stand-in labelled as such in the output.
 
 Every model is Top-K'd to the target sparsity before every evaluation (seed 000 §B), and the
-table's "train loss" is the training objective f(w) of that evaluated model. The ProxSkip
-family runs ``--rounds`` *iterations* (one local step each, communication with probability
-p); FedHT/FedIHT run rounds/L rounds of L local steps, so every method takes the same number
-of local gradient steps. Without a search, γ = 1/L_max and p = 1/√κ (ProxSkip's theory) and
+table's "train loss" is the training objective f(w) of that evaluated model. ``--rounds``
+counts *communication rounds*, the paper's unit: the ProxSkip family runs rounds of
+Geometric(p) local steps, FedHT/FedIHT rounds of L local steps. With ``--set
+budget=iterations`` it counts local gradient steps instead (the ProxSkip family communicating
+with probability p per step, FedHT/FedIHT running rounds/L rounds of L steps), so every method
+takes the same number of local steps. Without a search, γ = 1/L_max and p = 1/√κ (ProxSkip's theory) and
 L = round(1/p) come from the data (or ``--set gamma=... --set p=...``). With ``--set search=N``
 every method — FedHT/FedIHT included, over γ and L — is tuned by seed 000's two-stage random
 search (N candidates per stage, ``repetitions`` seeds each, all of a stage in one vmapped
@@ -51,16 +53,16 @@ from fedjaxsparse.runtime.sweep import run_batched
 
 NAME = "sparse_proxskip"
 DESCRIPTION = "Seed 000: Sparse-ProxSkip vs Final-TopK, FedHT, FedIHT, ASP, RandProx-l1, SPS-Local"
-DEFAULTS = dict(rounds=3000, clients=20, dataset="digits", eval_every=1)  # every communication
+DEFAULTS = dict(rounds=120, clients=20, dataset="digits", eval_every=1)  # every communication
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
-QUICK = dict(rounds=300, clients=8, eval_every=50)
+QUICK = dict(rounds=12, clients=8, eval_every=2)
 QUICK_RUNTIME = "measured 27 s on 2 CPU cores (a fresh process, XLA's default flags)"
-BUDGET = ("iterations (local gradient steps) per method; ProxSkip-family methods communicate "
-          "with probability p per iteration, FedHT/FedIHT run rounds/L communication rounds of "
-          "L local steps, so every method takes the same local steps")
-RUNTIME = ("about a minute (9 methods x 3000 iterations on digits, evaluated at every "
-           "iteration; measured 55 s); with --set search=8 --set seeds=5 about 13 min "
-           "(measured 768 s)")
+BUDGET = ("communication rounds per method (the paper's unit): ProxSkip-family rounds of "
+          "Geometric(p) local steps, FedHT/FedIHT rounds of L local steps; --set "
+          "budget=iterations counts local gradient steps instead")
+RUNTIME = ("about 40 s (9 methods x 120 communication rounds, about 3000 local steps, on "
+           "digits, evaluated at every communication; measured 36 s); with --set search=8 "
+           "--set seeds=5 several minutes")
 OPTIONS = (
     Option("sparsity", 0.9, "target sparsity of the evaluated (Top-K'd) model", low=0.0,
            high=1.0, high_open=True),
@@ -100,10 +102,10 @@ OPTIONS = (
            "tuning", low=0.0, high=1.0, low_open=True, high_open=True),
     Option("seeds", 1, "final runs per method for the mean ± s.e. column (the paper: 5)",
            low=1, identity=False),
-    Option("budget", "iterations", "what --rounds counts: iterations (local steps; ProxSkip "
-           "methods communicate with probability p per step) or communications (the paper's "
-           "unit, 10^4 communication rounds for every method: ProxSkip methods run rounds of "
-           "Geometric(p) local steps, FedHT/FedIHT rounds of L local steps)",
+    Option("budget", "communications", "what --rounds counts: communications (the paper's "
+           "unit: ProxSkip methods run rounds of Geometric(p) local steps, FedHT/FedIHT rounds "
+           "of L local steps) or iterations (local steps; ProxSkip methods communicate with "
+           "probability p per step, FedHT/FedIHT run rounds/L rounds of L steps)",
            choices=("iterations", "communications")),
     Option("methods", "", "comma list of the paper's methods to run (default: all)",
            kind="str", identity=False),

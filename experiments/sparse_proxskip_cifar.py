@@ -8,7 +8,7 @@ rounds. Methods: Final-TopK (dense ProxSkip), FedHT, FedIHT, Accelerated-Server-
 RandProx-l1 (λ = ``lam``, default 1/(2N)), Sparse-ProxSkip-Local, Sparse-ProxSkip and FedAvg,
 every model Top-K'd at evaluation; FedHT, FedIHT and FedAvg run rounds of ``local_steps``
 local steps, the ProxSkip family rounds of Geometric(p) local steps. With ``--set search=N`` every
-method is tuned by the paper's random search — learning rate, local steps ∈ [8, 256],
+method is tuned by the paper's random search — learning rate, local steps ∈ {8, 16, …, 256},
 batch size ∈ {32, 64}, clipping threshold log-uniform in [10, 200] — in two stages of N
 candidates on a validation split of the clients' training data (candidates with the same
 static local-step count and batch size run as one vmapped program).
@@ -79,7 +79,8 @@ OPTIONS = (
            "method (0: the fixed values above)", low=0),
     Option("search_lr", [1e-3, 0.5], "learning-rate range of the search (log-uniform; the "
            "paper does not state it)", kind="floats", low=0.0, low_open=True),
-    Option("search_steps", [8, 256], "local-step range of the search (log-uniform integers)",
+    Option("search_steps", [8, 256], "local-step range of the search: the powers of two in it, "
+           "uniformly (the paper's set {8, 16, ..., 256})",
            kind="floats", low=1.0),
     Option("repetitions", 1, "seeds per search candidate", low=1),
     Option("validation", 0.2, "fraction of each client's training examples held out for "
@@ -261,6 +262,13 @@ def _run(cfg: Config, opts: dict) -> dict:
                   x="round", colors=list(records)), suffix="_h")]}
 
 
+def _powers_of_two(low: float, high: float) -> tuple[int, ...]:
+  """The powers of two in ``[low, high]`` — the paper's local-step set {8, 16, …, 256} for the
+  default range (at least ``low`` rounded up to one, when the range holds none)."""
+  out = tuple(2 ** k for k in range(0, 31) if low <= 2 ** k <= high)
+  return out or (int(np.ceil(low)),)
+
+
 def _tune(cfg, opts, build, params, ds, eval_fn, sparse_params) -> dict:
   """Seed 000 §E's random search for every method, in two stages on a validation split:
   ``{method: (lr, clip, local steps, batch size)}``."""
@@ -268,7 +276,7 @@ def _tune(cfg, opts, build, params, ds, eval_fn, sparse_params) -> dict:
   lo_lr, hi_lr = opts["search_lr"]
   lo_s, hi_s = opts["search_steps"]
   space = {"lr": Dimension(lo_lr, hi_lr), "clip": Dimension(10.0, 200.0),
-           "steps": Dimension(lo_s, hi_s, integer=True),
+           "steps": Dimension(lo_s, hi_s, integer=True, choices=_powers_of_two(lo_s, hi_s)),
            "batch": Dimension(32, 64, choices=(32, 64))}
   reps = opts["repetitions"]
   best = {}

@@ -5,13 +5,15 @@ import json
 import numpy as np
 import pytest
 
+import fedjaxsparse as fjs
 from fedjaxsparse.harness.cli import main
 
 
 def test_sparse_proxskip_small(tmp_path, quick):
-  """The quick setting (300 iterations, 8 clients): every method, the zero-sum diagnostics."""
+  """The quick setting (12 communication rounds, 8 clients): every method, the zero-sum
+  diagnostics."""
   res = quick("sparse_proxskip")
-  assert res["config"]["quick"] and res["config"]["rounds"] == 300
+  assert res["config"]["quick"] and res["config"]["rounds"] == 12
   methods = res["methods"]
   assert set(methods) == {"Final-TopK", "FedHT", "FedIHT", "Accelerated-Server-Pruning",
                           "RandProx-l1", "Sparse-ProxSkip-Local", "Sparse-ProxSkip",
@@ -36,6 +38,7 @@ def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
   assert main(["run", "sparse_proxskip", "--rounds", "30", "--eval-every", "15", "--clients", "6",
         "--out", str(tmp_path), "--no-progress", "--set", "sparsities=[0.8]",
         "--set", "search=1", "--set", "repetitions=1", "--set", "diagnostics=False",
+        "--set", "budget=iterations",
         "--set", "methods=Sparse-ProxSkip,FedIHT"]) == 0   # both kinds of method
   res = json.load(open(tmp_path / "sparse_proxskip" / "results.json"))
   names = ["FedIHT", "Sparse-ProxSkip"]                  # the paper's order
@@ -74,6 +77,17 @@ def test_sparse_proxskip_cifar_cpu_stand_in(quick):
     loss = res["methods"][row["method"]]["history"]["rounds"]["loss"]
     rising = loss[-1] > 2 * loss[0]
     assert row.get("status", "ok").startswith("diverging") == rising, row
+
+
+def test_cifar_search_draws_local_steps_from_the_papers_set():
+  """Seed 000 §E: local steps ∈ {8, 16, …, 256} — the default range's powers of two, drawn
+  uniformly by the search's sampler (every draw in the set, every member drawn)."""
+  from fedjaxsparse.experiments.sparse_proxskip_cifar import _powers_of_two
+  steps = _powers_of_two(8, 256)
+  assert steps == (8, 16, 32, 64, 128, 256) and _powers_of_two(3, 3) == (3,)
+  dim = fjs.harness.protocol.Dimension(8, 256, integer=True, choices=steps)
+  drawn = fjs.harness.protocol.sample({"steps": dim}, 600, np.random.default_rng(0))["steps"]
+  assert set(drawn.tolist()) == set(float(s) for s in steps)
 
 
 def test_empty_layers_are_the_kernels_global_top_k_keeps_nothing_of():
@@ -130,6 +144,7 @@ def test_tuning_never_sees_the_test_split(tmp_path, monkeypatch):
     assert main(["run", "sparse_proxskip", "--rounds", "20", "--eval-every", "10", "--clients",
                  "5", "--out", str(tmp_path / tag), "--no-progress", "--set", "search=2",
                  "--set", "repetitions=1", "--set", "diagnostics=false",
+                 "--set", "budget=iterations",
                  "--set", "methods=Sparse-ProxSkip"]) == 0  # one method: the shared search
     tuned[tag] = json.load(open(tmp_path / tag / "sparse_proxskip" / "results.json"))
   assert tuned["clean"]["tuned"] == tuned["poisoned"]["tuned"]
