@@ -283,15 +283,8 @@ def _run(cfg: Config, opts: dict) -> dict:
       rec = run_method(sub, NAME, name + tag, build(name, sp, g, x), params, ds.train,
                        (ds.test, train), eval_fn, params_fn=sparse_params,
                        chunk_size=max(1, min(sub.rounds, 100 // st)))
-      rd = rec["history"]["rounds"]
-      steps_done = np.cumsum(rd["local_steps"] if "local_steps" in rd else
-                             np.full(len(rd["round"]), x))  # FedHT/FedIHT: x per round
-      comms = np.cumsum(rd["communicated"] if "communicated" in rd else
-                        np.ones(len(rd["round"])))
-      rd["local_steps"], rd["communications"] = steps_done.tolist(), comms.tolist()
-      ev = rec["history"]["evals"]
-      at = lambda col: [0 if r == 0 else col[r - 1] for r in ev["round"]]
-      ev["local_steps"], ev["communications"] = at(rd["local_steps"]), at(rd["communications"])
+      rd, ev = rec["history"]["rounds"], rec["history"]["evals"]
+      _count_steps_and_communications(rd, ev, x)
       for h in (rd, ev):
         h["uplink_bits_per_client"] = [b / ds.num_clients for b in h["uplink_bits"]]
       out[name] = rec
@@ -361,20 +354,25 @@ def _run(cfg: Config, opts: dict) -> dict:
                              note=f"protocol deviations: {paper.deviations}"
                              if paper.deviations else None)
   x_axis = "communications" if by_comms else "local_steps"
+  over = f" (mean over {opts['seeds']} seeds)" if seed_stats else ""
   figures = [Figure("methods", dict(
       methods=records, metric=metric,
-      title=f"{label}, {sparsity:.0%} sparsity (models Top-K'd at evaluation)", x=x_axis,
+      title=f"{label}, {sparsity:.0%} sparsity (models Top-K'd at evaluation){over}", x=x_axis,
       bits="uplink_bits_per_client",
       loss_key="train_objective",  # the table's "train loss": Top-K'd model
       labels={"train_objective": ("training objective of the evaluated (Top-K'd) model",
-                                  "train loss")}))]
+                                  "train loss")},
+      bands={m: st["curves"] for m, st in seed_stats.get(sparsity, {}).items()} or None))]
+  if ds.name.startswith("blogfeedback"):   # Fig. 5: the natural clients' sizes
+    figures.append(Figure("client_sizes", dict(
+        sizes=np.asarray(ds.train.num_examples).tolist(),
+        title=f"{label}: examples per client (seed 000 Fig. 5)"), suffix="_client_sizes"))
   if opts["diagnostics"]:
     figures.append(Figure("series", dict(
         methods={m: r for m, r in records.items() if m not in FEDAVG_STYLE},
         names=["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
         title="zero-sum diagnostics (seed 000 appendix D)", x=x_axis,
         colors=list(names)), suffix="_zero_sum"))
-  over = f" (mean over {opts['seeds']} seeds)" if seed_stats else ""
   return {"experiment": NAME, "dataset": label, "standin": standin, "metric": metric,
           "sparsity": sparsity, "paper_config": None if paper is None else {
               "name": paper.name, "source": paper.source, "deviations": paper.deviations,
@@ -443,6 +441,17 @@ def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, m
   return best
 
 
+def _count_steps_and_communications(rd: dict, ev: dict, x) -> None:
+  """Adds cumulative ``local_steps`` and ``communications`` to a history's rounds ``rd`` and
+  evaluations ``ev`` (FedHT/FedIHT: ``x`` local steps per round, one communication each)."""
+  steps_done = np.cumsum(rd["local_steps"] if "local_steps" in rd else
+                         np.full(len(rd["round"]), x))
+  comms = np.cumsum(rd["communicated"] if "communicated" in rd else np.ones(len(rd["round"])))
+  rd["local_steps"], rd["communications"] = steps_done.tolist(), comms.tolist()
+  at = lambda col: [0 if r == 0 else col[r - 1] for r in ev["round"]]  # noqa: E731
+  ev["local_steps"], ev["communications"] = at(rd["local_steps"]), at(rd["communications"])
+
+
 def _seed_statistics(cfg, opts, names, build, setting, params, ds, eval_fn, sparsity, d,
                      metric, thresholds) -> dict:
   """Per method, over ``seeds`` runs with its chosen setting (one vmapped program per
@@ -466,9 +475,15 @@ def _seed_statistics(cfg, opts, names, build, setting, params, ds, eval_fn, spar
     curve = np.mean([h.evals[metric] for h in hist], 0)
     bits = np.mean([h.evals["uplink_bits"] for h in hist], 0) / ds.num_clients
     reach = lambda t: next((float(b) for v, b in zip(curve, bits) if v >= t), None)
+    x_axis = "communications" if opts["budget"] == "communications" else "local_steps"
+    _count_steps_and_communications(hist[0].rounds, hist[0].evals, x)
+    curves = {}
+    for col in (metric, "train_objective"):   # Fig. 2's lines: the seeds' mean ± s.e.
+      st = mean_se([h.evals[col] for h in hist])
+      curves[col] = {"x": list(hist[0].evals[x_axis]), "mean": st["mean"], "se": st["se"]}
     out[name] = {metric: mean_se([h.evals[metric][-1] for h in hist]),
                  "train_objective": mean_se([h.evals["train_objective"][-1] for h in hist]),
-                 "bits_to": {str(t): reach(t) for t in thresholds}}
+                 "bits_to": {str(t): reach(t) for t in thresholds}, "curves": curves}
   return out
 
 

@@ -206,6 +206,10 @@ def test_paper_configuration_runs_its_stand_in_beside_the_papers_numbers(tmp_pat
   assert "mean ± s.e. (3 seeds)" in res["table_text"]
   for rec in res["methods"].values():  # the paper's budget unit: communication rounds
     assert rec["history"]["rounds"]["communications"][-1] == 3
+  for st in res["seed_statistics"]["0.9"].values():  # the figure's mean ± s.e. lines
+    curve = st["curves"]["accuracy"]
+    assert curve["x"][-1] == 3 and curve["mean"][-1] == pytest.approx(st["accuracy"]["mean"])
+    assert curve["se"][-1] == pytest.approx(st["accuracy"]["se"])
 
 
 def test_efbv_paper_configuration_reproduces_table_a2_parameters(tmp_path):

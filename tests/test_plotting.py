@@ -315,3 +315,27 @@ def test_check_plots_environment_makes_a_broken_figure_an_error(tmp_path, monkey
   with pytest.raises(AssertionError, match="leaves the figure"):
     plotting.save_figure(fig, str(tmp_path / "bad.png"))
   assert not (tmp_path / "bad.png").exists()
+
+
+def test_seed_bands_and_client_sizes(records, tmp_path):
+  """A method with seed statistics is drawn as the seeds' mean with ± one standard error shaded
+  (Fig. 2 of seed 000), in the panels against rounds only; the client-size histogram (its
+  Fig. 5) counts every client once, on log bins, with a clean layout."""
+  band = {"x": [0, 3, 6], "mean": [0.1, 0.5, 0.7], "se": [0.0, 0.05, 0.02]}
+  fig = methods_figure(records, "accuracy", bands={"SPS": {"accuracy": band}})
+  a0 = fig.axes[0]
+  line = next(ln for ln in a0.get_lines() if ln.get_gid() == "SPS")
+  np.testing.assert_allclose(line.get_ydata(), band["mean"])
+  (poly,) = a0.collections
+  ys = poly.get_paths()[0].vertices[:, 1]
+  assert np.isclose(ys.max(), 0.72) and np.isclose(ys.min(), 0.1)
+  assert not fig.axes[1].collections   # the bits panel keeps the record's run
+  plt.close(fig)
+  sizes = [1, 3, 7, 20, 20, 55, 400, 1200]
+  fig = plotting.client_sizes_figure(sizes, "blog")
+  (ax,) = fig.axes
+  assert sum(p.get_height() for p in ax.patches) == len(sizes) and ax.get_xscale() == "log"
+  assert plotting.layout_problems(fig) == []
+  plt.close(fig)
+  path = plotting.plot_client_sizes(sizes, str(tmp_path / "sizes.png"))
+  assert open(path, "rb").read(4) == b"\x89PNG"

@@ -318,11 +318,17 @@ _save = save_figure
 
 def methods_figure(methods: dict, metric: str, title: str = "", log_loss: bool = True,
                    x: str = "round", bits: str = "uplink_bits", colors: dict | None = None,
-                   labels: dict | None = None, loss_key: str = "loss") -> plt.Figure:
+                   labels: dict | None = None, loss_key: str = "loss",
+                   bands: dict | None = None) -> plt.Figure:
   """Three panels: ``metric`` vs ``x``, ``metric`` vs the evals column ``bits`` (log x,
   points with zero bits dropped; a method that sent none is named in the panel's title), and
   the column ``loss_key`` (``rounds``, else ``evals``: the training loss, or the objective of
-  the model a table reports) vs ``x``."""
+  the model a table reports) vs ``x``.
+
+  ``bands = {method: {column: {"x", "mean", "se"}}}`` (the mean over seeds of ``metric`` or
+  ``loss_key`` at each evaluation and its standard error): that method's line in the panels
+  against ``x`` is the mean, with the standard error shaded (the papers' figures); the bits
+  panel keeps the record's run."""
   colors, styles = _colors(methods, colors), method_styles(list(methods))
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.6), layout="constrained")
   unsent = []
@@ -330,7 +336,10 @@ def methods_figure(methods: dict, metric: str, title: str = "", log_loss: bool =
     h = record["history"]
     ev, rd = h["evals"], h["rounds"]
     div, ls = bool(record.get("diverged")), styles[name]
-    if metric in ev and x in ev:
+    band = (bands or {}).get(name, {})
+    if metric in band:
+      _band(axes[0], band[metric], colors[name], name, ls)
+    elif metric in ev and x in ev:
       _line(axes[0], ev[x], ev[metric], colors[name], div, name, marker=".", lw=1.2, ls=ls)
     if metric in ev and bits in ev:
       sent = [(b, v) for b, v in zip(ev[bits], ev[metric]) if b is not None and b > 0]
@@ -339,7 +348,9 @@ def methods_figure(methods: dict, metric: str, title: str = "", log_loss: bool =
       else:
         unsent.append(name)
     src = rd if loss_key in rd else ev  # a rounds column, or an evals one
-    if loss_key in src and x in src:
+    if loss_key in band:
+      _band(axes[2], band[loss_key], colors[name], name, ls)
+    elif loss_key in src and x in src:
       _line(axes[2], src[x], src[loss_key], colors[name], div, name, lw=1, ls=ls)
   mt, my = _title(metric, labels), _axis(metric, labels)
   axes[0].set(xlabel=_axis(x, labels), ylabel=my, title=f"{mt} vs {_title(x, labels)}")
@@ -355,13 +366,23 @@ def methods_figure(methods: dict, metric: str, title: str = "", log_loss: bool =
   return _finish(fig, axes, methods, colors, title, styles, x)
 
 
+
+
+def _band(ax, band: Mapping, color: str, gid: str, ls: str) -> None:
+  """The mean over seeds as the line, ± one standard error shaded."""
+  xs, mean = _floats(band["x"]), np.asarray(_floats(band["mean"]))
+  se = np.asarray(_floats(band["se"])) if band.get("se") is not None else np.zeros_like(mean)
+  _line(ax, xs, mean, color, False, gid, lw=1.2, ls=ls)
+  ax.fill_between(xs, mean - se, mean + se, color=color, alpha=0.18, lw=0)
+
+
 def plot_methods(methods: dict, metric: str, path: str, title: str = "",
                  log_loss: bool = True, x: str = "round", bits: str = "uplink_bits",
                  colors: dict | None = None, labels: dict | None = None,
-                 loss_key: str = "loss") -> str:
+                 loss_key: str = "loss", bands: dict | None = None) -> str:
   """Save :func:`methods_figure` as a PNG at ``path``; returns ``path``."""
   return _save(methods_figure(methods, metric, title, log_loss, x, bits, colors, labels,
-                              loss_key), path)
+                              loss_key, bands), path)
 
 
 def series_figure(methods: dict, names: list[str], title: str = "", x: str = "round",
@@ -574,3 +595,31 @@ def plot_bars(bars: Mapping[str, Sequence[float | None]], groups: Sequence[str],
               logy: bool = False) -> str:
   """Save :func:`bars_figure` as a PNG at ``path``; returns ``path``."""
   return save_figure(bars_figure(bars, groups, ylabel, title, baseline, logy), path, dpi=120)
+
+
+def client_sizes_figure(sizes: Sequence[int], title: str = "") -> plt.Figure:
+  """A histogram of the clients' example counts on logarithmic bins (federated data sets with
+  natural clients are very unequal: seed 000's Fig. 5 for BlogFeedback), with the count of
+  clients, the median and the largest size in the legend."""
+  sizes = np.asarray(sizes, np.float64)
+  sizes = sizes[sizes > 0]
+  fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+  lo, hi = max(1.0, sizes.min()), max(2.0, sizes.max())
+  bins = np.geomspace(lo, hi * 1.0001, min(40, max(5, int(np.sqrt(len(sizes))) + 1)))
+  ax.hist(sizes, bins=bins, color=method_colors(["sizes"])["sizes"], edgecolor="white",
+          label=f"{len(sizes)} clients; median {np.median(sizes):.0f}, largest "
+                f"{sizes.max():.0f} examples")
+  ax.set_xscale("log")
+  _plain(ax)
+  ax.set_xlabel("examples per client")
+  ax.set_ylabel("clients")
+  ax.grid(alpha=0.3)
+  fig.legend(loc="outside lower center", fontsize=8, frameon=False)
+  if title:
+    ax.set_title(wrap(title, 6.5, 11))
+  return fig
+
+
+def plot_client_sizes(sizes: Sequence[int], path: str, title: str = "") -> str:
+  """Save :func:`client_sizes_figure` as a PNG at ``path``; returns ``path``."""
+  return _save(client_sizes_figure(sizes, title), path)
