@@ -25,7 +25,11 @@ seed 000's FedSparsify: server-side gradual magnitude pruning to 97 % on the cub
 ``--dataset svhn|cifar10|cifar100`` (tfds-prepared, ``--data-dir``; ``--paper table1_svhn``,
 ``table1_cifar10``, ``table1_cifar100``) runs the other columns with their paper numbers
 (CIFAR-100: Dirichlet 0.2 and 20 labels per client); the 8-conv CIFAR CNN is
-``--set channels=32,32,64,64,128,128,256,256``.
+``--set channels=32,32,64,64,128,128,256,256``. Table 2's printed paper row is the dataset's
+column. ``--dataset shakespeare --set study=table3`` (``--paper table3_shakespeare``) runs
+appendix Table 3's next-character task: FedAvg, SignSGD, EDEN and FedMRN on the bundled plays'
+speaking roles (or LEAF's JSON in ``--data-dir``) with LEAF's LSTM (``lstm_hidden`` units,
+LEAF's 256; 64 by default on a CPU).
 
 Studies (``--set study=``): ``table1`` (above); ``ablation`` — Fig. 4's variants (B.8: FedMRN
 w/o SM, w/o PM, w/o PSM, FedAvg w. SM) beside FedAvg, FedMRN and SignSGD, the paper runs them
@@ -55,7 +59,9 @@ from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
                                              name_list)
 from fedjaxsparse.harness.report import Figure, Table
-from fedjaxsparse.models import bn_cnn, make_loss, mlp
+from fedjaxsparse.data import load_dataset
+from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.models import bn_cnn, char_lstm, make_loss, mlp
 from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.ops.sparsity import gmp_sparsity, num_params
 
@@ -88,7 +94,21 @@ ABLATION_CLAIMS = ("both SM and PM are needed, SM slightly more; FedMRN w/o PM >
                    "SignSGD")
 NOISE_CLAIMS = ("CIFAR-10 NIID-2: the distribution barely matters, the magnitude does; FedMRN "
                 "≈ FedAvg for α ∈ {2.5e-3, 5e-3, 1e-2}, FedMRNS for α ∈ {1.25e-3, 2.5e-3, 5e-3}")
-STUDIES = ("table1", "ablation", "noise")
+STUDIES = ("table1", "ablation", "noise", "table3")
+TABLE3 = ("FedAvg", "SignSGD", "EDEN", "FedMRN")  # appendix Table 3's rows
+PAPER_TABLE3 = {  # appendix Table 3, Shakespeare with LEAF's LSTM (next-character accuracy %)
+    "FedAvg": (51.2,), "SignSGD": (38.0,), "EDEN": (49.6,), "FedMRN": (51.1,)}
+PAPER_TABLE2 = {  # Table 2: accuracy change vs FedAvg summed over IID, Non-IID-1, Non-IID-2
+    "fashion_mnist": {"FedPM": -36.4, "FedSparsify": -26.0, "SignSGD": -4.7, "Top-k": -5.9,
+                      "TernGrad": -2.3, "DRIVE": -1.8, "EDEN": -1.8, "FedMRN": -0.7,
+                      "FedMRNS": 0.1},
+    "svhn": {"FedPM": -104.4, "FedSparsify": -40.1, "SignSGD": -6.8, "Top-k": -7.3,
+             "TernGrad": -2.5, "DRIVE": -2.4, "EDEN": -2.3, "FedMRN": -0.7, "FedMRNS": 0.2},
+    "cifar10": {"FedPM": -112.3, "FedSparsify": -51.8, "SignSGD": -16.5, "Top-k": -16.0,
+                "TernGrad": -5.2, "DRIVE": -4.1, "EDEN": -3.2, "FedMRN": 1.2, "FedMRNS": 0.4},
+    "cifar100": {"FedPM": -112.4, "FedSparsify": -73.8, "SignSGD": -34.1, "Top-k": -24.5,
+                 "TernGrad": -7.5, "DRIVE": -6.6, "EDEN": -5.5, "FedMRN": -1.9,
+                 "FedMRNS": -0.3}}
 PAPER_OTHER = {  # Table 1, SVHN / CIFAR-10 / CIFAR-100: IID, Non-IID-1, Non-IID-2
     "svhn": {"FedAvg": (92.2, 90.3, 88.9), "FedPM": (66.3, 52.4, 48.3),
              "FedSparsify": (81.3, 77.2, 72.8), "SignSGD": (90.8, 87.3, 86.5),
@@ -113,8 +133,11 @@ PAPER = {  # Table 1, FMNIST: IID, Non-IID-1, Non-IID-2 (mean test accuracy %, 5
 PAPER_BPP = {"FedAvg": 32, "TernGrad": math.log2(3), "FedSparsify-GMP": 32}  # every other method: 1 (FedSparsify:
 # 3 % of the values, indices ignored)
 OPTIONS = (
-    Option("study", "table1", "table1 (Table 1/2), ablation (Fig. 4: the B.8 variants) or noise "
-           "(Fig. 5: distributions x scales)", choices=STUDIES),
+    Option("study", "table1", "table1 (Table 1/2), ablation (Fig. 4: the B.8 variants), noise "
+           "(Fig. 5: distributions x scales) or table3 (appendix Table 3: FedAvg, SignSGD, EDEN "
+           "and FedMRN on --dataset shakespeare, LEAF's LSTM)", choices=STUDIES),
+    Option("lstm_hidden", 64, "LSTM units per layer of the Shakespeare model (LEAF's: 256)",
+           low=1),
     Option("splits", "iid,niid1,niid2", "comma list of iid, niid1 (Dirichlet 0.3), niid2 "
            "(3 labels per client)", kind="str"),
     Option("methods", ",".join(METHODS), "comma list of the methods (table1 study; also "
@@ -164,7 +187,14 @@ PAPERS = {
         "table1_cifar100", "seed 003 Table 1 (CIFAR-100, 8-conv CNN)", dataset="cifar100",
         standin=None, clients=100, rounds=200, eval_every=20,
         options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper={},
-        deviations=_DEV + "; 200 rounds (the paper: 100 or 200)")}
+        deviations=_DEV + "; 200 rounds (the paper: 100 or 200)"),
+    "table3_shakespeare": PaperConfig(
+        "table3_shakespeare", "seed 003 appendix Table 3 (Shakespeare, LEAF's LSTM)",
+        dataset="shakespeare", standin=None, clients=1108, rounds=100, eval_every=10,
+        options={**_GRID, "study": "table3", "lstm_hidden": 256}, unit="test accuracy %",
+        paper={}, deviations="the appendix gives no protocol for Shakespeare beyond LEAF's "
+        "code: Table 1's (100 rounds, 10 local epochs, lr grid, 5 seeds) is used; the 1,108 "
+        "roles of the bundled plays (LEAF: 1,129)")}
 
 
 def _specs(opts: dict, rounds: int) -> dict:
@@ -186,6 +216,9 @@ def _specs(opts: dict, rounds: int) -> dict:
   if opts["study"] == "table1":
     names = name_list(opts["methods"], "methods", METHODS + EXTRA)
     return {m: table[m] for m in names}
+  if opts["study"] == "table3":   # its rows, restricted by ``methods``
+    names = name_list(opts["methods"], "methods", METHODS + EXTRA)
+    return {m: table[m] for m in TABLE3 if m in names}
   if opts["study"] == "ablation":
     return {m: table[m] if kw is None else {"noise_scale": opts["noise"], **kw}
             for m, kw in ABLATION.items()}
@@ -228,22 +261,46 @@ def _dataset(cfg: Config, split: str):
 
 
 def setup(cfg: Config, opts: dict):
-  """One setting per split: its dataset, the model's initial parameters and evaluation."""
-  if cfg.dataset not in ("fashion_mnist", STANDIN) + tuple(TFDS):
-    raise ValueError(f"--dataset must be fashion_mnist, {STANDIN}, svhn, cifar10 or cifar100, "
-                     f"got {cfg.dataset!r}.")
-  paper = PAPER if cfg.dataset in ("fashion_mnist", STANDIN) else PAPER_OTHER[cfg.dataset]
-  for split in name_list(opts["splits"], "splits", tuple(SPLITS)):
-    ds = _dataset(cfg, split)
-    shape = ds.train.x.shape[2:]
-    model = (bn_cnn(shape, ds.num_classes, tuple(int(c) for c in opts["channels"]))
-             if opts["model"] == "cnn" else mlp(shape, ds.num_classes))
+  """One setting per split: its dataset, the model's initial parameters and evaluation
+  (Shakespeare: one setting, the plays' natural split by speaking role)."""
+  if (cfg.dataset == "shakespeare") != (opts["study"] == "table3"):
+    raise ConfigError("study table3 (appendix Table 3) runs on --dataset shakespeare, and "
+                      f"shakespeare only in study table3; got study {opts['study']!r} on "
+                      f"{cfg.dataset!r}.")
+  if cfg.dataset not in ("fashion_mnist", STANDIN, "shakespeare") + tuple(TFDS):
+    raise ValueError(f"--dataset must be fashion_mnist, {STANDIN}, svhn, cifar10, cifar100 or "
+                     f"shakespeare, got {cfg.dataset!r}.")
+  paper = _paper(cfg)
+  splits = (["natural"] if cfg.dataset == "shakespeare"
+            else name_list(opts["splits"], "splits", tuple(SPLITS)))
+  for split in splits:
+    if cfg.dataset == "shakespeare":   # the bundled plays, or LEAF's JSON in --data-dir
+      ds = load_dataset("shakespeare", num_clients=cfg.clients, seed=cfg.seed,
+                        data_dir=cfg.data_dir)
+      model = char_lstm(ds.train.x.shape[2], ds.num_classes, hidden=opts["lstm_hidden"])
+    else:
+      ds = _dataset(cfg, split)
+      shape = ds.train.x.shape[2:]
+      model = (bn_cnn(shape, ds.num_classes, tuple(int(c) for c in opts["channels"]))
+               if opts["model"] == "cnn" else mlp(shape, ds.num_classes))
     params = model.init(jax.random.key(cfg.seed))
     d = num_params(params)
     print(f"{NAME}: {ds.name}, {ds.num_clients} clients, {opts['cohort']} per round, "
           f"{opts['epochs']} local epoch(s) of {opts['batch']}, d={d}")
     yield Context(ds, params, make_eval_fn(model),
                   {"loss": make_loss(model), "d": d, "paper": paper}, setting=split)
+
+
+def _paper(cfg: Config) -> dict:
+  """``{method: (value per split)}``: Table 1's column of the dataset run (Shakespeare:
+  appendix Table 3)."""
+  if cfg.dataset == "shakespeare":
+    return PAPER_TABLE3
+  return PAPER if cfg.dataset in ("fashion_mnist", STANDIN) else PAPER_OTHER[cfg.dataset]
+
+
+def _split_index(split: str) -> int:
+  return 0 if split == "natural" else list(SPLITS).index(split)
 
 
 def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
@@ -257,7 +314,7 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
 def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   """The paper's number, the uplink's bits per parameter both ways, the final run's time."""
   up = tuned.records[0]["history"]["rounds"]["uplink_bits"]
-  return {"paper %": ctx.extra["paper"].get(m, (None,) * 3)[list(SPLITS).index(ctx.setting)],
+  return {"paper %": ctx.extra["paper"].get(m, (None,) * 3)[_split_index(ctx.setting)],
           "bpp (paper's count)": PAPER_BPP.get(m, 1),
           "bpp sent": (up[-1] / len(up) / opts["cohort"] / ctx.extra["d"]) if up else None,
           "train s": tuned.records[0]["wall_time_s"]}
@@ -276,9 +333,13 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
       losses[m] = float(np.sum(np.subtract(ours, base)))
   summed = ", ".join(f"{m} {v:+.1f}" for m, v in losses.items())
   if opts["study"] == "table1":
+    key = "fashion_mnist" if cfg.dataset == STANDIN else cfg.dataset
+    theirs = ", ".join(f"{m} {v:+.1f}" for m, v in PAPER_TABLE2[key].items())
     note = (f"Table 2 (accuracy change vs FedAvg summed over the splits run): {summed} — the "
-            "paper, FMNIST: FedMRN −0.7, FedMRNS +0.1, SignSGD −4.7, TernGrad −2.3, DRIVE "
-            "−1.8, EDEN −1.8, Top-k −5.9")
+            f"paper, {key} (all three splits): {theirs}")
+  elif opts["study"] == "table3":
+    note = (f"accuracy change vs FedAvg: {summed} — the paper (appendix Table 3, Shakespeare): "
+            "SignSGD −13.2, EDEN −1.6, FedMRN −0.1")
   else:
     note = (f"accuracy change vs FedAvg summed over the splits run: {summed}\nthe paper's "
             f"claims: {ABLATION_CLAIMS if opts['study'] == 'ablation' else NOISE_CLAIMS}")

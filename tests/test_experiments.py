@@ -430,6 +430,15 @@ def test_fedmrn_fmnist_tiny_on_idx_files(tmp_path, quick):
   assert rows["FedAvg"]["bpp sent"] == pytest.approx(32.0)
   assert rows["FedSparsify"]["bpp sent"] <= 32 * 0.03 * 2 + 1  # ≤ 3 % values + a bitmask
   assert all(0 <= r["ours %"] <= 100 for r in rows.values())
+  # appendix Table 3: the bundled plays' roles with LEAF's LSTM, the paper's Shakespeare column
+  assert main(["run", "fedmrn_fmnist", "--dataset", "shakespeare", "--clients", "3", "--rounds",
+               "1", "--out", str(tmp_path / "t3"), "--no-progress", "--set", "study=table3",
+               "--set", "methods=SignSGD", "--set", "lrs=[0.5]", "--set", "lstm_hidden=4",
+               "--set", "cohort=2"]) == 0
+  t3 = json.load(open(tmp_path / "t3" / "fedmrn_fmnist" / "results.json"))
+  (row,) = t3["table"]
+  assert (row["split"], row["method"], row["paper %"]) == ("natural", "SignSGD", 38.0)
+  assert 1.0 < row["bpp sent"] < 1.1 and t3["study"] == "table3"
 
 
 def test_fedspa_table1_tiny_on_digits(quick):
