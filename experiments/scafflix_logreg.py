@@ -132,12 +132,18 @@ def setup(cfg: Config, opts: dict, experiment: str = NAME) -> Problem:
 
 
 def flix_gap(prob: Problem, x_star, alpha: float, f_star: float):
-  """The evaluation hook ``f̃(x) − f̃*`` of the FLIX objective with local optima ``x_star``."""
+  """The evaluation hook of Fig. 3.1's two panels: the FLIX objective's gap ``f̃(x) − f̃*``
+  and its squared gradient norm ``‖∇f̃(x)‖²``, with local optima ``x_star``."""
   n = prob.data.num_clients
 
-  def gap(params, test):
+  def flix(params, test):
     personal = personalize(params, x_star, jnp.full((n,), alpha, prob.dtype))
-    return {"gap": jnp.mean(jax.vmap(prob.loss)(personal, test.x, test.y, test.mask)) - f_star}
+    return jnp.mean(jax.vmap(prob.loss)(personal, test.x, test.y, test.mask))
+
+  def gap(params, test):
+    value, g = jax.value_and_grad(flix)(params, test)
+    return {"gap": value - f_star,
+            "grad_norm_sq": sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(g))}
 
   return gap
 
@@ -184,13 +190,17 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   note = "\n".join(f"paper's claim (figures only, spec C3-13): {claim}: "
                    f"{'holds' if holds else 'does NOT hold'} here"
                    for claim, holds in claims.items())
-  figure = Figure("evals", dict(methods=records, y="gap", x="round",
-                                title=f"{label}: FLIX, n={n}, {opts['split']} split, p={p:.3g}",
-                                labels={"gap": ("FLIX optimality gap", "f̃(x) − f̃*")}))
+  title = f"{label}: FLIX, n={n}, {opts['split']} split, p={p:.3g}"
+  figures = [Figure("evals", dict(methods=records, y="gap", x="round", title=title,
+                                  labels={"gap": ("FLIX optimality gap", "f̃(x) − f̃*")})),
+             Figure("evals", dict(methods=records, y="grad_norm_sq", x="round", title=title,
+                                  labels={"grad_norm_sq": ("squared gradient norm of FLIX",
+                                                           "‖∇f̃(x)‖²")}),
+                    suffix="_grad_norm")]   # Fig. 3.1's second panel
   return {"experiment": NAME, "dataset": label, "split": opts["split"], "p": p,
           "kappa_max": kappa_max, "L_i": li.tolist(), "f_star": f_stars,
           "local_optimum_steps": pre_steps.tolist(), "claims": claims,
-          "table": Table(rows, note=note), "methods": records, "figures": [figure]}
+          "table": Table(rows, note=note), "methods": records, "figures": figures}
 
 
 def _claims(records: dict, alphas, threshold: float) -> dict:

@@ -252,6 +252,12 @@ def test_scafflix_logreg_small(quick):
   for m, r in res["methods"].items():
     assert r["history"]["evals"]["gap"][-1] < 1e-9, m
     assert min(r["history"]["evals"]["gap"]) > -1e-9, m  # f~* really is the minimum
+    # Fig. 3.1's second panel: ‖∇f̃(x)‖² vanishes at the optimum, and the 2L̃-smoothness
+    # bound ‖∇f̃‖² ≤ 2 L̃ (f̃ − f̃*) holds at every evaluation (L̃ ≤ max L_i)
+    ev = r["history"]["evals"]
+    assert ev["grad_norm_sq"][-1] < 1e-8 < ev["grad_norm_sq"][0], m
+    bound = 2 * max(res["L_i"]) * np.maximum(np.asarray(ev["gap"]), 0) + 1e-9
+    assert np.all(np.asarray(ev["grad_norm_sq"]) <= bound * (1 + 1e-6)), m
   assert all(res["claims"].values()), res["claims"]
 
 
