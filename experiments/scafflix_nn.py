@@ -32,6 +32,13 @@ unspecified, C3-9). Batch 20 everywhere. Scafflix and FLIX are evaluated with ea
 personal model x̃_i = α x + (1 − α) x_i* on its own examples; FedAvg with the global model.
 α = 0.5 for FEMNIST and 0.3 for Shakespeare (Fig. 3.2's caption; C3-6).
 
+At FEMNIST's scale (3,400 writers, each holding h_i and x_i* of the model's size)
+``--set population=host`` runs Scafflix on the population path
+(:func:`fedjaxsparse.algorithms.scafflix.scafflix_cohort`): the client state lives in host
+memory and only a cohort's rows reach the device each round; x_i* is then computed when a
+client's state is made (the same ``pre_steps`` SGD steps), and evaluation uses the global model
+(``population=device`` keeps the population on the device and evaluates the personal models).
+
 Data: ``--dataset shakespeare`` — the real plays bundled with the library (one client per
 speaking role; ``--clients`` roles drawn at random; LEAF's JSON with ``--data-dir``) with
 LEAF's character LSTM (``hidden`` units; 256 is LEAF's, 64 the CPU default);
@@ -48,7 +55,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.algorithms.scafflix import flix_sgd, local_optima, make_personal_eval_fn, scafflix
+from fedjaxsparse.algorithms.scafflix import (flix_sgd, local_optima, make_personal_eval_fn,
+                                             personalize, scafflix, scafflix_cohort)
+from fedjaxsparse.core import global_params
+from fedjaxsparse.runtime.population import PopulationState
 from fedjaxsparse import evaluation
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
@@ -86,6 +96,11 @@ OPTIONS = (
     Option("channels", [8, 16], "CNN channels (paper-sized: 32,64)", kind="floats", low=1),
     Option("dense", 64, "CNN dense units (paper-sized: 512)", low=1),
     Option("hidden", 64, "LSTM units per layer, Shakespeare (paper-sized, LEAF's: 256)", low=1),
+    Option("population", "off", "Scafflix on the population path (the client state h_i, x_i* "
+           "touched per cohort): off (Scafflix's algorithm, every client's state on the device), "
+           "device, host (in host memory: FEMNIST's 3,400 writers; evaluated with the global "
+           "model) or auto (host when the state exceeds half the device's memory)",
+           choices=("off", "device", "host", "auto")),
     Option("ablate", "none", "Fig. 3.3's ablations: run Scafflix alone over `values` of alpha, "
            "cohort (clients per round, tau) or p", choices=("none", "alpha", "cohort", "p")),
     Option("values", None, "values of the ablated parameter (default: the paper's)",
@@ -196,6 +211,11 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
     star = fit_star if run.tuning else x_star
     v = ctx.extra["variants"][name]
     a, p, c = v["alpha"], v["p"], v["cohort"]
+    if name.startswith("Scafflix") and opts["population"] != "off":
+      return scafflix_cohort(
+          loss, lr, p, a, optimum_lr=opts["pre_lr"], optimum_steps=opts["pre_steps"],
+          optimum_batch_size=100, cohort_size=c, batch_size=batch,
+          key=jax.random.key(cfg.seed + 1)), _population_eval(model, a, n)
     if name.startswith("Scafflix"):
       algo = scafflix(loss, lr, p, a, star, form="round", cohort_size=c, batch_size=batch)
     elif name == "FLIX":
@@ -207,9 +227,33 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
           model, lambda x: jax.tree.map(lambda l: jnp.broadcast_to(l, (n,) + l.shape), x), None)
     return algo, make_personal_eval_fn(model, star, a)
 
+  pop = opts["population"] != "off"
   return {name: Method(lambda lr, run, name=name: build(name, lr, run), opts["lrs"],
-                       label=lambda lr: f"lr={lr:g}")
+                       label=lambda lr: f"lr={lr:g}",
+                       params_fn=(lambda st: st) if pop and name.startswith("Scafflix")
+                       else global_params,
+                       residence=opts["population"] if pop else "auto")
           for name in ctx.extra["variants"]}
+
+
+def _population_eval(model, alpha: float, n: int):
+  """Scafflix on the population path: with the population on the device, every client's FLIX
+  model x̃_i = α x̄ + (1 − α) x_i* on its own test examples (its x_i* from the client state);
+  with it in host memory, the global model x̄ on every client's test examples (the
+  personal models would need every x_i* on the device)."""
+  personal = evaluation.make_personal_eval_fn(
+      model, lambda st: personalize(st.server.params, st.clients.x_star,
+                                    jnp.full((n,), alpha, jnp.result_type(float))),
+      lambda st: st.server.params)
+  broadcast = evaluation.make_personal_eval_fn(
+      model, lambda x: jax.tree.map(lambda l: jnp.broadcast_to(l, (n,) + l.shape), x), None)
+
+  def eval_fn(state, test):
+    if isinstance(state, PopulationState):
+      return personal(state, test)
+    return broadcast(state, test)   # the host path passes the global model
+
+  return eval_fn
 
 
 def _tuning_config(cfg: Config, opts: dict) -> Config:

@@ -314,3 +314,25 @@ def test_cohort_form_for_host_resident_populations(quad):
                  progress=False)
   gap = np.linalg.norm(np.asarray(long.state.server.params["w"]) - quad["x_opt"])
   assert gap < 0.05 * np.linalg.norm(quad["x_opt"])
+
+
+def test_experiments_run_the_cohort_form_on_the_host_or_the_device(quad, tmp_path):
+  """harness.experiment.run_method takes a CohortAlgorithm: with the population in host memory
+  it records the same rounds and evaluations as with it on the device (same key); an unknown
+  residence is refused naming the allowed ones."""
+  from fedjaxsparse.harness.experiment import Config, run_method
+  algo = fjs.algorithms.scafflix.scafflix_cohort(loss, 1 / quad["L"], 0.5, ALPHA,
+                                                 optimum_lr=float(1 / quad["L"].max()),
+                                                 optimum_steps=50, cohort_size=2)
+  cfg = Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
+  ev = lambda w, test: {"norm": jnp.sqrt(jnp.sum(w["w"] ** 2))}  # noqa: E731
+  recs = {r: run_method(cfg, "t", r, algo, quad["w0"], quad["data"], None, ev, residence=r)
+          for r in ("device", "host")}
+  assert recs["host"]["clients"] == "host"
+  for table in ("rounds", "evals"):
+    a, b = (recs[r]["history"][table] for r in ("device", "host"))
+    for col in ("round", "loss", "uplink_bits", "norm"):
+      if col in a:
+        np.testing.assert_array_equal(a[col], b[col])
+  with pytest.raises(Exception, match="residence must be one of"):
+    run_method(cfg, "t", "x", algo, quad["w0"], quad["data"], None, ev, residence="gpu")

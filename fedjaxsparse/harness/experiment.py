@@ -36,7 +36,9 @@ import numpy as np
 from fedjaxsparse.runtime.clients import with_strategy
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.runtime import population
 from fedjaxsparse.runtime.locking import FolderLock
+from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.runner import EvalFn, run
@@ -358,12 +360,15 @@ class Method(NamedTuple):
     label: a candidate's name in run names (``lambda lr: f"lr={lr:g}"``).
     params_fn: ``state -> what eval_fn evaluates`` (personalised methods: the state).
     data: ``(candidate, split) -> split`` a candidate trains on, or ``None``.
+    residence: where a :class:`~fedjaxsparse.runtime.population.CohortAlgorithm`'s population
+      state lives (:func:`run_method`).
   """
   build: Callable[[Any, "Run"], Any]
   grid: Sequence = (None,)
   label: Callable[[Any], str] = str
   params_fn: ParamsFn = global_params
   data: Callable[[Any, Any], Any] | None = None
+  residence: str = "auto"
 
 
 def _always(cfg: Config, opts: dict) -> Config:
@@ -473,7 +478,7 @@ def declared(name: str, spec: Sequence[Option], *,
                           ctx.val, ctx.data.train, ctx.data.test, ctx.eval_fn,
                           tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
                           data=method.data, params_fn=method.params_fn, metric=metric,
-                          scale=tuning.scale)
+                          scale=tuning.scale, residence=method.residence)
         key = f"{m} ({ctx.setting})" if ctx.setting is not None else m
         records[key], found[key] = t.records[0], t
         row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
@@ -582,17 +587,42 @@ def output_dir(cfg: Config, name: str) -> str:
   return path
 
 
-def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm, params: Any,
-               train: Any, test: Any, eval_fn: EvalFn | None, *, key: jax.Array | None = None,
-               params_fn: ParamsFn = global_params, chunk_size: int | None = None) -> dict:
+def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm | CohortAlgorithm,
+               params: Any, train: Any, test: Any, eval_fn: EvalFn | None, *,
+               key: jax.Array | None = None, params_fn: ParamsFn = global_params,
+               chunk_size: int | None = None, residence: str = "auto") -> dict:
   """Run one method with progress bar and checkpoints; return its JSON-ready record.
 
   The record holds the ``history``, ``final`` metrics, ``wall_time_s`` (training time summed
   over every resume of the run), ``diverged`` (``None`` or ``{"round", "quantity"}`` with
   ``cfg.on_divergence == "skip"``) and ``clients``, the client execution strategy that ran. The checkpoint fingerprint includes the experiment, the
   method, the dataset options and the experiment options that change the computation.
+
+  ``algo`` may be a :class:`~fedjaxsparse.runtime.population.CohortAlgorithm` (per-client state
+  touched per cohort): ``residence`` — ``"device"``, ``"host"`` or ``"auto"``
+  (:func:`~fedjaxsparse.runtime.population.choose_residence`) — says where the population's
+  state lives. On the device it runs as any algorithm (its state a
+  :class:`~fedjaxsparse.runtime.population.PopulationState`, ``params_fn`` applied to it); on
+  the host it runs through :func:`~fedjaxsparse.runtime.population.run_on_host`, which
+  evaluates ``eval_fn`` on the global model, keeps no checkpoints and stops at nothing
+  (``clients`` is ``"host"``).
   """
   key = jax.random.key(cfg.seed) if key is None else key
+  if isinstance(algo, CohortAlgorithm):
+    if residence not in population.RESIDENCES:
+      raise ConfigError(f"residence must be one of {population.RESIDENCES}, got "
+                        f"{residence!r}.")
+    if residence == "auto":
+      residence = population.choose_residence(algo, params, train)[0]
+    if residence == "host":
+      res = population.run_on_host(algo, key, params, train, test, num_rounds=cfg.rounds,
+                                   eval_fn=eval_fn, eval_every=cfg.eval_every or cfg.rounds,
+                                   progress=cfg.progress, desc=method)
+      return {"history": res.history.to_dict(), "wall_time_s": res.train_time_s,
+              "diverged": None, "clients": "host",
+              "final": {k: last(v) for k, v in res.history.evals.items()},
+              "state": population.PopulationState(res.server, res.clients)}
+    algo = population.on_device(algo)
   ckpt = os.path.join(output_dir(cfg, experiment), "checkpoints", method.replace("/", "_"))
   identity = {"experiment": experiment, "method": method, "dataset": cfg.dataset,
               "clients": cfg.clients, "seed": cfg.seed, "data_dir": cfg.data_dir,
@@ -660,7 +690,8 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
                   seeds: int, label: Callable[[Any], str] = str,
                   data: Callable[[Any, Any], Any] | None = None,
                   params_fn: ParamsFn = global_params, metric: str = "accuracy",
-                  scale: float = 100.0, score: Callable[[dict], Any] | None = None) -> Tuned:
+                  scale: float = 100.0, score: Callable[[dict], Any] | None = None,
+                  residence: str = "auto") -> Tuned:
   """The protocol every method of a tuned experiment follows: each candidate of ``grid`` runs
   ``tune_cfg.rounds`` rounds on the fitting split ``fit`` and is scored by its final ``metric``
   on ``val`` (never on test); the best (the first of equals) then runs ``seeds`` times on
@@ -675,7 +706,9 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   ``"{name} tune {label(candidate)}"`` and ``"{name} seed {s}"`` (their checkpoint folders).
   ``score(record)`` replaces the final validation ``metric`` as what is maximised (any values
   that compare, e.g. ``(reached, −cost, accuracy)``); a diverged candidate is never chosen
-  (the first candidate when every one diverged)."""
+  (the first candidate when every one diverged). ``residence``: where a
+  :class:`~fedjaxsparse.runtime.population.CohortAlgorithm`'s population lives
+  (:func:`run_method`)."""
   grid = list(grid)
   prep = data or (lambda candidate, split: split)
   scores = {}
@@ -688,7 +721,7 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
     for c in grid:
       algo, ev = _built(build(c, Run(0, tune_cfg.rounds, True)), eval_fn)
       rec = run_method(tune_cfg, experiment, f"{name} tune {label(c)}", algo, params,
-                       prep(c, fit), val, ev, params_fn=params_fn)
+                       prep(c, fit), val, ev, params_fn=params_fn, residence=residence)
       if score is not None:
         scores[c] = None if rec["diverged"] else score(rec)
         steps.done(f"{label(c)} ({'diverged' if rec['diverged'] else scores[c]})")
@@ -703,7 +736,8 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   for s in range(seeds):
     algo, ev = _built(build(best, Run(s, cfg.rounds, False)), eval_fn)
     rec = run_method(cfg, experiment, f"{name} seed {s}", algo, params, prep(best, train), test,
-                     ev, params_fn=params_fn, key=jax.random.key(cfg.seed + 100 * s))
+                     ev, params_fn=params_fn, key=jax.random.key(cfg.seed + 100 * s),
+                     residence=residence)
     records.append(rec)
     if not rec["diverged"]:
       finals.append(scale * last(rec["history"]["evals"][metric]))
