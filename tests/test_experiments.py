@@ -79,6 +79,25 @@ def test_sparse_proxskip_cifar_cpu_stand_in(quick):
     assert row.get("status", "ok").startswith("diverging") == rising, row
 
 
+def test_fedspa_rows_carry_tables_2_to_4_of_the_paper():
+  """Seed 002 Tables 2-4 beside our rows: rounds to the paper's targets (only when the targets
+  are the paper's; "> 1000" where its run never got there), and FedSpa (DST)'s CIFAR-100
+  accuracy at the run's sparsity (Table 3) and layer-wise initialisation (Table 4)."""
+  from fedjaxsparse.experiments import fedspa_table1 as F
+  assert F._paper_rounds("FedSpa (DST)", "B", "cifar100", [40.0, 50.0, 55.0]) == {
+      "paper rounds to 40%": 181.3, "paper rounds to 50%": 314.7, "paper rounds to 55%": 407.7}
+  assert F._paper_rounds("Sub-FedAvg", "iid", "cifar10", [70.0, 75.0, 80.0])[
+      "paper rounds to 80%"] == "> 1000"
+  assert F._paper_rounds("FedAvg", "A", "cifar10", [60.0, 75.0, 80.0]) == {}  # other targets
+  assert F._paper_rounds("FedAvg", "A", "emnist_l", [70.0, 75.0, 80.0]) == {}
+  dst = lambda split, **o: F._paper_ablations("FedSpa (DST)", split, "cifar100", o)  # noqa
+  assert dst("A", init="erk", sparsity=0.8) == {"paper % (Table 3, s=0.8)": 49.2}
+  assert dst("iid", init="erk", sparsity=0.5) == {"paper % (Table 3, s=0.5)": 41.5,
+                                                  "paper % (Table 4, erk)": 41.5}
+  assert dst("B", init="uniform", sparsity=0.5) == {"paper % (Table 4, uniform)": 56.3}
+  assert F._paper_ablations("Ditto", "B", "cifar100", dict(init="erk", sparsity=0.5)) == {}
+
+
 def test_cifar_search_draws_local_steps_from_the_papers_set():
   """Seed 000 §E: local steps ∈ {8, 16, …, 256} — the default range's powers of two, drawn
   uniformly by the search's sampler (every draw in the set, every member drawn)."""
