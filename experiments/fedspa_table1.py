@@ -25,6 +25,14 @@ options: ``sparsity`` (Table 3), ``init=uniform`` (Table 4), ``shared_init=false
 ``regrowth=random`` (Fig. 7); every personalised method also reports its global model
 (``global_accuracy``, Fig. 8). With one local epoch Sub-FedAvg's mask-distance test (first vs
 last epoch) cannot pass, so it runs with distance threshold 0 there.
+
+``--set network=prunable`` runs every method on the networks' counterparts that declare their
+channel groups (BatchNorm after every convolution; no VGG-11) and allows ``Sub-FedAvg (Hy)``,
+the structured variant — convolution channels pruned by |BatchNorm scale|, dense weights by
+magnitude — beside the unstructured ``Sub-FedAvg`` (both stand beside the paper's Sub-FedAvg
+row: its baseline prunes "parameters and channels"). FedSpa (DST)'s CIFAR-100 rows carry
+Tables 3 and 4's accuracies at the run's sparsity and initialisation, and every row Table 2's
+rounds to the paper's targets.
 """
 from __future__ import annotations
 
@@ -46,7 +54,9 @@ from fedjaxsparse.evaluation import client_accuracy, make_eval_fn, make_personal
 from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
                                              name_list)
 from fedjaxsparse.harness.report import Table
-from fedjaxsparse.models import lenet5_caffe, make_loss, mlp, resnet18, vgg11
+from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.models import lenet5_caffe, make_loss, mlp, prunable, resnet18, vgg11
+from fedjaxsparse.pruning import zig
 from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.ops.sparsity import num_params
 
@@ -64,7 +74,8 @@ RUNTIME = ("about an hour on 2 CPU cores at the reduced default: 7 methods x 3 s
            "(measured: FedSpa (DST), 4 rounds in 26 s on the real Fashion-MNIST)")
 METHODS = ("FedSpa (DST)", "FedSpa (RSM)", "Ditto", "FedAvg", "Sub-FedAvg", "Local",
            "Subsampling")
-PERSONAL = ("FedSpa (DST)", "FedSpa (RSM)", "Ditto", "Sub-FedAvg", "Local")
+EXTRA = ("Sub-FedAvg (Hy)",)  # the structured variant (network=prunable), not a Table 1 row
+PERSONAL = ("FedSpa (DST)", "FedSpa (RSM)", "Ditto", "Sub-FedAvg", "Sub-FedAvg (Hy)", "Local")
 SPLITS = ("iid", "A", "B")
 DATA = {  # name -> (classes, Non-IID A, Non-IID B γ, model)
     "fashion_mnist": (10, 0.2, 0.1, "lenet5"), "fashion_mnist_standin": (10, 0.2, 0.1, "lenet5"),
@@ -118,7 +129,12 @@ PAPER_T4 = {"erk": (41.5, 59.0, 66.9), "uniform": (33.0, 49.3, 56.3)}  # Table 4
 OPTIONS = (
     Option("splits", "iid,A,B", "comma list of iid, A, B (Non-IID A/B: the dataset's two "
            "Dirichlet γ)", kind="str"),
-    Option("methods", ",".join(METHODS), "comma list of the methods", kind="str"),
+    Option("methods", ",".join(METHODS), "comma list of the methods (also Sub-FedAvg (Hy), "
+           "the structured variant, with network=prunable)", kind="str"),
+    Option("network", "paper", "paper (LeNet-5, VGG-11-GN, ResNet-18-GN, digits MLP) or "
+           "prunable (their counterparts declaring channel groups, BatchNorm after every "
+           "convolution: Sub-FedAvg (Hy) prunes them by channels; no VGG-11)",
+           choices=("paper", "prunable")),
     Option("cohort", 10, "clients per round", low=1),
     Option("epochs", 1, "local epochs (paper: 5; Ditto splits them 2 global + 3 personal)",
            low=1),
@@ -167,7 +183,23 @@ PAPERS = {
         deviations="lr tuned on validation")}
 
 
-def _model(kind: str, shape, classes: int):
+def _model(kind: str, shape, classes: int, network: str = "paper"):
+  """``(model, zigs)``: the paper's network of ``kind``, or (``network="prunable"``) its
+  counterpart declaring its channel groups (BatchNorm after every convolution), which Sub-FedAvg
+  (Hy) prunes by channels (``zigs``: the groups; ``None`` for the paper's networks)."""
+  if network == "prunable":
+    if kind == "vgg11":
+      raise ConfigError("network=prunable has no VGG-11; it runs LeNet-5, ResNet-18 and the "
+                        "digits MLP.")
+    module, model = (
+        prunable.lenet5(shape, classes) if kind == "lenet5" else
+        prunable.resnet((2, 2, 2, 2), shape, classes) if kind == "resnet18" else
+        prunable.mlp(shape, classes, hidden=(64,)))
+    return model, zig.trace(module, shape)
+  return _paper_model(kind, shape, classes), None
+
+
+def _paper_model(kind: str, shape, classes: int):
   if kind == "lenet5":
     return lenet5_caffe(shape, classes)
   if kind == "vgg11":
@@ -177,7 +209,7 @@ def _model(kind: str, shape, classes: int):
   return mlp(shape, classes, hidden=(64,))
 
 
-def _algorithm(name: str, model, loss, lr: float, opts: dict, rounds: int):
+def _algorithm(name: str, model, loss, lr: float, opts: dict, rounds: int, zigs=None):
   common = dict(batch_size=opts["batch"], cohort_size=opts["cohort"],
                 lr_decay=opts["lr_decay"], weight_decay=opts["weight_decay"])
   e, s = opts["epochs"], opts["sparsity"]
@@ -187,9 +219,12 @@ def _algorithm(name: str, model, loss, lr: float, opts: dict, rounds: int):
                  **common)
   if name == "Local":
     return local(loss, lr, epochs=e, **common)
-  if name == "Sub-FedAvg":
+  if name in ("Sub-FedAvg", "Sub-FedAvg (Hy)"):
+    hybrid = name == "Sub-FedAvg (Hy)"
     return subfedavg(loss, lr, accuracy_fn=client_accuracy(model), epochs=e,
-                     target_sparsity=s, dist_threshold=1e-4 if e > 1 else 0.0, **common)
+                     target_sparsity=s, dist_threshold=1e-4 if e > 1 else 0.0,
+                     structure="hybrid" if hybrid else "unstructured",
+                     zigs=zigs if hybrid else None, **common)
   spa = dict(num_rounds=rounds, epochs=e, distribution=opts["init"],
              shared_init=opts["shared_init"], regrowth=opts["regrowth"], **common)
   if name == "FedSpa (DST)":
@@ -232,13 +267,16 @@ def setup(cfg: Config, opts: dict):
   if cfg.dataset not in DATA:
     raise ValueError(f"--dataset must be one of {tuple(DATA)}, got {cfg.dataset!r}.")
   splits = name_list(opts["splits"], "splits", SPLITS)
-  name_list(opts["methods"], "methods", METHODS)
+  if "Sub-FedAvg (Hy)" in name_list(opts["methods"], "methods", METHODS + EXTRA) and \
+      opts["network"] != "prunable":
+    raise ConfigError("Sub-FedAvg (Hy) prunes channels: it needs --set network=prunable (the "
+                      "networks that declare their channel groups).")
   classes, gamma_a, gamma_b, kind = DATA[cfg.dataset]
   (x, y), (xt, yt) = (load_arrays(cfg.dataset, s, cfg.data_dir) for s in ("train", "test"))
   shape = x.shape[1:]
-  model = _model(kind, shape, classes)
+  model, zigs = _model(kind, shape, classes, opts["network"])
   params = model.init(jax.random.key(cfg.seed))
-  extra = {"model": model, "loss": make_loss(model),
+  extra = {"model": model, "loss": make_loss(model), "zigs": zigs,
            "macs": FL.layer_macs(model, params, shape), "paper": PAPER.get(cfg.dataset, {})}
   print(f"{NAME}: {cfg.dataset}, {cfg.clients} clients, {opts['cohort']} per round, "
         f"{opts['epochs']} epoch(s) of {opts['batch']}, {kind} (d={num_params(params)})")
@@ -261,10 +299,11 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
   """Table 1's methods, each tuned over the ``lrs`` grid; personalised ones are evaluated
   with each client's model on its own test set."""
   model, loss = ctx.extra["model"], ctx.extra["loss"]
-  return {m: Method(lambda lr, run, m=m: (_algorithm(m, model, loss, lr, opts, run.rounds),
+  zigs = ctx.extra["zigs"]
+  return {m: Method(lambda lr, run, m=m: (_algorithm(m, model, loss, lr, opts, run.rounds, zigs),
                                           _eval_fn(m, model)),
                     opts["lrs"], label=lambda lr: f"lr={lr:g}", params_fn=lambda st: st)
-          for m in name_list(opts["methods"], "methods", METHODS)}
+          for m in name_list(opts["methods"], "methods", METHODS + EXTRA)}
 
 
 def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
@@ -277,7 +316,7 @@ def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
       else 0.0
   paper_bits = sum(hist.get("paper_bits_up", [])) + sum(hist.get("paper_bits_down", []))
   paper_gb = paper_bits / 8e9 if "paper_bits_up" in hist else honest
-  ref = ctx.extra["paper"].get(m, ((None,) * 3,) * 3)[SPLITS.index(ctx.setting)]
+  ref = ctx.extra["paper"].get(_paper_row(m), ((None,) * 3,) * 3)[SPLITS.index(ctx.setting)]
   return {"paper %": ref[0], "GB (paper ledger)": paper_gb, "GB (honest)": honest,
           "paper GB": ref[1],
           "FLOPs": _flops(m, ctx.extra["macs"], ctx.params, opts, cfg.rounds,
@@ -290,11 +329,17 @@ def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
           "train s": tuned.records[0]["wall_time_s"]}
 
 
+def _paper_row(m: str) -> str:
+  """The paper's row of a method: its Sub-FedAvg prunes "parameters and channels" (seed 002
+  l. 877-881), so both of our variants stand beside that row."""
+  return "Sub-FedAvg" if m == "Sub-FedAvg (Hy)" else m
+
+
 def _paper_rounds(m: str, split: str, dataset: str, targets) -> dict:
   """Table 2's rounds to each target beside ours, when the targets are the paper's
   (CIFAR-10: 70/75/80 %, CIFAR-100: 40/50/55 %); ``"> 1000"`` where the paper's run never got
   there."""
-  t2 = PAPER_T2.get(dataset)
+  t2, m = PAPER_T2.get(dataset), _paper_row(m)
   if t2 is None or tuple(targets) != t2["targets"] or m not in t2["rounds"]:
     return {}
   got = t2["rounds"][m][SPLITS.index(split)]
@@ -317,7 +362,7 @@ def _paper_ablations(m: str, split: str, dataset: str, opts: dict) -> dict:
 def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
   """Table 5 (with FedSpa (DST) among the methods): the mask search's share of a round."""
   out = {"paper": ctx.extra["paper"], "mask_search": None}
-  if "FedSpa (DST)" in name_list(opts["methods"], "methods", METHODS):
+  if "FedSpa (DST)" in name_list(opts["methods"], "methods", METHODS + EXTRA):
     t = out["mask_search"] = _mask_search_share(ctx.extra["loss"], ctx.params, ctx.data, opts,
                                                 cfg)
     lo, hi = t["ratio_iqr"]

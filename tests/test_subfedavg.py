@@ -80,3 +80,56 @@ def test_single_participant_average_is_its_model(setup):
     m_k = np.asarray(m[k])
     np.testing.assert_array_equal(np.asarray(a)[~m_k], np.asarray(b)[~m_k])
   assert float(np.mean(np.asarray(new.masks["Dense_0"]["kernel"][k]))) == pytest.approx(0.5, abs=0.01)
+
+
+def test_hybrid_prunes_convolution_channels_whole_by_norm_scale():
+  """Sub-FedAvg (Hy) on LeNet-5 with BatchNorm: one pruning step drops exactly ⌊rate·n⌋ of
+  each convolution's n channels — those of smallest |BN scale| — with every producer slice
+  (kernel output channel, bias, norm scale and shift) of a dropped channel masked, nothing
+  else; in training rounds the masks stay whole-channel on the convolutions while the dense
+  kernels are pruned weight by weight, and the density reaches the target (to a channel)."""
+  from fedjaxsparse.algorithms.subfedavg import _prune_channels
+  module, model = fjs.models.prunable.lenet5((8, 8, 1), 10)
+  zigs = fjs.pruning.zig.trace(module, (8, 8, 1))
+  w = model.init(jax.random.key(0))
+  scale2 = jnp.arange(16.0)[::-1] + 1.0            # channel 15 smallest, then 14, ...
+  w = {**w, "norm2": {**w["norm2"], "scale": scale2}}
+  mask = jax.tree.map(lambda a: jnp.ones(a.shape, bool), w)
+  conv = fjs.pruning.zig.conv_groups(zigs)
+  new = jax.jit(lambda m, w: _prune_channels(m, w, jnp.float32(0.25), zigs, conv))(mask, w)
+  kept2 = np.asarray(new["norm2"]["scale"])
+  np.testing.assert_array_equal(kept2, np.arange(16) < 12)        # ⌊0.25·16⌋ = 4 dropped
+  for leaf in (new["conv2"]["kernel"], new["conv2"]["bias"], new["norm2"]["bias"]):
+    np.testing.assert_array_equal(np.asarray(leaf).reshape(-1, 16).all(0), kept2)
+  assert np.asarray(new["norm1"]["scale"]).sum() == 6 - 1          # ⌊0.25·6⌋ = 1 of conv1
+  for name in ("dense1", "dense2", "head"):                        # dense layers untouched
+    assert all(bool(np.asarray(x).all()) for x in jax.tree.leaves(new[name]))
+  ds = fjs.data.pack_clients(*_digits8(), np.array_split(np.arange(600), 4))
+  algo = fjs.subfedavg(fjs.models.make_loss(model), 0.05, epochs=2, batch_size=32,
+                       accuracy_fn=fjs.evaluation.client_accuracy(model), cohort_size=4,
+                       prune_rate=0.3, target_sparsity=0.5, acc_threshold=0.0,
+                       dist_threshold=0.0, structure="hybrid", zigs=zigs)
+  state, step = algo.init(None, model.init(jax.random.key(1)), ds), jax.jit(algo.step)
+  for t in range(4):
+    state, info = step(jax.random.key(t), state, ds)
+  m = state.masks
+  for c, n in (("1", 6), ("2", 16)):
+    k = np.asarray(m[f"conv{c}"]["kernel"]).reshape(4, -1, n)       # [clients, ..., channel]
+    assert np.all(k.all(1) == k.any(1))                             # whole channels only
+    np.testing.assert_array_equal(k.all(1), np.asarray(m[f"norm{c}"]["scale"]))
+    assert k.all(1).sum(1).min() < n                                # and some were pruned
+  d1 = np.asarray(m["dense1"]["kernel"])
+  assert 0 < d1.mean() < 1 and not np.all(d1.all(1) == d1.any(1))  # unstructured
+  # at the target, overshooting by less than a channel's granularity (a conv2 channel is 1/16
+  # of its kernel, which is most of the conv weights)
+  assert 0.45 < float(info.density) <= 0.5
+  with pytest.raises(ValueError, match="needs zigs"):
+    fjs.subfedavg(fjs.models.make_loss(model), 0.05, accuracy_fn=lambda *a: 1.0,
+                  structure="hybrid")
+
+
+def _digits8():
+  """Digits as 8×8×1 images (600 examples)."""
+  from sklearn.datasets import load_digits
+  x, y = load_digits(return_X_y=True)
+  return (x[:600] / 16.0).reshape(-1, 8, 8, 1).astype(np.float32), y[:600].astype(np.int32)

@@ -1,6 +1,7 @@
-"""Sub-FedAvg (Un) (Vahidian, Morafah & Lin, ICDCS 2021, arXiv 2105.00562), the dense-to-sparse
-personalised-pruning baseline of seed 002. Its details come from its own paper and the authors' code
-(MMorafah/Sub-FedAvg: ``client_u.py``, ``unstructured.py``, ``sub_fedavg_u.py``), not from seed 002,
+"""Sub-FedAvg (Un) and (Hy) (Vahidian, Morafah & Lin, ICDCS 2021, arXiv 2105.00562), the
+dense-to-sparse personalised-pruning baseline of seed 002. Its details come from its own paper and the authors' code
+(MMorafah/Sub-FedAvg: ``client_u.py``, ``unstructured.py``, ``sub_fedavg_u.py``, and for (Hy)
+``client_s.py``, ``structured.py``), not from seed 002,
 which gives only the hyper-parameters (prune rate 0.05, distance threshold 1e-4, accuracy threshold
 0.5, final density 0.5).
 
@@ -37,6 +38,20 @@ where no participant does. Personalised models are ``m_k⊙w`` (:attr:`FedSpaSta
 Masks (only kernels, ``ndim ≥ 2``) shrink by ``prune_rate`` per pruning round until the
 target; biases and norm parameters stay dense.
 
+**Sub-FedAvg (Hy)** (``structure="hybrid"``, the paper's pruning of "parameters and channels";
+the authors' ``client_s.py``/``structured.py``): the convolutions are pruned by whole channels —
+in every set a convolution writes, the ``r`` fraction of its active channels with the smallest
+|normalisation scale| (network slimming's saliency, as the authors rank their BatchNorm
+weights; the channel's weight norm where its set has no norm), at least one channel kept — by
+masking every producer slice of the channel (kernel output channel, bias, norm scale and
+shift; exact with BatchNorm, whose statistics are per channel), while the dense kernels are
+pruned weight by weight as in (Un). The network must declare its channel groups
+(:mod:`fedjaxsparse.models.prunable`, e.g. ``lenet5``; pass
+:func:`fedjaxsparse.pruning.zig.trace`'s groups as ``zigs``). One target density covers both
+(the authors keep separate channel and weight targets); the mask distance and accuracy gate
+are (Un)'s. Channels are masked, not removed: the masked model computes what the authors'
+physically smaller one does (with BatchNorm), at the full model's cost.
+
 Communication: the paper's ledger counts the values sent (the sparse model both ways, fp32);
 the honest one adds their positions (cheaper of bitmap and indices) and the uploaded mask
 (``d`` bits).
@@ -49,6 +64,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.algorithms.fedspa import FedSpaState
@@ -58,8 +74,13 @@ from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.sparsity import largest_mask, nnz, num_params
+from fedjaxsparse.pruning import zig
 from fedjaxsparse.errors import check_number
 
+
+
+STRUCTURES = ("unstructured", "hybrid")
+"""Sub-FedAvg's variants: (Un) prunes weights, (Hy) prunes convolution channels and weights."""
 
 
 class SubFedAvgInfo(NamedTuple):
@@ -76,11 +97,11 @@ class SubFedAvgInfo(NamedTuple):
   pruned: jax.Array
 
 
-def _prune_layers(mask: Any, weights: Any, rate: Any) -> Any:
+def _prune_layers(mask: Any, weights: Any, rate: Any, max_ndim: int = 4) -> Any:
   """Drops ``⌊rate·n_l⌋`` of the ``n_l`` active entries of smallest ``|w|`` in every masked
-  leaf (``n_l`` and ``rate`` may be traced)."""
+  leaf of 2 to ``max_ndim`` dimensions (``n_l`` and ``rate`` may be traced)."""
   def one(m, w):
-    if m.ndim < 2:
+    if not 2 <= m.ndim <= max_ndim:
       return m
     flat = m.ravel()
     active = jnp.sum(flat, dtype=jnp.int32)
@@ -88,6 +109,31 @@ def _prune_layers(mask: Any, weights: Any, rate: Any) -> Any:
     keys = jnp.where(flat, jnp.abs(w.ravel()).astype(float_dtype()), 0.0)
     return (flat & largest_mask(keys, keep)).reshape(m.shape)
   return jax.tree.map(one, mask, weights)
+
+
+def _prune_channels(mask: Any, weights: Any, rate: Any, zigs: zig.ZIGs,
+                    conv: np.ndarray) -> Any:
+  """Structured pruning of the convolutions' channels (Sub-FedAvg (Hy)): in every set written
+  by a convolution, drops ``⌊rate·n⌋`` of its ``n`` active channels (keeping one at least),
+  those of smallest saliency — the |scale| of the set's normalisation (network slimming, the
+  authors' criterion), or the channel's weight norm where the set has none — by masking the
+  channel's every producer slice (kernel output channel, bias, norm scale and shift)."""
+  as_float = jax.tree.map(lambda m: m.astype(float_dtype()), mask)
+  active = (zig.group_sq_norms(zigs, as_float) > 0) & conv
+  scales = zig.norm_scales(zigs, weights)
+  sal = jnp.where(scales > 0, scales, zig.group_norms(zigs, weights)).astype(float_dtype())
+  keep = jnp.ones(zigs.num_groups, bool)
+  for st in zigs.prunable:
+    sl = slice(st.offset, st.offset + st.size)
+    if not conv[sl].any():
+      continue
+    n = jnp.sum(active[sl], dtype=jnp.int32)
+    drop = jnp.minimum(jnp.floor(rate * n.astype(float_dtype()) + 1e-4).astype(jnp.int32),
+                       jnp.maximum(n - 1, 0))
+    kept = largest_mask(jnp.where(active[sl], sal[sl], -jnp.inf), n - drop) & active[sl]
+    keep = keep.at[sl].set(kept)
+  scaled = zig.scale_groups(zigs, as_float, keep.astype(float_dtype()))
+  return jax.tree.map(lambda m, v: m & (v > 0), mask, scaled)
 
 
 def _kernel_density(mask: Any) -> jax.Array:
@@ -100,14 +146,27 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
               batch_size: int = 128,
               cohort_size: int | None = 10, prune_rate: float = 0.05,
               target_sparsity: float = 0.5, acc_threshold: float = 0.5,
-              dist_threshold: float = 1e-4, lr_decay: float = 1.0, weight_decay: float = 0.0) -> Algorithm:
-  """Sub-FedAvg (Un); see the module docstring.
+              dist_threshold: float = 1e-4, lr_decay: float = 1.0, weight_decay: float = 0.0,
+              structure: str = "unstructured", zigs: zig.ZIGs | None = None) -> Algorithm:
+  """Sub-FedAvg (Un), or with ``structure="hybrid"`` Sub-FedAvg (Hy); see the module docstring.
 
   Args:
     accuracy_fn: ``(params, x, y, mask) -> accuracy`` of one client, for the pruning condition
       (:func:`fedjaxsparse.evaluation.client_accuracy`), evaluated on its training data after
       local training.
+    structure: ``"unstructured"`` (every kernel pruned weight by weight) or ``"hybrid"``: the
+      convolutions pruned by whole channels (:func:`_prune_channels`), the dense kernels weight
+      by weight — the paper's pruning of "parameters and channels".
+    zigs: the network's channel groups (:func:`fedjaxsparse.pruning.zig.trace` of a
+      :mod:`fedjaxsparse.models.prunable` network, e.g. its ``lenet5``), needed by
+      ``"hybrid"``.
   """
+  if structure not in STRUCTURES:
+    raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}.")
+  if structure == "hybrid" and zigs is None:
+    raise ValueError("structure='hybrid' needs zigs, the network's channel groups "
+                     "(fedjaxsparse.pruning.zig.trace of a models.prunable network).")
+  conv = zig.conv_groups(zigs) if zigs is not None else None
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("prune_rate", prune_rate, 0.0, 1.0, low_open=True, high_open=True)
   check_number("target_sparsity", target_sparsity, 0.0, 1.0, high_open=True)
@@ -135,7 +194,11 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
                          **sgd) if epochs > 1 else first)
     density = _kernel_density(mask)
     rate = jnp.clip((density - (1.0 - target_sparsity)) / density, 0.0, prune_rate)
-    m1, m2 = (_prune_layers(mask, v, rate) for v in (first, trained))
+    if structure == "hybrid":   # conv channels whole, dense kernels weight by weight
+      m1, m2 = (_prune_layers(_prune_channels(mask, v, rate, zigs, conv), v, rate, max_ndim=2)
+                for v in (first, trained))
+    else:
+      m1, m2 = (_prune_layers(mask, v, rate) for v in (first, trained))
     layers = [(a, b) for a, b in zip(jax.tree.leaves(m1), jax.tree.leaves(m2)) if a.ndim >= 2]
     dist = sum(jnp.mean(a != b) for a, b in layers) / max(len(layers), 1)
     pruned = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), m2, trained)

@@ -224,6 +224,31 @@ class _MobileNetV2(nn.Module):
     return PDense(self.num_classes, "last", None, name="head")(jnp.mean(x, axis=(1, 2)))
 
 
+class _LeNet5(nn.Module):
+  num_classes: int
+  norm: str
+  num_groups: int
+  widths: tuple
+
+  @nn.compact
+  def __call__(self, x):
+    src = None
+    for i, c in enumerate((6, 16)):   # conv 5x5, norm, ReLU, 2x2 max-pool
+      name = f"c{i + 1}"
+      x = PConv(_width(self.widths, name, c), 5, src, name, use_bias=True,
+                name=f"conv{i + 1}")(x)
+      x = nn.relu(PNorm(name, self.norm, min(self.num_groups, _width(self.widths, name, c)),
+                        name=f"norm{i + 1}")(x))
+      x = nn.max_pool(x, (2, 2), (2, 2))
+      src = name
+    x = x.reshape(x.shape[0], -1)
+    for i, h in enumerate((120, 84)):
+      name = f"h{i + 1}"
+      x = nn.relu(PDense(_width(self.widths, name, h), None if i == 0 else f"h{i}", name,
+                         name=f"dense{i + 1}")(x))
+    return PDense(self.num_classes, "h2", None, name="head")(x)
+
+
 class _MLP(nn.Module):
   hidden: tuple
   num_classes: int
@@ -276,6 +301,19 @@ def mlp(input_shape: Sequence[int], num_classes: int = 10, hidden: Sequence[int]
   if not hidden or min(hidden) < 1:
     raise ValueError(f"hidden must be positive widths, got {tuple(hidden)}.")
   module = _MLP(tuple(hidden), num_classes, tuple(sorted((widths or {}).items())))
+  return module, from_flax(module, input_shape)
+
+
+def lenet5(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 10,
+           norm: str = "batch", num_groups: int = 2,
+           widths: dict | None = None) -> tuple[nn.Module, Model]:
+  """LeNet-5 with a normalisation after each convolution — the network Sub-FedAvg's
+  structured pruning ranks channels on (the authors' ``LeNetBN5``): conv 6 (5×5, SAME) · norm ·
+  ReLU · max-pool, conv 16 · norm · ReLU · max-pool, dense 120, 84, ``num_classes``.
+  Prunable sets: the convolutions' channels ``c1``, ``c2`` and the hidden units ``h1``,
+  ``h2``. Returns ``(module, Model)``."""
+  _check(norm, num_groups)
+  module = _LeNet5(num_classes, norm, num_groups, tuple(sorted((widths or {}).items())))
   return module, from_flax(module, input_shape)
 
 

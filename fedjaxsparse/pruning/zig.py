@@ -19,6 +19,8 @@ vectors ``[G]`` over all groups.
 * :func:`trace` — the groups of a flax module (``flax.linen.intercept_methods`` on one
   abstract call), with each layer's MACs per example at full width;
 * :func:`group_norms`, :func:`scale_groups`, :func:`group_prox` (4-4), :func:`hsp` (4-3);
+  :func:`conv_groups` and :func:`norm_scales` (channel saliency by normalisation scale, for
+  Sub-FedAvg's structured pruning);
 * :func:`flops` — ``Σ_l MACs_l · f_in(w) · f_out(w)`` with ``f(w)`` the kept fraction of a
   set (``f_out`` only for depthwise layers): DMC-style, bilinear in ``w``, differentiable
   (the spec's recommended ``P(w)``, labelled an assumption: the seed gives no formula);
@@ -181,6 +183,24 @@ def hsp(zigs: ZIGs, z: Params, m: Params, eps: float, active: jax.Array) -> Para
   dot = _per_group(zigs, z, lambda p, l: _node(z, p)[l] * _node(m, p)[l])
   msq = group_sq_norms(zigs, m)
   return scale_groups(zigs, z, jnp.where(active & ((dot < eps * msq) | (msq == 0)), 0.0, 1.0))
+
+
+def conv_groups(zigs: ZIGs) -> np.ndarray:
+  """``bool [G]``: the groups of sets written by a convolution (the channels structured pruning
+  removes; sets written by dense layers are hidden units)."""
+  conv = {layer.out_set for layer in zigs.layers if layer.kind == "conv"}
+  out = np.zeros(zigs.num_groups, bool)
+  for s in zigs.prunable:
+    out[s.offset:s.offset + s.size] = s.name in conv
+  return out
+
+
+def norm_scales(zigs: ZIGs, params: Params) -> jax.Array:
+  """``[G]``: ``Σ |scale|`` of the normalisation layers writing each group — network
+  slimming's channel saliency (Liu et al. 2017); 0 for groups of sets without a norm."""
+  norms = {layer.path for layer in zigs.layers if layer.kind == "norm"}
+  return _per_group(zigs, params, lambda p, l: jnp.abs(_node(params, p)[l])
+                    if p in norms and l == "scale" else jnp.zeros_like(_node(params, p)[l]))
 
 
 def kept_fraction(zigs: ZIGs, w: jax.Array, name: str | None) -> jax.Array:
