@@ -239,8 +239,9 @@ def test_group_blocks_layout_weights_unbiasedness_and_fixed_point():
 
 
 def test_group_lasso_runs_screen_safely_and_converge():
-  """Sha-DDSS, Dis-DDSS and ProxASAGA on a group Lasso with uneven blocks: the gap goes to
-  ~0, the active blocks only shrink and keep every non-zero block of the certified x*."""
+  """Sha-DDSS, Dis-DDSS and ProxASAGA (shared memory and over 4 sample shards) on a group Lasso
+  with uneven blocks: the gap goes to ~0, the active blocks only shrink and keep every non-zero
+  block of the certified x*."""
   a, b = _sparse_instance(n=200, p=15, density=0.2, seed=9)
   data = sparse_rows.from_dense(a, b)
   lam = 0.4 * screening.lambda_max(data, block=UNEVEN)
@@ -249,7 +250,8 @@ def test_group_lasso_runs_screen_safely_and_converge():
   nonzero = np.bincount(UNEVEN, x_star ** 2, 7) > 1e-18
   assert 0 < nonzero.sum() < 7
   L = float(np.max((a ** 2).sum(1)))
-  for make in (fjs.sha_ddss, lambda *a_, **k: fjs.dis_ddss(*a_, workers=4, **k), fjs.prox_asaga):
+  for make in (fjs.sha_ddss, lambda *a_, **k: fjs.dis_ddss(*a_, workers=4, **k), fjs.prox_asaga,
+               lambda *a_, **k: fjs.prox_asaga(*a_, workers=4, shards=4, **k)):
     algo = make(prob, data, step_size=0.5 / L, inner_steps=400)
     st = algo.init(None, np.zeros(15), data)
     step = jax.jit(algo.step)
@@ -314,3 +316,27 @@ def test_bounded_staleness_reads_old_iterates_and_still_converges():
   assert out[3][1] < 1e-6
   with pytest.raises(ValueError, match="staleness"):
     fjs.sha_ddss(prob, data, step_size=0.1, inner_steps=4, staleness=-1)
+
+
+def test_distributed_prox_asaga_charges_its_messages():
+  """ProxASAGA over 4 shards (like Dis-DDSS): per update the worker sends δ's support as values
+  and indices plus α_i and i, and reads x and ᾱ on its sample's support; shared memory sends
+  nothing."""
+  a, b = _sparse_instance()
+  data = sparse_rows.from_dense(a, b)
+  prob = screening.make_problem(data, 0.1)
+  L = float(np.max((a ** 2).sum(1)))
+  for shards in (None, 4):
+    algo = fjs.prox_asaga(prob, data, step_size=0.5 / L, inner_steps=40, workers=4,
+                          shards=shards)
+    st = algo.init(None, np.zeros(data.p), data)
+    new, info = jax.jit(algo.step)(jax.random.key(0), st, data)
+    touched = float(new.touched - st.touched)
+    if shards is None:
+      assert float(info.bits_up) == float(info.bits_down) == 0.0
+    else:
+      assert float(info.bits_up) == 32.0 * (2 * touched + 2 * 40)
+      rows = np.asarray(data.nnz_rows)
+      assert 32.0 * 2 * 40 * rows.min() <= float(info.bits_down) <= 32.0 * 2 * 40 * rows.max()
+  with pytest.raises(ValueError, match="shards must equal workers"):
+    fjs.prox_asaga(prob, data, step_size=0.1, inner_steps=8, workers=4, shards=2)

@@ -45,38 +45,74 @@ PSE_RULES = ("safe", "strong")
 
 
 class SAGAState(NamedTuple):
+  """ProxASAGA's state: ``x``, the table ``alpha [n]`` (the last derivative seen per sample),
+  ``alpha_bar [p]`` = ``(1/n) Σ α_i a_i``, ``epochs`` and ``touched`` (data passes and
+  coordinates read), ``floats_up`` / ``floats_down`` (cumulative, distributed form)."""
   x: jax.Array
-  alpha: jax.Array      # [n] last derivative per sample
-  alpha_bar: jax.Array  # [p] (1/n) Σ α_i a_i
+  alpha: jax.Array
+  alpha_bar: jax.Array
   epochs: jax.Array
   touched: jax.Array
+  floats_up: jax.Array
+  floats_down: jax.Array
 
   @property
   def params(self) -> jax.Array:
     return self.x
 
+  @property
+  def floats_down_lazy(self) -> jax.Array:
+    """What the workers read when they fetch only what they need: ProxASAGA's reads are that
+    already (x and ᾱ on the sample's support)."""
+    return self.floats_down
 
-def _info(prob, data, x, active):
+
+def _info(prob, data, x, active, up=None, down=None):
   """The *full* problem's gap (the dual scaled over every block): for PSE-Strong, which may
   discard a needed feature, the restricted problem's gap could reach 0 at a wrong point."""
   res = SC.screen(prob, data, x, jnp.ones(prob.num_blocks, bool))
   zero = jnp.zeros((), res.gap.dtype)
-  return DDSSInfo(res.primal, zero, zero, res.gap, jnp.sum(SC.coordinate_mask(prob, active)),
-                  res.radius)
+  return DDSSInfo(res.primal, zero if up is None else up, zero if down is None else down,
+                  res.gap, jnp.sum(SC.coordinate_mask(prob, active)), res.radius)
 
 
 def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_steps: int,
-               workers: int = 1) -> Algorithm:
+               workers: int = 1, shards: int | None = None,
+               per_shard_weights: bool = False) -> Algorithm:
   """ProxASAGA; ``info`` is measured at the iterate at the start of each step (no screening:
   ``p_active`` stays p). Group Lasso problems use block weights D_i and the block sparse prox,
-  as in DDSS."""
+  as in DDSS.
+
+  ``shards`` (= ``workers``): the distributed form, like Dis-DDSS — worker k holds the k-th of
+  ``workers`` disjoint sample shards and draws its samples there (so each table entry α_i lives
+  with its sample's worker); the server holds x and ᾱ and adds the workers' messages. With
+  ``per_shard_weights`` a worker's D_i are its shard's column counts (the prox's
+  unbiasedness over its own draws), else the whole data's. Communication per update (floats,
+  32 bits each): up, the sparse δ (values and indices) and the table's change (α_i's new value
+  and i, from which the server updates ᾱ with its copy of a_i's pattern... here: the scalar
+  and the index); down, x and ᾱ on the sample's support (values only: the worker knows a_i's
+  pattern). Shared memory (``shards=None``) sends nothing."""
   if inner_steps % workers or not step_size > 0:
     raise ValueError("inner_steps must be a multiple of workers and step_size > 0.")
+  if shards is not None and shards != workers:
+    raise ValueError(f"shards must equal workers (one shard per worker), got {shards}.")
   block = partition(prob)
   grouped = None if block is None else block_rows(data, block)
-  d = jnp.asarray(column_weights(data, block=block), data.val.dtype)
-  eta = jnp.asarray(step_size, data.val.dtype)
   n = data.n
+  if shards is None:
+    rows = np.tile(np.arange(n), (workers, 1))
+    sizes = np.full(workers, n)
+    d = np.tile(column_weights(data, block=block), (workers, 1))
+  else:
+    parts = np.array_split(np.arange(n), shards)
+    m = max(len(r) for r in parts)
+    rows = np.stack([np.pad(r, (0, m - len(r))) for r in parts])
+    sizes = np.array([len(r) for r in parts])
+    d = np.stack([column_weights(data, r if per_shard_weights else None, block)
+                  for r in parts])
+  rows, sizes = jnp.asarray(rows, jnp.int32), jnp.asarray(sizes, jnp.int32)
+  d = jnp.asarray(d, data.val.dtype)
+  eta = jnp.asarray(step_size, data.val.dtype)
   every = jnp.ones(data.p, bool)
 
   def init(key, x_init, data):
@@ -85,27 +121,37 @@ def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_st
     alpha = SC.deriv(prob.loss, matvec(data, x), data.b)
     z = jnp.zeros((), data.val.dtype)
     return SAGAState(x, alpha, rmatvec(data, alpha) / n, z + 1.0,
-                     jnp.sum(data.nnz_rows).astype(z.dtype))  # the table's initial pass
+                     jnp.sum(data.nnz_rows).astype(z.dtype), z, z)  # the table's initial pass
 
   def step(key, state, data):
-    info = _info(prob, data, state.x, jnp.ones(prob.num_blocks, bool))
-
     def tick(t, st):
-      x, alpha, abar, touched = st
-      ii = jax.random.randint(jax.random.fold_in(key, t), (workers,), 0, n)
-      rows = block_rows(data) if grouped is None else grouped
-      idx, delta, support = jax.vmap(lambda i: sample_update(
-          prob, rows, x, i, every, alpha, abar, d, eta, "sparse_svrg", "sparse"))(ii)
+      x, alpha, abar, touched, up, down = st
+      ks, kt = jnp.arange(workers), jax.random.fold_in(key, t)
+      if shards is None:   # every worker draws from all n samples
+        ii = jax.random.randint(kt, (workers,), 0, n)
+      else:                # worker k from its own shard
+        ii = jax.vmap(lambda kk, k: rows[k, jax.random.randint(kk, (), 0, sizes[k])])(
+            jax.random.split(kt, workers), ks)
+      brows = block_rows(data) if grouped is None else grouped
+      idx, delta, support = jax.vmap(lambda i, k: sample_update(
+          prob, brows, x, i, every, alpha, abar, d[k], eta, "sparse_svrg", "sparse"))(ii, ks)
       new_alpha = jax.vmap(lambda i: SC.deriv(prob.loss, jnp.sum(data.val[i] * x[data.idx[i]]),
                                               data.b[i]))(ii)
       change = (new_alpha - alpha[ii])[:, None] * data.val[ii] / n
       abar = abar.at[data.idx[ii].ravel()].add(change.ravel())
+      if shards is not None:
+        up = up + 2.0 * jnp.sum(support) + 2.0 * workers     # δ (values, indices); α_i, i
+        down = down + 2.0 * jnp.sum(data.nnz_rows[ii]).astype(up.dtype)  # x, ᾱ on a_i
       return (x.at[idx.ravel()].add(delta.ravel()), alpha.at[ii].set(new_alpha), abar,
-              touched + jnp.sum(support))
+              touched + jnp.sum(support), up, down)
 
-    x, alpha, abar, touched = jax.lax.fori_loop(
-        0, inner_steps // workers, tick, (state.x, state.alpha, state.alpha_bar, state.touched))
-    return SAGAState(x, alpha, abar, state.epochs + inner_steps / n, touched), info
+    x, alpha, abar, touched, up, down = jax.lax.fori_loop(
+        0, inner_steps // workers, tick,
+        (state.x, state.alpha, state.alpha_bar, state.touched, state.floats_up,
+         state.floats_down))
+    info = _info(prob, data, state.x, jnp.ones(prob.num_blocks, bool),
+                 32.0 * (up - state.floats_up), 32.0 * (down - state.floats_down))
+    return SAGAState(x, alpha, abar, state.epochs + inner_steps / n, touched, up, down), info
 
   return Algorithm(init, step)
 
