@@ -28,7 +28,7 @@ last epoch) cannot pass, so it runs with distance threshold 0 there.
 
 ``--set network=prunable`` runs every method on the networks' counterparts that declare their
 channel groups (BatchNorm after every convolution; no VGG-11) and allows ``Sub-FedAvg (Hy)``,
-the structured variant — convolution channels pruned by |BatchNorm scale|, dense weights by
+the structured variant — convolution channels pruned by absolute BatchNorm scale, dense weights by
 magnitude — beside the unstructured ``Sub-FedAvg`` (both stand beside the paper's Sub-FedAvg
 row: its baseline prunes "parameters and channels"). FedSpa (DST)'s CIFAR-100 rows carry
 Tables 3 and 4's accuracies at the run's sparsity and initialisation, and every row Table 2's

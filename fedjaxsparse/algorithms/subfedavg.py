@@ -41,7 +41,7 @@ target; biases and norm parameters stay dense.
 **Sub-FedAvg (Hy)** (``structure="hybrid"``, the paper's pruning of "parameters and channels";
 the authors' ``client_s.py``/``structured.py``): the convolutions are pruned by whole channels —
 in every set a convolution writes, the ``r`` fraction of its active channels with the smallest
-|normalisation scale| (network slimming's saliency, as the authors rank their BatchNorm
+absolute normalisation scale (network slimming's saliency, as the authors rank their BatchNorm
 weights; the channel's weight norm where its set has no norm), at least one channel kept — by
 masking every producer slice of the channel (kernel output channel, bias, norm scale and
 shift; exact with BatchNorm, whose statistics are per channel), while the dense kernels are
@@ -115,7 +115,7 @@ def _prune_channels(mask: Any, weights: Any, rate: Any, zigs: zig.ZIGs,
                     conv: np.ndarray) -> Any:
   """Structured pruning of the convolutions' channels (Sub-FedAvg (Hy)): in every set written
   by a convolution, drops ``⌊rate·n⌋`` of its ``n`` active channels (keeping one at least),
-  those of smallest saliency — the |scale| of the set's normalisation (network slimming, the
+  those of smallest saliency — the absolute scale of the set's normalisation (network slimming, the
   authors' criterion), or the channel's weight norm where the set has none — by masking the
   channel's every producer slice (kernel output channel, bias, norm scale and shift)."""
   as_float = jax.tree.map(lambda m: m.astype(float_dtype()), mask)
