@@ -21,7 +21,11 @@ at 50 %, 2:4, 4:8; α = 1), ``table63`` (α ∈ {0, 0.5, 1, 2} for Wanda, Col-Su
 inputs, Row-Sum = relative over outputs, RIA), ``table64`` (50/60/70 %), ``table65`` (60 %,
 α = 0.5, bases magnitude/Wanda/RIA × none/DSnoT/R²-DSnoT), ``tableE1`` (ℓp, p ∈ {1,2,3,4,0,∞}),
 ``tableE2`` (re-weightings S1-S4, α = 0.5), ``tableE3`` (stochRIA β sweep), ``tableE4``
-(R²-DSnoT ablation, 60 %). Every pruned model is calibrated block-sequentially; the table also
+(R²-DSnoT ablation, 60 %), ``table66`` (zero-shot accuracy of the dense and the 60 %-pruned
+magnitude and RIA models, each alone, with DSnoT and with R²-DSnoT, on BoolQ, RTE, HellaSwag,
+WinoGrande, ARC-e, ARC-c and OpenBookQA in the LM Evaluation Harness's protocol —
+:mod:`fedjaxsparse.pruning.zeroshot` — from the tasks' public JSONL files in ``zeroshot_dir``;
+the paper's Table 6.6 printed beside, its means recomputed). Every pruned model is calibrated block-sequentially; the table also
 gives the mean relative reconstruction error ``‖X(W−W̃)‖²/‖XW‖²`` over the linear layers.
 
 The comparison group of unstructured masks is not stated in the paper (spec §0.2.14); by
@@ -40,7 +44,8 @@ import os
 import jax
 import numpy as np
 
-from fedjaxsparse.pruning import dsnot, lm, scores
+from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.pruning import dsnot, lm, scores, zeroshot
 from fedjaxsparse.models import hf
 from fedjaxsparse.pruning import sequential as SQ
 from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, output_dir
@@ -57,7 +62,25 @@ QUICK_RUNTIME = "measured 19 s on 2 CPU cores (a fresh process, XLA's default fl
 BUDGET = "none (one-shot pruning; the model's own training is measured in steps)"
 RUNTIME = ("about 10 minutes on 2 CPU cores for the trained Shakespeare model (measured "
            "618 s: training it, then the default study)")
-STUDIES = ("table62", "table63", "table64", "table65", "tableE1", "tableE2", "tableE3", "tableE4")
+STUDIES = ("table62", "table63", "table64", "table65", "tableE1", "tableE2", "tableE3", "tableE4",
+           "table66")
+ZERO_SHOT = ("BoolQ", "RTE", "HellaSwag", "WinoGrande", "ARC-e", "ARC-c", "OBQA")
+"""Table 6.6's columns, in the order of :data:`fedjaxsparse.pruning.zeroshot.TASKS`."""
+PAPER66 = {  # Table 6.6: zero-shot accuracy %, 60 % unstructured (seed 001 l. 1920-1936)
+    "llama2-7b": {("Dense", "-"): (77.7, 62.8, 57.2, 69.2, 76.4, 43.4, 31.4),
+                  ("Magnitude", "-"): (41.2, 51.3, 37.0, 55.7, 50.0, 27.0, 16.2),
+                  ("Magnitude", "DSnoT"): (43.2, 54.2, 38.4, 56.4, 53.3, 27.7, 20.6),
+                  ("Magnitude", "R²-DSnoT"): (50.9, 52.0, 39.8, 56.8, 56.6, 28.3, 23.4),
+                  ("RIA", "-"): (66.1, 53.1, 43.5, 63.2, 64.6, 30.2, 26.0),
+                  ("RIA", "DSnoT"): (65.5, 53.4, 44.7, 64.6, 65.3, 31.7, 26.4),
+                  ("RIA", "R²-DSnoT"): (65.2, 53.8, 44.7, 65.1, 65.0, 31.6, 27.0)},
+    "llama3-8b": {("Dense", "-"): (81.3, 69.7, 60.1, 73.0, 80.1, 50.4, 34.8),
+                  ("Magnitude", "-"): (37.8, 52.7, 30.7, 51.0, 39.7, 23.4, 14.4),
+                  ("Magnitude", "DSnoT"): (37.8, 52.7, 33.4, 49.9, 43.5, 23.0, 14.8),
+                  ("Magnitude", "R²-DSnoT"): (37.8, 52.7, 33.1, 52.1, 43.9, 23.6, 14.8),
+                  ("RIA", "-"): (70.2, 53.4, 39.7, 61.7, 61.1, 28.6, 20.4),
+                  ("RIA", "DSnoT"): (70.7, 53.4, 40.3, 61.3, 61.7, 28.0, 20.0),
+                  ("RIA", "R²-DSnoT"): (70.4, 53.4, 40.3, 61.9, 61.2, 28.3, 21.0)}}
 PAPER_MODELS = ("llama2-7b", "llama2-13b", "llama3-8b", "opt-1.3b")
 
 # The paper's WikiText-2 perplexities, {study: {(method, setting): (L2-7b, L2-13b, L3-8b, OPT)}}
@@ -144,6 +167,11 @@ OPTIONS = (
     Option("hidden", 128, "shakespeare model width", low=8),
     Option("layers", 4, "shakespeare model depth", low=1),
     Option("train_steps", 1500, "shakespeare model training steps (batch 32)", low=1),
+    Option("zeroshot_dir", "", "table66: a folder with the tasks' public JSONL files, named "
+           "boolq.jsonl, rte.jsonl, hellaswag.jsonl, winogrande.jsonl, arc_easy.jsonl, "
+           "arc_challenge.jsonl, openbookqa.jsonl (the tasks present are evaluated)", kind="str"),
+    Option("zeroshot_limit", 0, "table66: at most this many examples per task (0: all)", low=0,
+           identity=False),
     Option("paper_model", "auto", "which paper column to print beside ours ('auto': llama3-8b "
            "for tableE4, which has no other, else llama2-7b)", choices=("auto",) + PAPER_MODELS,
            identity=False),
@@ -245,6 +273,12 @@ def _runs(study: str, opts: dict) -> list[tuple[str, str, dict, int]]:
     for b in (1.0, 0.9, 0.5, 0.1, 0.05, 0.01):
       runs.append(("stochRIA", f"β={b:g}", dict(score_fn=sb("stochria", alpha=1.0, beta=b),
                                                 sparsity=0.5), seeds))
+  elif study == "table66":   # Table 6.5's magnitude and RIA rows, zero-shot
+    for name, s in (("Magnitude", "magnitude"), ("RIA", "ria")):
+      fn = sb(s, alpha=0.5)
+      for ft, ref in (("-", None), ("DSnoT", dsnot.dsnot(**cyc)),
+                      ("R²-DSnoT", dsnot.r2_dsnot("ria", **cyc))):
+        runs.append((name, ft, dict(score_fn=fn, sparsity=0.6, refine=ref), 1))
   elif study == "tableE4":
     for base in ("Wanda base", "RIA base"):
       key = "wanda" if base.startswith("Wanda") else "ria"
@@ -270,7 +304,7 @@ def _defaults(opts: dict) -> dict:
           "eval_tokens": 131072 if toy else 0,
           "dsnot_cycles": -(-50 * opts["hidden"] // 4096) if toy else 50}
   opts = {**opts, **{k: v for k, v in fill.items() if opts[k] is None}}
-  refines = opts["study"] in ("table65", "tableE4")
+  refines = opts["study"] in ("table65", "tableE4", "table66")
   if opts["paper_model"] == "auto":
     opts["paper_model"] = "llama3-8b" if opts["study"] == "tableE4" else "llama2-7b"
   if opts["group"] == "auto":
@@ -297,6 +331,8 @@ def _run(cfg: Config, opts: dict) -> dict:
         f"{opts['seq_len']} (stride = length); block-sequential calibration; unstructured "
         f"comparison group {opts['group']}; N:M along the inputs; DSnoT ≤ "
         f"{opts['dsnot_cycles']} cycles, error × {opts['seq_len']} vs threshold 0.1")
+  if study == "table66":
+    return _zero_shot(cfg, opts, path, source, calib, text, training)
   dense = SQ.perplexity(source, windows)
   rows = [{"method": "Dense", "setting": "-", "ppl": dense, "s.e.": None,
            "recon error": 0.0, f"paper ({opts['paper_model']})": _DENSE[col]}]
@@ -334,6 +370,82 @@ def _run(cfg: Config, opts: dict) -> dict:
                        "calibration": "block-sequential", "group": opts["group"],
                        "dsnot_cycles": opts["dsnot_cycles"]},
           "figures": [figure]}
+
+
+def _tasks(opts: dict) -> dict:
+  """``{task: examples}`` of the task files in ``zeroshot_dir`` (at most ``zeroshot_limit``
+  each)."""
+  folder = opts["zeroshot_dir"]
+  if not folder or not os.path.isdir(folder):
+    raise ConfigError("study table66 needs --set zeroshot_dir=DIR, a folder with the tasks' "
+                      "public JSONL files (boolq.jsonl from SuperGLUE, rte.jsonl, "
+                      "hellaswag.jsonl (hellaswag_val.jsonl), winogrande.jsonl (dev.jsonl), "
+                      "arc_easy.jsonl / arc_challenge.jsonl (ARC-*-Test.jsonl), "
+                      f"openbookqa.jsonl); got {folder!r}.")
+  out = {}
+  for task in zeroshot.TASKS:
+    path = os.path.join(folder, f"{task}.jsonl")
+    if os.path.isfile(path):
+      examples = zeroshot.LOADERS[task](path)
+      out[task] = examples[:opts["zeroshot_limit"]] if opts["zeroshot_limit"] else examples
+  if not out:
+    raise ConfigError(f"zeroshot_dir {folder!r} holds none of "
+                      f"{', '.join(t + '.jsonl' for t in zeroshot.TASKS)}.")
+  return out
+
+
+def _zero_shot(cfg: Config, opts: dict, path: str, source, calib, text: str, training) -> dict:
+  """Table 6.6: zero-shot accuracy of the dense and the 60 %-pruned models (magnitude and RIA,
+  each alone, with DSnoT and with R²-DSnoT), the LM Evaluation Harness's protocol
+  (:mod:`fedjaxsparse.pruning.zeroshot`: acc_norm for HellaSwag, ARC and OpenBookQA, acc for
+  the others), the paper's table beside ours."""
+  tasks = _tasks(opts)
+  tok = lm.tokenizer("byte" if opts["model"] == "shakespeare" else
+                     (opts["tokenizer"] or opts["model"]))
+  model = opts["paper_model"] if opts["paper_model"] in PAPER66 else "llama2-7b"
+  col = dict(zip(zeroshot.TASKS, ZERO_SHOT))
+  print(f"{NAME} table66: model {path}; calibration: {text}; zero-shot tasks: "
+        + ", ".join(f"{col[t]} ({len(e)})" for t, e in tasks.items()))
+
+  def scores(src) -> dict:
+    fn = SQ.logits_fn(src)
+    out = {}
+    for task, examples in tasks.items():
+      res = zeroshot.evaluate(fn, tok, examples, max_length=opts["seq_len"])
+      out[col[task]] = 100 * res["acc_norm" if task in zeroshot.NORMALISED else "acc"]
+    return out
+
+  def row(method, setting, got):
+    paper = PAPER66[model].get((method, setting))
+    return {"method": method, "setting": setting, **got,
+            "mean": float(np.mean(list(got.values()))),
+            f"paper mean ({model}, {len(got)} tasks)": None if paper is None else float(
+                np.mean([v for c, v in zip(ZERO_SHOT, paper) if c in got]))}
+
+  rows = [row("Dense", "-", scores(source))]
+  runs = _runs("table66", opts)
+  steps = Steps(len(runs), f"{NAME} table66", cfg.progress)
+  for method, setting, kw, _ in runs:
+    pruned, _rep = SQ.prune(source, calib, key=jax.random.key(cfg.seed),
+                            **{**kw, "group": opts["group"]})
+    rows.append(row(method, setting, scores(pruned)))
+    steps.done(f"{method} {setting}")
+  paper_rows = [{"method": m, "setting": s, **dict(zip(ZERO_SHOT, v)),
+                 "mean": float(np.mean(v))} for (m, s), v in PAPER66[model].items()]
+  scale = ("trained byte-level Shakespeare model — accuracies NOT comparable with the paper's "
+           "LLaMA columns, compare directions only" if opts["model"] == "shakespeare"
+           else "real checkpoint")
+  groups = [c for c in ZERO_SHOT if c in rows[0]]
+  figure = Figure("bars", dict(
+      bars={f"{r['method']} {r['setting']}".replace(" -", ""): [r[c] for c in groups]
+            for r in rows}, groups=groups, ylabel="zero-shot accuracy %",
+      title=f"table66: zero-shot accuracy after 60 % pruning ({path})"), suffix="_table66")
+  return {"experiment": NAME, "study": "table66", "model": path, "scale": scale, "text": text,
+          "table": Table(rows, note=f"scale: {scale}"), "training": training,
+          "paper_table": Table(paper_rows, title=f"the paper's Table 6.6 ({model}; its printed "
+                               "means for some LLaMA2-7b rows are not the task means — "
+                               "recomputed here):"),
+          "tasks": {col[t]: len(e) for t, e in tasks.items()}, "figures": [figure]}
 
 
 run = entry(NAME, OPTIONS, _run)

@@ -49,6 +49,32 @@ def test_symwanda_lm_tiny_tableE2(tmp_path, capsys, quick):
                                "--no-progress", "--set",
                                f"model={tmp_path / 'symwanda_lm' / 'model'}"]) != 0
   assert "tokenizer.json" in capsys.readouterr().err  # a real checkpoint needs its tokenizer
+  # Table 6.6 on the same trained model (reused): zero-shot accuracy of the dense and the six
+  # 60 %-pruned models on tasks in their public JSONL formats, the paper's table beside
+  tasks = tmp_path / "tasks"
+  tasks.mkdir()
+  (tasks / "boolq.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+      {"question": "is the sky blue", "passage": "The sky is blue.", "label": True},
+      {"question": "do fish fly", "passage": "Fish swim.", "label": False})))
+  (tasks / "arc_easy.jsonl").write_text(json.dumps(
+      {"question": {"stem": "Which is a metal?", "choices": [{"text": "wood", "label": "A"},
+                                                             {"text": "iron", "label": "B"}]},
+       "answerKey": "B"}) + "\n")
+  assert fjs.harness.cli.main(["run", "symwanda_lm", "--quick", "--out", str(tmp_path),
+                               "--no-progress", "--set", "study=table66",
+                               "--set", f"zeroshot_dir={tasks}"]) == 0
+  z = json.load(open(tmp_path / "symwanda_lm" / "results.json"))
+  assert z["tasks"] == {"BoolQ": 2, "ARC-e": 1}
+  assert [(r["method"], r["setting"]) for r in z["table"]] == [("Dense", "-")] + [
+      (m, s) for m in ("Magnitude", "RIA") for s in ("-", "DSnoT", "R²-DSnoT")]
+  for r in z["table"]:
+    assert r["BoolQ"] in (0.0, 50.0, 100.0) and r["ARC-e"] in (0.0, 100.0)
+    assert r["mean"] == pytest.approx((r["BoolQ"] + r["ARC-e"]) / 2)
+  assert z["table"][0]["paper mean (llama2-7b, 2 tasks)"] == pytest.approx((77.7 + 76.4) / 2)
+  assert z["paper_table"][0]["mean"] == pytest.approx(59.73, abs=0.005)  # recomputed, not 57.9
+  assert fjs.harness.cli.main(["run", "symwanda_lm", "--quick", "--out", str(tmp_path),
+                               "--no-progress", "--set", "study=table66"]) != 0
+  assert "zeroshot_dir" in capsys.readouterr().err
 
 
 def test_symwanda_mlp_tiny(quick):
