@@ -331,8 +331,11 @@ def _run(cfg: Config, opts: dict) -> dict:
         f"{opts['seq_len']} (stride = length); block-sequential calibration; unstructured "
         f"comparison group {opts['group']}; N:M along the inputs; DSnoT ≤ "
         f"{opts['dsnot_cycles']} cycles, error × {opts['seq_len']} vs threshold 0.1")
+  weights = _weight_figure(source, cfg.seed)
   if study == "table66":
-    return _zero_shot(cfg, opts, path, source, calib, text, training)
+    out = _zero_shot(cfg, opts, path, source, calib, text, training)
+    out["figures"].append(weights)
+    return out
   dense = SQ.perplexity(source, windows)
   rows = [{"method": "Dense", "setting": "-", "ppl": dense, "s.e.": None,
            "recon error": 0.0, f"paper ({opts['paper_model']})": _DENSE[col]}]
@@ -369,7 +372,22 @@ def _run(cfg: Config, opts: dict) -> dict:
                        "eval_windows": len(windows), "calibration_seed": 0,
                        "calibration": "block-sequential", "group": opts["group"],
                        "dsnot_cycles": opts["dsnot_cycles"]},
-          "figures": [figure]}
+          "figures": [figure, weights]}
+
+
+def _weight_figure(source, seed: int) -> Figure:
+  """Fig. 6.1: the heatmap of one dense linear layer of the model before pruning, chosen at
+  random with ``seed`` (a block, then one of its projections)."""
+  rng = np.random.default_rng(seed)
+  block = int(rng.integers(source.config.num_layers))
+  params = source.block(block)
+  kernels = {"/".join(str(getattr(k, "key", k)) for k in path[:-1]): np.asarray(v)
+             for path, v in jax.tree_util.tree_leaves_with_path(params)
+             if getattr(path[-1], "key", None) == "kernel" and np.ndim(v) == 2}
+  name = sorted(kernels)[int(rng.integers(len(kernels)))]
+  return Figure("matrix", dict(matrix=kernels[name],
+                               title=f"a dense weight matrix of the model: block {block}, "
+                                     f"{name} (seed 001 Fig. 6.1)"), suffix="_weights")
 
 
 def _tasks(opts: dict) -> dict:

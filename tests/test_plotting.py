@@ -339,3 +339,19 @@ def test_seed_bands_and_client_sizes(records, tmp_path):
   plt.close(fig)
   path = plotting.plot_client_sizes(sizes, str(tmp_path / "sizes.png"))
   assert open(path, "rb").read(4) == b"\x89PNG"
+
+
+def test_matrix_heatmap_keeps_a_stripe_when_reduced():
+  """Fig. 6.1's heatmap: a matrix wider than max_cells is shown by block maxima, so one large
+  column (a "stripe") stays visible at its place; the column-mean panel finds it."""
+  w = np.random.default_rng(0).normal(size=(300, 1000)) * 0.01
+  w[:, 637] = 5.0
+  fig = plotting.matrix_figure(w, "stripe", max_cells=100)
+  shown = fig.axes[0].images[0].get_array()
+  assert shown.shape == (100, 100) and np.argmax(np.asarray(shown).max(0)) == 637 // 10
+  (cols,) = [ax for ax in fig.axes if ax.get_title() == "column means"]
+  assert int(np.argmax(cols.get_lines()[0].get_ydata())) == 637
+  assert plotting.layout_problems(fig) == []
+  plt.close(fig)
+  with pytest.raises(ValueError, match="2-D"):
+    plotting.matrix_figure(np.ones(3))

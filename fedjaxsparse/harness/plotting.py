@@ -623,3 +623,46 @@ def client_sizes_figure(sizes: Sequence[int], title: str = "") -> plt.Figure:
 def plot_client_sizes(sizes: Sequence[int], path: str, title: str = "") -> str:
   """Save :func:`client_sizes_figure` as a PNG at ``path``; returns ``path``."""
   return _save(client_sizes_figure(sizes, title), path)
+
+
+def matrix_figure(matrix, title: str = "", max_cells: int = 512) -> plt.Figure:
+  """A weight matrix ``[in, out]`` as a heatmap of ``|W|`` (rows: input features, columns:
+  output neurons; a matrix larger than ``max_cells`` on a side is shown by the largest ``|W|``
+  of each block of cells, so a stripe survives the reduction), with the columns' and rows' mean
+  ``|W|`` beside it — seed 001's Fig. 6.1, whose column stripes motivate RIA's normalisation."""
+  w = np.abs(np.asarray(matrix, np.float64))
+  if w.ndim != 2:
+    raise ValueError(f"matrix must be 2-D [in, out], got shape {w.shape}.")
+  shown = w
+  for axis in (0, 1):
+    n = shown.shape[axis]
+    if n > max_cells:
+      f = -(-n // max_cells)
+      pad = f * (-(-n // f)) - n
+      widths = [(0, 0), (0, 0)]
+      widths[axis] = (0, pad)
+      shown = np.pad(shown, widths)
+      shape = list(shown.shape)
+      shape[axis:axis + 1] = [shape[axis] // f, f]
+      shown = shown.reshape(shape).max(axis=axis + 1)
+  fig, axes = plt.subplots(1, 3, figsize=(14, 4.8), layout="constrained",
+                           gridspec_kw={"width_ratios": [3, 1.2, 1.2]})
+  im = axes[0].imshow(shown, aspect="auto", cmap="viridis", interpolation="nearest")
+  fig.colorbar(im, ax=axes[0], label="|W| (block max)" if shown.shape != w.shape else "|W|")
+  axes[0].set(xlabel="output neuron (column)", ylabel="input feature (row)",
+              title=f"|W|, {w.shape[0]}×{w.shape[1]}")
+  axes[1].plot(w.mean(0), color=method_colors(["c"])["c"], lw=1)
+  axes[1].set(xlabel="output neuron (column)", ylabel="mean |W| of the column",
+              title="column means")
+  axes[2].plot(w.mean(1), color=method_colors(["c", "r"])["r"], lw=1)
+  axes[2].set(xlabel="input feature (row)", ylabel="mean |W| of the row", title="row means")
+  for ax in axes[1:]:
+    ax.grid(alpha=0.3)
+  if title:
+    fig.suptitle(wrap(title, 13, 12))
+  return fig
+
+
+def plot_matrix(matrix, path: str, title: str = "", max_cells: int = 512) -> str:
+  """Save :func:`matrix_figure` as a PNG at ``path``; returns ``path``."""
+  return _save(matrix_figure(matrix, title, max_cells), path)
