@@ -168,3 +168,37 @@ def test_emnist_l10_keeps_the_first_ten_letters_of_the_tfds_source():
   np.testing.assert_array_equal(y10, y26[kept])
   np.testing.assert_array_equal(x10, x26[kept])
   assert x10.shape[1:] == (28, 28, 1) and y10.max() < 10
+
+
+def test_imagenet_folder_layout_and_tfds_source(tmp_path):
+  """ImageNet's folder layout (ROOT/<split>/<wnid>/<image>): classes are the sorted wnids, the
+  evaluation transform resizes the shorter side to S/0.875 and centre-crops S×S (checked on an
+  image whose centre is a known colour), grey images become RGB, per_class keeps the first
+  images; tfds' imagenet2012 data source (mock data in its real schema) goes through the same
+  transform; a missing folder says how to supply the files."""
+  from PIL import Image
+  imagenet = fjs.data.imagenet
+  for wnid, colour in (("n02", (0, 0, 255)), ("n01", (255, 0, 0))):
+    d = tmp_path / "val" / wnid
+    d.mkdir(parents=True)
+    for i, (w, h) in enumerate(((60, 40), (40, 90))):
+      img = np.zeros((h, w, 3), np.uint8)
+      img[h // 2 - 4:h // 2 + 4, w // 2 - 4:w // 2 + 4] = colour   # a coloured centre
+      Image.fromarray(img).save(d / f"{wnid}_{i}.JPEG", quality=100)
+  Image.fromarray(np.full((50, 50), 128, np.uint8)).save(tmp_path / "val" / "n01" / "g.png")
+  x, y, names = imagenet.imagenet_folder(str(tmp_path), "val", image_size=16)
+  assert names == ["n01", "n02"] and x.shape == (5, 16, 16, 3) and x.dtype == np.float32
+  np.testing.assert_array_equal(y, [0, 0, 0, 1, 1])   # n01: g.png, n01_0, n01_1 (sorted)
+  centre = x[:, 7:9, 7:9].mean((1, 2))                 # the crop keeps each image's centre
+  assert centre[1, 0] > 0.8 and centre[1, 2] < 0.2     # n01: red
+  assert centre[3, 2] > 0.8 and centre[3, 0] < 0.2     # n02: blue
+  np.testing.assert_allclose(x[0], 128 / 255, atol=1e-6)  # grey → RGB, constant
+  x1, y1, _ = imagenet.imagenet_folder(str(tmp_path), "val", image_size=16, per_class=1)
+  assert len(y1) == 2 and list(y1) == [0, 1]
+  with pytest.raises(FileNotFoundError, match="image-net.org"):
+    imagenet.imagenet_folder(str(tmp_path), "train")
+  tfds = pytest.importorskip("tensorflow_datasets")
+  with tfds.testing.mock_data(num_examples=3):
+    xt, yt = imagenet.imagenet_tfds("validation", image_size=16)
+  assert xt.shape == (3, 16, 16, 3) and yt.dtype == np.int32
+  assert 0 <= xt.min() and xt.max() <= 1

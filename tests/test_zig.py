@@ -21,9 +21,13 @@ ARCHS = {
     "resnet_2stages": lambda **kw: prunable.resnet((2, 1), (8, 8, 3), 5, **kw),
     "mobilenet_v2": lambda **kw: prunable.mobilenet_v2(
         (8, 8, 3), 5, config=((1, 8, 1, 1), (6, 12, 2, 2), (6, 16, 2, 1)), **kw),
+    "resnet_bottleneck": lambda widths=None: prunable.resnet(
+        (1, 1), (16, 16, 3), 5, bottleneck=True, stem="imagenet",
+        widths={"stem": 8, "s1b1a": 4, "s1b1b": 4, "stage1": 16, "s2b1a": 8, "s2b1b": 8,
+                "stage2": 32, **(widths or {})}),
 }
 SHAPES = {"mlp": (6, 6, 1), "cifar_resnet8": (8, 8, 3), "resnet_2stages": (8, 8, 3),
-          "mobilenet_v2": (8, 8, 3)}
+          "mobilenet_v2": (8, 8, 3), "resnet_bottleneck": (16, 16, 3)}
 
 
 def _outputs(module, params, x):
@@ -231,3 +235,14 @@ def test_two_sided_flops_regularizer_is_abs_log_ratio():
   assert np.all(np.asarray(g) < 0)                                 # under budget: w grows
   zero = zig.flops_regularizer(zig.flops(zigs, 0 * ones), 0.5 * full, True)
   assert np.isfinite(float(zero)) and float(zero) > 0              # no log(0)
+
+
+def test_resnet50_is_torchvisions():
+  """The bottleneck ResNet-50 with the ImageNet stem has torchvision's 25,557,032 parameters
+  and its 4.09 GMACs per 224×224 image, and declares a group per prunable channel."""
+  module, model = prunable.resnet50()
+  shapes = jax.eval_shape(model.init, jax.random.key(0))
+  assert sum(int(np.prod(a.shape)) for a in jax.tree.leaves(shapes)) == 25_557_032
+  zigs = fjs.pruning.zig.trace(module, (224, 224, 3))
+  assert round(fjs.pruning.zig.total_flops(zigs) / 1e9, 2) == 4.09
+  assert zigs.get("stage4").size == 2048 and zigs.get("s1b1a").size == 64

@@ -1,8 +1,8 @@
 """Federated datasets: the padded pytree (``FederatedData``), partitioners, loaders (embedded
 sets, Fashion-MNIST IDX files, LEAF, Shakespeare, LIBSVM, BlogFeedback; tensorflow-datasets
 sources load on first use), labelled stand-ins, reference problems and the dataset registry."""
-from fedjaxsparse.data import (blogfeedback, embedded, fashion_mnist, federated, leaf, libsvm,
-                               partitions, problems, registry, shakespeare, sparse_rows,
+from fedjaxsparse.data import (blogfeedback, embedded, fashion_mnist, federated, imagenet, leaf,
+                               libsvm, partitions, problems, registry, shakespeare, sparse_rows,
                                standins)
 from fedjaxsparse.data.embedded import diabetes, digits, synthetic
 from fedjaxsparse.data.federated import (FederatedData, FederatedDataset, federate, pack_clients,
@@ -20,8 +20,9 @@ from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimu
 from fedjaxsparse.data.registry import ARRAYS, DATASETS, load_arrays, load_dataset
 
 __all__ = [
-    "blogfeedback", "embedded", "fashion_mnist", "federated", "leaf", "libsvm", "partition",
-    "partitions", "problems", "registry", "shakespeare", "sparse_rows", "standins", "diabetes", "digits",
+    "blogfeedback", "embedded", "fashion_mnist", "federated", "imagenet", "leaf", "libsvm",
+    "partition", "partitions", "problems", "registry", "shakespeare", "sparse_rows", "standins",
+    "diabetes", "digits",
     "synthetic", "FederatedData", "FederatedDataset", "federate", "pack_clients", "split_clients",
     "PARTITIONS", "dirichlet_partition", "iid_partition", "lognormal_partition", "lognormal_sizes",
     "natural_partition", "shard_partition", "dirichlet_lognormal_partition",

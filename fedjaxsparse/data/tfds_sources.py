@@ -14,15 +14,15 @@ from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import partition as partition_fn
 
 
-def load_split(name: str, split: str, data_dir: str | None,
-               image_key: str = "image", label_key: str = "label"):
-  """``(x float32 [n, H, W, C] in [0, 1], y int32 [n])`` from a prepared tfds dataset."""
+def data_source(name: str, split: str, data_dir: str | None):
+  """tfds' random-access data source of a *prepared* dataset; a missing one fails at once with
+  how to prepare it (nothing is downloaded)."""
   import tensorflow_datasets as tfds  # deferred: tensorflow-datasets is slow to import
   # deferred: tensorflow-datasets is slow to import
   from tensorflow_datasets.core.download import downloader
   downloader.MAX_RETRIES = 0  # belt and braces: download=False already avoids the network
   try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:  # tfds raises AssertionError / NotImplementedError / FileNotFound
     where = (f"in {data_dir!r}" if data_dir else
              "(no --data-dir given, so tfds looked in its default folder ~/tensorflow_datasets)")
@@ -31,6 +31,12 @@ def load_split(name: str, split: str, data_dir: str | None,
         f"tfds dataset {name!r} ({split}) is not prepared {where}. On a machine with network "
         f"run `tfds build {name} --data_dir DIR`, copy DIR here and pass it with --data-dir "
         f"(Python: data_dir=DIR). tfds said: {cause}") from e
+
+
+def load_split(name: str, split: str, data_dir: str | None,
+               image_key: str = "image", label_key: str = "label"):
+  """``(x float32 [n, H, W, C] in [0, 1], y int32 [n])`` from a prepared tfds dataset."""
+  source = data_source(name, split, data_dir)
   n = len(source)
   records = [source[i] for i in range(n)]
   x = np.stack([np.asarray(r[image_key]) for r in records]).astype(np.float32) / 255.0

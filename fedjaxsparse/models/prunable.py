@@ -158,6 +158,8 @@ class _ResNet(nn.Module):
   norm: str
   num_groups: int
   widths: tuple
+  bottleneck: bool = False
+  imagenet_stem: bool = False
 
   def _conv_norm(self, x, c, k, in_set, out_set, stride, name):
     x = PConv(c, k, in_set, out_set, stride, name=f"{name}_conv")(x)
@@ -166,18 +168,36 @@ class _ResNet(nn.Module):
   @nn.compact
   def __call__(self, x):
     w = lambda name, d: _width(self.widths, name, d)  # noqa: E731
-    x = nn.relu(self._conv_norm(x, w("stage1", 64), 3, None, "stage1", 1, "stem"))
+    expand = 4 if self.bottleneck else 1
+    if self.imagenet_stem:   # 7×7 stride-2 convolution and 3×3 stride-2 max-pool
+      x = nn.relu(self._conv_norm(x, w("stem", 64), 7, None, "stem", 2, "stem"))
+      x = nn.max_pool(x, (3, 3), (2, 2), "SAME")
+      prev = "stem"
+    else:
+      prev = "stage0" if self.bottleneck else "stage1"
+      x = nn.relu(self._conv_norm(x, w(prev, 64), 3, None, prev, 1, "stem"))
     for i, (planes, n) in enumerate(zip((64, 128, 256, 512), self.blocks)):
       stage = f"stage{i + 1}"
       for j in range(n):
         stride = 2 if i > 0 and j == 0 else 1
-        src = f"stage{i}" if i > 0 and j == 0 else stage
+        src = prev if j == 0 else stage
         inner = f"s{i + 1}b{j + 1}"
-        y = nn.relu(self._conv_norm(x, w(inner, planes), 3, src, inner, stride, f"{inner}_1"))
-        y = self._conv_norm(y, w(stage, planes), 3, inner, stage, 1, f"{inner}_2")
+        if self.bottleneck:   # 1×1 reduce, 3×3 (the stride), 1×1 expand ×4
+          y = nn.relu(self._conv_norm(x, w(f"{inner}a", planes), 1, src, f"{inner}a", 1,
+                                      f"{inner}_1"))
+          y = nn.relu(self._conv_norm(y, w(f"{inner}b", planes), 3, f"{inner}a", f"{inner}b",
+                                      stride, f"{inner}_2"))
+          y = self._conv_norm(y, w(stage, planes * expand), 1, f"{inner}b", stage, 1,
+                              f"{inner}_3")
+        else:
+          y = nn.relu(self._conv_norm(x, w(inner, planes), 3, src, inner, stride,
+                                      f"{inner}_1"))
+          y = self._conv_norm(y, w(stage, planes), 3, inner, stage, 1, f"{inner}_2")
         if src != stage:
-          x = self._conv_norm(x, w(stage, planes), 1, src, stage, stride, f"{inner}_shortcut")
+          x = self._conv_norm(x, w(stage, planes * expand), 1, src, stage, stride,
+                              f"{inner}_shortcut")
         x = nn.relu(x + y)
+      prev = stage
     return PDense(self.num_classes, f"stage{len(self.blocks)}", None,
                   name="head")(jnp.mean(x, axis=(1, 2)))
 
@@ -285,14 +305,32 @@ def cifar_resnet(depth: int = 56, input_shape: Sequence[int] = (32, 32, 3),
 
 def resnet(blocks: Sequence[int] = (2, 2, 2, 2), input_shape: Sequence[int] = (32, 32, 3),
            num_classes: int = 10, norm: str = "batch", num_groups: int = 8,
-           widths: dict | None = None) -> tuple[nn.Module, Model]:
-  """ResNet-18 (``blocks=(2, 2, 2, 2)``) / ResNet-34 (``(3, 4, 6, 3)``), CIFAR stem."""
+           widths: dict | None = None, bottleneck: bool = False,
+           stem: str = "cifar") -> tuple[nn.Module, Model]:
+  """ResNet-18 (``blocks=(2, 2, 2, 2)``) / ResNet-34 (``(3, 4, 6, 3)``) with basic blocks, or
+  with ``bottleneck`` blocks (1×1 reduce, 3×3, 1×1 expanding ×4: ResNet-50 is ``(3, 4, 6, 3)``,
+  :func:`resnet50`); ``stem`` ``"cifar"`` (3×3 convolution) or ``"imagenet"`` (7×7 stride-2
+  convolution and 3×3 stride-2 max-pool). Prunable sets: each block's inner channels (``sIbJ``;
+  bottlenecks ``sIbJa``, ``sIbJb``) and each stage's residual-coupled output (``stageI``; the
+  stem's ``stem`` or ``stage0`` when a projection follows it)."""
   if len(blocks) < 1 or len(blocks) > 4 or min(blocks) < 1:
     raise ValueError(f"blocks must be 1-4 stage lengths >= 1, got {tuple(blocks)}.")
+  if stem not in ("cifar", "imagenet"):
+    raise ValueError(f"stem must be 'cifar' or 'imagenet', got {stem!r}.")
   _check(norm, num_groups)
   module = _ResNet(tuple(blocks), num_classes, norm, num_groups,
-                   tuple(sorted((widths or {}).items())))
+                   tuple(sorted((widths or {}).items())), bottleneck, stem == "imagenet")
   return module, from_flax(module, input_shape)
+
+
+def resnet50(input_shape: Sequence[int] = (224, 224, 3), num_classes: int = 1000,
+             norm: str = "batch", num_groups: int = 8,
+             widths: dict | None = None) -> tuple[nn.Module, Model]:
+  """ResNet-50 (He et al. 2016, arXiv:1512.03385): bottleneck blocks ``(3, 4, 6, 3)``, the
+  ImageNet stem — seed 004 Task 2's ImageNet network (Table 5) — with its zero-invariant
+  groups declared (25.6 M parameters at 1000 classes)."""
+  return resnet((3, 4, 6, 3), input_shape, num_classes, norm, num_groups, widths,
+                bottleneck=True, stem="imagenet")
 
 
 def mlp(input_shape: Sequence[int], num_classes: int = 10, hidden: Sequence[int] = (256, 128),
