@@ -100,8 +100,9 @@ BUDGET = (f"training epochs of every method (default: {CPU_EPOCHS} on Fashion-MN
           f"{PAPER_EPOCHS} on CIFAR as in the paper)")
 RUNTIME = ("11-18 minutes (8 trainings of ResNet-20 on 5,000 images; measured 10 min 54 s and "
            "18 min 8 s in two sessions)")
-DATASETS = ("fashion_mnist", "fashion_mnist_standin", "cifar10", "cifar100")
-ARCHS = ("cifar_resnet", "resnet18", "resnet34", "mobilenet_v2", "mlp")
+DATASETS = ("fashion_mnist", "fashion_mnist_standin", "cifar10", "cifar100", "imagenet")
+ARCHS = ("cifar_resnet", "resnet18", "resnet34", "resnet50", "mobilenet_v2", "mlp")
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 METHODS = ("Dense", "ATO", "ATO-HSP", "Uniform", "OTO")
 OTO_LAM_REF, REF_STEPS = 1e-3, PAPER_EPOCHS * (45000 // 128)
 PAPER_CTRL_STEPS = (150 - 30 + 1) * (45000 // 20 // 128)   # controller steps at CIFAR scale
@@ -116,7 +117,12 @@ OPTIONS = (
            "Uniform matches each ATO run's FLOPs)", kind="floats", low=0.0, high=1.0,
            low_open=True, identity=False),
     Option("arch", "cifar_resnet", "network (fedjaxsparse.models.prunable): cifar_resnet "
-           "(depth), resnet18, resnet34, mobilenet_v2, mlp (LeNet-300-100)", choices=ARCHS),
+           "(depth), resnet18, resnet34, resnet50 (bottleneck, ImageNet stem), mobilenet_v2, "
+           "mlp (LeNet-300-100)", choices=ARCHS),
+    Option("image_size", 224, "--dataset imagenet: the centre crop's side", low=8),
+    Option("per_class", 50, "--dataset imagenet: training images per class held in memory "
+           "(the paper trains on all 1.28 M, which needs a streaming input pipeline; the "
+           "validation split is read whole)", low=1),
     Option("depth", 20, "depth of cifar_resnet (6n + 2: 8, 20, 56, ...)", low=8),
     Option("train_size", None, "training images (none: all but the validation split; CPU "
            f"default {CPU['train_size']})", kind="int", low=1),
@@ -187,19 +193,47 @@ PAPER_T4 = {
     ("cifar100", "ResNet-34"): [
         ("OTOv2", None, 76.31, None, 49.5, ""),
         ("ATO", 78.43, 78.54, 0.11, 49.5, "p = 0.5020")],
+    # Table 5 (seed 004 l. 1311-1340), top-1 (top-5 in the note)
+    ("imagenet", "ResNet-34"): [
+        ("FPGM", 73.92, 72.63, -1.29, 41.1, "top-5 91.62 → 91.08"),
+        ("Taylor", 73.31, 72.83, -0.48, 24.2, ""),
+        ("DMC", 73.30, 72.57, -0.73, 43.4, "top-5 91.42 → 91.11"),
+        ("SCOP", 73.31, 72.62, -0.69, 44.8, "top-5 91.42 → 90.98"),
+        ("ATO", 73.31, 72.92, -0.39, 44.1, "p = 0.54; top-5 91.42 → 91.15")],
+    ("imagenet", "ResNet-50"): [
+        ("DCP", 76.01, 74.95, -1.06, 55.6, "top-5 92.93 → 92.32"),
+        ("CCP", 76.15, 75.21, -0.94, 54.1, "top-5 92.87 → 92.42"),
+        ("FPGM", 76.15, 74.83, -1.32, 53.5, "top-5 92.87 → 92.32"),
+        ("ABCP", 76.01, 73.86, -2.15, 54.3, "top-5 92.96 → 91.69"),
+        ("DMC", 76.15, 75.35, -0.80, 55.0, "top-5 92.87 → 92.49"),
+        ("Random-Pruning", 76.15, 75.13, -1.02, 51.0, "top-5 92.87 → 92.52"),
+        ("DepGraph", 76.15, 75.83, -0.32, 51.7, ""), ("DTP", 76.13, 75.55, -0.58, 56.7, ""),
+        ("ATO", 76.13, 76.59, 0.46, 55.2, "p = 0.37; top-5 92.86 → 93.24"),
+        ("DTP", 76.13, 75.24, -0.89, 60.9, ""),
+        ("OTOv2", 76.13, 75.20, -0.93, 62.6, "top-5 92.86 → 92.22 (Δ −0.66 sic)"),
+        ("ATO", 76.13, 76.07, -0.06, 61.7, "p = 0.296; top-5 92.86 → 92.92"),
+        ("DTP", 76.13, 74.26, -1.87, 67.3, ""),
+        ("OTOv1", 76.13, 74.70, -1.43, 64.5, "top-5 92.86 → 92.10"),
+        ("OTOv2", 76.13, 74.30, -1.83, 71.5, "top-5 92.86 → 92.10"),
+        ("ATO", 76.13, 74.77, -1.36, 71.0, "p = 0.193; top-5 92.86 → 92.25")],
 }
 # Table 6's p of each ATO row above: (dataset, arch) -> {p: index into PAPER_T4 rows}.
 PAPER_ATO = {("cifar10", "ResNet-18"): {0.1908: 1}, ("cifar10", "ResNet-56"): {0.45: 8, 0.35: 9},
              ("cifar10", "MobileNetV2"): {0.49: 4}, ("cifar100", "ResNet-18"): {0.5952: 1},
-             ("cifar100", "ResNet-34"): {0.5020: 1}}
+             ("cifar100", "ResNet-34"): {0.5020: 1}, ("imagenet", "ResNet-34"): {0.54: 4},
+             ("imagenet", "ResNet-50"): {0.37: 8, 0.296: 11, 0.193: 15}}
 _DEV = ("not in the seed, chosen here: batch 128, cosine step size, crop + flip, HSP ε = 0, "
         "OTO's λ; current-batch BatchNorm; DMC-style FLOPs count (the paper's differs)")
 
 
-def _paper(name: str, source: str, dataset: str, options: dict) -> PaperConfig:
+def _paper(name: str, source: str, dataset: str, options: dict,
+           epochs: int = PAPER_EPOCHS) -> PaperConfig:
+  deviations = _DEV if dataset != "imagenet" else (
+      _DEV + "; ImageNet: 240 epochs (the OTOv2 recipe), per_class training images in memory (the "
+      "paper: all 1.28 M), top-1 only (its top-5 in the notes)")
   return PaperConfig(name, source, dataset=dataset, standin=None, clients=1,
-                     rounds=PAPER_EPOCHS, eval_every=1, options=options, paper={},
-                     unit="top-1 %", deviations=_DEV)
+                     rounds=epochs, eval_every=1, options=options, paper={},
+                     unit="top-1 %", deviations=deviations)
 
 
 PAPERS = {pc.name: pc for pc in (
@@ -212,7 +246,11 @@ PAPERS = {pc.name: pc for pc in (
     _paper("table4_c100_resnet18", "seed 004 Table 4 (CIFAR-100, ResNet-18)", "cifar100",
            dict(arch="resnet18", targets=[0.5952])),
     _paper("table4_c100_resnet34", "seed 004 Table 4 (CIFAR-100, ResNet-34)", "cifar100",
-           dict(arch="resnet34", targets=[0.5020])))}
+           dict(arch="resnet34", targets=[0.5020])),
+    _paper("table5_resnet50", "seed 004 Table 5 (ImageNet, ResNet-50)", "imagenet",
+           dict(arch="resnet50", targets=[0.37, 0.296, 0.193]), epochs=240),
+    _paper("table5_resnet34", "seed 004 Table 5 (ImageNet, ResNet-34)", "imagenet",
+           dict(arch="resnet34", targets=[0.54]), epochs=240))}
 
 
 # ---------------------------------------------------------------------------------- data
@@ -230,6 +268,20 @@ def _load(cfg: Config, opts: dict, train_size: int | None, seed: int) -> dict:
               if cfg.data_dir else "")
       raise FileNotFoundError(f"{e}{hint}") from None
     classes = 10
+  elif cfg.dataset == "imagenet":   # the folder layout ROOT/{train,val}/<wnid>/<image>
+    if not cfg.data_dir:
+      raise ConfigError("--dataset imagenet reads ROOT/train/<wnid>/* and ROOT/val/<wnid>/* "
+                        "(the ILSVRC-2012 layout): pass --data-dir ROOT.")
+    from fedjaxsparse.data.imagenet import imagenet_folder
+    size = opts["image_size"]
+    x, y, names = imagenet_folder(cfg.data_dir, "train", image_size=size,
+                                  per_class=opts["per_class"])
+    xt, yt, _ = imagenet_folder(cfg.data_dir, "val", image_size=size, classes=names)
+    mean, std = np.asarray(IMAGENET_MEAN, np.float32), np.asarray(IMAGENET_STD, np.float32)
+    x, xt = (x - mean) / std, (xt - mean) / std
+    classes = len(names)
+    order = np.random.default_rng(seed).permutation(len(y))   # the validation split: random
+    x, y = x[order], y[order]                                  # images, not the last classes
   else:
     from fedjaxsparse.data.tfds_sources import load_split
     x, y = load_split(cfg.dataset, "train", cfg.data_dir)
@@ -249,7 +301,7 @@ def _load(cfg: Config, opts: dict, train_size: int | None, seed: int) -> dict:
 
 def _arch_label(opts: dict) -> str:
   return {"cifar_resnet": f"ResNet-{opts['depth']}", "resnet18": "ResNet-18",
-          "resnet34": "ResNet-34", "mobilenet_v2": "MobileNetV2",
+          "resnet34": "ResNet-34", "resnet50": "ResNet-50", "mobilenet_v2": "MobileNetV2",
           "mlp": "MLP 300-100"}[opts["arch"]]
 
 
@@ -260,9 +312,12 @@ def _builder(opts: dict, shape, classes: int):
     if (opts["depth"] - 2) % 6:
       raise ConfigError(f"depth must be 6n + 2 (8, 14, 20, 56, ...), got {opts['depth']}.")
     return lambda widths=None: P.cifar_resnet(opts["depth"], shape, classes, widths=widths)
-  if arch in ("resnet18", "resnet34"):
+  if arch in ("resnet18", "resnet34"):   # ImageNet-sized inputs get the ImageNet stem
     blocks = (2, 2, 2, 2) if arch == "resnet18" else (3, 4, 6, 3)
-    return lambda widths=None: P.resnet(blocks, shape, classes, widths=widths)
+    stem = "imagenet" if min(shape[:2]) >= 64 else "cifar"
+    return lambda widths=None: P.resnet(blocks, shape, classes, widths=widths, stem=stem)
+  if arch == "resnet50":
+    return lambda widths=None: P.resnet50(shape, classes, widths=widths)
   if arch == "mlp":
     return lambda widths=None: P.mlp(shape, classes, hidden=(300, 100), widths=widths)
   return lambda widths=None: P.mobilenet_v2(shape, classes, widths=widths)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import jax.numpy as jnp
+import numpy as np
 
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.harness.cli import experiments, main
@@ -54,3 +55,31 @@ def test_uniform_ratio_matches_a_flops_budget():
     for s in zigs.prunable:                                    # the same fraction everywhere
       assert abs(keep[s.offset:s.offset + s.size].sum() - r * s.size) <= 0.5 + 1e-9
       assert keep[s.offset:s.offset + s.size].sum() >= 1
+
+
+def test_imagenet_data_and_table5(tmp_path):
+  """--dataset imagenet reads the ILSVRC folder layout (classes from train, applied to val),
+  normalised with ImageNet's channel statistics, ``per_class`` images per class; Table 5's
+  rows beside ours map each ATO target p to its printed row."""
+  from PIL import Image
+  from fedjaxsparse.experiments import ato_prune as A
+  from fedjaxsparse.harness.experiment import Config
+  rng = np.random.default_rng(0)
+  for split, n in (("train", 3), ("val", 1)):
+    for c in ("n01", "n02"):
+      (tmp_path / split / c).mkdir(parents=True)
+      for i in range(n):
+        Image.fromarray((rng.random((20, 24, 3)) * 255).astype(np.uint8)).save(
+            tmp_path / split / c / f"{i}.JPEG")
+  opts = {"image_size": 8, "per_class": 2, "val_size": 1}
+  d = A._load(Config(dataset="imagenet", data_dir=str(tmp_path)), opts, None, 0)
+  assert d["classes"] == 2 and d["shape"] == (8, 8, 3)
+  assert len(d["y"]) + len(d["yv"]) == 4 and len(d["yt"]) == 2 and sorted(d["yt"]) == [0, 1]
+  assert abs(float(np.mean(d["xt"]))) < 3 and float(np.min(d["xt"])) < 0  # standardised
+  for (ds, arch), rows in A.PAPER_ATO.items():
+    for p, i in rows.items():
+      method, *_, note = A.PAPER_T4[(ds, arch)][i]
+      assert method == "ATO", (ds, arch)
+      if "p = " in note:   # the row names its p: the one mapped to it
+        assert f"p = {p:g}" in note or f"p = {p:.4f}" in note, (ds, arch, p, note)
+  assert A.PAPER_T4[("imagenet", "ResNet-50")][8][1:5] == (76.13, 76.59, 0.46, 55.2)
