@@ -36,7 +36,8 @@ from fedjaxsparse.algorithms.fedht import fedht, fediht
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import Config, Option, entry, last, run_method, status
+from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, run_method,
+                                             status)
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import get_model, make_loss
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
@@ -75,6 +76,8 @@ OPTIONS = (
            low=0.0),
     Option("weight_decay", 1e-4, "l2 weight decay", low=0.0),
     Option("augment", True, "random crop (and, on CIFAR, flip) of every local minibatch"),
+    Option("methods", "", "comma list of the methods to run (default: all, the figure's "
+           "order)", kind="str", identity=False),
     Option("search", 0, "candidates per stage of the two-stage random search run for every "
            "method (0: the fixed values above)", low=0),
     Option("search_lr", [1e-3, 0.5], "learning-rate range of the search (log-uniform; the "
@@ -189,17 +192,19 @@ def _run(cfg: Config, opts: dict) -> dict:
             SPS_LOCAL: lambda: ps.sparse_proxskip_local(loss, lr, p, sparsity, **kw),
             SPS: lambda: ps.sparse_proxskip(loss, lr, p, sparsity, **kw)}[name]()
 
+  chosen = name_list(opts["methods"], "methods", METHODS, default=list(METHODS))
+  names = [m for m in METHODS if m in chosen]   # the figure's order
   fixed = (opts["lr"], opts["clip"], opts["local_steps"], opts["batch_size"])
   setting = {m: fixed for m in METHODS}
   tuned = {}
   if opts["search"] > 0:
-    tuned = _tune(cfg, opts, build, params, ds, eval_fn, sparse_params)
+    tuned = _tune(cfg, opts, build, params, ds, eval_fn, sparse_params, names)
     setting.update(tuned)
   print(f"{NAME}: {label}, model={model_name}, {ds.num_clients} clients, "
         f"sparsity={sparsity:.0%}, augmentation={'on' if augment else 'off'}, "
         f"{rounds} communication rounds")
   records = {}
-  for name in METHODS:
+  for name in names:
     lr, clip, steps, batch = setting[name]
     records[name] = run_method(cfg, NAME, name, build(name, lr, clip, steps, batch), params,
                                ds.train, ds.test, eval_fn, params_fn=sparse_params)
@@ -207,7 +212,7 @@ def _run(cfg: Config, opts: dict) -> dict:
     ev["uplink_bits_per_client"] = [b / ds.num_clients for b in ev["uplink_bits"]]
   seed_stats = {}
   if opts["seeds"] > 1:
-    for name in METHODS:
+    for name in names:
       lr, clip, steps, batch = setting[name]
       keys = jax.vmap(jax.random.key)(np.arange(opts["seeds"], dtype=np.uint32)
                                       + 7919 * cfg.seed)
@@ -269,7 +274,7 @@ def _powers_of_two(low: float, high: float) -> tuple[int, ...]:
   return out or (int(np.ceil(low)),)
 
 
-def _tune(cfg, opts, build, params, ds, eval_fn, sparse_params) -> dict:
+def _tune(cfg, opts, build, params, ds, eval_fn, sparse_params, names) -> dict:
   """Seed 000 §E's random search for every method, in two stages on a validation split:
   ``{method: (lr, clip, local steps, batch size)}``."""
   fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
@@ -280,7 +285,7 @@ def _tune(cfg, opts, build, params, ds, eval_fn, sparse_params) -> dict:
            "batch": Dimension(32, 64, choices=(32, 64))}
   reps = opts["repetitions"]
   best = {}
-  for name in METHODS:
+  for name in names:
     def score(c, name=name):
       out = np.full(len(c["lr"]), -np.inf)
       static = np.stack([c["steps"], c["batch"]], 1)
