@@ -554,3 +554,23 @@ def test_a_declared_experiment_is_setup_and_methods_and_the_harness_does_the_res
   pruned = json.load(open(tmp_path / "fedavg_digits" / "results.json"))["posttrain"]
   assert {(r["score"], r["sparsity"]) for r in pruned} == {
       ("dense", 0.0), ("magnitude", 0.5), ("wanda", 0.5), ("ria", 0.5)}
+
+
+def test_scafflix_table_b1_data_and_methods():
+  """Seed 001 Table B.1's setting in scafflix_nn: FedCR's non-IID deal of the pooled data (every
+  client the same size, its own 70/30 train/test split, Dirichlet class proportions), Ditto
+  beside Scafflix, FLIX and FedAvg there only, and the paper's five numbers per data set."""
+  from fedjaxsparse.experiments import scafflix_nn as S
+  from fedjaxsparse.harness.experiment import Config
+  ds = S._load(Config(clients=5, seed=0), "fashion_mnist_standin")
+  n_train, n_test = (np.asarray(d.num_examples) for d in (ds.train, ds.test))
+  total = n_train + n_test
+  assert ds.train.num_clients == ds.test.num_clients == 5 and total.max() - total.min() <= 1
+  np.testing.assert_allclose(n_test / total, 0.3, atol=0.02)
+  opts = dict(p=0.3, ablate="none")
+  assert list(S._variants(opts, 0.3, 2, "cifar100")) == ["Scafflix", "FLIX", "FedAvg", "Ditto"]
+  assert list(S._variants(opts, 0.3, 2, "femnist")) == ["Scafflix", "FLIX", "FedAvg"]
+  assert S.TABLE_B1["cifar100"]["Scafflix"] == 72.37 and S.TABLE_B1["fashion_mnist"]["FedCR"] \
+      == 93.77
+  assert S.PAPERS["tableB1_fmnist"].options["p"] == S.PAPERS["tableB1_cifar100"].options[
+      "alpha"] == 0.3
