@@ -372,7 +372,7 @@ def test_scafflix_inexact_small(tmp_path, quick):
   assert [r["local steps"] for r in res["table"]] == [0, 20]
 
 
-def test_cohort_squeeze_logreg_small(quick):
+def test_cohort_squeeze_logreg_small(quick, tmp_path):
   """E5.1–E5.4 in a tiny configuration: the cost table is T·K of the configurations it names
   (LocalGD: K = 1 per round), the savings follow from it, SS's exact σ²_⋆ matches the
   sampler library, and every study wrote its curves."""
@@ -398,6 +398,15 @@ def test_cohort_squeeze_logreg_small(quick):
       assert not r["curve"][-1] < eps
     else:
       assert all(v < eps for v in r["curve"][t:]) and (t == 0 or not r["curve"][t - 1] < eps)
+  # round_unit=oracle: every gradient or Hessian-vector product is a local round, so CG
+  # (2 per iteration) costs exactly twice the rounds on the same runs, BFGS (1) the same
+  assert main(["run", "cohort_squeeze_logreg", "--quick", "--out", str(tmp_path / "o"),
+               "--no-progress", "--set", "studies=cost", "--set", "round_unit=oracle"]) == 0
+  oracle = json.load(open(tmp_path / "o" / "cohort_squeeze_logreg" / "results.json"))["cost"]
+  for name, per in (("SPPM-SS γ=10 (CG)", 2), ("SPPM-SS γ=10 (BFGS)", 1)):
+    for k, v in res["cost"]["curves"][name].items():
+      w = oracle["curves"][name][k]
+      assert (v is None and w is None) or w == pytest.approx(per * v), (name, k)
   finals = {r["sampling"]: r["final error"] for r in res["sampling"]}
   claims = {c["claim"].split(" (")[0]: c["holds"] for c in res["claims"]}
   assert claims["SS settles in a significantly smaller neighbourhood than BS"] == (
