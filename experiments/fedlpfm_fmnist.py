@@ -176,7 +176,7 @@ def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
     size = c.vision_config.image_size
     fn = lambda a: clip.cached_logits(  # noqa: E731
         lambda p, b: clip.teacher_logits(t, p, clip.preprocess(b, size)), a, params=t.params)
-    return {"CLIP 0-shot": (fn, f"zero-shot CLIP from {opts['clip']}", None)}
+    return {"CLIP 0-shot": (fn, f"zero-shot CLIP from {opts['clip']}", _clip_features(t, size))}
   out = {}
   path = output_dir(cfg, NAME)
   shape = x.shape[1:]
@@ -204,6 +204,19 @@ def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
                      f"centrally on {len(x)} training images, {opts['teacher_epochs']} epochs)",
                  feats)
   return out
+
+
+def _clip_features(teacher, size: int):
+  """``images [n, ...] -> [n, D]``: CLIP's unit image embeddings, the features Table 11's
+  linear probe fits each client's head on (the zero-shot logits are their cosines with the
+  class prompts' embeddings)."""
+  from fedjaxsparse.models import clip  # deferred: CLIP loads only with --set clip=
+
+  def embed(p, b):
+    e = teacher.image_fn(p, clip.preprocess(b, size)).astype(jnp.float32)
+    return e / jnp.linalg.norm(e, axis=-1, keepdims=True)
+
+  return lambda a: clip.cached_logits(embed, a, params=teacher.params)
 
 
 def _batched(fn, params, x, batch: int = 512) -> np.ndarray:

@@ -459,3 +459,29 @@ def test_preprocess_shapes_normalisation_and_grayscale():
       C.preprocess(bad, 32)
   with pytest.raises(ValueError, match="image_size"):
     C.preprocess(raw, 0)
+
+
+def test_fedlpfm_linear_probe_on_clip_features(ckpt, tmp_path):
+  """Table 11's linear-probed teacher with ``--set clip=``: the CLIP teacher carries its unit
+  image embeddings as features, and each client's probe head is fitted on them — the probe's
+  logits are its own, the zero-shot ones the embeddings' scaled cosines with the prompts."""
+  from fedjaxsparse.data.federated import pack_clients
+  from fedjaxsparse.experiments import fedlpfm_fmnist as F
+  from fedjaxsparse.harness.experiment import Config
+  np.save(tmp_path / "ids.npy", IDS)
+  x = RNG.random((40, 28, 28, 1)).astype(np.float32)
+  y = RNG.integers(0, K, 40).astype(np.int32)
+  opts = {"clip": ckpt[0], "clip_prompts": str(tmp_path / "ids.npy")}
+  (name, teacher), = F._teachers(Config(out=str(tmp_path)), opts, x, y, x, y, K).items()
+  fn, _, feats = teacher
+  phi = feats(x)
+  assert phi.shape == (40, CFG.projection_dim)
+  np.testing.assert_allclose(np.linalg.norm(phi, axis=1), 1.0, rtol=1e-5)
+  fit = pack_clients(x, y, np.array_split(np.arange(40), 2))
+  zero = F._client_logits(fit, teacher, K, probe=False)
+  probed = F._client_logits(fit, teacher, K, probe=True)
+  assert zero.shape == probed.shape == (2, 20, K) and not np.allclose(zero, probed)
+  t = C.zero_shot_teacher(ckpt[0], None, IDS)
+  cls = t.class_emb / np.linalg.norm(t.class_emb, axis=-1, keepdims=True)
+  np.testing.assert_allclose(zero.reshape(40, K), np.exp(float(t.logit_scale)) * phi @ cls.T,
+                             rtol=1e-4, atol=1e-4)
