@@ -31,8 +31,9 @@ float error by zero-invariance). Reported: validation and test top-1 %, Δ test 
 pruned FLOPs % = 1 − MACs(small)/MACs(dense) (the DMC-style count of
 :func:`fedjaxsparse.pruning.zig.flops`, an assumption: the seed gives no formula), parameters; means
 over ``seeds``.
-BatchNorm is the library's current-batch BatchNorm (no running statistics): evaluation runs in
-batches of ``eval_batch``.
+BatchNorm is the library's current-batch BatchNorm: evaluation runs in batches of
+``eval_batch`` with each batch's statistics, or with ``--set bn_eval=running`` by running
+statistics averaged over ``bn_samples`` training images (BatchNorm's evaluation mode).
 
 Data: the real **Fashion-MNIST** by default (28×28×1 in [0, 1]; the last ``val_size`` training
 images are the validation split, ``train_size`` of the rest — drawn with ``--seed`` — are
@@ -161,6 +162,12 @@ OPTIONS = (
            "only (default 1 on CIFAR, 0 on Fashion-MNIST)", kind="int", low=0, identity=False),
     Option("seeds", 1, "model seeds --seed, --seed + 1, ... (results are means)", low=1,
            identity=False),
+    Option("bn_eval", "batch", "BatchNorm at evaluation: batch (each evaluation batch's own "
+           "statistics, the library's current-batch BatchNorm) or running (statistics averaged "
+           "over bn_samples training images, BatchNorm's evaluation mode)",
+           choices=("batch", "running")),
+    Option("bn_samples", 2000, "bn_eval=running: training images the statistics average over",
+           low=1),
     Option("eval_batch", 500, "evaluation batch (current-batch BatchNorm statistics)", low=1,
            identity=False),
     Option("curve_size", 1000, "validation images evaluated after every epoch (curves)",
@@ -341,24 +348,42 @@ def _epoch(fraction: float, epochs: int) -> int:
 
 
 class _Evaluator:
-  """Jitted logits of one network, plain or under a group mask (the virtual gate)."""
+  """Jitted logits of one network, plain or under a group mask (the virtual gate); with
+  ``running`` (training images), BatchNorm normalises by running statistics computed over them
+  for the parameters evaluated (:func:`fedjaxsparse.models.prunable.batch_norm_stats`)
+  instead of each evaluation batch's own."""
 
-  def __init__(self, module, model, shape, batch: int):
-    self.model, self.batch = model, batch
+  def __init__(self, module, model, shape, batch: int, running=None):
+    self.model, self.batch, self.running = model, batch, running
     self.zigs = Z.trace(module, shape)
-    self.plain = jax.jit(model.apply)
 
-    def gated(params, w, xb):
-      with Z.gate(self.zigs, w):
+    def plain(params, stats, xb):
+      if stats is None:
         return model.apply(params, xb)
+      return P.apply_with_stats(module, params, stats, xb.reshape((len(xb),) + tuple(shape)))
 
-    self.gated = jax.jit(gated)
+    def gated(params, stats, w, xb):
+      with Z.gate(self.zigs, w):
+        return plain(params, stats, xb)
+
+    def stats(params, w, x):   # under the same gate as the evaluation it serves
+      if w is None:
+        return P.batch_norm_stats(module, params, x, batch)
+      with Z.gate(self.zigs, w):
+        return P.batch_norm_stats(module, params, x, batch)
+
+    self.plain, self.gated = jax.jit(plain), jax.jit(gated)
+    self.stats = jax.jit(stats)
 
   def logits(self, params, x, w=None) -> np.ndarray:
+    stats = None
+    if self.running is not None:
+      stats = self.stats(params, w, jnp.asarray(self.running))
     out = []
     for i in range(0, len(x), self.batch):
       xb = jnp.asarray(x[i:i + self.batch])
-      out.append(np.asarray(self.plain(params, xb) if w is None else self.gated(params, w, xb)))
+      out.append(np.asarray(self.plain(params, stats, xb) if w is None else
+                            self.gated(params, stats, w, xb)))
     return np.concatenate(out)
 
   def accuracy(self, params, x, y, w=None) -> float:
@@ -413,7 +438,8 @@ def _run(cfg: Config, opts: dict) -> dict:
   oto_lam = opts["oto_lam"] if opts["oto_lam"] is not None else OTO_LAM_REF * REF_STEPS / steps
   build = _builder(opts, data["shape"], data["classes"])
   module, model = build()
-  ev = _Evaluator(module, model, data["shape"], opts["eval_batch"])
+  running = (data["x"][:opts["bn_samples"]] if opts["bn_eval"] == "running" else None)
+  ev = _Evaluator(module, model, data["shape"], opts["eval_batch"], running)
   zigs, dense_flops = ev.zigs, Z.total_flops(ev.zigs)
   augment = crop_flip() if s["augment"] else None
   loop = opts["loop"] if opts["loop"] != "auto" else (
@@ -469,7 +495,8 @@ def _run(cfg: Config, opts: dict) -> dict:
     """Zero the removed groups, compress, rebuild; evaluate the small model."""
     w = jnp.asarray(keep, jnp.float32)
     small, widths = Z.compress(zigs, Z.scale_groups(zigs, params, w), keep)
-    sev = ev if keep.all() else _Evaluator(*build(widths), data["shape"], opts["eval_batch"])
+    sev = ev if keep.all() else _Evaluator(*build(widths), data["shape"], opts["eval_batch"],
+                                           running)
     diff = float(np.max(np.abs(sev.logits(small, check_x) - ev.logits(params, check_x, w))))
     return dict(val=sev.accuracy(small, data["xv"], data["yv"]),
                 test=sev.accuracy(small, data["xt"], data["yt"]),
@@ -516,7 +543,7 @@ def _run(cfg: Config, opts: dict) -> dict:
         r, keep = uniform_ratio(zigs, goal)
         widths = {c.name: int(keep[c.offset:c.offset + c.size].sum()) for c in zigs.prunable}
         umod, umodel = build(widths)
-        uev = _Evaluator(umod, umodel, data["shape"], opts["eval_batch"])
+        uev = _Evaluator(umod, umodel, data["shape"], opts["eval_batch"], running)
         st, hist, sec = train(f"Uniform_p{p:g}{tag}", umodel, uev.zigs,
                               base._replace(lam=0.0, **never), umodel.init(
                                   jax.random.fold_in(key, 1)), key,

@@ -246,3 +246,46 @@ def test_resnet50_is_torchvisions():
   zigs = fjs.pruning.zig.trace(module, (224, 224, 3))
   assert round(fjs.pruning.zig.total_flops(zigs) / 1e9, 2) == 4.09
   assert zigs.get("stage4").size == 2048 and zigs.get("s1b1a").size == 64
+
+
+def test_batch_norm_running_statistics_for_evaluation():
+  """BatchNorm's evaluation mode: the statistics averaged over training batches, then every
+  example normalised by them — on the batch the statistics came from it equals training-mode
+  BatchNorm (one batch: its own statistics), and an example's output no longer depends on its
+  batch (a single example equals its row of a batch evaluation)."""
+  module, model = prunable.resnet((1,), (8, 8, 3), 5)
+  params = model.init(jax.random.key(0))
+  x = jax.random.normal(jax.random.key(1), (16, 8, 8, 3))
+  stats = prunable.batch_norm_stats(module, params, x, batch_size=16)
+  assert len(stats) == 3 and all(m.shape == v.shape and (v >= 0).all() for m, v in
+                                 stats.values())
+  np.testing.assert_allclose(prunable.apply_with_stats(module, params, stats, x),
+                             model.apply(params, x), rtol=1e-4, atol=1e-5)
+  batch = prunable.apply_with_stats(module, params, stats, x[:4])
+  one = prunable.apply_with_stats(module, params, stats, x[:1])
+  np.testing.assert_allclose(one[0], batch[0], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(model.apply(params, x[:1])[0], model.apply(params, x[:4])[0])
+  two = prunable.batch_norm_stats(module, params, x, batch_size=8)   # two batches, averaged
+  halves = [prunable.batch_norm_stats(module, params, x[i:i + 8], batch_size=8)
+            for i in (0, 8)]
+  for k, (m, v) in two.items():
+    np.testing.assert_allclose(m, (halves[0][k][0] + halves[1][k][0]) / 2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(v, (halves[0][k][1] + halves[1][k][1]) / 2, rtol=1e-5, atol=1e-6)
+
+
+def test_running_statistics_keep_physical_removal_exact():
+  """With BatchNorm in evaluation mode (running statistics over training images), the network
+  with zeroed groups and the physically smaller one compute the same function, each with its
+  own statistics: a zeroed channel's statistics are zero and its norm outputs zero."""
+  module, model = prunable.resnet((1, 1), (8, 8, 3), 5)
+  params = model.init(jax.random.key(0))
+  zigs = fjs.pruning.zig.trace(module, (8, 8, 3))
+  keep = np.asarray(jax.random.uniform(jax.random.key(2), (zigs.num_groups,)) > 0.4)
+  masked = fjs.pruning.zig.scale_groups(zigs, params, jnp.asarray(keep, jnp.float32))
+  small, widths = fjs.pruning.zig.compress(zigs, masked, keep)
+  small_module, _ = prunable.resnet((1, 1), (8, 8, 3), 5, widths=widths)
+  x = jax.random.normal(jax.random.key(3), (32, 8, 8, 3))
+  xe = jax.random.normal(jax.random.key(4), (5, 8, 8, 3))
+  out = [prunable.apply_with_stats(m, p, prunable.batch_norm_stats(m, p, x, 16), xe)
+         for m, p in ((module, masked), (small_module, small))]
+  np.testing.assert_allclose(out[0], out[1], rtol=1e-4, atol=1e-5)

@@ -30,7 +30,9 @@ Architectures (each takes ``widths``: ``{set name: channels}`` overrides, as pro
   inverted residual are prunable.
 
 Normalisation: ``norm="batch"`` is the library's current-batch BatchNorm (no running state, see
-:mod:`fedjaxsparse.models.nets`) — per channel, so a removed channel changes nothing else;
+:mod:`fedjaxsparse.models.nets`) — per channel, so a removed channel changes nothing else; for
+evaluation with running statistics, :func:`batch_norm_stats` computes them over training data
+and :func:`apply_with_stats` evaluates with them (each example independent of its batch);
 ``norm="group"`` is GroupNorm (Fed-LPFM's students use 8 groups) — zero-invariant, but removing
 channels changes the other channels' group statistics, so physical removal is exact only with
 ``"batch"``.
@@ -115,6 +117,56 @@ class PNorm(nn.Module):
       y = jnp.reshape((g - mean) * jax.lax.rsqrt(var + self.epsilon), x.shape)
     return y * self.param("scale", nn.initializers.ones, (c,), x.dtype) + self.param(
         "bias", nn.initializers.zeros, (c,), x.dtype)
+
+
+def batch_norm_stats(module: nn.Module, params, x, batch_size: int = 256) -> dict:
+  """``{norm path: (mean [C], var [C])}``: the running statistics each current-batch
+  BatchNorm (``PNorm(kind="batch")``) of ``module`` would hold after seeing ``x`` — the mean
+  over batches of ``batch_size`` of each batch's per-channel mean and variance, computed as the
+  network runs in training mode (precise-BN: an exact average instead of a moving one).
+  ``x [N, ...]``; the last partial batch is left out when there are several."""
+  x = jnp.asarray(x)
+  n = len(x)
+  if not isinstance(batch_size, int) or batch_size < 1:
+    raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}.")
+  steps = max(1, n // batch_size)
+  sums: dict = {}
+
+  def record(next_fun, args, kwargs, context):
+    m = context.module
+    if context.method_name == "__call__" and isinstance(m, PNorm) and m.kind == "batch":
+      h = args[0]
+      mean = jnp.mean(h, axis=tuple(range(h.ndim - 1)))
+      var = jnp.mean(jnp.square(h - mean), axis=tuple(range(h.ndim - 1)))
+      sums.setdefault(tuple(m.path), []).append((mean, var))
+    return next_fun(*args, **kwargs)
+
+  for i in range(steps):
+    xb = x[i * batch_size:(i + 1) * batch_size] if n > batch_size else x
+    with nn.intercept_methods(record):
+      module.apply({"params": params}, xb)
+  return {k: (jnp.mean(jnp.stack([m for m, _ in v]), 0), jnp.mean(jnp.stack([u for _, u in v]), 0))
+          for k, v in sums.items()}
+
+
+def apply_with_stats(module: nn.Module, params, stats: dict, x) -> jax.Array:
+  """``module``'s output on ``x`` with every current-batch BatchNorm normalising by the fixed
+  ``stats`` of :func:`batch_norm_stats` (BatchNorm's evaluation mode: each example's output
+  independent of the batch) instead of the batch's own statistics."""
+  def fixed(next_fun, args, kwargs, context):
+    m = context.module
+    if context.method_name == "__call__" and isinstance(m, PNorm) and m.kind == "batch":
+      key = tuple(m.path)
+      if key not in stats:
+        raise KeyError(f"no statistics for the norm at {'/'.join(key)}: compute them with "
+                       "batch_norm_stats on this network.")
+      mean, var = stats[key]
+      p = m.variables["params"]
+      return (args[0] - mean) * jax.lax.rsqrt(var + m.epsilon) * p["scale"] + p["bias"]
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(fixed):
+    return module.apply({"params": params}, jnp.asarray(x))
 
 
 def _width(widths, name: str, default: int) -> int:
