@@ -209,6 +209,28 @@ def partition(prob: SC.Problem) -> np.ndarray | None:
   return None if np.array_equal(block, np.arange(block.shape[0])) else block
 
 
+def worker_shards(data: SparseRows, workers: int, shards: int | None,
+                  block: np.ndarray | None = None, per_shard_weights: bool = False):
+  """``(rows int32 [W, m], sizes int32 [W], d [W, p])``: the samples each of ``workers``
+  draws from — all n (``shards=None``, shared memory) or its own of ``shards`` contiguous
+  disjoint shards, padded to the largest — and its sparse-prox weights D (the whole data's
+  column counts, or with ``per_shard_weights`` its shard's)."""
+  n = data.n
+  if shards is None:
+    rows = np.tile(np.arange(n), (workers, 1))
+    sizes = np.full(workers, n)
+    d = np.tile(column_weights(data, block=block), (workers, 1))
+  else:
+    parts = np.array_split(np.arange(n), shards)
+    m = max(len(r) for r in parts)
+    rows = np.stack([np.pad(r, (0, m - len(r))) for r in parts])
+    sizes = np.array([len(r) for r in parts])
+    d = np.stack([column_weights(data, r if per_shard_weights else None, block)
+                  for r in parts])
+  return (jnp.asarray(rows, jnp.int32), jnp.asarray(sizes, jnp.int32),
+          jnp.asarray(d, data.val.dtype))
+
+
 def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int = 1,
          estimator: str = "sparse_svrg", prox: str = "sparse", screening: bool = True,
          radius: str = "safe", shards: int | None = None, per_shard_weights: bool = False,
@@ -245,19 +267,7 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   dtype = data.val.dtype
   block = partition(prob)
   grouped = None if block is None else block_rows(data, block)  # host-built, closed over
-  if shards is None:
-    shard_rows = np.tile(np.arange(n), (workers, 1))
-    shard_n = np.full(workers, n)
-    d = np.tile(column_weights(data, block=block), (workers, 1))
-  else:
-    parts = np.array_split(np.arange(n), shards)
-    m = max(len(r) for r in parts)
-    shard_rows = np.stack([np.pad(r, (0, m - len(r))) for r in parts])
-    shard_n = np.array([len(r) for r in parts])
-    d = np.stack([column_weights(data, r if per_shard_weights else None, block)
-                  for r in parts])
-  shard_rows, shard_n = jnp.asarray(shard_rows, jnp.int32), jnp.asarray(shard_n, jnp.int32)
-  d = jnp.asarray(d, dtype)
+  shard_rows, shard_n, d = worker_shards(data, workers, shards, block, per_shard_weights)
   eta = jnp.asarray(step_size, dtype)
   ticks = inner_steps // workers
   distributed = shards is not None

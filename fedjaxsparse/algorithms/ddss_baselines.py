@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.convex import screening as SC
-from fedjaxsparse.algorithms.ddss import (DDSSInfo, block_rows, column_weights, partition,
-                                          sample_update)
+from fedjaxsparse.algorithms.ddss import (DDSSInfo, block_rows, partition, sample_update,
+                                          worker_shards)
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.sparse_rows import SparseRows, columns, matvec, rmatvec
 
@@ -99,19 +99,7 @@ def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_st
   block = partition(prob)
   grouped = None if block is None else block_rows(data, block)
   n = data.n
-  if shards is None:
-    rows = np.tile(np.arange(n), (workers, 1))
-    sizes = np.full(workers, n)
-    d = np.tile(column_weights(data, block=block), (workers, 1))
-  else:
-    parts = np.array_split(np.arange(n), shards)
-    m = max(len(r) for r in parts)
-    rows = np.stack([np.pad(r, (0, m - len(r))) for r in parts])
-    sizes = np.array([len(r) for r in parts])
-    d = np.stack([column_weights(data, r if per_shard_weights else None, block)
-                  for r in parts])
-  rows, sizes = jnp.asarray(rows, jnp.int32), jnp.asarray(sizes, jnp.int32)
-  d = jnp.asarray(d, data.val.dtype)
+  rows, sizes, d = worker_shards(data, workers, shards, block, per_shard_weights)
   eta = jnp.asarray(step_size, data.val.dtype)
   every = jnp.ones(data.p, bool)
 
