@@ -212,7 +212,8 @@ def loglikelihoods(logits_fn: Callable, tok, requests: Sequence[tuple[str, str]]
   logits predict token ``t + 1``); ``tok.encode`` tokenises (context and continuation
   separately, the harness's convention); each sequence keeps its last ``max_length`` tokens,
   at least one of the context's (an empty context is an error), and is right-padded within a
-  batch (padding never reaches the scored positions of a causal model)."""
+  batch (padding never reaches the scored positions of a causal model; batches are padded to a
+  few shapes, so a jitted model compiles a few programs)."""
   if not isinstance(max_length, int) or max_length < 2:
     raise ValueError(f"max_length must be an int >= 2, got {max_length!r}.")
   seqs, starts = [], []
@@ -230,8 +231,10 @@ def loglikelihoods(logits_fn: Callable, tok, requests: Sequence[tuple[str, str]]
   out = np.zeros(len(seqs))
   for lo in range(0, len(seqs), batch_size):
     chunk = seqs[lo:lo + batch_size]
-    width = max(len(s) for s in chunk)
-    ids = np.zeros((len(chunk), width), np.int32)
+    # widths rounded up to a multiple of 64 (at most max_length) and every batch padded to
+    # batch_size rows: a jitted model compiles a few shapes, not one per batch
+    width = min(max_length, -(-max(len(s) for s in chunk) // 64) * 64)
+    ids = np.zeros((batch_size, width), np.int32)
     for j, s in enumerate(chunk):
       ids[j, :len(s)] = s
     logits = jnp.asarray(logits_fn(jnp.asarray(ids)), jnp.float32)
