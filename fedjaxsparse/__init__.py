@@ -42,6 +42,7 @@ from fedjaxsparse.algorithms.proxskip import (accelerated_server_pruning,
                                               meta_sparse_proxskip, proxskip, randprox_l1,
                                               sparse_proxskip, sparse_proxskip_local,
                                               sparse_proxskip_modified)
+from fedjaxsparse.algorithms.representation import fedcr, fedpac, fedsr
 from fedjaxsparse.algorithms.scafflix import flix_sgd, i_scaffnew, scafflix
 from fedjaxsparse.algorithms.sppm import fedavg_sppm_as, fedprox_sppm_as, local_gd, sppm_as
 from fedjaxsparse.algorithms.subfedavg import subfedavg
@@ -62,6 +63,7 @@ METHODS = (
     "flix_sgd", "sppm_as", "fedprox_sppm_as", "fedavg_sppm_as", "local_gd", "fedspa", "ditto",
     "subfedavg", "fedpm", "fedmrn", "fedp3", "fedp3_theory", "fedlpfm", "fml", "ato",
     "sha_ddss_naive", "sha_ddss", "dis_ddss_naive", "dis_ddss", "prox_asvrg", "prox_asaga", "pse",
+    "fedcr", "fedsr", "fedpac",
 )
 """The paper methods at the top of the package, by their papers' names."""
 

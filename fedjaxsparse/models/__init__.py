@@ -1,19 +1,21 @@
 """Models for one client: ``Model(init, apply, per_example_loss, regularizer, task)``: linear
 models, the papers' networks (``nets``, ``conv``), networks that declare their prunable
-channel groups (``prunable``), EfficientNet, a decoder-only transformer (``transformer``), and
+channel groups (``prunable``), networks split into a representation and a head (``split``), EfficientNet, a decoder-only transformer (``transformer``), and
 — loaded on first use — Hugging Face checkpoints (``hf``) and CLIP (``clip``)."""
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
-from fedjaxsparse.models import base, conv, efficientnet, linear, nets, prunable, transformer
+from fedjaxsparse.models import (base, conv, efficientnet, linear, nets, prunable, split,
+                                 transformer)
 from fedjaxsparse.models.base import (from_flax, global_mean_scale, make_loss,
                                       softmax_cross_entropy, squared_error)
 from fedjaxsparse.models.linear import (linear_regression, logistic_loss, logistic_regression,
                                         softmax_regression)
 from fedjaxsparse.models.nets import (bn_cnn, char_lstm, cnn, cohort_squeeze_cnn, fedp3_cnn,
                                       lenet5_caffe, mlp, resnet18, vgg11)
+from fedjaxsparse.models.split import SplitModel, fedcr_net
 from fedjaxsparse.ops.sparsity import num_params
 from fedjaxsparse.core import Model, lazy_submodules
 
@@ -41,7 +43,8 @@ def get_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs)
 
 
 __all__ = [
-    "base", "conv", "efficientnet", "linear", "nets", "prunable", "transformer", "hf", "clip",
+    "base", "conv", "efficientnet", "linear", "nets", "prunable", "split", "transformer", "hf",
+    "clip", "SplitModel", "fedcr_net",
     "make_loss", "global_mean_scale", "from_flax",
     "softmax_cross_entropy", "squared_error", "logistic_loss", "linear_regression",
     "softmax_regression", "logistic_regression", "mlp", "cnn", "cohort_squeeze_cnn", "bn_cnn",

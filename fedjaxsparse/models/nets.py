@@ -37,7 +37,7 @@ from fedjaxsparse.core import Model
 NORMS = ("group", "batch")
 
 
-def _image_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
+def image_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
   """``(H, W, C)`` for an input of ``(H, W, C)``, ``(H, W)`` or a flat square ``(H·W,)``."""
   shape = tuple(int(s) for s in input_shape)
   if len(shape) == 3:
@@ -106,7 +106,7 @@ def cnn(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = 
   if padding not in ("SAME", "VALID"):
     raise ValueError(f"padding must be 'SAME' or 'VALID', got {padding!r}.")
   return from_flax(_CNN(num_classes, tuple(channels), dense, conv, padding, pool_each),
-                   input_shape, _image_shape(input_shape))
+                   input_shape, image_shape(input_shape))
 
 
 def cohort_squeeze_cnn(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 62,
@@ -174,7 +174,7 @@ def bn_cnn(input_shape: Sequence[int], num_classes: int,
   if norm not in ("batch", "group"):
     raise ValueError(f"norm must be 'batch' or 'group', got {norm!r}.")
   return from_flax(_BNCNN(num_classes, tuple(channels), norm, pool_every, conv), input_shape,
-                   _image_shape(input_shape))
+                   image_shape(input_shape))
 
 
 class _BasicBlock(nn.Module):
@@ -246,7 +246,7 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
                      f"{num_groups}.")
   resolve_impl(conv)
   return from_flax(_ResNet18(num_classes, norm, num_groups, conv, width), input_shape,
-                   _image_shape(input_shape))
+                   image_shape(input_shape))
 
 
 class _LeNet5Caffe(nn.Module):
@@ -269,7 +269,7 @@ def lenet5_caffe(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 26
   dense 800 → 500 (ReLU), dense 500 → classes. 28×28 inputs, 26 classes: 439,096 parameters
   (the spec's d)."""
   resolve_impl(conv)
-  return from_flax(_LeNet5Caffe(num_classes, conv), input_shape, _image_shape(input_shape))
+  return from_flax(_LeNet5Caffe(num_classes, conv), input_shape, image_shape(input_shape))
 
 
 class _FedP3CNN(nn.Module):
@@ -302,7 +302,7 @@ def fedp3_cnn(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
   FMNIST counts use the 1600-wide FC layer that 32×32 inputs give; 28×28 ones would give 1024,
   §0.1.5). ``channels``/``hidden`` give CPU-sized versions."""
   resolve_impl(conv)
-  shape = _image_shape(input_shape)
+  shape = image_shape(input_shape)
   if shape[0] > pad_to or shape[1] > pad_to:
     raise ValueError(f"pad_to must be >= the image size {shape[:2]}, got {pad_to}.")
   return from_flax(_FedP3CNN(num_classes, channels, tuple(hidden), pad_to, conv), input_shape,
@@ -340,7 +340,7 @@ def vgg11(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
   if num_groups < 1 or 64 % num_groups:
     raise ValueError(f"num_groups must divide 64 (the narrowest layer), got {num_groups}.")
   return from_flax(_VGG11(num_classes, num_groups, conv), input_shape,
-                   _image_shape(input_shape))
+                   image_shape(input_shape))
 
 
 class _CharLSTM(nn.Module):

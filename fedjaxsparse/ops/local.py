@@ -1,6 +1,8 @@
 """Local training of ONE client: minibatches (with replacement, :func:`minibatch`; or epochs without
 replacement, :func:`epoch_minibatch`), the epoch loop under a static step count
-(:func:`epoch_loop`), and epoch-based local SGD shared by FedSpa, Ditto, Local and Sub-FedAvg.
+(:func:`epoch_loop`), epoch-based local SGD shared by FedSpa, Ditto, Local and Sub-FedAvg, and
+epoch-based training with any optax optimiser, a stochastic loss, frozen parts and statistics
+of the forward passes (:func:`epoch_optimize`: FedCR, FedSR, FedPAC).
 Clients of unequal size share one vmapped loop of ``max_steps`` steps.
 
 Source for the team: :func:`epoch_sgd`: seed 002's protocol of E epochs of minibatches of B, weight
@@ -12,6 +14,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import optax
 
 
 def minibatch(key: jax.Array, data, batch_size: int | None, augment=None):
@@ -93,3 +96,44 @@ def epoch_sgd(grad_fn: Callable, params: Any, key: jax.Array, data, *, lr: Any, 
 def max_local_steps(data, batch_size: int, epochs: int) -> int:
   """The static ``S_max = E⌈max_k n_k/B⌉`` of a (padded) federated dataset."""
   return epochs * -(-data.max_examples // batch_size)
+
+
+def epoch_optimize(loss_fn: Callable, params: Any, optimizer: Any, key: jax.Array, data, *,
+                   epochs: int, batch_size: int, max_steps: int, trainable: Any = None,
+                   observe: Callable | None = None, observed: Any = None
+                   ) -> tuple[Any, Any, jax.Array]:
+  """Epoch-based local training of ONE client with an optax ``optimizer`` (its state starts
+  fresh): ``S_k = E⌈n_k/B⌉`` steps on :func:`epoch_minibatch` batches of
+
+      (loss, aux) = loss_fn(params, key_t, x, y, mask),   key_t = fold_in(k_noise, t),
+
+  so a stochastic loss (a sampled representation, say) draws fresh noise every step.
+
+  ``trainable``: a boolean pytree like ``params`` (``None``: all); frozen leaves keep their
+  values exactly (the optimizer's update is zeroed there, weight decay included).
+  ``observe(observed, aux, (x, y, mask), t) -> observed`` folds statistics of every step's
+  forward pass (taken before the step's update) into ``observed``.
+
+  Returns ``(params, observed, loss)``, ``loss`` the first step's (the received model's loss on
+  its first batch, the convention of :class:`fedjaxsparse.algorithms.fedavg.FedAvgInfo`)."""
+  k_order, k_noise = jax.random.split(key)
+  grad = jax.value_and_grad(loss_fn, has_aux=True)
+  frozen = lambda m, a: jnp.where(m, a, jnp.zeros_like(a))
+
+  def update(t, carry, batch):
+    p, s, obs, first = carry
+    (loss, aux), g = grad(p, jax.random.fold_in(k_noise, t), *batch)
+    if trainable is not None:    # frozen leaves have no gradient (nor a share of a clip norm)
+      g = jax.tree.map(frozen, trainable, g)
+    u, s = optimizer.update(g, s, p)
+    if trainable is not None:
+      u = jax.tree.map(frozen, trainable, u)
+    p = optax.apply_updates(p, u)
+    if observe is not None:
+      obs = observe(obs, aux, batch, t)
+    return p, s, obs, jnp.where(t == 0, loss, first)
+
+  zero = jnp.zeros((), jnp.result_type(float))
+  p, _, obs, first = epoch_loop(update, (params, optimizer.init(params), observed, zero),
+                                k_order, data, batch_size, epochs, max_steps)
+  return p, obs, first

@@ -1,0 +1,743 @@
+"""Personalised methods that share a representation and keep a personal head — FedCR,
+FedSR(-FT) and FedPAC, the baselines of seed 001's Table B.1 and Fig. 4.2, as the seed ran them
+(FedCR's code, github.com/haozzh/FedCR).
+
+All three train a :class:`fedjaxsparse.models.split.SplitModel` (``{"body", "head"}``) on the
+shared cohort round (:mod:`fedjaxsparse.runtime.cohort`: any sampler, weighting and server
+optimiser), with epoch-based local training (:func:`fedjaxsparse.ops.local.epoch_optimize`):
+
+* :func:`fedcr` — a Gaussian representation regularised towards global class-conditional
+  distributions built by products of experts; personal heads; FedCR-OPU3 with
+  ``train_layers``;
+* :func:`fedsr` — FedAvg with the L2R and CMI regularisers of the representation, then
+  fine-tuned (FedSR-FT);
+* :func:`fedpac` — feature alignment to global class centroids, classifier combination by a
+  quadratic programme on the simplex (:func:`simplex_qp`).
+
+:func:`fine_tune` is the final round of FedCR's code (every client trains its head, or its
+projection and head, on its own data); :func:`make_fine_tuned_eval_fn` evaluates that way.
+
+References:
+  Hao Zhang, Chenglin Li, Wenrui Dai, Junni Zou, Hongkai Xiong (2023). FedCR: Personalized
+    Federated Learning Based on Across-Client Common Representation with Conditional Mutual
+    Information Regularization. ICML 2023, PMLR 202:41314-41330.
+  Nguyen, A. Tuan; Torr, Philip H. S.; Lim, Ser-Nam (2022). FedSR: A Simple and Effective
+    Domain Generalization Method for Federated Learning. NeurIPS 2022.
+  Jian Xu, Xinyi Tong, Shao-Lun Huang (2023). Personalized Federated Learning with Feature
+    Alignment and Classifier Collaboration. ICLR 2023. arXiv:2306.11867.
+
+Source for the team: seed 001 ch. 3 Table B.1 (l. 2919-2925), ch. 4 Fig. 4.2 (l. 1285); the
+seed does not describe the three methods (it ran FedCR's code), so they follow their papers
+and that code; spec ``seed001_ch3_ch5.md`` §B.1, ``seed001_ch4_ch6.md`` (FedCR row).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjaxsparse import evaluation
+from fedjaxsparse.algorithms import fedp3
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.data.federated import FederatedData, check_data
+from fedjaxsparse.errors import check_number
+from fedjaxsparse.models.base import softmax_cross_entropy
+from fedjaxsparse.models.split import SplitModel, kl_normal, product_of_normals
+from fedjaxsparse.ops import accounting, layer_groups
+from fedjaxsparse.ops.aggregation import weighted_mean
+from fedjaxsparse.ops.local import epoch_optimize, max_local_steps
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
+from fedjaxsparse.runtime import cohort as cohorts
+from fedjaxsparse.runtime.clients import map_clients
+
+__all__ = ["FedCRState", "FedSRState", "FedPACState", "RoundInfo", "fedcr", "fedsr", "fedpac",
+           "local_optimizer", "fine_tune", "make_fine_tuned_eval_fn", "personal_models",
+           "project_to_simplex", "simplex_qp", "features_in_batches", "L2R_FORMS"]
+
+
+class FedCRState(NamedTuple):
+  """Attributes: ``params`` (the global ``{"body", "head"}``; the head is the shared one only
+  with ``share_head``), ``heads`` (personal heads, leaves ``[N, ...]``), ``prior_mean``,
+  ``prior_std`` (``[C, d]``: r(z|y)), ``server_opt_state``, ``round``."""
+  params: Any
+  heads: Any
+  prior_mean: jax.Array
+  prior_std: jax.Array
+  server_opt_state: Any
+  round: jax.Array
+
+  @property
+  def personal(self) -> Any:
+    """Every client's model ``{"body": φ, "head": h_i}``, leaves ``[N, ...]``."""
+    return personal_models(self.params, self.heads)
+
+
+class RoundInfo(NamedTuple):
+  """Per round: ``loss`` (the cohort's mean first-step loss), ``bits_up`` (bodies — only the
+  ``L_i`` layers with ``train_layers`` — plus the class experts sent, 2d floats each),
+  ``bits_down`` (body and r(z|y), fp32), ``num_clients``."""
+  loss: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+  num_clients: jax.Array
+
+
+def personal_models(params: Any, heads: Any) -> Any:
+  """``{"body": φ broadcast to [N, ...], "head": heads}`` for heads with leaves ``[N, ...]``."""
+  n = jax.tree.leaves(heads)[0].shape[0]
+  return {"body": jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), params["body"]),
+          "head": heads}
+
+
+def local_optimizer(lr: Any, momentum: float = 0.0, weight_decay: float = 0.0,
+                    clip: float | None = 10.0) -> optax.GradientTransformation:
+  """FedCR's local optimiser (PyTorch's SGD after ``clip_grad_norm_``): the gradient's global
+  norm clipped at ``clip`` (``None``: no clipping), plus ``weight_decay·w``, then SGD with
+  heavy-ball ``momentum`` (``buf ← m·buf + g``, ``w ← w − lr·buf``)."""
+  parts = [] if clip is None else [optax.clip_by_global_norm(clip)]
+  if weight_decay:
+    parts.append(optax.add_decayed_weights(weight_decay))
+  parts.append(optax.sgd(lr, momentum=momentum or None))
+  return optax.chain(*parts)
+
+
+def _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip):
+  check_number("lr", lr, 0.0, None, low_open=True)
+  check_number("momentum", momentum, 0.0, 1.0, high_open=True)
+  check_number("weight_decay", weight_decay, 0.0, None)
+  if clip is not None:
+    check_number("clip", clip, 0.0, None, low_open=True)
+  for name, v in (("epochs", epochs), ("batch_size", batch_size), ("samples", samples)):
+    if not isinstance(v, int) or v < 1:
+      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+
+
+def fedcr(model: SplitModel, lr: float, *, beta: float = 1e-3, beta2: float = 1.0,
+          samples: int = 15, epochs: int = 2, batch_size: int = 48,
+          cohort_size: int | None = 10, momentum: float = 0.0, weight_decay: float = 0.0,
+          clip: float | None = 10.0, lr_decay: float = 1.0, weighting: str = "uniform",
+          share_head: bool = False, deterministic: bool = False,
+          train_layers: Any = None, sampler: Any = None,
+          server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+  """FedCR (Zhang et al. 2023): a shared Gaussian representation regularised towards global
+  class-conditional distributions (a conditional-mutual-information bound), personal heads.
+
+  Model: a :class:`fedjaxsparse.models.split.SplitModel` with a Gaussian representation — a
+  shared body ``φ`` giving ``p(z|x) = N(μ_φ(x), diag σ_φ(x)²)``, ``z ∈ R^d``, and a personal
+  linear head ``h_i`` (``[C, d]`` logits from ``z``). The server keeps global class-conditional
+  distributions ``r(z|y=c) = N(m_c, diag s_c²)`` (``m, s [C, d]``, initially ``N(0, I)``).
+
+  Round t, every client i of the cohort S_t (uniform, ``cohort_size``, or any sampler):
+
+  1. starts from the global body ``φ_t`` and its own head ``h_i``;
+  2. runs ``epochs`` epochs of minibatch SGD (batch B; gradient norm clipped at ``clip``, weight
+     decay, momentum: FedCR's local optimiser) on
+
+         L_i(φ, h) = mean_b [ (1/S) Σ_s CE(h(μ_b + σ_b ⊙ ε_{b,s}), y_b)
+                              + β KL( r(z|y_b) ‖ p(z|x_b) ) ],      ε ~ N(0, I),
+
+     with S = ``samples`` draws per example (FedCR: ``num_avg_train``);
+  3. during its last epoch, accumulates every example's ``p(z|x_b)`` (from the step's forward
+     pass) into one Gaussian per class by the product of experts,
+     ``τ_ic = Σ_{b: y_b = c} σ_b^{-2}``, ``μ_ic = τ_ic^{-1} Σ_{b: y_b = c} μ_b σ_b^{-2}``
+     (:func:`fedjaxsparse.models.split.product_of_normals`);
+  4. uploads ``φ_i`` and ``(μ_ic, τ_ic^{-1/2})`` for the classes it saw; keeps ``h_i``.
+
+  The server sets ``φ_{t+1}`` to the cohort's average (uniform weights as FedCR's code, or data
+  sizes; any ``server_optimizer`` on the pseudo-gradient) and, for every class c seen by the
+  cohort, the product of the clients' experts with a standard normal prior,
+  ``T_c = 1 + Σ_i s_ic^{-2}``, ``m̂_c = T_c^{-1} Σ_i μ_ic s_ic^{-2}``, ``ŝ_c = T_c^{-1/2}``
+  (``s_ic = τ_ic^{-1/2}``, the sums over the clients that saw c), then moves
+  ``(m_c, s_c) ← (1 − β₂)(m_c, s_c) + β₂ (m̂_c, ŝ_c)`` (FedCR's code; β₂ = 1 replaces them).
+
+  Evaluation: client i's model is ``(φ, h_i)`` with ``z = μ`` (the mean of the logits over draws
+  of ``z``, which FedCR's code estimates with 30 draws; the head is linear). FedCR's final round
+  trains every client's head alone on its own data (the body frozen) before the last test:
+  :func:`fine_tune` (``trainable="head"``), applied to a copy of the state by the experiments.
+
+  Choices taken from FedCR's code: the KL is ``KL(r(z|y) ‖ p(z|x))``, in the code's argument
+  order; the class experts use only the last local epoch's examples; the global product
+  includes the ``N(0, I)`` prior. ``share_head=True`` averages the head too (FedCR's regulariser on FedAvg);
+  with ``beta=0`` and ``deterministic=True`` (``z = μ``) that is FedAvg on the network
+  ``head(μ_φ(x))`` (tested).
+
+  FedCR-OPU3 (seed 001 ch. 4, Fig. 4.2 right): ``train_layers`` ``bool[N, L]`` over the body's
+  layers (:func:`fedjaxsparse.algorithms.fedp3.layer_policy`): client i uploads only its layers
+  ``L_i`` and each layer is averaged over the clients that returned it (FedP3's Algorithm 7,
+  :func:`fedjaxsparse.algorithms.fedp3.aggregate_updates`).
+
+  Args:
+    model: a :class:`~fedjaxsparse.models.split.SplitModel` with a Gaussian representation
+      (:func:`fedjaxsparse.models.split.fedcr_net`).
+    lr: the local step size η (``η_t = lr·lr_decay^t``; FedCR's code: 0.997 per round by
+      default, 1 in its README's commands).
+    beta: β, the weight of the KL term (FedCR's code: 1e-3; 1e-4 for CIFAR-100).
+    beta2: β₂ ∈ [0, 1], the server's step towards the new class distributions (the README: 1).
+    samples: S, draws of z per example (``num_avg_train``: 15; 18 for CIFAR-100).
+    epochs, batch_size: E local epochs of B examples (the code: 2 and 48; the README: 10).
+    cohort_size: clients per round (the code: 10 % of 100); ``None``: all.
+    momentum, weight_decay, clip: :func:`local_optimizer` (the code: 0, 0 and 10).
+    weighting: the body's aggregation weights, ``"uniform"`` (the code) or ``"num_examples"``
+      (``"sampling"`` with a sampler).
+    share_head: average the head as well (FedAvg with FedCR's regulariser).
+    deterministic: ``z = μ`` (no sampling; then ``samples`` must be 1) — the reduction to FedAvg.
+    train_layers: ``bool[N, L]`` over the body's layers (FedCR-OPU3; ``None``: every layer).
+    sampler, server_optimizer: the cohort round's (:mod:`fedjaxsparse.runtime.cohort`).
+  """
+  _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip)
+  check_number("beta", beta, 0.0, None)
+  check_number("beta2", beta2, 0.0, 1.0)
+  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
+  if not model.gaussian:
+    raise ValueError("fedcr needs a SplitModel with a Gaussian representation "
+                     "(fedcr_net(..., gaussian=True)).")
+  if deterministic and samples != 1:
+    raise ValueError(f"deterministic=True draws no z: samples must be 1, got {samples}.")
+  if share_head and train_layers is not None:
+    raise ValueError("train_layers (FedCR-OPU3) assigns the body's layers; it cannot be "
+                     "combined with share_head=True.")
+  cohorts.check_options(cohort_size, sampler, weighting)
+  d = model.dim
+
+  def loss_fn(p, key, x, y, mask, prior_mean, prior_std):
+    mu, sigma = model.representation(p["body"], x)
+    if deterministic:
+      z = mu[None]
+    else:
+      z = mu[None] + sigma[None] * jax.random.normal(key, (samples,) + mu.shape, mu.dtype)
+    logits = jax.vmap(model.head, in_axes=(None, 0))(p["head"], z)       # [S, B, C]
+    ce = jnp.mean(jax.vmap(softmax_cross_entropy, in_axes=(0, None))(logits, y), axis=0)
+    per = ce + beta * kl_normal(prior_mean[y], prior_std[y], mu, sigma) if beta else ce
+    total = jnp.sum(per * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return total, (mu, sigma)
+
+  def client(w, head, key, data, eta, steps, prior_mean, prior_std):
+    num_classes = prior_mean.shape[0]
+    per_epoch = (jnp.maximum(data.num_examples, 1) + batch_size - 1) // batch_size
+    last_epoch_from = (epochs - 1) * per_epoch
+
+    def observe(obs, aux, batch, t):
+      mu, sigma = aux
+      _, y, mask = batch
+      on = mask * (t >= last_epoch_from)
+      onehot = jax.nn.one_hot(y, num_classes, dtype=mu.dtype) * on[:, None]   # [B, C]
+      prec = 1.0 / jnp.square(sigma)
+      tau, num = obs
+      return tau + onehot.T @ prec, num + onehot.T @ (mu * prec)
+
+    zeros = jnp.zeros((num_classes, d), float_dtype())
+    start = {"body": w["body"], "head": w["head"] if share_head else head}
+    trained, (tau, num), loss = epoch_optimize(
+        lambda p, k, x, y, m: loss_fn(p, k, x, y, m, prior_mean, prior_std), start,
+        local_optimizer(eta, momentum, weight_decay, clip), key, data, epochs=epochs,
+        batch_size=batch_size, max_steps=steps, observe=observe, observed=(zeros, zeros))
+    mean, std = product_of_normals(tau, num)
+    return trained, mean, std, jnp.any(tau > 0, axis=1), loss
+
+  def init(key, params, data: FederatedData) -> FedCRState:
+    del key
+    check_data(data)
+    check_cohort_size(cohort_size, data.num_clients)
+    if train_layers is not None:
+      names = layer_groups.layer_names(params["body"], 1)
+      if tuple(train_layers.shape) != (data.num_clients, len(names)):
+        raise ValueError(f"train_layers must be bool[{data.num_clients}, {len(names)}] "
+                         f"(clients, body layers {names}), got {tuple(train_layers.shape)}.")
+    num_classes = jax.tree.leaves(params["head"])[-1].shape[-1]
+    heads = jax.tree.map(lambda a: jnp.broadcast_to(a, (data.num_clients,) + a.shape),
+                         params["head"])
+    return FedCRState(params, heads, jnp.zeros((num_classes, d), float_dtype()),
+                      jnp.ones((num_classes, d), float_dtype()),
+                      cohorts.server_init(params, server_optimizer), jnp.zeros((), jnp.int32))
+
+  def step(key, state: FedCRState, data: FederatedData):
+    k_cohort, k_train = jax.random.split(key)
+    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
+    ids = cohort.ids
+    eta = lr * as_float(lr_decay) ** state.round.astype(float_dtype())
+    steps = max_local_steps(data, batch_size, epochs)
+    trained, mean, std, seen, losses = map_clients(
+        lambda h, k, dd: client(state.params, h, k, dd, eta, steps, state.prior_mean,
+                                state.prior_std),
+        cohort.data, jax.tree.map(lambda a: a[ids], state.heads),
+        client_keys(k_train, ids))
+    weights = cohorts.weights(cohort, weighting)
+    w = state.params
+    if train_layers is not None:    # FedCR-OPU3: layer l averaged over the clients sending it
+      rows = jnp.asarray(train_layers)[ids] & (cohort.member > 0)[:, None]
+      body = fedp3.aggregate(w["body"], trained["body"], rows, weights, 1)
+      delta = {"body": jax.tree.map(jnp.subtract, body, w["body"]),
+               "head": jax.tree.map(jnp.zeros_like, w["head"])}
+    else:
+      msgs = {"body": trained["body"],
+              "head": trained["head"] if share_head else
+              jax.tree.map(lambda a: jnp.broadcast_to(a, (ids.shape[0],) + a.shape),
+                           w["head"])}
+      delta = weighted_mean(jax.tree.map(lambda m, g: m - g[None], msgs, w), weights)
+    params, opt_state = cohorts.server_update(w, state.server_opt_state, delta,
+                                              server_optimizer)
+    heads = state.heads if share_head else jax.tree.map(
+        lambda a, new: a.at[ids].set(new), state.heads, trained["head"])
+    # global class distributions: the product of the cohort's experts and N(0, I)
+    on = seen * cohort.member[:, None]                                   # [m, C]
+    prec = on[:, :, None] / jnp.square(std)                              # [m, C, d]
+    new_mean, new_std = product_of_normals(jnp.sum(prec, 0), jnp.sum(prec * mean, 0), 1.0)
+    any_seen = jnp.any(on > 0, axis=0)[:, None]
+    prior_mean = jnp.where(any_seen, (1 - beta2) * state.prior_mean + beta2 * new_mean,
+                           state.prior_mean)
+    prior_std = jnp.where(any_seen, (1 - beta2) * state.prior_std + beta2 * new_std,
+                          state.prior_std)
+    size = cohort.size
+    body_bits = accounting.dense_bits(w["body"]) + (
+        accounting.dense_bits(w["head"]) if share_head else 0.0)
+    if train_layers is not None:
+      sizes = jnp.asarray(layer_groups.layer_sizes(w["body"], 1), float_dtype())
+      up_models = 32.0 * jnp.sum(rows.astype(float_dtype()) @ sizes)
+    else:
+      up_models = size * as_float(body_bits)
+    up = up_models + 32.0 * 2 * d * jnp.sum(on)
+    down = size * as_float(body_bits + 32.0 * 2 * d * prior_mean.shape[0])
+    info = RoundInfo(jnp.sum(cohort.member * losses) / size, up, down,
+                     size.astype(jnp.int32))
+    return FedCRState(params, heads, prior_mean, prior_std, opt_state,
+                      state.round + 1), info
+
+  return Algorithm(init, step)
+
+
+def fine_tune(model: SplitModel, personal: Any, data: FederatedData, key: jax.Array, *,
+              lr: float, epochs: int = 10, batch_size: int = 48, trainable: str = "head",
+              samples: int = 1, momentum: float = 0.0, weight_decay: float = 0.0,
+              clip: float | None = 10.0) -> Any:
+  """Every client's model after ``epochs`` epochs of training the parts named by ``trainable``
+  on its own data, the rest frozen — the final round of FedCR's code for FedCR, FedSR-FT and
+  FedPAC, and FedAvg-FT's fine-tuning. ``personal``: ``{"body", "head"}`` with leaves
+  ``[N, ...]`` (:func:`personal_models`). ``trainable``: ``"head"`` (FedCR, FedPAC),
+  ``"projection+head"`` (FedSR-FT: the Gaussian projection layer and the head) or
+  ``"all"``. The loss is the cross-entropy of ``samples`` draws of ``z`` (a Gaussian
+  representation) or of the features. Returns the fine-tuned ``personal``."""
+  _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip)
+  choices = ("head", "projection+head", "all")
+  if trainable not in choices:
+    raise ValueError(f"trainable must be one of {choices}, got {trainable!r}.")
+  one = jax.tree.map(lambda a: a[0], personal)
+  mask = {"body": jax.tree_util.tree_map_with_path(
+              lambda path, _: trainable == "all" or (
+                  trainable == "projection+head" and
+                  getattr(path[0], "key", None) == "projection"), one["body"]),
+          "head": jax.tree.map(lambda _: True, one["head"])}
+  if trainable == "projection+head" and not any(jax.tree.leaves(mask["body"])):
+    raise ValueError("trainable='projection+head' needs a body with a 'projection' layer "
+                     "(a Gaussian fedcr_net).")
+
+  def loss_fn(p, k, x, y, m):
+    mu, sigma = model.representation(p["body"], x)
+    z = (mu[None] if sigma is None else
+         mu[None] + sigma[None] * jax.random.normal(k, (samples,) + mu.shape, mu.dtype))
+    logits = jax.vmap(model.head, in_axes=(None, 0))(p["head"], z)
+    ce = jnp.mean(jax.vmap(softmax_cross_entropy, in_axes=(0, None))(logits, y), axis=0)
+    return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0), None
+
+  opt = local_optimizer(lr, momentum, weight_decay, clip)
+  steps = max_local_steps(data, batch_size, epochs)
+  ids = jnp.arange(data.num_clients)
+
+  def client(p, k, d):
+    return epoch_optimize(loss_fn, p, opt, k, d, epochs=epochs, batch_size=batch_size,
+                          max_steps=steps, trainable=mask)[0]
+
+  return jax.jit(lambda p, k, dd: map_clients(client, dd, p, client_keys(k, ids)))(
+      personal, key, data)
+
+
+# --------------------------------------------------------------------------------------------
+# FedSR
+
+
+class FedSRState(NamedTuple):
+  """Attributes: ``params`` (the global ``{"body", "head"}``), ``reference``: every client's
+  own reference distributions ``(r_mean [N, C, d], r_scale [N, C, d], c [N])`` — ``r(z|y=c)``
+  ``= N(r_mean, softplus(r_scale)²)`` and the representation's scale ``C`` — never
+  communicated; ``server_opt_state``, ``round``."""
+  params: Any
+  reference: tuple
+  server_opt_state: Any
+  round: jax.Array
+
+  @property
+  def personal(self) -> Any:
+    """FedSR trains one global model: every client's model is it (``[N, ...]``);
+    FedSR-FT's personal models are :func:`fine_tune`'s."""
+    n = self.reference[2].shape[0]
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), self.params)
+
+
+L2R_FORMS = ("norm", "squared")
+
+
+def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
+          l2r_form: str = "norm", learn_reference: bool = True, samples: int = 1,
+          epochs: int = 2, batch_size: int = 48, cohort_size: int | None = 10,
+          momentum: float = 0.0, weight_decay: float = 0.0, clip: float | None = 10.0,
+          lr_decay: float = 1.0, weighting: str = "uniform", deterministic: bool = False,
+          sampler: Any = None,
+          server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+  """FedSR (Nguyen, Torr and Lim 2022): FedAvg on a Gaussian-representation network with two
+  regularisers of the representation, run as the personalised baseline FedSR-FT (then
+  :func:`fine_tune` with ``trainable="projection+head"``, FedCR's final round).
+
+  Every client of the cohort starts from the global ``{"body", "head"}`` and runs ``epochs``
+  epochs of :func:`local_optimizer` steps on
+
+      mean_b CE(h(z_b), y_b) + l2r·L2R + cmi·mean_b KL( N(Cμ_b, C²σ_b²) ‖ r(z|y_b) ),
+
+  ``z_b = μ_b + σ_b ⊙ ε`` (``samples`` draws), ``L2R = mean_b ‖z_b‖₂`` (``l2r_form="norm"``,
+  FedSR's code) or ``mean_b ‖z_b‖²₂`` (``"squared"``, the paper's E‖z‖²), and the client's
+  own reference ``r(z|y=c) = N(r_c, softplus(ρ_c)²)`` with the scale ``C`` (initially
+  ``r = 0``, ``ρ = 1``, ``C = 1``), trained along with the model (``learn_reference``; FedCR's
+  copy of FedSR leaves them fixed on a GPU, ``learn_reference=False``). The server averages
+  the models (uniform weights, or ``weighting``); the references stay on the clients.
+
+  With ``l2r = cmi = 0`` and ``deterministic=True`` (``z = μ``) FedSR is FedAvg with epoch-based
+  local SGD (tested).
+
+  References:
+    Nguyen, A. Tuan; Torr, Philip H. S.; Lim, Ser-Nam (2022). FedSR: A Simple and Effective
+      Domain Generalization Method for Federated Learning. NeurIPS 2022. (Code:
+      github.com/atuannguyen/FedSR.)
+
+  Other arguments: as :func:`fedcr`.
+  """
+  _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip)
+  check_number("l2r", l2r, 0.0, None)
+  check_number("cmi", cmi, 0.0, None)
+  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
+  if l2r_form not in L2R_FORMS:
+    raise ValueError(f"l2r_form must be one of {L2R_FORMS}, got {l2r_form!r}.")
+  if not model.gaussian:
+    raise ValueError("fedsr needs a SplitModel with a Gaussian representation "
+                     "(fedcr_net(..., gaussian=True)).")
+  if deterministic and samples != 1:
+    raise ValueError(f"deterministic=True draws no z: samples must be 1, got {samples}.")
+  cohorts.check_options(cohort_size, sampler, weighting)
+  d = model.dim
+
+  def loss_fn(both, key, x, y, mask):
+    p, (r_mean, r_scale, c) = both
+    mu, sigma = model.representation(p["body"], x)
+    z = mu[None] if deterministic else (
+        mu[None] + sigma[None] * jax.random.normal(key, (samples,) + mu.shape, mu.dtype))
+    logits = jax.vmap(model.head, in_axes=(None, 0))(p["head"], z)
+    per = jnp.mean(jax.vmap(softmax_cross_entropy, in_axes=(0, None))(logits, y), axis=0)
+    if l2r:
+      norms = jnp.sum(jnp.square(z), axis=-1)
+      per = per + l2r * jnp.mean(norms if l2r_form == "squared" else jnp.sqrt(norms), axis=0)
+    if cmi:
+      per = per + cmi * kl_normal(c * mu, c * sigma, r_mean[y], jax.nn.softplus(r_scale[y]))
+    return jnp.sum(per * mask) / jnp.maximum(jnp.sum(mask), 1.0), None
+
+  def init(key, params, data: FederatedData) -> FedSRState:
+    del key
+    check_data(data)
+    check_cohort_size(cohort_size, data.num_clients)
+    n = data.num_clients
+    num_classes = jax.tree.leaves(params["head"])[-1].shape[-1]
+    ref = (jnp.zeros((n, num_classes, d), float_dtype()),
+           jnp.ones((n, num_classes, d), float_dtype()), jnp.ones((n,), float_dtype()))
+    return FedSRState(params, ref, cohorts.server_init(params, server_optimizer),
+                      jnp.zeros((), jnp.int32))
+
+  def step(key, state: FedSRState, data: FederatedData):
+    k_cohort, k_train = jax.random.split(key)
+    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
+    ids = cohort.ids
+    eta = lr * as_float(lr_decay) ** state.round.astype(float_dtype())
+    steps = max_local_steps(data, batch_size, epochs)
+    opt = local_optimizer(eta, momentum, weight_decay, clip)
+    w = state.params
+
+    def client(ref, k, dd):
+      start = (w, ref)
+      mask = (jax.tree.map(lambda _: True, w),
+              jax.tree.map(lambda _: learn_reference, ref))
+      (p, new_ref), _, loss = epoch_optimize(
+          loss_fn, start, opt, k, dd, epochs=epochs, batch_size=batch_size, max_steps=steps,
+          trainable=None if learn_reference else mask)
+      return p, new_ref, loss
+
+    trained, refs, losses = map_clients(
+        client, cohort.data, jax.tree.map(lambda a: a[ids], state.reference),
+        client_keys(k_train, ids))
+    weights = cohorts.weights(cohort, weighting)
+    delta = weighted_mean(jax.tree.map(lambda m, g: m - g[None], trained, w), weights)
+    params, opt_state = cohorts.server_update(w, state.server_opt_state, delta,
+                                              server_optimizer)
+    reference = jax.tree.map(lambda a, new: a.at[ids].set(new), state.reference, refs)
+    size = cohort.size
+    bits = size * as_float(accounting.dense_bits(w))
+    info = RoundInfo(jnp.sum(cohort.member * losses) / size, bits, bits,
+                     size.astype(jnp.int32))
+    return FedSRState(params, reference, opt_state, state.round + 1), info
+
+  return Algorithm(init, step)
+
+
+# --------------------------------------------------------------------------------------------
+# FedPAC
+
+
+class FedPACState(NamedTuple):
+  """Attributes: ``params`` (the global ``{"body", "head"}``; its head is unused), ``heads``
+  (personal heads, leaves ``[N, ...]``), ``centroids`` (``[C, F]``, the global feature
+  centroids ``c_k``), ``has_centroid`` (``bool[C]``: some client of the last cohort held
+  class k), ``server_opt_state``, ``round``."""
+  params: Any
+  heads: Any
+  centroids: jax.Array
+  has_centroid: jax.Array
+  server_opt_state: Any
+  round: jax.Array
+
+  @property
+  def personal(self) -> Any:
+    """Every client's model ``{"body": φ, "head": h_i}``, leaves ``[N, ...]``."""
+    return personal_models(self.params, self.heads)
+
+
+def project_to_simplex(v: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+  """The Euclidean projection of ``v [m]`` onto the probability simplex
+  ``{a ≥ 0, Σ a = 1}`` (Duchi et al. 2008, by sorting); coordinates with ``valid`` false are
+  held at 0 (the projection onto the face of the valid ones)."""
+  big = jnp.asarray(jnp.finfo(v.dtype).max / 4, v.dtype)
+  w = v if valid is None else jnp.where(valid, v, -big)
+  u = jnp.sort(w)[::-1]
+  cssv = jnp.cumsum(jnp.where(u > -big, u, 0.0)) - 1.0
+  k = jnp.arange(1, v.shape[0] + 1, dtype=v.dtype)
+  cond = (u - cssv / k > 0) & (u > -big)
+  rho = jnp.max(jnp.where(cond, jnp.arange(v.shape[0]), 0))
+  theta = cssv[rho] / (rho + 1).astype(v.dtype)
+  return jnp.maximum(w - theta, 0.0)
+
+
+def simplex_qp(p: jax.Array, valid: jax.Array | None = None, iterations: int = 500
+               ) -> jax.Array:
+  """``argmin_{a ∈ Δ} aᵀ P a`` for a symmetric positive semi-definite ``P [m, m]`` over the
+  probability simplex (restricted to the ``valid`` coordinates): accelerated projected
+  gradient (FISTA) with step ``1/(2λ_max(P))`` from the uniform point, ``iterations`` steps
+  (FedPAC's classifier-combination problem; its code calls CVXPY)."""
+  m = p.shape[0]
+  ok = jnp.ones((m,), bool) if valid is None else valid
+  lam = 2.0 * jnp.max(jnp.linalg.eigvalsh(p))
+  step = 1.0 / jnp.maximum(lam, jnp.finfo(p.dtype).tiny)
+  a0 = ok.astype(p.dtype) / jnp.maximum(jnp.sum(ok), 1).astype(p.dtype)
+
+  def body(_, carry):
+    a, y, t = carry
+    a_new = project_to_simplex(y - step * 2.0 * (p @ y), ok)
+    t_new = 0.5 * (1.0 + jnp.sqrt(1.0 + 4.0 * t * t))
+    y_new = a_new + ((t - 1.0) / t_new) * (a_new - a)
+    return a_new, y_new, t_new
+
+  a, _, _ = jax.lax.fori_loop(0, iterations, body, (a0, a0, jnp.ones((), p.dtype)))
+  return a
+
+
+def fedpac(model: SplitModel, lr: float, *, lam: float = 1.0, epochs: int = 1,
+           head_epochs: int = 1, head_lr: float = 0.1, batch_size: int = 50,
+           cohort_size: int | None = 10, momentum: float = 0.5, weight_decay: float = 5e-4,
+           clip: float | None = None, lr_decay: float = 1.0, weighting: str = "num_examples",
+           combine_heads: bool = True, min_weight: float = 1e-3, qp_iterations: int = 500,
+           sampler: Any = None,
+           server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+  """FedPAC (Xu, Tong and Huang 2023): feature alignment to global class centroids and
+  personalised classifier combination.
+
+  Round t, every client i of the cohort, starting from ``(φ_t, h_i)``:
+
+  1. statistics of its training data under ``φ_t`` (features ``f ∈ R^F``): class shares
+     ``p_ik = n_ik/n_i``, class centroids ``μ_ik``,
+     ``V_i = (Σ_k p_ik tr(E[f fᵀ | k]) − Σ_k p_ik² ‖μ_ik‖²) / n_i`` and ``H_i[k] = p_ik μ_ik``;
+  2. ``head_epochs`` epochs on the head alone (step ``head_lr``), then ``epochs`` epochs on the
+     body alone with ``CE + λ·mean_{b,j} (f_j(x_b) − c_{y_b, j})²`` — ``c_k`` the global
+     centroid, or the client's own ``μ_ik`` where no global one exists; no alignment term in the
+     first round (SGD with ``momentum``, ``weight_decay``; FedPAC's code: 0.5 and 5e-4);
+  3. uploads ``φ_i``, ``ĥ_i``, the trained model's class centroids ``μ'_ik`` with ``n_ik``,
+     and ``(V_i, H_i)``.
+
+  The server averages the bodies (data-size weights), sets ``c_k = Σ_i n_ik μ'_ik / Σ_i n_ik``
+  over the cohort (classes nobody in it holds have none), and gives every cohort client the
+  combined head ``h_i = Σ_j α_ij ĥ_j / Σ_j α_ij`` with
+
+      α_i = argmin_{α ∈ Δ} Σ_j α_j² V_j + Σ_k ‖Σ_j α_j (H_i[k] − H_j[k])‖²
+          = argmin αᵀ (diag V + D_i) α,   D_i[j, j'] = Σ_k (H_i[k] − H_j[k])·(H_i[k] − H_j'[k]),
+
+  (:func:`simplex_qp`), weights below ``min_weight`` set to 0 (FedPAC's code). With
+  ``combine_heads=False`` each client keeps its ``ĥ_i``.
+
+  References:
+    Jian Xu, Xinyi Tong, Shao-Lun Huang (2023). Personalized Federated Learning with Feature
+      Alignment and Classifier Collaboration. ICLR 2023. arXiv:2306.11867. (Code:
+      github.com/JianXu95/FedPAC.)
+
+  Choices from FedPAC's code where the paper is silent: the statistics use the model the
+  client receives, before training; the alignment loss is the mean squared error over the
+  batch and the F features; ``V_i`` is divided by ``n_i``. FedPAC's code projects ``P`` onto
+  the positive semi-definite cone when CVXPY would refuse it; ``diag V + D_i`` is a Gram
+  matrix plus a non-negative diagonal, so it never needs to.
+  """
+  _check(lr, epochs, batch_size, 1, momentum, weight_decay, clip)
+  check_number("head_lr", head_lr, 0.0, None, low_open=True)
+  check_number("lam", lam, 0.0, None)
+  check_number("min_weight", min_weight, 0.0, 1.0, high_open=True)
+  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
+  for name, v in (("head_epochs", head_epochs), ("qp_iterations", qp_iterations)):
+    if not isinstance(v, int) or v < 0:
+      raise ValueError(f"{name} must be an int >= 0, got {v!r}.")
+  if model.gaussian:
+    raise ValueError("fedpac needs a SplitModel with a deterministic representation "
+                     "(fedcr_net(..., gaussian=False)).")
+  cohorts.check_options(cohort_size, sampler, weighting)
+
+  def ce_loss(p, key, x, y, mask, centroids, align):
+    del key
+    f = model.features(p["body"], x)
+    per = softmax_cross_entropy(model.head(p["head"], f), y)
+    count = jnp.maximum(jnp.sum(mask), 1.0)
+    total = jnp.sum(per * mask) / count
+    if lam:
+      sq = jnp.mean(jnp.square(f - centroids[y]), axis=-1)
+      total = total + align * lam * jnp.sum(sq * mask) / count
+    return total, None
+
+  def statistics(body, data, num_classes):
+    """Class counts [C], centroids [C, F] and mean squared norms [C] of φ's features."""
+    f = features_in_batches(model, body, data.x, batch_size)
+    onehot = jax.nn.one_hot(data.y, num_classes, dtype=f.dtype) * data.mask[:, None]
+    counts = jnp.sum(onehot, axis=0)
+    safe = jnp.maximum(counts, 1.0)
+    return counts, (onehot.T @ f) / safe[:, None], (onehot.T @ jnp.sum(f * f, -1)) / safe
+
+  def client(w, head, key, data, eta, round_, centroids, has, steps_head, steps_body):
+    num_classes = centroids.shape[0]
+    counts, mu, sq = statistics(w["body"], data, num_classes)
+    n = jnp.maximum(jnp.sum(counts), 1.0)
+    share = counts / n
+    v = (jnp.sum(share * sq) - jnp.sum(jnp.square(share) * jnp.sum(mu * mu, -1))) / n
+    h_ref = share[:, None] * mu
+    target = jnp.where(has[:, None], centroids, mu)
+    align = (round_ > 0).astype(mu.dtype)
+    loss = lambda p, k, x, y, m: ce_loss(p, k, x, y, m, target, align)
+    start = {"body": w["body"], "head": head}
+    only = lambda part: {"body": jax.tree.map(lambda _: part == "body", w["body"]),
+                         "head": jax.tree.map(lambda _: part == "head", head)}
+    k_head, k_body = jax.random.split(key)
+    p, first = start, jnp.zeros((), mu.dtype)
+    if head_epochs:
+      p, _, first = epoch_optimize(
+          loss, p, local_optimizer(head_lr, momentum, weight_decay, clip), k_head, data,
+          epochs=head_epochs, batch_size=batch_size,
+          max_steps=steps_head, trainable=only("head"))
+    p, _, body_first = epoch_optimize(
+        loss, p, local_optimizer(eta, momentum, weight_decay, clip), k_body, data,
+        epochs=epochs, batch_size=batch_size,
+        max_steps=steps_body, trainable=only("body"))
+    new_counts, new_mu, _ = statistics(p["body"], data, num_classes)
+    return p, new_counts, new_mu, v, h_ref, first if head_epochs else body_first
+
+  def init(key, params, data: FederatedData) -> FedPACState:
+    del key
+    check_data(data)
+    check_cohort_size(cohort_size, data.num_clients)
+    num_classes = jax.tree.leaves(params["head"])[-1].shape[-1]
+    heads = jax.tree.map(lambda a: jnp.broadcast_to(a, (data.num_clients,) + a.shape),
+                         params["head"])
+    return FedPACState(params, heads, jnp.zeros((num_classes, model.dim), float_dtype()),
+                       jnp.zeros((num_classes,), bool),
+                       cohorts.server_init(params, server_optimizer), jnp.zeros((), jnp.int32))
+
+  def step(key, state: FedPACState, data: FederatedData):
+    k_cohort, k_train = jax.random.split(key)
+    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
+    ids, member = cohort.ids, cohort.member
+    eta = lr * as_float(lr_decay) ** state.round.astype(float_dtype())
+    w = state.params
+    trained, counts, mu, v, h_ref, losses = map_clients(
+        lambda h, k, dd: client(w, h, k, dd, eta, state.round, state.centroids,
+                                state.has_centroid,
+                                max_local_steps(data, batch_size, max(head_epochs, 1)),
+                                max_local_steps(data, batch_size, epochs)),
+        cohort.data, jax.tree.map(lambda a: a[ids], state.heads), client_keys(k_train, ids))
+    weights = cohorts.weights(cohort, weighting)
+    body = weighted_mean(jax.tree.map(lambda m, g: m - g[None], trained["body"], w["body"]),
+                         weights)
+    delta = {"body": body, "head": jax.tree.map(jnp.zeros_like, w["head"])}
+    params, opt_state = cohorts.server_update(w, state.server_opt_state, delta,
+                                              server_optimizer)
+    held = counts * member[:, None]                                      # [m, C]
+    total = jnp.sum(held, axis=0)
+    centroids = jnp.einsum("mc,mcf->cf", held, mu) / jnp.maximum(total, 1.0)[:, None]
+    has = total > 0
+    new_heads = trained["head"]
+    if combine_heads:
+      valid = member > 0
+      flat = h_ref.reshape(h_ref.shape[0], -1)                           # [m, C·F]
+
+      def combine(i):
+        diff = flat[i][None] - flat                                      # [m, C·F]
+        alpha = simplex_qp(jnp.diag(v) + diff @ diff.T, valid, qp_iterations)
+        alpha = jnp.where(alpha >= min_weight, alpha, 0.0)
+        alpha = alpha / jnp.maximum(jnp.sum(alpha), jnp.finfo(alpha.dtype).tiny)
+        return jax.tree.map(lambda hh: jnp.tensordot(alpha.astype(hh.dtype), hh, axes=1),
+                            trained["head"])
+
+      new_heads = jax.lax.map(combine, jnp.arange(ids.shape[0]))
+    heads = jax.tree.map(lambda a, new: a.at[ids].set(new), state.heads, new_heads)
+    size = cohort.size
+    c, f = state.centroids.shape
+    body_bits = accounting.dense_bits(w["body"])
+    stats_floats = 1 + 2 * c * f + c                       # V_i, H_i, centroids, counts
+    up = size * as_float(body_bits + accounting.dense_bits(w["head"]) + 32.0 * stats_floats)
+    down = size * as_float(body_bits + 32.0 * c * f)
+    info = RoundInfo(jnp.sum(member * losses) / size, up, down, size.astype(jnp.int32))
+    return FedPACState(params, heads, centroids, has, opt_state, state.round + 1), info
+
+  return Algorithm(init, step)
+
+
+def features_in_batches(model: SplitModel, body: Any, x: jax.Array, batch_size: int
+                        ) -> jax.Array:
+  """``model.features(body, x)`` for one client's ``x [M, ...]``, computed ``batch_size`` rows
+  at a time (``lax.map``; rows padded to a multiple), so a client's whole data set never sits
+  in one activation tensor."""
+  m = x.shape[0]
+  b = min(batch_size, m)
+  pad = -m % b
+  xp = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)]) if pad else x
+  out = jax.lax.map(lambda xb: model.features(body, xb), xp.reshape((-1, b) + x.shape[1:]))
+  return out.reshape((-1,) + out.shape[2:])[:m]
+
+
+def make_fine_tuned_eval_fn(model: SplitModel, train: FederatedData, key: jax.Array, *,
+                            lr: float, epochs: int = 10, batch_size: int = 48,
+                            trainable: str = "head", samples: int = 1,
+                            batch_size_eval: int | None = None
+                            ) -> Callable[[Any, FederatedData], dict[str, jax.Array]]:
+  """``(state, test) -> metrics`` for the runner: every client's model ``state.personal``
+  fine-tuned on its own training examples ``train`` by :func:`fine_tune` (on a copy — the
+  state is not changed), then evaluated on its own test examples
+  (:func:`fedjaxsparse.evaluation.evaluate_personal`'s keys), the models before fine-tuning
+  beside as ``before_accuracy``. FedCR's code evaluates its last round this way."""
+  net = model.as_model()
+
+  def eval_fn(state, test):
+    personal = state.personal
+    tuned = fine_tune(model, personal, train, key, lr=lr, epochs=epochs,
+                      batch_size=batch_size, trainable=trainable, samples=samples)
+    out = evaluation.evaluate_personal(net, tuned, test, batch_size_eval)
+    out["before_accuracy"] = evaluation.evaluate_personal(
+        net, personal, test, batch_size_eval, per_client=False)["accuracy"]
+    return out
+
+  return eval_fn
