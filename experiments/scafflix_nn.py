@@ -42,8 +42,17 @@ client's state is made (the same ``pre_steps`` SGD steps), and evaluation uses t
 Table B.1 (``--paper tableB1_fmnist``, ``tableB1_cifar100``; ``--dataset fashion_mnist``,
 ``fashion_mnist_standin`` or ``cifar100``): FedCR's non-IID deal (each client's Dirichlet
 class proportions, equal sizes, its own 70/30 train/test split), p = 0.3, α = 0.3, 500 rounds,
-Ditto beside Scafflix, FLIX and FedAvg, and the paper's column — Ditto, FedSR-FT, FedPAC, FedCR,
-Scafflix — printed beside ours.
+and all of the table's methods beside Scafflix, FLIX and FedAvg — Ditto, FedSR-FT, FedPAC and
+FedCR (:mod:`fedjaxsparse.algorithms.representation`, on FedCR's networks
+:func:`fedjaxsparse.models.split.fedcr_net`: its code is what the seed ran) — with the paper's
+column printed beside ours. Every method's learning rate is tuned over the same grid; the other
+hyper-parameters are FedCR's README values (FedCR: β = 1e-3, 1e-4 for CIFAR-100, S = 15 / 18
+draws, d = 256 / 512; FedSR: L2R = CMI = 1e-3; FedPAC: λ = 1; 10 local epochs of batch 48,
+``--paper``) or CPU-sized ones (``fedcr_*`` options). FedSR-FT, FedPAC and FedCR are evaluated
+as FedCR's code evaluates its last round: every client first fine-tunes its head (FedSR-FT: its
+projection and head) on its own training data for ``finetune_epochs`` epochs
+(:func:`fedjaxsparse.algorithms.representation.make_fine_tuned_eval_fn`); ``methods`` picks a
+subset.
 
 Data: ``--dataset shakespeare`` — the real plays bundled with the library (one client per
 speaking role; ``--clients`` roles drawn at random; LEAF's JSON with ``--data-dir``) with
@@ -62,6 +71,7 @@ import optax
 
 from fedjaxsparse.algorithms.ditto import ditto
 from fedjaxsparse.algorithms.fedavg import fedavg
+from fedjaxsparse.algorithms.representation import fedcr, fedpac, fedsr, make_fine_tuned_eval_fn
 from fedjaxsparse.algorithms.scafflix import (flix_sgd, local_optima, make_personal_eval_fn,
                                              personalize, scafflix, scafflix_cohort)
 from fedjaxsparse.core import global_params
@@ -73,9 +83,10 @@ from fedjaxsparse.data.partitions import hsu_dirichlet_partition
 from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
-                                             last)
+                                             last, name_list)
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import char_lstm, cnn, make_loss
+from fedjaxsparse.models.split import FEDCR_CONV, fedcr_net
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split
 
 NAME = "scafflix_nn"
@@ -113,6 +124,19 @@ OPTIONS = (
            choices=("off", "device", "host", "auto")),
     Option("ditto_lam", 0.5, "Ditto's λ (Table B.1's data sets, where Ditto runs beside)",
            low=0.0),
+    Option("methods", "", "comma list of the methods to run (default all: Scafflix, FLIX, "
+           "FedAvg and, on Table B.1's data sets, Ditto, FedSR-FT, FedPAC, FedCR)", kind="str"),
+    Option("fedcr_dim", 16, "FedCR / FedSR representation dimension d (FedCR's README: 256, "
+           "512 for CIFAR-100)", low=1),
+    Option("fedcr_dense", 64, "units of the two dense layers of FedCR's networks (its code: "
+           "1024)", low=1),
+    Option("fedcr_epochs", 1, "local epochs of FedSR-FT, FedPAC and FedCR (FedCR's README: 10)",
+           low=1),
+    Option("fedcr_samples", 2, "FedCR's draws of z per example (README: 15; 18 for "
+           "CIFAR-100)", low=1),
+    Option("fedcr_beta", 1e-3, "FedCR's β (README: 1e-3; 1e-4 for CIFAR-100)", low=0.0),
+    Option("finetune_epochs", 2, "epochs of the fine-tuning before evaluation of FedSR-FT, "
+           "FedPAC and FedCR (FedCR's code: 10)", low=1),
     Option("ablate", "none", "Fig. 3.3's ablations: run Scafflix alone over `values` of alpha, "
            "cohort (clients per round, tau) or p", choices=("none", "alpha", "cohort", "p")),
     Option("values", None, "values of the ablated parameter (default: the paper's)",
@@ -125,19 +149,25 @@ ABLATIONS = {  # the paper's values and stated findings (§3.3.4, Fig. 3.3; spec
 }
 SYMBOL = {"alpha": "α", "cohort": "τ", "p": "p"}
 _B1 = {"alpha": 0.3, "p": 0.3, "cohort": 10, "batch": 20,
-       "lrs": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], "channels": [32, 64], "dense": 512}
+       "lrs": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], "channels": [32, 64], "dense": 512,
+       "fedcr_dense": 1024, "fedcr_epochs": 10, "finetune_epochs": 10}
+_B1_FMNIST = {**_B1, "fedcr_dim": 256, "fedcr_samples": 15, "fedcr_beta": 1e-3}
+_B1_CIFAR100 = {**_B1, "fedcr_dim": 512, "fedcr_samples": 18, "fedcr_beta": 1e-4}
 _B1_DEV = ("FedCR's non-IID setting read as chapter 4's (Dirichlet 0.5, 0.3 for CIFAR-100, equal "
            "client sizes, 70/30 local train/test; 100 clients): the appendix gives only 'non-iid'; "
            "Scafflix's batch, cohort and CNN are Fig. 3.2's; Ditto's λ = 0.5, one global and one "
            "personal epoch a round (FedCR's hyper-parameters are not stated); FedSR-FT, FedPAC "
-           "and FedCR not implemented (their numbers printed)")
+           "and FedCR with FedCR's README values except the learning rate, tuned like "
+           "every method's")
 PAPERS = {pc.name: pc for pc in (
     PaperConfig("tableB1_fmnist", "seed 001 Table B.1 (FMNIST)", dataset="fashion_mnist",
                 standin="fashion_mnist_standin", clients=100, rounds=500, eval_every=25,
-                options=_B1, unit="final test accuracy %", paper={}, deviations=_B1_DEV),
+                options=_B1_FMNIST, unit="final test accuracy %", paper={},
+                deviations=_B1_DEV),
     PaperConfig("tableB1_cifar100", "seed 001 Table B.1 (CIFAR-100, tfds)", dataset="cifar100",
                 standin=None, clients=100, rounds=500, eval_every=25,
-                options=_B1, unit="final test accuracy %", paper={}, deviations=_B1_DEV),
+                options=_B1_CIFAR100, unit="final test accuracy %", paper={},
+                deviations=_B1_DEV),
     PaperConfig("figure2_femnist", "seed 001 Fig. 3.2 (FEMNIST)", dataset="femnist",
                 standin="femnist_standin", clients=3400, rounds=1000, eval_every=10,
                 options={"alpha": 0.5, "p": 0.2, "cohort": 10, "batch": 20,
@@ -169,6 +199,8 @@ TABLE_B1 = {  # seed 001 Table B.1 (l. 2919-2925): final test accuracy %, FedCR'
                  "Scafflix": 72.37},
     "fashion_mnist": {"Ditto": 85.97, "FedSR-FT": 87.08, "FedPAC": 89.49, "FedCR": 93.77,
                       "Scafflix": 89.62}}
+B1_METHODS = ("Ditto", "FedSR-FT", "FedPAC", "FedCR")
+"""Table B.1's methods that run beside Scafflix, FLIX and FedAvg on its data sets."""
 B1_ALPHA = {"fashion_mnist": 0.5, "fashion_mnist_standin": 0.5, "cifar100": 0.3}
 """The Dirichlet concentration of FedCR's non-IID deal per data set (the chapter 4 protocol,
 which also uses FedCR's code: every client draws class proportions from Dirichlet(α) and is
@@ -202,8 +234,9 @@ def _variants(opts: dict, alpha: float, cohort: int, dataset: str = "") -> dict[
   parameter."""
   base = {"alpha": alpha, "p": opts["p"], "cohort": cohort}
   if opts["ablate"] == "none":
-    names = ("Scafflix", "FLIX", "FedAvg") + (("Ditto",) if dataset in B1_ALPHA else ())
-    return {name: base for name in names}
+    names = ("Scafflix", "FLIX", "FedAvg") + (B1_METHODS if dataset in B1_ALPHA else ())
+    chosen = name_list(opts.get("methods", ""), "methods", names, default=names)
+    return {name: base for name in names if name in chosen}
   what = opts["ablate"]
   values = opts["values"] or ABLATIONS[what][0]
   if what == "cohort":
@@ -234,9 +267,10 @@ def setup(cfg: Config, opts: dict) -> Context:
   fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
   pre = dict(lr=opts["pre_lr"], tol=0.0, max_steps=opts["pre_steps"], batch_size=100,
              key=jax.random.key(cfg.seed + 1))
+  flix = any(n.startswith(("Scafflix", "FLIX")) for n in variants)   # they need x_i*
   fit_star = (local_optima(loss, params, fit, **pre).x_star  # tuning never sees more
-              if len(opts["lrs"]) > 1 else None)
-  x_star = local_optima(loss, params, ds.train, **pre).x_star
+              if flix and len(opts["lrs"]) > 1 else None)
+  x_star = local_optima(loss, params, ds.train, **pre).x_star if flix else None
   print(f"{NAME}: {ds.name}{' (' + standin + ')' if standin else ''}, {ds.num_clients} "
         f"clients, {opts['cohort']} per round, alpha={alpha}, p={opts['p']}, batch "
         f"{opts['batch']}; local optima: {opts['pre_steps']} SGD steps per client")
@@ -266,6 +300,8 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
       algo = scafflix(loss, lr, p, a, star, form="round", cohort_size=c, batch_size=batch)
     elif name == "FLIX":
       algo = flix_sgd(loss, lr, a, star, cohort_size=c, batch_size=batch)
+    elif name in models:
+      return _representation_method(name, models[name], lr, run, ctx, cfg, opts)
     elif name == "Ditto":   # one global and one personal epoch a round, λ = ditto_lam
       algo = ditto(loss, lr, lam=opts["ditto_lam"], global_epochs=1, personal_epochs=1,
                    batch_size=batch, cohort_size=c)
@@ -278,13 +314,46 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
           model, lambda x: jax.tree.map(lambda l: jnp.broadcast_to(l, (n,) + l.shape), x), None)
     return algo, make_personal_eval_fn(model, star, a)
 
+  models = {name: _representation_model(name, ctx, opts) for name in ctx.extra["variants"]
+            if name in ("FedSR-FT", "FedPAC", "FedCR")}
   pop = opts["population"] != "off"
   return {name: Method(lambda lr, run, name=name: build(name, lr, run), opts["lrs"],
                        label=lambda lr: f"lr={lr:g}",
                        params_fn=(lambda st: st) if (pop and name.startswith("Scafflix"))
-                       or name == "Ditto" else global_params,
-                       residence=opts["population"] if pop else "auto")
+                       or name in B1_METHODS else global_params,
+                       residence=opts["population"] if pop else "auto",
+                       params=(models[name].init(jax.random.key(cfg.seed))
+                               if name in models else None))
           for name in ctx.extra["variants"]}
+
+
+def _representation_model(name: str, ctx: Context, opts: dict):
+  """FedCR's network for the data set: Fashion-MNIST's CNN, or CIFAR's (three channels or
+  more than ten classes); a Gaussian representation except for FedPAC."""
+  shape = ctx.data.train.x.shape[2:]
+  rgb = ctx.data.num_classes > 10 or (len(shape) == 3 and shape[-1] == 3)
+  return fedcr_net(shape, ctx.data.num_classes, opts["fedcr_dim"],
+                   conv=FEDCR_CONV["cifar" if rgb else "fashion_mnist"],
+                   dense=(opts["fedcr_dense"],) * 2, gaussian=name != "FedPAC")
+
+
+def _representation_method(name: str, model, lr: float, run, ctx: Context, cfg: Config,
+                           opts: dict):
+  """FedSR-FT, FedPAC or FedCR with FedCR's README values (batch 48, no momentum, gradient
+  norm clipped at 10), evaluated after fine-tuning every client on its training data (the
+  fitting part in tuning runs)."""
+  common = dict(epochs=opts["fedcr_epochs"], batch_size=48, cohort_size=opts["cohort"])
+  if name == "FedCR":
+    algo = fedcr(model, lr, beta=opts["fedcr_beta"], samples=opts["fedcr_samples"], **common)
+  elif name == "FedSR-FT":
+    algo = fedsr(model, lr, **common)
+  else:
+    algo = fedpac(model, lr, **common)
+  train = ctx.fit if run.tuning else ctx.data.train
+  eval_fn = make_fine_tuned_eval_fn(
+      model, train, jax.random.key(cfg.seed + 7), lr=lr, epochs=opts["finetune_epochs"],
+      batch_size=48, trainable="projection+head" if name == "FedSR-FT" else "head")
+  return algo, eval_fn
 
 
 def _population_eval(model, alpha: float, n: int):
@@ -322,8 +391,16 @@ def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   diverged = opts["seeds"] - len(tuned.finals)
   b1 = TABLE_B1.get("fashion_mnist" if cfg.dataset == "fashion_mnist_standin" else cfg.dataset)
   extra = {} if b1 is None else {"paper % (Table B.1)": b1.get(m)}
+  if "global_accuracy" in ev:
+    glob = ev["global_accuracy"]
+  elif "before_accuracy" in ev:   # fine-tuned methods: FedSR-FT's global model, none else
+    glob = ev["before_accuracy"] if m == "FedSR-FT" else None
+  else:                           # FedAvg, Scafflix on the host: the global model everywhere
+    glob = ev["accuracy"]
+  tuned_extra = ({"before fine-tuning": last(ev["before_accuracy"]) if ok else None}
+                 if "before_accuracy" in ev else {})
   return {**extra, "client mean": last(ev["accuracy_client_mean"]) if ok else None,
-          "global model": last(ev.get("global_accuracy", ev["accuracy"])) if ok else None,
+          "global model": last(glob) if ok and glob is not None else None, **tuned_extra,
           "seeds": len(tuned.finals),
           "status": f"{diverged} of {opts['seeds']} diverged" if diverged else "ok"}
 
@@ -339,8 +416,8 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
   key = "fashion_mnist" if cfg.dataset == "fashion_mnist_standin" else cfg.dataset
   if key in TABLE_B1 and opts["ablate"] == "none":
     out["table_b1"] = Table(
-        [{"method": m, "paper %": v, "here": "beside" if m in ("Scafflix", "Ditto") else
-          "not implemented (FedCR's code)"} for m, v in TABLE_B1[key].items()],
+        [{"method": m, "paper %": v, "here": "beside" if m in results["tuned"] else
+          "not run (option methods)"} for m, v in TABLE_B1[key].items()],
         title=f"Table B.1 ({key}, FedCR's non-IID setting, 500 rounds, p = 0.3, α = 0.3):")
   if opts["ablate"] != "none":
     rows = results["table"].rows

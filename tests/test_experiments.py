@@ -567,8 +567,9 @@ def test_a_declared_experiment_is_setup_and_methods_and_the_harness_does_the_res
 
 def test_scafflix_table_b1_data_and_methods():
   """Seed 001 Table B.1's setting in scafflix_nn: FedCR's non-IID deal of the pooled data (every
-  client the same size, its own 70/30 train/test split, Dirichlet class proportions), Ditto
-  beside Scafflix, FLIX and FedAvg there only, and the paper's five numbers per data set."""
+  client the same size, its own 70/30 train/test split, Dirichlet class proportions), the
+  table's other methods beside Scafflix, FLIX and FedAvg there only, and the paper's five
+  numbers per data set."""
   from fedjaxsparse.experiments import scafflix_nn as S
   from fedjaxsparse.harness.experiment import Config
   ds = S._load(Config(clients=5, seed=0), "fashion_mnist_standin")
@@ -577,9 +578,34 @@ def test_scafflix_table_b1_data_and_methods():
   assert ds.train.num_clients == ds.test.num_clients == 5 and total.max() - total.min() <= 1
   np.testing.assert_allclose(n_test / total, 0.3, atol=0.02)
   opts = dict(p=0.3, ablate="none")
-  assert list(S._variants(opts, 0.3, 2, "cifar100")) == ["Scafflix", "FLIX", "FedAvg", "Ditto"]
+  assert list(S._variants(opts, 0.3, 2, "cifar100")) == ["Scafflix", "FLIX", "FedAvg", "Ditto",
+                                                          "FedSR-FT", "FedPAC", "FedCR"]
+  assert list(S._variants({**opts, "methods": "FedCR,Ditto"}, 0.3, 2, "cifar100")) == [
+      "Ditto", "FedCR"]
   assert list(S._variants(opts, 0.3, 2, "femnist")) == ["Scafflix", "FLIX", "FedAvg"]
   assert S.TABLE_B1["cifar100"]["Scafflix"] == 72.37 and S.TABLE_B1["fashion_mnist"]["FedCR"] \
       == 93.77
   assert S.PAPERS["tableB1_fmnist"].options["p"] == S.PAPERS["tableB1_cifar100"].options[
       "alpha"] == 0.3
+
+
+def test_scafflix_table_b1_runs_fedsr_ft_and_fedcr_beside(tmp_path):
+  """Table B.1's other methods through the experiment (FedPAC takes the same path): each on
+  FedCR's network (its own initial model), tuned like every method, evaluated after every
+  client fine-tunes on its own training data; the table names them beside the paper's numbers
+  and the option picks a subset."""
+  assert main(["run", "scafflix_nn", "--dataset", "fashion_mnist_standin", "--rounds", "1",
+               "--clients", "3", "--eval-every", "1", "--out", str(tmp_path), "--no-progress",
+               "--set", "cohort=2", "--set", "pre_steps=1", "--set", "lrs=0.05",
+               "--set", "methods=FedSR-FT,FedCR", "--set", "fedcr_dense=8",
+               "--set", "fedcr_dim=2", "--set", "finetune_epochs=1"]) == 0
+  res = json.load(open(tmp_path / "scafflix_nn" / "results.json"))
+  rows = {r["method"]: r for r in res["table"]}
+  assert list(rows) == ["FedSR-FT", "FedCR"]
+  for m, r in rows.items():
+    assert 0 <= r["test accuracy"] <= 1 and 0 <= r["before fine-tuning"] <= 1
+    assert r["paper % (Table B.1)"] == {"FedSR-FT": 87.08, "FedCR": 93.77}[m]
+  assert rows["FedCR"]["global model"] is None
+  assert rows["FedSR-FT"]["global model"] == rows["FedSR-FT"]["before fine-tuning"]
+  here = {r["method"]: r["here"] for r in res["table_b1"]}
+  assert here["FedCR"] == "beside" and here["FedPAC"].startswith("not run")

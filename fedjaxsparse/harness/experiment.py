@@ -362,6 +362,8 @@ class Method(NamedTuple):
     data: ``(candidate, split) -> split`` a candidate trains on, or ``None``.
     residence: where a :class:`~fedjaxsparse.runtime.population.CohortAlgorithm`'s population
       state lives (:func:`run_method`).
+    params: the method's initial model when it trains a network of its own (``None``: the
+      context's ``params``).
   """
   build: Callable[[Any, "Run"], Any]
   grid: Sequence = (None,)
@@ -369,6 +371,7 @@ class Method(NamedTuple):
   params_fn: ParamsFn = global_params
   data: Callable[[Any, Any], Any] | None = None
   residence: str = "auto"
+  params: Any = None
 
 
 def _always(cfg: Config, opts: dict) -> Config:
@@ -474,7 +477,8 @@ def declared(name: str, spec: Sequence[Option], *,
       tune_cfg = tuning.config(cfg, opts)
       for m, method in methods(ctx, cfg, opts).items():
         where = f"{ctx.setting} {m}" if ctx.setting is not None else m
-        t = tune_then_run(cfg, name, where, method.grid, method.build, ctx.params, ctx.fit,
+        start = ctx.params if method.params is None else method.params
+        t = tune_then_run(cfg, name, where, method.grid, method.build, start, ctx.fit,
                           ctx.val, ctx.data.train, ctx.data.test, ctx.eval_fn,
                           tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
                           data=method.data, params_fn=method.params_fn, metric=metric,

@@ -30,6 +30,7 @@ def from_flax(module, input_shape, model_shape=None) -> Model:
   ``[B, *model_shape]`` first (flat pixels to images, say)."""
   model_shape = tuple(input_shape if model_shape is None else model_shape)
 
+  @jax.jit   # one program: initialising op by op compiles every eager operation apart
   def init(key):
     return module.init(key, jnp.zeros((1,) + model_shape, jnp.float32))["params"]
 

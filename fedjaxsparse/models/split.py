@@ -157,6 +157,7 @@ def fedcr_net(input_shape: Sequence[int], num_classes: int, dim: int = 256, *,
   body = _Body(conv, dense, 2 * d if gaussian else 0, conv_impl)
   head = nn.Dense(num_classes, name="head")
 
+  @jax.jit   # one program: initialising op by op compiles every eager operation apart
   def init(key):
     kb, kh = jax.random.split(key)
     return {"body": body.init(kb, jnp.zeros((1,) + shape, jnp.float32))["params"],
