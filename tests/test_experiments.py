@@ -515,6 +515,20 @@ def test_fedp3_fmnist_tiny_on_digits(quick):
   assert all(0 <= r["ours %"] <= 100 for r in rows.values())
 
 
+def test_fedp3_fedcr_study_sends_four_of_five_body_layers(tmp_path):
+  """Fig. 4.2 (right) in a tiny configuration: FedCR-OPU3 on FedCR's network (a five-layer
+  body on the digits) sends the projection and 3 of the other 4 layers — the paper's 80 % —
+  and is evaluated after the final fine-tuning of every client's head."""
+  assert main(["run", "fedp3_fmnist", "--quick", "--out", str(tmp_path), "--no-progress",
+               "--clients", "4", "--rounds", "1", "--set", "study=fedcr",
+               "--set", "methods=FedCR-OPU3", "--set", "finetune_epochs=1"]) == 0
+  res = json.load(open(tmp_path / "fedp3_fmnist" / "results.json"))
+  (row,) = res["table"]
+  assert row["method"] == "FedCR-OPU3" and row["layers sent (paper's count)"] == 0.8
+  assert 0.6 < row["floats sent / FedAvg's"] < 1.0 and 0 <= row["ours %"] <= 100
+  assert "2.56 %" in res["claims"]
+
+
 def test_fedp3_ldp_tiny(quick):
   """LDP-FedP3's utility-vs-ε protocol, tiny: σ from the accountant shrinks as ε grows, the
   uplink is exactly d floats per iteration, the no-noise row has σ = 0."""

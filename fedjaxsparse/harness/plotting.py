@@ -171,7 +171,7 @@ def _log_if_positive(ax, axis: str = "y") -> None:
 def log_axis(ax, axis: str = "y", values: Sequence[float] | None = None) -> None:
   """A log-scaled ``axis`` whose labels cannot collide: decades only (at most 6 labelled),
   unlabelled minor ticks; a span of less than one decade (of ``values``, default: the lines'
-  data) labels 1-2-5 ticks instead."""
+  data) labels 1-2-5 ticks instead (a single value: the axis spans ×1.5 around it)."""
   (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
   ax_ = ax.yaxis if axis == "y" else ax.xaxis
   ax_.set_major_locator(ticker.LogLocator(base=10, numticks=7))
@@ -182,6 +182,9 @@ def log_axis(ax, axis: str = "y", values: Sequence[float] | None = None) -> None
   pos = [v for v in data if math.isfinite(v) and v > 0]
   if pos and math.floor(math.log10(min(pos))) == math.floor(math.log10(max(pos))):
     lo, hi = min(pos), max(pos)
+    if hi / lo < 1.01:   # one value: matplotlib would pad the view to a decade of ticks
+      lo, hi = lo / 1.5, hi * 1.5
+      (ax.set_ylim if axis == "y" else ax.set_xlim)(lo, hi)
     subs = (1.0, 2.0, 5.0) if hi / lo > 2.5 else (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
                                                   6.0, 8.0)
     ax_.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
