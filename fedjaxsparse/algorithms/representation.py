@@ -375,6 +375,7 @@ class FedSRState(NamedTuple):
 
 
 L2R_FORMS = ("norm", "squared")
+"""FedSR's L2R term: the mean Euclidean norm of z (its code) or its mean square (the paper)."""
 
 
 def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
