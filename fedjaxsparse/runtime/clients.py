@@ -304,7 +304,7 @@ def conv_flops(jaxpr: Any) -> float:
   return total
 
 
-_LAST_TRACE: list = []   # [(step, signature, closed jaxpr, mapped)]: the last traced step
+_LAST_TRACE: list = []   # [(step, signature, closed jaxpr, out shapes, mapped)]: the last trace
 
 
 def _signature(args: Any) -> tuple:
@@ -316,23 +316,43 @@ def _signature(args: Any) -> tuple:
 def traced_step(step: Callable, key: Any, state: Any, train: Any):
   """``(closed jaxpr of step(key, state, train), [clients mapped by each map_clients call])``.
 
-  The runner traces one step twice before compiling — to choose the client strategy and for
-  the run's fingerprint — at the same argument types; the last trace is kept and reused when
-  the same ``step`` is traced again at the same types (the jaxpr depends on nothing else),
-  once: a reuse releases it, so the trace's constants are not held for the run.
+  The runner needs one step's trace three times before compiling — to choose the client
+  strategy, for the run's fingerprint and inside the compiled chunk (:func:`cached_step`) —
+  at the same argument types; the last trace is kept and reused when the same ``step`` is
+  traced again at the same types (the jaxpr depends on nothing else). Tracing a network's
+  step is the larger part of a small run's start-up, so it is done once.
   """
   sig = _signature((key, state, train))
   if _LAST_TRACE and _LAST_TRACE[0][0] is step and _LAST_TRACE[0][1] == sig:
-    _, _, closed, mapped = _LAST_TRACE.pop()
+    _, _, closed, _, mapped = _LAST_TRACE[0]
     return closed, list(mapped)
   mapped = []
   token = _MAPPED.set(mapped)
   try:
-    closed = jax.make_jaxpr(step)(key, state, train)
+    closed, shapes = jax.make_jaxpr(step, return_shape=True)(key, state, train)
   finally:
     _MAPPED.reset(token)
-  _LAST_TRACE[:] = [(step, sig, closed, tuple(mapped))]
+  _LAST_TRACE[:] = [(step, sig, closed, shapes, tuple(mapped))]
   return closed, mapped
+
+
+def cached_step(step: Callable, key: Any, state: Any, train: Any
+                ) -> tuple[Callable, Any] | None:
+  """``(step_fn, out_shapes)`` from the kept trace of ``step`` at the types of
+  ``(key, state, train)`` (:func:`traced_step`), or ``None`` when there is none: ``step_fn``
+  evaluates the jaxpr (the same computation, without tracing the algorithm's Python again)
+  and ``out_shapes`` are the ``(state, info)`` shapes. Releases the kept trace."""
+  if not (_LAST_TRACE and _LAST_TRACE[0][0] is step
+          and _LAST_TRACE[0][1] == _signature((key, state, train))):
+    return None
+  _, _, closed, shapes, _ = _LAST_TRACE.pop()
+  out_tree = jax.tree.structure(shapes)
+
+  def step_fn(k, s, tr):
+    out = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *jax.tree.leaves((k, s, tr)))
+    return jax.tree.unflatten(out_tree, out)
+
+  return step_fn, shapes
 
 
 def choose_strategy(algo: Any, params: Any, train: Any) -> tuple[str, str]:

@@ -38,7 +38,8 @@ from jax.experimental import multihost_utils
 from flax import errors as flax_errors
 
 from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
-from fedjaxsparse.runtime.clients import Executed, auto_layout, choose_strategy, with_strategy
+from fedjaxsparse.runtime.clients import (Executed, auto_layout, cached_step, choose_strategy,
+                                          with_strategy)
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import NonFiniteError, UserError
@@ -75,8 +76,12 @@ def split_run_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
-                eval_every: int = 1, params_fn: ParamsFn = global_params) -> Callable:
+                eval_every: int = 1, params_fn: ParamsFn = global_params,
+                traced: tuple[Callable, Any] | None = None) -> Callable:
   """The pure function that runs ``chunk_size`` rounds under ``lax.scan``.
+
+  ``traced``: ``(step_fn, (state, info) shapes)`` of :func:`fedjaxsparse.runtime.clients.cached_step`
+  — the algorithm's step already traced, evaluated from its jaxpr instead of tracing it again.
 
   Returns ``chunk(rounds_key, state, start_round, num_rounds, train, test) ->
   (state, ChunkOutput)``; ``start_round`` and ``num_rounds`` are traced int32 scalars, so one
@@ -90,11 +95,13 @@ def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
   if eval_every < 1:
     raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
 
+  step_fn, shapes = traced if traced is not None else (algo.step, None)
+
   def chunk(rounds_key, state, start_round, num_rounds, train, test):
     def step(s, r):
-      return algo.step(jax.random.fold_in(rounds_key, r), s, train)
+      return step_fn(jax.random.fold_in(rounds_key, r), s, train)
 
-    info_shape = jax.eval_shape(step, state, start_round)[1]
+    info_shape = (shapes if shapes is not None else jax.eval_shape(step, state, start_round))[1]
     if eval_fn is not None:
       metrics_shape = jax.eval_shape(lambda s: eval_fn(params_fn(s), test), state)
 
@@ -483,8 +490,11 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
 
   # Chunks ending on every evaluation round: evaluate as a program of its own, after them.
   host_eval = eval_fn is not None and eval_every % chunk_size == 0 and start % chunk_size == 0
+  # the step's trace kept from choosing the strategy / the fingerprint, at these types
+  traced = None if mesh is not None else cached_step(
+      algo.step, jax.random.fold_in(rounds_key, 0), state, train)
   chunk_fn = build_chunk(algo, chunk_size, None if host_eval else eval_fn, eval_every,
-                         params_fn)
+                         params_fn, traced)
   jitted = jax.jit(counted_chunk)
   jitted_eval = jax.jit(eval_fn) if eval_fn is not None else None
   if start == 0 and eval_fn is not None:
