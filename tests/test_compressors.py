@@ -104,7 +104,7 @@ def test_top_k_scaled_rand_k_and_sign_contract():
   np.testing.assert_allclose(s.mean(0), 0.25 * xn, atol=5 * s.std(0).max() / math.sqrt(TRIALS))
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(d=st.integers(2, 60), data=st.data())
 def test_exact_nnz_and_bits(d, data):
   k = data.draw(st.integers(1, d))

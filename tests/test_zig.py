@@ -248,6 +248,19 @@ def test_resnet50_is_torchvisions():
   assert zigs.get("stage4").size == 2048 and zigs.get("s1b1a").size == 64
 
 
+def test_mobilenet_v2_imagenet_is_torchvisions():
+  """MobileNetV2 with the ImageNet stem (stride 2 in the stem and the second stage) has
+  torchvision's 3,504,872 parameters at 1000 classes and its 0.30 GMACs per 224×224 image
+  (torchvision lists 0.30), and keeps the last stage's 7×7 map."""
+  module, model = prunable.mobilenet_v2((224, 224, 3), 1000, stem="imagenet")
+  shapes = jax.eval_shape(model.init, jax.random.key(0))
+  assert sum(int(np.prod(a.shape)) for a in jax.tree.leaves(shapes)) == 3_504_872
+  zigs = fjs.pruning.zig.trace(module, (224, 224, 3))
+  assert round(fjs.pruning.zig.total_flops(zigs) / 1e9, 2) == 0.30
+  with pytest.raises(ValueError, match="stem"):
+    prunable.mobilenet_v2(stem="tiny")
+
+
 def test_batch_norm_running_statistics_for_evaluation():
   """BatchNorm's evaluation mode: the statistics averaged over training batches, then every
   example normalised by them — on the batch the statistics came from it equals training-mode

@@ -256,6 +256,8 @@ class _ResNet(nn.Module):
 
 _MBV2 = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
          (6, 160, 3, 2), (6, 320, 1, 1))   # (expansion t, channels c, repeats n, stride s)
+_MBV2_IMAGENET = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                  (6, 160, 3, 2), (6, 320, 1, 1))   # the paper's Table 2: stride 2 at stage 2
 
 
 class _MobileNetV2(nn.Module):
@@ -264,6 +266,7 @@ class _MobileNetV2(nn.Module):
   num_groups: int
   widths: tuple
   config: tuple
+  stem_stride: int = 1
 
   def _conv_norm(self, x, c, k, in_set, out_set, stride, name, depthwise=False):
     x = PConv(c, k, in_set, out_set, stride, depthwise, name=f"{name}_conv")(x)
@@ -272,7 +275,7 @@ class _MobileNetV2(nn.Module):
   @nn.compact
   def __call__(self, x):
     w = lambda name, d: _width(self.widths, name, d)  # noqa: E731
-    x = nn.relu6(self._conv_norm(x, w("stem", 32), 3, None, "stem", 1, "stem"))
+    x = nn.relu6(self._conv_norm(x, w("stem", 32), 3, None, "stem", self.stem_stride, "stem"))
     src, c_in, k = "stem", 32, 0       # c_in: the unpruned width of the input set
     for t, c, n, s in self.config:
       for j in range(n):
@@ -409,13 +412,20 @@ def lenet5(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 10,
 
 def mobilenet_v2(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
                  norm: str = "batch", num_groups: int = 8, widths: dict | None = None,
-                 config: Sequence[tuple] = _MBV2) -> tuple[nn.Module, Model]:
-  """MobileNetV2 (Sandler et al. 2018) for 32×32 inputs (strides 1 in the first convolution
-  and the second stage); ``config`` = rows ``(expansion t, channels c, repeats n, stride s)``
-  (default the paper's seven)."""
+                 config: Sequence[tuple] | None = None, stem: str = "cifar"
+                 ) -> tuple[nn.Module, Model]:
+  """MobileNetV2 (Sandler et al. 2018, arXiv:1801.04381); ``config`` = rows ``(expansion t,
+  channels c, repeats n, stride s)``. ``stem="cifar"`` (32×32 inputs): strides 1 in the first
+  convolution and the second stage; ``stem="imagenet"``: the paper's network for 224×224
+  inputs — stride 2 in both (``_MBV2_IMAGENET``; 3,504,872 parameters at 1000 classes,
+  torchvision's count), seed 004's Table 5 row. Default ``config``: the stem's seven rows."""
   _check(norm, num_groups)
+  if stem not in ("cifar", "imagenet"):
+    raise ValueError(f"stem must be 'cifar' or 'imagenet', got {stem!r}.")
+  if config is None:
+    config = _MBV2_IMAGENET if stem == "imagenet" else _MBV2
   if not config or any(len(r) != 4 or min(r) < 1 for r in config):
     raise ValueError(f"config must be rows (t, c, n, s) of positive ints, got {config!r}.")
   module = _MobileNetV2(num_classes, norm, num_groups, tuple(sorted((widths or {}).items())),
-                        tuple(tuple(r) for r in config))
+                        tuple(tuple(r) for r in config), 2 if stem == "imagenet" else 1)
   return module, from_flax(module, input_shape)
