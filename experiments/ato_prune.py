@@ -21,7 +21,11 @@ seed — Uniform from its smaller network's):
   half-space projector from epoch ``t_w``·E, no controller; it prunes whatever groups it zeroes.
   OTO's λ is not in the seed: ``oto_lam`` (default: 1e-3 — OTO's usual CIFAR value, an
   assumption — times the paper-scale step count 300·⌊45000/128⌋ over this run's, i.e. the
-  same total shrinkage Σ_t η_t λ as a 300-epoch CIFAR run).
+  same total shrinkage Σ_t η_t λ as a 300-epoch CIFAR run);
+* **OTOv2 (DHSPG)** — Table 4-5's OTOv2 rows run, not only printed
+  (:func:`fedjaxsparse.algorithms.oto.dhspg`): at epoch ``t_w``·E the groups are partitioned
+  by score and ``otov2_sparsity`` + 5 % of them penalised, with OTOv2's adaptive λ
+  (``otov2_lam``) and its capped half-space projection until the target group sparsity.
 
 Each final model is pruned physically: groups with w = 0 (OTO: groups that are exactly zero)
 are zeroed (:func:`fedjaxsparse.pruning.zig.scale_groups`), removed (:func:`fedjaxsparse.pruning.zig.compress`)
@@ -79,6 +83,7 @@ import optax
 
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.algorithms import ato as A
+from fedjaxsparse.algorithms.oto import DHSPGConfig, dhspg
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime.epochs import LOOPS
@@ -104,7 +109,7 @@ RUNTIME = ("11-18 minutes (8 trainings of ResNet-20 on 5,000 images; measured 10
 DATASETS = ("fashion_mnist", "fashion_mnist_standin", "cifar10", "cifar100", "imagenet")
 ARCHS = ("cifar_resnet", "resnet18", "resnet34", "resnet50", "mobilenet_v2", "mlp")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-METHODS = ("Dense", "ATO", "ATO-HSP", "Uniform", "OTO")
+METHODS = ("Dense", "ATO", "ATO-HSP", "Uniform", "OTO", "OTOv2")
 OTO_LAM_REF, REF_STEPS = 1e-3, PAPER_EPOCHS * (45000 // 128)
 PAPER_CTRL_STEPS = (150 - 30 + 1) * (45000 // 20 // 128)   # controller steps at CIFAR scale
 CPU = dict(train_size=5000, batch=128, ctrl_fraction=0.5, ctrl_batch=32, ctrl_lr=3e-4,
@@ -149,6 +154,12 @@ OPTIONS = (
            low=0.0),
     Option("oto_lam", None, "OTO's λ on every group (default: 1e-3 scaled to the same total "
            "shrinkage as a 300-epoch CIFAR run)", kind="float", low=0.0),
+    Option("otov2_sparsity", 0.5, "OTOv2 (DHSPG): the target group sparsity (its partition "
+           "at epoch t_w penalises target + 5 % of the groups)", low=0.0, high=1.0,
+           high_open=True, identity=False),
+    Option("otov2_lam", None, "OTOv2 (DHSPG): λ, adaptive up to 10λ (default: its code's SGD "
+           "default 1e-3 scaled like oto_lam to a 300-epoch CIFAR run's total shrinkage)",
+           kind="float", low=0.0, identity=False),
     Option("mask_in_target_forward", False, "gate the target model's forward pass by w "
            "(default: the literal (4-2), unmasked)"),
     Option("end_mask", "median", "end-of-epoch mask: median (keep groups the noisy mask keeps "
@@ -486,9 +497,11 @@ def _run(cfg: Config, opts: dict) -> dict:
   curve_x, curve_y = data["xv"][:opts["curve_size"]], data["yv"][:opts["curve_size"]]
   check_x = data["xt"][:opts["check_size"]]
 
-  def train(run, mdl, zg, acfg, params, key, evaluate, zero_mask=False, extra=None):
+  def train(run, mdl, zg, acfg, params, key, evaluate, zero_mask=False, extra=None,
+            dhspg_cfg=None):
     opt, schedule = _recipe(opts, s, steps)
-    algo = A.ato(mdl, zg, opt, schedule, acfg)
+    algo = (A.ato(mdl, zg, opt, schedule, acfg) if dhspg_cfg is None
+            else dhspg(mdl, zg, opt, schedule, dhspg_cfg))
     if zero_mask:   # OTO: every group penalised from the start, w never regenerated
       init = algo.init
       algo = algo._replace(init=lambda k, p: init(k, p)._replace(w=jnp.zeros(zg.num_groups)))
@@ -575,6 +588,18 @@ def _run(cfg: Config, opts: dict) -> dict:
       res = finish(st.params, keep)
       records.setdefault(("OTO", None), []).append(
           {**res, "kept_groups": int(keep.sum()), "history": hist, "time_s": sec})
+    if "OTOv2" in methods:   # DHSPG: the partition at epoch T_w, then the dual half-space steps
+      lam2 = (opts["otov2_lam"] if opts["otov2_lam"] is not None
+              else OTO_LAM_REF * REF_STEPS / steps)
+      dcfg = DHSPGConfig(target=opts["otov2_sparsity"], lam=lam2,
+                         partition_step=T_w * (len(x) // s["batch"]))
+      st, hist, sec = train("OTOv2" + tag, model, zigs, base._replace(**never), params, key,
+                            plain_curve, dhspg_cfg=dcfg,
+                            extra={"otov2": [dcfg.target, dcfg.lam]})
+      keep = np.asarray(Z.group_norms(zigs, st.params)) > 0
+      res = finish(st.params, keep)
+      records.setdefault(("OTOv2", None), []).append(
+          {**res, "kept_groups": int(keep.sum()), "history": hist, "time_s": sec})
 
   return _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam,
                  dict(settings=s, T_w=T_w, T_start=T_start, T_end=T_end, loop=loop))
@@ -582,7 +607,7 @@ def _run(cfg: Config, opts: dict) -> dict:
 
 def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, setup) -> dict:
   label = {"Dense": "Dense", "ATO": "ATO", "ATO-HSP": "ATO-HSP", "Uniform": "Uniform",
-           "OTO": "OTO (HSPG)"}
+           "OTO": "OTO (HSPG)", "OTOv2": "OTOv2 (DHSPG)"}
   dense_test = (np.mean([r["test"] for r in records[("Dense", None)]]) * 100
                 if ("Dense", None) in records else None)
   paper_rows = PAPER_T4.get((cfg.dataset, arch), [])
@@ -625,6 +650,11 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
   if ("OTO", None) in records:
     notes.append(f"  OTO (HSPG): λ = {oto_lam:.3g} on every group, "
                  f"{records[('OTO', None)][0]['kept_groups']} groups non-zero at the end")
+  if ("OTOv2", None) in records:
+    notes.append(f"  OTOv2 (DHSPG): target group sparsity {opts['otov2_sparsity']:g}, λ = "
+                 f"{opts['otov2_lam'] if opts['otov2_lam'] is not None else oto_lam:.3g} "
+                 f"(adaptive), "
+                 f"{records[('OTOv2', None)][0]['kept_groups']} groups non-zero at the end")
   src = (f"paper Table 4 ({'CIFAR-10' if cfg.dataset == 'cifar10' else 'CIFAR-100'} {arch})"
          if comparable else "paper Table 4 (CIFAR-10 ResNet-56, not comparable)")
   prows = [{"method": mth, "base top-1 %": b, "pruned top-1 %": pr, "Δ": d,

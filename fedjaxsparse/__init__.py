@@ -37,6 +37,7 @@ from fedjaxsparse.algorithms.fedpm import fedpm
 from fedjaxsparse.algorithms.fedprox import fedprox
 from fedjaxsparse.algorithms.fedspa import fedspa
 from fedjaxsparse.algorithms.fml import fml
+from fedjaxsparse.algorithms.oto import dhspg
 from fedjaxsparse.algorithms.proxskip import (accelerated_server_pruning,
                                               accelerated_server_pruning_modified,
                                               meta_sparse_proxskip, proxskip, randprox_l1,
@@ -63,7 +64,7 @@ METHODS = (
     "flix_sgd", "sppm_as", "fedprox_sppm_as", "fedavg_sppm_as", "local_gd", "fedspa", "ditto",
     "subfedavg", "fedpm", "fedmrn", "fedp3", "fedp3_theory", "fedlpfm", "fml", "ato",
     "sha_ddss_naive", "sha_ddss", "dis_ddss_naive", "dis_ddss", "prox_asvrg", "prox_asaga", "pse",
-    "fedcr", "fedsr", "fedpac",
+    "fedcr", "fedsr", "fedpac", "dhspg",
 )
 """The paper methods at the top of the package, by their papers' names."""
 

@@ -22,15 +22,16 @@ def test_ato_prune_tiny_through_the_cli(tmp_path, capsys, quick):
   folder = tmp_path / "ato_prune"
   rows = {(r["method"], r["p"]): r for r in res["table"]}
   assert set(rows) == {("Dense", "-"), ("ATO", "0.5"), ("ATO-HSP", "0.5"), ("Uniform", "0.5"),
-                       ("OTO (HSPG)", "-")}
+                       ("OTO (HSPG)", "-"), ("OTOv2 (DHSPG)", "-")}
   for r in rows.values():
     assert math.isfinite(r["test top-1 %"]) and math.isfinite(r["val top-1 %"])
     assert 0 <= r["test top-1 %"] <= 100
   assert rows[("Dense", "-")]["pruned FLOPs %"] == 0
   assert rows[("Dense", "-")]["test top-1 %"] > 60              # it learned something
-  for key in (("ATO", "0.5"), ("ATO-HSP", "0.5"), ("Uniform", "0.5"), ("OTO (HSPG)", "-")):
+  for key in (("ATO", "0.5"), ("ATO-HSP", "0.5"), ("Uniform", "0.5"), ("OTO (HSPG)", "-"),
+              ("OTOv2 (DHSPG)", "-")):
     assert rows[key]["pruned FLOPs %"] > 0, key                 # smaller than the dense model
-  for key in (("ATO", "0.5"), ("ATO-HSP", "0.5"), ("OTO (HSPG)", "-")):
+  for key in (("ATO", "0.5"), ("ATO-HSP", "0.5"), ("OTO (HSPG)", "-"), ("OTOv2 (DHSPG)", "-")):
     assert rows[key]["max |Δlogit|"] < 1e-4, key                # compressed = masked model
   ato = res["runs"]["ATO p=0.5"][0]
   uni = res["runs"]["Uniform p=0.5"][0]

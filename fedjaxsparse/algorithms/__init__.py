@@ -3,10 +3,12 @@ returning an :class:`fedjaxsparse.core.Algorithm` (``init``/``step`` pure functi
 ``import fedjaxsparse as fjs`` exposes every paper method at the top (``fjs.fedspa``, ...)."""
 from fedjaxsparse.algorithms import (ato, ddss, ddss_baselines, ditto, efbv, fedavg, fedht, fedlpfm,
                                      fedmrn, fedp3, fedp3_theory, fedpm, fedprox, fedspa, fml,
-                                     proxskip, representation, scafflix, sppm, subfedavg)
+                                     oto, proxskip, representation, scafflix, sppm,
+                                     subfedavg)
 
 __all__ = [
     "ato", "ddss", "ddss_baselines", "ditto", "efbv", "fedavg", "fedht", "fedlpfm", "fedmrn",
-    "fedp3", "fedp3_theory", "fedpm", "fedprox", "fedspa", "fml", "proxskip", "representation",
+    "fedp3", "fedp3_theory", "fedpm", "fedprox", "fedspa", "fml", "oto", "proxskip",
+    "representation",
     "scafflix", "sppm", "subfedavg",
 ]
