@@ -21,7 +21,8 @@ EfficientNet-B0 with GroupNorm(8) for the paper's Tables 8/10/9). The seed gives
 T, local steps, batch, μ nor FML's weights: every method's own hyper-parameter is tuned alike
 on a validation split of the clients' training data (never on test) — FedProx μ over
 ``mus``, Fed-LPFM λ over ``lams``, FML α = β over ``fml_alphas`` — with half the rounds;
-KL direction "forward" (Hinton) and T = ``temperature``. Measured at the default (one seed):
+KL direction "forward" (Hinton) and T = ``temperature`` (or tuned with λ over
+``temperatures``). Measured at the default (one seed):
 with T = 1, Fed-LPFM gains over FedAvg only at Dir(0.1) (+2.7) and Dir(0.01) (+4.1) and is
 within ~1.7 points elsewhere; with ``temperature=3`` (not tuned on validation) it gains +1.8
 (IID), +5.2 (Dir(0.1)) and +4.4 (Class Split) — the paper's ordering on all three.
@@ -29,7 +30,9 @@ within ~1.7 points elsewhere; with ``temperature=3`` (not tuned on validation) i
 Studies (``--set study=``): ``table8`` (the four methods across ``splits``); ``table11`` —
 the teacher fine-tuned on each client's local data by **linear probing** (a logistic head on
 the teacher's penultimate features, fitted per client) against the frozen 0-shot teacher;
-``table12`` — teacher backbones: the CNN teacher for all, a second backbone (an MLP the
+with ``--set clip=... coop_prompts=IDS.npy`` also one **prompt-tuned** on each client's local
+data (CoOp, :func:`fedjaxsparse.models.clip.prompt_tuning`: the class prompts' context words
+learned with CLIP frozen); ``table12`` — teacher backbones: the CNN teacher for all, a second backbone (an MLP the
 library trains likewise) for all, or a random per-client choice between the two (uniform
 prior). The paper's numbers are printed beside ours for the directions they claim; they are
 CIFAR-10 numbers and not comparable in level (Tables 8/9's FedProx columns copy FedAvg's and
@@ -121,6 +124,8 @@ OPTIONS = (
            low=0.0, high=1.0),
     Option("temperature", 1.0, "KD temperature (Hinton's KL, forward)", low=0.0,
            low_open=True),
+    Option("temperatures", [], "Fed-LPFM's temperature grid, tuned on validation with λ "
+           "(empty: temperature alone)", kind="floats", low=0.0, low_open=True),
     Option("teacher_epochs", 2, "epochs of the library-trained teacher", low=1),
     Option("teacher_channels", [32, 64], "convolution widths of the library-trained CNN "
            "teacher (its dense layer has 4x the last width)", kind="floats", low=1),
@@ -131,6 +136,12 @@ OPTIONS = (
            kind="str"),
     Option("clip_prompts", "", ".npy of the class prompts' token ids [K, L] or [K, P, L]",
            kind="str"),
+    Option("coop_prompts", "", "table11 with clip=: .npy of CoOp's prompts [K, L], positions "
+           "1..coop_ctx placeholders (e.g. 'X X X X {class}.' tokenised) — adds the Prompt "
+           "Tuning teacher", kind="str"),
+    Option("coop_ctx", 4, "CoOp's context words M", low=1),
+    Option("coop_steps", 200, "CoOp's SGD steps per client (lr 2e-3, weight decay 5e-4, "
+           "cosine; the paper: 200 epochs)", low=1),
 )
 
 
@@ -289,6 +300,29 @@ def _client_logits(fit, teacher, classes: int, probe: bool) -> np.ndarray:
   return out
 
 
+def _prompt_tuned_logits(fit, teacher, opts: dict, seed: int) -> np.ndarray:
+  """Table 11's prompt-tuned teacher: every client tunes CoOp's context
+  (:func:`fedjaxsparse.models.clip.prompt_tuning`) on its own fitting examples' CLIP image
+  embeddings and labels; its logits ``[N, M, K]`` are CLIP's scaled cosines with the tuned
+  class embeddings."""
+  from fedjaxsparse.models import clip
+  params = clip.load_params(opts["clip"])
+  cfg = clip.load_config(opts["clip"])
+  ids = np.load(opts["coop_prompts"])
+  scale = float(np.exp(np.asarray(params["logit_scale"], np.float32)))
+  n, m = fit.y.shape
+  x = np.asarray(fit.x).reshape((n * m,) + fit.x.shape[2:])
+  emb = np.asarray(teacher[2](x)).reshape(n, m, -1)      # unit image embeddings
+  out = np.zeros((n, m, ids.shape[0]), np.float32)
+  for i in range(n):
+    k = int(fit.num_examples[i])
+    tuned = clip.prompt_tuning(cfg, params, ids, emb[i, :k], np.asarray(fit.y[i, :k]),
+                               n_ctx=opts["coop_ctx"], steps=opts["coop_steps"],
+                               key=jax.random.key(seed + i))
+    out[i] = scale * emb[i] @ np.asarray(tuned.class_emb).T
+  return out
+
+
 def _dataset(cfg: Config, opts: dict, split: str):
   if cfg.dataset not in ("fashion_mnist", STANDIN, "cifar10"):
     raise ValueError(f"--dataset must be fashion_mnist, fashion_mnist_standin or cifar10, got "
@@ -320,9 +354,11 @@ def _algorithms(opts: dict, model, classes: int) -> dict:
   out["FML"] = [(f"α=β={a:g}", lambda a=a: fml(model, model, sgd(), alpha=a, beta=a,
                                               temperature=opts["temperature"], **common),
                  False) for a in opts["fml_alphas"]]
-  out["Fed-LPFM"] = [(f"λ={lam:g}", lambda lam=lam: F.fedlpfm(
-      model, classes, sgd(), lam=lam, temperature=opts["temperature"], **common), True)
-                     for lam in opts["lams"]]
+  temps = opts["temperatures"] or [opts["temperature"]]
+  out["Fed-LPFM"] = [(f"λ={lam:g}" + (f", T={t:g}" if len(temps) > 1 else ""),
+                      lambda lam=lam, t=t: F.fedlpfm(model, classes, sgd(), lam=lam,
+                                                     temperature=t, **common), True)
+                     for lam in opts["lams"] for t in temps]
   return out
 
 
@@ -353,6 +389,9 @@ def setup(cfg: Config, opts: dict):
     variants = {main: _client_logits(fit, teachers[main], classes, False)[:, :, None]}
     if opts["study"] == "table11":
       variants["Linear Probing"] = _client_logits(fit, teachers[main], classes, True)[:, :, None]
+      if opts["clip"] and opts["coop_prompts"]:
+        variants["Prompt Tuning"] = _prompt_tuned_logits(fit, teachers[main], opts,
+                                                         cfg.seed)[:, :, None]
     if opts["study"] == "table12":
       both = np.stack([variants[main][:, :, 0],
                        _client_logits(fit, teachers["MLP"], classes, False)], 2)
@@ -398,7 +437,7 @@ def columns(label: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   if opts["study"] == "table8":
     paper = PAPER8[ctx.setting][METHODS.index(method)]
   elif opts["study"] == "table11":
-    paper = PAPER11[ctx.setting][0 if variant == "Linear Probing" else 2]
+    paper = PAPER11[ctx.setting][{"Linear Probing": 0, "Prompt Tuning": 1}.get(variant, 2)]
   else:
     paper = PAPER12[ctx.setting][TABLE12[variant]] if variant in TABLE12 else None
   return {"split": ROW[ctx.setting], "chosen": tuned.best or "-",

@@ -485,3 +485,76 @@ def test_fedlpfm_linear_probe_on_clip_features(ckpt, tmp_path):
   cls = t.class_emb / np.linalg.norm(t.class_emb, axis=-1, keepdims=True)
   np.testing.assert_allclose(zero.reshape(40, K), np.exp(float(t.logit_scale)) * phi @ cls.T,
                              rtol=1e-4, atol=1e-4)
+
+
+# --- prompt tuning (CoOp) ----------------------------------------------------------------------
+
+
+def _prompts():
+  """One prompt per class: [SOS, X, X, X, class token, EOS, pad...] (positions 1..3 the
+  placeholders the context replaces)."""
+  ids = np.full((K, L), 3, np.int32)
+  ids[:, 0], ids[:, 1:4] = 1, 7
+  ids[:, 4] = np.arange(10, 10 + K)
+  ids[:, 5] = EOS
+  return ids
+
+
+def test_context_of_the_placeholders_own_embeddings_changes_nothing(ckpt):
+  """The context path is exact: feeding the placeholder tokens' own embeddings as the context
+  gives the plain prompts' text features; another context changes them."""
+  _, params = ckpt
+  ids = jnp.asarray(_prompts())
+  table = params["text_model"]["embeddings"]["token_embedding"]["embedding"]
+  own = jnp.asarray(table)[ids[0, 1:4]]
+  plain = C.text_features(CFG, params, ids)
+  np.testing.assert_allclose(C.text_features(CFG, params, ids, own), plain, rtol=1e-5,
+                             atol=1e-6)
+  other = own + jnp.asarray(np.random.default_rng(0).normal(size=own.shape), own.dtype)
+  assert float(jnp.max(jnp.abs(C.text_features(CFG, params, ids, other) - plain))) > 1e-3
+  with pytest.raises(ValueError, match="context"):
+    C.text_features(CFG, params, ids, jnp.zeros((L, 32)))
+
+
+def test_prompt_tuning_fits_the_context_to_labelled_embeddings(ckpt):
+  """CoOp on separable image embeddings (each class near its own direction): the loss falls
+  and the tuned prompts classify the embeddings better than the untuned ones; CLIP's parameters
+  are not touched (they enter as constants)."""
+  _, params = ckpt
+  rng = np.random.default_rng(3)
+  centres = rng.normal(size=(K, 16))
+  y = rng.integers(0, K, 200)
+  emb = centres[y] + 0.3 * rng.normal(size=(200, 16))
+  tuned = C.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=3, steps=150, lr=0.05,
+                          batch_size=None, key=jax.random.key(1))
+  assert tuned.context.shape == (3, 32) and float(tuned.losses[-1]) < float(tuned.losses[0])
+  unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+  before = C.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=3, steps=1, lr=1e-9,
+                           batch_size=None, key=jax.random.key(1)).class_emb
+  acc = lambda ce: np.mean(np.argmax(unit @ np.asarray(ce).T, 1) == y)   # noqa: E731
+  assert acc(tuned.class_emb) > acc(before)
+  with pytest.raises(ValueError, match="n_ctx"):
+    C.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=L)
+
+
+def test_fedlpfm_prompt_tuned_teacher_is_each_clients_coop(ckpt, tmp_path):
+  """Table 11's prompt-tuned teacher: each client's logits are CLIP's scaled cosines between
+  its image embeddings and the class embeddings of a CoOp context tuned on its own data."""
+  from fedjaxsparse.data.federated import pack_clients
+  from fedjaxsparse.experiments import fedlpfm_fmnist as F
+  from fedjaxsparse.harness.experiment import Config
+  np.save(tmp_path / "ids.npy", IDS)
+  np.save(tmp_path / "coop.npy", _prompts())
+  x = RNG.random((24, 28, 28, 1)).astype(np.float32)
+  y = RNG.integers(0, K, 24).astype(np.int32)
+  opts = {"clip": ckpt[0], "clip_prompts": str(tmp_path / "ids.npy"),
+          "coop_prompts": str(tmp_path / "coop.npy"), "coop_ctx": 3, "coop_steps": 5}
+  (_, teacher), = F._teachers(Config(out=str(tmp_path)), opts, x, y, x, y, K).items()
+  fit = pack_clients(x, y, np.array_split(np.arange(24), 2))
+  logits = F._prompt_tuned_logits(fit, teacher, opts, 0)
+  _, params = ckpt
+  phi = teacher[2](x[:12])
+  tuned = C.prompt_tuning(CFG, params, _prompts(), phi, y[:12], n_ctx=3, steps=5,
+                          key=jax.random.key(0))
+  np.testing.assert_allclose(logits[0], np.exp(1.7) * phi @ np.asarray(tuned.class_emb).T,
+                             rtol=1e-4, atol=1e-4)

@@ -41,6 +41,7 @@ from flax.core import unfreeze
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fedjaxsparse.models.hf import flatten_paths, nest_paths
 
@@ -295,13 +296,18 @@ def pool_positions(token_ids: jax.Array, eos_token_id: int) -> jax.Array:
 
 
 class TextEmbeddings(nn.Module):
-  """``[K, L] -> [K, L, H]``: token + learned position embeddings (positions ``0..L-1``)."""
+  """``[K, L] -> [K, L, H]``: token + learned position embeddings (positions ``0..L-1``);
+  ``context`` (``[M, H]``, shared by the K prompts, or ``[K, M, H]``) replaces the token
+  embeddings of positions ``1..M`` — CoOp's learned context words after the start token."""
   cfg: TextConfig
 
   @nn.compact
-  def __call__(self, token_ids: jax.Array) -> jax.Array:
+  def __call__(self, token_ids: jax.Array, context: jax.Array | None = None) -> jax.Array:
     c = self.cfg
     tok = nn.Embed(c.vocab_size, c.hidden_size, name="token_embedding")(token_ids)
+    if context is not None:
+      ctx = jnp.broadcast_to(context, (tok.shape[0],) + context.shape[-2:]).astype(tok.dtype)
+      tok = jax.lax.dynamic_update_slice(tok, ctx, (0, 1, 0))
     pos = nn.Embed(c.max_position_embeddings, c.hidden_size, name="position_embedding")(
         jnp.arange(token_ids.shape[-1]))
     return tok + pos
@@ -313,13 +319,18 @@ class TextTransformer(nn.Module):
   cfg: TextConfig
 
   @nn.compact
-  def __call__(self, token_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(self, token_ids: jax.Array, context: jax.Array | None = None
+               ) -> tuple[jax.Array, jax.Array]:
     c = self.cfg
     if token_ids.ndim != 2 or not 1 <= token_ids.shape[1] <= c.max_position_embeddings:
       raise ValueError(f"token_ids must have shape [K, L] with 1 <= L <= "
                        f"max_position_embeddings={c.max_position_embeddings}, got "
                        f"{tuple(token_ids.shape)}.")
-    x = TextEmbeddings(c, name="embeddings")(token_ids)
+    if context is not None and (context.ndim not in (2, 3) or context.shape[-1] != c.hidden_size
+                                or context.shape[-2] > token_ids.shape[1] - 2):
+      raise ValueError(f"context must be [M, {c.hidden_size}] or [K, M, {c.hidden_size}] with "
+                       f"M <= L - 2 = {token_ids.shape[1] - 2}, got {tuple(context.shape)}.")
+    x = TextEmbeddings(c, name="embeddings")(token_ids, context)
     t = token_ids.shape[1]
     x = Encoder(c, name="encoder")(x, jnp.tril(jnp.ones((t, t), bool)))
     x = _layer_norm(c.layer_norm_eps, "final_layer_norm")(x)
@@ -383,10 +394,13 @@ def image_features(cfg: CLIPConfig, params: dict[str, Any], images: jax.Array) -
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def text_features(cfg: CLIPConfig, params: dict[str, Any], token_ids: jax.Array) -> jax.Array:
+def text_features(cfg: CLIPConfig, params: dict[str, Any], token_ids: jax.Array,
+                  context: jax.Array | None = None) -> jax.Array:
   """``[K, L] -> [K, D]`` projected, unnormalised (jitted, ``cfg`` static); ``params`` needs
-  only ``text_model`` and ``text_projection``."""
-  _, pooled = TextTransformer(cfg.text_config).apply({"params": params["text_model"]}, token_ids)
+  only ``text_model`` and ``text_projection``; ``context`` (``[M, H]`` or ``[K, M, H]``)
+  replaces the token embeddings at positions ``1..M`` (:func:`prompt_tuning`)."""
+  _, pooled = TextTransformer(cfg.text_config).apply({"params": params["text_model"]}, token_ids,
+                                                     context)
   return nn.Dense(cfg.projection_dim, use_bias=False).apply(
       {"params": params["text_projection"]}, pooled)
 
@@ -630,3 +644,94 @@ def _batched(fn: Callable[..., jax.Array], images: Any, batch_size: int,
       batch = np.concatenate([batch, np.repeat(batch[-1:], bs - k, axis=0)])
     outs.append((fn(batch) if params is None else fn(params, batch))[:k])
   return np.concatenate([np.asarray(o) for o in outs])
+
+
+# ---------------------------------------------------------------------------------------------
+# prompt tuning (CoOp)
+
+
+class PromptTuned(NamedTuple):
+  """A CoOp result: ``context [M, H]`` (or ``[K, M, H]``) learned word vectors,
+  ``class_emb [K, D]`` the unit class embeddings they give, ``losses [steps]``."""
+  context: jax.Array
+  class_emb: jax.Array
+  losses: jax.Array
+
+
+def prompt_tuning(cfg: CLIPConfig, params: dict[str, Any], prompt_ids: Any,
+                  image_emb: Any, labels: Any, *, n_ctx: int = 4, class_specific: bool = False,
+                  steps: int = 200, lr: float = 2e-3, weight_decay: float = 5e-4,
+                  warmup_steps: int = 0, batch_size: int | None = 32, init_std: float = 0.02,
+                  key: jax.Array | None = None) -> PromptTuned:
+  """CoOp (Zhou et al. 2022): learn the ``n_ctx`` context word vectors of the class prompts
+  ``[SOS] v_1 … v_M [CLASS] . [EOS]`` with CLIP frozen, by minimising the cross-entropy of
+  ``exp(logit_scale)·cos(image_emb_b, text(prompt_k; v))`` over labelled image embeddings —
+  the "prompt-tuned teacher" of seed 004's Table 11, fitted to one client's local data.
+
+  References:
+    Kaiyang Zhou, Jingkang Yang, Chen Change Loy, Ziwei Liu (2022). Learning to Prompt for
+      Vision-Language Models. International Journal of Computer Vision 130:2337-2348.
+      arXiv:2109.01134.
+
+  ``prompt_ids int[K, L]``: each class's tokenised prompt whose positions ``1..n_ctx`` are
+  placeholders (e.g. "X X X X {class}." through the tokenizer) — their embeddings are replaced
+  by the context. ``image_emb [n, D]`` (CLIP's image embeddings; normalised here) and
+  ``labels int[n]``. The context is shared by the classes (CoOp's unified context) or one per
+  class (``class_specific``), initialised ``N(0, init_std²)`` (CoOp's random initialisation).
+  SGD with the seed's settings (lr 2e-3, weight decay 5e-4, cosine schedule after
+  ``warmup_steps`` of linear warm-up), minibatches of ``batch_size`` drawn with replacement
+  (``None``: all ``n``). Only the context moves: CLIP's parameters are constants."""
+  ids = jnp.asarray(_check_token_ids(prompt_ids, cfg.text_config))
+  if ids.ndim != 2:
+    raise ValueError(f"prompt_ids must be [K, L] (one prompt per class), got {ids.shape}.")
+  k_classes, length = ids.shape
+  h = cfg.text_config.hidden_size
+  if not isinstance(n_ctx, int) or not 1 <= n_ctx <= length - 2:
+    raise ValueError(f"n_ctx must be an int in [1, L - 2 = {length - 2}], got {n_ctx!r}.")
+  if not isinstance(steps, int) or steps < 1:
+    raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
+  emb = jnp.asarray(image_emb, jnp.float32)
+  y = jnp.asarray(labels, jnp.int32)
+  if emb.ndim != 2 or y.shape != (emb.shape[0],) or emb.shape[0] < 1:
+    raise ValueError(f"image_emb must be [n, D] with labels int[n], n >= 1; got "
+                     f"{emb.shape} and {y.shape}.")
+  if int(y.min()) < 0 or int(y.max()) >= k_classes:
+    raise ValueError(f"labels must lie in [0, K = {k_classes}), got [{int(y.min())}, "
+                     f"{int(y.max())}].")
+  emb = _unit(emb)
+  key = jax.random.key(0) if key is None else key
+  k_init, k_batch = jax.random.split(key)
+  shape = (k_classes, n_ctx, h) if class_specific else (n_ctx, h)
+  ctx0 = init_std * jax.random.normal(k_init, shape, jnp.float32)
+  text = {k: params[k] for k in ("text_model", "text_projection")}
+  scale = jnp.exp(jnp.asarray(params["logit_scale"], jnp.float32))
+  schedule = optax.warmup_cosine_decay_schedule(0.0 if warmup_steps else lr, lr,
+                                                warmup_steps, max(steps, warmup_steps + 1))
+  opt = optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(schedule, momentum=0.9))
+  n = emb.shape[0]
+
+  def classes(ctx):
+    return _unit(text_features(cfg, text, ids, ctx).astype(jnp.float32))
+
+  def loss(ctx, e, t):
+    logits = scale * e @ classes(ctx).T
+    return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
+        logits, t[:, None], -1)[:, 0])
+
+  @jax.jit
+  def fit(ctx):
+    def body(carry, k):
+      c, s = carry
+      if batch_size is None:
+        e, t = emb, y
+      else:
+        idx = jax.random.randint(k, (batch_size,), 0, n)
+        e, t = emb[idx], y[idx]
+      value, g = jax.value_and_grad(loss)(c, e, t)
+      u, s = opt.update(g, s, c)
+      return (optax.apply_updates(c, u), s), value
+    (c, _), losses = jax.lax.scan(body, (ctx, opt.init(ctx)), jax.random.split(k_batch, steps))
+    return c, losses
+
+  ctx, losses = fit(ctx0)
+  return PromptTuned(ctx, classes(ctx), losses)
