@@ -132,8 +132,10 @@ OPTIONS = (
     Option("validation", 0.1, "fraction of each client's training data for tuning", low=0.0,
            high=1.0, low_open=True, high_open=True),
     Option("seeds", 1, "seeds of the final runs", low=1),
-    Option("clip", "", "a local Hugging Face CLIP checkpoint directory (zero-shot teacher)",
-           kind="str"),
+    Option("clip", "", "a local CLIP checkpoint (zero-shot teacher): a Hugging Face "
+           "CLIPModel directory (ViT), or OpenAI's / open_clip's layout (a .safetensors file or "
+           "a folder with open_clip_model.safetensors: CLIP RN50, "
+           "fedjaxsparse.models.clip_resnet)", kind="str"),
     Option("clip_prompts", "", ".npy of the class prompts' token ids [K, L] or [K, P, L]",
            kind="str"),
     Option("coop_prompts", "", "table11 with clip=: .npy of CoOp's prompts [K, L], positions "
@@ -182,8 +184,15 @@ def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
     from fedjaxsparse.models import clip
     if not opts["clip_prompts"]:
       raise ValueError("clip=... needs clip_prompts=IDS.npy (the tokenised class prompts).")
-    c = clip.load_config(opts["clip"])
-    t = clip.zero_shot_teacher(opts["clip"], c, np.load(opts["clip_prompts"]))
+    path = opts["clip"]
+    if path.endswith(".safetensors") or os.path.isfile(
+        os.path.join(path, "open_clip_model.safetensors")):   # OpenAI's layout: CLIP RN50, ...
+      from fedjaxsparse.models import clip_resnet
+      t = clip_resnet.zero_shot_teacher(path, None, np.load(opts["clip_prompts"]))
+      c = t.cfg
+    else:
+      c = clip.load_config(path)
+      t = clip.zero_shot_teacher(path, c, np.load(opts["clip_prompts"]))
     size = c.vision_config.image_size
     fn = lambda a: clip.cached_logits(  # noqa: E731
         lambda p, b: clip.teacher_logits(t, p, clip.preprocess(b, size)), a, params=t.params)

@@ -555,7 +555,10 @@ class ZeroShotTeacher(NamedTuple):
   cfg: CLIPConfig
 
 
-def _check_token_ids(ids: Any, c: TextConfig) -> np.ndarray:
+def check_token_ids(ids: Any, c: TextConfig) -> np.ndarray:
+  """``ids`` as ``int32[K, L]`` or ``[K, M, L]`` after checking the shape, the vocabulary range
+  and (for configs with a real EOS id) that every prompt holds its EOS token; ValueError
+  otherwise."""
   ids = np.asarray(ids)
   if not np.issubdtype(ids.dtype, np.integer):
     raise ValueError(f"class_token_ids must be integer token ids, got dtype {ids.dtype}.")
@@ -594,7 +597,7 @@ def zero_shot_teacher(path_or_params: str | os.PathLike | dict[str, Any],
       raise ValueError("cfg is required when path_or_params is a parameter tree.")
     params = path_or_params
   cfg = cfg if isinstance(cfg, CLIPConfig) else config_from_hf(cfg)
-  ids = _check_token_ids(class_token_ids, cfg.text_config)
+  ids = check_token_ids(class_token_ids, cfg.text_config)
   text = {k: params[k] for k in ("text_model", "text_projection")}
   emb = _batched(functools.partial(text_features, cfg), ids.reshape(-1, ids.shape[-1]),
                  batch_size, text)
@@ -681,7 +684,7 @@ def prompt_tuning(cfg: CLIPConfig, params: dict[str, Any], prompt_ids: Any,
   SGD with the seed's settings (lr 2e-3, weight decay 5e-4, cosine schedule after
   ``warmup_steps`` of linear warm-up), minibatches of ``batch_size`` drawn with replacement
   (``None``: all ``n``). Only the context moves: CLIP's parameters are constants."""
-  ids = jnp.asarray(_check_token_ids(prompt_ids, cfg.text_config))
+  ids = jnp.asarray(check_token_ids(prompt_ids, cfg.text_config))
   if ids.ndim != 2:
     raise ValueError(f"prompt_ids must be [K, L] (one prompt per class), got {ids.shape}.")
   k_classes, length = ids.shape
