@@ -621,3 +621,19 @@ def test_scafflix_table_b1_runs_fedcr_beside(tmp_path):
   assert row["global model"] is None
   here = {r["method"]: r["here"] for r in res["table_b1"]}
   assert here["FedCR"] == "beside" and here["FedPAC"].startswith("not run")
+
+
+def test_fedp3_params_reproduces_fig_c1s_printed_numbers(tmp_path):
+  """Fig. C.1's accounting from Table C.2's networks: every number the chapter prints —
+  10,815.25 %, 1,522.91 %, 13,749.46 %, 30.23 % uplink spreads, 57.93 % deployed spread at
+  r = 0.5 for CIFAR-10 — to the printed precision; the CLI draws the figure."""
+  from fedjaxsparse.experiments import fedp3_params as P
+  for name, paper in P.PAPER.items():
+    a = P.accounting(name, [0.5])
+    assert round(a["uplink spread %"], 2) == paper["uplink spread %"], name
+    if "deployed spread % (r=0.5)" in paper:
+      assert round(a["deployed spread %"][0.5], 2) == paper["deployed spread % (r=0.5)"]
+  assert P.accounting("cifar10", [])["uplink"].tolist() == [15104, 112704, 1648640, 1058816]
+  assert main(["run", "fedp3_params", "--out", str(tmp_path), "--no-progress",
+               "--set", "networks=cifar10"]) == 0
+  assert (tmp_path / "fedp3_params" / "fedp3_params_cifar10.png").exists()
