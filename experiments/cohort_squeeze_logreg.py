@@ -6,7 +6,8 @@ sampling, baseline and γ studies.
 Setting (as the chapter): f_i(x) = mean_j log(1 + exp(−b_ij x·a_ij)) + (μ/2)‖x‖², μ = 0.1, no
 bias, x₀ = 0, x⋆ by L-BFGS in float64; the feature-wise non-IID split of D.3.1 — k-means on the
 examples into ``clusters`` clusters (scikit-learn), each cut at random into
-``clients_per_cluster`` clients (10 × 10 = 100 clients); the clusters are the strata of
+``clients_per_cluster`` clients (10 × 10 = 100 clients; ``--set tsne=N`` draws Fig. D.1, a
+t-SNE map of N examples coloured by cluster); the clusters are the strata of
 **SPPM-SS** (one client from each cluster: a cohort of 10) and the blocks of **SPPM-BS** (one
 whole cluster); cohort objective weights 1/(n p_i) from the sampler's marginals. Prox solvers:
 BFGS (the chapter's base) and CG, one iteration = one local communication round (spec §3.5).
@@ -74,6 +75,8 @@ OPTIONS = (
     Option("studies", "cost,sampling,baselines,gamma", "which studies to run (comma list of "
            + ", ".join(STUDIES) + ")", kind="str"),
     Option("clusters", 10, "k-means clusters (= strata / blocks)", low=1),
+    Option("tsne", 0, "Fig. D.1: a t-SNE map of this many examples (0: none) coloured by their "
+           "k-means cluster", low=0),
     Option("clients_per_cluster", 10, "clients each cluster is cut into", low=1),
     Option("mu", 0.1, "l2 regularisation (strong convexity)", low=0.0, low_open=True),
     Option("eps", 5e-3, "target ||x_T - x*||^2 < eps", low=0.0, low_open=True),
@@ -245,7 +248,28 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   results["claims"] = claims
   results["figures"] = [Figure("panels", dict(
       panels=_panels(results), title=f"{label}: Cohort-Squeeze (seed 001 ch. 5)"))]
+  if opts["tsne"]:
+    results["figures"].append(tsne_figure(x, parts, blocks, opts["tsne"], cfg.seed, label))
   return results
+
+
+def tsne_figure(x: np.ndarray, parts, blocks, points: int, seed: int, label: str) -> Figure:
+  """Fig. D.1: scikit-learn's t-SNE of ``points`` examples drawn at random, coloured by the
+  k-means cluster their client belongs to (the clusters of :func:`feature_split`)."""
+  from sklearn.manifold import TSNE
+  cluster = np.empty(len(x), np.int64)
+  for c, block in enumerate(blocks):
+    for client in block:
+      cluster[parts[client]] = c
+  rng = np.random.default_rng(seed)
+  pick = rng.choice(len(x), min(points, len(x)), replace=False)
+  emb = TSNE(n_components=2, init="pca", random_state=seed,
+             perplexity=min(30.0, max(2.0, (len(pick) - 1) / 3))).fit_transform(
+                 np.asarray(x[pick], np.float64))
+  return Figure("scatter", dict(points=emb.tolist(), labels=cluster[pick].tolist(),
+                                title=f"Fig. D.1 ({label}): t-SNE of {len(pick)} examples, "
+                                      f"coloured by their k-means cluster",
+                                xlabel="t-SNE 1", ylabel="t-SNE 2"), suffix="_tsne")
 
 
 def _faster_to_larger(rows: list[dict]) -> bool | None:

@@ -637,3 +637,21 @@ def test_fedp3_params_reproduces_fig_c1s_printed_numbers(tmp_path):
   assert main(["run", "fedp3_params", "--out", str(tmp_path), "--no-progress",
                "--set", "networks=cifar10"]) == 0
   assert (tmp_path / "fedp3_params" / "fedp3_params_cifar10.png").exists()
+
+
+def test_cohort_squeeze_tsne_colours_each_example_by_its_clients_cluster(tmp_path):
+  """Fig. D.1: the t-SNE map's labels are the k-means clusters of the clients the examples
+  were dealt to, and the scatter draws without overlapping text."""
+  from fedjaxsparse.experiments import cohort_squeeze_logreg as E
+  rng = np.random.default_rng(0)
+  x = np.concatenate([rng.normal(loc=c * 6.0, size=(30, 4)) for c in range(3)])
+  parts, blocks = E.feature_split(x, 3, 2, 0)
+  fig = E.tsne_figure(x, parts, blocks, 60, 0, "toy")
+  owner = {int(i): c for c, block in enumerate(blocks) for client in block
+           for i in parts[client]}
+  pts, labels = np.asarray(fig.args["points"]), fig.args["labels"]
+  assert pts.shape == (60, 2) and len(set(labels)) == 3
+  # the picked examples: recover them by the seeded draw the figure used
+  pick = np.random.default_rng(0).choice(len(x), 60, replace=False)
+  assert labels == [owner[int(i)] for i in pick]
+  assert fig.draw(str(tmp_path), "toy").endswith("toy_tsne.png")

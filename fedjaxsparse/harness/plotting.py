@@ -669,3 +669,34 @@ def matrix_figure(matrix, title: str = "", max_cells: int = 512) -> plt.Figure:
 def plot_matrix(matrix, path: str, title: str = "", max_cells: int = 512) -> str:
   """Save :func:`matrix_figure` as a PNG at ``path``; returns ``path``."""
   return _save(matrix_figure(matrix, title, max_cells), path)
+
+
+def scatter_figure(points, labels, title: str = "", xlabel: str = "", ylabel: str = "",
+                   legend: str = "cluster") -> plt.Figure:
+  """A 2-D scatter of ``points [n, 2]`` coloured by integer ``labels [n]`` (a legend entry per
+  label, ``"{legend} {label}"``): an embedding of the data (t-SNE) and its clusters."""
+  pts = np.asarray(points, np.float64)
+  lab = np.asarray(labels)
+  if pts.ndim != 2 or pts.shape[1] != 2 or lab.shape != (pts.shape[0],):
+    raise ValueError(f"points must be [n, 2] and labels [n]; got {pts.shape} and {lab.shape}.")
+  kinds = sorted(set(lab.tolist()))
+  colors = method_colors([f"{legend} {k}" for k in kinds])
+  fig, ax = plt.subplots(figsize=(7.5, 6.0), layout="constrained")
+  for k in kinds:
+    at = lab == k
+    ax.scatter(pts[at, 0], pts[at, 1], s=6, alpha=0.7, color=colors[f"{legend} {k}"],
+               label=f"{legend} {k} ({int(at.sum())})")
+  ax.set(xlabel=xlabel, ylabel=ylabel)
+  ax.grid(alpha=0.3)
+  fig.legend(loc="outside lower center", fontsize=8, frameon=False,
+             ncols=min(5, len(kinds)), markerscale=2)
+  if title:
+    ax.set_title(wrap(title, 6.5, 11))
+  return fig
+
+
+def plot_scatter(points, labels, path: str, title: str = "", xlabel: str = "",
+                 ylabel: str = "", legend: str = "cluster") -> str:
+  """Save :func:`scatter_figure` as a PNG at ``path``; returns ``path``."""
+  return save_figure(scatter_figure(points, labels, title, xlabel, ylabel, legend), path,
+                     dpi=120)
