@@ -133,7 +133,9 @@ class _BatchStatNorm(nn.Module):
         "bias", nn.initializers.zeros, (c,))
 
 
-def _norm(kind: str, num_groups: int, name: str) -> nn.Module:
+def norm_layer(kind: str, num_groups: int, name: str) -> nn.Module:
+  """The normalisation of ``kind``: ``"group"`` (GroupNorm of ``num_groups``) or ``"batch"``
+  (the current batch's statistics, :class:`_BatchStatNorm`), named ``name``."""
   if kind == "group":
     return nn.GroupNorm(num_groups=num_groups, name=name)
   return _BatchStatNorm(name=name)
@@ -150,7 +152,7 @@ class _BNCNN(nn.Module):
   def __call__(self, x):
     for i, c in enumerate(self.channels):
       x = Conv(c, (3, 3), padding="SAME", use_bias=False, impl=self.conv)(x)
-      x = nn.relu(_norm(self.norm, min(8, c), f"norm{i}")(x))
+      x = nn.relu(norm_layer(self.norm, min(8, c), f"norm{i}")(x))
       if (i + 1) % self.pool_every == 0:
         x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
     return nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1))
@@ -188,13 +190,13 @@ class _BasicBlock(nn.Module):
   def __call__(self, x):
     s = (self.stride, self.stride)
     y = Conv(self.channels, (3, 3), s, use_bias=False, impl=self.conv, name="conv1")(x)
-    y = nn.relu(_norm(self.norm, self.num_groups, "norm1")(y))
+    y = nn.relu(norm_layer(self.norm, self.num_groups, "norm1")(y))
     y = Conv(self.channels, (3, 3), use_bias=False, impl=self.conv, name="conv2")(y)
-    y = _norm(self.norm, self.num_groups, "norm2")(y)
+    y = norm_layer(self.norm, self.num_groups, "norm2")(y)
     if self.stride != 1 or x.shape[-1] != self.channels:
       x = Conv(self.channels, (1, 1), s, use_bias=False, impl=self.conv,
                name="shortcut_conv")(x)
-      x = _norm(self.norm, self.num_groups, "shortcut_norm")(x)
+      x = norm_layer(self.norm, self.num_groups, "shortcut_norm")(x)
     return nn.relu(x + y)
 
 
@@ -208,7 +210,7 @@ class _ResNet18(nn.Module):
   @nn.compact
   def __call__(self, x):
     x = Conv(self.width, (3, 3), use_bias=False, impl=self.conv, name="stem_conv")(x)
-    x = nn.relu(_norm(self.norm, self.num_groups, "stem_norm")(x))
+    x = nn.relu(norm_layer(self.norm, self.num_groups, "stem_norm")(x))
     for i, channels in enumerate(self.width * m for m in (1, 2, 4, 8)):
       for j in range(2):
         stride = 2 if i > 0 and j == 0 else 1
