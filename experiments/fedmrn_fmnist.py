@@ -29,7 +29,12 @@ seed 000's FedSparsify: server-side gradual magnitude pruning to 97 % on the cub
 column. ``--dataset shakespeare --set study=table3`` (``--paper table3_shakespeare``) runs
 appendix Table 3's next-character task: FedAvg, SignSGD, EDEN and FedMRN on the bundled plays'
 speaking roles (or LEAF's JSON in ``--data-dir``) with LEAF's LSTM (``lstm_hidden`` units,
-LEAF's 256; 64 by default on a CPU).
+LEAF's 256; 64 by default on a CPU). ``--dataset voc --data-dir VOC --set study=table3``
+(``--paper table3_voc``) runs its segmentation row: BiSeNetV2
+(:func:`fedjaxsparse.models.segmentation.bisenetv2`, ``seg_width`` of the paper's widths) on
+PASCAL VOC 2012 (:func:`fedjaxsparse.data.pascal_voc.voc_segmentation`: train images dealt
+IID to the clients, ``seg_size`` × ``seg_size``; the val images are the test set), scored by
+the mean IoU; ``--dataset voc_standin`` is its labelled stand-in (random rectangles).
 
 Studies (``--set study=``): ``table1`` (above); ``ablation`` — Fig. 4's variants (B.8: FedMRN
 w/o SM, w/o PM, w/o PSM, FedAvg w. SM) beside FedAvg, FedMRN and SignSGD, the paper runs them
@@ -62,6 +67,7 @@ from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.models import bn_cnn, char_lstm, make_loss, mlp
+from fedjaxsparse.models.segmentation import bisenetv2, make_segmentation_eval_fn
 from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.ops.sparsity import gmp_sparsity, num_params
 
@@ -98,6 +104,10 @@ STUDIES = ("table1", "ablation", "noise", "table3")
 TABLE3 = ("FedAvg", "SignSGD", "EDEN", "FedMRN")  # appendix Table 3's rows
 PAPER_TABLE3 = {  # appendix Table 3, Shakespeare with LEAF's LSTM (next-character accuracy %)
     "FedAvg": (51.2,), "SignSGD": (38.0,), "EDEN": (49.6,), "FedMRN": (51.1,)}
+PAPER_TABLE3_VOC = {  # appendix Table 3, PascalVOC with BiSeNetV2 (mIoU %)
+    "FedAvg": (53.8,), "SignSGD": (44.3,), "EDEN": (52.0,), "FedMRN": (54.2,)}
+SEGMENTATION = ("voc", "voc_standin")
+"""Data sets of the segmentation row of appendix Table 3 (scored by the mean IoU)."""
 PAPER_TABLE2 = {  # Table 2: accuracy change vs FedAvg summed over IID, Non-IID-1, Non-IID-2
     "fashion_mnist": {"FedPM": -36.4, "FedSparsify": -26.0, "SignSGD": -4.7, "Top-k": -5.9,
                       "TernGrad": -2.3, "DRIVE": -1.8, "EDEN": -1.8, "FedMRN": -0.7,
@@ -138,6 +148,15 @@ OPTIONS = (
            "and FedMRN on --dataset shakespeare, LEAF's LSTM)", choices=STUDIES),
     Option("lstm_hidden", 64, "LSTM units per layer of the Shakespeare model (LEAF's: 256)",
            low=1),
+    Option("seg_size", 64, "--dataset voc(_standin): images resized to this square side "
+           "(a multiple of 32)", low=32),
+    Option("seg_width", 0.25, "BiSeNetV2's channel widths relative to the paper's (1.0)",
+           low=0.0, low_open=True),
+    Option("seg_norm", "group", "BiSeNetV2's normalisation: group (an image's output does not "
+           "depend on its batch) or batch (the current batch's statistics)",
+           choices=("group", "batch")),
+    Option("seg_images", 0, "--dataset voc: training images read (0: all 1,464 of train; the "
+           "stand-in draws 32 per client)", low=0),
     Option("splits", "iid,niid1,niid2", "comma list of iid, niid1 (Dirichlet 0.3), niid2 "
            "(3 labels per client)", kind="str"),
     Option("methods", ",".join(METHODS), "comma list of the methods (table1 study; also "
@@ -194,7 +213,15 @@ PAPERS = {
         options={**_GRID, "study": "table3", "lstm_hidden": 256}, unit="test accuracy %",
         paper={}, deviations="the appendix gives no protocol for Shakespeare beyond LEAF's "
         "code: Table 1's (100 rounds, 10 local epochs, lr grid, 5 seeds) is used; the 1,108 "
-        "roles of the bundled plays (LEAF: 1,129)")}
+        "roles of the bundled plays (LEAF: 1,129)"),
+    "table3_voc": PaperConfig(
+        "table3_voc", "seed 003 appendix Table 3 (PascalVOC, BiSeNetV2)", dataset="voc",
+        standin="voc_standin", clients=10, rounds=100, eval_every=10,
+        options={**_GRID, "study": "table3", "seg_size": 512, "seg_width": 1.0},
+        unit="test mIoU %", paper={},
+        deviations="the appendix follows FedSeg's protocol without restating it: 10 clients "
+        "with IID shares of VOC train, Table 1's rounds, epochs, lr grid and seeds; images "
+        "resized to 512x512 (FedSeg crops); no auxiliary (booster) heads")}
 
 
 def _specs(opts: dict, rounds: int) -> dict:
@@ -263,17 +290,30 @@ def _dataset(cfg: Config, split: str):
 def setup(cfg: Config, opts: dict):
   """One setting per split: its dataset, the model's initial parameters and evaluation
   (Shakespeare: one setting, the plays' natural split by speaking role)."""
-  if (cfg.dataset == "shakespeare") != (opts["study"] == "table3"):
-    raise ConfigError("study table3 (appendix Table 3) runs on --dataset shakespeare, and "
-                      f"shakespeare only in study table3; got study {opts['study']!r} on "
-                      f"{cfg.dataset!r}.")
-  if cfg.dataset not in ("fashion_mnist", STANDIN, "shakespeare") + tuple(TFDS):
-    raise ValueError(f"--dataset must be fashion_mnist, {STANDIN}, svhn, cifar10, cifar100 or "
-                     f"shakespeare, got {cfg.dataset!r}.")
+  table3 = ("shakespeare",) + SEGMENTATION
+  if (cfg.dataset in table3) != (opts["study"] == "table3"):
+    raise ConfigError("study table3 (appendix Table 3) runs on --dataset shakespeare, voc or "
+                      "voc_standin, and those only in study table3; got study "
+                      f"{opts['study']!r} on {cfg.dataset!r}.")
+  if cfg.dataset not in ("fashion_mnist", STANDIN) + table3 + tuple(TFDS):
+    raise ValueError(f"--dataset must be fashion_mnist, {STANDIN}, svhn, cifar10, cifar100, "
+                     f"shakespeare, voc or voc_standin, got {cfg.dataset!r}.")
   paper = _paper(cfg)
-  splits = (["natural"] if cfg.dataset == "shakespeare"
-            else name_list(opts["splits"], "splits", tuple(SPLITS)))
+  splits = (["natural"] if cfg.dataset == "shakespeare" else ["iid"] if cfg.dataset in
+            SEGMENTATION else name_list(opts["splits"], "splits", tuple(SPLITS)))
   for split in splits:
+    if cfg.dataset in SEGMENTATION:
+      ds = _segmentation_data(cfg, opts)
+      model = bisenetv2(ds.train.x.shape[2:], 21, width=opts["seg_width"],
+                        head_width=max(16, int(1024 * opts["seg_width"])),
+                        norm=opts["seg_norm"])
+      params = model.init(jax.random.key(cfg.seed))
+      d = num_params(params)
+      print(f"{NAME}: {ds.name}, {ds.num_clients} clients, {opts['cohort']} per round, "
+            f"{opts['epochs']} local epoch(s) of {opts['batch']}, BiSeNetV2 d={d}")
+      yield Context(ds, params, make_segmentation_eval_fn(model, 21),
+                    {"loss": make_loss(model), "d": d, "paper": paper}, setting=split)
+      continue
     if cfg.dataset == "shakespeare":   # the bundled plays, or LEAF's JSON in --data-dir
       ds = load_dataset("shakespeare", num_clients=cfg.clients, seed=cfg.seed,
                         data_dir=cfg.data_dir)
@@ -291,9 +331,33 @@ def setup(cfg: Config, opts: dict):
                   {"loss": make_loss(model), "d": d, "paper": paper}, setting=split)
 
 
+def _segmentation_data(cfg: Config, opts: dict):
+  """PASCAL VOC's train images dealt IID to the clients (its val images: the test set), or
+  the stand-in; void pixels labelled 21 (one past the classes: no loss, no score)."""
+  from fedjaxsparse.data.pascal_voc import IGNORE, voc_segmentation, voc_standin
+  size = opts["seg_size"]
+  if size % 32:
+    raise ConfigError(f"option 'seg_size' must be a multiple of 32, got {size}.")
+  if cfg.dataset == "voc":
+    if not cfg.data_dir:
+      raise ConfigError("--dataset voc reads PASCAL VOC 2012 from --data-dir (the unpacked "
+                        "VOCtrainval_11-May-2012.tar).")
+    x, y = voc_segmentation(cfg.data_dir, "train", size, opts["seg_images"] or None)
+    xt, yt = voc_segmentation(cfg.data_dir, "val", size)
+  else:
+    x, y = voc_standin(32 * cfg.clients, size, cfg.seed)
+    xt, yt = voc_standin(max(16, 4 * cfg.clients), size, cfg.seed + 1)
+  y, yt = (np.where(a == IGNORE, 21, a).astype(np.int32) for a in (y, yt))
+  parts = np.array_split(np.random.default_rng(cfg.seed).permutation(len(x)), cfg.clients)
+  return federate(x, y, parts, num_classes=22, name=f"{cfg.dataset}/iid", x_test=xt,
+                  y_test=yt)   # 22: the 21 classes and the void label (validation only)
+
+
 def _paper(cfg: Config) -> dict:
-  """``{method: (value per split)}``: Table 1's column of the dataset run (Shakespeare:
-  appendix Table 3)."""
+  """``{method: (value per split)}``: Table 1's column of the dataset run (Shakespeare and
+  PASCAL VOC: appendix Table 3)."""
+  if cfg.dataset in SEGMENTATION:
+    return PAPER_TABLE3_VOC
   if cfg.dataset == "shakespeare":
     return PAPER_TABLE3
   return PAPER if cfg.dataset in ("fashion_mnist", STANDIN) else PAPER_OTHER[cfg.dataset]
@@ -337,6 +401,9 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
     theirs = ", ".join(f"{m} {v:+.1f}" for m, v in PAPER_TABLE2[key].items())
     note = (f"Table 2 (accuracy change vs FedAvg summed over the splits run): {summed} — the "
             f"paper, {key} (all three splits): {theirs}")
+  elif opts["study"] == "table3" and cfg.dataset in SEGMENTATION:
+    note = (f"mIoU change vs FedAvg: {summed} — the paper (appendix Table 3, PascalVOC, "
+            "BiSeNetV2): SignSGD −9.5, EDEN −1.8, FedMRN +0.4")
   elif opts["study"] == "table3":
     note = (f"accuracy change vs FedAvg: {summed} — the paper (appendix Table 3, Shakespeare): "
             "SignSGD −13.2, EDEN −1.6, FedMRN −0.1")
@@ -363,4 +430,5 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
 
 
 run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, papers=PAPERS,
+               metric=lambda cfg, opts: "miou" if cfg.dataset in SEGMENTATION else "accuracy",
                tuning=Tuning(columns=columns))

@@ -99,3 +99,28 @@ def test_bisenetv2_maps_images_to_per_pixel_logits_and_learns():
   assert jax.eval_shape(model.apply, params, x).shape == (4, 32, 32, 21)
   with pytest.raises(ValueError, match="multiples of 32"):
     S.bisenetv2((30, 32, 3))
+
+
+def test_fedmrn_segmentation_data_and_miou_evaluation():
+  """Appendix Table 3's segmentation row's pieces in the experiment: the stand-in dealt IID to
+  the clients with the void label moved past the classes, and the runner's evaluation — the
+  pooled confusion matrix's mIoU and pixel accuracy, padding rows left out — equal to
+  :func:`mean_iou` on the model's own predictions."""
+  from fedjaxsparse.experiments import fedmrn_fmnist as F
+  from fedjaxsparse.harness.experiment import Config
+  ds = F._segmentation_data(Config(clients=2, seed=0, dataset="voc_standin"),
+                            {"seg_size": 32, "seg_images": 0})
+  assert ds.train.x.shape[:2] == (2, 32) and ds.train.y.shape == (2, 32, 32, 32)
+  assert int(ds.train.y.max()) == 21 and ds.num_classes == 22
+  model = S.bisenetv2((32, 32, 3), 21, width=0.125, head_width=16, norm="group")
+  rng = np.random.default_rng(0)   # (group norm: an image's logits do not depend on its batch)
+  params = jax.tree.map(lambda a: jnp.asarray(0.3 * rng.normal(size=a.shape), jnp.float32),
+                        jax.eval_shape(model.init, jax.random.key(0)))
+  from fedjaxsparse.data.federated import FederatedData
+  mask = jnp.asarray([[1.0, 1.0, 1.0, 1.0, 0.0]])           # the fifth row is padding
+  test = FederatedData(ds.test.x[:1, :5], ds.test.y[:1, :5], mask, jnp.asarray([4]))
+  got = jax.jit(S.make_segmentation_eval_fn(model, 21, batch_size=3))(params, test)
+  pred = np.argmax(np.asarray(model.apply(params, test.x[0, :4])), -1)
+  cm = np.asarray(S.confusion_matrix(jnp.asarray(pred), test.y[0, :4], 21))
+  assert float(got["miou"]) == pytest.approx(S.mean_iou(cm)[0], rel=1e-5)
+  assert float(got["accuracy"]) == pytest.approx(np.trace(cm) / cm.sum(), rel=1e-5)

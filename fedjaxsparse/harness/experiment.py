@@ -412,7 +412,8 @@ def declared(name: str, spec: Sequence[Option], *,
              setup: Callable[[Config, dict], Any],
              methods: Callable[[Context, Config, dict], dict],
              report: Callable[[dict, Context, Config, dict], dict] | None = None,
-             metric: str = "accuracy", higher_is_better: bool = True,
+             metric: str | Callable[[Config, dict], str] = "accuracy",
+             higher_is_better: bool = True,
              papers: dict[str, PaperConfig] | None = None, tuning: Tuning | None = None,
              figure: Callable[[dict, Context, Config, dict], Any] | None = None
              ) -> Callable[[Config], dict]:
@@ -435,12 +436,15 @@ def declared(name: str, spec: Sequence[Option], *,
 
   then ``results.json`` and the figures (default: ``metric`` against rounds and against
   uplink bits per client, ``<name>.png``; ``figure(results, context, cfg, opts)`` returns
-  others — a :class:`~fedjaxsparse.harness.report.Figure` or a list). Validation, the output
-  folder's lock and the rendering are :func:`entry`'s."""
-  short = METRIC_COLUMNS.get(metric, metric)
+  others — a :class:`~fedjaxsparse.harness.report.Figure` or a list). ``metric`` may be a
+  function ``(cfg, opts) -> name`` (an experiment whose task decides it: mIoU for
+  segmentation). Validation, the output folder's lock and the rendering are :func:`entry`'s."""
   best = max if higher_is_better else min
+  metric_of = metric if callable(metric) else (lambda cfg, opts: metric)
 
   def plain(cfg: Config, opts: dict) -> tuple[dict, Context]:
+    metric = metric_of(cfg, opts)
+    short = METRIC_COLUMNS.get(metric, metric)
     ctx = setup(cfg, opts)
     algos = methods(ctx, cfg, opts)
     ds = ctx.data
@@ -468,6 +472,7 @@ def declared(name: str, spec: Sequence[Option], *,
             "methods": records}, ctx
 
   def tuned(cfg: Config, opts: dict) -> tuple[dict, Context]:
+    metric = metric_of(cfg, opts)
     made = setup(cfg, opts)
     rows, records, found, ctx = [], {}, {}, None
     for ctx in [made] if isinstance(made, Context) else made:
@@ -496,6 +501,7 @@ def declared(name: str, spec: Sequence[Option], *,
     return {"experiment": name, "table": Table(rows), "methods": records, "tuned": found}, ctx
 
   def body(cfg: Config, opts: dict) -> dict:
+    metric = metric_of(cfg, opts)
     results, ctx = (plain if tuning is None else tuned)(cfg, opts)
     records = results["methods"]
     if figure is None:

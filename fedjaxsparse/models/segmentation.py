@@ -26,10 +26,13 @@ BiSeNetV2 (images ``[B, H, W, 3]``, H and W multiples of 32 → logits ``[B, H, 
 The booster (auxiliary) heads of the paper's training are not built: FedMRN's appendix trains
 the network as a plain segmenter. ``width`` scales every channel count (1.0: the paper's).
 Normalisation: ``norm="batch"`` (the current batch's statistics, no running averages — the
-library's stateless convention, :mod:`fedjaxsparse.models.nets`) or ``"group"``.
+library's stateless convention, :mod:`fedjaxsparse.models.nets`; an image's output then
+depends on its batch, padding included) or ``"group"`` (GroupNorm of gcd(8, channels)
+groups).
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -40,11 +43,13 @@ import numpy as np
 from fedjaxsparse.core import CLASSIFICATION, Model
 from fedjaxsparse.models.nets import norm_layer
 
-__all__ = ["bisenetv2", "pixel_cross_entropy", "confusion_matrix", "mean_iou", "IGNORE"]
+__all__ = ["bisenetv2", "pixel_cross_entropy", "confusion_matrix", "mean_iou",
+           "make_segmentation_eval_fn", "IGNORE", "NORMS"]
 
 IGNORE = 255
 """The label of pixels that carry no loss and no score (VOC's void border)."""
 NORMS = ("batch", "group")
+"""The normalisations :func:`bisenetv2` takes."""
 
 
 class _ConvNorm(nn.Module):
@@ -63,7 +68,7 @@ class _ConvNorm(nn.Module):
     x = nn.Conv(self.features, (k, k), strides=(self.stride, self.stride),
                 padding=((k // 2, k // 2),) * 2, use_bias=False,
                 feature_group_count=x.shape[-1] if self.depthwise else 1, name="conv")(x)
-    x = norm_layer(self.norm, min(8, self.features), "norm")(x)
+    x = norm_layer(self.norm, math.gcd(8, self.features), "norm")(x)
     return nn.relu(x) if self.relu else x
 
 
@@ -123,8 +128,8 @@ class _BiSeNetV2(nn.Module):
       for j in range(reps):
         s = _GatherExpand(c(ch), 2 if j == 0 else 1, norm=nrm, name=f"ge{stage}_{j}")(s)
     # context embedding
-    g = norm_layer(nrm, min(8, s.shape[-1]), "ce_norm")(jnp.mean(s, axis=(1, 2),
-                                                                keepdims=True))
+    g = norm_layer(nrm, math.gcd(8, s.shape[-1]), "ce_norm")(jnp.mean(s, axis=(1, 2),
+                                                                     keepdims=True))
     g = _ConvNorm(c(128), 1, norm=nrm, name="ce_gap")(g)
     s = _ConvNorm(c(128), 3, norm=nrm, name="ce_last")(s + g)
     # bilateral guided aggregation
@@ -145,8 +150,9 @@ class _BiSeNetV2(nn.Module):
 
 def pixel_cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:
   """``[B, H, W, C], [B, H, W] -> [B]``: every image's mean softmax cross-entropy over its
-  pixels whose label is not :data:`IGNORE` (0 for an image with none)."""
-  valid = y != IGNORE
+  pixels whose label is a class (``0 <= y < C``; :data:`IGNORE`, or any label ``>= C``, carries
+  no loss; 0 for an image with none)."""
+  valid = (y >= 0) & (y < logits.shape[-1])
   safe = jnp.where(valid, y, 0).astype(jnp.int32)
   logz = jax.nn.logsumexp(logits, axis=-1)
   picked = jnp.take_along_axis(logits, safe[..., None], axis=-1)[..., 0]
@@ -181,8 +187,9 @@ def bisenetv2(input_shape: Sequence[int] = (512, 512, 3), num_classes: int = 21,
 
 
 def confusion_matrix(pred: jax.Array, y: jax.Array, num_classes: int) -> jax.Array:
-  """``[C, C]`` counts of (true class, predicted class) over the pixels not :data:`IGNORE`."""
-  valid = (y != IGNORE).reshape(-1)
+  """``[C, C]`` counts of (true class, predicted class) over the pixels whose label is a class
+  (:data:`IGNORE` and labels ``>= C`` are left out)."""
+  valid = ((y >= 0) & (y < num_classes)).reshape(-1)
   idx = jnp.where(valid, y.reshape(-1) * num_classes + pred.reshape(-1), 0)
   counts = jnp.bincount(idx, weights=valid.astype(jnp.float32), length=num_classes ** 2)
   return counts.reshape(num_classes, num_classes)
@@ -196,3 +203,39 @@ def mean_iou(confusion) -> tuple[float, np.ndarray]:
   union = cm.sum(0) + cm.sum(1) - tp
   iou = np.where(union > 0, tp / np.where(union > 0, union, 1.0), np.nan)
   return float(np.nanmean(iou)) if np.any(union > 0) else float("nan"), iou
+
+
+def make_segmentation_eval_fn(model: Model, num_classes: int, batch_size: int = 16):
+  """``(params, test) -> {"miou", "accuracy", "loss"}`` for the runner: the global model on
+  every test image (``test``'s clients pooled, padding rows left out), ``batch_size`` images at
+  a time: the mean IoU (:func:`mean_iou` of the pooled confusion matrix), pixel accuracy and
+  the mean per-image loss. Jittable."""
+  def eval_fn(params, test):
+    x = test.x.reshape((-1,) + test.x.shape[2:])
+    y = test.y.reshape((-1,) + test.y.shape[2:])
+    keep = test.mask.reshape(-1)
+    n = x.shape[0]
+    pad = -n % batch_size
+    if pad:
+      x = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)])
+      y = jnp.concatenate([y, jnp.full((pad,) + y.shape[1:], IGNORE, y.dtype)])
+      keep = jnp.concatenate([keep, jnp.zeros((pad,), keep.dtype)])
+    y = jnp.where(keep[:, None, None] > 0, y, IGNORE)
+
+    def one(args):
+      xb, yb, kb = args
+      logits = model.apply(params, xb)
+      return (confusion_matrix(jnp.argmax(logits, -1), yb, num_classes),
+              jnp.sum(kb * model.per_example_loss(logits, yb)))
+
+    shape = lambda a: a.reshape((-1, batch_size) + a.shape[1:])   # noqa: E731
+    cms, losses = jax.lax.map(one, (shape(x), shape(y), shape(keep)))
+    cm = jnp.sum(cms, 0)
+    tp = jnp.diag(cm)
+    union = cm.sum(0) + cm.sum(1) - tp
+    iou = jnp.where(union > 0, tp / jnp.where(union > 0, union, 1.0), 0.0)
+    miou = jnp.sum(iou) / jnp.maximum(jnp.sum(union > 0), 1)
+    return {"miou": miou, "accuracy": jnp.sum(tp) / jnp.maximum(jnp.sum(cm), 1.0),
+            "loss": jnp.sum(losses) / jnp.maximum(jnp.sum(keep), 1.0)}
+
+  return eval_fn
