@@ -197,3 +197,31 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
 
   # Full participation maps over every client: size buckets apply (clients.auto_layout).
   return Algorithm(init, step, bucketable=cohort_size is None and sampler is None)
+
+
+def step_decay(build: Callable[[float], Algorithm], lr: float, milestones: Any,
+               factor: float = 0.1) -> Algorithm:
+  """``build(lr)`` whose step size is multiplied by ``factor`` at every round of
+  ``milestones`` — the papers' "lr 0.01, ×0.1 at round 200" (seed 004's Fed-LPFM protocol).
+
+  Clients restart their optimiser every round, so a schedule on its step counter cannot see
+  the round; instead one algorithm is built per phase, ``build(lr·factor^k)``, and each round
+  runs the phase of ``state.round`` (``lax.switch`` inside ``jit``; every phase's state is the
+  same pytree, the step size being a constant of the step). ``build`` must give algorithms
+  whose state carries ``round`` (FedAvg and everything built on it, FML, Ditto, ...). With no
+  milestone (or ``factor = 1``) it is ``build(lr)`` itself."""
+  marks = sorted(int(m) for m in milestones)
+  if any(m < 1 for m in marks):
+    raise ValueError(f"milestones must be rounds >= 1, got {list(milestones)!r}.")
+  if not factor > 0:
+    raise ValueError(f"factor must be > 0, got {factor!r}.")
+  if not marks or factor == 1.0:
+    return build(lr)
+  phases = [build(lr * factor ** k) for k in range(len(marks) + 1)]
+  bounds = jnp.asarray(marks, jnp.int32)
+
+  def step(key, state, data):
+    phase = jnp.searchsorted(bounds, state.round, side="right")
+    return jax.lax.switch(phase, [a.step for a in phases], key, state, data)
+
+  return Algorithm(phases[0].init, step)
