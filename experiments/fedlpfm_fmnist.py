@@ -319,8 +319,15 @@ def _prompt_tuned_logits(fit, teacher, opts: dict, seed: int) -> np.ndarray:
   embeddings and labels; its logits ``[N, M, K]`` are CLIP's scaled cosines with the tuned
   class embeddings."""
   from fedjaxsparse.models import clip
-  params = clip.load_params(opts["clip"])
-  cfg = clip.load_config(opts["clip"])
+  path = opts["clip"]
+  if path.endswith(".safetensors") or os.path.isfile(
+      os.path.join(path, "open_clip_model.safetensors")):   # CLIP RN50: its text tower
+    from fedjaxsparse.models import clip_resnet
+    rn_cfg, params = clip_resnet.load_checkpoint(path)
+    cfg = clip_resnet.as_clip_config(rn_cfg)
+  else:
+    params = clip.load_params(path)
+    cfg = clip.load_config(path)
   ids = np.load(opts["coop_prompts"])
   scale = float(np.exp(np.asarray(params["logit_scale"], np.float32)))
   n, m = fit.y.shape

@@ -135,3 +135,21 @@ def test_fedlpfm_reads_an_rn_checkpoint_as_its_zero_shot_teacher(ckpt, tmp_path)
   t = R.zero_shot_teacher(path, None, ids)
   np.testing.assert_allclose(logits, np.exp(1.3) * phi @ np.asarray(t.class_emb).T,
                              rtol=1e-4, atol=1e-4)
+
+
+def test_prompt_tuning_runs_on_the_resnet_checkpoints_text_tower(ckpt):
+  """CoOp on CLIP RN's text tower: the config view makes ``clip.text_features`` compute the
+  ResNet model's own text embeddings, and ``prompt_tuning`` learns a context with them."""
+  _, params = ckpt
+  cfg = R.as_clip_config(CFG)
+  ids = np.full((3, 12), 5, np.int32)
+  ids[:, 0], ids[:, 1:3], ids[:, 3], ids[:, 4] = 1, 7, [10, 11, 12], 49
+  np.testing.assert_allclose(C.text_features(cfg, params, jnp.asarray(ids)),
+                             R.text_features(CFG, params, jnp.asarray(ids)), rtol=1e-5,
+                             atol=1e-6)
+  rng = np.random.default_rng(5)
+  y = rng.integers(0, 3, 30)
+  emb = rng.normal(size=(3, 16))[y] + 0.2 * rng.normal(size=(30, 16))
+  tuned = C.prompt_tuning(cfg, params, ids, emb, y, n_ctx=2, steps=20, lr=0.05,
+                          batch_size=None)
+  assert tuned.class_emb.shape == (3, 16) and float(tuned.losses[-1]) < float(tuned.losses[0])

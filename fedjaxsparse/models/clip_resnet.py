@@ -51,7 +51,7 @@ from fedjaxsparse.models.hf import flatten_paths, nest_paths
 
 __all__ = ["RNConfig", "ModifiedResNet", "AttentionPool", "image_features", "text_features",
            "init", "param_shapes", "load_checkpoint", "save_checkpoint", "zero_shot_teacher",
-           "RN50"]
+           "as_clip_config", "RN50"]
 
 
 class RNConfig(NamedTuple):
@@ -363,6 +363,17 @@ def save_checkpoint(path: str, params: dict[str, Any]) -> None:
   save_file({k: np.array(v, order="C") for k, v in inverse.items()}, path)
 
 
+def as_clip_config(cfg: RNConfig) -> C.CLIPConfig:
+  """A :class:`~fedjaxsparse.models.clip.CLIPConfig` carrying the ResNet's image size, text
+  tower and embedding width: the text tower's parameters (``text_model``,
+  ``text_projection``) have the same tree as the ViT models', so
+  :func:`~fedjaxsparse.models.clip.text_features` and
+  :func:`~fedjaxsparse.models.clip.prompt_tuning` (CoOp) take this config with a ResNet
+  checkpoint's parameters."""
+  return C.CLIPConfig(vision_config=C.VisionConfig(image_size=cfg.image_size),
+                      text_config=cfg.text, projection_dim=cfg.output_dim)
+
+
 def zero_shot_teacher(path_or_params: str | os.PathLike | dict[str, Any],
                       cfg: RNConfig | None, class_token_ids: Any,
                       batch_size: int = 256) -> C.ZeroShotTeacher:
@@ -386,8 +397,7 @@ def zero_shot_teacher(path_or_params: str | os.PathLike | dict[str, Any],
   if ids.ndim == 3:
     emb = emb.reshape(ids.shape[0], ids.shape[1], -1).mean(1)
     emb = emb / np.linalg.norm(emb, axis=-1, keepdims=True)
-  clip_cfg = C.CLIPConfig(vision_config=C.VisionConfig(image_size=cfg.image_size),
-                          text_config=cfg.text, projection_dim=cfg.output_dim)
+  clip_cfg = as_clip_config(cfg)
   return C.ZeroShotTeacher(image_fn=functools.partial(image_features, cfg),
                            class_emb=jnp.asarray(emb, jnp.float32),
                            logit_scale=jnp.asarray(params["logit_scale"], jnp.float32),
