@@ -103,6 +103,17 @@ def local_optimizer(lr: Any, momentum: float = 0.0, weight_decay: float = 0.0,
   return optax.chain(*parts)
 
 
+def _sampled_cross_entropy(model: SplitModel, head: Any, mu: jax.Array,
+                           sigma: jax.Array | None, key: jax.Array, samples: int,
+                           y: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(z [S, B, d], ce [B])``: ``S = samples`` draws ``z = μ + σ ⊙ ε`` (``z = μ``, one draw,
+  for ``sigma`` None) and every example's cross-entropy of ``head(z)`` averaged over them."""
+  z = mu[None] if sigma is None else (
+      mu[None] + sigma[None] * jax.random.normal(key, (samples,) + mu.shape, mu.dtype))
+  logits = jax.vmap(model.head, in_axes=(None, 0))(head, z)            # [S, B, C]
+  return z, jnp.mean(jax.vmap(softmax_cross_entropy, in_axes=(0, None))(logits, y), axis=0)
+
+
 def _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip):
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("momentum", momentum, 0.0, 1.0, high_open=True)
@@ -203,12 +214,8 @@ def fedcr(model: SplitModel, lr: float, *, beta: float = 1e-3, beta2: float = 1.
 
   def loss_fn(p, key, x, y, mask, prior_mean, prior_std):
     mu, sigma = model.representation(p["body"], x)
-    if deterministic:
-      z = mu[None]
-    else:
-      z = mu[None] + sigma[None] * jax.random.normal(key, (samples,) + mu.shape, mu.dtype)
-    logits = jax.vmap(model.head, in_axes=(None, 0))(p["head"], z)       # [S, B, C]
-    ce = jnp.mean(jax.vmap(softmax_cross_entropy, in_axes=(0, None))(logits, y), axis=0)
+    _, ce = _sampled_cross_entropy(model, p["head"], mu, None if deterministic else sigma,
+                                   key, samples, y)
     per = ce + beta * kl_normal(prior_mean[y], prior_std[y], mu, sigma) if beta else ce
     total = jnp.sum(per * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return total, (mu, sigma)
@@ -334,10 +341,7 @@ def fine_tune(model: SplitModel, personal: Any, data: FederatedData, key: jax.Ar
 
   def loss_fn(p, k, x, y, m):
     mu, sigma = model.representation(p["body"], x)
-    z = (mu[None] if sigma is None else
-         mu[None] + sigma[None] * jax.random.normal(k, (samples,) + mu.shape, mu.dtype))
-    logits = jax.vmap(model.head, in_axes=(None, 0))(p["head"], z)
-    ce = jnp.mean(jax.vmap(softmax_cross_entropy, in_axes=(0, None))(logits, y), axis=0)
+    _, ce = _sampled_cross_entropy(model, p["head"], mu, sigma, k, samples, y)
     return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0), None
 
   opt = local_optimizer(lr, momentum, weight_decay, clip)
@@ -428,10 +432,8 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
   def loss_fn(both, key, x, y, mask):
     p, (r_mean, r_scale, c) = both
     mu, sigma = model.representation(p["body"], x)
-    z = mu[None] if deterministic else (
-        mu[None] + sigma[None] * jax.random.normal(key, (samples,) + mu.shape, mu.dtype))
-    logits = jax.vmap(model.head, in_axes=(None, 0))(p["head"], z)
-    per = jnp.mean(jax.vmap(softmax_cross_entropy, in_axes=(0, None))(logits, y), axis=0)
+    z, per = _sampled_cross_entropy(model, p["head"], mu, None if deterministic else sigma,
+                                    key, samples, y)
     if l2r:
       norms = jnp.sum(jnp.square(z), axis=-1)
       per = per + l2r * jnp.mean(norms if l2r_form == "squared" else jnp.sqrt(norms), axis=0)
