@@ -150,6 +150,11 @@ def group_sq_norms(zigs: ZIGs, params: Params) -> jax.Array:
   return _per_group(zigs, params, lambda p, l: jnp.square(_node(params, p)[l]))
 
 
+def group_dots(zigs: ZIGs, a: Params, b: Params) -> jax.Array:
+  """``⟨[a]_g, [b]_g⟩`` for every group ``[G]`` (two trees of the same structure)."""
+  return _per_group(zigs, a, lambda p, l: _node(a, p)[l] * _node(b, p)[l])
+
+
 def group_norms(zigs: ZIGs, params: Params) -> jax.Array:
   """``‖[M]_g‖₂`` for every group ``[G]``; differentiable everywhere (gradient 0 at a zero
   group, the minimal-norm subgradient)."""
@@ -180,7 +185,7 @@ def hsp(zigs: ZIGs, z: Params, m: Params, eps: float, active: jax.Array) -> Para
   ``[z]_gᵀ[M]_g < ε‖[M]_g‖²`` (``z`` the trial point after the optimiser step, ``m`` the
   weights before it), or if it was already zero (OTO keeps its zero groups at zero; the test
   alone reads ``0 < 0`` there); other groups are kept as in ``z``."""
-  dot = _per_group(zigs, z, lambda p, l: _node(z, p)[l] * _node(m, p)[l])
+  dot = group_dots(zigs, z, m)
   msq = group_sq_norms(zigs, m)
   return scale_groups(zigs, z, jnp.where(active & ((dot < eps * msq) | (msq == 0)), 0.0, 1.0))
 
