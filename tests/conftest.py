@@ -85,6 +85,16 @@ def fashion_mnist_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def digits():
+  """The first 512 of scikit-learn's bundled digits: ``(x float32 [512, 64] in [0, 1],
+  y int32 [512])`` — the structured-pruning tests' data (ATO, DHSPG)."""
+  from sklearn.datasets import load_digits
+  d = load_digits()
+  import numpy
+  return (d.data / 16.0).astype(numpy.float32)[:512], d.target.astype(numpy.int32)[:512]
+
+
+@pytest.fixture(scope="session")
 def real_fashion_mnist_dir() -> str:
   """The real Fashion-MNIST folder named by ``$FEDJAXSPARSE_FASHION_MNIST`` (skip if unset)."""
   folder = _REAL_FASHION_MNIST

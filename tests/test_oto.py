@@ -13,13 +13,6 @@ from fedjaxsparse.algorithms import oto
 Z = fjs.pruning.zig
 
 
-@pytest.fixture(scope="module")
-def digits():
-  from sklearn.datasets import load_digits
-  d = load_digits()
-  return (d.data / 16.0).astype(np.float32)[:512], d.target.astype(np.int32)[:512]
-
-
 def _setup(cfg, lr=0.05):
   module, model = fjs.models.prunable.mlp((64,), 10, hidden=(32, 16))
   zigs = Z.trace(module, (64,))
