@@ -146,11 +146,13 @@ def dhspg(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
     xn = Z.group_norms(zigs, x0)
     inner = -_group_dot(zigs, x0, updates) / eta               # ⟨x_g, d_g⟩
     dn = Z.group_norms(zigs, updates) / eta
-    # 1. the partition, once
-    sizes = Z.group_sq_norms(zigs, jax.tree.map(jnp.ones_like, x0))   # |g|: weights per group
-    scores = partition_scores(xn, inner, dn, sizes)
-    top = jnp.zeros(num).at[jnp.argsort(-scores)[:k]].set(1.0)
-    w = jnp.where(t == cfg.partition_step, 1.0 - top, state.w)
+    # 1. the partition, once (scored only at its step)
+    def partition():
+      sizes = Z.group_sq_norms(zigs, jax.tree.map(jnp.ones_like, x0))   # |g|: weights/group
+      scores = partition_scores(xn, inner, dn, sizes)
+      return 1.0 - jnp.zeros(num).at[jnp.argsort(-scores)[:k]].set(1.0)
+
+    w = jax.lax.cond(t == cfg.partition_step, partition, lambda: state.w.astype(xn.dtype))
     penalised = (w == 0) & (xn > 0)
     sparsity = jnp.mean((xn == 0).astype(xn.dtype))
     active = penalised & (sparsity < cfg.target)
