@@ -19,14 +19,20 @@ Studies (``studies``):
 * ``cost`` (E5.1, Figs. 5.1/5.2): T·K to ε = ``eps`` for K in ``ks`` and γ in ``gammas`` for each
   solver, the optimal K per γ, and **LocalGD** (MB-LocalGD on the same SS cohorts, one
   communication per round) over its step sizes ``local_lrs`` and local iterations
-  ``local_steps``: its best cost T; then the hierarchical cost (c₁·K + c₂)·T with
+  ``local_steps``: its best cost T; **LocalGD, optim** (``local_theory``, on by default): the
+  same local iterations at the step from theory, 1/(2𝓛) with 𝓛 the SS cohort's expected
+  smoothness (Gower et al. 2019, Theorem 3.1, which the chapter cites for its baselines; the
+  chapter names the step "optimal" without a formula, spec C5-14:
+  :func:`fedjaxsparse.ops.sampling.expected_smoothness` from the exact L_i and L); then the
+  hierarchical cost (c₁·K + c₂)·T with
   ``c1``, ``c2`` (LocalGD: (c₁ + c₂)·T) and the savings. The paper's numbers (a6a and
   mushrooms; figures with numbers in the text) are printed beside ours.
 * ``sampling`` (E5.2, Fig. 5.3): SPPM-SS vs SPPM-BS (and τ-NICE) at γ = 0.1: the error each
   settles at, next to Theorem 5.3.2's neighbourhood γσ²/(γμ_AS² + 2μ_AS) from the library's
   exact μ_AS, σ²_⋆,AS.
-* ``baselines`` (E5.3, Fig. 5.4): SPPM-SS (γ = 1) vs MB-GD and MB-LocalGD (5 local steps) at
-  the step 1/L_max, on the same cohorts.
+* ``baselines`` (E5.3, Fig. 5.4): SPPM-SS (γ = 1) vs MB-GD and MB-LocalGD (5 local steps) on
+  the same cohorts, at ``baseline_lr``: ``theory`` (default; the "optimal learning rate as
+  suggested by Gower et al. (2019b)", 1/(2𝓛) as above) or ``1/L_max``.
 * ``gamma`` (E5.4, Figs. D.4/D.5): γ ∈ {0.1, 1, 100} × K ∈ {4, 16}: faster but coarser with γ.
 
 Data: LIBSVM files with ``--dataset libsvm --data-dir FILE`` (mushrooms, a6a, w6a, ijcnn1,
@@ -43,7 +49,8 @@ import numpy as np
 from fedjaxsparse.ops import accounting, sampling
 from fedjaxsparse.convex import prox_solvers as P
 from fedjaxsparse.algorithms import sppm
-from fedjaxsparse.convex.constants import logistic_optimum
+from fedjaxsparse.convex.constants import client_curvatures, linear_model_constants, \
+    logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
@@ -89,6 +96,12 @@ OPTIONS = (
            low_open=True),
     Option("local_steps", [1, 2, 4, 8, 12, 16], "LocalGD local iterations", kind="floats",
            low=1),
+    Option("local_theory", True, "also run 'LocalGD, optim': the local iterations at the step "
+           "from theory 1/(2 L_SS) (L_SS: the SS cohort's expected smoothness, Gower et al. "
+           "2019)", kind="bool"),
+    Option("baseline_lr", "theory", "step of MB-GD and MB-LocalGD in the baselines study: "
+           "theory (1/(2 L_SS), Gower et al. 2019, as the chapter) or 1/L_max",
+           choices=("theory", "1/L_max")),
     Option("c1", 0.1, "hierarchical cost of a client-hub round", low=0.0),
     Option("c2", 1.0, "hierarchical cost of a hub-server round", low=0.0),
     Option("seeds", 3, "seeds (cohort draws) averaged", low=1),
@@ -171,9 +184,14 @@ def _experiment(cfg: Config, opts: dict) -> dict:
       {"w": x_opt}, data.x, data.y, data.mask)["w"])  # a_i = ∇f_i(x⋆)
   l_max = float(np.max([mu + np.sum(x[p].astype(np.float64) ** 2) / (4 * len(p)) for p in parts]))
   ss, bs = sampling.stratified(blocks), sampling.block(blocks)
+  # the step from theory (Gower et al. 2019, Thm 3.1): 1/(2𝓛) for the SS cohort, from the
+  # exact per-client L_i (λ_max of the logistic Hessian bound) and L of the average
+  l_i, _ = client_curvatures(data, mu, "logistic", "mean", use_bias=False)
+  l_avg = linear_model_constants(data, mu, "logistic", "mean", use_bias=False).L
+  theory_lr = 1 / (2 * sampling.expected_smoothness(ss, l_avg, l_i))
   ks, lsteps = {int(k) for k in opts["ks"]}, {int(v) for v in opts["local_steps"]}
   pieces = {"cost": len(solvers) * len(opts["gammas"]) * len(ks)
-                    + len(opts["local_lrs"]) * len(lsteps),
+                    + (len(opts["local_lrs"]) + bool(opts["local_theory"])) * len(lsteps),
             "sampling": 3, "baselines": 3,
             "gamma": len(opts["trade_gammas"]) * len({int(k) for k in opts["trade_ks"]})}
   steps = Steps(sum(pieces[s] for s in studies), NAME, cfg.progress)
@@ -187,13 +205,14 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   study = SOLVERS[opts["study_solver"]]
   print(f"{NAME}: {label}, {cfg.clients} clients ({nc} k-means clusters x {per}), cohort "
         f"{ss.size}, mu={mu}, eps={eps}, f*={f_opt:.6g}, ||x*||^2={float(x_opt @ x_opt):.4g}, "
-        f"sigma^2_SS={sampling.sigma2_star(ss, grads):.3g}, mu_SS={sampling.mu_as(ss, mu):.3g}")
+        f"sigma^2_SS={sampling.sigma2_star(ss, grads):.3g}, mu_SS={sampling.mu_as(ss, mu):.3g}, "
+        f"L={l_avg:.4g}, max L_i={l_i.max():.4g}, step from theory 1/(2 L_SS)={theory_lr:.4g}")
   results = {"experiment": NAME, "dataset": label, "clients": cfg.clients, "eps": eps,
-             "seeds": seeds}
+             "seeds": seeds, "theory lr": theory_lr}
   claims = []
 
   if "cost" in studies:
-    results["cost"] = _cost_study(opts, run, loss, ss, eps, solvers)
+    results["cost"] = _cost_study(opts, run, loss, ss, eps, solvers, theory_lr)
   if "sampling" in studies:
     rows = []
     for name, s in (("SPPM-SS", ss), ("SPPM-BS", bs), (f"SPPM-NICE({ss.size})",
@@ -213,12 +232,14 @@ def _experiment(cfg: Config, opts: dict) -> dict:
                "sigma2_*", "mu_AS"], note=claim["text"],
         title=f"E5.2 (Fig. 5.3), gamma = 0.1, {opts['study_solver'].upper()} K = 10")
   if "baselines" in studies:
-    lr = 1 / l_max
+    lr = theory_lr if opts["baseline_lr"] == "theory" else 1 / l_max
+    lr_name = "1/(2 L_SS)" if opts["baseline_lr"] == "theory" else "1/L_max"
     rows = []
     for name, algo in ((f"SPPM-SS (γ=1, {opts['study_solver'].upper()} K=10)",
                         sppm.sppm_as(loss, ss, 1.0, study(10))),
-                       (f"MB-GD (lr=1/L_max={lr:.3g})", sppm.sppm_as(loss, ss, 1.0, P.gd(lr, 1))),
-                       ("MB-LocalGD (5 local steps)", sppm.local_gd(loss, ss, lr, 5))):
+                       (f"MB-GD (lr={lr_name}={lr:.3g})", sppm.sppm_as(loss, ss, 1.0, P.gd(lr, 1))),
+                       (f"MB-LocalGD (5 local steps, lr={lr_name})",
+                        sppm.local_gd(loss, ss, lr, 5))):
       e = long(algo)
       rows.append({"method": name, "final error": float(e[:, -10:].mean()),
                    "curve": e.mean(0).tolist()})
@@ -285,8 +306,9 @@ def _faster_to_larger(rows: list[dict]) -> bool | None:
   return all(verdicts) if verdicts else None
 
 
-def _cost_study(opts, run, loss, ss, eps, solvers) -> dict:
-  """E5.1: T·K to eps per (solver, γ, K) and LocalGD's cost per (lr, local steps)."""
+def _cost_study(opts, run, loss, ss, eps, solvers, theory_lr: float) -> dict:
+  """E5.1: T·K to eps per (solver, γ, K), LocalGD's cost per (lr, local steps) and, with
+  ``local_theory``, LocalGD's at the step from theory ``theory_lr`` ("LocalGD, optim")."""
   c1, c2 = opts["c1"], opts["c2"]
   ks = sorted({int(k) for k in opts["ks"]})
   curves, rows = {}, []
@@ -312,24 +334,36 @@ def _cost_study(opts, run, loss, ss, eps, solvers) -> dict:
     curves[f"LocalGD lr={lr:g}"] = {k: c[0] for k, c in costs.items()}
   best_local = _best("LocalGD", {(lr, s): c for lr, cs in local.items() for s, c in cs.items()})
   rows.append(best_local)
+  if opts["local_theory"]:
+    costs = {}
+    for steps in sorted({int(s) for s in opts["local_steps"]}):
+      e = run(sppm.local_gd(loss, ss, theory_lr, steps))
+      costs[steps] = (_cost(e, 1, eps), _cost(e, 1, eps, c1 + c2, 0.0))
+    curves["LocalGD, optim"] = {k: c[0] for k, c in costs.items()}
+    rows.append({**_best("LocalGD, optim", costs), "lr": theory_lr})
   for r in rows:
-    paper = PAPER.get(r["method"] if r["method"] != "LocalGD" else "LocalGD", {})
+    paper = PAPER.get(r["method"], {})
     r["paper optimal K"], r["paper cost"] = paper.get("optimal K"), paper.get("cost")
+  # savings against the cheapest LocalGD (the tuned grid or the step from theory)
   savings = {}
-  sppm_rows = [r for r in rows if r["method"] != "LocalGD"]
-  if best_local["cost"] and any(r["cost"] for r in sppm_rows):
+  sppm_rows = [r for r in rows if not r["method"].startswith("LocalGD")]
+  local_costs = [r["cost"] for r in rows if r["method"].startswith("LocalGD") and r["cost"]]
+  local_hier = [r["hierarchical cost"] for r in rows
+                if r["method"].startswith("LocalGD") and r["hierarchical cost"]]
+  if local_costs and any(r["cost"] for r in sppm_rows):
     base = min(r["cost"] for r in sppm_rows if r["cost"])
     hier = min(r["hierarchical cost"] for r in sppm_rows if r["hierarchical cost"])
-    savings = {"base (c1=1, c2=0)": 100 * (1 - base / best_local["cost"]),
-               f"hierarchical (c1={c1:g}, c2={c2:g})": 100 * (1 - hier / best_local["cost"]),
+    savings = {"base (c1=1, c2=0)": 100 * (1 - base / min(local_costs)),
+               f"hierarchical (c1={c1:g}, c2={c2:g})": 100 * (1 - hier / min(local_costs)),
                "hierarchical vs LocalGD charged (c1+c2)T":
-                   100 * (1 - hier / best_local["hierarchical cost"])}
+                   100 * (1 - hier / min(local_hier))}
   unit = ("one solver iteration = one local round" if opts["round_unit"] == "iteration" else
           "every oracle call (gradient or Hessian-vector product) = one local round")
   table = Table(
       rows, title=f"E5.1 (Figs. 5.1/5.2): total cost T*K to ||x_T - x*||^2 < {eps:g} (mean "
-      f"over seeds; hierarchical: c1={c1:g}, c2={c2:g}; {unit}); the paper's numbers are "
-      "a6a/mushrooms",
+      f"over seeds; hierarchical: c1={c1:g}, c2={c2:g}; {unit}; LocalGD: K = its local "
+      "iterations, one communication per round; LocalGD, optim: the step 1/(2 L_SS) from "
+      "theory); the paper's numbers are a6a/mushrooms",
       note="\n".join(f"saving of SPPM-SS over LocalGD, {k}: {v:.2f} % (the paper: "
                      f"{PAPER_SAVINGS.get(k, 'n/a')})" for k, v in savings.items()) or None)
   return {"table": table, "curves": {m: {str(k): v for k, v in c.items()}

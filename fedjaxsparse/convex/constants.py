@@ -25,10 +25,14 @@ from fedjaxsparse.data.federated import FederatedData
 
 
 class Constants(NamedTuple):
+  """``L_max``, ``L_avg``, ``L_tilde``, ``mu`` (see the module docstring) and ``L``, the
+  smoothness of the average ``(1/N) Σ_i f_i`` (λ_max of the average bounding Hessian; ``L ≤
+  L_avg``)."""
   L_max: float
   L_avg: float
   L_tilde: float
   mu: float
+  L: float
 
   @property
   def kappa(self) -> float:
@@ -84,12 +88,11 @@ def linear_model_constants(data: FederatedData, l2: float, loss: str = "squared"
   ``"logistic"``; ``scale`` multiplies the data term as in
   :func:`fedjaxsparse.models.make_loss`."""
   ls, _ = client_curvatures(data, l2, loss, reduction, use_bias, scale)
-  if loss == "squared":
-    h, reg = _data_hessians(data, l2, loss, reduction, use_bias, scale)
-    mu = float(np.linalg.eigvalsh(h.mean(0) + np.diag(reg))[0])
-  else:
-    mu = float(l2)
-  return Constants(float(ls.max()), float(ls.mean()), float(np.sqrt(np.mean(ls ** 2))), mu)
+  h, reg = _data_hessians(data, l2, loss, reduction, use_bias, scale)
+  eig = np.linalg.eigvalsh(h.mean(0) + np.diag(reg))
+  mu = float(eig[0]) if loss == "squared" else float(l2)
+  return Constants(float(ls.max()), float(ls.mean()), float(np.sqrt(np.mean(ls ** 2))), mu,
+                   float(eig[-1]))
 
 
 def logistic_optimum(x: np.ndarray, y: np.ndarray, parts, mu: float, alpha: float = 1.0,

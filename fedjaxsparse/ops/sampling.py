@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.core import float_dtype
+from fedjaxsparse.errors import check_number
 
 
 class Cohort(NamedTuple):
@@ -313,6 +314,62 @@ def theorem_bound(sampler: Sampler, mu, grads_at_opt, gamma: float, dist0_sq: fl
   m = mu_as(sampler, mu)
   return ((1 + gamma * m) ** (-2.0 * np.asarray(t)) * dist0_sq
           + neighbourhood(sampler, mu, grads_at_opt, gamma))
+
+
+def expected_smoothness(sampler: Sampler, smoothness: float,
+                        client_smoothness: float | Sequence[float]) -> float:
+  """An expected-smoothness constant ``𝓛`` of ``sampler`` (Gower et al. 2019, Assumption 2.1):
+  ``E‖∇f_S(x) − ∇f_S(x⋆)‖² ≤ 2𝓛 (f(x) − f(x⋆))`` for all x, where ``f = (1/n) Σ f_i`` is
+  ``smoothness``-smooth (L) with minimiser x⋆, each ``f_i`` is convex and L_i-smooth
+  (``client_smoothness``: a scalar such as L_max, or ``[n]``), and ``f_S = Σ_{i∈S} f_i/(n p_i)``.
+
+  References:
+    Robert M. Gower, Nicolas Loizou, Xun Qian, Alibek Sailanbayev, Egor Shulgin, Peter
+      Richtárik (2019). SGD: General Analysis and Improved Rates. ICML 2019.
+      arXiv:1901.09401.
+
+  The bound, for every sampling (our derivation in the paper's framework; it reproduces the
+  paper's closed forms): with ``g_i = ∇f_i(x) − ∇f_i(x⋆)``, ``v_i = 1/(n p_i)`` and
+  ``M_ij = P_ij v_i v_j`` ``[n, n]``,
+
+      E‖Σ_{i∈S} v_i g_i‖² = Σ_ij M_ij ⟨g_i, g_j⟩
+                          ≤ a n² ‖∇f(x) − ∇f(x⋆)‖² + λ(a) Σ_i ‖g_i‖²/L_i        (any a ≥ 0)
+
+  with ``λ(a) = max(0, λ_max(Λ^½ (M − a 11ᵀ) Λ^½))``, ``Λ = diag(L_i)``; then
+  ``‖∇f(x) − ∇f(x⋆)‖² ≤ 2L (f(x) − f⋆)`` and ``‖g_i‖² ≤ 2L_i D_{f_i}(x, x⋆)`` with
+  ``Σ_i D_{f_i}(x, x⋆) = n (f(x) − f⋆)`` give ``𝓛 = min_{a≥0} a n² L + n λ(a)``, minimised
+  here over a (a convex function of a: Brent's method plus the pair values of M). For τ-NICE
+  with one L_max this is the paper's Proposition 3.8,
+  ``𝓛 = n(τ−1)/(τ(n−1)) L + (n−τ)/(τ(n−1)) L_max`` (τ = n: L; τ = 1: L_max); for stratified
+  sampling whose largest block B has at least two clients it is
+  ``L + (|B|/n)(L_max − L)`` (one block: L_max, SPPM's single uniform client).
+
+  SGD ``x_{t+1} = x_t − γ ∇f_S(x_t)`` with ``γ ≤ 1/(2𝓛)`` on a μ-strongly convex f then has
+  ``E‖x_t − x⋆‖² ≤ (1 − γμ)^t ‖x_0 − x⋆‖² + 2γσ²/μ``, ``σ² = E‖∇f_S(x⋆)‖²``
+  (:func:`sigma2_star`; the paper's Theorem 3.1): ``γ = 1/(2𝓛)`` is the largest step the
+  theorem allows, the step seed 001 chapter 5 calls the "optimal" one of its MB-GD and
+  MB-LocalGD baselines (§5.4.4).
+  """
+  from scipy.optimize import minimize_scalar  # deferred: scipy is slow to import
+  n = sampler.num_clients
+  check_number("smoothness", smoothness, 0.0, None, low_open=True)
+  ls = np.broadcast_to(np.asarray(client_smoothness, np.float64), (n,))
+  if not np.all(np.isfinite(ls)) or np.any(ls <= 0):
+    raise ValueError(f"client_smoothness must be positive and finite (a scalar or [n={n}]), "
+                     f"got {client_smoothness!r}.")
+  v = 1.0 / (n * sampler.marginals)
+  m = sampler.pair_marginals * np.outer(v, v)
+  root = np.sqrt(ls)
+
+  def bound(a: float) -> float:
+    lam = np.linalg.eigvalsh(root[:, None] * (m - a) * root[None, :])[-1]
+    return a * n * n * float(smoothness) + n * max(float(lam), 0.0)
+
+  off = m[~np.eye(n, dtype=bool)]
+  candidates = [0.0, float(m.max())] + ([float(off.min()), float(off.max())] if n > 1 else [])
+  best = minimize_scalar(bound, bounds=(0.0, float(m.max())), method="bounded",
+                         options={"xatol": 1e-12 * float(m.max())})
+  return float(min([bound(a) for a in candidates] + [float(best.fun)]))
 
 
 def contiguous_blocks(n: int, b: int) -> list[np.ndarray]:
