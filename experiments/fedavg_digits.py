@@ -23,7 +23,7 @@ from fedjaxsparse.core import global_params
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import Config, Context, Option, declared
+from fedjaxsparse.harness.experiment import Config, Context, Option, declared, name_list
 from fedjaxsparse.harness.report import Table
 from fedjaxsparse.models import get_model, make_loss
 
@@ -35,6 +35,8 @@ QUICK = dict(rounds=20, clients=6, eval_every=2)
 QUICK_RUNTIME = "measured 14 s on 2 CPU cores (a fresh process, XLA's default flags)"
 BUDGET = "communication rounds per method"
 RUNTIME = "about 20 s (4 methods x 150 rounds, softmax regression on digits; measured 19 s)"
+METHODS = ("FedSGD", "FedAvg", "FedAvg-partial", "FedAdam")
+"""The ``methods`` option's names, in the order the methods run."""
 OPTIONS = (
     Option("model", "softmax", "client model; cnn is the FedAvg CNN (1.7 M parameters): on "
            "Fashion-MNIST-sized clients its full-batch FedSGD step needs a GPU",
@@ -52,6 +54,9 @@ OPTIONS = (
            identity=False),
     Option("eval_batch_size", None, "evaluation batch size (default: all examples at once)",
            kind="int", low=1),
+    Option("methods", ",".join(METHODS), "comma list of the methods to run: " + ", ".join(
+        METHODS) + " (FedAvg-partial: FedAvg with a cohort of --set cohort clients per round)",
+           kind="str"),
     Option("posttrain", [], "sparsities at which to prune FedAvg's final global model one-shot "
            "(magnitude, Wanda, RIA; calibrated on 32 examples per client) and report accuracy",
            kind="floats", low=0.0, high=1.0, high_open=True, identity=False),
@@ -71,6 +76,9 @@ def _dataset_kwargs(cfg: Config, opts: dict) -> dict:
 
 def setup(cfg: Config, opts: dict) -> Context:
   """The federated dataset, the client model's initial parameters and its evaluation."""
+  if opts["posttrain"] and "FedAvg" not in name_list(opts["methods"], "methods", METHODS):
+    raise ConfigError("option 'posttrain' prunes FedAvg's final model: keep FedAvg in "
+                      f"'methods' (got {opts['methods']!r}).")
   ds = load_dataset(cfg.dataset, **_dataset_kwargs(cfg, opts))
   if ds.num_classes == 0:
     raise ConfigError(f"{NAME} needs a classification dataset; {cfg.dataset!r} is regression.")
@@ -91,18 +99,22 @@ def _fedavg_name(opts: dict) -> str:
 
 
 def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
-  """FedSGD, FedAvg, FedAvg with partial participation and FedAdam, by their papers' names."""
+  """FedSGD, FedAvg, FedAvg with partial participation and FedAdam, by their papers' names
+  (those the ``methods`` option picks, in this order)."""
   loss, cohort = ctx.extra["loss"], ctx.extra["cohort"]
   lr, steps, batch = opts["client_lr"], opts["local_steps"], opts["batch_size"]
-  return {
-      "FedSGD": fedavg(loss, optax.sgd(lr), local_steps=1),
-      _fedavg_name(opts): fedavg(loss, optax.sgd(lr), local_steps=steps, batch_size=batch),
-      f"FedAvg, {cohort}/{cfg.clients} clients per round": fedavg(
-          loss, optax.sgd(lr), local_steps=steps, batch_size=batch, cohort_size=cohort),
-      "FedAdam (server Adam 0.01)": fedavg(loss, optax.sgd(lr), local_steps=steps,
-                                           batch_size=batch,
-                                           server_optimizer=optax.adam(0.01)),
+  picked = name_list(opts["methods"], "methods", METHODS)
+  every = {
+      "FedSGD": ("FedSGD", lambda: fedavg(loss, optax.sgd(lr), local_steps=1)),
+      "FedAvg": (_fedavg_name(opts), lambda: fedavg(loss, optax.sgd(lr), local_steps=steps,
+                                                    batch_size=batch)),
+      "FedAvg-partial": (f"FedAvg, {cohort}/{cfg.clients} clients per round", lambda: fedavg(
+          loss, optax.sgd(lr), local_steps=steps, batch_size=batch, cohort_size=cohort)),
+      "FedAdam": ("FedAdam (server Adam 0.01)", lambda: fedavg(
+          loss, optax.sgd(lr), local_steps=steps, batch_size=batch,
+          server_optimizer=optax.adam(0.01))),
   }
+  return {every[m][0]: every[m][1]() for m in METHODS if m in picked}
 
 
 def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:

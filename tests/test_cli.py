@@ -145,13 +145,13 @@ def test_every_experiment_has_a_quick_setting_that_parses(capsys, quick):
 
 
 def test_resume_after_changing_an_option_is_refused_naming_it(capsys, tmp_path):
-  out = ["--out", str(tmp_path), "--rounds", "2"] + ARGS
+  out = ["--out", str(tmp_path), "--rounds", "2"] + ARGS + ["--set", "methods=FedSGD"]
   assert main(["run", "fedavg_digits"] + out) == 0
   err = _err(capsys, ["run", "fedavg_digits", "--resume", "--set", "client_lr=0.5"] + out, 1)
   assert "different run" in err and "client_lr" in err and "0.3" in err and "0.5" in err
   err = _err(capsys, ["run", "fedavg_digits", "--resume", "--clients", "7"] + out[:2] +
              ["--rounds", "2", "--eval-every", "2", "--no-progress", "--set", "local_steps=2",
-              "--set", "cohort=3"], 1)
+              "--set", "cohort=3", "--set", "methods=FedSGD"], 1)
   assert "clients" in err and "training data differs" in err
   err = _err(capsys, ["run", "fedavg_digits", "--resume"] + out[:2] + ["--rounds", "1"] +
              out[4:], 1)

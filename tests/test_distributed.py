@@ -117,7 +117,7 @@ def test_cli_processes_flag_reproduces_the_single_process_experiment(tmp_path):
   from fedjaxsparse.harness.cli import main
   results = {}
   args = ["run", "fedavg_digits", "--rounds", "2", "--clients", "8", "--eval-every", "1",
-          "--no-progress"]
+          "--no-progress", "--set", "methods=FedAvg-partial,FedAdam"]
   assert main([*args, "--out", str(tmp_path / "p1")]) == 0  # one process: this one
   proc = subprocess.run(
       [sys.executable, "-m", "fedjaxsparse.harness.cli", *args, "--processes", "2",
