@@ -25,6 +25,7 @@ sum into one rounding in one program and not in the other. Such tests carry the
 ``xla_default_emitters`` marker and run in a subprocess of their own with XLA:CPU's default
 emitters (:func:`pytest_pyfunc_call`); benchmarks measure at XLA's defaults."""
 import atexit
+import json
 import os
 import re
 import shutil
@@ -201,11 +202,40 @@ def golden_text_numbers(text: str) -> tuple[dict, dict]:
   return out, tolerances
 
 
+def _measured_seconds() -> dict:
+  """``tests/durations.json``: the slower tests' measured seconds (``tests/durations.py``)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
 def pytest_collection_modifyitems(config, items):
-  """Tests that check golden numbers carry the ``golden`` marker (``pytest -m golden``)."""
+  """Tests that check golden numbers carry the ``golden`` marker (``pytest -m golden``).
+
+  The collection is ordered slowest first by the measured seconds in ``tests/durations.json``
+  (modules by their total, then each module's tests; a module's tests stay together, so its
+  fixtures are built once). Under xdist's work stealing each worker runs its share from the
+  front and an idle worker steals from the back of another's, so the run ends on short tests
+  instead of one worker finishing a long test alone. The order changes no test's outcome:
+  tests do not depend on one another."""
   for item in items:
     if "golden" in getattr(item, "fixturenames", ()):
       item.add_marker(pytest.mark.golden)
+  seconds = _measured_seconds()
+  if not seconds:
+    return
+  own = {item.nodeid: seconds.get(item.nodeid, 0.0) for item in items}
+  module_total: dict = {}
+  for item in items:
+    module_total[item.nodeid.split("::")[0]] = (
+        module_total.get(item.nodeid.split("::")[0], 0.0) + own[item.nodeid])
+  position = {item.nodeid: i for i, item in enumerate(items)}
+  items.sort(key=lambda item: (-module_total[item.nodeid.split("::")[0]],
+                               item.nodeid.split("::")[0], -own[item.nodeid],
+                               position[item.nodeid]))
 
 
 @pytest.fixture
