@@ -120,7 +120,7 @@ def test_fedmrn_segmentation_data_and_miou_evaluation():
   mask = jnp.asarray([[1.0, 1.0, 1.0, 1.0, 0.0]])           # the fifth row is padding
   test = FederatedData(ds.test.x[:1, :5], ds.test.y[:1, :5], mask, jnp.asarray([4]))
   got = jax.jit(S.make_segmentation_eval_fn(model, 21, batch_size=3))(params, test)
-  pred = np.argmax(np.asarray(model.apply(params, test.x[0, :4])), -1)
+  pred = np.argmax(np.asarray(jax.jit(model.apply)(params, test.x[0, :4])), -1)
   cm = np.asarray(S.confusion_matrix(jnp.asarray(pred), test.y[0, :4], 21))
   assert float(got["miou"]) == pytest.approx(S.mean_iou(cm)[0], rel=1e-5)
   assert float(got["accuracy"]) == pytest.approx(np.trace(cm) / cm.sum(), rel=1e-5)
