@@ -29,7 +29,7 @@ DRAWS = 256
 
 def _round(algo, keys):
   """One round from the same start under each key: the new global models ``[K, ...]``."""
-  state = algo.init(jax.random.key(1), PARAMS, DS.train)
+  state = jax.jit(algo.init)(jax.random.key(1), PARAMS, DS.train)
   return jax.jit(jax.vmap(lambda k: algo.step(k, state, DS.train)[0].params))(keys)
 
 
@@ -57,7 +57,7 @@ def test_fedspa_with_a_terngrad_uplink_is_unbiased():
   keys = jax.random.split(jax.random.key(2), DRAWS)
   se = _assert_mc_equal(_round(algo, keys), _round(plain, keys))
   assert np.max(se) > 0   # the compressor is random: the check has teeth
-  info = algo.step(keys[0], algo.init(None, PARAMS, DS.train), DS.train)[1]
+  info = jax.jit(lambda k: algo.step(k, algo.init(None, PARAMS, DS.train), DS.train)[1])(keys[0])
   changed = info.bits_up - 6 * fjs.compressors.terngrad(D).bits(D)   # 6 clients upload
   assert changed >= 0   # plus the DST mask changes, nothing else
 
@@ -157,5 +157,5 @@ def test_fedavg_with_fedmrn_noise_masks_as_its_uplink():
                                               for a, b in zip(jax.tree.leaves(samples),
                                                               jax.tree.leaves(w))])))
     assert np.allclose(values, [alpha] if signed else [0.0, alpha], rtol=1e-5), values[:5]
-  info = algo.step(keys[0], algo.init(None, PARAMS, DS.train), DS.train)[1]
+  info = jax.jit(lambda k: algo.step(k, algo.init(None, PARAMS, DS.train), DS.train)[1])(keys[0])
   assert float(info.bits_up) == D + fjs.accounting.SEED_BITS   # 1 bit per entry + the seed
