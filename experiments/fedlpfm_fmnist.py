@@ -40,6 +40,7 @@ are marked so).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -269,48 +270,58 @@ def _penultimate(model, params, x) -> np.ndarray:
   return _batched(run, params, x)
 
 
+def _probe_fit(f, t, mask, classes: int, steps: int, l2: float):
+  """One client's logistic head ``(w [F, K], b [K])`` on features ``f [M, F]``, labels
+  ``t [M]``: Adam (0.05) for ``steps`` full-batch steps on the mean cross-entropy over the rows
+  with ``mask`` 1 (padding rows weigh nothing) plus ``l2 ‖w‖²``."""
+  opt = optax.adam(0.05)
+
+  def loss(wb):
+    logits = f @ wb[0] + wb[1]
+    ce = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, t[:, None], -1)[:, 0]
+    return jnp.sum(ce * mask) / jnp.maximum(jnp.sum(mask), 1.0) + l2 * jnp.sum(wb[0] ** 2)
+
+  def body(carry, _):
+    wb, st = carry
+    u, st = opt.update(jax.grad(loss)(wb), st, wb)
+    return (optax.apply_updates(wb, u), st), None
+
+  wb = (jnp.zeros((f.shape[1], classes), f.dtype), jnp.zeros(classes, f.dtype))
+  return jax.lax.scan(body, (wb, opt.init(wb)), None, length=steps)[0][0]
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _probe_fits(phi, y, mask, classes: int, steps: int, l2: float):
+  """Every client's head at once, ``phi [N, M, F]``, ``y``/``mask [N, M]`` → ``(w [N, F, K],
+  b [N, K])``: :func:`_probe_fit` vmapped over the clients, one program."""
+  return jax.vmap(lambda f, t, m: _probe_fit(f, t, m, classes, steps, l2))(phi, y, mask)
+
+
 def _linear_probe(feats: np.ndarray, y: np.ndarray, classes: int, steps: int = 300,
                   l2: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
   """A logistic-regression head fitted by full-batch gradient descent (Adam) on one client's
   features: the "teacher fine-tuned on local data by linear probing" (Table 11)."""
-  w = jnp.zeros((feats.shape[1], classes))
-  b = jnp.zeros(classes)
-  opt = optax.adam(0.05)
-  f, t = jnp.asarray(feats), jnp.asarray(y)
-
-  def loss(wb):
-    logits = f @ wb[0] + wb[1]
-    return (jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
-        logits, t[:, None], -1)[:, 0]) + l2 * jnp.sum(wb[0] ** 2))
-
-  @jax.jit
-  def fit(wb):
-    def body(carry, _):
-      wb, s = carry
-      g = jax.grad(loss)(wb)
-      u, s = opt.update(g, s, wb)
-      return (optax.apply_updates(wb, u), s), None
-    return jax.lax.scan(body, (wb, opt.init(wb)), None, length=steps)[0][0]
-
-  w, b = fit((w, b))
-  return np.asarray(w), np.asarray(b)
+  f = jnp.asarray(feats)[None]
+  w, b = _probe_fits(f, jnp.asarray(y)[None], jnp.ones(f.shape[:2], f.dtype), classes, steps,
+                     l2)
+  return np.asarray(w[0]), np.asarray(b[0])
 
 
 def _client_logits(fit, teacher, classes: int, probe: bool) -> np.ndarray:
   """Teacher logits of every fitting example ``[N, M, K]`` (padding rows too), computed once;
-  ``probe``: each client's own linear-probed head on the teacher's features."""
+  ``probe``: each client's own linear-probed head on the teacher's features (all clients'
+  heads fitted in one vmapped program, each on its real rows only)."""
   fn, _, feats = teacher
   n, m = fit.y.shape
   x = np.asarray(fit.x).reshape((n * m,) + fit.x.shape[2:])
   if not probe:
     return np.asarray(fn(x)).reshape(n, m, classes)
-  phi = feats(x).reshape(n, m, -1)
-  out = np.zeros((n, m, classes), np.float32)
-  for i in range(n):
-    k = int(fit.num_examples[i])
-    w, b = _linear_probe(phi[i, :k], np.asarray(fit.y[i, :k]), classes)
-    out[i] = phi[i] @ w + b
-  return out
+  phi = np.asarray(feats(x), np.float32).reshape(n, m, -1)
+  mask = (np.arange(m)[None] < np.asarray(fit.num_examples)[:, None]).astype(np.float32)
+  w, b = _probe_fits(jnp.asarray(phi), jnp.asarray(fit.y), jnp.asarray(mask), classes, 300,
+                     1e-3)
+  return (np.einsum("nmf,nfk->nmk", phi, np.asarray(w)) + np.asarray(b)[:, None]).astype(
+      np.float32)
 
 
 def _prompt_tuned_logits(fit, teacher, opts: dict, seed: int) -> np.ndarray:

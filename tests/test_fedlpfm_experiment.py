@@ -30,6 +30,27 @@ def test_linear_probe_fits_local_labels():
   assert np.mean(pred == y) > 0.95 and set(np.unique(pred)) <= {0, 1, 2}
 
 
+def test_linear_probes_of_all_clients_at_once_equal_each_clients_own():
+  """Table 11's heads for every client in one vmapped program (clients padded to one length,
+  the padding rows masked out) equal each client's head fitted alone on its real rows, and
+  what the padding holds changes nothing."""
+  from fedjaxsparse.experiments.fedlpfm_fmnist import _linear_probe, _probe_fits
+  rng = np.random.default_rng(1)
+  sizes = [12, 7, 3]
+  phi = rng.standard_normal((3, 12, 5)).astype(np.float32)
+  y = rng.integers(0, 4, (3, 12))
+  mask = (np.arange(12)[None] < np.asarray(sizes)[:, None]).astype(np.float32)
+  w, b = _probe_fits(phi, y, mask, 4, 40, 1e-3)
+  junk = np.where(mask[..., None] > 0, phi, 1e3).astype(np.float32)
+  w2, b2 = _probe_fits(junk, np.where(mask > 0, y, 3), mask, 4, 40, 1e-3)
+  np.testing.assert_array_equal(w, w2)
+  np.testing.assert_array_equal(b, b2)
+  for i, k in enumerate(sizes):
+    wi, bi = _linear_probe(phi[i, :k], y[i, :k], 4, steps=40)
+    np.testing.assert_allclose(w[i], wi, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(b[i], bi, rtol=1e-4, atol=1e-6)
+
+
 def test_table12_claim_states_the_papers_numbers():
   """Seed 004 Table 12 (l. 1630-1639) beside the table12 study's teachers, and the printed
   claim's numbers recomputed from the table: the two CLIP teachers within 0.5 points from
