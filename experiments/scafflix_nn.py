@@ -40,8 +40,11 @@ client's state is made (the same ``pre_steps`` SGD steps), and evaluation uses t
 (``population=device`` keeps the population on the device and evaluates the personal models).
 
 Table B.1 (``--paper tableB1_fmnist``, ``tableB1_cifar100``; ``--dataset fashion_mnist``,
-``fashion_mnist_standin`` or ``cifar100``): FedCR's non-IID deal (each client's Dirichlet
-class proportions, equal sizes, its own 70/30 train/test split), p = 0.3, α = 0.3, 500 rounds,
+``fashion_mnist_standin`` or ``cifar100``): FedCR's non-IID deal (``b1_rule``: ``dirichlet``,
+each client's Dirichlet class proportions — FedCR's README rule, α = 0.5 / 0.3 — or
+``noniid``, its code's default rule: ``class_main`` consecutive classes per client,
+:func:`fedjaxsparse.data.partitions.class_cycle_partition`; the seed says only "the 'non-iid'
+setting"; equal sizes, each client's own 70/30 train/test split), p = 0.3, α = 0.3, 500 rounds,
 and all of the table's methods beside Scafflix, FLIX and FedAvg — Ditto, FedSR-FT, FedPAC and
 FedCR (:mod:`fedjaxsparse.algorithms.representation`, on FedCR's networks
 :func:`fedjaxsparse.models.split.fedcr_net`: its code is what the seed ran) — with the paper's
@@ -79,7 +82,7 @@ from fedjaxsparse.runtime.population import PopulationState
 from fedjaxsparse import evaluation
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.data.federated import federate
-from fedjaxsparse.data.partitions import hsu_dirichlet_partition
+from fedjaxsparse.data.partitions import class_cycle_partition, hsu_dirichlet_partition
 from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
@@ -126,6 +129,10 @@ OPTIONS = (
            low=0.0),
     Option("methods", "", "comma list of the methods to run (default all: Scafflix, FLIX, "
            "FedAvg and, on Table B.1's data sets, Ditto, FedSR-FT, FedPAC, FedCR)", kind="str"),
+    Option("b1_rule", "dirichlet", "Table B.1's client deal: dirichlet (FedCR's README, "
+           "Dirichlet(0.5) / (0.3) class proportions) or noniid (FedCR's code default: "
+           "class_main consecutive classes per client)", choices=("dirichlet", "noniid")),
+    Option("class_main", 5, "classes per client of b1_rule=noniid (FedCR's default 5)", low=1),
     Option("fedcr_dim", 16, "FedCR / FedSR representation dimension d (FedCR's README: 256, "
            "512 for CIFAR-100)", low=1),
     Option("fedcr_dense", 64, "units of the two dense layers of FedCR's networks (its code: "
@@ -207,13 +214,22 @@ which also uses FedCR's code: every client draws class proportions from Dirichle
 filled to an equal size; each client's share split 70/30 into its own train and test data)."""
 
 
-def _load(cfg: Config, name: str):
+def _load(cfg: Config, name: str, opts: dict | None = None):
+  opts = opts or {}
   if name in B1_ALPHA:   # Table B.1's data sets, dealt as FedCR's non-IID setting
     x, y = load_arrays(name, "all", cfg.data_dir)
     classes = int(y.max()) + 1
-    parts = hsu_dirichlet_partition(y, cfg.clients, B1_ALPHA[name], seed=cfg.seed,
-                                    per_class=True)
-    return federate(x, y, parts, num_classes=classes, name=f"{name}/fedcr_dirichlet",
+    if opts.get("b1_rule", "dirichlet") == "noniid":
+      if opts["class_main"] > classes:
+        raise ConfigError(f"option 'class_main' must be in [1, {classes}] (the classes of "
+                          f"{name}), got {opts['class_main']}.")
+      parts = class_cycle_partition(y, cfg.clients, opts["class_main"], seed=cfg.seed)
+      rule = f"fedcr_noniid{opts['class_main']}"
+    else:
+      parts = hsu_dirichlet_partition(y, cfg.clients, B1_ALPHA[name], seed=cfg.seed,
+                                      per_class=True)
+      rule = "fedcr_dirichlet"
+    return federate(x, y, parts, num_classes=classes, name=f"{name}/{rule}",
                     test_fraction=0.3, seed=cfg.seed)
   if name == "femnist":
     kw = {"data_dir": cfg.data_dir, "num_writers": cfg.clients, "test": "writers"}
@@ -251,7 +267,7 @@ def setup(cfg: Config, opts: dict) -> Context:
   local optimum x_i* (on the fitting split for tuning runs, on all training data for the final
   ones) and the compared variants."""
   ds, standin = load_or_standin(PAPERS.get(cfg.paper), cfg.dataset, cfg.data_dir,
-                                lambda name: _load(cfg, name))
+                                lambda name: _load(cfg, name, opts))
   if ds.test.num_clients != ds.train.num_clients:
     raise ConfigError(f"{NAME} evaluates every client on its own test examples; "
                       f"{ds.name} has a shared test set.")

@@ -595,6 +595,17 @@ def test_scafflix_table_b1_data_and_methods():
   total = n_train + n_test
   assert ds.train.num_clients == ds.test.num_clients == 5 and total.max() - total.min() <= 1
   np.testing.assert_allclose(n_test / total, 0.3, atol=0.02)
+  # b1_rule=noniid: FedCR's code rule, each client's labels (train and test) in its 2
+  # consecutive classes, every client the same size
+  ds = S._load(Config(clients=10, seed=0), "fashion_mnist_standin",
+               {"b1_rule": "noniid", "class_main": 2})
+  assert ds.name.endswith("fedcr_noniid2")
+  sizes = np.asarray(ds.train.num_examples) + np.asarray(ds.test.num_examples)
+  assert sizes.max() == sizes.min()
+  for j in range(10):
+    labels = np.concatenate([np.asarray(d.y[j])[:int(d.num_examples[j])]
+                             for d in (ds.train, ds.test)])
+    assert set(labels.tolist()) <= {(j + k) % 10 for k in range(2)}
   opts = dict(p=0.3, ablate="none")
   assert list(S._variants(opts, 0.3, 2, "cifar100")) == ["Scafflix", "FLIX", "FedAvg", "Ditto",
                                                           "FedSR-FT", "FedPAC", "FedCR"]

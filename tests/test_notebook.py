@@ -80,6 +80,7 @@ def test_scafflix_notebook_runs(monkeypatch, tmp_path, golden):
 def test_cohort_squeeze_notebook_runs(monkeypatch, tmp_path, golden):
   out = _execute(golden, monkeypatch, tmp_path, "cohort_squeeze", SPPM_ROUNDS="6")
   assert "stratified(4 blocks): mu_AS" in out and "SPPM-SS K=8: cost" in out
+  assert out.count("expected smoothness = ") == 3 and out.count("LocalGD lr=") == 2
 
 
 def test_fedmrn_notebook_runs(monkeypatch, tmp_path, golden):

@@ -142,3 +142,36 @@ def test_hsu_per_class_concentration_is_fedcr_split():
   hsu = share(hsu_dirichlet_partition(y, 100, 0.5, seed=0))
   assert 0.75 < fedcr < 0.9 and hsu > 0.95
   assert all(len(p) == 70 for p in hsu_dirichlet_partition(y, 100, 0.5, per_class=True))
+
+
+def test_class_cycle_partition_is_fedcrs_noniid_deal():
+  """FedCR's "noniid" rule: every client the same size, each client's labels inside its
+  consecutive class set {(j + k) mod C}; balanced classes fill each client's classes equally;
+  with a scarce class, examples move between clients sharing a class (still inside the sets,
+  still equal sizes); the n mod N leftover examples are dropped; impossible deals and bad
+  input are errors naming the parameter."""
+  from fedjaxsparse.data.partitions import class_cycle_partition
+  y = np.repeat(np.arange(10), 100)
+  parts = class_cycle_partition(y, 10, 5, seed=0)
+  assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+  for j, p in enumerate(parts):
+    counts = np.bincount(y[p], minlength=10)
+    mine = [(j + k) % 10 for k in range(5)]
+    assert set(np.flatnonzero(counts)) == set(mine)
+    np.testing.assert_array_equal(counts[mine], 20)
+  scarce = np.concatenate([np.zeros(300, int), np.repeat(np.arange(1, 10), 80)])
+  parts = class_cycle_partition(scarce, 10, 5, seed=1)
+  assert [len(p) for p in parts] == [102] * 10
+  assert len(np.unique(np.concatenate(parts))) == 1020
+  for j, p in enumerate(parts):
+    assert set(scarce[p]) <= {(j + k) % 10 for k in range(5)}
+  parts = class_cycle_partition(np.repeat(np.arange(10), 101), 20, 3, seed=2)
+  assert [len(p) for p in parts] == [50] * 20    # 1010 examples: 10 dropped
+  again = class_cycle_partition(np.repeat(np.arange(10), 101), 20, 3, seed=2)
+  assert all(np.array_equal(a, b) for a, b in zip(parts, again))   # deterministic
+  impossible = np.concatenate([np.zeros(900, int), np.repeat(np.arange(1, 10), 10)])
+  with pytest.raises(ValueError, match="cannot be filled"):
+    class_cycle_partition(impossible, 10, 2, seed=1)
+  for bad in (0, 11):
+    with pytest.raises(ValueError, match="classes_per_client"):
+      class_cycle_partition(y, 10, bad)

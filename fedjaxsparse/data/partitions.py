@@ -248,6 +248,69 @@ def label_count_partition(labels: np.ndarray, num_clients: int, labels_per_clien
   return [np.sort(np.asarray(p, np.int64)) for p in parts]
 
 
+def class_cycle_partition(labels: np.ndarray, num_clients: int, classes_per_client: int,
+                          seed: int = 0) -> list[np.ndarray]:
+  """FedCR's "noniid" deal (``rule='noniid'``, ``class_main`` classes per client; the
+  ``DatasetObject`` of github.com/haozzh/FedCR, ``utils/utils_dataset.py``): client ``j`` holds
+  the consecutive classes ``{(j + k) mod C : k < classes_per_client}`` and every client the
+  same number ``⌊n/N⌋`` of examples (the ``n mod N`` examples left after a shuffle are dropped;
+  FedCR's code requires N to divide n).
+
+  The deal, as FedCR's code: examples are handed out one at a time to a client with the fewest
+  so far (ties broken at random: each pass over the clients is a random permutation), of the
+  class of its set that it holds the fewest of among those with examples left (ties: the
+  first of its set). When none of its classes has examples left, an example of a class of its
+  set is moved to it from a random other client holding more than one of that class. So a
+  client's labels always lie in its class set, and its classes are as balanced as the data
+  allow."""
+  labels = np.asarray(labels)
+  _check_clients(len(labels), num_clients)
+  classes = np.unique(labels)
+  c = len(classes)
+  if not isinstance(classes_per_client, (int, np.integer)) or not 1 <= classes_per_client <= c:
+    raise ValueError(f"classes_per_client must be an int in [1, {c}] (the number of classes), "
+                     f"got {classes_per_client!r}.")
+  rng = np.random.default_rng(seed)
+  keep = np.sort(rng.permutation(len(labels))[:len(labels) // num_clients * num_clients])
+  code = np.searchsorted(classes, labels[keep])
+  pools = [list(keep[rng.permutation(np.flatnonzero(code == k))]) for k in range(c)]
+  sets = [[(j + k) % c for k in range(classes_per_client)] for j in range(num_clients)]
+  if any(not any(pools[k] for k in s) for s in sets):
+    raise ValueError("a client's classes hold no example; use fewer clients or more "
+                     "classes_per_client.")
+  held = [[[] for _ in range(c)] for _ in range(num_clients)]
+  count = np.zeros(num_clients, np.int64)
+  dealt = moves = 0
+  while dealt < len(keep):
+    low = np.flatnonzero(count == count.min())
+    j = int(low[rng.integers(len(low))])
+    mine = sets[j]
+    order = sorted(mine, key=lambda k: len(held[j][k]))   # stable: ties keep the set order
+    k = next((k for k in order if pools[k]), None)
+    if k is not None:
+      held[j][k].append(pools[k].pop())
+      count[j] += 1
+      dealt += 1
+      continue
+    # no class of its own left: move one from a random other client sharing a class
+    moves += 1
+    donors = [o for o in range(num_clients) if o != j and any(
+        k in sets[o] and len(held[o][k]) > 1 for k in mine)]
+    if not donors or moves > len(keep):   # (moving examples round in circles)
+      raise ValueError(f"client {j} cannot be filled: its classes are exhausted and no other "
+                       "client holds a spare example of them; use more classes_per_client.")
+    while True:   # FedCR's draw: random clients until one shares a class with spares
+      other = int(rng.integers(num_clients))
+      shared = [int(k) for k in rng.permutation(mine) if other != j and k in sets[other]
+                and len(held[other][k]) > 1]
+      if shared:
+        held[j][shared[0]].append(held[other][shared[0]].pop())
+        count[j] += 1
+        count[other] -= 1
+        break
+  return [np.sort(np.asarray([i for per in h for i in per], np.int64)) for h in held]
+
+
 PARTITIONS = ("iid", "dirichlet", "hsu_dirichlet", "shards", "lognormal", "dirichlet_lognormal",
               "labels")
 """The partition names :func:`partition` accepts (``partition=`` of the loaders)."""

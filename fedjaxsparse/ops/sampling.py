@@ -6,6 +6,8 @@ References:
   Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
     Single Communication Round per Cohort in Cross-Device Federated Learning. FL@FM-NeurIPS'24
     workshop (oral). arXiv:2406.01115.
+  Robert M. Gower, Nicolas Loizou, Xun Qian, Alibek Sailanbayev, Egor Shulgin, Peter Richtárik
+    (2019). SGD: General Analysis and Improved Rates. ICML 2019. arXiv:1901.09401.
 
 A :class:`Sampler` draws a **static-shape** cohort inside ``jit`` (:meth:`Sampler.sample`:
 ids ``int32[m]``, a 0/1 ``mask[m]`` for samplings whose cohort size varies, and the weights
@@ -17,7 +19,10 @@ and knows its exact first- and second-order inclusion probabilities ``p_i = P(i 
   (:func:`sigma2_star`) — exact for every sampling (it is the second moment written out);
 * ``μ_AS = min_{C: p_C > 0} Σ_{i∈C} μ_i/(n p_i)`` (:func:`mu_as`), each sampling minimising a sum
   over its cohorts in closed form (the spec's table: the τ smallest values for NICE, the
-  smallest per block for SS, the smallest block for BS, …).
+  smallest per block for SS, the smallest block for BS, …);
+* the expected-smoothness constant ``𝓛`` of minibatch SGD on ``f_S`` (Gower et al. 2019,
+  :func:`expected_smoothness`), whose step ``1/(2𝓛)`` is the chapter's "optimal" step of
+  LocalGD and the MB baselines.
 
 :meth:`Sampler.support` enumerates the exact cohort distribution (small n; tests check the
 closed forms against it and it against the draws). Clustering for block/stratified sampling:
