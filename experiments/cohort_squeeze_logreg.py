@@ -68,7 +68,8 @@ QUICK = dict(dataset="breast_cancer", clients=12, rounds=15, options=dict(
     seeds=2, study_rounds=12, eps=0.05, study_solver="cg", trade_gammas=[1], trade_ks=[2]))
 QUICK_RUNTIME = "measured 19 s on 2 CPU cores (a fresh process, XLA's default flags)"
 BUDGET = "global rounds per run (max T); costs count local communication rounds"
-RUNTIME = "about 5.5 min on 2 CPU cores (measured 331 s: cost study of 32 configurations x 3 seeds, three 300-round studies)"
+RUNTIME = ("about 3 min on 2 CPU cores (measured 166 s: cost study of 32 SPPM and 18 LocalGD "
+           "configurations x 3 seeds, three 300-round studies)")
 STUDIES = ("cost", "sampling", "baselines", "gamma")
 SOLVERS = {"bfgs": P.bfgs, "cg": P.cg}
 PAPER = {  # §5.4.2/§5.4.5 (text of Figs. 5.1/5.2; spec §5.5)
