@@ -204,15 +204,20 @@ def test_diana_rule_prop_246():
 
 def test_constants_from_data_bound_the_true_curvature(problem):
   """L_max from the data is the exact λ_max of each ridge Hessian (autodiff check) and an
-  upper bound for the logistic loss; μ is the λ_min of the average Hessian."""
+  upper bound for the logistic loss, L the λ_max of the average Hessian; μ is the λ_min of
+  the average Hessian."""
   ds, model, loss = problem
   consts = fjs.convex.constants.linear_model_constants(ds.train, L2, "squared", "mean")
   x0 = model.init(jax.random.key(0))
   flat0, unravel = jax.flatten_util.ravel_pytree(x0)
-  hess = [np.linalg.eigvalsh(np.asarray(jax.hessian(lambda v: loss(
-      unravel(v), ds.train.x[i], ds.train.y[i], ds.train.mask[i]))(flat0)))
+  mats = [np.asarray(jax.hessian(lambda v: loss(
+      unravel(v), ds.train.x[i], ds.train.y[i], ds.train.mask[i]))(flat0))
           for i in range(ds.num_clients)]
+  hess = [np.linalg.eigvalsh(h) for h in mats]
   assert consts.L_max == pytest.approx(max(h[-1] for h in hess), rel=1e-4)
+  # L: the smoothness of the average objective, λ_max of the average Hessian (≤ L_avg)
+  assert consts.L == pytest.approx(np.linalg.eigvalsh(np.mean(mats, 0))[-1], rel=1e-4)
+  assert consts.L <= consts.L_avg * (1 + 1e-9)
   assert consts.L_tilde == pytest.approx(np.sqrt(np.mean([h[-1] ** 2 for h in hess])), rel=1e-4)
   logi = fjs.convex.constants.linear_model_constants(ds.train, L2, "logistic", "mean",
                                                      use_bias=False)
