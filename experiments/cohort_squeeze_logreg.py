@@ -183,11 +183,13 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   x_opt = jnp.asarray(x_opt)
   grads = np.asarray(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(
       {"w": x_opt}, data.x, data.y, data.mask)["w"])  # a_i = ∇f_i(x⋆)
-  l_max = float(np.max([mu + np.sum(x[p].astype(np.float64) ** 2) / (4 * len(p)) for p in parts]))
   ss, bs = sampling.stratified(blocks), sampling.block(blocks)
   # the step from theory (Gower et al. 2019, Thm 3.1): 1/(2𝓛) for the SS cohort, from the
-  # exact per-client L_i (λ_max of the logistic Hessian bound) and L of the average
+  # exact per-client L_i (λ_max of the logistic Hessian bound) and L of the average; L_max
+  # of baseline_lr=1/L_max is seed 001 A.3's trace bound
   l_i, _ = client_curvatures(data, mu, "logistic", "mean", use_bias=False)
+  l_max = float(client_curvatures(data, mu, "logistic", "mean", use_bias=False,
+                                  bound="trace")[0].max())
   l_avg = linear_model_constants(data, mu, "logistic", "mean", use_bias=False).L
   theory_lr = 1 / (2 * sampling.expected_smoothness(ss, l_avg, l_i))
   ks, lsteps = {int(k) for k in opts["ks"]}, {int(v) for v in opts["local_steps"]}
@@ -325,21 +327,22 @@ def _cost_study(opts, run, loss, ss, eps, solvers, theory_lr: float) -> dict:
         costs[k] = (_cost(e, k * per, eps), _cost(e, k * per, eps, c1, c2))
       curves[name] = {k: c[0] for k, c in costs.items()}
       rows.append(_best(name, costs))
-  local = {}
-  for lr in opts["local_lrs"]:
+
+  def local_costs(lr: float) -> dict:   # LocalGD's (base, hierarchical) cost per local steps
     costs = {}
     for steps in sorted({int(s) for s in opts["local_steps"]}):
       e = run(sppm.local_gd(loss, ss, lr, steps))
       costs[steps] = (_cost(e, 1, eps), _cost(e, 1, eps, c1 + c2, 0.0))
-    local[lr] = costs
-    curves[f"LocalGD lr={lr:g}"] = {k: c[0] for k, c in costs.items()}
+    return costs
+
+  local = {}
+  for lr in opts["local_lrs"]:
+    local[lr] = local_costs(lr)
+    curves[f"LocalGD lr={lr:g}"] = {k: c[0] for k, c in local[lr].items()}
   best_local = _best("LocalGD", {(lr, s): c for lr, cs in local.items() for s, c in cs.items()})
   rows.append(best_local)
   if opts["local_theory"]:
-    costs = {}
-    for steps in sorted({int(s) for s in opts["local_steps"]}):
-      e = run(sppm.local_gd(loss, ss, theory_lr, steps))
-      costs[steps] = (_cost(e, 1, eps), _cost(e, 1, eps, c1 + c2, 0.0))
+    costs = local_costs(theory_lr)
     curves["LocalGD, optim"] = {k: c[0] for k, c in costs.items()}
     rows.append({**_best("LocalGD, optim", costs), "lr": theory_lr})
   for r in rows:
