@@ -292,22 +292,20 @@ def class_cycle_partition(labels: np.ndarray, num_clients: int, classes_per_clie
       count[j] += 1
       dealt += 1
       continue
-    # no class of its own left: move one from a random other client sharing a class
+    # no class of its own left: move one from a random other client sharing a class with
+    # spares (FedCR redraws random clients until one qualifies: the same uniform choice)
     moves += 1
     donors = [o for o in range(num_clients) if o != j and any(
         k in sets[o] and len(held[o][k]) > 1 for k in mine)]
     if not donors or moves > len(keep):   # (moving examples round in circles)
       raise ValueError(f"client {j} cannot be filled: its classes are exhausted and no other "
                        "client holds a spare example of them; use more classes_per_client.")
-    while True:   # FedCR's draw: random clients until one shares a class with spares
-      other = int(rng.integers(num_clients))
-      shared = [int(k) for k in rng.permutation(mine) if other != j and k in sets[other]
-                and len(held[other][k]) > 1]
-      if shared:
-        held[j][shared[0]].append(held[other][shared[0]].pop())
-        count[j] += 1
-        count[other] -= 1
-        break
+    other = donors[rng.integers(len(donors))]
+    shared = [k for k in mine if k in sets[other] and len(held[other][k]) > 1]
+    k = shared[rng.integers(len(shared))]
+    held[j][k].append(held[other][k].pop())
+    count[j] += 1
+    count[other] -= 1
   return [np.sort(np.asarray([i for per in h for i in per], np.int64)) for h in held]
 
 
