@@ -10,8 +10,8 @@ Round t: the server samples a cohort (K of N, uniform without replacement, or an
 :class:`fedjaxsparse.ops.sampling.Sampler`) and broadcasts ``w^t`` (dense). Client k draws its
 noise ``n_k = G(s_k^t)`` (seed = ``fold_in(round noise key, client id)``, fresh per client and
 round), starts from ``u = 0`` and runs epoch-based SGD — E epochs of minibatches of B without
-replacement, ``S_k = E·⌈n_k/B⌉`` steps (clients of unequal size share one vmapped kernel; the
-steps past S_k are masked) — where step τ evaluates the gradient at the progressively masked
+replacement, ``S_k = E·⌈n_k/B⌉`` steps (each client its own count,
+:func:`fedjaxsparse.ops.local.epoch_loop`) — where step τ evaluates the gradient at the progressively masked
 update
 
     û = (1 − P)⊙clip(u, n_k) + P⊙n_k⊙M(u, n_k),   P ~ Bernoulli((τ + 1)/S_k)      (PSM, eq. 10)
@@ -53,7 +53,7 @@ from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sparsity import magnitude_prune, top_k
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
-from fedjaxsparse.ops.local import epoch_loop, epoch_steps
+from fedjaxsparse.ops.local import epoch_loop, epoch_steps, max_local_steps
 from fedjaxsparse.errors import check_number
 
 MASKINGS = ("learned", "post", "none")
@@ -167,7 +167,7 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     k_cohort, k_noise, k_train = jax.random.split(key, 3)
     ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
     cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
-    max_steps = epochs * -(-data.max_examples // batch_size)  # static S_max
+    max_steps = max_local_steps(data, batch_size, epochs)  # a static bound on S_k
     w = state.params
     noise_keys = client_keys(k_noise, ids)
     messages, losses = map_clients(

@@ -36,7 +36,7 @@ from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.noise_masks import tree_map_keyed
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
-from fedjaxsparse.ops.local import epoch_minibatch, epoch_steps
+from fedjaxsparse.ops.local import epoch_loop, max_local_steps
 from fedjaxsparse.errors import check_number
 
 
@@ -95,14 +95,12 @@ def fedpm(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
 
   def client(w0, s0, max_steps, key, d):
     k_order, k_masks, k_final = jax.random.split(key, 3)
-    s_k = epoch_steps(d.num_examples, batch_size, epochs)
 
-    def body(t, s):
-      x, y, bm = epoch_minibatch(k_order, d, batch_size, t)
-      g = grad(s, w0, jax.random.fold_in(k_masks, t), x, y, bm)
-      return jax.tree.map(lambda si, gi: jnp.where(t < s_k, si - lr * gi, si), s, g)
+    def update(t, s, batch):
+      g = grad(s, w0, jax.random.fold_in(k_masks, t), *batch)
+      return jax.tree.map(lambda si, gi: si - lr * gi, s, g)
 
-    s = jax.lax.fori_loop(0, max_steps, body, s0)
+    s = epoch_loop(update, s0, k_order, d, batch_size, epochs, max_steps)
     return tree_map_keyed(lambda k, si: jax.random.bernoulli(k, jax.nn.sigmoid(si)).astype(
         jnp.int8), k_final, s)
 
@@ -111,7 +109,7 @@ def fedpm(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
     cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
     s0 = jax.tree.map(lambda t: jnp.log(t) - jnp.log1p(-t), state.theta)
-    max_steps = epochs * -(-data.max_examples // batch_size)
+    max_steps = max_local_steps(data, batch_size, epochs)
     masks = map_clients(lambda k, d: client(state.weights, s0, max_steps, k, d), cdata,
                         client_keys(k_train, ids))
     theta = jax.tree.map(lambda m, t: jnp.clip(jnp.mean(m.astype(t.dtype), 0), clip, 1 - clip),

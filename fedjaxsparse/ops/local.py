@@ -55,18 +55,19 @@ def epoch_minibatch(key: jax.Array, data, batch_size: int, step: jax.Array):
 
 def epoch_loop(update, carry: Any, key: jax.Array, data, batch_size: int, epochs: int,
                max_steps: int) -> Any:
-  """Epoch-based local training of ONE client under a static step count: ``carry ←
-  update(t, carry, (x, y, mask))`` for the client's ``S_k = E·⌈n_k/B⌉`` steps
-  (:func:`epoch_minibatch` with ``key``), and unchanged for ``S_k ≤ t < max_steps`` — so clients
-  of unequal size share one vmapped ``fori_loop`` of ``max_steps`` (seed 003 B.2, seed 002
-  §2.7)."""
-  s_k = epoch_steps(data.num_examples, batch_size, epochs)
+  """Epoch-based local training of ONE client: ``carry ← update(t, carry, (x, y, mask))`` for
+  the client's ``S_k = E·⌈n_k/B⌉`` steps (:func:`epoch_minibatch` with ``key``; at most
+  ``max_steps``, the static bound of the padded data, :func:`max_local_steps`).
 
-  def body(t, c):
-    new = update(t, c, epoch_minibatch(key, data, batch_size, t))
-    return jax.tree.map(lambda old, nw: jnp.where(t < s_k, nw, old), c, new)
-
-  return jax.lax.fori_loop(0, max_steps, body, carry)
+  The trip count is the client's own (a ``while`` loop, seed 003 B.2, seed 002 §2.7): a client
+  run alone or under the ``"map"`` strategy takes exactly its S_k steps; clients of unequal size
+  vmapped together take the *cohort's* largest S_k, each keeping its carry once its own steps
+  are done (JAX's batched ``while``). An earlier layout ran every client ``max_steps`` steps with
+  the extra ones masked out — the same result, up to ``S_max/S_k`` times the work. Not
+  reverse-differentiable (a ``while`` loop); nothing differentiates through local training."""
+  s_k = jnp.minimum(epoch_steps(data.num_examples, batch_size, epochs), max_steps)
+  return jax.lax.fori_loop(
+      0, s_k, lambda t, c: update(t, c, epoch_minibatch(key, data, batch_size, t)), carry)
 
 
 def epoch_sgd(grad_fn: Callable, params: Any, key: jax.Array, data, *, lr: Any, epochs: int,
