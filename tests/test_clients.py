@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import optax
 
 import fedjaxsparse as fjs
 
@@ -115,7 +116,6 @@ def test_runner_buckets_by_itself_with_the_same_result(data):
 def test_every_strategy_computes_what_vmap_computes(data, strategy):
   """Linear models: bitwise equal to vmap on CPU, padded and bucketed, for the ProxSkip kernel
   and FedAvg (partial participation: a gathered cohort; full: bucketed clients)."""
-  import optax
   model = fjs.models.linear_regression(5, l2=0.1)
   loss = fjs.models.make_loss(model)
   w0 = model.init(jax.random.key(0))
@@ -145,7 +145,6 @@ def test_runner_client_strategy_changes_nothing_but_speed(data):
 
 
 def _cnn_fedavg(num_clients, local_steps, batch=4):
-  import optax
   rng = np.random.default_rng(0)
   n = num_clients * 6
   x = rng.random((n, 12, 12, 1)).astype(np.float32)
@@ -186,6 +185,42 @@ def test_automatic_strategy_rule(data, monkeypatch):
   monkeypatch.setattr(fjs.runtime.clients, "MAX_UNROLLED_CONVS", counts[4, 1] - 1)
   algo, model, d = _cnn_fedavg(4, 1)
   assert fjs.runtime.clients.choose_strategy(algo, model.init(jax.random.key(0)), d)[0] == "vmap"
+
+
+def test_dot_flops_counts_a_loop_body_once():
+  a, b = jnp.ones((3, 4)), jnp.ones((4, 5))
+  mm = lambda a, b: a @ b
+  loop = lambda a, b: jax.lax.fori_loop(0, 7, lambda i, c: c + mm(a, b), jnp.zeros((3, 5)))
+  batched = jax.vmap(mm, in_axes=(0, None))
+  assert fjs.runtime.clients.dot_flops(jax.make_jaxpr(mm)(a, b)) == 2 * 3 * 4 * 5
+  assert fjs.runtime.clients.dot_flops(jax.make_jaxpr(loop)(a, b)) == 2 * 3 * 4 * 5
+  assert fjs.runtime.clients.dot_flops(jax.make_jaxpr(batched)(jnp.ones((6, 3, 4)), b)) == (
+      6 * 2 * 3 * 4 * 5)
+
+
+def test_heavy_matrix_clients_run_map_on_cpu(monkeypatch):
+  """The rule's second branch: a client step of at least MAP_MIN_FLOPS of matrix products runs
+  "map" on CPU. FedAvg softmax regression (d inputs, k classes, batch B): a step's products are
+  the forward x·W and the gradient xᵀ·g, 4·B·d·k per client (plus the server's average)."""
+  num_clients, batch, d, k = 3, 8, 20, 4
+  rng = np.random.default_rng(0)
+  data = fjs.data.pack_clients(rng.random((num_clients * batch, d)).astype(np.float32),
+                               rng.integers(0, k, num_clients * batch),
+                               np.split(np.arange(num_clients * batch), num_clients))
+  model = fjs.models.softmax_regression(d, k)
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.1), local_steps=2,
+                    batch_size=batch)
+  params = model.init(jax.random.key(0))
+  assert fjs.runtime.clients.choose_strategy(algo, params, data) == ("vmap", "no convolutions")
+  closed, mapped = fjs.runtime.clients.traced_step(
+      algo.step, jax.random.key(0), jax.eval_shape(algo.init, jax.random.key(0), params, data),
+      data)
+  per_client = fjs.runtime.clients.dot_flops(closed) / sum(mapped)
+  assert 4 * batch * d * k <= per_client <= 1.5 * 4 * batch * d * k
+  monkeypatch.setattr(fjs.runtime.clients, "MAP_MIN_FLOPS", per_client)
+  assert fjs.runtime.clients.choose_strategy(algo, params, data)[0] == "map"
+  monkeypatch.setattr(fjs.runtime.clients, "MAP_MIN_FLOPS", 1.01 * per_client)
+  assert fjs.runtime.clients.choose_strategy(algo, params, data)[0] == "vmap"
 
 
 def test_unrolled_cnn_round_is_loop_free_and_computes_the_vmap_round():

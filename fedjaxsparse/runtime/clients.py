@@ -304,6 +304,35 @@ def conv_flops(jaxpr: Any) -> float:
   return total
 
 
+def dot_flops(jaxpr: Any) -> float:
+  """Floating-point operations of the matrix products (``dot_general``) in a (closed) jaxpr and
+  its sub-jaxprs, each loop body counted ONCE (the work of one local step, not of the loop):
+  ``2 · |output| · |contracted dims|`` each."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  total = 0.0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (contract, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += 2.0 * np.prod(eqn.outvars[0].aval.shape) * np.prod([lhs[i] for i in contract])
+    for value in eqn.params.values():
+      for sub in (value if isinstance(value, (tuple, list)) else (value,)):
+        if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+          total += dot_flops(sub)
+  return total
+
+
+MAP_MIN_FLOPS = 3e7
+"""On CPU, clients whose step does at least this many matrix-product FLOPs each (one local
+step, :func:`dot_flops` per mapped client) run ``"map"`` — one client after another, each at the
+speed of an unbatched program — rather than ``"vmap"``: XLA:CPU runs a batched product of
+per-client weights as one small product per client anyway, and the batched layout adds copies
+(and makes every client wait for the cohort's longest local loop). Measured with
+``benchmarks/bench_default_strategy.py`` (FedAvg MLPs of 10 clients: ``vmap`` faster up to
+hidden width 64, 20 MFLOP a step; ``map`` from width 128, 39 MFLOP; FedAvg CNN and FedMRN's CNN
+``map`` 1.15–1.45× faster)."""
+
+
 _LAST_TRACE: list = []   # [(step, signature, closed jaxpr, out shapes, mapped)]: the last trace
 
 
@@ -362,10 +391,12 @@ def choose_strategy(algo: Any, params: Any, train: Any) -> tuple[str, str]:
   XLA convolutions (``lax.conv_general_dilated``: grouped under ``vmap``, slow in loops) run
   ``"unroll"`` (loop-free: 0.75× the single-model time per FedAvg CNN round, where ``vmap``
   takes 14×) unless that writes out more than :data:`MAX_UNROLLED_CONVS` convolutions
-  (compile time); everything else runs ``"vmap"`` — the fastest for matrix products (and
-  patch convolutions, :mod:`fedjaxsparse.models.conv`) on CPU and the layout GPUs batch
-  best. Decided by tracing one step (no compile):
-  the convolutions of the ``vmap``-ed step times the clients one ``map_clients`` call maps.
+  (compile time); clients of at least :data:`MAP_MIN_FLOPS` of matrix products a step (MLPs,
+  patch convolutions, :mod:`fedjaxsparse.models.conv`) run ``"map"`` on CPU; small models run
+  ``"vmap"``, as does everything on GPU/TPU (the layout accelerators batch best; the rule's
+  measurements: ``benchmarks/bench_default_strategy.py``). Decided by tracing one step (no
+  compile): the convolutions of the ``vmap``-ed step times the clients one ``map_clients`` call
+  maps, and its matrix-product FLOPs per mapped client.
   """
   if jax.default_backend() != "cpu":
     return "vmap", f"{jax.default_backend()} backend"
@@ -374,6 +405,9 @@ def choose_strategy(algo: Any, params: Any, train: Any) -> tuple[str, str]:
   closed, mapped = traced_step(algo.step, key, state, train)
   convs = count_primitive(closed, "conv_general_dilated")
   if not convs:
+    per_client = dot_flops(closed) / max(sum(mapped), 1)
+    if mapped and per_client >= MAP_MIN_FLOPS:
+      return "map", f"{per_client / 1e6:.0f} MFLOP of matrix products per client step on CPU"
     return "vmap", "no convolutions"
   convs *= max(mapped, default=1)
   if convs > MAX_UNROLLED_CONVS:
