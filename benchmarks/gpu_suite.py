@@ -1,30 +1,50 @@
 """The GPU suite: one command for the short windows in which an accelerator is at hand.
 
-    PYTHONPATH=. python benchmarks/gpu_suite.py --out benchmarks/results/gpu [--budget-s 500]
+    PYTHONPATH=. python benchmarks/gpu_suite.py --out benchmarks/results/gpu \
+        [--fmnist DIR] [--budget-s 500]
     PYTHONPATH=. python benchmarks/gpu_suite.py --tiny --out /tmp/gpu_tiny    # CPU, < 1 min
+    PYTHONPATH=. python benchmarks/gpu_suite.py --estimate                    # no timing
 
-Rows run most valuable first and each writes ``suite.json`` as it completes (device, JAX
-version, every finished row), so a window that closes early still leaves numbers; a row whose
-estimated cost would overrun ``--budget-s`` is skipped, saying so. Needs only JAX, flax, optax,
-numpy and scikit-learn (no tensorflow-datasets, no dp-accounting): the data are synthetic
-arrays of the papers' shapes (timings do not depend on the values).
+Sections run most valuable first; ``suite.json`` (device, JAX version, every finished row) is
+rewritten after every row, so a window that closes early still leaves numbers; a section that
+would start after ``--budget-s`` is skipped, saying so. Needs only JAX, flax, optax, numpy and
+scikit-learn (no tensorflow-datasets, no dp-accounting): the data are synthetic arrays of the
+papers' shapes (timings do not depend on the values), except FedMRN's table, which reads the
+Fashion-MNIST IDX files from ``--fmnist``.
 
-Rows (ms per round are medians over ``--repeats`` steady-state rounds, each ending with
-``block_until_ready``; compile seconds apart; peak device memory where the backend reports it):
+Every family's round is timed three ways (ms per round: median over ``--repeats``
+steady-state rounds, each ending with ``block_until_ready``; compile seconds apart; peak device
+memory where the backend reports it; XLA's FLOP count of the round and the achieved GFLOP/s):
 
-1. ``fedavg_cnn``: a FedAvg CNN round (FedAvg's CNN, 28×28×1, ``--cohort`` clients × 10 local
-   steps × batch 64) three ways: the library's round (clients vmapped, one program); the same
-   work as a Python loop over clients with one jitted local-training call per client (the
-   fedjax / Flower / papers' way: the same steps and batch sizes, minibatches taken in order
-   where the library draws them with keys); one model doing the same total work (10 steps on
-   the cohort's pooled batches: the single-model throughput).
-2. ``fedavg_cnn_scaling``: the library's round at 10, 100 and 1,000 clients per round.
-3. one row per family round through the public face at its paper's shape: Sparse-ProxSkip
-   (BlogFeedback shape), EF21 (mushrooms shape), Scafflix (FEMNIST shape), FedSpa (LeNet5),
-   FedMRN (its CNN), Ditto, FedPM.
+* ``library``: ``jit(algo.step)`` on the whole population, the clients run by the strategy the
+  runner's default picks on this backend (:func:`fedjaxsparse.runtime.clients.choose_strategy`);
+* ``per-client jit loop``: the fedjax / Flower / papers' way — a Python loop over the round's
+  clients, each ONE call of the same jitted round program on a one-client dataset (its local
+  training and its share of the server's work; the same steps and batch sizes);
+* ``one model, same work``: one model taking the round's local steps on the cohort's pooled
+  batches (cohort × B examples a step: the single-model throughput) — for full-gradient
+  methods, one gradient of the pooled data per local step (the floor).
 
-Not yet here (issue 32): per-client loops for the families other than FedAvg, FedP3 / SPPM-AS /
-ATO / post-training / DDSS rows, FedMRN Table 1 at the paper's protocol.
+Sections:
+
+1. ``fedavg_cnn``: FedAvg's CNN (1.66 M parameters), 10 clients × 10 local steps × 64 images;
+2. ``fedavg_cnn_scaling``: that round at 10, 100 and 1,000 clients per round, and at three
+   model widths;
+3. ``families``: FedOpt (FedAdam) on the CNN; Sparse-ProxSkip (BlogFeedback shape); EF21
+   (mushrooms shape); Scafflix (FEMNIST shape); SPPM-AS (a9a shape, 10 GD steps a prox);
+   FedSpa (LeNet5); FedMRN (its CNN); FedP3 (its CNN); FedPM; Ditto;
+4. ``posttrain``: Wanda / RIA / magnitude / Wanda+DSnoT on the small LLaMA-style LM against
+   numpy (``bench_posttrain.py``);
+5. ``ddss``: one Sha-DDSS outer iteration against a numpy/scipy loop (``bench_ddss.py``);
+6. ``fedmrn_table1``: FedMRN Table 1's Fashion-MNIST column at the paper's protocol (100
+   clients, 10 per round, 100 rounds, 10 local epochs of 64, learning rate from the paper's grid
+   on a validation split, 1 seed), one (method, split) cell at a time — NIID-2, then NIID-1,
+   then IID — each printed beside the paper's number, as many as the budget allows (needs
+   ``--fmnist``; skipped without it).
+
+``--estimate`` times nothing: it lowers every family's full-size round on the host's backend
+(no compile) and prints XLA's FLOP count with the time it would take at ``--assumed-tflops``
+(a round's compute only; a small round is bounded by kernel launches instead).
 """
 from __future__ import annotations
 
@@ -35,6 +55,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +63,8 @@ import numpy as np
 import optax
 
 import fedjaxsparse as fjs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def block(tree):
@@ -83,22 +106,39 @@ def vectors(num_clients: int, per_client: int, dim: int, classes: int = 2, seed=
   return fjs.data.pack_clients(x, y, np.split(np.arange(n), num_clients))
 
 
-def flops_of(compiled) -> float | None:
-  """XLA's own count of the floating-point operations of one call (``None`` if unknown)."""
+def flops_of(stage) -> float | None:
+  """XLA's own count of the floating-point operations of one call of a lowered or compiled
+  function (``None`` if the backend does not say)."""
   try:
-    cost = compiled.cost_analysis()
+    cost = stage.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost.get("flops")) if cost and cost.get("flops") is not None else None
   except Exception:  # noqa: BLE001 — a backend without cost analysis
     return None
 
 
-def round_row(name: str, algo, params, data, repeats: int) -> dict:
-  """The library's round: ``jit(step)`` on the whole population, compiled ahead of time (its
-  compile seconds measured apart), with XLA's FLOP count of one round and the achieved
-  GFLOP/s."""
-  key = jax.random.key(0)
-  state = algo.init(key, params, data)
+class Case(NamedTuple):
+  """One family's round at its paper's shape.
+
+  ``make(num_clients, cohort_size) -> Algorithm`` (``cohort_size=None``: every client);
+  ``cohort`` clients take part in a round, each taking ``steps`` local steps of ``batch``
+  examples (``batch=None``: full-gradient steps) of ``loss``."""
+  make: Callable[[int, int | None], Any]
+  params: Any
+  data: Any
+  cohort: int
+  loss: Callable
+  steps: int
+  batch: int | None
+
+
+def _library(name: str, case: Case, repeats: int) -> dict:
+  """The library's round: ``jit(step)`` on the whole population, the runner's client strategy,
+  compiled ahead of time (compile seconds apart), XLA's FLOP count of one round."""
+  algo = case.make(case.data.num_clients, case.cohort)
+  strategy, _ = fjs.runtime.clients.choose_strategy(algo, case.params, case.data)
+  data = fjs.runtime.clients.with_strategy(case.data, strategy)
+  state = algo.init(jax.random.key(0), case.params, data)
   t = time.perf_counter()
   step = jax.jit(algo.step).lower(jax.random.key(1), state, data).compile()
   compile_s = time.perf_counter() - t
@@ -110,155 +150,363 @@ def round_row(name: str, algo, params, data, repeats: int) -> dict:
     return holder["state"]
 
   _, steady = timed(one, repeats)
-  return {"row": name, "variant": "library", "ms_per_round": 1e3 * steady,
-          "compile_s": compile_s, "gflop_per_round": None if flops is None else flops / 1e9,
+  return {"row": name, "variant": "library", "strategy": strategy,
+          "ms_per_round": 1e3 * steady, "compile_s": compile_s,
+          "gflop_per_round": None if flops is None else flops / 1e9,
           "gflop_per_s": None if flops is None else flops / 1e9 / steady,
           "peak_bytes": peak_bytes()}
 
 
-def fedavg_cnn(args) -> list[dict]:
-  cohort, steps, batch = args.cohort, args.local_steps, args.batch
-  model = fjs.models.cnn((28, 28, 1), 10, channels=args.channels, dense=args.dense)
-  loss = fjs.models.make_loss(model)
-  params = model.init(jax.random.key(0))
-  data = images(cohort, steps * batch)
-  rows = [round_row("fedavg_cnn", fjs.fedavg(loss, optax.sgd(0.05), local_steps=steps,
-                                             batch_size=batch), params, data, args.repeats)]
-  grad = jax.grad(loss)
+def _client_loop(name: str, case: Case, repeats: int) -> dict:
+  """A Python loop over the round's clients, one call of the jitted round program on a
+  one-client dataset each (the same local training; the server's work of one client)."""
+  algo = case.make(1, None)
+  rows = [case.data.select(jnp.array([i])) for i in range(case.cohort)]
+  states = [algo.init(jax.random.key(0), case.params, r) for r in rows]
+  t = time.perf_counter()
+  step = jax.jit(algo.step).lower(jax.random.key(1), states[0], rows[0]).compile()
+  compile_s = time.perf_counter() - t
 
-  @jax.jit
-  def local(w, x, y, m):   # one client's local training: steps minibatch SGD steps
-    def body(w, b):
-      g = grad(w, x[b], y[b], m[b])
-      return jax.tree.map(lambda a, gi: a - 0.05 * gi, w, g), None
-    idx = jnp.arange(steps * batch).reshape(steps, batch)
-    return jax.lax.scan(body, w, idx)[0]
+  def loop():
+    return [step(jax.random.key(i), s, r)[0] for i, (s, r) in enumerate(zip(states, rows))]
 
-  def loop():   # the papers' way: one call per client, the server averages on the host
-    outs = [local(params, data.x[i], data.y[i], data.mask[i]) for i in range(cohort)]
-    return jax.tree.map(lambda *v: sum(v) / cohort, *outs)
+  _, steady = timed(loop, repeats)
+  return {"row": name, "variant": "per-client jit loop", "ms_per_round": 1e3 * steady,
+          "compile_s": compile_s, "peak_bytes": peak_bytes()}
 
-  first, steady = timed(loop, args.repeats)
-  rows.append({"row": "fedavg_cnn", "variant": "per-client jit loop",
-               "ms_per_round": 1e3 * steady, "compile_s": max(first - steady, 0.0),
-               "peak_bytes": peak_bytes()})
-  pooled_x = data.x.reshape((-1,) + data.x.shape[2:])
-  pooled_y, pooled_m = data.y.reshape(-1), data.mask.reshape(-1)
 
-  @jax.jit
-  def single(w):   # one model, the same examples and steps: batches of cohort × batch
-    def body(w, b):
-      g = grad(w, pooled_x[b], pooled_y[b], pooled_m[b])
-      return jax.tree.map(lambda a, gi: a - 0.05 * gi, w, g), None
-    idx = jnp.arange(cohort * steps * batch).reshape(steps, cohort * batch)
-    return jax.lax.scan(body, w, idx)[0]
+def _single_model(name: str, case: Case, repeats: int) -> dict:
+  """One model doing the round's work: ``steps`` SGD steps on the cohort's pooled batches of
+  cohort × B examples (a full-gradient method: ``steps`` gradients of the pooled data)."""
+  d = case.data
+  x = d.x[:case.cohort].reshape((-1,) + d.x.shape[2:])
+  y, m = d.y[:case.cohort].reshape(-1), d.mask[:case.cohort].reshape(-1).astype(jnp.float32)
+  grad = jax.grad(case.loss)
+  size = x.shape[0] if case.batch is None else case.cohort * case.batch
 
-  first, steady = timed(lambda: single(params), args.repeats)
-  rows.append({"row": "fedavg_cnn", "variant": "one model, same work",
-               "ms_per_round": 1e3 * steady, "compile_s": max(first - steady, 0.0),
-               "peak_bytes": peak_bytes()})
-  lib = rows[0]["ms_per_round"]
+  def single(w):
+    def body(w, i):
+      idx = (i * size + jnp.arange(size)) % x.shape[0]
+      g = grad(w, x[idx], y[idx], m[idx])
+      return jax.tree.map(lambda a, gi: a - 0.01 * gi, w, g), None
+    return jax.lax.scan(body, w, jnp.arange(case.steps))[0]
+
+  t = time.perf_counter()
+  fn = jax.jit(single).lower(case.params).compile()
+  compile_s = time.perf_counter() - t
+  _, steady = timed(lambda: fn(case.params), repeats)
+  return {"row": name, "variant": "one model, same work", "ms_per_round": 1e3 * steady,
+          "compile_s": compile_s, "peak_bytes": peak_bytes()}
+
+
+def case_rows(name: str, case: Case, args) -> list[dict]:
+  rows = [_library(name, case, args.repeats)]
+  if not args.library_only:
+    rows += [_client_loop(name, case, args.repeats), _single_model(name, case, args.repeats)]
   for r in rows:
-    r["vs_library"] = r["ms_per_round"] / lib
+    r["vs_library"] = r["ms_per_round"] / rows[0]["ms_per_round"]
   return rows
 
 
-def fedavg_cnn_scaling(args) -> list[dict]:
-  model = fjs.models.cnn((28, 28, 1), 10, channels=args.channels, dense=args.dense)
+# --- the families at their papers' shapes ---------------------------------------------------
+
+def _cnn_case(args, channels=None, dense=None, cohort=None, server=None) -> Case:
+  cohort = cohort or args.cohort
+  model = fjs.models.cnn((28, 28, 1), 10, channels=channels or args.channels,
+                         dense=dense or args.dense)
+  loss = fjs.models.make_loss(model)
+  steps, batch = args.local_steps, args.batch
+  make = lambda n, c: fjs.fedavg(loss, optax.sgd(0.05), local_steps=steps, batch_size=batch,
+                                 cohort_size=c, server_optimizer=server)
+  return Case(make, model.init(jax.random.key(0)), images(cohort, steps * batch), cohort,
+              loss, steps, batch)
+
+
+def fedopt_cnn(args) -> Case:
+  return _cnn_case(args, server=optax.adam(1e-3))
+
+
+def sparse_proxskip_blogfeedback(args) -> Case:
+  """Ridge regression, d = 281, 554 sites (BlogFeedback), 85 examples each; every site each
+  iteration, one local gradient step."""
+  n = max(2, int(554 * args.scale))
+  model = fjs.models.linear_regression(281)
+  loss = fjs.models.make_loss(model)
+  return Case(lambda n_, c: fjs.sparse_proxskip(loss, 1e-3, 0.2, 0.9),
+              model.init(jax.random.key(0)), vectors(n, 85, 281), n, loss, 1, None)
+
+
+def ef21_mushrooms(args) -> Case:
+  """Logistic regression, d = 112, 1,000 clients of 8 examples (mushrooms' 8,124 rows), EF21
+  with Top-2 uplinks."""
+  n = max(2, int(1000 * args.scale))
+  model = fjs.models.logistic_regression(112)
   loss = fjs.models.make_loss(model)
   params = model.init(jax.random.key(0))
-  rows = []
-  for n in args.scaling:
-    data = images(n, args.local_steps * args.batch)
-    r = round_row("fedavg_cnn_scaling", fjs.fedavg(loss, optax.sgd(0.05),
-                                                   local_steps=args.local_steps,
-                                                   batch_size=args.batch), params, data,
-                  args.repeats)
-    r["clients_per_round"] = n
-    rows.append(r)
-  return rows
-
-
-def families(args) -> list[dict]:
-  s = args.scale
-  rows = []
-  # Sparse-ProxSkip on the BlogFeedback shape (ridge, d = 281, 554 clients) — one iteration
-  data = vectors(max(2, int(554 * s)), 85, 281)
-  ridge = fjs.models.linear_regression(281)
-  rows.append(round_row("sparse_proxskip_blogfeedback", fjs.sparse_proxskip(
-      fjs.models.make_loss(ridge), 1e-3, 0.2, 0.9), ridge.init(jax.random.key(0)), data,
-      args.repeats))
-  # EF21 with top-k on the mushrooms shape (logistic, d = 112, n = 1000 clients)
-  data = vectors(max(2, int(1000 * s)), 8, 112)
-  logit = fjs.models.logistic_regression(112)
-  params = logit.init(jax.random.key(0))
   d = fjs.accounting.num_params(params)
-  rows.append(round_row("ef21_mushrooms", fjs.ef21(fjs.models.make_loss(logit),
-                                                   fjs.compressors.top_k(d, 2), 0.1),
-                        params, data, args.repeats))
-  # Scafflix on the FEMNIST shape (100 writers, 28×28, 62 classes; softmax regression)
-  data = images(max(2, int(100 * s)), 32, classes=62)
-  soft = fjs.models.softmax_regression(784, 62)
-  params = soft.init(jax.random.key(0))
-  x_star = jax.tree.map(lambda a: jnp.broadcast_to(a, (data.num_clients,) + a.shape), params)
-  rows.append(round_row("scafflix_femnist", fjs.scafflix(
-      fjs.models.make_loss(soft), 0.1, 0.2, 0.5, x_star, form="round", cohort_size=min(
-          10, data.num_clients)), params, data, args.repeats))
-  # FedSpa (DST) on LeNet5-Caffe, 10 of 100 clients per round
-  n = max(2, int(100 * s))
-  data = images(n, args.batch, classes=26)
-  lenet = fjs.models.lenet5_caffe(conv=args.conv)
-  cohort = min(10, n)
-  rows.append(round_row("fedspa_lenet5", fjs.fedspa(
-      fjs.models.make_loss(lenet), 0.05, num_rounds=100, epochs=1, batch_size=args.batch,
-      cohort_size=cohort), lenet.init(jax.random.key(0)), data, args.repeats))
-  # FedMRN, its CNN (bn_cnn), 10 of 100 clients, 1 epoch of 64
-  bn = fjs.models.bn_cnn((28, 28, 1), 10, channels=args.bn_channels, conv=args.conv)
-  data = images(n, args.batch)
-  rows.append(round_row("fedmrn_cnn", fjs.fedmrn(
-      fjs.models.make_loss(bn), 0.05, epochs=1, batch_size=args.batch, cohort_size=cohort),
-      bn.init(jax.random.key(0)), data, args.repeats))
-  # Ditto and FedPM on FedAvg's CNN
-  model = fjs.models.cnn((28, 28, 1), 10, channels=args.channels, dense=args.dense)
+  return Case(lambda n_, c: fjs.ef21(loss, fjs.compressors.top_k(d, 2), 0.1), params,
+              vectors(n, 8, 112), n, loss, 1, None)
+
+
+def scafflix_femnist(args) -> Case:
+  """Softmax regression on the FEMNIST shape (100 writers of 32 images, 62 classes), the
+  round form with 10 clients a round."""
+  n = max(2, int(100 * args.scale))
+  model = fjs.models.softmax_regression(784, 62)
   loss = fjs.models.make_loss(model)
-  rows.append(round_row("ditto_cnn", fjs.ditto(loss, 0.05, global_epochs=1, personal_epochs=1,
-                                               batch_size=args.batch, cohort_size=cohort),
-                        model.init(jax.random.key(0)), data, args.repeats))
-  rows.append(round_row("fedpm_cnn", fjs.fedpm(loss, 0.1, epochs=1, batch_size=args.batch,
-                                               cohort_size=cohort),
-                        model.init(jax.random.key(0)), data, args.repeats))
+  params = model.init(jax.random.key(0))
+  cohort = min(10, n)
+
+  def make(n_, c):
+    x_star = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_,) + a.shape), params)
+    return fjs.scafflix(loss, 0.1, 0.2, 0.5, x_star, form="round",
+                        cohort_size=min(c or n_, n_))
+  return Case(make, params, images(n, 32, classes=62), cohort, loss, 1, None)
+
+
+def sppm_as_a9a(args) -> Case:
+  """Logistic regression on the a9a shape (d = 123, 100 clients of 326 rows), τ-nice cohorts
+  of 10, the cohort's prox by 10 local GD steps."""
+  n = max(2, int(100 * args.scale))
+  model = fjs.models.logistic_regression(123)
+  loss = fjs.models.make_loss(model)
+  cohort = min(10, n)
+  solver = fjs.convex.prox_solvers.gd(0.1, 10)
+  return Case(lambda n_, c: fjs.sppm_as(loss, fjs.sampling.nice(n_, min(c or n_, n_)), 1.0,
+                                        solver),
+              model.init(jax.random.key(0)), vectors(n, 326, 123), cohort, loss, 10, None)
+
+
+def _epoch_case(args, model, make_algo, classes=10, per_client=None) -> Case:
+  """An epoch-based family (1 epoch of B on each client's examples) with 10 of 100 clients."""
+  n = max(2, int(100 * args.scale))
+  per = per_client or args.batch * args.local_steps
+  loss = fjs.models.make_loss(model)
+  cohort = min(args.cohort, n)
+  return Case(lambda n_, c: make_algo(loss, n_, c), model.init(jax.random.key(0)),
+              images(n, per, classes=classes), cohort, loss, -(-per // args.batch), args.batch)
+
+
+def fedspa_lenet5(args) -> Case:
+  b = args.batch
+  return _epoch_case(args, fjs.models.lenet5_caffe(), lambda loss, n, c: fjs.fedspa(
+      loss, 0.05, num_rounds=100, epochs=1, batch_size=b, cohort_size=c), classes=26)
+
+
+def fedmrn_cnn(args) -> Case:
+  b = args.batch
+  return _epoch_case(args, fjs.models.bn_cnn((28, 28, 1), 10, channels=args.bn_channels),
+                     lambda loss, n, c: fjs.fedmrn(loss, 0.05, epochs=1, batch_size=b,
+                                                   cohort_size=c))
+
+
+def fedp3_cnn(args) -> Case:
+  model = fjs.models.cnn((28, 28, 1), 10, channels=args.channels, dense=args.dense)
+  names = fjs.ops.layer_groups.layer_names(model.init(jax.random.key(0)), 1)
+  steps, b = args.local_steps, args.batch
+
+  def make(loss, n, c):
+    train = fjs.algorithms.fedp3.layer_policy(jax.random.key(1), n, len(names), "opu2")
+    cfg = fjs.algorithms.fedp3.make_config(jax.random.key(2), train, 0.9)
+    return fjs.fedp3(loss, optax.sgd(0.05), cfg, local_steps=steps, batch_size=b,
+                     cohort_size=c)
+  case = _epoch_case(args, model, make)
+  return case._replace(steps=steps)
+
+
+def fedpm_cnn(args) -> Case:
+  b = args.batch
+  return _epoch_case(args, fjs.models.cnn((28, 28, 1), 10, channels=args.channels,
+                                          dense=args.dense),
+                     lambda loss, n, c: fjs.fedpm(loss, 0.1, epochs=1, batch_size=b,
+                                                  cohort_size=c))
+
+
+def ditto_cnn(args) -> Case:
+  b = args.batch
+  case = _epoch_case(args, fjs.models.cnn((28, 28, 1), 10, channels=args.channels,
+                                          dense=args.dense),
+                     lambda loss, n, c: fjs.ditto(loss, 0.05, global_epochs=1,
+                                                  personal_epochs=1, batch_size=b,
+                                                  cohort_size=c))
+  return case._replace(steps=2 * case.steps)   # a global and a personal epoch
+
+
+FAMILIES: dict[str, Callable[[Any], Case]] = {
+    "fedopt_cnn": fedopt_cnn,
+    "sparse_proxskip_blogfeedback": sparse_proxskip_blogfeedback,
+    "ef21_mushrooms": ef21_mushrooms, "scafflix_femnist": scafflix_femnist,
+    "sppm_as_a9a": sppm_as_a9a, "fedspa_lenet5": fedspa_lenet5, "fedmrn_cnn": fedmrn_cnn,
+    "fedp3_cnn": fedp3_cnn, "fedpm_cnn": fedpm_cnn, "ditto_cnn": ditto_cnn}
+"""Every family's round (besides FedAvg's, section 1): ``name -> builder(args) -> Case``."""
+
+
+# --- sections -----------------------------------------------------------------------------
+
+def fedavg_cnn(args, emit) -> None:
+  emit(case_rows("fedavg_cnn", _cnn_case(args), args))
+
+
+def fedavg_cnn_scaling(args, emit) -> None:
+  for n in args.scaling:
+    r = _library("fedavg_cnn_scaling", _cnn_case(args, cohort=n), args.repeats)
+    emit([{**r, "clients_per_round": n}])
+  for channels, dense in args.widths:
+    case = _cnn_case(args, channels=channels, dense=dense)
+    rows = case_rows("fedavg_cnn_width", case, args)
+    emit([{**r, "channels": list(channels), "dense": dense,
+           "params": fjs.accounting.num_params(case.params)} for r in rows])
+
+
+def families(args, emit) -> None:
+  for name, build in FAMILIES.items():
+    if args.family and name not in args.family:
+      continue
+    if args.tiny and name in TINY_LIBRARY_ONLY:   # the references' compiles: a minute on CPU
+      emit([_library(name, build(args), args.repeats)])
+    else:
+      emit(case_rows(name, build(args), args))
+
+
+def _script(name: str):
+  sys.path.insert(0, HERE)
+  try:
+    return __import__(name)
+  finally:
+    sys.path.remove(HERE)
+
+
+def posttrain(args, emit) -> None:
+  res = _script("bench_posttrain").main(["--out", os.path.join(args.out, "posttrain.json")]
+                                        + (["--tiny"] if args.tiny else []))
+  emit([{"row": "posttrain_" + r["method"], "variant": "library",
+         "ms_per_round": 1e3 * r["library s"], "compile_s": r["compile s"],
+         "reference": "numpy", "reference_ms": 1e3 * r["numpy s"], "speedup": r["speed-up"],
+         "differing": r["differing"], "peak_bytes": peak_bytes()} for r in res["rows"]])
+
+
+def ddss(args, emit) -> None:
+  res = _script("bench_ddss").main(["--out", os.path.join(args.out, "ddss.json")]
+                                   + (["--tiny"] if args.tiny else []))
+  emit([{"row": "ddss", "variant": r["comparison"], "ms_per_round": 1e3 * r["library s"],
+         "compile_s": r["compile s"], "reference": r["reference"],
+         "reference_ms": 1e3 * r["reference s"], "speedup": r["speed-up"],
+         "peak_bytes": peak_bytes()} for r in res["rows"]])
+
+
+SPLIT_ORDER = ("niid2", "niid1", "iid")
+SPLIT_NAMES = {"niid2": "Non-IID-2", "niid1": "Non-IID-1", "iid": "IID"}
+
+
+def fedmrn_table1(args, emit, deadline: float) -> None:
+  """Table 1's Fashion-MNIST column, one (method, split) cell a run, while time is left (a
+  cell is not started when the previous one's time would overrun the deadline)."""
+  exp = fjs.harness.cli
+  E = exp.experiments()["fedmrn_fmnist"]   # the experiment's module (its paper numbers)
+  methods = args.table_methods or (["FedAvg"] if args.tiny else list(E.METHODS))
+  last = 0.0
+  for split in SPLIT_ORDER[:1] if args.tiny else SPLIT_ORDER:
+    for method in methods:
+      if time.perf_counter() + last > deadline:
+        emit([], skipped=f"fedmrn_table1 {method} {split}: the budget would be exceeded")
+        continue
+      out = os.path.join(args.out, "fedmrn_table1", f"{split}_{method}")
+      argv = ["run", "fedmrn_fmnist", "--out", out, "--no-progress", "--set",
+              f"splits={split}", "--set", f"methods={method}", "--set", "seeds=1"]
+      argv += (["--quick", "--set", "lrs=0.1"] if args.tiny else
+               ["--paper", "table1_fmnist", "--data-dir", args.fmnist])
+      t = time.perf_counter()
+      if exp.main(argv) != 0:
+        raise RuntimeError(f"fedmrn_fmnist failed: {' '.join(argv)}")
+      last = time.perf_counter() - t
+      res = json.load(open(os.path.join(out, "fedmrn_fmnist", "results.json")))
+      row = next(r for r in res["table"] if r["method"] == method)
+      emit([{"row": "fedmrn_table1", "variant": f"{method} {SPLIT_NAMES[split]}",
+             "ms_per_round": 1e3 * last, "compile_s": 0.0, "method": method, "split": split,
+             "ours %": row.get("ours %"), "paper %": E.PAPER[method][
+                 ("iid", "niid1", "niid2").index(split)], "lr": row.get("lr"),
+             "seconds": last, "tiny": args.tiny}])
+
+
+TINY_LIBRARY_ONLY = ("fedopt_cnn", "ef21_mushrooms", "scafflix_femnist", "sppm_as_a9a",
+                     "fedspa_lenet5", "fedmrn_cnn", "fedp3_cnn", "fedpm_cnn", "ditto_cnn")
+"""Families whose --tiny run times the library's round only (the loop and single-model code is
+the same for every family and runs on the others)."""
+
+SECTIONS = ("fedavg_cnn", "fedavg_cnn_scaling", "families", "posttrain", "ddss",
+            "fedmrn_table1")
+
+
+# --- estimate -------------------------------------------------------------------------------
+
+def estimate(args) -> list[dict]:
+  """Every family's full-size round lowered on this backend (no compile, no run): XLA's FLOP
+  count and the time at ``--assumed-tflops``; the 100 and 1,000-client FedAvg rounds scale
+  the 10-client count (a round's work is linear in its clients)."""
+  cases = {"fedavg_cnn": _cnn_case(args)}
+  cases.update({name: build(args) for name, build in FAMILIES.items()})
+  rows = []
+  for name, case in cases.items():
+    algo = case.make(case.data.num_clients, case.cohort)
+    state = jax.eval_shape(algo.init, jax.random.key(0), case.params, case.data)
+    t = time.perf_counter()
+    flops = flops_of(jax.jit(algo.step).lower(jax.random.key(1), state, case.data))
+    rows.append({"row": name, "gflop_per_round": None if flops is None else flops / 1e9,
+                 "lower_s": time.perf_counter() - t})
+  base = rows[0]["gflop_per_round"]
+  for n in (100, 1000):
+    rows.append({"row": f"fedavg_cnn, {n} clients",
+                 "gflop_per_round": None if base is None else base * n / 10})
+  for r in rows:
+    g = r["gflop_per_round"]
+    r["est_ms_at_assumed"] = None if g is None else g / (1e3 * args.assumed_tflops) * 1e3
+    print(f"{r['row']:32s} {g if g is not None else float('nan'):12.3f} GFLOP/round  "
+          f"≈ {r['est_ms_at_assumed'] or float('nan'):9.3f} ms at {args.assumed_tflops:g} "
+          "TFLOP/s", flush=True)
   return rows
-
-
-SECTIONS = (("fedavg_cnn", fedavg_cnn), ("fedavg_cnn_scaling", fedavg_cnn_scaling),
-            ("families", families))
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", default="benchmarks/results/gpu")
   p.add_argument("--tiny", action="store_true", help="toy sizes on any backend (< 1 min)")
+  p.add_argument("--estimate", action="store_true",
+                 help="print every full-size round's FLOPs and estimated time; run nothing")
+  p.add_argument("--assumed-tflops", type=float, default=50.0,
+                 help="achieved TFLOP/s for --estimate (H100 SXM: 67 FP32, 495 TF32 dense)")
   p.add_argument("--budget-s", type=float, default=500.0,
                  help="skip a section that starts after this many seconds")
   p.add_argument("--repeats", type=int, default=10)
-  p.add_argument("--only", nargs="*", help="sections to run (default: all)")
+  p.add_argument("--only", nargs="*", choices=SECTIONS, help="sections to run (default: all)")
+  p.add_argument("--family", nargs="*", choices=tuple(FAMILIES),
+                 help="families of the families section (default: all)")
+  p.add_argument("--library-only", action="store_true",
+                 help="time the library's rounds only (no loop / single-model references)")
+  p.add_argument("--fmnist", help="folder of the Fashion-MNIST IDX files (fedmrn_table1)")
+  p.add_argument("--table-methods", nargs="*", help="fedmrn_table1's methods (default: all 10)")
   args = p.parse_args(argv)
   big = dict(cohort=10, local_steps=10, batch=64, channels=(32, 64), dense=512,
              bn_channels=(32, 32, 64, 64), scaling=(10, 100, 1000), scale=1.0,
-             conv="auto")
+             widths=(((16, 32), 256), ((32, 64), 512), ((64, 128), 1024)))
   tiny = dict(cohort=2, local_steps=2, batch=4, channels=(2, 2), dense=4,
-              bn_channels=(2, 2, 2, 2), scaling=(2, 4), scale=0.02, conv="auto", repeats=1)
+              bn_channels=(2, 2, 2, 2), scaling=(2, 4), scale=0.02, repeats=1,
+              widths=())
   for k, v in (tiny if args.tiny else big).items():
     if k == "repeats" and not args.tiny:
       continue
     setattr(args, k, v)
   if args.repeats < 1:
     p.error("--repeats must be >= 1")
+  if args.fmnist is not None and not os.path.isdir(args.fmnist):
+    p.error(f"--fmnist {args.fmnist!r} is not a folder (it holds train-images-idx3-ubyte.gz "
+            "etc.; Debian: /usr/share/datasets/fashion-mnist)")
   return args
 
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  if args.estimate:
+    return {"rows": estimate(args)}
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "suite.json")
   dev = jax.devices()[0]
@@ -266,28 +514,43 @@ def main(argv=None) -> dict:
             "python": platform.python_version(), "tiny": args.tiny, "rows": [],
             "skipped": []}
   start = time.perf_counter()
-  for name, section in SECTIONS:
+
+  def emit(rows, skipped=None):
+    for r in rows:
+      r["t_s"] = time.perf_counter() - start
+      extra = ""
+      if r.get("gflop_per_round"):
+        extra += f"  {r['gflop_per_round']:.3g} GFLOP ({r['gflop_per_s']:.3g} GFLOP/s)"
+      if "vs_library" in r:
+        extra += f"  ×{r['vs_library']:.2f} of the library"
+      if "speedup" in r:
+        extra += f"  {r['speedup']:.2f}× the {r['reference']} reference"
+      if "paper %" in r:
+        extra += f"  ours {r['ours %']}  paper {r['paper %']}"
+      print(f"{r['row']:30s} {r['variant']:22s} {r['ms_per_round']:11.2f} ms  "
+            f"compile {r['compile_s']:6.2f} s{extra}", flush=True)
+    result["rows"].extend(rows)
+    if skipped:
+      print(f"skipped: {skipped}", flush=True)
+      result["skipped"].append(skipped)
+    with open(path, "w") as f:   # after every row: a closed window keeps its numbers
+      json.dump(result, f, indent=1)
+
+  for name in SECTIONS:
     if args.only and name not in args.only:
       continue
     elapsed = time.perf_counter() - start
     if elapsed > args.budget_s:
-      result["skipped"].append(f"{name}: started after {elapsed:.0f} s > --budget-s")
+      emit([], skipped=f"{name}: started after {elapsed:.0f} s > --budget-s")
       continue
-    t = time.perf_counter()
-    rows = section(args)
-    for r in rows:
-      r["section_s"] = time.perf_counter() - t
-      print(f"{r['row']:32s} {r['variant']:22s} {r['ms_per_round']:10.2f} ms/round  "
-            f"compile {r['compile_s']:6.2f} s"
-            + (f"  {r['gflop_per_round']:.3g} GFLOP ({r['gflop_per_s']:.3g} GFLOP/s)"
-               if r.get("gflop_per_round") else "")
-            + (f"  ×{r['vs_library']:.2f} of the library" if "vs_library" in r else ""),
-            flush=True)
-    result["rows"].extend(rows)
-    with open(path, "w") as f:   # after every section: a closed window keeps its numbers
-      json.dump(result, f, indent=1)
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
+    if name == "fedmrn_table1":
+      if args.fmnist is None and not args.tiny:
+        emit([], skipped="fedmrn_table1: no --fmnist folder")
+        continue
+      fedmrn_table1(args, emit, start + args.budget_s)
+    else:
+      globals()[name](args, emit)
+  emit([])
   print(f"wrote {path} ({time.perf_counter() - start:.0f} s)")
   return result
 

@@ -9,6 +9,13 @@ import sys
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
+def _module(script):
+  """The globals of ``benchmarks/SCRIPT.py`` (not run as ``__main__``)."""
+  import types
+  return types.SimpleNamespace(**runpy.run_path(os.path.join(ROOT, "benchmarks",
+                                                             script + ".py")))
+
+
 def _run(script, *args, out):
   """Runs ``benchmarks/SCRIPT`` as ``__main__`` in this process (the subprocess start and a
   second JAX start-up would cost more than most of these tiny runs) and returns its
@@ -121,7 +128,8 @@ def test_bench_fedmrn_tiny(tmp_path):
 def test_gpu_suite_tiny(tmp_path):
   """benchmarks/gpu_suite.py in its --tiny mode: every section runs and writes its rows (the
   suite is ready the moment a GPU is at hand); a section past --budget-s is skipped, saying
-  so, and what finished is on disk."""
+  so, and what finished is on disk; --estimate lowers every round (no compile) and prints
+  its FLOPs."""
   out = _run("gpu_suite.py", "--tiny", out=tmp_path)
   res = json.load(open(tmp_path / "suite.json"))
   assert res["tiny"] and res["device"] and res["jax"] and res["skipped"] == []
@@ -129,11 +137,18 @@ def test_gpu_suite_tiny(tmp_path):
   assert [r["row"] for r in rows[:3]] == ["fedavg_cnn"] * 3   # the most valuable first
   assert [r["variant"] for r in rows[:3]] == ["library", "per-client jit loop",
                                               "one model, same work"]
-  assert {r["row"] for r in rows} >= {"fedavg_cnn_scaling", "sparse_proxskip_blogfeedback",
-                                       "ef21_mushrooms", "scafflix_femnist", "fedspa_lenet5",
-                                       "fedmrn_cnn", "ditto_cnn", "fedpm_cnn"}
+  gpu_suite = _module("gpu_suite")
+  assert {r["row"] for r in rows} >= {"fedavg_cnn_scaling", "posttrain_wanda", "posttrain_ria",
+                                       "ddss", "fedmrn_table1", *gpu_suite.FAMILIES}
+  full = [r for r in rows if r["row"] == "sparse_proxskip_blogfeedback"]
+  assert [r["variant"] for r in full] == ["library", "per-client jit loop",
+                                          "one model, same work"]
   assert all(r["ms_per_round"] > 0 and r["compile_s"] >= 0 for r in rows)
   assert rows[0]["vs_library"] == 1.0 and "wrote" in out
+  cell = next(r for r in rows if r["row"] == "fedmrn_table1")
+  assert cell["paper %"] == 88.8 and 0 <= cell["ours %"] <= 100   # FedAvg, Non-IID-2
   _run("gpu_suite.py", "--tiny", "--budget-s", "0", out=tmp_path / "late")
   late = json.load(open(tmp_path / "late" / "suite.json"))
-  assert late["rows"] == [] and len(late["skipped"]) == 3
+  assert late["rows"] == [] and len(late["skipped"]) == len(gpu_suite.SECTIONS)
+  est = _run("gpu_suite.py", "--tiny", "--estimate", out=tmp_path / "est")
+  assert est.count("GFLOP/round") == len(gpu_suite.FAMILIES) + 3   # + FedAvg's three sizes
