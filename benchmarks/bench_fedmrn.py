@@ -14,12 +14,13 @@ Timed variants (each compiled ahead with ``jax.jit(...).lower(...).compile()``, 
 seconds reported apart; every timing ends with ``jax.block_until_ready``):
 
   * ``library``: ``jax.jit(algo.step)`` for ``fedmrn(loss, lr, epochs=E, batch_size=B,
-    cohort_size=K, noise_scale=1e-2)`` — the cohort's clients vmapped, each running
-    S_max = E·⌈max_k n_k/B⌉ steps of which the ones past its own S_k are masked out; one
+    cohort_size=K, noise_scale=1e-2)`` — the cohort's clients vmapped (a batched ``while``
+    loop: every client waits for the cohort's largest S_k, its own steps done); one
     warm-up, then the median of ``--repeats`` rounds.
   * ``library (<strategy>)``: the same step with the clients run by the strategy the runner
-    picks on this backend (:func:`fedjaxsparse.runtime.clients.choose_strategy`: on CPU, convolutions
-    run ``"unroll"``, written out one client after another), when it is not ``vmap``.
+    picks on this backend (:func:`fedjaxsparse.runtime.clients.choose_strategy`: on CPU,
+    ``"map"`` — one client after another, each its own S_k steps — for clients of at least
+    ``MAP_MIN_FLOPS`` a step), when it is not ``vmap``.
   * ``loop``: a Python ``for`` over the K cohort clients and, inside it, a Python ``for``
     over that client's S_k steps, each ONE call of a jitted PSM step (regenerate the client's
     noise from its seed, draw its minibatch, form the progressively masked update û, the
@@ -28,7 +29,8 @@ seconds reported apart; every timing ends with ``jax.block_until_ready``):
     the running update; finally w + Σ. The cohort and per-client keys come from one jitted
     call. Median of ``--loop-repeats`` rounds (no warm-up: its pieces are compiled ahead).
   * ``per-client jit``: the same loop over clients, but each client's whole local training
-    (a ``lax.fori_loop`` over its own S_k steps, and its mask) is one jitted call; one
+    (a ``lax.fori_loop`` over its own S_k steps, its mask, and its loss at w^t on its data,
+    which the library's round reports) is one jitted call; one
     warm-up, median of ``--loop-repeats`` rounds (``--skip-per-client-jit`` leaves it out).
 
 The references reproduce ``fedmrn``'s randomness key for key: ``split(key, 3)`` → cohort,
@@ -159,7 +161,8 @@ def bench(args) -> tuple[list[dict], dict]:
   def local_training(w, row, k_noise, k_train, s_k):
     u = jax.lax.fori_loop(0, s_k, lambda t, u: psm_step(u, w, row, k_noise, k_train, t, s_k),
                           jax.tree.map(jnp.zeros_like, w))
-    return final_mask(u, w, k_noise, k_train)
+    # the round reports each participant's loss at w^t on its data, as the library's does
+    return final_mask(u, w, k_noise, k_train), loss(w, row.x, row.y, row.mask)
 
   add = lambda w, delta: jax.tree.map(jnp.add, w, delta)
   # Clients' datasets as separate device arrays (a PyTorch-style loop's per-client datasets).
@@ -198,7 +201,7 @@ def bench(args) -> tuple[list[dict], dict]:
     delta = zeros
     for j, i in enumerate(np.asarray(ids)):
       kn = noise_keys[j]
-      mask = c_local(w0, rows[i], kn, train_keys[j], i32(s[int(i)]))
+      mask, _ = c_local(w0, rows[i], kn, train_keys[j], i32(s[int(i)]))
       delta = c_acc(delta, w0, kn, mask, weights[j])
     return c_add(w0, delta)
 

@@ -152,3 +152,16 @@ def test_gpu_suite_tiny(tmp_path):
   assert late["rows"] == [] and len(late["skipped"]) == len(gpu_suite.SECTIONS)
   est = _run("gpu_suite.py", "--tiny", "--estimate", out=tmp_path / "est")
   assert est.count("GFLOP/round") == len(gpu_suite.FAMILIES) + 3   # + FedAvg's three sizes
+
+
+def test_bench_default_strategy_tiny(tmp_path):
+  """bench_default_strategy: each family's round under vmap and map, the default named with
+  its reason, and the default's time over the best one's."""
+  _run("bench_default_strategy.py", "--tiny", "--repeats", "1", "--families", "fedavg_cnn",
+       "ef21_mushrooms", out=tmp_path)
+  rows = json.load(open(tmp_path / "bench_default_strategy.json"))["rows"]
+  assert [r["family"] for r in rows] == ["fedavg_cnn", "ef21_mushrooms"]
+  for r in rows:
+    times = {s: r[f"{s} ms"] for s in ("vmap", "map")}
+    assert r["default"] in times and r["why"] and min(times.values()) > 0
+    assert r["default / best"] == times[r["default"]] / times[r["best"]] >= 1.0
