@@ -14,7 +14,8 @@ Fashion-MNIST IDX files from ``--fmnist``.
 
 Every family's round is timed three ways (ms per round: median over ``--repeats``
 steady-state rounds, each ending with ``block_until_ready``; compile seconds apart; peak device
-memory where the backend reports it; XLA's FLOP count of the round and the achieved GFLOP/s):
+memory where the backend reports it; the round's training FLOPs — 6 × a forward pass's MACs
+per trained example, the papers' rule — and the achieved GFLOP/s):
 
 * ``library``: ``jit(algo.step)`` on the whole population, the clients run by the strategy the
   runner's default picks on this backend (:func:`fedjaxsparse.runtime.clients.choose_strategy`);
@@ -42,9 +43,9 @@ Sections:
    then IID — each printed beside the paper's number, as many as the budget allows (needs
    ``--fmnist``; skipped without it).
 
-``--estimate`` times nothing: it lowers every family's full-size round on the host's backend
-(no compile) and prints XLA's FLOP count with the time it would take at ``--assumed-tflops``
-(a round's compute only; a small round is bounded by kernel launches instead).
+``--estimate`` times nothing: it prints every family's full-size round's training FLOPs and
+the time they would take at ``--assumed-tflops`` (a round's compute only; a small round is
+bounded by kernel launches instead).
 """
 from __future__ import annotations
 
@@ -106,17 +107,6 @@ def vectors(num_clients: int, per_client: int, dim: int, classes: int = 2, seed=
   return fjs.data.pack_clients(x, y, np.split(np.arange(n), num_clients))
 
 
-def flops_of(stage) -> float | None:
-  """XLA's own count of the floating-point operations of one call of a lowered or compiled
-  function (``None`` if the backend does not say)."""
-  try:
-    cost = stage.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    return float(cost.get("flops")) if cost and cost.get("flops") is not None else None
-  except Exception:  # noqa: BLE001 — a backend without cost analysis
-    return None
-
-
 class Case(NamedTuple):
   """One family's round at its paper's shape.
 
@@ -130,11 +120,21 @@ class Case(NamedTuple):
   loss: Callable
   steps: int
   batch: int | None
+  model: Any = None
+
+  def train_flops(self) -> float:
+    """The round's training FLOPs by the papers' rule, 6 × MACs of a forward pass per
+    trained example (:func:`fedjaxsparse.ops.flops.training_flops`; evaluation passes not
+    counted): cohort × steps × B examples (B = a client's examples for full-gradient steps).
+    XLA's own count of a compiled round counts a loop's body once, not per iteration."""
+    macs = fjs.ops.flops.layer_macs(self.model, self.params, self.data.x.shape[2:])
+    per_step = self.batch if self.batch is not None else self.data.x.shape[1]
+    return fjs.ops.flops.training_flops(macs, examples=self.cohort * self.steps * per_step)
 
 
 def _library(name: str, case: Case, repeats: int) -> dict:
   """The library's round: ``jit(step)`` on the whole population, the runner's client strategy,
-  compiled ahead of time (compile seconds apart), XLA's FLOP count of one round."""
+  compiled ahead of time (compile seconds apart), the round's training FLOPs."""
   algo = case.make(case.data.num_clients, case.cohort)
   strategy, _ = fjs.runtime.clients.choose_strategy(algo, case.params, case.data)
   data = fjs.runtime.clients.with_strategy(case.data, strategy)
@@ -142,7 +142,7 @@ def _library(name: str, case: Case, repeats: int) -> dict:
   t = time.perf_counter()
   step = jax.jit(algo.step).lower(jax.random.key(1), state, data).compile()
   compile_s = time.perf_counter() - t
-  flops = flops_of(step)
+  flops = case.train_flops()
   holder = {"state": state}
 
   def one():
@@ -152,8 +152,7 @@ def _library(name: str, case: Case, repeats: int) -> dict:
   _, steady = timed(one, repeats)
   return {"row": name, "variant": "library", "strategy": strategy,
           "ms_per_round": 1e3 * steady, "compile_s": compile_s,
-          "gflop_per_round": None if flops is None else flops / 1e9,
-          "gflop_per_s": None if flops is None else flops / 1e9 / steady,
+          "train_gflop_per_round": flops / 1e9, "gflop_per_s": flops / 1e9 / steady,
           "peak_bytes": peak_bytes()}
 
 
@@ -219,7 +218,7 @@ def _cnn_case(args, channels=None, dense=None, cohort=None, server=None) -> Case
   make = lambda n, c: fjs.fedavg(loss, optax.sgd(0.05), local_steps=steps, batch_size=batch,
                                  cohort_size=c, server_optimizer=server)
   return Case(make, model.init(jax.random.key(0)), images(cohort, steps * batch), cohort,
-              loss, steps, batch)
+              loss, steps, batch, model)
 
 
 def fedopt_cnn(args) -> Case:
@@ -233,7 +232,7 @@ def sparse_proxskip_blogfeedback(args) -> Case:
   model = fjs.models.linear_regression(281)
   loss = fjs.models.make_loss(model)
   return Case(lambda n_, c: fjs.sparse_proxskip(loss, 1e-3, 0.2, 0.9),
-              model.init(jax.random.key(0)), vectors(n, 85, 281), n, loss, 1, None)
+              model.init(jax.random.key(0)), vectors(n, 85, 281), n, loss, 1, None, model)
 
 
 def ef21_mushrooms(args) -> Case:
@@ -245,7 +244,7 @@ def ef21_mushrooms(args) -> Case:
   params = model.init(jax.random.key(0))
   d = fjs.accounting.num_params(params)
   return Case(lambda n_, c: fjs.ef21(loss, fjs.compressors.top_k(d, 2), 0.1), params,
-              vectors(n, 8, 112), n, loss, 1, None)
+              vectors(n, 8, 112), n, loss, 1, None, model)
 
 
 def scafflix_femnist(args) -> Case:
@@ -261,7 +260,7 @@ def scafflix_femnist(args) -> Case:
     x_star = jax.tree.map(lambda a: jnp.broadcast_to(a, (n_,) + a.shape), params)
     return fjs.scafflix(loss, 0.1, 0.2, 0.5, x_star, form="round",
                         cohort_size=min(c or n_, n_))
-  return Case(make, params, images(n, 32, classes=62), cohort, loss, 1, None)
+  return Case(make, params, images(n, 32, classes=62), cohort, loss, 1, None, model)
 
 
 def sppm_as_a9a(args) -> Case:
@@ -274,7 +273,8 @@ def sppm_as_a9a(args) -> Case:
   solver = fjs.convex.prox_solvers.gd(0.1, 10)
   return Case(lambda n_, c: fjs.sppm_as(loss, fjs.sampling.nice(n_, min(c or n_, n_)), 1.0,
                                         solver),
-              model.init(jax.random.key(0)), vectors(n, 326, 123), cohort, loss, 10, None)
+              model.init(jax.random.key(0)), vectors(n, 326, 123), cohort, loss, 10, None,
+              model)
 
 
 def _epoch_case(args, model, make_algo, classes=10, per_client=None) -> Case:
@@ -284,7 +284,8 @@ def _epoch_case(args, model, make_algo, classes=10, per_client=None) -> Case:
   loss = fjs.models.make_loss(model)
   cohort = min(args.cohort, n)
   return Case(lambda n_, c: make_algo(loss, n_, c), model.init(jax.random.key(0)),
-              images(n, per, classes=classes), cohort, loss, -(-per // args.batch), args.batch)
+              images(n, per, classes=classes), cohort, loss, -(-per // args.batch), args.batch,
+              model)
 
 
 def fedspa_lenet5(args) -> Case:
@@ -440,29 +441,22 @@ SECTIONS = ("fedavg_cnn", "fedavg_cnn_scaling", "families", "posttrain", "ddss",
 # --- estimate -------------------------------------------------------------------------------
 
 def estimate(args) -> list[dict]:
-  """Every family's full-size round lowered on this backend (no compile, no run): XLA's FLOP
-  count and the time at ``--assumed-tflops``; the 100 and 1,000-client FedAvg rounds scale
-  the 10-client count (a round's work is linear in its clients)."""
+  """Every family's full-size round costed before a GPU is at hand: its training FLOPs
+  (:meth:`Case.train_flops`) and the time they take at ``--assumed-tflops`` — a round's
+  compute only (a small round is bounded by kernel launches instead); the 100- and 1,000-client
+  FedAvg rounds scale the 10-client count (a round's work is linear in its clients)."""
   cases = {"fedavg_cnn": _cnn_case(args)}
   cases.update({name: build(args) for name, build in FAMILIES.items()})
-  rows = []
-  for name, case in cases.items():
-    algo = case.make(case.data.num_clients, case.cohort)
-    state = jax.eval_shape(algo.init, jax.random.key(0), case.params, case.data)
-    t = time.perf_counter()
-    flops = flops_of(jax.jit(algo.step).lower(jax.random.key(1), state, case.data))
-    rows.append({"row": name, "gflop_per_round": None if flops is None else flops / 1e9,
-                 "lower_s": time.perf_counter() - t})
-  base = rows[0]["gflop_per_round"]
+  rows = [{"row": name, "train_gflop_per_round": case.train_flops() / 1e9}
+          for name, case in cases.items()]
+  base = rows[0]["train_gflop_per_round"]
   for n in (100, 1000):
-    rows.append({"row": f"fedavg_cnn, {n} clients",
-                 "gflop_per_round": None if base is None else base * n / 10})
+    rows.append({"row": f"fedavg_cnn, {n} clients", "train_gflop_per_round": base * n / 10})
   for r in rows:
-    g = r["gflop_per_round"]
-    r["est_ms_at_assumed"] = None if g is None else g / (1e3 * args.assumed_tflops) * 1e3
-    print(f"{r['row']:32s} {g if g is not None else float('nan'):12.3f} GFLOP/round  "
-          f"≈ {r['est_ms_at_assumed'] or float('nan'):9.3f} ms at {args.assumed_tflops:g} "
-          "TFLOP/s", flush=True)
+    g = r["train_gflop_per_round"]
+    r["est_ms_at_assumed"] = g / args.assumed_tflops   # GFLOP / (TFLOP/s) = ms
+    print(f"{r['row']:32s} {g:12.3f} GFLOP/round  ≈ {r['est_ms_at_assumed']:9.3f} ms at "
+          f"{args.assumed_tflops:g} TFLOP/s", flush=True)
   return rows
 
 
@@ -519,8 +513,8 @@ def main(argv=None) -> dict:
     for r in rows:
       r["t_s"] = time.perf_counter() - start
       extra = ""
-      if r.get("gflop_per_round"):
-        extra += f"  {r['gflop_per_round']:.3g} GFLOP ({r['gflop_per_s']:.3g} GFLOP/s)"
+      if r.get("train_gflop_per_round"):
+        extra += f"  {r['train_gflop_per_round']:.3g} GFLOP ({r['gflop_per_s']:.3g} GFLOP/s)"
       if "vs_library" in r:
         extra += f"  ×{r['vs_library']:.2f} of the library"
       if "speedup" in r:

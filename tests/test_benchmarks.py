@@ -128,7 +128,7 @@ def test_bench_fedmrn_tiny(tmp_path):
 def test_gpu_suite_tiny(tmp_path):
   """benchmarks/gpu_suite.py in its --tiny mode: every section runs and writes its rows (the
   suite is ready the moment a GPU is at hand); a section past --budget-s is skipped, saying
-  so, and what finished is on disk; --estimate lowers every round (no compile) and prints
+  so, and what finished is on disk; --estimate costs every full-size round and prints
   its FLOPs."""
   out = _run("gpu_suite.py", "--tiny", out=tmp_path)
   res = json.load(open(tmp_path / "suite.json"))
@@ -165,3 +165,17 @@ def test_bench_default_strategy_tiny(tmp_path):
     times = {s: r[f"{s} ms"] for s in ("vmap", "map")}
     assert r["default"] in times and r["why"] and min(times.values()) > 0
     assert r["default / best"] == times[r["default"]] / times[r["best"]] >= 1.0
+
+
+def test_bench_vs_loop_without_or_with_pytorch(tmp_path):
+  """bench_vs_loop: PyTorch is optional — without it the script says how to get it and writes
+  nothing; with it, each family's row compares the two rounds' medians."""
+  import importlib.util
+  out = _run("bench_vs_loop.py", "--tiny", "--families", "sppm_as_a9a", out=tmp_path)
+  path = tmp_path / "bench_vs_loop.json"
+  if importlib.util.find_spec("torch") is None:
+    assert "pip install torch" in out and not path.exists()
+    return
+  (row,) = json.load(open(path))["rows"]
+  assert row["family"] == "sppm_as_a9a"
+  assert row["speed-up"] == row["torch loop ms"] / row["library ms"] > 0

@@ -153,9 +153,11 @@ def _parser() -> argparse.ArgumentParser:
   run_.add_argument("--on-divergence", dest="on_divergence", choices=DIVERGENCE,
                     help="on NaN/inf: stop with an error (default) or mark the method diverged "
                          "and go on")
-  run_.add_argument("--execution", help="how clients execute: auto (default: loop-free "
-                                        "unrolled clients for CNNs on CPU, else vmap), vmap, "
-                                        "map, unroll, unroll:G — speed only, never results")
+  run_.add_argument("--execution", help="how clients execute: auto (default: on CPU map for "
+                                        "clients of >= 3e7 FLOPs a step, loop-free unrolled "
+                                        "clients for XLA convolutions, else vmap; vmap on "
+                                        "GPU/TPU), vmap, map, unroll, unroll:G — speed only, "
+                                        "never results")
   run_.add_argument("--processes", type=int, default=1,
                     help="run as this many local processes joined by jax.distributed (the "
                          "client axis spans every process's devices; gloo collectives on CPU)")

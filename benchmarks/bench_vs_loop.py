@@ -1,0 +1,331 @@
+"""Every family's round against the papers' way: a PyTorch loop over clients.
+
+The papers' code (FedAvg, Ditto, FedMRN, Cohort-Squeeze's SPPM-AS) trains one client after
+another in a Python loop, each with its own ``torch.nn.Module`` forward/backward per minibatch.
+This script times one round of the library (``jax.jit(algo.step)``, the runner's default client
+strategy, :func:`fedjaxsparse.runtime.clients.choose_strategy`) against such a loop written in
+PyTorch for the same mathematics — the same architecture, clients, local steps, batch sizes
+and the same per-round work the library's round does (its reported loss included) — on the same
+CPU threads, repeats interleaved (library, loop, library, loop, …) and medians compared in one
+process. The random draws (minibatches, masks, noise) are the loop's own, so the two compute
+the same kind of round, not the same numbers; each family's correctness against a loop of the
+same draws is tested elsewhere (``tests/``, ``bench_fedmrn.py``, ``bench_scafflix.py``).
+
+Families (CPU-sized; ``--clients`` participate in every round):
+
+* ``fedavg_cnn``: FedAvg's CNN (1.66 M parameters), 5 local SGD steps of 32 images drawn with
+  replacement, data-size weighted average;
+* ``ditto_cnn``: Ditto on that CNN, 1 global and 1 personal epoch of shuffled batches of 32
+  (the personal step adds λ(v − w)), each client's loss at its personal model reported;
+* ``fedmrn_cnn``: FedMRN on seed 003's 4-conv BatchNorm CNN (32, 32, 64, 64), 1 epoch of 64:
+  progressive stochastic masking of the seeded noise at every step (straight-through), the
+  final stochastic mask uploaded, the server's Σ p_k n_k⊙m_k;
+* ``sppm_as_a9a``: SPPM-AS on logistic regression of the a9a shape (d = 123, 100 clients of
+  326 rows), τ-nice cohorts of 10, the cohort's prox by 10 GD steps — in the loop every GD step
+  asks each cohort member for its gradient.
+
+FedSpa, FedP3 and Scafflix have no PyTorch loop here yet (Scafflix's numpy loop:
+``bench_scafflix.py``). PyTorch is not a dependency: without it the script says so and exits.
+
+Usage: python benchmarks/bench_vs_loop.py [--families ...] [--repeats 3] [--clients 10]
+       [--tiny] [--out benchmarks/results]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import numpy as np
+import optax
+
+import fedjaxsparse as fjs
+
+
+def _images(num_clients, per_client, seed=0):
+  rng = np.random.default_rng(seed)
+  n = num_clients * per_client
+  x = rng.normal(size=(n, 28, 28, 1)).astype(np.float32)
+  y = rng.integers(0, 10, n).astype(np.int32)
+  return x, y, fjs.data.pack_clients(x, y, np.split(np.arange(n), num_clients))
+
+
+def _work(model, params, data, examples: float) -> float:
+  """Training FLOPs of a round: 6 × a forward pass's MACs per trained example (the papers'
+  rule, :func:`fedjaxsparse.ops.flops.training_flops`; evaluation passes not counted)."""
+  macs = fjs.ops.flops.layer_macs(model, params, data.x.shape[2:])
+  return fjs.ops.flops.training_flops(macs, examples=examples)
+
+
+def _library_round(algo, params, data):
+  """``(one_round() -> blocks, strategy)`` of the library's compiled round."""
+  strategy, _ = fjs.runtime.clients.choose_strategy(algo, params, data)
+  ex = fjs.runtime.clients.with_strategy(data, strategy)
+  state = algo.init(jax.random.key(0), params, ex)
+  step = jax.jit(algo.step).lower(jax.random.key(1), state, ex).compile()
+  holder = {"s": state, "t": 0}
+
+  def one():
+    holder["t"] += 1
+    holder["s"], info = step(jax.random.key(holder["t"]), holder["s"], ex)
+    jax.block_until_ready(holder["s"])
+
+  return one, strategy
+
+
+# --- the PyTorch side ---------------------------------------------------------------------
+
+def _torch_cnn(torch, channels=(32, 64), dense=512):
+  nn = torch.nn
+  return nn.Sequential(
+      nn.Conv2d(1, channels[0], 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+      nn.Conv2d(channels[0], channels[1], 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+      nn.Flatten(), nn.Linear(7 * 7 * channels[1], dense), nn.ReLU(), nn.Linear(dense, 10))
+
+
+def _average_into(torch, target, states, weights):
+  with torch.no_grad():
+    for name, p in target.state_dict().items():
+      p.copy_(sum(w * s[name] for w, s in zip(weights, states)))
+
+
+def fedavg_cnn(torch, args):
+  k, steps, b = args.clients, args.steps, args.batch
+  x, y, data = _images(k, steps * b)
+  model = fjs.models.cnn((28, 28, 1), 10)
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.05), local_steps=steps,
+                    batch_size=b)
+  params = model.init(jax.random.key(0))
+  lib, strategy = _library_round(algo, params, data)
+  work = _work(model, params, data, k * steps * b)
+  tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, steps * b, 1, 28, 28)
+  ty = torch.from_numpy(y).long().reshape(k, steps * b)
+  server, local = _torch_cnn(torch), _torch_cnn(torch)
+  loss_fn = torch.nn.CrossEntropyLoss()
+
+  def loop():
+    states = []
+    for i in range(k):                       # one client after another
+      local.load_state_dict(server.state_dict())
+      opt = torch.optim.SGD(local.parameters(), lr=0.05)
+      for _ in range(steps):
+        idx = torch.randint(0, steps * b, (b,))   # with replacement, as the library draws
+        opt.zero_grad()
+        loss_fn(local(tx[i, idx]), ty[i, idx]).backward()
+        opt.step()
+      states.append({n: p.detach().clone() for n, p in local.state_dict().items()})
+    _average_into(torch, server, states, [1.0 / k] * k)
+
+  return lib, loop, strategy, work
+
+
+def ditto_cnn(torch, args):
+  k, b, n = args.clients, args.batch, args.steps * args.batch
+  lam, lr = 0.5, 0.05
+  x, y, data = _images(k, n)
+  model = fjs.models.cnn((28, 28, 1), 10)
+  algo = fjs.ditto(fjs.models.make_loss(model), lr, lam=lam, global_epochs=1,
+                   personal_epochs=1, batch_size=b, cohort_size=None)
+  params = model.init(jax.random.key(0))
+  lib, strategy = _library_round(algo, params, data)
+  work = _work(model, params, data, k * 2 * n)   # a global and a personal epoch
+  tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, n, 1, 28, 28)
+  ty = torch.from_numpy(y).long().reshape(k, n)
+  server, local, personal = _torch_cnn(torch), _torch_cnn(torch), _torch_cnn(torch)
+  personal_states = [{m: p.detach().clone() for m, p in server.state_dict().items()}
+                     for _ in range(k)]
+  loss_fn = torch.nn.CrossEntropyLoss()
+
+  def loop():
+    states = []
+    for i in range(k):
+      personal.load_state_dict(personal_states[i])
+      with torch.no_grad():                   # the reported loss at v_k on its data
+        loss_fn(personal(tx[i]), ty[i])
+      local.load_state_dict(server.state_dict())
+      opt = torch.optim.SGD(local.parameters(), lr=lr)
+      for idx in torch.randperm(n).split(b):   # one global epoch
+        opt.zero_grad()
+        loss_fn(local(tx[i, idx]), ty[i, idx]).backward()
+        opt.step()
+      centre = [p.detach() for p in server.parameters()]
+      for idx in torch.randperm(n).split(b):   # one personal epoch with the prox pull
+        personal.zero_grad()
+        loss_fn(personal(tx[i, idx]), ty[i, idx]).backward()
+        with torch.no_grad():
+          for p, c in zip(personal.parameters(), centre):
+            p -= lr * (p.grad + lam * (p - c))
+      personal_states[i] = {m: p.detach().clone() for m, p in personal.state_dict().items()}
+      states.append({m: p.detach().clone() for m, p in local.state_dict().items()})
+    _average_into(torch, server, states, [1.0 / k] * k)
+
+  return lib, loop, strategy, work
+
+
+def fedmrn_cnn(torch, args):
+  k, b, n = args.clients, 64, args.fedmrn_examples
+  channels, alpha, lr = args.bn_channels, 1e-2, 0.05
+  x, y, data = _images(k, n)
+  model = fjs.models.bn_cnn((28, 28, 1), 10, channels=channels)
+  algo = fjs.fedmrn(fjs.models.make_loss(model), lr, epochs=1, batch_size=b,
+                    noise_scale=alpha, cohort_size=None)
+  params = model.init(jax.random.key(0))
+  lib, strategy = _library_round(algo, params, data)
+  work = _work(model, params, data, k * n)
+  tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, n, 1, 28, 28)
+  ty = torch.from_numpy(y).long().reshape(k, n)
+  F = torch.nn.functional
+  shapes, cin = [], 1
+  for c in channels:
+    shapes += [(c, cin, 3, 3), (c,), (c,)]   # conv kernel (no bias), BatchNorm scale, bias
+    cin = c
+  hw = 28 // 2 ** (len(channels) // 2)
+  shapes += [(hw * hw * cin, 10), (10,)]
+  w = [torch.randn(s) * 0.05 for s in shapes]
+
+  def forward(params, xb):
+    h = xb
+    for j in range(len(channels)):
+      kern, scale, bias = params[3 * j:3 * j + 3]
+      h = F.conv2d(h, kern, padding=1)
+      h = F.relu(F.batch_norm(h, None, None, scale, bias, training=True))   # batch statistics
+      if j % 2 == 1:
+        h = F.max_pool2d(h, 2)
+    return h.flatten(1) @ params[-2] + params[-1]
+
+  steps = -(-n // b)
+
+  def loop():
+    delta = [torch.zeros_like(a) for a in w]
+    for i in range(k):
+      g = torch.Generator().manual_seed(i)       # the client's seed: its noise n_k
+      noise = [(torch.rand(a.shape, generator=g) * 2 - 1) * alpha for a in w]
+      with torch.no_grad():
+        F.cross_entropy(forward(w, tx[i]), ty[i])   # the reported loss at w^t
+      u = [torch.zeros_like(a, requires_grad=True) for a in w]
+      for t, idx in enumerate(torch.randperm(n).split(b)):
+        p = (t + 1) / steps
+        fwd = []
+        for ui, ni in zip(u, noise):             # PSM (eq. 10) with the straight-through
+          with torch.no_grad():
+            prob = torch.clamp(ui / ni, 0, 1)
+            masked = ni * torch.bernoulli(prob)
+            clipped = torch.minimum(torch.maximum(ui, torch.clamp(ni, max=0)),
+                                    torch.clamp(ni, min=0))
+            hat = torch.where(torch.rand(ui.shape) < p, masked, clipped)
+          fwd.append(ui + (hat - ui).detach())
+        loss = F.cross_entropy(forward([a + v for a, v in zip(w, fwd)], tx[i, idx]), ty[i, idx])
+        grads = torch.autograd.grad(loss, u)
+        with torch.no_grad():
+          for ui, gi in zip(u, grads):
+            ui -= lr * gi
+      with torch.no_grad():                        # upload M(u, n); the server adds p_k n⊙m
+        for dj, ui, ni in zip(delta, u, noise):
+          dj += (1.0 / k) * ni * torch.bernoulli(torch.clamp(ui / ni, 0, 1))
+    for a, dj in zip(w, delta):
+      a += dj
+
+  return lib, loop, strategy, work
+
+
+def sppm_as_a9a(torch, args):
+  n_clients, rows, d, tau, iters, lr, gamma = 100, 326, 123, 10, 10, 0.1, 1.0
+  if args.tiny:
+    n_clients, rows = 10, 20
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(n_clients * rows, d)).astype(np.float32)
+  y = rng.integers(0, 2, n_clients * rows).astype(np.int32)
+  data = fjs.data.pack_clients(x, y, np.split(np.arange(n_clients * rows), n_clients))
+  model = fjs.models.logistic_regression(d)
+  algo = fjs.sppm_as(fjs.models.make_loss(model), fjs.sampling.nice(n_clients, tau), gamma,
+                     fjs.convex.prox_solvers.gd(lr, iters))
+  params = model.init(jax.random.key(0))
+  lib, strategy = _library_round(algo, params, data)
+  work = _work(model, params, data, tau * iters * rows)
+  tx = torch.from_numpy(x).reshape(n_clients, rows, d)
+  sign = torch.from_numpy(2.0 * y - 1).float().reshape(n_clients, rows)
+  xt = torch.zeros(d)
+
+  def loop():
+    cohort = torch.randperm(n_clients)[:tau]
+    v = xt.clone()
+    for _ in range(iters):                 # each GD step of the prox asks every member
+      g = (v - xt) / gamma
+      for i in cohort.tolist():
+        vi = v.clone().requires_grad_(True)
+        fi = torch.nn.functional.softplus(-sign[i] * (tx[i] @ vi)).mean()
+        g = g + torch.autograd.grad(fi, vi)[0] / tau
+      v = v - lr * g
+    xt.copy_(v)
+
+  return lib, loop, strategy, work
+
+
+FAMILIES = {"fedavg_cnn": fedavg_cnn, "ditto_cnn": ditto_cnn, "fedmrn_cnn": fedmrn_cnn,
+            "sppm_as_a9a": sppm_as_a9a}
+
+
+def main(argv=None) -> dict | None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--families", nargs="*", choices=tuple(FAMILIES), default=list(FAMILIES))
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--clients", type=int, default=10)
+  p.add_argument("--steps", type=int, default=5, help="local steps (FedAvg; Ditto's epochs)")
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--fedmrn-examples", type=int, default=128, dest="fedmrn_examples")
+  p.add_argument("--bn-channels", type=int, nargs=4, default=[32, 32, 64, 64],
+                 dest="bn_channels")
+  p.add_argument("--tiny", action="store_true", help="toy sizes (the test suite)")
+  p.add_argument("--out", default="benchmarks/results")
+  args = p.parse_args(argv)
+  try:
+    import torch
+  except ImportError:
+    print("PyTorch is not installed: the loop rows need it (pip install torch; it is not a "
+          "dependency of fedjaxsparse).")
+    return None
+  if args.tiny:
+    args.clients, args.steps, args.batch, args.repeats = 2, 1, 4, 1
+    args.fedmrn_examples, args.bn_channels = 8, [2, 2, 2, 2]
+  torch.set_num_threads(os.cpu_count())
+  torch.manual_seed(0)
+  rows = []
+  for name in args.families:
+    lib, loop, strategy, work = FAMILIES[name](torch, args)
+    lib(), loop()                      # warm-up (the library's round is compiled ahead)
+    lib_t, loop_t = [], []
+    for _ in range(args.repeats):      # interleaved
+      for fn, acc in ((lib, lib_t), (loop, loop_t)):
+        t = time.perf_counter()
+        fn()
+        acc.append(time.perf_counter() - t)
+    row = {"family": name, "strategy": strategy, "library ms": 1e3 * statistics.median(lib_t),
+           "torch loop ms": 1e3 * statistics.median(loop_t)}
+    row["speed-up"] = row["torch loop ms"] / row["library ms"]
+    # the round's training work; both sides do it, so the rates compare them
+    row["gflop per round"] = work / 1e9
+    row["library GFLOP/s"] = row["gflop per round"] / (row["library ms"] / 1e3)
+    row["loop GFLOP/s"] = row["gflop per round"] / (row["torch loop ms"] / 1e3)
+    rows.append(row)
+    print(f"{name:14s} library ({strategy}) {row['library ms']:10.1f} ms   PyTorch loop "
+          f"{row['torch loop ms']:10.1f} ms   {row['speed-up']:.2f}x   "
+          f"({row['gflop per round']:.3g} GFLOP: {row['library GFLOP/s']:.3g} vs "
+          f"{row['loop GFLOP/s']:.3g} GFLOP/s)", flush=True)
+  result = {"config": vars(args), "backend": jax.default_backend(), "jax": jax.__version__,
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "rows": rows}
+  path = args.out if args.out.endswith(".json") else os.path.join(args.out,
+                                                                   "bench_vs_loop.json")
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"wrote {path}")
+  return result
+
+
+if __name__ == "__main__":
+  main()
