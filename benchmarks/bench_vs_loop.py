@@ -22,10 +22,13 @@ Families (CPU-sized; ``--clients`` participate in every round):
   final stochastic mask uploaded, the server's Σ p_k n_k⊙m_k;
 * ``sppm_as_a9a``: SPPM-AS on logistic regression of the a9a shape (d = 123, 100 clients of
   326 rows), τ-nice cohorts of 10, the cohort's prox by 10 GD steps — in the loop every GD step
-  asks each cohort member for its gradient.
+  asks each cohort member for its gradient;
+* ``scafflix_logreg``: one Scafflix iteration (seed 001 Algorithm 4) on ℓ2-regularised
+  logistic regression, 100 clients of 50 rows, d = 100, unequal γ_i, α = 0.5, p = 0.2: every
+  client's full gradient at its personalised point x̃_i, one shared coin, the weighted average
+  and control-variate update when it lands.
 
-FedSpa, FedP3 and Scafflix have no PyTorch loop here yet (Scafflix's numpy loop:
-``bench_scafflix.py``). PyTorch is not a dependency: without it the script says so and exits.
+FedSpa and FedP3 have no PyTorch loop here yet. PyTorch is not a dependency: without it the script says so and exits.
 
 Usage: python benchmarks/bench_vs_loop.py [--families ...] [--repeats 3] [--clients 10]
        [--tiny] [--out benchmarks/results]
@@ -40,6 +43,7 @@ import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -265,8 +269,51 @@ def sppm_as_a9a(torch, args):
   return lib, loop, strategy, work
 
 
+def scafflix_logreg(torch, args):
+  n_clients, rows, d, mu, p, alpha = 100, 50, 100, 0.1, 0.2, 0.5
+  if args.tiny:
+    n_clients, rows = 4, 10
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(n_clients * rows, d)).astype(np.float32)
+  x *= rng.uniform(0.5, 2.0, (n_clients * rows, 1)).astype(np.float32)   # unequal L_i
+  y = rng.integers(0, 2, n_clients * rows).astype(np.int32)
+  data = fjs.data.pack_clients(x, y, np.split(np.arange(n_clients * rows), n_clients))
+  model = fjs.models.logistic_regression(d, l2=mu)
+  params = model.init(jax.random.key(0))
+  gammas = rng.uniform(0.05, 0.2, n_clients).astype(np.float32)
+  x_star = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=(n_clients,) + a.shape) * 0.1,
+                                              a.dtype), params)
+  algo = fjs.scafflix(fjs.models.make_loss(model), jnp.asarray(gammas), p, alpha, x_star)
+  lib, strategy = _library_round(algo, params, data)
+  work = _work(model, params, data, n_clients * rows)
+  tx = torch.from_numpy(x).reshape(n_clients, rows, d)
+  sign = torch.from_numpy(2.0 * y - 1).float().reshape(n_clients, rows)
+  star = torch.from_numpy(np.asarray(jax.tree.leaves(x_star)[0]).reshape(n_clients, d))
+  g = torch.from_numpy(gammas)
+  w = alpha ** 2 / g
+  w = w / w.sum()
+  xs, hs = torch.zeros(n_clients, d), torch.zeros(n_clients, d)
+
+  def loop():   # one iteration: every client's gradient at its personalised point, one coin
+    hat = torch.empty_like(xs)
+    for i in range(n_clients):
+      xt = (alpha * xs[i] + (1 - alpha) * star[i]).requires_grad_(True)
+      fi = (torch.nn.functional.softplus(-sign[i] * (tx[i] @ xt)).mean()
+            + 0.5 * mu * xt.square().sum())
+      gi = torch.autograd.grad(fi, xt)[0]
+      hat[i] = xs[i] - (g[i] / alpha) * (gi - hs[i])
+    if torch.rand(()) < p:
+      bar = (w[:, None] * hat).sum(0)
+      hs.add_((p * alpha / g)[:, None] * (bar - hat))
+      xs.copy_(bar.expand_as(xs))
+    else:
+      xs.copy_(hat)
+
+  return lib, loop, strategy, work
+
+
 FAMILIES = {"fedavg_cnn": fedavg_cnn, "ditto_cnn": ditto_cnn, "fedmrn_cnn": fedmrn_cnn,
-            "sppm_as_a9a": sppm_as_a9a}
+            "sppm_as_a9a": sppm_as_a9a, "scafflix_logreg": scafflix_logreg}
 
 
 def main(argv=None) -> dict | None:

@@ -143,7 +143,8 @@ def test_gpu_suite_tiny(tmp_path):
   full = [r for r in rows if r["row"] == "sparse_proxskip_blogfeedback"]
   assert [r["variant"] for r in full] == ["library", "per-client jit loop",
                                           "one model, same work"]
-  assert all(r["ms_per_round"] > 0 and r["compile_s"] >= 0 for r in rows)
+  timed = [r for r in rows if r["row"] not in gpu_suite.TINY_TRACE_ONLY]
+  assert all(r["ms_per_round"] > 0 and r["compile_s"] >= 0 for r in timed)
   assert rows[0]["vs_library"] == 1.0 and "wrote" in out
   cell = next(r for r in rows if r["row"] == "fedmrn_table1")
   assert cell["paper %"] == 88.8 and 0 <= cell["ours %"] <= 100   # FedAvg, Non-IID-2
