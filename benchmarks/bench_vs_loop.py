@@ -288,7 +288,7 @@ def scafflix_logreg(torch, args):
   work = _work(model, params, data, n_clients * rows)
   tx = torch.from_numpy(x).reshape(n_clients, rows, d)
   sign = torch.from_numpy(2.0 * y - 1).float().reshape(n_clients, rows)
-  star = torch.from_numpy(np.asarray(jax.tree.leaves(x_star)[0]).reshape(n_clients, d))
+  star = torch.from_numpy(np.array(jax.tree.leaves(x_star)[0]).reshape(n_clients, d))
   g = torch.from_numpy(gammas)
   w = alpha ** 2 / g
   w = w / w.sum()

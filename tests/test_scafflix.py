@@ -133,6 +133,13 @@ def test_bad_arguments(quad):
     fjs.scafflix(loss, 0.1, 0.3, 0.5, x_star, cohort_size=2)
   with pytest.raises(fjs.errors.ConfigError, match="p"):
     fjs.scafflix(loss, 0.1, 0.0, 0.5, x_star)
+  # per-client values given as jax arrays are checked when given, and init traces with them
+  # (the runner's client-strategy choice traces it)
+  gammas = jnp.full((5,), 0.1)
+  with pytest.raises(fjs.errors.ConfigError, match="gamma_i"):
+    fjs.scafflix(loss, gammas.at[2].set(0.0), 0.3, 0.5, x_star)
+  assert fjs.runtime.clients.choose_strategy(fjs.scafflix(loss, gammas, 0.3, 0.5, x_star),
+                                             quad["w0"], quad["data"])[0] == "vmap"
 
 
 def test_personal_evaluation_uses_each_clients_own_model():
