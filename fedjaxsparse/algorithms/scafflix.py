@@ -236,11 +236,16 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
     raise ValueError(f"form must be one of {FORMS}, got {form!r}.")
   if cohort_size is not None and form != "round":
     raise ValueError("cohort_size (partial participation) needs form='round'.")
+  # concrete values are checked when given (under a trace, as when the runner's strategy
+  # choice traces init, even a reduction of a concrete array is abstract)
   for name, v, high in (("gamma_i", gammas, None), ("alpha_i", alphas, 1.0)):
-    if not isinstance(v, jax.core.Tracer):   # concrete values are checked when given
+    if not isinstance(v, jax.core.Tracer):
       v = np.asarray(v, np.float64)
       check_number(name, float(v.min()), 0.0, high, low_open=True)
       check_number(name, float(v.max()), 0.0, high, low_open=True)
+      if name == "alpha_i" and x_star is None and float(v.min()) < 1:
+        raise ValueError("x_star (the local optima) is needed when some alpha_i < 1; compute "
+                         "it with scafflix.local_optima.")
   value_and_grad = jax.value_and_grad(loss_fn)
 
   def coefficients(n):
@@ -254,17 +259,7 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
     check_data(data)
     n = data.num_clients
     check_cohort_size(cohort_size, n)
-    g, a = coefficients(n)
-    # checked in numpy: under a trace (jax.eval_shape of init, as the runner's strategy choice
-    # does) a jnp reduction of even a concrete array is abstract
-    if not isinstance(g, jax.core.Tracer):
-      check_number("gamma_i", float(np.min(np.asarray(g))), 0.0, None, low_open=True)
-    if not isinstance(a, jax.core.Tracer):
-      check_number("alpha_i", float(np.min(np.asarray(a))), 0.0, 1.0, low_open=True)
-      check_number("alpha_i", float(np.max(np.asarray(a))), 0.0, 1.0, low_open=True)
-      if x_star is None and float(np.min(np.asarray(a))) < 1:
-        raise ValueError("x_star (the local optima) is needed when some alpha_i < 1; compute "
-                         "it with scafflix.local_optima.")
+    _, a = coefficients(n)
     x = _per_client(params, n)
     if x_star is not None:
       check_local_optima(x_star, params, n)
