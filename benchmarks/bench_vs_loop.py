@@ -1,7 +1,8 @@
 """Every family's round against the papers' way: a PyTorch loop over clients.
 
-The papers' code (FedAvg, Ditto, FedMRN, Cohort-Squeeze's SPPM-AS) trains one client after
-another in a Python loop, each with its own ``torch.nn.Module`` forward/backward per minibatch.
+The papers' code (FedAvg, Ditto, FedMRN, FedSpa, FedP3, Cohort-Squeeze's SPPM-AS) trains one
+client after another in a Python loop, each with its own ``torch.nn.Module`` forward/backward per
+minibatch.
 This script times one round of the library (``jax.jit(algo.step)``, the runner's default client
 strategy, :func:`fedjaxsparse.runtime.clients.choose_strategy`) against such a loop written in
 PyTorch for the same mathematics — the same architecture, clients, local steps, batch sizes
@@ -28,7 +29,16 @@ Families (CPU-sized; ``--clients`` participate in every round):
   client's full gradient at its personalised point x̃_i, one shared coin, the weighted average
   and control-variate update when it lands.
 
-FedSpa and FedP3 have no PyTorch loop here yet. PyTorch is not a dependency: without it the script says so and exits.
+* ``fedspa_lenet5``: FedSpa (DST) on the Caffe LeNet-5 (431 k parameters with 10 classes), 50 %
+  sparse at the library's ERK layer counts, 1 epoch of shuffled batches: the sparse downlink and
+  its reported loss, masked SGD, the dense gradient on a fresh batch, per-layer prune (smallest
+  |w|) and regrow (largest |g|) of ⌈α·n_l⌉ entries, the uniform average of the updates;
+* ``fedp3_cnn``: FedP3 on FedAvg's CNN, the OPU-2 policy (two of the three first layers plus the
+  last trained and uploaded, the library's own draw), global pruning keeping 90 % of every other
+  kernel, local SGD steps of B drawn with replacement, the mask re-applied after every step,
+  the per-layer average over the clients that returned the layer.
+
+PyTorch is not a dependency: without it the script says so and exits.
 
 Usage: python benchmarks/bench_vs_loop.py [--families ...] [--repeats 3] [--clients 10]
        [--tiny] [--out benchmarks/results]
@@ -37,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -236,6 +247,139 @@ def fedmrn_cnn(torch, args):
   return lib, loop, strategy, work
 
 
+def _torch_lenet5(torch, classes=10):
+  nn = torch.nn
+  return nn.Sequential(
+      nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(20, 50, 5), nn.ReLU(),
+      nn.MaxPool2d(2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, classes))
+
+
+def fedspa_lenet5(torch, args):
+  k, b, n = args.clients, args.batch, args.steps * args.batch
+  sparsity, lr, alpha = 0.5, 0.05, 0.5       # round 0 of the cosine drop schedule: α_0
+  x, y, data = _images(k, n)
+  model = fjs.models.lenet5_caffe((28, 28, 1), 10)
+  algo = fjs.fedspa(fjs.models.make_loss(model), lr, num_rounds=100, sparsity=sparsity,
+                    epochs=1, batch_size=b, cohort_size=None)
+  params = model.init(jax.random.key(0))
+  lib, strategy = _library_round(algo, params, data)
+  work = _work(model, params, data, k * n)
+  tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, n, 1, 28, 28)
+  ty = torch.from_numpy(y).long().reshape(k, n)
+  server, local = _torch_lenet5(torch), _torch_lenet5(torch)
+  kernels = [m.weight for m in local if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+  # the library's exact ERK counts per kernel, one shared initial mask (FedSpa's default)
+  counts = [c["kernel"] for c in fjs.ops.masks.layer_counts(
+      params, fjs.ops.masks.layer_densities(params, sparsity, "erk")).values()]
+  first = []
+  for wk, c in zip(kernels, counts):
+    m = torch.zeros(wk.numel(), dtype=torch.bool)
+    m[torch.randperm(wk.numel())[:c]] = True
+    first.append(m.reshape(wk.shape))
+  masks = [list(first) for _ in range(k)]
+  loss_fn = torch.nn.CrossEntropyLoss()
+
+  def loop():
+    total = [torch.zeros_like(p) for p in server.parameters()]
+    for i in range(k):
+      local.load_state_dict(server.state_dict())
+      with torch.no_grad():                    # the sparse downlink m_k⊙w
+        for wk, m in zip(kernels, masks[i]):
+          wk.mul_(m)
+        loss_fn(local(tx[i]), ty[i])           # the reported loss at it
+      start = [p.detach().clone() for p in local.parameters()]
+      for idx in torch.randperm(n).split(b):   # one epoch of masked SGD
+        local.zero_grad()
+        loss_fn(local(tx[i, idx]), ty[i, idx]).backward()
+        with torch.no_grad():
+          for wk, m in zip(kernels, masks[i]):
+            wk.grad.mul_(m)
+          for p in local.parameters():
+            p -= lr * p.grad
+      local.zero_grad()                        # DST: the dense gradient on a fresh batch
+      idx = torch.randperm(n)[:b]
+      loss_fn(local(tx[i, idx]), ty[i, idx]).backward()
+      with torch.no_grad():
+        new = []
+        for wk, m in zip(kernels, masks[i]):   # prune the ⌈α n_l⌉ smallest |w|, regrow by |g|
+          active = int(m.sum())
+          c = math.ceil(alpha * active)
+          keep_score = torch.where(m, wk.abs(), torch.tensor(-1.0)).flatten()
+          kept = torch.zeros(m.numel(), dtype=torch.bool)
+          kept[torch.topk(keep_score, active - c).indices] = True
+          grow_score = torch.where(kept, torch.tensor(-1.0), wk.grad.abs().flatten())
+          kept[torch.topk(grow_score, c).indices] = True
+          new.append(kept.reshape(m.shape))
+        masks[i] = new
+        for acc, s0, p in zip(total, start, local.parameters()):
+          acc += (s0 - p) / k                   # U_k, uniform weights 1/S
+    with torch.no_grad():
+      for p, acc in zip(server.parameters(), total):
+        p -= acc
+
+  return lib, loop, strategy, work
+
+
+def fedp3_cnn(torch, args):
+  k, steps, b, keep, lr = args.clients, args.steps, args.batch, 0.9, 0.05
+  x, y, data = _images(k, steps * b)
+  model = fjs.models.cnn((28, 28, 1), 10)
+  params = model.init(jax.random.key(0))
+  names = fjs.ops.layer_groups.layer_names(params, 1)
+  train = fjs.algorithms.fedp3.layer_policy(jax.random.key(1), k, len(names), "opu2")
+  cfg = fjs.algorithms.fedp3.make_config(jax.random.key(2), train, keep)
+  algo = fjs.fedp3(fjs.models.make_loss(model), optax.sgd(lr), cfg, local_steps=steps,
+                   batch_size=b)
+  lib, strategy = _library_round(algo, params, data)
+  work = _work(model, params, data, k * steps * b)
+  tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, steps * b, 1, 28, 28)
+  ty = torch.from_numpy(y).long().reshape(k, steps * b)
+  server, local = _torch_cnn(torch), _torch_cnn(torch)
+  layers = [m for m in local if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+  server_layers = [m for m in server if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+  selected = np.asarray(train)                 # L_i: the same policy draw as the library's
+  pmask = []                                   # P_i: round(r·numel) kernel entries kept
+  for i in range(k):
+    row = []
+    for l, m in enumerate(layers):
+      mk = torch.ones(m.weight.numel(), dtype=torch.bool)
+      if not selected[i, l]:
+        mk[:] = False
+        mk[torch.randperm(mk.numel())[:round(keep * mk.numel())]] = True
+      row.append(mk.reshape(m.weight.shape))
+    pmask.append(row)
+  loss_fn = torch.nn.CrossEntropyLoss()
+
+  def loop():
+    sums = [[torch.zeros_like(m.weight), torch.zeros_like(m.bias), 0] for m in layers]
+    for i in range(k):
+      local.load_state_dict(server.state_dict())
+      with torch.no_grad():
+        for m, mk in zip(layers, pmask[i]):
+          m.weight.mul_(mk)
+      opt = torch.optim.SGD(local.parameters(), lr=lr)
+      for _ in range(steps):                    # K steps of B drawn with replacement
+        idx = torch.randint(0, steps * b, (b,))
+        opt.zero_grad()
+        loss_fn(local(tx[i, idx]), ty[i, idx]).backward()
+        opt.step()
+        with torch.no_grad():                   # pruned entries stay zero
+          for m, mk in zip(layers, pmask[i]):
+            m.weight.mul_(mk)
+      for l, m in enumerate(layers):            # upload L_i only
+        if selected[i, l]:
+          sums[l][0] += m.weight.detach()
+          sums[l][1] += m.bias.detach()
+          sums[l][2] += 1
+    with torch.no_grad():                       # per-layer average over who returned it
+      for m, (sw, sb, c) in zip(server_layers, sums):
+        if c:
+          m.weight.copy_(sw / c)
+          m.bias.copy_(sb / c)
+
+  return lib, loop, strategy, work
+
+
 def sppm_as_a9a(torch, args):
   n_clients, rows, d, tau, iters, lr, gamma = 100, 326, 123, 10, 10, 0.1, 1.0
   if args.tiny:
@@ -313,6 +457,7 @@ def scafflix_logreg(torch, args):
 
 
 FAMILIES = {"fedavg_cnn": fedavg_cnn, "ditto_cnn": ditto_cnn, "fedmrn_cnn": fedmrn_cnn,
+            "fedspa_lenet5": fedspa_lenet5, "fedp3_cnn": fedp3_cnn,
             "sppm_as_a9a": sppm_as_a9a, "scafflix_logreg": scafflix_logreg}
 
 
