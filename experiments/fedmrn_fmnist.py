@@ -371,7 +371,7 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
   """The study's methods, each tuned over the ``lrs`` grid."""
   loss, d = ctx.extra["loss"], ctx.extra["d"]
   return {m: Method(lambda lr, run, spec=spec: _algorithm(spec, loss, lr, d, opts),
-                    opts["lrs"], label=lambda lr: f"lr={lr:g}")
+                    opts["lrs"], label=lambda lr: f"lr={lr:g}", batched=True)
           for m, spec in _specs(opts, cfg.rounds).items()}
 
 

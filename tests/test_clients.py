@@ -223,6 +223,33 @@ def test_heavy_matrix_clients_run_map_on_cpu(monkeypatch):
   assert fjs.runtime.clients.choose_strategy(algo, params, data)[0] == "vmap"
 
 
+def test_small_model_clients_whose_data_outgrows_the_cache_run_map_on_cpu(monkeypatch):
+  """The rule's third branch: a small model (no heavy products) runs "map" on CPU when each
+  client holds >= MAP_MIN_CLIENT_BYTES and one map_clients call maps >= MAP_MIN_MAPPED_BYTES
+  (thresholds moved to the test's sizes; the byte count is the client's padded arrays)."""
+  clients = fjs.runtime.clients
+  n, rows, d = 3, 40, 281
+  rng = np.random.default_rng(0)
+  data = fjs.data.pack_clients(rng.random((n * rows, d)).astype(np.float32),
+                               rng.random(n * rows).astype(np.float32),
+                               np.split(np.arange(n * rows), n))
+  each = (rows * d * 4 + rows * 4 + rows * 4 + 4)          # x, y, mask, num_examples
+  assert clients.client_bytes(data) == each
+  assert clients.client_bytes(clients.with_strategy(data, "map")) == each
+  model = fjs.models.linear_regression(d)
+  algo = fjs.sparse_proxskip(fjs.models.make_loss(model), 1e-3, 0.2, 0.9)
+  params = model.init(jax.random.key(0))
+  assert clients.choose_strategy(algo, params, data) == ("vmap", "no convolutions")
+  monkeypatch.setattr(clients, "MAP_MIN_MAPPED_BYTES", n * each)
+  strategy, why = clients.choose_strategy(algo, params, data)
+  assert strategy == "map" and "KiB a client" in why
+  monkeypatch.setattr(clients, "MAP_MIN_CLIENT_BYTES", each + 1)
+  assert clients.choose_strategy(algo, params, data)[0] == "vmap"
+  monkeypatch.setattr(clients, "MAP_MIN_CLIENT_BYTES", each)
+  monkeypatch.setattr(clients, "MAP_MIN_MAPPED_BYTES", n * each + 1)
+  assert clients.choose_strategy(algo, params, data)[0] == "vmap"
+
+
 def test_unrolled_cnn_round_is_loop_free_and_computes_the_vmap_round():
   """Under "unroll" a FedAvg CNN round (clients and local steps written out) compiles to a
   program without any while loop or conditional, and equals the vmap round."""

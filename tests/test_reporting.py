@@ -90,3 +90,57 @@ def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp
       fjs.evaluation.make_eval_fn(model), tune_cfg=fjs.harness.experiment.tuning_config(cfg),
       seeds=1)
   assert single.best == 0.3 and single.scores == {} and single.stats["se"] is None
+
+
+def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(tmp_path):
+  """A grid declared batched (build takes a traced lr) is tuned in one vmapped program: the
+  same key, rounds and evaluation as one run per candidate, so the same validation scores (up
+  to float reassociation), the same choice, and a diverging candidate found and passed over."""
+  import dataclasses
+  import jax
+  import optax
+
+  ds = fjs.data.digits(num_clients=4, partition="iid", seed=0)
+  model = fjs.models.softmax_regression(64, 10)
+  cfg = fjs.harness.experiment.Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
+  fit, val = fjs.harness.protocol.validation_split(ds.train, 0.25, 0)
+  traced = []
+
+  def build(lr, run):
+    traced.append(isinstance(lr, jax.core.Tracer))
+    return fjs.fedavg(fjs.models.make_loss(model), optax.sgd(lr), local_steps=5, batch_size=16)
+
+  grid = [1e-3, 0.3, 3e38]     # the last one overflows: a non-finite loss
+  runs = {}
+  for mode in ("batched", "sequential"):
+    c = dataclasses.replace(cfg, tuning=mode, on_divergence="skip")
+    runs[mode] = fjs.harness.experiment.tune_then_run(
+        c, "t", f"FedAvg {mode}", grid, build, model.init(jax.random.key(0)), fit, val,
+        ds.train, ds.test, fjs.evaluation.make_eval_fn(model),
+        tune_cfg=fjs.harness.experiment.tuning_config(c), seeds=1, batched=True)
+    if mode == "batched":
+      assert any(traced) and len(traced) < len(grid) + 2   # the grid traced, not run one by one
+  b, s = runs["batched"], runs["sequential"]
+  assert b.best == s.best == 0.3
+  assert b.scores[3e38] == s.scores[3e38] == -1.0            # diverged: never chosen
+  for lr in (1e-3, 0.3):
+    assert b.scores[lr] == pytest.approx(s.scores[lr], abs=1e-6)
+  assert b.finals == pytest.approx(s.finals)                  # the final runs are the same
+  with pytest.raises(fjs.errors.ConfigError, match="data per candidate"):
+    fjs.harness.experiment.tune_then_run(
+        cfg, "t", "x", grid, build, model.init(jax.random.key(0)), fit, val, ds.train,
+        ds.test, None, tune_cfg=fjs.harness.experiment.tuning_config(cfg), seeds=1,
+        batched=True, data=lambda c, split: split)
+  with pytest.raises(fjs.errors.ConfigError, match="tuning must be one of"):
+    dataclasses.replace(cfg, tuning="grid").validate()
+
+
+def test_first_divergence_names_the_first_non_finite_round_and_quantity():
+  first = fjs.harness.experiment.first_divergence
+  h = {"rounds": {"round": [1, 2, 3], "loss": [1.0, 2.0, float("nan")],
+                  "bits_up": [1.0, float("inf"), 1.0]},
+       "evals": {"round": [0, 3], "accuracy": [0.1, float("nan")]}}
+  assert first(h) == {"round": 2, "quantity": "bits_up"}
+  h["rounds"]["bits_up"] = [1.0, 1.0, 1.0]
+  assert first(h) == {"round": 3, "quantity": "loss"}
+  assert first({"rounds": {"round": [1], "loss": [0.5]}, "evals": {"round": []}}) is None

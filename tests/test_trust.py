@@ -181,8 +181,13 @@ def test_nonfinite_state_is_caught_inside_the_compiled_chunk(ds):
   state = algo.init(init_key, MODEL.init(jax.random.key(0)), ds.train)
   state, out = chunk(rounds_key, state, jnp.int32(0), jnp.int32(8), ds.train, None)
   assert out.state_finite.shape == (3,) and bool(out.state_finite.all())
+  lazy = jax.jit(fjs.runtime.runner.build_chunk(algo, 4, check_every_round=False))
+  _, once = lazy(rounds_key, state, jnp.int32(4), jnp.int32(8), ds.train, None)
   state, out = chunk(rounds_key, state, jnp.int32(4), jnp.int32(8), ds.train, None)
   assert not bool(out.state_finite.all())
+  assert out.state_ok.tolist() == [False] * 4        # every round checked: NaN from round 5
+  assert once.state_ok.tolist() == [True] * 3 + [False]   # checked once, at the chunk's end
+  assert once.state_finite.tolist() == out.state_finite.tolist()
   with pytest.raises(fjs.errors.NonFiniteError, match=r"state\['aux'\]") as e:
     fjs.run(algo, jax.random.key(0), MODEL.init(jax.random.key(0)), ds.train, num_rounds=12,
             chunk_size=4, progress=False)

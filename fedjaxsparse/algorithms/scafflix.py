@@ -147,7 +147,9 @@ def local_optima(loss_fn: LossFn, params: Any, data: FederatedData, *, lr: Any,
 
 class ScafflixState(NamedTuple):
   """Attributes:
-    x: ``[N, ...]`` client iterates ``x_i``.
+    x: ``[N, ...]`` client iterates ``x_i`` (the round form sets the cohort's rows to x̄ after
+      its communication and leaves the other clients' rows as they were: every round starts
+      its cohort from ``server`` anyway, and rewriting all N rows would cost O(N·d) a round).
     h: ``[N, ...]`` control variates ``h_i`` (``Σ_i α_i h_i = 0``).
     server: the last broadcast model x̄ (``x⁰`` at the start): the global model.
     x_star: ``[N, ...]`` local optima (constant).
@@ -328,7 +330,9 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
     x_hat = jax.lax.fori_loop(1, steps, body, x_hat)
     x_bar, h = communicate(x_hat, h, a, g)
     h_all = jax.tree.map(lambda v, r: v.at[ids].set(r), state.h, h)
-    new = state._replace(x=_per_client(x_bar, n), h=h_all, server=x_bar, t=state.t + steps,
+    x_all = jax.tree.map(lambda v, r: v.at[ids].set(jnp.broadcast_to(r, (c,) + r.shape)),
+                         state.x, x_bar)   # the cohort's rows only: O(c·d), not O(N·d)
+    new = state._replace(x=x_all, h=h_all, server=x_bar, t=state.t + steps,
                          comms=state.comms + 1)
     return new, info(new, losses, a_all, c, as_float(1), steps)
 

@@ -18,7 +18,8 @@ import textwrap
 
 from fedjaxsparse.runtime import distributed
 from fedjaxsparse.errors import ConfigError, UserError
-from fedjaxsparse.harness.experiment import DIVERGENCE, Config, with_paper, with_quick
+from fedjaxsparse.harness.experiment import (DIVERGENCE, TUNINGS, Config, with_paper,
+                                             with_quick)
 
 ROUND_NOTE = """\
 What --rounds counts is each experiment's budget unit (see `fedjaxsparse describe NAME`).
@@ -28,7 +29,7 @@ server aggregates. Iteration-level methods (the ProxSkip family) count local ste
 instead, and communicate with probability p per step."""
 
 COMMON = ("rounds", "clients", "dataset", "seed", "out", "eval_every", "data_dir",
-          "progress", "on_divergence", "execution", "checkpoint_interval_s")
+          "progress", "on_divergence", "execution", "tuning", "checkpoint_interval_s")
 
 
 def experiments() -> dict:
@@ -158,6 +159,10 @@ def _parser() -> argparse.ArgumentParser:
                                         "clients for XLA convolutions, else vmap; vmap on "
                                         "GPU/TPU), vmap, map, unroll, unroll:G — speed only, "
                                         "never results")
+  run_.add_argument("--tuning", choices=TUNINGS,
+                    help="how a learning-rate grid declared batched is tuned: batched (default: "
+                         "every candidate in one vmapped program) or sequential (a run per "
+                         "candidate) — the same runs either way")
   run_.add_argument("--processes", type=int, default=1,
                     help="run as this many local processes joined by jax.distributed (the "
                          "client axis spans every process's devices; gloo collectives on CPU)")

@@ -45,6 +45,7 @@ from fedjaxsparse.runtime.runner import EvalFn, run
 from fedjaxsparse.runtime.sharding import client_mesh
 
 DIVERGENCE = ("error", "skip")
+TUNINGS = ("batched", "sequential")
 INT32_MAX = 2 ** 31 - 1
 
 
@@ -78,6 +79,9 @@ class Config:
       beside ours and fall back to the stand-in data when the real files are absent.
     execution: how clients execute (``runner.run``'s ``clients``): ``"auto"`` (default),
       ``"vmap"``, ``"map"``, ``"unroll"`` or ``"unroll:G"`` — speed only, never results.
+    tuning: how a :class:`Method` declared ``batched`` tunes its grid: ``"batched"`` (default:
+      every candidate in one vmapped program, one compile) or ``"sequential"`` (one run per
+      candidate, each with checkpoints and a progress line) — the same runs either way.
     quick: the experiment's quick setting (its ``QUICK``) was applied with :func:`with_quick`.
     checkpoint_interval_s: a method's run writes a checkpoint at an evaluation only when at
       least this many seconds passed since its previous one, and always after its last round
@@ -99,6 +103,7 @@ class Config:
   fingerprint: dict = dataclasses.field(default_factory=dict)
   paper: str | None = None
   execution: str = "auto"
+  tuning: str = "batched"
   quick: bool = False
   checkpoint_interval_s: float = 60.0
 
@@ -122,6 +127,8 @@ class Config:
         with_strategy(None, self.execution)
       except ValueError as e:
         raise ConfigError(f"execution: {e} (or 'auto')") from None
+    if self.tuning not in TUNINGS:
+      raise ConfigError(f"tuning must be one of {TUNINGS}, got {self.tuning!r}.")
     if self.resume and self.overwrite:
       raise ConfigError("resume and overwrite exclude each other: continue the checkpointed "
                         "run (--resume) or delete it (--overwrite).")
@@ -364,6 +371,10 @@ class Method(NamedTuple):
       state lives (:func:`run_method`).
     params: the method's initial model when it trains a network of its own (``None``: the
       context's ``params``).
+    batched: ``build`` takes a traced candidate (a number entering the algorithm as an array,
+      e.g. a learning rate) and returns an :class:`~fedjaxsparse.core.Algorithm`: tuning runs
+      the whole grid as one vmapped program (:func:`fedjaxsparse.runtime.sweep.run_batched`)
+      when the configuration's ``tuning`` is ``"batched"`` (:func:`tune_then_run`).
   """
   build: Callable[[Any, "Run"], Any]
   grid: Sequence = (None,)
@@ -372,6 +383,7 @@ class Method(NamedTuple):
   data: Callable[[Any, Any], Any] | None = None
   residence: str = "auto"
   params: Any = None
+  batched: bool = False
 
 
 def _always(cfg: Config, opts: dict) -> Config:
@@ -487,7 +499,8 @@ def declared(name: str, spec: Sequence[Option], *,
                           ctx.val, ctx.data.train, ctx.data.test, ctx.eval_fn,
                           tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
                           data=method.data, params_fn=method.params_fn, metric=metric,
-                          scale=tuning.scale, residence=method.residence)
+                          scale=tuning.scale, residence=method.residence,
+                          batched=method.batched)
         key = f"{m} ({ctx.setting})" if ctx.setting is not None else m
         records[key], found[key] = t.records[0], t
         row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
@@ -701,7 +714,7 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
                   data: Callable[[Any, Any], Any] | None = None,
                   params_fn: ParamsFn = global_params, metric: str = "accuracy",
                   scale: float = 100.0, score: Callable[[dict], Any] | None = None,
-                  residence: str = "auto") -> Tuned:
+                  residence: str = "auto", batched: bool = False) -> Tuned:
   """The protocol every method of a tuned experiment follows: each candidate of ``grid`` runs
   ``tune_cfg.rounds`` rounds on the fitting split ``fit`` and is scored by its final ``metric``
   on ``val`` (never on test); the best (the first of equals) then runs ``seeds`` times on
@@ -718,11 +731,36 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   that compare, e.g. ``(reached, −cost, accuracy)``); a diverged candidate is never chosen
   (the first candidate when every one diverged). ``residence``: where a
   :class:`~fedjaxsparse.runtime.population.CohortAlgorithm`'s population lives
-  (:func:`run_method`)."""
+  (:func:`run_method`).
+
+  ``batched`` (``build`` takes a traced candidate, :class:`Method`): with ``cfg.tuning ==
+  "batched"`` the candidates' tuning runs are one vmapped program (the same key, rounds and
+  evaluation as the sequential runs, so the same scores up to float reassociation; no
+  checkpoints); ``data`` must then be ``None`` and the candidates numbers."""
   grid = list(grid)
   prep = data or (lambda candidate, split: split)
   scores = {}
-  if len(grid) > 1:
+  if len(grid) > 1 and batched and cfg.tuning == "batched":
+    if data is not None:
+      raise ConfigError(f"{name}: a batched grid cannot change the data per candidate "
+                        "(data=...); declare the method with batched=False.")
+    shown = cfg.progress and jax.process_index() == 0
+    if shown:
+      print(f"{name}: tuning {len(grid)} candidates as one program, {tune_cfg.rounds} "
+            "round(s) each on the validation split", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    records = _tune_batched(tune_cfg, grid, build, params, fit, val, eval_fn, params_fn, name)
+    for c, rec in zip(grid, records):
+      if score is not None:
+        scores[c] = None if rec["diverged"] else score(rec)
+        continue
+      value = last(rec["history"]["evals"].get(metric, []))
+      bad = rec["diverged"] or value is None or not math.isfinite(value)
+      scores[c] = -1.0 if bad else value
+    if shown:
+      print(f"[{name} tuning] " + ", ".join(f"{label(c)} {scores[c]}" for c in grid)
+            + f"; {_duration(time.perf_counter() - t0)}", file=sys.stderr, flush=True)
+  elif len(grid) > 1:
     shown = cfg.progress and jax.process_index() == 0
     if shown:   # tuning runs have no bars of their own: a line per candidate instead
       print(f"{name}: tuning {len(grid)} candidates, {tune_cfg.rounds} round(s) each on the "
@@ -753,6 +791,53 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
       finals.append(scale * last(rec["history"]["evals"][metric]))
   stats = mean_se(finals) if finals else {"mean": None, "se": None}
   return Tuned(best, scores, records, finals, stats)
+
+
+def _tune_batched(tune_cfg: Config, grid: list, build: Callable, params: Any, fit: Any,
+                  val: Any, eval_fn: EvalFn | None, params_fn: ParamsFn, name: str) -> list:
+  """The tuning runs of ``grid`` as one ``run_batched`` program: one record per candidate
+  (``history``, ``diverged``, ``final``, ``wall_time_s`` — the whole program's time)."""
+  from fedjaxsparse.runtime import sweep   # noqa: PLC0415  (only batched tuning needs it)
+  try:
+    hp = np.asarray(grid, dtype=np.float32)
+  except (TypeError, ValueError):
+    raise ConfigError(f"{name}: a batched grid's candidates must be numbers, got "
+                      f"{grid!r}.") from None
+
+  def build_algo(c):
+    algo = build(c, Run(0, tune_cfg.rounds, True))
+    if not (hasattr(algo, "init") and hasattr(algo, "step")):
+      raise ConfigError(f"{name}: a batched method's build must return an Algorithm (not an "
+                        "(algorithm, eval_fn) pair); declare it with batched=False.")
+    return algo
+
+  key = jax.random.key(tune_cfg.seed)    # every candidate's run key, as run_method's
+  keys = jax.random.wrap_key_data(np.broadcast_to(
+      np.asarray(jax.random.key_data(key)), (len(grid),) + jax.random.key_data(key).shape))
+  t = time.perf_counter()
+  _, histories = sweep.run_batched(
+      build_algo, keys, params, fit, val, num_rounds=tune_cfg.rounds, hparams=hp,
+      eval_fn=eval_fn, eval_every=tune_cfg.eval_every or tune_cfg.rounds, params_fn=params_fn,
+      clients=tune_cfg.execution)
+  wall = time.perf_counter() - t
+  return [{"history": h.to_dict(), "diverged": first_divergence(h.to_dict()),
+           "final": {k: last(v) for k, v in h.evals.items()}, "wall_time_s": wall,
+           "clients": tune_cfg.execution} for h in histories]
+
+
+def first_divergence(history: dict) -> dict | None:
+  """``{"round", "quantity"}`` of a history's first non-finite scalar (a round's info field or
+  an evaluated metric, ``"test "``-prefixed as the runner names it), or ``None``."""
+  first = None
+  for table, prefix in ((history["rounds"], ""), (history["evals"], "test ")):
+    rounds = table.get("round", [])
+    for q, values in table.items():
+      for r, v in zip(rounds, values):
+        if isinstance(v, (int, float)) and not math.isfinite(v):
+          if first is None or r < first["round"]:
+            first = {"round": int(r), "quantity": prefix + q}
+          break
+  return first
 
 
 def last(values: Sequence) -> Any:

@@ -333,6 +333,32 @@ hidden width 64, 20 MFLOP a step; ``map`` from width 128, 39 MFLOP; FedAvg CNN a
 ``map`` 1.15–1.45× faster)."""
 
 
+MAP_MIN_CLIENT_BYTES = 32 * 1024
+MAP_MIN_MAPPED_BYTES = 8 * 1024 * 1024
+"""On CPU, clients of small models also run ``"map"`` when each holds at least
+:data:`MAP_MIN_CLIENT_BYTES` of data and one ``map_clients`` call maps at least
+:data:`MAP_MIN_MAPPED_BYTES` of it: a gradient step reads a client's data twice (forward and
+backward). Batched over the clients, each pass streams all of it from memory; one client at a
+time, its data is still in the core's cache for the second pass. Measured on a 2-core EPYC
+(1 MiB L2 a core, 8 MiB L3) with ``bench_default_strategy.py``'s Sparse-ProxSkip on the
+BlogFeedback shape (85 × 281 floats, 95 KiB a client): 55 clients (5 MiB) ``vmap`` 1.54 ms vs
+``map`` 1.64; 138 clients (12.6 MiB) 3.75 vs 3.04; 554 (50 MiB) 11.0 vs 9.7. At 50 MiB in all,
+clients of 11 / 23 / 46 KiB: ``vmap`` 13.6 / 12.2 / 11.2 ms, ``map`` 17.6 / 12.7 / 10.6 (the
+loop's cost per client outweighs the cache below 32 KiB: EF21's 3.5 KiB clients run ``vmap``
+1.75× faster even at 55 MiB)."""
+
+
+def client_bytes(train: Any) -> float:
+  """Mean bytes of one client's data (every per-client array of ``train``, padding included;
+  0 for data that is not client-indexed)."""
+  data = train.data if isinstance(train, Executed) else train
+  if not hasattr(data, "num_clients"):
+    return 0.0
+  n = max(int(data.num_clients), 1)
+  return float(sum(np.prod(np.shape(a)) * np.dtype(a.dtype).itemsize
+                   for a in jax.tree.leaves(data))) / n
+
+
 _LAST_TRACE: list = []   # [(step, signature, closed jaxpr, out shapes, mapped)]: the last trace
 
 
@@ -392,11 +418,13 @@ def choose_strategy(algo: Any, params: Any, train: Any) -> tuple[str, str]:
   ``"unroll"`` (loop-free: 0.75× the single-model time per FedAvg CNN round, where ``vmap``
   takes 14×) unless that writes out more than :data:`MAX_UNROLLED_CONVS` convolutions
   (compile time); clients of at least :data:`MAP_MIN_FLOPS` of matrix products a step (MLPs,
-  patch convolutions, :mod:`fedjaxsparse.models.conv`) run ``"map"`` on CPU; small models run
+  patch convolutions, :mod:`fedjaxsparse.models.conv`) run ``"map"`` on CPU, as do clients of
+  small models whose data outgrows the cache together but not one at a time
+  (:data:`MAP_MIN_CLIENT_BYTES`, :data:`MAP_MIN_MAPPED_BYTES`); other small models run
   ``"vmap"``, as does everything on GPU/TPU (the layout accelerators batch best; the rule's
   measurements: ``benchmarks/bench_default_strategy.py``). Decided by tracing one step (no
   compile): the convolutions of the ``vmap``-ed step times the clients one ``map_clients`` call
-  maps, and its matrix-product FLOPs per mapped client.
+  maps, its matrix-product FLOPs per mapped client, and the bytes of data those clients hold.
   """
   if jax.default_backend() != "cpu":
     return "vmap", f"{jax.default_backend()} backend"
@@ -408,6 +436,10 @@ def choose_strategy(algo: Any, params: Any, train: Any) -> tuple[str, str]:
     per_client = dot_flops(closed) / max(sum(mapped), 1)
     if mapped and per_client >= MAP_MIN_FLOPS:
       return "map", f"{per_client / 1e6:.0f} MFLOP of matrix products per client step on CPU"
+    each = client_bytes(train)
+    if mapped and each >= MAP_MIN_CLIENT_BYTES and max(mapped) * each >= MAP_MIN_MAPPED_BYTES:
+      return "map", (f"{max(mapped) * each / 2**20:.0f} MiB of client data a step on CPU, "
+                     f"{each / 1024:.0f} KiB a client (cache-resident one at a time)")
     return "vmap", "no convolutions"
   convs *= max(mapped, default=1)
   if convs > MAX_UNROLLED_CONVS:

@@ -1,12 +1,13 @@
 """Running an :class:`~fedjaxsparse.core.Algorithm` for many rounds.
 
-Rounds run under ``lax.scan`` in chunks; one chunk is one ``jit``-compiled program (traced
-once per run, even for the last, shorter chunk: rounds past the end are masked with
-``lax.cond``), so the host sees one dispatch per chunk. Between chunks the host updates the
+Rounds run in chunks; one chunk is one ``jit``-compiled program, a loop over its rounds
+(traced once per run, even for the last, shorter chunk: the loop's trip count is a traced
+number, so no round past the end runs and no ``lax.cond`` wraps the step — the state is
+updated in place), so the host sees one dispatch per chunk. Between chunks the host updates the
 progress bar, appends to the history and writes an orbax checkpoint. Evaluation (every
 ``eval_every`` rounds and after the last round) is a program of its own run after the chunk
 that ends on an evaluation round when chunks end on every such round (the default
-``chunk_size = eval_every``), else it runs inside the scan behind a ``lax.cond`` on the
+``chunk_size = eval_every``), else it runs inside the loop behind a ``lax.cond`` on the
 unbatched round counter. Loop-free runs (clients ``"unroll"``, chosen automatically for
 convolutional clients on CPU) dispatch one round at a time with no loop and no ``cond``.
 
@@ -77,18 +78,26 @@ def split_run_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
                 eval_every: int = 1, params_fn: ParamsFn = global_params,
-                traced: tuple[Callable, Any] | None = None) -> Callable:
-  """The pure function that runs ``chunk_size`` rounds under ``lax.scan``.
+                traced: tuple[Callable, Any] | None = None,
+                check_every_round: bool = True) -> Callable:
+  """The pure function that runs up to ``chunk_size`` rounds in one loop.
 
   ``traced``: ``(step_fn, (state, info) shapes)`` of :func:`fedjaxsparse.runtime.clients.cached_step`
   — the algorithm's step already traced, evaluated from its jaxpr instead of tracing it again.
 
   Returns ``chunk(rounds_key, state, start_round, num_rounds, train, test) ->
-  (state, ChunkOutput)``; ``start_round`` and ``num_rounds`` are traced int32 scalars, so one
-  compilation serves every chunk of a run. Rounds ``r >= num_rounds`` leave the state
-  unchanged — except in a chunk of one round without ``eval_fn``, which is one plain step with
-  no loop and no ``lax.cond`` (loop-free rounds: a convolution inside a loop or a ``cond`` is
-  several times slower on XLA:CPU) and must not be called past the end.
+  (state, ChunkOutput)``; ``start_round`` and ``num_rounds`` (the run's end, exclusive) are
+  traced int32 scalars, so one compilation serves every chunk of a run. Rounds
+  ``r >= num_rounds`` do not run (their ``info`` rows are zeros) — and a chunk of one round is
+  one plain step with no loop and no ``lax.cond`` around it (loop-free rounds: a convolution
+  inside a loop or a ``cond`` is several times slower on XLA:CPU), which must not be called
+  past the end.
+
+  ``check_every_round``: ``state_ok`` tells after every round whether the state's changed
+  leaves are finite (the exact round of a divergence); ``False`` checks the state once, after
+  the chunk's last round (``state_ok`` is True before it): one pass over the state a chunk
+  instead of one a round (a per-client state of N × d floats is read every round otherwise).
+  The runner uses ``False`` and re-runs a chunk whose final state is not finite with ``True``.
   """
   if chunk_size < 1:
     raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
@@ -105,30 +114,52 @@ def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
     if eval_fn is not None:
       metrics_shape = jax.eval_shape(lambda s: eval_fn(params_fn(s), test), state)
 
-    def body(s, r):
-      active = r < num_rounds
-      s, info = jax.lax.cond(
-          active, step,
-          lambda s, r: (s, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), info_shape)),
-          s, r)
-      ok = jnp.all(state_finite(s))
-      if eval_fn is None:
-        return s, (info, {}, jnp.zeros((), bool), ok)
-      evaluated = active & (((r + 1) % eval_every == 0) | (r + 1 == num_rounds))
+    def evaluate(s, r):
+      evaluated = ((r + 1) % eval_every == 0) | (r + 1 == num_rounds)
       metrics = jax.lax.cond(
           evaluated, lambda s: eval_fn(params_fn(s), test),
           lambda s: jax.tree.map(lambda a: jnp.full(a.shape, jnp.nan, a.dtype), metrics_shape),
           s)
-      return s, (info, metrics, evaluated, ok)
+      return metrics, evaluated
 
-    if chunk_size == 1 and eval_fn is None:  # loop- and cond-free (the runner never
-      state, info = step(state, start_round)  # dispatches a round past the end)
-      ok = jnp.all(state_finite(state))[None]
-      return state, ChunkOutput(jax.tree.map(lambda a: a[None], info), {},
-                                jnp.zeros((1,), bool), ok, state_finite(state))
-    rounds = start_round + jnp.arange(chunk_size, dtype=jnp.int32)
-    state, (info, metrics, evaluated, ok) = jax.lax.scan(body, state, rounds)
-    return state, ChunkOutput(info, metrics, evaluated, ok, state_finite(state))
+    def round_(s, r):
+      """One round: the state, its info, metrics, whether evaluated, whether finite."""
+      new, info = step(s, r)
+      # leaves the step passed through unchanged (constants: x*, masks kept) are not re-read
+      changed = [a for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(s)) if a is not b]
+      ok = jnp.all(state_finite(changed)) if check_every_round else jnp.ones((), bool)
+      if eval_fn is None:
+        return new, info, {}, jnp.zeros((), bool), ok
+      metrics, evaluated = evaluate(new, r)
+      return new, info, metrics, evaluated, ok
+
+    if chunk_size == 1:   # loop- and cond-free round (the runner never dispatches one past
+      state, info, metrics, evaluated, _ = round_(state, start_round)   # the end)
+      finite = state_finite(state)
+      return state, ChunkOutput(*jax.tree.map(lambda a: a[None], (
+          info, metrics, evaluated, jnp.all(finite))), finite)
+    # Rounds start_round .. min(start_round + chunk_size, num_rounds) - 1 in a loop of that
+    # many trips, each writing its row of the outputs: no lax.cond around the step, so state
+    # updates happen in place (a cond keeps the old state alive for its other branch: two
+    # copies of every updated per-client array a round).
+    outs = (jax.tree.map(lambda a: jnp.zeros((chunk_size,) + a.shape, a.dtype), info_shape),
+            {} if eval_fn is None else jax.tree.map(
+                lambda a: jnp.full((chunk_size,) + a.shape, jnp.nan, a.dtype), metrics_shape),
+            jnp.zeros((chunk_size,), bool), jnp.ones((chunk_size,), bool))
+
+    def body(r, carry):
+      s, outs = carry
+      s, *row = round_(s, r)
+      i = r - start_round
+      return s, jax.tree.map(lambda buf, v: buf.at[i].set(v), outs, tuple(row))
+
+    end = jnp.minimum(start_round + chunk_size, num_rounds)
+    state, (info, metrics, evaluated, ok) = jax.lax.fori_loop(start_round, end, body,
+                                                              (state, outs))
+    finite = state_finite(state)
+    if not check_every_round:   # the whole state once, as the last round's flag
+      ok = ok.at[end - 1 - start_round].set(jnp.all(finite))
+    return state, ChunkOutput(info, metrics, evaluated, ok, finite)
 
   return chunk
 
@@ -494,8 +525,9 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
   traced = None if mesh is not None else cached_step(
       algo.step, jax.random.fold_in(rounds_key, 0), state, train)
   chunk_fn = build_chunk(algo, chunk_size, None if host_eval else eval_fn, eval_every,
-                         params_fn, traced)
+                         params_fn, traced, check_every_round=False)
   jitted = jax.jit(counted_chunk)
+  exact = []   # the chunk checking the state every round, compiled when a state goes NaN
   jitted_eval = jax.jit(eval_fn) if eval_fn is not None else None
   if start == 0 and eval_fn is not None:
     initial = jax.device_get(jitted_eval(params_fn(state), test))
@@ -518,14 +550,27 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
     for c in range(num_chunks):
       r0 = start + c * chunk_size
       t0 = time.perf_counter()
-      state, out = jitted(rounds_key, state, jnp.int32(r0), jnp.int32(num_rounds), train, test)
       active = min(chunk_size, num_rounds - r0)
-      if host_eval and ((r0 + active) % eval_every == 0 or r0 + active == num_rounds):
-        out = _with_metrics(out, jitted_eval(params_fn(state), test), active - 1)
-      out = jax.device_get(out)
+
+      def dispatch(fn, st):
+        st, out = fn(rounds_key, st, jnp.int32(r0), jnp.int32(num_rounds), train, test)
+        if host_eval and ((r0 + active) % eval_every == 0 or r0 + active == num_rounds):
+          out = _with_metrics(out, jitted_eval(params_fn(st), test), active - 1)
+        return st, jax.device_get(out)
+
+      before = state
+      state, out = dispatch(jitted, state)
       chunk_times.append(time.perf_counter() - t0)
       dispatches += 1
       bad = first_nonfinite(out, r0, active, state_paths)
+      if bad is not None and bad[2] is None and active > 1:
+        # the state was found non-finite only at the chunk's end: run the chunk again from its
+        # start, checking the state after every round, for the exact round
+        if not exact:
+          exact.append(jax.jit(build_chunk(algo, chunk_size, None if host_eval else eval_fn,
+                                           eval_every, params_fn)))
+        state, out = dispatch(exact[0], before)
+        bad = first_nonfinite(out, r0, active, state_paths)
       if bad is not None:
         err = _nonfinite_error(desc, *bad)
         if on_nonfinite == "raise":

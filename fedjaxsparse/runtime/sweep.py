@@ -63,7 +63,7 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
                          f"key), got shape {np.shape(leaf)}.")
 
   first = None if hparams is None else jax.tree.map(lambda a: a[0], hparams)
-  train = arrange(build_algo(first), train, layout, clients=clients)
+  train = arrange(build_algo(first), train, layout, clients=clients, params=params)
 
   def one_run(key, hp, params, train, test):  # data as arguments: never folded as constants
     algo = build_algo(hp)
