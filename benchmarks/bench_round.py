@@ -61,7 +61,7 @@ def bench(num_clients: int, args) -> dict:
 
   # (b) R rounds under lax.scan in one program (the runner's chunk), per round.
   _, rounds_key = fjs.runtime.runner.split_run_key(key)
-  chunk = jax.jit(fjs.runtime.runner.build_chunk(algo, args.scan_rounds))
+  chunk = jax.jit(fjs.runtime.runner.build_chunk(algo, args.scan_rounds, check_every_round=False))
   first_scan, scan_s = timed(
       lambda: chunk(rounds_key, state, jnp.int32(0), jnp.int32(args.scan_rounds), data,
                     None)[0].params, max(1, args.repeats // 2))

@@ -39,7 +39,8 @@ Sections:
 5. ``ddss``: one Sha-DDSS outer iteration against a numpy/scipy loop (``bench_ddss.py``);
 6. ``fedmrn_table1``: FedMRN Table 1's Fashion-MNIST column at the paper's protocol (100
    clients, 10 per round, 100 rounds, 10 local epochs of 64, learning rate from the paper's grid
-   on a validation split, 1 seed), one (method, split) cell at a time — NIID-2, then NIID-1,
+   on a validation split — the grid's runs vmapped as one program, the harness's batched
+   tuning — 1 seed), one (method, split) cell at a time — NIID-2, then NIID-1,
    then IID — each printed beside the paper's number, as many as the budget allows (needs
    ``--fmnist``; skipped without it).
 

@@ -180,3 +180,13 @@ def test_bench_vs_loop_without_or_with_pytorch(tmp_path):
   (row,) = json.load(open(path))["rows"]
   assert row["family"] == "sppm_as_a9a"
   assert row["speed-up"] == row["torch loop ms"] / row["library ms"] > 0
+
+
+def test_bench_chunk_tiny(tmp_path):
+  """The runner's chunk and the scan+cond chunk it replaced end in the same state."""
+  _run("bench_chunk.py", "--tiny", out=tmp_path)
+  rows = json.load(open(tmp_path / "bench_chunk.json"))["rows"]
+  assert [r["clients"] for r in rows] == [4, 8]
+  for r in rows:
+    assert r["max |state difference|"] == 0.0
+    assert r["speed-up"] == r["scan+cond ms/round"] / r["runner chunk ms/round"] > 0

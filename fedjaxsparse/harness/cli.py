@@ -155,7 +155,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="on NaN/inf: stop with an error (default) or mark the method diverged "
                          "and go on")
   run_.add_argument("--execution", help="how clients execute: auto (default: on CPU map for "
-                                        "clients of >= 3e7 FLOPs a step, loop-free unrolled "
+                                        "clients of >= 3e7 FLOPs a step or >= 32 KiB of data "
+                                        "(8 MiB in all), loop-free unrolled "
                                         "clients for XLA convolutions, else vmap; vmap on "
                                         "GPU/TPU), vmap, map, unroll, unroll:G — speed only, "
                                         "never results")
