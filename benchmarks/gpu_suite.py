@@ -34,10 +34,13 @@ Sections:
 3. ``families``: FedOpt (FedAdam) on the CNN; Sparse-ProxSkip (BlogFeedback shape); EF21
    (mushrooms shape); Scafflix (FEMNIST shape); SPPM-AS (a9a shape, 10 GD steps a prox);
    FedSpa (LeNet5); FedMRN (its CNN); FedP3 (its CNN); FedPM; Ditto;
-4. ``posttrain``: Wanda / RIA / magnitude / Wanda+DSnoT on the small LLaMA-style LM against
+4. ``ato_epoch``: Auto-Train-Once on ResNet-20, one epoch of 50,000 CIFAR-shaped images in
+   batches of 64 with its controller pass: the scanned epoch, a per-step jitted loop, and plain
+   SGD of the same network;
+5. ``posttrain``: Wanda / RIA / magnitude / Wanda+DSnoT on the small LLaMA-style LM against
    numpy (``bench_posttrain.py``);
-5. ``ddss``: one Sha-DDSS outer iteration against a numpy/scipy loop (``bench_ddss.py``);
-6. ``fedmrn_table1``: FedMRN Table 1's Fashion-MNIST column at the paper's protocol (100
+6. ``ddss``: one Sha-DDSS outer iteration against a numpy/scipy loop (``bench_ddss.py``);
+7. ``fedmrn_table1``: FedMRN Table 1's Fashion-MNIST column at the paper's protocol (100
    clients, 10 per round, 100 rounds, 10 local epochs of 64, learning rate from the paper's grid
    on a validation split — the grid's runs vmapped as one program, the harness's batched
    tuning — 1 seed), one (method, split) cell at a time — NIID-2, then NIID-1,
@@ -378,6 +381,73 @@ def families(args, emit) -> None:
       emit(case_rows(name, build(args), args))
 
 
+ATO_IMAGES, ATO_BATCH = 50_000, 64
+"""ATO's epoch at seed 004's CIFAR-10 setting: 50,000 images of 32 × 32 × 3, batches of 64."""
+
+
+def _ato_setup(args):
+  """(module, model, zigs, x, y, batch): ResNet-20 on CIFAR-shaped images; ``--tiny``: a small
+  prunable MLP on the flattened images (the same code, a compile of seconds on a CPU)."""
+  shape, n, batch = ((3072,), 32, 8) if args.tiny else ((32, 32, 3), ATO_IMAGES, ATO_BATCH)
+  module, model = (fjs.models.prunable.mlp(shape, 10, hidden=(16,)) if args.tiny
+                   else fjs.models.prunable.cifar_resnet(20))
+  zigs = fjs.pruning.zig.trace(module, shape)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(n,) + shape).astype(np.float32)
+  y = rng.integers(0, 10, n).astype(np.int32)
+  return module, model, zigs, x, y, batch
+
+
+def ato_epoch(args, emit) -> None:
+  """ATO (Algorithm 7) on ResNet-20, one epoch over CIFAR-shaped images in batches of 64 with
+  the controller's pass over D_CN (5 %) and the end-of-epoch mask: the library's epoch (each
+  epoch's steps one ``lax.scan``, what accelerators run), the same epoch driven step by step
+  from Python (``loop="host"``: a jitted call per step, the papers' way), and plain SGD of the
+  same network over the same batches in one scan (one model, the same target steps: ATO's own
+  overhead). Steady time = the second epoch's (the first compiles)."""
+  module, model, zigs, x, y, batch = _ato_setup(args)
+  params = model.init(jax.random.key(0))
+  opt = optax.sgd(0.1, momentum=0.9)
+  cfg = fjs.algorithms.ato.ATOConfig(T_w=0, T_start=0, T_end=10)   # the controller runs
+  algo = fjs.ato(model, zigs, opt, lambda t: 0.1, cfg)
+  ctrl = fjs.algorithms.ato.controller_subset(len(x), 0.05)
+  steps = len(x) // batch
+  flops = fjs.ops.flops.training_flops(fjs.ops.flops.layer_macs(model, params, x.shape[1:]),
+                                       examples=steps * batch)
+  rows = []
+  for loop in ("scan",) if args.tiny else ("scan", "host"):   # --tiny: test_ato runs "host"
+    _, hist = fjs.algorithms.ato.train(algo, cfg, jax.random.key(1), params, x, y, epochs=2,
+                                       batch_size=batch, ctrl_index=ctrl, loop=loop,
+                                       progress=False)
+    steady = hist[1]["seconds"]
+    rows.append({"row": "ato_resnet20_epoch",
+                 "variant": "library (scan)" if loop == "scan" else "per-step jit loop",
+                 "ms_per_round": 1e3 * steady, "compile_s": hist[0]["seconds"] - steady,
+                 "train_gflop_per_round": flops / 1e9, "gflop_per_s": flops / 1e9 / steady,
+                 "steps": steps, "peak_bytes": peak_bytes()})
+  loss = lambda w, xb, yb: jnp.mean(model.per_example_loss(model.apply(w, xb), yb))  # noqa: E731
+  xd, yd = jnp.asarray(x), jnp.asarray(y)
+
+  def plain(w, s):
+    def body(c, i):
+      w, s = c
+      idx = i * batch + jnp.arange(batch)
+      u, s = opt.update(jax.grad(loss)(w, xd[idx], yd[idx]), s, w)
+      return (optax.apply_updates(w, u), s), None
+    return jax.lax.scan(body, (w, s), jnp.arange(steps))[0]
+
+  t = time.perf_counter()
+  fn = jax.jit(plain).lower(params, opt.init(params)).compile()
+  compile_s = time.perf_counter() - t
+  _, steady = timed(lambda: fn(params, opt.init(params)), 1 if args.tiny else 2)
+  rows.append({"row": "ato_resnet20_epoch", "variant": "plain SGD, same steps",
+               "ms_per_round": 1e3 * steady, "compile_s": compile_s, "steps": steps,
+               "peak_bytes": peak_bytes()})
+  for r in rows:
+    r["vs_library"] = r["ms_per_round"] / rows[0]["ms_per_round"]
+  emit(rows)
+
+
 def _script(name: str):
   sys.path.insert(0, HERE)
   try:
@@ -445,7 +515,7 @@ TINY_TRACE_ONLY = ("fedspa_lenet5", "fedmrn_cnn", "fedpm_cnn", "ditto_cnn")
 initialises and traces it: the loop and single-model code is the same for every family and
 runs on the others, and these rounds' compiles would take most of a minute on a CPU."""
 
-SECTIONS = ("fedavg_cnn", "fedavg_cnn_scaling", "families", "posttrain", "ddss",
+SECTIONS = ("fedavg_cnn", "fedavg_cnn_scaling", "families", "ato_epoch", "posttrain", "ddss",
             "fedmrn_table1")
 
 
@@ -463,6 +533,10 @@ def estimate(args) -> list[dict]:
   base = rows[0]["train_gflop_per_round"]
   for n in (100, 1000):
     rows.append({"row": f"fedavg_cnn, {n} clients", "train_gflop_per_round": base * n / 10})
+  _, model, _, x, _, batch = _ato_setup(args)
+  macs = fjs.ops.flops.layer_macs(model, model.init(jax.random.key(0)), x.shape[1:])
+  rows.append({"row": "ato_resnet20_epoch", "train_gflop_per_round": fjs.ops.flops.training_flops(
+      macs, examples=len(x) // batch * batch) / 1e9})
   for r in rows:
     g = r["train_gflop_per_round"]
     r["est_ms_at_assumed"] = g / args.assumed_tflops   # GFLOP / (TFLOP/s) = ms

@@ -139,7 +139,10 @@ def test_gpu_suite_tiny(tmp_path):
                                               "one model, same work"]
   gpu_suite = _module("gpu_suite")
   assert {r["row"] for r in rows} >= {"fedavg_cnn_scaling", "posttrain_wanda", "posttrain_ria",
-                                       "ddss", "fedmrn_table1", *gpu_suite.FAMILIES}
+                                       "ddss", "fedmrn_table1", "ato_resnet20_epoch",
+                                       *gpu_suite.FAMILIES}
+  assert [r["variant"] for r in rows if r["row"] == "ato_resnet20_epoch"] == [
+      "library (scan)", "plain SGD, same steps"]   # the per-step loop: full size only
   full = [r for r in rows if r["row"] == "sparse_proxskip_blogfeedback"]
   assert [r["variant"] for r in full] == ["library", "per-client jit loop",
                                           "one model, same work"]
@@ -152,7 +155,7 @@ def test_gpu_suite_tiny(tmp_path):
   late = json.load(open(tmp_path / "late" / "suite.json"))
   assert late["rows"] == [] and len(late["skipped"]) == len(gpu_suite.SECTIONS)
   est = _run("gpu_suite.py", "--tiny", "--estimate", out=tmp_path / "est")
-  assert est.count("GFLOP/round") == len(gpu_suite.FAMILIES) + 3   # + FedAvg's three sizes
+  assert est.count("GFLOP/round") == len(gpu_suite.FAMILIES) + 4   # + FedAvg's 3 sizes, ATO
 
 
 def test_bench_default_strategy_tiny(tmp_path):
