@@ -58,7 +58,9 @@ class ChunkOutput(NamedTuple):
     info: the algorithm's ``info`` of every round (zeros for masked rounds past the end).
     metrics: evaluation metrics (NaN on rounds without evaluation).
     evaluated: ``bool[chunk]``, whether the round was evaluated.
-    state_ok: ``bool[chunk]``, whether the whole state is finite after each round.
+    state_ok: ``bool[chunk]``, whether the state is finite after each round (the leaves the
+      round changed; with ``build_chunk(check_every_round=False)`` only the last round's entry
+      is checked, on the whole state, and the others are True).
     state_finite: ``bool[L]``, whether each floating leaf of the state (in ``jax.tree``
       order) is finite at the end of the chunk (names the leaf). Both are the divergence
       check, computed inside the compiled chunk so the host reads booleans, not the state.
