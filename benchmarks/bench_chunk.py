@@ -22,9 +22,7 @@ Usage: python benchmarks/bench_chunk.py [--clients 10 100 1000] [--rounds 10] [-
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,6 +33,7 @@ import jax.numpy as jnp
 import fedjaxsparse as fjs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402
 import gpu_suite as G  # noqa: E402  (the Scafflix FEMNIST case)
 
 runner = fjs.runtime.runner
@@ -116,14 +115,8 @@ def main(argv=None) -> dict:
     print(f"{n:6d} clients ({row['state MiB']:7.1f} MiB of state): scan+cond "
           f"{old_ms:8.2f} ms/round, runner chunk {new_ms:8.2f} ms/round, "
           f"{row['speed-up']:.2f}x (states differ by {diff:.1e})", flush=True)
-  result = {"config": vars(args), "backend": jax.default_backend(),
-            "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "machine": platform.machine(), "cpu_count": os.cpu_count(), "rows": rows}
-  path = args.out if args.out.endswith(".json") else os.path.join(args.out, "bench_chunk.json")
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
-  print(f"wrote {path}")
+  result = {"config": vars(args), **bench_io.environment(), "rows": rows}
+  bench_io.write_result(result, args.out, "bench_chunk")
   return result
 
 

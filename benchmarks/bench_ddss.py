@@ -41,10 +41,9 @@ Usage: python benchmarks/bench_ddss.py [--n 10000] [--p 100000] [--density 1e-3]
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
+import sys
 import time
 import warnings
 
@@ -55,6 +54,9 @@ import scipy
 import scipy.sparse as sp
 
 import fedjaxsparse as fjs
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402  (the benchmarks' shared result writer)
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -295,15 +297,8 @@ def main(argv=None) -> dict:
           "nnz lib", "nnz ref"]
   print(_table(rows, cols))
   print("gap at the snapshots: " + ", ".join(f"{g:.3g}" for g in info["gap_history"]))
-  result = {"config": vars(args), "problem": info, "backend": jax.default_backend(),
-            "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "numpy": np.__version__, "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "rows": rows}
-  path = args.out if args.out.endswith(".json") else os.path.join(args.out, "bench_ddss.json")
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
-  print(f"wrote {path}")
+  result = {"config": vars(args), "problem": info, **bench_io.environment(), "rows": rows}
+  bench_io.write_result(result, args.out, "bench_ddss")
   return result
 
 

@@ -18,9 +18,7 @@ Usage: python benchmarks/bench_default_strategy.py [--scale 0.1] [--repeats 3]
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,6 +28,7 @@ import jax
 import fedjaxsparse as fjs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402
 import gpu_suite as G  # noqa: E402  (the families' cases)
 
 clients = fjs.runtime.clients
@@ -82,15 +81,8 @@ def main(argv=None) -> dict:
     print(f"{name:30s} default {default:7s} " + "  ".join(
         f"{s} {v:9.2f} ms" for s, v in timed.items())
           + f"   default/best {row['default / best']:.2f}   ({why})", flush=True)
-  result = {"config": vars(args), "backend": jax.default_backend(),
-            "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "machine": platform.machine(), "cpu_count": os.cpu_count(), "rows": rows}
-  path = args.out if args.out.endswith(".json") else os.path.join(
-      args.out, "bench_default_strategy.json")
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
-  print(f"wrote {path}")
+  result = {"config": vars(args), **bench_io.environment(), "rows": rows}
+  bench_io.write_result(result, args.out, "bench_default_strategy")
   return result
 
 

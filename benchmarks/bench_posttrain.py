@@ -44,10 +44,9 @@ Usage: python benchmarks/bench_posttrain.py [--hidden 128] [--intermediate 352] 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
+import sys
 import time
 
 import jax
@@ -55,6 +54,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedjaxsparse as fjs
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402  (the benchmarks' shared result writer)
 
 calibration = fjs.pruning.calibration
 dsnot = fjs.pruning.dsnot
@@ -281,16 +283,8 @@ def main(argv=None) -> dict:
                 "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads")},
             "kernel_shapes": shapes, "weights_pruned": n_params,
-            "dsnot_config": dsnot.dsnot()._asdict(), "backend": jax.default_backend(),
-            "device_kind": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "numpy": np.__version__, "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "rows": rows}
-  path = args.out if args.out.endswith(".json") else os.path.join(args.out,
-                                                                   "bench_posttrain.json")
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
-  print(f"wrote {path}")
+            "dsnot_config": dsnot.dsnot()._asdict(), **bench_io.environment(), "rows": rows}
+  bench_io.write_result(result, args.out, "bench_posttrain")
   return result
 
 

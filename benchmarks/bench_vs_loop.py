@@ -46,11 +46,10 @@ Usage: python benchmarks/bench_vs_loop.py [--families ...] [--repeats 3] [--clie
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import statistics
+import sys
 import time
 
 import jax
@@ -59,6 +58,9 @@ import numpy as np
 import optax
 
 import fedjaxsparse as fjs
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402  (the benchmarks' shared result writer)
 
 
 def _images(num_clients, per_client, seed=0):
@@ -507,15 +509,9 @@ def main(argv=None) -> dict | None:
           f"{row['torch loop ms']:10.1f} ms   {row['speed-up']:.2f}x   "
           f"({row['gflop per round']:.3g} GFLOP: {row['library GFLOP/s']:.3g} vs "
           f"{row['loop GFLOP/s']:.3g} GFLOP/s)", flush=True)
-  result = {"config": vars(args), "backend": jax.default_backend(), "jax": jax.__version__,
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "machine": platform.machine(), "cpu_count": os.cpu_count(), "rows": rows}
-  path = args.out if args.out.endswith(".json") else os.path.join(args.out,
-                                                                   "bench_vs_loop.json")
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
-  print(f"wrote {path}")
+  result = {"config": vars(args), **bench_io.environment(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "rows": rows}
+  bench_io.write_result(result, args.out, "bench_vs_loop")
   return result
 
 
