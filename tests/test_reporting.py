@@ -144,3 +144,31 @@ def test_first_divergence_names_the_first_non_finite_round_and_quantity():
   h["rounds"]["bits_up"] = [1.0, 1.0, 1.0]
   assert first(h) == {"round": 3, "quantity": "loss"}
   assert first({"rounds": {"round": [1], "loss": [0.5]}, "evals": {"round": []}}) is None
+
+
+def test_batched_tuning_marks_a_candidate_whose_state_ends_non_finite_as_diverged(tmp_path):
+  """A candidate whose state goes NaN while every reported number stays finite (an argmax
+  accuracy, a loss of the incoming state) is diverged in batched tuning too: never chosen."""
+  import jax
+  import jax.numpy as jnp
+
+  def build(lr, run):   # lr = 2 goes NaN at round 4; lr = 1 stays finite
+    def init(key, params, data):
+      return {"w": jnp.zeros(3), "t": jnp.zeros((), jnp.int32)}
+
+    def step(key, s, data):
+      t = s["t"] + 1
+      w = jnp.where((t == 4) & (lr > 1.5), jnp.nan, s["w"] + lr * jnp.arange(3.0))
+      return {"w": w, "t": t}, {"loss": jnp.sum(s["w"])}
+    return fjs.Algorithm(init, step)
+
+  def eval_fn(state, test):   # finite even for a NaN state
+    return {"accuracy": (jnp.argmax(state["w"]) == 2).astype(jnp.float32)}
+
+  cfg = fjs.harness.experiment.Config(rounds=8, eval_every=4, out=str(tmp_path), progress=False,
+                                      on_divergence="skip")
+  tuned = fjs.harness.experiment.tune_then_run(
+      cfg, "t", "m", [2.0, 1.0], build, {"p": jnp.zeros(1)}, jnp.ones((4, 3)), None,
+      jnp.ones((4, 3)), None, eval_fn, tune_cfg=fjs.harness.experiment.tuning_config(cfg),
+      seeds=1, params_fn=lambda s: s, batched=True)
+  assert tuned.scores == {2.0: -1.0, 1.0: 1.0} and tuned.best == 1.0

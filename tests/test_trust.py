@@ -331,3 +331,41 @@ def test_counts_and_label_types_checked(ds):
     tr._replace(num_examples=tr.num_examples.at[0].set(tr.max_examples + 1)).validate()
   with pytest.raises(fjs.errors.DataError, match="must be integers"):
     fjs.data.FederatedDataset(tr._replace(y=tr.y.astype(jnp.float32)), ds.test, 10, "x").validate()
+
+
+def _constant_nan_algo() -> fjs.Algorithm:
+  """A NaN in a leaf the step passes through unchanged (never re-read by the rounds)."""
+  def init(key, params, data):
+    return {"w": jnp.zeros(3), "c": jnp.full(3, jnp.nan)}
+
+  def step(key, s, data):
+    return {"w": s["w"] + 1.0, "c": s["c"]}, {"loss": jnp.sum(s["w"])}
+
+  return fjs.Algorithm(init, step)
+
+
+def _late_nan_algo(bad_round: int = 2) -> fjs.Algorithm:
+  """The state goes NaN at ``bad_round``; the loss (of the incoming state) a round later."""
+  def init(key, params, data):
+    return {"w": jnp.zeros(3), "t": jnp.zeros((), jnp.int32)}
+
+  def step(key, s, data):
+    t = s["t"] + 1
+    return ({"w": jnp.where(t == bad_round, jnp.nan, s["w"] + 1.0), "t": t},
+            {"loss": jnp.sum(s["w"])})
+
+  return fjs.Algorithm(init, step)
+
+
+@pytest.mark.parametrize("algo, round_, quantity, kept", [
+    (_constant_nan_algo(), 1, "state['c']", []), (_late_nan_algo(2), 2, "state['w']", [1])])
+def test_state_checked_once_a_chunk_still_names_the_exact_round(algo, round_, quantity, kept):
+  """The runner checks the state once a chunk and re-runs a chunk that ends non-finite round by
+  round: a NaN in a passed-through leaf, or a state that goes NaN a round before the loss shows
+  it, is named at its own round whatever the chunk size (the history keeps the rounds before)."""
+  for chunk in (1, 4):
+    r = fjs.run(algo, jax.random.key(0), {"p": jnp.zeros(1)}, jnp.ones((4, 3)), num_rounds=8,
+                chunk_size=chunk, progress=False, on_nonfinite="stop", layout="padded",
+                clients="vmap")
+    assert r.diverged == {"round": round_, "quantity": quantity}, chunk
+    assert r.history.rounds["round"] == kept

@@ -31,17 +31,18 @@ import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.runtime.clients import with_strategy
-from fedjaxsparse.core import Algorithm, ParamsFn, global_params
+from fedjaxsparse.core import Algorithm, ParamsFn, float_dtype, global_params
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime import population
 from fedjaxsparse.runtime.locking import FolderLock
 from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
 from fedjaxsparse.harness.report import Figure, Table
-from fedjaxsparse.runtime.runner import EvalFn, run
+from fedjaxsparse.runtime.runner import EvalFn, run, state_finite
 from fedjaxsparse.runtime.sharding import client_mesh
 
 DIVERGENCE = ("error", "skip")
@@ -736,11 +737,13 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   ``batched`` (``build`` takes a traced candidate, :class:`Method`): with ``cfg.tuning ==
   "batched"`` the candidates' tuning runs are one vmapped program (the same key, rounds and
   evaluation as the sequential runs, so the same scores up to float reassociation; no
-  checkpoints); ``data`` must then be ``None`` and the candidates numbers."""
+  checkpoints; several processes tune sequentially, on the client mesh); ``data`` must then
+  be ``None``, the candidates numbers and ``build`` return an Algorithm (not a population's
+  ``CohortAlgorithm``)."""
   grid = list(grid)
   prep = data or (lambda candidate, split: split)
   scores = {}
-  if len(grid) > 1 and batched and cfg.tuning == "batched":
+  if len(grid) > 1 and batched and cfg.tuning == "batched" and jax.process_count() == 1:
     if data is not None:
       raise ConfigError(f"{name}: a batched grid cannot change the data per candidate "
                         "(data=...); declare the method with batched=False.")
@@ -799,30 +802,40 @@ def _tune_batched(tune_cfg: Config, grid: list, build: Callable, params: Any, fi
   (``history``, ``diverged``, ``final``, ``wall_time_s`` — the whole program's time)."""
   from fedjaxsparse.runtime import sweep   # noqa: PLC0415  (only batched tuning needs it)
   try:
-    hp = np.asarray(grid, dtype=np.float32)
+    hp = np.asarray(grid, dtype=float_dtype())   # the sequential runs' precision (x64 too)
   except (TypeError, ValueError):
     raise ConfigError(f"{name}: a batched grid's candidates must be numbers, got "
                       f"{grid!r}.") from None
 
   def build_algo(c):
     algo = build(c, Run(0, tune_cfg.rounds, True))
-    if not (hasattr(algo, "init") and hasattr(algo, "step")):
+    if not (hasattr(algo, "init") and hasattr(algo, "step")) or isinstance(
+        algo, CohortAlgorithm):
       raise ConfigError(f"{name}: a batched method's build must return an Algorithm (not an "
-                        "(algorithm, eval_fn) pair); declare it with batched=False.")
+                        "(algorithm, eval_fn) pair or a CohortAlgorithm); declare it with "
+                        "batched=False.")
     return algo
 
   key = jax.random.key(tune_cfg.seed)    # every candidate's run key, as run_method's
   keys = jax.random.wrap_key_data(np.broadcast_to(
       np.asarray(jax.random.key_data(key)), (len(grid),) + jax.random.key_data(key).shape))
   t = time.perf_counter()
-  _, histories = sweep.run_batched(
+  states, histories = sweep.run_batched(
       build_algo, keys, params, fit, val, num_rounds=tune_cfg.rounds, hparams=hp,
       eval_fn=eval_fn, eval_every=tune_cfg.eval_every or tune_cfg.rounds, params_fn=params_fn,
       clients=tune_cfg.execution)
   wall = time.perf_counter() - t
-  return [{"history": h.to_dict(), "diverged": first_divergence(h.to_dict()),
-           "final": {k: last(v) for k, v in h.evals.items()}, "wall_time_s": wall,
-           "clients": tune_cfg.execution} for h in histories]
+  finite = np.asarray(jax.vmap(lambda st: jnp.all(state_finite(st)))(states))
+  records = []
+  for s, h in enumerate(histories):
+    diverged = first_divergence(h.to_dict())
+    if diverged is None and not finite[s]:   # a state NaN no reported number showed
+      diverged = {"round": tune_cfg.rounds, "quantity": "state (at the end of the run)"}
+    records.append({"history": h.to_dict(), "diverged": diverged,
+                    "final": {k: last(v) for k, v in h.evals.items()}, "wall_time_s": wall,
+                    "clients": tune_cfg.execution,
+                    "state": jax.tree.map(lambda a, s=s: a[s], states)})
+  return records
 
 
 def first_divergence(history: dict) -> dict | None:

@@ -55,7 +55,7 @@ class ChunkOutput(NamedTuple):
   """What one chunk returns to the host, stacked over its rounds ``[chunk]``.
 
   Attributes:
-    info: the algorithm's ``info`` of every round (zeros for masked rounds past the end).
+    info: the algorithm's ``info`` of every round (zeros for rounds past the end, not run).
     metrics: evaluation metrics (NaN on rounds without evaluation).
     evaluated: ``bool[chunk]``, whether the round was evaluated.
     state_ok: ``bool[chunk]``, whether the state is finite after each round (the leaves the
@@ -124,11 +124,16 @@ def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
           s)
       return metrics, evaluated
 
+    passed = []   # indices of the leaves the step passes through unchanged (set when traced)
+
     def round_(s, r):
       """One round: the state, its info, metrics, whether evaluated, whether finite."""
       new, info = step(s, r)
       # leaves the step passed through unchanged (constants: x*, masks kept) are not re-read
-      changed = [a for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(s)) if a is not b]
+      # every round: they are checked once, on the chunk's input state (below)
+      pairs = list(zip(jax.tree.leaves(new), jax.tree.leaves(s)))
+      passed[:] = [i for i, (a, b) in enumerate(pairs) if a is b]
+      changed = [a for a, b in pairs if a is not b]
       ok = jnp.all(state_finite(changed)) if check_every_round else jnp.ones((), bool)
       if eval_fn is None:
         return new, info, {}, jnp.zeros((), bool), ok
@@ -156,10 +161,13 @@ def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
       return s, jax.tree.map(lambda buf, v: buf.at[i].set(v), outs, tuple(row))
 
     end = jnp.minimum(start_round + chunk_size, num_rounds)
+    start_leaves = jax.tree.leaves(state)
     state, (info, metrics, evaluated, ok) = jax.lax.fori_loop(start_round, end, body,
                                                               (state, outs))
     finite = state_finite(state)
-    if not check_every_round:   # the whole state once, as the last round's flag
+    if check_every_round:   # a passed-through leaf is what it was when the chunk started
+      ok = ok & jnp.all(state_finite([start_leaves[i] for i in passed]))
+    else:                   # the whole state once, as the last round's flag
       ok = ok.at[end - 1 - start_round].set(jnp.all(finite))
     return state, ChunkOutput(info, metrics, evaluated, ok, finite)
 
@@ -565,13 +573,15 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
       chunk_times.append(time.perf_counter() - t0)
       dispatches += 1
       bad = first_nonfinite(out, r0, active, state_paths)
-      if bad is not None and bad[2] is None and active > 1:
-        # the state was found non-finite only at the chunk's end: run the chunk again from its
-        # start, checking the state after every round, for the exact round
+      if active > 1 and not bool(np.all(out.state_ok[:active])):
+        # the state ended the chunk non-finite (checked once): run the chunk again from its
+        # start, checking the state after every round, for the exact round and quantity (a
+        # state can go NaN a round before any reported number shows it)
         if not exact:
           exact.append(jax.jit(build_chunk(algo, chunk_size, None if host_eval else eval_fn,
                                            eval_every, params_fn)))
         state, out = dispatch(exact[0], before)
+        dispatches += 1
         bad = first_nonfinite(out, r0, active, state_paths)
       if bad is not None:
         err = _nonfinite_error(desc, *bad)
