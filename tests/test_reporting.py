@@ -149,7 +149,6 @@ def test_first_divergence_names_the_first_non_finite_round_and_quantity():
 def test_batched_tuning_marks_a_candidate_whose_state_ends_non_finite_as_diverged(tmp_path):
   """A candidate whose state goes NaN while every reported number stays finite (an argmax
   accuracy, a loss of the incoming state) is diverged in batched tuning too: never chosen."""
-  import jax
   import jax.numpy as jnp
 
   def build(lr, run):   # lr = 2 goes NaN at round 4; lr = 1 stays finite
