@@ -61,14 +61,21 @@ def test_steps_report_progress_and_time_left(capsys, monkeypatch):
   assert capsys.readouterr().err == ""
 
 
-def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp_path):
-  import jax
-  import optax
-
+def _digits_tuning(tmp_path):
+  """(dataset, softmax model, a 6-round config, fitting and validation splits) of the digits,
+  the tuning tests' common problem."""
   ds = fjs.data.digits(num_clients=4, partition="iid", seed=0)
   model = fjs.models.softmax_regression(64, 10)
   cfg = fjs.harness.experiment.Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
   fit, val = fjs.harness.protocol.validation_split(ds.train, 0.25, 0)
+  return ds, model, cfg, fit, val
+
+
+def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp_path):
+  import jax
+  import optax
+
+  ds, model, cfg, fit, val = _digits_tuning(tmp_path)
   seen = []
 
   def build(lr, run):
@@ -100,10 +107,7 @@ def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(
   import jax
   import optax
 
-  ds = fjs.data.digits(num_clients=4, partition="iid", seed=0)
-  model = fjs.models.softmax_regression(64, 10)
-  cfg = fjs.harness.experiment.Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
-  fit, val = fjs.harness.protocol.validation_split(ds.train, 0.25, 0)
+  ds, model, cfg, fit, val = _digits_tuning(tmp_path)
   traced = []
 
   def build(lr, run):

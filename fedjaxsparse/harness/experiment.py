@@ -754,12 +754,7 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
     t0 = time.perf_counter()
     records = _tune_batched(tune_cfg, grid, build, params, fit, val, eval_fn, params_fn, name)
     for c, rec in zip(grid, records):
-      if score is not None:
-        scores[c] = None if rec["diverged"] else score(rec)
-        continue
-      value = last(rec["history"]["evals"].get(metric, []))
-      bad = rec["diverged"] or value is None or not math.isfinite(value)
-      scores[c] = -1.0 if bad else value
+      scores[c] = _candidate_score(rec, score, metric)
     if shown:
       print(f"[{name} tuning] " + ", ".join(f"{label(c)} {scores[c]}" for c in grid)
             + f"; {_duration(time.perf_counter() - t0)}", file=sys.stderr, flush=True)
@@ -773,14 +768,12 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
       algo, ev = _built(build(c, Run(0, tune_cfg.rounds, True)), eval_fn)
       rec = run_method(tune_cfg, experiment, f"{name} tune {label(c)}", algo, params,
                        prep(c, fit), val, ev, params_fn=params_fn, residence=residence)
+      scores[c] = _candidate_score(rec, score, metric)
       if score is not None:
-        scores[c] = None if rec["diverged"] else score(rec)
         steps.done(f"{label(c)} ({'diverged' if rec['diverged'] else scores[c]})")
-        continue
-      value = last(rec["history"]["evals"].get(metric, []))
-      bad = rec["diverged"] or value is None or not math.isfinite(value)
-      scores[c] = -1.0 if bad else value
-      steps.done(f"{label(c)} ({metric} {'diverged' if bad else f'{value:.4g}'})")
+      else:
+        value = _usable_metric(rec, metric)
+        steps.done(f"{label(c)} ({metric} {'diverged' if value is None else f'{value:.4g}'})")
   ok = [c for c in scores if scores[c] is not None]
   best = max(ok, key=scores.get) if ok else grid[0]
   records, finals = [], []
@@ -794,6 +787,22 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
       finals.append(scale * last(rec["history"]["evals"][metric]))
   stats = mean_se(finals) if finals else {"mean": None, "se": None}
   return Tuned(best, scores, records, finals, stats)
+
+
+def _usable_metric(rec: dict, metric: str) -> float | None:
+  """A tuning run's final validation ``metric``, or ``None`` when it diverged, was never
+  evaluated or is not finite."""
+  value = last(rec["history"]["evals"].get(metric, []))
+  return None if rec["diverged"] or value is None or not math.isfinite(value) else value
+
+
+def _candidate_score(rec: dict, score: Callable[[dict], Any] | None, metric: str) -> Any:
+  """A tuning run's score: ``score(rec)`` (``None`` when it diverged) or its final validation
+  ``metric`` (−1 when :func:`_usable_metric` has none)."""
+  if score is not None:
+    return None if rec["diverged"] else score(rec)
+  value = _usable_metric(rec, metric)
+  return -1.0 if value is None else value
 
 
 def _tune_batched(tune_cfg: Config, grid: list, build: Callable, params: Any, fit: Any,
