@@ -212,8 +212,10 @@ def _measured_seconds() -> dict:
     return {}
 
 
+@pytest.hookimpl(tryfirst=True)   # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config, items):
-  """Tests that check golden numbers carry the ``golden`` marker (``pytest -m golden``).
+  """Tests that check golden numbers carry the ``golden`` marker (``pytest -m golden``) and
+  belong to the integration tier (``integration``).
 
   The collection is ordered slowest first by the measured seconds in ``tests/durations.json``
   (modules by their total, then each module's tests; a module's tests stay together, so its
@@ -224,6 +226,7 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "golden" in getattr(item, "fixturenames", ()):
       item.add_marker(pytest.mark.golden)
+      item.add_marker(pytest.mark.integration)
   seconds = _measured_seconds()
   if not seconds:
     return
@@ -332,3 +335,64 @@ def pytest_pyfunc_call(pyfuncitem):
                 + proc.stdout[-6000:] + proc.stderr[-2000:], pytrace=False)
   return True
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a test's seconds go (opt-in): with FEDJAXSPARSE_TEST_PROFILE=FOLDER each test process
+# appends one JSON line per test to FOLDER/<pid>.jsonl — the test's wall seconds and, from JAX's
+# own monitoring events, the seconds spent tracing to jaxprs, lowering to StableHLO and in XLA's
+# backend compiler (a persistent-cache hit counts there too, as its retrieval), with the number
+# of programs compiled (and their names: ``names``; with FEDJAXSPARSE_TEST_PROFILE_SITES=1 also
+# the line outside jax that asked for each: ``sites``) and of cache hits. `python tests/durations.py --profile FOLDER` tabulates
+# them per file. Subprocesses a test starts (CLI, notebooks) are not followed: their time is in
+# the test's wall seconds only.
+# ---------------------------------------------------------------------------------------------
+_PROFILE_DIR = os.environ.get("FEDJAXSPARSE_TEST_PROFILE")
+if _PROFILE_DIR:
+  import time as _time
+  import traceback
+
+  _SITES = os.environ.get("FEDJAXSPARSE_TEST_PROFILE_SITES") == "1"
+
+  from jax._src import monitoring as _monitoring
+
+  _EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
+             "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+             "/jax/core/compile/backend_compile_duration": "compile_s"}
+  _current: dict = {}
+
+  def _on_duration(event, seconds, fun_name=None, **_):
+    key = _EVENTS.get(event)
+    if key and _current:
+      _current[key] = _current.get(key, 0.0) + seconds
+      if key == "compile_s":
+        _current["programs"] = _current.get("programs", 0) + 1
+        names = _current.setdefault("names", {})
+        names[str(fun_name)] = names.get(str(fun_name), 0) + 1
+        if _SITES:   # the first frame outside jax that asked for the program
+          site = next((f"{os.path.relpath(fr.filename)}:{fr.lineno} {fr.name}"
+                       for fr in reversed(traceback.extract_stack()[:-1])
+                       if "/jax/" not in fr.filename and "/jaxlib/" not in fr.filename
+                       and "contextlib" not in fr.filename), "?")
+          sites = _current.setdefault("sites", {})
+          sites[site] = sites.get(site, 0) + 1
+
+  def _on_event(event, **_):
+    if event == "/jax/compilation_cache/cache_hits" and _current:
+      _current["cache_hits"] = _current.get("cache_hits", 0) + 1
+
+  _monitoring.register_event_duration_secs_listener(_on_duration)
+  _monitoring.register_event_listener(_on_event)
+
+  @pytest.hookimpl(hookwrapper=True)
+  def pytest_runtest_protocol(item, nextitem):
+    _current.clear()
+    _current.update(nodeid=item.nodeid, integration=item.get_closest_marker("integration")
+                    is not None)
+    start = _time.perf_counter()
+    yield
+    _current["wall_s"] = _time.perf_counter() - start
+    os.makedirs(_PROFILE_DIR, exist_ok=True)
+    with open(os.path.join(_PROFILE_DIR, f"{os.getpid()}.jsonl"), "a") as f:
+      f.write(json.dumps(_current) + "\n")
+    _current.clear()

@@ -9,10 +9,13 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.harness.cli import experiments, main
 from fedjaxsparse.models import prunable as P
+
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
 
 def test_ato_prune_tiny_through_the_cli(tmp_path, capsys, quick):
   """The quick setting (an MLP on the labelled Fashion-MNIST stand-in, 4 epochs)."""

@@ -4,6 +4,10 @@ import importlib.util
 import json
 import os
 
+import pytest
+
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 

@@ -6,6 +6,10 @@ import os
 import runpy
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 

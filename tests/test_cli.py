@@ -11,6 +11,8 @@ import pytest
 from fedjaxsparse.harness.cli import experiments, main
 from fedjaxsparse.harness.experiment import Config, Option, parse_options
 
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
+
 ARGS = ["--clients", "6", "--eval-every", "2", "--no-progress", "--set", "local_steps=2",
         "--set", "cohort=3"]
 

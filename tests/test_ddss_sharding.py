@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
+
 SCRIPT = r"""
 import jax, numpy as np
 jax.config.update("jax_enable_x64", True)

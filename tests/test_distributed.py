@@ -12,6 +12,8 @@ import pytest
 
 from fedjaxsparse.runtime.distributed import launch
 
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
+
 SCRIPT = r'''
 import json, sys
 from fedjaxsparse.runtime import distributed

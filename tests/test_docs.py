@@ -57,6 +57,7 @@ def site(tmp_path_factory):
   return out
 
 
+@pytest.mark.integration
 def test_the_site_builds_and_every_public_name_has_an_entry(site):
   from sphinx.util.inventory import InventoryFile
   import fedjaxsparse as fjs

@@ -8,6 +8,8 @@ import pytest
 import fedjaxsparse as fjs
 from fedjaxsparse.harness.cli import main
 
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
+
 
 def test_sparse_proxskip_small(tmp_path, quick):
   """The quick setting (12 communication rounds, 8 clients): every method, the zero-sum

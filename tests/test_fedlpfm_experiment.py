@@ -5,6 +5,9 @@ results carry the paper's numbers and the teacher's label. One-value grids keep 
 per-client teacher masks, tested in test_fedlpfm."""
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
 
 
 def test_table8_tiny(tmp_path, quick):

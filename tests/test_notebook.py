@@ -16,6 +16,9 @@ import warnings
 import jax
 import nbformat
 from nbclient import NotebookClient
+import pytest
+
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
 
 NOTEBOOKS = os.path.join(os.path.dirname(__file__), "..", "notebooks")
 KERNEL = {"quickstart"}   # run in a Jupyter kernel; the others in this process

@@ -5,6 +5,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import pytest
+
+pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
 
 SCRIPT = textwrap.dedent("""
     import jax, numpy as np, optax
