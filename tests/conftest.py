@@ -370,7 +370,7 @@ if _PROFILE_DIR:
         names = _current.setdefault("names", {})
         names[str(fun_name)] = names.get(str(fun_name), 0) + 1
         if _SITES:   # the first frame outside jax that asked for the program
-          site = next((f"{os.path.relpath(fr.filename)}:{fr.lineno} {fr.name}"
+          site = next((f"{fun_name} @ {os.path.relpath(fr.filename)}:{fr.lineno} {fr.name}"
                        for fr in reversed(traceback.extract_stack()[:-1])
                        if "/jax/" not in fr.filename and "/jaxlib/" not in fr.filename
                        and "contextlib" not in fr.filename), "?")

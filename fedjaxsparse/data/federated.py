@@ -218,8 +218,9 @@ def pack_clients(x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarr
     ys = ys.astype(np.int32)
   elif np.issubdtype(ys.dtype, np.floating):
     ys = ys.astype(np.float32)
-  return FederatedData(x=jnp.asarray(xs), y=jnp.asarray(ys), mask=jnp.asarray(mask),
-                       num_examples=jnp.asarray(sizes))
+  # device_put, not jnp.asarray: a host array is copied to the device without compiling a
+  # program per shape (jnp.asarray of a NumPy array compiles one)
+  return FederatedData(*jax.device_put((xs, ys, mask, sizes)))
 
 
 def split_clients(client_indices: Sequence[np.ndarray], test_fraction: float,

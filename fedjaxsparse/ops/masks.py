@@ -35,6 +35,7 @@ Source for the team: seed 002, FedSpa §3 and App. A; spec ``seed002.md`` §3, �
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -112,16 +113,24 @@ def random_masks(key: jax.Array, params: Any, counts: Any) -> Any:
   the same mask (FedSpa's shared initial mask); ``jax.vmap`` over keys gives per-client
   masks of the same per-layer counts."""
   leaves, treedef = jax.tree.flatten(params)
-  flat_counts = jax.tree.leaves(counts)
+  shapes = tuple(tuple(int(n) for n in _shape(a)) for a in leaves)
+  return jax.tree.unflatten(treedef, _random_masks(
+      key, shapes, tuple(int(c) for c in jax.tree.leaves(counts))))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _random_masks(key: jax.Array, shapes: tuple, counts: tuple) -> list:
+  """:func:`random_masks` of leaves of ``shapes`` (one program for the whole tree)."""
   out = []
-  for i, (a, c) in enumerate(zip(leaves, flat_counts)):
-    if c >= np.size(a):
-      out.append(jnp.ones(jnp.shape(a), bool))
+  for i, (shape, c) in enumerate(zip(shapes, counts)):
+    size = math.prod(shape)
+    if c >= size:
+      out.append(jnp.ones(shape, bool))
       continue
-    keys = random_keys(jax.random.fold_in(key, i), int(np.size(a)))
+    keys = random_keys(jax.random.fold_in(key, i), size)
     idx = jax.lax.top_k(keys, c)[1]
-    out.append(jnp.zeros(np.size(a), bool).at[idx].set(True).reshape(jnp.shape(a)))
-  return jax.tree.unflatten(treedef, out)
+    out.append(jnp.zeros(size, bool).at[idx].set(True).reshape(shape))
+  return out
 
 
 def init_masks(key: jax.Array, params: Any, sparsity: float, distribution: str = "erk",
