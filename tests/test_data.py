@@ -1,4 +1,6 @@
 """The padded federated pytree, embedded datasets, and the closed-form optima."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,9 +75,13 @@ def test_synthetic_alpha_beta_drive_heterogeneity():
   assert mean_tv_to_global(iid) < 0.15  # one shared model and input law: near-identical
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _objective(loss, params, data, c):
   per_client = jax.vmap(loss, in_axes=(None, 0, 0, 0))(params, data.x, data.y, data.mask)
   return jnp.dot(jnp.asarray(c), per_client)
+
+
+_objective_grad = jax.jit(jax.grad(_objective, argnums=1), static_argnums=0)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
@@ -89,7 +95,7 @@ def test_ridge_optimum_zeroes_the_gradient(reduction, weights):
                         if np.asarray(a).dtype.kind == "f" else jnp.asarray(a), ds.train)
     loss = fjs.models.make_loss(fjs.models.linear_regression(4, l2=0.3), reduction)
     params = jax.tree.map(jnp.asarray, opt)
-    g = jax.grad(_objective, argnums=1)(loss, params, data, c)
+    g = _objective_grad(loss, params, data, c)
     assert max(float(jnp.abs(v).max()) for v in jax.tree.leaves(g)) < 1e-9
     f0 = _objective(loss, params, data, c)
     bumped = jax.tree.map(lambda a: a + 1e-3, params)
@@ -105,7 +111,7 @@ def test_softmax_optimum_zeroes_the_gradient():
     data = jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)
                         if np.asarray(a).dtype.kind == "f" else jnp.asarray(a), ds.train)
     loss = fjs.models.make_loss(fjs.models.softmax_regression(64, 10, l2=0.05))
-    g = jax.grad(_objective, argnums=1)(loss, jax.tree.map(jnp.asarray, opt), data, c)
+    g = _objective_grad(loss, jax.tree.map(jnp.asarray, opt), data, c)
     assert max(float(jnp.abs(v).max()) for v in jax.tree.leaves(g)) < 1e-7
   with pytest.raises(ValueError, match="l2"):
     fjs.data.softmax_regression_optimum(ds.train, 10, 0.0, c)

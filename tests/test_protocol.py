@@ -16,20 +16,22 @@ def ds():
 
 
 def _rows(data, i):
-  n = int(data.num_examples[i])
-  return {tuple(np.round(np.asarray(r), 6)) + (int(l),)
-          for r, l in zip(np.asarray(data.x[i, :n]), np.asarray(data.y[i, :n]))}
+  """Client ``i``'s examples as a set of rows (NumPy: no program compiled per client)."""
+  n = int(np.asarray(data.num_examples)[i])
+  return {tuple(np.round(r, 6)) + (int(l),)
+          for r, l in zip(np.asarray(data.x)[i, :n], np.asarray(data.y)[i, :n])}
 
 
 def test_validation_split_partitions_each_client(ds):
   fit, val = fjs.harness.protocol.validation_split(ds.train, 0.2, seed=3)
   fit.validate("fit")
   val.validate("validation", allow_empty=True)
+  n_fit, n_val = np.asarray(fit.num_examples), np.asarray(val.num_examples)
   for i in range(ds.num_clients):
     whole, a, b = _rows(ds.train, i), _rows(fit, i), _rows(val, i)
-    n = int(ds.train.num_examples[i])
-    assert int(fit.num_examples[i]) + int(val.num_examples[i]) == n
-    assert int(val.num_examples[i]) == min(round(0.2 * n), n - 1) and int(fit.num_examples[i])
+    n = int(np.asarray(ds.train.num_examples)[i])
+    assert int(n_fit[i]) + int(n_val[i]) == n
+    assert int(n_val[i]) == min(round(0.2 * n), n - 1) and int(n_fit[i])
     assert a | b == whole and not a & b  # disjoint, together the client's training data
     assert not (b & _rows(ds.test, i))    # and disjoint from the test split
   again = fjs.harness.protocol.validation_split(ds.train, 0.2, seed=3)[1]

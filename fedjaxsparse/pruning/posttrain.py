@@ -39,6 +39,7 @@ GROUPS = ("per_output", "per_input", "per_layer")
 ScoreFn = Callable[[jax.Array, Any, jax.Array], jax.Array]  # (W, x_norm | None, key) -> S
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))   # one program, not one per eager op
 def _keep_largest(score: jax.Array, prune: int, axis: int) -> jax.Array:
   """``bool`` mask keeping all but the ``prune`` smallest entries along ``axis``."""
   order = jnp.argsort(score, axis=axis, stable=True)

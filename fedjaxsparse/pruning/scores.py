@@ -51,6 +51,7 @@ import jax.numpy as jnp
 LP_VARIANTS = ("S1", "S2", "S3", "S4")
 
 
+@jax.jit
 def _safe_inv(v: jax.Array) -> jax.Array:
   return jnp.where(v == 0, 0.0, 1.0 / jnp.where(v == 0, 1.0, v))
 
