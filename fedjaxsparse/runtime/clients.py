@@ -362,7 +362,9 @@ def client_bytes(train: Any) -> float:
 _LAST_TRACE: list = []   # [(step, signature, closed jaxpr, out shapes, mapped)]: the last trace
 
 
-def _signature(args: Any) -> tuple:
+def arg_signature(args: Any) -> tuple:
+  """A hashable key of the types of ``args`` (tree structure; each leaf's shape, dtype and weak
+  type): equal keys mean a jitted function traces ``args`` alike."""
   leaves, treedef = jax.tree.flatten(args)
   return treedef, tuple((tuple(np.shape(a)), str(getattr(a, "dtype", type(a))),
                          bool(getattr(a, "weak_type", False))) for a in leaves)
@@ -377,7 +379,7 @@ def traced_step(step: Callable, key: Any, state: Any, train: Any):
   traced again at the same types (the jaxpr depends on nothing else). Tracing a network's
   step is the larger part of a small run's start-up, so it is done once.
   """
-  sig = _signature((key, state, train))
+  sig = arg_signature((key, state, train))
   if _LAST_TRACE and _LAST_TRACE[0][0] is step and _LAST_TRACE[0][1] == sig:
     _, _, closed, _, mapped = _LAST_TRACE[0]
     return closed, list(mapped)
@@ -398,7 +400,7 @@ def cached_step(step: Callable, key: Any, state: Any, train: Any
   evaluates the jaxpr (the same computation, without tracing the algorithm's Python again)
   and ``out_shapes`` are the ``(state, info)`` shapes. Releases the kept trace."""
   if not (_LAST_TRACE and _LAST_TRACE[0][0] is step
-          and _LAST_TRACE[0][1] == _signature((key, state, train))):
+          and _LAST_TRACE[0][1] == arg_signature((key, state, train))):
     return None
   _, _, closed, shapes, _ = _LAST_TRACE.pop()
   out_tree = jax.tree.structure(shapes)

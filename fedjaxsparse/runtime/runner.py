@@ -25,6 +25,7 @@ finite, so a diverging run stops at once with the round and quantity named.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -39,8 +40,8 @@ from jax.experimental import multihost_utils
 from flax import errors as flax_errors
 
 from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
-from fedjaxsparse.runtime.clients import (Executed, auto_layout, cached_step, choose_strategy,
-                                          with_strategy)
+from fedjaxsparse.runtime.clients import (Executed, arg_signature, auto_layout, cached_step,
+                                          choose_strategy, with_strategy)
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import NonFiniteError, UserError
@@ -523,20 +524,14 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
         test = shard_clients(test, mesh, test_clients)
   state_paths = [p for p, _ in _float_leaves(state)]
 
-  traces = [0]
-
-  def counted_chunk(*args):
-    traces[0] += 1
-    return chunk_fn(*args)
-
   # Chunks ending on every evaluation round: evaluate as a program of its own, after them.
   host_eval = eval_fn is not None and eval_every % chunk_size == 0 and start % chunk_size == 0
   # the step's trace kept from choosing the strategy / the fingerprint, at these types
   traced = None if mesh is not None else cached_step(
       algo.step, jax.random.fold_in(rounds_key, 0), state, train)
-  chunk_fn = build_chunk(algo, chunk_size, None if host_eval else eval_fn, eval_every,
-                         params_fn, traced, check_every_round=False)
-  jitted = jax.jit(counted_chunk)
+  jitted, traces = _compiled_chunk(
+      algo, chunk_size, None if host_eval else eval_fn, eval_every, params_fn, traced,
+      None if mesh is not None else (rounds_key, state, train, test))
   exact = []   # the chunk checking the state every round, compiled when a state goes NaN
   jitted_eval = jax.jit(eval_fn) if eval_fn is not None else None
   if start == 0 and eval_fn is not None:
@@ -617,6 +612,42 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
     bar.close()
   return RunResult(state, history, traces[0], dispatches,
                    prior_time + time.perf_counter() - t_start, diverged, strategy)
+
+
+_CHUNKS: collections.OrderedDict = collections.OrderedDict()
+_CHUNKS_KEPT = 8
+
+
+def _compiled_chunk(algo, chunk_size, eval_fn, eval_every, params_fn, traced, args
+                    ) -> tuple[Callable, list]:
+  """``(jitted chunk, [number of traces])`` of :func:`build_chunk` (the state checked once a
+  chunk). Runs of the same algorithm, evaluation and chunking at the same argument types
+  (``args``: rounds key, state, train and test data; ``None``: do not reuse) share one jitted
+  chunk — seeds, resumed runs and repeated runs compile once — among the last
+  ``_CHUNKS_KEPT`` such programs."""
+  try:
+    key = None if args is None else (algo, chunk_size, eval_fn, eval_every, params_fn,
+                                     arg_signature(args))
+    hash(key)
+  except TypeError:  # an algorithm or function that cannot be a dictionary key
+    key = None
+  if key is not None and key in _CHUNKS:
+    _CHUNKS.move_to_end(key)
+    return _CHUNKS[key]
+  chunk_fn = build_chunk(algo, chunk_size, eval_fn, eval_every, params_fn, traced,
+                         check_every_round=False)
+  traces = [0]
+
+  def counted_chunk(*a):
+    traces[0] += 1
+    return chunk_fn(*a)
+
+  entry = (jax.jit(counted_chunk), traces)
+  if key is not None:
+    _CHUNKS[key] = entry
+    while len(_CHUNKS) > _CHUNKS_KEPT:
+      _CHUNKS.popitem(last=False)
+  return entry
 
 
 def _interval_passed(since: float, interval_s: float) -> bool:
