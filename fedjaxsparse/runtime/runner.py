@@ -660,6 +660,7 @@ def _interval_passed(since: float, interval_s: float) -> bool:
   return passed
 
 
+@jax.jit   # one program (a run's position is a traced int), not one per eager operation
 def _with_metrics(out: ChunkOutput, metrics: dict, position: int) -> ChunkOutput:
   """``out`` with ``metrics`` (evaluated after the chunk) recorded at round ``position``."""
   n = out.evaluated.shape[0]
