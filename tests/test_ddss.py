@@ -3,6 +3,8 @@ unbiasedness by exact enumeration over the samples (also after eliminations, tha
 cached anchor), E D_i = I and E φ_i = Ω, the fixed point at x*, vanishing variance of the VR
 estimators, Theorem 1's linear rate, finite identification of the equicorrelation set, safe
 and monotone active sets along runs, and ProxASVRG = a plain numpy Prox-SVRG loop."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,9 +35,33 @@ def _sparse_instance(n=40, p=15, density=0.3, seed=0):
 
 
 def _snapshot(prob, data, x0, active):
-  res = screening.screen(prob, data, jnp.asarray(x0), active)
-  mask = screening.coordinate_mask(prob, active)
-  return res.rho, res.grad * mask, mask
+  res = screening.screen(prob, data, x0, active)
+  mask = np.asarray(screening.coordinate_mask(prob, active))
+  return np.asarray(res.rho), np.asarray(res.grad) * mask, mask
+
+
+@functools.partial(jax.jit, static_argnames=("loss", "estimator", "prox"))
+def _all_sample_updates(prob, rows, x, mask, rho0, g0, d, eta, *, loss, estimator, prox):
+  prob = prob._replace(loss=loss)
+  return jax.vmap(lambda i: ddss.sample_update(prob, rows, x, i, mask, rho0, g0, d, eta,
+                                               estimator, prox))(jnp.arange(rows.b.shape[0]))
+
+
+def _sample_updates(prob, rows, x, mask, rho0, g0, d, eta, estimator, prox):
+  """``ddss.sample_update`` of every sample i = 0..n-1 (stacked, as NumPy arrays), in one
+  compiled program."""
+  out = _all_sample_updates(prob._replace(loss=None), rows, x, mask, rho0, g0, d, eta,
+                            loss=prob.loss, estimator=estimator, prox=prox)
+  return jax.tree.map(np.asarray, out)
+
+
+_singleton_rows = jax.jit(ddss.block_rows)  # block_rows(data) for singleton blocks (jittable)
+
+
+def _gradient(data, x):
+  """``∇F(x) = Aᵀρ(x)/n`` of the Lasso, by the padded-row products."""
+  return np.asarray(sparse_rows.rmatvec(
+      data, screening.deriv("squared", sparse_rows.matvec(data, x), data.b))) / data.n
 
 
 @pytest.mark.parametrize("estimator", ["svrg", "sparse_svrg"])
@@ -45,18 +71,16 @@ def test_estimators_are_unbiased_by_enumeration_even_after_elimination(estimator
   prob = screening.make_problem(data, 0.2 * screening.lambda_max(data))
   rng = np.random.default_rng(1)
   x0 = rng.standard_normal(15)                   # the snapshot, before elimination
-  active = jnp.asarray(rng.uniform(size=15) > 0.3)  # some coordinates eliminated
-  rho0, g_full, _ = _snapshot(prob, data, x0, jnp.ones(15, bool))  # anchor at the full x⁰
-  mask = screening.coordinate_mask(prob, active)
+  active = rng.uniform(size=15) > 0.3  # some coordinates eliminated
+  rho0, g_full, _ = _snapshot(prob, data, x0, np.ones(15, bool))  # anchor at the full x⁰
+  mask = np.asarray(screening.coordinate_mask(prob, active))
   g0 = g_full * mask
-  x_hat = jnp.asarray(rng.standard_normal(15)) * mask
-  d = jnp.asarray(ddss.column_weights(data))
-  rows = ddss.block_rows(data)
-  vs = [ddss.sample_update(prob, rows, x_hat, i, mask, rho0, g0, d, 0.1, estimator, "dense")[1]
-        for i in range(data.n)]
-  want = sparse_rows.rmatvec(
-      data, screening.deriv("squared", sparse_rows.matvec(data, x_hat), data.b)) / data.n
-  np.testing.assert_allclose(np.mean(vs, 0), np.asarray(want) * np.asarray(mask), atol=1e-12)
+  x_hat = rng.standard_normal(15) * mask
+  d = ddss.column_weights(data)
+  rows = _singleton_rows(data)
+  vs = _sample_updates(prob, rows, x_hat, mask, rho0, g0, d, 0.1, estimator, "dense")[1]
+  want = _gradient(data, x_hat)
+  np.testing.assert_allclose(np.mean(vs, 0), want * mask, atol=1e-12)
 
 
 def test_column_weights_and_sparse_regulariser_are_unbiased():
@@ -82,21 +106,19 @@ def test_fixed_point_and_vanishing_variance_at_the_optimum():
   prob = screening.make_problem(data, lam)
   x_star, gap = _fista(a, b, lam, "squared")
   assert gap < 1e-10
-  active = jnp.ones(15, bool)
+  active = np.ones(15, bool)
   rho0, g0, mask = _snapshot(prob, data, x_star, active)
-  d = jnp.asarray(ddss.column_weights(data))
-  rows = ddss.block_rows(data)
-  xs = jnp.asarray(x_star)
-  for i in range(data.n):
-    _, delta, _ = ddss.sample_update(prob, rows, xs, i, mask, rho0, g0, d, 0.05, "sparse_svrg",
-                                     "sparse")
-    assert np.abs(np.asarray(delta)).max() < 1e-9
-  svrg = [ddss.sample_update(prob, rows, xs, i, mask, rho0, g0, d, 0.05, "svrg", "dense")[1]
-          for i in range(data.n)]
-  sgd = [ddss.sample_update(prob, rows, xs, i, mask, rho0, g0, d, 0.05, "sgd", "dense")[1]
-         for i in range(data.n)]
-  assert np.var(np.asarray(svrg), 0).sum() < 1e-20
-  assert np.var(np.asarray(sgd), 0).sum() > 1e-2
+  d = ddss.column_weights(data)
+  rows = _singleton_rows(data)
+  deltas = _sample_updates(prob, rows, x_star, mask, rho0, g0, d, 0.05, "sparse_svrg",
+                           "sparse")[1]
+  for delta in deltas:   # every sample i
+    assert np.abs(delta).max() < 1e-9
+  svrg = _sample_updates(prob, rows, x_star, mask, rho0, g0, d, 0.05, "svrg", "dense")[1]
+  sgd = _sample_updates(prob, rows, x_star, mask, rho0, g0, d, 0.05, "sgd", "dense")[1]
+  assert len(svrg) == len(sgd) == data.n
+  assert np.var(svrg, 0).sum() < 1e-20
+  assert np.var(sgd, 0).sum() > 1e-2
 
 
 def test_prox_asvrg_equals_a_numpy_prox_svrg_loop():
@@ -113,13 +135,16 @@ def test_prox_asvrg_equals_a_numpy_prox_svrg_loop():
   for key in keys:
     st, _ = jax.jit(algo.step)(key, st, data)
   x = np.zeros(15)
+  # the library's draw of step t: randint(split(fold_in(key, t), 1)[0], (), 0, n)
+  draws = jax.jit(jax.vmap(lambda key, t: jax.random.randint(
+      jax.random.split(jax.random.fold_in(key, t), 1)[0], (), 0, 40), in_axes=(None, 0)))
   for key in keys:
     x0 = x.copy()
     rho0 = a @ x0 - b
     g0 = a.T @ rho0 / 40
+    samples = np.asarray(draws(key, jnp.arange(k_in)))
     for t in range(k_in):
-      kk = jax.random.split(jax.random.fold_in(key, t), 1)[0]
-      i = int(jax.random.randint(kk, (), 0, 40))
+      i = int(samples[t])
       v = a[i] * ((a[i] @ x - b[i]) - rho0[i]) + g0
       u = x - eta * v
       x = np.sign(u) * np.maximum(np.abs(u) - eta * lam, 0)
@@ -196,10 +221,11 @@ def test_group_blocks_layout_weights_unbiasedness_and_fixed_point():
   data = sparse_rows.from_dense(a, b)
   rows = ddss.block_rows(data, UNEVEN)
   touch_blk = np.stack([np.isin(UNEVEN, UNEVEN[a[i] != 0]) for i in range(40)])  # [n, p]
+  rows_idx, rows_val, rows_valid = (np.asarray(v) for v in (rows.idx, rows.val, rows.valid))
   for i in range(40):
-    idx, ok = np.asarray(rows.idx[i])[np.asarray(rows.valid[i])], np.flatnonzero(touch_blk[i])
+    idx, ok = rows_idx[i][rows_valid[i]], np.flatnonzero(touch_blk[i])
     np.testing.assert_array_equal(np.sort(idx), ok)       # every coordinate of Ψ_i, once
-    np.testing.assert_array_equal(np.asarray(rows.val[i])[np.asarray(rows.valid[i])], a[i, idx])
+    np.testing.assert_array_equal(rows_val[i][rows_valid[i]], a[i, idx])
   d = ddss.column_weights(data, block=UNEVEN)
   np.testing.assert_allclose((touch_blk * d).mean(0), touch_blk.any(0) * 1.0)   # E D_i = I
   rng = np.random.default_rng(8)
@@ -212,30 +238,31 @@ def test_group_blocks_layout_weights_unbiasedness_and_fixed_point():
                                        rel=1e-12)                                # E φ_i = Ω
   prob = screening.make_problem(data, 0.3 * screening.lambda_max(data, block=UNEVEN, weights=w),
                                 block=UNEVEN, weights=w)
-  active = jnp.asarray([True, False, True, True, True, False, True])
-  rho0, _, _ = _snapshot(prob, data, rng.standard_normal(15), jnp.ones(7, bool))
-  g_full = _snapshot(prob, data, rng.standard_normal(15), jnp.ones(7, bool))[1]
-  mask = screening.coordinate_mask(prob, active)
-  x_hat = jnp.asarray(rng.standard_normal(15)) * mask
-  vs = [ddss.sample_update(prob, rows, x_hat, i, mask, rho0, g_full * mask, jnp.asarray(d), 0.1,
-                           "sparse_svrg", "dense")[1] for i in range(40)]
-  grad = sparse_rows.rmatvec(
-      data, screening.deriv("squared", sparse_rows.matvec(data, x_hat), data.b)) / 40
+  active = np.array([True, False, True, True, True, False, True])
+  rho0, _, _ = _snapshot(prob, data, rng.standard_normal(15), np.ones(7, bool))
+  g_full = _snapshot(prob, data, rng.standard_normal(15), np.ones(7, bool))[1]
+  mask = np.asarray(screening.coordinate_mask(prob, active))
+  x_hat = rng.standard_normal(15) * mask
+  vs = _sample_updates(prob, rows, x_hat, mask, rho0, g_full * mask, d, 0.1, "sparse_svrg",
+                       "dense")[1]
+  assert len(vs) == 40
+  grad = _gradient(data, x_hat)
   # E v = ∇F(x̂) − (1/n)Σ a_i ρ⁰_i + E[D_i] g⁰ on the active blocks; ρ⁰ and g⁰ come from two
   # different points here, so each of the three terms is checked separately
-  anchor = sparse_rows.rmatvec(data, rho0) / 40
-  want = (np.asarray(grad) - np.asarray(anchor) + np.asarray(g_full)) * np.asarray(mask)
+  anchor = np.asarray(sparse_rows.rmatvec(data, rho0)) / 40
+  want = (grad - anchor + g_full) * mask
   want = want * touch_blk.any(0)
   np.testing.assert_allclose(np.mean(vs, 0), want, atol=1e-12)
   lam = 0.3 * screening.lambda_max(data, block=UNEVEN)
   prob = screening.make_problem(data, lam, block=UNEVEN)
   x_star, gap = _fista(a, b, lam, "squared", UNEVEN)
   assert gap < 1e-10 and 0 < np.sum(np.abs(x_star) > 1e-9) < 15
-  rho0, g0, mask = _snapshot(prob, data, x_star, jnp.ones(7, bool))
-  for i in range(40):
-    _, delta, _ = ddss.sample_update(prob, rows, jnp.asarray(x_star), i, mask, rho0, g0,
-                                     jnp.asarray(d), 0.05, "sparse_svrg", "sparse")
-    assert np.abs(np.asarray(delta)).max() < 1e-9
+  rho0, g0, mask = _snapshot(prob, data, x_star, np.ones(7, bool))
+  deltas = _sample_updates(prob, rows, x_star, mask, rho0, g0, d, 0.05, "sparse_svrg",
+                           "sparse")[1]
+  assert len(deltas) == 40
+  for delta in deltas:   # every sample i
+    assert np.abs(delta).max() < 1e-9
 
 
 def test_group_lasso_runs_screen_safely_and_converge():

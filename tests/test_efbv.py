@@ -32,14 +32,13 @@ def test_lambda_nu_one_with_top_k_is_original_ef21(problem):
   comp = fjs.compressors.top_k(D, 2)
   gamma = 0.05
   algo = fjs.ef21(loss, comp, gamma, lam=1.0, h_init="zero")
-  x0 = jax.tree.map(lambda a: a + 0.5, model.init(jax.random.key(0)))
+  x0 = jax.tree.map(lambda a: jax.device_put(np.asarray(a) + 0.5), model.init(jax.random.key(0)))
   state = algo.init(None, x0, ds.train)
   # Original EF21 (Richtárik et al. 2021, Alg. 1), written out with g_i.
   n = ds.num_clients
-  x, g_i = x0, jax.tree.map(lambda a: jnp.zeros((n,) + a.shape), x0)
-  for t in range(8):
-    key = jax.random.key(t)
-    state, _ = jax.jit(algo.step)(key, state, ds.train)
+
+  @jax.jit
+  def original(key, x, g_i):
     # EF21 compresses ∇f_i(x^t) − g_i^t at the point where g is used: our iteration order
     # computes the gradient at the current x and updates x with the new estimate.
     grads = _grads(loss, x, ds.train)
@@ -47,6 +46,14 @@ def test_lambda_nu_one_with_top_k_is_original_ef21(problem):
                                 jax.tree.map(jnp.subtract, grads, g_i))
     g_i = jax.tree.map(jnp.add, g_i, c)
     x = jax.tree.map(lambda a, b: a - gamma * b, x, jax.tree.map(lambda a: jnp.mean(a, 0), g_i))
+    return x, g_i
+
+  x, g_i = x0, jax.tree.map(lambda a: np.zeros((n,) + a.shape, a.dtype), x0)
+  step = jax.jit(algo.step)
+  for t in range(8):
+    key = jax.random.key(t)
+    state, _ = step(key, state, ds.train)
+    x, g_i = original(key, x, g_i)
     chex.assert_trees_all_close(state.x, x, rtol=1e-5, atol=1e-6)
     chex.assert_trees_all_close(state.h_clients, g_i, rtol=1e-5, atol=1e-6)
 
@@ -76,17 +83,24 @@ def test_nu_one_is_diana(problem):
   x0 = model.init(jax.random.key(0))
   sa, sb = a.init(None, x0, ds.train), b.init(None, x0, ds.train)
   n = ds.num_clients
-  x, h_i = x0, _grads(loss, x0, ds.train)
-  for t in range(5):
-    key = jax.random.key(t)
-    sa, _ = a.step(key, sa, ds.train)
-    sb, _ = b.step(key, sb, ds.train)
+
+  @jax.jit
+  def written_out(key, x, h_i):
     # DIANA written out: g = mean(h_i + C(∇f_i − h_i)), h_i += λ C(...).
     c = jax.vmap(comp.compress)(fjs.sampling.client_keys(key, jnp.arange(n)),
                                 jax.tree.map(jnp.subtract, _grads(loss, x, ds.train), h_i))
     g = jax.tree.map(lambda h, cc: jnp.mean(h + cc, 0), h_i, c)
     h_i = jax.tree.map(lambda h, cc: h + lam * cc, h_i, c)
     x = jax.tree.map(lambda p, gg: p - gamma * gg, x, g)
+    return x, h_i
+
+  x, h_i = x0, jax.jit(_grads, static_argnums=0)(loss, x0, ds.train)
+  step_a, step_b = jax.jit(a.step), jax.jit(b.step)
+  for t in range(5):
+    key = jax.random.key(t)
+    sa, _ = step_a(key, sa, ds.train)
+    sb, _ = step_b(key, sb, ds.train)
+    x, h_i = written_out(key, x, h_i)
     chex.assert_trees_all_close(sa.x, x, rtol=1e-5, atol=1e-6)
   chex.assert_trees_all_equal(sa, sb)
 
@@ -99,10 +113,16 @@ def test_identity_is_proximal_gradient_descent(problem):
   algo = fjs.prox_gd(loss, gamma, D, prox=prox)
   x = model.init(jax.random.key(0))
   state = algo.init(None, x, ds.train)
-  for t in range(5):
-    state, _ = algo.step(jax.random.key(t), state, ds.train)
+
+  @jax.jit
+  def prox_step(x):
     g = jax.tree.map(lambda a: jnp.mean(a, 0), _grads(loss, x, ds.train))
-    x = prox(jax.tree.map(lambda p, gg: p - gamma * gg, x, g), gamma)
+    return prox(jax.tree.map(lambda p, gg: p - gamma * gg, x, g), gamma)
+
+  step = jax.jit(algo.step)
+  for t in range(5):
+    state, _ = step(jax.random.key(t), state, ds.train)
+    x = prox_step(x)
     chex.assert_trees_all_close(state.x, x, rtol=1e-5, atol=1e-6)
 
 
@@ -119,9 +139,10 @@ def test_linear_convergence_at_the_theoretical_step_size(problem, name):
   algo = fjs.ef_bv(loss, comp, prm["gamma"], prm["lam"], prm["nu"])
   opt = fjs.data.ridge_regression_optimum(ds.train, L2, fjs.data.uniform_weights(ds.train))
   with jax.enable_x64(True):
-    data = jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)
+    data = jax.tree.map(lambda a: jax.device_put(np.asarray(a, np.float64))
                         if np.asarray(a).dtype.kind == "f" else jnp.asarray(a), ds.train)
-    x0 = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64), model.init(jax.random.key(0)))
+    x0 = jax.tree.map(lambda a: jax.device_put(np.zeros(a.shape, np.float64)),
+                      model.init(jax.random.key(0)))
     errs = []
     for rounds in (3000, 6000):
       res = fjs.run(algo, jax.random.key(0), x0, data, num_rounds=rounds, chunk_size=1000,
@@ -210,9 +231,10 @@ def test_constants_from_data_bound_the_true_curvature(problem):
   consts = fjs.convex.constants.linear_model_constants(ds.train, L2, "squared", "mean")
   x0 = model.init(jax.random.key(0))
   flat0, unravel = jax.flatten_util.ravel_pytree(x0)
-  mats = [np.asarray(jax.hessian(lambda v: loss(
-      unravel(v), ds.train.x[i], ds.train.y[i], ds.train.mask[i]))(flat0))
-          for i in range(ds.num_clients)]
+  hessians = jax.jit(jax.vmap(jax.hessian(lambda v, x, y, m: loss(unravel(v), x, y, m)),
+                              in_axes=(None, 0, 0, 0)))   # one per client
+  mats = list(np.asarray(hessians(flat0, ds.train.x, ds.train.y, ds.train.mask)))
+  assert len(mats) == ds.num_clients
   hess = [np.linalg.eigvalsh(h) for h in mats]
   assert consts.L_max == pytest.approx(max(h[-1] for h in hess), rel=1e-4)
   # L: the smoothness of the average objective, λ_max of the average Hessian (≤ L_avg)
@@ -223,10 +245,13 @@ def test_constants_from_data_bound_the_true_curvature(problem):
                                                      use_bias=False)
   lmodel = fjs.models.logistic_regression(DIM, l2=L2)
   lloss = fjs.models.make_loss(lmodel)
-  for i in range(ds.num_clients):
-    h = jax.hessian(lambda w: lloss({"w": w}, ds.train.x[i], (ds.train.y[i] > 0).astype(
-        jnp.int32), ds.train.mask[i]))(jnp.ones(DIM) * 0.1)
-    assert np.linalg.eigvalsh(np.asarray(h))[-1] <= logi.L_max * (1 + 1e-5)
+  logistic_hessians = jax.jit(jax.vmap(jax.hessian(lambda w, x, y, m: lloss(
+      {"w": w}, x, (y > 0).astype(jnp.int32), m)), in_axes=(None, 0, 0, 0)))
+  hs = np.asarray(logistic_hessians(np.full(DIM, 0.1, np.float32), ds.train.x, ds.train.y,
+                                    ds.train.mask))
+  assert len(hs) == ds.num_clients
+  for h in hs:   # every client
+    assert np.linalg.eigvalsh(h)[-1] <= logi.L_max * (1 + 1e-5)
 
 
 def test_tuned_constructor_and_l1_prox_reach_the_lasso_solution(problem):
@@ -241,9 +266,9 @@ def test_tuned_constructor_and_l1_prox_reach_the_lasso_solution(problem):
   ref_algo = fjs.prox_gd(loss, 1 / consts.L_max, D, prox=prox)
   x0 = model.init(jax.random.key(0))
   with jax.enable_x64(True):
-    data = jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)
+    data = jax.tree.map(lambda a: jax.device_put(np.asarray(a, np.float64))
                         if np.asarray(a).dtype.kind == "f" else jnp.asarray(a), ds.train)
-    x0 = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float64), x0)
+    x0 = jax.tree.map(lambda a: jax.device_put(np.zeros(a.shape, np.float64)), x0)
     ref = fjs.run(ref_algo, jax.random.key(0), x0, data, num_rounds=5000, chunk_size=1000,
                   progress=False).state.x
     got = fjs.run(algo, jax.random.key(0), x0, data, num_rounds=20000, chunk_size=5000,

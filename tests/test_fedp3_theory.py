@@ -16,6 +16,10 @@ def ls_loss(w, x, y, m):
   return 0.5 * jnp.sum(m * (x @ w - y) ** 2) / jnp.maximum(jnp.sum(m), 1.0)
 
 
+_client_grads = jax.jit(jax.vmap(jax.grad(ls_loss), in_axes=(None, 0, 0, 0)))
+_client_losses = jax.jit(jax.vmap(ls_loss, in_axes=(None, 0, 0, 0)))
+
+
 def _problem(n=4, m=30, d=8, seed=0, interpolate=False):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(n * m, d)).astype(np.float32) * rng.uniform(0.5, 2.0, size=d)
@@ -30,25 +34,36 @@ def _problem(n=4, m=30, d=8, seed=0, interpolate=False):
 
 def test_permutation_sketch_identities_on_every_draw_and_in_expectation():
   n, d = 5, 40
-  x = jnp.asarray(np.random.default_rng(0).normal(size=d), jnp.float32)
+  x = np.random.default_rng(0).normal(size=d).astype(np.float32)
+  sketches = jax.jit(lambda owner: jnp.stack([
+      fedp3_theory.permutation_sketch(owner, i, jnp.ones(d), n) for i in range(n)]))
   for s in range(20):
     owner = fedp3_theory.permutation_owner(jax.random.key(s), d, n)
-    sk = jnp.stack([fedp3_theory.permutation_sketch(owner, i, jnp.ones(d), n) for i in range(n)])
+    sk = np.asarray(sketches(owner))
     np.testing.assert_array_equal(sk.sum(0), n * np.ones(d))  # Σ_i S_i = nI
     assert ((sk > 0).sum(0) == 1).all() and ((sk > 0).sum(1) == d // n).all()
   draws = 20000
-  owners = jax.vmap(lambda k: fedp3_theory.permutation_owner(k, d, n))(
-      jax.random.split(jax.random.key(1), draws))
-  sx = jax.vmap(lambda o: fedp3_theory.permutation_sketch(o, 2, x, n))(owners)  # client 2
-  mean, se = sx.mean(0), sx.std(0) / np.sqrt(draws)
+  ys = np.random.default_rng(1).normal(size=(n, d)).astype(np.float32)
+
+  @jax.jit
+  def moments(key):  # the Monte Carlo moments over `draws` permutations, in one program
+    owners = jax.vmap(lambda k: fedp3_theory.permutation_owner(k, d, n))(
+        jax.random.split(key, draws))
+    sx = jax.vmap(lambda o: fedp3_theory.permutation_sketch(o, 2, x, n))(owners)  # client 2
+    sq = jnp.sum(sx ** 2, 1)
+    agg = jax.vmap(lambda o: jnp.sum(jnp.stack([fedp3_theory.permutation_sketch(o, i, ys[i], n)
+                                                for i in range(n)]), 0) / n)(owners)
+    sq_agg = jnp.sum(agg ** 2, 1)
+    return (sx.mean(0), sx.std(0), sq.mean(), sq.std(), n * jnp.sum(x ** 2), sq_agg.mean(),
+            sq_agg.std(), jnp.sum(ys ** 2) / n)
+
+  mean, std, sq_mean, sq_std, want_sq, agg_mean, agg_std, want_agg = jax.tree.map(
+      np.asarray, moments(jax.random.key(1)))
+  se = std / np.sqrt(draws)
   assert np.all(np.abs(mean - x) < 5 * se + 1e-6)  # E[S_i x] = x
-  sq = jnp.sum(sx ** 2, 1)
-  assert abs(sq.mean() - n * jnp.sum(x ** 2)) < 5 * sq.std() / np.sqrt(draws)
-  ys = jnp.asarray(np.random.default_rng(1).normal(size=(n, d)), jnp.float32)
-  agg = jax.vmap(lambda o: jnp.sum(jnp.stack([fedp3_theory.permutation_sketch(o, i, ys[i], n)
-                                              for i in range(n)]), 0) / n)(owners)
-  sq = jnp.sum(agg ** 2, 1)  # E‖(1/n)Σ S_i y_i‖² = (1/n)Σ‖y_i‖² (disjoint supports)
-  assert abs(sq.mean() - jnp.sum(ys ** 2) / n) < 5 * sq.std() / np.sqrt(draws)
+  assert abs(sq_mean - want_sq) < 5 * sq_std / np.sqrt(draws)
+  # E‖(1/n)Σ S_i y_i‖² = (1/n)Σ‖y_i‖² (disjoint supports)
+  assert abs(agg_mean - want_agg) < 5 * agg_std / np.sqrt(draws)
   blocks = fedp3_theory.permutation_owner(jax.random.key(3), 24, 3, block=4)
   assert (blocks.reshape(-1, 4) == blocks.reshape(-1, 4)[:, :1]).all()
   with pytest.raises(ValueError, match="divisible"):
@@ -60,16 +75,16 @@ def test_aggregation_is_a_gather_and_gamma_zero_is_a_fixed_point():
   w0 = jnp.arange(8, dtype=jnp.float32)
   key = jax.random.key(4)
   algo = fjs.fedp3_theory(ls_loss, 0.05)
-  new, info = algo.step(key, algo.init(None, w0, data), data)
+  new, info = jax.jit(algo.step)(key, algo.init(None, w0, data), data)
   k_perm, k_clients = jax.random.split(key)
-  owner = fedp3_theory.permutation_owner(k_perm, 8, 4)
-  us = [w0 - 0.05 * jax.grad(ls_loss)(w0, *(a[i] for a in (data.x, data.y, data.mask)))
-        for i in range(4)]
-  gathered = jnp.stack(us)[owner, jnp.arange(8)]
+  owner = np.asarray(fedp3_theory.permutation_owner(k_perm, 8, 4))
+  us = np.asarray(w0) - 0.05 * np.asarray(_client_grads(w0, data.x, data.y, data.mask))
+  gathered = us[owner, np.arange(8)]
   np.testing.assert_allclose(new.params, gathered, rtol=1e-6, atol=1e-7)
   assert float(info.floats_up) == 8
   still = fjs.fedp3_theory(lambda w, x, y, m: 0.0 * jnp.sum(w), 1.0)
-  np.testing.assert_array_equal(still.step(key, still.init(None, w0, data), data)[0].params, w0)
+  np.testing.assert_array_equal(
+      jax.jit(still.step)(key, still.init(None, w0, data), data)[0].params, w0)
 
 
 def test_theorem_433_bound_holds_at_the_prescribed_step():
@@ -77,10 +92,9 @@ def test_theorem_433_bound_holds_at_the_prescribed_step():
   K = 200
   gamma = fedp3_theory.theorem_433_step(ls.mean(), ls.max(), K)
   algo = fjs.fedp3_theory(ls_loss, gamma)
-  f = lambda w: np.mean([float(ls_loss(w, *(a[i] for a in (data.x, data.y, data.mask))))
-                         for i in range(4)])
+  f = lambda w: np.mean([float(v) for v in _client_losses(w, data.x, data.y, data.mask)])
   w_inf = np.linalg.lstsq(np.asarray(x, np.float64), np.asarray(y, np.float64), rcond=None)[0]
-  delta0 = f(jnp.zeros(8)) - f(jnp.asarray(w_inf, jnp.float32))
+  delta0 = f(np.zeros(8, np.float32)) - f(w_inf.astype(np.float32))
   run = jax.jit(lambda key: jax.lax.scan(
       lambda s, k: algo.step(k, s, data), algo.init(None, jnp.zeros(8), data),
       jax.random.split(key, K))[1].grad_norm_sq)
@@ -97,19 +111,25 @@ def test_theorem_c35_update_matrix_and_biased_pruning():
   w = jnp.linspace(-1.0, 1.0, d)
   key = jax.random.key(9)
   algo = fjs.fedp3_theory(ls_loss, 0.1, prune=0.6, sketch="identity")
-  new = algo.step(key, algo.init(None, w, data), data)[0].params
+  new = jax.jit(algo.step)(key, algo.init(None, w, data), data)[0].params
   _, k_clients = jax.random.split(key)
+  # client i's pruning key, as the step derives it: split(fold_in(k_clients, i))[0]
+  client_masks = np.asarray(jax.jit(lambda k: jnp.stack([
+      fedp3_theory.pruning_mask(jax.random.split(jax.random.fold_in(k, i))[0], d, 0.6)
+      for i in range(n)]))(k_clients), np.float64)
+  xs = np.asarray(data.x, np.float64)
   P, B = np.zeros((d, d)), np.zeros((d, d))
   for i in range(n):
-    kp = jax.random.split(jax.random.fold_in(k_clients, i))[0]
-    Pi = np.diag(np.asarray(fedp3_theory.pruning_mask(kp, d, 0.6), np.float64))
-    xi = np.asarray(data.x[i], np.float64)
+    Pi = np.diag(client_masks[i])
+    xi = xs[i]
     Li = xi.T @ xi / xi.shape[0]
     P += Pi / n
     B += Pi @ Li @ Pi / n
   np.testing.assert_allclose(new, (P - 0.1 * B) @ np.asarray(w), rtol=1e-5, atol=1e-6)
   draws = 20000
-  masks = jax.vmap(lambda k: fedp3_theory.pruning_mask(k, d, 0.6))(jax.random.split(key, draws))
+  masks = np.asarray(jax.jit(jax.vmap(lambda k: fedp3_theory.pruning_mask(k, d, 0.6)))(
+      jax.random.split(key, draws)))
+  w = np.asarray(w)
   pw = masks * w
   assert np.all(np.abs(pw.mean(0) - 0.6 * w) < 5 * pw.std(0) / np.sqrt(draws) + 1e-6)
 
@@ -122,7 +142,7 @@ def test_ldp_noise_variance_after_aggregation(placement, scale):
   data, *_ = _problem(n=n, d=2)  # the loss ignores the data
   algo = fjs.fedp3_theory(lambda w, x, y, m: 0.0 * jnp.sum(w), gamma, noise=placement,
                           sigma=sigma)
-  state = algo.init(None, jnp.zeros(d), data)
+  state = algo.init(None, np.zeros(d, np.float32), data)
   step = jax.jit(algo.step)
   diffs = np.concatenate([np.asarray(step(jax.random.key(s), state, data)[0].params)
                           for s in range(3)])
@@ -132,17 +152,19 @@ def test_ldp_noise_variance_after_aggregation(placement, scale):
 
 def test_clipping_bounds_every_per_example_gradient():
   data, *_ = _problem(n=2, d=8)
-  w = jnp.ones(8) * 3.0
-  x, y, m = data.x[0], data.y[0], data.mask[0]
-  per = jax.vmap(lambda xi, yi: jax.grad(ls_loss)(w, xi[None], yi[None], jnp.ones(1)))(x, y)
-  norms = np.linalg.norm(np.asarray(per), axis=1)
+  w = np.full(8, 3.0, np.float32)
+  x, y, m = (np.asarray(a)[0] for a in (data.x, data.y, data.mask))
+  per = np.asarray(jax.jit(jax.vmap(
+      lambda xi, yi: jax.grad(ls_loss)(w, xi[None], yi[None], jnp.ones(1))))(x, y))
+  norms = np.linalg.norm(per, axis=1)
   c = float(np.median(norms))
-  g = fedp3_theory.clipped_mean_grad(ls_loss, w, x, y, m, c)
+  clipped = jax.jit(lambda clip: fedp3_theory.clipped_mean_grad(ls_loss, w, x, y, m, clip))
+  g = clipped(c)
   want = (per * np.minimum(1.0, c / norms)[:, None]).mean(0)
   np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
   assert np.linalg.norm(g) <= c + 1e-5
-  np.testing.assert_allclose(fedp3_theory.clipped_mean_grad(ls_loss, w, x, y, m, 1e9),
-                             jax.grad(ls_loss)(w, x, y, m), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(clipped(1e9), jax.jit(jax.grad(ls_loss))(w, x, y, m), rtol=1e-4,
+                             atol=1e-5)
 
 
 def test_accountant_is_monotone_and_inverts():
@@ -164,8 +186,8 @@ def test_rand_t_with_t_d_over_n_has_omega_n_minus_one():
   n, d = 4, 64
   comp = fjs.compressors.rand_k(d, d // n)
   assert comp.omega == n - 1
-  x = jnp.asarray(np.random.default_rng(2).normal(size=d), jnp.float32)
+  x = np.random.default_rng(2).normal(size=d).astype(np.float32)
   draws = 20000
-  err = jax.vmap(lambda k: jnp.sum((comp.compress(k, x) - x) ** 2))(
-      jax.random.split(jax.random.key(0), draws))
-  assert abs(err.mean() - (n - 1) * jnp.sum(x ** 2)) < 5 * err.std() / np.sqrt(draws)
+  err = np.asarray(jax.jit(jax.vmap(lambda k: jnp.sum((comp.compress(k, x) - x) ** 2)))(
+      jax.random.split(jax.random.key(0), draws)))
+  assert abs(err.mean() - (n - 1) * np.sum(x ** 2)) < 5 * err.std() / np.sqrt(draws)

@@ -57,9 +57,18 @@ def permutation_owner(key: jax.Array, d: int, n: int, block: int = 1) -> jax.Arr
   """``int32[d]``: the client owning each coordinate under Def. 4.3.2 — a uniformly random
   permutation π of the ``d/block`` blocks, client i owning blocks ``π_{s(i−1)+1..si}``,
   ``s = d/(n·block)``. Needs ``d`` divisible by ``n·block``."""
+  _check_permutation(d, n, block)
+  return _permutation_owner(key, d, n, block)
+
+
+def _check_permutation(d: int, n: int, block: int) -> None:
   if d % (n * block):
     raise ValueError(f"the permutation sketch needs d = s·n·block; d={d} is not divisible by "
                      f"n·block = {n}·{block} (zero-pad the model).")
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _permutation_owner(key: jax.Array, d: int, n: int, block: int) -> jax.Array:
   nb = d // block
   perm = jax.random.permutation(key, nb)
   owner_blocks = jnp.zeros(nb, jnp.int32).at[perm].set(jnp.arange(nb, dtype=jnp.int32)
@@ -138,7 +147,7 @@ def fedp3_theory(loss_fn: LossFn, gamma: float, *, local_steps: int = 1,
     check_data(data)
     d = ravel_pytree(params)[0].shape[0]
     if sketch == "permutation":
-      permutation_owner(jax.random.key(0), d, data.num_clients, block)  # validates d
+      _check_permutation(d, data.num_clients, block)
     if batch_size is not None and batch_size > data.max_examples:
       raise ValueError(f"batch_size must be <= the clients' padded size {data.max_examples}, "
                        f"got {batch_size} (a smaller client uses all its examples).")
@@ -241,9 +250,16 @@ def ldp_epsilon(multiplier: float, dataset_size: int, batch_size: int, steps: in
   if not 1 <= batch_size <= dataset_size:
     raise ValueError(f"batch_size must lie in [1, dataset_size={dataset_size}], got "
                      f"{batch_size}.")
+  event = _event(float(multiplier), int(dataset_size), int(batch_size), int(steps))
+  return _event_epsilon(event, float(delta))
+
+
+@functools.lru_cache(maxsize=1024)
+def _event_epsilon(event, delta: float) -> float:
+  """ε at ``delta`` of a DP event on a fresh RDP accountant (a pure function of the event, an
+  immutable value: cached, as a study asks for the same event again)."""
   with _quiet_accountant():
-    acc = _accountant().compose(_event(multiplier, dataset_size, batch_size, steps))
-    return float(acc.get_epsilon(delta))
+    return float(_accountant().compose(event).get_epsilon(delta))
 
 
 def ldp_sigma(epsilon: float, delta: float, steps: int, dataset_size: int, clip: float,

@@ -33,6 +33,7 @@ Source for the team: seed 004, Task 1, §3.1-3.2, l. 307-349; spec ``seed004.md`
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -85,8 +86,27 @@ def make_problem(data: SparseRows, lam: float, loss: str = "squared",
   if w.shape != (q,) or np.any(w <= 0):
     raise ValueError(f"weights must be {q} positive numbers.")
   max_row_sq = float(np.max(np.sum(np.asarray(data.val) ** 2, axis=1)))
-  return Problem(jnp.asarray(lam, dtype), jnp.asarray(block, jnp.int32), jnp.asarray(w, dtype),
-                 jnp.asarray(op / w, dtype), jnp.asarray(max_row_sq, dtype), loss)
+  # device_put, not jnp.asarray: host arrays are copied without compiling a program per shape
+  return Problem(*jax.device_put((np.asarray(lam, dtype), np.asarray(block, np.int32),
+                                  np.asarray(w, dtype), np.asarray(op / w, dtype),
+                                  np.asarray(max_row_sq, dtype))), loss)
+
+
+def _compiled(fn=None, *, static_argnames=()):
+  """``fn(prob, ...)`` compiled once per shapes, loss and ``static_argnames`` — also when
+  called outside ``jit`` (the string ``prob.loss`` is passed as a static argument)."""
+  if fn is None:
+    return functools.partial(_compiled, static_argnames=static_argnames)
+
+  @functools.partial(jax.jit, static_argnames=("loss",) + tuple(static_argnames))
+  def core(prob, *args, loss, **kwargs):
+    return fn(prob._replace(loss=loss), *args, **kwargs)
+
+  @functools.wraps(fn)
+  def wrapper(prob, *args, **kwargs):
+    return core(prob._replace(loss=None), *args, loss=prob.loss, **kwargs)
+
+  return wrapper
 
 
 def _group_spectral_norms(data: SparseRows, block: np.ndarray) -> np.ndarray:
@@ -104,6 +124,7 @@ def _group_spectral_norms(data: SparseRows, block: np.ndarray) -> np.ndarray:
   return out
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def deriv(loss: str, z: jax.Array, b: jax.Array) -> jax.Array:
   """``ρ_i = f_i'(z_i)``."""
   if loss == "squared":
@@ -111,29 +132,35 @@ def deriv(loss: str, z: jax.Array, b: jax.Array) -> jax.Array:
   return -b * jax.nn.sigmoid(-b * z)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _losses(loss: str, z: jax.Array, b: jax.Array) -> jax.Array:
   return 0.5 * (b - z) ** 2 if loss == "squared" else jax.nn.softplus(-b * z)
 
 
+@_compiled
 def block_norms(prob: Problem, u: jax.Array) -> jax.Array:
   """``‖u_{G_j}‖₂`` [q]."""
   return jnp.sqrt(jax.ops.segment_sum(u * u, prob.block, num_segments=prob.num_blocks))
 
 
+@_compiled
 def regularizer(prob: Problem, x: jax.Array) -> jax.Array:
   """``Ω(x) = Σ_j w_j‖x_{G_j}‖₂``."""
   return jnp.sum(prob.weights * block_norms(prob, x))
 
 
+@_compiled
 def dual_norms(prob: Problem, u: jax.Array) -> jax.Array:
   """``Ω_j^D(u_{G_j}) = ‖u_{G_j}‖₂ / w_j`` [q]."""
   return block_norms(prob, u) / prob.weights
 
 
+@_compiled
 def primal(prob: Problem, data: SparseRows, x: jax.Array) -> jax.Array:
   return jnp.mean(_losses(prob.loss, matvec(data, x), data.b)) + prob.lam * regularizer(prob, x)
 
 
+@_compiled
 def dual(prob: Problem, data: SparseRows, y: jax.Array) -> jax.Array:
   """``D(y) = −(1/n) Σ f_i*(−y_i)`` (3-4): squared ``(bᵀy − ½‖y‖²)/n``; logistic, with
   ``s = b∘y ∈ [0, 1]``, ``−(1/n) Σ [s log s + (1−s) log(1−s)]``."""
@@ -145,9 +172,13 @@ def dual(prob: Problem, data: SparseRows, y: jax.Array) -> jax.Array:
 
 def lambda_max(data: SparseRows, loss: str = "squared", block=None, weights=None) -> float:
   """``Ω^D(∇F(0))``: for λ ≥ λ_max, x* = 0 (Lasso ``‖Aᵀb‖_∞/n``, logistic ``‖Aᵀb‖_∞/(2n)``)."""
-  prob = make_problem(data, 1.0, loss, block, weights)
-  rho0 = deriv(loss, jnp.zeros(data.n, data.val.dtype), data.b)
-  return float(jnp.max(dual_norms(prob, rmatvec(data, rho0) / data.n)))
+  return float(_lambda_max(make_problem(data, 1.0, loss, block, weights), data))
+
+
+@_compiled
+def _lambda_max(prob: Problem, data: SparseRows) -> jax.Array:
+  rho0 = deriv(prob.loss, jnp.zeros(data.n, data.val.dtype), data.b)
+  return jnp.max(dual_norms(prob, rmatvec(data, rho0) / data.n))
 
 
 class Screen(NamedTuple):
@@ -171,6 +202,12 @@ def screen(prob: Problem, data: SparseRows, x: jax.Array, active: jax.Array,
   blocks ``active bool[q]``, in one pass over the data (§1.2 of the spec)."""
   if radius not in RADII:
     raise ValueError(f"radius must be one of {RADII}, got {radius!r}.")
+  return _screen(prob, data, x, active, radius=radius)
+
+
+@_compiled(static_argnames=("radius",))
+def _screen(prob: Problem, data: SparseRows, x: jax.Array, active: jax.Array, *,
+            radius: str) -> Screen:
   n = data.n
   z = matvec(data, x)
   rho = deriv(prob.loss, z, data.b)
@@ -192,11 +229,13 @@ def screen(prob: Problem, data: SparseRows, x: jax.Array, active: jax.Array,
   return Screen(active & ~eliminate, y, scale, p_val, d_val, gap, r, grad, rho)
 
 
+@_compiled
 def coordinate_mask(prob: Problem, active: jax.Array) -> jax.Array:
   """``bool[p]``: the coordinates of the active blocks."""
   return active[prob.block]
 
 
+@_compiled
 def prox(prob: Problem, u: jax.Array, step: jax.Array) -> jax.Array:
   """``prox_{step·λΩ}(u)``: block soft-thresholding ``max(0, 1 − step·λ w_j/‖u_G‖)·u_G``."""
   nrm = block_norms(prob, u)

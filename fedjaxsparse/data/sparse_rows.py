@@ -52,8 +52,9 @@ def from_scipy(a, b, dtype=np.float64) -> SparseRows:
   idx[rows, pos] = a.indices
   val[rows, pos] = a.data
   col_sq = np.asarray(a.multiply(a).sum(0)).ravel().astype(dtype)
-  return SparseRows(jnp.asarray(idx), jnp.asarray(val), jnp.asarray(np.asarray(b, dtype)),
-                    jnp.asarray(col_sq), jnp.asarray(counts.astype(np.int32)))
+  # device_put, not jnp.asarray: host arrays are copied without compiling a program per shape
+  return SparseRows(*jax.device_put((idx, val, np.asarray(b, dtype), col_sq,
+                                     counts.astype(np.int32))))
 
 
 def from_libsvm(path: str, task: str = "classification", num_features: int | None = None,
@@ -77,13 +78,15 @@ def from_dense(a: np.ndarray, b: np.ndarray, dtype=np.float64) -> SparseRows:
   return from_scipy(sp.csr_matrix(np.asarray(a, dtype)), b, dtype)
 
 
+@jax.jit
 def matvec(data: SparseRows, x: jax.Array) -> jax.Array:
-  """``A x`` [n]."""
+  """``A x`` [n] (one compiled program per shape, also when called outside ``jit``)."""
   return jnp.sum(data.val * x[data.idx], axis=1)
 
 
+@jax.jit
 def rmatvec(data: SparseRows, r: jax.Array) -> jax.Array:
-  """``Aᵀ r`` [p]."""
+  """``Aᵀ r`` [p] (one compiled program per shape, also when called outside ``jit``)."""
   return jax.ops.segment_sum((data.val * r[:, None]).ravel(), data.idx.ravel(),
                              num_segments=data.p)
 

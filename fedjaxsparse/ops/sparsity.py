@@ -40,6 +40,7 @@ K from a sparsity level: ``k_from_sparsity(d, s) = max(1, round((1 − s)·d))``
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -104,6 +105,7 @@ def _magnitude_keys(x: jax.Array) -> jax.Array:
   return a if a.dtype == jnp.float64 else a.astype(jnp.float32)
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def random_keys(key: jax.Array, n: int) -> jax.Array:
   """``float32[n]`` i.i.d. keys with 29 random bits each: ``(bits >> 3) + 2²³`` read as a
   float32, a positive normal float whose order is that of the integer."""
@@ -131,7 +133,23 @@ def largest_mask(keys: jax.Array, k: int, method: str = "bisection") -> jax.Arra
     method = ("top_k" if isinstance(k, (int, np.integer)) and k * 50 <= keys.shape[0]
               else "bisection")
   if method == "top_k":
-    return jnp.zeros(keys.shape, bool).at[jax.lax.top_k(keys, k)[1]].set(True)
+    # a static k compiles once per (shape, k); anything else goes to lax.top_k as it is
+    return (_top_k_mask_jit(keys, operator.index(k)) if isinstance(k, (int, np.integer))
+            else _top_k_mask(keys, k))
+  return _bisection_mask(keys, k)
+
+
+def _top_k_mask(keys: jax.Array, k: int) -> jax.Array:
+  return jnp.zeros(keys.shape, bool).at[jax.lax.top_k(keys, k)[1]].set(True)
+
+
+_top_k_mask_jit = jax.jit(_top_k_mask, static_argnums=1)
+
+
+@jax.jit
+def _bisection_mask(keys: jax.Array, k: Any) -> jax.Array:
+  """:func:`largest_mask` by bisection on the bit pattern of the k-th largest key (``k`` may
+  be traced: one program per shape of ``keys``)."""
   uint, nbits = (jnp.uint64, 63) if keys.dtype == jnp.float64 else (jnp.uint32, 31)
   bits = jax.lax.bitcast_convert_type(keys, uint)  # monotone for keys >= 0, NaN on top
 
