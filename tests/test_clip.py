@@ -73,6 +73,13 @@ def teacher(ckpt):
   return C.zero_shot_teacher(ckpt[0], None, IDS)
 
 
+@pytest.fixture(scope="module")
+def teacher_fn(teacher):
+  """``(params, images) -> logits`` of the teacher: one function, so that every jit of it
+  (here and in :func:`C.cached_logits`) shares its programs."""
+  return lambda p, x: C.teacher_logits(teacher, p, x)
+
+
 # --- checkpoints -------------------------------------------------------------------------------
 
 
@@ -269,7 +276,7 @@ def _np_text_features(t, ids):
 
 
 def test_patch_embedding_follows_pytorch_conv_layout(ckpt, hf_tensors):
-  got = C.VisionEmbeddings(CFG.vision_config).apply(
+  got = jax.jit(C.VisionEmbeddings(CFG.vision_config).apply)(
       {"params": ckpt[1]["vision_model"]["embeddings"]}, IMAGES[:2])
   np.testing.assert_allclose(got, _np_patches(hf_tensors, IMAGES[:2]), rtol=1e-5, atol=1e-5)
 
@@ -299,13 +306,14 @@ def test_towers_match_numpy_references(ckpt, hf_tensors):
     C.image_features(CFG, params, IMAGES[:2, :16])
 
 
-def test_teacher_logits_are_scaled_cosine_similarities(ckpt, teacher):
+def test_teacher_logits_are_scaled_cosine_similarities(ckpt, teacher, teacher_fn):
   _, params = ckpt
   img = np.asarray(C.image_features(CFG, _sub(params, *_VISION), IMAGES), np.float64)
   txt = np.asarray(C.text_features(CFG, _sub(params, *_TEXT), IDS), np.float64)
   assert img.shape == (10, 16) and txt.shape == (K, 16)
   want = math.exp(1.7) * _unit(img) @ _unit(txt).T
-  np.testing.assert_allclose(C.teacher_logits(teacher, None, IMAGES), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jax.jit(teacher_fn)(teacher.params, IMAGES), want, rtol=1e-5,
+                             atol=1e-5)
   np.testing.assert_allclose(np.linalg.norm(teacher.class_emb, axis=1), 1.0, rtol=1e-6)
   np.testing.assert_allclose(teacher.class_emb, _unit(txt), rtol=1e-5, atol=1e-6)
   assert float(teacher.logit_scale) == pytest.approx(1.7)
@@ -340,7 +348,8 @@ def test_text_pooling_picks_the_eos_position(ckpt):
   _, params = ckpt
   text = _sub(params, *_TEXT)
   hidden, pooled = _text(params, IDS)
-  np.testing.assert_array_equal(C.pool_positions(IDS, EOS), EOS_AT)      # the first EOS
+  pool_positions = jax.jit(C.pool_positions, static_argnums=1)
+  np.testing.assert_array_equal(pool_positions(IDS, EOS), EOS_AT)        # the first EOS
   np.testing.assert_array_equal(pooled, np.asarray(hidden)[np.arange(K), EOS_AT])
   emb = C.text_features(CFG, text, IDS)
   after, before = IDS.copy(), IDS.copy()
@@ -358,7 +367,7 @@ def test_text_pooling_picks_the_eos_position(ckpt):
   ids[np.arange(K), EOS_AT] = 49        # the legacy EOS: the largest id
   ids[:, 0] = 2
   idx = np.argmax(ids, axis=1)
-  np.testing.assert_array_equal(C.pool_positions(ids, 2), idx)
+  np.testing.assert_array_equal(pool_positions(ids, 2), idx)
   np.testing.assert_array_equal(idx, EOS_AT)
   hidden, pooled = _text(params, ids, legacy)
   np.testing.assert_array_equal(pooled, np.asarray(hidden)[np.arange(K), idx])
@@ -366,13 +375,13 @@ def test_text_pooling_picks_the_eos_position(ckpt):
 
 def test_text_attention_is_causal(ckpt):
   _, params = ckpt
-  a, _ = _text(params, IDS)
+  a = np.asarray(_text(params, IDS)[0])
   for j in (4, 9):
     ids = IDS.copy()
     ids[:, j] = (ids[:, j] + 5) % 50
-    b, _ = _text(params, ids)
+    b = np.asarray(_text(params, ids)[0])
     np.testing.assert_allclose(a[:, :j], b[:, :j], rtol=1e-6, atol=1e-6)
-    assert (np.abs(np.asarray(a[:, j:]) - np.asarray(b[:, j:])).max(axis=(0, 2)) > 1e-4).all()
+    assert (np.abs(a[:, j:] - b[:, j:]).max(axis=(0, 2)) > 1e-4).all()
 
 
 def test_zero_shot_teacher_input_errors(ckpt):
@@ -393,19 +402,19 @@ def test_zero_shot_teacher_input_errors(ckpt):
 
 
 @pytest.mark.parametrize("batch_size", [4, 3, 256])
-def test_cached_logits_equal_on_the_fly_logits(teacher, batch_size):
-  want = np.asarray(C.teacher_logits(teacher, None, IMAGES))
-  got = C.cached_logits(lambda p, x: C.teacher_logits(teacher, p, x), IMAGES, batch_size,
-                        params=teacher.params)
+def test_cached_logits_equal_on_the_fly_logits(teacher, teacher_fn, batch_size):
+  on_the_fly = jax.jit(teacher_fn)
+  want = np.asarray(on_the_fly(teacher.params, IMAGES))
+  got = C.cached_logits(teacher_fn, IMAGES, batch_size, params=teacher.params)
   assert isinstance(got, np.ndarray) and got.shape == (10, K)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   for i in (0, 9):                                     # one example at a time
-    np.testing.assert_allclose(got[i], C.teacher_logits(teacher, None, IMAGES[i:i + 1])[0],
+    np.testing.assert_allclose(got[i], np.asarray(on_the_fly(teacher.params, IMAGES[i:i + 1]))[0],
                                rtol=1e-5, atol=1e-5)
 
 
-def test_cached_logits_closure_form_one_program_and_errors(teacher):
-  want = np.asarray(C.teacher_logits(teacher, None, IMAGES))
+def test_cached_logits_closure_form_one_program_and_errors(teacher, teacher_fn):
+  want = np.asarray(jax.jit(teacher_fn)(teacher.params, IMAGES))
   traced = []
 
   def fn(x):
@@ -422,28 +431,29 @@ def test_cached_logits_closure_form_one_program_and_errors(teacher):
 
 def test_cached_logits_of_preprocessed_uint8_images(teacher):
   raw = RNG.integers(0, 256, (10, 20, 20, 3), dtype=np.uint8)
-  got = C.cached_logits(lambda p, x: C.teacher_logits(teacher, p, C.preprocess(x, 32)), raw, 4,
-                        params=teacher.params)
-  want = C.teacher_logits(teacher, None, C.preprocess(raw, 32))
+  fn = lambda p, x: C.teacher_logits(teacher, p, C.preprocess(x, 32))   # noqa: E731
+  got = C.cached_logits(fn, raw, 4, params=teacher.params)
+  want = jax.jit(fn)(teacher.params, raw)                 # all ten at once
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_preprocess_shapes_normalisation_and_grayscale():
   mean, std = np.asarray(C.CLIP_MEAN), np.asarray(C.CLIP_STD)
+  preprocess = jax.jit(C.preprocess, static_argnums=1)
   raw = RNG.integers(0, 256, (2, 20, 20, 3), dtype=np.uint8)
-  out = C.preprocess(raw, 32)
+  out = preprocess(raw, 32)
   assert out.shape == (2, 32, 32, 3) and out.dtype == jnp.float32
-  np.testing.assert_allclose(out, C.preprocess(raw / 255.0, 32), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out, preprocess(raw / 255.0, 32), rtol=1e-5, atol=1e-5)
   # at the native size nothing is resized: exactly (x / 255 - mean) / std
-  np.testing.assert_allclose(C.preprocess(raw, 20), (raw / 255.0 - mean) / std, rtol=1e-5,
+  np.testing.assert_allclose(preprocess(raw, 20), (raw / 255.0 - mean) / std, rtol=1e-5,
                              atol=1e-5)
   # a constant image stays constant (bicubic weights sum to one)
   const = np.full((1, 20, 20, 3), 51, np.uint8)
-  np.testing.assert_allclose(C.preprocess(const, 32), np.broadcast_to((0.2 - mean) / std,
-                                                                      (1, 32, 32, 3)),
+  np.testing.assert_allclose(preprocess(const, 32), np.broadcast_to((0.2 - mean) / std,
+                                                                    (1, 32, 32, 3)),
                              rtol=1e-5, atol=1e-5)
   # grayscale is repeated to 3 channels (before the per-channel normalisation)
-  gray = C.preprocess(raw[..., :1], 32)
+  gray = preprocess(raw[..., :1], 32)
   assert gray.shape == (2, 32, 32, 3)
   unnorm = np.asarray(gray) * std + mean
   np.testing.assert_allclose(unnorm[..., 1], unnorm[..., 0], atol=1e-5)
@@ -451,14 +461,14 @@ def test_preprocess_shapes_normalisation_and_grayscale():
   # non-square: the shorter side goes to image_size, the centre is cropped
   wide = np.zeros((1, 10, 30, 3), np.uint8)
   wide[:, :, 10:20] = 255                             # a white middle third
-  out = np.asarray(C.preprocess(wide, 10)) * std + mean
+  out = np.asarray(preprocess(wide, 10)) * std + mean
   assert out.shape == (1, 10, 10, 3)
   np.testing.assert_allclose(out, 1.0, atol=1e-5)     # only the white centre is left
   for bad in (raw[0], raw[..., :2]):
     with pytest.raises(ValueError, match="images"):
-      C.preprocess(bad, 32)
+      preprocess(bad, 32)
   with pytest.raises(ValueError, match="image_size"):
-    C.preprocess(raw, 0)
+    preprocess(raw, 0)
 
 
 def test_fedlpfm_linear_probe_on_clip_features(ckpt, tmp_path):
@@ -482,7 +492,8 @@ def test_fedlpfm_linear_probe_on_clip_features(ckpt, tmp_path):
   probed = F._client_logits(fit, teacher, K, probe=True)
   assert zero.shape == probed.shape == (2, 20, K) and not np.allclose(zero, probed)
   t = C.zero_shot_teacher(ckpt[0], None, IDS)
-  cls = t.class_emb / np.linalg.norm(t.class_emb, axis=-1, keepdims=True)
+  cls = np.asarray(t.class_emb)
+  cls = cls / np.linalg.norm(cls, axis=-1, keepdims=True)
   np.testing.assert_allclose(zero.reshape(40, K), np.exp(float(t.logit_scale)) * phi @ cls.T,
                              rtol=1e-4, atol=1e-4)
 
@@ -504,16 +515,17 @@ def test_context_of_the_placeholders_own_embeddings_changes_nothing(ckpt):
   """The context path is exact: feeding the placeholder tokens' own embeddings as the context
   gives the plain prompts' text features; another context changes them."""
   _, params = ckpt
-  ids = jnp.asarray(_prompts())
+  ids = _prompts()
   table = params["text_model"]["embeddings"]["token_embedding"]["embedding"]
-  own = jnp.asarray(table)[ids[0, 1:4]]
-  plain = C.text_features(CFG, params, ids)
+  own = np.asarray(table)[ids[0, 1:4]]
+  plain = np.asarray(C.text_features(CFG, params, ids))
   np.testing.assert_allclose(C.text_features(CFG, params, ids, own), plain, rtol=1e-5,
                              atol=1e-6)
-  other = own + jnp.asarray(np.random.default_rng(0).normal(size=own.shape), own.dtype)
-  assert float(jnp.max(jnp.abs(C.text_features(CFG, params, ids, other) - plain))) > 1e-3
+  other = own + np.random.default_rng(0).normal(size=own.shape).astype(own.dtype)
+  assert float(np.max(np.abs(np.asarray(C.text_features(CFG, params, ids, other)) - plain))) \
+      > 1e-3
   with pytest.raises(ValueError, match="context"):
-    C.text_features(CFG, params, ids, jnp.zeros((L, 32)))
+    C.text_features(CFG, params, ids, np.zeros((L, 32), np.float32))
 
 
 def test_prompt_tuning_fits_the_context_to_labelled_embeddings(ckpt):
@@ -527,7 +539,8 @@ def test_prompt_tuning_fits_the_context_to_labelled_embeddings(ckpt):
   emb = centres[y] + 0.3 * rng.normal(size=(200, 16))
   tuned = C.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=3, steps=150, lr=0.05,
                           batch_size=None, key=jax.random.key(1))
-  assert tuned.context.shape == (3, 32) and float(tuned.losses[-1]) < float(tuned.losses[0])
+  losses = np.asarray(tuned.losses)
+  assert tuned.context.shape == (3, 32) and losses[-1] < losses[0]
   unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
   before = C.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=3, steps=1, lr=1e-9,
                            batch_size=None, key=jax.random.key(1)).class_emb

@@ -3,7 +3,7 @@ layout read and written exactly, the packed attention weights split as PyTorch p
 attention pool against a NumPy reference, frozen BatchNorm, and RN50's published size."""
 import math
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 import pytest
 
@@ -42,6 +42,18 @@ def ckpt(tmp_path_factory):
   return path, params
 
 
+def _ids():
+  """Three prompts: a class token, then the EOS (49)."""
+  ids = np.full((3, 12), 5, np.int32)
+  ids[:, 1], ids[:, 2] = [7, 8, 9], 49
+  return ids
+
+
+@pytest.fixture(scope="module")
+def teacher(ckpt):
+  return R.zero_shot_teacher(ckpt[0], None, _ids())
+
+
 def test_checkpoint_round_trip_infers_the_config_and_uses_openai_names(ckpt):
   from safetensors import safe_open
   path, params = ckpt
@@ -65,7 +77,7 @@ def test_attention_pool_matches_numpy(ckpt):
   ap = params["visual"]["attnpool"]
   rng = np.random.default_rng(1)
   x = rng.normal(size=(2, 2, 2, 256)).astype(np.float32)
-  got = R.AttentionPool(2, 16).apply({"params": ap}, jnp.asarray(x))
+  got = jax.jit(R.AttentionPool(2, 16).apply)({"params": ap}, x)
   t = x.reshape(2, 4, 256)
   t = np.concatenate([t.mean(1, keepdims=True), t], 1) + ap["positional_embedding"]
   lin = lambda n, z: z @ ap[n]["kernel"] + ap[n]["bias"]   # noqa: E731
@@ -81,28 +93,26 @@ def test_attention_pool_matches_numpy(ckpt):
 
 
 def test_frozen_batch_norm_uses_the_stored_statistics():
-  x = jnp.asarray(np.random.default_rng(2).normal(size=(3, 4)), jnp.float32)
-  p = {"scale": jnp.full(4, 2.0), "bias": jnp.full(4, 0.5), "mean": jnp.arange(4.0),
-       "var": jnp.full(4, 3.0)}
-  got = R._FrozenBN().apply({"params": p}, x)
-  np.testing.assert_allclose(got, (x - jnp.arange(4.0)) / np.sqrt(3.0 + 1e-5) * 2 + 0.5,
+  x = np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)
+  p = {"scale": np.full(4, 2.0, np.float32), "bias": np.full(4, 0.5, np.float32),
+       "mean": np.arange(4.0, dtype=np.float32), "var": np.full(4, 3.0, np.float32)}
+  got = jax.jit(R._FrozenBN().apply)({"params": p}, x)
+  np.testing.assert_allclose(got, (x - np.arange(4.0)) / np.sqrt(3.0 + 1e-5) * 2 + 0.5,
                              rtol=1e-6)
 
 
-def test_zero_shot_teacher_is_scaled_cosines_of_the_towers(ckpt):
-  path, params = ckpt
-  ids = np.full((3, 12), 5, np.int32)
-  ids[:, 1] = [7, 8, 9]
-  ids[:, 2] = 49
-  t = R.zero_shot_teacher(path, None, ids)
-  images = jnp.asarray(np.random.default_rng(3).normal(size=(2, 64, 64, 3)), jnp.float32)
-  img = np.asarray(t.image_fn(t.params, images))
-  txt = np.asarray(R.text_features(CFG, params, jnp.asarray(ids)))
+def test_zero_shot_teacher_is_scaled_cosines_of_the_towers(ckpt, teacher):
+  _, params = ckpt
+  t = teacher
+  images = np.random.default_rng(3).normal(size=(2, 64, 64, 3)).astype(np.float32)
+  img, logits = (np.asarray(a) for a in jax.jit(
+      lambda p, x: (t.image_fn(p, x), C.teacher_logits(t, p, x)))(t.params, images))
+  txt = np.asarray(R.text_features(CFG, params, _ids()))
   unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)   # noqa: E731
-  np.testing.assert_allclose(np.asarray(C.teacher_logits(t, None, images)),
-                             np.exp(1.3) * unit(img) @ unit(txt).T, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(logits, np.exp(1.3) * unit(img) @ unit(txt).T, rtol=1e-4,
+                             atol=1e-4)
   with pytest.raises(ValueError, match="images must have shape"):
-    t.image_fn(t.params, jnp.zeros((1, 32, 32, 3)))
+    t.image_fn(t.params, np.zeros((1, 32, 32, 3), np.float32))
 
 
 def test_rn50_has_openais_published_size():
@@ -117,23 +127,20 @@ def test_rn50_has_openais_published_size():
   assert visual == 38_316_896 and total == 102_007_137
 
 
-def test_fedlpfm_reads_an_rn_checkpoint_as_its_zero_shot_teacher(ckpt, tmp_path):
+def test_fedlpfm_reads_an_rn_checkpoint_as_its_zero_shot_teacher(ckpt, teacher, tmp_path):
   """``--set clip=`` on OpenAI's layout gives the ResNet teacher: its logits are the towers'
   scaled cosines, and its unit image embeddings are the linear probe's features."""
   from fedjaxsparse.experiments import fedlpfm_fmnist as F
   from fedjaxsparse.harness.experiment import Config
-  path, params = ckpt
-  ids = np.full((3, 12), 5, np.int32)
-  ids[:, 1], ids[:, 2] = [7, 8, 9], 49
-  np.save(tmp_path / "ids.npy", ids)
+  path, _ = ckpt
+  np.save(tmp_path / "ids.npy", _ids())
   x = np.random.default_rng(4).random((4, 28, 28, 1)).astype(np.float32)
   opts = {"clip": path, "clip_prompts": str(tmp_path / "ids.npy")}
   (_, (fn, note, feats)), = F._teachers(Config(out=str(tmp_path)), opts, x, None, x, None,
                                          3).items()
   logits, phi = np.asarray(fn(x)), np.asarray(feats(x))
   assert logits.shape == (4, 3) and phi.shape == (4, 16)
-  t = R.zero_shot_teacher(path, None, ids)
-  np.testing.assert_allclose(logits, np.exp(1.3) * phi @ np.asarray(t.class_emb).T,
+  np.testing.assert_allclose(logits, np.exp(1.3) * phi @ np.asarray(teacher.class_emb).T,
                              rtol=1e-4, atol=1e-4)
 
 
@@ -144,12 +151,12 @@ def test_prompt_tuning_runs_on_the_resnet_checkpoints_text_tower(ckpt):
   cfg = R.as_clip_config(CFG)
   ids = np.full((3, 12), 5, np.int32)
   ids[:, 0], ids[:, 1:3], ids[:, 3], ids[:, 4] = 1, 7, [10, 11, 12], 49
-  np.testing.assert_allclose(C.text_features(cfg, params, jnp.asarray(ids)),
-                             R.text_features(CFG, params, jnp.asarray(ids)), rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(C.text_features(cfg, params, ids),
+                             R.text_features(CFG, params, ids), rtol=1e-5, atol=1e-6)
   rng = np.random.default_rng(5)
   y = rng.integers(0, 3, 30)
   emb = rng.normal(size=(3, 16))[y] + 0.2 * rng.normal(size=(30, 16))
   tuned = C.prompt_tuning(cfg, params, ids, emb, y, n_ctx=2, steps=20, lr=0.05,
                           batch_size=None)
-  assert tuned.class_emb.shape == (3, 16) and float(tuned.losses[-1]) < float(tuned.losses[0])
+  losses = np.asarray(tuned.losses)
+  assert tuned.class_emb.shape == (3, 16) and losses[-1] < losses[0]

@@ -13,11 +13,27 @@ import fedjaxsparse as fjs
 def setup():
   ds = fjs.data.digits(num_clients=6, seed=0)
   model = fjs.models.softmax_regression(64, 10)
-  return ds, model, fjs.models.make_loss(model), model.init(jax.random.key(0))
+  return ds, model, fjs.models.make_loss(model), jax.jit(lambda: model.init(jax.random.key(0)))()
+
+
+@pytest.fixture(scope="module")
+def regenerated_noise(setup):
+  """``(key, alpha) -> [noise of each participant]``: the noise of a round's participants
+  (cohort of 4), regenerated from their seeds as the server does."""
+  ds, _, _, w0 = setup
+
+  @jax.jit
+  def regenerate(key, alpha):
+    k_cohort, k_noise, _ = jax.random.split(key, 3)
+    ids = fjs.sampling.sample_cohort(k_cohort, ds.train.num_clients, 4)
+    return [fjs.ops.noise_masks.tree_noise(k, w0, alpha)
+            for k in fjs.sampling.client_keys(k_noise, ids)]
+  return regenerate
 
 
 @pytest.mark.parametrize("signed", [False, True])
-def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, signed):
+def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, regenerated_noise,
+                                                                 signed):
   ds, _, loss, w0 = setup
   alpha = 5e-3 if signed else 1e-2
   algo = fjs.fedmrn(loss, 0.1, epochs=2, batch_size=16, cohort_size=4, noise_scale=alpha,
@@ -27,12 +43,9 @@ def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, signed):
   new, info = jax.jit(algo.step)(key, state, ds.train)
   d = sum(a.size for a in jax.tree.leaves(w0))
   assert float(info.bits_up) == 4 * (d + 32) and float(info.bits_down) == 4 * 32 * d
-  delta = jax.tree.map(jnp.subtract, new.params, w0)
+  delta = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), new.params, w0)
   # the participants' noise, regenerated from their seeds as the server does
-  k_cohort, k_noise, _ = jax.random.split(key, 3)
-  ids = fjs.sampling.sample_cohort(k_cohort, ds.train.num_clients, 4)
-  noises = [fjs.ops.noise_masks.tree_noise(k, w0, alpha)
-            for k in fjs.sampling.client_keys(k_noise, ids)]
+  noises = regenerated_noise(key, np.float32(alpha))
   for leaf, *ns in zip(jax.tree.leaves(delta), *[jax.tree.leaves(n) for n in noises]):
     ns = np.stack([np.asarray(n) for n in ns])
     lo = ns.min(0) if not signed else -np.abs(ns).max(0)
@@ -47,20 +60,32 @@ def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, signed):
 
 def _loop_round(loss, w, data, key, lr, epochs, batch, cohort):
   """The same round, one client at a time in Python (masking="none": the FedAvg backbone)."""
-  k_cohort, _, k_train = jax.random.split(key, 3)
-  ids = np.asarray(fjs.sampling.sample_cohort(k_cohort, data.num_clients, cohort))
-  grad = jax.jit(jax.grad(lambda v, x, y, m: loss(jax.tree.map(jnp.add, w, v), x, y, m)))
-  sizes = np.asarray(data.num_examples)[ids]
-  total = jax.tree.map(jnp.zeros_like, w)
-  for i, kt in zip(ids, fjs.sampling.client_keys(k_train, jnp.asarray(ids))):
-    row = jax.tree.map(lambda a: a[i], data)
-    k_order = jax.random.split(kt, 3)[0]
-    u = jax.tree.map(jnp.zeros_like, w)
-    for t in range(int(fjs.ops.local.epoch_steps(row.num_examples, batch, epochs))):
-      x, y, m = fjs.ops.local.epoch_minibatch(k_order, row, batch, jnp.int32(t))
-      u = jax.tree.map(lambda a, g: a - lr * g, u, grad(u, x, y, m))
-    total = jax.tree.map(lambda s, a: s + a * data.num_examples[i] / sizes.sum(), total, u)
-  return jax.tree.map(jnp.add, w, total)
+  @jax.jit
+  def participants(key):   # the cohort, each one's shuffling key and its number of steps S_k
+    k_cohort, _, k_train = jax.random.split(key, 3)
+    ids = fjs.sampling.sample_cohort(k_cohort, data.num_clients, cohort)
+    k_order = [jax.random.split(k, 3)[0] for k in fjs.sampling.client_keys(k_train, ids)]
+    return ids, k_order, fjs.ops.local.epoch_steps(data.num_examples[ids], batch, epochs)
+
+  @jax.jit
+  def sgd_step(u, k_order, row, t):
+    x, y, m = fjs.ops.local.epoch_minibatch(k_order, row, batch, t)
+    g = jax.grad(lambda v: loss(jax.tree.map(jnp.add, w, v), x, y, m))(u)
+    return jax.tree.map(lambda a, g: a - lr * g, u, g)
+
+  ids, k_orders, steps = participants(key)
+  ids, steps = np.asarray(ids), np.asarray(steps)
+  rows = jax.tree.map(np.asarray, data)
+  sizes = rows.num_examples[ids]
+  total = jax.tree.map(lambda a: np.zeros(a.shape), w)
+  for i, k_order, s_k in zip(ids, k_orders, steps):
+    row = jax.tree.map(lambda a: a[i], rows)
+    u = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), w)
+    for t in range(int(s_k)):
+      u = sgd_step(u, k_order, row, np.int32(t))
+    total = jax.tree.map(lambda s, a: s + np.asarray(a) * rows.num_examples[i] / sizes.sum(),
+                         total, u)
+  return jax.tree.map(lambda a, b: np.asarray(a) + b, w, total)
 
 
 def test_vmapped_round_equals_a_per_client_loop(setup):
@@ -83,6 +108,7 @@ def test_fedmrn_and_its_ablations_learn(setup):
   each by at most the noise scale, so they trail the FedAvg backbone after 15 rounds)."""
   ds, model, loss, w0 = setup
   accs = {}
+  accuracy = jax.jit(lambda p: fjs.evaluation.evaluate(model, p, ds.test)["accuracy"])
   for name, kw in {"FedAvg": dict(masking="none"), "FedMRN": {},
                    "FedMRNS": dict(signed=True, noise_scale=0.05),
                    "w/o PSM": dict(stochastic=False, progressive=False),
@@ -92,7 +118,7 @@ def test_fedmrn_and_its_ablations_learn(setup):
     state, step = algo.init(None, w0, ds.train), jax.jit(algo.step)
     for t in range(15):
       state, _ = step(jax.random.key(t), state, ds.train)
-    accs[name] = float(fjs.evaluation.evaluate(model, state.params, ds.test)["accuracy"])
+    accs[name] = float(accuracy(state.params))
   assert accs["FedAvg"] > 0.8 and all(a > 0.5 for a in accs.values()), accs  # chance: 0.1
 
 
@@ -135,6 +161,19 @@ def test_fedsparsify_uploads_pruned_models(setup):
     fjs.fedmrn(loss, 0.1, prune_to=k)
 
 
+def _top_k(tree, k):
+  """``tree`` with all but its ``k`` largest magnitudes (over all leaves, in order; ties: the
+  lower index) set to zero, in NumPy."""
+  leaves, treedef = jax.tree.flatten(jax.tree.map(np.asarray, tree))
+  flat = np.concatenate([np.abs(a).ravel() for a in leaves])
+  keep = np.zeros(flat.size, bool)
+  keep[np.argsort(-flat, kind="stable")[:k]] = True
+  ends = np.cumsum([a.size for a in leaves])
+  return jax.tree.unflatten(treedef, [
+      np.where(keep[e - a.size:e].reshape(a.shape), a, 0).astype(a.dtype)
+      for e, a in zip(ends, leaves)])
+
+
 def test_server_side_fedsparsify_follows_the_cubic_schedule(setup):
   """FedSparsify (seed 000's meaning): after round t the global model is the dense round's
   aggregate pruned to its k_t = round((1 − s_t)·d) largest magnitudes, s_t the cubic GMP
@@ -146,19 +185,19 @@ def test_server_side_fedsparsify_follows_the_cubic_schedule(setup):
   kw = dict(epochs=1, batch_size=16, cohort_size=3, masking="none")
   algo, dense = fjs.fedmrn(loss, 0.1, server_sparsity=sched, **kw), fjs.fedmrn(loss, 0.1, **kw)
   state, step, dense_step = algo.init(None, w0, ds.train), jax.jit(algo.step), jax.jit(dense.step)
+  sparsity, message_bits = jax.jit(sched), jax.jit(fjs.accounting.message_bits)
   for t in range(6):
     prev = state
     state, info = step(jax.random.key(t), state, ds.train)
     unpruned = dense_step(jax.random.key(t), prev, ds.train)[0].params
-    want = fjs.sparsity.top_k(unpruned, fjs.sparsity.k_from_sparsity(d, float(sched(t))))
+    want = _top_k(unpruned, fjs.sparsity.k_from_sparsity(d, float(sparsity(t))))
     for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(want)):
       np.testing.assert_array_equal(x, y)
-    assert float(info.bits_down) == pytest.approx(
-        3 * float(fjs.accounting.message_bits(prev.params)))
+    assert float(info.bits_down) == pytest.approx(3 * float(message_bits(prev.params)))
   nnz = sum(int(np.sum(np.asarray(a) != 0)) for a in jax.tree.leaves(state.params))
   assert nnz == fjs.sparsity.k_from_sparsity(d, 0.9)
   zero = fjs.fedmrn(loss, 0.1, server_sparsity=lambda t: 0.0, **kw)
-  a = dense.step(jax.random.key(5), dense.init(None, w0, ds.train), ds.train)[0]
-  b = zero.step(jax.random.key(5), zero.init(None, w0, ds.train), ds.train)[0]
+  a = dense_step(jax.random.key(5), dense.init(None, w0, ds.train), ds.train)[0]
+  b = jax.jit(zero.step)(jax.random.key(5), zero.init(None, w0, ds.train), ds.train)[0]
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_array_equal(x, y)

@@ -3,6 +3,7 @@ per-client loop, the aggregation divides by S (not per-coordinate counts) and le
 coordinates no participant activates untouched, DST keeps per-layer counts and the other
 clients' masks bit for bit, RSM with a shared mask is FedAvg on a fixed sub-network, the
 ledgers, and independence from how clients are batched."""
+import functools
 import math
 
 import jax
@@ -17,12 +18,24 @@ import fedjaxsparse as fjs
 def setup():
   ds = fjs.data.digits(num_clients=8, partition="dirichlet", alpha=0.3, seed=0)
   model = fjs.models.mlp((64,), 10, hidden=(16,))
-  return ds, model, fjs.models.make_loss(model), model.init(jax.random.key(0))
+  return ds, model, fjs.models.make_loss(model), jax.jit(lambda: model.init(jax.random.key(0)))()
 
 
 def _leaves_equal(a, b):
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
+
+
+def _linear_coefficients(w0, lo, hi):
+  """``c``, leaves evenly spaced in ``[lo, hi]`` (float32), for the linear loss ``⟨c, w⟩``."""
+  return jax.tree.map(
+      lambda a: np.linspace(lo, hi, a.size).reshape(a.shape).astype(np.float32), w0)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _cohort(key, num_clients, cohort_size):
+  """The ids of the cohort of the round ``key`` (drawn with the first key of its split)."""
+  return fjs.sampling.sample_cohort(jax.random.split(key)[0], num_clients, cohort_size)
 
 
 def test_zero_sparsity_is_uniform_fedavg(setup):
@@ -31,22 +44,33 @@ def test_zero_sparsity_is_uniform_fedavg(setup):
   ds, _, loss, w0 = setup
   algo = fjs.fedspa(loss, 0.1, num_rounds=5, sparsity=0.0, epochs=2, batch_size=16, cohort_size=3)
   state = algo.init(jax.random.key(0), w0, ds.train)
-  assert all(bool(m.all()) for m in jax.tree.leaves(state.masks))
+  assert all(bool(np.asarray(m).all()) for m in jax.tree.leaves(state.masks))
   key = jax.random.key(7)
   new, _ = jax.jit(algo.step)(key, state, ds.train)
-  k_cohort, k_train = jax.random.split(key)
-  ids = fjs.sampling.sample_cohort(k_cohort, ds.train.num_clients, 3)
-  grad = jax.jit(jax.grad(loss))
-  total = jax.tree.map(jnp.zeros_like, w0)
-  for i, kc in zip(np.asarray(ids), fjs.sampling.client_keys(k_train, ids)):
-    row = jax.tree.map(lambda a: a[i], ds.train)
-    k_order = jax.random.split(kc, 3)[0]
-    v = w0
-    for t in range(int(fjs.ops.local.epoch_steps(row.num_examples, 16, 2))):
-      g = grad(v, *fjs.ops.local.epoch_minibatch(k_order, row, 16, jnp.int32(t)))
-      v = jax.tree.map(lambda a, b: a - 0.1 * b, v, g)
-    total = jax.tree.map(lambda s, a, b: s + (a - b), total, w0, v)
-  want = jax.tree.map(lambda a, s: a - s / 3, w0, total)
+
+  @jax.jit
+  def participants(key):   # the cohort, each one's shuffling key and its number of steps S_k
+    k_cohort, k_train = jax.random.split(key)
+    ids = fjs.sampling.sample_cohort(k_cohort, ds.train.num_clients, 3)
+    k_order = [jax.random.split(kc, 3)[0] for kc in fjs.sampling.client_keys(k_train, ids)]
+    return ids, k_order, fjs.ops.local.epoch_steps(ds.train.num_examples[ids], 16, 2)
+
+  @jax.jit
+  def sgd_step(v, k_order, row, t):
+    g = jax.grad(loss)(v, *fjs.ops.local.epoch_minibatch(k_order, row, 16, t))
+    return jax.tree.map(lambda a, b: a - 0.1 * b, v, g)
+
+  ids, k_orders, steps = participants(key)
+  rows = jax.tree.map(np.asarray, ds.train)
+  w = jax.tree.map(np.asarray, w0)
+  total = jax.tree.map(lambda a: np.zeros(a.shape), w)
+  for i, k_order, s_k in zip(np.asarray(ids), k_orders, np.asarray(steps)):
+    row = jax.tree.map(lambda a: a[i], rows)
+    v = w
+    for t in range(int(s_k)):
+      v = sgd_step(v, k_order, row, np.int32(t))
+    total = jax.tree.map(lambda s, a, b: s + (a - np.asarray(b)), total, w, v)
+  want = jax.tree.map(lambda a, s: a - s / 3, w, total)
   for x, y in zip(jax.tree.leaves(new.params), jax.tree.leaves(want)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
 
@@ -58,7 +82,7 @@ def test_aggregation_divides_by_s_and_untouched_coordinates_stay(setup, weightin
   counts are not divided out, and a coordinate off every participant's mask does not move
   (bit for bit)."""
   ds, _, _, w0 = setup
-  c = jax.tree.map(lambda a: jnp.linspace(-1.0, 1.0, a.size).reshape(a.shape), w0)
+  c = _linear_coefficients(w0, -1.0, 1.0)
   loss = lambda p, x, y, m: sum(jnp.sum(ci * pi) for ci, pi in
                                 zip(jax.tree.leaves(c), jax.tree.leaves(p)))
   algo = fjs.fedspa(loss, 0.05, num_rounds=3, sparsity=0.8, search="rsm", shared_init=False,
@@ -66,8 +90,9 @@ def test_aggregation_divides_by_s_and_untouched_coordinates_stay(setup, weightin
   state = algo.init(jax.random.key(1), w0, ds.train)
   key = jax.random.key(2)
   new, _ = jax.jit(algo.step)(key, state, ds.train)
-  ids = np.asarray(fjs.sampling.sample_cohort(jax.random.split(key)[0], ds.train.num_clients, 3))
-  steps = np.asarray(fjs.ops.local.epoch_steps(ds.train.num_examples, 16, 1))[ids]
+  ids = np.asarray(_cohort(key, ds.train.num_clients, 3))
+  steps = np.asarray(jax.jit(fjs.ops.local.epoch_steps, static_argnums=(1, 2))(
+      ds.train.num_examples, 16, 1))[ids]
   n = np.asarray(ds.train.num_examples)[ids]
   p = np.full(3, 1 / 3) if weighting == "uniform" else n / n.sum()
   for w, wn, ci, m in zip(*(jax.tree.leaves(t) for t in (w0, new.params, c, state.masks))):
@@ -91,7 +116,7 @@ def test_dst_keeps_counts_and_the_other_clients_masks(setup):
     key = jax.random.key(10 + t)
     old = state
     state, info = step(key, state, ds.train)
-    ids = set(np.asarray(fjs.sampling.sample_cohort(jax.random.split(key)[0], 8, 3)).tolist())
+    ids = set(np.asarray(_cohort(key, 8, 3)).tolist())
     assert float(info.alpha) == pytest.approx(float(fjs.masks.cosine_drop(t, 0.5, T)), abs=1e-6)
     for mo, mn, n in zip(*(jax.tree.leaves(x) for x in (old.masks, state.masks, counts))):
       mo, mn = np.asarray(mo), np.asarray(mn)
@@ -115,14 +140,14 @@ def test_rsm_with_a_shared_mask_is_fedavg_on_a_fixed_subnetwork(setup):
   algo = fjs.fedspa(loss, 0.1, num_rounds=4, sparsity=0.7, search="rsm", epochs=1, batch_size=16,
                     cohort_size=4)
   state = algo.init(jax.random.key(3), w0, ds.train)
-  mask0 = jax.tree.map(lambda m: m[0], state.masks)
+  mask0 = jax.tree.map(lambda m: np.asarray(m)[0], state.masks)
   step = jax.jit(algo.step)
   for t in range(4):
     state, _ = step(jax.random.key(t), state, ds.train)
-  _leaves_equal(state.masks, jax.tree.map(lambda m: jnp.broadcast_to(m, (8,) + m.shape), mask0))
+  _leaves_equal(state.masks, jax.tree.map(lambda m: np.broadcast_to(m, (8,) + m.shape), mask0))
   for w, wn, m in zip(*(jax.tree.leaves(x) for x in (w0, state.params, mask0))):
-    np.testing.assert_array_equal(np.asarray(wn)[~np.asarray(m)], np.asarray(w)[~np.asarray(m)])
-  personal = state.personal
+    np.testing.assert_array_equal(np.asarray(wn)[~m], np.asarray(w)[~m])
+  personal = jax.jit(lambda s: s.personal)(state)
   for p in jax.tree.leaves(personal):
     assert np.all(np.asarray(p) == np.asarray(p)[0])
 
@@ -149,11 +174,16 @@ def test_dst_personalises_under_label_skew(setup):
   state, step = algo.init(jax.random.key(0), w0, ds.train), jax.jit(algo.step)
   for t in range(30):
     state, _ = step(jax.random.key(t), state, ds.train)
-  acc = float(fjs.evaluation.evaluate_personal(model, state.personal, ds.test,
-                                               per_client=False)["accuracy"])
+
+  @jax.jit
+  def measures(state):
+    kernel = {"k": state.masks["Dense_0"]["kernel"]}
+    acc = fjs.evaluation.evaluate_personal(model, state.personal, ds.test, per_client=False)
+    return acc["accuracy"], fjs.masks.coverage(kernel), fjs.masks.density_per_layer(kernel)["k"]
+
+  acc, coverage, density = (float(v) for v in measures(state))
   assert acc > 0.6, acc
-  kernel = {"k": state.masks["Dense_0"]["kernel"]}
-  assert float(fjs.masks.coverage(kernel)) > float(fjs.masks.density_per_layer(kernel)["k"]) + 0.05
+  assert coverage > density + 0.05
 
 
 def test_subsampling_uplink_and_its_ledgers(setup):
@@ -190,7 +220,7 @@ def test_rescaled_subsampling_is_unbiased(setup):
   uplink masks equals the uncompressed one: every coordinate within 5.5 standard errors (a
   family-wise bound over ~1,200 coordinates) and the mean squared z-score ≈ 1."""
   ds, _, _, w0 = setup
-  c = jax.tree.map(lambda a: jnp.linspace(0.5, 1.5, a.size).reshape(a.shape), w0)
+  c = _linear_coefficients(w0, 0.5, 1.5)
   loss = lambda p, x, y, m: sum(jnp.sum(ci * pi) for ci, pi in
                                 zip(jax.tree.leaves(c), jax.tree.leaves(p)))
   kw = dict(num_rounds=3, sparsity=0.0, search="rsm", epochs=1, batch_size=16,
@@ -198,10 +228,14 @@ def test_rescaled_subsampling_is_unbiased(setup):
   exact = fjs.fedspa(loss, 0.05, **kw)
   sub = fjs.fedspa(loss, 0.05, subsample=0.3, rescale=True, **kw)
   state = exact.init(None, w0, ds.train)
-  want = exact.step(jax.random.key(0), state, ds.train)[0].params
   r = 400
-  draws = jax.jit(jax.vmap(lambda k: sub.step(k, state, ds.train)[0].params))(
-      jax.random.split(jax.random.key(1), r))
+
+  @jax.jit
+  def rounds(key, keys):   # the uncompressed round, and r draws of the subsampled one
+    return (exact.step(key, state, ds.train)[0].params,
+            jax.vmap(lambda k: sub.step(k, state, ds.train)[0].params)(jax.random.split(keys, r)))
+
+  want, draws = rounds(jax.random.key(0), jax.random.key(1))
   z = []
   for w, d_ in zip(jax.tree.leaves(want), jax.tree.leaves(draws)):
     d_ = np.asarray(d_, np.float64)
@@ -218,12 +252,14 @@ def test_packed_masks_give_the_same_run(setup):
   for pack in (False, True):
     algo = fjs.fedspa(loss, 0.1, num_rounds=3, sparsity=0.6, epochs=1, batch_size=16,
                       cohort_size=3, shared_init=False, pack_masks=pack)
-    state, step = algo.init(jax.random.key(0), w0, ds.train), jax.jit(algo.step)
+    state = jax.jit(lambda k: algo.init(k, w0, ds.train))(jax.random.key(0))
+    step = jax.jit(algo.step)
     for t in range(3):
       state, _ = step(jax.random.key(t), state, ds.train)
     runs.append(state)
   assert runs[1].masks["Dense_0"]["kernel"].dtype == jnp.uint8
   assert runs[1].masks["Dense_0"]["kernel"].shape == (8, (64 * 16 + 7) // 8)  # 1 bit an entry
   _leaves_equal(runs[0].params, runs[1].params)
-  _leaves_equal(runs[0].masks, fjs.masks.as_bool(runs[1].masks, w0))
-  _leaves_equal(runs[0].personal, runs[1].personal)
+  masks, personal = jax.jit(lambda s: (fjs.masks.as_bool(s.masks, w0), s.personal))(runs[1])
+  _leaves_equal(runs[0].masks, masks)
+  _leaves_equal(jax.jit(lambda s: s.personal)(runs[0]), personal)

@@ -29,8 +29,7 @@ def _data(n_clients=4, sizes=(7, 5, 9, 4), seed=0, same=False):
     y[i, :s] = r.integers(0, C, size=s)
     mask[i, :s] = 1
   del rng
-  return FederatedData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask),
-                       jnp.asarray(np.asarray(sizes, np.int32)))
+  return FederatedData(*jax.device_put((x, y, mask, np.asarray(sizes, np.int32))))
 
 
 def _fedavg_reference(model, params, data, key_of_client, lr, epochs, batch):
@@ -42,16 +41,26 @@ def _fedavg_reference(model, params, data, key_of_client, lr, epochs, batch):
     ce = softmax_cross_entropy(net.apply(p, x), y)
     return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
 
-  grad = jax.jit(jax.grad(loss))
+  @jax.jit
+  def schedule():   # every client's shuffling key and its number of steps
+    return ([jax.random.split(key_of_client(i))[0] for i in range(data.num_clients)],
+            epoch_steps(data.num_examples, batch, epochs))
+
+  @jax.jit
+  def sgd_step(p, k_order, di, t):
+    g = jax.grad(loss)(p, *epoch_minibatch(k_order, di, batch, t))
+    return jax.tree.map(lambda a, b: a - lr * b, p, g)
+
+  k_orders, steps = schedule()
+  steps = np.asarray(steps)
+  rows = jax.tree.map(np.asarray, data)
   outs = []
   for i in range(data.num_clients):
-    di = jax.tree.map(lambda a: a[i], data)
-    k_order = jax.random.split(key_of_client(i))[0]
+    di = jax.tree.map(lambda a: a[i], rows)
     p = params
-    for t in range(int(epoch_steps(di.num_examples, batch, epochs))):
-      g = grad(p, *epoch_minibatch(k_order, di, batch, jnp.int32(t)))
-      p = jax.tree.map(lambda a, b: a - lr * b, p, g)
-    outs.append(p)
+    for t in range(int(steps[i])):
+      p = sgd_step(p, k_orders[i], di, np.int32(t))
+    outs.append(jax.tree.map(np.asarray, p))
   return jax.tree.map(lambda *a: sum(a) / len(a), *outs)
 
 
@@ -65,8 +74,7 @@ def test_fedcr_and_fedsr_without_their_regularisers_are_fedavg():
   cr = R.fedcr(model, lr, beta=0.0, share_head=True, **common)
   sr = R.fedsr(model, lr, l2r=0.0, cmi=0.0, **common)
   key = jax.random.key(3)
-  k_train = jax.random.split(key)[1]
-  client_key = lambda i: fjs.sampling.client_keys(k_train, jnp.arange(4))[i]
+  client_key = lambda i: fjs.sampling.client_keys(jax.random.split(key)[1], jnp.arange(4))[i]
   ref = _fedavg_reference(model, params, data, client_key, lr, epochs, batch)
   for algo in (cr, sr):
     state = algo.init(jax.random.key(1), params, data)
@@ -82,12 +90,17 @@ def test_fedcr_class_distributions_are_the_product_of_every_examples_expert():
   model = fedcr_net((D_IN,), C, 3, conv=(), dense=(5,))
   data = _data()
   params = model.init(jax.random.key(0))
-  mu, sigma = jax.vmap(lambda x: model.representation(params["body"], x))(data.x)
-  onehot = jax.nn.one_hot(data.y, C) * data.mask[..., None]                # [N, M, C]
-  prec = 1.0 / jnp.square(sigma)
-  tau = jnp.einsum("nmc,nmd->cd", onehot, prec)
-  num = jnp.einsum("nmc,nmd->cd", onehot, mu * prec)
-  want_mean, want_std = product_of_normals(tau, num, 1.0)
+
+  @jax.jit
+  def experts(params, data):
+    mu, sigma = jax.vmap(lambda x: model.representation(params["body"], x))(data.x)
+    onehot = jax.nn.one_hot(data.y, C) * data.mask[..., None]                # [N, M, C]
+    prec = 1.0 / jnp.square(sigma)
+    tau = jnp.einsum("nmc,nmd->cd", onehot, prec)
+    num = jnp.einsum("nmc,nmd->cd", onehot, mu * prec)
+    return product_of_normals(tau, num, 1.0)
+
+  want_mean, want_std = (np.asarray(a) for a in experts(params, data))
   for beta2 in (1.0, 0.5):
     algo = R.fedcr(model, 1e-30, beta=1e-3, beta2=beta2, samples=2, epochs=1, batch_size=4,
                    cohort_size=None)
@@ -119,7 +132,8 @@ def test_fedcr_opu3_averages_each_body_layer_over_the_clients_that_sent_it():
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)   # everybody sent fc1
   sizes = {k: sum(v.size for v in jax.tree.leaves(params["body"][k])) for k in params["body"]}
   floats = 4 * sizes["fc1"] + 2 * sizes["projection"]
-  seen = sum(len(set(np.asarray(data.y[i, :int(data.num_examples[i])]))) for i in range(4))
+  y, n = np.asarray(data.y), np.asarray(data.num_examples)
+  seen = sum(len(set(y[i, :n[i]])) for i in range(4))
   assert float(runs["some"][1].bits_up) == 32.0 * (floats + 2 * 2 * seen)
 
 
@@ -131,19 +145,20 @@ def _kkt_gap(p, a):
 
 def test_simplex_qp_solves_fedpacs_combination_problem():
   rng = np.random.default_rng(0)
+  simplex_qp = jax.jit(R.simplex_qp, static_argnames="iterations")
   for m in (1, 3, 7):
     a_mat = rng.normal(size=(m, 2 * m))
     p = a_mat @ a_mat.T + np.diag(rng.uniform(0, 0.5, m))
-    a = np.asarray(R.simplex_qp(jnp.asarray(p, jnp.float32), iterations=2000), np.float64)
+    a = np.asarray(simplex_qp(p.astype(np.float32), iterations=2000), np.float64)
     assert np.all(a >= 0) and abs(a.sum() - 1) < 1e-5
     gap, lam = _kkt_gap(p, a)
     g = 2 * p @ a
     assert gap < 1e-3 * max(1.0, abs(lam)) and np.all(g >= lam - 1e-3 * max(1.0, abs(lam)))
-  valid = jnp.asarray([True, False, True, True])
-  p = jnp.eye(4)
-  np.testing.assert_allclose(R.simplex_qp(p, valid), [1 / 3, 0, 1 / 3, 1 / 3], atol=1e-5)
-  v = jnp.asarray([0.2, 0.5, 0.3])
-  np.testing.assert_allclose(R.project_to_simplex(v), v, atol=1e-7)
+  valid = np.array([True, False, True, True])
+  p = np.eye(4, dtype=np.float32)
+  np.testing.assert_allclose(simplex_qp(p, valid), [1 / 3, 0, 1 / 3, 1 / 3], atol=1e-5)
+  v = np.array([0.2, 0.5, 0.3], np.float32)
+  np.testing.assert_allclose(jax.jit(R.project_to_simplex)(v), v, atol=1e-7)
 
 
 def test_fedpac_clients_with_the_same_data_all_get_the_mean_head():
@@ -159,38 +174,40 @@ def test_fedpac_clients_with_the_same_data_all_get_the_mean_head():
   st1, _ = jax.jit(apart.step)(key, st, data)
   together = R.fedpac(model, 0.1, **kw)
   st2, info = jax.jit(together.step)(key, together.init(jax.random.key(1), params, data), data)
-  mean_head = jax.tree.map(lambda a: jnp.mean(a, 0), st1.heads)
-  for trained, combined, mean in zip(jax.tree.leaves(st1.heads), jax.tree.leaves(st2.heads),
+  heads1, heads2 = (jax.tree.map(np.asarray, st.heads) for st in (st1, st2))
+  mean_head = jax.tree.map(lambda a: np.mean(a, 0), heads1)
+  for trained, combined, mean in zip(jax.tree.leaves(heads1), jax.tree.leaves(heads2),
                                      jax.tree.leaves(mean_head)):
-    assert float(jnp.max(jnp.abs(trained - trained[:1]))) > 1e-6   # they trained apart
-    np.testing.assert_allclose(combined, jnp.broadcast_to(mean, combined.shape), rtol=1e-4,
+    assert float(np.max(np.abs(trained - trained[:1]))) > 1e-6   # they trained apart
+    np.testing.assert_allclose(combined, np.broadcast_to(mean, combined.shape), rtol=1e-4,
                                atol=1e-6)
-  assert bool(jnp.all(st2.has_centroid)) and np.isfinite(float(info.loss))
+  assert bool(np.all(np.asarray(st2.has_centroid))) and np.isfinite(float(info.loss))
 
 
 def test_fine_tuning_moves_only_the_parts_it_trains():
   model = fedcr_net((D_IN,), C, 2, conv=(), dense=(5,))
   data = _data()
   params = model.init(jax.random.key(0))
-  personal = jax.tree.map(lambda a: jnp.broadcast_to(a, (4,) + a.shape), params)
+  personal = jax.tree.map(lambda a: np.broadcast_to(a, (4,) + a.shape), params)
   for trainable, moving in (("head", {"head"}), ("projection+head", {"head", "projection"})):
-    out = R.fine_tune(model, personal, data, jax.random.key(1), lr=0.5, epochs=2,
-                      batch_size=3, trainable=trainable)
+    out = jax.tree.map(np.asarray, R.fine_tune(model, personal, data, jax.random.key(1), lr=0.5,
+                                               epochs=2, batch_size=3, trainable=trainable))
     for part in ("fc1", "projection"):
-      same = all(bool(jnp.array_equal(a, b)) for a, b in
+      same = all(np.array_equal(a, b) for a, b in
                  zip(jax.tree.leaves(personal["body"][part]), jax.tree.leaves(out["body"][part])))
       assert same == (part not in moving), (trainable, part)
-    assert not all(bool(jnp.array_equal(a, b)) for a, b in
+    assert not all(np.array_equal(a, b) for a, b in
                    zip(jax.tree.leaves(personal["head"]), jax.tree.leaves(out["head"])))
 
 
 def test_kl_normal_matches_its_closed_form_and_vanishes_at_equality():
-  mq, sq = jnp.asarray([[0.3, -1.0]]), jnp.asarray([[0.5, 2.0]])
-  mp, sp = jnp.asarray([[0.0, 1.0]]), jnp.asarray([[1.0, 1.5]])
+  mq, sq = np.array([[0.3, -1.0]], np.float32), np.array([[0.5, 2.0]], np.float32)
+  mp, sp = np.array([[0.0, 1.0]], np.float32), np.array([[1.0, 1.5]], np.float32)
+  kl = jax.jit(kl_normal)
   want = sum(np.log(b / a) + (a * a + (c - d) ** 2) / (2 * b * b) - 0.5
              for a, b, c, d in zip([0.5, 2.0], [1.0, 1.5], [0.3, -1.0], [0.0, 1.0]))
-  np.testing.assert_allclose(kl_normal(mq, sq, mp, sp), [want], rtol=1e-6)
-  np.testing.assert_allclose(kl_normal(mq, sq, mq, sq), [0.0], atol=1e-7)
+  np.testing.assert_allclose(kl(mq, sq, mp, sp), [want], rtol=1e-6)
+  np.testing.assert_allclose(kl(mq, sq, mq, sq), [0.0], atol=1e-7)
 
 
 def test_bad_options_are_refused_by_name():

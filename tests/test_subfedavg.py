@@ -20,13 +20,15 @@ def setup():
 
 
 def test_prune_layers_drops_the_smallest_active_magnitudes():
-  w = {"k": jax.random.normal(jax.random.key(0), (20, 10)), "b": jnp.ones(10)}
-  m = {"k": jax.random.uniform(jax.random.key(1), (20, 10)) < 0.6, "b": jnp.ones(10, bool)}
-  new = jax.jit(lambda m, w: _prune_layers(m, w, jnp.float32(0.05)))(m, w)
-  old_k, new_k = np.asarray(m["k"]), np.asarray(new["k"])
+  rng = np.random.default_rng(0)
+  w = {"k": rng.normal(size=(20, 10)).astype(np.float32), "b": np.ones(10, np.float32)}
+  m = {"k": rng.uniform(size=(20, 10)) < 0.6, "b": np.ones(10, bool)}
+  new = jax.tree.map(np.asarray,
+                     jax.jit(lambda m, w: _prune_layers(m, w, jnp.float32(0.05)))(m, w))
+  old_k, new_k = m["k"], new["k"]
   n = old_k.sum()
   assert new_k.sum() == n - int(np.floor(0.05 * n)) and not np.any(new_k & ~old_k)
-  a = np.abs(np.asarray(w["k"]))
+  a = np.abs(w["k"])
   assert a[old_k & ~new_k].max() <= a[new_k].min()
   assert bool(new["b"].all())
 
@@ -75,11 +77,13 @@ def test_single_participant_average_is_its_model(setup):
                        dist_threshold=0.0)
   state = algo.init(None, w0, ds.train)
   new, _ = jax.jit(algo.step)(jax.random.key(3), state, ds.train)
-  k = int(fjs.sampling.sample_cohort(jax.random.split(jax.random.key(3))[0], 6, 1)[0])
-  for a, b, m in zip(*(jax.tree.leaves(x) for x in (new.params, w0, new.masks))):
-    m_k = np.asarray(m[k])
+  cohort = jax.jit(lambda key: fjs.sampling.sample_cohort(jax.random.split(key)[0], 6, 1))
+  k = int(np.asarray(cohort(jax.random.key(3)))[0])
+  masks = jax.tree.map(np.asarray, new.masks)
+  for a, b, m in zip(*(jax.tree.leaves(x) for x in (new.params, w0, masks))):
+    m_k = m[k]
     np.testing.assert_array_equal(np.asarray(a)[~m_k], np.asarray(b)[~m_k])
-  assert float(np.mean(np.asarray(new.masks["Dense_0"]["kernel"][k]))) == pytest.approx(0.5, abs=0.01)
+  assert float(np.mean(masks["Dense_0"]["kernel"][k])) == pytest.approx(0.5, abs=0.01)
 
 
 def test_hybrid_prunes_convolution_channels_whole_by_norm_scale():
@@ -92,12 +96,13 @@ def test_hybrid_prunes_convolution_channels_whole_by_norm_scale():
   module, model = fjs.models.prunable.lenet5((8, 8, 1), 10)
   zigs = fjs.pruning.zig.trace(module, (8, 8, 1))
   w = model.init(jax.random.key(0))
-  scale2 = jnp.arange(16.0)[::-1] + 1.0            # channel 15 smallest, then 14, ...
+  scale2 = np.arange(16.0, dtype=np.float32)[::-1] + 1.0   # channel 15 smallest, then 14, ...
   w = {**w, "norm2": {**w["norm2"], "scale": scale2}}
-  mask = jax.tree.map(lambda a: jnp.ones(a.shape, bool), w)
+  mask = jax.tree.map(lambda a: np.ones(a.shape, bool), w)
   conv = fjs.pruning.zig.conv_groups(zigs)
-  new = jax.jit(lambda m, w: _prune_channels(m, w, jnp.float32(0.25), zigs, conv))(mask, w)
-  kept2 = np.asarray(new["norm2"]["scale"])
+  new = jax.tree.map(np.asarray, jax.jit(
+      lambda m, w: _prune_channels(m, w, jnp.float32(0.25), zigs, conv))(mask, w))
+  kept2 = new["norm2"]["scale"]
   np.testing.assert_array_equal(kept2, np.arange(16) < 12)        # ⌊0.25·16⌋ = 4 dropped
   for leaf in (new["conv2"]["kernel"], new["conv2"]["bias"], new["norm2"]["bias"]):
     np.testing.assert_array_equal(np.asarray(leaf).reshape(-1, 16).all(0), kept2)
@@ -109,7 +114,8 @@ def test_hybrid_prunes_convolution_channels_whole_by_norm_scale():
                        accuracy_fn=fjs.evaluation.client_accuracy(model), cohort_size=3,
                        prune_rate=0.3, target_sparsity=0.5, acc_threshold=0.0,
                        dist_threshold=0.0, structure="hybrid", zigs=zigs)
-  state, step = algo.init(None, model.init(jax.random.key(1)), ds), jax.jit(algo.step)
+  state = jax.jit(lambda key: algo.init(None, model.init(key), ds))(jax.random.key(1))
+  step = jax.jit(algo.step)
   for t in range(2):   # density 1 → 0.7 → 0.5 (the last step lands on the target)
     state, info = step(jax.random.key(t), state, ds)
   m = state.masks
