@@ -4,6 +4,7 @@ straight-through Gumbel-sigmoid, the initial all-keep mask, plain training bit f
 groups follow the base optimiser, w frozen outside [T_start, T_end], the controller driving
 P(w) under the budget, the end-of-epoch "median" mask as the noisy masks' majority vote, the
 host and scanned training loops agreeing, and resuming from a checkpoint."""
+import functools
 import shutil
 
 import jax
@@ -17,28 +18,56 @@ import fedjaxsparse as fjs
 ato = fjs.algorithms.ato
 
 
-def _setup(cfg, lr=0.05):
+@functools.lru_cache(maxsize=None)
+def _net():
+  """The digits MLP and its groups, built once (its ``init`` compiles once per process)."""
   module, model = fjs.models.prunable.mlp((64,), 10, hidden=(32, 16))
-  zigs = fjs.pruning.zig.trace(module, (64,))
+  return model, fjs.pruning.zig.trace(module, (64,))
+
+
+def _setup(cfg, lr=0.05):
+  model, zigs = _net()
   opt = optax.sgd(lr, momentum=0.9)
   return model, zigs, opt, fjs.ato(model, zigs, opt, lambda t: lr, cfg)
 
 
+_STATE: list = []
+
+
+def _initial_state(algo, model):
+  """``algo.init(key(0), model.init(key(1)))`` on the digits MLP, computed once per process
+  (the controller's initialisation is slow op by op): ``init`` reads only the network, the
+  optimisers' state layout and ``ctrl_input``, which every config of ``_setup`` shares (the
+  layout is checked against this algorithm's own ``init``)."""
+  key, params = jax.random.key(0), model.init(jax.random.key(1))
+  if not _STATE:
+    _STATE.append(algo.init(key, params))
+  st, want = _STATE[0], jax.eval_shape(algo.init, key, params)
+  assert jax.tree.structure(st) == jax.tree.structure(want)
+  assert all(a.shape == b.shape and a.dtype == b.dtype
+             for a, b in zip(jax.tree.leaves(st), jax.tree.leaves(want)))
+  return st
+
+
 def test_gumbel_sigmoid_straight_through_and_initial_mask():
-  o = jnp.linspace(-6.0, 2.0, 9)
-  key = jax.random.key(0)
-  w = ato.gumbel_sigmoid(o, key, 3.0, 0.4)
+  @jax.jit   # one program: the mask, its gradient and the sigmoid's derivative by hand
+  def straight_through(o, key):
+    w = ato.gumbel_sigmoid(o, key, 3.0, 0.4)
+    s = jax.random.gumbel(key, o.shape)
+    sig = jax.nn.sigmoid((o + s + 3.0) / 0.4)
+    g = jax.grad(lambda o: jnp.sum(ato.gumbel_sigmoid(o, key, 3.0, 0.4) * jnp.arange(9.0)))(o)
+    return w, g, sig * (1 - sig) / 0.4 * jnp.arange(9.0)
+
+  w, g, want = straight_through(np.linspace(-6.0, 2.0, 9, dtype=np.float32), jax.random.key(0))
   assert set(np.unique(np.asarray(w))) <= {0.0, 1.0}
-  s = jax.random.gumbel(key, o.shape)
-  sig = jax.nn.sigmoid((o + s + 3.0) / 0.4)
-  g = jax.grad(lambda o: jnp.sum(ato.gumbel_sigmoid(o, key, 3.0, 0.4) * jnp.arange(9.0)))(o)
-  np.testing.assert_allclose(np.asarray(g), np.asarray(sig * (1 - sig) / 0.4 * jnp.arange(9.0)),
-                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-5, atol=1e-7)
   module, model = fjs.models.prunable.cifar_resnet(56)
   zigs = fjs.pruning.zig.trace(module, (32, 32, 3))
   algo = fjs.ato(model, zigs, optax.sgd(0.1), lambda t: 0.1, ato.ATOConfig())
   st = jax.eval_shape(lambda: algo.init(jax.random.key(1), {}))
   assert st.w.shape == (zigs.num_groups,)
+  # op by op: the 27 heads share three shapes, so their operations compile once each (one
+  # program would hold every head's initialisation apart and compile slower)
   ctrl = ato.Controller(tuple(s.size for s in zigs.prunable))
   z = jax.random.normal(jax.random.key(2), (len(zigs.prunable), 64))
   o = ctrl.apply(ctrl.init(jax.random.key(3), z), z)
@@ -54,7 +83,7 @@ def _plain(model, opt, params, batches):
     u, state = opt.update(g, state, params)
     return optax.apply_updates(params, u), state
 
-  state = opt.init(params)
+  state = jax.jit(opt.init)(params)
   for xb, yb in batches:
     params, state = step(params, state, xb, yb)
   return params
@@ -65,16 +94,17 @@ def test_reduces_to_plain_training_bit_for_bit(digits):
   """With λ = 0 (every group masked) and with the mask all ones, ATO's target step is plain
   training, bit for bit (both cases in one subprocess: they share the plain reference)."""
   x, y = digits
-  batches = [(jnp.asarray(x[i:i + 64]), jnp.asarray(y[i:i + 64])) for i in range(0, 256, 64)]
+  batches = [(jax.device_put(x[i:i + 64]), jax.device_put(y[i:i + 64]))
+             for i in range(0, 256, 64)]
   want = None
   for case in ("lam0", "w_ones"):
     cfg = (ato.ATOConfig(lam=0.0, T_w=0) if case == "lam0"
            else ato.ATOConfig(lam=10.0, T_w=0, T_start=50, T_end=60))
     model, zigs, opt, algo = _setup(cfg)
     params = model.init(jax.random.key(0))
-    st = algo.init(jax.random.key(1), params)
+    st = jax.jit(algo.init)(jax.random.key(1), params)
     if case == "lam0":
-      st = st._replace(w=jnp.zeros_like(st.w))                  # every group masked, λ = 0
+      st = st._replace(w=np.zeros(st.w.shape, st.w.dtype))     # every group masked, λ = 0
     step = jax.jit(algo.target_step)
     for xb, yb in batches:
       st, _ = step(st, xb, yb)
@@ -88,18 +118,18 @@ def test_prox_phase_zeroes_masked_groups_and_spares_kept_ones(digits):
   x, y = digits
   model, zigs, opt, algo = _setup(ato.ATOConfig(lam=20.0, T_w=1), lr=0.05)   # ηλ = 1
   params = model.init(jax.random.key(0))
-  st = algo.init(jax.random.key(1), params)
+  st = jax.jit(algo.init)(jax.random.key(1), params)
   w = (np.arange(zigs.num_groups) % 3 != 0).astype(np.float32)
-  st = st._replace(w=jnp.asarray(w))
-  xb, yb = jnp.asarray(x[:64]), jnp.asarray(y[:64])
+  st = st._replace(w=jax.device_put(w))
+  xb, yb = jax.device_put(x[:64]), jax.device_put(y[:64])
   step = jax.jit(algo.target_step)
   before, _ = step(st, xb, yb)                                # epoch 0 < T_w: no prox
   plain = _plain(model, opt, params, [(xb, yb)])
   for a, b in zip(jax.tree_util.tree_leaves(before.params), jax.tree_util.tree_leaves(plain)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  after, info = step(st._replace(epoch=jnp.asarray(1)), xb, yb)
-  nrm_plain = np.asarray(fjs.pruning.zig.group_norms(zigs, plain))
-  nrm = np.asarray(fjs.pruning.zig.group_norms(zigs, after.params))
+  after, info = step(st._replace(epoch=jax.device_put(np.int32(1))), xb, yb)   # same program
+  norms = jax.jit(lambda p: fjs.pruning.zig.group_norms(zigs, p))
+  nrm_plain, nrm = np.asarray(norms(plain)), np.asarray(norms(after.params))
   dead = (w == 0) & (nrm_plain <= 1.0)
   assert 0 < dead.sum() < (w == 0).sum()                      # some zeroed, some shrunk
   np.testing.assert_allclose(nrm[w == 0], np.maximum(nrm_plain[w == 0] - 1.0, 0), atol=1e-6)
@@ -109,13 +139,13 @@ def test_prox_phase_zeroes_masked_groups_and_spares_kept_ones(digits):
 
 def test_mask_frozen_outside_the_controller_window():
   model, zigs, opt, algo = _setup(ato.ATOConfig(T_start=1, T_end=2))
-  st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
-  st = st._replace(w=jnp.zeros_like(st.w))
+  st = _initial_state(algo, model)
+  st = st._replace(w=np.zeros(st.w.shape, st.w.dtype))
   shifted = jax.tree_util.tree_map(lambda a: a - 5.0, st.ctrl_params)   # drives w to 0
-  st0 = algo.end_epoch(st._replace(w=jnp.ones_like(st.w), ctrl_params=shifted))
+  st0 = algo.end_epoch(st._replace(w=np.ones(st.w.shape, st.w.dtype), ctrl_params=shifted))
   assert np.all(np.asarray(st0.w) == 1)                       # epoch 0 < T_start: kept
   st1 = algo.end_epoch(st0)                                    # epoch 1: regenerated
-  assert float(jnp.mean(st1.w)) < 0.5
+  assert float(np.mean(np.asarray(st1.w))) < 0.5
   st2 = algo.end_epoch(st1._replace(ctrl_params=st.ctrl_params))  # epoch 2 = T_end: regenerated
   st3 = algo.end_epoch(st2._replace(ctrl_params=shifted))     # epoch 3 > T_end: frozen
   np.testing.assert_array_equal(np.asarray(st3.w), np.asarray(st2.w))
@@ -128,11 +158,11 @@ def test_controller_drives_flops_to_the_budget(digits, penalty):
   x, y = digits
   cfg = ato.ATOConfig(target=0.4, gamma=4.0, ctrl_lr=1e-2, flops_penalty=penalty)
   model, zigs, opt, algo = _setup(cfg)
-  st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
+  st = _initial_state(algo, model)
   step = jax.jit(algo.ctrl_step)
   full = fjs.pruning.zig.total_flops(zigs)
-  xb, yb = jnp.asarray(x[:128]), jnp.asarray(y[:128])
-  for _ in range(150):
+  xb, yb = jax.device_put(x[:128]), jax.device_put(y[:128])
+  for _ in range(75):                                           # P(w) settles in ~40 steps
     st, _ = step(st, xb, yb)
   w = algo.mask_logits(st.ctrl_params, st.ctrl_input, None, ato.NOISE_MEDIAN["gumbel"])
   ratio = float(fjs.pruning.zig.flops(zigs, w)) / full
@@ -147,15 +177,20 @@ def test_median_end_mask_is_the_noisy_masks_majority_vote(noise):
   """end_mask="median" keeps g iff P_s(round(sigmoid((o + s + b)/τ)) = 1) > 1/2, checked by
   Monte Carlo on groups whose keep probability is 6 standard errors away from 1/2; with
   Gumbel noise the literal noise-free mask keeps strictly fewer of them."""
-  o = jnp.linspace(-4.5, -1.5, 301)                     # o + b around 0: probabilities vary
+  o = np.linspace(-4.5, -1.5, 301, dtype=np.float32)   # o + b around 0: probabilities vary
   n = 4000
-  keys = jax.random.split(jax.random.key(0), n)
-  noisy = jax.vmap(lambda k: ato.gumbel_sigmoid(o, k, 3.0, 0.4, noise))(keys)
-  p_hat = np.asarray(jnp.mean(noisy, 0))
+
+  @jax.jit   # one program: the noisy masks' keep frequencies, the median and literal masks
+  def masks(o, key):
+    noisy = jax.vmap(lambda k: ato.gumbel_sigmoid(o, k, 3.0, 0.4, noise))(
+        jax.random.split(key, n))
+    return (jnp.mean(noisy, 0),
+            ato.gumbel_sigmoid(o, None, 3.0, 0.4, noise, ato.NOISE_MEDIAN[noise]),
+            ato.gumbel_sigmoid(o, None, 3.0, 0.4, noise))
+
+  p_hat, median, literal = (np.asarray(v) for v in masks(o, jax.random.key(0)))
   clear = np.abs(p_hat - 0.5) > 6 * np.sqrt(0.25 / n)
-  median = np.asarray(ato.gumbel_sigmoid(o, None, 3.0, 0.4, noise, ato.NOISE_MEDIAN[noise]))
   np.testing.assert_array_equal(median[clear], (p_hat > 0.5)[clear])
-  literal = np.asarray(ato.gumbel_sigmoid(o, None, 3.0, 0.4, noise))
   if noise == "gumbel":
     assert literal.sum() < median.sum() and np.all(literal <= median)
   else:
@@ -166,14 +201,14 @@ def test_end_epoch_uses_the_configured_mask():
   """end_epoch regenerates w from the controller with the median shift (default) or none."""
   for end_mask, shift in (("median", ato.NOISE_MEDIAN["gumbel"]), ("noise_free", 0.0)):
     model, zigs, opt, algo = _setup(ato.ATOConfig(T_start=0, T_end=0, end_mask=end_mask))
-    st = algo.init(jax.random.key(0), model.init(jax.random.key(1)))
+    st = _initial_state(algo, model)
     # shift the controller's heads so that o + b sits near 0, where the shift matters
     ctrl = jax.tree_util.tree_map_with_path(
         lambda path, v: v - 3.2 if "bias" in jax.tree_util.keystr(path) else v, st.ctrl_params)
     st = algo.end_epoch(st._replace(ctrl_params=ctrl))
     want = algo.mask_logits(ctrl, st.ctrl_input, None, shift)
     np.testing.assert_array_equal(np.asarray(st.w), np.asarray(want))
-    assert 0 < float(jnp.mean(st.w)) < 1
+    assert 0 < float(np.mean(np.asarray(st.w))) < 1
 
 
 def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, fashion_mnist_dir):
@@ -190,13 +225,13 @@ def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, fashion_mnist_
   kw = dict(epochs=3, batch_size=64, ctrl_index=ato.controller_subset(len(x), 0.25),
             ctrl_batch=16, progress=False, checkpoint_dir=str(tmp_path),
             augment=lambda k, xb: xb + 0.01 * jax.random.normal(k, xb.shape),
-            evaluate=lambda p, w: float(jnp.sum(w)))
+            evaluate=lambda p, w: float(np.sum(np.asarray(w))))
   params = model.init(jax.random.key(0))
   want, hist = ato.train(algo, cfg, jax.random.key(3), params, x, y, **kw)
   shutil.rmtree(tmp_path / "3")                                # as if stopped after epoch 2
   got, hist2 = ato.train(algo, cfg, jax.random.key(3), params, x, y, loop="host",
                          checkpoint_every=0, resume=True, **kw)
-  assert 0 < float(jnp.mean(got.w)) < 1                         # the controller pruned
+  assert 0 < float(np.mean(np.asarray(got.w))) < 1             # the controller pruned
   np.testing.assert_array_equal(np.asarray(got.w), np.asarray(want.w))
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),

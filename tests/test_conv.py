@@ -15,28 +15,41 @@ import fedjaxsparse as fjs
     ((3, 3), (1, 1), "SAME"), ((5, 5), (1, 1), "SAME"), ((3, 3), (2, 2), "SAME"),
     ((1, 1), (2, 2), "SAME"), ((3, 3), (2, 2), "VALID"), ((2, 3), (1, 2), "SAME")])
 def test_patch_conv_is_xla_conv(kernel, strides, padding):
-  x = jax.random.normal(jax.random.key(0), (2, 9, 8, 3))
-  w = jax.random.normal(jax.random.key(1), kernel + (3, 4))
   xla = lambda x, w: jax.lax.conv_general_dilated(x, w, strides, padding,
                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
   ours = lambda x, w: fjs.models.conv.patch_conv(x, w, strides, padding)
-  np.testing.assert_allclose(ours(x, w), xla(x, w), rtol=1e-5, atol=1e-5)
-  # gradients w.r.t. input and kernel, per client under vmap (per-client kernels)
   loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))
-  xs, ws = jnp.stack([x, 2 * x]), jnp.stack([w, -w])
-  g_ours = jax.vmap(jax.grad(loss(ours), argnums=(0, 1)))(xs, ws)
-  g_xla = jax.vmap(jax.grad(loss(xla), argnums=(0, 1)))(xs, ws)
+
+  @jax.jit   # one program: both outputs, and both gradients per client under vmap
+  def run():
+    x = jax.random.normal(jax.random.key(0), (2, 9, 8, 3))
+    w = jax.random.normal(jax.random.key(1), kernel + (3, 4))
+    # gradients w.r.t. input and kernel, per client under vmap (per-client kernels)
+    xs, ws = jnp.stack([x, 2 * x]), jnp.stack([w, -w])
+    return ((ours(x, w), xla(x, w)),
+            tuple(jax.vmap(jax.grad(loss(f), argnums=(0, 1)))(xs, ws) for f in (ours, xla)))
+
+  (y_ours, y_xla), (g_ours, g_xla) = run()
+  np.testing.assert_allclose(y_ours, y_xla, rtol=1e-5, atol=1e-5)
   chex.assert_trees_all_close(g_ours, g_xla, rtol=1e-4, atol=1e-4)
 
 
 def test_conv_module_is_a_drop_in_for_flax_conv():
-  x = jax.random.normal(jax.random.key(0), (2, 7, 7, 3))
   ref = nn.Conv(5, (3, 3), (2, 2), padding="SAME")
-  p = ref.init(jax.random.key(3), x)
-  for impl in ("patches", "xla"):
-    mine = fjs.models.conv.Conv(5, (3, 3), (2, 2), padding="SAME", impl=impl)
-    chex.assert_trees_all_equal(mine.init(jax.random.key(3), x), p)  # names, shapes, values
-    np.testing.assert_allclose(mine.apply(p, x), ref.apply(p, x), rtol=1e-5, atol=1e-5)
+  mine = {impl: fjs.models.conv.Conv(5, (3, 3), (2, 2), padding="SAME", impl=impl)
+          for impl in ("patches", "xla")}
+
+  @jax.jit   # one program: flax's params and output, and each implementation's
+  def run(key, init_key):
+    x = jax.random.normal(key, (2, 7, 7, 3))
+    p = ref.init(init_key, x)
+    return p, ref.apply(p, x), {impl: (m.init(init_key, x), m.apply(p, x))
+                                for impl, m in mine.items()}
+
+  p, want, got = run(jax.random.key(0), jax.random.key(3))
+  for impl in mine:
+    chex.assert_trees_all_equal(got[impl][0], p)  # names, shapes, values
+    np.testing.assert_allclose(got[impl][1], want, rtol=1e-5, atol=1e-5)
   assert fjs.models.conv.resolve_impl("auto") == ("patches" if jax.default_backend() == "cpu"
                                                   else "xla")
   with pytest.raises(ValueError, match="conv impl"):
@@ -52,10 +65,10 @@ def test_models_compute_the_same_with_either_convolution(name):
            if name == "cnn"
            else (lambda conv: fjs.models.resnet18(shape, 4, num_groups=2, conv=conv, width=8)))
   a, b = build("patches"), build("xla")
-  params = jax.jit(a.init)(jax.random.key(0))
-  chex.assert_trees_all_equal(params, jax.jit(b.init)(jax.random.key(0)))
+  params, params_b = jax.jit(lambda key: (a.init(key), b.init(key)))(jax.random.key(0))
+  chex.assert_trees_all_equal(params, params_b)
   x = jax.random.normal(jax.random.key(1), (3,) + shape)
-  y, m = jnp.array([0, 1, 3]), jnp.ones(3)
+  y, m = np.array([0, 1, 3]), np.ones(3, np.float32)
   # jitted: one program each (op-by-op dispatch of ResNet-18's backward pass takes minutes)
   np.testing.assert_allclose(jax.jit(a.apply)(params, x), jax.jit(b.apply)(params, x),
                              rtol=1e-4, atol=1e-5)

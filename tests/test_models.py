@@ -21,24 +21,30 @@ def test_linear_regression_loss_and_gradient_match_closed_form():
   y = rng.normal(size=7).astype(np.float32)
   model = fjs.models.linear_regression(4, l2=0.5)
   assert model.task == fjs.core.REGRESSION
-  p = {"w": jnp.array([0.1, -0.2, 0.3, 0.4]), "b": jnp.float32(0.7)}
-  assert jax.tree.map(jnp.shape, model.init(jax.random.key(0))) == {"w": (4,), "b": ()}
+  p = {"w": np.array([0.1, -0.2, 0.3, 0.4], np.float32), "b": np.float32(0.7)}
+  assert jax.tree.map(jnp.shape, jax.eval_shape(model.init, jax.random.key(0))) == \
+      {"w": (4,), "b": ()}
   ones = np.ones(7, np.float32)
+  no_bias = fjs.models.linear_regression(4, use_bias=False, init="lecun")
+
+  @jax.jit   # one program: both reductions, the gradient, the bias-free model's init and output
+  def run(p, x, y, mask, key):
+    q = no_bias.init(key)
+    return (fjs.models.make_loss(model)(p, x, y, mask),
+            fjs.models.make_loss(model, "sum")(p, x, y, mask),
+            jax.grad(fjs.models.make_loss(model))(p, x, y, mask), q, no_bias.apply(q, x))
+
+  mean, total, g, q, out = run(p, x, y, ones, jax.random.key(0))
   X, w = x.reshape(7, 4).astype(np.float64), np.asarray(p["w"], np.float64)
   r = X @ w + 0.7 - y
-  np.testing.assert_allclose(fjs.models.make_loss(model)(p, x, y, ones),
-                             0.5 * np.mean(r ** 2) + 0.25 * w @ w, rtol=1e-6)
-  np.testing.assert_allclose(fjs.models.make_loss(model, "sum")(p, x, y, ones),
-                             0.5 * np.sum(r ** 2) + 0.25 * w @ w, rtol=1e-6)
+  np.testing.assert_allclose(mean, 0.5 * np.mean(r ** 2) + 0.25 * w @ w, rtol=1e-6)
+  np.testing.assert_allclose(total, 0.5 * np.sum(r ** 2) + 0.25 * w @ w, rtol=1e-6)
   # X^T (Xw + b − y)/n + l2·w; b not regularised
-  g = jax.grad(fjs.models.make_loss(model))(p, x, y, ones)
   np.testing.assert_allclose(g["w"], X.T @ r / 7 + 0.5 * w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(g["b"], r.mean(), rtol=1e-5, atol=1e-6)
 
-  no_bias = fjs.models.linear_regression(4, use_bias=False, init="lecun")
-  q = no_bias.init(jax.random.key(0))
-  assert set(q) == {"w"} and float(jnp.linalg.norm(q["w"])) > 0
-  np.testing.assert_allclose(no_bias.apply(q, x), X @ np.asarray(q["w"]), rtol=1e-5)
+  assert set(q) == {"w"} and float(np.linalg.norm(np.asarray(q["w"]))) > 0
+  np.testing.assert_allclose(out, X @ np.asarray(q["w"]), rtol=1e-5)
 
 
 def test_softmax_regression_loss_and_gradient_match_closed_form():
@@ -53,8 +59,10 @@ def test_softmax_regression_loss_and_gradient_match_closed_form():
   prob /= prob.sum(1, keepdims=True)
   onehot = np.eye(4)[y]
   expected = -np.log(prob[np.arange(5), y]).mean() + 0.05 * np.sum(W ** 2)
-  np.testing.assert_allclose(fjs.models.make_loss(model)(p, x, y, ones), expected, rtol=1e-5)
-  g = jax.grad(fjs.models.make_loss(model))(p, x, y, ones)  # X^T (softmax − onehot)/n + l2·W
+  loss = fjs.models.make_loss(model)
+  value, g = jax.jit(jax.value_and_grad(loss))(p, x, y, ones)   # one program
+  np.testing.assert_allclose(value, expected, rtol=1e-5)
+  # the gradient: X^T (softmax − onehot)/n + l2·W
   np.testing.assert_allclose(g["w"], x.T @ (prob - onehot) / 5 + 0.1 * W, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(g["b"], (prob - onehot).mean(0), rtol=1e-4, atol=1e-6)
 
@@ -70,38 +78,45 @@ _SMALL = {
 @pytest.mark.parametrize("name", list(_SMALL))
 def test_shapes_descent_and_padding_invariance(name):
   model = _SMALL[name]()
-  loss = jax.jit(fjs.models.make_loss(model))
-  grad = jax.jit(jax.grad(fjs.models.make_loss(model)))
   x, y, ones = _data(2, (4, 4, 1), b=6)
   if model.task == fjs.core.REGRESSION:
     y = x.reshape(6, -1) @ np.linspace(-1, 1, 16).astype(np.float32)
-  p = model.init(jax.random.key(0))
-  out = model.apply(p, x)
+  p = jax.tree.map(np.asarray, model.init(jax.random.key(0)))
+  out = jax.eval_shape(model.apply, p, x)
   assert out.shape == ((6,) if model.task == fjs.core.REGRESSION else (6, 3))
-
-  first = loss(p, x, y, ones)
-  for _ in range(10):
-    p = jax.tree.map(lambda a, g: a - 0.1 * g, p, grad(p, x, y, ones))
-  assert loss(p, x, y, ones) < 0.9 * first
-
-  # Masked-out padding rows, whatever they hold, do not change the loss or its gradient.
+  # the batch with masked-out padding rows (whatever they hold)
   rng = np.random.default_rng(3)
   xp = np.concatenate([x, 100 * rng.normal(size=(3, 4, 4, 1)).astype(np.float32)])
   yp = np.concatenate([y, y[:3]])
   mp = np.array([1] * 6 + [0] * 3, np.float32)
-  np.testing.assert_allclose(loss(p, xp, yp, mp), loss(p, x, y, ones), rtol=1e-6)
-  for a, b in zip(jax.tree.leaves(grad(p, xp, yp, mp)), jax.tree.leaves(grad(p, x, y, ones))):
+
+  @jax.jit   # one program: the loss and its gradient on the batch and on the padded batch
+  def loss_and_grad(p):
+    value_and_grad = jax.value_and_grad(fjs.models.make_loss(model))
+    return value_and_grad(p, x, y, ones), value_and_grad(p, xp, yp, mp)
+
+  (first, _), _ = loss_and_grad(p)
+  for _ in range(10):
+    (_, g), _ = loss_and_grad(p)
+    p = jax.tree.map(lambda a, g: a - 0.1 * np.asarray(g), p, g)
+  (value, g), (padded_value, padded_g) = loss_and_grad(p)
+  assert value < 0.9 * first
+
+  # Masked-out padding rows, whatever they hold, do not change the loss or its gradient.
+  np.testing.assert_allclose(padded_value, value, rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(padded_g), jax.tree.leaves(g)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_cnn_accepts_images_grayscale_and_flat_squares():
   x = np.random.default_rng(4).normal(size=(2, 8, 8)).astype(np.float32)
   p = fjs.models.cnn((8, 8, 1), 10, channels=(4, 8), dense=16).init(jax.random.key(0))
-  ref = fjs.models.cnn((8, 8, 1), 10, channels=(4, 8), dense=16).apply(p, x[..., None])
+  cases = (((8, 8, 1), x[..., None]), ((8, 8), x), ((64,), x.reshape(2, 64)))
+  ref, *outs = jax.jit(lambda p: [   # one program
+      fjs.models.cnn(shape, 10, channels=(4, 8), dense=16).apply(p, xs) for shape, xs in cases])(p)
   assert ref.shape == (2, 10)
-  for shape, xs in (((8, 8), x), ((64,), x.reshape(2, 64))):
-    model = fjs.models.cnn(shape, 10, channels=(4, 8), dense=16)
-    np.testing.assert_allclose(model.apply(p, xs), ref, rtol=1e-6)
+  for out in outs:
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
   with pytest.raises(ValueError, match="input_shape"):
     fjs.models.cnn((10,), 3)
 
@@ -111,14 +126,14 @@ def test_vmap_over_client_params_equals_a_loop():
                 fjs.models.softmax_regression(6, 4, init="lecun")):
     loss = fjs.models.make_loss(model)
     keys = jax.random.split(jax.random.key(0), 3)
-    params = jax.vmap(model.init)(keys)
     rng = np.random.default_rng(3)
     x = rng.normal(size=(3, 8, 6)).astype(np.float32)
     y = rng.integers(0, 4, (3, 8))
     m = (rng.random((3, 8)) < 0.7).astype(np.float32)
-    batched = jax.jit(jax.vmap(loss))(params, x, y, m)
-    looped = [loss(model.init(keys[i]), x[i], y[i], m[i]) for i in range(3)]
-    np.testing.assert_allclose(batched, looped, rtol=1e-6)
+    batched = jax.jit(lambda keys, x, y, m: jax.vmap(loss)(jax.vmap(model.init)(keys), x, y, m))
+    looped = jax.jit(lambda keys, x, y, m: [   # a Python loop over the clients, one program
+        loss(model.init(keys[i]), x[i], y[i], m[i]) for i in range(3)])
+    np.testing.assert_allclose(batched(keys, x, y, m), looped(keys, x, y, m), rtol=1e-6)
 
 
 def _resnet18_count(num_classes, width=64):
@@ -142,7 +157,8 @@ def test_reference_parameter_counts():
   # seed 001 Table D.4, shapes corrected (C5-9): 832 + 51,264 + 819,328 + 7,998
   d4 = fjs.models.cohort_squeeze_cnn()
   assert count(d4) == 832 + 51_264 + 819_328 + 7_998 == 879_422
-  assert d4.apply(d4.init(jax.random.key(0)), jnp.zeros((2, 28, 28, 1))).shape == (2, 62)
+  assert jax.eval_shape(d4.apply, jax.eval_shape(d4.init, jax.random.key(0)),
+                        jax.ShapeDtypeStruct((2, 28, 28, 1), jnp.float32)).shape == (2, 62)
   assert _resnet18_count(10) == 11_173_962
   for norm in ("group", "batch"):
     assert count(fjs.models.resnet18((32, 32, 3), 10, norm=norm)) == 11_173_962
@@ -160,36 +176,49 @@ def test_resnet18_group_and_batch_norm_under_jit():
   assert jax.tree.structure(jax.eval_shape(batch.init, jax.random.key(0))) == \
       jax.tree.structure(p)
   x, y, ones = _data(5, (8, 8, 3), num_classes=10, b=6)
+  other = x.copy()   # the same first half in another batch
+  other[3:] = np.random.default_rng(6).normal(size=(3, 8, 8, 3))
   for model, per_example in ((group, True), (batch, False)):
     apply = jax.jit(model.apply)
-    out = apply(p, x)
-    assert out.shape == (6, 10) and bool(jnp.all(jnp.isfinite(out)))
-    same = np.allclose(apply(p, x[:3]), out[:3], rtol=1e-4, atol=1e-5)
+    out = np.asarray(apply(p, x))
+    assert out.shape == (6, 10) and np.all(np.isfinite(out))
+    same = np.allclose(np.asarray(apply(p, other))[:3], out[:3], rtol=1e-4, atol=1e-5)
     assert same == per_example
 
-  loss, grad = jax.jit(fjs.models.make_loss(batch)), jax.jit(jax.grad(fjs.models.make_loss(batch)))
-  first = loss(p, x, y, ones)
-  for _ in range(3):
-    p = jax.tree.map(lambda a, g: a - 0.02 * g, p, grad(p, x, y, ones))
-  assert loss(p, x, y, ones) < first
+  @jax.jit   # one program: the loss at p and a gradient step
+  def step(p):
+    value, g = jax.value_and_grad(fjs.models.make_loss(batch))(p, x, y, ones)
+    return value, jax.tree.map(lambda a, g: a - 0.02 * g, p, g)
+
+  first, p = step(p)
+  for _ in range(2):
+    p = step(p)[1]
+  assert float(step(p)[0]) < float(first)
 
 
 def test_batch_statistics_norm_standardises_each_channel():
   x = np.random.default_rng(6).normal(3.0, 2.0, size=(4, 5, 5, 3)).astype(np.float32)
   norm = _BatchStatNorm()
-  variables = norm.init(jax.random.key(0), x)
+
+  @jax.jit   # one program
+  def init_apply(key, x):
+    variables = norm.init(key, x)
+    return variables, norm.apply(variables, x)
+
+  variables, y = init_apply(jax.random.key(0), x)
   assert jax.tree.map(jnp.shape, variables) == {"params": {"scale": (3,), "bias": (3,)}}
-  y = np.asarray(norm.apply(variables, x))
+  y = np.asarray(y)
   np.testing.assert_allclose(y.mean((0, 1, 2)), 0, atol=1e-5)
   np.testing.assert_allclose(y.var((0, 1, 2)), 1, rtol=1e-4)
 
 
 def test_get_model_and_errors():
-  assert fjs.models.get_model("softmax", (8, 8), 10).init(jax.random.key(0))["w"].shape == (64, 10)
+  assert jax.eval_shape(fjs.models.get_model("softmax", (8, 8), 10).init,
+                        jax.random.key(0))["w"].shape == (64, 10)
   assert fjs.models.get_model("linear", (5,), 0, l2=1.0).regularizer is not None
-  assert fjs.models.get_model("mlp", (8, 8), 10, hidden=(3,)).apply(
-      fjs.models.get_model("mlp", (8, 8), 10, hidden=(3,)).init(jax.random.key(0)),
-      np.zeros((2, 8, 8))).shape == (2, 10)
+  mlp = fjs.models.get_model("mlp", (8, 8), 10, hidden=(3,))
+  assert jax.eval_shape(mlp.apply, jax.eval_shape(mlp.init, jax.random.key(0)),
+                        jax.ShapeDtypeStruct((2, 8, 8), jnp.float32)).shape == (2, 10)
   with pytest.raises(ValueError, match="unknown model 'vit'"):
     fjs.models.get_model("vit", (8,), 2)
   with pytest.raises(ValueError, match="l2"):
@@ -210,7 +239,7 @@ def test_pytorch_default_linear_init():
   """torch.nn.Linear's default: weight and bias i.i.d. U(-1/sqrt(d), 1/sqrt(d)); checked by
   its bounds, mean 0 and variance 1/(3d) within 5 standard errors over 784 x 62 draws."""
   d, c = 784, 62
-  p = fjs.models.softmax_regression(d, c, init="pytorch").init(jax.random.key(0))
+  p = jax.jit(fjs.models.softmax_regression(d, c, init="pytorch").init)(jax.random.key(0))
   w, b = np.asarray(p["w"], np.float64), np.asarray(p["b"], np.float64)
   bound = 1 / np.sqrt(d)
   assert np.abs(w).max() <= bound and np.abs(b).max() <= bound and np.abs(b).min() > 0
@@ -219,4 +248,5 @@ def test_pytorch_default_linear_init():
   assert abs(w.mean()) < 5 * np.sqrt(var / n)
   # Var of the sample variance of U(-a, a): (E x^4 - var^2)/n with E x^4 = a^4/5
   assert abs(w.var() - var) < 5 * np.sqrt((bound ** 4 / 5 - var ** 2) / n)
-  assert fjs.models.linear_regression(d, init="pytorch").init(jax.random.key(1))["b"].shape == ()
+  assert jax.eval_shape(fjs.models.linear_regression(d, init="pytorch").init,
+                        jax.random.key(1))["b"].shape == ()

@@ -4,9 +4,10 @@ and depthwise sets), physical removal computes the masked model's function with 
 parameters, the group prox is the prox of t‖·‖₂ (numerical argmin) and leaves t = 0 groups
 untouched bit for bit, HSP zeroes exactly the groups failing its test, and the FLOPs counter
 matches hand counts of ResNet-56 and MobileNetV2."""
+import functools
+
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -31,33 +32,39 @@ SHAPES = {"mlp": (6, 6, 1), "cifar_resnet8": (8, 8, 3), "resnet_2stages": (8, 8,
 
 
 def _outputs(module, params, x):
-  """``{path: output}`` of every declared layer (one jitted call)."""
-  def run(params, x):
-    seen = {}
+  """``({path: output} of every declared layer, the model's output)`` (traceable: jit the
+  caller)."""
+  seen = {}
 
-    def interceptor(next_fun, args, kwargs, context):
-      out = next_fun(*args, **kwargs)
-      if context.method_name == "__call__" and isinstance(
-          context.module, (prunable.PConv, prunable.PDense, prunable.PNorm)):
-        seen[tuple(context.module.path)] = out
-      return out
+  def interceptor(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    if context.method_name == "__call__" and isinstance(
+        context.module, (prunable.PConv, prunable.PDense, prunable.PNorm)):
+      seen[tuple(context.module.path)] = out
+    return out
 
-    with nn.intercept_methods(interceptor):
-      module.apply({"params": params}, x)
-    return seen
-  return jax.jit(run)(params, x)
+  with nn.intercept_methods(interceptor):
+    y = module.apply({"params": params}, x)
+  return seen, y
 
 
 def _random_params(model, seed):
-  """Initial params with random norm scales/biases (so no identity-like layer hides a bug)."""
-  @jax.jit
-  def draw(key):
-    params = model.init(key)
-    leaves, tree = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.fold_in(key, 1), len(leaves))
-    return jax.tree_util.tree_unflatten(
-        tree, [v + 0.3 * jax.random.normal(k, v.shape) for v, k in zip(leaves, keys)])
-  return draw(jax.random.key(seed))
+  """Random float32 params of the model's structure, drawn in NumPy: the initial distributions
+  (LeCun-normal kernels, unit norm scales, zero biases) plus 0.3·N(0, 1) on every entry (so no
+  identity-like layer hides a bug)."""
+  rng = np.random.default_rng(seed)
+
+  def draw(path, v):
+    leaf = path[-1].key
+    mean = (rng.normal(size=v.shape) / np.sqrt(np.prod(v.shape[:-1])) if leaf == "kernel"
+            else np.full(v.shape, 1.0 if leaf == "scale" else 0.0))
+    return (mean + 0.3 * rng.normal(size=v.shape)).astype(np.float32)
+  return jax.tree_util.tree_map_with_path(draw, jax.eval_shape(model.init, jax.random.key(0)))
+
+
+def _flops(zigs, w):
+  """``zig.flops`` as one compiled program."""
+  return float(jax.jit(lambda w: zig.flops(zigs, w))(w))
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -70,16 +77,20 @@ def test_zero_invariance_and_physical_removal(arch):
   with jax.enable_x64(True):
     module, model = ARCHS[arch]()
     zigs = zig.trace(module, SHAPES[arch])
-    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64),
-                                    _random_params(model, 2))
+    params = jax.tree_util.tree_map(lambda a: a.astype(np.float64), _random_params(model, 2))
     rng = np.random.default_rng(3)
     keep = rng.uniform(size=zigs.num_groups) > 0.5
     s0 = zigs.prunable[-1]
     keep[s0.offset:s0.offset + s0.size] = False        # a whole set removed: one zero kept
     w = keep.astype(np.float64)
-    masked = jax.jit(lambda p: zig.scale_groups(zigs, p, jnp.asarray(w)))(params)
-    x = jax.random.normal(jax.random.key(4), (6,) + SHAPES[arch], jnp.float64) * 2.0
-    outs = _outputs(module, masked, x)
+    x = rng.normal(size=(6,) + SHAPES[arch]) * 2.0
+
+    @jax.jit
+    def masked_outputs(params, w, x):   # the masked params, every layer's output, the model's
+      masked = zig.scale_groups(zigs, params, w)
+      return (masked,) + _outputs(module, masked, x)
+
+    masked, outs, y = masked_outputs(params, w, x)
     for layer in zigs.layers:
       s = zigs.get(layer.out_set) if layer.out_set else None
       if s is None or s.offset < 0:
@@ -97,12 +108,11 @@ def test_zero_invariance_and_physical_removal(arch):
     assert shapes == jax.tree_util.tree_map(lambda a: a.shape, small)
     count = lambda p: sum(a.size for a in jax.tree_util.tree_leaves(p))  # noqa: E731
     assert count(small) < count(params)
-    np.testing.assert_allclose(np.asarray(jax.jit(model2.apply)(small, x)),
-                               np.asarray(jax.jit(model.apply)(masked, x)),
+    np.testing.assert_allclose(np.asarray(jax.jit(model2.apply)(small, x)), np.asarray(y),
                                atol=1e-12, rtol=1e-12)
     keep[s0.offset] = True                             # the kept zero channel
     p_small = zig.total_flops(zig.trace(module2, SHAPES[arch]))
-    assert p_small == pytest.approx(float(zig.flops(zigs, jnp.asarray(keep, jnp.float64))))
+    assert p_small == pytest.approx(_flops(zigs, keep.astype(np.float64)))
 
 
 def test_residual_streams_are_coupled_sets():
@@ -123,8 +133,8 @@ def test_group_prox_is_the_prox_of_the_group_norm():
   module, model = prunable.mlp((2,), 3, hidden=(5,))
   zigs = zig.trace(module, (2,))
   params = _random_params(model, 5)
-  t = jnp.asarray([0.0, 0.3, 1.0, 2.5, 10.0])
-  out = zig.group_prox(zigs, params, t)
+  t = np.asarray([0.0, 0.3, 1.0, 2.5, 10.0], np.float32)
+  out = jax.jit(lambda p, t: zig.group_prox(zigs, p, t))(params, t)
   z = np.concatenate([np.asarray(params["dense1"]["kernel"]),
                       np.asarray(params["dense1"]["bias"])[None]])      # [3, 5] group columns
   got = np.concatenate([np.asarray(out["dense1"]["kernel"]),
@@ -144,12 +154,16 @@ def test_hsp_zeroes_exactly_the_groups_failing_its_test():
   module, model = ARCHS["cifar_resnet8"]()
   zigs = zig.trace(module, SHAPES["cifar_resnet8"])
   m = _random_params(model, 6)
-  leaves, tree = jax.tree_util.tree_flatten(m)
-  keys = jax.random.split(jax.random.key(99), len(leaves))
-  z = jax.tree_util.tree_unflatten(
-      tree, [0.3 * a + jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
-  active = jnp.asarray(np.random.default_rng(8).uniform(size=zigs.num_groups) > 0.3)
-  out = jax.jit(lambda z, m: zig.hsp(zigs, z, m, 0.1, active))(z, m)
+  rng = np.random.default_rng(99)
+  z = jax.tree_util.tree_map(
+      lambda a: (0.3 * a + rng.normal(size=a.shape)).astype(np.float32), m)
+  active = np.random.default_rng(8).uniform(size=zigs.num_groups) > 0.3
+
+  @jax.jit
+  def norms(z, m, active):   # the group norms of HSP's output and of z
+    return zig.group_norms(zigs, zig.hsp(zigs, z, m, 0.1, active)), zig.group_norms(zigs, z)
+
+  nrm, nrm_z = (np.asarray(v) for v in norms(z, m, active))
   # the test by hand over the flattened producer slices of each group
   dot, msq = np.zeros(zigs.num_groups), np.zeros(zigs.num_groups)
   for layer in zigs.layers:
@@ -164,12 +178,10 @@ def test_hsp_zeroes_exactly_the_groups_failing_its_test():
         a, b = (np.asarray(v).reshape(-1, s.size) for v in (node_z[leaf], node_m[leaf]))
         dot[s.offset:s.offset + s.size] += (a * b).sum(0)
         msq[s.offset:s.offset + s.size] += (b * b).sum(0)
-  expect_zero = np.asarray(active) & (dot < 0.1 * msq)
-  assert 0 < expect_zero.sum() < np.asarray(active).sum()
-  norms = jax.jit(lambda p: zig.group_norms(zigs, p))
-  nrm = np.asarray(norms(out))
+  expect_zero = active & (dot < 0.1 * msq)
+  assert 0 < expect_zero.sum() < active.sum()
   np.testing.assert_array_equal(nrm == 0, expect_zero)
-  np.testing.assert_array_equal(nrm[~expect_zero], np.asarray(norms(z))[~expect_zero])
+  np.testing.assert_array_equal(nrm[~expect_zero], nrm_z[~expect_zero])
 
 
 def test_flops_match_hand_counts():
@@ -204,19 +216,24 @@ def test_flops_match_hand_counts():
   w[s.offset:s.offset + s.size // 2] = 0
   expand = 16 * 96 * 32 * 32
   dw, proj = 9 * 96 * 32 * 32, 96 * 24 * 32 * 32
-  assert float(zig.flops(zigs, jnp.asarray(w))) == pytest.approx(hand - (expand + dw + proj) / 2)
+  assert _flops(zigs, w) == pytest.approx(hand - (expand + dw + proj) / 2)
 
 
 def test_flops_regularizer_is_zero_under_budget_and_pushes_w_down():
   module, _ = prunable.mlp((4,), 3, hidden=(8, 8))
   zigs = zig.trace(module, (4,))
   full = zig.total_flops(zigs)
-  ones = jnp.ones(zigs.num_groups)
-  assert float(zig.flops_regularizer(zig.flops(zigs, ones), 1.0 * full)) == 0.0
-  assert float(zig.flops_regularizer(zig.flops(zigs, ones), 2.0 * full)) == 0.0
-  r = zig.flops_regularizer(zig.flops(zigs, ones), 0.5 * full)
+  ones = np.ones(zigs.num_groups, np.float32)
+
+  @jax.jit
+  def run(w):   # R at budgets 1, 2 and 0.5 × P_total, and the gradient at 0.5
+    reg = lambda w, ratio: zig.flops_regularizer(zig.flops(zigs, w), ratio * full)  # noqa
+    return [reg(w, r) for r in (1.0, 2.0, 0.5)], jax.grad(reg)(w, 0.5)
+
+  (r1, r2, r), g = run(ones)
+  assert float(r1) == 0.0
+  assert float(r2) == 0.0
   assert float(r) == pytest.approx(np.log(2.0))
-  g = jax.grad(lambda w: zig.flops_regularizer(zig.flops(zigs, w), 0.5 * full))(ones)
   assert np.all(np.asarray(g) > 0)                                 # descent lowers w
 
 
@@ -225,15 +242,21 @@ def test_two_sided_flops_regularizer_is_abs_log_ratio():
   module, _ = prunable.mlp((4,), 3, hidden=(8, 8))
   zigs = zig.trace(module, (4,))
   full = zig.total_flops(zigs)
-  ones = jnp.ones(zigs.num_groups)
-  for ratio in (0.25, 0.5, 1.0, 2.0, 4.0):
-    r = zig.flops_regularizer(zig.flops(zigs, ones), ratio * full, two_sided=True)
+  ones = np.ones(zigs.num_groups, np.float32)
+  ratios = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+  @jax.jit
+  def run(w):
+    reg = lambda w, ratio, two: zig.flops_regularizer(zig.flops(zigs, w), ratio * full,  # noqa
+                                                      two)
+    return ([reg(w, r, True) for r in ratios], reg(w, 0.5, False), reg(w, 0.5, True),
+            jax.grad(reg)(w, 2.0, True), reg(0 * w, 0.5, True))
+
+  two_sided, one, same, g, zero = run(ones)
+  for ratio, r in zip(ratios, two_sided):
     assert float(r) == pytest.approx(abs(np.log(1.0 / ratio)), abs=1e-6)
-  one = zig.flops_regularizer(zig.flops(zigs, ones), 0.5 * full)
-  assert float(zig.flops_regularizer(zig.flops(zigs, ones), 0.5 * full, True)) == float(one)
-  g = jax.grad(lambda w: zig.flops_regularizer(zig.flops(zigs, w), 2.0 * full, True))(ones)
+  assert float(same) == float(one)
   assert np.all(np.asarray(g) < 0)                                 # under budget: w grows
-  zero = zig.flops_regularizer(zig.flops(zigs, 0 * ones), 0.5 * full, True)
   assert np.isfinite(float(zero)) and float(zero) > 0              # no log(0)
 
 
@@ -268,20 +291,28 @@ def test_batch_norm_running_statistics_for_evaluation():
   batch (a single example equals its row of a batch evaluation)."""
   module, model = prunable.resnet((1,), (8, 8, 3), 5)
   params = model.init(jax.random.key(0))
-  x = jax.random.normal(jax.random.key(1), (16, 8, 8, 3))
-  stats = prunable.batch_norm_stats(module, params, x, batch_size=16)
+  x = np.random.default_rng(1).normal(size=(16, 8, 8, 3)).astype(np.float32)
+
+  @jax.jit   # one program
+  def run(params, x):
+    stats = prunable.batch_norm_stats(module, params, x, batch_size=16)
+    with_stats = lambda x: prunable.apply_with_stats(module, params, stats, x)  # noqa: E731
+    halves = [prunable.batch_norm_stats(module, params, x[i:i + 8], batch_size=8)
+              for i in (0, 8)]
+    return dict(stats=stats, eval=with_stats(x), train=model.apply(params, x),
+                batch=with_stats(x[:4]), one=with_stats(x[:1]),
+                train_one=model.apply(params, x[:1]), train_batch=model.apply(params, x[:4]),
+                two=prunable.batch_norm_stats(module, params, x, batch_size=8), halves=halves)
+
+  r = jax.tree_util.tree_map(np.asarray, run(params, x))
+  stats = r["stats"]
   assert len(stats) == 3 and all(m.shape == v.shape and (v >= 0).all() for m, v in
                                  stats.values())
-  np.testing.assert_allclose(prunable.apply_with_stats(module, params, stats, x),
-                             model.apply(params, x), rtol=1e-4, atol=1e-5)
-  batch = prunable.apply_with_stats(module, params, stats, x[:4])
-  one = prunable.apply_with_stats(module, params, stats, x[:1])
-  np.testing.assert_allclose(one[0], batch[0], rtol=1e-5, atol=1e-6)
-  assert not np.allclose(model.apply(params, x[:1])[0], model.apply(params, x[:4])[0])
-  two = prunable.batch_norm_stats(module, params, x, batch_size=8)   # two batches, averaged
-  halves = [prunable.batch_norm_stats(module, params, x[i:i + 8], batch_size=8)
-            for i in (0, 8)]
-  for k, (m, v) in two.items():
+  np.testing.assert_allclose(r["eval"], r["train"], rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(r["one"][0], r["batch"][0], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(r["train_one"][0], r["train_batch"][0])
+  halves = r["halves"]                                               # two batches, averaged
+  for k, (m, v) in r["two"].items():
     np.testing.assert_allclose(m, (halves[0][k][0] + halves[1][k][0]) / 2, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(v, (halves[0][k][1] + halves[1][k][1]) / 2, rtol=1e-5, atol=1e-6)
 
@@ -293,12 +324,18 @@ def test_running_statistics_keep_physical_removal_exact():
   module, model = prunable.resnet((1, 1), (8, 8, 3), 5)
   params = model.init(jax.random.key(0))
   zigs = fjs.pruning.zig.trace(module, (8, 8, 3))
-  keep = np.asarray(jax.random.uniform(jax.random.key(2), (zigs.num_groups,)) > 0.4)
-  masked = fjs.pruning.zig.scale_groups(zigs, params, jnp.asarray(keep, jnp.float32))
+  rng = np.random.default_rng(2)
+  keep = rng.uniform(size=zigs.num_groups) > 0.4
+  masked = jax.jit(lambda p, w: fjs.pruning.zig.scale_groups(zigs, p, w))(
+      params, keep.astype(np.float32))
   small, widths = fjs.pruning.zig.compress(zigs, masked, keep)
   small_module, _ = prunable.resnet((1, 1), (8, 8, 3), 5, widths=widths)
-  x = jax.random.normal(jax.random.key(3), (32, 8, 8, 3))
-  xe = jax.random.normal(jax.random.key(4), (5, 8, 8, 3))
-  out = [prunable.apply_with_stats(m, p, prunable.batch_norm_stats(m, p, x, 16), xe)
+  x = rng.normal(size=(32, 8, 8, 3)).astype(np.float32)
+  xe = rng.normal(size=(5, 8, 8, 3)).astype(np.float32)
+
+  def evaluate(m, p, x, xe):   # the statistics over x, then the evaluation on xe
+    return prunable.apply_with_stats(m, p, prunable.batch_norm_stats(m, p, x, 16), xe)
+
+  out = [jax.jit(functools.partial(evaluate, m))(p, x, xe)
          for m, p in ((module, masked), (small_module, small))]
   np.testing.assert_allclose(out[0], out[1], rtol=1e-4, atol=1e-5)
