@@ -59,10 +59,11 @@ def test_bucketed_ef_bv_equals_padded(data):
   algo = fjs.ef_bv(fjs.models.make_loss(model), fjs.compressors.rand_k(6, 2), 0.02, 0.3, 0.8)
   w0 = model.init(jax.random.key(0))
   b = fjs.runtime.clients.bucketize(data, 3)
-  s_pad, s_bkt = algo.init(None, w0, data), algo.init(None, w0, b)
+  init, step = jax.jit(algo.init), jax.jit(algo.step)
+  s_pad, s_bkt = init(None, w0, data), init(None, w0, b)
   for t in range(5):
-    s_pad, _ = algo.step(jax.random.key(t), s_pad, data)
-    s_bkt, _ = algo.step(jax.random.key(t), s_bkt, b)
+    s_pad, _ = step(jax.random.key(t), s_pad, data)
+    s_bkt, _ = step(jax.random.key(t), s_bkt, b)
   chex.assert_trees_all_close(s_pad.x, s_bkt.x, rtol=1e-5, atol=1e-6)
 
 
@@ -112,26 +113,39 @@ def test_runner_buckets_by_itself_with_the_same_result(data):
                              padded.history.rounds["uplink_bits"])
 
 
-@pytest.mark.parametrize("strategy", ["map", "unroll", "unroll:5"])
-def test_every_strategy_computes_what_vmap_computes(data, strategy):
-  """Linear models: bitwise equal to vmap on CPU, padded and bucketed, for the ProxSkip kernel
-  and FedAvg (partial participation: a gathered cohort; full: bucketed clients)."""
+def _four_rounds(algo, w0, d):
+  s = algo.init(None, w0, d)
+  step = jax.jit(algo.step)
+  for t in range(4):
+    s, _ = step(jax.random.key(t), s, d)
+  return s.params
+
+
+@pytest.fixture(scope="module")
+def vmap_rounds(data):
+  """The ProxSkip kernel and FedAvg (partial participation: a gathered cohort; full: bucketed
+  clients) on linear models, each with its layouts (padded, and bucketed where it can be) and
+  the params after four rounds of each under vmap, shared by the strategies' tests."""
   model = fjs.models.linear_regression(5, l2=0.1)
   loss = fjs.models.make_loss(model)
   w0 = model.init(jax.random.key(0))
   algos = [fjs.sparse_proxskip(loss, 0.05, 0.5, 0.5),
            fjs.fedavg(loss, optax.sgd(0.05), local_steps=3, batch_size=4, cohort_size=5),
            fjs.fedavg(loss, optax.sgd(0.05), local_steps=2)]
-  for algo in algos:
-    layouts = [data] + ([fjs.runtime.clients.bucketize(data, 3)] if algo.bucketable else [])
-    for layout in layouts:
-      states = []
-      for d in (layout, fjs.runtime.clients.with_strategy(layout, strategy)):
-        s = algo.init(None, w0, d)
-        for t in range(4):
-          s, _ = jax.jit(algo.step)(jax.random.key(t), s, d)
-        states.append(s.params)
-      chex.assert_trees_all_equal(states[0], states[1])
+  return w0, [(algo, layout, _four_rounds(algo, w0, layout)) for algo in algos
+              for layout in [data] + ([fjs.runtime.clients.bucketize(data, 3)]
+                                      if algo.bucketable else [])]
+
+
+@pytest.mark.parametrize("strategy", ["map", "unroll", "unroll:5"])
+def test_every_strategy_computes_what_vmap_computes(vmap_rounds, data, strategy):
+  """Linear models: bitwise equal to vmap on CPU, padded and bucketed, for the ProxSkip kernel
+  and FedAvg (partial participation: a gathered cohort; full: bucketed clients)."""
+  w0, cases = vmap_rounds
+  assert len(cases) == 5
+  for algo, layout, reference in cases:
+    params = _four_rounds(algo, w0, fjs.runtime.clients.with_strategy(layout, strategy))
+    chex.assert_trees_all_equal(reference, params)
   with pytest.raises(ValueError, match="strategy"):
     fjs.runtime.clients.with_strategy(data, "unroll:0")
 @pytest.mark.xla_default_emitters
@@ -175,15 +189,15 @@ def test_automatic_strategy_rule(data, monkeypatch):
   algo = fjs.sparse_proxskip(fjs.models.make_loss(model), 0.05, 0.5, 0.5)
   assert fjs.runtime.clients.choose_strategy(algo, model.init(jax.random.key(0)), data) == (
       "vmap", "no convolutions")
-  counts = {}
-  for clients, steps in ((2, 1), (4, 1), (2, 3)):
-    algo, model, d = _cnn_fedavg(clients, steps)
+  counts, runs = {}, {}
+  for clients, steps in ((2, 1), (2, 3), (4, 1)):   # (4, 1) last: its trace is kept
+    algo, model, d = runs[clients, steps] = _cnn_fedavg(clients, steps)
     strategy, reason = fjs.runtime.clients.choose_strategy(algo, model.init(jax.random.key(0)), d)
     assert strategy == "unroll"
     counts[clients, steps] = int(reason.split("(")[1].split()[0])
   assert counts[4, 1] == 2 * counts[2, 1] and counts[2, 3] == 3 * counts[2, 1]
   monkeypatch.setattr(fjs.runtime.clients, "MAX_UNROLLED_CONVS", counts[4, 1] - 1)
-  algo, model, d = _cnn_fedavg(4, 1)
+  algo, model, d = runs[4, 1]
   assert fjs.runtime.clients.choose_strategy(algo, model.init(jax.random.key(0)), d)[0] == "vmap"
 
 
@@ -260,8 +274,9 @@ def test_unrolled_cnn_round_is_loop_free_and_computes_the_vmap_round():
   outs, looped = [], []
   for d in (data, fjs.runtime.clients.with_strategy(data, "unroll")):
     args = (rounds_key, state, jnp.int32(0), jnp.int32(1), d, None)
-    looped.append(_convolutions_in_loops(jax.make_jaxpr(chunk)(*args)))
-    outs.append(jax.jit(chunk)(*args)[0])
+    traced = jax.jit(chunk).trace(*args)   # one trace: counted, then compiled and run
+    looped.append(_convolutions_in_loops(traced.jaxpr))
+    outs.append(traced.lower().compile()(*args)[0])
   assert looped[0] > 0  # vmap: the local steps are a loop around the convolutions
   assert looped[1] == 0
   chex.assert_trees_all_close(outs[0].params, outs[1].params, rtol=1e-5, atol=1e-6)

@@ -26,11 +26,15 @@ def problem():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(N * M, D)), rng.integers(0, K, N * M).astype(np.int32)
     data = fjs.data.pack_clients(x, y, np.split(np.arange(N * M), N))
-    data = data._replace(x=jnp.asarray(data.x, jnp.float64),
-                         mask=jnp.asarray(data.mask, jnp.float64))
+    data = data._replace(x=_f64(data.x), mask=_f64(data.mask))
     model = fjs.models.mlp((D,), K, hidden=(5,))
-    w0 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), model.init(jax.random.key(0)))
+    w0 = jax.tree.map(_f64, model.init(jax.random.key(0)))
     return data, model, w0
+
+
+def _f64(a):
+  """``a`` as a float64 array on the device (under ``jax_enable_x64``)."""
+  return jax.device_put(np.asarray(a, np.float64))
 
 
 def _d(w0):
@@ -70,7 +74,7 @@ BUILDERS = {
         loss, 0.1, local_steps=2, prune=0.5, sketch="identity"),
     "Scafflix": lambda loss, model, w0: fjs.scafflix(
         loss, np.full(N, 0.1), 0.5, np.full(N, 0.5),
-        x_star=jax.tree.map(lambda a: jnp.stack([a] * N), w0)),
+        x_star=jax.tree.map(lambda a: _f64(np.stack([a] * N)), w0)),
     "Sparse-ProxSkip": lambda loss, model, w0: fjs.sparse_proxskip(loss, 0.1, 0.5, 0.5),
     "EF21": lambda loss, model, w0: fjs.ef21(loss, fjs.compressors.top_k(_d(w0), 4), 0.1),
     "SPPM-AS": lambda loss, model, w0: fjs.sppm_as(loss, fjs.sampling.nice(N, 3), 0.5,
@@ -93,7 +97,7 @@ def test_state_and_info_stay_float64(problem, name):
     logits = np.random.default_rng(1).normal(size=data.y.shape + (2, K))
     data = fjs.algorithms.fedlpfm.pack_targets(data, logits)
     assert data.y.dtype == jnp.float64
-  st = algo.init(jax.random.key(1), w0, data)
+  st = jax.jit(algo.init)(jax.random.key(1), w0, data)
   step = jax.jit(algo.step)
   for t in range(2):
     st, info = step(jax.random.key(t), st, data)
@@ -107,7 +111,7 @@ def test_ddss_stays_float64():
   data = fjs.data.sparse_rows.from_dense(a, a @ rng.standard_normal(10))
   prob = fjs.convex.screening.make_problem(data, 0.3 * fjs.convex.screening.lambda_max(data))
   algo = fjs.sha_ddss(prob, data, step_size=0.01, inner_steps=5)
-  st = algo.init(None, np.zeros(10), data)
+  st = jax.jit(algo.init)(None, np.zeros(10), data)
   st, info = jax.jit(algo.step)(jax.random.key(0), st, data)
   assert _float32_leaves(st) == [] and _float32_leaves(info) == []
 
@@ -119,15 +123,16 @@ def test_ato_initialises_and_steps_in_float64():
   zigs = fjs.pruning.zig.trace(module, (D,))
   algo = fjs.ato(model, zigs, optax.sgd(0.1), lambda t: 0.1,
                  fjs.algorithms.ato.ATOConfig(T_w=0, T_start=0))
-  x = jnp.asarray(np.random.default_rng(0).normal(size=(8, D)))
-  y = jnp.arange(8, dtype=jnp.int32) % K
-  params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), model.init(jax.random.key(0)))
-  st = algo.init(jax.random.key(0), params)
+  x = _f64(np.random.default_rng(0).normal(size=(8, D)))
+  y = jax.device_put(np.arange(8, dtype=np.int32) % K)
+  params32 = model.init(jax.random.key(0))
+  params = jax.tree.map(_f64, params32)
+  st = jax.jit(algo.init)(jax.random.key(0), params)
   st, info = jax.jit(algo.target_step)(st, x, y)
   st, cinfo = jax.jit(algo.ctrl_step)(st, x, y)
-  st = algo.end_epoch(st)
+  st = jax.jit(algo.end_epoch)(st)
   assert _float32_leaves(st) == [] and _float32_leaves((info, cinfo)) == []
-  st32 = algo.init(jax.random.key(0), model.init(jax.random.key(0)))   # float32 params
+  st32 = jax.eval_shape(algo.init, jax.random.key(0), params32)   # float32 params
   assert st32.ctrl_input.dtype == jnp.float64
 
 
@@ -135,7 +140,8 @@ def test_sampling_weights_are_exact_in_float64():
   """``1/(n p_i)`` of a non-uniform sampler, to the last float64 bit."""
   p = np.array([0.1, 0.2, 0.3, 0.15, 0.25])
   s = fjs.sampling.nonuniform(p)
+  sample = jax.jit(s.sample)
   for k in range(5):
-    c = s.sample(jax.random.key(k))
-    i = int(c.ids[0])
-    assert c.weights.dtype == jnp.float64 and float(c.weights[0]) == 1.0 / (5 * p[i])
+    c = sample(jax.random.key(k))
+    i = int(np.asarray(c.ids)[0])
+    assert c.weights.dtype == jnp.float64 and float(np.asarray(c.weights)[0]) == 1.0 / (5 * p[i])
