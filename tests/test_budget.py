@@ -8,10 +8,10 @@ tier (``@pytest.mark.integration``)."""
 import json
 import os
 
-# CPU-seconds. The target is 600 (5 minutes of wall time on 2 cores with 2 workers); until a
-# quiet full run records the trimmed suite, the budget is the last full record's unit-tier total
-# (1,216 s, measured before the two tiers were split and trimmed): it may not grow.
-UNIT_BUDGET_S = 1250.0
+# CPU-seconds. The target is 600 (5 minutes of wall time on 2 cores with 2 workers); the unit
+# tier is not there yet (recorded 731 s, 6 min 35 s of wall time, 2026-11-29), so the budget
+# holds that record with a little room: it may not grow, and it comes down as tests are trimmed.
+UNIT_BUDGET_S = 750.0
 DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
 
 
