@@ -17,16 +17,17 @@ and notebook kernels inherit both. The tiny configurations spend most of their t
 compiling: level 0 halves the suite's time, and the elemental emitters compile about 3×
 faster (measured on the ``scafflix_nn`` tiny run: 30 s of compilation → 9 s); one LLVM
 module per program instead of XLA's default split into parallel codegen parts
-(``--xla_cpu_parallel_codegen_split_count=1``) compiles 12 % faster on 2 cores. Results are
-checked against references and tolerances (or between two programs compiled alike), which
-neither flag affects — except where a test compares two *different* programs bit for bit (ATO
-with λ = 0 against plain training, say): the elemental emitters may contract a product and a
-sum into one rounding in one program and not in the other. Such tests carry the
-``xla_default_emitters`` marker and run in a subprocess of their own with XLA:CPU's default
-emitters (:func:`pytest_pyfunc_call`); benchmarks measure at XLA's defaults."""
+(``--xla_cpu_parallel_codegen_split_count=1``) compiles 12 % faster on 2 cores. On x86-64 the
+tests compile for AVX at most (``--xla_cpu_max_isa=AVX``: no fused multiply-add instruction),
+so no program contracts a product and a sum into one rounding where another does not: tests
+that compare two *different* programs bit for bit (ATO with λ = 0 against plain training, say)
+hold on any x86-64 host. Results are checked against references and tolerances (or between
+two programs compiled alike), which none of the flags affects; benchmarks measure at XLA's
+defaults."""
 import atexit
 import json
 import os
+import platform
 import re
 import shutil
 import tempfile
@@ -34,8 +35,11 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 _EMITTERS = "--xla_cpu_use_fusion_emitters=false"
-for _flag in ("--xla_backend_optimization_level=0", _EMITTERS,
-              "--xla_cpu_parallel_codegen_split_count=1"):
+_FLAGS = ["--xla_backend_optimization_level=0", _EMITTERS,
+          "--xla_cpu_parallel_codegen_split_count=1"]
+if platform.machine().lower() in ("x86_64", "amd64"):
+  _FLAGS.append("--xla_cpu_max_isa=AVX")    # no FMA: see above
+for _flag in _FLAGS:
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
@@ -221,10 +225,8 @@ def pytest_collection_modifyitems(config, items):
   (modules by their total, then each module's tests; a module's tests stay together, so its
   fixtures are built once). Under xdist's work stealing each worker runs its share from the
   front and an idle worker steals from the back of another's, so the run ends on short tests
-  instead of one worker finishing a long test alone. The ``xla_default_emitters`` tests come
-  first, together: they share one subprocess (:func:`pytest_pyfunc_call`), and at the front
-  they fall to one worker, so the other never waits for it. The order changes no test's
-  outcome: tests do not depend on one another."""
+  instead of one worker finishing a long test alone. The order changes no test's outcome: tests
+  do not depend on one another."""
   for item in items:
     if "golden" in getattr(item, "fixturenames", ()):
       item.add_marker(pytest.mark.golden)
@@ -238,8 +240,7 @@ def pytest_collection_modifyitems(config, items):
     module_total[item.nodeid.split("::")[0]] = (
         module_total.get(item.nodeid.split("::")[0], 0.0) + own[item.nodeid])
   position = {item.nodeid: i for i, item in enumerate(items)}
-  items.sort(key=lambda item: (item.get_closest_marker("xla_default_emitters") is None,
-                               -module_total[item.nodeid.split("::")[0]],
+  items.sort(key=lambda item: (-module_total[item.nodeid.split("::")[0]],
                                item.nodeid.split("::")[0], -own[item.nodeid],
                                position[item.nodeid]))
 
@@ -314,87 +315,6 @@ def lock_holder():
   for proc in procs:
     proc.kill()
     proc.wait()
-
-
-_IN_SUBPROCESS = "FEDJAXSPARSE_TEST_DEFAULT_EMITTERS"
-_OUTCOMES = "FEDJAXSPARSE_TEST_DEFAULT_EMITTERS_OUT"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem):
-  """A test marked ``xla_default_emitters`` runs in a subprocess whose XLA flags leave out
-  ``--xla_cpu_use_fusion_emitters=false``; its result is this test's result.
-
-  One subprocess runs every such test of the session (a Python, JAX and pytest start-up of
-  several seconds, paid once): the first of them to be reached runs the batch under a lock in
-  the session's cache folder, shared by the xdist workers, and records each outcome; every
-  marked test then reports its own."""
-  if pyfuncitem.get_closest_marker("xla_default_emitters") is None or \
-      os.environ.get(_IN_SUBPROCESS):
-    return None
-  outcome = _default_emitter_outcomes(pyfuncitem).get(pyfuncitem.nodeid)
-  if outcome is None:   # not in the batch (selected differently): on its own
-    outcome = _run_with_default_emitters(pyfuncitem, [pyfuncitem.nodeid]).get(
-        pyfuncitem.nodeid, {"outcome": "failed", "text": "no outcome recorded"})
-  if outcome["outcome"] == "skipped":
-    pytest.skip(outcome["text"])
-  if outcome["outcome"] != "passed":
-    pytest.fail(f"{pyfuncitem.nodeid} failed under XLA:CPU's default emitters:\n"
-                + outcome["text"][-8000:], pytrace=False)
-  return True
-
-
-def _default_emitter_outcomes(item) -> dict:
-  """``{node id: outcome}`` of every ``xla_default_emitters`` test of the session, run once."""
-  import fcntl
-  folder = os.environ["FEDJAXSPARSE_TEST_SESSION_CACHE"]
-  done = os.path.join(folder, "default_emitters.json")
-  with open(os.path.join(folder, "default_emitters.lock"), "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)          # another worker may be running the batch
-    if not os.path.exists(done):
-      nodeids = [i.nodeid for i in item.session.items
-                 if i.get_closest_marker("xla_default_emitters") is not None]
-      outcomes = _run_with_default_emitters(item, nodeids)
-      with open(done + ".tmp", "w") as f:
-        json.dump(outcomes, f)
-      os.replace(done + ".tmp", done)
-    with open(done) as f:
-      return json.load(f)
-
-
-def _run_with_default_emitters(item, nodeids: list) -> dict:
-  """Runs ``nodeids`` in one pytest subprocess at XLA:CPU's default emitters:
-  ``{node id: {"outcome", "text"}}`` (the subprocess's output is every test's text when it
-  records nothing, e.g. when it cannot start)."""
-  flags = " ".join(f for f in os.environ["XLA_FLAGS"].split() if f != _EMITTERS)
-  out = os.path.join(os.environ["FEDJAXSPARSE_TEST_SESSION_CACHE"],
-                     f"default-emitters-{os.getpid()}-{len(nodeids)}.jsonl")
-  env = dict(os.environ, XLA_FLAGS=flags + " --xla_cpu_use_fusion_emitters=true",
-             **{_IN_SUBPROCESS: "1", _OUTCOMES: out})
-  env.pop("FEDJAXSPARSE_TEST_PROFILE", None)   # the subprocess's seconds are this test's
-  proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                         "-p", "no:xdist", *nodeids],
-                        cwd=str(item.config.rootpath), env=env, capture_output=True,
-                        text=True, timeout=900)
-  outcomes = {}
-  if os.path.exists(out):
-    with open(out) as f:
-      for line in f:
-        rec = json.loads(line)
-        if rec["nodeid"] not in outcomes or rec["outcome"] != "passed":
-          outcomes[rec["nodeid"]] = rec
-    os.remove(out)
-  text = proc.stdout[-6000:] + proc.stderr[-2000:]
-  return {n: outcomes.get(n, {"outcome": "failed", "text": text}) for n in nodeids}
-
-
-if os.environ.get(_OUTCOMES):   # inside that subprocess: record each test's outcome
-  def pytest_runtest_logreport(report):
-    if report.when == "call" or report.failed:
-      with open(os.environ[_OUTCOMES], "a") as f:
-        f.write(json.dumps({"nodeid": report.nodeid, "outcome": report.outcome,
-                            "text": str(report.longrepr or "")}) + "\n")
-
 
 
 # ---------------------------------------------------------------------------------------------

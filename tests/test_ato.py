@@ -89,7 +89,6 @@ def _plain(model, opt, params, batches):
   return params
 
 
-@pytest.mark.xla_default_emitters
 def test_reduces_to_plain_training_bit_for_bit(digits):
   """With λ = 0 (every group masked) and with the mask all ones, ATO's target step is plain
   training, bit for bit (both cases in one subprocess: they share the plain reference)."""
@@ -113,7 +112,6 @@ def test_reduces_to_plain_training_bit_for_bit(digits):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=case)
 
 
-@pytest.mark.xla_default_emitters
 def test_prox_phase_zeroes_masked_groups_and_spares_kept_ones(digits):
   x, y = digits
   model, zigs, opt, algo = _setup(ato.ATOConfig(lam=20.0, T_w=1), lr=0.05)   # ηλ = 1

@@ -148,7 +148,6 @@ def test_every_strategy_computes_what_vmap_computes(vmap_rounds, data, strategy)
     chex.assert_trees_all_equal(reference, params)
   with pytest.raises(ValueError, match="strategy"):
     fjs.runtime.clients.with_strategy(data, "unroll:0")
-@pytest.mark.xla_default_emitters
 def test_runner_client_strategy_changes_nothing_but_speed(data):
   model = fjs.models.linear_regression(5, l2=0.1)
   algo = fjs.sparse_proxskip(fjs.models.make_loss(model), 0.05, 0.3, 0.5, form="round")

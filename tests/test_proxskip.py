@@ -233,7 +233,6 @@ def test_sparsity_of_messages_and_models_and_bits(problem):
     st, info = jax.jit(local.step)(jax.random.key(t), st, ds.train)
     if float(info.communicated) == 0:
       assert int(np.asarray(nnz_each(st.w)).max()) <= k
-@pytest.mark.xla_default_emitters
 def test_zero_sparsity_variants_equal_proxskip(problem):
   ds, model, loss = problem
   w0 = jax.tree.map(lambda a: a + 0.1, model.init(jax.random.key(0)))
