@@ -129,7 +129,7 @@ def _overlap(a, b) -> bool:
 def test_legend_is_outside_every_axes(records):
   records["SPS"] = _record(6, diverged_at=7)
   for fig in _figures(records):
-    fig.canvas.draw()
+    fig.draw_without_rendering()   # the final layout (the extents a drawn figure has)
     renderer = fig.canvas.get_renderer()
     assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
     leg = fig.legends[0].get_window_extent(renderer)
@@ -195,7 +195,8 @@ def test_plot_functions_save_png_and_close(tmp_path, records):
   p2 = plot_series(records, ["sum_h_norm", "loss"], str(tmp_path / "b.png"), title="z",
                    x="local_steps", colors=colors)
   p3 = plot_evals(records, "gap", "bits_per_node", str(tmp_path / "c.png"), title="g")
-  p4 = plot_methods(records, "accuracy", str(tmp_path / "d.png"))  # old positional API
+  one = {"ASP": records["ASP"]}   # the positional call's own figure: one method is enough
+  p4 = plot_methods(one, "accuracy", str(tmp_path / "d.png"))  # old positional API
   for p in (p1, p2, p3, p4):
     assert os.path.getsize(p) > 1000
     with open(p, "rb") as f:
@@ -297,7 +298,7 @@ def test_log_axes_within_one_decade_have_readable_ticks():
   fig, ax = plt.subplots(figsize=(5, 3), layout="constrained")
   ax.plot([1, 2, 3], [1.1e5, 1.5e5, 1.9e5])
   plotting.log_axis(ax, "y")
-  fig.canvas.draw()
+  fig.draw_without_rendering()
   labels = [t for t in plotting._texts(fig) if t in ax.yaxis.get_ticklabels(which="both")]
   assert labels and plotting.layout_problems(fig) == []
 

@@ -3,7 +3,9 @@ standard error from a single seed, "rounds to ε" as the round from which a curv
 ε, and a paper's claim printed with this run's verdict."""
 import itertools
 
+import jax
 import numpy as np
+import optax
 import pytest
 
 import fedjaxsparse as fjs
@@ -61,32 +63,51 @@ def test_steps_report_progress_and_time_left(capsys, monkeypatch):
   assert capsys.readouterr().err == ""
 
 
+_TUNING = {}
+
+
 def _digits_tuning(tmp_path):
   """(dataset, softmax model, a 6-round config, fitting and validation splits) of the digits,
-  the tuning tests' common problem."""
-  ds = fjs.data.digits(num_clients=4, partition="iid", seed=0)
-  model = fjs.models.softmax_regression(64, 10)
+  the tuning tests' common problem (the data, model and evaluation made once for the module)."""
+  if not _TUNING:
+    ds = fjs.data.digits(num_clients=4, partition="iid", seed=0)
+    model = fjs.models.softmax_regression(64, 10)
+    fit, val = fjs.harness.protocol.validation_split(ds.train, 0.25, 0)
+    _TUNING.update(ds=ds, model=model, fit=fit, val=val,
+                   eval_fn=fjs.evaluation.make_eval_fn(model), fedavg={})
   cfg = fjs.harness.experiment.Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
-  fit, val = fjs.harness.protocol.validation_split(ds.train, 0.25, 0)
-  return ds, model, cfg, fit, val
+  return _TUNING["ds"], _TUNING["model"], cfg, _TUNING["fit"], _TUNING["val"]
+
+
+def _fedavg(lr):
+  """The tuning tests' FedAvg with learning rate ``lr``: one algorithm per grid value (a Python
+  float), so the runs of a candidate share one compiled chunk across the tests (a traced or
+  NumPy ``lr``, in batched tuning, builds its own)."""
+  def make():
+    return fjs.fedavg(fjs.models.make_loss(_TUNING["model"]), optax.sgd(lr), local_steps=5,
+                      batch_size=16)
+  if type(lr) is not float:
+    return make()
+  cache = _TUNING["fedavg"]
+  if lr not in cache:
+    cache[lr] = make()
+  return cache[lr]
 
 
 def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp_path):
-  import jax
-  import optax
-
   ds, model, cfg, fit, val = _digits_tuning(tmp_path)
+  eval_fn = _TUNING["eval_fn"]
   seen = []
 
   def build(lr, run):
     seen.append((lr, run))
-    return fjs.fedavg(fjs.models.make_loss(model), optax.sgd(lr), local_steps=5, batch_size=16)
+    return _fedavg(lr)
 
   tuned = fjs.harness.experiment.tune_then_run(
-      cfg, "t", "FedAvg", [1e-6, 0.3], build, model.init(jax.random.key(0)), fit, val, ds.train,
-      ds.test, fjs.evaluation.make_eval_fn(model),
+      cfg, "t", "FedAvg", [1e-3, 0.3], build, model.init(jax.random.key(0)), fit, val, ds.train,
+      ds.test, eval_fn,
       tune_cfg=fjs.harness.experiment.tuning_config(cfg), seeds=2)
-  assert tuned.best == 0.3 and tuned.scores[0.3] > tuned.scores[1e-6]
+  assert tuned.best == 0.3 and tuned.scores[0.3] > tuned.scores[1e-3]
   assert [r for _, r in seen[:2]] == [(0, 3, True)] * 2              # half the rounds to tune
   assert [r for _, r in seen[2:]] == [(0, 6, False), (1, 6, False)]  # then every seed, in full
   assert len(tuned.records) == 2 and len(tuned.finals) == 2
@@ -94,8 +115,7 @@ def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp
   assert tuned.finals[0] == pytest.approx(100 * tuned.records[0]["final"]["accuracy"])
   single = fjs.harness.experiment.tune_then_run(
       cfg, "t", "one", [0.3], build, model.init(jax.random.key(0)), fit, val, ds.train, ds.test,
-      fjs.evaluation.make_eval_fn(model), tune_cfg=fjs.harness.experiment.tuning_config(cfg),
-      seeds=1)
+      eval_fn, tune_cfg=fjs.harness.experiment.tuning_config(cfg), seeds=1)
   assert single.best == 0.3 and single.scores == {} and single.stats["se"] is None
 
 
@@ -104,15 +124,13 @@ def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(
   same key, rounds and evaluation as one run per candidate, so the same validation scores (up
   to float reassociation), the same choice, and a diverging candidate found and passed over."""
   import dataclasses
-  import jax
-  import optax
 
   ds, model, cfg, fit, val = _digits_tuning(tmp_path)
   traced = []
 
   def build(lr, run):
     traced.append(isinstance(lr, jax.core.Tracer))
-    return fjs.fedavg(fjs.models.make_loss(model), optax.sgd(lr), local_steps=5, batch_size=16)
+    return _fedavg(lr)
 
   grid = [1e-3, 0.3, 3e38]     # the last one overflows: a non-finite loss
   runs = {}
@@ -120,7 +138,7 @@ def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(
     c = dataclasses.replace(cfg, tuning=mode, on_divergence="skip")
     runs[mode] = fjs.harness.experiment.tune_then_run(
         c, "t", f"FedAvg {mode}", grid, build, model.init(jax.random.key(0)), fit, val,
-        ds.train, ds.test, fjs.evaluation.make_eval_fn(model),
+        ds.train, ds.test, _TUNING["eval_fn"],
         tune_cfg=fjs.harness.experiment.tuning_config(c), seeds=1, batched=True)
     if mode == "batched":
       assert any(traced) and len(traced) < len(grid) + 2   # the grid traced, not run one by one

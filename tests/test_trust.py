@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+import types
 import warnings
 
 import jax
@@ -32,13 +33,25 @@ def _algo(lr=0.3, model=MODEL):
                     cohort_size=3)
 
 
+# One algorithm, evaluation and initial model shared by the module's runs: the runner keeps the
+# compiled chunk of an algorithm at given argument types, so runs after the first compile
+# nothing (the runs are the same as with a fresh, equal algorithm each time).
+ALGO = _algo()
+EVAL_FN = fjs.evaluation.make_eval_fn(MODEL)
+PARAMS = MODEL.init(jax.random.key(0))
+
+
 def _run(ds, algo=None, *, model=MODEL, key=7, train=None, **kw):
   kw.setdefault("progress", False)
   kw.setdefault("eval_every", 2)
   kw.setdefault("chunk_size", 2)
-  return fjs.run(algo or _algo(), jax.random.key(key), model.init(jax.random.key(0)),
+  # the strategy "auto" chooses for this small model, without tracing a step to choose it
+  kw.setdefault("clients", "vmap")
+  shared = model is MODEL
+  return fjs.run(algo or ALGO, jax.random.key(key),
+                 PARAMS if shared else model.init(jax.random.key(0)),
                  ds.train if train is None else train, ds.test,
-                 eval_fn=fjs.evaluation.make_eval_fn(model), **kw)
+                 eval_fn=EVAL_FN if shared else fjs.evaluation.make_eval_fn(model), **kw)
 
 
 # ----------------------------------------------------------------------------- resume
@@ -94,7 +107,7 @@ def test_resume_refuses_fewer_rounds_and_extends_to_more(ds, tmp_path):
 
 def test_fresh_run_refuses_old_checkpoints_unless_overwrite(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
-  _run(ds, _algo(lr=0.1), num_rounds=6, checkpoint_dir=ckpt)
+  _run(ds, key=8, num_rounds=6, checkpoint_dir=ckpt)   # another run (its seed): steps 4 and 6
   (tmp_path / "ckpt" / "notes.txt").write_text("mine")  # not a checkpoint: kept
   with pytest.raises(fjs.errors.CheckpointExistsError, match="--resume.*--overwrite"):
     _run(ds, num_rounds=4, checkpoint_dir=ckpt)
@@ -107,12 +120,17 @@ def test_fresh_run_refuses_old_checkpoints_unless_overwrite(ds, tmp_path):
   assert (tmp_path / "ckpt" / "notes.txt").read_text() == "mine"
 
 
-def test_training_time_adds_up_across_resumes(ds, tmp_path):
+def test_training_time_adds_up_across_resumes(ds, tmp_path, monkeypatch):
   ckpt = str(tmp_path / "ckpt")
-  slow = lambda *_: time.sleep(1.5)  # inside the timed loop, before the next chunk
+  # The runner's clock moves 1.5 s on in each call of ``slow`` (host work of 1.5 s between
+  # chunks, without waiting for it): real time plus the seconds so skipped.
+  skipped = [0.0]
+  clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + skipped[0])
+  monkeypatch.setattr(fjs.runtime.runner, "time", clock)
+  slow = lambda *_: skipped.__setitem__(0, skipped[0] + 1.5)  # inside the timed loop
   _run(ds, num_rounds=6, checkpoint_dir=ckpt, on_chunk=slow)
   saved = json.load(open(os.path.join(ckpt, "6", "meta", "metadata")))["train_time_s"]
-  assert saved >= 3.0  # two of the three sleeps happened before the last checkpoint
+  assert saved >= 3.0  # two of the three pauses happened before the last checkpoint
   t0 = time.perf_counter()
   second = _run(ds, num_rounds=8, checkpoint_dir=ckpt, resume=True)
   own = time.perf_counter() - t0
@@ -128,9 +146,10 @@ def test_nan_stops_the_run_with_round_and_quantity():
   reg = fjs.data.diabetes(num_clients=6)
   model = fjs.models.linear_regression(10)
   algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(3.0), local_steps=2, batch_size=8)
+  eval_fn = fjs.evaluation.make_eval_fn(model)
   go = lambda **kw: fjs.run(algo, jax.random.key(7), model.init(jax.random.key(0)), reg.train,
-                            reg.test, num_rounds=60, eval_fn=fjs.evaluation.make_eval_fn(model),
-                            eval_every=10, chunk_size=10, progress=False, **kw)
+                            reg.test, num_rounds=60, eval_fn=eval_fn, eval_every=10,
+                            chunk_size=10, progress=False, **kw)
   with pytest.raises(fjs.errors.NonFiniteError) as e:
     go(desc="FedAvg lr=3")
   err = e.value
@@ -153,8 +172,8 @@ def test_state_divergence_round_does_not_depend_on_the_chunk_size(ds):
   algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(1e30), local_steps=1,
                     server_optimizer=optax.adam(0.01))
   for chunk in (1, 5):
-    r = fjs.run(algo, jax.random.key(0), model.init(jax.random.key(0)), ds.train, ds.test,
-                num_rounds=10, eval_fn=fjs.evaluation.make_eval_fn(model), eval_every=5,
+    r = fjs.run(algo, jax.random.key(0), PARAMS, ds.train, ds.test,
+                num_rounds=10, eval_fn=EVAL_FN, eval_every=5,
                 chunk_size=chunk, on_nonfinite="stop", progress=False)
     assert r.diverged["round"] == 1 and r.diverged["quantity"].startswith("state")
     assert r.history.rounds["round"] == [] and r.history.evals["round"] == [0]
@@ -180,11 +199,11 @@ def test_nonfinite_state_is_caught_inside_the_compiled_chunk(ds):
   init_key, rounds_key = fjs.runtime.runner.split_run_key(jax.random.key(0))
   state = algo.init(init_key, MODEL.init(jax.random.key(0)), ds.train)
   state, out = chunk(rounds_key, state, jnp.int32(0), jnp.int32(8), ds.train, None)
-  assert out.state_finite.shape == (3,) and bool(out.state_finite.all())
+  assert out.state_finite.shape == (3,) and bool(np.asarray(out.state_finite).all())
   lazy = jax.jit(fjs.runtime.runner.build_chunk(algo, 4, check_every_round=False))
   _, once = lazy(rounds_key, state, jnp.int32(4), jnp.int32(8), ds.train, None)
   state, out = chunk(rounds_key, state, jnp.int32(4), jnp.int32(8), ds.train, None)
-  assert not bool(out.state_finite.all())
+  assert not bool(np.asarray(out.state_finite).all())
   assert out.state_ok.tolist() == [False] * 4        # every round checked: NaN from round 5
   assert once.state_ok.tolist() == [True] * 3 + [False]   # checked once, at the chunk's end
   assert once.state_finite.tolist() == out.state_finite.tolist()
@@ -195,10 +214,10 @@ def test_nonfinite_state_is_caught_inside_the_compiled_chunk(ds):
 
 
 def test_a_long_run_announces_its_remaining_time(ds, capsys):
-  _run(ds, num_rounds=40, chunk_size=4, progress=True, desc="FedAvg", estimate_after_s=0.0)
+  _run(ds, num_rounds=40, progress=True, desc="FedAvg", estimate_after_s=0.0)   # 20 chunks
   text = "".join(capsys.readouterr())
   assert "FedAvg: about" in text and "left" in text and "first, with compilation" in text
-  _run(ds, num_rounds=40, chunk_size=4, progress=True, desc="FedAvg")  # short: no estimate
+  _run(ds, num_rounds=40, progress=True, desc="FedAvg")  # short: no estimate
   assert "left (" not in "".join(capsys.readouterr())
 
 
@@ -222,7 +241,8 @@ def test_empty_client_and_nan_feature_rejected_at_the_data_boundary(ds):
   n = np.asarray(tr.num_examples).copy()
   n[2] = 0
   mask = (np.arange(tr.max_examples)[None] < n[:, None]).astype(np.float32)
-  empty = fjs.data.FederatedData(tr.x * mask[..., None], tr.y, jnp.asarray(mask), jnp.asarray(n))
+  empty = fjs.data.FederatedData(jax.device_put(np.asarray(tr.x) * mask[..., None]), tr.y,
+                                 jax.device_put(mask), jax.device_put(n))
   algo = fjs.fedavg(fjs.models.make_loss(MODEL), optax.sgd(0.1), local_steps=2, batch_size=4)
   with pytest.raises(fjs.errors.DataError, match="client 2 has no example"):
     algo.init(jax.random.key(0), MODEL.init(jax.random.key(0)), empty)
@@ -231,35 +251,37 @@ def test_empty_client_and_nan_feature_rejected_at_the_data_boundary(ds):
   x = np.asarray(tr.x).copy()
   x[4, 0, 7] = np.nan
   with pytest.raises(fjs.errors.DataError, match="client 4 has a NaN or infinite feature"):
-    _run(ds, train=tr._replace(x=jnp.asarray(x)), num_rounds=2)
+    _run(ds, train=tr._replace(x=jax.device_put(x)), num_rounds=2)
   holes = np.asarray(tr.mask).copy()
   holes[1, 0] = 0.0  # a padding row before real rows
   with pytest.raises(fjs.errors.DataError, match="client 1 mask must be 1 on the first"):
-    tr._replace(mask=jnp.asarray(holes)).validate()
+    tr._replace(mask=jax.device_put(holes)).validate()
 
 
 def test_labels_outside_the_classes_rejected(ds):
   y = np.asarray(ds.train.y).copy()
   y[3, 0] = 10
-  bad = fjs.data.FederatedDataset(ds.train._replace(y=jnp.asarray(y)), ds.test, 10, "digits")
+  bad = fjs.data.FederatedDataset(ds.train._replace(y=jax.device_put(y)), ds.test, 10, "digits")
   with pytest.raises(fjs.errors.DataError, match=r"client 3 has a label outside \[0, 10\)"):
     bad.validate()
   t = np.asarray(ds.train.y, np.float32).copy()
   t[0, 0] = np.nan
   with pytest.raises(fjs.errors.DataError, match="client 0 has a NaN or infinite target"):
-    ds.train._replace(y=jnp.asarray(t)).validate()
+    ds.train._replace(y=jax.device_put(t)).validate()
 
 
 def test_compressor_applied_to_a_tree_of_another_size():
+  # compressed under jit (one program, not one per eager operation); the size check is Python
   c = fjs.compressors.rand_k(5, 2)
+  key = jax.random.key(0)
   with pytest.raises(fjs.errors.ConfigError, match=r"rand-2 was built for d=5 .* tree of 10"):
-    c.compress(jax.random.key(0), jnp.ones(10))
+    jax.jit(c.compress)(key, np.ones(10, np.float32))
   for make in (lambda: fjs.compressors.top_k(5, 2), lambda: fjs.compressors.natural(5),
                lambda: fjs.compressors.identity(5), lambda: fjs.compressors.qsgd(5, 2),
                lambda: fjs.compressors.comp_k(5, 1, 2)):
     with pytest.raises(fjs.errors.ConfigError, match="built for d=5"):
-      make().compress(jax.random.key(0), {"a": jnp.ones(3), "b": jnp.ones(4)})
-  assert c.compress(jax.random.key(0), jnp.ones(5)).shape == (5,)
+      jax.jit(make().compress)(key, {"a": np.ones(3, np.float32), "b": np.ones(4, np.float32)})
+  assert jax.jit(c.compress)(key, np.ones(5, np.float32)).shape == (5,)
 
 
 # ------------------------------------------------------------------- locks and damage
@@ -327,10 +349,13 @@ def test_no_readable_checkpoint_is_a_clear_error(ds, tmp_path):
 
 def test_counts_and_label_types_checked(ds):
   tr = ds.train
+  n = np.asarray(tr.num_examples).copy()
+  n[0] = tr.max_examples + 1
   with pytest.raises(fjs.errors.DataError, match=r"num_examples must be integers in \[0, M="):
-    tr._replace(num_examples=tr.num_examples.at[0].set(tr.max_examples + 1)).validate()
+    tr._replace(num_examples=jax.device_put(n)).validate()
+  y = jax.device_put(np.asarray(tr.y).astype(np.float32))
   with pytest.raises(fjs.errors.DataError, match="must be integers"):
-    fjs.data.FederatedDataset(tr._replace(y=tr.y.astype(jnp.float32)), ds.test, 10, "x").validate()
+    fjs.data.FederatedDataset(tr._replace(y=y), ds.test, 10, "x").validate()
 
 
 def _constant_nan_algo() -> fjs.Algorithm:
@@ -364,7 +389,8 @@ def test_state_checked_once_a_chunk_still_names_the_exact_round(algo, round_, qu
   round: a NaN in a passed-through leaf, or a state that goes NaN a round before the loss shows
   it, is named at its own round whatever the chunk size (the history keeps the rounds before)."""
   for chunk in (1, 4):
-    r = fjs.run(algo, jax.random.key(0), {"p": jnp.zeros(1)}, jnp.ones((4, 3)), num_rounds=8,
+    r = fjs.run(algo, jax.random.key(0), {"p": np.zeros(1, np.float32)},
+                np.ones((4, 3), np.float32), num_rounds=8,
                 chunk_size=chunk, progress=False, on_nonfinite="stop", layout="padded",
                 clients="vmap")
     assert r.diverged == {"round": round_, "quantity": quantity}, chunk

@@ -25,7 +25,7 @@ import dataclasses
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData
@@ -62,8 +62,9 @@ def _gather(x: np.ndarray, y: np.ndarray, rows: Sequence[np.ndarray]) -> Federat
   mask = np.zeros((n, m), np.float32)
   for i, r in enumerate(rows):
     xs[i, :len(r)], ys[i, :len(r)], mask[i, :len(r)] = x[i, r], y[i, r], 1.0
-  return FederatedData(jnp.asarray(xs), jnp.asarray(ys), jnp.asarray(mask),
-                       jnp.asarray(np.array([len(r) for r in rows], np.int32)))
+  # device_put, not jnp.asarray: the latter compiles a program per shape
+  return FederatedData(*jax.device_put((xs, ys, mask,
+                                        np.array([len(r) for r in rows], np.int32))))
 
 
 def mean_se(values: Sequence[float] | np.ndarray, axis: int = 0) -> dict:
