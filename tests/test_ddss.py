@@ -142,7 +142,7 @@ def test_prox_asvrg_equals_a_numpy_prox_svrg_loop():
     x0 = x.copy()
     rho0 = a @ x0 - b
     g0 = a.T @ rho0 / 40
-    samples = np.asarray(draws(key, jnp.arange(k_in)))
+    samples = np.asarray(draws(key, np.arange(k_in)))
     for t in range(k_in):
       i = int(samples[t])
       v = a[i] * ((a[i] @ x - b[i]) - rho0[i]) + g0

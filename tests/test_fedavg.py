@@ -51,33 +51,45 @@ def test_weighting_changes_the_fixed_point(ridge):
   assert np.abs(a["w"] - b["w"]).max() > 1e-3  # the test above can tell them apart
 
 
+def _dense_params():
+  """Linear-model parameters with no zero entry (so every update is dense)."""
+  return {"w": jax.device_put(np.linspace(-1, 1, 5, dtype=np.float32) + np.float32(0.1)),
+          "b": jax.device_put(np.float32(0.3))}
+
+
 def test_round_equals_python_loop_reference(ridge):
   """Same mathematics as fedjax/the papers: a Python loop over clients and local steps."""
   ds, model = ridge
   loss = fjs.models.make_loss(model)
   lr, steps = 0.05, 4
   algo = fjs.fedavg(loss, optax.sgd(lr), local_steps=steps)
-  params = {"w": jnp.linspace(-1, 1, 5) + 0.1, "b": jnp.float32(0.3)}  # no zeros: dense
+  params = _dense_params()
   state = algo.init(jax.random.key(0), params, ds.train)
   state, info = jax.jit(algo.step)(jax.random.key(1), state, ds.train)
 
-  grad = jax.jit(jax.grad(loss))
+  @jax.jit
+  def client(x, y, m):   # one client: its loss at the start and its local steps' delta
+    p = params
+    start = loss(p, x, y, m)
+    for _ in range(steps):
+      p = jax.tree.map(lambda a, g: a - lr * g, p, jax.grad(loss)(p, x, y, m))
+    return start, jax.tree.map(jnp.subtract, p, params)
+
+  host = jax.tree.map(np.asarray, ds.train)
   deltas, losses = [], []
   for i in range(ds.train.num_clients):
-    x, y, m = ds.train.x[i], ds.train.y[i], ds.train.mask[i]
-    p = params
-    losses.append(float(loss(p, x, y, m)))
-    for _ in range(steps):
-      p = jax.tree.map(lambda a, g: a - lr * g, p, grad(p, x, y, m))
-    deltas.append(jax.tree.map(jnp.subtract, p, params))
+    start, delta = client(host.x[i], host.y[i], host.mask[i])
+    losses.append(float(start))
+    deltas.append(jax.tree.map(np.asarray, delta))
   n = np.asarray(ds.train.num_examples, np.float64)
   wts = n / n.sum()
-  expected = jax.tree.map(lambda p, *d: p + sum(wi * di for wi, di in zip(wts, d)), params,
-                          *deltas)
+  expected = jax.tree.map(lambda p, *d: np.asarray(p) + sum(wi * di for wi, di in zip(wts, d)),
+                          params, *deltas)
   chex.assert_trees_all_close(state.params, expected, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(info.loss, np.dot(wts, losses), rtol=1e-5)
   d = 6
-  assert info.bits_up == info.bits_down == ds.train.num_clients * fjs.accounting.dense_bits(d)
+  assert (float(info.bits_up) == float(info.bits_down)
+          == ds.train.num_clients * fjs.accounting.dense_bits(d))
 
 
 def test_server_sgd_with_unit_rate_is_plain_fedavg(ridge):
@@ -94,7 +106,7 @@ def test_server_sgd_with_unit_rate_is_plain_fedavg(ridge):
 
 def test_cohort_is_uniform_without_replacement():
   n, c, trials = 10, 3, 4000
-  cohorts = jax.vmap(lambda k: fjs.sampling.sample_cohort(k, n, c))(
+  cohorts = jax.jit(jax.vmap(lambda k: fjs.sampling.sample_cohort(k, n, c)))(
       jax.random.split(jax.random.key(0), trials))
   cohorts = np.asarray(cohorts)
   assert all(len(set(row)) == c for row in cohorts)  # distinct clients
@@ -108,15 +120,16 @@ def test_cohort_is_uniform_without_replacement():
 
 def test_client_key_depends_on_identity_not_position():
   key = jax.random.key(3)
-  a = fjs.sampling.client_keys(key, jnp.array([3, 5, 9]))
-  b = fjs.sampling.client_keys(key, jnp.array([5]))
+  a, b = jax.jit(lambda k: (fjs.sampling.client_keys(k, np.array([3, 5, 9], np.int32)),
+                            fjs.sampling.client_keys(k, np.array([5], np.int32))))(key)
   np.testing.assert_array_equal(jax.random.key_data(a[1]), jax.random.key_data(b[0]))
 
 
 def test_weights():
-  w = fjs.aggregation.client_weights(jnp.array([1, 3]), "num_examples")
+  w = fjs.aggregation.client_weights(np.array([1, 3], np.int32), "num_examples")
   np.testing.assert_allclose(w, [0.25, 0.75])
-  np.testing.assert_allclose(fjs.aggregation.client_weights(jnp.array([1, 3]), "uniform"),
+  np.testing.assert_allclose(fjs.aggregation.client_weights(np.array([1, 3], np.int32),
+                                                            "uniform"),
                              [0.5, 0.5])
 
 
@@ -143,25 +156,27 @@ def test_uplink_compressor_plug_in(ridge):
   unbiased (Monte Carlo over keys) and each message costs rand-k's bits."""
   ds, model = ridge
   d = 6
-  params = {"w": jnp.linspace(-1, 1, 5) + 0.1, "b": jnp.float32(0.3)}
+  params = _dense_params()
   plain = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.05), local_steps=2)
   ident = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.05), local_steps=2,
                      uplink=fjs.compressors.identity(d))
   s0 = plain.init(None, params, ds.train)
-  p1, _ = plain.step(jax.random.key(0), s0, ds.train)
-  p2, _ = ident.step(jax.random.key(0), s0, ds.train)
+  p1, _ = jax.jit(plain.step)(jax.random.key(0), s0, ds.train)
+  p2, _ = jax.jit(ident.step)(jax.random.key(0), s0, ds.train)
   chex.assert_trees_all_close(p1.params, p2.params, rtol=1e-6)
   rk = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.05), local_steps=2,
                   uplink=fjs.compressors.rand_k(d, 2))
-  step = jax.jit(jax.vmap(lambda k: rk.step(k, s0, ds.train)[0].params))
+  step = jax.jit(jax.vmap(lambda k: (lambda st, info: (st.params, info.bits_up))(
+      *rk.step(k, s0, ds.train))))
   trials = 4000
-  out = step(jax.random.split(jax.random.key(1), trials))
+  out, bits_up = step(jax.random.split(jax.random.key(1), trials))
   for name in ("w", "b"):
     mean = np.asarray(out[name]).mean(0)
     se = np.asarray(out[name]).std(0) / np.sqrt(trials)
     np.testing.assert_array_less(np.abs(mean - np.asarray(p1.params[name])), 5 * se + 1e-6)
-  _, info = rk.step(jax.random.key(0), s0, ds.train)
-  assert float(info.bits_up) == ds.train.num_clients * fjs.accounting.sparse_bits(2, d)
+  # every message costs rand-k's bits, on every one of the trials' keys
+  np.testing.assert_array_equal(np.asarray(bits_up),
+                                ds.train.num_clients * fjs.accounting.sparse_bits(2, d))
 
 
 @pytest.mark.parametrize("weighting", ["num_examples", "uniform"])
@@ -170,27 +185,34 @@ def test_float64_one_full_batch_step_is_gradient_descent_to_1e12(ridge, weightin
   full-batch local step equals a hand-written float64 gradient step to 1e-12."""
   ds, model = ridge
   with jax.enable_x64(True):
-    train = jax.tree.map(lambda a: jnp.asarray(np.asarray(a, np.float64))
+    train = jax.tree.map(lambda a: jax.device_put(np.asarray(a, np.float64))
                          if np.issubdtype(np.asarray(a).dtype, np.floating) else a, ds.train)
-    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), model.init(jax.random.key(0)))
+    params = jax.tree.map(lambda a: jax.device_put(np.asarray(a, np.float64)),
+                          model.init(jax.random.key(0)))
     loss = fjs.models.make_loss(model)
     algo = fjs.fedavg(loss, optax.sgd(0.05), local_steps=1, weighting=weighting)
     w = fjs.aggregation.client_weights(train.num_examples, weighting)
     assert w.dtype == jnp.float64
+
+    @jax.jit
+    def gd_step(x):   # the hand-written float64 gradient step
+      grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(x, train.x, train.y, train.mask)
+      return jax.tree.map(lambda p, g: p - 0.05 * jnp.tensordot(w, g, axes=1), x, grads)
+
     state = algo.init(None, params, train)
+    step = jax.jit(algo.step)
     x = params
     for t in range(20):
-      state, _ = jax.jit(algo.step)(jax.random.key(t), state, train)
-      grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(x, train.x, train.y, train.mask)
-      x = jax.tree.map(lambda p, g: p - 0.05 * jnp.tensordot(w, g, axes=1), x, grads)
+      state, _ = step(jax.random.key(t), state, train)
+      x = gd_step(x)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(x)):
       assert a.dtype == jnp.float64
       np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
 
 def test_clipped_sgd_rescales_to_the_norm_or_clips_each_value():
-  g = {"a": jnp.array([3.0, -4.0]), "b": jnp.array([0.0])}          # global norm 5
-  step = lambda opt: opt.update(g, opt.init(g))[0]                  # noqa: E731
+  g = {"a": np.array([3.0, -4.0], np.float32), "b": np.array([0.0], np.float32)}  # norm 5
+  step = lambda opt: jax.jit(lambda g: opt.update(g, opt.init(g))[0])(g)  # noqa: E731
   np.testing.assert_allclose(step(fjs.algorithms.fedavg.clipped_sgd(0.5, 1.0, "norm"))["a"],
                              [-0.3, 0.4], rtol=1e-6)
   np.testing.assert_allclose(step(fjs.algorithms.fedavg.clipped_sgd(0.5, 3.5, "value"))["a"],
@@ -213,9 +235,11 @@ def test_step_decay_switches_to_the_decayed_algorithm_at_its_milestone():
   decayed = fjs.algorithms.fedavg.step_decay(build, 0.5, [2], factor=0.1)
   st = decayed.init(keys[0], params, ds.train)
   want = st
+  phase_steps = {lr: jax.jit(build(lr).step) for lr in (0.5, 0.05)}
+  decayed_step = jax.jit(decayed.step)
   for r, k in enumerate(keys):
-    st, _ = jax.jit(decayed.step)(k, st, ds.train)
-    want, _ = build(0.5 if r < 2 else 0.05).step(k, want, ds.train)
+    st, _ = decayed_step(k, st, ds.train)
+    want, _ = phase_steps[0.5 if r < 2 else 0.05](k, want, ds.train)
     for a, b in zip(jax.tree.leaves(st.params), jax.tree.leaves(want.params)):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="milestones"):

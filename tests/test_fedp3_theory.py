@@ -64,7 +64,7 @@ def test_permutation_sketch_identities_on_every_draw_and_in_expectation():
   assert abs(sq_mean - want_sq) < 5 * sq_std / np.sqrt(draws)
   # E‖(1/n)Σ S_i y_i‖² = (1/n)Σ‖y_i‖² (disjoint supports)
   assert abs(agg_mean - want_agg) < 5 * agg_std / np.sqrt(draws)
-  blocks = fedp3_theory.permutation_owner(jax.random.key(3), 24, 3, block=4)
+  blocks = np.asarray(fedp3_theory.permutation_owner(jax.random.key(3), 24, 3, block=4))
   assert (blocks.reshape(-1, 4) == blocks.reshape(-1, 4)[:, :1]).all()
   with pytest.raises(ValueError, match="divisible"):
     fedp3_theory.permutation_owner(jax.random.key(0), 10, 3)
@@ -72,12 +72,12 @@ def test_permutation_sketch_identities_on_every_draw_and_in_expectation():
 
 def test_aggregation_is_a_gather_and_gamma_zero_is_a_fixed_point():
   data, *_ = _problem(n=4, d=8)
-  w0 = jnp.arange(8, dtype=jnp.float32)
+  w0 = jax.device_put(np.arange(8, dtype=np.float32))
   key = jax.random.key(4)
   algo = fjs.fedp3_theory(ls_loss, 0.05)
   new, info = jax.jit(algo.step)(key, algo.init(None, w0, data), data)
-  k_perm, k_clients = jax.random.split(key)
-  owner = np.asarray(fedp3_theory.permutation_owner(k_perm, 8, 4))
+  owner = np.asarray(jax.jit(lambda key: fedp3_theory.permutation_owner(  # k_perm = split[0]
+      jax.random.split(key)[0], 8, 4))(key))
   us = np.asarray(w0) - 0.05 * np.asarray(_client_grads(w0, data.x, data.y, data.mask))
   gathered = us[owner, np.arange(8)]
   np.testing.assert_allclose(new.params, gathered, rtol=1e-6, atol=1e-7)
@@ -92,7 +92,8 @@ def test_theorem_433_bound_holds_at_the_prescribed_step():
   K = 200
   gamma = fedp3_theory.theorem_433_step(ls.mean(), ls.max(), K)
   algo = fjs.fedp3_theory(ls_loss, gamma)
-  f = lambda w: np.mean([float(v) for v in _client_losses(w, data.x, data.y, data.mask)])
+  f = lambda w: np.mean([float(v) for v in np.asarray(_client_losses(w, data.x, data.y,
+                                                                     data.mask))])
   w_inf = np.linalg.lstsq(np.asarray(x, np.float64), np.asarray(y, np.float64), rcond=None)[0]
   delta0 = f(np.zeros(8, np.float32)) - f(w_inf.astype(np.float32))
   run = jax.jit(lambda key: jax.lax.scan(
@@ -108,15 +109,16 @@ def test_theorem_c35_update_matrix_and_biased_pruning():
   """S_i = I, b_i = 0: one step is w ← (P − γB̄)w with P = (1/n)ΣP_i, B̄ = (1/n)ΣP_i L_i P_i."""
   n, d = 3, 6
   data, *_ = _problem(n=n, d=d, interpolate=True)
-  w = jnp.linspace(-1.0, 1.0, d)
+  w = jax.device_put(np.linspace(-1.0, 1.0, d, dtype=np.float32))
   key = jax.random.key(9)
   algo = fjs.fedp3_theory(ls_loss, 0.1, prune=0.6, sketch="identity")
   new = jax.jit(algo.step)(key, algo.init(None, w, data), data)[0].params
-  _, k_clients = jax.random.split(key)
-  # client i's pruning key, as the step derives it: split(fold_in(k_clients, i))[0]
-  client_masks = np.asarray(jax.jit(lambda k: jnp.stack([
-      fedp3_theory.pruning_mask(jax.random.split(jax.random.fold_in(k, i))[0], d, 0.6)
-      for i in range(n)]))(k_clients), np.float64)
+  # client i's pruning key, as the step derives it: split(fold_in(k_clients, i))[0] with
+  # k_clients = split(key)[1]
+  client_masks = np.asarray(jax.jit(lambda key: jnp.stack([
+      fedp3_theory.pruning_mask(jax.random.split(jax.random.fold_in(
+          jax.random.split(key)[1], i))[0], d, 0.6)
+      for i in range(n)]))(key), np.float64)
   xs = np.asarray(data.x, np.float64)
   P, B = np.zeros((d, d)), np.zeros((d, d))
   for i in range(n):
@@ -127,8 +129,8 @@ def test_theorem_c35_update_matrix_and_biased_pruning():
     B += Pi @ Li @ Pi / n
   np.testing.assert_allclose(new, (P - 0.1 * B) @ np.asarray(w), rtol=1e-5, atol=1e-6)
   draws = 20000
-  masks = np.asarray(jax.jit(jax.vmap(lambda k: fedp3_theory.pruning_mask(k, d, 0.6)))(
-      jax.random.split(key, draws)))
+  masks = np.asarray(jax.jit(lambda key: jax.vmap(lambda k: fedp3_theory.pruning_mask(
+      k, d, 0.6))(jax.random.split(key, draws)))(key))
   w = np.asarray(w)
   pw = masks * w
   assert np.all(np.abs(pw.mean(0) - 0.6 * w) < 5 * pw.std(0) / np.sqrt(draws) + 1e-6)
@@ -168,14 +170,17 @@ def test_clipping_bounds_every_per_example_gradient():
 
 
 def test_accountant_is_monotone_and_inverts():
-  eps = [fedp3_theory.ldp_epsilon(z, 100, 10, 100, 1e-5) for z in (0.8, 1.2, 2.0)]
-  assert eps[0] > eps[1] > eps[2] > 0
-  assert fedp3_theory.ldp_epsilon(1.2, 100, 10, 400, 1e-5) > eps[1]  # more steps, more ε
-  assert fedp3_theory.ldp_epsilon(1.2, 100, 20, 100, 1e-5) > eps[1]  # larger sampling rate, more ε
   sigma = fedp3_theory.ldp_sigma(2.0, 1e-5, 100, 100, clip=1.0, batch_size=10, gamma=0.1,
                                  noise="update")
   z = fedp3_theory.noise_multiplier(sigma, 1.0, 10, 0.1, "update")
-  assert abs(fedp3_theory.ldp_epsilon(z, 100, 10, 100, 1e-5) - 2.0) < 0.05
+  eps_z = fedp3_theory.ldp_epsilon(z, 100, 10, 100, 1e-5)
+  assert abs(eps_z - 2.0) < 0.05
+  # ε decreases in the multiplier: 0.8 < 1.2 < z (≈ 4.5, the inversion's, whose ε is known)
+  assert z > 1.2
+  eps = [fedp3_theory.ldp_epsilon(m, 100, 10, 100, 1e-5) for m in (0.8, 1.2)] + [eps_z]
+  assert eps[0] > eps[1] > eps[2] > 0
+  assert fedp3_theory.ldp_epsilon(1.2, 100, 10, 400, 1e-5) > eps[1]  # more steps, more ε
+  assert fedp3_theory.ldp_epsilon(1.2, 100, 20, 100, 1e-5) > eps[1]  # larger sampling rate, more ε
   assert np.isclose(z, sigma * 10 / 2.0)  # replace-one sensitivity of the mean: 2C/b
   assert np.isclose(fedp3_theory.noise_multiplier(sigma * 0.1, 1.0, 10, 0.1, "model"), z)
   with pytest.raises(ValueError, match="batch_size"):

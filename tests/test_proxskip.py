@@ -33,6 +33,11 @@ def _zeros64(model):
                       jax.eval_shape(lambda: model.init(jax.random.key(0))))
 
 
+def _shifted(model, c):
+  """The model's initial parameters plus ``c``, on the host (float32, no program compiled)."""
+  return jax.tree.map(lambda a: np.asarray(a) + np.float32(c), model.init(jax.random.key(0)))
+
+
 def _sum_h(state):
   return jax.tree.map(lambda a: np.sum(np.asarray(a), 0), state.h)
 
@@ -216,8 +221,7 @@ def test_sparsity_of_messages_and_models_and_bits(problem):
   k = fjs.sparsity.k_from_sparsity(d, s)
   n = ds.num_clients
   algo = fjs.sparse_proxskip(loss, 0.02, 1.0, s, encoding="indices")
-  state = algo.init(jax.random.key(0), jax.tree.map(lambda a: a + 0.3,
-                                                    model.init(jax.random.key(0))), ds.train)
+  state = algo.init(jax.random.key(0), _shifted(model, 0.3), ds.train)
   nnz, nnz_each = jax.jit(fjs.accounting.nnz), jax.jit(jax.vmap(fjs.accounting.nnz))
   for t in range(4):
     state, info = jax.jit(algo.step)(jax.random.key(t), state, ds.train)
@@ -235,11 +239,11 @@ def test_sparsity_of_messages_and_models_and_bits(problem):
       assert int(np.asarray(nnz_each(st.w)).max()) <= k
 def test_zero_sparsity_variants_equal_proxskip(problem):
   ds, model, loss = problem
-  w0 = jax.tree.map(lambda a: a + 0.1, model.init(jax.random.key(0)))
-  ref, _ = _iterate(fjs.proxskip(loss, 0.02, 0.4),
-                    fjs.proxskip(loss, 0.02, 0.4).init(None, w0, ds.train), ds.train, 20)
+  w0 = _shifted(model, 0.1)
+  ref, _ = _iterate(fjs.proxskip(loss, 0.02, 0.3),
+                    fjs.proxskip(loss, 0.02, 0.3).init(None, w0, ds.train), ds.train, 20)
   for make in (fjs.sparse_proxskip, fjs.sparse_proxskip_local, fjs.accelerated_server_pruning):
-    algo = make(loss, 0.02, 0.4, 0.0)  # K = d
+    algo = make(loss, 0.02, 0.3, 0.0)  # K = d
     st, _ = _iterate(algo, algo.init(None, w0, ds.train), ds.train, 20)
     chex.assert_trees_all_equal(st.w, ref.w)
     chex.assert_trees_all_equal(st.h, ref.h)
@@ -292,7 +296,7 @@ def test_fedht_and_fediht_sparsity(problem):
   ds, model, loss = problem
   d, s = DIM + 1, 0.6
   k = fjs.sparsity.k_from_sparsity(d, s)
-  w0 = jax.tree.map(lambda a: a + 0.2, model.init(jax.random.key(0)))
+  w0 = _shifted(model, 0.2)
   ht = fjs.fedht(loss, 0.02, 3, s)
   st = ht.init(None, w0, ds.train)
   for t in range(3):
@@ -325,7 +329,7 @@ def test_randprox_l1_equals_the_primal_dual_randprox_iteration(problem):
   ds, model, loss = problem
   gamma, p, lam = 0.02, 0.4, 0.5
   algo = fjs.randprox_l1(loss, gamma, p, lam)
-  w0 = jax.tree.map(lambda a: a + 0.3, model.init(jax.random.key(0)))
+  w0 = _shifted(model, 0.3)
   state = algo.init(None, w0, ds.train)
   grad_i = jax.vmap(jax.grad(loss))
   n = ds.num_clients
@@ -386,7 +390,7 @@ def test_randprox_l1_reaches_the_federated_lasso_solution(problem):
 
 def test_gradient_clipping(problem):
   ds, model, loss = problem
-  w0 = jax.tree.map(lambda a: a + 5.0, model.init(jax.random.key(0)))  # large gradients
+  w0 = _shifted(model, 5.0)  # large gradients
   for mode in ("norm", "value"):
     kernel = fjs.algorithms.proxskip.proxskip_kernel(loss, 1.0, 0.5, clip=0.1, clip_mode=mode)
     state = kernel.init(None, w0, ds.train)
@@ -411,7 +415,7 @@ def test_uplink_compressor_plug_in(problem):
   (the compressed message is written back) and is charged rand-k's bits."""
   ds, model, loss = problem
   d = DIM + 1
-  w0 = jax.tree.map(lambda a: a + 0.2, model.init(jax.random.key(0)))
+  w0 = _shifted(model, 0.2)
   k = fjs.sparsity.k_from_sparsity(d, 0.6)
   a = fjs.sparse_proxskip(loss, 0.02, 0.5, 0.6)
   b = fjs.proxskip(loss, 0.02, 0.5, uplink=fjs.compressors.top_k(d, k))

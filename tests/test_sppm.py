@@ -35,7 +35,7 @@ def quad():
   a = np.einsum("nij,j->ni", H, x_opt) - c  # ∇f_i(x⋆), summing to 0
   mu = np.linalg.eigvalsh(H)[:, 0]
   return dict(data=data, H=H, c=c, x_opt=x_opt, a=a, mu=mu,
-              w0={"w": jnp.asarray([3.0, -2.0, 1.0], jnp.float32)})
+              w0={"w": jax.device_put(np.array([3.0, -2.0, 1.0], np.float32))})
 
 
 def _prox(q, ids, weights, x, gamma):
@@ -50,7 +50,7 @@ def test_one_newton_step_is_the_exact_cohort_prox(quad):
   state = algo.init(None, quad["w0"], quad["data"])
   key = jax.random.key(3)
   new, info = jax.jit(algo.step)(key, state, quad["data"])
-  cohort = s.sample(jax.random.split(key)[0])
+  cohort = jax.jit(lambda k: s.sample(jax.random.split(k)[0]))(key)
   ids = np.asarray(cohort.ids)
   want = _prox(quad, ids, np.asarray(cohort.weights, np.float64), np.asarray(quad["w0"]["w"]), 2.0)
   np.testing.assert_allclose(new.params["w"], want, rtol=2e-4, atol=2e-5)
@@ -67,7 +67,7 @@ def test_full_sampling_is_ppm(quad):
     x = _prox(quad, np.arange(N), np.full(N, 1 / N), x, 0.5)
     np.testing.assert_allclose(state.params["w"], x, rtol=1e-4, atol=1e-5)
   # x⋆ is a fixed point of PPM
-  state = state._replace(params={"w": jnp.asarray(quad["x_opt"], jnp.float32)})
+  state = state._replace(params={"w": jax.device_put(quad["x_opt"].astype(np.float32))})
   np.testing.assert_allclose(step(jax.random.key(9), state, quad["data"])[0].params["w"],
                              quad["x_opt"], atol=1e-4)
 
@@ -75,9 +75,9 @@ def test_full_sampling_is_ppm(quad):
 def test_one_gd_step_is_minibatch_gd(quad):
   s = fjs.sampling.stratified(fjs.sampling.contiguous_blocks(N, 4))
   eta = 0.05
-  new, _ = fjs.sppm_as(loss, s, 10.0, solvers.gd(eta, 1)).step(
-      jax.random.key(1), fjs.algorithms.sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
-  cohort = s.sample(jax.random.split(jax.random.key(1))[0])
+  new, _ = jax.jit(fjs.sppm_as(loss, s, 10.0, solvers.gd(eta, 1)).step)(
+      jax.random.key(1), fjs.algorithms.sppm.SPPMState(quad["w0"], np.int32(0)), quad["data"])
+  cohort = jax.jit(lambda k: s.sample(jax.random.split(k)[0]))(jax.random.key(1))
   ids, w = np.asarray(cohort.ids), np.asarray(cohort.weights, np.float64)
   x = np.asarray(quad["w0"]["w"], np.float64)
   grad = w @ (np.einsum("nij,j->ni", quad["H"][ids], x) - quad["c"][ids])
@@ -93,14 +93,15 @@ def test_solvers_approach_the_exact_prox_as_k_grows(quad, name):
   lr = 1 / (np.linalg.eigvalsh(quad["H"].mean(0))[-1] + 1 / gamma)
   make = {"cg": solvers.cg, "bfgs": solvers.bfgs, "lbfgs": solvers.lbfgs,
           "gd": lambda k: solvers.gd(lr, 10 * k)}[name]
-  errs = []
-  for k in (1, 3, 30):
+  errs = {}
+  # K = 3 is asserted for CG only (exact after dim = 3 iterations): the other solvers skip it
+  for k in ((1, 3, 30) if name == "cg" else (1, 30)):
     new, _ = jax.jit(fjs.sppm_as(loss, fjs.sampling.full(N), gamma, make(k)).step)(
-        jax.random.key(0), fjs.algorithms.sppm.SPPMState(quad["w0"], jnp.int32(0)), quad["data"])
-    errs.append(np.linalg.norm(np.asarray(new.params["w"]) - want))
-  assert errs[2] < 1e-3 * np.linalg.norm(want - x) and errs[2] <= errs[0], errs
+        jax.random.key(0), fjs.algorithms.sppm.SPPMState(quad["w0"], np.int32(0)), quad["data"])
+    errs[k] = np.linalg.norm(np.asarray(new.params["w"]) - want)
+  assert errs[30] < 1e-3 * np.linalg.norm(want - x) and errs[30] <= errs[1], errs
   if name == "cg":
-    assert errs[1] < 1e-4 * np.linalg.norm(want - x), errs
+    assert errs[3] < 1e-4 * np.linalg.norm(want - x), errs
 
 
 def test_theorem_532_bound_holds_by_monte_carlo(quad):
@@ -109,12 +110,16 @@ def test_theorem_532_bound_holds_by_monte_carlo(quad):
   s, gamma, runs, rounds = fjs.sampling.nice(N, 3), 2.0, 1000, 25
   algo = fjs.sppm_as(loss, s, gamma, solvers.newton())
   step = jax.vmap(algo.step, in_axes=(0, 0, None))
-  state = jax.vmap(lambda _: algo.init(None, quad["w0"], quad["data"]))(jnp.arange(runs))
+  state = jax.vmap(lambda _: algo.init(None, quad["w0"], quad["data"]))(np.arange(runs))
   errs = []
-  run_step = jax.jit(step)
-  for t in range(rounds):
+
+  @jax.jit
+  def run_step(t, state):   # the runs' keys fold_in(key(t), r), drawn inside the program
     keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(t), r))(jnp.arange(runs))
-    state, _ = run_step(keys, state, quad["data"])
+    return step(keys, state, quad["data"])
+
+  for t in range(rounds):
+    state, _ = run_step(t, state)
     errs.append(np.sum((np.asarray(state.params["w"], np.float64) - quad["x_opt"]) ** 2, 1))
   errs = np.array(errs)  # [rounds, runs]
   d0 = float(np.sum((np.asarray(quad["w0"]["w"], np.float64) - quad["x_opt"]) ** 2))
@@ -132,19 +137,21 @@ def test_proximal_averaging_and_local_gd(quad):
   FedAvg-SPPM-AS with α = γ equals it when the round starts there (K = 1); LocalGD = mean of
   E local GD steps."""
   gamma, x = 0.7, np.asarray(quad["w0"]["w"], np.float64)
-  st = fjs.algorithms.sppm.SPPMState(quad["w0"], jnp.int32(0))
-  new, info = fjs.fedprox_sppm_as(loss, fjs.sampling.full(N), gamma, solvers.newton()).step(
+  st = fjs.algorithms.sppm.SPPMState(quad["w0"], np.int32(0))
+  new, info = jax.jit(fjs.fedprox_sppm_as(loss, fjs.sampling.full(N), gamma,
+                                          solvers.newton()).step)(
       jax.random.key(0), st, quad["data"])
   want = np.mean([_prox(quad, np.array([i]), np.ones(1), x, gamma) for i in range(N)], 0)
   np.testing.assert_allclose(new.params["w"], want, rtol=1e-4, atol=1e-5)
   # FedAvg-SPPM-AS, K = 1: both prox terms centred at x; 1/(2α) + 1/(2γ) = 1/(2·γα/(γ+α))
-  both, _ = fjs.fedavg_sppm_as(loss, fjs.sampling.full(N), gamma, gamma, solvers.newton()).step(
+  both, _ = jax.jit(fjs.fedavg_sppm_as(loss, fjs.sampling.full(N), gamma, gamma,
+                                       solvers.newton()).step)(
       jax.random.key(0), st, quad["data"])
   want2 = np.mean([_prox(quad, np.array([i]), np.ones(1), x, gamma / 2) for i in range(N)], 0)
   np.testing.assert_allclose(both.params["w"], want2, rtol=1e-4, atol=1e-5)
   lr, e = 0.05, 4
-  new, info = fjs.local_gd(loss, fjs.sampling.full(N), lr, e).step(jax.random.key(0), st,
-                                                                   quad["data"])
+  new, info = jax.jit(fjs.local_gd(loss, fjs.sampling.full(N), lr, e).step)(
+      jax.random.key(0), st, quad["data"])
   zs = []
   for i in range(N):
     z = x.copy()
@@ -208,12 +215,13 @@ def test_fedavg_takes_any_sampler(quad):
   lr = 0.1
   x = np.asarray(quad["w0"]["w"], np.float64)
   deltas = -lr * (np.einsum("nij,j->ni", quad["H"], x) - quad["c"])  # one GD step each
+  sample = jax.jit(lambda k: s.sample(jax.random.split(k, 3)[0]))
   for weighting in ("uniform", "sampling"):
     algo = fjs.fedavg(loss, optax.sgd(lr), sampler=s, weighting=weighting)
     state = algo.init(None, quad["w0"], quad["data"])
     key = jax.random.key(4)
     new, info = jax.jit(algo.step)(key, state, quad["data"])
-    co = s.sample(jax.random.split(key, 3)[0])
+    co = sample(key)
     ids, m = np.asarray(co.ids), np.asarray(co.mask, bool)
     if weighting == "uniform":
       want = x + deltas[ids[m]].mean(0)
@@ -275,8 +283,8 @@ def test_fig_d10_solvers_against_independent_float64_oracles(quad):
   mime = x
   full = fjs.sampling.full(N)
   cohort_average = fjs.algorithms.sppm.cohort_average
-  run = lambda algo: algo.step(jax.random.key(0), algo.init(None, quad["w0"], quad["data"]),
-                               quad["data"])
+  run = lambda algo: jax.jit(algo.step)(jax.random.key(0),
+                                        algo.init(None, quad["w0"], quad["data"]), quad["data"])
   adam_worker = solvers.optax_steps(optax.adam(lr), E, "adam")
   got, _ = run(cohort_average(loss, full, adam_worker, local_rounds=K, gamma=gamma,
                               server_optimizer=optax.adam(slr)))

@@ -73,20 +73,26 @@ def test_global_mean_loss_is_the_sample_mean():
   for i, n in enumerate(sizes):
     x[i, :n], y[i, :n], mask[i, :n] = rng.normal(size=(n, 4)), rng.integers(0, 3, n), 1
   params = model.init(jax.random.key(1))
-  params = jax.tree.map(lambda a: a + 0.3, params)
+  params = jax.tree.map(lambda a: np.asarray(a) + np.float32(0.3), params)
   loss = fjs.models.make_loss(model, "sum", fjs.models.global_mean_scale(sizes))
-  per_client = jax.vmap(loss, in_axes=(None, 0, 0, 0))(params, x, y, mask)
-  logits = jnp.concatenate([model.apply(params, x[i, :n]) for i, n in enumerate(sizes)])
   labels = np.concatenate([y[i, :n] for i, n in enumerate(sizes)])
-  sample_mean = -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(16), labels])
-  np.testing.assert_allclose(jnp.mean(per_client), sample_mean, rtol=1e-6)
+
+  @jax.jit
+  def means(params):   # the clients' global-mean losses' mean, and the pooled sample mean
+    per_client = jax.vmap(loss, in_axes=(None, 0, 0, 0))(params, x, y, mask)
+    logits = jnp.concatenate([model.apply(params, x[i, :n]) for i, n in enumerate(sizes)])
+    sample_mean = -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(16), labels])
+    return jnp.mean(per_client), sample_mean
+
+  client_mean, sample_mean = means(params)
+  np.testing.assert_allclose(client_mean, sample_mean, rtol=1e-6)
   with pytest.raises(ValueError, match="scale"):
     fjs.models.make_loss(model, "sum", 0.0)
 
 
 def test_crop_flip_moves_pixels_without_changing_them():
-  x = jnp.arange(2 * 6 * 6 * 1, dtype=jnp.float32).reshape(2, 6, 6, 1) + 1.0
-  aug = fjs.ops.augment.crop_flip(pad=2)
+  x = np.arange(2 * 6 * 6 * 1, dtype=np.float32).reshape(2, 6, 6, 1) + np.float32(1.0)
+  aug = jax.jit(fjs.ops.augment.crop_flip(pad=2))
   out = np.asarray(aug(jax.random.key(0), x))
   assert out.shape == x.shape
   padded = np.pad(np.asarray(x), ((0, 0), (2, 2), (2, 2), (0, 0)), mode="reflect")
@@ -96,7 +102,7 @@ def test_crop_flip_moves_pixels_without_changing_them():
   outs = np.stack([np.asarray(aug(jax.random.key(k), x))[0] for k in range(40)])
   assert len({o.tobytes() for o in outs}) > 10  # random offsets and flips
   np.testing.assert_array_equal(
-      fjs.ops.augment.crop_flip(pad=0, flip=False)(jax.random.key(0), x), x)
+      jax.jit(fjs.ops.augment.crop_flip(pad=0, flip=False))(jax.random.key(0), x), x)
 
 
 def test_search_over_choices_keeps_the_best_choice():

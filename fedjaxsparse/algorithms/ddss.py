@@ -146,8 +146,8 @@ def block_rows(data: SparseRows, block: np.ndarray | None = None) -> BlockRows:
     dense_row[idx[i][nz]] = val[i][nz]
     out_val[i] = np.where(valid[i], dense_row[coords[i]], 0.0)
     dense_row[idx[i][nz]] = 0.0
-  return BlockRows(jnp.asarray(coords, jnp.int32), jnp.asarray(out_val), jnp.asarray(valid),
-                   data.b)
+  # device_put of host arrays: no program compiled per shape (as jnp.asarray would)
+  return BlockRows(*jax.device_put((coords.astype(np.int32), out_val, valid)), data.b)
 
 
 def column_weights(data: SparseRows, rows: np.ndarray | None = None,
@@ -227,8 +227,8 @@ def worker_shards(data: SparseRows, workers: int, shards: int | None,
     sizes = np.array([len(r) for r in parts])
     d = np.stack([column_weights(data, r if per_shard_weights else None, block)
                   for r in parts])
-  return (jnp.asarray(rows, jnp.int32), jnp.asarray(sizes, jnp.int32),
-          jnp.asarray(d, data.val.dtype))
+  return jax.device_put((rows.astype(np.int32), sizes.astype(np.int32),
+                         d.astype(data.val.dtype)))
 
 
 def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int = 1,
@@ -268,7 +268,7 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   block = partition(prob)
   grouped = None if block is None else block_rows(data, block)  # host-built, closed over
   shard_rows, shard_n, d = worker_shards(data, workers, shards, block, per_shard_weights)
-  eta = jnp.asarray(step_size, dtype)
+  eta = jax.device_put(np.asarray(step_size, dtype))
   ticks = inner_steps // workers
   distributed = shards is not None
   if mesh is not None:
@@ -288,9 +288,12 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
     if (data_.n, data_.p) != (n, p):
       raise ValueError(f"data has shape ({data_.n}, {data_.p}) but the algorithm was built for "
                        f"({n}, {p}): run it on the data it was built with.")
-    x = jnp.asarray(x_init, dtype)
-    z = jnp.zeros((), dtype)
-    return DDSSState(x, jnp.ones(prob.num_blocks, bool), jnp.zeros((), jnp.int32), z, z, z, z, z)
+    # host arrays put on the device as they are (jnp.asarray would compile a conversion)
+    x = (jax.device_put(np.asarray(x_init, dtype)) if isinstance(x_init, np.ndarray)
+         else jnp.asarray(x_init, dtype))
+    z = jax.device_put(np.zeros((), dtype))
+    return DDSSState(x, *jax.device_put((np.ones(prob.num_blocks, bool), np.zeros((), np.int32))),
+                     z, z, z, z, z)
 
   def worker_update(x, key, k, active_c, rho0, g0, data):
     i = shard_rows[k, jax.random.randint(key, (), 0, shard_n[k])]

@@ -29,11 +29,13 @@ Source for the team: seed 001 chapter 2, Fig. 2.1; spec ``specs/seed001_ch2.md``
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.runtime.clients import client_ids, map_clients
@@ -78,6 +80,20 @@ def _sq_norm(tree) -> jax.Array:
   return sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(tree))
 
 
+def _initial_h_impl(loss_fn: LossFn, zero: bool, params, data):
+  """``(h, h_clients)`` at ``params``: ``h_i = ∇f_i(params)`` (or zeros shaped like them,
+  ``zero``) and their mean."""
+  _, g = map_clients(lambda d: jax.value_and_grad(loss_fn)(params, d.x, d.y, d.mask), data)
+  h_clients = jax.tree.map(jnp.zeros_like, g) if zero else g
+  # the mean of the stored h_i, not fused into their computation: the same bits as op by op
+  h_clients = jax.lax.optimization_barrier(h_clients)
+  return jax.tree.map(lambda a: jnp.mean(a, 0), h_clients), h_clients
+
+
+# One compiled program per (loss, h_init, shapes), shared by every EF-BV built on that loss.
+_initial_h = jax.jit(_initial_h_impl, static_argnums=(0, 1))
+
+
 def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu: float, *,
           prox: Prox | None = None, h_init: str = "grad") -> Algorithm:
   """EF-BV (Fig. 2.1, column 1).
@@ -103,13 +119,17 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
   def grads(params, data):  # all clients; padded or size-bucketed data
     return map_clients(lambda d: value_and_grad(params, d.x, d.y, d.mask), data)
 
+  try:
+    hash(loss_fn)
+    initial_h = functools.partial(_initial_h, loss_fn, h_init == "zero")
+  except TypeError:   # an unhashable loss: a program of this algorithm's own
+    initial_h = jax.jit(functools.partial(_initial_h_impl, loss_fn, h_init == "zero"))
+
   def init(key, params, data: FederatedData) -> EFBVState:
     del key
     check_data(data)
-    _, g = grads(params, data)
-    h_clients = g if h_init == "grad" else jax.tree.map(jnp.zeros_like, g)
-    h = jax.tree.map(lambda a: jnp.mean(a, 0), h_clients)
-    return EFBVState(params, h, h_clients, jnp.zeros((), jnp.int32))
+    h, h_clients = initial_h(params, data)   # one compiled program, not one per operation
+    return EFBVState(params, h, h_clients, jax.device_put(np.zeros((), np.int32)))
 
   def step(key, state: EFBVState, data: FederatedData):
     n = data.num_clients

@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
@@ -93,7 +94,7 @@ def _info(loss, k: int, members, d: int, up: int = 1) -> SPPMInfo:
 def _init(key, params, data: FederatedData) -> SPPMState:
   del key
   check_data(data)
-  return SPPMState(params, jnp.zeros((), jnp.int32))
+  return SPPMState(params, jax.device_put(np.zeros((), np.int32)))  # no program compiled
 
 
 def _client_objective(loss_fn: LossFn, unravel, batch_size):

@@ -48,6 +48,7 @@ import re
 import reprlib
 import tarfile
 
+import jax
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData, FederatedDataset, pack_clients
@@ -79,17 +80,18 @@ def parse_play(text: str) -> dict[str, str]:
     return {}
   roles: dict[str, list[str]] = {}
   role, prev_blank = None, True
+  headings = ("ACT ", "SCENE ", "ACT.", "SCENE.")
   for line in lines[start:]:
     s = line.strip()
     if not s:
       role, prev_blank = None, True
       continue
-    heading = s.upper().startswith(("ACT ", "SCENE ", "ACT.", "SCENE."))
-    if prev_blank and not heading and _SPEAKER.match(s):
+    # a speaker line: after a blank line, not a heading (tested in the cheapest order)
+    if prev_blank and _SPEAKER.match(s) and not s.upper().startswith(headings):
       role = " ".join(s[:-1].upper().split())
       roles.setdefault(role, [])
     elif role is not None:
-      speech = " ".join(_DIRECTION.sub("", s).split())
+      speech = " ".join((_DIRECTION.sub("", s) if "[" in s else s).split())
       if speech:
         roles[role].append(speech)
     prev_blank = False
@@ -169,7 +171,7 @@ def _plays_clients(data_dir, min_samples, max_samples, stride, test_fraction):
       if len(starts) < min_samples:
         continue
       starts = starts[_evenly(len(starts), max_samples)]
-      x = np.stack([codes[j:j + SEQ_LEN] for j in starts])
+      x = np.lib.stride_tricks.sliding_window_view(codes, SEQ_LEN)[starts]  # codes[j:j + 80]
       y = codes[starts + SEQ_LEN]
       k = min(max(1, int(round(len(y) * (1 - test_fraction)))), len(y) - 1)
       names.append(f"{play}:{role}")
@@ -323,6 +325,7 @@ def shakespeare(data_dir: str | None = None, num_clients: int | None = None, see
   if num_clients is None or num_clients == len(names):
     return ds
   keep = np.sort(np.random.default_rng(seed).choice(len(names), num_clients, replace=False))
-  pick = lambda d: d.select(keep)
+  # the kept clients' rows, gathered on the host (no program compiled per array shape)
+  pick = lambda d: FederatedData(*jax.device_put(tuple(np.asarray(a)[keep] for a in d)))
   return ds._replace(train=pick(ds.train), test=pick(ds.test),
                      name=f"{ds.name}, {num_clients} of {len(names)} clients")

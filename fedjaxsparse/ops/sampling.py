@@ -114,7 +114,7 @@ def _ones(m: int) -> jax.Array:
 def full(n: int) -> Sampler:
   """Every client every round (FS; SPPM-AS is then PPM): ``p_i = 1``, ``σ²_⋆ = 0``."""
   n = _check_n(n)
-  ids = jnp.arange(n, dtype=jnp.int32)
+  ids = jax.device_put(np.arange(n, dtype=np.int32))
   return Sampler("full", n, n, np.ones(n), lambda: np.ones((n, n)), lambda key: (ids, _ones(n)),
                  lambda v: float(np.sum(v)), lambda: iter([(tuple(range(n)), 1.0)]))
 
@@ -126,7 +126,7 @@ def nonuniform(probs: Sequence[float]) -> Sampler:
     raise ValueError("probs must be a 1-d array of positive probabilities summing to 1 (a "
                      "proper sampling needs p_i > 0).")
   n = len(p)
-  logits = jnp.log(jnp.asarray(p, float_dtype()))
+  logits = jnp.log(jax.device_put(p.astype(float_dtype())))
   return Sampler("nonuniform", n, 1, p, lambda: np.diag(p),
                  lambda key: (jax.random.categorical(key, logits)[None].astype(jnp.int32),
                               _ones(1)),
@@ -196,8 +196,8 @@ def _table(bl: list[np.ndarray]) -> tuple[jax.Array, jax.Array, jax.Array]:
   m = max(len(b) for b in bl)
   table = np.stack([np.concatenate([b, np.full(m - len(b), b[0])]) for b in bl])
   mask = np.stack([np.arange(m) < len(b) for b in bl]).astype(np.float32)
-  return (jnp.asarray(table, jnp.int32), jnp.asarray(mask),
-          jnp.asarray([len(b) for b in bl], jnp.int32))
+  return (jax.device_put(table.astype(np.int32)), jax.device_put(mask),
+          jax.device_put(np.array([len(b) for b in bl], np.int32)))
 
 
 def block(blocks: Sequence[Sequence[int]], q: Sequence[float] | None = None,
@@ -221,7 +221,7 @@ def block(blocks: Sequence[Sequence[int]], q: Sequence[float] | None = None,
     return pair
 
   table, mask, _ = _table(bl)
-  logits = jnp.log(jnp.asarray(q, float_dtype()))
+  logits = jnp.log(jax.device_put(q.astype(float_dtype())))
 
   def draw(key):
     j = jax.random.categorical(key, logits)
