@@ -16,33 +16,56 @@ def setup():
   return ds, model, fjs.models.make_loss(model), jax.jit(lambda: model.init(jax.random.key(0)))()
 
 
+# The learning test's configurations (lr 0.3, E = 2, B = 16, K = 3, noise ±0.1): the other
+# tests check their invariants on the same algorithms, so each round compiles once per module.
+VARIANTS = {"FedAvg": dict(masking="none"), "FedMRN": {},
+            "FedMRNS": dict(signed=True, noise_scale=0.05),
+            "w/o PSM": dict(stochastic=False, progressive=False),
+            "FedAvg w. SM": dict(masking="post")}
+LR, EPOCHS, BATCH, COHORT = 0.3, 2, 16, 3
+
+
+@pytest.fixture(scope="module")
+def variants(setup):
+  """``name -> (algorithm, jitted step)`` of :data:`VARIANTS`, each step compiled once."""
+  _, _, loss, _ = setup
+  out = {}
+  for name, kw in VARIANTS.items():
+    algo = fjs.fedmrn(loss, LR, epochs=EPOCHS, batch_size=BATCH, cohort_size=COHORT,
+                      **{"noise_scale": 0.1, **kw})
+    out[name] = (algo, jax.jit(algo.step))
+  return out
+
+
 @pytest.fixture(scope="module")
 def regenerated_noise(setup):
   """``(key, alpha) -> [noise of each participant]``: the noise of a round's participants
-  (cohort of 4), regenerated from their seeds as the server does."""
+  (cohort of 3), regenerated from their seeds as the server does."""
   ds, _, _, w0 = setup
 
   @jax.jit
   def regenerate(key, alpha):
     k_cohort, k_noise, _ = jax.random.split(key, 3)
-    ids = fjs.sampling.sample_cohort(k_cohort, ds.train.num_clients, 4)
+    ids = fjs.sampling.sample_cohort(k_cohort, ds.train.num_clients, COHORT)
     return [fjs.ops.noise_masks.tree_noise(k, w0, alpha)
             for k in fjs.sampling.client_keys(k_noise, ids)]
   return regenerate
 
 
 @pytest.mark.parametrize("signed", [False, True])
-def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, regenerated_noise,
-                                                                 signed):
-  ds, _, loss, w0 = setup
-  alpha = 5e-3 if signed else 1e-2
-  algo = fjs.fedmrn(loss, 0.1, epochs=2, batch_size=16, cohort_size=4, noise_scale=alpha,
-                    signed=signed)
+def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, variants,
+                                                                 regenerated_noise, signed):
+  """FedMRN (noise ±0.1) and FedMRNS (±0.05), the learning test's algorithms: K·(d + 32)
+  bits up, K·32·d down, and w^{t+1} − w^t inside the hull of the masked noise (and 0)."""
+  ds, _, _, w0 = setup
+  alpha = 0.05 if signed else 0.1
+  algo, step = variants["FedMRNS" if signed else "FedMRN"]
   state = algo.init(None, w0, ds.train)
   key = jax.random.key(11)
-  new, info = jax.jit(algo.step)(key, state, ds.train)
+  new, info = step(key, state, ds.train)
   d = sum(a.size for a in jax.tree.leaves(w0))
-  assert float(info.bits_up) == 4 * (d + 32) and float(info.bits_down) == 4 * 32 * d
+  assert float(info.bits_up) == COHORT * (d + 32)
+  assert float(info.bits_down) == COHORT * 32 * d
   delta = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), new.params, w0)
   # the participants' noise, regenerated from their seeds as the server does
   noises = regenerated_noise(key, np.float32(alpha))
@@ -88,34 +111,30 @@ def _loop_round(loss, w, data, key, lr, epochs, batch, cohort):
   return jax.tree.map(lambda a, b: np.asarray(a) + b, w, total)
 
 
-def test_vmapped_round_equals_a_per_client_loop(setup):
-  """Unequal clients (S_k differ) in one vmapped kernel = a Python loop over clients."""
+def test_vmapped_round_equals_a_per_client_loop(setup, variants):
+  """Unequal clients (S_k differ) in one vmapped kernel = a Python loop over clients (the
+  FedAvg backbone of the learning test)."""
   ds, _, loss, w0 = setup
-  x = np.asarray(ds.train.x).reshape(-1, 64)[:90]
-  y = np.asarray(ds.train.y).reshape(-1)[:90]
-  data = fjs.data.pack_clients(x, y, [np.arange(0, 10), np.arange(10, 45), np.arange(45, 90)])
-  algo = fjs.fedmrn(loss, 0.2, epochs=2, batch_size=8, cohort_size=2, masking="none")
-  new, info = jax.jit(algo.step)(jax.random.key(2), algo.init(None, w0, data), data)
-  want = _loop_round(loss, w0, data, jax.random.key(2), 0.2, 2, 8, 2)
+  data = ds.train
+  algo, step = variants["FedAvg"]
+  steps = EPOCHS * -(-np.asarray(data.num_examples) // BATCH)   # S_k = E⌈n_k/B⌉
+  assert len(set(steps.tolist())) == data.num_clients, steps   # every S_k its own
+  new, info = step(jax.random.key(2), algo.init(None, w0, data), data)
+  want = _loop_round(loss, w0, data, jax.random.key(2), LR, EPOCHS, BATCH, COHORT)
   for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-  assert float(info.bits_up) == 2 * 32 * sum(a.size for a in jax.tree.leaves(w0))
+  assert float(info.bits_up) == COHORT * 32 * sum(a.size for a in jax.tree.leaves(w0))
 
 
-def test_fedmrn_and_its_ablations_learn(setup):
+def test_fedmrn_and_its_ablations_learn(setup, variants):
   """Masked 1-bit uplinks still train: after 15 rounds every variant's test accuracy is well
   above chance (noise ±0.1: a linear model's weights must move by O(1), and a round moves
   each by at most the noise scale, so they trail the FedAvg backbone after 15 rounds)."""
-  ds, model, loss, w0 = setup
+  ds, model, _, w0 = setup
   accs = {}
   accuracy = jax.jit(lambda p: fjs.evaluation.evaluate(model, p, ds.test)["accuracy"])
-  for name, kw in {"FedAvg": dict(masking="none"), "FedMRN": {},
-                   "FedMRNS": dict(signed=True, noise_scale=0.05),
-                   "w/o PSM": dict(stochastic=False, progressive=False),
-                   "FedAvg w. SM": dict(masking="post")}.items():
-    kw = {"noise_scale": 0.1, **kw}
-    algo = fjs.fedmrn(loss, 0.3, epochs=2, batch_size=16, cohort_size=3, **kw)
-    state, step = algo.init(None, w0, ds.train), jax.jit(algo.step)
+  for name, (algo, step) in variants.items():
+    state = algo.init(None, w0, ds.train)
     for t in range(15):
       state, _ = step(jax.random.key(t), state, ds.train)
     accs[name] = float(accuracy(state.params))
@@ -174,17 +193,19 @@ def _top_k(tree, k):
       for e, a in zip(ends, leaves)])
 
 
-def test_server_side_fedsparsify_follows_the_cubic_schedule(setup):
+def test_server_side_fedsparsify_follows_the_cubic_schedule(setup, variants):
   """FedSparsify (seed 000's meaning): after round t the global model is the dense round's
   aggregate pruned to its k_t = round((1 − s_t)·d) largest magnitudes, s_t the cubic GMP
   ramp; the next round's downlink is charged by its non-zeros; a schedule at 0 is FedAvg
-  bitwise."""
+  bitwise (the dense rounds: the learning test's FedAvg backbone)."""
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
   sched = lambda t: fjs.sparsity.gmp_sparsity(t, 0.9, begin=1, end=4)
-  kw = dict(epochs=1, batch_size=16, cohort_size=3, masking="none")
-  algo, dense = fjs.fedmrn(loss, 0.1, server_sparsity=sched, **kw), fjs.fedmrn(loss, 0.1, **kw)
-  state, step, dense_step = algo.init(None, w0, ds.train), jax.jit(algo.step), jax.jit(dense.step)
+  kw = dict(epochs=EPOCHS, batch_size=BATCH, cohort_size=COHORT, masking="none",
+            noise_scale=0.1)
+  dense, dense_step = variants["FedAvg"]
+  algo = fjs.fedmrn(loss, LR, server_sparsity=sched, **kw)
+  state, step = algo.init(None, w0, ds.train), jax.jit(algo.step)
   sparsity, message_bits = jax.jit(sched), jax.jit(fjs.accounting.message_bits)
   for t in range(6):
     prev = state
@@ -196,7 +217,7 @@ def test_server_side_fedsparsify_follows_the_cubic_schedule(setup):
     assert float(info.bits_down) == pytest.approx(3 * float(message_bits(prev.params)))
   nnz = sum(int(np.sum(np.asarray(a) != 0)) for a in jax.tree.leaves(state.params))
   assert nnz == fjs.sparsity.k_from_sparsity(d, 0.9)
-  zero = fjs.fedmrn(loss, 0.1, server_sparsity=lambda t: 0.0, **kw)
+  zero = fjs.fedmrn(loss, LR, server_sparsity=lambda t: 0.0, **kw)
   a = dense_step(jax.random.key(5), dense.init(None, w0, ds.train), ds.train)[0]
   b = jax.jit(zero.step)(jax.random.key(5), zero.init(None, w0, ds.train), ds.train)[0]
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):

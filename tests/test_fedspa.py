@@ -21,6 +21,30 @@ def setup():
   return ds, model, fjs.models.make_loss(model), jax.jit(lambda: model.init(jax.random.key(0)))()
 
 
+# One DST configuration (s = 0.5, T = 4, E = 1, B = 16, S = 3) for the tests of its mask
+# search, its batching and its packed masks: its round compiles once per module.
+DST = dict(num_rounds=4, sparsity=0.5, epochs=1, batch_size=16, cohort_size=3)
+
+
+@pytest.fixture(scope="module")
+def dst_step(setup):
+  """``(shared_init, pack_masks) -> (algorithm, jitted step)`` of the :data:`DST`
+  configuration; the step does not depend on ``shared_init`` (only ``init`` does), so every
+  unpacked variant shares one compiled round."""
+  _, _, loss, _ = setup
+  steps = {}
+
+  def get(shared_init=True, pack_masks=False):
+    algo = fjs.fedspa(loss, 0.1, shared_init=shared_init, pack_masks=pack_masks, **DST)
+    if pack_masks not in steps:
+      steps[pack_masks] = jax.jit(algo.step)
+    return algo, steps[pack_masks]
+  return get
+
+
+_personal = jax.jit(lambda state: state.personal)   # [N, ...] personalised models
+
+
 def _leaves_equal(a, b):
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
@@ -104,20 +128,21 @@ def test_aggregation_divides_by_s_and_untouched_coordinates_stay(setup, weightin
     np.testing.assert_array_equal(np.asarray(wn)[off], np.asarray(w)[off])
 
 
-def test_dst_keeps_counts_and_the_other_clients_masks(setup):
-  ds, _, loss, w0 = setup
-  T = 6
-  algo = fjs.fedspa(loss, 0.1, num_rounds=T, sparsity=0.5, epochs=1, batch_size=16, cohort_size=3)
+def test_dst_keeps_counts_and_the_other_clients_masks(setup, dst_step):
+  ds, _, _, w0 = setup
+  T = DST["num_rounds"]
+  algo, step = dst_step()
   state = algo.init(jax.random.key(0), w0, ds.train)
   counts = fjs.masks.layer_counts(w0, fjs.masks.layer_densities(w0, 0.5))
-  step = jax.jit(algo.step)
   changed = 0.0
   for t in range(T):
     key = jax.random.key(10 + t)
     old = state
     state, info = step(key, state, ds.train)
     ids = set(np.asarray(_cohort(key, 8, 3)).tolist())
-    assert float(info.alpha) == pytest.approx(float(fjs.masks.cosine_drop(t, 0.5, T)), abs=1e-6)
+    # the cosine schedule α_t = ½α_0(1 + cos(πt/(T − 1))), α_0 = 0.5
+    assert float(info.alpha) == pytest.approx(0.25 * (1 + math.cos(math.pi * t / (T - 1))),
+                                              abs=1e-6)
     for mo, mn, n in zip(*(jax.tree.leaves(x) for x in (old.masks, state.masks, counts))):
       mo, mn = np.asarray(mo), np.asarray(mn)
       assert [int(r.sum()) for r in mn] == [n] * 8  # per-layer counts never change
@@ -147,16 +172,16 @@ def test_rsm_with_a_shared_mask_is_fedavg_on_a_fixed_subnetwork(setup):
   _leaves_equal(state.masks, jax.tree.map(lambda m: np.broadcast_to(m, (8,) + m.shape), mask0))
   for w, wn, m in zip(*(jax.tree.leaves(x) for x in (w0, state.params, mask0))):
     np.testing.assert_array_equal(np.asarray(wn)[~m], np.asarray(w)[~m])
-  personal = jax.jit(lambda s: s.personal)(state)
+  personal = _personal(state)
   for p in jax.tree.leaves(personal):
     assert np.all(np.asarray(p) == np.asarray(p)[0])
 
 
-def test_results_do_not_depend_on_how_clients_are_batched(setup):
-  ds, _, loss, w0 = setup
-  algo = fjs.fedspa(loss, 0.1, num_rounds=4, sparsity=0.5, epochs=1, batch_size=16, cohort_size=3)
+def test_results_do_not_depend_on_how_clients_are_batched(setup, dst_step):
+  ds, _, _, w0 = setup
+  algo, step = dst_step()
   state = algo.init(jax.random.key(0), w0, ds.train)
-  a = jax.jit(algo.step)(jax.random.key(5), state, ds.train)[0]
+  a = step(jax.random.key(5), state, ds.train)[0]
   b = jax.jit(algo.step)(jax.random.key(5), state,
                          fjs.runtime.clients.with_strategy(ds.train, "map"))[0]
   _leaves_equal(a.masks, b.masks)
@@ -246,14 +271,12 @@ def test_rescaled_subsampling_is_unbiased(setup):
   assert np.all(np.abs(z) < 5.5) and 0.8 < np.mean(z ** 2) < 1.25, np.mean(z ** 2)
 
 
-def test_packed_masks_give_the_same_run(setup):
-  ds, _, loss, w0 = setup
+def test_packed_masks_give_the_same_run(setup, dst_step):
+  ds, _, _, w0 = setup
   runs = []
   for pack in (False, True):
-    algo = fjs.fedspa(loss, 0.1, num_rounds=3, sparsity=0.6, epochs=1, batch_size=16,
-                      cohort_size=3, shared_init=False, pack_masks=pack)
+    algo, step = dst_step(shared_init=False, pack_masks=pack)
     state = jax.jit(lambda k: algo.init(k, w0, ds.train))(jax.random.key(0))
-    step = jax.jit(algo.step)
     for t in range(3):
       state, _ = step(jax.random.key(t), state, ds.train)
     runs.append(state)
@@ -262,4 +285,4 @@ def test_packed_masks_give_the_same_run(setup):
   _leaves_equal(runs[0].params, runs[1].params)
   masks, personal = jax.jit(lambda s: (fjs.masks.as_bool(s.masks, w0), s.personal))(runs[1])
   _leaves_equal(runs[0].masks, masks)
-  _leaves_equal(jax.jit(lambda s: s.personal)(runs[0]), personal)
+  _leaves_equal(_personal(runs[0]), personal)

@@ -44,14 +44,22 @@ def quad():
   return _problem(x, y, n)
 
 
+def _steps(algo, first, count):
+  """A jitted ``(state, data) -> (state, infos stacked over the steps)``: ``count`` steps of
+  ``algo``, step ``t`` with the key ``jax.random.key(first + t)``, in one ``lax.scan`` (one
+  dispatch instead of one per step)."""
+  @jax.jit
+  def run(state, data):
+    def body(state, t):
+      return algo.step(jax.random.key(first + t), state, data)
+    return jax.lax.scan(body, state, jnp.arange(count))
+  return run
+
+
 def _run(algo, q, steps, key=0):
   state = algo.init(None, q["w0"], q["data"])
-  step = jax.jit(algo.step)
-  infos = []
-  for t in range(steps):
-    state, info = step(jax.random.key(key * 100_000 + t), state, q["data"])
-    infos.append(info)
-  return state, jax.tree.map(lambda *v: np.stack(v), *infos)
+  state, infos = _steps(algo, key * 100_000, steps)(state, q["data"])
+  return state, jax.tree.map(np.asarray, infos)
 
 
 def test_local_optima_reach_the_closed_form(quad):
@@ -135,9 +143,12 @@ def test_bad_arguments(quad):
     fjs.scafflix(loss, 0.1, 0.0, 0.5, x_star)
   # per-client values given as jax arrays are checked when given, and init traces with them
   # (the runner's client-strategy choice traces it)
-  gammas = jnp.full((5,), 0.1)
+  gammas = np.full(5, 0.1, np.float32)
+  bad = gammas.copy()
+  bad[2] = 0.0
   with pytest.raises(fjs.errors.ConfigError, match="gamma_i"):
-    fjs.scafflix(loss, gammas.at[2].set(0.0), 0.3, 0.5, x_star)
+    fjs.scafflix(loss, jax.device_put(bad), 0.3, 0.5, x_star)
+  gammas = jax.device_put(gammas)
   assert fjs.runtime.clients.choose_strategy(fjs.scafflix(loss, gammas, 0.3, 0.5, x_star),
                                              quad["w0"], quad["data"])[0] == "vmap"
 
@@ -153,15 +164,19 @@ def test_personal_evaluation_uses_each_clients_own_model():
   parts = [np.arange(0, 10), np.arange(10, 40), np.arange(40, 60), np.arange(0)]
   data = fjs.data.pack_clients(x, y, parts, allow_empty=True)
   model = fjs.models.softmax_regression(4, 3)
-  g = model.init(jax.random.key(0))
-  own = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=(4,) + a.shape), jnp.float32), g)
-  glob = fjs.algorithms.scafflix.make_personal_eval_fn(model, own, 1.0)(g, data)
-  pooled = fjs.evaluation.evaluate(model, g, data)
+  g = jax.jit(model.init)(jax.random.key(0))
+  own = jax.tree.map(
+      lambda a: jax.device_put(rng.normal(size=(4,) + a.shape).astype(np.float32)), g)
+  # every evaluation jitted, as the runner runs it (one program each, not one per operation)
+  glob = jax.jit(fjs.algorithms.scafflix.make_personal_eval_fn(model, own, 1.0))(g, data)
+  pooled = jax.jit(lambda g, data: fjs.evaluation.evaluate(model, g, data))(g, data)
   for k in ("loss", "accuracy"):
     np.testing.assert_allclose(glob[k], pooled[k], rtol=1e-6)
     np.testing.assert_allclose(glob[f"global_{k}"], pooled[k], rtol=1e-6)
-  personal = fjs.algorithms.scafflix.make_personal_eval_fn(model, own, 1e-7)(g, data)
-  per = fjs.evaluation.evaluate_per_client(model, own, data)
+  personal = jax.jit(fjs.algorithms.scafflix.make_personal_eval_fn(model, own, 1e-7))(g, data)
+  per = jax.jit(lambda own, data: fjs.evaluation.evaluate_per_client(model, own, data))(
+      own, data)
+  personal, per = jax.device_get((personal, per))
   sizes = np.array([len(p) for p in parts])
   for k in ("loss", "accuracy"):
     v = np.asarray(per[k])[:3]
@@ -179,7 +194,9 @@ def test_runner_records_per_client_metrics(quad):
   x_star = {"w": jnp.asarray(quad["c"], jnp.float32)}
   algo = fjs.scafflix(loss, 1 / quad["L"], 0.3, ALPHA, x_star, form="round")
   d = quad["data"]
-  test = d._replace(mask=d.mask.at[4].set(0.0), num_examples=d.num_examples.at[4].set(0))
+  mask, num_examples = np.array(d.mask), np.array(d.num_examples)
+  mask[4], num_examples[4] = 0.0, 0
+  test = d._replace(mask=jax.device_put(mask), num_examples=jax.device_put(num_examples))
 
   def eval_fn(params, test):
     return fjs.evaluation.evaluate_personal(
@@ -237,15 +254,28 @@ def test_float64_convergence_with_fewer_communications_than_flix_gd(quad):
     x_star = {"w": jnp.asarray(q["c"])}
     target = np.linalg.norm(q["x_opt"])
 
-    def comms_to_target(algo, max_comms):
-      state, step = algo.init(None, q["w0"], q["data"]), jax.jit(algo.step)
-      for t in range(100 * max_comms):
-        state, info = step(jax.random.key(t), state, q["data"])
-        server = state.params if hasattr(state, "params") else state.server
-        if np.linalg.norm(np.asarray(server["w"]) - q["x_opt"]) < 1e-8 * target:
-          return int(state.comms) if hasattr(state, "comms") else t + 1
-        if (int(state.comms) if hasattr(state, "comms") else t + 1) >= max_comms:
-          return None
+    def comms_to_target(algo, max_comms, chunk=250):
+      """The communications after the first step whose model is within 1e-8·‖x*‖ of x*
+      (None if ``max_comms`` are done first, or after 100·max_comms steps); the steps run
+      ``chunk`` at a time in one scan, and are then checked one by one."""
+      state = algo.init(None, q["w0"], q["data"])
+
+      @jax.jit
+      def run(state, first):
+        def body(state, t):
+          state, _ = algo.step(jax.random.key(t), state, q["data"])
+          server = state.params if hasattr(state, "params") else state.server
+          return state, (server["w"], state.comms if hasattr(state, "comms") else t + 1)
+        return jax.lax.scan(body, state, first + jnp.arange(chunk))
+
+      for first in range(0, 100 * max_comms, chunk):
+        state, (w, comms) = run(state, first)
+        errors = np.linalg.norm(np.asarray(w) - q["x_opt"], axis=1)
+        for t, error, c in zip(range(first, 100 * max_comms), errors, np.asarray(comms)):
+          if error < 1e-8 * target:
+            return int(c)
+          if c >= max_comms:
+            return None
       return None
 
     assert c.kappa_max > 50
@@ -263,7 +293,7 @@ def test_wrong_initialisation_converges_to_a_wrong_point(quad):
     q = _x64(quad)
     c = fjs.algorithms.scafflix.scafflix_constants(q["data"], L2, "squared", ALPHA, use_bias=False)
     algo = fjs.scafflix(loss, c.gammas, 0.3, ALPHA, {"w": jnp.asarray(q["c"])})
-    step = jax.jit(algo.step)
+    steps = _steps(algo, 0, 4000)   # 4,000 steps, keys 0, 1, ...
     h0 = np.random.default_rng(1).normal(size=(5, 3))
     h0 -= h0.mean(0)  # Σ h_i⁰ = 0
     assert np.linalg.norm(ALPHA.astype(float) @ h0) > 0.1  # but Σ α_i h_i⁰ ≠ 0
@@ -271,9 +301,8 @@ def test_wrong_initialisation_converges_to_a_wrong_point(quad):
     for h in (None, h0):
       state = algo.init(None, q["w0"], q["data"])
       if h is not None:
-        state = state._replace(h={"w": jnp.asarray(h)})
-      for t in range(4000):
-        state, _ = step(jax.random.key(t), state, q["data"])
+        state = state._replace(h={"w": jax.device_put(h)})
+      state, _ = steps(state, q["data"])
       errors.append(np.linalg.norm(np.asarray(state.server["w"]) - q["x_opt"]))
     assert errors[0] < 1e-10 and errors[1] > 1e-3, errors
 
@@ -287,6 +316,14 @@ def test_small_alpha_gives_the_local_optima(quad):
   tilde = fjs.algorithms.scafflix.personalize(state.server, x_star, jnp.full((5,), alpha))
   gap = np.linalg.norm(np.asarray(tilde["w"]) - quad["c"], axis=1)
   assert np.all(gap <= 2 * alpha * max(np.linalg.norm(quad["x_opt"]), 1.0)), gap
+
+
+def _partial_cohort(quad):
+  """scafflix_cohort with a cohort of 2 and p = 0.3, x_i* by 3,000 GD steps of 1/max_i L_i
+  (the cohort tests share it: their host-resident runs compile the same programs)."""
+  return fjs.algorithms.scafflix.scafflix_cohort(
+      loss, 1 / quad["L"], 0.3, ALPHA, optimum_lr=float(1 / quad["L"].max()),
+      optimum_steps=3000, cohort_size=2)
 
 
 def test_cohort_form_for_host_resident_populations(quad):
@@ -307,8 +344,7 @@ def test_cohort_form_for_host_resident_populations(quad):
   np.testing.assert_allclose(res.state.server.params["w"], ref.server["w"], rtol=1e-5,
                              atol=1e-6)
   np.testing.assert_allclose(res.state.clients.h["w"], ref.h["w"], rtol=1e-5, atol=1e-6)
-  part = fjs.algorithms.scafflix.scafflix_cohort(loss, 1 / quad["L"], 0.3, ALPHA,
-                                                 cohort_size=2, **kw)
+  part = _partial_cohort(quad)
   key = jax.random.key(7)
   dev = fjs.run(population.on_device(part), key, quad["w0"], quad["data"], num_rounds=30,
                 progress=False)
@@ -328,9 +364,7 @@ def test_experiments_run_the_cohort_form_on_the_host_or_the_device(quad, tmp_pat
   it records the same rounds and evaluations as with it on the device (same key); an unknown
   residence is refused naming the allowed ones."""
   from fedjaxsparse.harness.experiment import Config, run_method
-  algo = fjs.algorithms.scafflix.scafflix_cohort(loss, 1 / quad["L"], 0.5, ALPHA,
-                                                 optimum_lr=float(1 / quad["L"].max()),
-                                                 optimum_steps=50, cohort_size=2)
+  algo = _partial_cohort(quad)
   cfg = Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
   ev = lambda w, test: {"norm": jnp.sqrt(jnp.sum(w["w"] ** 2))}  # noqa: E731
   recs = {r: run_method(cfg, "t", r, algo, quad["w0"], quad["data"], None, ev, residence=r)

@@ -149,7 +149,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
   for name, v in (("epochs", epochs), ("batch_size", batch_size), ("num_rounds", num_rounds)):
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
-  MK.cosine_drop(0, alpha0, num_rounds)  # validates alpha0
+  MK._check_alpha(alpha0, num_rounds)  # validates alpha0 (as every drop schedule does)
   if subsample is not None and uplink is not None:
     raise ValueError("give either subsample (the paper's rand-k baseline) or uplink, not both.")
   if subsample is not None:
