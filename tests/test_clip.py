@@ -514,7 +514,7 @@ def _prompts():
 def test_context_of_the_placeholders_own_embeddings_changes_nothing(ckpt):
   """The context path is exact: feeding the placeholder tokens' own embeddings as the context
   gives the plain prompts' text features; another context changes them."""
-  _, params = ckpt
+  params = _sub(ckpt[1], *_TEXT)      # what text_features reads (the programs others use)
   ids = _prompts()
   table = params["text_model"]["embeddings"]["token_embedding"]["embedding"]
   own = np.asarray(table)[ids[0, 1:4]]
@@ -542,8 +542,14 @@ def test_prompt_tuning_fits_the_context_to_labelled_embeddings(ckpt):
   losses = np.asarray(tuned.losses)
   assert tuned.context.shape == (3, 32) and losses[-1] < losses[0]
   unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
-  before = C.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=3, steps=1, lr=1e-9,
-                           batch_size=None, key=jax.random.key(1)).class_emb
+  # the untuned prompts: CoOp's starting context, N(0, 0.02²) from the first half of the key
+  # (the programs of prompt_tuning's own start and class embeddings: nothing new compiles)
+  ctx0 = 0.02 * jax.random.normal(jax.random.split(jax.random.key(1))[0], (3, 32))
+  before = np.asarray(C.text_features(CFG, _sub(params, *_TEXT), _prompts(), ctx0), np.float64)
+  before = _unit(before)
+  logits0 = math.exp(1.7) * unit @ before.T       # it is the start: its loss is losses[0]
+  ce0 = np.mean(np.log(np.exp(logits0).sum(1)) - logits0[np.arange(len(y)), y])
+  assert ce0 == pytest.approx(float(losses[0]), rel=1e-4)
   acc = lambda ce: np.mean(np.argmax(unit @ np.asarray(ce).T, 1) == y)   # noqa: E731
   assert acc(tuned.class_emb) > acc(before)
   with pytest.raises(ValueError, match="n_ctx"):
@@ -566,7 +572,7 @@ def test_fedlpfm_prompt_tuned_teacher_is_each_clients_coop(ckpt, tmp_path):
   fit = pack_clients(x, y, np.array_split(np.arange(24), 2))
   logits = F._prompt_tuned_logits(fit, teacher, opts, 0)
   _, params = ckpt
-  phi = teacher[2](x[:12])
+  phi = teacher[2](x)[:12]         # client 0's embeddings (one program with the experiment's)
   tuned = C.prompt_tuning(CFG, params, _prompts(), phi, y[:12], n_ctx=3, steps=5,
                           key=jax.random.key(0))
   np.testing.assert_allclose(logits[0], np.exp(1.7) * phi @ np.asarray(tuned.class_emb).T,

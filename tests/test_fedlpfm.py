@@ -24,7 +24,7 @@ def setup():
   model = fjs.models.mlp((64,), 10, hidden=(32,))
   teacher = fjs.models.mlp((64,), 10, hidden=(16,))
   tparams = teacher.init(jax.random.key(9))
-  t_logits = jax.vmap(lambda xc: teacher.apply(tparams, xc))(ds.train.x)      # [N, M, K]
+  t_logits = jax.jit(jax.vmap(lambda xc: teacher.apply(tparams, xc)))(ds.train.x)   # [N, M, K]
   logits = np.stack([np.asarray(t_logits), 2.0 * np.asarray(t_logits)], 2)    # 2 teachers
   return ds, model, teacher, tparams, logits
 
@@ -55,13 +55,18 @@ def test_lambda_one_is_fedavg_and_fedprox_mu_zero_is_fedavg(setup):
   # μ large: the local models barely leave θ_t, so the round moves the global model less
   prox = fjs.fedavg(fjs.models.make_loss(model),
                     optax.chain(fjs.algorithms.fedprox.proximal(5.0), optax.sgd(0.1)), **kw)
-  move = lambda p: sum(float(jnp.sum((a - b) ** 2)) for a, b in zip(  # noqa: E731
-      jax.tree_util.tree_leaves(p), jax.tree_util.tree_leaves(params)))
+  move = lambda p: sum(float(np.sum((np.asarray(a, np.float64) - np.asarray(b)) ** 2))  # noqa: E731
+                       for a, b in zip(jax.tree_util.tree_leaves(p),
+                                       jax.tree_util.tree_leaves(params)))
   assert move(_rounds(prox, ds.train, params)) < 0.5 * move(base)
   distilled = _rounds(fjs.fedlpfm(model, 10, optax.sgd(0.1), lam=0.5, **kw), packed, params)
   assert move(distilled) > 0 and not np.allclose(
       np.asarray(jax.tree_util.tree_leaves(distilled)[0]),
       np.asarray(jax.tree_util.tree_leaves(base)[0]))
+
+
+# jitted (temperature and direction static): one program per shape instead of an eager op each
+_kd_loss = jax.jit(fedlpfm.kd_loss, static_argnums=(2, 3))
 
 
 @pytest.mark.parametrize("direction", fedlpfm.DIRECTIONS)
@@ -70,36 +75,42 @@ def test_kd_loss_zero_for_equal_logits_and_closed_form(direction):
   s = rng.standard_normal((5, 4)).astype(np.float32)
   t = rng.standard_normal((5, 3, 4)).astype(np.float32)
   for temp in (1.0, 3.0):
-    same = fedlpfm.kd_loss(jnp.asarray(s), jnp.asarray(np.stack([s, s, s], 1)), temp, direction)
+    same = _kd_loss(s, np.stack([s, s, s], 1), temp, direction)
     np.testing.assert_allclose(np.asarray(same), 0.0, atol=1e-6)
-    got = np.asarray(fedlpfm.kd_loss(jnp.asarray(s), jnp.asarray(t), temp, direction))
+    got = np.asarray(_kd_loss(s, t, temp, direction))
     ps = np.exp(s / temp) / np.exp(s / temp).sum(-1, keepdims=True)
     pt = np.exp(t / temp) / np.exp(t / temp).sum(-1, keepdims=True)
     p, q = (pt, ps[:, None]) if direction == "forward" else (ps[:, None], pt)
     want = temp ** 2 * (p * np.log(p / q)).sum(-1).sum(-1)     # a sum over the 3 teachers
     np.testing.assert_allclose(got, want, rtol=1e-5)
-  off = fedlpfm.kd_loss(jnp.asarray(s), jnp.asarray(t), 1.0, direction,
-                        jnp.asarray([1.0, 0.0, 1.0]))
-  both = fedlpfm.kd_loss(jnp.asarray(s), jnp.asarray(t[:, [0, 2]]), 1.0, direction)
+  off = _kd_loss(s, t, 1.0, direction, np.asarray([1.0, 0.0, 1.0], np.float32))
+  both = _kd_loss(s, t[:, [0, 2]], 1.0, direction)
   np.testing.assert_allclose(np.asarray(off), np.asarray(both), rtol=1e-6)
   with pytest.raises(ValueError, match="direction"):
-    fedlpfm.kd_loss(jnp.asarray(s), jnp.asarray(t), 1.0, "sideways")
+    fedlpfm.kd_loss(s, t, 1.0, "sideways")
 
 
 def test_packed_cached_logits_give_the_on_the_fly_loss(setup):
   ds, model, teacher, tparams, logits = setup
   packed = fedlpfm.pack_targets(ds.train, logits[:, :, :1])
   params = model.init(jax.random.key(2))
-  loss = fedlpfm.fedlpfm_loss(model, 10, lam=0.3, temperature=2.0)
+  loss = jax.jit(fedlpfm.fedlpfm_loss(model, 10, lam=0.3, temperature=2.0))
+  unpack = jax.jit(fedlpfm.unpack_targets, static_argnums=1)
   c = 1
-  x, mask, y = ds.train.x[c], ds.train.mask[c], ds.train.y[c]
-  got = loss(params, x, packed.y[c], mask)
-  student = model.apply(params, x)
-  on_the_fly = teacher.apply(tparams, x)[:, None]
-  per = 0.3 * model.per_example_loss(student, y) + 0.7 * fedlpfm.kd_loss(student, on_the_fly, 2.0)
-  want = jnp.sum(per * mask) / jnp.sum(mask)
+  x, mask, y = (np.asarray(a)[c] for a in (ds.train.x, ds.train.mask, ds.train.y))
+  got = loss(params, x, np.asarray(packed.y)[c], mask)
+
+  @jax.jit
+  def on_the_fly_loss(params, x, y, mask):
+    student = model.apply(params, x)
+    on_the_fly = teacher.apply(tparams, x)[:, None]
+    per = (0.3 * model.per_example_loss(student, y)
+           + 0.7 * fedlpfm.kd_loss(student, on_the_fly, 2.0))
+    return jnp.sum(per * mask) / jnp.sum(mask)
+
+  want = on_the_fly_loss(params, x, y, mask)
   np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
-  labels, t, on = fedlpfm.unpack_targets(packed.y[c], 10)
+  labels, t, on = unpack(np.asarray(packed.y)[c], 10)
   np.testing.assert_array_equal(np.asarray(labels), np.asarray(y))
   assert np.all(np.asarray(on) == 1)
   with pytest.raises(ValueError, match="teacher_logits"):
@@ -107,13 +118,15 @@ def test_packed_cached_logits_give_the_on_the_fly_loss(setup):
   # mixed teachers (Table 12): a per-client mask picks one of two teachers
   pick = np.eye(2, dtype=np.float32)[np.arange(ds.train.num_clients) % 2]
   mixed = fedlpfm.pack_targets(ds.train, logits, pick)
+  mixed_y = np.asarray(mixed.y)
   for i in (0, 1):
-    _, t, on = fedlpfm.unpack_targets(mixed.y[i], 10)
+    _, t, on = unpack(mixed_y[i], 10)
     np.testing.assert_array_equal(np.asarray(on), np.broadcast_to(pick[i], on.shape))
     np.testing.assert_allclose(np.asarray(t), logits[i], rtol=1e-6)
   only_second = fedlpfm.pack_targets(ds.train, logits[:, :, 1:])     # client c = 1 uses teacher 2
-  np.testing.assert_allclose(float(loss(params, x, mixed.y[c], mask)),
-                             float(loss(params, x, only_second.y[c], mask)), rtol=1e-6)
+  np.testing.assert_allclose(float(loss(params, x, mixed_y[c], mask)),
+                             float(loss(params, x, np.asarray(only_second.y)[c], mask)),
+                             rtol=1e-6)
 
 
 def test_fml_private_models_change_only_for_participants(setup):
@@ -122,9 +135,9 @@ def test_fml_private_models_change_only_for_participants(setup):
   algo = fjs.fml(model, model, optax.sgd(0.1), local_steps=2, batch_size=16, cohort_size=2)
   st = algo.init(jax.random.key(0), params, ds.train)
   new, info = jax.jit(algo.step)(jax.random.key(1), st, ds.train)
-  changed = np.array([any(not np.array_equal(np.asarray(a[i]), np.asarray(b[i]))
-                          for a, b in zip(jax.tree_util.tree_leaves(fjs.personal_params(st)),
-                                          jax.tree_util.tree_leaves(fjs.personal_params(new))))
+  before, after = ([np.asarray(a) for a in jax.tree_util.tree_leaves(fjs.personal_params(s))]
+                   for s in (st, new))
+  changed = np.array([any(not np.array_equal(a[i], b[i]) for a, b in zip(before, after))
                       for i in range(ds.train.num_clients)])
   assert changed.sum() == 2 and float(info.num_clients) == 2
   # α = 1: the meme model ignores the private one and trains as FedAvg's model

@@ -3,7 +3,6 @@ experiments in tiny configurations (tables beside the paper's numbers, JSON, plo
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -15,17 +14,23 @@ def test_prune_model_is_layer_sequential():
   before it; the one-shot variant uses the dense model's; both hit the exact sparsity."""
   m = fjs.models.mlp((16,), 4, hidden=(12, 8))
   p = m.init(jax.random.key(0))
-  x = jnp.asarray(np.random.default_rng(0).normal(size=(40, 16)), jnp.float32)
+  x_np = np.random.default_rng(0).normal(size=(40, 16)).astype(np.float32)
+  x = jax.device_put(x_np)
   fn = fjs.pruning.scores.by_name("wanda")
-  seq, masks = fjs.pruning.posttrain.prune_model(m.apply, p, [x[:20], x[20:]], fn, sparsity=0.5)
+  seq, masks = fjs.pruning.posttrain.prune_model(m.apply, p, jax.device_put([x_np[:20], x_np[20:]]),
+                                                 fn, sparsity=0.5)
   one, _ = fjs.pruning.posttrain.prune_model(m.apply, p, [x], fn, sparsity=0.5, sequential=False)
   for name, width in (("Dense_0", 16), ("Dense_1", 12), ("Dense_2", 8)):
     assert np.all(np.asarray(masks[name]["kernel"]).sum(0) == width - width // 2)
   np.testing.assert_array_equal(seq["Dense_0"]["kernel"], one["Dense_0"]["kernel"])
-  # layer 1 by hand: its inputs are relu(x @ W0_pruned + b0)
-  h = jax.nn.relu(x @ seq["Dense_0"]["kernel"] + p["Dense_0"]["bias"])
-  st = fjs.pruning.calibration.update_stats(fjs.pruning.calibration.init_stats(12), h)
-  want = fjs.pruning.posttrain.unstructured_mask(fn(p["Dense_1"]["kernel"], st.x_norm, None), 0.5)
+  # layer 1 by hand: its inputs are relu(x @ W0_pruned + b0) (one jitted program)
+  @jax.jit
+  def by_hand(x, w0, b0, w1):
+    h = jax.nn.relu(x @ w0 + b0)
+    st = fjs.pruning.calibration.update_stats(fjs.pruning.calibration.init_stats(12), h)
+    return fjs.pruning.posttrain.unstructured_mask(fn(w1, st.x_norm, None), 0.5)
+
+  want = by_hand(x, seq["Dense_0"]["kernel"], p["Dense_0"]["bias"], p["Dense_1"]["kernel"])
   np.testing.assert_array_equal(np.asarray(seq["Dense_1"]["kernel"]) != 0, np.asarray(want))
   stats = fjs.pruning.posttrain.calibrate(m.apply, p, [x])
   assert list(stats) == ["Dense_0", "Dense_1", "Dense_2"] and float(stats["Dense_0"].count) == 40
@@ -106,7 +111,8 @@ def test_one_shot_table_of_a_federated_model():
   batches = fjs.pruning.posttrain.client_batches(ds.train, 8)
   assert len(batches) == 5 and all(b.shape == (8, 64) for b in batches)
   summed = fjs.pruning.posttrain.calibrate(m.apply, p, batches)["Dense_0"]
-  whole = fjs.pruning.posttrain.calibrate(m.apply, p, [jnp.concatenate(batches)])["Dense_0"]
+  whole = fjs.pruning.posttrain.calibrate(
+      m.apply, p, [jax.device_put(np.concatenate([np.asarray(b) for b in batches]))])["Dense_0"]
   np.testing.assert_allclose(summed.sumsq, whole.sumsq, rtol=1e-5)
   ev = fjs.evaluation.make_eval_fn(m)
   rows = fjs.pruning.posttrain.one_shot(m.apply, p, batches, lambda q: ev(q, ds.test), [0.5, 0.9])

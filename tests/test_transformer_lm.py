@@ -1,10 +1,10 @@
 """Decoders (LLaMA-style, OPT-style), Hugging Face checkpoint round trips, the LM data protocol,
 and block-sequential pruning (fedjaxsparse.models.transformer, hf, lm, sequential)."""
+import functools
 import gzip
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -21,12 +21,42 @@ OPT = transformer.TransformerConfig(arch="opt", vocab_size=64, hidden_size=32, i
 IDS = np.random.default_rng(0).integers(0, 64, (6, 16)).astype(np.int32)
 
 
-def _params(cfg, seed=0):
+@functools.lru_cache(maxsize=None)
+def _host_params(cfg, seed):
   p = transformer.init(cfg, jax.random.key(seed))
-  # non-trivial norms and biases, so a mis-mapped tensor changes the output
+  # non-trivial norms and biases, so a mis-mapped tensor changes the output (numpy noise,
+  # seeded by the path: no program per leaf shape)
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: x + 0.1 * jax.random.normal(jax.random.key(len(str(path))), x.shape)
-      if str(path[-1]) in ("['scale']", "['bias']") else x, p)
+      lambda path, x: (np.asarray(x) + 0.1 * np.random.default_rng(len(str(path))).normal(
+          size=x.shape)).astype(np.float32) if str(path[-1]) in ("['scale']", "['bias']")
+      else np.asarray(x), p)
+
+
+def _params(cfg, seed=0):
+  """Random parameters (host numpy; a fresh copy of the module's cached ones)."""
+  return jax.tree.map(np.copy, _host_params(cfg, seed))
+
+
+# the model's parts, jitted (cfg static): one program each instead of an eager op each
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(cfg, params, ids):
+  return transformer.Decoder(cfg).apply({"params": params}, ids)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _embed(cfg, params, ids):
+  return transformer.Decoder(cfg).apply({"params": params}, ids, method="embed")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _block(cfg, params, h):
+  return transformer.Block(cfg).apply({"params": params}, h)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _block_calib(cfg, params, h):
+  """``(block output, its "calib" collection: every linear layer's inputs)``."""
+  return transformer.Block(cfg).apply({"params": params}, h, mutable=["calib"])
 
 
 @pytest.mark.parametrize("cfg", [LLAMA, OPT], ids=["llama", "opt"])
@@ -98,27 +128,28 @@ def test_grouped_query_attention_equals_repeated_heads():
   its group of query heads."""
   mha = transformer.TransformerConfig(**{**LLAMA.__dict__, "num_kv_heads": 4})
   p = _params(LLAMA)
-  q = jax.tree.map(lambda x: x, p)
+  q = jax.tree.map(np.asarray, p)
   d = LLAMA.head_dim
   for i in range(LLAMA.num_layers):
     att = q[f"layers_{i}"]["self_attn"]
     for n in ("k_proj", "v_proj"):
       k = att[n]["kernel"].reshape(32, 2, d)
-      att[n] = {"kernel": jnp.repeat(k, 2, axis=1).reshape(32, 4 * d)}
-  a = transformer.Decoder(LLAMA).apply({"params": p}, IDS)
-  b = transformer.Decoder(mha).apply({"params": q}, IDS)
+      att[n] = {"kernel": np.repeat(k, 2, axis=1).reshape(32, 4 * d)}
+  a = _logits(LLAMA, p, IDS)
+  b = _logits(mha, q, IDS)
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_rotary_is_relative_and_attention_causal():
   rng = np.random.default_rng(1)
-  q = jnp.asarray(rng.normal(size=(1, 12, 1, 8)), jnp.float32)
-  k = jnp.asarray(rng.normal(size=(1, 12, 1, 8)), jnp.float32)
+  q = rng.normal(size=(1, 12, 1, 8)).astype(np.float32)
+  k = rng.normal(size=(1, 12, 1, 8)).astype(np.float32)
   # the same vectors at every position: <R_m q, R_n k> depends on m − n only
-  qs = jnp.broadcast_to(q[:, :1], q.shape)
-  ks = jnp.broadcast_to(k[:, :1], k.shape)
-  rq, rk = transformer.rotary(qs, 10000.0)[0, :, 0], transformer.rotary(ks, 10000.0)[0, :, 0]
-  dots = np.asarray(rq @ rk.T)
+  qs = np.broadcast_to(q[:, :1], q.shape)
+  ks = np.broadcast_to(k[:, :1], k.shape)
+  rotary = jax.jit(transformer.rotary, static_argnums=1)
+  rq, rk = (np.asarray(rotary(v, 10000.0))[0, :, 0] for v in (qs, ks))
+  dots = rq @ rk.T
   np.testing.assert_allclose(dots[5, 2], dots[9, 6], rtol=1e-5)
   np.testing.assert_allclose(dots[3, 3], float(qs[0, 0, 0] @ ks[0, 0, 0]), rtol=1e-5)
   np.testing.assert_allclose(np.linalg.norm(rq, axis=1), np.linalg.norm(qs[0, :, 0], axis=1),
@@ -127,8 +158,7 @@ def test_rotary_is_relative_and_attention_causal():
     p = _params(cfg)
     ids2 = IDS.copy()
     ids2[:, 10:] = (ids2[:, 10:] + 1) % 64
-    a = transformer.Decoder(cfg).apply({"params": p}, IDS)
-    b = transformer.Decoder(cfg).apply({"params": p}, ids2)
+    a, b = (np.asarray(_logits(cfg, p, i)) for i in (IDS, ids2))
     np.testing.assert_allclose(a[:, :10], b[:, :10], rtol=1e-5, atol=1e-6)
     assert not np.allclose(a[:, 10:], b[:, 10:])
 
@@ -141,23 +171,24 @@ def test_block_sequential_calibration_uses_the_pruned_outputs():
   key = jax.random.key(3)
   pruned, _ = fjs.pruning.sequential.prune(fjs.pruning.sequential.ParamsSource(cfg, params), IDS,
                                            fn, sparsity=0.5, key=key, batch_size=4)
-  model = transformer.Decoder(cfg)
-  h = model.apply({"params": params}, IDS, method="embed")
-  h1 = transformer.Block(cfg).apply({"params": pruned.params["layers_0"]}, h)
-  _, col = transformer.Block(cfg).apply({"params": params["layers_1"]}, h1, mutable=["calib"])
+  @jax.jit
+  def down_proj_mask(w, x):
+    """Wanda's 50 % mask of ``w`` from the statistics of its inputs ``x``."""
+    st = fjs.pruning.calibration.update_stats(fjs.pruning.calibration.init_stats(x.shape[-1]), x)
+    return fjs.pruning.posttrain.unstructured_mask(fn(w, st.x_norm, None), 0.5)
+
+  h = _embed(cfg, params, IDS)
+  h1 = _block(cfg, pruned.params["layers_0"], h)
+  _, col = _block_calib(cfg, params["layers_1"], h1)
   x = col["calib"]["mlp"]["down_proj"]["inputs"][0]
-  st = fjs.pruning.calibration.update_stats(fjs.pruning.calibration.init_stats(x.shape[-1]), x)
   w = params["layers_1"]["mlp"]["down_proj"]["kernel"]
-  m = fjs.pruning.posttrain.unstructured_mask(fn(w, st.x_norm, None), 0.5)
+  m = down_proj_mask(w, x)
   np.testing.assert_array_equal(np.asarray(pruned.params["layers_1"]["mlp"]["down_proj"]
                                            ["kernel"]) != 0, np.asarray(m))
-  dense_h1 = transformer.Block(cfg).apply({"params": params["layers_0"]}, h)
-  _, col_d = transformer.Block(cfg).apply({"params": params["layers_1"]}, dense_h1,
-                                          mutable=["calib"])
+  dense_h1 = _block(cfg, params["layers_0"], h)
+  _, col_d = _block_calib(cfg, params["layers_1"], dense_h1)
   xd = col_d["calib"]["mlp"]["down_proj"]["inputs"][0]
-  md = fjs.pruning.posttrain.unstructured_mask(
-      fn(w, fjs.pruning.calibration.update_stats(fjs.pruning.calibration.init_stats(48), xd).x_norm,
-         None), 0.5)
+  md = down_proj_mask(w, xd)
   assert not np.array_equal(np.asarray(m), np.asarray(md))  # the choice matters here
 
 
@@ -166,8 +197,8 @@ def test_reconstruction_error_matches_the_definition():
   pruned, rep = fjs.pruning.sequential.prune(fjs.pruning.sequential.ParamsSource(cfg, params),
                                              IDS, fjs.pruning.scores.by_name("magnitude"),
                                              sparsity=0.6)
-  h = transformer.Decoder(cfg).apply({"params": params}, IDS, method="embed")
-  _, col = transformer.Block(cfg).apply({"params": params["layers_0"]}, h, mutable=["calib"])
+  h = _embed(cfg, params, IDS)
+  _, col = _block_calib(cfg, params["layers_0"], h)
   x = np.asarray(col["calib"]["fc1"]["inputs"][0]).reshape(-1, 32)
   w = np.asarray(params["layers_0"]["fc1"]["kernel"])
   wt = np.asarray(pruned.params["layers_0"]["fc1"]["kernel"])

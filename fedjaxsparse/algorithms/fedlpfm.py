@@ -80,7 +80,7 @@ def pack_targets(data: FederatedData, teacher_logits: np.ndarray,
   flags = np.broadcast_to(flags[:, None, :, None], (n, m, t, 1))
   teach = np.concatenate([logits, flags], axis=-1).reshape(n, m, -1)
   y = np.concatenate([np.asarray(data.y, dtype)[..., None], teach], axis=-1)
-  return data._replace(y=jnp.asarray(y))
+  return data._replace(y=jax.device_put(y))
 
 
 def unpack_targets(y: jax.Array, num_classes: int):
@@ -95,7 +95,9 @@ def fedlpfm_loss(model: Model, num_classes: int, lam: float = 0.5, temperature: 
   examples); ``lam = 1`` is exactly FedAvg's cross-entropy (:func:`make_loss`)."""
   if not 0 <= lam <= 1:
     raise ValueError(f"lam must be in [0, 1], got {lam!r}.")
-  kd_loss(jnp.zeros((1, 2)), jnp.zeros((1, 1, 2)), temperature, direction)  # validate
+  jax.eval_shape(lambda s, t: kd_loss(s, t, temperature, direction),   # validate (traced only)
+                 jax.ShapeDtypeStruct((1, 2), float_dtype()),
+                 jax.ShapeDtypeStruct((1, 1, 2), float_dtype()))
   ce = make_loss(model)
 
   def loss(params, x, y, mask):

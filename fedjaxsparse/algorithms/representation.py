@@ -346,13 +346,14 @@ def fine_tune(model: SplitModel, personal: Any, data: FederatedData, key: jax.Ar
 
   opt = local_optimizer(lr, momentum, weight_decay, clip)
   steps = max_local_steps(data, batch_size, epochs)
-  ids = jnp.arange(data.num_clients)
+  n = data.num_clients
 
   def client(p, k, d):
     return epoch_optimize(loss_fn, p, opt, k, d, epochs=epochs, batch_size=batch_size,
                           max_steps=steps, trainable=mask)[0]
 
-  return jax.jit(lambda p, k, dd: map_clients(client, dd, p, client_keys(k, ids)))(
+  # the client ids inside the program (an eager arange compiles a program of its own)
+  return jax.jit(lambda p, k, dd: map_clients(client, dd, p, client_keys(k, jnp.arange(n))))(
       personal, key, data)
 
 

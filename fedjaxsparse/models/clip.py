@@ -380,7 +380,12 @@ def init(cfg: CLIPConfig, key: jax.Array) -> dict[str, Any]:
 
 def param_shapes(cfg: CLIPConfig) -> dict[str, Any]:
   """The parameter tree of :class:`CLIP` as ``jax.ShapeDtypeStruct`` s (nothing allocated)."""
-  return jax.eval_shape(functools.partial(init, cfg), jax.random.key(0))
+  return _init_from_seed_0.eval_shape(cfg)   # traced once per config (jit's cache)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_from_seed_0(cfg: CLIPConfig) -> dict[str, Any]:
+  return init(cfg, jax.random.key(0))   # only ever traced (param_shapes), never run
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -601,14 +606,16 @@ def zero_shot_teacher(path_or_params: str | os.PathLike | dict[str, Any],
   text = {k: params[k] for k in ("text_model", "text_projection")}
   emb = _batched(functools.partial(text_features, cfg), ids.reshape(-1, ids.shape[-1]),
                  batch_size, text)
-  emb = np.asarray(_unit(jnp.asarray(emb, jnp.float32)))
+  # host arrays go to the device with device_put (jnp.asarray compiles a program per shape)
+  emb = np.asarray(_unit(jax.device_put(np.asarray(emb, np.float32))))
   if ids.ndim == 3:
-    emb = np.asarray(_unit(jnp.asarray(emb.reshape(ids.shape[0], ids.shape[1], -1).mean(1))))
-  vision = jax.tree.map(jnp.asarray, {k: params[k] for k in ("vision_model",
-                                                            "visual_projection")})
+    emb = np.asarray(_unit(jax.device_put(emb.reshape(ids.shape[0], ids.shape[1], -1).mean(1))))
+  vision = jax.tree.map(jax.device_put, {k: params[k] for k in ("vision_model",
+                                                               "visual_projection")})
   return ZeroShotTeacher(image_fn=functools.partial(image_features, cfg),
-                         class_emb=jnp.asarray(emb), logit_scale=jnp.asarray(
-                             params["logit_scale"], jnp.float32), params=vision, cfg=cfg)
+                         class_emb=jax.device_put(emb), logit_scale=jax.device_put(
+                             np.asarray(params["logit_scale"], np.float32)), params=vision,
+                         cfg=cfg)
 
 
 def teacher_logits(teacher: ZeroShotTeacher, params: dict[str, Any] | None,
@@ -645,7 +652,8 @@ def _batched(fn: Callable[..., jax.Array], images: Any, batch_size: int,
     k = len(batch)
     if k < bs:
       batch = np.concatenate([batch, np.repeat(batch[-1:], bs - k, axis=0)])
-    outs.append((fn(batch) if params is None else fn(params, batch))[:k])
+    out = fn(batch) if params is None else fn(params, batch)
+    outs.append(out if k == bs else np.asarray(out)[:k])   # host slice: no program
   return np.concatenate([np.asarray(o) for o in outs])
 
 
@@ -684,7 +692,7 @@ def prompt_tuning(cfg: CLIPConfig, params: dict[str, Any], prompt_ids: Any,
   SGD with the seed's settings (lr 2e-3, weight decay 5e-4, cosine schedule after
   ``warmup_steps`` of linear warm-up), minibatches of ``batch_size`` drawn with replacement
   (``None``: all ``n``). Only the context moves: CLIP's parameters are constants."""
-  ids = jnp.asarray(check_token_ids(prompt_ids, cfg.text_config))
+  ids = jax.device_put(check_token_ids(prompt_ids, cfg.text_config))
   if ids.ndim != 2:
     raise ValueError(f"prompt_ids must be [K, L] (one prompt per class), got {ids.shape}.")
   k_classes, length = ids.shape
@@ -693,36 +701,84 @@ def prompt_tuning(cfg: CLIPConfig, params: dict[str, Any], prompt_ids: Any,
     raise ValueError(f"n_ctx must be an int in [1, L - 2 = {length - 2}], got {n_ctx!r}.")
   if not isinstance(steps, int) or steps < 1:
     raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
-  emb = jnp.asarray(image_emb, jnp.float32)
-  y = jnp.asarray(labels, jnp.int32)
+  # host-side checks and conversions (numpy: no program per shape for what is only checked)
+  emb = np.asarray(image_emb, np.float32)
+  y = np.asarray(labels).astype(np.int32)
   if emb.ndim != 2 or y.shape != (emb.shape[0],) or emb.shape[0] < 1:
     raise ValueError(f"image_emb must be [n, D] with labels int[n], n >= 1; got "
                      f"{emb.shape} and {y.shape}.")
   if int(y.min()) < 0 or int(y.max()) >= k_classes:
     raise ValueError(f"labels must lie in [0, K = {k_classes}), got [{int(y.min())}, "
                      f"{int(y.max())}].")
-  emb = _unit(emb)
+  emb = _unit(jax.device_put(emb))
   key = jax.random.key(0) if key is None else key
   k_init, k_batch = jax.random.split(key)
   shape = (k_classes, n_ctx, h) if class_specific else (n_ctx, h)
   ctx0 = init_std * jax.random.normal(k_init, shape, jnp.float32)
   text = {k: params[k] for k in ("text_model", "text_projection")}
   scale = jnp.exp(jnp.asarray(params["logit_scale"], jnp.float32))
+  settings = dict(batch_size=batch_size, steps=steps, lr=lr, weight_decay=weight_decay,
+                  warmup_steps=warmup_steps)
+  y = jax.device_put(y)
+  if batch_size is None:   # full batches: the data are constants of the program too (folded)
+    loop = _coop_loop(cfg, text, **settings)
+    ctx, losses = jax.jit(lambda c: loop(c, k_batch, ids, emb, y, scale))(ctx0)
+  else:                    # minibatches: one program per weights and settings, data as inputs
+    ctx, losses = _coop_program(cfg, text, **settings)(ctx0, k_batch, ids, emb, y, scale)
+  classes = _unit(text_features(cfg, text, ids, ctx).astype(jnp.float32))
+  return PromptTuned(ctx, classes, losses)
+
+
+_COOP_PROGRAM: list = []   # the last [(settings, CLIP text weights it was traced with, fit)]
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+  return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
+      np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
+
+
+def _coop_program(cfg: CLIPConfig, text: dict[str, Any], **settings: Any) -> Callable:
+  """The jitted CoOp loop ``fit(ctx0, k_batch, ids, emb, y, scale) -> (context, losses)`` of
+  :func:`prompt_tuning` (minibatches) for CLIP's text weights ``text`` and ``settings``. The
+  weights are constants of the program (closed over: XLA folds them into the code, which fixes
+  the numbers), so a program serves only the same weights: the last one is kept and reused
+  while the weights are bit for bit the same (e.g. one CoOp per client of a federated data
+  set) rather than traced and compiled again for every call."""
+  leaves, treedef = jax.tree.flatten(text)
+  host = [np.asarray(x) for x in leaves]
+  key = (cfg, treedef, tuple(sorted(settings.items())),
+         tuple((h.shape, h.dtype, isinstance(x, jax.Array)) for h, x in zip(host, leaves)))
+  try:
+    hash(key)
+  except TypeError:          # unhashable settings (e.g. an array lr): no reuse
+    return jax.jit(_coop_loop(cfg, text, **settings))
+  if _COOP_PROGRAM:
+    k, kept, fit = _COOP_PROGRAM[0]
+    if k == key and all(_same_bytes(np.asarray(a), b) for a, b in zip(kept, host)):
+      return fit
+  # a copy of host arrays (the caller may change them in place; device arrays cannot change)
+  kept = [x if isinstance(x, jax.Array) else np.array(h, copy=True) for x, h in zip(leaves, host)]
+  fit = jax.jit(_coop_loop(cfg, jax.tree.unflatten(treedef, kept), **settings))
+  _COOP_PROGRAM[:] = [(key, kept, fit)]
+  return fit
+
+
+def _coop_loop(cfg: CLIPConfig, text: dict[str, Any], *, batch_size: int | None, steps: int,
+               lr: float, weight_decay: float, warmup_steps: int) -> Callable:
+  """:func:`prompt_tuning`'s ``steps`` SGD steps from ``ctx0`` as a function of the context,
+  the batch key, the prompts, the image embeddings, labels and logit scale."""
   schedule = optax.warmup_cosine_decay_schedule(0.0 if warmup_steps else lr, lr,
                                                 warmup_steps, max(steps, warmup_steps + 1))
   opt = optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(schedule, momentum=0.9))
-  n = emb.shape[0]
 
-  def classes(ctx):
-    return _unit(text_features(cfg, text, ids, ctx).astype(jnp.float32))
+  def fit(ctx0, k_batch, ids, emb, y, scale):
+    n = emb.shape[0]
 
-  def loss(ctx, e, t):
-    logits = scale * e @ classes(ctx).T
-    return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
-        logits, t[:, None], -1)[:, 0])
+    def loss(ctx, e, t):
+      logits = scale * e @ _unit(text_features(cfg, text, ids, ctx).astype(jnp.float32)).T
+      return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(
+          logits, t[:, None], -1)[:, 0])
 
-  @jax.jit
-  def fit(ctx):
     def body(carry, k):
       c, s = carry
       if batch_size is None:
@@ -733,8 +789,9 @@ def prompt_tuning(cfg: CLIPConfig, params: dict[str, Any], prompt_ids: Any,
       value, g = jax.value_and_grad(loss)(c, e, t)
       u, s = opt.update(g, s, c)
       return (optax.apply_updates(c, u), s), value
-    (c, _), losses = jax.lax.scan(body, (ctx, opt.init(ctx)), jax.random.split(k_batch, steps))
+
+    (c, _), losses = jax.lax.scan(body, (ctx0, opt.init(ctx0)),
+                                  jax.random.split(k_batch, steps))
     return c, losses
 
-  ctx, losses = fit(ctx0)
-  return PromptTuned(ctx, classes(ctx), losses)
+  return fit

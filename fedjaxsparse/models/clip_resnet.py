@@ -182,7 +182,12 @@ def init(cfg: RNConfig, key: jax.Array) -> dict[str, Any]:
 
 def param_shapes(cfg: RNConfig) -> dict[str, Any]:
   """The parameter tree of :func:`init` as ``jax.ShapeDtypeStruct`` s."""
-  return jax.eval_shape(functools.partial(init, cfg), jax.random.key(0))
+  return _init_from_seed_0.eval_shape(cfg)   # traced once per config (jit's cache)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_from_seed_0(cfg: RNConfig) -> dict[str, Any]:
+  return init(cfg, jax.random.key(0))   # only ever traced (param_shapes), never run
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -391,7 +396,7 @@ def zero_shot_teacher(path_or_params: str | os.PathLike | dict[str, Any],
   ids = C.check_token_ids(class_token_ids, cfg.text)
   flat_ids = ids.reshape(-1, ids.shape[-1])
   emb = np.concatenate([
-      np.asarray(text_features(cfg, params, jnp.asarray(flat_ids[i:i + batch_size])))
+      np.asarray(text_features(cfg, params, jax.device_put(flat_ids[i:i + batch_size])))
       for i in range(0, len(flat_ids), batch_size)])
   emb = emb / np.linalg.norm(emb, axis=-1, keepdims=True)
   if ids.ndim == 3:
@@ -399,7 +404,8 @@ def zero_shot_teacher(path_or_params: str | os.PathLike | dict[str, Any],
     emb = emb / np.linalg.norm(emb, axis=-1, keepdims=True)
   clip_cfg = as_clip_config(cfg)
   return C.ZeroShotTeacher(image_fn=functools.partial(image_features, cfg),
-                           class_emb=jnp.asarray(emb, jnp.float32),
-                           logit_scale=jnp.asarray(params["logit_scale"], jnp.float32),
-                           params={"visual": jax.tree.map(jnp.asarray, params["visual"])},
+                           class_emb=jax.device_put(np.asarray(emb, np.float32)),
+                           logit_scale=jax.device_put(np.asarray(params["logit_scale"],
+                                                                 np.float32)),
+                           params={"visual": jax.tree.map(jax.device_put, params["visual"])},
                            cfg=clip_cfg)

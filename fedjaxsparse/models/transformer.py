@@ -19,6 +19,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.extend.core as jex_core
 import jax.numpy as jnp
 
 ARCHS = ("llama", "opt")
@@ -179,8 +180,23 @@ class Decoder(nn.Module):
 
 
 def init(cfg: TransformerConfig, key: jax.Array, seq_len: int = 8) -> dict[str, Any]:
-  """Random parameters (``normal(0.02)`` kernels and embeddings)."""
-  return Decoder(cfg).init(key, jnp.zeros((1, seq_len), jnp.int32))["params"]
+  """Random parameters (``normal(0.02)`` kernels and embeddings): ``Decoder(cfg).init`` on a
+  dummy ``[1, seq_len]`` input. Its forward pass only shapes the parameters, so it is traced
+  once and its jaxpr pruned to the operations the parameters depend on, which then run one by
+  one as flax's ``init`` runs them (the same programs: the same numbers) — without compiling
+  and running every operation of the discarded forward pass on the way."""
+  closed, shapes = jax.make_jaxpr(
+      lambda k: Decoder(cfg).init(k, jnp.zeros((1, seq_len), jnp.int32))["params"],
+      return_shape=True)(key)
+  jaxpr = closed.jaxpr
+  needed = {v for v in jaxpr.outvars if isinstance(v, jex_core.Var)}
+  kept = []
+  for eqn in reversed(jaxpr.eqns):
+    if eqn.effects or any(v in needed for v in eqn.outvars):
+      kept.append(eqn)
+      needed.update(v for v in eqn.invars if isinstance(v, jex_core.Var))
+  pruned = jex_core.ClosedJaxpr(jaxpr.replace(eqns=kept[::-1]), closed.consts)
+  return jax.tree.unflatten(jax.tree.structure(shapes), jex_core.jaxpr_as_fun(pruned)(key))
 
 
 def block_params(params: dict[str, Any], i: int) -> dict[str, Any]:
