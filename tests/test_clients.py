@@ -122,15 +122,27 @@ def _four_rounds(algo, w0, d):
 
 
 @pytest.fixture(scope="module")
-def vmap_rounds(data):
+def small_data():
+  """7 unequal clients (the strategies' tests: an unrolled program grows with the clients, and
+  bitwise equality does not depend on their number). Under "unroll:5" the padded clients are
+  one group of 5 plus a tail of 2, the cohort of 5 one group, each bucket a tail alone."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(210, 5)).astype(np.float32)
+  y = (x @ rng.normal(size=5) + 0.1 * rng.normal(size=210)).astype(np.float32)
+  return fjs.data.pack_clients(x, y, fjs.data.lognormal_partition(210, 7, 1.2, seed=0))
+
+
+@pytest.fixture(scope="module")
+def vmap_rounds(small_data):
   """The ProxSkip kernel and FedAvg (partial participation: a gathered cohort; full: bucketed
   clients) on linear models, each with its layouts (padded, and bucketed where it can be) and
   the params after four rounds of each under vmap, shared by the strategies' tests."""
+  data = small_data
   model = fjs.models.linear_regression(5, l2=0.1)
   loss = fjs.models.make_loss(model)
   w0 = model.init(jax.random.key(0))
   algos = [fjs.sparse_proxskip(loss, 0.05, 0.5, 0.5),
-           fjs.fedavg(loss, optax.sgd(0.05), local_steps=3, batch_size=4, cohort_size=5),
+           fjs.fedavg(loss, optax.sgd(0.05), local_steps=2, batch_size=4, cohort_size=5),
            fjs.fedavg(loss, optax.sgd(0.05), local_steps=2)]
   return w0, [(algo, layout, _four_rounds(algo, w0, layout)) for algo in algos
               for layout in [data] + ([fjs.runtime.clients.bucketize(data, 3)]
@@ -138,7 +150,7 @@ def vmap_rounds(data):
 
 
 @pytest.mark.parametrize("strategy", ["map", "unroll", "unroll:5"])
-def test_every_strategy_computes_what_vmap_computes(vmap_rounds, data, strategy):
+def test_every_strategy_computes_what_vmap_computes(vmap_rounds, small_data, strategy):
   """Linear models: bitwise equal to vmap on CPU, padded and bucketed, for the ProxSkip kernel
   and FedAvg (partial participation: a gathered cohort; full: bucketed clients)."""
   w0, cases = vmap_rounds
@@ -147,8 +159,11 @@ def test_every_strategy_computes_what_vmap_computes(vmap_rounds, data, strategy)
     params = _four_rounds(algo, w0, fjs.runtime.clients.with_strategy(layout, strategy))
     chex.assert_trees_all_equal(reference, params)
   with pytest.raises(ValueError, match="strategy"):
-    fjs.runtime.clients.with_strategy(data, "unroll:0")
-def test_runner_client_strategy_changes_nothing_but_speed(data):
+    fjs.runtime.clients.with_strategy(small_data, "unroll:0")
+
+
+def test_runner_client_strategy_changes_nothing_but_speed(small_data):
+  data = small_data
   model = fjs.models.linear_regression(5, l2=0.1)
   algo = fjs.sparse_proxskip(fjs.models.make_loss(model), 0.05, 0.3, 0.5, form="round")
   w0 = model.init(jax.random.key(0))
@@ -266,7 +281,7 @@ def test_small_model_clients_whose_data_outgrows_the_cache_run_map_on_cpu(monkey
 def test_unrolled_cnn_round_is_loop_free_and_computes_the_vmap_round():
   """Under "unroll" a FedAvg CNN round (clients and local steps written out) compiles to a
   program without any while loop or conditional, and equals the vmap round."""
-  algo, model, data = _cnn_fedavg(3, 2)
+  algo, model, data = _cnn_fedavg(2, 2)   # 2 clients × 2 local steps written out
   init_key, rounds_key = fjs.runtime.runner.split_run_key(jax.random.key(0))
   state = algo.init(init_key, model.init(jax.random.key(1)), data)
   chunk = fjs.runtime.runner.build_chunk(algo, 1)

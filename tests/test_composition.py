@@ -26,15 +26,23 @@ D = fjs.accounting.num_params(PARAMS)
 DRAWS = 256
 
 
-def _round(algo, keys):
-  """One round from the same start under each key: the new global models ``[K, ...]`` and
-  the rounds' infos (one program)."""
+def _rounds(algos, keys):
+  """For each of ``algos``, one round from the same start under each key: the new global
+  models ``[K, ...]`` and the rounds' infos (one program for all of them)."""
   def draws(keys, data):
-    state = algo.init(jax.random.key(1), PARAMS, data)
-    new, info = jax.vmap(lambda k: algo.step(k, state, data))(keys)
-    return new.params, info
+    out = []
+    for algo in algos:
+      state = algo.init(jax.random.key(1), PARAMS, data)
+      new, info = jax.vmap(lambda k: algo.step(k, state, data))(keys)
+      out.append((new.params, info))
+    return out
 
   return jax.jit(draws)(keys, DS.train)
+
+
+def _round(algo, keys):
+  """:func:`_rounds` of one algorithm."""
+  return _rounds([algo], keys)[0]
 
 
 def _fixed_reference(algo, keys):
@@ -118,19 +126,20 @@ def test_fedp3_with_rand_k_on_the_uploaded_layers_charges_bits_exactly():
   rand_k = lambda d: fjs.compressors.rand_k(d, max(1, d // 4))
   algo = fjs.fedp3(fjs.models.make_loss(model), optax.sgd(0.1), cfg, local_steps=2,
                    batch_size=16, uplink=rand_k)
-  state = algo.init(None, params, DS.train)
-  new, info = jax.jit(algo.step)(jax.random.key(5), state, DS.train)
-  sizes = fjs.ops.layer_groups.layer_sizes(params)
-  expected = sum(rand_k(int(d)).bits(int(d)) for row in np.asarray(train)
-                 for d, sent in zip(sizes, row) if sent)
-  assert float(info.bits_up) == float(expected)
-  # the identity compressor per layer is FedP3 itself, bit for bit
+  # the identity compressor per layer is FedP3 itself, bit for bit: the three rounds (rand-k,
+  # plain, identity) in one program
   plain = fjs.fedp3(fjs.models.make_loss(model), optax.sgd(0.1), cfg, local_steps=2,
                     batch_size=16)
   same = fjs.fedp3(fjs.models.make_loss(model), optax.sgd(0.1), cfg, local_steps=2,
                    batch_size=16, uplink=fjs.compressors.identity)
-  a = jax.jit(plain.step)(jax.random.key(5), state, DS.train)[0].params
-  b = jax.jit(same.step)(jax.random.key(5), state, DS.train)[0].params
+  state = algo.init(None, params, DS.train)
+  (new, info), a, b = jax.jit(lambda k, s, d: (
+      algo.step(k, s, d), plain.step(k, s, d)[0].params, same.step(k, s, d)[0].params))(
+          jax.random.key(5), state, DS.train)
+  sizes = fjs.ops.layer_groups.layer_sizes(params)
+  expected = sum(rand_k(int(d)).bits(int(d)) for row in np.asarray(train)
+                 for d, sent in zip(sizes, row) if sent)
+  assert float(info.bits_up) == float(expected)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
   assert not all(np.array_equal(x, y) for x, y in
@@ -163,11 +172,10 @@ def test_fedavg_with_fedmrn_noise_masks_as_its_uplink():
   w = jax.tree.map(lambda a: np.asarray(a)[None], PARAMS)
   moved = jax.tree.map(np.subtract, reference, w)             # one client's update u per key
   alpha = 2.0 * max(float(np.max(np.abs(a))) for a in jax.tree.leaves(moved))
-  for signed, expected in ((True, reference),
-                           (False, jax.tree.map(lambda a, u: a + 0.5 * u, w, moved))):
-    mask = fjs.compressors.noise_mask(D, alpha, "bernoulli", signed=signed)
-    algo = fjs.fedavg(LOSS, optax.sgd(0.1), uplink=mask, **common)
-    samples, info = _round(algo, keys)
+  cases = ((True, reference), (False, jax.tree.map(lambda a, u: a + 0.5 * u, w, moved)))
+  rounds = _rounds([fjs.fedavg(LOSS, optax.sgd(0.1), **common, uplink=fjs.compressors.noise_mask(
+      D, alpha, "bernoulli", signed=signed)) for signed, _ in cases], keys)   # one program
+  for (signed, expected), (samples, info) in zip(cases, rounds):
     se = _assert_mc_equal(samples, expected)
     assert np.max(se) > 0   # the masks are random: the check has teeth
     # every received entry is ±α or 0: a mask over the regenerated noise

@@ -27,7 +27,9 @@ def problem():
     x, y = rng.normal(size=(N * M, D)), rng.integers(0, K, N * M).astype(np.int32)
     data = fjs.data.pack_clients(x, y, np.split(np.arange(N * M), N))
     data = data._replace(x=_f64(data.x), mask=_f64(data.mask))
-    model = fjs.models.mlp((D,), K, hidden=(5,))
+    # one dense layer (kernel and bias): the dtype of every array is what is checked, and each
+    # further layer only adds its copy of the same operations to every compiled round
+    model = fjs.models.mlp((D,), K, hidden=())
     w0 = jax.tree.map(_f64, model.init(jax.random.key(0)))
     return data, model, w0
 
@@ -67,7 +69,7 @@ BUILDERS = {
         cohort_size=3),
     "FedP3": lambda loss, model, w0: fjs.fedp3(
         loss, optax.sgd(0.1),
-        fjs.algorithms.fedp3.make_config(jax.random.key(1), np.ones((N, 2), bool), 0.9),
+        fjs.algorithms.fedp3.make_config(jax.random.key(1), np.ones((N, 1), bool), 0.9),  # 1 layer
         local_steps=2, batch_size=4, cohort_size=3, aggregation="weighted",
         local_rule="uniform"),
     "FedP3-theory": lambda loss, model, w0: fjs.fedp3_theory(

@@ -39,15 +39,15 @@ def test_sm_mean_and_variance_by_monte_carlo(signed):
   # (+ the O(1/N) term of the squared sample mean, which dominates at π = ½)
   np.testing.assert_array_less(np.abs(x.var(0) - var), 5 * se_var + 25 * var / DRAWS + 1e-7)
   assert np.all(np.isfinite(x))  # n = 0 is guarded
-  if not signed:
-    assert set(np.unique(np.asarray(_draws(False))[:, 6])) == {0.0}  # n = 0: never masked in
+  if not signed:   # x is _draws(False): the same draws (key 0), not compiled a second time
+    assert set(np.unique(x[:, 6])) == {0.0}  # n = 0: never masked in
 
 
 @pytest.mark.parametrize("signed", [False, True])
 def test_psm_is_unbiased_for_the_clipped_update_and_routes_p(signed):
   p = 0.3
   keys = jax.random.split(jax.random.key(1), DRAWS)
-  u, n = jnp.asarray(U), jnp.asarray(N)
+  u, n = jax.device_put(U), jax.device_put(N)
   uhat = np.asarray(jax.jit(jax.vmap(lambda k: noise_masks.progressive(k, u, n, p, signed)))(keys),
                     np.float64)
   ubar, var = noise_masks.sm_moments(U, N, signed)
@@ -66,66 +66,75 @@ def test_pm_schedule_and_the_papers_factors():
   """p_τ = (τ+1)/S with the last step fully masked; Prop. 1's √(Σ τ²/S³) is 1, 0.62, 0.58 for
   S = 1, 10, 100; the law that holds averages p_τ: (S + 1)/(2S) (0.55 at S = 10)."""
   s = 10
-  p = np.asarray(noise_masks.pm_probability(jnp.arange(s), s))
+  p = np.asarray(jax.jit(noise_masks.pm_probability)(np.arange(s, dtype=np.int32), s))
   np.testing.assert_allclose(p, np.arange(1, s + 1) / s)
   assert p[-1] == 1.0
   assert [round(noise_masks.prop1_factor(k), 2) for k in (1, 10, 100)] == [1.0, 0.62, 0.58]
   assert noise_masks.pm_error_factor(10) == pytest.approx(np.mean(p)) == pytest.approx(0.55)
-  # at p = 1 PSM is plain SM: û = n·M(u, n) for the same mask draw
-  key, u, n = jax.random.key(3), jnp.asarray(U), jnp.asarray(N)
-  full = noise_masks.progressive(key, u, n, 1.0, False)
-  np.testing.assert_array_equal(full, n * noise_masks.stochastic_mask(jax.random.split(key)[1],
-                                                                      u, n, False))
+  # at p = 1 PSM is plain SM: û = n·M(u, n) for the same mask draw (one program)
+  full, sm = jax.jit(lambda key, u, n: (
+      noise_masks.progressive(key, u, n, 1.0, False),
+      n * noise_masks.stochastic_mask(jax.random.split(key)[1], u, n, False)))(
+          jax.random.key(3), jax.device_put(U), jax.device_put(N))
+  np.testing.assert_array_equal(full, sm)
 
 
 def test_signed_mask_is_a_binary_mask_over_twice_the_noise():
   """G⊙m_s = 2G⊙m − G: the signed mask over n equals, draw for draw, 2·(binary mask of u + n
   over 2n) − 1."""
-  u, n = jnp.asarray(U), jnp.asarray(N)
+  u, n = jax.device_put(U), jax.device_put(N)
+  both = jax.jit(lambda key: (n * noise_masks.stochastic_mask(key, u, n, True),
+                              2 * n * noise_masks.stochastic_mask(key, u + n, 2 * n, False) - n))
   for k in range(5):
-    key = jax.random.key(k)
-    ms = noise_masks.stochastic_mask(key, u, n, True)
-    mb = noise_masks.stochastic_mask(key, u + n, 2 * n, False)
-    np.testing.assert_array_equal(np.asarray(n * ms)[N != 0],
-                                  np.asarray(2 * n * mb - n)[N != 0])
+    signed, binary = both(jax.random.key(k))
+    np.testing.assert_array_equal(np.asarray(signed)[N != 0], np.asarray(binary)[N != 0])
 
 
 def test_deterministic_mask_and_straight_through():
-  u, n = jnp.asarray(U), jnp.asarray(N)
-  mb, ms = noise_masks.deterministic_mask(u, n, False), noise_masks.deterministic_mask(u, n, True)
-  np.testing.assert_array_equal(mb, (np.sign(U) == np.sign(N)) & (N != 0))
-  np.testing.assert_array_equal(n * ms, np.abs(N) * np.sign(U) * (N != 0))
-  fwd = noise_masks.progressive(jax.random.key(0), u, n, 0.5, True)
   f = lambda v: jnp.sum(jnp.sin(v) * jnp.arange(9.0))
-  g = jax.grad(lambda v: f(noise_masks.straight_through(v, fwd)))(u)
-  np.testing.assert_allclose(g, jax.grad(f)(fwd), rtol=1e-6)  # the gradient at û, applied to u
-  np.testing.assert_array_equal(noise_masks.straight_through(u, fwd), fwd)
+
+  @jax.jit   # one program for every value checked below
+  def values(key, u, n):
+    mb, ms = noise_masks.deterministic_mask(u, n, False), noise_masks.deterministic_mask(u, n, True)
+    fwd = noise_masks.progressive(key, u, n, 0.5, True)
+    g = jax.grad(lambda v: f(noise_masks.straight_through(v, fwd)))(u)
+    return mb, n * ms, fwd, g, jax.grad(f)(fwd), noise_masks.straight_through(u, fwd)
+
+  mb, nms, fwd, g, g_at_fwd, through = values(jax.random.key(0), jax.device_put(U),
+                                              jax.device_put(N))
+  np.testing.assert_array_equal(mb, (np.sign(U) == np.sign(N)) & (N != 0))
+  np.testing.assert_array_equal(nms, np.abs(N) * np.sign(U) * (N != 0))
+  np.testing.assert_allclose(g, g_at_fwd, rtol=1e-6)  # the gradient at û, applied to u
+  np.testing.assert_array_equal(through, fwd)
 
 
 def test_seeded_noise_is_regenerated_bitwise():
-  like = {"a": jnp.zeros((3, 4)), "b": jnp.zeros(7)}
+  like = {"a": jax.device_put(np.zeros((3, 4), np.float32)),
+          "b": jax.device_put(np.zeros(7, np.float32))}
   key = jax.random.fold_in(jax.random.fold_in(jax.random.key(5), 12), 3)  # (round, client)
   for dist in noise_masks.DISTRIBUTIONS:
     # the client draws inside its vmapped local training, the server alone: same bits (the
     # uniform and Bernoulli noise even eagerly, being exact; Gaussian noise within compiled
     # code — its erfinv may round differently op by op)
     keys = jnp.stack([key, jax.random.fold_in(key, 9)])
-    a = jax.tree.map(lambda v: v[0], jax.jit(jax.vmap(
+    a = jax.tree.map(lambda v: np.asarray(v)[0], jax.jit(jax.vmap(
         lambda k: noise_masks.tree_noise(k, like, 0.01, dist)))(keys))
-    b = jax.jit(lambda k: noise_masks.tree_noise(k, like, 0.01, dist))(key)  # "the server"
+    server = jax.jit(lambda k: noise_masks.tree_noise(k, like, 0.01, dist))
+    b = server(key)  # "the server"
     if dist != "gaussian":
       for x, y in zip(jax.tree.leaves(noise_masks.tree_noise(key, like, 0.01, dist)),
                       jax.tree.leaves(b)):
         np.testing.assert_array_equal(x, y)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
       np.testing.assert_array_equal(x, y)
-    other = noise_masks.tree_noise(jax.random.fold_in(key, 1), like, 0.01, dist)
+    other = server(jax.random.fold_in(key, 1))
     assert not np.array_equal(a["b"], other["b"])
-  big = noise_masks.noise(jax.random.key(0), (100_000,), 0.5, "uniform")
-  assert float(jnp.max(jnp.abs(big))) <= 0.5
+  noise = jax.jit(noise_masks.noise, static_argnums=(1, 2, 3))   # one program per draw below
+  big = np.asarray(noise(jax.random.key(0), (100_000,), 0.5, "uniform"))
+  assert float(np.max(np.abs(big))) <= 0.5
   assert set(np.unique(np.asarray(
-      noise_masks.noise(jax.random.key(0), (1000,), 0.5, "bernoulli")))) == {-0.5, 0.5}
-  g = np.asarray(noise_masks.noise(jax.random.key(0), (100_000,), 0.5, "gaussian"))
+      noise(jax.random.key(0), (1000,), 0.5, "bernoulli")))) == {-0.5, 0.5}
+  g = np.asarray(noise(jax.random.key(0), (100_000,), 0.5, "gaussian"))
   assert abs(g.std() - 0.5) < 5 * 0.5 / np.sqrt(2 * 100_000)
   with pytest.raises(ValueError, match="distribution"):
     noise_masks.noise(jax.random.key(0), (3,), 0.1, "laplace")

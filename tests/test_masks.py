@@ -52,26 +52,28 @@ def test_erk_densities_equal_the_spec_oracles():
     fjs.masks.layer_densities(vgg11(), 1.0)
 
 
-def _tree(key, shapes):
-  ks = jax.random.split(key, len(shapes))
-  return {f"l{i}": jax.random.normal(k, s) for i, (k, s) in enumerate(zip(ks, shapes))}
+def _tree(seed, shapes):
+  """Standard normal float32 leaves ``l0, l1, ...`` of ``shapes`` (drawn in NumPy)."""
+  rng = np.random.default_rng(seed)
+  return {f"l{i}": jax.device_put(rng.standard_normal(s).astype(np.float32))
+          for i, s in enumerate(shapes)}
 
 
 def test_random_masks_have_exact_counts_and_shared_or_own_supports():
-  params = _tree(jax.random.key(0), [(30, 20), (20,), (3, 3, 4, 8)])
+  params = _tree(0, [(30, 20), (20,), (3, 3, 4, 8)])
   counts = fjs.masks.layer_counts(params, fjs.masks.layer_densities(params, 0.7))
   m = fjs.masks.random_masks(jax.random.key(1), params, counts)
   for leaf, c in zip(jax.tree.leaves(m), jax.tree.leaves(counts)):
-    assert int(leaf.sum()) == c
-  assert bool(m["l1"].all())
-  many = jax.vmap(lambda k: fjs.masks.random_masks(k, params, counts))(
+    assert int(np.asarray(leaf).sum()) == c
+  assert bool(np.asarray(m["l1"]).all())
+  many = jax.jit(jax.vmap(lambda k: fjs.masks.random_masks(k, params, counts)))(
       jax.random.split(jax.random.key(2), 5))
-  assert [int(x) for x in many["l0"].reshape(5, -1).sum(1)] == [counts["l0"]] * 5
+  assert [int(x) for x in np.asarray(many["l0"]).reshape(5, -1).sum(1)] == [counts["l0"]] * 5
   dist = np.asarray(fjs.masks.pairwise_hamming(many))
   assert np.all(np.diag(dist) == 0) and np.all(dist[~np.eye(5, dtype=bool)] > 0)
   np.testing.assert_array_equal(dist, dist.T)
-  assert int(dist[0, 1]) == int(fjs.masks.hamming(jax.tree.map(lambda a: a[0], many),
-                                                  jax.tree.map(lambda a: a[1], many)))
+  assert int(dist[0, 1]) == int(fjs.masks.hamming(jax.tree.map(lambda a: np.asarray(a)[0], many),
+                                                  jax.tree.map(lambda a: np.asarray(a)[1], many)))
 
 
 @pytest.mark.parametrize("regrowth", ["gradient", "random"])
@@ -79,11 +81,12 @@ def test_prune_regrow_keeps_counts_and_orders_by_magnitude_and_gradient(regrowth
   """Per layer: exactly n_l active after the update, c = ⌈α n_l⌉ pruned and regrown (α
   traced), every pruned |w| ≤ every surviving |w|, every regrown |g| ≥ every inactive
   non-regrown |g| (gradient regrowth)."""
-  params = _tree(jax.random.key(0), [(40, 30), (30,), (3, 3, 6, 10)])
-  grads = _tree(jax.random.key(1), [(40, 30), (30,), (3, 3, 6, 10)])
+  params = _tree(0, [(40, 30), (30,), (3, 3, 6, 10)])
+  grads = _tree(1, [(40, 30), (30,), (3, 3, 6, 10)])
   counts = fjs.masks.layer_counts(params, fjs.masks.layer_densities(params, 0.6))
   m = fjs.masks.random_masks(jax.random.key(2), params, counts)
-  w = jax.tree.map(lambda a, k: jnp.where(k, a, 0), params, m)
+  w = jax.tree.map(lambda a, k: jax.device_put(np.where(np.asarray(k), np.asarray(a), 0)),
+                   params, m)
   f = jax.jit(lambda m, w, g, a: fjs.masks.prune_regrow(m, w, g, a, counts, max_fraction=0.5,
                                                         regrowth=regrowth, key=jax.random.key(3),
                                                         regrow_pruned=False))
@@ -105,29 +108,32 @@ def test_prune_regrow_keeps_counts_and_orders_by_magnitude_and_gradient(regrowth
 
 
 def test_drop_schedules():
-  t = jnp.arange(11)
-  a = np.asarray(fjs.masks.cosine_drop(t, 0.5, 11))
+  t = np.arange(11, dtype=np.int32)
+  schedules = jax.jit(lambda t: (   # one program
+      fjs.masks.cosine_drop(t, 0.5, 11), fjs.masks.cosine_drop(0, 0.5, 1),
+      fjs.masks.linear_drop(t, 0.5, 11), fjs.masks.constant_drop(t, 0.2, 11)))
+  a, single, linear, constant = (np.asarray(v) for v in schedules(t))
   assert a[0] == pytest.approx(0.5) and a[-1] == pytest.approx(0.0, abs=1e-7)
   assert a[5] == pytest.approx(0.25) and np.all(np.diff(a) <= 0)
-  assert float(fjs.masks.cosine_drop(0, 0.5, 1)) == pytest.approx(0.5)
-  np.testing.assert_allclose(fjs.masks.linear_drop(t, 0.5, 11), 0.5 * (1 - t / 10), atol=1e-7)
-  np.testing.assert_allclose(fjs.masks.constant_drop(t, 0.2, 11), 0.2)
+  assert float(single) == pytest.approx(0.5)
+  np.testing.assert_allclose(linear, 0.5 * (1 - t / 10), atol=1e-7)
+  np.testing.assert_allclose(constant, 0.2)
   with pytest.raises(ValueError, match="alpha0"):
     fjs.masks.cosine_drop(0, 1.5, 10)
 
 
 def test_diagnostics_and_bit_packing():
-  params = _tree(jax.random.key(0), [(13, 7), (5,)])
+  params = _tree(0, [(13, 7), (5,)])
   counts = fjs.masks.layer_counts(params, fjs.masks.layer_densities(params, 0.5))
-  many = jax.vmap(lambda k: fjs.masks.random_masks(k, params, counts))(
+  many = jax.jit(jax.vmap(lambda k: fjs.masks.random_masks(k, params, counts)))(
       jax.random.split(jax.random.key(1), 4))
   union = np.asarray(many["l0"]).any(0).sum() + 5
   assert float(fjs.masks.coverage(many)) == pytest.approx(union / (13 * 7 + 5))
-  one = jax.tree.map(lambda a: a[0], many)
+  one = jax.tree.map(lambda a: np.asarray(a)[0], many)
   assert float(fjs.masks.overlap(one, one)) == 1.0
-  packed = jax.vmap(fjs.masks.pack)(many)
+  packed = jax.jit(jax.vmap(fjs.masks.pack))(many)
   assert packed["l0"].shape == (4, math.ceil(91 / 8)) and packed["l0"].dtype == jnp.uint8
-  back = jax.vmap(lambda p: fjs.masks.unpack(p, params))(packed)
+  back = jax.jit(jax.vmap(lambda p: fjs.masks.unpack(p, params)))(packed)
   for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(many)):
     np.testing.assert_array_equal(x, y)
   dens = fjs.masks.density_per_layer(one)

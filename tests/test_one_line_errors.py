@@ -21,7 +21,12 @@ TINY = fjs.models.transformer.TransformerConfig(hidden_size=16, intermediate_siz
 @pytest.fixture(scope="module")
 def checkpoint_dir(tmp_path_factory):
   path = str(tmp_path_factory.mktemp("tiny_lm"))
-  fjs.models.hf.save(path, TINY, fjs.models.transformer.init(TINY, jax.random.key(0)))
+  # the tiny model's parameter shapes (traced, not run: an eager flax init compiles ~70
+  # programs), filled like its init (normal(0.02)) from NumPy: the values are incidental
+  shapes = jax.eval_shape(lambda: fjs.models.transformer.init(TINY, jax.random.key(0)))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: (0.02 * rng.standard_normal(s.shape)).astype(s.dtype), shapes)
+  fjs.models.hf.save(path, TINY, params)
   return path
 
 

@@ -30,11 +30,13 @@ SAMPLERS = _all()
 
 
 def _indicators(sampler, n_draws, seed=0):
-  """``[n_draws, N]`` 0/1 membership of jitted, vmapped draws."""
-  keys = jax.random.split(jax.random.key(seed), n_draws)
-  c = jax.jit(jax.vmap(sampler.sample))(keys)
-  onehot = jax.nn.one_hot(c.ids, N) * c.mask[..., None]
-  return np.asarray(onehot.sum(1))
+  """``[n_draws, N]`` 0/1 membership of jitted, vmapped draws (one program: the keys are
+  split inside it; the membership is counted in NumPy)."""
+  c = jax.jit(lambda key: jax.vmap(sampler.sample)(jax.random.split(key, n_draws)))(
+      jax.random.key(seed))
+  ids, mask = np.asarray(c.ids), np.asarray(c.mask)
+  onehot = (ids[..., None] == np.arange(N)) * mask[..., None]
+  return onehot.sum(1)
 
 
 @pytest.mark.parametrize("name", list(SAMPLERS))
@@ -120,12 +122,15 @@ def test_two_stage_differs_from_stratified_when_fewer_clusters_are_drawn():
 
 def test_static_shapes_determinism_and_weights():
   for s in SAMPLERS.values():
-    a, b = s.sample(jax.random.key(7)), jax.jit(s.sample)(jax.random.key(7))
+    # two separately traced programs (each runs the sampler's Python anew; eagerly every
+    # operation would compile a program of its own): the same key, the same cohort
+    a = jax.jit(lambda k: s.sample(k))(jax.random.key(7))
+    b = jax.jit(s.sample)(jax.random.key(7))
     assert a.ids.shape == a.mask.shape == a.weights.shape == (s.size,)
     np.testing.assert_array_equal(a.ids, b.ids)
     np.testing.assert_allclose(a.weights, s.weights[np.asarray(a.ids)] * np.asarray(a.mask),
                                rtol=1e-6)
-  c = fjs.sampling.block(BLOCKS).sample(jax.random.key(0))  # padded to the largest block
+  c = jax.jit(fjs.sampling.block(BLOCKS).sample)(jax.random.key(0))  # padded: largest block
   assert c.ids.shape == (3,) and set(np.asarray(c.mask).tolist()) <= {0.0, 1.0}
 
 
@@ -170,13 +175,14 @@ def test_epoch_minibatches_visit_every_example_once_per_epoch():
   examples exactly once (last batch partial), in a new order each epoch."""
   x = np.arange(23, dtype=np.float32)[:, None]
   data = fjs.data.pack_clients(x, np.zeros(23, np.int32), [np.arange(0, 7), np.arange(7, 23)])
-  steps = np.asarray(fjs.ops.local.epoch_steps(data.num_examples, 3, 2))
+  steps = np.asarray(fjs.ops.local.epoch_steps(np.asarray(data.num_examples), 3, 2))
   np.testing.assert_array_equal(steps, [2 * 3, 2 * 6])
+  minibatch = jax.jit(fjs.ops.local.epoch_minibatch, static_argnums=2)   # one program
   for i in range(2):
-    row = jax.tree.map(lambda a: a[i], data)
+    row = jax.tree.map(lambda a: np.asarray(a)[i], data)
     seen = []
     for s in range(int(steps[i])):
-      bx, _, bm = fjs.ops.local.epoch_minibatch(jax.random.key(i), row, 3, jnp.int32(s))
+      bx, _, bm = minibatch(jax.random.key(i), row, 3, jnp.int32(s))
       seen.append(np.asarray(bx[:, 0])[np.asarray(bm) > 0])
     per = len(seen) // 2
     ep1, ep2 = np.concatenate(seen[:per]), np.concatenate(seen[per:])

@@ -229,6 +229,7 @@ def _check_alpha(alpha0: float, num_rounds: int) -> None:
     raise ValueError(f"num_rounds must be >= 1, got {num_rounds}.")
 
 
+@jax.jit   # exact (counts of booleans): one program, not one per eager operation
 def density_per_layer(mask: Any) -> Any:
   """``float32[]`` per leaf: the fraction of True entries (a leading client axis, if any, is
   averaged over)."""
@@ -239,6 +240,7 @@ def _flat(mask: Any) -> jax.Array:
   return jnp.concatenate([m.reshape(m.shape[0], -1) for m in jax.tree.leaves(mask)], axis=1)
 
 
+@jax.jit   # integer counts: one program, not one per eager operation
 def hamming(mask_a: Any, mask_b: Any) -> jax.Array:
   """``int32[]``: entries where two masks differ, ``|m_a ⊕ m_b|``."""
   return sum((jnp.sum(a != b, dtype=jnp.int32) for a, b in zip(jax.tree.leaves(mask_a),
@@ -246,6 +248,7 @@ def hamming(mask_a: Any, mask_b: Any) -> jax.Array:
              jnp.int32(0))
 
 
+@jax.jit   # integer counts: one program, not one per eager operation
 def pairwise_hamming(masks: Any) -> jax.Array:
   """``int32[K, K]``: Hamming distances between the ``K`` stacked masks (leading axis K)."""
   f = _flat(masks).astype(jnp.int32)
@@ -253,12 +256,14 @@ def pairwise_hamming(masks: Any) -> jax.Array:
   return ones[:, None] + ones[None, :] - 2 * (f @ f.T)
 
 
+@jax.jit   # exact (counts of booleans): one program, not one per eager operation
 def coverage(masks: Any) -> jax.Array:
   """``float32[]``: the fraction of entries active in at least one of the stacked masks,
   ``|∪_k m_k| / d``."""
   return jnp.mean(jnp.any(_flat(masks), axis=0).astype(jnp.float32))
 
 
+@jax.jit   # integer counts and one division: one program, not one per eager operation
 def overlap(mask: Any, reference: Any) -> jax.Array:
   """``float32[]``: ``|m ∩ m_ref| / |m_ref|``, e.g. how much of the initial mask survives."""
   inter = sum(jnp.sum(a & b) for a, b in zip(jax.tree.leaves(mask), jax.tree.leaves(reference)))

@@ -60,13 +60,15 @@ class BucketedData(NamedTuple):
 def _split(data: FederatedData, groups: list[np.ndarray]) -> BucketedData:
   """Buckets of the given client-id groups, each trimmed to its largest client."""
   sizes = np.asarray(data.num_examples)
+  host = jax.tree.map(np.asarray, data)   # gathered on the host: no program per bucket shape
   buckets = []
   for ids in groups:
     m = max(int(sizes[ids].max()), 1)
-    buckets.append(jax.tree.map(lambda a: a[ids][:, :m] if a.ndim >= 2 else a[ids], data))
+    buckets.append(jax.tree.map(
+        lambda a: jax.device_put(a[ids][:, :m] if a.ndim >= 2 else a[ids]), host))
   order = np.concatenate(groups).astype(np.int32)
-  return BucketedData(tuple(buckets), jnp.asarray(order),
-                      jnp.asarray(np.argsort(order).astype(np.int32)))
+  return BucketedData(tuple(buckets), jax.device_put(order),
+                      jax.device_put(np.argsort(order).astype(np.int32)))
 
 
 def bucketize(data: FederatedData, num_buckets: int) -> BucketedData:
