@@ -36,12 +36,14 @@ _STATE: list = []
 
 def _initial_state(algo, model):
   """``algo.init(key(0), model.init(key(1)))`` on the digits MLP, computed once per process
-  (the controller's initialisation is slow op by op): ``init`` reads only the network, the
-  optimisers' state layout and ``ctrl_input``, which every config of ``_setup`` shares (the
-  layout is checked against this algorithm's own ``init``)."""
+  (one program): ``init`` reads only the network, the optimisers' state layout and
+  ``ctrl_input``, which every config of ``_setup`` shares (the layout is checked against this
+  algorithm's own ``init``). The optimiser's initial state does not depend on the parameters'
+  values (SGD's momentum starts at zero), so ``_replace(params=p)`` is ``algo.init(key, p)``
+  up to the controller's parameters and key, which the target step does not read."""
   key, params = jax.random.key(0), model.init(jax.random.key(1))
   if not _STATE:
-    _STATE.append(algo.init(key, params))
+    _STATE.append(jax.jit(algo.init)(key, params))
   st, want = _STATE[0], jax.eval_shape(algo.init, key, params)
   assert jax.tree.structure(st) == jax.tree.structure(want)
   assert all(a.shape == b.shape and a.dtype == b.dtype
@@ -69,9 +71,10 @@ def test_gumbel_sigmoid_straight_through_and_initial_mask():
   # op by op: the 27 heads share three shapes, so their operations compile once each (one
   # program would hold every head's initialisation apart and compile slower)
   ctrl = ato.Controller(tuple(s.size for s in zigs.prunable))
-  z = jax.random.normal(jax.random.key(2), (len(zigs.prunable), 64))
+  z = np.random.default_rng(2).normal(size=(len(zigs.prunable), 64)).astype(np.float32)
   o = ctrl.apply(ctrl.init(jax.random.key(3), z), z)
-  fracs = [float(jnp.mean(ato.gumbel_sigmoid(o, jax.random.key(k), 3.0, 0.4))) for k in range(5)]
+  fracs = np.asarray(jax.jit(lambda o: jnp.stack([   # one program: five noisy masks' means
+      jnp.mean(ato.gumbel_sigmoid(o, jax.random.key(k), 3.0, 0.4)) for k in range(5)]))(o))
   assert min(fracs) >= 0.99                                   # b = 3, τ = 0.4: nearly all keep
 
 
@@ -97,13 +100,17 @@ def test_reduces_to_plain_training_bit_for_bit(digits):
              for i in range(0, 256, 64)]
   want = None
   for case in ("lam0", "w_ones"):
+    # w_ones: λ = 20 in the prox phase (epoch 1 >= T_w), the configuration of the prox test
+    # below (its target step is the same compiled program)
     cfg = (ato.ATOConfig(lam=0.0, T_w=0) if case == "lam0"
-           else ato.ATOConfig(lam=10.0, T_w=0, T_start=50, T_end=60))
+           else ato.ATOConfig(lam=20.0, T_w=1))
     model, zigs, opt, algo = _setup(cfg)
     params = model.init(jax.random.key(0))
-    st = jax.jit(algo.init)(jax.random.key(1), params)
+    st = _initial_state(algo, model)._replace(params=params)   # = algo.init(key, params)
     if case == "lam0":
       st = st._replace(w=np.zeros(st.w.shape, st.w.dtype))     # every group masked, λ = 0
+    else:
+      st = st._replace(epoch=jax.device_put(np.int32(1)))       # w ≡ 1: λ_g = λ(1 − w) = 0
     step = jax.jit(algo.target_step)
     for xb, yb in batches:
       st, _ = step(st, xb, yb)
@@ -116,7 +123,7 @@ def test_prox_phase_zeroes_masked_groups_and_spares_kept_ones(digits):
   x, y = digits
   model, zigs, opt, algo = _setup(ato.ATOConfig(lam=20.0, T_w=1), lr=0.05)   # ηλ = 1
   params = model.init(jax.random.key(0))
-  st = jax.jit(algo.init)(jax.random.key(1), params)
+  st = _initial_state(algo, model)._replace(params=params)     # = algo.init(key, params)
   w = (np.arange(zigs.num_groups) % 3 != 0).astype(np.float32)
   st = st._replace(w=jax.device_put(w))
   xb, yb = jax.device_put(x[:64]), jax.device_put(y[:64])
@@ -139,13 +146,15 @@ def test_mask_frozen_outside_the_controller_window():
   model, zigs, opt, algo = _setup(ato.ATOConfig(T_start=1, T_end=2))
   st = _initial_state(algo, model)
   st = st._replace(w=np.zeros(st.w.shape, st.w.dtype))
-  shifted = jax.tree_util.tree_map(lambda a: a - 5.0, st.ctrl_params)   # drives w to 0
-  st0 = algo.end_epoch(st._replace(w=np.ones(st.w.shape, st.w.dtype), ctrl_params=shifted))
+  shifted = jax.tree_util.tree_map(lambda a: np.asarray(a) - np.float32(5.0),
+                                   st.ctrl_params)                    # drives w to 0
+  end_epoch = jax.jit(algo.end_epoch)                          # one program, four epochs
+  st0 = end_epoch(st._replace(w=np.ones(st.w.shape, st.w.dtype), ctrl_params=shifted))
   assert np.all(np.asarray(st0.w) == 1)                       # epoch 0 < T_start: kept
-  st1 = algo.end_epoch(st0)                                    # epoch 1: regenerated
+  st1 = end_epoch(st0)                                         # epoch 1: regenerated
   assert float(np.mean(np.asarray(st1.w))) < 0.5
-  st2 = algo.end_epoch(st1._replace(ctrl_params=st.ctrl_params))  # epoch 2 = T_end: regenerated
-  st3 = algo.end_epoch(st2._replace(ctrl_params=shifted))     # epoch 3 > T_end: frozen
+  st2 = end_epoch(st1._replace(ctrl_params=st.ctrl_params))    # epoch 2 = T_end: regenerated
+  st3 = end_epoch(st2._replace(ctrl_params=shifted))          # epoch 3 > T_end: frozen
   np.testing.assert_array_equal(np.asarray(st3.w), np.asarray(st2.w))
 
 
@@ -162,8 +171,10 @@ def test_controller_drives_flops_to_the_budget(digits, penalty):
   xb, yb = jax.device_put(x[:128]), jax.device_put(y[:128])
   for _ in range(75):                                           # P(w) settles in ~40 steps
     st, _ = step(st, xb, yb)
-  w = algo.mask_logits(st.ctrl_params, st.ctrl_input, None, ato.NOISE_MEDIAN["gumbel"])
-  ratio = float(fjs.pruning.zig.flops(zigs, w)) / full
+  # one program (the same for both penalties: compiled once)
+  flops = jax.jit(lambda cp, ci: fjs.pruning.zig.flops(
+      zigs, algo.mask_logits(cp, ci, None, ato.NOISE_MEDIAN["gumbel"])))
+  ratio = float(flops(st.ctrl_params, st.ctrl_input)) / full
   if penalty == "one_sided":
     assert ratio <= 0.4
   else:
@@ -202,11 +213,17 @@ def test_end_epoch_uses_the_configured_mask():
     st = _initial_state(algo, model)
     # shift the controller's heads so that o + b sits near 0, where the shift matters
     ctrl = jax.tree_util.tree_map_with_path(
-        lambda path, v: v - 3.2 if "bias" in jax.tree_util.keystr(path) else v, st.ctrl_params)
-    st = algo.end_epoch(st._replace(ctrl_params=ctrl))
-    want = algo.mask_logits(ctrl, st.ctrl_input, None, shift)
-    np.testing.assert_array_equal(np.asarray(st.w), np.asarray(want))
-    assert 0 < float(np.mean(np.asarray(st.w))) < 1
+        lambda path, v: np.asarray(v) - np.float32(3.2) if "bias" in jax.tree_util.keystr(path)
+        else v, st.ctrl_params)
+
+    @jax.jit   # one program: the end-of-epoch mask and the controller's mask with the shift
+    def masks(st, ctrl):
+      return (algo.end_epoch(st._replace(ctrl_params=ctrl)).w,
+              algo.mask_logits(ctrl, st.ctrl_input, None, shift))
+
+    w, want = (np.asarray(v) for v in masks(st, ctrl))
+    np.testing.assert_array_equal(w, want, err_msg=end_mask)
+    assert 0 < float(np.mean(w)) < 1, end_mask
 
 
 def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, fashion_mnist_dir):

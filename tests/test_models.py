@@ -51,7 +51,7 @@ def test_softmax_regression_loss_and_gradient_match_closed_form():
   x, y, ones = _data(1, (3,), b=5)
   model = fjs.models.softmax_regression(3, 4, l2=0.1, init="lecun")
   assert model.task == fjs.core.CLASSIFICATION
-  p = model.init(jax.random.key(0))
+  p = jax.jit(model.init)(jax.random.key(0))   # one program
   W, b = np.asarray(p["w"], np.float64), np.asarray(p["b"], np.float64)
   assert W.shape == (3, 4) and b.shape == (4,)
   z = x @ W + b
@@ -100,7 +100,7 @@ def test_shapes_descent_and_padding_invariance(name):
     (_, g), _ = loss_and_grad(p)
     p = jax.tree.map(lambda a, g: a - 0.1 * np.asarray(g), p, g)
   (value, g), (padded_value, padded_g) = loss_and_grad(p)
-  assert value < 0.9 * first
+  assert float(value) < 0.9 * float(first)
 
   # Masked-out padding rows, whatever they hold, do not change the loss or its gradient.
   np.testing.assert_allclose(padded_value, value, rtol=1e-6)
@@ -130,10 +130,14 @@ def test_vmap_over_client_params_equals_a_loop():
     x = rng.normal(size=(3, 8, 6)).astype(np.float32)
     y = rng.integers(0, 4, (3, 8))
     m = (rng.random((3, 8)) < 0.7).astype(np.float32)
-    batched = jax.jit(lambda keys, x, y, m: jax.vmap(loss)(jax.vmap(model.init)(keys), x, y, m))
-    looped = jax.jit(lambda keys, x, y, m: [   # a Python loop over the clients, one program
-        loss(model.init(keys[i]), x[i], y[i], m[i]) for i in range(3)])
-    np.testing.assert_allclose(batched(keys, x, y, m), looped(keys, x, y, m), rtol=1e-6)
+
+    @jax.jit   # one program: vmapped over the clients, and a Python loop over them
+    def batched_and_looped(keys, x, y, m):
+      return (jax.vmap(loss)(jax.vmap(model.init)(keys), x, y, m),
+              [loss(model.init(keys[i]), x[i], y[i], m[i]) for i in range(3)])
+
+    batched, looped = batched_and_looped(keys, x, y, m)
+    np.testing.assert_allclose(batched, looped, rtol=1e-6)
 
 
 def _resnet18_count(num_classes, width=64):
@@ -172,7 +176,7 @@ def test_resnet18_group_and_batch_norm_under_jit():
   # narrowed: the same graph
   group, batch = (fjs.models.resnet18((8, 8, 3), 10, num_groups=4, width=8),
                   fjs.models.resnet18((8, 8, 3), 10, norm="batch", width=8))
-  p = jax.jit(group.init)(jax.random.key(0))
+  p = group.init(jax.random.key(0))   # jitted (the program of tests/test_conv.py's ResNet-18)
   assert jax.tree.structure(jax.eval_shape(batch.init, jax.random.key(0))) == \
       jax.tree.structure(p)
   x, y, ones = _data(5, (8, 8, 3), num_classes=10, b=6)

@@ -1,6 +1,8 @@
 """Segmentation (seed 003 appendix Table 3): the PASCAL VOC loader on a fixture in VOC's own
 layout (JPEGs, palette PNG masks, split lists), its stand-in, the ignore-aware pixel loss,
 confusion matrix and mIoU in closed form, and BiSeNetV2's shapes and learning."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,14 @@ from PIL import Image
 
 from fedjaxsparse.data import pascal_voc as V
 from fedjaxsparse.models import segmentation as S
+
+
+@functools.lru_cache(maxsize=None)
+def _param_shapes():
+  """The parameter structure of the tests' BiSeNetV2 (traced once a module): the same under
+  both norms (every norm layer has a scale and a bias per channel)."""
+  model = S.bisenetv2((32, 32, 3), 21, width=0.125, head_width=16)
+  return jax.eval_shape(lambda: model.init(jax.random.key(0)))
 
 
 def _voc(root, ids=("2007_000032", "2007_000039", "2008_000002"), size=(40, 30)):
@@ -91,7 +101,7 @@ def test_bisenetv2_maps_images_to_per_pixel_logits_and_learns():
   params = jax.tree.map(lambda a: np.asarray(
       rng.normal(size=a.shape) / np.sqrt(max(1, np.prod(a.shape[:-1]))) if a.ndim > 1 else
       (np.ones(a.shape) if a.ndim == 1 else rng.normal(size=a.shape)), np.float32),
-      jax.eval_shape(lambda: model.init(jax.random.key(0))))
+      _param_shapes())
 
   def mean_loss(q, x, y):
     logits = model.apply(q, x)
@@ -121,7 +131,7 @@ def test_fedmrn_segmentation_data_and_miou_evaluation():
   model = S.bisenetv2((32, 32, 3), 21, width=0.125, head_width=16, norm="group")
   rng = np.random.default_rng(0)   # (group norm: an image's logits do not depend on its batch)
   params = jax.tree.map(lambda a: (0.3 * rng.normal(size=a.shape)).astype(np.float32),
-                        jax.eval_shape(lambda: model.init(jax.random.key(0))))
+                        _param_shapes())   # GroupNorm's: BatchNorm's (a scale, a bias each)
   from fedjaxsparse.data.federated import FederatedData
   mask = np.array([[1.0, 1.0, 1.0, 1.0, 0.0]], np.float32)   # the fifth row is padding
   test = FederatedData(np.asarray(ds.test.x)[:1, :5], np.asarray(ds.test.y)[:1, :5], mask,

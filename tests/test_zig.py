@@ -31,6 +31,21 @@ SHAPES = {"mlp": (6, 6, 1), "cifar_resnet8": (8, 8, 3), "resnet_2stages": (8, 8,
           "mobilenet_v2": (8, 8, 3), "resnet_bottleneck": (16, 16, 3)}
 
 
+@functools.lru_cache(maxsize=None)
+def _net(arch):
+  """``(module, model, zigs)`` of ``ARCHS[arch]`` at full width, traced once per process (the
+  ZIGs hold only names, shapes and MAC counts: the same under ``jax.enable_x64``)."""
+  module, model = ARCHS[arch]()
+  return module, model, zig.trace(module, SHAPES[arch])
+
+
+@functools.lru_cache(maxsize=None)
+def _small_mlp():
+  """``(module, zigs)`` of the regulariser tests' MLP, traced once per process."""
+  module, _ = prunable.mlp((4,), 3, hidden=(8, 8))
+  return module, zig.trace(module, (4,))
+
+
 def _outputs(module, params, x):
   """``({path: output} of every declared layer, the model's output)`` (traceable: jit the
   caller)."""
@@ -75,8 +90,7 @@ def test_zero_invariance_and_physical_removal(arch):
   1e-12 (in float32, BatchNorm's 1/√(σ² + ε) on near-constant channels of these tiny inputs
   amplifies summation-order rounding to ~1e-3)."""
   with jax.enable_x64(True):
-    module, model = ARCHS[arch]()
-    zigs = zig.trace(module, SHAPES[arch])
+    module, model, zigs = _net(arch)
     params = jax.tree_util.tree_map(lambda a: a.astype(np.float64), _random_params(model, 2))
     rng = np.random.default_rng(3)
     keep = rng.uniform(size=zigs.num_groups) > 0.5
@@ -116,15 +130,13 @@ def test_zero_invariance_and_physical_removal(arch):
 
 
 def test_residual_streams_are_coupled_sets():
-  module, _ = ARCHS["resnet_2stages"]()
-  zigs = zig.trace(module, SHAPES["resnet_2stages"])
+  zigs = _net("resnet_2stages")[2]
   writers = [l.path for l in zigs.layers if l.out_set == "stage1"]
   # stem conv + norm and both blocks' second conv + norm write the stage-1 stream
   assert len(writers) == 6 and zigs.get("stage1").offset >= 0
   shortcut = [l for l in zigs.layers if l.path[-1] == "s2b1_shortcut_conv"][0]
   assert (shortcut.in_set, shortcut.out_set) == ("stage1", "stage2")
-  module, _ = ARCHS["cifar_resnet8"]()
-  zigs = zig.trace(module, SHAPES["cifar_resnet8"])   # option-A streams are fixed
+  zigs = _net("cifar_resnet8")[2]                     # option-A streams are fixed
   assert all(s.offset < 0 for s in zigs.sets if s.name.startswith("_stream"))
 
 
@@ -151,8 +163,7 @@ def test_group_prox_is_the_prox_of_the_group_norm():
 
 
 def test_hsp_zeroes_exactly_the_groups_failing_its_test():
-  module, model = ARCHS["cifar_resnet8"]()
-  zigs = zig.trace(module, SHAPES["cifar_resnet8"])
+  module, model, zigs = _net("cifar_resnet8")
   m = _random_params(model, 6)
   rng = np.random.default_rng(99)
   z = jax.tree_util.tree_map(
@@ -220,8 +231,7 @@ def test_flops_match_hand_counts():
 
 
 def test_flops_regularizer_is_zero_under_budget_and_pushes_w_down():
-  module, _ = prunable.mlp((4,), 3, hidden=(8, 8))
-  zigs = zig.trace(module, (4,))
+  module, zigs = _small_mlp()
   full = zig.total_flops(zigs)
   ones = np.ones(zigs.num_groups, np.float32)
 
@@ -239,8 +249,7 @@ def test_flops_regularizer_is_zero_under_budget_and_pushes_w_down():
 
 def test_two_sided_flops_regularizer_is_abs_log_ratio():
   """|log(P/B)|: zero only at the budget, equal to (4-6) above it, pushes w up below it."""
-  module, _ = prunable.mlp((4,), 3, hidden=(8, 8))
-  zigs = zig.trace(module, (4,))
+  module, zigs = _small_mlp()
   full = zig.total_flops(zigs)
   ones = np.ones(zigs.num_groups, np.float32)
   ratios = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -290,7 +299,7 @@ def test_batch_norm_running_statistics_for_evaluation():
   BatchNorm (one batch: its own statistics), and an example's output no longer depends on its
   batch (a single example equals its row of a batch evaluation)."""
   module, model = prunable.resnet((1,), (8, 8, 3), 5)
-  params = model.init(jax.random.key(0))
+  params = _random_params(model, 0)   # NumPy: jax's initialisers compile a threefry per leaf
   x = np.random.default_rng(1).normal(size=(16, 8, 8, 3)).astype(np.float32)
 
   @jax.jit   # one program
@@ -322,7 +331,7 @@ def test_running_statistics_keep_physical_removal_exact():
   with zeroed groups and the physically smaller one compute the same function, each with its
   own statistics: a zeroed channel's statistics are zero and its norm outputs zero."""
   module, model = prunable.resnet((1, 1), (8, 8, 3), 5)
-  params = model.init(jax.random.key(0))
+  params = _random_params(model, 0)   # NumPy: jax's initialisers compile a threefry per leaf
   zigs = fjs.pruning.zig.trace(module, (8, 8, 3))
   rng = np.random.default_rng(2)
   keep = rng.uniform(size=zigs.num_groups) > 0.4

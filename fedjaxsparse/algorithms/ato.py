@@ -280,9 +280,10 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   ``overwrite``. Returns the final state and one record per epoch (``loss``,
   ``flops`` = P(w)/P_total, ``kept``, ``zero_groups``, ``seconds`` of training, ``metric``;
   kept in the checkpoints, so a resumed run's history covers every epoch)."""
-  xd, yd = jnp.asarray(x), jnp.asarray(y)
-  ci = jnp.asarray(ctrl_index)
-  xc, yc = xd[ci], yd[ci]
+  # on the device once (``device_put``: no program compiled per shape); D_CN gathered on the host
+  x, y, ctrl_index = np.asarray(x), np.asarray(y), np.asarray(ctrl_index)
+  xd, yd = jax.device_put(x), jax.device_put(y)
+  xc, yc = jax.device_put(x[ctrl_index]), jax.device_put(y[ctrl_index])
   n_ctrl = len(ctrl_index)
   cb = min(ctrl_batch or batch_size, n_ctrl)
 
@@ -301,6 +302,7 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
     ctrl_j = jax.jit(ctrl)
 
     def ctrl_epoch(state, xc, yc, corder):
+      corder = np.asarray(corder)   # the rows sliced on the host: no program per slice
       for j in range(corder.shape[0]):
         state = ctrl_j(state, xc, yc, corder[j])
       return state
@@ -312,8 +314,9 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
       state = ctrl_epoch(state, xc, yc, epoch_order(jax.random.fold_in(k, 1), n_ctrl, cb))
     return end_epoch(state)
 
+  state = jax.jit(algo.init)(key, params)   # one program (op by op: ~50 small ones to compile)
   return train_epochs(   # xd, yd: the data on the device once
-      target, algo.init(key, params), xd, yd, key=jax.random.fold_in(key, 7), epochs=epochs,
+      target, state, xd, yd, key=jax.random.fold_in(key, 7), epochs=epochs,
       batch_size=batch_size, loop=loop, after_epoch=after,
       evaluate=None if evaluate is None else (lambda st: evaluate(st.params, st.w)),
       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,

@@ -104,8 +104,8 @@ def trace(module: nn.Module, input_shape) -> ZIGs:
                            f"{out.shape[-1]} channels by different layers.")
     return out
 
-  with nn.intercept_methods(interceptor):
-    jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1,) + tuple(input_shape)))
+  with nn.intercept_methods(interceptor):   # the key and input abstract too: nothing compiles
+    jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1,) + tuple(input_shape))))
   sets, offset = [], 0
   for name, size in sizes.items():
     fixed = name.startswith("_")
