@@ -14,8 +14,6 @@ import re
 import warnings
 
 import jax
-import nbformat
-from nbclient import NotebookClient
 import pytest
 
 pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
@@ -51,6 +49,10 @@ def _execute(golden, monkeypatch, tmp_path, name: str, **env) -> str:
   the golden ones (tests/conftest.py) and returns its printed text."""
   for k, v in {"MPLBACKEND": "Agg", **env}.items():
     monkeypatch.setenv(k, v)
+  # the integration extra's packages (`pip install -e ".[integration]"`), imported here so that
+  # the unit tier collects this module without them
+  import nbformat
+  from nbclient import NotebookClient
   nb = nbformat.read(os.path.join(NOTEBOOKS, f"{name}.ipynb"), as_version=4)
   if name not in KERNEL:
     text = _in_process(nb, name, monkeypatch, tmp_path)
