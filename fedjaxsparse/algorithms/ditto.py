@@ -32,47 +32,39 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjaxsparse.ops import accounting
-from fedjaxsparse.runtime import cohort as cohorts
-from fedjaxsparse.runtime.clients import map_clients
+from fedjaxsparse.algorithms.cohort_round import ClientUpdate, CohortState, cohort_round
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
-from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
 from fedjaxsparse.errors import check_number
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops.local import epoch_sgd
 
 CENTRES = ("received", "updated")
 
 
-class DittoState(NamedTuple):
-  """Attributes: ``params`` (the global ``w_t``), ``personal`` (``v_k``, leaves ``[N, ...]``),
-  ``round``."""
-  params: Any
-  personal: Any
-  round: jax.Array
+class DittoState(CohortState):
+  """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` whose client states are the
+  personal models: ``params`` (the global ``w_t``), ``clients`` = :attr:`personal` (``v_k``,
+  leaves ``[N, ...]``), ``server_opt_state``, ``round``."""
+  __slots__ = ()
+
+  @property
+  def personal(self) -> Any:
+    """``[N, ...]``: every client's personal model ``v_k`` (what it evaluates)."""
+    return self.clients
 
 
 class DittoInfo(NamedTuple):
-  """Per round: ``loss`` (the cohort's mean loss of its personal models before training),
-  ``bits_up``, ``bits_down`` (dense fp32 models, 0 for Local), ``num_clients``."""
+  """Per round: ``loss`` (the cohort's loss of its personal models before training, weighted
+  by the round's weights), ``bits_up``, ``bits_down`` (dense fp32 models, 0 for Local),
+  ``num_clients``."""
   loss: jax.Array
   bits_up: jax.Array
   bits_down: jax.Array
   num_clients: jax.Array
 
 
-def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 2,
-          personal_epochs: int = 3, batch_size: int = 128, cohort_size: int | None = 10,
-          prox_centre: str = "received", lr_decay: float = 1.0, weight_decay: float = 0.0,
-          weighting: str = "uniform", sampler: Any = None) -> Algorithm:
-  """Ditto; see the module docstring. ``global_epochs=0`` skips the global part (then nothing
-  is communicated and ``w`` never changes: :func:`local` with ``lam=0``). ``η_t = lr·lr_decay^t``.
-
-  ``sampler``: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
-  uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); ``weighting="sampling"``
-  then aggregates the global updates with its unbiased weights ``1/(n p_i)``, so the expected
-  global step is the full-participation one (:mod:`fedjaxsparse.runtime.cohort`).
-  """
+def _check(lr, lam, lr_decay, weight_decay, global_epochs, personal_epochs, batch_size,
+           prox_centre) -> None:
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("lam", lam, 0.0, None)
   check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
@@ -83,58 +75,71 @@ def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 
       raise ValueError(f"{name} must be an int >= {low}, got {v!r}.")
   if prox_centre not in CENTRES:
     raise ValueError(f"prox_centre must be one of {CENTRES}, got {prox_centre!r}.")
-  cohorts.check_options(cohort_size, sampler, weighting)
+
+
+def client_update(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 2,
+                  personal_epochs: int = 3, batch_size: int = 128,
+                  prox_centre: str = "received", lr_decay: float = 1.0,
+                  weight_decay: float = 0.0) -> ClientUpdate:
+  """Ditto's client: (a) ``global_epochs`` of SGD from the received ``w_t`` to ``w_k``, uploaded
+  as the delta ``w_k − w_t``; (b) ``personal_epochs`` of SGD on its personal model ``v_k``
+  (its state, starting at ``w_0``) with the proximal pull ``λ(v_k − w_c)``. Step size
+  ``η_t = lr·lr_decay^t``. With ``global_epochs=0`` it uploads nothing (0 bits; Local)."""
+  _check(lr, lam, lr_decay, weight_decay, global_epochs, personal_epochs, batch_size,
+         prox_centre)
   grad = jax.grad(loss_fn)
+  bits = (lambda *a: as_float(accounting.dense_bits(a[-1]) if global_epochs else 0.0))
 
-  def init(key, params, data: FederatedData) -> DittoState:
+  def init(key, params, num_clients):
     del key
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
-    personal = jax.tree.map(lambda a: jnp.broadcast_to(a, (data.num_clients,) + a.shape),
-                            params)
-    return DittoState(params, personal, jnp.zeros((), jnp.int32))
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + a.shape), params)
 
-  def client(w, v, eta, key, d, steps_g, steps_p):
+  def update(key, w, v, d, t):
     k_global, k_personal, _ = jax.random.split(key, 3)  # k_global as FedSpa's order key
+    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
+    per_epoch = -(-d.mask.shape[0] // batch_size)        # the padded data's static bound
     loss = loss_fn(v, d.x, d.y, d.mask)
     sgd = dict(lr=eta, batch_size=batch_size, weight_decay=weight_decay)
     if global_epochs:
-      w_k = epoch_sgd(grad, w, k_global, d, epochs=global_epochs, max_steps=steps_g, **sgd)
+      w_k = epoch_sgd(grad, w, k_global, d, epochs=global_epochs,
+                      max_steps=global_epochs * per_epoch, **sgd)
     else:
       w_k = w
     centre = w if prox_centre == "received" else w_k
-    v_new = epoch_sgd(grad, v, k_personal, d, epochs=personal_epochs, max_steps=steps_p,
-                      prox=(lam, centre), **sgd)
-    return jax.tree.map(jnp.subtract, w, w_k), v_new, loss
+    v_new = epoch_sgd(grad, v, k_personal, d, epochs=personal_epochs,
+                      max_steps=personal_epochs * per_epoch, prox=(lam, centre), **sgd)
+    return jax.tree.map(jnp.subtract, w_k, w), v_new, {"loss": loss}
 
-  def step(key, state: DittoState, data: FederatedData):
-    k_cohort, k_train = jax.random.split(key)
-    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
-    ids, cdata = cohort.ids, cohort.data
-    w, t = state.params, state.round
-    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
-    steps_g = max_local_steps(data, batch_size, max(global_epochs, 1))
-    steps_p = max_local_steps(data, batch_size, personal_epochs)
-    v_old = jax.tree.map(lambda a: a[ids], state.personal)
-    updates, v_new, losses = map_clients(
-        lambda v, k, d: client(w, v, eta, k, d, steps_g, steps_p), cdata, v_old,
-        client_keys(k_train, ids))
-    s = ids.shape[0]
-    if sampler is None and weighting == "uniform":
-      p = jnp.full((s,), 1.0 / s)
-    else:
-      p = cohorts.weights(cohort, weighting)
-    new_w = jax.tree.map(lambda a, u: a - jnp.tensordot(p.astype(u.dtype), u, axes=1), w,
-                         updates)
-    # padding entries of a sampler's cohort repeat a member (same key and data: same v_new)
-    personal = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.personal, v_new)
-    size = cohort.size
-    bits = size * as_float(accounting.dense_bits(w) if global_epochs else 0.0)
-    loss = jnp.sum(cohort.member * losses) / size
-    info = DittoInfo(loss, bits, bits, size.astype(jnp.int32))
-    return DittoState(new_w, personal, t + 1), info
+  return ClientUpdate(init, update, upload_bits=bits, download_bits=bits,
+                      info_type=DittoInfo, state_type=DittoState)
 
-  return Algorithm(init, step)
+
+def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 2,
+          personal_epochs: int = 3, batch_size: int = 128, cohort_size: int | None = 10,
+          prox_centre: str = "received", lr_decay: float = 1.0, weight_decay: float = 0.0,
+          weighting: str = "uniform", sampler: Any = None, uplink: Any = None,
+          server_optimizer: Any = None) -> Algorithm:
+  """Ditto; see the module docstring: :func:`client_update` on
+  :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`. ``global_epochs=0`` skips the
+  global part (then nothing is communicated and ``w`` never changes: :func:`local` with
+  ``lam=0``). ``η_t = lr·lr_decay^t``.
+
+  Args:
+    sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
+      uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); ``weighting=
+      "sampling"`` then aggregates the global updates with its unbiased weights ``1/(n p_i)``,
+      so the expected global step is the full-participation one.
+    uplink: a :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded global
+      delta (one key per client), charged ``uplink.bits(d)`` per member.
+    server_optimizer: an optax transformation of the pseudo-gradient ``−Σ_k p_k (w_k − w_t)``
+      (FedAdam, server momentum); ``None`` is the paper's plain average.
+  """
+  return cohort_round(
+      client_update(loss_fn, lr, lam=lam, global_epochs=global_epochs,
+                    personal_epochs=personal_epochs, batch_size=batch_size,
+                    prox_centre=prox_centre, lr_decay=lr_decay, weight_decay=weight_decay),
+      cohort_size=cohort_size, sampler=sampler, weighting=weighting, uplink=uplink,
+      server_optimizer=server_optimizer)
 
 
 def local(loss_fn: LossFn, lr: float, *, epochs: int = 5, batch_size: int = 128,

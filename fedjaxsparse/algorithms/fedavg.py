@@ -25,27 +25,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops.aggregation import weighted_mean
-from fedjaxsparse.ops.proxes import Prox
-from fedjaxsparse.runtime import cohort as cohorts
-from fedjaxsparse.runtime.clients import local_scan, map_clients
+from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, cohort_round, mean_delta,
+                                                   mean_model)
 from fedjaxsparse.core import Algorithm, LossFn
-from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
 from fedjaxsparse.ops.local import minibatch
+from fedjaxsparse.ops.proxes import Prox
+from fedjaxsparse.runtime.clients import local_scan
 
-
-
-class FedAvgState(NamedTuple):
-  """Attributes:
-    params: the global model (pytree, no client axis).
-    server_opt_state: state of the server optimizer (``optax.EmptyState()`` without one).
-    round: ``int32[]`` rounds completed.
-  """
-  params: Any
-  server_opt_state: Any
-  round: jax.Array
 
 
 class FedAvgInfo(NamedTuple):
@@ -153,50 +139,40 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       entries get weight 0; ``weighting="sampling"`` aggregates with the unbiased weights
       ``1/(n p_i)`` (not normalised: ``E Σ_{i∈S} Δ_i/(n p_i) = mean_i Δ_i``).
   """
-  cohorts.check_options(cohort_size, sampler, weighting)
+  return cohort_round(
+      client_update(loss_fn, client_optimizer, local_steps=local_steps, batch_size=batch_size,
+                    local_prox=local_prox, upload_prox=upload_prox, augment=augment),
+      cohort_size=cohort_size, sampler=sampler, weighting=weighting, uplink=uplink,
+      aggregate=mean_model if upload_prox is not None else mean_delta,
+      server_optimizer=server_optimizer, server_prox=server_prox, encoding=encoding)
+
+
+def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
+                  local_steps: int = 1, batch_size: int | None = None,
+                  local_prox: Prox | None = None, upload_prox: Prox | None = None,
+                  augment: Callable | None = None) -> ClientUpdate:
+  """FedAvg's client (stateless): ``local_steps`` steps of ``client_optimizer`` from the
+  received model (:func:`local_sgd`), then it uploads its delta ``x_i − x`` — or, with
+  ``upload_prox``, the model ``upload_prox(x_i)`` (FedIHT; aggregate it with
+  :func:`fedjaxsparse.algorithms.cohort_round.mean_model`). Its ``"loss"`` is its loss on
+  its first local batch at the received model. Put it under any aggregation with
+  :func:`fedjaxsparse.algorithms.cohort_round.cohort_round`."""
   if not isinstance(local_steps, int) or local_steps < 1:
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
-  train_client = local_sgd(loss_fn, client_optimizer, local_steps, batch_size, local_prox,
-                           augment)
+  train = local_sgd(loss_fn, client_optimizer, local_steps, batch_size, local_prox, augment)
 
-  def init(key, params, data: FederatedData) -> FedAvgState:
-    del key
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
-    return FedAvgState(params, cohorts.server_init(params, server_optimizer),
-                       jnp.zeros((), jnp.int32))
+  def update(key, params, state, data, round):
+    del round
+    local, loss = train(key, params, data)
+    message = (upload_prox(local, 1.0) if upload_prox is not None else
+               jax.tree.map(jnp.subtract, local, params))
+    return message, state, {"loss": loss}
 
-  def step(key, state: FedAvgState, data: FederatedData):
-    k_cohort, k_clients, k_uplink = jax.random.split(key, 3)
-    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
-    local, losses = map_clients(lambda k, d: train_client(k, state.params, d), cohort.data,
-                                client_keys(k_clients, cohort.ids))
-    weights = cohorts.weights(cohort, weighting)
-    is_model = upload_prox is not None
-    messages = (jax.vmap(lambda m: upload_prox(m, 1.0))(local) if is_model else
-                jax.tree.map(lambda l, g: l - g, local, state.params))
-    messages = cohorts.upload(k_uplink, cohort, messages, uplink)
-    delta = weighted_mean(messages, weights)
-    if is_model:
-      delta = jax.tree.map(jnp.subtract, delta, state.params)
-    params, opt_state = cohorts.server_update(state.params, state.server_opt_state, delta,
-                                              server_optimizer)
-    if server_prox is not None:
-      params = server_prox(params, 1.0)
-    c = cohort.size
-    bits = lambda m: accounting.message_bits(m, encoding=encoding)
-    up = (cohorts.uplink_bits(cohort, uplink, accounting.num_params(state.params))
-          if uplink is not None else jnp.sum(cohort.member * jax.vmap(bits)(messages)))
-    info = FedAvgInfo(loss=jnp.dot(weights, losses),
-                      bits_up=up,
-                      bits_down=c * bits(state.params),
-                      num_clients=c.astype(jnp.int32))
-    return FedAvgState(params, opt_state, state.round + 1), info
-
-  # Full participation maps over every client: size buckets apply (clients.auto_layout).
-  return Algorithm(init, step, bucketable=cohort_size is None and sampler is None)
+  # the step count and batches do not depend on the padded length: size buckets apply
+  return ClientUpdate(init=lambda key, params, num_clients: (), update=update,
+                      info_type=FedAvgInfo, bucketable=True)
 
 
 def step_decay(build: Callable[[float], Algorithm], lr: float, milestones: Any,

@@ -53,25 +53,27 @@ import jax.numpy as jnp
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.ops import masks as MK
-from fedjaxsparse.runtime import cohort as cohorts
-from fedjaxsparse.runtime.clients import map_clients
+from fedjaxsparse.algorithms.cohort_round import (EXTRA_BITS_UP, ClientUpdate, CohortState,
+                                                   cohort_round)
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
-from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
-from fedjaxsparse.ops.local import epoch_minibatch
+from fedjaxsparse.ops.local import epoch_minibatch, epoch_sgd
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops.sparsity import num_params
 
 SEARCHES = ("dst", "rsm")
 
 
-class FedSpaState(NamedTuple):
-  """Attributes: ``params`` (the dense global ``w_t``), ``masks`` (bool, leaves ``[N, ...]``),
-  ``round``. :attr:`personal` gives every client's model ``m_k⊙w_t``."""
-  params: Any
-  masks: Any
-  round: jax.Array
+class FedSpaState(CohortState):
+  """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` whose client states are the
+  masks: ``params`` (the dense global ``w_t``), ``clients`` = :attr:`masks` (bool, or ``uint8``
+  packed, leaves ``[N, ...]``), ``server_opt_state``, ``round``. :attr:`personal` gives every
+  client's model ``m_k⊙w_t``."""
+  __slots__ = ()
+
+  @property
+  def masks(self) -> Any:
+    """Every client's mask, leaves ``[N, ...]`` (packed ``uint8`` with ``pack_masks``)."""
+    return self.clients
 
   @property
   def personal(self) -> Any:
@@ -103,7 +105,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
            regrow_pruned: bool = True, lr_decay: float = 1.0,
            weight_decay: float = 0.0, weighting: str = "uniform",
            subsample: float | None = None, rescale: bool = False,
-           pack_masks: bool = False, uplink: Any = None, sampler: Any = None) -> Algorithm:
+           pack_masks: bool = False, uplink: Any = None, sampler: Any = None,
+           server_optimizer: Any = None) -> Algorithm:
   """FedSpa (DST or RSM); see the module docstring.
 
   Args:
@@ -139,6 +142,34 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
       ``weighting="sampling"`` the dense update is aggregated with its unbiased weights
       ``1/(n p_i)`` (:mod:`fedjaxsparse.runtime.cohort`).
   """
+  if subsample is not None and uplink is not None:
+    raise ValueError("give either subsample (the paper's rand-k baseline) or uplink, not both.")
+  return cohort_round(
+      client_update(loss_fn, lr, num_rounds=num_rounds, sparsity=sparsity, search=search,
+                    epochs=epochs, batch_size=batch_size, distribution=distribution,
+                    shared_init=shared_init, alpha0=alpha0, schedule=schedule,
+                    regrowth=regrowth, regrow_pruned=regrow_pruned, lr_decay=lr_decay,
+                    weight_decay=weight_decay, subsample=subsample, rescale=rescale,
+                    pack_masks=pack_masks, uplink=uplink),
+      cohort_size=cohort_size, sampler=sampler, weighting=weighting, uplink=uplink,
+      server_optimizer=server_optimizer)
+
+
+def client_update(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5,
+                  search: str = "dst", epochs: int = 5, batch_size: int = 128,
+                  distribution: str = "erk", shared_init: bool = True, alpha0: float = 0.5,
+                  schedule: str = "cosine", regrowth: str = "gradient",
+                  regrow_pruned: bool = True, lr_decay: float = 1.0,
+                  weight_decay: float = 0.0, subsample: float | None = None,
+                  rescale: bool = False, pack_masks: bool = False,
+                  uplink: Any = None) -> ClientUpdate:
+  """FedSpa's client (its state: its mask): masked SGD from ``m_k⊙w_t``, the update
+  ``w̃_N − w̃_0`` uploaded (optionally rand-k subsampled with its own key: ``subsample``), and
+  the next mask from the DST search (or the same mask, RSM). Its records: ``mask_change``
+  (Hamming distance of its old and new mask), ``extra_bits_up`` (the DST mask's changed
+  positions), and per round the drop fraction ``alpha`` and the paper's ledger
+  (``paper_bits_up``/``paper_bits_down``). ``uplink`` is only read for the paper's ledger
+  (``cohort_round`` compresses). Arguments as :func:`fedspa`."""
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
   check_number("weight_decay", weight_decay, 0.0, None)
@@ -150,11 +181,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
   MK._check_alpha(alpha0, num_rounds)  # validates alpha0 (as every drop schedule does)
-  if subsample is not None and uplink is not None:
-    raise ValueError("give either subsample (the paper's rand-k baseline) or uplink, not both.")
   if subsample is not None:
     check_number("subsample", subsample, 0.0, 1.0, low_open=True)
-  cohorts.check_options(cohort_size, sampler, weighting)
   if regrowth not in MK.REGROWTHS:
     raise ValueError(f"regrowth must be one of {MK.REGROWTHS}, got {regrowth!r}.")
   drop = MK.DROP_SCHEDULES[schedule]
@@ -163,11 +191,13 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
   def counts_of(params):
     return MK.layer_counts(params, MK.layer_densities(params, sparsity, distribution))
 
-  def init(key, params, data: FederatedData) -> FedSpaState:
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
+  def subsampler(params):
+    d = num_params(params)
+    k = min(d, max(1, round(subsample * d)))
+    return (C.rand_k if rescale else C.scaled_rand_k)(d, k), k
+
+  def init(key, params, n):
     counts = counts_of(params)
-    n = data.num_clients
     key = jax.random.key(0) if key is None else key
     if shared_init:
       one = MK.random_masks(key, params, counts)
@@ -175,17 +205,21 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
     else:
       stacked = jax.vmap(lambda k: MK.random_masks(k, params, counts))(
           jax.random.split(key, n))
-    if pack_masks:
-      stacked = jax.vmap(MK.pack)(stacked)
-    return FedSpaState(params, stacked, jnp.zeros((), jnp.int32))
+    return jax.vmap(MK.pack)(stacked) if pack_masks else stacked
 
-  def client(w, mask, eta, alpha, counts, max_steps, key, d):
-    k_order, k_grow, k_random = jax.random.split(key, 3)
+  def update(key, w, stored, d, t):
+    k_order, k_grow, k_random, k_sub = jax.random.split(key, 4)
+    mask = MK.unpack(stored, w) if pack_masks else stored
+    counts = counts_of(w)
+    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
+    alpha = drop(t, alpha0, num_rounds)
+    max_steps = epochs * -(-d.mask.shape[0] // batch_size)   # the padded data's bound
     start = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), mask, w)
-
     trained = epoch_sgd(grad, start, k_order, d, lr=eta, epochs=epochs, batch_size=batch_size,
                         max_steps=max_steps, weight_decay=weight_decay, mask=mask)
-    message = jax.tree.map(jnp.subtract, start, trained)  # U_k
+    message = jax.tree.map(jnp.subtract, trained, start)     # −U_k
+    if subsample is not None:
+      message = subsampler(w)[0].compress(k_sub, message)
     if search == "dst":
       dense_g = grad(trained, *epoch_minibatch(k_grow, d, batch_size, jnp.int32(0)))
       new_mask = MK.prune_regrow(mask, trained, dense_g, alpha, counts, max_fraction=alpha0,
@@ -193,54 +227,34 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
                                  regrow_pruned=regrow_pruned)
     else:
       new_mask = mask
-    return message, new_mask, loss_fn(start, d.x, d.y, d.mask)
+    change = MK.hamming(mask, new_mask).astype(float_dtype())
+    metrics = {"loss": loss_fn(start, d.x, d.y, d.mask), "mask_change": change}
+    if search == "dst":   # the changed positions: the cheaper of a bitmap and their indices
+      dim = as_float(num_params(w))
+      metrics[EXTRA_BITS_UP] = jnp.minimum(dim, change * accounting.index_bits(num_params(w)))
+    return message, (MK.pack(new_mask) if pack_masks else new_mask), metrics
 
-  def step(key, state: FedSpaState, data: FederatedData):
-    k_cohort, k_train = jax.random.split(key)
-    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
-    ids, cdata = cohort.ids, cohort.data
-    w, t = state.params, state.round
-    counts = counts_of(w)
-    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
-    alpha = drop(t, alpha0, num_rounds)
-    max_steps = max_local_steps(data, batch_size, epochs)
-    old = MK.as_bool(jax.tree.map(lambda m: m[ids], state.masks), w)
-    messages, new_masks, losses = map_clients(
-        lambda m, k, d: client(w, m, eta, alpha, counts, max_steps, k, d), cdata, old,
-        client_keys(k_train, ids))
-    s = ids.shape[0]
-    d = num_params(w)
-    active = sum(jax.tree.leaves(counts))
-    if sampler is not None:   # a sampler's cohort varies in size: count its members
-      s = cohort.size
-    paper = as_float(s * accounting.dense_bits(round((1.0 - sparsity) * d)))
-    down = as_float(s * accounting.sparse_bits(active, d))
-    up, paper_up = down, paper
+  def active_bits(params):   # a sparse model: values plus positions
+    active = sum(jax.tree.leaves(counts_of(params)))
+    return as_float(accounting.sparse_bits(active, num_params(params)))
+
+  def upload_bits(message, params):
     if subsample is not None:
-      k = min(d, max(1, round(subsample * d)))
-      comp = (C.rand_k if rescale else C.scaled_rand_k)(d, k)
-      messages = jax.vmap(comp.compress)(client_keys(jax.random.fold_in(k_train, 1), ids),
-                                         messages)
-      up = as_float(s * comp.bits(d))
-      paper_up = as_float(s * accounting.dense_bits(k))
-    if uplink is not None:   # any compressor of the cohort round, one key per client
-      messages = cohorts.upload(jax.random.fold_in(k_train, 1), cohort, messages, uplink)
-      up = paper_up = as_float(s * uplink.bits(d))
-    p = (jnp.full((ids.shape[0],), 1.0 / ids.shape[0])
-         if weighting == "uniform" and sampler is None else cohorts.weights(cohort, weighting))
-    new_w = jax.tree.map(lambda a, u: a - jnp.tensordot(p.astype(u.dtype), u, axes=1), w,
-                         messages)
-    stored = jax.vmap(MK.pack)(new_masks) if pack_masks else new_masks
-    masks = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.masks, stored)
-    change = jax.vmap(MK.hamming)(old, new_masks)
-    if search == "dst":
-      mask_up = jnp.minimum(as_float(d), change.astype(float_dtype())
-                            * accounting.index_bits(d))
-      up = up + jnp.sum(cohort.member * mask_up)
-    mean = (jnp.mean if sampler is None else
-            lambda v: jnp.sum(cohort.member * v) / cohort.size)   # over members only
-    info = FedSpaInfo(mean(losses), up, down, paper_up, paper, jnp.asarray(s, jnp.int32),
-                      jnp.asarray(alpha, float_dtype()), mean(change.astype(float_dtype())))
-    return FedSpaState(new_w, masks, t + 1), info
+      return as_float(subsampler(params)[0].bits(num_params(params)))
+    return active_bits(params)
 
-  return Algorithm(init, step)
+  def round_metrics(params, t, size):
+    d = num_params(params)
+    paper = size * as_float(accounting.dense_bits(round((1.0 - sparsity) * d)))
+    if subsample is not None:
+      paper_up = size * as_float(accounting.dense_bits(subsampler(params)[1]))
+    elif uplink is not None:
+      paper_up = size * as_float(uplink.bits(d))
+    else:
+      paper_up = paper
+    return {"paper_bits_up": paper_up, "paper_bits_down": paper,
+            "alpha": jnp.asarray(drop(t, alpha0, num_rounds), float_dtype())}
+
+  return ClientUpdate(init, update, upload_bits=upload_bits, download_bits=active_bits,
+                      round_metrics=round_metrics, info_type=FedSpaInfo,
+                      state_type=FedSpaState)

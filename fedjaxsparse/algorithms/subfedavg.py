@@ -64,6 +64,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 import numpy as np
 
 from fedjaxsparse.ops import accounting
@@ -183,7 +184,7 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
     check_data(data)
     check_cohort_size(cohort_size, data.num_clients)
     ones = jax.tree.map(lambda a: jnp.ones((data.num_clients,) + a.shape, bool), params)
-    return FedSpaState(params, ones, jnp.zeros((), jnp.int32))
+    return FedSpaState(params, ones, optax.EmptyState(), jnp.zeros((), jnp.int32))
 
   def client(w, mask, eta, max_steps, key, d):
     k_first, k_rest = jax.random.split(key)
@@ -236,6 +237,6 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
         32.0 * jnp.sum(n_up).astype(float_dtype()), 32.0 * jnp.sum(n_down).astype(float_dtype()),
         jnp.int32(ids.shape[0]), jnp.mean(jax.vmap(_kernel_density)(new_masks)),
         jnp.mean(pruned.astype(float_dtype())))
-    return FedSpaState(new_w, masks, t + 1), info
+    return FedSpaState(new_w, masks, state.server_opt_state, t + 1), info
 
   return Algorithm(init, step)

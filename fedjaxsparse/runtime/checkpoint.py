@@ -18,6 +18,7 @@ import warnings
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from jax.experimental import multihost_utils
@@ -25,6 +26,18 @@ from jax.experimental import multihost_utils
 from fedjaxsparse.errors import CheckpointCorruptError, CheckpointExistsError, RunMismatchError
 from fedjaxsparse.runtime.fingerprint import diff as fingerprint_diff
 from fedjaxsparse.runtime.fingerprint import tree_digest
+
+
+def _uncommitted(a: Any) -> Any:
+  """The same values, placed as a fresh run's arrays are (uncommitted): orbax returns arrays
+  committed to a device, and a compiled chunk keyed on committed inputs compiles again."""
+  if (not isinstance(a, jax.Array) or not a.is_fully_addressable
+      or len(a.sharding.device_set) != 1):
+    return a
+  if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(jax.device_put(np.asarray(jax.random.key_data(a))),
+                                    impl=jax.random.key_impl(a))
+  return jax.device_put(np.asarray(a))
 
 
 class Checkpointer:
@@ -71,7 +84,7 @@ class Checkpointer:
       raise CheckpointCorruptError(
           f"step {round_} in {self.directory}: the restored state does not match the digest "
           "saved with it (the files were modified or damaged).")
-    return out.state, out.meta
+    return jax.tree.map(_uncommitted, out.state), out.meta
 
   def restore_latest(self, abstract_state: Any,
                      check: Callable[[dict], None] | None = None) -> tuple[Any, dict]:

@@ -1,0 +1,260 @@
+"""One cohort round, written once: a client update in, an :class:`~fedjaxsparse.core.Algorithm`
+out.
+
+Every cohort method of the library — FedAvg and its FedOpt/FedProx/FedHT/FedIHT variants,
+Ditto and Local, FedSpa — is a :class:`ClientUpdate` (what one client does with the global
+model, its own state and its own data) given to :func:`cohort_round`, which owns the rest of
+the round, so that any sampler, uplink compressor, aggregation and server optimizer composes
+with any client update (optax's ``chain`` makes composition a value; blackjax separates a
+kernel builder from its one-call constructor).
+
+One round ``t`` with global model ``x_t`` (a pytree; ``d`` entries), per-client states
+``s [N, ...]`` and key ``ξ``:
+
+1. ``ξ_S, ξ_C, ξ_U = split(ξ, 3)``; the cohort ``S`` of static length ``m`` is drawn with
+   ``ξ_S``: a uniform sample of ``cohort_size`` distinct clients, all ``N`` clients
+   (``cohort_size=None``), or ``sampler.sample(ξ_S)`` (any
+   :class:`fedjaxsparse.ops.sampling.Sampler`; padding entries have ``member = 0``);
+2. every member ``i`` runs ``(msg_i, s_i', metrics_i) = update(fold_in(ξ_C, i), x_t, s_i,
+   data_i, t)`` — one function for one client, lifted by
+   :func:`fedjaxsparse.runtime.clients.map_clients` (so the runner's client strategy —
+   ``vmap``, ``map``, ``unroll`` — applies) — and ``s_i ← s_i'`` is scattered back (the other
+   clients' states are kept bit for bit);
+3. ``msg_i ← uplink.compress(fold_in(ξ_U, i), msg_i)`` (no change without ``uplink``);
+4. weights ``p [m]``: ``"num_examples"`` (``n_i/Σ_S n_j``), ``"uniform"`` (``1/|S|``) or
+   ``"sampling"`` (``1/(n p_i)``: the weighted sum is an unbiased estimate of the mean over all
+   ``n`` clients); padding gets 0;
+5. ``Δ = aggregate(msg, p, x_t)`` (:func:`mean_delta`: ``Σ p_i msg_i``; :func:`mean_model`:
+   ``Σ p_i msg_i − x_t`` for clients that upload models);
+6. ``x_{t+1} = x_t + Δ`` without a server optimizer, else ``x_t + server_opt(−Δ)`` (FedOpt:
+   ``−Δ`` is the pseudo-gradient); then ``server_prox`` (FedHT's Top-K) if given.
+
+The info record: ``loss = Σ_i p_i loss_i`` (each client's ``metrics["loss"]``), ``bits_up``
+(``Σ_S uplink.bits(d)`` with an uplink, else ``Σ_S upload_bits(msg_i)``, by default each
+message's actual non-zeros under ``encoding``; plus any ``metrics["extra_bits_up"]`` a client
+reports, such as FedSpa's changed mask positions), ``bits_down`` (``Σ_S download_bits(x_t)``),
+``num_clients`` (``|S|``), every other client metric averaged over the members, and the
+client update's round-level records (``round_metrics``).
+
+References:
+  H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas (2017).
+    Communication-Efficient Learning of Deep Networks from Decentralized Data. AISTATS 2017.
+    arXiv:1602.05629.
+  Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush, Jakub
+    Konečný, Sanjiv Kumar, H. Brendan McMahan (2021). Adaptive Federated Optimization.
+    ICLR 2021. arXiv:2003.00295.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjaxsparse.core import Algorithm, as_float, float_dtype
+from fedjaxsparse.data.federated import FederatedData, check_data
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops.aggregation import weighted_mean
+from fedjaxsparse.ops.proxes import Prox
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
+from fedjaxsparse.runtime import cohort as cohorts
+from fedjaxsparse.runtime.clients import map_clients
+
+__all__ = ["ClientUpdate", "CohortInfo", "CohortState", "cohort_round", "mean_delta",
+           "mean_model", "EXTRA_BITS_UP"]
+
+EXTRA_BITS_UP = "extra_bits_up"
+"""A client metric counted into ``bits_up`` (bits a client uploads beside its message)."""
+
+
+class ClientUpdate(NamedTuple):
+  """What one client does in a round; everything else belongs to :func:`cohort_round`.
+
+  Attributes:
+    init: ``(key, params, num_clients) -> client_states`` — every client's state, leaves
+      ``[N, ...]`` (``()`` for stateless clients).
+    update: ``(key, global_params, client_state, client_data, round) -> (message,
+      client_state, metrics)`` for ONE client: ``client_data`` is its row of the federated
+      data (``x [M, ...]``), ``round`` the ``int32[]`` rounds completed, ``message`` a pytree
+      the aggregation reads (a model delta for :func:`mean_delta`), ``metrics`` a dict of
+      scalars that must hold ``"loss"``.
+    upload_bits: ``(message, global_params) -> bits`` of one upload without an uplink
+      compressor (default: the message's actual non-zeros under the round's ``encoding``).
+    download_bits: ``global_params -> bits`` of one client's download (default: the global
+      model under ``encoding``).
+    round_metrics: ``(global_params, round, cohort_size) -> dict`` of round-level records
+      (a drop fraction, the paper's ledger, ...), or ``None``.
+    info_type: the NamedTuple the round's info is returned as (its fields: ``loss``,
+      ``bits_up``, ``bits_down``, ``num_clients`` and the metrics' names); ``None`` gives
+      :class:`CohortInfo` (with the extra metrics' names as further fields).
+    state_type: the algorithm's state, :class:`CohortState` or a subclass naming the client
+      states for its family (``DittoState.personal``, ``FedSpaState.masks``).
+    bucketable: whether ``update`` computes the same on size buckets of the clients
+      (its result does not depend on the padded length ``M``).
+  """
+  init: Callable
+  update: Callable
+  upload_bits: Callable | None = None
+  download_bits: Callable | None = None
+  round_metrics: Callable | None = None
+  info_type: type | None = None
+  state_type: type | None = None
+  bucketable: bool = False
+
+
+class CohortState(NamedTuple):
+  """Attributes:
+    params: the global model (pytree, no client axis).
+    clients: every client's state (leaves ``[N, ...]``; ``()`` for stateless clients).
+    server_opt_state: the server optimizer's state (``optax.EmptyState()`` without one).
+    round: ``int32[]`` rounds completed.
+  """
+  params: Any
+  clients: Any
+  server_opt_state: Any
+  round: jax.Array
+
+
+class CohortInfo(NamedTuple):
+  """One round's record (default float dtype): ``loss`` (``Σ_i p_i loss_i`` over the cohort),
+  ``bits_up``, ``bits_down`` (summed over the cohort), ``num_clients`` (``int32``)."""
+  loss: jax.Array
+  bits_up: jax.Array
+  bits_down: jax.Array
+  num_clients: jax.Array
+
+
+_INFO_TYPES: dict[tuple[str, ...], type] = {}
+
+
+def _info_type(extra: tuple[str, ...]) -> type:
+  """:class:`CohortInfo`, or one NamedTuple per set of extra metric names (cached, so every
+  trace of a step returns the same pytree type)."""
+  if not extra:
+    return CohortInfo
+  if extra not in _INFO_TYPES:
+    _INFO_TYPES[extra] = collections.namedtuple("CohortInfo", CohortInfo._fields + extra)
+  return _INFO_TYPES[extra]
+
+
+def mean_delta(messages: Any, weights: jax.Array, params: Any) -> Any:
+  """The server step ``Δ = Σ_i p_i msg_i`` of clients that upload model deltas."""
+  del params
+  return weighted_mean(messages, weights)
+
+
+def mean_model(messages: Any, weights: jax.Array, params: Any) -> Any:
+  """The server step ``Δ = Σ_i p_i msg_i − x`` of clients that upload models (FedIHT)."""
+  return jax.tree.map(jnp.subtract, weighted_mean(messages, weights), params)
+
+
+def _member_mean(member: jax.Array, values: jax.Array) -> jax.Array:
+  """The mean of ``values [m]`` over the cohort's members."""
+  return jnp.sum(member * values) / jnp.sum(member)
+
+
+def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sampler: Any = None,
+                 weighting: str = "num_examples", uplink: Any = None,
+                 aggregate: Callable = mean_delta,
+                 server_optimizer: optax.GradientTransformation | None = None,
+                 server_prox: Prox | None = None, encoding: str = "dense") -> Algorithm:
+  """The algorithm that runs ``client`` in cohort rounds; see the module docstring.
+
+  Args:
+    client: the :class:`ClientUpdate` of a method (``fjs.fedavg``'s, ``fjs.ditto``'s, a new
+      one).
+    cohort_size: clients per round, sampled uniformly without replacement inside ``jit``;
+      ``None`` (and no ``sampler``) is full participation.
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing each round's cohort
+      (block, stratified, importance, ...) instead of ``cohort_size``'s uniform one.
+    weighting: ``"num_examples"``, ``"uniform"`` or ``"sampling"`` (needs ``sampler``).
+    uplink: a :class:`fedjaxsparse.ops.compressors.Compressor` applied to every message, one
+      key per client (``fold_in`` of its id), charged ``uplink.bits(d)`` per member.
+    aggregate: ``(messages [m, ...], weights [m], params) -> Δ`` (:func:`mean_delta`,
+      :func:`mean_model`, or a method's own).
+    server_optimizer: an optax transformation of the pseudo-gradient ``−Δ`` (FedAdam,
+      FedYogi, server momentum); ``None`` applies ``Δ`` as it is.
+    server_prox: a prox applied (with step 1) to the new global model, e.g.
+      :func:`fedjaxsparse.ops.proxes.top_k` (FedHT).
+    encoding: the bit accounting of the default ``upload_bits``/``download_bits``
+      (:mod:`fedjaxsparse.ops.accounting`): ``"dense"`` (``32·d``) or a sparse encoding.
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm` over :class:`CohortState`; it is bucketable
+    (size buckets, :func:`fedjaxsparse.runtime.clients.auto_layout`) when every client takes
+    part every round and ``client.bucketable``.
+  """
+  cohorts.check_options(cohort_size, sampler, weighting)
+  if not isinstance(client, ClientUpdate):
+    raise TypeError(f"client must be a ClientUpdate, got {type(client).__name__}.")
+  if not callable(aggregate):
+    raise TypeError(f"aggregate must be callable (messages, weights, params) -> delta, got "
+                    f"{aggregate!r}.")
+  if encoding not in accounting.ENCODINGS:
+    raise ValueError(f"encoding must be one of {accounting.ENCODINGS}, got {encoding!r}.")
+  upload_bits = client.upload_bits or (
+      lambda m, params: accounting.message_bits(m, encoding=encoding))
+  state_type = client.state_type or CohortState
+  download_bits = client.download_bits or (
+      lambda params: accounting.message_bits(params, encoding=encoding))
+
+  def init(key, params, data: FederatedData) -> CohortState:
+    check_data(data)
+    check_cohort_size(cohort_size, data.num_clients)
+    states = client.init(key, params, data.num_clients)
+    return state_type(params, states, cohorts.server_init(params, server_optimizer),
+                       jnp.zeros((), jnp.int32))
+
+  def step(key, state: CohortState, data: FederatedData):
+    k_cohort, k_clients, k_uplink = jax.random.split(key, 3)
+    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
+    ids, params, t = cohort.ids, state.params, state.round
+    full = ids.shape[0] == data.num_clients and sampler is None   # ids = arange(N)
+    stateful = bool(jax.tree.leaves(state.clients))
+    old = (state.clients if full or not stateful else
+           jax.tree.map(lambda a: a[ids], state.clients))
+    messages, new, metrics = map_clients(
+        lambda s, k, d: client.update(k, params, s, d, t), cohort.data, old,
+        client_keys(k_clients, ids))
+    if stateful:
+      # a sampler's padding entries repeat a member (same key and data: the same new state)
+      clients = new if full else jax.tree.map(lambda a, b: a.at[ids].set(b), state.clients,
+                                              new)
+    else:
+      clients = state.clients
+    messages = cohorts.upload(k_uplink, cohort, messages, uplink)
+    weights = cohorts.weights(cohort, weighting)
+    delta = aggregate(messages, weights, params)
+    new_params, opt_state = cohorts.server_update(params, state.server_opt_state, delta,
+                                                  server_optimizer)
+    if server_prox is not None:
+      new_params = server_prox(new_params, 1.0)
+
+    member, size = cohort.member, cohort.size
+    if uplink is not None:
+      up = cohorts.uplink_bits(cohort, uplink, accounting.num_params(params))
+    else:
+      up = jnp.sum(member * jax.vmap(lambda m: upload_bits(m, params))(messages))
+    metrics = dict(metrics)
+    if "loss" not in metrics:
+      raise ValueError("a ClientUpdate's metrics must hold 'loss' (its loss this round).")
+    if EXTRA_BITS_UP in metrics:
+      up = up + jnp.sum(member * metrics.pop(EXTRA_BITS_UP).astype(float_dtype()))
+    losses = metrics.pop("loss")
+    record = dict(loss=jnp.dot(weights, losses.astype(weights.dtype)),
+                  bits_up=as_float(up),
+                  bits_down=as_float(size * download_bits(params)),
+                  num_clients=size.astype(jnp.int32))
+    if client.round_metrics is not None:
+      record.update(client.round_metrics(params, t, size))
+    for name, values in metrics.items():
+      record[name] = _member_mean(member, values.astype(float_dtype()))
+    info_type = client.info_type or _info_type(tuple(k for k in record
+                                                     if k not in CohortInfo._fields))
+    info = info_type(**record)
+    return state_type(new_params, clients, opt_state, t + 1), info
+
+  bucketable = cohort_size is None and sampler is None and client.bucketable
+  return Algorithm(init, step, bucketable=bucketable)
