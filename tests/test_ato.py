@@ -226,15 +226,13 @@ def test_end_epoch_uses_the_configured_mask():
     assert 0 < float(np.mean(w)) < 1, end_mask
 
 
-def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, fashion_mnist_dir):
+def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, digits):
   """The scanned loop writes checkpoints after epochs 2 and 3; the host loop resumes from
   epoch 2 and runs epoch 3 (target steps with augmentation, the controller pass, the mask
   update) to the state the scanned loop reached."""
-  x, y = fjs.data.fashion_mnist.load_arrays(fashion_mnist_dir, split="test")
+  x, y = digits
   x, y = x[:384], y[:384]
-  module, model = fjs.models.prunable.mlp((28, 28, 1), 10,
-                                          hidden=(300, 100))   # the CLI test's network
-  zigs = fjs.pruning.zig.trace(module, (28, 28, 1))
+  model, zigs = _net()   # the digits MLP: its ``init`` and ATO's are this module's programs
   cfg = ato.ATOConfig(target=0.5, T_w=1, T_start=0, T_end=2, ctrl_lr=1e-2)
   algo = fjs.ato(model, zigs, optax.sgd(0.05, momentum=0.9), lambda t: 0.05, cfg)
   kw = dict(epochs=3, batch_size=64, ctrl_index=ato.controller_subset(len(x), 0.25),

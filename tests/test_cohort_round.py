@@ -1,0 +1,173 @@
+"""Every cohort family is a client update on one round combinator, so every sampler, uplink
+compressor, server optimizer and client optimizer composes with every family:
+
+* the composition matrix — each family with a non-uniform sampler and its unbiased weights, an
+  uplink compressor, an optax server optimizer (and, where the family trains with optax, a
+  client optimizer with momentum) runs two jitted rounds to a finite state, charging exactly
+  ``|S|·uplink.bits(d)``;
+* reductions that hold bit for bit: the identity uplink is no uplink, ``optax.sgd(1.0)`` on the
+  server is no server optimizer, the full-participation sampler is ``cohort_size=None``;
+* a hypothesis test drawing (family, sampler, uplink, server optimizer) at random."""
+import functools
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import numpy as np
+import optax
+import pytest
+
+import fedjaxsparse as fjs
+from fedjaxsparse.algorithms import cohort_round as CR
+
+N = 6
+BLOCKS = [[0, 1], [2, 3, 4], [5]]       # stratified: one client per block, p_i = 1/|block|
+
+
+@functools.lru_cache(maxsize=None)
+def _setup():
+  ds = fjs.data.digits(num_clients=N, partition="iid", seed=0)
+  model = fjs.models.softmax_regression(64, 10)
+  return ds.train, model, fjs.models.make_loss(model), model.init(jax.random.key(0))
+
+
+def _family(name: str, client_optimizer=None, **kw):
+  _, _, loss, _ = _setup()
+  if name == "fedavg":
+    return fjs.fedavg(loss, client_optimizer or optax.sgd(0.1), local_steps=2, batch_size=16,
+                      **kw)
+  if name == "ditto":
+    return fjs.ditto(loss, 0.1, global_epochs=1, personal_epochs=1, batch_size=64, **kw)
+  if name == "fedspa":
+    return fjs.fedspa(loss, 0.1, num_rounds=4, sparsity=0.5, search="rsm", epochs=1,
+                      batch_size=64, **kw)
+  raise KeyError(name)
+
+
+FAMILIES = ("fedavg", "ditto", "fedspa")
+D = 64 * 10 + 10
+
+
+def _rounds(algo, rounds: int = 1):
+  data, _, _, params = _setup()
+  state = algo.init(jax.random.key(1), params, data)
+  step = jax.jit(algo.step)
+  infos = []
+  for t in range(rounds):
+    state, info = step(jax.random.key(10 + t), state, data)
+    infos.append(info)
+  return state, infos
+
+
+def _assert_same(a, b, what):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=what)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_composes_with_a_sampler_an_uplink_and_optax_servers(family):
+  uplink = fjs.compressors.rand_k(D, D // 4)
+  extra = {"client_optimizer": optax.sgd(0.1, momentum=0.9)} if family == "fedavg" else {}
+  algo = _family(family, sampler=fjs.sampling.stratified(BLOCKS), weighting="sampling",
+                 uplink=uplink, server_optimizer=optax.adam(0.01), cohort_size=None, **extra)
+  state, infos = _rounds(algo, 2)
+  for leaf in jax.tree.leaves(state):
+    if np.issubdtype(np.asarray(leaf).dtype, np.floating):
+      assert np.all(np.isfinite(np.asarray(leaf))), family
+  for info in infos:
+    assert int(info.num_clients) == len(BLOCKS)
+    assert float(info.bits_up) == len(BLOCKS) * uplink.bits(D), family
+    assert np.isfinite(float(info.loss))
+  assert int(state.round) == 2
+  _, _, _, params = _setup()
+  assert not np.allclose(np.asarray(state.params["w"]), np.asarray(params["w"]))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_identity_uplink_unit_server_sgd_and_full_sampler_reduce_to_the_plain_round(family):
+  plain_state, (plain,) = _rounds(_family(family, cohort_size=None))
+  ident, _ = _rounds(_family(family, cohort_size=None, uplink=fjs.compressors.identity(D)))
+  _assert_same(ident.params, plain_state.params, f"{family}: identity uplink")
+  _assert_same(ident.clients, plain_state.clients, f"{family}: identity uplink")
+  sgd1, _ = _rounds(_family(family, cohort_size=None, server_optimizer=optax.sgd(1.0)))
+  _assert_same(sgd1.params, plain_state.params, f"{family}: server sgd(1.0)")
+  full_state, (full,) = _rounds(_family(family, sampler=fjs.sampling.full(N), cohort_size=None))
+  _assert_same(full_state, plain_state, f"{family}: full sampler")
+  _assert_same(full, plain, f"{family}: full sampler's info")
+
+
+def test_fedavgs_client_optimizer_sgd_is_the_papers_plain_sgd():
+  """FedAvg with ``optax.sgd(lr)`` on its clients is the paper's local SGD: ``x ← x − η∇f``
+  written out in NumPy for one full-batch step of one client."""
+  data, model, loss, params = _setup()
+  algo = fjs.fedavg(loss, optax.sgd(0.5), local_steps=1, batch_size=None, cohort_size=None)
+  state, _ = _rounds(algo)
+  grads = [jax.grad(loss)(params, data.x[i], data.y[i], data.mask[i]) for i in range(N)]
+  n = np.asarray(data.num_examples, np.float64)
+  want = {k: np.asarray(params[k]) - 0.5 * sum(n[i] / n.sum() * np.asarray(grads[i][k])
+                                               for i in range(N)) for k in params}
+  for k in params:
+    np.testing.assert_allclose(np.asarray(state.params[k]), want[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_new_method_is_a_client_update_on_the_round():
+  """A client update no paper defines — sign of the local gradient, uploaded as a delta —
+  runs under any aggregation and counts its own bits: here one bit per entry."""
+  data, _, loss, params = _setup()
+
+  def update(key, w, state, d, t):
+    del key, t
+    g = jax.grad(loss)(w, d.x, d.y, d.mask)
+    return jax.tree.map(lambda gi: -0.01 * jax.numpy.sign(gi), g), state, {
+        "loss": loss(w, d.x, d.y, d.mask)}
+
+  client = CR.ClientUpdate(lambda key, p, n: (), update,
+                           upload_bits=lambda m, p: float(D))
+  algo = CR.cohort_round(client, cohort_size=3, weighting="uniform")
+  state, (info,) = _rounds(algo)
+  assert float(info.bits_up) == 3 * D and int(info.num_clients) == 3
+  moved = np.abs(np.asarray(state.params["w"]) - np.asarray(params["w"]))
+  assert np.all(moved <= 0.01 + 1e-7) and moved.max() > 0
+
+
+def test_options_are_checked_by_name():
+  client = CR.ClientUpdate(lambda key, p, n: (), lambda *a: None)
+  with pytest.raises(ValueError, match="weighting"):
+    CR.cohort_round(client, weighting="mean")
+  with pytest.raises(ValueError, match="cohort_size.*sampler|sampler"):
+    CR.cohort_round(client, cohort_size=2, sampler=fjs.sampling.full(4))
+  with pytest.raises(ValueError, match="encoding"):
+    CR.cohort_round(client, encoding="zip")
+  with pytest.raises(TypeError, match="ClientUpdate"):
+    CR.cohort_round(lambda *a: None)
+
+
+UPLINKS = (None, "rand_k", "terngrad")
+SERVERS = (None, "adam", "momentum")
+SAMPLERS = ("uniform", "stratified", "full")
+
+
+@hypothesis.settings(max_examples=3, deadline=None, derandomize=True,
+                     suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.given(st.sampled_from(FAMILIES), st.sampled_from(SAMPLERS), st.sampled_from(UPLINKS),
+                  st.sampled_from(SERVERS))
+def test_random_compositions_run_finite_with_exact_uplink_bits(family, sampler, uplink, server):
+  kw = {"cohort_size": None}
+  if sampler == "uniform":
+    kw["cohort_size"] = 3
+  elif sampler == "stratified":
+    kw.update(sampler=fjs.sampling.stratified(BLOCKS), weighting="sampling")
+  else:
+    kw.update(sampler=fjs.sampling.full(N))
+  comp = {None: None, "rand_k": fjs.compressors.rand_k(D, 50),
+          "terngrad": fjs.compressors.terngrad(D)}[uplink]
+  kw["uplink"] = comp
+  kw["server_optimizer"] = {None: None, "adam": optax.adam(0.01),
+                            "momentum": optax.sgd(1.0, momentum=0.5)}[server]
+  state, (info,) = _rounds(_family(family, **kw))
+  for leaf in jax.tree.leaves(state.params):
+    assert np.all(np.isfinite(np.asarray(leaf)))
+  members = int(info.num_clients)
+  assert members == {"uniform": 3, "stratified": len(BLOCKS), "full": N}[sampler]
+  if comp is not None:   # TernGrad's bits are not an integer: the float32 ledger rounds them
+    assert float(info.bits_up) == pytest.approx(members * comp.bits(D), rel=2 ** -23)
