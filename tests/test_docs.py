@@ -86,7 +86,8 @@ def test_the_site_builds_and_every_public_name_has_an_entry(site):
 
 @pytest.mark.parametrize("module", ["fedjaxsparse.ops.sparsity", "fedjaxsparse.ops.compressors",
                                     "fedjaxsparse.ops.sampling", "fedjaxsparse.ops.proxes",
-                                    "fedjaxsparse.ops.accounting", "fedjaxsparse.core"])
+                                    "fedjaxsparse.ops.accounting", "fedjaxsparse.core",
+                                    "fedjaxsparse.algorithms.cohort_round"])
 def test_docstring_examples_run(module):
   """The examples in the public face's docstrings are doctests: each runs and prints what
   it says."""

@@ -1,13 +1,13 @@
 """The papers' algorithms, one module per paper family, each a set of named constructors
 returning an :class:`fedjaxsparse.core.Algorithm` (``init``/``step`` pure functions).
 ``import fedjaxsparse as fjs`` exposes every paper method at the top (``fjs.fedspa``, ...)."""
-from fedjaxsparse.algorithms import (ato, ddss, ddss_baselines, ditto, efbv, fedavg, fedht, fedlpfm,
-                                     fedmrn, fedp3, fedp3_theory, fedpm, fedprox, fedspa, fml,
+from fedjaxsparse.algorithms import (ato, cohort_round, ddss, ddss_baselines, ditto, efbv,
+                                     fedavg, fedht, fedlpfm, fedmrn, fedp3, fedp3_theory, fedpm, fedprox, fedspa, fml,
                                      oto, proxskip, representation, scafflix, sppm,
                                      subfedavg)
 
 __all__ = [
-    "ato", "ddss", "ddss_baselines", "ditto", "efbv", "fedavg", "fedht", "fedlpfm", "fedmrn",
+    "ato", "cohort_round", "ddss", "ddss_baselines", "ditto", "efbv", "fedavg", "fedht", "fedlpfm", "fedmrn",
     "fedp3", "fedp3_theory", "fedpm", "fedprox", "fedspa", "fml", "oto", "proxskip",
     "representation",
     "scafflix", "sppm", "subfedavg",

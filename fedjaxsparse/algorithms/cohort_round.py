@@ -36,6 +36,39 @@ reports, such as FedSpa's changed mask positions), ``bits_down`` (``Σ_S downloa
 ``num_clients`` (``|S|``), every other client metric averaged over the members, and the
 client update's round-level records (``round_metrics``).
 
+Three methods no paper defines, each a few lines (the family constructors take ``sampler=``,
+``uplink=`` and ``server_optimizer=``; a new client update goes straight on the round):
+
+>>> import jax, optax
+>>> import fedjaxsparse as fjs
+>>> ds = fjs.data.digits(num_clients=6, partition="iid")
+>>> model = fjs.models.softmax_regression(64, 10)
+>>> loss, d = fjs.models.make_loss(model), 64 * 10 + 10
+>>> # 1. FedSpa's sparse masks with an unbiased TernGrad uplink under a FedAdam server
+>>> spa = fjs.fedspa(loss, 0.1, num_rounds=10, epochs=1, batch_size=64, cohort_size=3,
+...                  uplink=fjs.compressors.terngrad(d), server_optimizer=optax.adam(0.01))
+>>> # 2. Ditto with stratified cohorts and their unbiased weights 1/(n p_i)
+>>> dit = fjs.ditto(loss, 0.1, global_epochs=1, personal_epochs=1, batch_size=64,
+...                 cohort_size=None, sampler=fjs.sampling.stratified([[0, 1], [2, 3, 4], [5]]),
+...                 weighting="sampling")
+>>> # 3. signSGD-style clients: one local gradient's sign, one bit per entry uploaded
+>>> def update(key, w, state, data, t):
+...   g = jax.grad(loss)(w, data.x, data.y, data.mask)
+...   msg = jax.tree.map(lambda gi: -0.01 * jax.numpy.sign(gi), g)
+...   return msg, state, {"loss": loss(w, data.x, data.y, data.mask)}
+>>> sign = fjs.cohort_round(fjs.ClientUpdate(lambda key, w, n: (), update,
+...                                          upload_bits=lambda msg, w: float(d)),
+...                         cohort_size=4, server_optimizer=optax.sgd(1.0, momentum=0.9))
+>>> for algo in (spa, dit, sign):
+...   state = algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
+...   state, info = jax.jit(algo.step)(jax.random.key(1), state, ds.train)
+...   print(int(info.num_clients), float(info.bits_up) > 0)
+3 True
+3 True
+4 True
+>>> float(info.bits_up) == 4 * d       # four members, one bit per entry
+True
+
 References:
   H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas (2017).
     Communication-Efficient Learning of Deep Networks from Decentralized Data. AISTATS 2017.
