@@ -33,7 +33,8 @@ The info record: ``loss = Σ_i p_i loss_i`` (each client's ``metrics["loss"]``),
 (``Σ_S uplink.bits(d)`` with an uplink, else ``Σ_S upload_bits(msg_i)``, by default each
 message's actual non-zeros under ``encoding``; plus any ``metrics["extra_bits_up"]`` a client
 reports, such as FedSpa's changed mask positions), ``bits_down`` (``Σ_S download_bits(x_t)``),
-``num_clients`` (``|S|``), every other client metric averaged over the members, and the
+``num_clients`` (``|S|``), every other client metric averaged over the members (summed for
+the ledgers a client update names in ``summed``), and the
 client update's round-level records (``round_metrics``).
 
 Three methods no paper defines, each a few lines (the family constructors take ``sampler=``,
@@ -96,10 +97,13 @@ from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import map_clients
 
 __all__ = ["ClientUpdate", "CohortInfo", "CohortState", "cohort_round", "mean_delta",
-           "mean_model", "EXTRA_BITS_UP"]
+           "mean_model", "masked_mean", "EXTRA_BITS_UP", "EXTRA_BITS_DOWN"]
 
 EXTRA_BITS_UP = "extra_bits_up"
 """A client metric counted into ``bits_up`` (bits a client uploads beside its message)."""
+EXTRA_BITS_DOWN = "extra_bits_down"
+"""A client metric counted into ``bits_down`` (bits a client downloads beside
+``download_bits``: a personalised download, say)."""
 
 
 class ClientUpdate(NamedTuple):
@@ -122,6 +126,7 @@ class ClientUpdate(NamedTuple):
     info_type: the NamedTuple the round's info is returned as (its fields: ``loss``,
       ``bits_up``, ``bits_down``, ``num_clients`` and the metrics' names); ``None`` gives
       :class:`CohortInfo` (with the extra metrics' names as further fields).
+    summed: names of metrics summed over the members (ledgers) instead of averaged.
     state_type: the algorithm's state, :class:`CohortState` or a subclass naming the client
       states for its family (``DittoState.personal``, ``FedSpaState.masks``).
     bucketable: whether ``update`` computes the same on size buckets of the clients
@@ -133,6 +138,7 @@ class ClientUpdate(NamedTuple):
   download_bits: Callable | None = None
   round_metrics: Callable | None = None
   info_type: type | None = None
+  summed: tuple[str, ...] = ()
   state_type: type | None = None
   bucketable: bool = False
 
@@ -181,6 +187,23 @@ def mean_delta(messages: Any, weights: jax.Array, params: Any) -> Any:
 def mean_model(messages: Any, weights: jax.Array, params: Any) -> Any:
   """The server step ``Δ = Σ_i p_i msg_i − x`` of clients that upload models (FedIHT)."""
   return jax.tree.map(jnp.subtract, weighted_mean(messages, weights), params)
+
+
+def masked_mean(messages: Any, weights: jax.Array, params: Any) -> Any:
+  """The server step of clients that upload a sparse model and its mask,
+  ``messages = {"model": m_i⊙x_i, "mask": m_i}``: every coordinate becomes the mean over the
+  members that keep it, ``Σ_i m_ij x_ij / Σ_i m_ij``, and stays ``x_j`` where none does
+  (Sub-FedAvg's "average on the intersection"); ``Δ`` is that model minus ``x``. Members are
+  the entries of positive weight (whatever the weighting, each keeper counts once)."""
+  member = weights > 0
+
+  def one(x, v, m):
+    keep = m & member.reshape((-1,) + (1,) * (m.ndim - 1))
+    count = jnp.sum(keep, axis=0)
+    total = jnp.sum(jnp.where(keep, v, jnp.zeros_like(v)), axis=0)
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), x) - x
+
+  return jax.tree.map(one, params, messages["model"], messages["mask"])
 
 
 def _member_mean(member: jax.Array, values: jax.Array) -> jax.Array:
@@ -273,17 +296,22 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
     metrics = dict(metrics)
     if "loss" not in metrics:
       raise ValueError("a ClientUpdate's metrics must hold 'loss' (its loss this round).")
+    member_sum = lambda v: jnp.sum(member * v.astype(float_dtype()))
     if EXTRA_BITS_UP in metrics:
-      up = up + jnp.sum(member * metrics.pop(EXTRA_BITS_UP).astype(float_dtype()))
+      up = up + member_sum(metrics.pop(EXTRA_BITS_UP))
+    down = size * download_bits(params)
+    if EXTRA_BITS_DOWN in metrics:
+      down = down + member_sum(metrics.pop(EXTRA_BITS_DOWN))
     losses = metrics.pop("loss")
     record = dict(loss=jnp.dot(weights, losses.astype(weights.dtype)),
                   bits_up=as_float(up),
-                  bits_down=as_float(size * download_bits(params)),
+                  bits_down=as_float(down),
                   num_clients=size.astype(jnp.int32))
     if client.round_metrics is not None:
       record.update(client.round_metrics(params, t, size))
     for name, values in metrics.items():
-      record[name] = _member_mean(member, values.astype(float_dtype()))
+      record[name] = (member_sum(values) if name in client.summed else
+                      _member_mean(member, values.astype(float_dtype())))
     info_type = client.info_type or _info_type(tuple(k for k in record
                                                      if k not in CohortInfo._fields))
     info = info_type(**record)

@@ -64,16 +64,14 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 import numpy as np
 
-from fedjaxsparse.ops import accounting
+from fedjaxsparse.algorithms.cohort_round import (EXTRA_BITS_DOWN, ClientUpdate, cohort_round,
+                                                   masked_mean)
 from fedjaxsparse.algorithms.fedspa import FedSpaState
-from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
-from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.ops.local import epoch_sgd, max_local_steps
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops.local import epoch_sgd
 from fedjaxsparse.ops.sparsity import largest_mask, nnz, num_params
 from fedjaxsparse.pruning import zig
 from fedjaxsparse.errors import check_number
@@ -148,8 +146,11 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
               cohort_size: int | None = 10, prune_rate: float = 0.05,
               target_sparsity: float = 0.5, acc_threshold: float = 0.5,
               dist_threshold: float = 1e-4, lr_decay: float = 1.0, weight_decay: float = 0.0,
-              structure: str = "unstructured", zigs: zig.ZIGs | None = None) -> Algorithm:
-  """Sub-FedAvg (Un), or with ``structure="hybrid"`` Sub-FedAvg (Hy); see the module docstring.
+              structure: str = "unstructured", zigs: zig.ZIGs | None = None,
+              sampler: Any = None, server_optimizer: Any = None) -> Algorithm:
+  """Sub-FedAvg (Un), or with ``structure="hybrid"`` Sub-FedAvg (Hy); see the module docstring:
+  :func:`client_update` on :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` with the
+  :func:`~fedjaxsparse.algorithms.cohort_round.masked_mean` aggregation.
 
   Args:
     accuracy_fn: ``(params, x, y, mask) -> accuracy`` of one client, for the pruning condition
@@ -161,7 +162,35 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
     zigs: the network's channel groups (:func:`fedjaxsparse.pruning.zig.trace` of a
       :mod:`fedjaxsparse.models.prunable` network, e.g. its ``lenet5``), needed by
       ``"hybrid"``.
+    sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
+      uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); every member that
+      keeps a coordinate counts once in its average.
+    server_optimizer: an optax transformation of the pseudo-gradient ``x − masked mean``.
+
+  There is no ``uplink``: a client uploads its mask with its sparse model, and the average
+  over the clients that keep a coordinate reads that mask exactly.
   """
+  return cohort_round(
+      client_update(loss_fn, lr, accuracy_fn=accuracy_fn, epochs=epochs,
+                    batch_size=batch_size, prune_rate=prune_rate,
+                    target_sparsity=target_sparsity, acc_threshold=acc_threshold,
+                    dist_threshold=dist_threshold, lr_decay=lr_decay,
+                    weight_decay=weight_decay, structure=structure, zigs=zigs),
+      cohort_size=cohort_size, sampler=sampler, weighting="uniform", aggregate=masked_mean,
+      server_optimizer=server_optimizer)
+
+
+def client_update(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int = 5,
+                  batch_size: int = 128, prune_rate: float = 0.05,
+                  target_sparsity: float = 0.5, acc_threshold: float = 0.5,
+                  dist_threshold: float = 1e-4, lr_decay: float = 1.0,
+                  weight_decay: float = 0.0, structure: str = "unstructured",
+                  zigs: zig.ZIGs | None = None) -> ClientUpdate:
+  """Sub-FedAvg's client (its state: its mask, all ones at the start): masked SGD from
+  ``m_k⊙w_t``, the pruning test, and the upload ``{"model": m_k⊙w_k, "mask": m_k}`` (for
+  :func:`~fedjaxsparse.algorithms.cohort_round.masked_mean`). Its records: ``density`` (kernel
+  density after the round), ``pruned`` (whether it pruned), the paper's values-only ledger
+  (``paper_bits_up``/``paper_bits_down``, summed). Arguments as :func:`subfedavg`."""
   if structure not in STRUCTURES:
     raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}.")
   if structure == "hybrid" and zigs is None:
@@ -178,21 +207,22 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
   grad = jax.grad(loss_fn)
+  count = lambda m: nnz(jax.tree.map(lambda x: x.astype(jnp.int8), m))
 
-  def init(key, params, data: FederatedData) -> FedSpaState:
+  def init(key, params, n):
     del key
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
-    ones = jax.tree.map(lambda a: jnp.ones((data.num_clients,) + a.shape, bool), params)
-    return FedSpaState(params, ones, optax.EmptyState(), jnp.zeros((), jnp.int32))
+    return jax.tree.map(lambda a: jnp.ones((n,) + a.shape, bool), params)
 
-  def client(w, mask, eta, max_steps, key, d):
+  def update(key, w, mask, d, t):
     k_first, k_rest = jax.random.split(key)
+    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
+    per_epoch = -(-d.mask.shape[0] // batch_size)          # the padded data's bound
     start = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), mask, w)
     sgd = dict(lr=eta, batch_size=batch_size, weight_decay=weight_decay, mask=mask)
-    first = epoch_sgd(grad, start, k_first, d, epochs=1, max_steps=max_steps[0], **sgd)
-    trained = (epoch_sgd(grad, first, k_rest, d, epochs=epochs - 1, max_steps=max_steps[1],
-                         **sgd) if epochs > 1 else first)
+    first = epoch_sgd(grad, start, k_first, d, epochs=1, max_steps=per_epoch, **sgd)
+    trained = (epoch_sgd(grad, first, k_rest, d, epochs=epochs - 1,
+                         max_steps=per_epoch * max(epochs - 1, 1), **sgd)
+               if epochs > 1 else first)
     density = _kernel_density(mask)
     rate = jnp.clip((density - (1.0 - target_sparsity)) / density, 0.0, prune_rate)
     if structure == "hybrid":   # conv channels whole, dense kernels weight by weight
@@ -207,36 +237,19 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
     prune = (dist > dist_threshold) & (rate > 0) & (acc > acc_threshold)
     new_mask = jax.tree.map(lambda a, b: jnp.where(prune, b, a), mask, m2)
     sent = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), new_mask, trained)
-    return sent, new_mask, prune, loss_fn(start, d.x, d.y, d.mask)
+    dim = num_params(w)
+    n_down, n_up = count(mask), count(new_mask)
+    metrics = {"loss": loss_fn(start, d.x, d.y, d.mask),
+               EXTRA_BITS_DOWN: accounting.sparse_bits(n_down, dim),
+               "paper_bits_up": 32.0 * n_up.astype(float_dtype()),
+               "paper_bits_down": 32.0 * n_down.astype(float_dtype()),
+               "density": _kernel_density(new_mask), "pruned": prune.astype(float_dtype())}
+    return {"model": sent, "mask": new_mask}, new_mask, metrics
 
-  def step(key, state: FedSpaState, data: FederatedData):
-    k_cohort, k_train = jax.random.split(key)
-    ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
-    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
-    w, t = state.params, state.round
-    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
-    old = jax.tree.map(lambda m: m[ids], state.masks)
-    steps = (max_local_steps(data, batch_size, 1),
-             max_local_steps(data, batch_size, max(epochs - 1, 1)))
-    sent, new_masks, pruned, losses = map_clients(
-        lambda m, k, d: client(w, m, eta, steps, k, d),
-        cdata, old, client_keys(k_train, ids))
+  def upload_bits(message, params):   # the sparse model's values and positions, and the mask
+    dim = num_params(params)
+    return as_float(accounting.sparse_bits(count(message["mask"]), dim)) + dim
 
-    def average(a, v, m):  # over the participants that keep the coordinate
-      count = jnp.sum(m, axis=0)
-      return jnp.where(count > 0, jnp.sum(v, axis=0) / jnp.maximum(count, 1), a)
-
-    new_w = jax.tree.map(average, w, sent, new_masks)
-    masks = jax.tree.map(lambda all_, new: all_.at[ids].set(new), state.masks, new_masks)
-    d = num_params(w)
-    n_down = jax.vmap(lambda m: nnz(jax.tree.map(lambda x: x.astype(jnp.int8), m)))(old)
-    n_up = jax.vmap(lambda m: nnz(jax.tree.map(lambda x: x.astype(jnp.int8), m)))(new_masks)
-    sparse = jax.vmap(lambda n: accounting.sparse_bits(n, d))
-    info = SubFedAvgInfo(
-        jnp.mean(losses), jnp.sum(sparse(n_up)) + ids.shape[0] * d, jnp.sum(sparse(n_down)),
-        32.0 * jnp.sum(n_up).astype(float_dtype()), 32.0 * jnp.sum(n_down).astype(float_dtype()),
-        jnp.int32(ids.shape[0]), jnp.mean(jax.vmap(_kernel_density)(new_masks)),
-        jnp.mean(pruned.astype(float_dtype())))
-    return FedSpaState(new_w, masks, state.server_opt_state, t + 1), info
-
-  return Algorithm(init, step)
+  return ClientUpdate(init, update, upload_bits=upload_bits,
+                      download_bits=lambda params: as_float(0.0), info_type=SubFedAvgInfo,
+                      summed=("paper_bits_up", "paper_bits_down"), state_type=FedSpaState)
