@@ -41,6 +41,10 @@ def _family(name: str, client_optimizer=None, **kw):
   if name == "fedspa":
     return fjs.fedspa(loss, 0.1, num_rounds=4, sparsity=0.5, search="rsm", epochs=1,
                       batch_size=64, **kw)
+  if name == "fml":
+    _, model, _, _ = _setup()
+    return fjs.fml(model, model, client_optimizer or optax.sgd(0.1), local_steps=2,
+                   batch_size=16, **kw)
   if name == "subfedavg":
     _, model, _, _ = _setup()
     return fjs.subfedavg(loss, 0.1, accuracy_fn=fjs.evaluation.client_accuracy(model),
@@ -48,7 +52,8 @@ def _family(name: str, client_optimizer=None, **kw):
   raise KeyError(name)
 
 
-FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg")
+FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml")
+OPTAX_CLIENTS = ("fedavg", "fml")
 NO_UPLINK = ("subfedavg",)   # uploads its mask beside its model: the masked mean reads it
 D = 64 * 10 + 10
 
@@ -72,7 +77,8 @@ def _assert_same(a, b, what):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_composes_with_a_sampler_an_uplink_and_optax_servers(family):
   uplink = None if family in NO_UPLINK else fjs.compressors.rand_k(D, D // 4)
-  extra = {"client_optimizer": optax.sgd(0.1, momentum=0.9)} if family == "fedavg" else {}
+  extra = ({"client_optimizer": optax.sgd(0.1, momentum=0.9)} if family in OPTAX_CLIENTS
+           else {})
   if family not in NO_UPLINK:
     extra.update(uplink=uplink, weighting="sampling")
   algo = _family(family, sampler=fjs.sampling.stratified(BLOCKS),

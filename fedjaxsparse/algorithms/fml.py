@@ -30,35 +30,57 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops.aggregation import client_weights, weighted_mean
+from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, CohortState, cohort_round,
+                                                   mean_model)
 from fedjaxsparse.algorithms.fedavg import FedAvgInfo
 from fedjaxsparse.algorithms.fedlpfm import kd_loss
-from fedjaxsparse.runtime.clients import local_scan
-from fedjaxsparse.core import Algorithm, Model, as_float
-from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
+from fedjaxsparse.core import Algorithm, Model
 from fedjaxsparse.ops.local import minibatch
+from fedjaxsparse.runtime.clients import local_scan
 
 
-class FMLState(NamedTuple):
-  """``params``: the meme (global) model; ``private``: ``[N, ...]`` the clients' private
-  models, also read as ``personal`` (:func:`fedjaxsparse.personal_params`); ``round``."""
-  params: Any       # the meme (global) model
-  private: Any      # [N, ...] the clients' private models
-  round: jax.Array
+class FMLState(CohortState):
+  """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` whose client states are the
+  private models: ``params`` (the meme, global, model), ``clients`` = :attr:`private`
+  (``[N, ...]``, also read as :attr:`personal`), ``server_opt_state``, ``round``."""
+  __slots__ = ()
 
   @property
-  def personal(self):
-    return self.private
+  def private(self) -> Any:
+    """``[N, ...]``: the clients' private models."""
+    return self.clients
+
+  @property
+  def personal(self) -> Any:
+    return self.clients
 
 
 def fml(model: Model, private_model: Model, client_optimizer: optax.GradientTransformation, *,
         alpha: float = 0.5, beta: float = 0.5, temperature: float = 1.0,
         local_steps: int = 1, batch_size: int | None = None, cohort_size: int | None = None,
-        weighting: str = "num_examples", augment=None) -> Algorithm:
-  """FML; ``init(key, params, data)`` initialises client i's private model with
-  ``private_model.init(fold_in(key, i))``."""
+        weighting: str = "num_examples", augment=None, sampler: Any = None,
+        uplink: Any = None, server_optimizer: Any = None) -> Algorithm:
+  """FML: :func:`client_update` on :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`;
+  the server averages the uploaded meme models
+  (:func:`~fedjaxsparse.algorithms.cohort_round.mean_model`). ``init(key, params, data)``
+  initialises client i's private model with ``private_model.init(fold_in(key, i))``.
+  ``sampler``, ``uplink`` (applied to the uploaded meme model) and ``server_optimizer`` as in
+  :func:`fedjaxsparse.algorithms.fedavg.fedavg`."""
+  return cohort_round(
+      client_update(model, private_model, client_optimizer, alpha=alpha, beta=beta,
+                    temperature=temperature, local_steps=local_steps, batch_size=batch_size,
+                    augment=augment),
+      cohort_size=cohort_size, sampler=sampler, weighting=weighting, uplink=uplink,
+      aggregate=mean_model, server_optimizer=server_optimizer, encoding="dense")
+
+
+def client_update(model: Model, private_model: Model,
+                  client_optimizer: optax.GradientTransformation, *, alpha: float = 0.5,
+                  beta: float = 0.5, temperature: float = 1.0, local_steps: int = 1,
+                  batch_size: int | None = None, augment=None) -> ClientUpdate:
+  """FML's client (its state: its private model): ``local_steps`` of deep mutual learning of
+  the received meme model and its private model, each distilling from the other; it uploads
+  the meme model (a model, not a delta). Arguments as :func:`fml`."""
   for name, v in (("alpha", alpha), ("beta", beta)):
     if not 0 <= v <= 1:
       raise ValueError(f"{name} must be in [0, 1], got {v!r}.")
@@ -91,30 +113,18 @@ def fml(model: Model, private_model: Model, client_optimizer: optax.GradientTran
     (meme, private, _, _), losses = local_scan(step, init, jax.random.split(key, local_steps))
     return meme, private, losses[0]
 
-  def init(key, params, data: FederatedData) -> FMLState:
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(data.num_clients))
+  def init(key, params, n):
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
     private = jax.vmap(private_model.init)(keys)
     floats = [a.dtype for a in jax.tree.leaves(params) if jnp.issubdtype(a.dtype, jnp.floating)]
     if floats:   # private models in the meme model's float dtype (float64 runs stay float64)
       private = jax.tree.map(lambda a: a.astype(floats[0]) if jnp.issubdtype(
           a.dtype, jnp.floating) else a, private)
-    return FMLState(params, private, jnp.zeros((), jnp.int32))
+    return private
 
-  def step(key, state: FMLState, data: FederatedData):
-    k_cohort, k_clients, _ = jax.random.split(key, 3)   # FedAvg's split: the same draws
-    cohort = sample_cohort(k_cohort, data.num_clients, cohort_size)
-    cohort_data = data.select(cohort)
-    private = jax.tree.map(lambda a: a[cohort], state.private)
-    memes, new_private, losses = jax.vmap(client, in_axes=(0, None, 0, 0))(
-        client_keys(k_clients, cohort), state.params, private, cohort_data)
-    weights = client_weights(cohort_data.num_examples, weighting)
-    params = weighted_mean(memes, weights)
-    stacked = jax.tree.map(lambda a, n: a.at[cohort].set(n), state.private, new_private)
-    c = as_float(cohort.shape[0])
-    bits = c * accounting.message_bits(state.params, encoding="dense")
-    info = FedAvgInfo(jnp.dot(weights, losses), bits, bits, jnp.int32(cohort.shape[0]))
-    return FMLState(params, stacked, state.round + 1), info
+  def update(key, meme, private, data, t):
+    del t
+    meme, private, loss = client(key, meme, private, data)
+    return meme, private, {"loss": loss}
 
-  return Algorithm(init, step)
+  return ClientUpdate(init, update, info_type=FedAvgInfo, state_type=FMLState)
