@@ -40,6 +40,7 @@ import optax
 
 from fedjaxsparse import evaluation
 from fedjaxsparse.algorithms import fedp3
+from fedjaxsparse.algorithms.cohort_round import ClientUpdate, CohortState, cohort_round
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.errors import check_number
@@ -361,15 +362,17 @@ def fine_tune(model: SplitModel, personal: Any, data: FederatedData, key: jax.Ar
 # FedSR
 
 
-class FedSRState(NamedTuple):
-  """Attributes: ``params`` (the global ``{"body", "head"}``), ``reference``: every client's
-  own reference distributions ``(r_mean [N, C, d], r_scale [N, C, d], c [N])`` — ``r(z|y=c)``
-  ``= N(r_mean, softplus(r_scale)²)`` and the representation's scale ``C`` — never
-  communicated; ``server_opt_state``, ``round``."""
-  params: Any
-  reference: tuple
-  server_opt_state: Any
-  round: jax.Array
+class FedSRState(CohortState):
+  """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` whose client states are the
+  references: ``params`` (the global ``{"body", "head"}``), ``clients`` = :attr:`reference`:
+  every client's own reference distributions ``(r_mean [N, C, d], r_scale [N, C, d], c [N])``
+  — ``r(z|y=c) = N(r_mean, softplus(r_scale)²)`` and the representation's scale ``C`` —
+  never communicated; ``server_opt_state``, ``round``."""
+  __slots__ = ()
+
+  @property
+  def reference(self) -> tuple:
+    return self.clients
 
   @property
   def personal(self) -> Any:
@@ -389,7 +392,8 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
           momentum: float = 0.0, weight_decay: float = 0.0, clip: float | None = 10.0,
           lr_decay: float = 1.0, weighting: str = "uniform", deterministic: bool = False,
           sampler: Any = None,
-          server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+          server_optimizer: optax.GradientTransformation | None = None,
+          uplink: Any = None) -> Algorithm:
   """FedSR (Nguyen, Torr and Lim 2022): FedAvg on a Gaussian-representation network with two
   regularisers of the representation, run as the personalised baseline FedSR-FT (then
   :func:`fine_tune` with ``trainable="projection+head"``, FedCR's final round).
@@ -407,7 +411,9 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
   the models (uniform weights, or ``weighting``); the references stay on the clients.
 
   With ``l2r = cmi = 0`` and ``deterministic=True`` (``z = μ``) FedSR is FedAvg with epoch-based
-  local SGD (tested).
+  local SGD (tested). A client update on
+  :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`: it uploads its model delta (any
+  ``uplink`` compressor applies), its references are its state.
 
   References:
     Nguyen, A. Tuan; Torr, Philip H. S.; Lim, Ser-Nam (2022). FedSR: A Simple and Effective
@@ -442,50 +448,29 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
       per = per + cmi * kl_normal(c * mu, c * sigma, r_mean[y], jax.nn.softplus(r_scale[y]))
     return jnp.sum(per * mask) / jnp.maximum(jnp.sum(mask), 1.0), None
 
-  def init(key, params, data: FederatedData) -> FedSRState:
+  def init(key, params, n):
     del key
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
-    n = data.num_clients
     num_classes = jax.tree.leaves(params["head"])[-1].shape[-1]
-    ref = (jnp.zeros((n, num_classes, d), float_dtype()),
-           jnp.ones((n, num_classes, d), float_dtype()), jnp.ones((n,), float_dtype()))
-    return FedSRState(params, ref, cohorts.server_init(params, server_optimizer),
-                      jnp.zeros((), jnp.int32))
+    return (jnp.zeros((n, num_classes, d), float_dtype()),
+            jnp.ones((n, num_classes, d), float_dtype()), jnp.ones((n,), float_dtype()))
 
-  def step(key, state: FedSRState, data: FederatedData):
-    k_cohort, k_train = jax.random.split(key)
-    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
-    ids = cohort.ids
-    eta = lr * as_float(lr_decay) ** state.round.astype(float_dtype())
-    steps = max_local_steps(data, batch_size, epochs)
+  def update(k, w, ref, dd, t):
+    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
     opt = local_optimizer(eta, momentum, weight_decay, clip)
-    w = state.params
+    steps = epochs * -(-dd.mask.shape[0] // batch_size)    # the padded data's bound
+    mask = (jax.tree.map(lambda _: True, w),
+            jax.tree.map(lambda _: learn_reference, ref))
+    (p, new_ref), _, loss = epoch_optimize(
+        loss_fn, (w, ref), opt, k, dd, epochs=epochs, batch_size=batch_size, max_steps=steps,
+        trainable=None if learn_reference else mask)
+    return jax.tree.map(jnp.subtract, p, w), new_ref, {"loss": loss}
 
-    def client(ref, k, dd):
-      start = (w, ref)
-      mask = (jax.tree.map(lambda _: True, w),
-              jax.tree.map(lambda _: learn_reference, ref))
-      (p, new_ref), _, loss = epoch_optimize(
-          loss_fn, start, opt, k, dd, epochs=epochs, batch_size=batch_size, max_steps=steps,
-          trainable=None if learn_reference else mask)
-      return p, new_ref, loss
-
-    trained, refs, losses = map_clients(
-        client, cohort.data, jax.tree.map(lambda a: a[ids], state.reference),
-        client_keys(k_train, ids))
-    weights = cohorts.weights(cohort, weighting)
-    delta = weighted_mean(jax.tree.map(lambda m, g: m - g[None], trained, w), weights)
-    params, opt_state = cohorts.server_update(w, state.server_opt_state, delta,
-                                              server_optimizer)
-    reference = jax.tree.map(lambda a, new: a.at[ids].set(new), state.reference, refs)
-    size = cohort.size
-    bits = size * as_float(accounting.dense_bits(w))
-    info = RoundInfo(jnp.sum(cohort.member * losses) / size, bits, bits,
-                     size.astype(jnp.int32))
-    return FedSRState(params, reference, opt_state, state.round + 1), info
-
-  return Algorithm(init, step)
+  dense = lambda *a: as_float(accounting.dense_bits(a[-1]))
+  return cohort_round(
+      ClientUpdate(init, update, upload_bits=dense, download_bits=dense, info_type=RoundInfo,
+                   state_type=FedSRState),
+      cohort_size=cohort_size, sampler=sampler, weighting=weighting,
+      server_optimizer=server_optimizer, uplink=uplink)
 
 
 # --------------------------------------------------------------------------------------------
