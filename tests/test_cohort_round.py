@@ -49,17 +49,37 @@ def _family(name: str, client_optimizer=None, **kw):
     _, model, _, _ = _setup()
     return fjs.subfedavg(loss, 0.1, accuracy_fn=fjs.evaluation.client_accuracy(model),
                          epochs=2, batch_size=64, acc_threshold=0.0, **kw)
+  if name == "fedsr":
+    return fjs.fedsr(_split_model(), 0.1, epochs=1, batch_size=64, **kw)
   raise KeyError(name)
 
 
-FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml")
+@functools.lru_cache(maxsize=None)
+def _split_model():
+  from fedjaxsparse.models.split import fedcr_net
+  return fedcr_net((64,), 10, 2, conv=(), dense=(5,))
+
+
+def _params(family: str | None):
+  """The initial global model of ``family`` (FedSR's representation network or the softmax
+  regression of the others)."""
+  if family == "fedsr":
+    return _split_model().init(jax.random.key(0))
+  return _setup()[3]
+
+
+def _dim(family: str | None) -> int:
+  return sum(int(np.size(a)) for a in jax.tree.leaves(_params(family)))
+
+
+FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr")
 OPTAX_CLIENTS = ("fedavg", "fml")
 NO_UPLINK = ("subfedavg",)   # uploads its mask beside its model: the masked mean reads it
 D = 64 * 10 + 10
 
 
-def _rounds(algo, rounds: int = 1):
-  data, _, _, params = _setup()
+def _rounds(algo, rounds: int = 1, family: str | None = None):
+  data, params = _setup()[0], _params(family)
   state = algo.init(jax.random.key(1), params, data)
   step = jax.jit(algo.step)
   infos = []
@@ -76,37 +96,42 @@ def _assert_same(a, b, what):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_composes_with_a_sampler_an_uplink_and_optax_servers(family):
-  uplink = None if family in NO_UPLINK else fjs.compressors.rand_k(D, D // 4)
+  d = _dim(family)
+  uplink = None if family in NO_UPLINK else fjs.compressors.rand_k(d, d // 4)
   extra = ({"client_optimizer": optax.sgd(0.1, momentum=0.9)} if family in OPTAX_CLIENTS
            else {})
   if family not in NO_UPLINK:
     extra.update(uplink=uplink, weighting="sampling")
   algo = _family(family, sampler=fjs.sampling.stratified(BLOCKS),
                  server_optimizer=optax.adam(0.01), cohort_size=None, **extra)
-  state, infos = _rounds(algo, 2)
+  state, infos = _rounds(algo, 2, family)
   for leaf in jax.tree.leaves(state):
     if np.issubdtype(np.asarray(leaf).dtype, np.floating):
       assert np.all(np.isfinite(np.asarray(leaf))), family
   for info in infos:
     assert int(info.num_clients) == len(BLOCKS)
     if uplink is not None:
-      assert float(info.bits_up) == len(BLOCKS) * uplink.bits(D), family
+      assert float(info.bits_up) == len(BLOCKS) * uplink.bits(d), family
     assert np.isfinite(float(info.loss))
   assert int(state.round) == 2
-  _, _, _, params = _setup()
-  assert not np.allclose(np.asarray(state.params["w"]), np.asarray(params["w"]))
+  moved = [not np.allclose(np.asarray(a), np.asarray(b))
+           for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(_params(family)))]
+  assert any(moved), family
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_identity_uplink_unit_server_sgd_and_full_sampler_reduce_to_the_plain_round(family):
-  plain_state, (plain,) = _rounds(_family(family, cohort_size=None))
+  plain_state, (plain,) = _rounds(_family(family, cohort_size=None), 1, family)
   if family not in NO_UPLINK:
-    ident, _ = _rounds(_family(family, cohort_size=None, uplink=fjs.compressors.identity(D)))
+    ident, _ = _rounds(_family(family, cohort_size=None,
+                               uplink=fjs.compressors.identity(_dim(family))), 1, family)
     _assert_same(ident.params, plain_state.params, f"{family}: identity uplink")
     _assert_same(ident.clients, plain_state.clients, f"{family}: identity uplink")
-  sgd1, _ = _rounds(_family(family, cohort_size=None, server_optimizer=optax.sgd(1.0)))
+  sgd1, _ = _rounds(_family(family, cohort_size=None, server_optimizer=optax.sgd(1.0)), 1,
+                    family)
   _assert_same(sgd1.params, plain_state.params, f"{family}: server sgd(1.0)")
-  full_state, (full,) = _rounds(_family(family, sampler=fjs.sampling.full(N), cohort_size=None))
+  full_state, (full,) = _rounds(_family(family, sampler=fjs.sampling.full(N),
+                                        cohort_size=None), 1, family)
   _assert_same(full_state, plain_state, f"{family}: full sampler")
   _assert_same(full, plain, f"{family}: full sampler's info")
 
@@ -174,8 +199,9 @@ def test_random_compositions_run_finite_with_exact_uplink_bits(family, sampler, 
     kw.update(sampler=fjs.sampling.stratified(BLOCKS), weighting="sampling")
   else:
     kw.update(sampler=fjs.sampling.full(N))
-  comp = {None: None, "rand_k": fjs.compressors.rand_k(D, 50),
-          "terngrad": fjs.compressors.terngrad(D)}[uplink]
+  d = _dim(family)
+  comp = {None: None, "rand_k": fjs.compressors.rand_k(d, 50),
+          "terngrad": fjs.compressors.terngrad(d)}[uplink]
   kw["uplink"] = comp
   kw["server_optimizer"] = {None: None, "adam": optax.adam(0.01),
                             "momentum": optax.sgd(1.0, momentum=0.5)}[server]
@@ -183,10 +209,10 @@ def test_random_compositions_run_finite_with_exact_uplink_bits(family, sampler, 
     kw.pop("uplink")
     kw.pop("weighting", None)
     comp = None
-  state, (info,) = _rounds(_family(family, **kw))
+  state, (info,) = _rounds(_family(family, **kw), 1, family)
   for leaf in jax.tree.leaves(state.params):
     assert np.all(np.isfinite(np.asarray(leaf)))
   members = int(info.num_clients)
   assert members == {"uniform": 3, "stratified": len(BLOCKS), "full": N}[sampler]
   if comp is not None:   # TernGrad's bits are not an integer: the float32 ledger rounds them
-    assert float(info.bits_up) == pytest.approx(members * comp.bits(D), rel=2 ** -23)
+    assert float(info.bits_up) == pytest.approx(members * comp.bits(d), rel=2 ** -23)
