@@ -36,6 +36,8 @@ def _family(name: str, client_optimizer=None, **kw):
   if name == "fedavg":
     return fjs.fedavg(loss, client_optimizer or optax.sgd(0.1), local_steps=2, batch_size=16,
                       **kw)
+  if client_optimizer is not None and name not in ("fedavg", "fml"):
+    kw["client_optimizer"] = client_optimizer
   if name == "ditto":
     return fjs.ditto(loss, 0.1, global_epochs=1, personal_epochs=1, batch_size=64, **kw)
   if name == "fedspa":
@@ -73,7 +75,7 @@ def _dim(family: str | None) -> int:
 
 
 FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr")
-OPTAX_CLIENTS = ("fedavg", "fml")
+SGD_CLIENTS = ("ditto", "fedspa", "subfedavg")   # the papers' plain SGD with lr by default
 NO_UPLINK = ("subfedavg",)   # uploads its mask beside its model: the masked mean reads it
 D = 64 * 10 + 10
 
@@ -98,8 +100,7 @@ def _assert_same(a, b, what):
 def test_every_family_composes_with_a_sampler_an_uplink_and_optax_servers(family):
   d = _dim(family)
   uplink = None if family in NO_UPLINK else fjs.compressors.rand_k(d, d // 4)
-  extra = ({"client_optimizer": optax.sgd(0.1, momentum=0.9)} if family in OPTAX_CLIENTS
-           else {})
+  extra = {"client_optimizer": optax.sgd(0.1, momentum=0.9)}
   if family not in NO_UPLINK:
     extra.update(uplink=uplink, weighting="sampling")
   algo = _family(family, sampler=fjs.sampling.stratified(BLOCKS),
@@ -134,6 +135,17 @@ def test_identity_uplink_unit_server_sgd_and_full_sampler_reduce_to_the_plain_ro
                                         cohort_size=None), 1, family)
   _assert_same(full_state, plain_state, f"{family}: full sampler")
   _assert_same(full, plain, f"{family}: full sampler's info")
+
+
+@pytest.mark.parametrize("family", SGD_CLIENTS)
+def test_client_optimizer_sgd_is_the_papers_plain_sgd_bit_for_bit(family):
+  plain, _ = _rounds(_family(family, cohort_size=None), 1, family)
+  sgd, _ = _rounds(_family(family, client_optimizer=optax.sgd(0.1), cohort_size=None), 1,
+                   family)
+  _assert_same(sgd, plain, f"{family}: client_optimizer=optax.sgd(lr)")
+  momentum, _ = _rounds(_family(family, client_optimizer=optax.sgd(0.1, momentum=0.9),
+                                cohort_size=None), 1, family)
+  assert not np.array_equal(np.asarray(momentum.params["w"]), np.asarray(plain.params["w"]))
 
 
 def test_fedavgs_client_optimizer_sgd_is_the_papers_plain_sgd():

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjaxsparse.algorithms.cohort_round import ClientUpdate, CohortState, cohort_round
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
@@ -80,11 +81,16 @@ def _check(lr, lam, lr_decay, weight_decay, global_epochs, personal_epochs, batc
 def client_update(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 2,
                   personal_epochs: int = 3, batch_size: int = 128,
                   prox_centre: str = "received", lr_decay: float = 1.0,
-                  weight_decay: float = 0.0) -> ClientUpdate:
+                  weight_decay: float = 0.0,
+                  client_optimizer: optax.GradientTransformation | None = None
+                  ) -> ClientUpdate:
   """Ditto's client: (a) ``global_epochs`` of SGD from the received ``w_t`` to ``w_k``, uploaded
   as the delta ``w_k − w_t``; (b) ``personal_epochs`` of SGD on its personal model ``v_k``
   (its state, starting at ``w_0``) with the proximal pull ``λ(v_k − w_c)``. Step size
-  ``η_t = lr·lr_decay^t``. With ``global_epochs=0`` it uploads nothing (0 bits; Local)."""
+  ``η_t = lr·lr_decay^t``. With ``global_epochs=0`` it uploads nothing (0 bits; Local).
+  ``client_optimizer``: an optax transformation taking the place of the SGD step in both parts
+  (its state starts fresh in each; ``lr`` and ``lr_decay`` are then unused), fed the same
+  gradient with weight decay and the proximal pull."""
   _check(lr, lam, lr_decay, weight_decay, global_epochs, personal_epochs, batch_size,
          prox_centre)
   grad = jax.grad(loss_fn)
@@ -99,7 +105,8 @@ def client_update(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs
     eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
     per_epoch = -(-d.mask.shape[0] // batch_size)        # the padded data's static bound
     loss = loss_fn(v, d.x, d.y, d.mask)
-    sgd = dict(lr=eta, batch_size=batch_size, weight_decay=weight_decay)
+    sgd = dict(lr=eta, batch_size=batch_size, weight_decay=weight_decay,
+               optimizer=client_optimizer)
     if global_epochs:
       w_k = epoch_sgd(grad, w, k_global, d, epochs=global_epochs,
                       max_steps=global_epochs * per_epoch, **sgd)
@@ -118,7 +125,8 @@ def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 
           personal_epochs: int = 3, batch_size: int = 128, cohort_size: int | None = 10,
           prox_centre: str = "received", lr_decay: float = 1.0, weight_decay: float = 0.0,
           weighting: str = "uniform", sampler: Any = None, uplink: Any = None,
-          server_optimizer: Any = None) -> Algorithm:
+          server_optimizer: Any = None,
+          client_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
   """Ditto; see the module docstring: :func:`client_update` on
   :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`. ``global_epochs=0`` skips the
   global part (then nothing is communicated and ``w`` never changes: :func:`local` with
@@ -133,11 +141,14 @@ def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 
       delta (one key per client), charged ``uplink.bits(d)`` per member.
     server_optimizer: an optax transformation of the pseudo-gradient ``−Σ_k p_k (w_k − w_t)``
       (FedAdam, server momentum); ``None`` is the paper's plain average.
+    client_optimizer: an optax transformation for both local parts instead of the paper's
+      SGD with ``η_t`` (``optax.sgd(lr)`` is the paper's step bit for bit).
   """
   return cohort_round(
       client_update(loss_fn, lr, lam=lam, global_epochs=global_epochs,
                     personal_epochs=personal_epochs, batch_size=batch_size,
-                    prox_centre=prox_centre, lr_decay=lr_decay, weight_decay=weight_decay),
+                    prox_centre=prox_centre, lr_decay=lr_decay, weight_decay=weight_decay,
+                    client_optimizer=client_optimizer),
       cohort_size=cohort_size, sampler=sampler, weighting=weighting, uplink=uplink,
       server_optimizer=server_optimizer)
 

@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import compressors as C
@@ -106,7 +107,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
            weight_decay: float = 0.0, weighting: str = "uniform",
            subsample: float | None = None, rescale: bool = False,
            pack_masks: bool = False, uplink: Any = None, sampler: Any = None,
-           server_optimizer: Any = None) -> Algorithm:
+           server_optimizer: Any = None,
+           client_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
   """FedSpa (DST or RSM); see the module docstring.
 
   Args:
@@ -136,11 +138,17 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
       back inside the round. The results are the same.
     uplink: any :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded
       ``U_k`` (its own key per client and round: ``fold_in`` of the client id), charged
-      ``uplink.bits(d)`` per client (plus the DST mask changes) — e.g. TernGrad, EDEN, rand-k.
+      ``uplink.bits(d)`` per client (plus the DST mask changes) — e.g. TernGrad, EDEN, rand-k
+      (:func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` compresses).
     sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
       uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); with
       ``weighting="sampling"`` the dense update is aggregated with its unbiased weights
-      ``1/(n p_i)`` (:mod:`fedjaxsparse.runtime.cohort`).
+      ``1/(n p_i)``.
+    server_optimizer: an optax transformation of the pseudo-gradient ``(1/S) Σ_k U_k``
+      (FedAdam, server momentum); ``None`` is the paper's ``w − (1/S) Σ_k U_k``.
+    client_optimizer: an optax transformation instead of the paper's masked SGD with ``η_t``
+      (fed the same masked gradient with weight decay, its update zeroed off the mask);
+      ``optax.sgd(lr)`` is the paper's step bit for bit.
   """
   if subsample is not None and uplink is not None:
     raise ValueError("give either subsample (the paper's rand-k baseline) or uplink, not both.")
@@ -150,7 +158,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
                     shared_init=shared_init, alpha0=alpha0, schedule=schedule,
                     regrowth=regrowth, regrow_pruned=regrow_pruned, lr_decay=lr_decay,
                     weight_decay=weight_decay, subsample=subsample, rescale=rescale,
-                    pack_masks=pack_masks, uplink=uplink),
+                    pack_masks=pack_masks, uplink=uplink,
+                    client_optimizer=client_optimizer),
       cohort_size=cohort_size, sampler=sampler, weighting=weighting, uplink=uplink,
       server_optimizer=server_optimizer)
 
@@ -162,7 +171,9 @@ def client_update(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: floa
                   regrow_pruned: bool = True, lr_decay: float = 1.0,
                   weight_decay: float = 0.0, subsample: float | None = None,
                   rescale: bool = False, pack_masks: bool = False,
-                  uplink: Any = None) -> ClientUpdate:
+                  uplink: Any = None,
+                  client_optimizer: optax.GradientTransformation | None = None
+                  ) -> ClientUpdate:
   """FedSpa's client (its state: its mask): masked SGD from ``m_k⊙w_t``, the update
   ``w̃_N − w̃_0`` uploaded (optionally rand-k subsampled with its own key: ``subsample``), and
   the next mask from the DST search (or the same mask, RSM). Its records: ``mask_change``
@@ -216,7 +227,8 @@ def client_update(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: floa
     max_steps = epochs * -(-d.mask.shape[0] // batch_size)   # the padded data's bound
     start = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), mask, w)
     trained = epoch_sgd(grad, start, k_order, d, lr=eta, epochs=epochs, batch_size=batch_size,
-                        max_steps=max_steps, weight_decay=weight_decay, mask=mask)
+                        max_steps=max_steps, weight_decay=weight_decay, mask=mask,
+                        optimizer=client_optimizer)
     message = jax.tree.map(jnp.subtract, trained, start)     # −U_k
     if subsample is not None:
       message = subsampler(w)[0].compress(k_sub, message)

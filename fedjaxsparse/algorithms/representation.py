@@ -393,7 +393,8 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
           lr_decay: float = 1.0, weighting: str = "uniform", deterministic: bool = False,
           sampler: Any = None,
           server_optimizer: optax.GradientTransformation | None = None,
-          uplink: Any = None) -> Algorithm:
+          uplink: Any = None,
+          client_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
   """FedSR (Nguyen, Torr and Lim 2022): FedAvg on a Gaussian-representation network with two
   regularisers of the representation, run as the personalised baseline FedSR-FT (then
   :func:`fine_tune` with ``trainable="projection+head"``, FedCR's final round).
@@ -413,7 +414,9 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
   With ``l2r = cmi = 0`` and ``deterministic=True`` (``z = μ``) FedSR is FedAvg with epoch-based
   local SGD (tested). A client update on
   :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`: it uploads its model delta (any
-  ``uplink`` compressor applies), its references are its state.
+  ``uplink`` compressor applies), its references are its state. ``client_optimizer``: an optax
+  transformation instead of :func:`local_optimizer` (``lr``, ``lr_decay``, ``momentum``,
+  ``weight_decay`` and ``clip`` are then unused).
 
   References:
     Nguyen, A. Tuan; Torr, Philip H. S.; Lim, Ser-Nam (2022). FedSR: A Simple and Effective
@@ -456,7 +459,7 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
 
   def update(k, w, ref, dd, t):
     eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
-    opt = local_optimizer(eta, momentum, weight_decay, clip)
+    opt = client_optimizer or local_optimizer(eta, momentum, weight_decay, clip)
     steps = epochs * -(-dd.mask.shape[0] // batch_size)    # the padded data's bound
     mask = (jax.tree.map(lambda _: True, w),
             jax.tree.map(lambda _: learn_reference, ref))

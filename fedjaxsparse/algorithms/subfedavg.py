@@ -147,7 +147,8 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
               target_sparsity: float = 0.5, acc_threshold: float = 0.5,
               dist_threshold: float = 1e-4, lr_decay: float = 1.0, weight_decay: float = 0.0,
               structure: str = "unstructured", zigs: zig.ZIGs | None = None,
-              sampler: Any = None, server_optimizer: Any = None) -> Algorithm:
+              sampler: Any = None, server_optimizer: Any = None,
+              client_optimizer: Any = None) -> Algorithm:
   """Sub-FedAvg (Un), or with ``structure="hybrid"`` Sub-FedAvg (Hy); see the module docstring:
   :func:`client_update` on :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` with the
   :func:`~fedjaxsparse.algorithms.cohort_round.masked_mean` aggregation.
@@ -166,6 +167,9 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
       uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); every member that
       keeps a coordinate counts once in its average.
     server_optimizer: an optax transformation of the pseudo-gradient ``x − masked mean``.
+    client_optimizer: an optax transformation instead of the paper's masked SGD with ``η_t``
+      (its update zeroed off the mask; its state restarts after the first epoch, where the
+      pruning test reads the weights); ``optax.sgd(lr)`` is the paper's step bit for bit.
 
   There is no ``uplink``: a client uploads its mask with its sparse model, and the average
   over the clients that keep a coordinate reads that mask exactly.
@@ -175,7 +179,8 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
                     batch_size=batch_size, prune_rate=prune_rate,
                     target_sparsity=target_sparsity, acc_threshold=acc_threshold,
                     dist_threshold=dist_threshold, lr_decay=lr_decay,
-                    weight_decay=weight_decay, structure=structure, zigs=zigs),
+                    weight_decay=weight_decay, structure=structure, zigs=zigs,
+                    client_optimizer=client_optimizer),
       cohort_size=cohort_size, sampler=sampler, weighting="uniform", aggregate=masked_mean,
       server_optimizer=server_optimizer)
 
@@ -185,7 +190,7 @@ def client_update(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: 
                   target_sparsity: float = 0.5, acc_threshold: float = 0.5,
                   dist_threshold: float = 1e-4, lr_decay: float = 1.0,
                   weight_decay: float = 0.0, structure: str = "unstructured",
-                  zigs: zig.ZIGs | None = None) -> ClientUpdate:
+                  zigs: zig.ZIGs | None = None, client_optimizer: Any = None) -> ClientUpdate:
   """Sub-FedAvg's client (its state: its mask, all ones at the start): masked SGD from
   ``m_k⊙w_t``, the pruning test, and the upload ``{"model": m_k⊙w_k, "mask": m_k}`` (for
   :func:`~fedjaxsparse.algorithms.cohort_round.masked_mean`). Its records: ``density`` (kernel
@@ -218,7 +223,8 @@ def client_update(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: 
     eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
     per_epoch = -(-d.mask.shape[0] // batch_size)          # the padded data's bound
     start = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), mask, w)
-    sgd = dict(lr=eta, batch_size=batch_size, weight_decay=weight_decay, mask=mask)
+    sgd = dict(lr=eta, batch_size=batch_size, weight_decay=weight_decay, mask=mask,
+               optimizer=client_optimizer)
     first = epoch_sgd(grad, start, k_first, d, epochs=1, max_steps=per_epoch, **sgd)
     trained = (epoch_sgd(grad, first, k_rest, d, epochs=epochs - 1,
                          max_steps=per_epoch * max(epochs - 1, 1), **sgd)

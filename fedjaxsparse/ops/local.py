@@ -72,26 +72,46 @@ def epoch_loop(update, carry: Any, key: jax.Array, data, batch_size: int, epochs
 
 def epoch_sgd(grad_fn: Callable, params: Any, key: jax.Array, data, *, lr: Any, epochs: int,
               batch_size: int, max_steps: int, weight_decay: float = 0.0, mask: Any = None,
-              prox: tuple[float, Any] | None = None) -> Any:
+              prox: tuple[float, Any] | None = None,
+              optimizer: optax.GradientTransformation | None = None) -> Any:
   """``params`` after ``S_k = E⌈n_k/B⌉`` steps of
 
       v ← v − η·m⊙(∇L(v; ξ) + λ_wd v + μ(v − c)),
 
   ``grad_fn(params, x, y, mask) -> grads``; ``mask`` (boolean pytree, ``None``: dense) keeps
   the iterate on its support (entries off the mask never move — zero if they start at zero);
-  ``prox = (μ, c)`` adds Ditto's proximal pull towards ``c``. ``lr`` may be traced."""
+  ``prox = (μ, c)`` adds Ditto's proximal pull towards ``c``. ``lr`` may be traced.
+
+  ``optimizer``: an optax transformation (its state starts fresh) that turns the same
+  gradient ``g = ∇L + λ_wd v + μ(v − c)`` into the step instead of ``−η g`` (``lr`` is then
+  unused); its update is zeroed off the mask. ``optax.sgd(η)`` computes ``v + (−η g)``, the
+  plain step bit for bit."""
   mu, centre = prox if prox is not None else (0.0, None)
 
-  def update(t, v, batch):
+  def gradient(v, batch):
     g = grad_fn(v, *batch)
     g = jax.tree.map(lambda gi, vi: gi + weight_decay * vi, g, v)
     if centre is not None:
       g = jax.tree.map(lambda gi, vi, ci: gi + mu * (vi - ci), g, v, centre)
     if mask is not None:
       g = jax.tree.map(lambda m, gi: jnp.where(m, gi, jnp.zeros_like(gi)), mask, g)
-    return jax.tree.map(lambda vi, gi: vi - lr * gi, v, g)
+    return g
 
-  return epoch_loop(update, params, key, data, batch_size, epochs, max_steps)
+  if optimizer is None:
+    def update(t, v, batch):
+      return jax.tree.map(lambda vi, gi: vi - lr * gi, v, gradient(v, batch))
+
+    return epoch_loop(update, params, key, data, batch_size, epochs, max_steps)
+
+  def update_optax(t, carry, batch):
+    v, s = carry
+    u, s = optimizer.update(gradient(v, batch), s, v)
+    if mask is not None:
+      u = jax.tree.map(lambda m, ui: jnp.where(m, ui, jnp.zeros_like(ui)), mask, u)
+    return optax.apply_updates(v, u), s
+
+  return epoch_loop(update_optax, (params, optimizer.init(params)), key, data, batch_size,
+                    epochs, max_steps)[0]
 
 
 def max_local_steps(data, batch_size: int, epochs: int) -> int:
