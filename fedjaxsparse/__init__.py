@@ -5,7 +5,10 @@
 * every paper method by its paper name, each returning an :class:`Algorithm` of two pure
   functions ``init(key, params, data)`` and ``step(key, state, data)``: ``fjs.fedavg``,
   ``fjs.sparse_proxskip``, ``fjs.ef21``, ``fjs.scafflix``, ``fjs.fedspa``, ``fjs.fedmrn``,
-  ``fjs.fedp3``, ``fjs.fedlpfm``, ``fjs.ato``, ``fjs.dis_ddss``, ... (``__all__`` lists them);
+  ``fjs.fedp3``, ``fjs.fedlpfm``, ``fjs.dis_ddss``, ... (``fjs.METHODS`` lists them); the
+  structured-pruning trainers ``fjs.ato`` and ``fjs.dhspg`` (``fjs.PRUNING_TRAINERS``);
+* a new cohort method: ``fjs.cohort_round(fjs.ClientUpdate(init, update), ...)`` — the one
+  cohort round every cohort family is built on;
 * running them: ``fjs.run`` (rounds in ``lax.scan`` chunks, evaluation, checkpoints, resume)
   and ``fjs.run_batched`` (seeds or a hyper-parameter grid as one program);
   ``fjs.global_params(state)`` and ``fjs.personal_params(state)`` read the models;
@@ -28,7 +31,7 @@ from fedjaxsparse.algorithms.ddss import (dis_ddss, dis_ddss_naive, prox_asvrg, 
 from fedjaxsparse.algorithms.ddss_baselines import prox_asaga, pse
 from fedjaxsparse.algorithms.ditto import ditto
 from fedjaxsparse.algorithms.efbv import diana, ef21, ef_bv, ef_bv_pp, prox_gd
-from fedjaxsparse.algorithms.fedavg import fedavg, local_sgd
+from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.algorithms.fedht import fedht, fediht
 from fedjaxsparse.algorithms.fedlpfm import fedlpfm
 from fedjaxsparse.algorithms.fedmrn import fedmrn
@@ -58,23 +61,29 @@ __version__ = "0.1.0"
 """The package version."""
 
 METHODS = (
-    "fedavg", "local_sgd", "fedprox", "proxskip", "sparse_proxskip", "sparse_proxskip_local",
+    "fedavg", "fedprox", "proxskip", "sparse_proxskip", "sparse_proxskip_local",
     "sparse_proxskip_modified", "accelerated_server_pruning",
     "accelerated_server_pruning_modified", "meta_sparse_proxskip", "randprox_l1", "fedht",
     "fediht", "ef_bv", "ef_bv_pp", "ef21", "diana", "prox_gd", "scafflix", "i_scaffnew",
     "flix_sgd", "sppm_as", "fedprox_sppm_as", "fedavg_sppm_as", "local_gd", "fedspa", "ditto",
-    "subfedavg", "fedpm", "fedmrn", "fedp3", "fedp3_theory", "fedlpfm", "fml", "ato",
+    "subfedavg", "fedpm", "fedmrn", "fedp3", "fedp3_theory", "fedlpfm", "fml",
     "sha_ddss_naive", "sha_ddss", "dis_ddss_naive", "dis_ddss", "prox_asvrg", "prox_asaga", "pse",
-    "fedcr", "fedsr", "fedpac", "dhspg",
+    "fedcr", "fedsr", "fedpac",
 )
-"""The paper methods at the top of the package, by their papers' names."""
+"""The paper methods at the top of the package, by their papers' names: each returns an
+:class:`Algorithm` that :func:`run` runs."""
+
+PRUNING_TRAINERS = ("ato", "dhspg")
+"""The structured-pruning trainers at the top of the package (Auto-Train-Once, DHSPG): each
+returns a trainer that :func:`fedjaxsparse.algorithms.ato.train` runs, not an
+:class:`Algorithm`."""
 
 __all__ = [
-    *METHODS,
+    *METHODS, *PRUNING_TRAINERS,
     "Algorithm", "ClientUpdate", "cohort_round", "LossFn", "Model", "global_params", "personal_params", "run", "run_batched",
     "algorithms", "convex", "core", "data", "errors", "evaluation", "models", "ops", "pruning",
     "runtime", "harness", "accounting", "aggregation", "compressors", "masks", "proxes", "sampling",
-    "sparsity", "METHODS", "__version__",
+    "sparsity", "METHODS", "PRUNING_TRAINERS", "__version__",
 ]
 
 

@@ -14,10 +14,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_paper_method_is_a_constructor_at_the_top():
-  assert set(fjs.METHODS) <= set(fjs.__all__)
+  assert set(fjs.METHODS) | set(fjs.PRUNING_TRAINERS) <= set(fjs.__all__)
+  assert not set(fjs.METHODS) & set(fjs.PRUNING_TRAINERS)
   for name in fjs.__all__:
     assert hasattr(fjs, name), name
-  for name in fjs.METHODS:
+  for name in fjs.METHODS + fjs.PRUNING_TRAINERS:
     fn = getattr(fjs, name)
     assert callable(fn) and fn.__module__.startswith("fedjaxsparse.algorithms."), name
     assert fn.__doc__, f"{name} has no docstring"
