@@ -74,7 +74,7 @@ def test_the_site_builds_and_every_public_name_has_an_entry(site):
   assert not missing, f"{len(missing)} public names without an entry: {missing[:20]}"
   assert len(expected) > 500   # the whole public face, not a sample
   # the pages a reader navigates: landing, tour, concepts, a page per family, the ledger
-  for page in ("index", "getting_started", "concepts", "command_line", "benchmarks",
+  for page in ("index", "getting_started", "concepts", "composing", "command_line", "benchmarks",
                "_generated/reproduction", "_generated/api/fedjaxsparse",
                *(f"_generated/papers/{fam[0]}" for fam in fjsdocs.FAMILIES),
                *(f"_generated/notebooks/{n[:-6]}" for n in os.listdir(

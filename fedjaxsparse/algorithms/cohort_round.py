@@ -1,8 +1,8 @@
 """One cohort round, written once: a client update in, an :class:`~fedjaxsparse.core.Algorithm`
 out.
 
-Every cohort method of the library — FedAvg and its FedOpt/FedProx/FedHT/FedIHT variants,
-Ditto and Local, FedSpa — is a :class:`ClientUpdate` (what one client does with the global
+Cohort methods of the library — FedAvg and its FedOpt/FedProx/FedHT/FedIHT variants, Ditto and
+Local, FedSpa, Sub-FedAvg, FML, FedSR — are each a :class:`ClientUpdate` (what one client does with the global
 model, its own state and its own data) given to :func:`cohort_round`, which owns the rest of
 the round, so that any sampler, uplink compressor, aggregation and server optimizer composes
 with any client update (optax's ``chain`` makes composition a value; blackjax separates a
@@ -71,7 +71,7 @@ Three methods no paper defines, each a few lines (the family constructors take `
 True
 
 References:
-  H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas (2017).
+  McMahan, H. Brendan; Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas (2017).
     Communication-Efficient Learning of Deep Networks from Decentralized Data. AISTATS 2017.
     arXiv:1602.05629.
   Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush, Jakub
