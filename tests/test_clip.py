@@ -544,7 +544,9 @@ def test_prompt_tuning_fits_the_context_to_labelled_embeddings(ckpt):
   unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
   # the untuned prompts: CoOp's starting context, N(0, 0.02²) from the first half of the key
   # (the programs of prompt_tuning's own start and class embeddings: nothing new compiles)
-  ctx0 = 0.02 * jax.random.normal(jax.random.split(jax.random.key(1))[0], (3, 32))
+  first = jax.random.wrap_key_data(  # the first half, indexed on the host (no program)
+      np.asarray(jax.random.key_data(jax.random.split(jax.random.key(1))))[0])
+  ctx0 = 0.02 * jax.random.normal(first, (3, 32))
   before = np.asarray(C.text_features(CFG, _sub(params, *_TEXT), _prompts(), ctx0), np.float64)
   before = _unit(before)
   logits0 = math.exp(1.7) * unit @ before.T       # it is the start: its loss is losses[0]

@@ -193,6 +193,7 @@ def test_rand_t_with_t_d_over_n_has_omega_n_minus_one():
   assert comp.omega == n - 1
   x = np.random.default_rng(2).normal(size=d).astype(np.float32)
   draws = 20000
-  err = np.asarray(jax.jit(jax.vmap(lambda k: jnp.sum((comp.compress(k, x) - x) ** 2)))(
-      jax.random.split(jax.random.key(0), draws)))
+  err = np.asarray(jax.jit(lambda key: jax.vmap(  # the keys split inside the one program
+      lambda k: jnp.sum((comp.compress(k, x) - x) ** 2))(jax.random.split(key, draws)))(
+          jax.random.key(0)))
   assert abs(err.mean() - (n - 1) * np.sum(x ** 2)) < 5 * err.std() / np.sqrt(draws)

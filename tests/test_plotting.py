@@ -190,11 +190,14 @@ def test_diverged_record_label_and_marker(records):
 def test_plot_functions_save_png_and_close(tmp_path, records):
   colors = method_colors(NAMES)
   before = len(plt.get_fignums())
-  p1 = plot_methods(records, "accuracy", str(tmp_path / "a.png"), title="t",
+  # writing and closing does not depend on how many methods a figure shows: three will do
+  # (the figures' contents with all nine are checked on the figure functions above)
+  few = {n: records[n] for n in NAMES[:3]}
+  p1 = plot_methods(few, "accuracy", str(tmp_path / "a.png"), title="t",
                     x="local_steps", bits="uplink_bits_per_client", colors=colors)
-  p2 = plot_series(records, ["sum_h_norm", "loss"], str(tmp_path / "b.png"), title="z",
+  p2 = plot_series(few, ["sum_h_norm", "loss"], str(tmp_path / "b.png"), title="z",
                    x="local_steps", colors=colors)
-  p3 = plot_evals(records, "gap", "bits_per_node", str(tmp_path / "c.png"), title="g")
+  p3 = plot_evals(few, "gap", "bits_per_node", str(tmp_path / "c.png"), title="g")
   one = {"ASP": records["ASP"]}   # the positional call's own figure: one method is enough
   p4 = plot_methods(one, "accuracy", str(tmp_path / "d.png"))  # old positional API
   for p in (p1, p2, p3, p4):

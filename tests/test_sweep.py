@@ -13,6 +13,18 @@ def _run_of(tree, s: int):
   return jax.tree.map(lambda a: np.asarray(a)[s], tree)
 
 
+def _keys(seeds):
+  """``[jax.random.key(seed) for seed in seeds]`` stacked: the keys' data joined on the host
+  (no program for a vmap of the seeding at this shape)."""
+  return jax.random.wrap_key_data(np.stack([np.asarray(jax.random.key_data(jax.random.key(int(s))))
+                                            for s in seeds]))
+
+
+def _key_of(keys, s: int):
+  """Key ``s`` of a stack of keys, indexed on the host (no program per indexing)."""
+  return jax.random.wrap_key_data(np.asarray(jax.random.key_data(keys))[s])
+
+
 @pytest.fixture(scope="module")
 def setup():
   ds = fjs.data.digits(num_clients=10, partition="dirichlet", alpha=0.5, seed=1)
@@ -31,7 +43,7 @@ def test_repetitions_equal_single_runs(setup):
                                       eval_fn=eval_fn, eval_every=4)
   algo = build(None)   # one algorithm for the single runs: they share one compiled chunk
   for s in range(3):
-    single = fjs.run(algo, keys[s], params, ds.train, ds.test, num_rounds=12,
+    single = fjs.run(algo, _key_of(keys, s), params, ds.train, ds.test, num_rounds=12,
                      eval_fn=eval_fn, eval_every=4, progress=False)
     chex.assert_trees_all_close(_run_of(states.params, s),
                                 single.state.params, rtol=1e-5, atol=1e-6)
@@ -46,7 +58,7 @@ def test_repetitions_equal_single_runs(setup):
 def test_learning_rate_grid_matches_single_runs(setup):
   ds, model = setup
   hp = fjs.runtime.sweep.grid(lr=[0.05, 0.5], seed=[0, 1])
-  keys = jax.vmap(jax.random.key)(hp["seed"].astype(np.uint32))
+  keys = _keys(hp["seed"])
   build = lambda h: fjs.fedavg(fjs.models.make_loss(model), optax.sgd(h["lr"]), local_steps=2)
   params = model.init(jax.random.key(1))
   states, histories = fjs.run_batched(build, keys, params, ds.train, num_rounds=5,
@@ -55,7 +67,7 @@ def test_learning_rate_grid_matches_single_runs(setup):
   for s in (0, 3):
     single = fjs.run(fjs.fedavg(fjs.models.make_loss(model), optax.sgd(float(hp["lr"][s])),
                                 local_steps=2),
-                     keys[s], params, ds.train, num_rounds=5, progress=False)
+                     _key_of(keys, s), params, ds.train, num_rounds=5, progress=False)
     chex.assert_trees_all_close(_run_of(states.params, s),
                                 single.state.params, rtol=1e-5, atol=1e-6)
 
@@ -81,14 +93,14 @@ def test_proxskip_step_size_and_p_grid_is_one_program():
   model = fjs.models.linear_regression(3, l2=0.1)
   loss = fjs.models.make_loss(model)
   hp = fjs.runtime.sweep.grid(gamma=[0.01, 0.03], p=[0.2, 0.6], rep=[0, 1])
-  keys = jax.vmap(jax.random.key)(hp["rep"].astype(np.uint32))
+  keys = _keys(hp["rep"])
   build = lambda h: fjs.sparse_proxskip(loss, h["gamma"], h["p"], 0.5)
   params = model.init(jax.random.key(0))
   hps = {"gamma": hp["gamma"].astype(np.float32), "p": hp["p"].astype(np.float32)}
   states, hist = fjs.run_batched(build, keys, params, ds.train, num_rounds=30, hparams=hps)
   for s in (0, 5):
     single = fjs.run(fjs.sparse_proxskip(loss, float(hp["gamma"][s]), float(hp["p"][s]), 0.5),
-                     keys[s], params, ds.train, num_rounds=30, progress=False)
+                     _key_of(keys, s), params, ds.train, num_rounds=30, progress=False)
     chex.assert_trees_all_close(_run_of(states.server, s),
                                 single.state.server, rtol=1e-4, atol=1e-5)
     assert hist[s].rounds["communicated"] == single.history.rounds["communicated"]

@@ -7,6 +7,7 @@ import gc
 import glob
 import json
 import os
+import shutil
 import signal
 import time
 import types
@@ -57,15 +58,24 @@ def _run(ds, algo=None, *, model=MODEL, key=7, train=None, **kw):
 # ----------------------------------------------------------------------------- resume
 
 
+@pytest.fixture(scope="module")
+def fedavg_ckpt(ds, tmp_path_factory):
+  """The checkpoint folder of a 4-round run (fingerprint FedAvg, lr 0.3), written once for the
+  module; a test resumes from a copy of it."""
+  ckpt = str(tmp_path_factory.mktemp("fedavg") / "ckpt")
+  _run(ds, num_rounds=4, checkpoint_dir=ckpt, fingerprint={"method": "FedAvg", "lr": 0.3})
+  return ckpt
+
+
 @pytest.mark.parametrize("change, match", [
     (dict(algo=_algo(lr=0.31)), "algorithm"),                      # a hyper-parameter
     (dict(key=8), r"seed \(run key\)"),                               # the seed
     (dict(eval_every=3), "eval_every"),                               # the evaluation schedule
     (dict(fingerprint={"method": "FedAvg", "lr": 0.5}), r"config: lr.*0\.3.*0\.5"),
 ])
-def test_resume_refuses_every_kind_of_mismatch(ds, tmp_path, change, match):
+def test_resume_refuses_every_kind_of_mismatch(ds, tmp_path, change, match, fedavg_ckpt):
   ckpt = str(tmp_path / "ckpt")
-  _run(ds, num_rounds=4, checkpoint_dir=ckpt, fingerprint={"method": "FedAvg", "lr": 0.3})
+  shutil.copytree(fedavg_ckpt, ckpt)   # this test's own copy of the 4-round run's checkpoints
   kw = dict(num_rounds=6, checkpoint_dir=ckpt, resume=True,
             fingerprint={"method": "FedAvg", "lr": 0.3})
   kw.update(change)

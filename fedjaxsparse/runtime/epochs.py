@@ -49,6 +49,9 @@ def epoch_order(key: jax.Array, n: int, batch_size: int) -> jax.Array:
   return jax.random.permutation(key, n)[:steps * batch_size].reshape(steps, batch_size)
 
 
+_fold_in = jax.jit(jax.random.fold_in)  # an epoch's key: one program, not eager ops
+
+
 def _record(info: Any) -> dict:
   items = info._asdict() if hasattr(info, "_asdict") else info
   if not isinstance(items, dict):
@@ -108,12 +111,13 @@ def train_epochs(step: StepFn, state: Any, x: Any, y: Any, *, key: jax.Array, ep
                                  jnp.arange(order.shape[0]))
       return state, jax.tree_util.tree_map(jnp.mean, info)
   else:
-    one_j = jax.jit(one)
+    # the step's minibatch taken from ``order`` inside the compiled step, not by an eager slice
+    one_j = jax.jit(lambda state, xd, yd, order, key, i: one(state, xd, yd, order[i], key, i))
 
     def run_epoch(state, xd, yd, order, key):
       infos = []
       for i in range(order.shape[0]):
-        state, info = one_j(state, xd, yd, order[i], key, i)
+        state, info = one_j(state, xd, yd, order, key, i)
         infos.append(info)
       return state, jax.tree_util.tree_map(lambda *v: jnp.mean(jnp.stack(v)), *infos)
 
@@ -133,7 +137,7 @@ def train_epochs(step: StepFn, state: Any, x: Any, y: Any, *, key: jax.Array, ep
                disable=not progress)
     for t in bar:
       t0 = time.perf_counter()
-      k = jax.random.fold_in(key, t)
+      k = _fold_in(key, t)
       state, info = run_epoch(state, xd, yd, epoch_order(k, n, batch_size), k)
       if after_epoch is not None:
         state = after_epoch(state, t, k)

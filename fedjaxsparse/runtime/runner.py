@@ -73,10 +73,15 @@ class ChunkOutput(NamedTuple):
   state_finite: jax.Array
 
 
+@jax.jit
 def split_run_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``(init_key, rounds_key)`` of a run."""
+  """``(init_key, rounds_key)`` of a run (one compiled program, not an eager op each)."""
   init_key, rounds_key = jax.random.split(key)
   return init_key, rounds_key
+
+
+# the key of round 0 (the step's trace at a round's key types), compiled rather than eager
+_round0_key = jax.jit(lambda rounds_key: jax.random.fold_in(rounds_key, 0))
 
 
 def build_chunk(algo: Algorithm, chunk_size: int, eval_fn: EvalFn | None = None,
@@ -182,8 +187,10 @@ def _float_leaves(tree: Any) -> list[tuple[str, jax.Array]]:
           if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)]
 
 
+@jax.jit
 def state_finite(state: Any) -> jax.Array:
-  """``bool[L]``: whether each floating leaf of ``state`` is all-finite (jittable)."""
+  """``bool[L]``: whether each floating leaf of ``state`` is all-finite (jittable; compiled
+  as one program where it is called outside a trace, not an eager op per leaf)."""
   flags = [jnp.all(jnp.isfinite(leaf)) for _, leaf in _float_leaves(state)]
   return jnp.stack(flags) if flags else jnp.ones((0,), bool)
 
@@ -528,7 +535,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
   host_eval = eval_fn is not None and eval_every % chunk_size == 0 and start % chunk_size == 0
   # the step's trace kept from choosing the strategy / the fingerprint, at these types
   traced = None if mesh is not None else cached_step(
-      algo.step, jax.random.fold_in(rounds_key, 0), state, train)
+      algo.step, _round0_key(rounds_key), state, train)
   jitted, traces = _compiled_chunk(
       algo, chunk_size, None if host_eval else eval_fn, eval_every, params_fn, traced,
       None if mesh is not None else (rounds_key, state, train, test))
