@@ -171,6 +171,16 @@ def _top_page() -> str:
            "(:doc:`/_generated/papers/index`) say which paper each comes from.\n\n")
   for n in fjs.METHODS:
     text += _entry(fjs, n, f"fedjaxsparse.{n}")
+  text += _title("The structured-pruning trainers", "-")
+  text += ("Auto-Train-Once and DHSPG (``fjs.PRUNING_TRAINERS``) return a trainer that "
+           ":func:`fedjaxsparse.algorithms.ato.train` runs.\n\n")
+  for n in fjs.PRUNING_TRAINERS:
+    text += _entry(fjs, n, f"fedjaxsparse.{n}")
+  text += _entry(fjs, "PRUNING_TRAINERS", "fedjaxsparse.PRUNING_TRAINERS")
+  text += _title("A new cohort method", "-")
+  text += ("A client update on the one cohort round (:doc:`/composing`).\n\n")
+  for n in ("cohort_round", "ClientUpdate"):
+    text += _entry(fjs, n, f"fedjaxsparse.{n}")
   text += _title("Running and reading", "-")
   for n in ("Algorithm", "LossFn", "Model", "run", "run_batched", "global_params",
             "personal_params"):

@@ -62,12 +62,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjaxsparse.algorithms.cohort_round import (EXTRA_BITS_DOWN, ClientUpdate, CohortState,
+                                                   cohort_round)
 from fedjaxsparse.ops import layer_groups as LY
 from fedjaxsparse.ops import masks as MK
-from fedjaxsparse.runtime.clients import local_scan, map_clients
+from fedjaxsparse.runtime.clients import local_scan
 from fedjaxsparse.core import Algorithm, LossFn, float_dtype
-from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.ops.sparsity import largest_mask, random_keys
 from fedjaxsparse.errors import check_number
@@ -93,9 +93,22 @@ class FedP3Config(NamedTuple):
 
 
 class FedP3State(NamedTuple):
-  """``params`` (the global model W_t) and ``round``; clients keep no state (Alg. 5 l. 8)."""
+  """``params`` (the global model W_t) and ``round``: the state of the theory-side FedP3
+  (:mod:`fedjaxsparse.algorithms.fedp3_theory`), whose clients keep no state."""
   params: Any
   round: jax.Array
+
+
+class FedP3CohortState(CohortState):
+  """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` of :func:`fedp3`: ``params``
+  (W_t), ``clients`` = :attr:`config` (every client's row of its :class:`FedP3Config`, agreed
+  once and never changed: clients keep no trained state, Alg. 5 l. 8), ``server_opt_state``,
+  ``round``."""
+  __slots__ = ()
+
+  @property
+  def config(self) -> "FedP3Config":
+    return FedP3Config(*self.clients)
 
 
 class FedP3Info(NamedTuple):
@@ -267,6 +280,13 @@ def aggregate_updates(params: Any, updates: Any, train_layers: jax.Array, weight
                       depth: int = 1) -> Any:
   """:func:`aggregate` from the received updates ``W_i^l − W^l`` (``[m, ...]``; compressed by
   an uplink, say) instead of the trained models."""
+  return jax.tree.map(jnp.add, params, layer_delta(params, updates, train_layers, weights,
+                                                   depth))
+
+
+def layer_delta(params: Any, updates: Any, train_layers: jax.Array, weights: jax.Array,
+                depth: int = 1) -> Any:
+  """Algorithm 7's step ``Δ^l = Σ_i α_{i,l} t_{i,l} (W_i^l − W^l)`` (see :func:`aggregate`)."""
   coef = train_layers * weights[:, None]
   den = jnp.sum(coef, axis=0)
   alpha = coef / jnp.where(den > 0, den, 1.0)
@@ -274,31 +294,21 @@ def aggregate_updates(params: Any, updates: Any, train_layers: jax.Array, weight
   def one(wl, ul, l):
     sent = train_layers[:, l].reshape((-1,) + (1,) * wl.ndim)
     msg = jnp.where(sent, ul, jnp.zeros_like(ul))
-    return wl + jnp.tensordot(alpha[:, l].astype(wl.dtype), msg, axes=1)
+    return jnp.tensordot(alpha[:, l].astype(wl.dtype), msg, axes=1)
 
   return jax.tree.map(one, params, updates, LY.layer_index(params, depth))
 
 
-def compress_layers(key: jax.Array, ids: jax.Array, updates: Any, uplink: Callable[[int], Any],
-                    depth: int = 1) -> tuple[Any, list]:
-  """Every client's update compressed layer by layer: layer l (its leaves flattened together,
-  ``d_l`` entries) by the compressor ``uplink(d_l)``, with the key ``fold_in(fold_in(key, l),
-  client_id)``. Returns the compressed updates ``[m, ...]`` and the compressors (one per
-  layer, for the bit count)."""
-  w_like = jax.tree.map(lambda u: u[0], updates)
-  sizes = LY.layer_sizes(w_like, depth)
-  leaves, treedef = jax.tree.flatten(updates)
-  index = jax.tree.leaves(LY.layer_index(w_like, depth))
-  comps = []
-  for l, d_l in enumerate(sizes):
-    comp = uplink(int(d_l))
-    comps.append(comp)
-    pos = [j for j, li in enumerate(index) if li == l]
-    keys = client_keys(jax.random.fold_in(key, l), ids)
-    out = jax.vmap(comp.compress)(keys, [leaves[j] for j in pos])
-    for j, o in zip(pos, out):
-      leaves[j] = o
-  return jax.tree.unflatten(treedef, leaves), comps
+def layer_mean(depth: int = 1) -> Callable:
+  """Algorithm 7 as a cohort-round aggregation: messages ``{"update": W_i − W, "train":
+  t_i bool[L], "weight": a_i}`` give ``Δ^l = Σ_i α_{i,l} (W_i^l − W^l)`` with ``α_{i,l} =
+  a_i t_{i,l} / Σ_j a_j t_{j,l}`` over the members (positive round weight) that returned layer
+  l (:func:`aggregate_updates`); a layer nobody returned is unchanged."""
+  def aggregate_layers(messages, weights, params):
+    member = (weights > 0).astype(float_dtype())
+    return layer_delta(params, messages["update"], messages["train"],
+                       messages["weight"] * member, depth)
+  return aggregate_layers
 
 
 def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
@@ -306,8 +316,11 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
           cohort_size: int | None = None, local_rule: str = "fixed",
           q_range: tuple[float, float] = (0.5, 1.0), aggregation: str = "simple",
           train_non_selected: bool = True, depth: int = 1,
-          uplink: Callable[[int], Any] | None = None) -> Algorithm:
-  """FedP3 (Algorithms 5-7); see the module docstring.
+          uplink: Callable[[int], Any] | None = None, sampler: Any = None,
+          server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+  """FedP3 (Algorithms 5-7); see the module docstring: :func:`client_update` on
+  :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` with the per-layer mean
+  :func:`layer_mean`.
 
   Args:
     loss_fn: ``(params, x, y, mask) -> scalar`` of one client.
@@ -322,10 +335,36 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     train_non_selected: train the pruned layers ∉ L_i locally (prose) or freeze them (Alg. 6).
     depth: path prefix length that defines a layer (:mod:`fedjaxsparse.ops.layer_groups`).
     uplink: ``d_l -> Compressor``: every uploaded layer's update (``d_l`` entries) is
-      compressed by ``uplink(d_l)`` (e.g. ``lambda d: compressors.rand_k(d, d // 4)``), its own
-      key per client and layer; ``bits_up`` charges ``Σ_i Σ_{l∈L_i} uplink(d_l).bits(d_l)``
-      (``floats_up`` keeps the paper's count of uploaded floats).
+      compressed by ``uplink(d_l)`` (e.g. ``lambda d: compressors.rand_k(d, d // 4)``) with
+      the client's own key per layer; ``bits_up`` charges ``Σ_i Σ_{l∈L_i}
+      uplink(d_l).bits(d_l)`` (``floats_up`` keeps the paper's count of uploaded floats). A
+      factory of the layer size, not one compressor of the whole model: a client uploads only
+      its layers ``L_i``, each compressed on its own.
+    sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
+      uniform one of ``cohort_size`` (give ``cohort_size=None`` with it).
+    server_optimizer: an optax transformation of the pseudo-gradient ``−Δ`` (Algorithm 7's
+      step ``Δ``); ``None`` is the paper's ``W + Δ``.
   """
+  return cohort_round(
+      client_update(loss_fn, client_optimizer, config, local_steps=local_steps,
+                    batch_size=batch_size, local_rule=local_rule, q_range=q_range,
+                    aggregation=aggregation, train_non_selected=train_non_selected,
+                    depth=depth, uplink=uplink),
+      cohort_size=cohort_size, sampler=sampler, weighting="uniform",
+      aggregate=layer_mean(depth), server_optimizer=server_optimizer)
+
+
+def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
+                  config: FedP3Config, *, local_steps: int = 10, batch_size: int | None = 48,
+                  local_rule: str = "fixed", q_range: tuple[float, float] = (0.5, 1.0),
+                  aggregation: str = "simple", train_non_selected: bool = True,
+                  depth: int = 1, uplink: Callable[[int], Any] | None = None
+                  ) -> ClientUpdate:
+  """FedP3's client (Algorithms 5-6): its state is its row of ``config`` (L_i, r_i, P_i's
+  seed); it trains K optax steps on its pruned model and uploads ``{"update": W_i − W`` on
+  its layers ``L_i`` (compressed per layer by ``uplink``), ``"train": L_i, "weight": a_i}``
+  for :func:`layer_mean`. Records: ``floats_up``/``floats_down`` (summed), ``layers_up``.
+  Arguments as :func:`fedp3`."""
   if local_rule not in LOCAL_RULES:
     raise ValueError(f"local_rule must be one of {LOCAL_RULES}, got {local_rule!r}.")
   if aggregation not in AGGREGATIONS:
@@ -337,9 +376,6 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
-  agg = (jnp.ones(config.num_clients, jnp.int32) if aggregation == "simple"
-         else jnp.sum(config.train_layers, axis=1, dtype=jnp.int32))   # exact counts
-
   def local_mask(key, params, layer_of, selected, num_layers):
     """Q_{i,k} on the layers ∉ L_i (True on selected layers)."""
     if local_rule == "fixed":
@@ -384,45 +420,58 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
                                       jax.random.split(key, local_steps))
     return trained, losses[0], jax.tree.map(lambda a: jnp.sum(a, dtype=float_dtype()), pmask)
 
-  def init(key, params, data: FederatedData):
+  def init(key, params, n):
     del key
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
     names = LY.layer_names(params, depth)
-    if config.train_layers.shape != (data.num_clients, len(names)):
-      raise ValueError(f"config.train_layers must be bool[{data.num_clients}, {len(names)}] "
+    if config.train_layers.shape != (n, len(names)):
+      raise ValueError(f"config.train_layers must be bool[{n}, {len(names)}] "
                        f"(clients, layers {names}), got {config.train_layers.shape}.")
-    return FedP3State(params, jnp.zeros((), jnp.int32))
+    return tuple(config)
 
-  def step(key, state, data: FederatedData):
-    w, t = state.params, state.round
-    k_cohort, k_train, _ = jax.random.split(key, 3)  # FedAvg's key layout
-    ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
-    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
-    train = config.train_layers[ids]
-    trained, losses, kept = map_clients(
-        lambda k, tr, kr, mk, d: train_client(k, w, tr, kr, mk, d), cdata,
-        client_keys(k_train, ids), train, config.keep_ratio[ids], config.mask_keys[ids])
-    sizes = jnp.asarray(LY.layer_sizes(w, depth), float_dtype())
-    up = jnp.sum(train.astype(float_dtype()) @ sizes)
+  def layer_bits(params):   # bits of each layer's upload
+    sizes = LY.layer_sizes(params, depth)
     if uplink is None:
-      new_w = aggregate(w, trained, train, agg[ids].astype(float_dtype()), depth)
-      bits_up = 32.0 * up
-    else:
-      updates, comps = compress_layers(
-          jax.random.fold_in(k_train, 1), ids,
-          jax.tree.map(lambda tl, wl: tl - wl[None], trained, w), uplink, depth)
-      new_w = aggregate_updates(w, updates, train, agg[ids].astype(float_dtype()), depth)
-      layer_bits = jnp.asarray([c.bits(int(d_l)) for c, d_l in
-                                zip(comps, LY.layer_sizes(w, depth))], float_dtype())
-      bits_up = jnp.sum(train.astype(float_dtype()) @ layer_bits)
-    down = jnp.sum(sum(jax.tree.leaves(kept)))
-    info = FedP3Info(jnp.mean(losses), up, down, bits_up, 32.0 * down,
-                     jnp.mean(jnp.mean(train.astype(float_dtype()), axis=1)),
-                     jnp.int32(ids.shape[0]))
-    return FedP3State(new_w, t + 1), info
+      return jnp.asarray([32.0 * d_l for d_l in sizes], float_dtype())
+    return jnp.asarray([uplink(int(d_l)).bits(int(d_l)) for d_l in sizes], float_dtype())
 
-  return Algorithm(init, step)
+  def update(key, w, row, d, t):
+    del t
+    train, keep, mask_key = row
+    trained, loss, kept = train_client(key, w, train, keep, mask_key, d)
+    delta = jax.tree.map(jnp.subtract, trained, w)
+    if uplink is not None:   # each layer by its own compressor, its own key
+      delta = compress_layer_tree(jax.random.fold_in(key, 1), delta, uplink, depth)
+    a = (jnp.ones((), float_dtype()) if aggregation == "simple"
+         else jnp.sum(train, dtype=jnp.int32).astype(float_dtype()))
+    sizes = jnp.asarray(LY.layer_sizes(w, depth), float_dtype())
+    floats_down = sum(jax.tree.leaves(kept))
+    metrics = {"loss": loss, "floats_up": train.astype(float_dtype()) @ sizes,
+               "floats_down": floats_down, EXTRA_BITS_DOWN: 32.0 * floats_down,
+               "layers_up": jnp.mean(train.astype(float_dtype()))}
+    return {"update": delta, "train": train, "weight": a}, row, metrics
+
+  def upload_bits(message, params):
+    return message["train"].astype(float_dtype()) @ layer_bits(params)
+
+  return ClientUpdate(init, update, upload_bits=upload_bits,
+                      download_bits=lambda params: jnp.zeros((), float_dtype()),
+                      info_type=FedP3Info, summed=("floats_up", "floats_down"),
+                      state_type=FedP3CohortState)
+
+
+def compress_layer_tree(key: jax.Array, update: Any, uplink: Callable[[int], Any],
+                        depth: int = 1) -> Any:
+  """ONE client's update compressed layer by layer: layer l (its leaves flattened together,
+  ``d_l`` entries) by ``uplink(d_l)`` with the key ``fold_in(key, l)``."""
+  sizes = LY.layer_sizes(update, depth)
+  leaves, treedef = jax.tree.flatten(update)
+  index = jax.tree.leaves(LY.layer_index(update, depth))
+  for l, d_l in enumerate(sizes):
+    pos = [j for j, li in enumerate(index) if li == l]
+    out = uplink(int(d_l)).compress(jax.random.fold_in(key, l), [leaves[j] for j in pos])
+    for j, o in zip(pos, out):
+      leaves[j] = o
+  return jax.tree.unflatten(treedef, leaves)
 
 
 def deployed_size(layer_sizes: Sequence[float], train_layers_row: Any, keep: float) -> float:
