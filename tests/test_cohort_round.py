@@ -36,7 +36,7 @@ def _family(name: str, client_optimizer=None, **kw):
   if name == "fedavg":
     return fjs.fedavg(loss, client_optimizer or optax.sgd(0.1), local_steps=2, batch_size=16,
                       **kw)
-  if client_optimizer is not None and name not in ("fedavg", "fml"):
+  if client_optimizer is not None and name not in ("fedavg", "fml", "fedp3"):
     kw["client_optimizer"] = client_optimizer
   if name == "ditto":
     return fjs.ditto(loss, 0.1, global_epochs=1, personal_epochs=1, batch_size=64, **kw)
@@ -51,9 +51,31 @@ def _family(name: str, client_optimizer=None, **kw):
     _, model, _, _ = _setup()
     return fjs.subfedavg(loss, 0.1, accuracy_fn=fjs.evaluation.client_accuracy(model),
                          epochs=2, batch_size=64, acc_threshold=0.0, **kw)
+  if name == "fedp3":   # every client trains both layers (b, w); layer-wise rand-k uplinks
+    cfg = fjs.algorithms.fedp3.make_config(jax.random.key(1), np.ones((N, 2), bool), 0.9)
+    if isinstance(kw.get("uplink"), fjs.compressors.Compressor):
+      kw["uplink"] = _layerwise(kw["uplink"])
+    return fjs.fedp3(loss, client_optimizer or optax.sgd(0.1), cfg, local_steps=2,
+                     batch_size=16, **kw)
   if name == "fedsr":
     return fjs.fedsr(_split_model(), 0.1, epochs=1, batch_size=64, **kw)
   raise KeyError(name)
+
+
+def _layerwise(compressor):
+  """FedP3's uplink is a factory of the layer size: the same kind of compressor per layer."""
+  kind = compressor.name.split("-")[0]
+  return {"rand": lambda d_l: fjs.compressors.rand_k(d_l, max(1, d_l // 4)),
+          "identity": fjs.compressors.identity,
+          "terngrad": fjs.compressors.terngrad}[kind]
+
+
+def _uplink_bits(family, compressor, d):
+  """Bits of one member's upload through ``compressor`` (FedP3: per layer, both layers)."""
+  if family != "fedp3":
+    return compressor.bits(d)
+  up = _layerwise(compressor)
+  return sum(up(n).bits(n) for n in (10, 640))
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,7 +96,8 @@ def _dim(family: str | None) -> int:
   return sum(int(np.size(a)) for a in jax.tree.leaves(_params(family)))
 
 
-FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr")
+FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr", "fedp3")
+NO_WEIGHTING = ("subfedavg", "fedp3")   # per-coordinate / per-layer means over the keepers
 SGD_CLIENTS = ("ditto", "fedspa", "subfedavg")   # the papers' plain SGD with lr by default
 NO_UPLINK = ("subfedavg",)   # uploads its mask beside its model: the masked mean reads it
 D = 64 * 10 + 10
@@ -91,9 +114,16 @@ def _rounds(algo, rounds: int = 1, family: str | None = None):
   return state, infos
 
 
+def _host(leaf):
+  """A state leaf as a NumPy array (a PRNG key as its key data)."""
+  if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    return np.asarray(jax.random.key_data(leaf))
+  return np.asarray(leaf)
+
+
 def _assert_same(a, b, what):
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=what)
+    np.testing.assert_array_equal(_host(x), _host(y), err_msg=what)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -102,17 +132,19 @@ def test_every_family_composes_with_a_sampler_an_uplink_and_optax_servers(family
   uplink = None if family in NO_UPLINK else fjs.compressors.rand_k(d, d // 4)
   extra = {"client_optimizer": optax.sgd(0.1, momentum=0.9)}
   if family not in NO_UPLINK:
-    extra.update(uplink=uplink, weighting="sampling")
+    extra.update(uplink=uplink)
+  if family not in NO_WEIGHTING:
+    extra.update(weighting="sampling")
   algo = _family(family, sampler=fjs.sampling.stratified(BLOCKS),
                  server_optimizer=optax.adam(0.01), cohort_size=None, **extra)
   state, infos = _rounds(algo, 2, family)
   for leaf in jax.tree.leaves(state):
-    if np.issubdtype(np.asarray(leaf).dtype, np.floating):
-      assert np.all(np.isfinite(np.asarray(leaf))), family
+    if np.issubdtype(_host(leaf).dtype, np.floating):
+      assert np.all(np.isfinite(_host(leaf))), family
   for info in infos:
     assert int(info.num_clients) == len(BLOCKS)
     if uplink is not None:
-      assert float(info.bits_up) == len(BLOCKS) * uplink.bits(d), family
+      assert float(info.bits_up) == len(BLOCKS) * _uplink_bits(family, uplink, d), family
     assert np.isfinite(float(info.loss))
   assert int(state.round) == 2
   moved = [not np.allclose(np.asarray(a), np.asarray(b))
@@ -217,14 +249,16 @@ def test_random_compositions_run_finite_with_exact_uplink_bits(family, sampler, 
   kw["uplink"] = comp
   kw["server_optimizer"] = {None: None, "adam": optax.adam(0.01),
                             "momentum": optax.sgd(1.0, momentum=0.5)}[server]
-  if family in NO_UPLINK:   # its masked mean counts every keeper once: no weighting option
+  if family in NO_UPLINK:
     kw.pop("uplink")
-    kw.pop("weighting", None)
     comp = None
+  if family in NO_WEIGHTING:   # its mean counts every keeper once: no weighting option
+    kw.pop("weighting", None)
   state, (info,) = _rounds(_family(family, **kw), 1, family)
   for leaf in jax.tree.leaves(state.params):
     assert np.all(np.isfinite(np.asarray(leaf)))
   members = int(info.num_clients)
   assert members == {"uniform": 3, "stratified": len(BLOCKS), "full": N}[sampler]
   if comp is not None:   # TernGrad's bits are not an integer: the float32 ledger rounds them
-    assert float(info.bits_up) == pytest.approx(members * comp.bits(d), rel=2 ** -23)
+    assert float(info.bits_up) == pytest.approx(members * _uplink_bits(family, comp, d),
+                                                rel=2 ** -23)
