@@ -2,9 +2,11 @@
 FedSR(-FT) and FedPAC, the baselines of seed 001's Table B.1 and Fig. 4.2, as the seed ran them
 (FedCR's code, github.com/haozzh/FedCR).
 
-All three train a :class:`fedjaxsparse.models.split.SplitModel` (``{"body", "head"}``) on the
-shared cohort round (:mod:`fedjaxsparse.runtime.cohort`: any sampler, weighting and server
-optimiser), with epoch-based local training (:func:`fedjaxsparse.ops.local.epoch_optimize`):
+All three train a :class:`fedjaxsparse.models.split.SplitModel` (``{"body", "head"}``) with
+any sampler, weighting and server optimiser and epoch-based local training
+(:func:`fedjaxsparse.ops.local.epoch_optimize`); FedSR is a client update on
+:func:`fedjaxsparse.algorithms.cohort_round.cohort_round`, FedCR and FedPAC (whose servers also
+build class statistics) use its pieces (:mod:`fedjaxsparse.runtime.cohort`):
 
 * :func:`fedcr` — a Gaussian representation regularised towards global class-conditional
   distributions built by products of experts; personal heads; FedCR-OPU3 with
