@@ -448,7 +448,9 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
                                     key, samples, y)
     if l2r:
       norms = jnp.sum(jnp.square(z), axis=-1)
-      per = per + l2r * jnp.mean(norms if l2r_form == "squared" else jnp.sqrt(norms), axis=0)
+      # ‖z‖ with a zero (not infinite) gradient at z = 0 (a deterministic z = μ can be 0)
+      safe = jnp.where(norms > 0, jnp.sqrt(jnp.where(norms > 0, norms, 1.0)), 0.0)
+      per = per + l2r * jnp.mean(norms if l2r_form == "squared" else safe, axis=0)
     if cmi:
       per = per + cmi * kl_normal(c * mu, c * sigma, r_mean[y], jax.nn.softplus(r_scale[y]))
     return jnp.sum(per * mask) / jnp.maximum(jnp.sum(mask), 1.0), None

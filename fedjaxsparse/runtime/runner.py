@@ -346,7 +346,10 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
   """Run ``num_rounds`` rounds of ``algo``.
 
   Args:
-    algo: the algorithm.
+    algo: the algorithm; a :class:`~fedjaxsparse.runtime.population.CohortAlgorithm` (per-client
+      state read and written for the cohort only, e.g. ``fjs.ef_bv_pp``) runs with its
+      population on the device (:func:`~fedjaxsparse.runtime.population.on_device`;
+      :func:`~fedjaxsparse.runtime.population.run_on_host` keeps it in host memory).
     key: the run's PRNG key.
     params: the initial global model.
     train: training data, passed to ``algo.init`` and ``algo.step`` (clients on axis 0);
@@ -403,6 +406,9 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
       (``benchmarks/bench_client_strategies.py``). Under ``"unroll"`` rounds run loop-free:
       one round per dispatch (``chunk_size`` defaults to 1) and evaluation as its own program.
   """
+  from fedjaxsparse.runtime import population   # population builds on this module
+  if isinstance(algo, population.CohortAlgorithm):
+    algo = population.on_device(algo)
   if not isinstance(num_rounds, int) or num_rounds < 1:
     raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
   if eval_every < 1:
