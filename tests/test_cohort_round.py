@@ -50,7 +50,7 @@ def _family(name: str, client_optimizer=None, **kw):
   if name == "subfedavg":
     _, model, _, _ = _setup()
     return fjs.subfedavg(loss, 0.1, accuracy_fn=fjs.evaluation.client_accuracy(model),
-                         epochs=2, batch_size=64, acc_threshold=0.0, **kw)
+                         epochs=2, batch_size=128, acc_threshold=0.0, **kw)
   if name == "fedp3":   # every client trains both layers (b, w); layer-wise rand-k uplinks
     cfg = fjs.algorithms.fedp3.make_config(jax.random.key(1), np.ones((N, 2), bool), 0.9)
     if isinstance(kw.get("uplink"), fjs.compressors.Compressor):
@@ -152,32 +152,51 @@ def test_every_family_composes_with_a_sampler_an_uplink_and_optax_servers(family
   assert any(moved), family
 
 
+def _one_round_each(algos, family):
+  """One round of every algorithm of ``algos`` from its own initial state, all of them one
+  compiled program (its copies of the same computation compile once)."""
+  data, params = _setup()[0], _params(family)
+
+  def rounds(params, data):
+    return [a.step(jax.random.key(10), a.init(jax.random.key(1), params, data), data)
+            for a in algos]
+
+  return jax.jit(rounds)(params, data)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_identity_uplink_unit_server_sgd_and_full_sampler_reduce_to_the_plain_round(family):
-  plain_state, (plain,) = _rounds(_family(family, cohort_size=None), 1, family)
+  """Bit for bit, each on its own: the identity uplink is no uplink, ``optax.sgd(1.0)`` on the
+  server is no server optimizer, the full sampler is ``cohort_size=None``, and (for the
+  families whose papers train with plain SGD of step ``lr``) ``client_optimizer=optax.sgd(lr)``
+  is the paper's step, which momentum changes."""
+  variants = {"plain": _family(family, cohort_size=None),
+              "server sgd(1.0)": _family(family, cohort_size=None,
+                                         server_optimizer=optax.sgd(1.0)),
+              "full sampler": _family(family, sampler=fjs.sampling.full(N), cohort_size=None)}
   if family not in NO_UPLINK:
-    ident, _ = _rounds(_family(family, cohort_size=None,
-                               uplink=fjs.compressors.identity(_dim(family))), 1, family)
+    variants["identity uplink"] = _family(family, cohort_size=None,
+                                          uplink=fjs.compressors.identity(_dim(family)))
+  if family in SGD_CLIENTS:
+    variants["client sgd(lr)"] = _family(family, client_optimizer=optax.sgd(0.1),
+                                         cohort_size=None)
+    variants["client momentum"] = _family(family, client_optimizer=optax.sgd(0.1, momentum=0.9),
+                                          cohort_size=None)
+  out = dict(zip(variants, _one_round_each(list(variants.values()), family)))
+  plain_state, plain = out["plain"]
+  if "identity uplink" in out:
+    ident = out["identity uplink"][0]
     _assert_same(ident.params, plain_state.params, f"{family}: identity uplink")
     _assert_same(ident.clients, plain_state.clients, f"{family}: identity uplink")
-  sgd1, _ = _rounds(_family(family, cohort_size=None, server_optimizer=optax.sgd(1.0)), 1,
-                    family)
-  _assert_same(sgd1.params, plain_state.params, f"{family}: server sgd(1.0)")
-  full_state, (full,) = _rounds(_family(family, sampler=fjs.sampling.full(N),
-                                        cohort_size=None), 1, family)
-  _assert_same(full_state, plain_state, f"{family}: full sampler")
-  _assert_same(full, plain, f"{family}: full sampler's info")
-
-
-@pytest.mark.parametrize("family", SGD_CLIENTS)
-def test_client_optimizer_sgd_is_the_papers_plain_sgd_bit_for_bit(family):
-  plain, _ = _rounds(_family(family, cohort_size=None), 1, family)
-  sgd, _ = _rounds(_family(family, client_optimizer=optax.sgd(0.1), cohort_size=None), 1,
-                   family)
-  _assert_same(sgd, plain, f"{family}: client_optimizer=optax.sgd(lr)")
-  momentum, _ = _rounds(_family(family, client_optimizer=optax.sgd(0.1, momentum=0.9),
-                                cohort_size=None), 1, family)
-  assert not np.array_equal(np.asarray(momentum.params["w"]), np.asarray(plain.params["w"]))
+  _assert_same(out["server sgd(1.0)"][0].params, plain_state.params,
+               f"{family}: server sgd(1.0)")
+  _assert_same(out["full sampler"][0], plain_state, f"{family}: full sampler")
+  _assert_same(out["full sampler"][1], plain, f"{family}: full sampler's info")
+  if family in SGD_CLIENTS:
+    _assert_same(out["client sgd(lr)"][0], plain_state,
+                 f"{family}: client_optimizer=optax.sgd(lr)")
+    assert not np.array_equal(np.asarray(out["client momentum"][0].params["w"]),
+                              np.asarray(plain_state.params["w"])), family
 
 
 def test_fedavgs_client_optimizer_sgd_is_the_papers_plain_sgd():
