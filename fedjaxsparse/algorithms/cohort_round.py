@@ -70,13 +70,9 @@ Three methods no paper defines, each a few lines (the family constructors take `
 >>> float(info.bits_up) == 4 * d       # four members, one bit per entry
 True
 
-References:
-  McMahan, H. Brendan; Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas (2017).
-    Communication-Efficient Learning of Deep Networks from Decentralized Data. AISTATS 2017.
-    arXiv:1602.05629.
-  Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush, Jakub
-    Konečný, Sanjiv Kumar, H. Brendan McMahan (2021). Adaptive Federated Optimization.
-    ICLR 2021. arXiv:2003.00295.
+References: FedAvg's round (McMahan et al. 2017, arXiv:1602.05629) with FedOpt's server
+optimizer (Reddi et al. 2021, arXiv:2003.00295); full citations in
+:mod:`fedjaxsparse.algorithms.fedavg`.
 """
 from __future__ import annotations
 
