@@ -34,8 +34,8 @@ seconds reported apart; every timing ends with ``jax.block_until_ready``):
     warm-up, median of ``--loop-repeats`` rounds (``--skip-per-client-jit`` leaves it out).
 
 The references reproduce ``fedmrn``'s randomness key for key: ``split(key, 3)`` → cohort,
-noise, train keys; ``sample_cohort``; ``client_keys``; ``tree_noise``; ``split(k_train_k, 3)``
-→ order, PSM, final-mask keys; ``epoch_minibatch`` and ``fold_in(k_psm, t)`` per step. So
+client (and uplink) keys; ``sample_cohort``; ``client_keys`` (each client's key is its noise
+seed); ``tree_noise``; ``split(fold_in(k_client, 1), 3)`` → order, PSM, final-mask keys; ``epoch_minibatch`` and ``fold_in(k_psm, t)`` per step. So
 their new parameters equal the library's up to float rounding (a different fusion and
 summation order): ``max_abs_diff`` is the largest difference, and ``frac_diff_gt_1e-5`` the
 fraction of parameter entries differing by more than 1e-5 — an entry's mask bit (or a PSM
@@ -129,9 +129,10 @@ def bench(args) -> tuple[list[dict], dict]:
   noise_masks = fjs.ops.noise_masks  # FedMRN's masked noise
 
   def round_keys(key):
-    k_cohort, k_noise, k_train = jax.random.split(key, 3)
+    k_cohort, k_clients, _ = jax.random.split(key, 3)
     ids = fjs.sampling.sample_cohort(k_cohort, data.num_clients, K)
-    return ids, fjs.sampling.client_keys(k_noise, ids), fjs.sampling.client_keys(k_train, ids)
+    k_noise = fjs.sampling.client_keys(k_clients, ids)      # each client's seed
+    return ids, k_noise, jax.vmap(lambda k: jax.random.fold_in(k, 1))(k_noise)
 
   grad = jax.grad(lambda v, w, x, y, m: loss(jax.tree.map(jnp.add, w, v), x, y, m))
 

@@ -59,6 +59,8 @@ def _family(name: str, client_optimizer=None, **kw):
                      batch_size=16, **kw)
   if name == "fedsr":
     return fjs.fedsr(_split_model(), 0.1, epochs=1, batch_size=64, **kw)
+  if name == "fedmrn":   # learned masks over ±0.1 noise
+    return fjs.fedmrn(loss, 0.1, epochs=1, batch_size=64, noise_scale=0.1, **kw)
   raise KeyError(name)
 
 
@@ -96,10 +98,12 @@ def _dim(family: str | None) -> int:
   return sum(int(np.size(a)) for a in jax.tree.leaves(_params(family)))
 
 
-FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr", "fedp3")
+FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr", "fedp3", "fedmrn")
 NO_WEIGHTING = ("subfedavg", "fedp3")   # per-coordinate / per-layer means over the keepers
-SGD_CLIENTS = ("ditto", "fedspa", "subfedavg")   # the papers' plain SGD with lr by default
-NO_UPLINK = ("subfedavg",)   # uploads its mask beside its model: the masked mean reads it
+SGD_CLIENTS = ("ditto", "fedspa", "subfedavg", "fedmrn")   # the papers' plain SGD by default
+# Sub-FedAvg uploads its mask beside its model (the masked mean reads it); FedMRN's mask is
+# already one bit per entry (its dense backbone, masking="none", takes an uplink: test_fedmrn)
+NO_UPLINK = ("subfedavg", "fedmrn")
 D = 64 * 10 + 10
 
 

@@ -2,7 +2,7 @@
 out.
 
 Cohort methods of the library — FedAvg and its FedOpt/FedProx/FedHT/FedIHT variants, Ditto and
-Local, FedSpa, Sub-FedAvg, FML, FedSR — are each a :class:`ClientUpdate` (what one client does with the global
+Local, FedSpa, Sub-FedAvg, FedMRN, FML, FedSR, FedP3 — are each a :class:`ClientUpdate` (what one client does with the global
 model, its own state and its own data) given to :func:`cohort_round`, which owns the rest of
 the round, so that any sampler, uplink compressor, aggregation and server optimizer composes
 with any client update (optax's ``chain`` makes composition a value; blackjax separates a
@@ -27,7 +27,8 @@ One round ``t`` with global model ``x_t`` (a pytree; ``d`` entries), per-client 
 5. ``Δ = aggregate(msg, p, x_t)`` (:func:`mean_delta`: ``Σ p_i msg_i``; :func:`mean_model`:
    ``Σ p_i msg_i − x_t`` for clients that upload models);
 6. ``x_{t+1} = x_t + Δ`` without a server optimizer, else ``x_t + server_opt(−Δ)`` (FedOpt:
-   ``−Δ`` is the pseudo-gradient); then ``server_prox`` (FedHT's Top-K) if given.
+   ``−Δ`` is the pseudo-gradient); then ``server_prox`` (FedHT's Top-K) and
+   ``server_sparsity`` (magnitude pruning to a round's sparsity) if given.
 
 The info record: ``loss = Σ_i p_i loss_i`` (each client's ``metrics["loss"]``), ``bits_up``
 (``Σ_S uplink.bits(d)`` with an uplink, else ``Σ_S upload_bits(msg_i)``, by default each
@@ -89,6 +90,7 @@ from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.aggregation import weighted_mean
 from fedjaxsparse.ops.proxes import Prox
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
+from fedjaxsparse.ops.sparsity import magnitude_prune
 from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import map_clients
 
@@ -211,7 +213,9 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
                  weighting: str = "num_examples", uplink: Any = None,
                  aggregate: Callable = mean_delta,
                  server_optimizer: optax.GradientTransformation | None = None,
-                 server_prox: Prox | None = None, encoding: str = "dense") -> Algorithm:
+                 server_prox: Prox | None = None,
+                 server_sparsity: Callable[[jax.Array], Any] | None = None,
+                 encoding: str = "dense") -> Algorithm:
   """The algorithm that runs ``client`` in cohort rounds; see the module docstring.
 
   Args:
@@ -230,6 +234,11 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
       FedYogi, server momentum); ``None`` applies ``Δ`` as it is.
     server_prox: a prox applied (with step 1) to the new global model, e.g.
       :func:`fedjaxsparse.ops.proxes.top_k` (FedHT).
+    server_sparsity: ``round -> s_t ∈ [0, 1)`` (traceable, e.g.
+      :func:`fedjaxsparse.ops.sparsity.gmp_sparsity`): the new global model is pruned to
+      sparsity ``s_t`` by global magnitude after the server step (FedSparsify's server-side
+      gradual pruning), and each download is charged by the pruned model's non-zeros under
+      the cheapest encoding.
     encoding: the bit accounting of the default ``upload_bits``/``download_bits``
       (:mod:`fedjaxsparse.ops.accounting`): ``"dense"`` (``32·d``) or a sparse encoding.
 
@@ -250,7 +259,8 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
       lambda m, params: accounting.message_bits(m, encoding=encoding))
   state_type = client.state_type or CohortState
   download_bits = client.download_bits or (
-      lambda params: accounting.message_bits(params, encoding=encoding))
+      lambda params: accounting.message_bits(
+          params, encoding="auto" if server_sparsity is not None else encoding))
 
   def init(key, params, data: FederatedData) -> CohortState:
     check_data(data)
@@ -283,6 +293,8 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
                                                   server_optimizer)
     if server_prox is not None:
       new_params = server_prox(new_params, 1.0)
+    if server_sparsity is not None:
+      new_params = magnitude_prune(new_params, server_sparsity(t))
 
     member, size = cohort.member, cohort.size
     if uplink is not None:

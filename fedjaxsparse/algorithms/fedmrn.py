@@ -8,11 +8,10 @@ References:
 
 Round t: the server samples a cohort (K of N, uniform without replacement, or any
 :class:`fedjaxsparse.ops.sampling.Sampler`) and broadcasts ``w^t`` (dense). Client k draws its
-noise ``n_k = G(s_k^t)`` (seed = ``fold_in(round noise key, client id)``, fresh per client and
-round), starts from ``u = 0`` and runs epoch-based SGD — E epochs of minibatches of B without
-replacement, ``S_k = E·⌈n_k/B⌉`` steps (each client its own count,
-:func:`fedjaxsparse.ops.local.epoch_loop`) — where step τ evaluates the gradient at the progressively masked
-update
+noise ``n_k = G(s_k^t)`` (its seed fresh per client and round), starts from ``u = 0`` and
+runs epoch-based SGD — E epochs of minibatches of B without replacement, ``S_k = E·⌈n_k/B⌉``
+steps (each client its own count, :func:`fedjaxsparse.ops.local.epoch_loop`) — where step τ
+evaluates the gradient at the progressively masked update
 
     û = (1 − P)⊙clip(u, n_k) + P⊙n_k⊙M(u, n_k),   P ~ Bernoulli((τ + 1)/S_k)      (PSM, eq. 10)
 
@@ -28,13 +27,19 @@ local SGD, then one SM of the final update) and ``masking="none"`` (the FedAvg b
 dense update u is sent, 32 bits per entry, or compressed once by ``uplink``).
 
 ``server_sparsity`` (a schedule ``round -> s_t``, e.g. :func:`fedjaxsparse.ops.sparsity.gmp_sparsity`)
-is FedSparsify as seed 000 describes it (l. 108-111, Stripelis et al. 2022): gradual magnitude
-pruning at the server, ``w^{t+1} ← MagPrune(w^t + Δ, s_t)`` after every aggregation; the
+is FedSparsify's server-side reading (Stripelis et al. 2022, "Federated Progressive
+Sparsification (Purge, Merge, Tune)+", arXiv:2204.12430): gradual magnitude pruning at the
+server, ``w^{t+1} ← MagPrune(w^t + Δ, s_t)`` after every aggregation; the
 clients train dense from the pruned model (pruned weights may regrow and are pruned again —
 the literal server-side reading; Stripelis et al. also freeze the mask on the clients, which
 this option does not) and the downlink is charged by the pruned model's non-zeros.
 
-Messages are *updates* (``u`` or ``n⊙m``), added to ``w^t`` — not models.
+The round is :func:`fedjaxsparse.algorithms.cohort_round.cohort_round` with FedMRN's
+:func:`client_update`: any sampler, a server optimizer (FedAdam on ``−Δ``) and an optax client
+optimizer (the straight-through gradient turned into the step on ``u``) compose with every
+ablation. A client's key is the seed it uploads (``n_k = G(k)``); its local training draws from
+``fold_in(k, 1)``. Messages are *updates* (``u``, or a mask and a seed that the server decodes
+into ``n⊙m``: :func:`noise_mask_mean`), added to ``w^t`` — not models.
 
 Source for the team: seed 003 Algorithm 1; spec ``seed000_003.md`` B.0–B.2, B.8.
 """
@@ -44,77 +49,49 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
+from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, CohortState, cohort_round,
+                                                  mean_delta)
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
+from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import noise_masks as M
-from fedjaxsparse.ops.aggregation import client_weights
-from fedjaxsparse.runtime.clients import map_clients
-from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
-from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.ops.sparsity import magnitude_prune, top_k
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
-from fedjaxsparse.ops.local import epoch_loop, epoch_steps, max_local_steps
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.ops.aggregation import weighted_mean
+from fedjaxsparse.ops.local import epoch_loop, epoch_steps
+from fedjaxsparse.ops.sparsity import top_k
+
+__all__ = ["FedMRNInfo", "MASKINGS", "client_update", "fedmrn", "noise_mask_mean"]
 
 MASKINGS = ("learned", "post", "none")
 
 
-class FedMRNState(NamedTuple):
-  """Attributes: ``params`` (w^t), ``round``."""
-  params: Any
-  round: jax.Array
-
-
 class FedMRNInfo(NamedTuple):
   """Per round: ``loss`` (participants' data-weighted loss at w^t), ``bits_up`` (d + seed
-  bits per masked upload, 32·d dense), ``bits_down`` (32·d per participant),
-  ``num_clients``, ``ones`` (fraction of mask entries equal to 1; NaN-free, 0 without
-  masks), ``update_linf`` (‖w^{t+1} − w^t‖_∞)."""
+  bits per masked upload, 32·d dense, the uplink's bits with one), ``bits_down`` (32·d per
+  participant; the pruned model's non-zeros under ``server_sparsity``), ``num_clients``,
+  ``ones`` (fraction of mask entries equal to 1, averaged over the participants; 0 without
+  masks)."""
   loss: jax.Array
   bits_up: jax.Array
   bits_down: jax.Array
   num_clients: jax.Array
   ones: jax.Array
-  update_linf: jax.Array
 
 
-def _flat_size(tree) -> int:
-  return sum(int(a.size) for a in jax.tree.leaves(tree))
+def noise_mask_mean(noise_scale: float, distribution: str = "uniform") -> Callable:
+  """The aggregation of masked-noise uploads ``{"mask": m_i, "seed": s_i}``: the server
+  regenerates each member's noise ``n_i = G(s_i)`` (:func:`fedjaxsparse.ops.noise_masks.
+  tree_noise`, bit for bit what the client drew) and returns ``Δ = Σ_i p_i n_i⊙m_i``."""
+  def aggregate(messages: Any, weights: jax.Array, params: Any) -> Any:
+    noises = jax.vmap(lambda k: M.tree_noise(k, params, noise_scale, distribution))(
+        messages["seed"])
+    updates = jax.tree.map(lambda n, m: n * m.astype(n.dtype), noises, messages["mask"])
+    return weighted_mean(updates, weights)
+  return aggregate
 
 
-def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
-           cohort_size: int | None = None, noise_scale: float = 1e-2,
-           distribution: str = "uniform", signed: bool = False, stochastic: bool = True,
-           progressive: bool = True, masking: str = "learned", uplink: Any = None,
-           prune_to: int | None = None,
-           server_sparsity: Callable[[jax.Array], Any] | None = None) -> Algorithm:
-  """FedMRN (``signed=False``) / FedMRNS (``signed=True``); see the module docstring.
-
-  Args:
-    loss_fn: ``(params, x, y, mask) -> F_k`` of one client (mean over the masked examples).
-    lr: local SGD step η.
-    epochs: local epochs E; batch_size: B (the paper: 10 epochs of 64).
-    cohort_size: K clients per round (``None``: all).
-    noise_scale: α of the noise (uniform on [−α, α]; paper: 1e-2 FedMRN, 5e-3 FedMRNS).
-    distribution: ``"uniform"``, ``"gaussian"`` (std α) or ``"bernoulli"`` (±α).
-    stochastic, progressive, masking: the ablations (module docstring).
-    uplink: with ``masking="none"``, a :class:`fedjaxsparse.ops.compressors.Compressor` applied
-      once to each client's final update before upload (the post-training compressors of
-      seed 003's baselines: SignSGD, TernGrad, DRIVE, EDEN, top-k), charged ``uplink.bits(d)``.
-    prune_to: with ``masking="none"``, FedSparsify as seed 003 uses it — magnitude pruning
-      during local training: after every local step the local model ``w + u`` is pruned to its
-      ``prune_to`` largest magnitudes (global Top-K; 97 % sparsity in the paper, schedule
-      unspecified there), and the pruned *model* is uploaded (the server's data-weighted
-      average of the pruned models); charged by its non-zeros under the cheapest encoding
-      (the paper counts the values only). Seed 000's server-side gradual pruning is another
-      method of that name: ``server_sparsity``.
-    server_sparsity: ``round -> sparsity in [0, 1)``, traceable: the server prunes the new
-      global model to it by global magnitude (seed 000's FedSparsify, module docstring).
-  """
-  if prune_to is not None and (masking != "none" or uplink is not None):
-    raise ValueError("prune_to (FedSparsify) needs masking='none' and no uplink.")
-  if uplink is not None and masking != "none":
-    raise ValueError("uplink (a post-training compressor) needs masking='none'.")
+def _check(lr, noise_scale, epochs, batch_size, masking, distribution):
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("noise_scale", noise_scale, 0.0, None, low_open=True)
   for name, v in (("epochs", epochs), ("batch_size", batch_size)):
@@ -124,13 +101,85 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     raise ValueError(f"masking must be one of {MASKINGS}, got {masking!r}.")
   if distribution not in M.DISTRIBUTIONS:
     raise ValueError(f"distribution must be one of {M.DISTRIBUTIONS}, got {distribution!r}.")
-  grad = jax.grad(lambda v, w, x, y, m: loss_fn(jax.tree.map(jnp.add, w, v), x, y, m))
 
-  def init(key, params, data: FederatedData) -> FedMRNState:
-    del key
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
-    return FedMRNState(params, jnp.zeros((), jnp.int32))
+
+def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
+           cohort_size: int | None = None, sampler: Any = None,
+           weighting: str = "num_examples", noise_scale: float = 1e-2,
+           distribution: str = "uniform", signed: bool = False, stochastic: bool = True,
+           progressive: bool = True, masking: str = "learned", uplink: Any = None,
+           prune_to: int | None = None,
+           server_sparsity: Callable[[jax.Array], Any] | None = None,
+           server_optimizer: optax.GradientTransformation | None = None,
+           client_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+  """FedMRN (``signed=False``) / FedMRNS (``signed=True``) and their ablations; see the module
+  docstring. :func:`client_update` under
+  :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`, aggregated by
+  :func:`noise_mask_mean` (masks) or :func:`~fedjaxsparse.algorithms.cohort_round.mean_delta`
+  (``masking="none"``).
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> F_k`` of one client (mean over the masked examples).
+    lr: local SGD step η (> 0).
+    epochs: local epochs E (int ≥ 1); batch_size: B (int ≥ 1) (the paper: 10 epochs of 64).
+    cohort_size: K clients per round, uniform without replacement (``None``: all).
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead.
+    weighting: ``"num_examples"`` (the paper's ``p'_k``), ``"uniform"`` or ``"sampling"``.
+    noise_scale: α of the noise (> 0; uniform on [−α, α]; paper: 1e-2 FedMRN, 5e-3 FedMRNS).
+    distribution: ``"uniform"``, ``"gaussian"`` (std α) or ``"bernoulli"`` (±α).
+    signed: {−1, +1} masks (FedMRNS) instead of {0, 1}.
+    stochastic, progressive, masking: the ablations (module docstring): ``masking`` is
+      ``"learned"`` (masks trained with PSM), ``"post"`` (plain local SGD, one SM of the
+      final update) or ``"none"`` (the dense FedAvg backbone).
+    uplink: with ``masking="none"``, a :class:`fedjaxsparse.ops.compressors.Compressor`
+      applied to each client's final update before upload (the post-training compressors of
+      the paper's baselines: SignSGD, TernGrad, DRIVE, EDEN, top-k), charged
+      ``uplink.bits(d)``. A mask upload is already one bit per entry: no uplink composes with
+      it.
+    prune_to: with ``masking="none"``, FedSparsify as the FedMRN paper uses it — magnitude
+      pruning during local training: after every local step the local model ``w + u`` is
+      pruned to its ``prune_to`` largest magnitudes (global Top-K; 97 % sparsity in the
+      paper, schedule unspecified there), and the pruned *model* is uploaded (the server's
+      data-weighted average of the pruned models); charged by its non-zeros under the
+      cheapest encoding (the paper counts the values only).
+    server_sparsity: ``round -> sparsity in [0, 1)``, traceable: the server prunes the new
+      global model to it by global magnitude (FedSparsify's server-side gradual pruning,
+      module docstring).
+    server_optimizer: an optax transformation of the pseudo-gradient ``−Δ`` (FedAdam, server
+      momentum); ``None`` applies ``Δ`` as it is (the paper).
+    client_optimizer: an optax transformation turning the straight-through gradient into
+      the step on ``u`` (its state starts fresh each round); ``None`` is the paper's plain
+      SGD ``u ← u − η g`` (``optax.sgd(lr)`` computes it bit for bit).
+  """
+  if prune_to is not None and (masking != "none" or uplink is not None):
+    raise ValueError("prune_to (FedSparsify) needs masking='none' and no uplink.")
+  if uplink is not None and masking != "none":
+    raise ValueError("uplink (a post-training compressor) needs masking='none': a mask "
+                     "upload is already one bit per entry.")
+  client = client_update(loss_fn, lr, epochs=epochs, batch_size=batch_size,
+                         noise_scale=noise_scale, distribution=distribution, signed=signed,
+                         stochastic=stochastic, progressive=progressive, masking=masking,
+                         prune_to=prune_to, client_optimizer=client_optimizer)
+  aggregate = mean_delta if masking == "none" else noise_mask_mean(noise_scale, distribution)
+  return cohort_round(client, cohort_size=cohort_size, sampler=sampler, weighting=weighting,
+                      uplink=uplink, aggregate=aggregate, server_optimizer=server_optimizer,
+                      server_sparsity=server_sparsity)
+
+
+def client_update(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
+                  noise_scale: float = 1e-2, distribution: str = "uniform",
+                  signed: bool = False, stochastic: bool = True, progressive: bool = True,
+                  masking: str = "learned", prune_to: int | None = None,
+                  client_optimizer: optax.GradientTransformation | None = None
+                  ) -> ClientUpdate:
+  """FedMRN's client (stateless). Its key ``k`` is the noise seed it uploads: ``n = G(k)``;
+  its local training draws from ``fold_in(k, 1)`` (minibatch order, PSM routing, the final
+  stochastic mask). Its message is ``{"mask": M(u, n) (int8), "seed": k}`` — aggregate it
+  with :func:`noise_mask_mean` — or, with ``masking="none"``, the dense update ``u`` (the
+  pruned local model minus ``w`` with ``prune_to``). Its record ``ones`` is the fraction of
+  its mask's entries equal to 1. Arguments as :func:`fedmrn`."""
+  _check(lr, noise_scale, epochs, batch_size, masking, distribution)
+  grad = jax.grad(lambda v, w, x, y, m: loss_fn(jax.tree.map(jnp.add, w, v), x, y, m))
 
   def mask_of(key, u, noise):
     """The uploaded mask M(u, n) (or DM without SM), int8."""
@@ -140,12 +189,14 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
       return m.astype(jnp.int8)
     return M.tree_map_keyed(one, key, u, noise)
 
-  def client(w, max_steps, k_noise, k_train, d):
-    noise = M.tree_noise(k_noise, w, noise_scale, distribution)
-    k_order, k_psm, k_final = jax.random.split(k_train, 3)
+  def update(key, w, state, d, t):
+    del t
+    noise = M.tree_noise(key, w, noise_scale, distribution) if masking != "none" else None
+    k_order, k_psm, k_final = jax.random.split(jax.random.fold_in(key, 1), 3)
     s_k = epoch_steps(d.num_examples, batch_size, epochs)
+    max_steps = epochs * -(-d.mask.shape[0] // batch_size)   # the padded data's bound
 
-    def update(t, u, batch):
+    def gradient(t, u, batch):
       if masking == "learned":
         p = M.pm_probability(t, s_k) if progressive else 1.0
         at = M.tree_map_keyed(
@@ -153,55 +204,42 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
             jax.random.fold_in(k_psm, t), u, noise)
       else:
         at = u
-      new = jax.tree.map(lambda ui, gi: ui - lr * gi, u, grad(at, w, *batch))
-      if prune_to is not None:  # u such that w + u is the pruned local model
-        new = jax.tree.map(jnp.subtract, top_k(jax.tree.map(jnp.add, w, new), prune_to), w)
-      return new
+      return grad(at, w, *batch)
 
-    u = epoch_loop(update, jax.tree.map(jnp.zeros_like, w), k_order, d, batch_size, epochs,
-                   max_steps)
-    message = u if masking == "none" else mask_of(k_final, u, noise)
-    return message, loss_fn(w, d.x, d.y, d.mask)
+    def pruned(u):   # u such that w + u is the pruned local model
+      if prune_to is None:
+        return u
+      return jax.tree.map(jnp.subtract, top_k(jax.tree.map(jnp.add, w, u), prune_to), w)
 
-  def step(key, state: FedMRNState, data: FederatedData):
-    k_cohort, k_noise, k_train = jax.random.split(key, 3)
-    ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
-    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
-    max_steps = max_local_steps(data, batch_size, epochs)  # a static bound on S_k
-    w = state.params
-    noise_keys = client_keys(k_noise, ids)
-    messages, losses = map_clients(
-        lambda kn, kt, d: client(w, max_steps, kn, kt, d), cdata, noise_keys,
-        client_keys(k_train, ids))
-    p = client_weights(cdata.num_examples, "num_examples")
-    d = _flat_size(w)
-    c = ids.shape[0]
-    if masking == "none" and prune_to is not None:  # pruned models are sent
-      updates, ones = messages, as_float(0)
-      models = jax.tree.map(jnp.add, jax.tree.map(lambda a: a[None], w), messages)
-      up = jnp.sum(jax.vmap(lambda m: accounting.message_bits(m))(models))
-    elif masking == "none" and uplink is None:
-      updates, ones = messages, as_float(0)
-      up = as_float(c * accounting.dense_bits(d))
-    elif masking == "none":
-      k_up = jax.random.fold_in(k_train, 1)
-      updates = jax.vmap(uplink.compress)(client_keys(k_up, ids), messages)
-      ones, up = as_float(0), as_float(c * uplink.bits(d))
-    else:  # the server regenerates each participant's noise from its seed
-      noises = jax.vmap(lambda k: M.tree_noise(k, w, noise_scale, distribution))(noise_keys)
-      updates = jax.tree.map(lambda n, m: n * m.astype(n.dtype), noises, messages)
-      ones = sum(jnp.sum(m == 1) for m in jax.tree.leaves(messages)) / as_float(c * d)
-      up = as_float(c * accounting.mask_bits(d, with_seed=True))
-    delta = jax.tree.map(lambda v: jnp.tensordot(p.astype(v.dtype), v, axes=1), updates)
-    linf = jnp.max(jnp.stack([jnp.max(jnp.abs(v)) for v in jax.tree.leaves(delta)]))
-    new = jax.tree.map(jnp.add, w, delta)
-    if server_sparsity is None:
-      down = as_float(c * accounting.dense_bits(d))
+    zeros = jax.tree.map(jnp.zeros_like, w)
+    if client_optimizer is None:
+      u = epoch_loop(
+          lambda t, u, batch: pruned(jax.tree.map(lambda ui, gi: ui - lr * gi, u,
+                                                  gradient(t, u, batch))),
+          zeros, k_order, d, batch_size, epochs, max_steps)
     else:
-      new = magnitude_prune(new, server_sparsity(state.round))
-      down = c * accounting.message_bits(w).astype(float_dtype())  # the pruned w^t is sent
-    info = FedMRNInfo(jnp.dot(p, losses), up, down, jnp.int32(c), ones.astype(float_dtype()),
-                      linf)
-    return FedMRNState(new, state.round + 1), info
+      def step(t, carry, batch):
+        u, s = carry
+        upd, s = client_optimizer.update(gradient(t, u, batch), s, u)
+        return pruned(optax.apply_updates(u, upd)), s
+      u = epoch_loop(step, (zeros, client_optimizer.init(zeros)), k_order, d, batch_size,
+                     epochs, max_steps)[0]
+    metrics = {"loss": loss_fn(w, d.x, d.y, d.mask)}
+    if masking == "none":
+      metrics["ones"] = as_float(0)
+      return u, state, metrics
+    mask = mask_of(k_final, u, noise)
+    metrics["ones"] = (sum(jnp.sum(m == 1) for m in jax.tree.leaves(mask))
+                       / as_float(accounting.num_params(w)))
+    return {"mask": mask, "seed": key}, state, metrics
 
-  return Algorithm(init, step)
+  def upload_bits(message, params):
+    d = accounting.num_params(params)
+    if masking != "none":
+      return as_float(accounting.mask_bits(d, with_seed=True))
+    if prune_to is not None:   # the pruned local model is sent
+      return accounting.message_bits(jax.tree.map(jnp.add, params, message))
+    return as_float(accounting.dense_bits(d))
+
+  return ClientUpdate(lambda key, params, n: (), update, upload_bits=upload_bits,
+                      info_type=FedMRNInfo)
