@@ -49,7 +49,7 @@ import numpy as np
 import optax
 
 from fedjaxsparse.algorithms import fedlpfm as F
-from fedjaxsparse.algorithms.fedavg import fedavg, step_decay
+from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.algorithms.fedprox import proximal
 from fedjaxsparse.algorithms.fml import fml
 from fedjaxsparse.data.fashion_mnist import STANDIN
@@ -375,16 +375,25 @@ def _dataset(cfg: Config, opts: dict, split: str):
 
 def _algorithms(opts: dict, model, classes: int) -> dict:
   """``{method: [(setting, algorithm builder(), uses packed targets), ...]}``; with
-  ``lr_milestones`` every method's step size drops by ``lr_factor`` at those rounds
-  (:func:`fedjaxsparse.algorithms.fedavg.step_decay`)."""
+  ``lr_milestones`` every method's step size drops by ``lr_factor`` at those rounds (its
+  client optimizer a function of the round: ``optax.sgd`` of a piecewise-constant
+  schedule)."""
   common = dict(local_steps=opts["local_steps"], batch_size=opts["batch"])
-  lr_now = [opts["lr"]]   # the phase's step size, read by sgd() while a phase is built
-  sgd = lambda: optax.chain(optax.add_decayed_weights(opts["weight_decay"]),  # noqa: E731
-                            optax.sgd(lr_now[0]))
+  base = lambda lr: optax.chain(optax.add_decayed_weights(opts["weight_decay"]),  # noqa: E731
+                                optax.sgd(lr))
+  schedule = optax.piecewise_constant_schedule(
+      opts["lr"], {int(m): opts["lr_factor"] for m in opts["lr_milestones"]})
+
+  def sgd(*first):
+    """The client optimizer (``first`` transformations chained before it), per round when
+    the step size has milestones."""
+    build = lambda lr: optax.chain(*first, base(lr)) if first else base(lr)  # noqa: E731
+    return (lambda t: build(schedule(t))) if opts["lr_milestones"] else build(opts["lr"])
+
   loss = make_loss(model)
   out = {"FedAvg": [("", lambda: fedavg(loss, sgd(), **common), False)]}
-  out["FedProx"] = [(f"μ={mu:g}", lambda mu=mu: fedavg(
-      loss, optax.chain(proximal(mu), sgd()), **common), False) for mu in opts["mus"]]
+  out["FedProx"] = [(f"μ={mu:g}", lambda mu=mu: fedavg(loss, sgd(proximal(mu)), **common),
+                     False) for mu in opts["mus"]]
   out["FML"] = [(f"α=β={a:g}", lambda a=a: fml(model, model, sgd(), alpha=a, beta=a,
                                               temperature=opts["temperature"], **common),
                  False) for a in opts["fml_alphas"]]
@@ -393,17 +402,6 @@ def _algorithms(opts: dict, model, classes: int) -> dict:
                       lambda lam=lam, t=t: F.fedlpfm(model, classes, sgd(), lam=lam,
                                                      temperature=t, **common), True)
                      for lam in opts["lams"] for t in temps]
-  if opts["lr_milestones"]:
-    def decayed(build):
-      def phase(lr):
-        lr_now[0] = lr
-        try:
-          return build()
-        finally:
-          lr_now[0] = opts["lr"]
-      return lambda: step_decay(phase, opts["lr"], opts["lr_milestones"], opts["lr_factor"])
-    out = {m: [(setting, decayed(b), packed) for setting, b, packed in specs]
-           for m, specs in out.items()}
   return out
 
 

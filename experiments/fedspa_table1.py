@@ -40,6 +40,7 @@ import time
 
 import jax
 import numpy as np
+import optax
 
 from fedjaxsparse.ops import flops as FL
 from fedjaxsparse.ops import masks as MK
@@ -210,8 +211,9 @@ def _paper_model(kind: str, shape, classes: int):
 
 
 def _algorithm(name: str, model, loss, lr: float, opts: dict, rounds: int, zigs=None):
+  lr = optax.exponential_decay(lr, 1, opts["lr_decay"])   # η_t = lr·lr_decay^t of the round
   common = dict(batch_size=opts["batch"], cohort_size=opts["cohort"],
-                lr_decay=opts["lr_decay"], weight_decay=opts["weight_decay"])
+                weight_decay=opts["weight_decay"])
   e, s = opts["epochs"], opts["sparsity"]
   if name == "Ditto":  # the paper's 2 + 3 of 5 epochs; at least one of each
     g = max(1, round(0.4 * e))

@@ -5,6 +5,7 @@ cohort's personal models change."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedjaxsparse as fjs
@@ -26,17 +27,23 @@ def _dist(a, b):
 def test_global_part_is_fedavg_and_lambda_zero_is_local_training(setup):
   ds, _, loss, w0 = setup
   key = jax.random.key(4)
-  kw = dict(batch_size=16, cohort_size=3, lr_decay=0.99, weight_decay=5e-4)
-  d0 = fjs.ditto(loss, 0.1, lam=0.0, global_epochs=2, personal_epochs=3, **kw)
+  lr = optax.exponential_decay(0.1, 1, 0.99)   # η_t = 0.1·0.99^t of the round
+  kw = dict(batch_size=16, cohort_size=3, weight_decay=5e-4)
+  d0 = fjs.ditto(loss, lr, lam=0.0, global_epochs=2, personal_epochs=3, **kw)
   s0 = d0.init(None, w0, ds.train)
   s0 = s0._replace(round=jnp.int32(3))  # η_t = 0.1·0.99³ in both
   new, info = jax.jit(d0.step)(key, s0, ds.train)
-  fa = fjs.fedspa(loss, 0.1, num_rounds=10, sparsity=0.0, search="rsm", epochs=2, **kw)
+  fa = fjs.fedspa(loss, lr, num_rounds=10, sparsity=0.0, search="rsm", epochs=2, **kw)
   fs = fa.init(None, w0, ds.train)._replace(round=jnp.int32(3))
   want = jax.jit(fa.step)(key, fs, ds.train)[0].params
   for x, y in zip(jax.tree.leaves(new.params), jax.tree.leaves(want)):
     np.testing.assert_array_equal(x, y)
-  lo = fjs.algorithms.ditto.local(loss, 0.1, epochs=3, **kw)
+  # the schedule's η_3, given as a number: the same round bit for bit
+  fixed = fjs.ditto(loss, float(lr(3)), lam=0.0, global_epochs=2, personal_epochs=3, **kw)
+  for x, y in zip(jax.tree.leaves(jax.jit(fixed.step)(key, s0, ds.train)[0]),
+                  jax.tree.leaves(new)):
+    np.testing.assert_array_equal(x, y)
+  lo = fjs.algorithms.ditto.local(loss, lr, epochs=3, **kw)
   ls = lo.init(None, w0, ds.train)._replace(round=jnp.int32(3))
   lnew, linfo = jax.jit(lo.step)(key, ls, ds.train)
   for x, y in zip(jax.tree.leaves(new.personal), jax.tree.leaves(lnew.personal)):

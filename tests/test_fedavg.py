@@ -223,24 +223,24 @@ def test_clipped_sgd_rescales_to_the_norm_or_clips_each_value():
     fjs.algorithms.fedavg.clipped_sgd(0.5, 1.0, "max")
 
 
-def test_step_decay_switches_to_the_decayed_algorithm_at_its_milestone():
-  """``step_decay``: rounds before the milestone are ``build(lr)``'s, rounds from it on
-  ``build(lr·factor)``'s, from the same state and keys; no milestone is ``build(lr)``."""
+def test_a_client_optimizer_of_the_round_switches_step_size_at_its_milestone():
+  """A round schedule: ``client_optimizer = lambda t: optax.sgd(schedule(t))`` runs rounds
+  before the milestone as ``optax.sgd(lr)`` and rounds from it on as ``optax.sgd(lr·factor)``,
+  from the same state and keys."""
   ds = fjs.data.digits(num_clients=4, partition="iid", seed=0)
   model = fjs.models.softmax_regression(64, 10)
   loss = fjs.models.make_loss(model)
-  build = lambda lr: fjs.fedavg(loss, optax.sgd(lr), local_steps=2, batch_size=8)  # noqa: E731
+  build = lambda opt: fjs.fedavg(loss, opt, local_steps=2, batch_size=8)  # noqa: E731
   params = model.init(jax.random.key(0))
   keys = jax.random.split(jax.random.key(1), 3)
-  decayed = fjs.algorithms.fedavg.step_decay(build, 0.5, [2], factor=0.1)
+  schedule = optax.piecewise_constant_schedule(0.5, {2: 0.1})
+  decayed = build(lambda t: optax.sgd(schedule(t)))
   st = decayed.init(keys[0], params, ds.train)
   want = st
-  phase_steps = {lr: jax.jit(build(lr).step) for lr in (0.5, 0.05)}
+  phase_steps = {lr: jax.jit(build(optax.sgd(lr)).step) for lr in (0.5, 0.05)}
   decayed_step = jax.jit(decayed.step)
   for r, k in enumerate(keys):
     st, _ = decayed_step(k, st, ds.train)
     want, _ = phase_steps[0.5 if r < 2 else 0.05](k, want, ds.train)
     for a, b in zip(jax.tree.leaves(st.params), jax.tree.leaves(want.params)):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  with pytest.raises(ValueError, match="milestones"):
-    fjs.algorithms.fedavg.step_decay(build, 0.5, [0])

@@ -34,10 +34,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjaxsparse.algorithms.cohort_round import ClientUpdate, CohortState, cohort_round
-from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops.local import epoch_sgd
+from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_sgd
 
 CENTRES = ("received", "updated")
 
@@ -64,11 +64,10 @@ class DittoInfo(NamedTuple):
   num_clients: jax.Array
 
 
-def _check(lr, lam, lr_decay, weight_decay, global_epochs, personal_epochs, batch_size,
+def _check(lr, lam, weight_decay, global_epochs, personal_epochs, batch_size,
            prox_centre) -> None:
-  check_number("lr", lr, 0.0, None, low_open=True)
+  check_lr(lr)
   check_number("lam", lam, 0.0, None)
-  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
   check_number("weight_decay", weight_decay, 0.0, None)
   for name, v, low in (("global_epochs", global_epochs, 0),
                        ("personal_epochs", personal_epochs, 1), ("batch_size", batch_size, 1)):
@@ -78,21 +77,19 @@ def _check(lr, lam, lr_decay, weight_decay, global_epochs, personal_epochs, batc
     raise ValueError(f"prox_centre must be one of {CENTRES}, got {prox_centre!r}.")
 
 
-def client_update(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 2,
-                  personal_epochs: int = 3, batch_size: int = 128,
-                  prox_centre: str = "received", lr_decay: float = 1.0,
-                  weight_decay: float = 0.0,
-                  client_optimizer: optax.GradientTransformation | None = None
-                  ) -> ClientUpdate:
+def client_update(loss_fn: LossFn, lr: float | Schedule, *, lam: float = 0.5,
+                  global_epochs: int = 2, personal_epochs: int = 3, batch_size: int = 128,
+                  prox_centre: str = "received", weight_decay: float = 0.0,
+                  client_optimizer: Any = None) -> ClientUpdate:
   """Ditto's client: (a) ``global_epochs`` of SGD from the received ``w_t`` to ``w_k``, uploaded
   as the delta ``w_k − w_t``; (b) ``personal_epochs`` of SGD on its personal model ``v_k``
   (its state, starting at ``w_0``) with the proximal pull ``λ(v_k − w_c)``. Step size
-  ``η_t = lr·lr_decay^t``. With ``global_epochs=0`` it uploads nothing (0 bits; Local).
-  ``client_optimizer``: an optax transformation taking the place of the SGD step in both parts
-  (its state starts fresh in each; ``lr`` and ``lr_decay`` are then unused), fed the same
-  gradient with weight decay and the proximal pull."""
-  _check(lr, lam, lr_decay, weight_decay, global_epochs, personal_epochs, batch_size,
-         prox_centre)
+  ``η_t = lr`` or ``lr(t)`` for a schedule of the round. With ``global_epochs=0`` it uploads
+  nothing (0 bits; Local). ``client_optimizer``: an optax transformation (or a function of the
+  round returning one) taking the place of the SGD step in both parts (its state starts fresh
+  in each; ``lr`` is then unused), fed the same gradient with weight decay and the proximal
+  pull."""
+  _check(lr, lam, weight_decay, global_epochs, personal_epochs, batch_size, prox_centre)
   grad = jax.grad(loss_fn)
   bits = (lambda *a: as_float(accounting.dense_bits(a[-1]) if global_epochs else 0.0))
 
@@ -102,11 +99,11 @@ def client_update(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs
 
   def update(key, w, v, d, t):
     k_global, k_personal, _ = jax.random.split(key, 3)  # k_global as FedSpa's order key
-    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
+    eta = at_round(lr, t)
     per_epoch = -(-d.mask.shape[0] // batch_size)        # the padded data's static bound
     loss = loss_fn(v, d.x, d.y, d.mask)
     sgd = dict(lr=eta, batch_size=batch_size, weight_decay=weight_decay,
-               optimizer=client_optimizer)
+               optimizer=at_round(client_optimizer, t))
     if global_epochs:
       w_k = epoch_sgd(grad, w, k_global, d, epochs=global_epochs,
                       max_steps=global_epochs * per_epoch, **sgd)
@@ -121,18 +118,19 @@ def client_update(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs
                       info_type=DittoInfo, state_type=DittoState)
 
 
-def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 2,
+def ditto(loss_fn: LossFn, lr: float | Schedule, *, lam: float = 0.5, global_epochs: int = 2,
           personal_epochs: int = 3, batch_size: int = 128, cohort_size: int | None = 10,
-          prox_centre: str = "received", lr_decay: float = 1.0, weight_decay: float = 0.0,
+          prox_centre: str = "received", weight_decay: float = 0.0,
           weighting: str = "uniform", sampler: Any = None, uplink: Any = None,
-          server_optimizer: Any = None,
-          client_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+          server_optimizer: Any = None, client_optimizer: Any = None) -> Algorithm:
   """Ditto; see the module docstring: :func:`client_update` on
   :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`. ``global_epochs=0`` skips the
   global part (then nothing is communicated and ``w`` never changes: :func:`local` with
-  ``lam=0``). ``η_t = lr·lr_decay^t``.
+  ``lam=0``).
 
   Args:
+    lr: the SGD step size η > 0, or a schedule of the round ``t -> η_t`` (an optax schedule:
+      ``optax.exponential_decay(lr, 1, 0.998)`` is ``η_t = lr·0.998^t``).
     sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
       uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); ``weighting=
       "sampling"`` then aggregates the global updates with its unbiased weights ``1/(n p_i)``,
@@ -142,22 +140,21 @@ def ditto(loss_fn: LossFn, lr: float, *, lam: float = 0.5, global_epochs: int = 
     server_optimizer: an optax transformation of the pseudo-gradient ``−Σ_k p_k (w_k − w_t)``
       (FedAdam, server momentum); ``None`` is the paper's plain average.
     client_optimizer: an optax transformation for both local parts instead of the paper's
-      SGD with ``η_t`` (``optax.sgd(lr)`` is the paper's step bit for bit).
+      SGD with ``η_t`` (``optax.sgd(lr)`` is the paper's step bit for bit), or a function of
+      the round returning one (``lambda t: optax.sgd(schedule(t))``).
   """
   return cohort_round(
       client_update(loss_fn, lr, lam=lam, global_epochs=global_epochs,
                     personal_epochs=personal_epochs, batch_size=batch_size,
-                    prox_centre=prox_centre, lr_decay=lr_decay, weight_decay=weight_decay,
+                    prox_centre=prox_centre, weight_decay=weight_decay,
                     client_optimizer=client_optimizer),
       cohort_size=cohort_size, sampler=sampler, weighting=weighting, uplink=uplink,
       server_optimizer=server_optimizer)
 
 
-def local(loss_fn: LossFn, lr: float, *, epochs: int = 5, batch_size: int = 128,
-          cohort_size: int | None = 10, lr_decay: float = 1.0,
-          weight_decay: float = 0.0) -> Algorithm:
+def local(loss_fn: LossFn, lr: float | Schedule, *, epochs: int = 5, batch_size: int = 128,
+          cohort_size: int | None = 10, weight_decay: float = 0.0) -> Algorithm:
   """Local (seed 002 B.3 l. 870-875): each round S sampled clients train their own models for
   ``epochs`` epochs; no communication. :func:`ditto` with no global part and λ = 0."""
   return ditto(loss_fn, lr, lam=0.0, global_epochs=0, personal_epochs=epochs,
-               batch_size=batch_size, cohort_size=cohort_size, lr_decay=lr_decay,
-               weight_decay=weight_decay)
+               batch_size=batch_size, cohort_size=cohort_size, weight_decay=weight_decay)

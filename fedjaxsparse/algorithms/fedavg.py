@@ -28,7 +28,7 @@ import optax
 from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, cohort_round, mean_delta,
                                                    mean_model)
 from fedjaxsparse.core import Algorithm, LossFn
-from fedjaxsparse.ops.local import minibatch
+from fedjaxsparse.ops.local import at_round, minibatch
 from fedjaxsparse.ops.proxes import Prox
 from fedjaxsparse.runtime.clients import local_scan
 
@@ -112,7 +112,9 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
     loss_fn: ``(params, x, y, mask) -> scalar`` for one client
       (:func:`fedjaxsparse.models.make_loss`).
     client_optimizer: optax transformation used for local steps (e.g. ``optax.sgd(0.1)``);
-      its state is re-initialised every round (stateless clients).
+      its state is re-initialised every round (stateless clients). A function of the round
+      index returning one is a round schedule (the papers' "lr 0.01, ×0.1 at round 200":
+      ``lambda t: optax.sgd(optax.piecewise_constant_schedule(0.01, {200: 0.1})(t))``).
     local_steps: local optimizer steps per round (static).
     batch_size: examples per local step (static), or ``None`` for full-batch local steps.
     cohort_size: clients per round, sampled uniformly without replacement inside ``jit``;
@@ -161,10 +163,9 @@ def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformatio
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
-  train = local_sgd(loss_fn, client_optimizer, local_steps, batch_size, local_prox, augment)
-
   def update(key, params, state, data, round):
-    del round
+    train = local_sgd(loss_fn, at_round(client_optimizer, round), local_steps, batch_size,
+                      local_prox, augment)
     local, loss = train(key, params, data)
     message = (upload_prox(local, 1.0) if upload_prox is not None else
                jax.tree.map(jnp.subtract, local, params))
@@ -173,31 +174,3 @@ def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformatio
   # the step count and batches do not depend on the padded length: size buckets apply
   return ClientUpdate(init=lambda key, params, num_clients: (), update=update,
                       info_type=FedAvgInfo, bucketable=True)
-
-
-def step_decay(build: Callable[[float], Algorithm], lr: float, milestones: Any,
-               factor: float = 0.1) -> Algorithm:
-  """``build(lr)`` whose step size is multiplied by ``factor`` at every round of
-  ``milestones`` — the papers' "lr 0.01, ×0.1 at round 200" (seed 004's Fed-LPFM protocol).
-
-  Clients restart their optimiser every round, so a schedule on its step counter cannot see
-  the round; instead one algorithm is built per phase, ``build(lr·factor^k)``, and each round
-  runs the phase of ``state.round`` (``lax.switch`` inside ``jit``; every phase's state is the
-  same pytree, the step size being a constant of the step). ``build`` must give algorithms
-  whose state carries ``round`` (FedAvg and everything built on it, FML, Ditto, ...). With no
-  milestone (or ``factor = 1``) it is ``build(lr)`` itself."""
-  marks = sorted(int(m) for m in milestones)
-  if any(m < 1 for m in marks):
-    raise ValueError(f"milestones must be rounds >= 1, got {list(milestones)!r}.")
-  if not factor > 0:
-    raise ValueError(f"factor must be > 0, got {factor!r}.")
-  if not marks or factor == 1.0:
-    return build(lr)
-  phases = [build(lr * factor ** k) for k in range(len(marks) + 1)]
-  bounds = jnp.asarray(marks, jnp.int32)
-
-  def step(key, state, data):
-    phase = jnp.searchsorted(bounds, state.round, side="right")
-    return jax.lax.switch(phase, [a.step for a in phases], key, state, data)
-
-  return Algorithm(phases[0].init, step)

@@ -68,7 +68,7 @@ from fedjaxsparse.ops import layer_groups as LY
 from fedjaxsparse.ops import masks as MK
 from fedjaxsparse.runtime.clients import local_scan
 from fedjaxsparse.core import Algorithm, LossFn, float_dtype
-from fedjaxsparse.ops.local import minibatch
+from fedjaxsparse.ops.local import at_round, minibatch
 from fedjaxsparse.ops.sparsity import largest_mask, random_keys
 from fedjaxsparse.errors import check_number
 
@@ -396,7 +396,7 @@ def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformatio
       out.append(m | sel)
     return jax.tree.unflatten(tree, out)
 
-  def train_client(key, w, train_row, keep_row, mask_key, data):
+  def train_client(key, w, train_row, keep_row, mask_key, data, client_optimizer):
     layer_of = LY.layer_index(w, depth)
     selected = LY.per_leaf(train_row, w, depth)
     pmask = global_mask(mask_key, w, selected, LY.per_leaf(keep_row, w, depth))
@@ -435,9 +435,9 @@ def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformatio
     return jnp.asarray([uplink(int(d_l)).bits(int(d_l)) for d_l in sizes], float_dtype())
 
   def update(key, w, row, d, t):
-    del t
     train, keep, mask_key = row
-    trained, loss, kept = train_client(key, w, train, keep, mask_key, d)
+    trained, loss, kept = train_client(key, w, train, keep, mask_key, d,
+                                       at_round(client_optimizer, t))
     delta = jax.tree.map(jnp.subtract, trained, w)
     if uplink is not None:   # each layer by its own compressor, its own key
       delta = compress_layer_tree(jax.random.fold_in(key, 1), delta, uplink, depth)

@@ -28,7 +28,8 @@ leading axis N). Round t:
 Initial masks: exact per-layer counts (:mod:`fedjaxsparse.ops.masks`) at ERK (or ER / uniform)
 densities, from one shared seed (every client the same mask) or per-client seeds
 (``shared_init=False``, the "different init" ablation). Kernels are masked, biases and norm
-parameters dense. ``η_t = lr·lr_decay^t`` (the paper: 0.1·0.998^t). With ``sparsity=0`` FedSpa
+parameters dense. ``η_t`` is ``lr`` or a schedule of the round (the paper: ``0.1·0.998^t``,
+``optax.exponential_decay(0.1, 1, 0.998)``). With ``sparsity=0`` FedSpa
 is FedAvg with uniform weights (no mask search: every layer is full).
 
 Communication, two ledgers (:class:`FedSpaInfo`): the paper's — values only, fp32, the same
@@ -57,7 +58,7 @@ from fedjaxsparse.ops import masks as MK
 from fedjaxsparse.algorithms.cohort_round import (EXTRA_BITS_UP, ClientUpdate, CohortState,
                                                    cohort_round)
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
-from fedjaxsparse.ops.local import epoch_minibatch, epoch_sgd
+from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_minibatch, epoch_sgd
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops.sparsity import num_params
 
@@ -99,21 +100,22 @@ class FedSpaInfo(NamedTuple):
   mask_change: jax.Array
 
 
-def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5,
+def fedspa(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, sparsity: float = 0.5,
            search: str = "dst", epochs: int = 5, batch_size: int = 128,
            cohort_size: int | None = 10, distribution: str = "erk", shared_init: bool = True,
            alpha0: float = 0.5, schedule: str = "cosine", regrowth: str = "gradient",
-           regrow_pruned: bool = True, lr_decay: float = 1.0,
+           regrow_pruned: bool = True,
            weight_decay: float = 0.0, weighting: str = "uniform",
            subsample: float | None = None, rescale: bool = False,
            pack_masks: bool = False, uplink: Any = None, sampler: Any = None,
            server_optimizer: Any = None,
-           client_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+           client_optimizer: Any = None) -> Algorithm:
   """FedSpa (DST or RSM); see the module docstring.
 
   Args:
     loss_fn: ``(params, x, y, mask) -> scalar`` of one client.
-    lr, lr_decay: ``η_t = lr·lr_decay^t`` (the paper: 0.1, 0.998).
+    lr: the SGD step size η > 0, or a schedule of the round ``t -> η_t`` (the paper:
+      ``optax.exponential_decay(0.1, 1, 0.998)``, ``η_t = 0.1·0.998^t``).
     num_rounds: T, for the drop-fraction schedule (``α_{T−1} = 0`` with the cosine one).
     sparsity: s in [0, 1), of the masked (kernel) leaves.
     search: ``"dst"`` (Alg. 2) or ``"rsm"`` (Alg. 3).
@@ -148,7 +150,8 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
       (FedAdam, server momentum); ``None`` is the paper's ``w − (1/S) Σ_k U_k``.
     client_optimizer: an optax transformation instead of the paper's masked SGD with ``η_t``
       (fed the same masked gradient with weight decay, its update zeroed off the mask);
-      ``optax.sgd(lr)`` is the paper's step bit for bit.
+      ``optax.sgd(lr)`` is the paper's step bit for bit. A function of the round returning
+      one follows the rounds.
   """
   if subsample is not None and uplink is not None:
     raise ValueError("give either subsample (the paper's rand-k baseline) or uplink, not both.")
@@ -156,7 +159,7 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
       client_update(loss_fn, lr, num_rounds=num_rounds, sparsity=sparsity, search=search,
                     epochs=epochs, batch_size=batch_size, distribution=distribution,
                     shared_init=shared_init, alpha0=alpha0, schedule=schedule,
-                    regrowth=regrowth, regrow_pruned=regrow_pruned, lr_decay=lr_decay,
+                    regrowth=regrowth, regrow_pruned=regrow_pruned,
                     weight_decay=weight_decay, subsample=subsample, rescale=rescale,
                     pack_masks=pack_masks, uplink=uplink,
                     client_optimizer=client_optimizer),
@@ -164,16 +167,15 @@ def fedspa(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5
       server_optimizer=server_optimizer)
 
 
-def client_update(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: float = 0.5,
+def client_update(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, sparsity: float = 0.5,
                   search: str = "dst", epochs: int = 5, batch_size: int = 128,
                   distribution: str = "erk", shared_init: bool = True, alpha0: float = 0.5,
                   schedule: str = "cosine", regrowth: str = "gradient",
-                  regrow_pruned: bool = True, lr_decay: float = 1.0,
+                  regrow_pruned: bool = True,
                   weight_decay: float = 0.0, subsample: float | None = None,
                   rescale: bool = False, pack_masks: bool = False,
                   uplink: Any = None,
-                  client_optimizer: optax.GradientTransformation | None = None
-                  ) -> ClientUpdate:
+                  client_optimizer: Any = None) -> ClientUpdate:
   """FedSpa's client (its state: its mask): masked SGD from ``m_k⊙w_t``, the update
   ``w̃_N − w̃_0`` uploaded (optionally rand-k subsampled with its own key: ``subsample``), and
   the next mask from the DST search (or the same mask, RSM). Its records: ``mask_change``
@@ -181,8 +183,7 @@ def client_update(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: floa
   positions), and per round the drop fraction ``alpha`` and the paper's ledger
   (``paper_bits_up``/``paper_bits_down``). ``uplink`` is only read for the paper's ledger
   (``cohort_round`` compresses). Arguments as :func:`fedspa`."""
-  check_number("lr", lr, 0.0, None, low_open=True)
-  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
+  check_lr(lr)
   check_number("weight_decay", weight_decay, 0.0, None)
   if search not in SEARCHES:
     raise ValueError(f"search must be one of {SEARCHES}, got {search!r}.")
@@ -222,13 +223,13 @@ def client_update(loss_fn: LossFn, lr: float, *, num_rounds: int, sparsity: floa
     k_order, k_grow, k_random, k_sub = jax.random.split(key, 4)
     mask = MK.unpack(stored, w) if pack_masks else stored
     counts = counts_of(w)
-    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
+    eta = at_round(lr, t)
     alpha = drop(t, alpha0, num_rounds)
     max_steps = epochs * -(-d.mask.shape[0] // batch_size)   # the padded data's bound
     start = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), mask, w)
     trained = epoch_sgd(grad, start, k_order, d, lr=eta, epochs=epochs, batch_size=batch_size,
                         max_steps=max_steps, weight_decay=weight_decay, mask=mask,
-                        optimizer=client_optimizer)
+                        optimizer=at_round(client_optimizer, t))
     message = jax.tree.map(jnp.subtract, trained, start)     # −U_k
     if subsample is not None:
       message = subsampler(w)[0].compress(k_sub, message)

@@ -35,7 +35,7 @@ from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, CohortState, coh
 from fedjaxsparse.algorithms.fedavg import FedAvgInfo
 from fedjaxsparse.algorithms.fedlpfm import kd_loss
 from fedjaxsparse.core import Algorithm, Model
-from fedjaxsparse.ops.local import minibatch
+from fedjaxsparse.ops.local import at_round, minibatch
 from fedjaxsparse.runtime.clients import local_scan
 
 
@@ -98,7 +98,7 @@ def client_update(model: Model, private_model: Model,
   meme_loss = objective(model.apply, model.per_example_loss, alpha)
   private_loss = objective(private_model.apply, private_model.per_example_loss, beta)
 
-  def client(key, meme, private, data):
+  def client(key, meme, private, data, client_optimizer):
     def step(carry, k):
       m, p, sm, sp = carry
       x, y, mask = minibatch(k, data, batch_size, augment)
@@ -123,8 +123,7 @@ def client_update(model: Model, private_model: Model,
     return private
 
   def update(key, meme, private, data, t):
-    del t
-    meme, private, loss = client(key, meme, private, data)
+    meme, private, loss = client(key, meme, private, data, at_round(client_optimizer, t))
     return meme, private, {"loss": loss}
 
   return ClientUpdate(init, update, info_type=FedAvgInfo, state_type=FMLState)

@@ -50,7 +50,7 @@ from fedjaxsparse.models.base import softmax_cross_entropy
 from fedjaxsparse.models.split import SplitModel, kl_normal, product_of_normals
 from fedjaxsparse.ops import accounting, layer_groups
 from fedjaxsparse.ops.aggregation import weighted_mean
-from fedjaxsparse.ops.local import epoch_optimize, max_local_steps
+from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_optimize, max_local_steps
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
 from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import map_clients
@@ -118,7 +118,7 @@ def _sampled_cross_entropy(model: SplitModel, head: Any, mu: jax.Array,
 
 
 def _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip):
-  check_number("lr", lr, 0.0, None, low_open=True)
+  check_lr(lr)
   check_number("momentum", momentum, 0.0, 1.0, high_open=True)
   check_number("weight_decay", weight_decay, 0.0, None)
   if clip is not None:
@@ -128,10 +128,10 @@ def _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip):
       raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
 
 
-def fedcr(model: SplitModel, lr: float, *, beta: float = 1e-3, beta2: float = 1.0,
+def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2: float = 1.0,
           samples: int = 15, epochs: int = 2, batch_size: int = 48,
           cohort_size: int | None = 10, momentum: float = 0.0, weight_decay: float = 0.0,
-          clip: float | None = 10.0, lr_decay: float = 1.0, weighting: str = "uniform",
+          clip: float | None = 10.0, weighting: str = "uniform",
           share_head: bool = False, deterministic: bool = False,
           train_layers: Any = None, sampler: Any = None,
           server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
@@ -185,7 +185,8 @@ def fedcr(model: SplitModel, lr: float, *, beta: float = 1e-3, beta2: float = 1.
   Args:
     model: a :class:`~fedjaxsparse.models.split.SplitModel` with a Gaussian representation
       (:func:`fedjaxsparse.models.split.fedcr_net`).
-    lr: the local step size η (``η_t = lr·lr_decay^t``; FedCR's code: 0.997 per round by
+    lr: the local step size η, or a schedule of the round ``t -> η_t`` (FedCR's code:
+      ``optax.exponential_decay(lr, 1, 0.997)``, 0.997 per round by
       default, 1 in its README's commands).
     beta: β, the weight of the KL term (FedCR's code: 1e-3; 1e-4 for CIFAR-100).
     beta2: β₂ ∈ [0, 1], the server's step towards the new class distributions (the README: 1).
@@ -203,7 +204,6 @@ def fedcr(model: SplitModel, lr: float, *, beta: float = 1e-3, beta2: float = 1.
   _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip)
   check_number("beta", beta, 0.0, None)
   check_number("beta2", beta2, 0.0, 1.0)
-  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
   if not model.gaussian:
     raise ValueError("fedcr needs a SplitModel with a Gaussian representation "
                      "(fedcr_net(..., gaussian=True)).")
@@ -266,7 +266,7 @@ def fedcr(model: SplitModel, lr: float, *, beta: float = 1e-3, beta2: float = 1.
     k_cohort, k_train = jax.random.split(key)
     cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
     ids = cohort.ids
-    eta = lr * as_float(lr_decay) ** state.round.astype(float_dtype())
+    eta = at_round(lr, state.round)
     steps = max_local_steps(data, batch_size, epochs)
     trained, mean, std, seen, losses = map_clients(
         lambda h, k, dd: client(state.params, h, k, dd, eta, steps, state.prior_mean,
@@ -388,15 +388,15 @@ L2R_FORMS = ("norm", "squared")
 """FedSR's L2R term: the mean Euclidean norm of z (its code) or its mean square (the paper)."""
 
 
-def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
+def fedsr(model: SplitModel, lr: float | Schedule, *, l2r: float = 1e-3, cmi: float = 1e-3,
           l2r_form: str = "norm", learn_reference: bool = True, samples: int = 1,
           epochs: int = 2, batch_size: int = 48, cohort_size: int | None = 10,
           momentum: float = 0.0, weight_decay: float = 0.0, clip: float | None = 10.0,
-          lr_decay: float = 1.0, weighting: str = "uniform", deterministic: bool = False,
+          weighting: str = "uniform", deterministic: bool = False,
           sampler: Any = None,
           server_optimizer: optax.GradientTransformation | None = None,
           uplink: Any = None,
-          client_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+          client_optimizer: Any = None) -> Algorithm:
   """FedSR (Nguyen, Torr and Lim 2022): FedAvg on a Gaussian-representation network with two
   regularisers of the representation, run as the personalised baseline FedSR-FT (then
   :func:`fine_tune` with ``trainable="projection+head"``, FedCR's final round).
@@ -417,8 +417,9 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
   local SGD (tested). A client update on
   :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`: it uploads its model delta (any
   ``uplink`` compressor applies), its references are its state. ``client_optimizer``: an optax
-  transformation instead of :func:`local_optimizer` (``lr``, ``lr_decay``, ``momentum``,
-  ``weight_decay`` and ``clip`` are then unused).
+  transformation (or a function of the round returning one) instead of
+  :func:`local_optimizer` (``lr``, ``momentum``, ``weight_decay`` and ``clip`` are then
+  unused). ``lr`` may be a schedule of the round ``t -> η_t``.
 
   References:
     Nguyen, A. Tuan; Torr, Philip H. S.; Lim, Ser-Nam (2022). FedSR: A Simple and Effective
@@ -430,7 +431,6 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
   _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip)
   check_number("l2r", l2r, 0.0, None)
   check_number("cmi", cmi, 0.0, None)
-  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
   if l2r_form not in L2R_FORMS:
     raise ValueError(f"l2r_form must be one of {L2R_FORMS}, got {l2r_form!r}.")
   if not model.gaussian:
@@ -462,8 +462,8 @@ def fedsr(model: SplitModel, lr: float, *, l2r: float = 1e-3, cmi: float = 1e-3,
             jnp.ones((n, num_classes, d), float_dtype()), jnp.ones((n,), float_dtype()))
 
   def update(k, w, ref, dd, t):
-    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
-    opt = client_optimizer or local_optimizer(eta, momentum, weight_decay, clip)
+    opt = at_round(client_optimizer, t) or local_optimizer(at_round(lr, t), momentum,
+                                                           weight_decay, clip)
     steps = epochs * -(-dd.mask.shape[0] // batch_size)    # the padded data's bound
     mask = (jax.tree.map(lambda _: True, w),
             jax.tree.map(lambda _: learn_reference, ref))
@@ -540,10 +540,10 @@ def simplex_qp(p: jax.Array, valid: jax.Array | None = None, iterations: int = 5
   return a
 
 
-def fedpac(model: SplitModel, lr: float, *, lam: float = 1.0, epochs: int = 1,
+def fedpac(model: SplitModel, lr: float | Schedule, *, lam: float = 1.0, epochs: int = 1,
            head_epochs: int = 1, head_lr: float = 0.1, batch_size: int = 50,
            cohort_size: int | None = 10, momentum: float = 0.5, weight_decay: float = 5e-4,
-           clip: float | None = None, lr_decay: float = 1.0, weighting: str = "num_examples",
+           clip: float | None = None, weighting: str = "num_examples",
            combine_heads: bool = True, min_weight: float = 1e-3, qp_iterations: int = 500,
            sampler: Any = None,
            server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
@@ -587,7 +587,6 @@ def fedpac(model: SplitModel, lr: float, *, lam: float = 1.0, epochs: int = 1,
   check_number("head_lr", head_lr, 0.0, None, low_open=True)
   check_number("lam", lam, 0.0, None)
   check_number("min_weight", min_weight, 0.0, 1.0, high_open=True)
-  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
   for name, v in (("head_epochs", head_epochs), ("qp_iterations", qp_iterations)):
     if not isinstance(v, int) or v < 0:
       raise ValueError(f"{name} must be an int >= 0, got {v!r}.")
@@ -657,7 +656,7 @@ def fedpac(model: SplitModel, lr: float, *, lam: float = 1.0, epochs: int = 1,
     k_cohort, k_train = jax.random.split(key)
     cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
     ids, member = cohort.ids, cohort.member
-    eta = lr * as_float(lr_decay) ** state.round.astype(float_dtype())
+    eta = at_round(lr, state.round)
     w = state.params
     trained, counts, mu, v, h_ref, losses = map_clients(
         lambda h, k, dd: client(w, h, k, dd, eta, state.round, state.centroids,

@@ -71,7 +71,7 @@ from fedjaxsparse.algorithms.cohort_round import (EXTRA_BITS_DOWN, ClientUpdate,
 from fedjaxsparse.algorithms.fedspa import FedSpaState
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops.local import epoch_sgd
+from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_sgd
 from fedjaxsparse.ops.sparsity import largest_mask, nnz, num_params
 from fedjaxsparse.pruning import zig
 from fedjaxsparse.errors import check_number
@@ -141,11 +141,11 @@ def _kernel_density(mask: Any) -> jax.Array:
   return kept / max(total, 1)
 
 
-def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int = 5,
+def subfedavg(loss_fn: LossFn, lr: float | Schedule, *, accuracy_fn: Callable, epochs: int = 5,
               batch_size: int = 128,
               cohort_size: int | None = 10, prune_rate: float = 0.05,
               target_sparsity: float = 0.5, acc_threshold: float = 0.5,
-              dist_threshold: float = 1e-4, lr_decay: float = 1.0, weight_decay: float = 0.0,
+              dist_threshold: float = 1e-4, weight_decay: float = 0.0,
               structure: str = "unstructured", zigs: zig.ZIGs | None = None,
               sampler: Any = None, server_optimizer: Any = None,
               client_optimizer: Any = None) -> Algorithm:
@@ -154,6 +154,7 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
   :func:`~fedjaxsparse.algorithms.cohort_round.masked_mean` aggregation.
 
   Args:
+    lr: the SGD step size η > 0, or a schedule of the round ``t -> η_t`` (an optax schedule).
     accuracy_fn: ``(params, x, y, mask) -> accuracy`` of one client, for the pruning condition
       (:func:`fedjaxsparse.evaluation.client_accuracy`), evaluated on its training data after
       local training.
@@ -169,7 +170,8 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
     server_optimizer: an optax transformation of the pseudo-gradient ``x − masked mean``.
     client_optimizer: an optax transformation instead of the paper's masked SGD with ``η_t``
       (its update zeroed off the mask; its state restarts after the first epoch, where the
-      pruning test reads the weights); ``optax.sgd(lr)`` is the paper's step bit for bit.
+      pruning test reads the weights); ``optax.sgd(lr)`` is the paper's step bit for bit. A
+      function of the round returning one follows the rounds.
 
   There is no ``uplink``: a client uploads its mask with its sparse model, and the average
   over the clients that keep a coordinate reads that mask exactly.
@@ -178,17 +180,16 @@ def subfedavg(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int 
       client_update(loss_fn, lr, accuracy_fn=accuracy_fn, epochs=epochs,
                     batch_size=batch_size, prune_rate=prune_rate,
                     target_sparsity=target_sparsity, acc_threshold=acc_threshold,
-                    dist_threshold=dist_threshold, lr_decay=lr_decay,
-                    weight_decay=weight_decay, structure=structure, zigs=zigs,
+                    dist_threshold=dist_threshold, weight_decay=weight_decay, structure=structure, zigs=zigs,
                     client_optimizer=client_optimizer),
       cohort_size=cohort_size, sampler=sampler, weighting="uniform", aggregate=masked_mean,
       server_optimizer=server_optimizer)
 
 
-def client_update(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: int = 5,
+def client_update(loss_fn: LossFn, lr: float | Schedule, *, accuracy_fn: Callable, epochs: int = 5,
                   batch_size: int = 128, prune_rate: float = 0.05,
                   target_sparsity: float = 0.5, acc_threshold: float = 0.5,
-                  dist_threshold: float = 1e-4, lr_decay: float = 1.0,
+                  dist_threshold: float = 1e-4,
                   weight_decay: float = 0.0, structure: str = "unstructured",
                   zigs: zig.ZIGs | None = None, client_optimizer: Any = None) -> ClientUpdate:
   """Sub-FedAvg's client (its state: its mask, all ones at the start): masked SGD from
@@ -202,12 +203,11 @@ def client_update(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: 
     raise ValueError("structure='hybrid' needs zigs, the network's channel groups "
                      "(fedjaxsparse.pruning.zig.trace of a models.prunable network).")
   conv = zig.conv_groups(zigs) if zigs is not None else None
-  check_number("lr", lr, 0.0, None, low_open=True)
+  check_lr(lr)
   check_number("prune_rate", prune_rate, 0.0, 1.0, low_open=True, high_open=True)
   check_number("target_sparsity", target_sparsity, 0.0, 1.0, high_open=True)
   check_number("acc_threshold", acc_threshold, 0.0, 1.0)
   check_number("dist_threshold", dist_threshold, 0.0, None)
-  check_number("lr_decay", lr_decay, 0.0, 1.0, low_open=True)
   for name, v in (("epochs", epochs), ("batch_size", batch_size)):
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
@@ -220,11 +220,11 @@ def client_update(loss_fn: LossFn, lr: float, *, accuracy_fn: Callable, epochs: 
 
   def update(key, w, mask, d, t):
     k_first, k_rest = jax.random.split(key)
-    eta = lr * as_float(lr_decay) ** t.astype(float_dtype())
+    eta = at_round(lr, t)
     per_epoch = -(-d.mask.shape[0] // batch_size)          # the padded data's bound
     start = jax.tree.map(lambda m, a: jnp.where(m, a, jnp.zeros_like(a)), mask, w)
     sgd = dict(lr=eta, batch_size=batch_size, weight_decay=weight_decay, mask=mask,
-               optimizer=client_optimizer)
+               optimizer=at_round(client_optimizer, t))
     first = epoch_sgd(grad, start, k_first, d, epochs=1, max_steps=per_epoch, **sgd)
     trained = (epoch_sgd(grad, first, k_rest, d, epochs=epochs - 1,
                          max_steps=per_epoch * max(epochs - 1, 1), **sgd)

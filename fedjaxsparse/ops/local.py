@@ -16,6 +16,29 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjaxsparse.errors import check_number
+
+Schedule = Callable[[jax.Array], Any]
+"""A function of the round index ``t`` (``int32[]``, rounds completed), traceable: an optax
+schedule such as ``optax.exponential_decay(0.1, 1, 0.998)`` (``η_t = 0.1·0.998^t``) or
+``optax.piecewise_constant_schedule(0.01, {200: 0.1})``."""
+
+
+def at_round(value: Any, t: jax.Array) -> Any:
+  """A per-round quantity at round ``t``: ``value(t)`` for a :data:`Schedule` (or a function
+  of the round returning an optax transformation: a client optimizer whose step size follows
+  the rounds, ``lambda t: optax.sgd(schedule(t))``), else ``value`` itself (a number, an optax
+  transformation)."""
+  if isinstance(value, optax.GradientTransformation) or not callable(value):
+    return value
+  return value(t)
+
+
+def check_lr(lr: Any, name: str = "lr") -> None:
+  """``lr`` must be a number > 0 or a :data:`Schedule` of the round."""
+  if not callable(lr):
+    check_number(name, lr, 0.0, None, low_open=True)
+
 
 def minibatch(key: jax.Array, data, batch_size: int | None, augment=None):
   """One client's ``(x, y, mask)`` for a local step: its full (masked) data when
