@@ -25,7 +25,7 @@ checkpoints (``fjs.models.hf``, ``fjs.models.clip``), the language-model protoco
 from fedjaxsparse import (algorithms, convex, core, data, errors, evaluation, models, ops,
                           pruning, runtime)
 from fedjaxsparse.algorithms.ato import ato
-from fedjaxsparse.algorithms.cohort_round import ClientUpdate, cohort_round
+from fedjaxsparse.algorithms.cohort_round import ClientUpdate, ServerPart, cohort_round
 from fedjaxsparse.algorithms.ddss import (dis_ddss, dis_ddss_naive, prox_asvrg, sha_ddss,
                                           sha_ddss_naive)
 from fedjaxsparse.algorithms.ddss_baselines import prox_asaga, pse
@@ -80,7 +80,7 @@ returns a trainer that :func:`fedjaxsparse.algorithms.ato.train` runs, not an
 
 __all__ = [
     *METHODS, *PRUNING_TRAINERS,
-    "Algorithm", "ClientUpdate", "cohort_round", "LossFn", "Model", "global_params", "personal_params", "run", "run_batched",
+    "Algorithm", "ClientUpdate", "ServerPart", "cohort_round", "LossFn", "Model", "global_params", "personal_params", "run", "run_batched",
     "algorithms", "convex", "core", "data", "errors", "evaluation", "models", "ops", "pruning",
     "runtime", "harness", "accounting", "aggregation", "compressors", "masks", "proxes", "sampling",
     "sparsity", "METHODS", "PRUNING_TRAINERS", "__version__",

@@ -36,7 +36,7 @@ def _family(name: str, client_optimizer=None, **kw):
   if name == "fedavg":
     return fjs.fedavg(loss, client_optimizer or optax.sgd(0.1), local_steps=2, batch_size=16,
                       **kw)
-  if client_optimizer is not None and name not in ("fedavg", "fml", "fedp3"):
+  if client_optimizer is not None and name not in ("fedavg", "fml", "fedp3"):   # optional
     kw["client_optimizer"] = client_optimizer
   if name == "ditto":
     return fjs.ditto(loss, 0.1, global_epochs=1, personal_epochs=1, batch_size=64, **kw)
@@ -59,6 +59,8 @@ def _family(name: str, client_optimizer=None, **kw):
                      batch_size=16, **kw)
   if name == "fedsr":
     return fjs.fedsr(_split_model(), 0.1, epochs=1, batch_size=64, **kw)
+  if name == "fedcr":    # a server part: the global class distributions
+    return fjs.fedcr(_split_model(), 0.1, samples=1, epochs=1, batch_size=64, **kw)
   if name == "fedmrn":   # learned masks over ±0.1 noise
     return fjs.fedmrn(loss, 0.1, epochs=1, batch_size=64, noise_scale=0.1, **kw)
   raise KeyError(name)
@@ -87,9 +89,9 @@ def _split_model():
 
 
 def _params(family: str | None):
-  """The initial global model of ``family`` (FedSR's representation network or the softmax
-  regression of the others)."""
-  if family == "fedsr":
+  """The initial global model of ``family`` (FedSR's and FedCR's representation network or
+  the softmax regression of the others)."""
+  if family in ("fedsr", "fedcr"):
     return _split_model().init(jax.random.key(0))
   return _setup()[3]
 
@@ -98,12 +100,13 @@ def _dim(family: str | None) -> int:
   return sum(int(np.size(a)) for a in jax.tree.leaves(_params(family)))
 
 
-FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr", "fedp3", "fedmrn")
+FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr", "fedp3", "fedmrn", "fedcr")
 NO_WEIGHTING = ("subfedavg", "fedp3")   # per-coordinate / per-layer means over the keepers
 SGD_CLIENTS = ("ditto", "fedspa", "subfedavg", "fedmrn")   # the papers' plain SGD by default
 # Sub-FedAvg uploads its mask beside its model (the masked mean reads it); FedMRN's mask is
 # already one bit per entry (its dense backbone, masking="none", takes an uplink: test_fedmrn)
-NO_UPLINK = ("subfedavg", "fedmrn")
+# FedCR uploads class statistics beside its body
+NO_UPLINK = ("subfedavg", "fedmrn", "fedcr")
 D = 64 * 10 + 10
 
 

@@ -179,7 +179,7 @@ def _top_page() -> str:
   text += _entry(fjs, "PRUNING_TRAINERS", "fedjaxsparse.PRUNING_TRAINERS")
   text += _title("A new cohort method", "-")
   text += ("A client update on the one cohort round (:doc:`/composing`).\n\n")
-  for n in ("cohort_round", "ClientUpdate"):
+  for n in ("cohort_round", "ClientUpdate", "ServerPart"):
     text += _entry(fjs, n, f"fedjaxsparse.{n}")
   text += _title("Running and reading", "-")
   for n in ("Algorithm", "LossFn", "Model", "run", "run_batched", "global_params",

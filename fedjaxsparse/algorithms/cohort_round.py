@@ -94,14 +94,29 @@ from fedjaxsparse.ops.sparsity import magnitude_prune
 from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import map_clients
 
-__all__ = ["ClientUpdate", "CohortInfo", "CohortState", "cohort_round", "mean_delta",
-           "mean_model", "masked_mean", "EXTRA_BITS_UP", "EXTRA_BITS_DOWN"]
+__all__ = ["ClientUpdate", "CohortInfo", "CohortState", "ServerPart", "cohort_round",
+           "mean_delta", "mean_model", "masked_mean", "EXTRA_BITS_UP", "EXTRA_BITS_DOWN"]
 
 EXTRA_BITS_UP = "extra_bits_up"
 """A client metric counted into ``bits_up`` (bits a client uploads beside its message)."""
 EXTRA_BITS_DOWN = "extra_bits_down"
 """A client metric counted into ``bits_down`` (bits a client downloads beside
 ``download_bits``: a personalised download, say)."""
+
+
+class ServerPart(NamedTuple):
+  """State a method's server keeps beside the global model, broadcast to the cohort with it
+  and updated from what the members upload (FedCR's global class distributions, say).
+
+  Attributes:
+    init: ``(params, num_clients) -> server_state`` (a pytree).
+    update: ``(server_state, messages, weights, params, round) -> server_state``: after the
+      aggregation, from the members' messages ``[m, ...]`` (as received: after the uplink),
+      the weights ``[m]`` (0 for a sampler's padding entries) and the global model ``x_t``
+      the members received.
+  """
+  init: Callable
+  update: Callable
 
 
 class ClientUpdate(NamedTuple):
@@ -129,6 +144,8 @@ class ClientUpdate(NamedTuple):
       states for its family (``DittoState.personal``, ``FedSpaState.masks``).
     bucketable: whether ``update`` computes the same on size buckets of the clients
       (its result does not depend on the padded length ``M``).
+    server: a :class:`ServerPart` (``None``: the server keeps only the global model); with
+      one, ``update`` receives ``global_params`` as the pair ``(params, server_state)``.
   """
   init: Callable
   update: Callable
@@ -139,6 +156,7 @@ class ClientUpdate(NamedTuple):
   summed: tuple[str, ...] = ()
   state_type: type | None = None
   bucketable: bool = False
+  server: ServerPart | None = None
 
 
 class CohortState(NamedTuple):
@@ -147,11 +165,13 @@ class CohortState(NamedTuple):
     clients: every client's state (leaves ``[N, ...]``; ``()`` for stateless clients).
     server_opt_state: the server optimizer's state (``optax.EmptyState()`` without one).
     round: ``int32[]`` rounds completed.
+    server: the state of the client update's :class:`ServerPart` (``()`` without one).
   """
   params: Any
   clients: Any
   server_opt_state: Any
   round: jax.Array
+  server: Any = ()
 
 
 class CohortInfo(NamedTuple):
@@ -266,8 +286,9 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
     check_data(data)
     check_cohort_size(cohort_size, data.num_clients)
     states = client.init(key, params, data.num_clients)
+    extra = () if client.server is None else client.server.init(params, data.num_clients)
     return state_type(params, states, cohorts.server_init(params, server_optimizer),
-                       jnp.zeros((), jnp.int32))
+                      jnp.zeros((), jnp.int32), extra)
 
   def step(key, state: CohortState, data: FederatedData):
     k_cohort, k_clients, k_uplink = jax.random.split(key, 3)
@@ -277,8 +298,9 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
     stateful = bool(jax.tree.leaves(state.clients))
     old = (state.clients if full or not stateful else
            jax.tree.map(lambda a: a[ids], state.clients))
+    broadcast = params if client.server is None else (params, state.server)
     messages, new, metrics = map_clients(
-        lambda s, k, d: client.update(k, params, s, d, t), cohort.data, old,
+        lambda s, k, d: client.update(k, broadcast, s, d, t), cohort.data, old,
         client_keys(k_clients, ids))
     if stateful:
       # a sampler's padding entries repeat a member (same key and data: the same new state)
@@ -295,6 +317,8 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
       new_params = server_prox(new_params, 1.0)
     if server_sparsity is not None:
       new_params = magnitude_prune(new_params, server_sparsity(t))
+    extra = (state.server if client.server is None else
+             client.server.update(state.server, messages, weights, params, t))
 
     member, size = cohort.member, cohort.size
     if uplink is not None:
@@ -323,7 +347,7 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
     info_type = client.info_type or _info_type(tuple(k for k in record
                                                      if k not in CohortInfo._fields))
     info = info_type(**record)
-    return state_type(new_params, clients, opt_state, t + 1), info
+    return state_type(new_params, clients, opt_state, t + 1, extra), info
 
   bucketable = cohort_size is None and sampler is None and client.bucketable
   return Algorithm(init, step, bucketable=bucketable)

@@ -42,7 +42,8 @@ import optax
 
 from fedjaxsparse import evaluation
 from fedjaxsparse.algorithms import fedp3
-from fedjaxsparse.algorithms.cohort_round import ClientUpdate, CohortState, cohort_round
+from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, CohortState, ServerPart,
+                                                  cohort_round)
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.errors import check_number
@@ -60,16 +61,26 @@ __all__ = ["FedCRState", "FedSRState", "FedPACState", "RoundInfo", "fedcr", "fed
            "project_to_simplex", "simplex_qp", "features_in_batches", "L2R_FORMS"]
 
 
-class FedCRState(NamedTuple):
-  """Attributes: ``params`` (the global ``{"body", "head"}``; the head is the shared one only
-  with ``share_head``), ``heads`` (personal heads, leaves ``[N, ...]``), ``prior_mean``,
-  ``prior_std`` (``[C, d]``: r(z|y)), ``server_opt_state``, ``round``."""
-  params: Any
-  heads: Any
-  prior_mean: jax.Array
-  prior_std: jax.Array
-  server_opt_state: Any
-  round: jax.Array
+class FedCRState(CohortState):
+  """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` of :func:`fedcr`: ``params``
+  (the global ``{"body", "head"}``; the head is the shared one only with ``share_head``),
+  ``clients`` (``{"head": personal heads}``, leaves ``[N, ...]``, plus ``"layers"``:
+  ``bool[N, L]`` with ``train_layers``), ``server`` (``(prior_mean, prior_std)``, ``[C, d]``
+  each: r(z|y)), ``server_opt_state``, ``round``."""
+  __slots__ = ()
+
+  @property
+  def heads(self) -> Any:
+    """Personal heads, leaves ``[N, ...]``."""
+    return self.clients["head"]
+
+  @property
+  def prior_mean(self) -> jax.Array:
+    return self.server[0]
+
+  @property
+  def prior_std(self) -> jax.Array:
+    return self.server[1]
 
   @property
   def personal(self) -> Any:
@@ -134,7 +145,8 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
           clip: float | None = 10.0, weighting: str = "uniform",
           share_head: bool = False, deterministic: bool = False,
           train_layers: Any = None, sampler: Any = None,
-          server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+          server_optimizer: optax.GradientTransformation | None = None,
+          client_optimizer: Any = None) -> Algorithm:
   """FedCR (Zhang et al. 2023): a shared Gaussian representation regularised towards global
   class-conditional distributions (a conditional-mutual-information bound), personal heads.
 
@@ -199,7 +211,14 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
     share_head: average the head as well (FedAvg with FedCR's regulariser).
     deterministic: ``z = μ`` (no sampling; then ``samples`` must be 1) — the reduction to FedAvg.
     train_layers: ``bool[N, L]`` over the body's layers (FedCR-OPU3; ``None``: every layer).
-    sampler, server_optimizer: the cohort round's (:mod:`fedjaxsparse.runtime.cohort`).
+    sampler, server_optimizer: the cohort round's
+      (:func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`).
+    client_optimizer: an optax transformation (or a function of the round returning one)
+      instead of :func:`local_optimizer` (``lr``, ``momentum``, ``weight_decay`` and ``clip``
+      are then unused).
+
+  No ``uplink``: a client uploads class statistics (means, scales, the classes it saw) beside
+  its body, which a compressor of the body's update must not touch.
   """
   _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip)
   check_number("beta", beta, 0.0, None)
@@ -223,7 +242,7 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
     total = jnp.sum(per * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return total, (mu, sigma)
 
-  def client(w, head, key, data, eta, steps, prior_mean, prior_std):
+  def client(w, head, key, data, opt, steps, prior_mean, prior_std):
     num_classes = prior_mean.shape[0]
     per_epoch = (jnp.maximum(data.num_examples, 1) + batch_size - 1) // batch_size
     last_epoch_from = (epochs - 1) * per_epoch
@@ -241,80 +260,88 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
     start = {"body": w["body"], "head": w["head"] if share_head else head}
     trained, (tau, num), loss = epoch_optimize(
         lambda p, k, x, y, m: loss_fn(p, k, x, y, m, prior_mean, prior_std), start,
-        local_optimizer(eta, momentum, weight_decay, clip), key, data, epochs=epochs,
+        opt, key, data, epochs=epochs,
         batch_size=batch_size, max_steps=steps, observe=observe, observed=(zeros, zeros))
     mean, std = product_of_normals(tau, num)
     return trained, mean, std, jnp.any(tau > 0, axis=1), loss
 
-  def init(key, params, data: FederatedData) -> FedCRState:
+  def init(key, params, n):
     del key
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
+    clients = {"head": jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape),
+                                    params["head"])}
     if train_layers is not None:
       names = layer_groups.layer_names(params["body"], 1)
-      if tuple(train_layers.shape) != (data.num_clients, len(names)):
-        raise ValueError(f"train_layers must be bool[{data.num_clients}, {len(names)}] "
+      if tuple(train_layers.shape) != (n, len(names)):
+        raise ValueError(f"train_layers must be bool[{n}, {len(names)}] "
                          f"(clients, body layers {names}), got {tuple(train_layers.shape)}.")
+      clients["layers"] = jnp.asarray(train_layers, bool)
+    return clients
+
+  def server_init(params, n):
+    del n
     num_classes = jax.tree.leaves(params["head"])[-1].shape[-1]
-    heads = jax.tree.map(lambda a: jnp.broadcast_to(a, (data.num_clients,) + a.shape),
-                         params["head"])
-    return FedCRState(params, heads, jnp.zeros((num_classes, d), float_dtype()),
-                      jnp.ones((num_classes, d), float_dtype()),
-                      cohorts.server_init(params, server_optimizer), jnp.zeros((), jnp.int32))
+    return (jnp.zeros((num_classes, d), float_dtype()),
+            jnp.ones((num_classes, d), float_dtype()))
 
-  def step(key, state: FedCRState, data: FederatedData):
-    k_cohort, k_train = jax.random.split(key)
-    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
-    ids = cohort.ids
-    eta = at_round(lr, state.round)
-    steps = max_local_steps(data, batch_size, epochs)
-    trained, mean, std, seen, losses = map_clients(
-        lambda h, k, dd: client(state.params, h, k, dd, eta, steps, state.prior_mean,
-                                state.prior_std),
-        cohort.data, jax.tree.map(lambda a: a[ids], state.heads),
-        client_keys(k_train, ids))
-    weights = cohorts.weights(cohort, weighting)
-    w = state.params
-    if train_layers is not None:    # FedCR-OPU3: layer l averaged over the clients sending it
-      rows = jnp.asarray(train_layers)[ids] & (cohort.member > 0)[:, None]
-      body = fedp3.aggregate(w["body"], trained["body"], rows, weights, 1)
-      delta = {"body": jax.tree.map(jnp.subtract, body, w["body"]),
-               "head": jax.tree.map(jnp.zeros_like, w["head"])}
-    else:
-      msgs = {"body": trained["body"],
-              "head": trained["head"] if share_head else
-              jax.tree.map(lambda a: jnp.broadcast_to(a, (ids.shape[0],) + a.shape),
-                           w["head"])}
-      delta = weighted_mean(jax.tree.map(lambda m, g: m - g[None], msgs, w), weights)
-    params, opt_state = cohorts.server_update(w, state.server_opt_state, delta,
-                                              server_optimizer)
-    heads = state.heads if share_head else jax.tree.map(
-        lambda a, new: a.at[ids].set(new), state.heads, trained["head"])
-    # global class distributions: the product of the cohort's experts and N(0, I)
-    on = seen * cohort.member[:, None]                                   # [m, C]
-    prec = on[:, :, None] / jnp.square(std)                              # [m, C, d]
-    new_mean, new_std = product_of_normals(jnp.sum(prec, 0), jnp.sum(prec * mean, 0), 1.0)
-    any_seen = jnp.any(on > 0, axis=0)[:, None]
-    prior_mean = jnp.where(any_seen, (1 - beta2) * state.prior_mean + beta2 * new_mean,
-                           state.prior_mean)
-    prior_std = jnp.where(any_seen, (1 - beta2) * state.prior_std + beta2 * new_std,
-                          state.prior_std)
-    size = cohort.size
-    body_bits = accounting.dense_bits(w["body"]) + (
-        accounting.dense_bits(w["head"]) if share_head else 0.0)
+  def update(key, broadcast, st, dd, t):
+    w, (prior_mean, prior_std) = broadcast
+    steps = epochs * -(-dd.mask.shape[0] // batch_size)    # the padded data's bound
+    opt = at_round(client_optimizer, t) or local_optimizer(at_round(lr, t), momentum,
+                                                           weight_decay, clip)
+    trained, mean, std, seen, loss = client(w, st["head"], key, dd, opt, steps, prior_mean,
+                                            prior_std)
+    message = {"body": jax.tree.map(jnp.subtract, trained["body"], w["body"]),
+               "mean": mean, "std": std, "seen": seen}
+    if share_head:
+      message["head"] = jax.tree.map(jnp.subtract, trained["head"], w["head"])
     if train_layers is not None:
-      sizes = jnp.asarray(layer_groups.layer_sizes(w["body"], 1), float_dtype())
-      up_models = 32.0 * jnp.sum(rows.astype(float_dtype()) @ sizes)
-    else:
-      up_models = size * as_float(body_bits)
-    up = up_models + 32.0 * 2 * d * jnp.sum(on)
-    down = size * as_float(body_bits + 32.0 * 2 * d * prior_mean.shape[0])
-    info = RoundInfo(jnp.sum(cohort.member * losses) / size, up, down,
-                     size.astype(jnp.int32))
-    return FedCRState(params, heads, prior_mean, prior_std, opt_state,
-                      state.round + 1), info
+      message["layers"] = st["layers"]
+    new = dict(st, head=st["head"] if share_head else trained["head"])
+    return message, new, {"loss": loss}
 
-  return Algorithm(init, step)
+  def aggregate(messages, weights, w):
+    zeros = jax.tree.map(jnp.zeros_like, w["head"])
+    if train_layers is not None:    # FedCR-OPU3: layer l averaged over the clients sending it
+      rows = messages["layers"] & (weights > 0)[:, None]
+      return {"body": fedp3.layer_delta(w["body"], messages["body"], rows, weights, 1),
+              "head": zeros}
+    return {"body": weighted_mean(messages["body"], weights),
+            "head": weighted_mean(messages["head"], weights) if share_head else zeros}
+
+  def server_update(server, messages, weights, w, t):
+    """The global class distributions: the product of the cohort's experts and N(0, I)."""
+    del w, t
+    prior_mean, prior_std = server
+    on = messages["seen"] * (weights > 0).astype(float_dtype())[:, None]   # [m, C]
+    prec = on[:, :, None] / jnp.square(messages["std"])                    # [m, C, d]
+    new_mean, new_std = product_of_normals(jnp.sum(prec, 0),
+                                           jnp.sum(prec * messages["mean"], 0), 1.0)
+    any_seen = jnp.any(on > 0, axis=0)[:, None]
+    return (jnp.where(any_seen, (1 - beta2) * prior_mean + beta2 * new_mean, prior_mean),
+            jnp.where(any_seen, (1 - beta2) * prior_std + beta2 * new_std, prior_std))
+
+  def body_bits(w):
+    return accounting.dense_bits(w["body"]) + (
+        accounting.dense_bits(w["head"]) if share_head else 0.0)
+
+  def upload_bits(message, w):
+    if train_layers is not None:   # the layers sent: 32 bits a float
+      sizes = jnp.asarray(layer_groups.layer_sizes(w["body"], 1), float_dtype())
+      models = 32.0 * (message["layers"].astype(float_dtype()) @ sizes)
+    else:
+      models = as_float(body_bits(w))
+    return models + 32.0 * 2 * d * jnp.sum(message["seen"].astype(float_dtype()))
+
+  def download_bits(w):
+    num_classes = jax.tree.leaves(w["head"])[-1].shape[-1]
+    return as_float(body_bits(w) + 32.0 * 2 * d * num_classes)
+
+  return cohort_round(
+      ClientUpdate(init, update, upload_bits=upload_bits, download_bits=download_bits,
+                   info_type=RoundInfo, state_type=FedCRState,
+                   server=ServerPart(server_init, server_update)),
+      cohort_size=cohort_size, sampler=sampler, weighting=weighting, aggregate=aggregate,
+      server_optimizer=server_optimizer)
 
 
 def fine_tune(model: SplitModel, personal: Any, data: FederatedData, key: jax.Array, *,
