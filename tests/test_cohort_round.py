@@ -59,6 +59,9 @@ def _family(name: str, client_optimizer=None, **kw):
                      batch_size=16, **kw)
   if name == "fedsr":
     return fjs.fedsr(_split_model(), 0.1, epochs=1, batch_size=64, **kw)
+  if name == "fedpac":   # a server part (the centroids) and its reply (combined heads)
+    return fjs.fedpac(_split_model(False), 0.1, epochs=1, batch_size=64, qp_iterations=50,
+                      **kw)
   if name == "fedcr":    # a server part: the global class distributions
     return fjs.fedcr(_split_model(), 0.1, samples=1, epochs=1, batch_size=64, **kw)
   if name == "fedmrn":   # learned masks over ±0.1 noise
@@ -83,16 +86,16 @@ def _uplink_bits(family, compressor, d):
 
 
 @functools.lru_cache(maxsize=None)
-def _split_model():
+def _split_model(gaussian: bool = True):
   from fedjaxsparse.models.split import fedcr_net
-  return fedcr_net((64,), 10, 2, conv=(), dense=(5,))
+  return fedcr_net((64,), 10, 2, gaussian=gaussian, conv=(), dense=(5,))
 
 
 def _params(family: str | None):
   """The initial global model of ``family`` (FedSR's and FedCR's representation network or
   the softmax regression of the others)."""
-  if family in ("fedsr", "fedcr"):
-    return _split_model().init(jax.random.key(0))
+  if family in ("fedsr", "fedcr", "fedpac"):
+    return _split_model(family != "fedpac").init(jax.random.key(0))
   return _setup()[3]
 
 
@@ -100,13 +103,14 @@ def _dim(family: str | None) -> int:
   return sum(int(np.size(a)) for a in jax.tree.leaves(_params(family)))
 
 
-FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr", "fedp3", "fedmrn", "fedcr")
+FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr", "fedp3", "fedmrn", "fedcr",
+            "fedpac")
 NO_WEIGHTING = ("subfedavg", "fedp3")   # per-coordinate / per-layer means over the keepers
 SGD_CLIENTS = ("ditto", "fedspa", "subfedavg", "fedmrn")   # the papers' plain SGD by default
 # Sub-FedAvg uploads its mask beside its model (the masked mean reads it); FedMRN's mask is
 # already one bit per entry (its dense backbone, masking="none", takes an uplink: test_fedmrn)
-# FedCR uploads class statistics beside its body
-NO_UPLINK = ("subfedavg", "fedmrn", "fedcr")
+# FedCR and FedPAC upload class statistics beside their bodies
+NO_UPLINK = ("subfedavg", "fedmrn", "fedcr", "fedpac")
 D = 64 * 10 + 10
 
 

@@ -114,9 +114,14 @@ class ServerPart(NamedTuple):
       aggregation, from the members' messages ``[m, ...]`` (as received: after the uplink),
       the weights ``[m]`` (0 for a sampler's padding entries) and the global model ``x_t``
       the members received.
+    reply: ``(member_states, messages, weights, params, server_state) -> member_states``
+      (``None``: none): what the server writes into the members' client states (``[m, ...]``,
+      as their updates left them) from everything they uploaded — FedPAC's combination of
+      the cohort's heads for each member.
   """
   init: Callable
   update: Callable
+  reply: Callable | None = None
 
 
 class ClientUpdate(NamedTuple):
@@ -302,12 +307,6 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
     messages, new, metrics = map_clients(
         lambda s, k, d: client.update(k, broadcast, s, d, t), cohort.data, old,
         client_keys(k_clients, ids))
-    if stateful:
-      # a sampler's padding entries repeat a member (same key and data: the same new state)
-      clients = new if full else jax.tree.map(lambda a, b: a.at[ids].set(b), state.clients,
-                                              new)
-    else:
-      clients = state.clients
     messages = cohorts.upload(k_uplink, cohort, messages, uplink)
     weights = cohorts.weights(cohort, weighting)
     delta = aggregate(messages, weights, params)
@@ -319,6 +318,14 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
       new_params = magnitude_prune(new_params, server_sparsity(t))
     extra = (state.server if client.server is None else
              client.server.update(state.server, messages, weights, params, t))
+    if client.server is not None and client.server.reply is not None:
+      new = client.server.reply(new, messages, weights, params, extra)
+    if stateful:
+      # a sampler's padding entries repeat a member (same key and data: the same new state)
+      clients = new if full else jax.tree.map(lambda a, b: a.at[ids].set(b), state.clients,
+                                              new)
+    else:
+      clients = state.clients
 
     member, size = cohort.member, cohort.size
     if uplink is not None:

@@ -31,7 +31,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjaxsparse.algorithms.cohort_round import ClientUpdate, CohortState, cohort_round
 from fedjaxsparse.core import Algorithm, LossFn, as_float

@@ -51,9 +51,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, CohortState, cohort_round,
+from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, cohort_round,
                                                   mean_delta)
-from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import noise_masks as M

@@ -50,7 +50,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import compressors as C

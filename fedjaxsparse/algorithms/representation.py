@@ -45,14 +45,14 @@ from fedjaxsparse.algorithms import fedp3
 from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, CohortState, ServerPart,
                                                   cohort_round)
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
-from fedjaxsparse.data.federated import FederatedData, check_data
+from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.models.base import softmax_cross_entropy
 from fedjaxsparse.models.split import SplitModel, kl_normal, product_of_normals
 from fedjaxsparse.ops import accounting, layer_groups
 from fedjaxsparse.ops.aggregation import weighted_mean
 from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_optimize, max_local_steps
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
+from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import map_clients
 
@@ -89,9 +89,9 @@ class FedCRState(CohortState):
 
 
 class RoundInfo(NamedTuple):
-  """Per round: ``loss`` (the cohort's mean first-step loss), ``bits_up`` (bodies — only the
-  ``L_i`` layers with ``train_layers`` — plus the class experts sent, 2d floats each),
-  ``bits_down`` (body and r(z|y), fp32), ``num_clients``."""
+  """Per round: ``loss`` (the cohort's first-step loss, weighted as the aggregation),
+  ``bits_up`` (bodies — only the ``L_i`` layers with ``train_layers`` — plus the class
+  experts sent, 2d floats each), ``bits_down`` (body and r(z|y), fp32), ``num_clients``."""
   loss: jax.Array
   bits_up: jax.Array
   bits_down: jax.Array
@@ -511,17 +511,26 @@ def fedsr(model: SplitModel, lr: float | Schedule, *, l2r: float = 1e-3, cmi: fl
 # FedPAC
 
 
-class FedPACState(NamedTuple):
-  """Attributes: ``params`` (the global ``{"body", "head"}``; its head is unused), ``heads``
-  (personal heads, leaves ``[N, ...]``), ``centroids`` (``[C, F]``, the global feature
-  centroids ``c_k``), ``has_centroid`` (``bool[C]``: some client of the last cohort held
-  class k), ``server_opt_state``, ``round``."""
-  params: Any
-  heads: Any
-  centroids: jax.Array
-  has_centroid: jax.Array
-  server_opt_state: Any
-  round: jax.Array
+class FedPACState(CohortState):
+  """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` of :func:`fedpac`: ``params``
+  (the global ``{"body", "head"}``; its head is unused), ``clients`` (``{"head": personal
+  heads}``, leaves ``[N, ...]``), ``server`` (``(centroids [C, F], has_centroid bool[C])``:
+  the global feature centroids ``c_k`` and whether some client of the last cohort held class
+  k), ``server_opt_state``, ``round``."""
+  __slots__ = ()
+
+  @property
+  def heads(self) -> Any:
+    """Personal heads, leaves ``[N, ...]``."""
+    return self.clients["head"]
+
+  @property
+  def centroids(self) -> jax.Array:
+    return self.server[0]
+
+  @property
+  def has_centroid(self) -> jax.Array:
+    return self.server[1]
 
   @property
   def personal(self) -> Any:
@@ -573,7 +582,8 @@ def fedpac(model: SplitModel, lr: float | Schedule, *, lam: float = 1.0, epochs:
            clip: float | None = None, weighting: str = "num_examples",
            combine_heads: bool = True, min_weight: float = 1e-3, qp_iterations: int = 500,
            sampler: Any = None,
-           server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
+           server_optimizer: optax.GradientTransformation | None = None,
+           client_optimizer: Any = None) -> Algorithm:
   """FedPAC (Xu, Tong and Huang 2023): feature alignment to global class centroids and
   personalised classifier combination.
 
@@ -598,6 +608,33 @@ def fedpac(model: SplitModel, lr: float | Schedule, *, lam: float = 1.0, epochs:
 
   (:func:`simplex_qp`), weights below ``min_weight`` set to 0 (FedPAC's code). With
   ``combine_heads=False`` each client keeps its ``ĥ_i``.
+
+  A client update on :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`: the global
+  centroids are its server part, the combined heads the server's reply to the members.
+
+  Args:
+    model: a :class:`~fedjaxsparse.models.split.SplitModel` with a deterministic
+      representation (:func:`fedjaxsparse.models.split.fedcr_net` with ``gaussian=False``).
+    lr: the body's step size η > 0, or a schedule of the round ``t -> η_t``.
+    lam: λ ≥ 0, the weight of the feature alignment term (the paper: 1).
+    epochs, head_epochs: local epochs on the body (≥ 1) and before it on the head (≥ 0).
+    head_lr: the head's step size (FedPAC's code: 0.1).
+    batch_size: B examples per local step.
+    cohort_size: clients per round (``None``: all).
+    momentum, weight_decay, clip: :func:`local_optimizer` of both parts.
+    weighting: the bodies' aggregation weights: ``"num_examples"`` (the paper), ``"uniform"``
+      or ``"sampling"`` (with ``sampler``).
+    combine_heads: give every member the combination of the cohort's heads (else each keeps
+      its own).
+    min_weight: combination weights below it are set to 0 (FedPAC's code: 1e-3).
+    qp_iterations: iterations of :func:`simplex_qp`.
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort.
+    server_optimizer: an optax transformation of the bodies' pseudo-gradient.
+    client_optimizer: an optax transformation (or a function of the round returning one) for
+      the body's epochs instead of :func:`local_optimizer` with ``lr`` (the head keeps its SGD
+      with ``head_lr``).
+
+  No ``uplink``: the upload holds class statistics beside the body.
 
   References:
     Jian Xu, Xinyi Tong, Shao-Lun Huang (2023). Personalized Federated Learning with Feature
@@ -641,7 +678,7 @@ def fedpac(model: SplitModel, lr: float | Schedule, *, lam: float = 1.0, epochs:
     safe = jnp.maximum(counts, 1.0)
     return counts, (onehot.T @ f) / safe[:, None], (onehot.T @ jnp.sum(f * f, -1)) / safe
 
-  def client(w, head, key, data, eta, round_, centroids, has, steps_head, steps_body):
+  def client(w, head, key, data, body_opt, round_, centroids, has, steps_head, steps_body):
     num_classes = centroids.shape[0]
     counts, mu, sq = statistics(w["body"], data, num_classes)
     n = jnp.maximum(jnp.sum(counts), 1.0)
@@ -662,70 +699,85 @@ def fedpac(model: SplitModel, lr: float | Schedule, *, lam: float = 1.0, epochs:
           epochs=head_epochs, batch_size=batch_size,
           max_steps=steps_head, trainable=only("head"))
     p, _, body_first = epoch_optimize(
-        loss, p, local_optimizer(eta, momentum, weight_decay, clip), k_body, data,
+        loss, p, body_opt, k_body, data,
         epochs=epochs, batch_size=batch_size,
         max_steps=steps_body, trainable=only("body"))
     new_counts, new_mu, _ = statistics(p["body"], data, num_classes)
     return p, new_counts, new_mu, v, h_ref, first if head_epochs else body_first
 
-  def init(key, params, data: FederatedData) -> FedPACState:
+  def init(key, params, n):
     del key
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
+    return {"head": jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape),
+                                 params["head"])}
+
+  def server_init(params, n):
+    del n
     num_classes = jax.tree.leaves(params["head"])[-1].shape[-1]
-    heads = jax.tree.map(lambda a: jnp.broadcast_to(a, (data.num_clients,) + a.shape),
-                         params["head"])
-    return FedPACState(params, heads, jnp.zeros((num_classes, model.dim), float_dtype()),
-                       jnp.zeros((num_classes,), bool),
-                       cohorts.server_init(params, server_optimizer), jnp.zeros((), jnp.int32))
+    return (jnp.zeros((num_classes, model.dim), float_dtype()),
+            jnp.zeros((num_classes,), bool))
 
-  def step(key, state: FedPACState, data: FederatedData):
-    k_cohort, k_train = jax.random.split(key)
-    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
-    ids, member = cohort.ids, cohort.member
-    eta = at_round(lr, state.round)
-    w = state.params
-    trained, counts, mu, v, h_ref, losses = map_clients(
-        lambda h, k, dd: client(w, h, k, dd, eta, state.round, state.centroids,
-                                state.has_centroid,
-                                max_local_steps(data, batch_size, max(head_epochs, 1)),
-                                max_local_steps(data, batch_size, epochs)),
-        cohort.data, jax.tree.map(lambda a: a[ids], state.heads), client_keys(k_train, ids))
-    weights = cohorts.weights(cohort, weighting)
-    body = weighted_mean(jax.tree.map(lambda m, g: m - g[None], trained["body"], w["body"]),
-                         weights)
-    delta = {"body": body, "head": jax.tree.map(jnp.zeros_like, w["head"])}
-    params, opt_state = cohorts.server_update(w, state.server_opt_state, delta,
-                                              server_optimizer)
-    held = counts * member[:, None]                                      # [m, C]
+  def update(key, broadcast, st, dd, t):
+    w, (centroids, has) = broadcast
+    per_epoch = -(-dd.mask.shape[0] // batch_size)       # the padded data's bound
+    body_opt = at_round(client_optimizer, t) or local_optimizer(at_round(lr, t), momentum,
+                                                                weight_decay, clip)
+    p, counts, mu, v, h_ref, loss = client(
+        w, st["head"], key, dd, body_opt, t, centroids, has,
+        max(head_epochs, 1) * per_epoch, epochs * per_epoch)
+    message = {"body": jax.tree.map(jnp.subtract, p["body"], w["body"]), "head": p["head"],
+               "counts": counts, "mu": mu, "v": v, "h_ref": h_ref}
+    return message, {"head": p["head"]}, {"loss": loss}
+
+  def aggregate(messages, weights, w):
+    return {"body": weighted_mean(messages["body"], weights),
+            "head": jax.tree.map(jnp.zeros_like, w["head"])}
+
+  def server_update(server, messages, weights, w, t):
+    """The global centroids: every class's features averaged over the members holding it."""
+    del server, w, t
+    held = messages["counts"] * (weights > 0).astype(float_dtype())[:, None]   # [m, C]
     total = jnp.sum(held, axis=0)
-    centroids = jnp.einsum("mc,mcf->cf", held, mu) / jnp.maximum(total, 1.0)[:, None]
-    has = total > 0
-    new_heads = trained["head"]
-    if combine_heads:
-      valid = member > 0
-      flat = h_ref.reshape(h_ref.shape[0], -1)                           # [m, C·F]
+    centroids = (jnp.einsum("mc,mcf->cf", held, messages["mu"])
+                 / jnp.maximum(total, 1.0)[:, None])
+    return centroids, total > 0
 
-      def combine(i):
-        diff = flat[i][None] - flat                                      # [m, C·F]
-        alpha = simplex_qp(jnp.diag(v) + diff @ diff.T, valid, qp_iterations)
-        alpha = jnp.where(alpha >= min_weight, alpha, 0.0)
-        alpha = alpha / jnp.maximum(jnp.sum(alpha), jnp.finfo(alpha.dtype).tiny)
-        return jax.tree.map(lambda hh: jnp.tensordot(alpha.astype(hh.dtype), hh, axes=1),
-                            trained["head"])
+  def reply(states, messages, weights, w, server):
+    """Each member's head: the combination of the cohort's heads (the simplex QP)."""
+    del w, server
+    if not combine_heads:
+      return states
+    valid = weights > 0
+    h_ref, v, heads = messages["h_ref"], messages["v"], messages["head"]
+    flat = h_ref.reshape(h_ref.shape[0], -1)                            # [m, C·F]
 
-      new_heads = jax.lax.map(combine, jnp.arange(ids.shape[0]))
-    heads = jax.tree.map(lambda a, new: a.at[ids].set(new), state.heads, new_heads)
-    size = cohort.size
-    c, f = state.centroids.shape
-    body_bits = accounting.dense_bits(w["body"])
-    stats_floats = 1 + 2 * c * f + c                       # V_i, H_i, centroids, counts
-    up = size * as_float(body_bits + accounting.dense_bits(w["head"]) + 32.0 * stats_floats)
-    down = size * as_float(body_bits + 32.0 * c * f)
-    info = RoundInfo(jnp.sum(member * losses) / size, up, down, size.astype(jnp.int32))
-    return FedPACState(params, heads, centroids, has, opt_state, state.round + 1), info
+    def combine(i):
+      diff = flat[i][None] - flat                                       # [m, C·F]
+      alpha = simplex_qp(jnp.diag(v) + diff @ diff.T, valid, qp_iterations)
+      alpha = jnp.where(alpha >= min_weight, alpha, 0.0)
+      alpha = alpha / jnp.maximum(jnp.sum(alpha), jnp.finfo(alpha.dtype).tiny)
+      return jax.tree.map(lambda hh: jnp.tensordot(alpha.astype(hh.dtype), hh, axes=1), heads)
 
-  return Algorithm(init, step)
+    return {"head": jax.lax.map(combine, jnp.arange(flat.shape[0]))}
+
+  def stats_floats(w):   # V_i, H_i, centroids, counts
+    c = jax.tree.leaves(w["head"])[-1].shape[-1]
+    return 1 + 2 * c * model.dim + c
+
+  def upload_bits(message, w):
+    del message
+    return as_float(accounting.dense_bits(w["body"]) + accounting.dense_bits(w["head"])
+                    + 32.0 * stats_floats(w))
+
+  def download_bits(w):
+    c = jax.tree.leaves(w["head"])[-1].shape[-1]
+    return as_float(accounting.dense_bits(w["body"]) + 32.0 * c * model.dim)
+
+  return cohort_round(
+      ClientUpdate(init, update, upload_bits=upload_bits, download_bits=download_bits,
+                   info_type=RoundInfo, state_type=FedPACState,
+                   server=ServerPart(server_init, server_update, reply)),
+      cohort_size=cohort_size, sampler=sampler, weighting=weighting, aggregate=aggregate,
+      server_optimizer=server_optimizer)
 
 
 def features_in_batches(model: SplitModel, body: Any, x: jax.Array, batch_size: int
