@@ -26,6 +26,10 @@ from typing import Any, Callable, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
+__all__ = ["PRNGKey", "Params", "LossFn", "float_dtype", "as_float", "InitFn", "StepFn",
+           "Algorithm", "global_params", "ParamsFn", "personal_params", "lazy_submodules",
+           "CLASSIFICATION", "REGRESSION", "Model"]
+
 PRNGKey = jax.Array
 Params = Any
 # One client's loss: ``(params, x [B, ...], y [B], mask [B]) -> scalar`` (``mask`` is 1 for a

@@ -18,6 +18,10 @@ from typing import Any
 
 import jax
 
+__all__ = ["UserError", "ConfigError", "DataError", "RunMismatchError", "CheckpointExistsError",
+           "CheckpointCorruptError", "LockedError", "NonFiniteError", "check_number",
+           "check_positive"]
+
 
 class UserError(Exception):
   """Base class: the input, files or settings are wrong, not the library."""

@@ -13,6 +13,9 @@ import jax.numpy as jnp
 
 from fedjaxsparse.core import CLASSIFICATION, Model
 
+__all__ = ["evaluate", "evaluate_per_client", "client_accuracy", "make_eval_fn",
+           "evaluate_personal", "make_personal_eval_fn"]
+
 if TYPE_CHECKING:   # annotations only: evaluation sits below the data wing
   from fedjaxsparse.data.federated import FederatedData
 

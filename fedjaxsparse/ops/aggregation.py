@@ -12,6 +12,8 @@ import jax.numpy as jnp
 
 from fedjaxsparse.core import float_dtype
 
+__all__ = ["WEIGHTINGS", "client_weights", "weighted_mean", "mean"]
+
 WEIGHTINGS = ("num_examples", "uniform")
 
 

@@ -37,6 +37,10 @@ from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.ops.sparsity import top_k_indices
 
+__all__ = ["Compressor", "identity", "rand_k", "scaled_rand_k", "top_k", "mix_k", "comp_k",
+           "natural", "qsgd", "scaled_sign", "stochastic_sign", "terngrad", "noise_mask",
+           "hadamard", "ROTATIONS", "drive", "eden", "scale", "omega_ran"]
+
 
 class Compressor(NamedTuple):
   """Attributes:

@@ -18,6 +18,9 @@ import optax
 
 from fedjaxsparse.errors import check_number
 
+__all__ = ["Schedule", "at_round", "check_lr", "minibatch", "epoch_steps", "epoch_minibatch",
+           "epoch_loop", "epoch_sgd", "max_local_steps", "epoch_optimize"]
+
 Schedule = Callable[[jax.Array], Any]
 """A function of the round index ``t`` (``int32[]``, rounds completed), traceable: an optax
 schedule such as ``optax.exponential_decay(0.1, 1, 0.998)`` (``η_t = 0.1·0.998^t``) or

@@ -45,6 +45,11 @@ import numpy as np
 
 from fedjaxsparse.ops.sparsity import random_keys
 
+__all__ = ["DISTRIBUTIONS", "REGROWTHS", "masked_leaves", "layer_densities", "layer_counts",
+           "random_masks", "init_masks", "prune_regrow", "cosine_drop", "linear_drop",
+           "constant_drop", "DROP_SCHEDULES", "density_per_layer", "hamming", "pairwise_hamming",
+           "coverage", "overlap", "pack", "as_bool", "unpack"]
+
 DISTRIBUTIONS = ("erk", "er", "uniform")
 REGROWTHS = ("gradient", "random")
 

@@ -44,6 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["DISTRIBUTIONS", "noise", "clip_to_noise", "mask_probability", "stochastic_mask",
+           "deterministic_mask", "sm_moments", "pm_probability", "progressive",
+           "straight_through", "prop1_factor", "pm_error_factor", "tree_noise", "tree_map_keyed"]
+
 DISTRIBUTIONS = ("uniform", "gaussian", "bernoulli")
 
 

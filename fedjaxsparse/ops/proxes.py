@@ -18,6 +18,8 @@ import jax
 
 from fedjaxsparse.ops.sparsity import k_from_sparsity, soft_threshold, top_k as _top_k
 
+__all__ = ["Prox", "identity", "l1", "l2", "top_k"]
+
 Prox = Callable[[Any, Any], Any]   # (tree, step) -> tree
 
 

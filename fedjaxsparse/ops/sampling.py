@@ -45,6 +45,11 @@ import numpy as np
 from fedjaxsparse.core import float_dtype
 from fedjaxsparse.errors import check_number
 
+__all__ = ["Cohort", "Sampler", "full", "nonuniform", "uniform", "importance", "nice", "block",
+           "stratified", "clusters", "sigma2_star", "mu_as", "neighbourhood", "theorem_bound",
+           "expected_smoothness", "contiguous_blocks", "kmeans_blocks", "check_cohort_size",
+           "sample_cohort", "client_keys"]
+
 
 class Cohort(NamedTuple):
   """One draw: ``ids`` ``int32[m]`` (padding entries repeat a member), ``mask`` ``[m]``

@@ -50,6 +50,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["SCOPES", "num_params", "nnz", "density", "k_from_sparsity", "random_keys",
+           "LARGEST_METHODS", "largest_mask", "top_k_indices", "random_indices", "top_k_mask",
+           "top_k", "random_mask", "gmp_sparsity", "magnitude_prune", "apply_mask", "mask_union",
+           "mask_intersection", "hard_threshold", "soft_threshold"]
+
 SCOPES = ("global", "per_leaf")
 
 
