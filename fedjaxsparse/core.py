@@ -130,7 +130,9 @@ def lazy_submodules(package: str, names: tuple[str, ...]) -> Callable[[str], Any
 # --- The model contract: what every network of ``fedjaxsparse.models`` returns -------------
 
 CLASSIFICATION = "classification"
+"""A :class:`Model`'s ``task`` when it outputs class logits (accuracy is its metric)."""
 REGRESSION = "regression"
+"""A :class:`Model`'s ``task`` when it outputs real values (its metric is the loss)."""
 
 
 class Model(NamedTuple):

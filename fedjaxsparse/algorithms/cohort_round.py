@@ -2,11 +2,11 @@
 out.
 
 Cohort methods of the library — FedAvg and its FedOpt/FedProx/FedHT/FedIHT variants, Ditto and
-Local, FedSpa, Sub-FedAvg, FedMRN, FML, FedSR, FedP3 — are each a :class:`ClientUpdate` (what one client does with the global
-model, its own state and its own data) given to :func:`cohort_round`, which owns the rest of
-the round, so that any sampler, uplink compressor, aggregation and server optimizer composes
-with any client update (optax's ``chain`` makes composition a value; blackjax separates a
-kernel builder from its one-call constructor).
+Local, FedSpa, Sub-FedAvg, FedMRN, FML, FedSR, FedP3 — are each a :class:`ClientUpdate` (what one
+client does with the global model, its own state and its own data) given to :func:`cohort_round`,
+which owns the rest of the round, so that any sampler, uplink compressor, aggregation and server
+optimizer composes with any client update (optax's ``chain`` makes composition a value; blackjax
+separates a kernel builder from its one-call constructor).
 
 One round ``t`` with global model ``x_t`` (a pytree; ``d`` entries), per-client states
 ``s [N, ...]`` and key ``ξ``:
@@ -71,8 +71,8 @@ Three methods no paper defines, each a few lines (the family constructors take `
 >>> float(info.bits_up) == 4 * d       # four members, one bit per entry
 True
 
-References: FedAvg's round (McMahan et al. 2017, arXiv:1602.05629) with FedOpt's server
-optimizer (Reddi et al. 2021, arXiv:2003.00295); full citations in
+References: FedAvg's round (McMahan et al., 2017, arXiv:1602.05629) with FedOpt's server
+optimizer (Reddi et al., 2021, arXiv:2003.00295); full citations in
 :mod:`fedjaxsparse.algorithms.fedavg`.
 """
 from __future__ import annotations

@@ -15,44 +15,45 @@ One ``step`` is one **outer iteration** s: a full pass computes ``∇F(x⁰)`` a
 snapshot, the gap-safe test (:mod:`fedjaxsparse.convex.screening`) shrinks the active blocks, then
 ``inner_steps`` stochastic proximal updates run, ``workers`` at a time in one ``vmap``:
 
-* ``estimator="sgd"`` (the Naive variants, Alg. 1-3): ``v = a_i f_i'(a_iᵀx̂)``;
-* ``"svrg"`` (3-5): ``v = a_i(f_i'(a_iᵀx̂) − ρ⁰_i) + ∇F(x⁰)`` (dense);
-* ``"sparse_svrg"`` (3-6): ``v = a_i(f_i'(a_iᵀx̂) − ρ⁰_i) + D_i ∇F(x⁰)``, ``[D_i]_jj = n/n_j`` on
-  supp(a_i) (``n_j`` = samples touching column j), supported on supp(a_i);
+* ``estimator="sgd"`` (the Naive variants, Sha-/Dis-DDSS-Naive): ``v = a_i f_i'(a_iᵀx̂)``;
+* ``"svrg"``: ``v = a_i(f_i'(a_iᵀx̂) − ρ⁰_i) + ∇F(x⁰)`` (dense);
+* ``"sparse_svrg"`` (the DDSS estimator): ``v = a_i(f_i'(a_iᵀx̂) − ρ⁰_i) + D_i ∇F(x⁰)``,
+  ``[D_i]_jj = n/n_j`` on supp(a_i) (``n_j`` = samples touching column j), supported on supp(a_i);
 * ``prox="dense"``: the server applies ``x ← prox_{ηλΩ}(x − ηv)`` on every active coordinate,
-  one worker's v after another (Alg. 1-2); ``prox="sparse"``: each worker sends
+  one worker's v after another (the Naive variants); ``prox="sparse"``: each worker sends
   ``δ = prox_{ηλφ_i}(x̂ − ηv) − x̂`` with ``φ_i = Σ_{j∈supp(a_i)} d_j|x_j|`` and the server only
-  adds (the decoupled prox (3-9)/(3-10), Alg. 4-6).
+  adds (the paper's decoupled prox, used by Sha-DDSS and Dis-DDSS).
 
 **Asynchrony is emulated, not timed** (it does not reproduce lock-free hardware timing): in each
 tick the ``workers`` updates are computed from reads of x, then applied (scatter-add for
 ``δ``s, in order for dense proxes). With ``staleness=0`` every worker reads the current x (a
-delay of up to ``workers − 1`` updates; ``workers=1`` is the synchronous limit that Theorem 1
-treats); with ``staleness=τ`` each worker reads the iterate of a tick drawn uniformly among the
-last τ + 1 (a ring buffer of τ + 1 iterates, (τ + 1)·p memory), i.e. a delay of up to
-``(τ + 1)·workers − 1`` updates — Assumption 3's bounded overlap. Theorem 1 needs
-``τ ≤ 1/(10√Δ)``; on dense data (Δ = 1) that allows no delay at all, and same-read workers
-with the sparse prox can stall (measured: 8 workers on a dense 300×30 Lasso stop near a gap
-of 2e-2 where one worker converges) — use ``workers=1`` or sparse data there.
-The anchor ``ρ⁰`` is cached at the *pre-elimination* snapshot (spec §1.3's anchor-consistency
-fix), so the estimators stay exactly unbiased after coordinates are eliminated.
+delay of up to ``workers − 1`` updates; ``workers=1`` is the synchronous limit that the paper's
+convergence theorem treats); with ``staleness=τ`` each worker reads the iterate of a tick drawn
+uniformly among the last τ + 1 (a ring buffer of τ + 1 iterates, (τ + 1)·p memory), i.e. a
+delay of up to ``(τ + 1)·workers − 1`` updates — the paper's bounded-overlap assumption. Its
+theorem needs ``τ ≤ 1/(10√Δ)``; on dense data (Δ = 1) that allows no delay at all, and
+same-read workers with the sparse prox can stall (measured: 8 workers on a dense 300×30 Lasso
+stop near a gap of 2e-2 where one worker converges) — use ``workers=1`` or sparse data there.
+The anchor ``ρ⁰`` is cached at the *pre-elimination* snapshot (our anchor-consistency fix), so
+the estimators stay exactly unbiased after coordinates are eliminated.
 
-**Distributed variants** (``shards=``, Alg. 2-3, 5-6): the samples are split over the workers
-and worker k draws from its own shard; ``per_shard_weights=True`` uses ``d^k_j = n_k/n^k_j``
-instead of the paper's global ``d_j`` (with global weights one worker's v is biased unless all
-shards report equally often — the spec's caveat). Communication is counted in floats per
-direction (spec §1.7): snapshot ``p_s`` down and up per worker, the screening result and
-``∇F(x⁰)`` down (the mask as ``p_s/32`` floats), then per inner update the worker's read of x (``p_{s+1}`` floats, dense) down
-and its message (``|supp(a_i) ∩ B|`` values + as many indices) up.
+**Distributed variants** (``shards=``, Dis-DDSS-Naive and Dis-DDSS): the samples are split over
+the workers and worker k draws from its own shard; ``per_shard_weights=True`` uses
+``d^k_j = n_k/n^k_j`` instead of the paper's global ``d_j`` (with global weights one worker's v
+is biased unless all shards report equally often). Communication is counted in floats per
+direction: snapshot ``p_s`` down and up per worker, the screening result and ``∇F(x⁰)`` down
+(the mask as ``p_s/32`` floats), then per inner update the worker's read of x (``p_{s+1}``
+floats, dense) down and its message (``|supp(a_i) ∩ B|`` values + as many indices) up.
 
 Named configurations: :func:`sha_ddss_naive`, :func:`sha_ddss`, :func:`dis_ddss_naive`,
-:func:`dis_ddss`, and the baseline :func:`prox_asvrg` (Meng et al. 2017: SVRG with a dense prox,
+:func:`dis_ddss`, and the baseline :func:`prox_asvrg` (Meng et al., 2017: SVRG with a dense prox,
 no screening). Every configuration works for singleton blocks (Lasso, ℓ1-logistic) and for the
 (weighted) group Lasso: there ``D_i`` and the sparse prox act on whole blocks of Ψ_i, laid out
 once on the host by :func:`block_rows` (memory n·max|Ψ_i|·max|G|).
 
-Source for the team: seed 004, Task 1, Algorithms 1-6, l. 326-473; spec ``seed004.md`` §1.3-§1.5,
-§1.7, §1.9.
+Source for the team: seed 004, Task 1, Algorithms 1-6, l. 326-473; spec ``seed004.md``
+§1.3-§1.5, §1.7 (communication), §1.9; equations (3-5), (3-6), (3-9)/(3-10); Theorem 1,
+Assumption 3.
 """
 from __future__ import annotations
 
@@ -75,9 +76,10 @@ PROXES = ("dense", "sparse")
 class DDSSState(NamedTuple):
   """``x [p]`` (eliminated coordinates 0), ``active bool[q]``, counters: ``s`` (outer
   iterations), ``epochs`` (data passes), ``touched`` (matrix entries / coordinates read or
-  written: nnz(A) per full-gradient pass plus each inner update's coordinates), ``floats_up`` / ``floats_down`` (communication, per the spec's §1.7; 0 in
-  shared memory), ``floats_down_lazy``: the downlink if each worker pulls only the
-  ``|supp(a_i) ∩ B|`` coordinates it reads (the paper does not say which its code did)."""
+  written: nnz(A) per full-gradient pass plus each inner update's coordinates), ``floats_up`` /
+  ``floats_down`` (communication, counted as in the module docstring; 0 in shared memory),
+  ``floats_down_lazy``: the downlink if each worker pulls only the ``|supp(a_i) ∩ B|``
+  coordinates it reads (the paper does not say which its code did)."""
   x: jax.Array
   active: jax.Array
   s: jax.Array
@@ -118,8 +120,8 @@ class BlockRows(NamedTuple):
 
 def block_rows(data: SparseRows, block: np.ndarray | None = None) -> BlockRows:
   """The :class:`BlockRows` of ``data`` for the partition ``block int[p]`` (None: singletons,
-  jittable; otherwise built on the host — spec §1.9's per-sample block lists and
-  block→coordinate tables, flattened into one gather)."""
+  jittable; otherwise built on the host — per-sample block lists and block→coordinate tables,
+  flattened into one gather)."""
   if block is None:
     return BlockRows(data.idx[..., None], data.val[..., None], (data.val != 0)[..., None], data.b)
   block = np.asarray(block)
@@ -154,7 +156,7 @@ def column_weights(data: SparseRows, rows: np.ndarray | None = None,
                    block: np.ndarray | None = None) -> np.ndarray:
   """Per coordinate, ``d_G = m / m_G`` of its block G over the samples ``rows`` (default all; m =
   their count, m_G = how many of them touch G; ``block=None``: singletons), 0 for untouched
-  blocks. ``E_i D_i = I`` on touched blocks (spec §1.3)."""
+  blocks. ``E_i D_i = I`` on touched blocks."""
   idx, val = np.asarray(data.idx), np.asarray(data.val)
   if rows is not None:
     idx, val = idx[rows], val[rows]
@@ -173,7 +175,7 @@ def sample_update(prob: SC.Problem, rows: BlockRows, x: jax.Array, i: jax.Array,
   sparse prox, or ``(coords, v [p], support)`` (the dense direction) for the dense prox;
   ``rows`` from :func:`block_rows`, ``active_c`` the active coordinates, ``rho0``/``g0`` the
   snapshot's ``ρ⁰ [n]`` and ``∇F(x⁰)`` (0 off the active set), ``d [p]`` the block weights.
-  ``D_i∇F(x⁰)`` and the sparse prox fill every coordinate of each block in Ψ_i (spec §1.3);
+  ``D_i∇F(x⁰)`` and the sparse prox fill every coordinate of each block in Ψ_i;
   ``support`` counts those coordinates."""
   p = x.shape[0]
   idx, val = rows.idx[i], rows.val[i]
@@ -238,10 +240,10 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   """The general configuration (see the module docstring). ``data`` is needed up front for the
   sparse weights ``d`` (host-side counts); ``shards`` = number of workers holding disjoint
   sample shards (None: shared memory, every worker samples all n). ``mesh``: a
-  :func:`fedjaxsparse.runtime.sharding.client_mesh` — the workers axis is then split over its devices
-  (like the client axis; ``workers`` must be divisible by the device count), the data and x
-  replicated; the scatter-add of the messages becomes a collective. Layout only: the results
-  match a one-device run to float tolerance."""
+  :func:`fedjaxsparse.runtime.sharding.client_mesh` — the workers axis is then split over its
+  devices (like the client axis; ``workers`` must be divisible by the device count), the data and x
+  replicated; the scatter-add of the messages becomes a collective. Layout only: the results match a
+  one-device run to float tolerance."""
   if estimator not in ESTIMATORS:
     raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}.")
   if prox not in PROXES:
@@ -362,24 +364,24 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
 
 
 def sha_ddss_naive(prob, data, **kw) -> Algorithm:
-  """Alg. 1: prox-SGD with the dense prox on the screened active set."""
+  """Sha-DDSS-Naive: prox-SGD with the dense prox on the screened active set."""
   return ddss(prob, data=data, estimator="sgd", prox="dense", **kw)
 
 
 def sha_ddss(prob, data, **kw) -> Algorithm:
-  """Alg. 4: the sparse variance-reduced estimator (3-6) and the decoupled sparse prox."""
+  """Sha-DDSS: the sparse variance-reduced estimator and the decoupled sparse prox."""
   return ddss(prob, data=data, estimator="sparse_svrg", prox="sparse", **kw)
 
 
 def dis_ddss_naive(prob, data, workers: int = 8, **kw) -> Algorithm:
-  """Alg. 2-3: the parameter-server Naive variant (samples sharded over the workers)."""
+  """Dis-DDSS-Naive: the parameter-server Naive variant (samples sharded over the workers)."""
   return ddss(prob, data=data, estimator="sgd", prox="dense", workers=workers, shards=workers,
               **kw)
 
 
 def dis_ddss(prob, data, workers: int = 8, **kw) -> Algorithm:
-  """Alg. 5-6: workers send sparse δ's computed with (3-6) and the sparse prox; the server
-  adds."""
+  """Dis-DDSS: workers send sparse δ's computed with the sparse variance-reduced estimator and
+  the sparse prox; the server adds."""
   return ddss(prob, data=data, estimator="sparse_svrg", prox="sparse", workers=workers,
               shards=workers, **kw)
 

@@ -1,4 +1,5 @@
-"""Ditto (Li et al. 2021) and Local, the personalised dense baselines of seed 002.
+"""Ditto (Li et al., 2021) and Local, the personalised dense baselines of the FedSpa paper
+(Huang et al., 2022).
 
 References:
   Tian Li, Shengyuan Hu, Ahmad Beirami, Virginia Smith (2021). Ditto: Fair and Robust
@@ -15,15 +16,15 @@ Ditto, round t, every client k of a uniform cohort S_t:
 (b) personal part: ``personal_epochs`` of SGD on the client's own model,
     ``v_k ← v_k − η_t(∇L(v_k; ξ) + λ(v_k − w_c) + λ_wd v_k)``, with the proximal centre
     ``w_c = w_t`` (``prox_centre="received"``, original Ditto, default) or the client's
-    locally updated ``w_k`` (``"updated"``; seed 002's prose allows either). Non-sampled
-    clients' ``v_k`` do not change; ``v_k`` starts at ``w_0``.
+    locally updated ``w_k`` (``"updated"``; the FedSpa paper's prose allows either).
+    Non-sampled clients' ``v_k`` do not change; ``v_k`` starts at ``w_0``.
 
-The paper: λ = 0.5, 2 global + 3 personal epochs (5 in all, like the other methods). ``Local``
-is :func:`local`: no global part and λ = 0 — each sampled client trains its own model for
-``epochs`` epochs, nothing is sent. Evaluation uses the personal models
+The FedSpa paper (Appendix B.3): λ = 0.5, 2 global + 3 personal epochs (5 in all, like the
+other methods). ``Local`` is :func:`local`: no global part and λ = 0 — each sampled client
+trains its own model for ``epochs`` epochs, nothing is sent. Evaluation uses the personal models
 (:attr:`DittoState.personal`).
 
-Source for the team: B.3 l. 853-875; spec ``seed002.md`` §4.2-4.3.
+Source for the team: seed 002 B.3 l. 853-875; spec ``seed002.md`` §4.2-4.3.
 """
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ def ditto(loss_fn: LossFn, lr: float | Schedule, *, lam: float = 0.5, global_epo
 
 def local(loss_fn: LossFn, lr: float | Schedule, *, epochs: int = 5, batch_size: int = 128,
           cohort_size: int | None = 10, weight_decay: float = 0.0) -> Algorithm:
-  """Local (seed 002 B.3 l. 870-875): each round S sampled clients train their own models for
+  """Local (the FedSpa paper, Appendix B.3): each round S sampled clients train their own models for
   ``epochs`` epochs; no communication. :func:`ditto` with no global part and λ = 0."""
   return ditto(loss_fn, lr, lam=0.0, global_epochs=0, personal_epochs=epochs,
                batch_size=batch_size, cohort_size=cohort_size, weight_decay=weight_decay)

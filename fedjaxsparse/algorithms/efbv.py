@@ -20,12 +20,13 @@ iteration of EF-BV (compressor C ∈ C(η, ω), scalings λ, ν ∈ (0, 1]):
                h ← h + λ d
                x ← prox_{γR}(x − γ g)               broadcast x
 
-EF21 is ν = λ (``λ = 1`` is the original EF21 for contractive C; the chapter runs EF21 with
-``ν = λ = λ*``), DIANA is ν = 1, and the identity compressor with λ = ν = 1 is proximal gradient
-descent. :func:`efbv_params` gives the theory's λ*, ν*, r, r_av, s* and γ (Remark 2.4.3: "no
-parameter left to tune").
+EF21 is ν = λ (``λ = 1`` is the original EF21 for contractive C; the EF-BV paper's experiments
+run EF21 with ``ν = λ = λ*``), DIANA is ν = 1, and the identity compressor with λ = ν = 1 is
+proximal gradient descent. :func:`efbv_params` gives the theory's λ*, ν*, r, r_av, s* and γ (in
+the paper's words, "no parameter left to tune").
 
-Source for the team: seed 001 chapter 2, Fig. 2.1; spec ``specs/seed001_ch2.md`` §3–4.
+Source for the team: seed 001 chapter 2; spec ``specs/seed001_ch2.md`` §3–4; Fig. 2.1,
+Thm 2.4.1, Remarks 2.4.3-2.4.4, Prop 2.4.6, eqs. 2.6/2.8/2.11 and Table A.2 of the dissertation.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ from fedjaxsparse.ops.proxes import Prox
 class EFBVState(NamedTuple):
   """Attributes:
     x: the model (no client axis).
-    h: server control variate ``h = (1/n) Σ_i h_i`` (kept incrementally, as in Fig. 2.1).
+    h: server control variate ``h = (1/n) Σ_i h_i`` (kept incrementally, as EF-BV does).
     h_clients: ``[n, ...]`` client control variates ``h_i``.
     t: ``int32[]`` iterations done.
   """
@@ -69,7 +70,8 @@ class EFBVState(NamedTuple):
 class EFBVInfo(NamedTuple):
   """Attributes: ``loss`` ((1/n) Σ f_i(x) before the step), ``bits_up`` (n compressed
   messages), ``bits_down`` (dense x to n clients), ``grad_error`` ((1/n) Σ‖∇f_i(x) − h_i‖²
-  before the step, the Lyapunov term of Thm 2.4.1), ``g`` is not stored."""
+  before the step, the Lyapunov term of the EF-BV paper's
+  convergence theorem), ``g`` is not stored."""
   loss: jax.Array
   bits_up: jax.Array
   bits_down: jax.Array
@@ -96,7 +98,7 @@ _initial_h = jax.jit(_initial_h_impl, static_argnums=(0, 1))
 
 def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu: float, *,
           prox: Prox | None = None, h_init: str = "grad") -> Algorithm:
-  """EF-BV (Fig. 2.1, column 1).
+  """EF-BV (Condat, Yi & Richtárik, 2022), one iteration as in the module docstring.
 
   Args:
     loss_fn: ``(params, x, y, mask) -> f_i`` of one client; the data may be padded
@@ -105,7 +107,7 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
     gamma: step size γ (see :func:`efbv_params`).
     lam, nu: scalings λ (control variates) and ν (gradient estimate), in (0, 1].
     prox: ``(tree, step) -> prox_{step·R}(tree)``, or ``None`` for R = 0.
-    h_init: ``"grad"`` (h_i⁰ = ∇f_i(x⁰), so the Lyapunov term starts at 0; the chapter does
+    h_init: ``"grad"`` (h_i⁰ = ∇f_i(x⁰), so the Lyapunov term starts at 0; the paper does
       not say; this one dense upload per client, ``32·d`` bits, is charged to the first
       step's ``bits_up``) or ``"zero"`` (nothing to upload).
   """
@@ -171,14 +173,15 @@ def ef_bv_pp(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, 
              cohort_size: int | None, *, prox: Prox | None = None) -> CohortAlgorithm:
   """EF-BV with partial participation, a
   :class:`~fedjaxsparse.runtime.population.CohortAlgorithm` (run it with
-  :func:`~fedjaxsparse.runtime.population.on_device` or :func:`~fedjaxsparse.runtime.population.run_on_host`).
+  :func:`~fedjaxsparse.runtime.population.on_device` or
+  :func:`~fedjaxsparse.runtime.population.run_on_host`).
 
   Each round a uniform cohort S of C clients computes ``d_i = C_i(∇f_i(x) − h_i)`` and
   ``h_i ← h_i + λ d_i``; the others keep ``h_i``. The server uses ``d = (1/n) Σ_{i∈S} d_i``
   (weights 1/n, not 1/C, so ``h = (1/n) Σ_i h_i`` stays exact), ``g = h + ν d``,
   ``h ← h + λ d``, ``x ← prox_{γR}(x − γ g)``. With λ = ν = 1 this is EF21-PP (Fatkhullin et
-  al. 2021, "EF21 with bells & whistles", Alg. 3); with C = n it is :func:`ef_bv`
-  (``h_init="zero"``; tested). The chapter (seed 001 ch. 2) runs full participation only;
+  al., 2021, "EF21 with bells & whistles", Alg. 3); with C = n it is :func:`ef_bv`
+  (``h_init="zero"``; tested). The EF-BV paper runs full participation only;
   here ``h_i⁰ = 0`` (no dense first upload), since ``h⁰ = (1/n) Σ ∇f_i(x⁰)`` would need every
   client at once.
   """
@@ -217,7 +220,7 @@ def ef_bv_pp(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, 
 
 def ef21(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float = 1.0,
          **kw) -> Algorithm:
-  """EF21 (Richtárik et al. 2021; prox: Fatkhullin et al. 2021) = EF-BV with ν = λ; ``lam=1``
+  """EF21 (Richtárik et al., 2021; prox: Fatkhullin et al., 2021) = EF-BV with ν = λ; ``lam=1``
   is the original EF21 for a contractive compressor, ``lam=λ*`` EF21 run on λ*·C."""
   return ef_bv(loss_fn, compressor, gamma, lam, lam, **kw)
 
@@ -231,7 +234,7 @@ def diana(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float | No
 
 def prox_gd(loss_fn: LossFn, gamma: float, d: int, **kw) -> Algorithm:
   """Proximal gradient descent = EF-BV with the identity compressor and λ = ν = 1
-  (Remark 2.4.4); every client uploads its dense gradient."""
+  (a remark of the EF-BV paper); every client uploads its dense gradient."""
   return ef_bv(loss_fn, identity(d), gamma, 1.0, 1.0, **kw)
 
 
@@ -240,9 +243,9 @@ def tuned(method: str, loss_fn: LossFn, compressor: Compressor, num_clients: int
           **kw) -> tuple[Algorithm, dict]:
   """``method`` ("ef-bv", "ef21" or "diana") with λ, ν, γ from the theory; ω_ran = ω/n for
   independent compressors. EF-BV: :func:`efbv_params` (``"KL"`` step rule when a prox is
-  given, ``"PL"`` otherwise); EF21: the rule seed 001's experiments ran, ν = λ = λ* and
-  r_av = r, i.e. γ = 1/(L + L̃/s*) (``r_av_rule="ef21"``); DIANA with an unbiased compressor
-  and no prox: its own rule, Prop 2.4.6 (:func:`diana_params`, ``L_max`` default ``L``),
+  given, ``"PL"`` otherwise); EF21: the rule the EF-BV paper's experiments ran, ν = λ = λ*
+  and r_av = r, i.e. γ = 1/(L + L̃/s*) (``r_av_rule="ef21"``); DIANA with an unbiased
+  compressor and no prox: its own rule (:func:`diana_params`, ``L_max`` default ``L``),
   otherwise the EF-BV rule with ν = 1. Returns the algorithm and the parameters."""
   omega_ran = compressor.omega / num_clients
   setting = "KL" if prox is not None else "PL"
@@ -263,7 +266,8 @@ def tuned(method: str, loss_fn: LossFn, compressor: Compressor, num_clients: int
 
 
 def diana_params(omega: float, omega_ran: float, L_max: float) -> dict:
-  """DIANA's own parameters (Prop 2.4.6, unbiased ``C ∈ U(ω)``, f strongly convex):
+  """DIANA's own parameters (as the EF-BV paper states them; unbiased ``C ∈ U(ω)``, f
+  strongly convex):
   ``λ = 1/(1+ω)``, ``ν = 1``, ``γ = 1/(L_max + L_max(1+√2)² ω_ran)`` (the text's ω_max is
   ω_ran); the rate is ``max(1 − γμ, (1/2 + ω)/(1 + ω))``."""
   if omega < 0 or omega_ran < 0 or not L_max > 0:
@@ -277,7 +281,8 @@ def diana_params(omega: float, omega_ran: float, L_max: float) -> dict:
 def efbv_params(eta: float, omega: float, omega_ran: float, L: float, L_tilde: float,
                 setting: str = "PL", lam: float | None = None, nu: float | None = None,
                 r_av_rule: str = "theory") -> dict:
-  """The theory's parameters (spec §3, eqs. 2.6/2.8/2.11), computed in float64 on the host.
+  """The theory's parameters (the EF-BV paper's λ*, ν*, s* and γ), computed in float64 on
+  the host.
 
   ``λ* = min((1−η)/((1−η)²+ω), 1)``, ``ν* = min((1−η)/((1−η)²+ω_ran), 1)``,
   ``r = (1−λ+λη)² + λ²ω``, ``r_av = (1−ν+νη)² + ν²ω_ran``, ``s* = √((1+r)/(2r)) − 1``
@@ -285,8 +290,8 @@ def efbv_params(eta: float, omega: float, omega_ran: float, L: float, L_tilde: f
   and 1 otherwise. Pass ``nu=lam`` for EF21 and ``nu=1`` for DIANA. Uses the cancellation-free
   ``1 − r = 2λ(1−η) − λ²((1−η)² + ω)`` since r is within 1e-3 of 1 in the experiments.
 
-  ``r_av_rule="ef21"`` sets ``r_av = r`` — what seed 001's experiments ran for EF21 (Table
-  A.2, "r_av EF21 (= r)": γ = 1/(L + L̃/s*)); with ``nu=lam`` the theory's
+  ``r_av_rule="ef21"`` sets ``r_av = r`` — what the EF-BV paper's experiments ran for EF21
+  (its parameter table, "r_av EF21 (= r)": γ = 1/(L + L̃/s*)); with ``nu=lam`` the theory's
   ``r_av = (1−ν+νη)² + ν²ω_ran`` is slightly smaller (a γ about 4 % larger on mushrooms).
   """
   if r_av_rule not in ("theory", "ef21"):

@@ -1,5 +1,5 @@
-"""FedAvg (McMahan et al. 2017) with an optax client optimizer and an optional server
-optimizer (FedOpt, Reddi et al. 2021) — the reference algorithm of the library.
+"""FedAvg (McMahan et al., 2017) with an optax client optimizer and an optional server
+optimizer (FedOpt, Reddi et al., 2021) — the reference algorithm of the library.
 
 References:
   McMahan, H. Brendan; Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas (2017).
@@ -15,7 +15,9 @@ lifted with ``jax.vmap``), average the model deltas (weighted by client size or 
 and apply the average as the server update. With a server optimizer, the negative average
 delta is its pseudo-gradient: ``x ← x + server_opt(−Δ̄)``; without one, ``x ← x + Δ̄``.
 
-Seed 003 (FedMRN) §3 and its spec (``specs/seed000_003.md`` B.4) use this backbone.
+FedMRN (Li et al., 2024, arXiv:2408.03220), Section 3, uses this backbone.
+
+Source for the team: seed 003 §3; spec ``specs/seed000_003.md`` B.4; seed 000 §E (clipping).
 """
 from __future__ import annotations
 
@@ -87,10 +89,11 @@ CLIP_MODES = ("norm", "value")
 
 def clipped_sgd(lr: Any, clip: Any = None, clip_mode: str = "norm"
                 ) -> optax.GradientTransformation:
-  """Local SGD with gradient clipping, as seed 000 §E trains every method on CIFAR-10 (the
-  paper does not say norm or value clipping): ``clip_mode="norm"`` rescales the gradient to a
-  global norm ≤ ``clip``, ``"value"`` clips every entry to [−clip, clip]; ``clip=None`` is
-  plain SGD. ``lr`` and ``clip`` may be traced (a vmapped hyper-parameter search)."""
+  """Local SGD with gradient clipping, as Meinhardt et al. (2024, arXiv:2405.20623), Appendix E,
+  train every method on CIFAR-10 (the paper does not say norm or value clipping):
+  ``clip_mode="norm"`` rescales the gradient to a global norm ≤ ``clip``, ``"value"`` clips every
+  entry to [−clip, clip]; ``clip=None`` is plain SGD. ``lr`` and ``clip`` may be traced (a vmapped
+  hyper-parameter search)."""
   if clip_mode not in CLIP_MODES:
     raise ValueError(f"clip_mode must be one of {CLIP_MODES}, got {clip_mode!r}.")
   if clip is None:

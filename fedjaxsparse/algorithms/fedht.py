@@ -1,5 +1,5 @@
-"""FedHT and FedIHT (Tong et al. 2020, "Federated Nonconvex Sparse Learning"), the
-FedAvg-with-Top-K baselines of seed 000 (§4, spec A.12): no acceleration, no control
+"""FedHT and FedIHT (Tong et al., 2020, "Federated Nonconvex Sparse Learning"), the
+FedAvg-with-Top-K baselines of Meinhardt et al. (2024), Section 4: no acceleration, no control
 variates. Both are :func:`~fedjaxsparse.algorithms.fedavg.fedavg` with Top-K hooks.
 
 References:
@@ -11,14 +11,16 @@ References:
 
 * FedHT: clients train dense and upload dense models; the server hard-thresholds the average
   (downlink K-sparse).
-* FedIHT: clients hard-threshold before uploading (uplink K-sparse); the server averages
-  without re-pruning, so the broadcast model has up to N·K non-zeros (seed 000 notes FedIHT
-  "usually yields a model of 70-90% sparsity when given a target of 90%"). Whether Top-K is
-  applied after every local step or only before upload is not stated: ``prune_every_step``
-  (default False, pre-upload only).
+* FedIHT: clients hard-threshold before uploading (uplink K-sparse); the server averages without
+  re-pruning, so the broadcast model has up to N·K non-zeros (Meinhardt et al. (2024) note that
+  FedIHT "usually yields a model of 70-90% sparsity when given a target of 90%"). Whether Top-K is
+  applied after every local step or only before upload is not stated: ``prune_every_step`` (default
+  False, pre-upload only).
 
-Aggregation is uniform by default, as in Algorithm 1 of seed 000 (``weighting=``). Messages
-are charged by their non-zeros (``encoding="auto"``).
+Aggregation is uniform by default, as in Algorithm 1 of Meinhardt et al. (2024)
+(``weighting=``). Messages are charged by their non-zeros (``encoding="auto"``).
+
+Source for the team: seed 000 §4, Algorithm 1; spec ``specs/seed000_003.md`` A.12.
 """
 from __future__ import annotations
 

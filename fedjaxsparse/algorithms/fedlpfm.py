@@ -6,16 +6,16 @@ References:
     (2023). Leveraging Foundation Models to Improve Lightweight Clients in Federated Learning.
     NeurIPS 2023 FL workshop. arXiv:2311.08479.
 
-    L(D_i; θ) = λ·E ℓ_CE(h(x; θ), y) + (1 − λ)·Σ_{m=1}^{M_i} E ℓ_KL[h(x; θ) ‖ M_i^m(x)]   (5-2)-(5-4)
+    L(D_i; θ) = λ·E ℓ_CE(h(x; θ), y) + (1 − λ)·Σ_{m=1}^{M_i} E ℓ_KL[h(x; θ) ‖ M_i^m(x)]
 
-— a *sum* over teachers; aggregation by data size (5-5); teachers are never communicated
+— a *sum* over teachers; aggregation by data size; teachers are never communicated
 (the messages are FedAvg's: dense models). Teacher logits are computed **once** per example
 (:func:`fedjaxsparse.models.clip.cached_logits` for CLIP, or any ``logits_fn``) and carried with the
 data: :func:`pack_targets` stores label and teacher logits in the float targets ``y [N, M,
 1 + T·K]`` of a :class:`~fedjaxsparse.data.federated.FederatedData`, so FedAvg's minibatch
 sampling draws an example's teachers with it and no teacher runs inside the round.
 
-The seed leaves the KL direction and temperature open (spec §3.2): ``direction="forward"``
+The paper leaves the KL direction and temperature open: ``direction="forward"``
 (default, Hinton KD) is ``KL(softmax(M/T) ‖ softmax(h/T))``, ``"reverse"`` is
 ``KL(softmax(h/T) ‖ softmax(M/T))`` (the printed ``ℓ_KL[h ‖ M]`` read literally); both are
 multiplied by ``T²`` (Hinton et al.'s gradient-scale correction; 1 at the default ``T = 1``).
@@ -25,7 +25,8 @@ slots off per client (``M_i < T``, as in mixed-teacher ablations).
 Baselines: FedAvg is ``lam=1`` (bit for bit: the KL term is not even traced), FedProx is
 :func:`fedjaxsparse.algorithms.fedprox.proximal`, FML is :mod:`fedjaxsparse.algorithms.fml`.
 
-Source for the team: seed 004 Task 3, Algorithm 10, l. 1500-1556; spec ``seed004.md`` §3.1-§3.2.
+Source for the team: seed 004 Task 3, Algorithm 10, l. 1500-1556, eqs. (5-2)-(5-5); spec
+``seed004.md`` §3.1-§3.2.
 """
 from __future__ import annotations
 
@@ -91,8 +92,8 @@ def unpack_targets(y: jax.Array, num_classes: int):
 
 def fedlpfm_loss(model: Model, num_classes: int, lam: float = 0.5, temperature: float = 1.0,
                  direction: str = "forward"):
-  """The local objective (5-2) as ``loss(params, x, y_packed, mask)`` (mean over the real
-  examples); ``lam = 1`` is exactly FedAvg's cross-entropy (:func:`make_loss`)."""
+  """The local objective (module docstring) as ``loss(params, x, y_packed, mask)`` (mean over
+  the real examples); ``lam = 1`` is exactly FedAvg's cross-entropy (:func:`make_loss`)."""
   if not 0 <= lam <= 1:
     raise ValueError(f"lam must be in [0, 1], got {lam!r}.")
   jax.eval_shape(lambda s, t: kd_loss(s, t, temperature, direction),   # validate (traced only)
@@ -115,7 +116,7 @@ def fedlpfm_loss(model: Model, num_classes: int, lam: float = 0.5, temperature: 
 def fedlpfm(model: Model, num_classes: int, client_optimizer: optax.GradientTransformation, *,
             lam: float = 0.5, temperature: float = 1.0, direction: str = "forward",
             **fedavg_kwargs: Any) -> Algorithm:
-  """Algorithm 10: :func:`fedjaxsparse.algorithms.fedavg.fedavg` (data-size weighting, stateless
-  clients) with the loss (5-2) on data from :func:`pack_targets`."""
+  """Fed-LPFM: :func:`fedjaxsparse.algorithms.fedavg.fedavg` (data-size weighting, stateless
+  clients) with the local objective on data from :func:`pack_targets`."""
   return fedavg(fedlpfm_loss(model, num_classes, lam, temperature, direction),
                 client_optimizer, **fedavg_kwargs)

@@ -21,18 +21,19 @@ from the seed and sets ``w^{t+1} = w^t + Σ_k p'_k n_k⊙m_k`` with data-size we
 ``p'_k = n_k/Σ_{j∈C_t} n_j`` renormalised over the participants (eq. 5).
 
 ``signed=True`` is FedMRNS ({−1, +1} masks; the paper's noise ±5e-3 instead of ±1e-2). The
-ablations of B.8 are options, not copies: ``stochastic=False`` (w/o SM: DM instead of M),
-``progressive=False`` (w/o PM: P ≡ 1), both (w/o PSM), ``masking="post"`` (FedAvg w. SM: plain
-local SGD, then one SM of the final update) and ``masking="none"`` (the FedAvg backbone: the
-dense update u is sent, 32 bits per entry, or compressed once by ``uplink``).
+ablations of the paper's Sections 5.3-5.4 are options, not copies: ``stochastic=False`` (w/o SM:
+DM instead of M), ``progressive=False`` (w/o PM: P ≡ 1), both (w/o PSM), ``masking="post"``
+(FedAvg w. SM: plain local SGD, then one SM of the final update) and ``masking="none"`` (the
+FedAvg backbone: the dense update u is sent, 32 bits per entry, or compressed once by
+``uplink``).
 
-``server_sparsity`` (a schedule ``round -> s_t``, e.g. :func:`fedjaxsparse.ops.sparsity.gmp_sparsity`)
-is FedSparsify's server-side reading (Stripelis et al. 2022, "Federated Progressive
-Sparsification (Purge, Merge, Tune)+", arXiv:2204.12430): gradual magnitude pruning at the
-server, ``w^{t+1} ← MagPrune(w^t + Δ, s_t)`` after every aggregation; the
-clients train dense from the pruned model (pruned weights may regrow and are pruned again —
-the literal server-side reading; Stripelis et al. also freeze the mask on the clients, which
-this option does not) and the downlink is charged by the pruned model's non-zeros.
+``server_sparsity`` (a schedule ``round -> s_t``, e.g.
+:func:`fedjaxsparse.ops.sparsity.gmp_sparsity`) is FedSparsify's server-side reading (Stripelis
+et al., 2022, "Federated Progressive Sparsification (Purge, Merge, Tune)+", arXiv:2204.12430):
+gradual magnitude pruning at the server, ``w^{t+1} ← MagPrune(w^t + Δ, s_t)`` after every
+aggregation; the clients train dense from the pruned model (pruned weights may regrow and are
+pruned again — the literal server-side reading; Stripelis et al. also freeze the mask on the
+clients, which this option does not) and the downlink is charged by the pruned model's non-zeros.
 
 The round is :func:`fedjaxsparse.algorithms.cohort_round.cohort_round` with FedMRN's
 :func:`client_update`: any sampler, a server optimizer (FedAdam on ``−Δ``) and an optax client
@@ -64,6 +65,8 @@ from fedjaxsparse.ops.sparsity import top_k
 __all__ = ["FedMRNInfo", "MASKINGS", "client_update", "fedmrn", "noise_mask_mean"]
 
 MASKINGS = ("learned", "post", "none")
+"""FedMRN's masking: masks trained with PSM, one stochastic mask of plain SGD's final update,
+or none (the dense FedAvg backbone)."""
 
 
 class FedMRNInfo(NamedTuple):

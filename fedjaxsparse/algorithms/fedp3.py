@@ -5,15 +5,17 @@ References:
     Personalized and Privacy-friendly Network Pruning under Model Heterogeneity. ICLR 2024.
     arXiv:2404.09816.
 
-Every client i has a configuration fixed before training (Alg. 5 l. 2), stored as arrays with a
-leading client axis (:class:`FedP3Config`) so one vmapped kernel serves all clients:
+Every client i has a configuration fixed before training (the FedP3 pseudocode, line 2), stored
+as arrays with a leading client axis (:class:`FedP3Config`) so one vmapped kernel serves all
+clients:
 
 * ``L_i`` (``train_layers[i]``): the layers it trains **and uploads**;
 * ``P_i`` (global pruning): a random mask keeping ``round(r_{i,l}·numel)`` entries of every
   kernel of the layers ``l ∉ L_i`` (biases and norm parameters dense, the masked-leaf rule of
   :mod:`fedjaxsparse.ops.masks`), drawn once from the client's own key and regenerated inside
   ``jit`` (no n×d mask storage);
-* ``Q_i`` (local pruning, on the layers ∉ L_i, redrawn every local step k, Alg. 6):
+* ``Q_i`` (local pruning, on the layers ∉ L_i, redrawn every local step k, the paper's
+  LocalUpdate):
   ``"fixed"`` (none), ``"uniform"`` (keep each surviving kernel entry with probability
   ``q_{i,k}``, a Bernoulli mask: the paper does not say how entries are chosen),
   ``"ordered_dropout"`` (FjORD: keep the leading ``⌈q·d_in⌉ × ⌈q·d_out⌉`` block of every
@@ -25,19 +27,19 @@ leading client axis (:class:`FedP3Config`) so one vmapped kernel serves all clie
 
 Round t: a cohort C_t (uniform without replacement, ``cohort_size``; ``None``: every client,
 what the authors' code always does); client i starts from ``W^l`` for ``l ∈ L_i`` and
-``P_i⊙W^l`` otherwise (the downlink, Alg. 5 l. 5-8), runs K optax steps on minibatches of B
+``P_i⊙W^l`` otherwise (the downlink, FedP3 lines 5-8), runs K optax steps on minibatches of B
 (drawn with replacement, as :func:`fedjaxsparse.algorithms.fedavg.local_sgd`) of the model with
 ``P_i⊙Q_{i,k}`` applied to the layers ∉ L_i, and uploads ``{W^l_{t,K} : l ∈ L_i}`` only. The
-server (Alg. 7) sets ``W^l ← W^l + Σ_{i∈L^l} α_{i,l}(W^l_i − W^l)`` with
+server (the paper's Aggregation) sets ``W^l ← W^l + Σ_{i∈L^l} α_{i,l}(W^l_i − W^l)`` with
 ``α_{i,l} = a_i / Σ_{j∈L^l} a_j`` over the participants ``L^l`` that returned layer l (the
-paper's ``N_i/Σ_{j=1}^n N_j`` does not sum to 1 — erratum §0.1.7 — so it is renormalised over
-``L^l``); a layer nobody returned keeps its value. Alg. 5 l. 14's ``∪_{i∈[n]}`` is read as
-``i ∈ C_t`` (§0.1.6).
+paper's ``N_i/Σ_{j=1}^n N_j`` does not sum to 1 — an erratum — so it is renormalised over
+``L^l``); a layer nobody returned keeps its value. The ``∪_{i∈[n]}`` of FedP3 line 14 is read
+as ``i ∈ C_t``.
 
 Choices where the text and pseudocode disagree (options): ``train_non_selected=True`` trains
-the pruned layers ∉ L_i locally (the prose, l. 1178, "P_i⊙W_{t,K}"); ``False`` keeps them at
-``P_i⊙W_t`` (Alg. 6 l. 3). They are never uploaded either way, and pruned entries stay zero
-(the mask is re-applied after every step, so momentum or weight decay cannot revive them).
+the pruned layers ∉ L_i locally (the paper's prose, "P_i⊙W_{t,K}"); ``False`` keeps them at
+``P_i⊙W_t`` (LocalUpdate, line 3). They are never uploaded either way, and pruned entries stay
+zero (the mask is re-applied after every step, so momentum or weight decay cannot revive them).
 
 Privacy structure: the server reads a client's result only through ``where(l ∈ L_i, ·, 0)`` —
 the non-uploaded layers cannot influence the global model even if they hold NaN (tested);
@@ -46,11 +48,12 @@ Accounting per round (:class:`FedP3Info`): the uploaded floats ``Σ_i Σ_{l∈L_
 downloaded floats (dense ``L_i`` layers plus the ``P_i`` survivors; ``P_i``'s positions come
 from the client's own seed, agreed once, so no index bits), and the paper's layer count.
 
-Theorem-side FedP3 (Algorithm 10, the sketches, LDP-FedP3) lives in
+Theorem-side FedP3 (the theoretical algorithm, the sketches, LDP-FedP3) lives in
 :mod:`fedjaxsparse.algorithms.fedp3_theory`.
 
-Source for the team: seed 001, ch. 4, Algorithms 5-7, l. 1125-1208; spec ``seed001_ch4_ch6.md``
-§A.2-§A.5.
+Source for the team: seed 001 ch. 4, l. 1125-1208, 1268-1329; spec ``seed001_ch4_ch6.md``
+§A.2-§A.5, §0.1.6-§0.1.7, §A.10.4. The dissertation numbers FedP3 / LocalUpdate / Aggregation
+as Algorithms 5-7 and the theoretical FedP3 as Algorithm 10; §4.4.2, Table 4.1, Fig. C.1.
 """
 from __future__ import annotations
 
@@ -80,7 +83,7 @@ POLICIES = {  # name -> numbers of non-FFC layers a client may draw (uniformly),
 
 
 class FedP3Config(NamedTuple):
-  """Per-client configuration (Alg. 5 l. 2), leading axis n:
+  """Per-client configuration (FedP3 line 2), leading axis n:
   ``train_layers`` ``bool[n, L]`` (L_i), ``keep_ratio`` ``float32[n, L]`` (r_{i,l}, used for
   l ∉ L_i), ``mask_keys`` ``key[n]`` (P_i's seeds)."""
   train_layers: jax.Array
@@ -102,7 +105,7 @@ class FedP3State(NamedTuple):
 class FedP3CohortState(CohortState):
   """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` of :func:`fedp3`: ``params``
   (W_t), ``clients`` = :attr:`config` (every client's row of its :class:`FedP3Config`, agreed
-  once and never changed: clients keep no trained state, Alg. 5 l. 8), ``server_opt_state``,
+  once and never changed: clients keep no trained state, FedP3 line 8), ``server_opt_state``,
   ``round``."""
   __slots__ = ()
 
@@ -127,7 +130,7 @@ class FedP3Info(NamedTuple):
 
 def layer_policy(key: jax.Array, num_clients: int, num_layers: int, policy: str,
                  always: Sequence[int] = (-1,)) -> np.ndarray:
-  """``bool[n, L]`` layer assignments of the chapter's experiments (§4.4.2, l. 1268-1329):
+  """``bool[n, L]`` layer assignments of the paper's layer-overlap experiments:
   ``"opu3"`` / ``"opu2"`` / ``"lowerb"`` — 3 / 2 / 1 layers drawn uniformly without
   replacement from the layers not in ``always`` (default: the final FC layer, "all clients
   participate in training the final FC layer"), plus ``always``; ``"opu1-2-3"`` / ``"opu2-3"``
@@ -153,7 +156,7 @@ def layer_policy(key: jax.Array, num_clients: int, num_layers: int, policy: str,
 
 def exclude_one_group(key: jax.Array, num_clients: int, names: Sequence[str],
                       groups: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
-  """Table 4.1's ResNet-18 variants: every client drops one of ``groups`` (lists of layer
+  """The paper's ResNet-18 variants: every client drops one of ``groups`` (lists of layer
   names, drawn uniformly per client) — it neither trains nor receives it (keep ratio 0; the
   residual path keeps the network valid) — and trains every other layer. Returns
   ``(train_layers bool[n, L], keep_ratio float32[n, L])``, the latter 0 on the dropped layers
@@ -189,7 +192,7 @@ def global_mask(key: jax.Array, params: Any, selected: Any, keep: Any) -> Any:
   per-leaf bool) are all True, every other kernel keeps exactly ``round(keep·numel)``
   uniformly random entries (``keep``: per-leaf ratio, may be traced), and other 1-D leaves
   (biases, norm parameters) are kept whole unless ``keep = 0`` (a dropped layer is dropped
-  entirely: Table 4.1's block variants)."""
+  entirely: the paper's ResNet-18 block variants)."""
   is_kernel = MK.masked_leaves(params)
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(key, len(leaves))
@@ -268,10 +271,11 @@ def uplink(trained: Any, train_layers_row: Any, depth: int = 1) -> dict[str, Any
 
 def aggregate(params: Any, trained: Any, train_layers: jax.Array, weights: jax.Array,
               depth: int = 1) -> Any:
-  """Algorithm 7: ``W^l + Σ_i α_{i,l} (W_i^l − W^l)``, ``α_{i,l} = a_i t_{i,l} / Σ_j a_j t_{j,l}``
-  over the participants that returned layer l (``train_layers`` ``bool[m, L]``, ``weights``
-  ``a`` ``[m]``: 1 or ``len(L_i)``); a layer nobody returned is unchanged. ``trained`` ``[m, ...]``
-  is read only where ``t_{i,l}`` holds (NaN elsewhere cannot leak)."""
+  """The paper's Aggregation: ``W^l + Σ_i α_{i,l} (W_i^l − W^l)``,
+  ``α_{i,l} = a_i t_{i,l} / Σ_j a_j t_{j,l}`` over the participants that returned layer l
+  (``train_layers`` ``bool[m, L]``, ``weights`` ``a`` ``[m]``: 1 or ``len(L_i)``); a layer
+  nobody returned is unchanged. ``trained`` ``[m, ...]`` is read only where ``t_{i,l}`` holds
+  (NaN elsewhere cannot leak)."""
   updates = jax.tree.map(lambda tl, wl: tl - wl[None], trained, params)
   return aggregate_updates(params, updates, train_layers, weights, depth)
 
@@ -286,7 +290,7 @@ def aggregate_updates(params: Any, updates: Any, train_layers: jax.Array, weight
 
 def layer_delta(params: Any, updates: Any, train_layers: jax.Array, weights: jax.Array,
                 depth: int = 1) -> Any:
-  """Algorithm 7's step ``Δ^l = Σ_i α_{i,l} t_{i,l} (W_i^l − W^l)`` (see :func:`aggregate`)."""
+  """The Aggregation step ``Δ^l = Σ_i α_{i,l} t_{i,l} (W_i^l − W^l)`` (see :func:`aggregate`)."""
   coef = train_layers * weights[:, None]
   den = jnp.sum(coef, axis=0)
   alpha = coef / jnp.where(den > 0, den, 1.0)
@@ -300,7 +304,7 @@ def layer_delta(params: Any, updates: Any, train_layers: jax.Array, weights: jax
 
 
 def layer_mean(depth: int = 1) -> Callable:
-  """Algorithm 7 as a cohort-round aggregation: messages ``{"update": W_i − W, "train":
+  """The paper's Aggregation as a cohort-round aggregation: messages ``{"update": W_i − W, "train":
   t_i bool[L], "weight": a_i}`` give ``Δ^l = Σ_i α_{i,l} (W_i^l − W^l)`` with ``α_{i,l} =
   a_i t_{i,l} / Σ_j a_j t_{j,l}`` over the members (positive round weight) that returned layer
   l (:func:`aggregate_updates`); a layer nobody returned is unchanged."""
@@ -318,7 +322,7 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
           train_non_selected: bool = True, depth: int = 1,
           uplink: Callable[[int], Any] | None = None, sampler: Any = None,
           server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
-  """FedP3 (Algorithms 5-7); see the module docstring: :func:`client_update` on
+  """FedP3 (with LocalUpdate and Aggregation); see the module docstring: :func:`client_update` on
   :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` with the per-layer mean
   :func:`layer_mean`.
 
@@ -326,13 +330,14 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
     loss_fn: ``(params, x, y, mask) -> scalar`` of one client.
     client_optimizer: optax transformation of the K local steps (re-initialised each round).
     config: :class:`FedP3Config` (:func:`make_config`, :func:`layer_policy`).
-    local_steps, batch_size: K and B (the chapter: 10 and 48).
+    local_steps, batch_size: K and B (the paper: 10 and 48).
     cohort_size: clients per round, uniform without replacement (``None``: all).
     local_rule: Q_i, one of ``LOCAL_RULES``.
     q_range: ``(low, high)``: ``q_{i,k} ~ U[low, high]`` for ``"uniform"`` and
       ``"ordered_dropout"`` (``low == high``: a fixed ratio).
     aggregation: ``"simple"`` (α ∝ 1) or ``"weighted"`` (α ∝ ``len(L_i)``), normalised per layer.
-    train_non_selected: train the pruned layers ∉ L_i locally (prose) or freeze them (Alg. 6).
+    train_non_selected: train the pruned layers ∉ L_i locally (prose) or freeze them
+      (LocalUpdate).
     depth: path prefix length that defines a layer (:mod:`fedjaxsparse.ops.layer_groups`).
     uplink: ``d_l -> Compressor``: every uploaded layer's update (``d_l`` entries) is
       compressed by ``uplink(d_l)`` (e.g. ``lambda d: compressors.rand_k(d, d // 4)``) with
@@ -342,8 +347,8 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
       its layers ``L_i``, each compressed on its own.
     sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
       uniform one of ``cohort_size`` (give ``cohort_size=None`` with it).
-    server_optimizer: an optax transformation of the pseudo-gradient ``−Δ`` (Algorithm 7's
-      step ``Δ``); ``None`` is the paper's ``W + Δ``.
+    server_optimizer: an optax transformation of the pseudo-gradient ``−Δ`` (the
+      Aggregation step ``Δ``); ``None`` is the paper's ``W + Δ``.
   """
   return cohort_round(
       client_update(loss_fn, client_optimizer, config, local_steps=local_steps,
@@ -360,7 +365,7 @@ def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformatio
                   aggregation: str = "simple", train_non_selected: bool = True,
                   depth: int = 1, uplink: Callable[[int], Any] | None = None
                   ) -> ClientUpdate:
-  """FedP3's client (Algorithms 5-6): its state is its row of ``config`` (L_i, r_i, P_i's
+  """FedP3's client (FedP3 with LocalUpdate): its state is its row of ``config`` (L_i, r_i, P_i's
   seed); it trains K optax steps on its pruned model and uploads ``{"update": W_i − W`` on
   its layers ``L_i`` (compressed per layer by ``uplink``), ``"train": L_i, "weight": a_i}``
   for :func:`layer_mean`. Records: ``floats_up``/``floats_down`` (summed), ``layers_up``.
@@ -475,8 +480,8 @@ def compress_layer_tree(key: jax.Array, update: Any, uplink: Callable[[int], Any
 
 
 def deployed_size(layer_sizes: Sequence[float], train_layers_row: Any, keep: float) -> float:
-  """The chapter's deployed (downlink) size of one client, ``Σ_{l∈L_i}|W^l| + r Σ_{l∉L_i}|W^l|``
-  (Fig. C.1, §A.10.4), for per-layer sizes counted as the paper counts them."""
+  """The paper's deployed (downlink) size of one client,
+  ``Σ_{l∈L_i}|W^l| + r Σ_{l∉L_i}|W^l|``, for per-layer sizes counted as the paper counts them."""
   s = np.asarray(layer_sizes, np.float64)
   row = np.asarray(train_layers_row, bool)
   return float(s[row].sum() + keep * s[~row].sum())

@@ -1,5 +1,5 @@
-"""Theoretical FedP3 with its sketches (Definitions 4.3.1-4.3.2, l. 1219-1225), and LDP-FedP3
-(Algorithm 11, l. 3139-3226); spec §A.6-§A.8.
+"""Theoretical FedP3 with its sketches (the FedP3 paper's Global Pruning Sketch P and
+Personalized Model Aggregation Sketch S), and LDP-FedP3, its differentially private variant.
 
 References:
   Kai Yi, Nidham Gazagnadou, Peter Richtárik, Lingjuan Lyu (2024). FedP3: Federated
@@ -8,18 +8,19 @@ References:
 
 Full participation, n clients, iteration k:
 
-* server: ``P_i^k w^k`` to client i — P_i a *biased* random coordinate mask (Def. 4.3.1: keep
-  each coordinate, no 1/c rescaling); ``prune=None`` is ``P_i = I``;
+* server: ``P_i^k w^k`` to client i — P_i a *biased* random coordinate mask (the Global
+  Pruning Sketch: keep each coordinate, no 1/c rescaling); ``prune=None`` is ``P_i = I``;
 * client i: ``u_i = P_i w − γ P_i ∇f_i(P_i w)`` (``local_steps`` such steps; the theory: 1),
   on a minibatch of ``batch_size`` examples drawn without replacement (``None``: the full
-  local gradient), each example's gradient clipped to norm ``clip`` if given (Assumption
-  C.3.3's bounded gradients; the paper has no clipping step — a real guarantee needs one);
-* LDP (``noise``): ``"model"`` adds ``ζ ~ N(0, σ²I)`` to ``u_i`` (Algorithm 11 l. 8);
-  ``"update"`` adds it to the gradient step, ``u_i = w − γ(g_i − ζ)``, noise ``γσ`` (the
-  placement the proof of Thm 4.3.4 uses, l. 3428-3436);
-* uplink ``v_i = S_i u_i``: the permutation sketch (Def. 4.3.2; ``S_i = n·Diag(1[j ∈ block
-  i])``, blocks of ``d/n`` coordinates under one random permutation per iteration shared by
-  all clients), or ``sketch="identity"`` (``S_i = I``, Thm C.3.5's setting);
+  local gradient), each example's gradient clipped to norm ``clip`` if given (the paper's
+  bounded-gradient assumption; it has no clipping step — a real guarantee needs one);
+* LDP (``noise``): ``"model"`` adds ``ζ ~ N(0, σ²I)`` to ``u_i`` (LDP-FedP3's pseudocode,
+  line 8); ``"update"`` adds it to the gradient step, ``u_i = w − γ(g_i − ζ)``, noise ``γσ``
+  (the placement the proof of the paper's LDP-FedP3 convergence theorem uses);
+* uplink ``v_i = S_i u_i``: the permutation sketch (the Personalized Model Aggregation
+  Sketch; ``S_i = n·Diag(1[j ∈ block i])``, blocks of ``d/n`` coordinates under one random
+  permutation per iteration shared by all clients), or ``sketch="identity"`` (``S_i = I``, the
+  setting of the paper's global-pruning theorem);
 * server: ``w^{k+1} = (1/n) Σ_i v_i`` — with the permutation sketch exactly a gather,
   ``w^{k+1}_j = u_{owner(j), j}``, d floats per iteration in total (DGD: n·d).
 
@@ -28,10 +29,12 @@ zero-padded to a uniform size ``block``). The privacy accountant (:func:`ldp_eps
 :func:`ldp_sigma`) is Google's ``dp_accounting`` RDP accountant for the Gaussian mechanism on
 minibatches sampled without replacement, per client, with replace-one-example neighbours
 (sensitivity 2C/b of the clipped mean gradient; the paper's σ² = cKC² log(1/δ)/(m²ε²) has
-unknown constants c, c', §A.7); the Rand-t compressor of Table C.3 (t = d/n, ω = n − 1) is
+unknown constants c, c'); the paper's Rand-t compressor (t = d/n, ω = n − 1) is
 :func:`fedjaxsparse.ops.compressors.rand_k`.
 
-Source for the team: seed 001, Algorithm 10, l. 3051-3062.
+Source for the team: seed 001, Algorithms 10-11, l. 1219-1225, 3051-3062, 3139-3226, 3428-3436;
+spec §A.6-§A.8, §0.1.8. Dissertation numbering: Definitions 4.3.1 (P) and 4.3.2 (S), Theorems
+4.3.3 (aggregation) and 4.3.4 (LDP), Assumption C.3.3, Theorem C.3.5, Table C.3.
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ SKETCHES = ("permutation", "identity")
 
 
 def permutation_owner(key: jax.Array, d: int, n: int, block: int = 1) -> jax.Array:
-  """``int32[d]``: the client owning each coordinate under Def. 4.3.2 — a uniformly random
+  """``int32[d]``: the client owning each coordinate under the sketch S — a uniformly random
   permutation π of the ``d/block`` blocks, client i owning blocks ``π_{s(i−1)+1..si}``,
   ``s = d/(n·block)``. Needs ``d`` divisible by ``n·block``."""
   _check_permutation(d, n, block)
@@ -82,7 +85,7 @@ def permutation_sketch(owner: jax.Array, i: Any, x: jax.Array, n: int) -> jax.Ar
 
 
 def pruning_mask(key: jax.Array, d: int, keep: float) -> jax.Array:
-  """``bool[d]``: the diagonal of the global-pruning sketch P (Def. 4.3.1), each coordinate
+  """``bool[d]``: the diagonal of the global-pruning sketch P, each coordinate
   kept independently with probability ``keep`` (``c_j = keep``); ``E[P w] = keep·w`` —
   biased, the weights are not rescaled."""
   return jax.random.uniform(key, (d,)) < keep
@@ -116,14 +119,15 @@ def fedp3_theory(loss_fn: LossFn, gamma: float, *, local_steps: int = 1,
                  prune: float | None = None, sketch: str = "permutation", block: int = 1,
                  batch_size: int | None = None, clip: float | None = None,
                  noise: str | None = None, sigma: float = 0.0) -> Algorithm:
-  """Algorithm 10 (``noise=None``) / Algorithm 11 (``noise="model"`` or ``"update"``).
+  """Theoretical FedP3 (``noise=None``) / LDP-FedP3 (``noise="model"`` or ``"update"``).
 
   Args:
     loss_fn: ``(params, x, y, mask) -> scalar`` of one client (f_i its mean loss).
-    gamma: γ > 0 (:func:`theorem_433_step` gives Thm 4.3.3's).
+    gamma: γ > 0 (:func:`theorem_433_step` gives the step of
+      the Personalized Model Aggregation theorem).
     local_steps: local GD steps (the theory: 1).
     prune: keep probability of the pruning sketch P_i, redrawn every iteration (``None``: I).
-    sketch: ``"permutation"`` (Def. 4.3.2) or ``"identity"``.
+    sketch: ``"permutation"`` (the sketch S) or ``"identity"``.
     block: coordinates per permuted block (layer-granular ownership).
     batch_size: b examples without replacement per step (``None``: full local gradient).
     clip: per-example gradient norm bound C (``None``: none).
@@ -195,13 +199,15 @@ def fedp3_theory(loss_fn: LossFn, gamma: float, *, local_steps: int = 1,
 
 
 def theorem_433_step(l_bar: float, l_max: float, num_iters: int) -> float:
-  """Thm 4.3.3's γ = min{1/L_max, 1/√(L̄ L_max K)} (§0.1.8: "{…}" read as min, L̂ as L̄)."""
+  """The γ = min{1/L_max, 1/√(L̄ L_max K)} of the Personalized Model Aggregation theorem
+  (the paper's "{…}" read as min, its L̂ as L̄)."""
   return min(1.0 / l_max, 1.0 / (l_bar * l_max * num_iters) ** 0.5)
 
 
 def theorem_433_bound(delta0: float, gamma: float, l_bar: float, l_max: float,
                       num_iters: int) -> float:
-  """Thm 4.3.3's bound on ``min_{k<K} E‖∇f(w^k)‖²``: ``2(1 + L̄ L_max γ²)^K Δ_0/(γK)``."""
+  """The bound of the Personalized Model Aggregation theorem on ``min_{k<K} E‖∇f(w^k)‖²``:
+  ``2(1 + L̄ L_max γ²)^K Δ_0/(γK)``."""
   return 2.0 * (1.0 + l_bar * l_max * gamma ** 2) ** num_iters * delta0 / (gamma * num_iters)
 
 

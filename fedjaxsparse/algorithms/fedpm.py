@@ -13,15 +13,14 @@ probabilities ``θ`` (one per weight). Round t: each participant trains scores `
 ``logit(θ^t)`` by epoch-based SGD with the forward model ``W₀ ⊙ m``, ``m ~ Bernoulli(σ(s))``
 drawn afresh each step, the gradient passed straight through the sampling to the probability
 (``∂L/∂s = ∂L/∂m · σ′(s)``), then uploads one sampled mask ``m_k ~ Bernoulli(σ(s_k))``: d bits.
-The server averages the masks, ``θ^{t+1} = clip(mean_k m_k, ε, 1 − ε)`` (the document's plain
-mean, with its sum over the participants; FedPM's Bayesian aggregation is not in seed 003) —
-clipped because ``logit(0 or 1) = ∓∞``.
+The server averages the masks, ``θ^{t+1} = clip(mean_k m_k, ε, 1 − ε)`` (the plain mean of the
+FedMRN paper (Li et al., 2024), where FedPM is a baseline, with its sum over the participants;
+FedPM's Bayesian aggregation is not in that paper) — clipped because ``logit(0 or 1) = ∓∞``.
 
 The deployed model (:attr:`FedPMState.params`) is ``W₀ ⊙ 1[θ ≥ ½]``, the most likely mask (the
-paper does not say which mask it evaluates).
+FedMRN paper does not say which mask it evaluates).
 
-Source for the team: Isik et al. 2023; seed 003's model-compression baseline, spec
-``seed000_003.md`` B.5.
+Source for the team: seed 003's model-compression baseline; spec ``seed000_003.md`` B.5.
 """
 from __future__ import annotations
 

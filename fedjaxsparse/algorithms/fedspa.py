@@ -33,7 +33,7 @@ parameters dense. ``η_t`` is ``lr`` or a schedule of the round (the paper: ``0.
 is FedAvg with uniform weights (no mask search: every layer is full).
 
 Communication, two ledgers (:class:`FedSpaInfo`): the paper's — values only, fp32, the same
-density applied to all d parameters (``2·S·(1−s)·d·32`` bits a round, §2.5) — and an honest
+density applied to all d parameters (``2·S·(1−s)·d·32`` bits a round) — and an honest
 one: each sparse message charged by its values plus the cheaper of a bitmap and indices
 (:func:`fedjaxsparse.ops.accounting.message_bits`), and the uploaded DST mask as the cheaper of
 d bits and the changed positions' indices.
@@ -42,7 +42,7 @@ Choices where the paper is silent (options): ``c = ⌈α_t n_l⌉`` (RigL/ITOP r
 entries may be regrown (``regrow_pruned``); ``α_t`` uses ``T − 1`` (``α_{T−1} = 0``); ties go to
 the lower index; the regrowth minibatch is a fresh draw of B examples (its own key).
 
-Source for the team: seed 002, Algorithm 1, l. 338-385; spec ``seed002.md`` §2-§3.
+Source for the team: seed 002, Algorithm 1, l. 338-385; spec ``seed002.md`` §2-§3 (ledger: §2.5).
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def fedspa(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, sparsity: 
     subsample, rescale: keep a fresh uniformly random ``round(q·d)`` entries of every
       ``U_k`` (its own key per client and round), scaled by ``1/q`` with ``rescale`` (then
       unbiased): with ``sparsity=0`` and ``search="rsm"`` the Subsampling baseline (Konečný et
-      al. 2016; keep ratio 0.5 inferred from the 0.75× comm, no rescaling in the paper's
+      al., 2016; keep ratio 0.5 inferred from the 0.75× comm, no rescaling in the paper's
       text). Charged ``32·round(q·d)`` bits (paper) and values plus positions (honest).
     pack_masks: store the N masks one bit per entry (``uint8``, 8× less server memory: ResNet-18
       × 100 clients is 140 MB instead of 1.1 GB); the S sampled rows are unpacked and packed

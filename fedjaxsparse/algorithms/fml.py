@@ -19,8 +19,10 @@ and averaged (data-size weights); the private models are stacked ``[N, ...]`` in
 change only for the round's participants. FML's defaults α = β = 0.5. The global (meme)
 model is the one evaluated.
 
-Source for the team: Shen et al. 2020, "Federated Mutual Learning"; the FML baseline of seed 004
-Task 3, l. 1645; spec ``seed004.md`` §3.3 — details from the cited paper, not the dissertation.
+FML is a baseline of Wu et al. (2023); its details here follow Shen et al. (2020), "Federated
+Mutual Learning", not Wu et al.
+
+Source for the team: the FML baseline of seed 004 Task 3, l. 1645; spec ``seed004.md`` §3.3.
 """
 from __future__ import annotations
 

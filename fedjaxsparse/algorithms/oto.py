@@ -1,5 +1,6 @@
 """OTOv2's DHSPG: Dual Half-Space Projected Gradient, structured sparsity while training —
-the OTOv2 baseline of seed 004's Tables 4-5.
+the OTOv2 baseline of the Auto-Train-Once paper's CIFAR and ImageNet comparisons (Wu et al.,
+CVPR 2024, arXiv:2403.14729; see :mod:`fedjaxsparse.algorithms.ato`).
 
 References:
   Tianyi Chen, Luming Liang, Tianyu Ding, Zhihui Zhu, Ilya Zharkov (2023). OTOv2: Automatic,
@@ -36,6 +37,8 @@ Choices where the paper and code leave room: the sparsity cap of step 3 is
 ``target + tolerance`` over all groups (the code's ``upper_group_sparsity`` is set outside the
 optimiser); the code's ``group_divisible`` refinement (rounding a layer's kept count to a
 multiple) is not applied.
+
+Source for the team: seed 004's Tables 4-5.
 """
 from __future__ import annotations
 

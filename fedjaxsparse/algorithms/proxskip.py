@@ -28,19 +28,19 @@ The variants differ only in the three prox hooks and two flags; each named const
 one call of :func:`meta_sparse_proxskip`. Σ_i h_i is conserved exactly when the vector the
 h-update subtracts (ŵ_i) averages to the reference r — true for ProxSkip, Sparse-ProxSkip,
 Sparse-ProxSkip-Local and ASP-modified, false for ASP (``ΔΣh = (pN/γ)(TopK(w̄) − w̄)``) and
-Sparse-ProxSkip-modified (``ΔΣh = (p/γ) Σ_i (TopK(ŵ_i) − ŵ_i)``); spec A.3.
+Sparse-ProxSkip-modified (``ΔΣh = (p/γ) Σ_i (TopK(ŵ_i) − ŵ_i)``).
 
 Two forms (``form=``): ``"iteration"`` — ``step`` is one iteration of Algorithm 1 (a local
 step, the coin, maybe a communication); ``"round"`` — ``step`` draws the number of local steps
 ``L ~ Geometric(p)`` on {1, 2, …} inside ``jit``, runs them (a ``while_loop``), then
 communicates. The round form is the iteration form grouped between successive coins θ = 1.
 
-Evaluation (seed 000 §B, "every method's model is TopK'd before any evaluation"): the state's
-``params`` is the last model the server broadcast; apply ``top_k`` in the runner's
-``params_fn`` for the sparse evaluation (see the seed-000 experiment).
+Evaluation (Meinhardt et al. (2024), Appendix B: "every method's model is TopK'd before any
+evaluation"): the state's ``params`` is the last model the server broadcast; apply ``top_k`` in
+the runner's ``params_fn`` for the sparse evaluation (see the ``sparse_proxskip`` experiment).
 
-Source for the team: seed 000, Algorithm 1 "Meta Sparse-ProxSkip", §3; spec ``specs/seed000_003.md``
-A.2–A.10.
+Source for the team: seed 000 (§3, §B, §E); spec ``specs/seed000_003.md`` A.2–A.11;
+Algorithm 1 "Meta Sparse-ProxSkip".
 """
 from __future__ import annotations
 
@@ -152,9 +152,10 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
     h_after_server_prox: L12 uses ``w_out = server_prox(w̄)`` (Algorithm 1, ASP) or ``w̄``
       (ASP-modified: the h-update before the pruning).
     batch_size: examples per local gradient (with replacement; static) or ``None`` for the
-      full local gradient (the convex experiments of seed 000).
-    clip: gradient clipping threshold (seed 000 §E: ProxSkip on ResNet-18 "would run into NaN
-      errors" without it; the paper does not say norm or value clipping), or ``None``.
+      full local gradient (the convex experiments of Meinhardt et al. (2024)).
+    clip: gradient clipping threshold (Meinhardt et al. (2024), Appendix E: ProxSkip on
+      ResNet-18 "would run into NaN errors" without it; the paper does not say norm or value
+      clipping), or ``None``.
     clip_mode: ``"norm"`` (rescale the gradient to global norm ≤ clip) or ``"value"``
       (clip every entry to [−clip, clip]).
     uplink: a :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded vector
@@ -162,7 +163,8 @@ def proxskip_kernel(loss_fn: LossFn, gamma: float, p: float, *,
       (and is written back when ``write_back``), charged ``uplink.bits(d)`` per client.
     encoding: sparse-message encoding for the bit accounting (:mod:`fedjaxsparse.ops.accounting`).
     augment: ``(key, x) -> x`` applied to every local minibatch inside ``jit``
-      (:mod:`fedjaxsparse.ops.augment`; seed 000 §E's flip/crop/normalise for CIFAR-10).
+      (:mod:`fedjaxsparse.ops.augment`; the flip/crop/normalise of Meinhardt et al. (2024),
+      Appendix E, for CIFAR-10).
   """
   _check(gamma, p)
   if clip_mode not in ("norm", "value"):
@@ -235,7 +237,7 @@ def geometric_local_steps(key: jax.Array, p: float) -> jax.Array:
 
 def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
                          form: str = "iteration", **kernel_kwargs) -> Algorithm:
-  """Algorithm 1 of seed 000 with the given hooks (``kernel_kwargs``: see
+  """Algorithm 1 of Meinhardt et al. (2024) with the given hooks (``kernel_kwargs``: see
   :func:`proxskip_kernel`) in the iteration or the round form."""
   if form not in FORMS:
     raise ValueError(f"form must be one of {FORMS}, got {form!r}.")
@@ -283,29 +285,29 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
 
 
 def proxskip(loss_fn: LossFn, gamma: float, p: float, **kw) -> Algorithm:
-  """ProxSkip / Scaffnew (Mishchenko et al. 2022): dense uploads, no pruning. Final-TopK is
-  this training run evaluated (and finished) with ``top_k`` (spec A.5)."""
+  """ProxSkip / Scaffnew (Mishchenko et al., 2022): dense uploads, no pruning. Final-TopK is
+  this training run evaluated (and finished) with ``top_k``."""
   return meta_sparse_proxskip(loss_fn, gamma, p, **kw)
 
 
 def sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                     scope: str = "global", **kw) -> Algorithm:
-  """Sparse-ProxSkip (seed 000's method, L9): Top-K of the local iterate right before
-  communication, *written back* into ŵ_i, so Σ_i h_i stays 0 (spec A.9)."""
+  """Sparse-ProxSkip (the method of Meinhardt et al. (2024), L9): Top-K of the local iterate
+  right before communication, *written back* into ŵ_i, so Σ_i h_i stays 0."""
   return meta_sparse_proxskip(loss_fn, gamma, p, upload_prox=proxes.top_k(sparsity, scope), **kw)
 
 
 def sparse_proxskip_local(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                           scope: str = "global", **kw) -> Algorithm:
   """Sparse-ProxSkip-Local (L7): Top-K after every local step — RandProx with the
-  ℓ0-ball indicator, whose prox is Top-K (spec A.8)."""
+  ℓ0-ball indicator, whose prox is Top-K."""
   return meta_sparse_proxskip(loss_fn, gamma, p, local_prox=proxes.top_k(sparsity, scope), **kw)
 
 
 def sparse_proxskip_modified(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                              scope: str = "global", **kw) -> Algorithm:
   """Sparse-ProxSkip-modified (appendix D): the upload is Top-K'd but the client keeps its
-  dense ŵ_i for the h-update, which breaks Σ_i h_i = 0 (spec A.10; a diagnostic)."""
+  dense ŵ_i for the h-update, which breaks Σ_i h_i = 0 (a diagnostic)."""
   return meta_sparse_proxskip(loss_fn, gamma, p, upload_prox=proxes.top_k(sparsity, scope),
                               write_back=False, **kw)
 
@@ -313,7 +315,7 @@ def sparse_proxskip_modified(loss_fn: LossFn, gamma: float, p: float, sparsity: 
 def accelerated_server_pruning(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                                scope: str = "global", **kw) -> Algorithm:
   """Accelerated-Server-Pruning (L11): dense uploads, Top-K of the average at the server
-  before the h-update, which breaks Σ_i h_i = 0 (spec A.6; the baseline shown to fail)."""
+  before the h-update, which breaks Σ_i h_i = 0 (the baseline shown to fail)."""
   return meta_sparse_proxskip(loss_fn, gamma, p, server_prox=proxes.top_k(sparsity, scope), **kw)
 
 
@@ -321,27 +323,27 @@ def accelerated_server_pruning_modified(loss_fn: LossFn, gamma: float, p: float,
                                         sparsity: float, *,
                                         scope: str = "global", **kw) -> Algorithm:
   """ASP-modified (appendix D): L11 and L12 swapped — the h-update uses the dense average,
-  then the clients prune it; Σ_i h_i = 0 holds (spec A.7; dense up- and downlink)."""
+  then the clients prune it; Σ_i h_i = 0 holds (dense up- and downlink)."""
   return meta_sparse_proxskip(loss_fn, gamma, p, server_prox=proxes.top_k(sparsity, scope),
                               h_after_server_prox=False, **kw)
 
 
 def randprox_l1(loss_fn: LossFn, gamma: float, p: float, lam: float, **kw) -> Algorithm:
-  """RandProx-l1 (seed 000 §3.2; Condat & Richtárik 2023, "RandProx: primal-dual optimization
-  algorithms with randomized proximal updates", ICLR, Algorithm 1) for the federated lasso
-  ``min (1/N) Σ_i f_i(w) + λ‖w‖₁``.
+  """RandProx-l1 (Meinhardt et al. (2024), Section 3.2; Condat & Richtárik 2023, "RandProx:
+  primal-dual optimization algorithms with randomized proximal updates", ICLR, Algorithm 1)
+  for the federated lasso ``min (1/N) Σ_i f_i(w) + λ‖w‖₁``.
 
-  Seed 000 gives no pseudocode. RandProx solves ``min f(x) + g(x) + h(Kx)`` by
+  Meinhardt et al. (2024) give no pseudocode. RandProx solves ``min f(x) + g(x) + h(Kx)`` by
   ``x̂ = prox_{γg}(x − γ∇f(x) − γK*u)``,
   ``u⁺ = u + R(prox_{τh*}(u + τKx̂) − u)/(1+ω)``, ``x⁺ = x̂ − γ(1+ω)K*(u⁺ − u)``.
   Lifted to clients (``x = (w_1..w_N)``, ``f = (1/N)Σ f_i``, ``g = (λ/N)Σ‖w_i‖₁``, ``h`` the
   consensus indicator, ``K = I``), with the Bernoulli(p) estimator ``R(v) = θv/p``
   (``ω = 1/p − 1``), ``τ = p/γ`` and control variates ``h_i = −u_i``, this is exactly
-  Algorithm 1 of seed 000 with the soft threshold ``prox_{γλ‖·‖₁}`` at L7 — every local step
-  ends with a soft threshold, and communication averages. ``tests/test_proxskip.py`` checks the
-  equality against the primal-dual form. The ℓ1 term covers every parameter, biases included
-  (as Top-K does; BlogFeedback's bias is a feature column). Zeros appear only gradually, so
-  uploads are charged by their actual non-zeros (spec A.11).
+  Algorithm 1 of Meinhardt et al. (2024) with the soft threshold ``prox_{γλ‖·‖₁}`` at L7 —
+  every local step ends with a soft threshold, and communication averages.
+  ``tests/test_proxskip.py`` checks the equality against the primal-dual form. The ℓ1 term covers
+  every parameter, biases included (as Top-K does; BlogFeedback's bias is a feature column). Zeros
+  appear only gradually, so uploads are charged by their actual non-zeros.
   """
   if not lam >= 0:
     raise ValueError(f"lam (the l1 weight) must be >= 0, got {lam}.")

@@ -1,6 +1,8 @@
 """Personalised methods that share a representation and keep a personal head — FedCR,
-FedSR(-FT) and FedPAC, the baselines of seed 001's Table B.1 and Fig. 4.2, as the seed ran them
-(FedCR's code, github.com/haozzh/FedCR).
+FedSR(-FT) and FedPAC, baselines of the Scafflix paper (Yi, Condat & Richtárik, arXiv:2305.13170,
+its additional-baselines table) and of the FedP3 paper (Yi et al., arXiv:2404.09816, its
+FedCR comparison), as those papers ran them (FedCR's code, github.com/haozzh/FedCR). Those papers
+do not describe the three methods, so they follow the methods' own papers and that code.
 
 All three train a :class:`fedjaxsparse.models.split.SplitModel` (``{"body", "head"}``) with
 any sampler, weighting and server optimiser and epoch-based local training
@@ -28,9 +30,8 @@ References:
   Jian Xu, Xinyi Tong, Shao-Lun Huang (2023). Personalized Federated Learning with Feature
     Alignment and Classifier Collaboration. ICLR 2023. arXiv:2306.11867.
 
-Source for the team: seed 001 ch. 3 Table B.1 (l. 2919-2925), ch. 4 Fig. 4.2 (l. 1285); the
-seed does not describe the three methods (it ran FedCR's code), so they follow their papers
-and that code; spec ``seed001_ch3_ch5.md`` §B.1, ``seed001_ch4_ch6.md`` (FedCR row).
+Source for the team: seed 001 l. 2919-25, 1285; ``seed001_ch3_ch5.md`` §B.1; ``seed001_ch4_ch6.md``
+(FedCR row); dissertation Table B.1 (ch. 3) and Fig. 4.2 (ch. 4).
 """
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
           train_layers: Any = None, sampler: Any = None,
           server_optimizer: optax.GradientTransformation | None = None,
           client_optimizer: Any = None) -> Algorithm:
-  """FedCR (Zhang et al. 2023): a shared Gaussian representation regularised towards global
+  """FedCR (Zhang et al., 2023): a shared Gaussian representation regularised towards global
   class-conditional distributions (a conditional-mutual-information bound), personal heads.
 
   Model: a :class:`fedjaxsparse.models.split.SplitModel` with a Gaussian representation — a
@@ -185,13 +186,13 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
 
   Choices taken from FedCR's code: the KL is ``KL(r(z|y) ‖ p(z|x))``, in the code's argument
   order; the class experts use only the last local epoch's examples; the global product
-  includes the ``N(0, I)`` prior. ``share_head=True`` averages the head too (FedCR's regulariser on FedAvg);
-  with ``beta=0`` and ``deterministic=True`` (``z = μ``) that is FedAvg on the network
+  includes the ``N(0, I)`` prior. ``share_head=True`` averages the head too (FedCR's regulariser on
+  FedAvg); with ``beta=0`` and ``deterministic=True`` (``z = μ``) that is FedAvg on the network
   ``head(μ_φ(x))`` (tested).
 
-  FedCR-OPU3 (seed 001 ch. 4, Fig. 4.2 right): ``train_layers`` ``bool[N, L]`` over the body's
+  FedCR-OPU3 (the FedP3 paper's FedCR comparison): ``train_layers`` ``bool[N, L]`` over the body's
   layers (:func:`fedjaxsparse.algorithms.fedp3.layer_policy`): client i uploads only its layers
-  ``L_i`` and each layer is averaged over the clients that returned it (FedP3's Algorithm 7,
+  ``L_i`` and each layer is averaged over the clients that returned it (FedP3's Aggregation,
   :func:`fedjaxsparse.algorithms.fedp3.aggregate_updates`).
 
   Args:
@@ -540,7 +541,7 @@ class FedPACState(CohortState):
 
 def project_to_simplex(v: jax.Array, valid: jax.Array | None = None) -> jax.Array:
   """The Euclidean projection of ``v [m]`` onto the probability simplex
-  ``{a ≥ 0, Σ a = 1}`` (Duchi et al. 2008, by sorting); coordinates with ``valid`` false are
+  ``{a ≥ 0, Σ a = 1}`` (Duchi et al., 2008, by sorting); coordinates with ``valid`` false are
   held at 0 (the projection onto the face of the valid ones)."""
   big = jnp.asarray(jnp.finfo(v.dtype).max / 4, v.dtype)
   w = v if valid is None else jnp.where(valid, v, -big)

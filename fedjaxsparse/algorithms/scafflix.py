@@ -10,36 +10,40 @@ References:
     ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
     ICML 2022. arXiv:2202.09357.
 
-FLIX (Gasanov et al. 2022): each client first solves its own problem, ``x_i* = argmin f_i``
+FLIX (Gasanov et al., 2022): each client first solves its own problem, ``x_i* = argmin f_i``
 (:func:`local_optima`), then all clients train one ``x`` for the personalised objective
 
     f̃(x) = (1/n) Σ_i f_i(x̃_i),   x̃_i = α_i x + (1 − α_i) x_i*,   α_i ∈ (0, 1]
 
 and client ``i`` uses its personalised model ``x̃_i`` (:func:`personalize`).
 
-Scafflix (Algorithm 4, corrected as in the spec): per-client step sizes γ_i, one coin θ ~
-Bernoulli(p) per iteration shared by all clients (drawn outside the client vmap)::
+Scafflix (Yi et al. (2023), its pseudocode corrected as described below): per-client step sizes
+γ_i, one coin θ ~ Bernoulli(p) per iteration shared by all clients (drawn outside the client
+vmap)::
 
     x̂_i = x_i − (γ_i/α_i)(∇f_i(x̃_i) − h_i)                 gradient at the PERSONALISED point
-    θ = 1:  x̄ = Σ_j w_j x̂_j,  w_j ∝ α_j²/γ_j             (``:894``'s index typo fixed)
+    θ = 1:  x̄ = Σ_j w_j x̂_j,  w_j ∝ α_j²/γ_j             (the paper's index typo fixed)
             h_i ← h_i + (p α_i/γ_i)(x̄ − x̂_i),  x_i ← x̄
     θ = 0:  x_i ← x̂_i
 
-It is i-Scaffnew (Algorithm 9) applied to FLIX with ``h_i ↦ α_i h_i``, ``γ_i ↦ γ_i/α_i²``;
-i-Scaffnew is Scafflix with α_i = 1, and i-Scaffnew with equal γ_i is Scaffnew/ProxSkip (all
-tested). The preserved quantity is ``Σ_i α_i h_i``, not ``Σ_i h_i`` as Algorithm 4's input line
-says (spec C3-1: that initialisation converges to a wrong point), so ``h_i⁰ = 0``.
+It is i-Scaffnew (the paper's Scaffnew with individual step sizes) applied to FLIX with
+``h_i ↦ α_i h_i``, ``γ_i ↦ γ_i/α_i²``; i-Scaffnew is Scafflix with α_i = 1, and i-Scaffnew with
+equal γ_i is Scaffnew/ProxSkip (all tested). The preserved quantity is ``Σ_i α_i h_i``, not
+``Σ_i h_i`` as the input line of the paper's Scafflix pseudocode says (that initialisation converges
+to a wrong point), so ``h_i⁰ = 0``.
 
 Two forms (``form=``), as for ProxSkip: ``"iteration"`` (one local step, then the coin) and
-``"round"`` (``L ~ Geometric(p)`` local steps, then a communication). Partial participation
-(the paper's neural-network experiments sample 10 clients per round, without a rule; spec
-C3-8) is this library's choice, round form only: each round a uniform cohort S downloads the
-current server model, runs the round's L local steps from it with its own h_i, and is
-averaged with weights ∝ α_j²/γ_j *renormalised over S*; only the cohort's h_i change. The
-renormalisation keeps Σ_{j∈S} (α_j²/γ_j)(x̄ − x̂_j) = 0, so Σ_i α_i h_i stays exactly
-preserved; with S = all clients it is the full-participation round form.
+``"round"`` (``L ~ Geometric(p)`` local steps, then a communication). Partial participation (the
+paper's neural-network experiments sample 10 clients per round, without a rule) is this library's
+choice, round form only: each round a uniform cohort S downloads the current server model, runs the
+round's L local steps from it with its own h_i, and is averaged with weights ∝ α_j²/γ_j
+*renormalised over S*; only the cohort's h_i change. The renormalisation keeps Σ_{j∈S}
+(α_j²/γ_j)(x̄ − x̂_j) = 0, so Σ_i α_i h_i stays exactly preserved; with S = all clients it is the
+full-participation round form.
 
-Source for the team: seed 001 chapter 3 and appendix B; spec ``specs/seed001_ch3_ch5.md`` §2.
+Source for the team: seed 001 ch. 3, app. B, l. 894, 2716; spec ``specs/seed001_ch3_ch5.md``
+§2, C3-1, C3-8. Dissertation numbering: Scafflix Algorithm 4,
+i-Scaffnew Algorithm 9, Thm 3.2.3, Cor. 3.2.4, Fig. 3.5.
 """
 from __future__ import annotations
 
@@ -81,7 +85,7 @@ def personalize(x: Any, x_star: Any, alpha: jax.Array) -> Any:
 def make_personal_eval_fn(model, x_star: Any, alpha: Any, batch_size: int | None = None,
                           per_client: bool = True) -> Callable:
   """``(params, test) -> metrics`` of the FLIX models: client i evaluated on its own test
-  examples with ``x̃_i = α_i x + (1 − α_i) x_i*`` (the chapter's personalised accuracy), next
+  examples with ``x̃_i = α_i x + (1 − α_i) x_i*`` (the paper's personalised accuracy), next
   to the global model ``x`` (``global_*``); keys of
   :func:`fedjaxsparse.evaluation.make_personal_eval_fn`."""
   def personal(params):
@@ -105,12 +109,12 @@ def local_optima(loss_fn: LossFn, params: Any, data: FederatedData, *, lr: Any,
                  tol: float = 1e-6, max_steps: int = 1000, batch_size: int | None = None,
                  key: jax.Array | None = None) -> LocalOptima:
   """Each client's ``x_i* = argmin f_i``, by gradient descent from ``params`` with step ``lr``
-  (one float, or ``[N]`` per-client steps such as 1/L_i) until ``‖∇f_i‖ < tol`` (the chapter's
+  (one float, or ``[N]`` per-client steps such as 1/L_i) until ``‖∇f_i‖ < tol`` (the paper's
   stopping rule, default 1e-6) or ``max_steps``; one jitted, vmapped ``while_loop`` (clients
   that are done stop moving).
 
   With ``batch_size`` the steps are SGD on minibatches drawn with replacement (key
-  ``fold_in(fold_in(key, i), step)``; the chapter pre-trains its networks this way, batch 100)
+  ``fold_in(fold_in(key, i), step)``; the paper pre-trains its networks this way, batch 100)
   and the stopping test uses the minibatch gradient; ``tol=0`` runs ``max_steps`` steps."""
   lrs = np.broadcast_to(np.asarray(lr, np.float64), (data.num_clients,))
   check_number("lr", float(lrs.min()), 0.0, None, low_open=True)
@@ -220,7 +224,7 @@ def check_local_optima(x_star: Any, params: Any, n: int) -> None:
 def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = None, *,
              form: str = "iteration", cohort_size: int | None = None,
              batch_size: int | None = None) -> Algorithm:
-  """Scafflix (Algorithm 4 of seed 001, corrected; see the module docstring).
+  """Scafflix (Yi et al. (2023), corrected; see the module docstring).
 
   Args:
     loss_fn: ``(params, x, y, mask) -> f_i`` of one client.
@@ -426,8 +430,8 @@ def scafflix_cohort(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, *,
 
 
 def i_scaffnew(loss_fn: LossFn, gammas: Any, p: float, **kw) -> Algorithm:
-  """i-Scaffnew (Algorithm 9): Scaffnew with individual step sizes γ_i, aggregation weights
-  ∝ 1/γ_j (``:2716``'s index typo fixed) — Scafflix with every α_i = 1."""
+  """i-Scaffnew (Yi et al. (2023)): Scaffnew with individual step sizes γ_i, aggregation
+  weights ∝ 1/γ_j (the paper's index typo fixed) — Scafflix with every α_i = 1."""
   return scafflix(loss_fn, gammas, p, 1.0, None, **kw)
 
 
@@ -446,7 +450,7 @@ class FlixState(NamedTuple):
 
 def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
              cohort_size: int | None = None, batch_size: int | None = None) -> Algorithm:
-  """FLIX solved by (S)GD, the chapter's baseline "FLIX": one communication per step; each
+  """FLIX solved by (S)GD, the paper's baseline "FLIX": one communication per step; each
   participant sends ``α_i ∇f_i(x̃_i)`` (the gradient of f̃_i), the server averages them over
   the cohort and steps ``x ← x − lr · mean``. With full participation and
   ``lr = (mean_i α_i²/γ_i)^{-1}`` it is Scafflix with p = 1 (tested)."""
@@ -486,10 +490,10 @@ def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
 
 
 class ScafflixConstants(NamedTuple):
-  """Step sizes and communication probability of Scafflix from the data (seed 001 ch. 3).
+  """Step sizes and communication probability of Scafflix from the data (Yi et al. (2023)).
 
   Attributes: ``gammas`` ``[N]`` (``1/L_i``, or ``1/max_i L_i`` for all with global steps),
-  ``p`` (``1/√κ_max``, Cor. 3.2.4), ``L`` and ``mu`` ``[N]`` (the clients' L_i, μ_i),
+  ``p`` (``1/√κ_max``, the paper's corollary), ``L`` and ``mu`` ``[N]`` (the clients' L_i, μ_i),
   ``kappa_max`` (``max_i L_i/μ_i``), ``flix_lr`` (``1/((1/N) Σ_i α_i² L_i)``, GD on FLIX's
   step: that sum bounds f̃'s smoothness)."""
   gammas: np.ndarray
@@ -503,8 +507,9 @@ class ScafflixConstants(NamedTuple):
 def scafflix_constants(data: FederatedData, l2: float, loss: str = "logistic",
                        alphas=1.0, individual: bool = True, **kw) -> ScafflixConstants:
   """Theory's choices for Scafflix on a linear model (keywords of
-  :func:`client_curvatures`): γ_i = 1/L_i (Thm 3.2.3 with exact gradients, A_i = L_i) or,
-  with ``individual=False``, one step 1/max_i L_i (Fig. 3.5's "global stepsize");
+  :func:`client_curvatures`): γ_i = 1/L_i (the paper's convergence theorem with exact gradients,
+  A_i = L_i) or, with ``individual=False``, one step 1/max_i L_i (the paper's "global
+  stepsize");
   p = 1/√κ_max with κ_max = max_i L_i/μ_i — the rate and p depend on f_i's constants, not on
   α (f̃_i's are α_i² times f_i's, and Scafflix's steps γ_i/α_i account for that)."""
   ls, mus = client_curvatures(data, l2, loss, **kw)

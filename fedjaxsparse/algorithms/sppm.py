@@ -13,7 +13,7 @@ References:
     Sebastian U. Stich, Ananda Theertha Suresh (2020). Mime: Mimicking Centralized Stochastic
     Algorithms in Federated Learning. arXiv:2008.03606.
 
-**SPPM-AS** (Algorithm 8; FL form Algorithm 14) — :func:`sppm_as`. Each global round the
+**SPPM-AS** (Yi et al. (2024), with its FL form) — :func:`sppm_as`. Each global round the
 server samples a cohort ``S ~ 𝒮`` (any :class:`fedjaxsparse.ops.sampling.Sampler`), broadcasts
 ``x_t``, and the cohort computes
 
@@ -27,13 +27,13 @@ sampling) → **SPPM**; the solver ``gd(η, 1)`` → **MB-GD** ``x_t − η ∇f
 **Cohort averages of per-client proxes** — :func:`cohort_average`: K local rounds of
 ``x_{k+1} = mean_{i∈S} argmin_z ψ_{i,k}(z)`` with
 ``ψ_{i,k}(z) = f_i(z) [+ ‖z − x_k‖²/(2α)] [+ ‖z − x_{0,t}‖²/(2γ)]``:
-**FedProx-SPPM-AS** (Algorithm 12: the x_k term with α = γ), **FedAvg-SPPM-AS** (Algorithm 13
-as the spec untangles it, C5-4: both terms, the γ term centred at the round's start x_{0,t}),
+**FedProx-SPPM-AS** (the x_k term with α = γ), **FedAvg-SPPM-AS** (as we read the paper's
+pseudocode: both terms, the γ term centred at the round's start x_{0,t}),
 the FedAvg-style SPPM-AS of the NN experiments (the γ term only, E optimiser steps per local
 round), and **LocalGD / MB-LocalGD / FedAvg** on the cohort (no prox term, K = 1, E local GD
 steps). The average is uniform over the cohort (the algorithms' ``1/|S_t|``); ``weighting=
-"sampling"`` uses the unbiased weights ``1/(n p_i)`` instead. The chapter's NN solver study
-(Fig. D.10) compares the workers and servers of this average: **FedSGD** (SGD worker),
+"sampling"`` uses the unbiased weights ``1/(n p_i)`` instead. The Cohort-Squeeze paper's NN
+solver study compares the workers and servers of this average: **FedSGD** (SGD worker),
 **FedAdam** (Adam worker), **FedAdam-Adam** (Adam worker, Adam server over the K local rounds:
 ``server_optimizer``) and **MimeLite-Adam** (:func:`mime_lite`).
 
@@ -41,7 +41,9 @@ Cost (:class:`SPPMInfo`): each global round reports its local communication roun
 cohort size and the floats sent up and down (d per member per local round); the hierarchical
 cost model and cost-to-target are in :mod:`fedjaxsparse.ops.accounting`.
 
-Source for the team: seed 001 chapter 5 and appendix D; spec ``seed001_ch3_ch5.md`` §3.
+Source for the team: seed 001 chapter 5 and appendix D; spec ``seed001_ch3_ch5.md`` §3, C5-4.
+Dissertation numbering: SPPM-AS Algorithm 8 (FL form 14), FedProx-SPPM-AS 12, FedAvg-SPPM-AS
+13; Fig. D.10, Theorem D.2.1, §5.4.4.
 """
 from __future__ import annotations
 
@@ -106,7 +108,7 @@ def _client_objective(loss_fn: LossFn, unravel, batch_size):
 
 def sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver, *,
             batch_size: int | None = None) -> Algorithm:
-  """SPPM-AS (Algorithm 8): the cohort's prox ``prox_{γ f_S}(x_t)`` by ``solver``.
+  """SPPM-AS: the cohort's prox ``prox_{γ f_S}(x_t)`` by ``solver``.
 
   Args:
     loss_fn: ``(params, x, y, mask) -> f_i`` of one client.
@@ -114,7 +116,7 @@ def sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver, *,
     gamma: the prox parameter γ > 0 ("global learning rate"; any γ > 0 converges).
     solver: 𝒜 with K = ``solver.iterations`` local communication rounds.
     batch_size: minibatch per client gradient (``None``: the client's full data, as in the
-      chapter's convex experiments).
+      Cohort-Squeeze paper's convex experiments).
   """
   check_number("gamma", gamma, 0.0, None, low_open=True)
 
@@ -150,18 +152,18 @@ class MimeLite(NamedTuple):
 
 
 def mime_lite(optimizer: optax.GradientTransformation, steps: int) -> MimeLite:
-  """MimeLite (Karimireddy et al. 2020, "Mime: Mimicking Centralized Stochastic Algorithms in
+  """MimeLite (Karimireddy et al., 2020, "Mime: Mimicking Centralized Stochastic Algorithms in
   Federated Learning", arXiv:2008.03606, Algorithm 1 without the control variate) as the cohort
   solver of :func:`cohort_average`: in local round k every member runs ``steps`` steps
   ``z ← z + U(∇ψ_i(z; ζ), s)`` from ``x_k``, where ``U`` is ``optimizer``'s update with the
   server state ``s`` *frozen* (``optimizer.update(g, s, z)[0]``, its new state discarded); the
   members also send ``∇ψ_i(x_k)``, and the server, after averaging the models, advances ``s``
   with the cohort mean of those gradients (``optimizer.update(mean ∇ψ_i(x_k), s, x_k)[1]``).
-  Uploads are 2d floats per member per local round (model and gradient). The state starts
-  fresh at every global round, like the clients (seed 001 ch. 5 leaves it unspecified: each
-  global round is a new prox problem). With a stateless optimizer (SGD) this is exactly
+  Uploads are 2d floats per member per local round (model and gradient). The state starts fresh at
+  every global round, like the clients (the Cohort-Squeeze paper leaves it unspecified: each global
+  round is a new prox problem). With a stateless optimizer (SGD) this is exactly
   :func:`~fedjaxsparse.convex.prox_solvers.optax_steps`' worker (tested); with Adam it is the
-  chapter's "MimeLite-Adam" (Fig. D.10)."""
+  Cohort-Squeeze paper's "MimeLite-Adam"."""
   if not isinstance(steps, int) or steps < 1:
     raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
   return MimeLite(optimizer, steps)
@@ -179,12 +181,12 @@ def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver | MimeLite,
   one ``‖z − x_{0,t}‖²/(2γ)`` centred at the round's start (``None``: none). Named forms:
   :func:`fedprox_sppm_as`, :func:`fedavg_sppm_as`, :func:`local_gd`.
 
-  ``server_optimizer`` (FedOpt, Reddi et al. 2021, arXiv:2003.00295): the server treats
+  ``server_optimizer`` (FedOpt, Reddi et al., 2021, arXiv:2003.00295): the server treats
   ``x_k − avg_i z_i`` as a pseudo-gradient, ``x_{k+1} = x_k + u`` with
   ``(u, s) = server_optimizer.update(x_k − avg_i z_i, s, x_k)``; its state lives over the K
   local rounds of one global round (``optax.sgd(1.0)`` is the plain average). With Adam at
-  the server and an Adam worker (``optax_steps(optax.adam(η), E)``) this is the chapter's
-  "FedAdam-Adam" solver (Fig. D.10). ``solver`` may also be :func:`mime_lite`'s worker
+  the server and an Adam worker (``optax_steps(optax.adam(η), E)``) this is the Cohort-Squeeze
+  paper's "FedAdam-Adam" solver. ``solver`` may also be :func:`mime_lite`'s worker
   ("MimeLite-Adam").
   """
   if not isinstance(local_rounds, int) or local_rounds < 1:
@@ -251,25 +253,26 @@ def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver | MimeLite,
 
 def fedprox_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver,
                     local_rounds: int = 1, **kw) -> Algorithm:
-  """FedProx-SPPM-AS (Algorithm 12, "proximal averaging"): K rounds of
+  """FedProx-SPPM-AS ("proximal averaging"): K rounds of
   ``x_{k+1} = mean_{i∈S} prox_{γ f_i}(x_k)`` — not SPPM-AS (a mean of proxes is not the prox
-  of the mean); Theorem D.2.1 covers K = 1."""
+  of the mean); the Cohort-Squeeze paper's theory for it covers K = 1."""
   return cohort_average(loss_fn, sampler, solver, local_rounds=local_rounds, alpha=gamma, **kw)
 
 
 def fedavg_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, alpha: float | None,
                    solver: Solver, local_rounds: int = 1, **kw) -> Algorithm:
-  """FedAvg-SPPM-AS (Algorithm 13 as untangled in the spec, C5-4: ``f̃_{i,t} = f_i +
+  """FedAvg-SPPM-AS (as we read the paper's pseudocode: ``f̃_{i,t} = f_i +
   ‖· − x_{0,t}‖²/(2γ)`` centred at the round's start, then K rounds of
   ``x_{k+1} = mean_{i∈S} prox_{α f̃_{i,t}}(x_k)``). ``alpha=None`` drops the local prox term:
   each member then runs ``solver`` (e.g. E Adam steps) on f̃_{i,t} from x_k — the FedAvg-style
-  solver of the chapter's NN experiments."""
+  solver of the Cohort-Squeeze paper's NN experiments."""
   return cohort_average(loss_fn, sampler, solver, local_rounds=local_rounds, alpha=alpha,
                         gamma=gamma, **kw)
 
 
 def local_gd(loss_fn: LossFn, sampler: Sampler, lr: float, local_steps: int, **kw
              ) -> Algorithm:
-  """LocalGD / MB-LocalGD / FedAvg on the cohort (§5.4.4): ``local_steps`` GD steps of size
-  ``lr`` on f_i from x_t, then the cohort mean; one communication per global round."""
+  """LocalGD / MB-LocalGD / FedAvg on the cohort (the paper's local-training baselines):
+  ``local_steps`` GD steps of size ``lr`` on f_i from x_t, then the cohort mean; one
+  communication per global round."""
   return cohort_average(loss_fn, sampler, gd(lr, local_steps), local_rounds=1, **kw)

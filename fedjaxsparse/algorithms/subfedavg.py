@@ -1,9 +1,9 @@
 """Sub-FedAvg (Un) and (Hy) (Vahidian, Morafah & Lin, ICDCS 2021, arXiv 2105.00562), the
-dense-to-sparse personalised-pruning baseline of seed 002. Its details come from its own paper and the authors' code
-(MMorafah/Sub-FedAvg: ``client_u.py``, ``unstructured.py``, ``sub_fedavg_u.py``, and for (Hy)
-``client_s.py``, ``structured.py``), not from seed 002,
-which gives only the hyper-parameters (prune rate 0.05, distance threshold 1e-4, accuracy threshold
-0.5, final density 0.5).
+dense-to-sparse personalised-pruning baseline of the FedSpa paper (Huang et al., 2022). Its
+details come from its own paper and the authors' code (MMorafah/Sub-FedAvg: ``client_u.py``,
+``unstructured.py``, ``sub_fedavg_u.py``, and for (Hy) ``client_s.py``, ``structured.py``), not
+from the FedSpa paper, which gives only the hyper-parameters (prune rate 0.05, distance
+threshold 1e-4, accuracy threshold 0.5, final density 0.5).
 
 References:
   Saeed Vahidian, Mahdi Morafah, Bill Lin (2021). Personalized Federated Learning by
@@ -56,7 +56,8 @@ Communication: the paper's ledger counts the values sent (the sparse model both 
 the honest one adds their positions (cheaper of bitmap and indices) and the uploaded mask
 (``d`` bits).
 
-Source for the team: B.3 l. 877-881, hyper-parameters l. 559-561, 574; spec ``seed002.md`` §4.4.
+Source for the team: seed 002 B.3 l. 877-881, hyper-parameters l. 559-561, 574; spec
+``seed002.md`` §4.4.
 """
 from __future__ import annotations
 

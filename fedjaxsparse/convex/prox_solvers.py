@@ -4,9 +4,9 @@
 In SPPM-AS (:mod:`fedjaxsparse.algorithms.sppm`) ``φ`` is the cohort's prox objective
 ``Φ_t(z) = f_S(z) + ‖z − x_t‖²/(2γ)`` and **one solver iteration is one local communication
 round** of the cohort (each member sends its ∇f_i, or its model for the FedAvg-style solver):
-the chapter's K (spec §3.5's reading, C5-13). What an iteration costs beyond that is reported
-in :attr:`Solver.oracle_calls` (CG also needs a Hessian–vector product, BFGS evaluates φ in
-its line search).
+the K of the Cohort-Squeeze paper (Yi et al., 2024, arXiv:2406.01115), as we read it. What an
+iteration costs beyond that is reported in :attr:`Solver.oracle_calls` (CG also needs a
+Hessian–vector product, BFGS evaluates φ in its line search).
 
 Solvers: :func:`newton` (exact in one iteration for quadratics — the exact cohort prox),
 :func:`gd`, :func:`cg` (nonlinear conjugate gradients, Polak–Ribière+, with the step that
@@ -19,7 +19,7 @@ objective — the FedAvg-style inner loop).
 ``φ(v, key)``: the key draws minibatches for stochastic objectives; deterministic solvers pass
 one fixed key.
 
-Source for the team: seed 001 ch. 5 §5.4.3, Tables 5.2/D.1; spec §3.5.
+Source for the team: seed 001 ch. 5 §5.4.3, Tables 5.2/D.1; spec §3.5, C5-13.
 """
 from __future__ import annotations
 

@@ -11,25 +11,26 @@ References:
 ``min_x P(x) = (1/n) Σ_i f_i(a_iᵀx) + λ Σ_j w_j ‖x_{G_j}‖₂`` — the Lasso (``loss="squared"``,
 ``f_i(z) = ½(b_i − z)²``, singleton blocks), ℓ1-logistic regression (``"logistic"``,
 ``f_i(z) = log(1 + e^{−b_i z})``, b ∈ {±1}) and the weighted group Lasso (any blocks). Its dual
-(3-4) is ``max_y D(y) = −(1/n) Σ f_i*(−y_i)`` s.t. ``Ω_j^D(A_jᵀy) ≤ nλ``; at the optimum
+is ``max_y D(y) = −(1/n) Σ f_i*(−y_i)`` s.t. ``Ω_j^D(A_jᵀy) ≤ nλ``; at the optimum
 ``y* = −ρ(x*)`` with ``ρ_i = f_i'(a_iᵀx)``.
 
-The paper's dual point (3-2) and safe radius (3-3) are off (spec §0, §1.2); we implement the
-exact rule and keep the printed one as an option:
+The dual point and safe radius as printed in Xidong Wu's thesis are off; we implement the exact
+rule and keep the printed one as an option:
 
 * dual point ``y = −ρ / max(1, Ω^D_B(∇F(x))/λ)`` — the numerator is the n-vector ρ (the paper
   writes ``∇F``, a p-vector), the maximum over the active blocks B;
 * radius ``r = √(2 n L_f G)``, ``G = P(x) − D(y)`` clamped at 0 (D is 1/(n L_f)-strongly
   concave), ``L_f`` = 1 (squared) or 1/4 (logistic); ``radius="paper_literal"`` uses the printed
-  ``√(2 L G)`` with Assumption 2's ``L = L_f·max_i‖a_i‖²`` — **unsafe**: without the factor n it
-  can eliminate a block that is non-zero at the optimum (a test shows one);
+  ``√(2 L G)`` with the printed smoothness constant ``L = L_f·max_i‖a_i‖²`` — **unsafe**: without
+  the factor n it can eliminate a block that is non-zero at the optimum (a test shows one);
 * block j is eliminated iff ``Ω_j^D(A_jᵀy) + Ω_j^D(A_j)·r < nλ``, ``Ω_j^D(A_j) = σ_max(A_j)/w_j``
   (the column norm for singletons). Active sets only shrink.
 
 All functions are pure and jittable; use float64 (``with jax.enable_x64(True):``) to drive gaps
 to 1e-12 — in float32 the gap plateaus near 1e-7·P and screening stalls (safely).
 
-Source for the team: seed 004, Task 1, §3.1-3.2, l. 307-349; spec ``seed004.md`` §1.1-§1.2.
+Source for the team: seed 004, Task 1, §3.1-3.2, l. 307-349; spec ``seed004.md`` §0, §1.1-§1.2;
+equations (3-2)-(3-4), Assumption 2.
 """
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ def primal(prob: Problem, data: SparseRows, x: jax.Array) -> jax.Array:
 
 @_compiled
 def dual(prob: Problem, data: SparseRows, y: jax.Array) -> jax.Array:
-  """``D(y) = −(1/n) Σ f_i*(−y_i)`` (3-4): squared ``(bᵀy − ½‖y‖²)/n``; logistic, with
+  """``D(y) = −(1/n) Σ f_i*(−y_i)``: squared ``(bᵀy − ½‖y‖²)/n``; logistic, with
   ``s = b∘y ∈ [0, 1]``, ``−(1/n) Σ [s log s + (1−s) log(1−s)]``."""
   if prob.loss == "squared":
     return jnp.mean(data.b * y - 0.5 * y * y)
@@ -199,7 +200,7 @@ class Screen(NamedTuple):
 def screen(prob: Problem, data: SparseRows, x: jax.Array, active: jax.Array,
            radius: str = "safe") -> Screen:
   """The gap-safe test at ``x`` (eliminated coordinates must already be 0) on the active
-  blocks ``active bool[q]``, in one pass over the data (§1.2 of the spec)."""
+  blocks ``active bool[q]``, in one pass over the data."""
   if radius not in RADII:
     raise ValueError(f"radius must be one of {RADII}, got {radius!r}.")
   return _screen(prob, data, x, active, radius=radius)

@@ -3,12 +3,13 @@
 * **Validation split** (:func:`validation_split`): a fraction of every client's *training*
   examples, held out deterministically under a seed, on which every tuning decision is made;
   the test split is only used for reporting.
-* **Random search** (:func:`two_stage_search`): seed 000's protocol, "first a suitable range
-  for these parameters was identified, then in a second random search the best parameters in
-  this range were taken" (`000:505`, `000:529`): stage 1 samples a wide box, the best
-  ``top_fraction`` of its candidates span the box of stage 2, and the best candidate of both
-  stages wins. Candidates are scored by a caller-supplied batch function, so all candidates ×
-  repetitions of a stage can run as one vmapped program (:func:`fedjaxsparse.runtime.sweep.
+* **Random search** (:func:`two_stage_search`): the protocol of Meinhardt et al. (2024,
+  arXiv:2405.20623, Appendices B-C), "first a suitable range for these parameters was
+  identified, then in a second random search the best parameters in this range were taken":
+  stage 1 samples a wide box, the best ``top_fraction`` of its candidates span the box of
+  stage 2, and the best candidate of both stages wins. Candidates are scored by a
+  caller-supplied batch function, so all candidates × repetitions of a stage can run as one
+  vmapped program (:func:`fedjaxsparse.runtime.sweep.
   run_batched`); hyper-parameters that must stay static (local-step counts) are grouped by
   value by the caller.
 * **Seeds** (:func:`mean_se`): every reported number is a mean ± standard error over S runs,
@@ -18,6 +19,8 @@
   run with ``fedjaxsparse run EXP --paper NAME``. When the real data is absent it runs on a
   stand-in of the same shape (:func:`load_or_standin`), named as such in every output; the
   paper's numbers are printed beside ours (:func:`paper_table`).
+
+Source for the team: seed 000 (`000:505`, `000:529`).
 """
 from __future__ import annotations
 
@@ -122,7 +125,7 @@ def sample(space: dict[str, Dimension], n: int, rng: np.random.Generator) -> dic
 def two_stage_search(score: Callable[[dict], np.ndarray], space: dict[str, Dimension],
                      samples: Sequence[int], seed: int, top_fraction: float = 0.25
                      ) -> SearchResult:
-  """Seed 000's two-stage random search, maximising ``score``.
+  """The two-stage random search of Meinhardt et al. (2024), maximising ``score``.
 
   Args:
     score: ``{name: values[n]} -> float[n]``, the validation score of each candidate (e.g.
@@ -164,7 +167,8 @@ class PaperConfig:
 
   Attributes:
     name: the ``--paper`` name, e.g. ``"table4"``.
-    source: the table and section, e.g. ``"seed 000 §4.2, Table 4 (FEMNIST)"``.
+    source: the paper's label, section and table (free text printed beside the results),
+      e.g. ``"<paper> §4.2, Table 4 (FEMNIST)"``.
     dataset: the real data set's loader name, with ``data_kwargs``.
     standin: the loader name of a data set of the same shape, used when the real files are
       absent (``None``: the real data is required).
@@ -199,8 +203,8 @@ def load_or_standin(paper: PaperConfig | None, dataset: str, data_dir: str | Non
                     load: Callable[[str], Any]) -> tuple[Any, str | None]:
   """``(data, stand-in note)``: ``load(dataset)``, or — for a paper configuration whose real
   files are absent and no ``data_dir`` was given — ``load(paper.standin)`` with a short note
-  for labels, e.g. ``"stand-in for femnist"`` (``None`` when the real data ran). A ``data_dir`` that lacks the files is an
-  error, never silently replaced."""
+  for labels, e.g. ``"stand-in for femnist"`` (``None`` when the real data ran). A ``data_dir``
+  that lacks the files is an error, never silently replaced."""
   try:
     return load(dataset), None
   except FileNotFoundError as e:

@@ -1,6 +1,6 @@
 """Bits that cross the network, under an explicit encoding.
 
-Conventions (DESIGN.md "Accounting and metrics"; seed 000 spec §A.13):
+Conventions:
 
 * A count is per *message* (one client's upload, or one copy of a broadcast) and per
   direction. Algorithms report the sum over the messages of a step in ``info.bits_up`` /
@@ -20,11 +20,11 @@ Conventions (DESIGN.md "Accounting and metrics"; seed 000 spec §A.13):
 * A 1-bit mask over seeded noise (FedMRN): ``d`` bits plus a ``SEED_BITS`` seed.
 * A quantized vector: ``d · bits_per_value`` plus ``overhead_floats`` fp32 scalars (norms,
   scales).
-* Rounds instead of bits (seed 001 ch. 5, cross-device FL with hubs): a global round t with
-  K_t local communication rounds (clients ↔ hub) costs ``c₁·K_t + c₂`` (:func:`round_cost`;
-  c₂ a hub ↔ server round); ``c₁ = 1, c₂ = 0`` is the chapter's base cost T·K, and LocalGD's
-  one communication per round costs ``c₁ + c₂``. :func:`cost_to_target` is the cost paid until
-  an error first falls below ε.
+* Rounds instead of bits (the Cohort-Squeeze paper, Yi et al., 2024, arXiv:2406.01115: cross-device
+  FL with hubs): a global round t with K_t local communication rounds (clients ↔ hub) costs
+  ``c₁·K_t + c₂`` (:func:`round_cost`; c₂ a hub ↔ server round); ``c₁ = 1, c₂ = 0`` is the paper's
+  base cost T·K, and LocalGD's one communication per round costs ``c₁ + c₂``. :func:`cost_to_target`
+  is the cost paid until an error first falls below ε.
 
 Precision: with Python ints every count is an exact Python int. With a traced ``nnz`` (inside
 ``jit``), :func:`sparse_bits` returns an exact ``int32`` whenever the largest possible count
@@ -33,6 +33,8 @@ otherwise. :func:`message_bits` returns the default float dtype
 (:func:`fedjaxsparse.core.float_dtype`), ready to be summed over clients without int32
 overflow: in float32 exact below 2²⁴ bits (relative error below 6e-8 above); under
 ``jax_enable_x64`` float64, exact below 2⁵³ bits.
+
+Source for the team: DESIGN.md "Accounting and metrics"; seed 000 spec §A.13; seed 001 ch. 5.
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from fedjaxsparse.core import float_dtype
 __all__ = ["WEIGHTINGS", "client_weights", "weighted_mean", "mean"]
 
 WEIGHTINGS = ("num_examples", "uniform")
+"""Aggregation weights: each client's share of the cohort's examples, or equal weights."""
 
 
 def client_weights(num_examples: jax.Array, weighting: str,

@@ -6,22 +6,25 @@ References:
     Optimization. NeurIPS 2022. arXiv:2205.04180.
 
 Every compressor is a :class:`Compressor` NamedTuple: ``compress(key, tree) -> tree`` (pure,
-jittable, static shapes), the class constants of seed 001 — relative bias ``eta`` and relative
-variance ``omega`` of ``C(η, ω)`` (``‖E C(x) − x‖ ≤ η‖x‖``, ``E‖C(x) − E C(x)‖² ≤ ω‖x‖²``) —
-and ``bits(d)``, the uplink cost of one message under the accounting conventions of
-:mod:`fedjaxsparse.ops.accounting`. Sparsifiers act on the whole flattened pytree (global, as
-``x ∈ R^d`` in the papers). Constants depend on ``d``, so constructors take ``d``.
+jittable, static shapes), the class constants of the EF-BV paper — relative bias ``eta`` and
+relative variance ``omega`` of ``C(η, ω)`` (``‖E C(x) − x‖ ≤ η‖x‖``,
+``E‖C(x) − E C(x)‖² ≤ ω‖x‖²``) — and ``bits(d)``, the uplink cost of one message under the
+accounting conventions of :mod:`fedjaxsparse.ops.accounting`. Sparsifiers act on the whole
+flattened pytree (global, as ``x ∈ R^d`` in the papers). Constants depend on ``d``, so
+constructors take ``d``.
 
-Catalogue (spec ``seed001_ch2.md`` §2.1): identity; rand-k (unbiased, ω = d/k − 1); scaled
-rand-k (η = 1 − k/d, ω = (k/d)(1 − k/d)); top-k (η = √(1 − k/d), ω = 0); mix-(k, k′);
-comp-(k, k′); natural compression (Horváth et al. 2019, unbiased, ω = 1/8); QSGD random
-dithering with s levels (Alistarh et al. 2017, unbiased, ω = min(d/s², √d/s)); scaled sign
-(Karimireddy et al. 2019, deterministic, η = √(1 − 1/d) worst case); seed 003's 1-bpp update
-compressors: stochastic sign (SignSGD), TernGrad, DRIVE and EDEN (randomised Hadamard
-rotation, :func:`hadamard`), and FedMRN's stochastic noise mask (:func:`noise_mask`). Combinators: ``scale``
-(λC, Prop 2.2.1) and ``omega_ran`` (independent clients, m-nice sampling).
+Catalogue: identity; rand-k (unbiased, ω = d/k − 1); scaled rand-k (η = 1 − k/d,
+ω = (k/d)(1 − k/d)); top-k (η = √(1 − k/d), ω = 0); mix-(k, k′); comp-(k, k′); natural
+compression (Horváth et al., 2019, unbiased, ω = 1/8); QSGD random dithering with s levels
+(Alistarh et al., 2017, unbiased, ω = min(d/s², √d/s)); scaled sign (Karimireddy et al., 2019,
+deterministic, η = √(1 − 1/d) worst case); the 1-bpp update compressors of the FedMRN paper
+(Li et al., 2024, arXiv:2408.03220): stochastic sign (SignSGD), TernGrad, DRIVE and EDEN
+(randomised Hadamard rotation, :func:`hadamard`), and FedMRN's stochastic noise mask
+(:func:`noise_mask`). Combinators: ``scale`` (λC, the EF-BV paper's scaling proposition) and
+``omega_ran`` (independent clients, m-nice sampling).
 
-Source for the team: seed 001 §2.2.
+Source for the team: seed 001 §2.2; seed 003; spec ``seed001_ch2.md`` §2.1, ``seed000_003.md`` B.7;
+dissertation A.4-A.5 (mix, comp) and Prop 2.2.1 (scaling).
 """
 from __future__ import annotations
 
@@ -136,7 +139,7 @@ def top_k(d: int, k: int) -> Compressor:
 
 
 def mix_k(d: int, k: int, k2: int) -> Compressor:
-  """mix-(k, k′) (seed 001 A.4): top-k entries plus k′ random others, unscaled:
+  """mix-(k, k′) (the EF-BV paper's appendix): top-k entries plus k′ random others, unscaled:
   ``η = (d−k−k′)/√((d−k)d)``, ``ω = k′(d−k−k′)/((d−k)d)``."""
   _check_k(k, d)
   if not isinstance(k2, int) or not 1 <= k2 <= d - k:
@@ -154,8 +157,8 @@ def mix_k(d: int, k: int, k2: int) -> Compressor:
 
 
 def comp_k(d: int, k: int, k2: int) -> Compressor:
-  """comp-(k, k′) = rand-k ∘ top-k′ (seed 001 A.5): k random entries of the top k′, scaled
-  by k′/k: ``η = √((d−k′)/d)``, ``ω = (k′−k)/k``."""
+  """comp-(k, k′) = rand-k ∘ top-k′ (the EF-BV paper's appendix): k random entries of the top
+  k′, scaled by k′/k: ``η = √((d−k′)/d)``, ``ω = (k′−k)/k``."""
   _check_k(k2, d, "k2")
   if not isinstance(k, int) or not 1 <= k <= k2:
     raise ValueError(f"k must be an int in [1, k2={k2}], got {k!r}.")
@@ -170,7 +173,7 @@ def comp_k(d: int, k: int, k2: int) -> Compressor:
 
 
 def natural(d: int) -> Compressor:
-  """Natural compression (Horváth et al. 2019): each entry rounded at random to one of the two
+  """Natural compression (Horváth et al., 2019): each entry rounded at random to one of the two
   nearest signed powers of two, unbiased; ``ω = 1/8``; 9 bits per entry (sign + 8-bit
   exponent)."""
   def fn(key, v):
@@ -184,7 +187,7 @@ def natural(d: int) -> Compressor:
 
 
 def qsgd(d: int, levels: int) -> Compressor:
-  """QSGD random dithering with ``s = levels`` (Alistarh et al. 2017): ``‖x‖·sign(x_i)·ξ_i/s``
+  """QSGD random dithering with ``s = levels`` (Alistarh et al., 2017): ``‖x‖·sign(x_i)·ξ_i/s``
   with ξ_i a stochastic rounding of ``s|x_i|/‖x‖``; unbiased, ``ω = min(d/s², √d/s)``; bits:
   sign + ⌈log2(s+1)⌉ per entry plus the fp32 norm."""
   if not isinstance(levels, int) or levels < 1:
@@ -204,7 +207,7 @@ def qsgd(d: int, levels: int) -> Compressor:
 
 
 def scaled_sign(d: int) -> Compressor:
-  """Scaled sign (Karimireddy et al. 2019): ``(‖x‖₁/d)·sign(x)``, deterministic; contractive
+  """Scaled sign (Karimireddy et al., 2019): ``(‖x‖₁/d)·sign(x)``, deterministic; contractive
   with ``α = ‖x‖₁²/(d‖x‖²) ≥ 1/d``, so ``η = √(1 − 1/d)`` in the worst case; d + 32 bits."""
   def fn(key, v):
     return jnp.sum(jnp.abs(v)) / d * jnp.sign(v)
@@ -214,8 +217,8 @@ def scaled_sign(d: int) -> Compressor:
 
 
 def stochastic_sign(d: int) -> Compressor:
-  """SignSGD as seed 003 runs it, "stochastic binarisation of the update" (the paper gives no
-  formula; this unbiased form is an assumption, spec B.7): ``r = ‖x‖_∞``, each entry ``+r`` with
+  """SignSGD as the FedMRN paper runs it, "stochastic binarisation of the update" (the paper
+  gives no formula; this unbiased form is an assumption): ``r = ‖x‖_∞``, each entry ``+r`` with
   probability ``(1 + x_i/r)/2``, else ``−r``. ``E = x``; variance ``Σ(r² − x_i²) ≤ (d − 1)‖x‖²``;
   d sign bits + the fp32 r."""
   def fn(key, v):
@@ -228,7 +231,7 @@ def stochastic_sign(d: int) -> Compressor:
 
 
 def terngrad(d: int) -> Compressor:
-  """TernGrad (Wen et al. 2017): ``s = ‖x‖_∞``, ``s·sign(x_i)·b_i`` with ``b_i ~ Bern(|x_i|/s)``;
+  """TernGrad (Wen et al., 2017): ``s = ‖x‖_∞``, ``s·sign(x_i)·b_i`` with ``b_i ~ Bern(|x_i|/s)``;
   unbiased, variance ``s‖x‖₁ − ‖x‖² ≤ (√d − 1)‖x‖²``; log2(3) ≈ 1.585 bits per entry (the
   paper's count; a ternary digit packing reaches it) + the fp32 s."""
   def fn(key, v):
@@ -242,7 +245,7 @@ def terngrad(d: int) -> Compressor:
 
 def noise_mask(d: int, scale: float, distribution: str = "uniform",
                signed: bool = False) -> Compressor:
-  """FedMRN's stochastic noise mask (SM, Li et al. 2024, arXiv:2408.03220) as a compressor
+  """FedMRN's stochastic noise mask (SM, Li et al., 2024, arXiv:2408.03220) as a compressor
   applied once to a finished update — FedMRN's "FedAvg w. SM" ablation, for any method with an
   ``uplink=``: the client draws seeded noise ``n = G(s)`` (:func:`fedjaxsparse.ops.noise_masks.
   tree_noise`: uniform on [−scale, scale], Gaussian or Bernoulli ±scale) and uploads a 1-bit mask
@@ -288,6 +291,8 @@ def hadamard(v: jax.Array) -> jax.Array:
 
 
 ROTATIONS = ("hadamard", "uniform")
+"""The random rotations of :func:`drive` and :func:`eden`: a randomised Hadamard transform or
+a uniformly random orthogonal matrix."""
 
 
 def _padded(d: int) -> int:
@@ -326,9 +331,9 @@ def _sign_bits(rotation: str) -> Callable[[int], float]:
 
 
 def drive(d: int, rotation: str = "hadamard") -> Compressor:
-  """DRIVE (Vargaftik et al. 2021), 1 bit per rotated entry: ``x̂ = α R⁻¹ sign(R x)`` with a
+  """DRIVE (Vargaftik et al., 2021), 1 bit per rotated entry: ``x̂ = α R⁻¹ sign(R x)`` with a
   random rotation R (seed shared with the server) and ``α = ‖Rx‖₁/d′`` — the scale minimising
-  ``‖x − x̂‖`` (seed 003's description). Biased: ``‖x − x̂‖² = ‖x‖² − ‖Rx‖₁²/d′ ≤
+  ``‖x − x̂‖`` (the FedMRN paper's description). Biased: ``‖x − x̂‖² = ‖x‖² − ‖Rx‖₁²/d′ ≤
   (1 − 1/d′)‖x‖²``, so the class bounds are the worst case ``η = √(1 − 1/d′)``,
   ``ω = 1 − 1/d′`` (d′: the padded length for the Hadamard rotation); d′ sign bits + fp32 α."""
   dp = _padded(d) if rotation == "hadamard" else d
@@ -343,7 +348,7 @@ def _eden_scale(v, y, n):
 
 
 def eden(d: int, rotation: str = "hadamard") -> Compressor:
-  """EDEN (Vargaftik et al. 2022) at 1 bit per rotated entry: DRIVE's signs with EDEN's scale
+  """EDEN (Vargaftik et al., 2022) at 1 bit per rotated entry: DRIVE's signs with EDEN's scale
   ``S = ‖x‖²/⟨Rx, sign(Rx)⟩ = ‖x‖²/‖Rx‖₁``, so ``⟨x̂, x⟩ = ‖x‖²`` exactly. With a uniform
   rotation the estimate is unbiased (EDEN's theorem; ``η = 0``, worst case ``ω = d − 1``).
   The randomised Hadamard rotation (the papers' practical choice) makes it only nearly so — no
@@ -356,7 +361,8 @@ def eden(d: int, rotation: str = "hadamard") -> Compressor:
 
 
 def scale(c: Compressor, lam: float) -> Compressor:
-  """λC (Prop 2.2.1): ``η′ = λη + 1 − λ``, ``ω′ = λ²ω``; same message, same bits."""
+  """λC (the EF-BV paper's scaling proposition): ``η′ = λη + 1 − λ``, ``ω′ = λ²ω``; same
+  message, same bits."""
   if not 0 < lam <= 1:
     raise ValueError(f"lam must be in (0, 1], got {lam}.")
   return Compressor(lambda key, tree: jax.tree.map(lambda a: lam * a, c.compress(key, tree)),

@@ -5,8 +5,11 @@ epoch-based training with any optax optimiser, a stochastic loss, frozen parts a
 of the forward passes (:func:`epoch_optimize`: FedCR, FedSR, FedPAC).
 Clients of unequal size share one vmapped loop of ``max_steps`` steps.
 
-Source for the team: :func:`epoch_sgd`: seed 002's protocol of E epochs of minibatches of B, weight
-decay, a step size set per round.
+:func:`epoch_sgd` follows the protocol of the FedSpa paper (Huang et al., 2022, arXiv:2201.11380):
+E epochs of minibatches of B, weight decay, a step size set per round.
+
+Source for the team: seed 002 (:func:`epoch_sgd`); spec ``seed000_003.md`` B.2, ``seed002.md`` §2.7
+(:func:`epoch_loop`).
 """
 from __future__ import annotations
 
@@ -85,7 +88,7 @@ def epoch_loop(update, carry: Any, key: jax.Array, data, batch_size: int, epochs
   the client's ``S_k = E·⌈n_k/B⌉`` steps (:func:`epoch_minibatch` with ``key``; at most
   ``max_steps``, the static bound of the padded data, :func:`max_local_steps`).
 
-  The trip count is the client's own (a ``while`` loop, seed 003 B.2, seed 002 §2.7): a client
+  The trip count is the client's own (a ``while`` loop): a client
   run alone or under the ``"map"`` strategy takes exactly its S_k steps; clients of unequal size
   vmapped together take the *cohort's* largest S_k, each keeping its carry once its own steps
   are done (JAX's batched ``while``). An earlier layout ran every client ``max_steps`` steps with

@@ -3,20 +3,20 @@ regrow, drop-fraction schedules, diagnostics and bit-packed storage. Every spars
 builds on these; FedMRN's masks over noise are another thing (:mod:`fedjaxsparse.ops.noise_masks`).
 
 * **Which leaves are masked.** Leaves with ``ndim ≥ 2`` (conv and dense kernels) are masked;
-  biases and norm scales/offsets (``ndim ≤ 1``) stay dense, as in the FLOPs arithmetic of the
-  spec (§6.4). :func:`masked_leaves` gives the flags.
+  biases and norm scales/offsets (``ndim ≤ 1``) stay dense, as in the FLOPs arithmetic of
+  FedSpa (Huang et al., 2022, arXiv:2201.11380). :func:`masked_leaves` gives the flags.
 * **Densities** (:func:`layer_densities`): ``"erk"`` — Erdős–Rényi-Kernel, raw score
-  ``(Σ_i s_i / Π_i s_i)^p`` over the kernel's shape (``(n_in + n_out + k_h + k_w)/(n_in n_out
-  k_h k_w)`` for a conv kernel, App. A l. 799-811), ``"er"`` — the same on the two channel
-  dimensions only, ``"uniform"`` — ``1 − s`` everywhere. ERK/ER solve ``ε`` so that
-  ``Σ_l density_l |P_l| = (1 − s) Σ_l |P_l|`` over the masked leaves, and fix a layer dense
-  whenever ``ε·raw_l > 1``, re-solving until none exceeds 1 (the iterative fix of RigL /
-  DisPFL's ``calculate_sparsities``).
+  ``(Σ_i s_i / Π_i s_i)^p`` over the kernel's shape
+  (``(n_in + n_out + k_h + k_w)/(n_in n_out k_h k_w)`` for a conv kernel, the FedSpa paper's
+  Appendix A), ``"er"`` — the same on the two channel dimensions only, ``"uniform"`` — ``1 − s``
+  everywhere. ERK/ER solve ``ε`` so that ``Σ_l density_l |P_l| = (1 − s) Σ_l |P_l|`` over the masked
+  leaves, and fix a layer dense whenever ``ε·raw_l > 1``, re-solving until none exceeds 1 (the
+  iterative fix of RigL / DisPFL's ``calculate_sparsities``).
 * **Exact counts.** Layer ``l`` keeps ``n_l = round(density_l·|P_l|)`` entries
   (:func:`layer_counts`, static Python ints); :func:`random_masks` draws exactly ``n_l`` per
-  layer (the paper's theory assumes exact counts; it does not say how masks are drawn).
-* **Prune and regrow** (:func:`prune_regrow`, RigL/SET as modified by FedSpa's Alg. 2): in each
-  masked layer drop the ``c`` active entries of smallest ``|w|`` and activate ``c`` inactive
+  layer (FedSpa's theory assumes exact counts; the paper does not say how masks are drawn).
+* **Prune and regrow** (:func:`prune_regrow`, RigL/SET as modified by FedSpa's Algorithm 2): in
+  each masked layer drop the ``c`` active entries of smallest ``|w|`` and activate ``c`` inactive
   entries — largest ``|g|`` (``"gradient"``, RigL) or uniformly at random (``"random"``, SET)
   — with ``c = ceil(α·n_l)`` traced under the static bound ``ceil(α_max·n_l)``, so one
   compiled round serves every ``α_t``. Ties go to the lower flat index.
@@ -31,7 +31,8 @@ builds on these; FedMRN's masks over noise are another thing (:mod:`fedjaxsparse
 
 Masks are boolean pytrees with the structure of the parameters (unmasked leaves all True).
 
-Source for the team: seed 002, FedSpa §3 and App. A; spec ``seed002.md`` §3, §8.
+Source for the team: seed 002, FedSpa §3 and App. A, l. 399-437, 417, 799-811, 815; spec
+``seed002.md`` §3, §6.4, §8.
 """
 from __future__ import annotations
 
@@ -51,7 +52,10 @@ __all__ = ["DISTRIBUTIONS", "REGROWTHS", "masked_leaves", "layer_densities", "la
            "coverage", "overlap", "pack", "as_bool", "unpack"]
 
 DISTRIBUTIONS = ("erk", "er", "uniform")
+"""Layer densities of the initial masks: Erdős–Rényi-Kernel, Erdős–Rényi, or the same density
+in every masked layer."""
 REGROWTHS = ("gradient", "random")
+"""How pruned positions regrow: by gradient magnitude (RigL) or at random (SET)."""
 
 
 def _shape(a: Any) -> tuple:
@@ -73,7 +77,7 @@ def layer_densities(params: Any, sparsity: float, distribution: str = "erk",
                     power: float = 1.0) -> Any:
   """A pytree of Python floats: each leaf's density (1.0 for unmasked leaves) at the overall
   ``sparsity`` of the masked leaves (module docstring). ``power`` is ERK's "scale parameter"
-  (seed 002 uses 1)."""
+  (the FedSpa paper uses 1)."""
   if not 0.0 <= sparsity < 1.0:
     raise ValueError(f"sparsity must be in [0, 1), got {sparsity}.")
   if distribution not in DISTRIBUTIONS:
@@ -158,7 +162,7 @@ def _select(scores: jax.Array, count: jax.Array, bound: int) -> jax.Array:
 def prune_regrow(mask: Any, weights: Any, scores: Any, fraction: Any, counts: Any, *,
                  max_fraction: float, regrowth: str = "gradient", key: jax.Array | None = None,
                  regrow_pruned: bool = True) -> Any:
-  """One prune-and-regrow update of every masked leaf (FedSpa Alg. 2, l. 399-437).
+  """One prune-and-regrow update of every masked leaf (FedSpa's Algorithm 2).
 
   Args:
     mask: boolean masks; weights: the trained (sparse) weights ``w̃``; scores: the regrowth
@@ -202,9 +206,10 @@ def prune_regrow(mask: Any, weights: Any, scores: Any, fraction: Any, counts: An
 
 
 def cosine_drop(t: Any, alpha0: float, num_rounds: int) -> jax.Array:
-  """``α_t = ½α_0(1 + cos(π t/(T − 1)))`` for ``t = 0..T−1``: ``α_0`` at the first round, 0 at
-  the last (FedSpa l. 417, 815; DisPFL's ``anneal_factor/2·(1 + cos(round·π/comm_round))``
-  with ``T − 1``, so the final round leaves masks unchanged). ``T = 1``: ``α_0``."""
+  """``α_t = ½α_0(1 + cos(π t/(T − 1)))`` for ``t = 0..T−1``: ``α_0`` at the first round, 0 at the
+  last (the FedSpa paper, Section 4.2 and Appendix A; DisPFL's
+  ``anneal_factor/2·(1 + cos(round·π/comm_round))`` with ``T − 1``, so the final round leaves masks
+  unchanged). ``T = 1``: ``α_0``."""
   _check_alpha(alpha0, num_rounds)
   frac = jnp.asarray(t, jnp.float32) / max(num_rounds - 1, 1)
   return jnp.float32(alpha0) * 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.clip(frac, 0.0, 1.0)))
@@ -225,6 +230,7 @@ def constant_drop(t: Any, alpha0: float, num_rounds: int) -> jax.Array:
 
 DROP_SCHEDULES: dict[str, Callable] = {"cosine": cosine_drop, "linear": linear_drop,
                                        "constant": constant_drop}
+"""The drop-fraction schedules ``(t, alpha0, num_rounds) -> α_t`` by name."""
 
 
 def _check_alpha(alpha0: float, num_rounds: int) -> None:

@@ -49,6 +49,7 @@ __all__ = ["DISTRIBUTIONS", "noise", "clip_to_noise", "mask_probability", "stoch
            "straight_through", "prop1_factor", "pm_error_factor", "tree_noise", "tree_map_keyed"]
 
 DISTRIBUTIONS = ("uniform", "gaussian", "bernoulli")
+"""The noise ``G(s)`` masks are learned over: uniform on [−α, α], Gaussian of std α, or ±α."""
 
 
 def noise(key: jax.Array, shape, scale: float, distribution: str = "uniform",

@@ -1,6 +1,6 @@
-"""Cohort samplings: full, nonuniform, uniform, importance, τ-NICE, block, stratified and Algorithm
-14's two-stage cluster sampling; and the plain uniform cohort of a round (:func:`sample_cohort`)
-with per-client keys (:func:`client_keys`).
+"""Cohort samplings: full, nonuniform, uniform, importance, τ-NICE, block, stratified and the
+two-stage cluster sampling of Cohort-Squeeze's FL form; and the plain uniform cohort of a round
+(:func:`sample_cohort`) with per-client keys (:func:`client_keys`).
 
 References:
   Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
@@ -18,18 +18,18 @@ and knows its exact first- and second-order inclusion probabilities ``p_i = P(i 
 * ``σ²_⋆,AS = E‖∇f_S(x⋆)‖² = (1/n²) Σ_ij P_ij ⟨a_i, a_j⟩/(p_i p_j)`` with ``a_i = ∇f_i(x⋆)``
   (:func:`sigma2_star`) — exact for every sampling (it is the second moment written out);
 * ``μ_AS = min_{C: p_C > 0} Σ_{i∈C} μ_i/(n p_i)`` (:func:`mu_as`), each sampling minimising a sum
-  over its cohorts in closed form (the spec's table: the τ smallest values for NICE, the
+  over its cohorts in closed form (the τ smallest values for NICE, the
   smallest per block for SS, the smallest block for BS, …);
-* the expected-smoothness constant ``𝓛`` of minibatch SGD on ``f_S`` (Gower et al. 2019,
-  :func:`expected_smoothness`), whose step ``1/(2𝓛)`` is the chapter's "optimal" step of
-  LocalGD and the MB baselines.
+* the expected-smoothness constant ``𝓛`` of minibatch SGD on ``f_S`` (Gower et al., 2019,
+  :func:`expected_smoothness`), whose step ``1/(2𝓛)`` is the Cohort-Squeeze paper's
+  "optimal" step of LocalGD and the MB baselines.
 
 :meth:`Sampler.support` enumerates the exact cohort distribution (small n; tests check the
 closed forms against it and it against the draws). Clustering for block/stratified sampling:
 :func:`kmeans_blocks` (scikit-learn's KMeans) and :func:`contiguous_blocks`.
 
-Source for the team: "arbitrary sampling", seed 001 chapter 5 §5.3 and D.2; spec
-``seed001_ch3_ch5.md`` §3.1, §3.3, §3.4.
+Source for the team: "arbitrary sampling", seed 001 ch. 5 §5.3 and D.2; spec ``seed001_ch3_ch5.md``
+§3.1, §3.3, §3.4, C5-2, C5-6. Dissertation numbering: Theorem 5.3.2, Algorithm 14, §5.3.3, §5.4.4.
 """
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ def full(n: int) -> Sampler:
 
 
 def nonuniform(probs: Sequence[float]) -> Sampler:
-  """One client, client ``i`` with probability ``probs[i]`` (NS; ``len(S) = 1``; SPPM's sampling)."""
+  """One client, client ``i`` with probability ``probs[i]`` (NS; ``len(S) = 1``; SPPM's
+  sampling)."""
   p = np.asarray(probs, np.float64)
   if p.ndim != 1 or np.any(p <= 0) or abs(p.sum() - 1) > 1e-9:
     raise ValueError("probs must be a 1-d array of positive probabilities summing to 1 (a "
@@ -238,7 +239,7 @@ def block(blocks: Sequence[Sequence[int]], q: Sequence[float] | None = None,
 
 
 def stratified(blocks: Sequence[Sequence[int]], n: int | None = None) -> Sampler:
-  """Stratified sampling (SS, §5.3.3): one client uniformly from *every* block (b = number of
+  """Stratified sampling (SS): one client uniformly from *every* block (b = number of
   blocks, a static cohort of b); ``p_i = 1/|C_{B(i)}|``, ``P_ij = p_i p_j`` across blocks, 0
   within one."""
   return clusters(blocks, len(blocks), n, name=f"stratified({len(blocks)} blocks)")
@@ -246,10 +247,10 @@ def stratified(blocks: Sequence[Sequence[int]], n: int | None = None) -> Sampler
 
 def clusters(blocks: Sequence[Sequence[int]], num_clusters: int, n: int | None = None,
              name: str | None = None) -> Sampler:
-  """Algorithm 14's two-stage cluster sampling: ``C = num_clusters`` of the q blocks uniformly
-  without replacement, then one client uniformly from each; ``p_i = (C/q)/|C_{B(i)}|``. With
-  C = q it is stratified sampling; with C < q it is **not** SS (spec C5-6: SS takes one client
-  from every block), and its weights must use these marginals."""
+  """The two-stage cluster sampling of Cohort-Squeeze's FL form: ``C = num_clusters`` of the q
+  blocks uniformly without replacement, then one client uniformly from each;
+  ``p_i = (C/q)/|C_{B(i)}|``. With C = q it is stratified sampling; with C < q it is **not** SS (SS
+  takes one client from every block), and its weights must use these marginals."""
   bl, n = _blocks(blocks, n)
   q_ = len(bl)
   if not isinstance(num_clusters, (int, np.integer)) or not 1 <= num_clusters <= q_:
@@ -305,22 +306,24 @@ def sigma2_star(sampler: Sampler, grads_at_opt: np.ndarray) -> float:
 
 
 def mu_as(sampler: Sampler, mu: Sequence[float]) -> float:
-  """``μ_AS = min over cohorts C (p_C > 0) of Σ_{i∈C} μ_i/(n p_i)`` (Theorem 5.3.2; per-client
-  μ_i as in the proof, spec C5-2)."""
+  """``μ_AS = min over cohorts C (p_C > 0) of Σ_{i∈C} μ_i/(n p_i)`` (the Cohort-Squeeze paper's
+  SPPM-AS convergence theorem; per-client μ_i as in its proof)."""
   mu = np.broadcast_to(np.asarray(mu, np.float64), (sampler.num_clients,))
   return sampler.min_cohort_sum(mu * sampler.weights)
 
 
 def neighbourhood(sampler: Sampler, mu: Sequence[float], grads_at_opt: np.ndarray,
                   gamma: float) -> float:
-  """Theorem 5.3.2's limit ``γ σ²_⋆,AS/(γ μ_AS² + 2 μ_AS)`` of ``E‖x_t − x⋆‖²``."""
+  """The limit ``γ σ²_⋆,AS/(γ μ_AS² + 2 μ_AS)`` of ``E‖x_t − x⋆‖²`` in the Cohort-Squeeze
+  paper's SPPM-AS convergence theorem."""
   m = mu_as(sampler, mu)
   return gamma * sigma2_star(sampler, grads_at_opt) / (gamma * m ** 2 + 2 * m)
 
 
 def theorem_bound(sampler: Sampler, mu, grads_at_opt, gamma: float, dist0_sq: float,
                   t: np.ndarray) -> np.ndarray:
-  """Theorem 5.3.2: ``(1 + γμ_AS)^{-2t} ‖x_0 − x⋆‖² + neighbourhood`` at rounds ``t``."""
+  """The bound of the Cohort-Squeeze paper's SPPM-AS convergence theorem:
+  ``(1 + γμ_AS)^{-2t} ‖x_0 − x⋆‖² + neighbourhood`` at rounds ``t``."""
   m = mu_as(sampler, mu)
   return ((1 + gamma * m) ** (-2.0 * np.asarray(t)) * dist0_sq
           + neighbourhood(sampler, mu, grads_at_opt, gamma))
@@ -328,7 +331,7 @@ def theorem_bound(sampler: Sampler, mu, grads_at_opt, gamma: float, dist0_sq: fl
 
 def expected_smoothness(sampler: Sampler, smoothness: float,
                         client_smoothness: float | Sequence[float]) -> float:
-  """An expected-smoothness constant ``𝓛`` of ``sampler`` (Gower et al. 2019, Assumption 2.1):
+  """An expected-smoothness constant ``𝓛`` of ``sampler`` (Gower et al., 2019, Assumption 2.1):
   ``E‖∇f_S(x) − ∇f_S(x⋆)‖² ≤ 2𝓛 (f(x) − f(x⋆))`` for all x, where ``f = (1/n) Σ f_i`` is
   ``smoothness``-smooth (L) with minimiser x⋆, each ``f_i`` is convex and L_i-smooth
   (``client_smoothness``: a scalar such as L_max, or ``[n]``), and ``f_S = Σ_{i∈S} f_i/(n p_i)``.
@@ -357,8 +360,8 @@ def expected_smoothness(sampler: Sampler, smoothness: float,
   SGD ``x_{t+1} = x_t − γ ∇f_S(x_t)`` with ``γ ≤ 1/(2𝓛)`` on a μ-strongly convex f then has
   ``E‖x_t − x⋆‖² ≤ (1 − γμ)^t ‖x_0 − x⋆‖² + 2γσ²/μ``, ``σ² = E‖∇f_S(x⋆)‖²``
   (:func:`sigma2_star`; the paper's Theorem 3.1): ``γ = 1/(2𝓛)`` is the largest step the
-  theorem allows, the step seed 001 chapter 5 calls the "optimal" one of its MB-GD and
-  MB-LocalGD baselines (§5.4.4).
+  theorem allows, the step the Cohort-Squeeze paper calls the "optimal" one of its
+  MB-GD and MB-LocalGD baselines.
   """
   from scipy.optimize import minimize_scalar  # deferred: scipy is slow to import
   n = sampler.num_clients

@@ -1,7 +1,8 @@
 """Sparsification primitives over pytrees, jittable with a static K.
 
 * ``top_k`` / ``top_k_mask``: keep the ``k`` entries of largest magnitude (hard thresholding,
-  the prox of the indicator of ``{‖w‖₀ ≤ k}``; seed 000 §A.1 "TopK").
+  the prox of the indicator of ``{‖w‖₀ ≤ k}``; the "TopK" of Meinhardt et al., 2024,
+  arXiv:2405.20623).
 
   - ``scope="global"`` ranks all ``d`` entries of the pytree together (``w ∈ R^d`` as in the
     papers), on the concatenated magnitudes.
@@ -14,7 +15,7 @@
   A selected entry that is zero stays zero, so ``nnz(top_k(x, k)) ≤ k``.
 
   The selection, for a static ``k`` out of ``d`` (measured on XLA:CPU, where sorting 1M
-  floats takes 280 ms, ``specs/environment.md`` §4):
+  floats takes 280 ms):
 
   - ``k ≤ d/50``: ``lax.top_k`` on float32 keys (stable: equal keys come out lower index
     first; XLA:CPU has a fast path for float32 only, other dtypes sort, 30× slower) and a
@@ -37,6 +38,9 @@
 * Flat-vector building blocks for compressors: ``top_k_indices``, ``random_indices``.
 
 K from a sparsity level: ``k_from_sparsity(d, s) = max(1, round((1 − s)·d))``.
+
+Source for the team: seed 000 l. 108-111 (FedSparsify); spec ``seed000_003.md`` §A.1 (TopK);
+``specs/environment.md`` §4 (timings).
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ __all__ = ["SCOPES", "num_params", "nnz", "density", "k_from_sparsity", "random_
            "mask_intersection", "hard_threshold", "soft_threshold"]
 
 SCOPES = ("global", "per_leaf")
+"""Where Top-K and magnitude pruning rank entries: over the whole pytree or within each leaf."""
 
 
 def num_params(tree: Any) -> int:
@@ -262,7 +267,7 @@ def random_mask(key: jax.Array, tree: Any, k: int | None = None, *,
 def gmp_sparsity(t: Any, final: float, *, begin: int, end: int, initial: float = 0.0,
                  every: int = 1) -> jax.Array:
   """The cubic sparsity ramp of gradual magnitude pruning (Zhu & Gupta 2017, eq. 1), the
-  schedule of server-side FedSparsify (seed 000 l. 108-111), ``float32[]``:
+  schedule of server-side FedSparsify (Stripelis et al., 2022, arXiv:2204.12430), ``float32[]``:
 
       s_t = s_f + (s_i − s_f)·(1 − (t' − t_0)/(t_1 − t_0))³,   t' = t_0 + ⌊(t − t_0)/Δ⌋·Δ,
 
