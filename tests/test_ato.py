@@ -26,24 +26,40 @@ def _net():
 
 
 def _setup(cfg, lr=0.05):
+  """``(model, zigs, opt, algo)``: one algorithm per configuration and one optimiser per
+  learning rate in the module, so tests of the same configuration share its compiled steps."""
+  return _setup_cached(cfg, lr)
+
+
+@functools.lru_cache(maxsize=None)
+def _setup_cached(cfg, lr):
   model, zigs = _net()
-  opt = optax.sgd(lr, momentum=0.9)
+  opt = _opt(lr)
   return model, zigs, opt, fjs.ato(model, zigs, opt, lambda t: lr, cfg)
 
 
+@functools.lru_cache(maxsize=None)
+def _opt(lr):
+  return optax.sgd(lr, momentum=0.9)
+
+
 _STATE: list = []
+# the host-loop test's configuration: its ``ato.train`` compiles this algorithm's ``init``,
+# the program ``_initial_state`` runs
+_TRAIN_CFG = ato.ATOConfig(target=0.5, T_w=1, T_start=0, T_end=2, ctrl_lr=1e-2)
 
 
 def _initial_state(algo, model):
   """``algo.init(key(0), model.init(key(1)))`` on the digits MLP, computed once per process
-  (one program): ``init`` reads only the network, the optimisers' state layout and
-  ``ctrl_input``, which every config of ``_setup`` shares (the layout is checked against this
-  algorithm's own ``init``). The optimiser's initial state does not depend on the parameters'
-  values (SGD's momentum starts at zero), so ``_replace(params=p)`` is ``algo.init(key, p)``
-  up to the controller's parameters and key, which the target step does not read."""
+  (one program, ``_TRAIN_CFG``'s): ``init`` reads only the network, the optimisers' state
+  layout and ``ctrl_input``, which every config of ``_setup`` shares (the layout is checked
+  against this algorithm's own ``init``). The optimiser's initial state does not depend on
+  the parameters' values (SGD's momentum starts at zero), so ``_replace(params=p)`` is
+  ``algo.init(key, p)`` up to the controller's parameters and key, which the target step does
+  not read."""
   key, params = jax.random.key(0), model.init(jax.random.key(1))
   if not _STATE:
-    _STATE.append(jax.jit(algo.init)(key, params))
+    _STATE.append(jax.jit(_setup(_TRAIN_CFG)[3].init)(key, params))
   st, want = _STATE[0], jax.eval_shape(algo.init, key, params)
   assert jax.tree.structure(st) == jax.tree.structure(want)
   assert all(a.shape == b.shape and a.dtype == b.dtype
@@ -69,24 +85,32 @@ def test_gumbel_sigmoid_straight_through_and_initial_mask():
   st = jax.eval_shape(lambda: algo.init(jax.random.key(1), {}))
   assert st.w.shape == (zigs.num_groups,)
   # op by op: the 27 heads share three shapes, so their operations compile once each (one
-  # program would hold every head's initialisation apart and compile slower)
+  # program would hold every head's initialisation apart and compile slower); the output of
+  # the initialising pass itself (what ``apply`` with the new parameters computes)
   ctrl = ato.Controller(tuple(s.size for s in zigs.prunable))
   z = np.random.default_rng(2).normal(size=(len(zigs.prunable), 64)).astype(np.float32)
-  o = ctrl.apply(ctrl.init(jax.random.key(3), z), z)
+  o, _ = ctrl.init_with_output(jax.random.key(3), z)
   fracs = np.asarray(jax.jit(lambda o: jnp.stack([   # one program: five noisy masks' means
       jnp.mean(ato.gumbel_sigmoid(o, jax.random.key(k), 3.0, 0.4)) for k in range(5)]))(o))
   assert min(fracs) >= 0.99                                   # b = 3, τ = 0.4: nearly all keep
 
 
-def _plain(model, opt, params, batches):
-  """The base optimiser alone, jitted like ATO's step."""
-  @jax.jit
-  def step(params, state, xb, yb):
-    g = jax.grad(lambda p: jnp.mean(model.per_example_loss(model.apply(p, xb), yb)))(params)
-    u, state = opt.update(g, state, params)
-    return optax.apply_updates(params, u), state
+_PLAIN: dict = {}
 
-  state = jax.jit(opt.init)(params)
+
+def _plain(model, opt, params, batches):
+  """The base optimiser alone, jitted like ATO's step (one program per model and optimiser
+  in the module: ``_setup`` shares them)."""
+  if (id(model), id(opt)) not in _PLAIN:
+    @jax.jit
+    def step(params, state, xb, yb):
+      g = jax.grad(lambda p: jnp.mean(model.per_example_loss(model.apply(p, xb), yb)))(params)
+      u, state = opt.update(g, state, params)
+      return optax.apply_updates(params, u), state
+
+    _PLAIN[id(model), id(opt)] = (step, jax.jit(opt.init), model, opt)   # (kept alive)
+  step, init = _PLAIN[id(model), id(opt)][:2]
+  state = init(params)
   for xb, yb in batches:
     params, state = step(params, state, xb, yb)
   return params
@@ -158,6 +182,14 @@ def test_mask_frozen_outside_the_controller_window():
   np.testing.assert_array_equal(np.asarray(st3.w), np.asarray(st2.w))
 
 
+@functools.lru_cache(maxsize=None)
+def _median_flops(cfg):
+  """P(w) of the end-of-epoch ("median") mask of ``cfg``'s controller, jitted."""
+  _, zigs, _, algo = _setup(cfg)
+  return jax.jit(lambda cp, ci: fjs.pruning.zig.flops(
+      zigs, algo.mask_logits(cp, ci, None, ato.NOISE_MEDIAN["gumbel"])))
+
+
 @pytest.mark.parametrize("penalty", ato.PENALTIES)
 def test_controller_drives_flops_to_the_budget(digits, penalty):
   """(4-6) one-sided: P(w) ends at or under p·P_total (measured: far under, ~3 %); two-sided:
@@ -171,10 +203,10 @@ def test_controller_drives_flops_to_the_budget(digits, penalty):
   xb, yb = jax.device_put(x[:128]), jax.device_put(y[:128])
   for _ in range(75):                                           # P(w) settles in ~40 steps
     st, _ = step(st, xb, yb)
-  # one program (the same for both penalties: compiled once)
-  flops = jax.jit(lambda cp, ci: fjs.pruning.zig.flops(
-      zigs, algo.mask_logits(cp, ci, None, ato.NOISE_MEDIAN["gumbel"])))
-  ratio = float(flops(st.ctrl_params, st.ctrl_input)) / full
+  # one program for both penalties (the mask does not depend on the penalty: the one-sided
+  # configuration's mask_logits for both)
+  ratio = float(_median_flops(cfg._replace(flops_penalty=ato.PENALTIES[0]))(
+      st.ctrl_params, st.ctrl_input)) / full
   if penalty == "one_sided":
     assert ratio <= 0.4
   else:
@@ -232,15 +264,14 @@ def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, digits):
   update) to the state the scanned loop reached."""
   x, y = digits
   x, y = x[:384], y[:384]
-  model, zigs = _net()   # the digits MLP: its ``init`` and ATO's are this module's programs
-  cfg = ato.ATOConfig(target=0.5, T_w=1, T_start=0, T_end=2, ctrl_lr=1e-2)
-  algo = fjs.ato(model, zigs, optax.sgd(0.05, momentum=0.9), lambda t: 0.05, cfg)
+  cfg = _TRAIN_CFG   # the digits MLP: its ``init`` and ATO's are this module's programs
+  model, zigs, _, algo = _setup(cfg)   # SGD with momentum 0.9, η = 0.05
   kw = dict(epochs=3, batch_size=64, ctrl_index=ato.controller_subset(len(x), 0.25),
             ctrl_batch=16, progress=False, checkpoint_dir=str(tmp_path),
             augment=lambda k, xb: xb + 0.01 * jax.random.normal(k, xb.shape),
             evaluate=lambda p, w: float(np.sum(np.asarray(w))))
   params = model.init(jax.random.key(0))
-  want, hist = ato.train(algo, cfg, jax.random.key(3), params, x, y, **kw)
+  want, hist = ato.train(algo, cfg, jax.random.key(3), params, x, y, checkpoint_every=2, **kw)
   shutil.rmtree(tmp_path / "3")                                # as if stopped after epoch 2
   got, hist2 = ato.train(algo, cfg, jax.random.key(3), params, x, y, loop="host",
                          checkpoint_every=0, resume=True, **kw)

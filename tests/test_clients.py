@@ -1,5 +1,6 @@
 """Size buckets: the same algorithm on bucketed data equals the padded run, in the original client
 order; the automatic plan is the optimal cut and meets its waste bound."""
+import functools
 import itertools
 
 import chex
@@ -113,23 +114,28 @@ def test_runner_buckets_by_itself_with_the_same_result(data):
                              padded.history.rounds["uplink_bits"])
 
 
-def _four_rounds(algo, w0, d):
-  s = algo.init(None, w0, d)
-  step = jax.jit(algo.step)
+def _four_rounds(algos, w0, layouts):
+  """Each algorithm's params after four rounds on its layout: each round of every algorithm
+  in one program (the same steps as one jitted step per algorithm, compiled as one)."""
+  states = [algo.init(None, w0, d) for algo, d in zip(algos, layouts)]
+  step = jax.jit(lambda key, states, layouts: [
+      algo.step(key, s, d)[0] for algo, s, d in zip(algos, states, layouts)])
   for t in range(4):
-    s, _ = step(jax.random.key(t), s, d)
-  return s.params
+    states = step(jax.random.key(t), states, layouts)
+  return [s.params for s in states]
 
 
 @pytest.fixture(scope="module")
 def small_data():
-  """7 unequal clients (the strategies' tests: an unrolled program grows with the clients, and
-  bitwise equality does not depend on their number). Under "unroll:5" the padded clients are
-  one group of 5 plus a tail of 2, the cohort of 5 one group, each bucket a tail alone."""
+  """5 unequal clients (the strategies' tests: an unrolled program grows with the clients, and
+  bitwise equality does not depend on their number). Under "unroll:3" the padded clients are
+  one group of 3 plus a tail of 2, the cohort of 3 one group, each of the 3 buckets (2, 2
+  and 1 clients) a tail alone; the runner's automatic buckets (4 and 1 clients) under
+  "unroll:4": one group and a tail."""
   rng = np.random.default_rng(0)
-  x = rng.normal(size=(210, 5)).astype(np.float32)
-  y = (x @ rng.normal(size=5) + 0.1 * rng.normal(size=210)).astype(np.float32)
-  return fjs.data.pack_clients(x, y, fjs.data.lognormal_partition(210, 7, 1.2, seed=0))
+  x = rng.normal(size=(150, 5)).astype(np.float32)
+  y = (x @ rng.normal(size=5) + 0.1 * rng.normal(size=150)).astype(np.float32)
+  return fjs.data.pack_clients(x, y, fjs.data.lognormal_partition(150, 5, 1.2, seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -142,21 +148,25 @@ def vmap_rounds(small_data):
   loss = fjs.models.make_loss(model)
   w0 = model.init(jax.random.key(0))
   algos = [fjs.sparse_proxskip(loss, 0.05, 0.5, 0.5),
-           fjs.fedavg(loss, optax.sgd(0.05), local_steps=2, batch_size=4, cohort_size=5),
+           fjs.fedavg(loss, optax.sgd(0.05), local_steps=2, batch_size=4, cohort_size=3),
            fjs.fedavg(loss, optax.sgd(0.05), local_steps=2)]
-  return w0, [(algo, layout, _four_rounds(algo, w0, layout)) for algo in algos
-              for layout in [data] + ([fjs.runtime.clients.bucketize(data, 3)]
-                                      if algo.bucketable else [])]
+  cases = [(algo, layout) for algo in algos
+           for layout in [data] + ([fjs.runtime.clients.bucketize(data, 3)]
+                                   if algo.bucketable else [])]
+  algos, layouts = zip(*cases)
+  return w0, cases, _four_rounds(algos, w0, layouts)
 
 
-@pytest.mark.parametrize("strategy", ["map", "unroll", "unroll:5"])
+@pytest.mark.parametrize("strategy", ["map", "unroll", "unroll:3"])
 def test_every_strategy_computes_what_vmap_computes(vmap_rounds, small_data, strategy):
   """Linear models: bitwise equal to vmap on CPU, padded and bucketed, for the ProxSkip kernel
   and FedAvg (partial participation: a gathered cohort; full: bucketed clients)."""
-  w0, cases = vmap_rounds
+  w0, cases, references = vmap_rounds
   assert len(cases) == 5
-  for algo, layout, reference in cases:
-    params = _four_rounds(algo, w0, fjs.runtime.clients.with_strategy(layout, strategy))
+  algos, layouts = zip(*cases)
+  results = _four_rounds(algos, w0, [fjs.runtime.clients.with_strategy(layout, strategy)
+                                     for layout in layouts])
+  for reference, params in zip(references, results):
     chex.assert_trees_all_equal(reference, params)
   with pytest.raises(ValueError, match="strategy"):
     fjs.runtime.clients.with_strategy(small_data, "unroll:0")
@@ -172,13 +182,19 @@ def test_runner_client_strategy_changes_nothing_but_speed(small_data):
   chex.assert_trees_all_equal(a.state.server, b.state.server)
 
 
+@functools.lru_cache(maxsize=None)
+def _cnn():
+  """The convolutional clients' model, built once (its ``init`` compiles once per process)."""
+  return fjs.models.cnn((12, 12, 1), 3, channels=(2, 3), dense=8, conv="xla")
+
+
 def _cnn_fedavg(num_clients, local_steps, batch=4):
   rng = np.random.default_rng(0)
   n = num_clients * 6
   x = rng.random((n, 12, 12, 1)).astype(np.float32)
   y = rng.integers(0, 3, n).astype(np.int32)
   data = fjs.data.pack_clients(x, y, np.split(np.arange(n), num_clients))
-  model = fjs.models.cnn((12, 12, 1), 3, channels=(2, 3), dense=8, conv="xla")
+  model = _cnn()
   algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.1), local_steps=local_steps,
                     batch_size=batch)
   return algo, model, data

@@ -82,12 +82,16 @@ def test_evaluation_after_the_chunk_equals_evaluation_inside_it(setup):
 def test_loop_free_rounds_dispatch_one_round_and_checkpoint_per_eval(setup, tmp_path,
                                                                    monkeypatch):
   """clients="unroll" runs one round per dispatch (no loop, no cond), evaluates on schedule,
-  checkpoints every eval_every rounds, and computes the vmap run."""
+  checkpoints every eval_every rounds, and computes the vmap run (a FedAvg of 2 clients × 2
+  local steps a round: the unrolled program grows with both)."""
+  ds, model, _, eval_fn = setup
+  small = (ds, model, fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.3), local_steps=2,
+                                 batch_size=8, cohort_size=2), eval_fn)
   saved, save = [], fjs.runtime.checkpoint.Checkpointer.save
   monkeypatch.setattr(fjs.runtime.checkpoint.Checkpointer, "save",
                       lambda self, r, *a: (saved.append(r), save(self, r, *a))[1])
-  a = _run(setup, num_rounds=12, eval_every=4, chunk_size=2, clients="vmap")
-  b = _run(setup, num_rounds=12, eval_every=4, clients="unroll",
+  a = _run(small, num_rounds=12, eval_every=4, chunk_size=2, clients="vmap")
+  b = _run(small, num_rounds=12, eval_every=4, clients="unroll",
            checkpoint_dir=str(tmp_path / "ck"))
   assert (a.clients, b.clients) == ("vmap", "unroll")
   assert b.num_dispatches == 12 and b.num_traces == 1
@@ -97,7 +101,7 @@ def test_loop_free_rounds_dispatch_one_round_and_checkpoint_per_eval(setup, tmp_
   chex.assert_trees_all_close(a.state, b.state, rtol=1e-5, atol=1e-6)
   assert saved == [4, 8, 12]
   saved.clear()   # a run shorter than checkpoint_interval_s writes its last chunk only
-  c = _run(setup, num_rounds=12, eval_every=4, chunk_size=2, checkpoint_dir=str(tmp_path / "ck2"),
+  c = _run(small, num_rounds=12, eval_every=4, chunk_size=2, checkpoint_dir=str(tmp_path / "ck2"),
            checkpoint_interval_s=3600.0)
   assert saved == [12] and c.history.evals["round"] == [0, 4, 8, 12]
 

@@ -116,7 +116,8 @@ def test_hybrid_prunes_convolution_channels_whole_by_norm_scale():
                        accuracy_fn=fjs.evaluation.client_accuracy(model), cohort_size=3,
                        prune_rate=0.3, target_sparsity=0.5, acc_threshold=0.0,
                        dist_threshold=0.0, structure="hybrid", zigs=zigs)
-  state = jax.jit(lambda key: algo.init(None, model.init(key), ds))(jax.random.key(1))
+  # model.init: the program compiled above (the initial weights are an argument of init's)
+  state = jax.jit(algo.init)(None, model.init(jax.random.key(1)), ds)
   step = jax.jit(algo.step)
   for t in range(2):   # density 1 → 0.7 → 0.5 (the last step lands on the target)
     state, info = step(jax.random.key(t), state, ds)

@@ -247,6 +247,9 @@ def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
   return ATO(init, target_step, ctrl_step, end_epoch, mask_logits)
 
 
+_fold_in = jax.jit(jax.random.fold_in)   # one program (epochs' too), not eager operations
+
+
 def controller_subset(n: int, fraction: float = 0.05, seed: int = 0) -> np.ndarray:
   """``D_CN``: a fixed random ``fraction`` of the n training indices (at least one)."""
   if not 0 < fraction <= 1:
@@ -311,12 +314,12 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
 
   def after(state, t, k):   # the controller pass over D_CN (in its window), then the mask
     if config.T_start <= t <= config.T_end:
-      state = ctrl_epoch(state, xc, yc, epoch_order(jax.random.fold_in(k, 1), n_ctrl, cb))
+      state = ctrl_epoch(state, xc, yc, epoch_order(_fold_in(k, 1), n_ctrl, cb))
     return end_epoch(state)
 
   state = jax.jit(algo.init)(key, params)   # one program (op by op: ~50 small ones to compile)
   return train_epochs(   # xd, yd: the data on the device once
-      target, state, xd, yd, key=jax.random.fold_in(key, 7), epochs=epochs,
+      target, state, xd, yd, key=_fold_in(key, 7), epochs=epochs,
       batch_size=batch_size, loop=loop, after_epoch=after,
       evaluate=None if evaluate is None else (lambda st: evaluate(st.params, st.w)),
       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
