@@ -429,11 +429,13 @@ def test_cached_logits_closure_form_one_program_and_errors(teacher, teacher_fn):
     C.cached_logits(jnp.sum, IMAGES[:0])
 
 
-def test_cached_logits_of_preprocessed_uint8_images(teacher):
+def test_cached_logits_of_preprocessed_uint8_images(teacher, teacher_fn):
   raw = RNG.integers(0, 256, (10, 20, 20, 3), dtype=np.uint8)
   fn = lambda p, x: C.teacher_logits(teacher, p, C.preprocess(x, 32))   # noqa: E731
   got = C.cached_logits(fn, raw, 4, params=teacher.params)
-  want = jax.jit(fn)(teacher.params, raw)                 # all ten at once
+  # all ten at once (the teacher's program on ten images, as the tests above run it)
+  want = jax.jit(teacher_fn)(teacher.params,
+                             jax.jit(C.preprocess, static_argnums=1)(raw, 32))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

@@ -173,19 +173,26 @@ def test_stochastic_depth():
   dropped = np.all(np.isclose(out, x, atol=1e-6), axis=(1, 2, 3))
   assert 10 <= dropped.sum() <= 54
   np.testing.assert_allclose(out[~dropped], (x + 2.0 * branch)[~dropped], rtol=1e-5, atol=1e-5)
-  # the per-block rate grows linearly: drop_rate * k / 16 for block k + 1
+  # the per-block rate grows linearly: drop_rate * k / 16 for block k + 1, and every block is
+  # called in training mode (read off each block as the network builds it; the blocks' own
+  # computation, tested above, is skipped: a block returns zeros of its output shape)
   module, _ = efficientnet.efficientnet_b0(drop_rate=0.2, dropout_rate=0.2)
   probs = {}
 
   def record(next_fun, args, kwargs, context):
-    if isinstance(context.module, efficientnet.MBConv) and context.method_name == "__call__":
-      probs[context.module.name] = context.module.drop_prob
+    m = context.module
+    if isinstance(m, efficientnet.MBConv) and context.method_name == "__call__":
+      probs[m.name] = m.drop_prob
+      assert (args[1] if len(args) > 1 else kwargs["train"]) is True, m.name
+      b, h, w, _ = args[0].shape
+      return jax.numpy.zeros((b, (h - 1) // m.strides + 1, (w - 1) // m.strides + 1,
+                              m.out_channels), args[0].dtype)
     return next_fun(*args, **kwargs)
 
+  shapes = _init_shapes()   # (dropout adds no parameter)
   with nn.intercept_methods(record):
     jax.eval_shape(lambda p, v: module.apply({"params": p}, v, train=True,
-                                             rngs={"dropout": KEY}),
-                   _init_shapes(), _x(2))   # (dropout adds no parameter)
+                                             rngs={"dropout": KEY}), shapes, _x(2))
   assert [probs[f"block{k + 1}"] for k in range(16)] == pytest.approx(
       [0.2 * k / 16 for k in range(16)])
 

@@ -15,6 +15,18 @@ def _data(seed, shape, num_classes=3, b=7):
   return x, rng.integers(0, num_classes, b), np.ones(b, np.float32)
 
 
+def _draw(model, seed=0):
+  """The initial distributions of ``model``'s parameters drawn in NumPy on its ``init``
+  structure (LeCun-normal kernels, unit scales, zero biases): compiling flax's initialisers (a
+  threefry per leaf) costs more than what the tests using these parameters run."""
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, s: (rng.normal(size=s.shape) / np.sqrt(np.prod(s.shape[:-1]))
+                       if path[-1].key == "kernel" else
+                       np.full(s.shape, float(path[-1].key == "scale"))).astype(np.float32),
+      jax.eval_shape(model.init, jax.random.key(0)))
+
+
 def test_linear_regression_loss_and_gradient_match_closed_form():
   rng = np.random.default_rng(0)
   x = rng.normal(size=(7, 2, 2)).astype(np.float32)  # flattened to d = 4
@@ -110,7 +122,7 @@ def test_shapes_descent_and_padding_invariance(name):
 
 def test_cnn_accepts_images_grayscale_and_flat_squares():
   x = np.random.default_rng(4).normal(size=(2, 8, 8)).astype(np.float32)
-  p = fjs.models.cnn((8, 8, 1), 10, channels=(4, 8), dense=16).init(jax.random.key(0))
+  p = _draw(fjs.models.cnn((8, 8, 1), 10, channels=(4, 8), dense=16))
   cases = (((8, 8, 1), x[..., None]), ((8, 8), x), ((64,), x.reshape(2, 64)))
   ref, *outs = jax.jit(lambda p: [   # one program
       fjs.models.cnn(shape, 10, channels=(4, 8), dense=16).apply(p, xs) for shape, xs in cases])(p)
@@ -173,31 +185,37 @@ def test_reference_parameter_counts():
 
 def test_resnet18_group_and_batch_norm_under_jit():
   """Same params for both norms; GroupNorm is per example, batch statistics are not."""
-  # narrowed: the same graph
-  group, batch = (fjs.models.resnet18((8, 8, 3), 10, num_groups=4, width=8),
-                  fjs.models.resnet18((8, 8, 3), 10, norm="batch", width=8))
-  p = group.init(jax.random.key(0))   # jitted (the program of tests/test_conv.py's ResNet-18)
-  assert jax.tree.structure(jax.eval_shape(batch.init, jax.random.key(0))) == \
-      jax.tree.structure(p)
+  # narrowed: the same graph; XLA's convolution (tests/test_conv.py shows that the patch
+  # convolution computes the same ResNet-18)
+  group, batch = (fjs.models.resnet18((8, 8, 3), 10, num_groups=4, conv="xla", width=8),
+                  fjs.models.resnet18((8, 8, 3), 10, norm="batch", conv="xla", width=8))
+  p = _draw(group)
+  assert jax.tree.map(jnp.shape, jax.eval_shape(batch.init, jax.random.key(0))) == \
+      jax.tree.map(np.shape, p)
   x, y, ones = _data(5, (8, 8, 3), num_classes=10, b=6)
   other = x.copy()   # the same first half in another batch
+
+  @jax.jit   # one program: the loss at p on a batch, the logits it computes, a gradient step
+  def step(p, x):
+    outputs = []
+    recorded = batch._replace(
+        apply=lambda p, x: outputs.append(batch.apply(p, x)) or outputs[-1])
+    loss = lambda p: (fjs.models.make_loss(recorded)(p, x, y, ones), outputs[0])  # noqa: E731
+    (value, logits), g = jax.value_and_grad(loss, has_aux=True)(p)
+    return value, logits, jax.tree.map(lambda a, g: a - 0.02 * g, p, g)
+
   other[3:] = np.random.default_rng(6).normal(size=(3, 8, 8, 3))
-  for model, per_example in ((group, True), (batch, False)):
-    apply = jax.jit(model.apply)
+  for apply, per_example in ((jax.jit(group.apply), True),
+                             (lambda p, x: step(p, x)[1], False)):
     out = np.asarray(apply(p, x))
     assert out.shape == (6, 10) and np.all(np.isfinite(out))
     same = np.allclose(np.asarray(apply(p, other))[:3], out[:3], rtol=1e-4, atol=1e-5)
     assert same == per_example
 
-  @jax.jit   # one program: the loss at p and a gradient step
-  def step(p):
-    value, g = jax.value_and_grad(fjs.models.make_loss(batch))(p, x, y, ones)
-    return value, jax.tree.map(lambda a, g: a - 0.02 * g, p, g)
-
-  first, p = step(p)
+  first, _, p = step(p, x)
   for _ in range(2):
-    p = step(p)[1]
-  assert float(step(p)[0]) < float(first)
+    p = step(p, x)[2]
+  assert float(step(p, x)[0]) < float(first)
 
 
 def test_batch_statistics_norm_standardises_each_channel():

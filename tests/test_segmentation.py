@@ -92,22 +92,30 @@ def test_confusion_matrix_and_mean_iou():
   assert miou == pytest.approx(1 / 3)
 
 
+@functools.lru_cache(maxsize=None)
+def _loss_and_grad():
+  """``(params, x, y) -> ((mean pixel loss, logits), gradient)`` of the tests' BiSeNetV2 (the
+  default norm: the current batch's statistics), jitted once a module: the learning test's
+  program, whose logits are also the evaluation test's reference predictions."""
+  model = S.bisenetv2((32, 32, 3), 21, width=0.125, head_width=16)
+
+  def mean_loss(q, x, y):
+    logits = model.apply(q, x)
+    return jnp.mean(model.per_example_loss(logits, y)), logits
+
+  return jax.jit(jax.value_and_grad(mean_loss, has_aux=True))
+
+
 def test_bisenetv2_maps_images_to_per_pixel_logits_and_learns():
   """Per-pixel logits at the input's size; one SGD step on the stand-in lowers the loss of the
   batch it was taken on (a small step along the gradient of a smooth loss)."""
-  model = S.bisenetv2((32, 32, 3), 21, width=0.125, head_width=16)
   x, y = V.voc_standin(4, 32, seed=0)
   rng = np.random.default_rng(0)   # numpy parameters: jax's initialisers compile slowly
   params = jax.tree.map(lambda a: np.asarray(
       rng.normal(size=a.shape) / np.sqrt(max(1, np.prod(a.shape[:-1]))) if a.ndim > 1 else
       (np.ones(a.shape) if a.ndim == 1 else rng.normal(size=a.shape)), np.float32),
       _param_shapes())
-
-  def mean_loss(q, x, y):
-    logits = model.apply(q, x)
-    return jnp.mean(model.per_example_loss(logits, y)), logits
-
-  loss = jax.jit(jax.value_and_grad(mean_loss, has_aux=True))
+  loss = _loss_and_grad()
   (before, logits), g = loss(params, x, y)
   step = jax.tree.map(lambda p, d: p - np.float32(0.05) * np.asarray(d), params, g)
   (after, _), _ = loss(step, x, y)
@@ -128,22 +136,26 @@ def test_fedmrn_segmentation_data_and_miou_evaluation():
                             {"seg_size": 32, "seg_images": 0})
   assert ds.train.x.shape[:2] == (2, 32) and ds.train.y.shape == (2, 32, 32, 32)
   assert int(np.asarray(ds.train.y).max()) == 21 and ds.num_classes == 22
-  model = S.bisenetv2((32, 32, 3), 21, width=0.125, head_width=16, norm="group")
-  rng = np.random.default_rng(0)   # (group norm: an image's logits do not depend on its batch)
+  # current-batch BatchNorm: an image's logits depend on its batch, so the evaluation's first
+  # batch of 4 is the four real images the reference predictions are computed on (the second
+  # batch: the padding row and three rows of the evaluation's own padding)
+  model = S.bisenetv2((32, 32, 3), 21, width=0.125, head_width=16)
+  rng = np.random.default_rng(0)
   params = jax.tree.map(lambda a: (0.3 * rng.normal(size=a.shape)).astype(np.float32),
-                        _param_shapes())   # GroupNorm's: BatchNorm's (a scale, a bias each)
+                        _param_shapes())
   from fedjaxsparse.data.federated import FederatedData
   mask = np.array([[1.0, 1.0, 1.0, 1.0, 0.0]], np.float32)   # the fifth row is padding
   test = FederatedData(np.asarray(ds.test.x)[:1, :5], np.asarray(ds.test.y)[:1, :5], mask,
                        np.array([4], np.int32))
-  eval_fn = S.make_segmentation_eval_fn(model, 21, batch_size=3)
+  eval_fn = S.make_segmentation_eval_fn(model, 21, batch_size=4)
+  (_, logits), _ = _loss_and_grad()(params, test.x[0, :4], test.y[0, :4])   # the model's own
+  pred = np.argmax(np.asarray(logits), -1)                                    # predictions
 
   @jax.jit
-  def evaluate(params, test):   # the runner's evaluation and the confusion matrix of the
-    pred = jnp.argmax(model.apply(params, test.x[0, :4]), -1)   # model's own predictions
-    return eval_fn(params, test), S.confusion_matrix(pred, test.y[0, :4], 21)
+  def evaluate(params, test, pred):   # the runner's evaluation and the confusion matrix of the
+    return eval_fn(params, test), S.confusion_matrix(pred, test.y[0, :4], 21)   # predictions
 
-  got, cm = evaluate(params, test)
+  got, cm = evaluate(params, test, pred)
   cm = np.asarray(cm)
   assert float(got["miou"]) == pytest.approx(S.mean_iou(cm)[0], rel=1e-5)
   assert float(got["accuracy"]) == pytest.approx(np.trace(cm) / cm.sum(), rel=1e-5)

@@ -88,45 +88,53 @@ def test_zero_invariance_and_physical_removal(arch):
   layer writing them, for random inputs; the compressed model has the rebuilt model's shapes,
   fewer parameters, the predicted FLOPs, and the masked model's outputs. In float64: equal to
   1e-12 (in float32, BatchNorm's 1/√(σ² + ε) on near-constant channels of these tiny inputs
-  amplifies summation-order rounding to ~1e-3)."""
+  amplifies summation-order rounding to ~1e-3). Only the programs run in float64: the ZIGs,
+  the parameter shapes and the rebuilt model's ZIGs (names, shapes, MAC counts) are traced
+  once, in float32, like every other test's."""
+  module, model, zigs = _net(arch)
+  params = _random_params(model, 2)
+  rng = np.random.default_rng(3)
+  keep = rng.uniform(size=zigs.num_groups) > 0.5
+  s0 = zigs.prunable[-1]
+  keep[s0.offset:s0.offset + s0.size] = False        # a whole set removed: one zero kept
+  w = keep.astype(np.float64)
+  x = rng.normal(size=(6,) + SHAPES[arch]) * 2.0
+  kept = w.copy()
+  kept[s0.offset] = 1.0                              # the compressed model's kept zero channel
+
   with jax.enable_x64(True):
-    module, model, zigs = _net(arch)
-    params = jax.tree_util.tree_map(lambda a: a.astype(np.float64), _random_params(model, 2))
-    rng = np.random.default_rng(3)
-    keep = rng.uniform(size=zigs.num_groups) > 0.5
-    s0 = zigs.prunable[-1]
-    keep[s0.offset:s0.offset + s0.size] = False        # a whole set removed: one zero kept
-    w = keep.astype(np.float64)
-    x = rng.normal(size=(6,) + SHAPES[arch]) * 2.0
+    params = jax.tree_util.tree_map(lambda a: a.astype(np.float64), params)
 
     @jax.jit
-    def masked_outputs(params, w, x):   # the masked params, every layer's output, the model's
-      masked = zig.scale_groups(zigs, params, w)
-      return (masked,) + _outputs(module, masked, x)
+    def masked_outputs(params, w, x, kept):   # the masked params, every layer's output, the
+      masked = zig.scale_groups(zigs, params, w)   # model's, and the FLOPs predicted for `kept`
+      return (masked,) + _outputs(module, masked, x) + (zig.flops(zigs, kept),)
 
-    masked, outs, y = masked_outputs(params, w, x)
-    for layer in zigs.layers:
-      s = zigs.get(layer.out_set) if layer.out_set else None
-      if s is None or s.offset < 0:
-        continue
-      out = np.asarray(outs[layer.path]).reshape(-1, s.size)
-      dead = w[s.offset:s.offset + s.size] == 0
-      assert np.all(out[:, dead] == 0), layer.path       # zeroed groups: exactly zero
-      if not dead.all():
-        assert np.any(np.abs(out[:, ~dead]) > 0), layer.path  # kept ones: alive
-    small, widths = zig.compress(zigs, masked, keep)
-    assert widths[s0.name] == 1
-    module2, model2 = ARCHS[arch](widths=widths)
-    shapes = jax.tree_util.tree_map(lambda a: a.shape, jax.eval_shape(
-        model2.init, jax.random.key(0)))
-    assert shapes == jax.tree_util.tree_map(lambda a: a.shape, small)
-    count = lambda p: sum(a.size for a in jax.tree_util.tree_leaves(p))  # noqa: E731
-    assert count(small) < count(params)
-    np.testing.assert_allclose(np.asarray(jax.jit(model2.apply)(small, x)), np.asarray(y),
-                               atol=1e-12, rtol=1e-12)
-    keep[s0.offset] = True                             # the kept zero channel
-    p_small = zig.total_flops(zig.trace(module2, SHAPES[arch]))
-    assert p_small == pytest.approx(_flops(zigs, keep.astype(np.float64)))
+    masked, outs, y, predicted = masked_outputs(params, w, x, kept)
+    assert np.asarray(y).dtype == np.float64
+  for layer in zigs.layers:
+    s = zigs.get(layer.out_set) if layer.out_set else None
+    if s is None or s.offset < 0:
+      continue
+    out = np.asarray(outs[layer.path]).reshape(-1, s.size)
+    dead = w[s.offset:s.offset + s.size] == 0
+    assert np.all(out[:, dead] == 0), layer.path       # zeroed groups: exactly zero
+    if not dead.all():
+      assert np.any(np.abs(out[:, ~dead]) > 0), layer.path  # kept ones: alive
+  small, widths = zig.compress(zigs, masked, keep)
+  assert widths[s0.name] == 1
+  module2, model2 = ARCHS[arch](widths=widths)
+  shapes = jax.tree_util.tree_map(lambda a: a.shape, jax.eval_shape(
+      model2.init, jax.random.key(0)))
+  assert shapes == jax.tree_util.tree_map(lambda a: a.shape, small)
+  count = lambda p: sum(a.size for a in jax.tree_util.tree_leaves(p))  # noqa: E731
+  assert count(small) < count(params)
+  with jax.enable_x64(True):
+    y_small = np.asarray(jax.jit(model2.apply)(small, x))
+  assert y_small.dtype == np.float64
+  np.testing.assert_allclose(y_small, np.asarray(y), atol=1e-12, rtol=1e-12)
+  p_small = zig.total_flops(zig.trace(module2, SHAPES[arch]))
+  assert p_small == pytest.approx(float(predicted))
 
 
 def test_residual_streams_are_coupled_sets():
@@ -335,16 +343,19 @@ def test_running_statistics_keep_physical_removal_exact():
   zigs = fjs.pruning.zig.trace(module, (8, 8, 3))
   rng = np.random.default_rng(2)
   keep = rng.uniform(size=zigs.num_groups) > 0.4
-  masked = jax.jit(lambda p, w: fjs.pruning.zig.scale_groups(zigs, p, w))(
-      params, keep.astype(np.float32))
-  small, widths = fjs.pruning.zig.compress(zigs, masked, keep)
-  small_module, _ = prunable.resnet((1, 1), (8, 8, 3), 5, widths=widths)
   x = rng.normal(size=(32, 8, 8, 3)).astype(np.float32)
   xe = rng.normal(size=(5, 8, 8, 3)).astype(np.float32)
 
   def evaluate(m, p, x, xe):   # the statistics over x, then the evaluation on xe
     return prunable.apply_with_stats(m, p, prunable.batch_norm_stats(m, p, x, 16), xe)
 
-  out = [jax.jit(functools.partial(evaluate, m))(p, x, xe)
-         for m, p in ((module, masked), (small_module, small))]
-  np.testing.assert_allclose(out[0], out[1], rtol=1e-4, atol=1e-5)
+  @jax.jit   # one program: the zeroed groups and their network's evaluation
+  def masked_evaluation(p, w, x, xe):
+    masked = fjs.pruning.zig.scale_groups(zigs, p, w)
+    return masked, evaluate(module, masked, x, xe)
+
+  masked, out = masked_evaluation(params, keep.astype(np.float32), x, xe)
+  small, widths = fjs.pruning.zig.compress(zigs, masked, keep)
+  small_module, _ = prunable.resnet((1, 1), (8, 8, 3), 5, widths=widths)
+  np.testing.assert_allclose(out, jax.jit(functools.partial(evaluate, small_module))(
+      small, x, xe), rtol=1e-4, atol=1e-5)
