@@ -103,9 +103,13 @@ def test_ridge_optimum_zeroes_the_gradient(reduction, weights):
 
 
 def test_softmax_optimum_zeroes_the_gradient():
+  from threadpoolctl import threadpool_limits  # scikit-learn's dependency
   ds = fjs.data.digits(num_clients=5, partition="iid", seed=0)
   c = fjs.data.uniform_weights(ds.train)
-  opt = fjs.data.softmax_regression_optimum(ds.train, 10, 0.05, c)
+  # L-BFGS on a [1797, 64] problem: OpenBLAS's threads only spin on products this small
+  # (3.7 s of CPU with 2 threads, 0.2 s with one)
+  with threadpool_limits(1, user_api="blas"):
+    opt = fjs.data.softmax_regression_optimum(ds.train, 10, 0.05, c)
   assert abs(opt["b"].sum()) < 1e-12  # the pinned gauge
   with jax.enable_x64(True):
     data = jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)

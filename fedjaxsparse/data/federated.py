@@ -110,9 +110,15 @@ def _flags(xp, data: FederatedData, num_classes: int) -> dict[str, Any]:
   per_client = lambda a: a.reshape(a.shape[0], -1).all(1)
   flags = {"mask_prefix": per_client((data.mask == expected.astype(data.mask.dtype))),
            "empty": data.num_examples > 0}
-  x_ok = xp.isfinite(data.x) if jnp.issubdtype(data.x.dtype, jnp.inexact) else \
-      xp.ones(data.x.shape, bool)
-  flags["x_finite"] = per_client(x_ok)
+  if not jnp.issubdtype(data.x.dtype, jnp.inexact):
+    flags["x_finite"] = xp.ones(data.x.shape[0], bool)
+  elif xp is np:   # a few clients at a time: no temporary the size of x (page faults)
+    x = data.x
+    step = max(1, (1 << 22) // max(1, x[:1].size))
+    flags["x_finite"] = np.concatenate(
+        [per_client(np.isfinite(x[a:a + step])) for a in range(0, x.shape[0], step)])
+  else:
+    flags["x_finite"] = per_client(xp.isfinite(data.x))
   y = data.y
   real_y = real.reshape(real.shape + (1,) * (y.ndim - 2))
   if jnp.issubdtype(y.dtype, jnp.inexact):
@@ -205,22 +211,47 @@ def pack_clients(x: np.ndarray, y: np.ndarray, client_indices: Sequence[np.ndarr
     raise ValueError(f"max_examples={m} is smaller than the largest client ({sizes.max()}).")
   m = max(m, 1)
   n = len(client_indices)
-  xs = np.zeros((n, m) + x.shape[1:], dtype=np.float32 if np.issubdtype(x.dtype, np.floating)
-                or np.issubdtype(x.dtype, np.integer) else x.dtype)
-  ys = np.zeros((n, m) + y.shape[1:], dtype=y.dtype)
-  mask = np.zeros((n, m), dtype=np.float32)
+  xs = _host_zeros((n, m) + x.shape[1:], np.float32 if np.issubdtype(x.dtype, np.floating)
+                   or np.issubdtype(x.dtype, np.integer) else x.dtype)
+  ys = _host_zeros((n, m) + y.shape[1:], y.dtype)
+  mask = _host_zeros((n, m), np.float32)
   for i, ix in enumerate(client_indices):
     ix = np.asarray(ix, dtype=np.int64)
     xs[i, :len(ix)] = x[ix]
     ys[i, :len(ix)] = y[ix]
     mask[i, :len(ix)] = 1.0
-  if np.issubdtype(ys.dtype, np.integer):
-    ys = ys.astype(np.int32)
-  elif np.issubdtype(ys.dtype, np.floating):
-    ys = ys.astype(np.float32)
+  if np.issubdtype(ys.dtype, np.integer) and ys.dtype != np.int32:
+    ys = _host_copy(ys, np.int32)
+  elif np.issubdtype(ys.dtype, np.floating) and ys.dtype != np.float32:
+    ys = _host_copy(ys, np.float32)
   # device_put, not jnp.asarray: a host array is copied to the device without compiling a
-  # program per shape (jnp.asarray of a NumPy array compiles one)
+  # program per shape (jnp.asarray of a NumPy array compiles one); on CPU an array aligned
+  # like XLA's buffers (_host_zeros) is not even copied: the device array uses its memory
   return FederatedData(*jax.device_put((xs, ys, mask, sizes)))
+
+
+_ALIGN = 64   # bytes: XLA:CPU's buffer alignment (a host array so aligned is used in place)
+
+
+def _host_zeros(shape: tuple, dtype) -> np.ndarray:
+  """``np.zeros(shape, dtype)`` whose data start on a ``_ALIGN``-byte boundary: on CPU
+  ``jax.device_put`` uses such an array's memory instead of copying it (a padded dataset can
+  take gigabytes; the arrays built here are not written after ``device_put``). Zeroed lazily
+  by the allocator (calloc), like ``np.zeros``: the padding is never written."""
+  dtype = np.dtype(dtype)
+  if dtype.hasobject:
+    return np.zeros(shape, dtype)
+  nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+  raw = np.zeros(nbytes + _ALIGN, np.uint8)
+  start = -raw.ctypes.data % _ALIGN
+  return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _host_copy(a: np.ndarray, dtype) -> np.ndarray:
+  """``a.astype(dtype)`` in an aligned array (:func:`_host_zeros`)."""
+  out = _host_zeros(a.shape, dtype)
+  np.copyto(out, a, casting="unsafe")
+  return out
 
 
 def split_clients(client_indices: Sequence[np.ndarray], test_fraction: float,

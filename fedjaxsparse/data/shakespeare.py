@@ -41,6 +41,7 @@ Source for the team: LEAF; seed 001 chapter 3's "1,129 devices".
 """
 from __future__ import annotations
 
+import functools
 import glob
 import importlib.resources
 import os
@@ -121,12 +122,7 @@ def _read_plays(data_dir: str | None) -> dict[str, str]:
   """``{play: text}`` in play-name order, from the bundled archive (``data_dir=None``), a tar
   archive or a folder of ``*_gut.txt`` files."""
   if data_dir is None:
-    archive = importlib.resources.files(__package__).joinpath(PLAYS_ARCHIVE)
-    if not archive.is_file():
-      raise FileNotFoundError(f"the bundled {PLAYS_ARCHIVE} is missing from the installed "
-                              f"fedjaxsparse.data package (a broken install?); {HOW_TO_GET}")
-    with archive.open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
-      plays = _plays_in_tar(tar)
+    plays = dict(_bundled_plays())
     source = PLAYS_ARCHIVE
   elif not os.path.exists(data_dir):
     raise FileNotFoundError(f"{data_dir} does not exist; {HOW_TO_GET}")
@@ -146,6 +142,18 @@ def _read_plays(data_dir: str | None) -> dict[str, str]:
   if not plays:
     raise FileNotFoundError(f"no *_gut.txt plays found in {source}; {HOW_TO_GET}")
   return {k: plays[k] for k in sorted(plays)}
+
+
+@functools.lru_cache(maxsize=1)
+def _bundled_plays() -> tuple[tuple[str, str], ...]:
+  """``((play, text), ...)`` of the bundled archive, decompressed once per process (package
+  data, read-only: its xz stream takes a quarter of a second to decompress)."""
+  archive = importlib.resources.files(__package__).joinpath(PLAYS_ARCHIVE)
+  if not archive.is_file():
+    raise FileNotFoundError(f"the bundled {PLAYS_ARCHIVE} is missing from the installed "
+                            f"fedjaxsparse.data package (a broken install?); {HOW_TO_GET}")
+  with archive.open("rb") as f, tarfile.open(fileobj=f, mode="r:xz") as tar:
+    return tuple(_plays_in_tar(tar).items())
 
 
 def read_plays(data_dir: str | None = None) -> dict[str, str]:

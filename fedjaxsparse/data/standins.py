@@ -142,9 +142,17 @@ def blogfeedback_standin(num_clients: int = 554, seed: int = 0) -> FederatedData
   w = rng.normal(size=280) * (rng.random(280) < 0.2) * 20.0
 
   def rows(site):
-    x = np.clip(profile[site] + 0.15 * rng.normal(size=(len(site), 280)), 0, 1)
+    # clip(profile[site] + 0.15 z, 0, 1), in place (the same numbers, no temporaries the
+    # size of x)
+    x = rng.normal(size=(len(site), 280))
+    x *= 0.15
+    x += profile[site]
+    np.clip(x, 0, 1, out=x)
     y = np.maximum(0.0, x @ w - np.quantile(profile @ w, 0.5) + 15 * rng.standard_t(3, len(site)))
-    return np.c_[x, np.ones(len(site))].astype(np.float32), y.astype(np.float32)
+    out = np.empty((len(site), 281), np.float32)   # [x, 1] as float32
+    out[:, :280] = x
+    out[:, 280] = 1.0
+    return out, y.astype(np.float32)
 
   site = np.repeat(np.arange(num_clients), sizes)
   x, y = rows(site)

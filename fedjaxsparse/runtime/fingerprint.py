@@ -14,6 +14,7 @@ resume.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 from typing import Any, Callable
@@ -21,7 +22,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from fedjaxsparse.runtime.clients import traced_step
+from fedjaxsparse.runtime.clients import arg_signature, traced_step
 from fedjaxsparse.runtime.distributed import to_host
 
 DIGEST_SIZE = 16  # bytes; 128-bit BLAKE2b
@@ -64,6 +65,41 @@ def _canonical(value: Any) -> Any:
   return json.loads(json.dumps(value, sort_keys=True, default=repr))
 
 
+# Traces of the functions of recent runs: ``{(what, functions, argument types, tracing
+# configuration): result}``. A function traced at the same argument types gives the same jaxpr,
+# so runs of one algorithm (seeds, resumed and repeated runs) trace it once — as the runner
+# compiles their chunk once (its ``_CHUNKS``, keyed alike).
+_TRACES: collections.OrderedDict = collections.OrderedDict()
+_TRACES_KEPT = 32
+
+
+def _trace_context() -> Any:
+  try:
+    from jax._src import config as jax_config   # what jit's own caches are keyed on
+    return jax_config.trace_context()
+  except (ImportError, AttributeError):
+    return bool(jax.config.jax_enable_x64)
+
+
+def _traced(what: str, functions: tuple, args: tuple, compute: Callable[[], Any]) -> Any:
+  """``compute()``, kept for the same ``functions`` (by identity) at the same types of
+  ``args`` under the same tracing configuration."""
+  try:
+    key = (what, functions, arg_signature(args),
+           tuple(str(getattr(a, "sharding", None)) for a in jax.tree.leaves(args)),
+           _trace_context())
+    hash(key)
+  except TypeError:   # a function that cannot be a dictionary key
+    return compute()
+  if key in _TRACES:
+    _TRACES.move_to_end(key)
+    return _TRACES[key]
+  value = _TRACES[key] = compute()
+  while len(_TRACES) > _TRACES_KEPT:
+    _TRACES.popitem(last=False)
+  return value
+
+
 def run_fingerprint(algo: Any, init_key: jax.Array, params: Any, train: Any, test: Any, *,
                     run_id: list, eval_fn: Callable | None, params_fn: Callable,
                     eval_every: int, config: dict | None = None) -> dict:
@@ -72,18 +108,23 @@ def run_fingerprint(algo: Any, init_key: jax.Array, params: Any, train: Any, tes
   ``config`` adds caller-named components (e.g. an experiment's method name and options), so a
   refused resume can say *which* option changed rather than only that the algorithm did.
   """
-  state = jax.eval_shape(algo.init, init_key, params, train)
+  init_args = (init_key, params, train)
+  state = _traced("state", (algo.init,), init_args,
+                  lambda: jax.eval_shape(algo.init, *init_args))
   fp = {
       "seed (run key)": run_id,
-      "algorithm (init)": function_digest(algo.init, init_key, params, train),
-      "algorithm (step, with its hyper-parameters and model)": jaxpr_digest(
-          traced_step(algo.step, init_key, state, train)[0]),   # shared with choose_strategy
+      "algorithm (init)": _traced("init", (algo.init,), init_args,
+                                  lambda: function_digest(algo.init, *init_args)),
+      "algorithm (step, with its hyper-parameters and model)": _traced(
+          "step", (algo.step,), (init_key, state, train), lambda: jaxpr_digest(
+              traced_step(algo.step, init_key, state, train)[0])),  # shared with choose_strategy
       "initial model": tree_digest(params),
       "training data": tree_digest(train),
       "test data": tree_digest(test),
       "eval_every": int(eval_every),
-      "evaluation": (None if eval_fn is None else
-                     function_digest(lambda s, t: eval_fn(params_fn(s), t), state, test)),
+      "evaluation": (None if eval_fn is None else _traced(
+          "evaluation", (eval_fn, params_fn), (state, test), lambda: function_digest(
+              lambda s, t: eval_fn(params_fn(s), t), state, test))),
   }
   fp.update(config_components(config))
   return fp
