@@ -289,13 +289,22 @@ def quick(tmp_path, golden):
   return run
 
 
+# The holder loads FolderLock's own file without importing the package (its one import, the
+# error type, stubbed): a process start instead of the package's import time.
 _HOLDER = """
-import sys, time
-from fedjaxsparse.runtime.locking import FolderLock
-with FolderLock(sys.argv[1], purpose="test holder"):
+import importlib.util, sys, time, types
+errors = types.ModuleType("fedjaxsparse.errors")
+errors.LockedError = RuntimeError
+sys.modules["fedjaxsparse.errors"] = errors
+spec = importlib.util.spec_from_file_location("locking", sys.argv[2])
+locking = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(locking)
+with locking.FolderLock(sys.argv[1], purpose="test holder"):
   print("locked", flush=True)
   time.sleep(120)
 """
+_LOCKING = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "fedjaxsparse", "runtime", "locking.py")
 
 
 @pytest.fixture
@@ -305,8 +314,8 @@ def lock_holder():
   procs = []
 
   def hold(folder: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, folder], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, folder, _LOCKING],
+                            stdout=subprocess.PIPE, text=True)
     procs.append(proc)
     assert proc.stdout.readline().strip() == "locked"
     return proc

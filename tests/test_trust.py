@@ -9,8 +9,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import types
 import warnings
@@ -301,40 +299,6 @@ def test_compressor_applied_to_a_tree_of_another_size():
 # FolderLock's own code in the holder process, loaded from its file without importing the
 # package (jax, flax, orbax: seconds of start-up for a process that only sleeps); the one name
 # it imports from the package, LockedError, is raised only by a holder that did not get the lock
-_HOLDER = """
-import importlib.util, sys, time, types
-errors = types.ModuleType("fedjaxsparse.errors")
-errors.LockedError = RuntimeError
-sys.modules["fedjaxsparse.errors"] = errors
-spec = importlib.util.spec_from_file_location("locking", sys.argv[2])
-locking = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(locking)
-with locking.FolderLock(sys.argv[1], purpose="test holder"):
-  print("locked", flush=True)
-  time.sleep(120)
-"""
-
-
-@pytest.fixture
-def lock_holder():
-  """``hold(folder) -> Popen``: another process holding ``folder``'s lock with
-  :class:`fedjaxsparse.runtime.locking.FolderLock` (killed with SIGKILL at teardown, if the
-  test did not); conftest's fixture, started without importing the package."""
-  procs = []
-
-  def hold(folder: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, folder,
-                             fjs.runtime.locking.__file__], stdout=subprocess.PIPE, text=True)
-    procs.append(proc)
-    assert proc.stdout.readline().strip() == "locked"
-    return proc
-
-  yield hold
-  for proc in procs:
-    proc.kill()
-    proc.wait()
-
-
 def test_folder_lock_contention_names_the_owner_and_dies_with_it(ds, tmp_path, lock_holder):
   folder = str(tmp_path / "ckpt")
   proc = lock_holder(folder)
