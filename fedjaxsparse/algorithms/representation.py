@@ -62,12 +62,8 @@ __all__ = ["FedCRState", "FedSRState", "FedPACState", "RoundInfo", "fedcr", "fed
            "project_to_simplex", "simplex_qp", "features_in_batches", "L2R_FORMS"]
 
 
-class FedCRState(CohortState):
-  """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` of :func:`fedcr`: ``params``
-  (the global ``{"body", "head"}``; the head is the shared one only with ``share_head``),
-  ``clients`` (``{"head": personal heads}``, leaves ``[N, ...]``, plus ``"layers"``:
-  ``bool[N, L]`` with ``train_layers``), ``server`` (``(prior_mean, prior_std)``, ``[C, d]``
-  each: r(z|y)), ``server_opt_state``, ``round``."""
+class _HeadsState(CohortState):
+  """A cohort state whose client states hold personal heads (``clients["head"]``)."""
   __slots__ = ()
 
   @property
@@ -76,17 +72,26 @@ class FedCRState(CohortState):
     return self.clients["head"]
 
   @property
+  def personal(self) -> Any:
+    """Every client's model ``{"body": φ, "head": h_i}``, leaves ``[N, ...]``."""
+    return personal_models(self.params, self.heads)
+
+
+class FedCRState(_HeadsState):
+  """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` of :func:`fedcr`: ``params``
+  (the global ``{"body", "head"}``; the head is the shared one only with ``share_head``),
+  ``clients`` (``{"head": personal heads}``, leaves ``[N, ...]``, plus ``"layers"``:
+  ``bool[N, L]`` with ``train_layers``), ``server`` (``(prior_mean, prior_std)``, ``[C, d]``
+  each: r(z|y)), ``server_opt_state``, ``round``."""
+  __slots__ = ()
+
+  @property
   def prior_mean(self) -> jax.Array:
     return self.server[0]
 
   @property
   def prior_std(self) -> jax.Array:
     return self.server[1]
-
-  @property
-  def personal(self) -> Any:
-    """Every client's model ``{"body": φ, "head": h_i}``, leaves ``[N, ...]``."""
-    return personal_models(self.params, self.heads)
 
 
 class RoundInfo(NamedTuple):
@@ -512,7 +517,7 @@ def fedsr(model: SplitModel, lr: float | Schedule, *, l2r: float = 1e-3, cmi: fl
 # FedPAC
 
 
-class FedPACState(CohortState):
+class FedPACState(_HeadsState):
   """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` of :func:`fedpac`: ``params``
   (the global ``{"body", "head"}``; its head is unused), ``clients`` (``{"head": personal
   heads}``, leaves ``[N, ...]``), ``server`` (``(centroids [C, F], has_centroid bool[C])``:
@@ -521,22 +526,12 @@ class FedPACState(CohortState):
   __slots__ = ()
 
   @property
-  def heads(self) -> Any:
-    """Personal heads, leaves ``[N, ...]``."""
-    return self.clients["head"]
-
-  @property
   def centroids(self) -> jax.Array:
     return self.server[0]
 
   @property
   def has_centroid(self) -> jax.Array:
     return self.server[1]
-
-  @property
-  def personal(self) -> Any:
-    """Every client's model ``{"body": φ, "head": h_i}``, leaves ``[N, ...]``."""
-    return personal_models(self.params, self.heads)
 
 
 def project_to_simplex(v: jax.Array, valid: jax.Array | None = None) -> jax.Array:
