@@ -34,6 +34,12 @@ import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# One OpenBLAS thread (numpy's linear algebra, set before numpy is first imported; subprocesses
+# inherit it): with two xdist workers on two cores, OpenBLAS's second thread per worker only
+# spins while waiting for work (measured: an L-BFGS reference solve 3.7 -> 0.2 CPU-s, the LSTM
+# test's initialisation 4-12 -> 2 s). Results are unaffected: the tests compare against
+# tolerances, and the goldens are numbers of JAX programs, not of numpy's BLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 _EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 _FLAGS = ["--xla_backend_optimization_level=0", _EMITTERS,
           "--xla_cpu_parallel_codegen_split_count=1"]
