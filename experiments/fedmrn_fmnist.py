@@ -10,11 +10,13 @@ mean ± s.e.; the 4-conv + FC CNN with BatchNorm (:func:`fedjaxsparse.models.bn_
 ours); noise uniform ±1e-2 (FedMRN) and ±5e-3 (FedMRNS). The CPU default is a reduced,
 labelled protocol: fewer rounds, one local epoch, a narrow CNN, two learning rates, one seed.
 
-Methods (one epoch-based backbone, :func:`fedjaxsparse.algorithms.fedmrn.fedmrn`): FedAvg
-(dense updates), FedMRN, FedMRNS, and the backbone's update compressed once by SignSGD
-(stochastic binarisation), TernGrad, DRIVE, EDEN (Hadamard rotation) and Top-k at 97 %
-sparsity; FedSparsify (local magnitude pruning to 3 % during training, pruned models sent,
-``prune_to``) on the same backbone; FedPM (:mod:`fedjaxsparse.algorithms.fedpm`: masks over
+Methods (one epoch-based local protocol): FedMRN and FedMRNS
+(:func:`fedjaxsparse.algorithms.fedmrn.fedmrn`); FedAvg
+(:func:`fedjaxsparse.algorithms.fedavg.fedavg` with ``epochs=``, dense updates) and FedAvg's
+update compressed once by an ``uplink``: SignSGD (stochastic binarisation), TernGrad, DRIVE,
+EDEN (Hadamard rotation) and Top-k at 97 % sparsity; FedSparsify (FedAvg whose local model is
+pruned to its 3 % largest magnitudes after every step, ``local_prox``, and sent as a pruned
+model, ``upload_prox``); FedPM (:mod:`fedjaxsparse.algorithms.fedpm`: masks over
 the frozen random initial weights, its deployed model evaluated). Uplink bits per parameter are reported as the paper counts them (1 bpp; TernGrad
 1.585; Top-k's values only) and as sent (scalars, seeds, padding, Top-k's indices); "train s"
 is each final run's wall time, compilation included, for Fig. 6's cost of compressing
@@ -50,10 +52,12 @@ import functools
 import math
 
 import jax
+import optax
 import numpy as np
 
 from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.ops import noise_masks as M
+from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.algorithms.fedmrn import fedmrn
 from fedjaxsparse.algorithms.fedpm import fedpm
 from fedjaxsparse.data.fashion_mnist import STANDIN, default_dir, fashion_mnist
@@ -69,7 +73,7 @@ from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.models import bn_cnn, char_lstm, make_loss, mlp
 from fedjaxsparse.models.segmentation import bisenetv2, make_segmentation_eval_fn
 from fedjaxsparse.harness.protocol import PaperConfig
-from fedjaxsparse.ops.sparsity import gmp_sparsity, num_params
+from fedjaxsparse.ops.sparsity import gmp_sparsity, num_params, top_k
 
 NAME = "fedmrn_fmnist"
 DESCRIPTION = ("Seed 003 Table 1 (FMNIST; SVHN/CIFAR with tfds data): FedMRN/FedMRNS vs FedAvg "
@@ -90,8 +94,9 @@ SPLITS = {"iid": dict(partition="iid"), "niid1": dict(partition="dirichlet", alp
 METHODS = ("FedAvg", "FedPM", "FedSparsify", "SignSGD", "Top-k", "TernGrad", "DRIVE", "EDEN",
            "FedMRN", "FedMRNS")  # Table 1's rows
 EXTRA = ("FedSparsify-GMP",)  # seed 000's server-side FedSparsify, not in Table 1
-ABLATION = {  # Fig. 4 (B.8): the fedmrn options of each variant; the paper gives no numbers
-    "FedAvg": dict(masking="none"), "FedMRN": {},
+ABLATION = {  # Fig. 4 (B.8): the fedmrn options of each variant (None: Table 1's method);
+    # the paper gives no numbers
+    "FedAvg": None, "FedMRN": {},
     "FedMRN w/o SM": dict(stochastic=False), "FedMRN w/o PM": dict(progressive=False),
     "FedMRN w/o PSM": dict(stochastic=False, progressive=False),
     "FedAvg w. SM": dict(masking="post"), "SignSGD": None}
@@ -224,22 +229,33 @@ PAPERS = {
         "resized to 512x512 (FedSeg crops); no auxiliary (booster) heads")}
 
 
+def _keep_largest(d: int):
+  """FedSparsify's local pruning as the FedMRN paper uses it: the model keeps its
+  ``⌈0.03·d⌉`` largest magnitudes (global Top-K, 97 % sparsity), a prox of FedAvg's client."""
+  k = math.ceil(0.03 * d)
+  return lambda tree, step: top_k(tree, k)
+
+
 def _specs(opts: dict, rounds: int) -> dict:
-  """The study's methods: name -> ("fedpm" | fedmrn keyword arguments, or a Compressor
-  factory ``d -> Compressor`` under "uplink")."""
+  """The study's methods: name -> (constructor, keyword arguments). The dense baselines are
+  FedAvg (``fedavg`` with the same epoch protocol); a keyword value under "uplink",
+  "local_prox" or "upload_prox" is a factory ``d -> value`` (a Compressor, a prox)."""
   top = lambda d: C.top_k(d, math.ceil(0.03 * d))
-  table = {"FedAvg": dict(masking="none"), "FedPM": "fedpm",
-           "FedSparsify": dict(masking="none", prune_to=lambda d: math.ceil(0.03 * d)),
-           "FedSparsify-GMP": dict(masking="none", server_sparsity=functools.partial(
+  table = {"FedAvg": ("fedavg", {}), "FedPM": ("fedpm", {}),
+           # pruned after every local step; the pruned *model* is uploaded, charged by its
+           # non-zeros under the cheapest encoding (the paper counts the values only)
+           "FedSparsify": ("fedavg", dict(local_prox=_keep_largest, upload_prox=_keep_largest,
+                                          encoding="auto")),
+           "FedSparsify-GMP": ("fedavg", dict(server_sparsity=functools.partial(
                gmp_sparsity, final=0.97, begin=0,
-               end=max(1, round(opts["gmp_end"] * rounds)))),
-           "SignSGD": dict(masking="none", uplink=C.stochastic_sign),
-           "Top-k": dict(masking="none", uplink=top),
-           "TernGrad": dict(masking="none", uplink=C.terngrad),
-           "DRIVE": dict(masking="none", uplink=C.drive),
-           "EDEN": dict(masking="none", uplink=C.eden),
-           "FedMRN": dict(noise_scale=opts["noise"]),
-           "FedMRNS": dict(noise_scale=opts["noise"] / 2, signed=True)}
+               end=max(1, round(opts["gmp_end"] * rounds))))),
+           "SignSGD": ("fedavg", dict(uplink=C.stochastic_sign)),
+           "Top-k": ("fedavg", dict(uplink=top)),
+           "TernGrad": ("fedavg", dict(uplink=C.terngrad)),
+           "DRIVE": ("fedavg", dict(uplink=C.drive)),
+           "EDEN": ("fedavg", dict(uplink=C.eden)),
+           "FedMRN": ("fedmrn", dict(noise_scale=opts["noise"])),
+           "FedMRNS": ("fedmrn", dict(noise_scale=opts["noise"] / 2, signed=True))}
   if opts["study"] == "table1":
     names = name_list(opts["methods"], "methods", METHODS + EXTRA)
     return {m: table[m] for m in names}
@@ -247,26 +263,25 @@ def _specs(opts: dict, rounds: int) -> dict:
     names = name_list(opts["methods"], "methods", METHODS + EXTRA)
     return {m: table[m] for m in TABLE3 if m in names}
   if opts["study"] == "ablation":
-    return {m: table[m] if kw is None else {"noise_scale": opts["noise"], **kw}
+    return {m: table[m] if kw is None else ("fedmrn", {"noise_scale": opts["noise"], **kw})
             for m, kw in ABLATION.items()}
   specs = {"FedAvg": table["FedAvg"]}
   for dist in name_list(opts["distributions"], "distributions", M.DISTRIBUTIONS):
     for a in opts["noise_grid"]:
-      specs[f"FedMRN {dist} α={a:g}"] = dict(noise_scale=a, distribution=dist)
-      specs[f"FedMRNS {dist} α={a / 2:g}"] = dict(noise_scale=a / 2, distribution=dist,
-                                                  signed=True)
+      specs[f"FedMRN {dist} α={a:g}"] = ("fedmrn", dict(noise_scale=a, distribution=dist))
+      specs[f"FedMRNS {dist} α={a / 2:g}"] = ("fedmrn", dict(
+          noise_scale=a / 2, distribution=dist, signed=True))
   return specs
 
 
 def _algorithm(spec, loss, lr: float, d: int, opts: dict):
+  kind, kw = spec
+  kw = {k: v(d) if k in ("uplink", "local_prox", "upload_prox") else v for k, v in kw.items()}
   common = dict(epochs=opts["epochs"], batch_size=opts["batch"], cohort_size=opts["cohort"])
-  if spec == "fedpm":
+  if kind == "fedpm":
     return fedpm(loss, lr, **common)
-  kw = dict(spec)
-  if "uplink" in kw:
-    kw["uplink"] = kw["uplink"](d)
-  if "prune_to" in kw:
-    kw["prune_to"] = kw["prune_to"](d)
+  if kind == "fedavg":   # the paper's plain local SGD
+    return fedavg(loss, optax.sgd(lr), **kw, **common)
   return fedmrn(loss, lr, **kw, **common)
 
 

@@ -44,7 +44,9 @@ import optax
 
 from fedjaxsparse.ops import flops as FL
 from fedjaxsparse.ops import masks as MK
+from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.algorithms.ditto import ditto, local
+from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.algorithms.fedspa import fedspa
 from fedjaxsparse.algorithms.subfedavg import subfedavg
 from fedjaxsparse.data.federated import federate
@@ -210,7 +212,7 @@ def _paper_model(kind: str, shape, classes: int):
   return mlp(shape, classes, hidden=(64,))
 
 
-def _algorithm(name: str, model, loss, lr: float, opts: dict, rounds: int, zigs=None):
+def _algorithm(name: str, model, loss, lr: float, opts: dict, rounds: int, d: int, zigs=None):
   lr = optax.exponential_decay(lr, 1, opts["lr_decay"])   # η_t = lr·lr_decay^t of the round
   common = dict(batch_size=opts["batch"], cohort_size=opts["cohort"],
                 weight_decay=opts["weight_decay"])
@@ -227,14 +229,22 @@ def _algorithm(name: str, model, loss, lr: float, opts: dict, rounds: int, zigs=
                      target_sparsity=s, dist_threshold=1e-4 if e > 1 else 0.0,
                      structure="hybrid" if hybrid else "unstructured",
                      zigs=zigs if hybrid else None, **common)
+  if name in ("FedAvg", "Subsampling"):
+    # FedAvg: the same local protocol (plain SGD with weight decay at η_t), uniform weights
+    # 1/S (FedSpa's Eq. 4; the paper does not say how its FedAvg weighs). Subsampling
+    # (Konečný et al., 2016): a fresh random half of every update, unscaled, its positions
+    # regenerated from a seed (values and a seed uploaded; keep ratio 0.5 inferred from the
+    # paper's 0.75× comm, no rescaling in its text)
+    wd = opts["weight_decay"]
+    sgd = lambda t: optax.chain(optax.add_decayed_weights(wd), optax.sgd(lr(t)))
+    up = C.scaled_rand_k(d, round(0.5 * d), seeded=True) if name == "Subsampling" else None
+    return fedavg(loss, sgd, epochs=e, batch_size=opts["batch"], cohort_size=opts["cohort"],
+                  weighting="uniform", uplink=up)
   spa = dict(num_rounds=rounds, epochs=e, distribution=opts["init"],
              shared_init=opts["shared_init"], regrowth=opts["regrowth"], **common)
   if name == "FedSpa (DST)":
     return fedspa(loss, lr, sparsity=s, search="dst", **spa)
-  if name == "FedSpa (RSM)":
-    return fedspa(loss, lr, sparsity=s, search="rsm", **spa)
-  return fedspa(loss, lr, sparsity=0.0, search="rsm",
-                subsample=0.5 if name == "Subsampling" else None, **spa)
+  return fedspa(loss, lr, sparsity=s, search="rsm", **spa)
 
 
 def _eval_fn(name: str, model):
@@ -302,7 +312,9 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
   with each client's model on its own test set."""
   model, loss = ctx.extra["model"], ctx.extra["loss"]
   zigs = ctx.extra["zigs"]
-  return {m: Method(lambda lr, run, m=m: (_algorithm(m, model, loss, lr, opts, run.rounds, zigs),
+  d = num_params(ctx.params)
+  return {m: Method(lambda lr, run, m=m: (_algorithm(m, model, loss, lr, opts, run.rounds, d,
+                                                     zigs),
                                           _eval_fn(m, model)),
                     opts["lrs"], label=lambda lr: f"lr={lr:g}", params_fn=lambda st: st)
           for m in name_list(opts["methods"], "methods", METHODS + EXTRA)}

@@ -64,9 +64,17 @@ def _family(name: str, client_optimizer=None, **kw):
                       **kw)
   if name == "fedcr":    # a server part: the global class distributions
     return fjs.fedcr(_split_model(), 0.1, samples=1, epochs=1, batch_size=64, **kw)
+  if name == "fedpm":    # mask probabilities over the frozen weights (the global model)
+    return fjs.fedpm(loss, _lr(name), epochs=1, batch_size=64, **kw)
   if name == "fedmrn":   # learned masks over ±0.1 noise
     return fjs.fedmrn(loss, 0.1, epochs=1, batch_size=64, noise_scale=0.1, **kw)
   raise KeyError(name)
+
+
+def _lr(family: str) -> float:
+  """The family's local step size: 0.1, but FedPM's score steps are large (a sampled mask
+  changes only where a score moves far)."""
+  return 10.0 if family == "fedpm" else 0.1
 
 
 def _layerwise(compressor):
@@ -96,7 +104,17 @@ def _params(family: str | None):
   the softmax regression of the others)."""
   if family in ("fedsr", "fedcr", "fedpac"):
     return _split_model(family != "fedpac").init(jax.random.key(0))
+  if family == "fedpm":   # FedPM masks frozen *random* weights (the regression starts at 0)
+    return _random_weights()
   return _setup()[3]
+
+
+@functools.lru_cache(maxsize=None)
+def _random_weights():
+  w = _setup()[3]
+  keys = jax.random.split(jax.random.key(2), len(jax.tree.leaves(w)))
+  return jax.tree.unflatten(jax.tree.structure(w), [
+      0.1 * jax.random.normal(k, a.shape, a.dtype) for k, a in zip(keys, jax.tree.leaves(w))])
 
 
 def _dim(family: str | None) -> int:
@@ -104,13 +122,14 @@ def _dim(family: str | None) -> int:
 
 
 FAMILIES = ("fedavg", "ditto", "fedspa", "subfedavg", "fml", "fedsr", "fedp3", "fedmrn", "fedcr",
-            "fedpac")
+            "fedpac", "fedpm")
 NO_WEIGHTING = ("subfedavg", "fedp3")   # per-coordinate / per-layer means over the keepers
-SGD_CLIENTS = ("ditto", "fedspa", "subfedavg", "fedmrn")   # the papers' plain SGD by default
+SGD_CLIENTS = ("ditto", "fedspa", "subfedavg", "fedmrn", "fedpm")   # the papers' plain SGD by default
 # Sub-FedAvg uploads its mask beside its model (the masked mean reads it); FedMRN's mask is
-# already one bit per entry (its dense backbone, masking="none", takes an uplink: test_fedmrn)
+# already one bit per entry (the paper's compressor baselines are FedAvg with an uplink), and so
+# is FedPM's sampled mask
 # FedCR and FedPAC upload class statistics beside their bodies
-NO_UPLINK = ("subfedavg", "fedmrn", "fedcr", "fedpac")
+NO_UPLINK = ("subfedavg", "fedmrn", "fedcr", "fedpac", "fedpm")
 D = 64 * 10 + 10
 
 
@@ -198,10 +217,10 @@ def test_identity_uplink_unit_server_sgd_and_full_sampler_reduce_to_the_plain_ro
     variants["identity uplink"] = _family(family, cohort_size=None,
                                           uplink=fjs.compressors.identity(_dim(family)))
   if family in SGD_CLIENTS:
-    variants["client sgd(lr)"] = _family(family, client_optimizer=optax.sgd(0.1),
+    variants["client sgd(lr)"] = _family(family, client_optimizer=optax.sgd(_lr(family)),
                                          cohort_size=None)
-    variants["client momentum"] = _family(family, client_optimizer=optax.sgd(0.1, momentum=0.9),
-                                          cohort_size=None)
+    variants["client momentum"] = _family(
+        family, client_optimizer=optax.sgd(_lr(family), momentum=0.9), cohort_size=None)
   out = dict(zip(variants, _one_round_each(list(variants.values()), family)))
   plain_state, plain = out["plain"]
   if "identity uplink" in out:
@@ -216,8 +235,9 @@ def test_identity_uplink_unit_server_sgd_and_full_sampler_reduce_to_the_plain_ro
   if family in SGD_CLIENTS:
     _assert_same(out["client sgd(lr)"][0], plain_state,
                  f"{family}: client_optimizer=optax.sgd(lr)")
-    assert not np.array_equal(np.asarray(out["client momentum"][0].params["w"]),
-                              np.asarray(plain_state.params["w"])), family
+    # the model field (FedPM's θ; its deployed ``params`` is θ thresholded)
+    assert not np.array_equal(np.asarray(out["client momentum"][0][0]["w"]),
+                              np.asarray(plain_state[0]["w"])), family
 
 
 def test_fedavgs_client_optimizer_sgd_is_the_papers_plain_sgd():

@@ -1,9 +1,12 @@
 """FedMRN / FedMRNS (seed 003 Algorithm 1): exact uplink bits, the global update inside the
-convex hull of the participants' masked noise, the server's regenerated noise, the vmapped
-kernel against a per-client Python loop of the same mathematics (unequal S_k), and learning."""
+convex hull of the participants' masked noise, the server's regenerated noise, and learning;
+the paper's dense baselines (FedAvg with the same epoch protocol, an uplink, local pruning,
+server-side pruning): the vmapped kernel against a per-client Python loop of the same
+mathematics (unequal S_k)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedjaxsparse as fjs
@@ -18,7 +21,7 @@ def setup():
 
 # The learning test's configurations (lr 0.3, E = 2, B = 16, K = 3, noise ±0.1): the other
 # tests check their invariants on the same algorithms, so each round compiles once per module.
-VARIANTS = {"FedAvg": dict(masking="none"), "FedMRN": {},
+VARIANTS = {"FedAvg": None, "FedMRN": {},   # None: FedAvg with the same epoch protocol
             "FedMRNS": dict(signed=True, noise_scale=0.05),
             "w/o PSM": dict(stochastic=False, progressive=False),
             "FedAvg w. SM": dict(masking="post")}
@@ -31,8 +34,9 @@ def variants(setup):
   _, _, loss, _ = setup
   out = {}
   for name, kw in VARIANTS.items():
-    algo = fjs.fedmrn(loss, LR, epochs=EPOCHS, batch_size=BATCH, cohort_size=COHORT,
-                      **{"noise_scale": 0.1, **kw})
+    common = dict(epochs=EPOCHS, batch_size=BATCH, cohort_size=COHORT)
+    algo = (fjs.fedavg(loss, optax.sgd(LR), **common) if kw is None else
+            fjs.fedmrn(loss, LR, **common, **{"noise_scale": 0.1, **kw}))
     out[name] = (algo, jax.jit(algo.step))
   return out
 
@@ -82,20 +86,20 @@ def test_bits_and_the_update_inside_the_hull_of_the_masked_noise(setup, variants
 
 
 def _loop_round(loss, w, data, key, lr, epochs, batch, cohort):
-  """The same round, one client at a time in Python (masking="none": the FedAvg backbone)."""
+  """The same FedAvg round (epoch protocol, plain SGD), one client at a time in Python."""
   @jax.jit
   def participants(key):   # the cohort, each one's shuffling key and its number of steps S_k
     k_cohort, k_clients, _ = jax.random.split(key, 3)
     ids = fjs.sampling.sample_cohort(k_cohort, data.num_clients, cohort)
-    k_order = [jax.random.split(jax.random.fold_in(k, 1), 3)[0]   # the client's training keys
+    k_order = [jax.random.split(k)[0]   # the client's shuffling key
                for k in fjs.sampling.client_keys(k_clients, ids)]
     return ids, k_order, fjs.ops.local.epoch_steps(data.num_examples[ids], batch, epochs)
 
   @jax.jit
-  def sgd_step(u, k_order, row, t):
+  def sgd_step(v, k_order, row, t):
     x, y, m = fjs.ops.local.epoch_minibatch(k_order, row, batch, t)
-    g = jax.grad(lambda v: loss(jax.tree.map(jnp.add, w, v), x, y, m))(u)
-    return jax.tree.map(lambda a, g: a - lr * g, u, g)
+    g = jax.grad(loss)(v, x, y, m)
+    return jax.tree.map(lambda a, g: a - lr * g, v, g)
 
   ids, k_orders, steps = participants(key)
   ids, steps = np.asarray(ids), np.asarray(steps)
@@ -104,17 +108,17 @@ def _loop_round(loss, w, data, key, lr, epochs, batch, cohort):
   total = jax.tree.map(lambda a: np.zeros(a.shape), w)
   for i, k_order, s_k in zip(ids, k_orders, steps):
     row = jax.tree.map(lambda a: a[i], rows)
-    u = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), w)
+    v = w
     for t in range(int(s_k)):
-      u = sgd_step(u, k_order, row, np.int32(t))
-    total = jax.tree.map(lambda s, a: s + np.asarray(a) * rows.num_examples[i] / sizes.sum(),
-                         total, u)
+      v = sgd_step(v, k_order, row, np.int32(t))
+    total = jax.tree.map(lambda s, a, b: s + (np.asarray(a) - np.asarray(b))
+                         * rows.num_examples[i] / sizes.sum(), total, v, w)
   return jax.tree.map(lambda a, b: np.asarray(a) + b, w, total)
 
 
 def test_vmapped_round_equals_a_per_client_loop(setup, variants):
-  """Unequal clients (S_k differ) in one vmapped kernel = a Python loop over clients (the
-  FedAvg backbone of the learning test)."""
+  """Unequal clients (S_k differ) in one vmapped kernel = a Python loop over clients (FedAvg
+  with the epoch protocol, the learning test's dense baseline)."""
   ds, _, loss, w0 = setup
   data = ds.train
   algo, step = variants["FedAvg"]
@@ -130,7 +134,7 @@ def test_vmapped_round_equals_a_per_client_loop(setup, variants):
 def test_fedmrn_and_its_ablations_learn(setup, variants):
   """Masked 1-bit uplinks still train: after 15 rounds every variant's test accuracy is well
   above chance (noise ±0.1: a linear model's weights must move by O(1), and a round moves
-  each by at most the noise scale, so they trail the FedAvg backbone after 15 rounds)."""
+  each by at most the noise scale, so they trail dense FedAvg after 15 rounds)."""
   ds, model, _, w0 = setup
   accs = {}
   accuracy = jax.jit(lambda p: fjs.evaluation.evaluate(model, p, ds.test)["accuracy"])
@@ -153,32 +157,36 @@ def test_bad_arguments(setup):
 
 
 def test_post_training_compressors_on_the_same_backbone(setup):
-  """masking="none" + uplink: the backbone's updates compressed once (here TernGrad) and
-  charged by the compressor's bits; an uplink needs the uncompressed backbone."""
+  """The paper's post-training compressors: FedAvg (epoch protocol) with an uplink, each
+  update compressed once (here TernGrad) and charged by the compressor's bits; FedMRN's
+  upload is already a 1-bit mask and takes no uplink."""
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
-  algo = fjs.fedmrn(loss, 0.1, epochs=1, batch_size=16, cohort_size=2, masking="none",
+  algo = fjs.fedavg(loss, optax.sgd(0.1), epochs=1, batch_size=16, cohort_size=2,
                     uplink=fjs.compressors.terngrad(d))
   _, info = jax.jit(algo.step)(jax.random.key(0), algo.init(None, w0, ds.train), ds.train)
   assert float(info.bits_up) == pytest.approx(2 * fjs.compressors.terngrad(d).bits(d))
-  with pytest.raises(ValueError, match="uplink"):
+  with pytest.raises(TypeError, match="uplink"):
     fjs.fedmrn(loss, 0.1, uplink=fjs.compressors.terngrad(d))
+  with pytest.raises(ValueError, match="epochs"):
+    fjs.fedavg(loss, optax.sgd(0.1), epochs=2)   # the epoch protocol needs a batch size
 
 
 def test_fedsparsify_uploads_pruned_models(setup):
-  """FedSparsify (seed 003's meaning): every participant's local model is pruned to k
-  non-zeros, so the new global model — their data-weighted average — has at most c·k
+  """FedSparsify (the FedMRN paper's meaning) as FedAvg: every participant's local model is
+  pruned to k non-zeros after every step (``local_prox``) and uploaded as a model
+  (``upload_prox``), so the new global model — their data-weighted average — has at most c·k
   non-zeros, and each upload is charged by its own non-zeros (≤ k)."""
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
   k = max(1, int(0.03 * d))
-  algo = fjs.fedmrn(loss, 0.1, epochs=1, batch_size=16, cohort_size=3, masking="none", prune_to=k)
+  keep = lambda tree, step: fjs.sparsity.top_k(tree, k)
+  algo = fjs.fedavg(loss, optax.sgd(0.1), epochs=1, batch_size=16, cohort_size=3,
+                    local_prox=keep, upload_prox=keep, encoding="auto")
   new, info = jax.jit(algo.step)(jax.random.key(0), algo.init(None, w0, ds.train), ds.train)
   nnz = sum(int(np.sum(np.asarray(a) != 0)) for a in jax.tree.leaves(new.params))
   assert 0 < nnz <= 3 * k
   assert float(info.bits_up) <= 3 * fjs.accounting.sparse_bits(k, d) + 1e-3
-  with pytest.raises(ValueError, match="prune_to"):
-    fjs.fedmrn(loss, 0.1, prune_to=k)
 
 
 def _top_k(tree, k):
@@ -198,14 +206,13 @@ def test_server_side_fedsparsify_follows_the_cubic_schedule(setup, variants):
   """FedSparsify (seed 000's meaning): after round t the global model is the dense round's
   aggregate pruned to its k_t = round((1 − s_t)·d) largest magnitudes, s_t the cubic GMP
   ramp; the next round's downlink is charged by its non-zeros; a schedule at 0 is FedAvg
-  bitwise (the dense rounds: the learning test's FedAvg backbone)."""
+  bitwise (the dense rounds: the learning test's FedAvg)."""
   ds, _, loss, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
   sched = lambda t: fjs.sparsity.gmp_sparsity(t, 0.9, begin=1, end=4)
-  kw = dict(epochs=EPOCHS, batch_size=BATCH, cohort_size=COHORT, masking="none",
-            noise_scale=0.1)
+  kw = dict(epochs=EPOCHS, batch_size=BATCH, cohort_size=COHORT)
   dense, dense_step = variants["FedAvg"]
-  algo = fjs.fedmrn(loss, LR, server_sparsity=sched, **kw)
+  algo = fjs.fedavg(loss, optax.sgd(LR), server_sparsity=sched, **kw)
   state, step = algo.init(None, w0, ds.train), jax.jit(algo.step)
   sparsity, message_bits = jax.jit(sched), jax.jit(fjs.accounting.message_bits)
   for t in range(6):
@@ -218,7 +225,7 @@ def test_server_side_fedsparsify_follows_the_cubic_schedule(setup, variants):
     assert float(info.bits_down) == pytest.approx(3 * float(message_bits(prev.params)))
   nnz = sum(int(np.sum(np.asarray(a) != 0)) for a in jax.tree.leaves(state.params))
   assert nnz == fjs.sparsity.k_from_sparsity(d, 0.9)
-  zero = fjs.fedmrn(loss, LR, server_sparsity=lambda t: 0.0, **kw)
+  zero = fjs.fedavg(loss, optax.sgd(LR), server_sparsity=lambda t: 0.0, **kw)
   a = dense_step(jax.random.key(5), dense.init(None, w0, ds.train), ds.train)[0]
   b = jax.jit(zero.step)(jax.random.key(5), zero.init(None, w0, ds.train), ds.train)[0]
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):

@@ -9,6 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import fedjaxsparse as fjs
@@ -212,19 +213,31 @@ def test_dst_personalises_under_label_skew(setup):
 
 
 def test_subsampling_uplink_and_its_ledgers(setup):
-  """Subsampling (sparsity 0, a fresh random half of every update): the paper's ledger
-  charges 32 bits per kept value (exactly S·32·⌊d/2⌋ up, S·32·d down: 0.75× FedAvg), the
-  honest one adds the positions."""
-  ds, _, loss, w0 = setup
+  """Subsampling (the paper's baseline: FedAvg whose every update keeps a fresh random half,
+  its positions regenerated from a seed): S·(32·⌊d/2⌋ + 32) bits up, S·32·d down — 0.75× of
+  FedAvg's comm up to the seeds; exactly ⌊d/2⌋ non-zeros reach the server from each client
+  (a linear loss moves every coordinate), and with positions sent instead the honest ledger
+  adds them."""
+  ds, _, _, w0 = setup
   d = sum(a.size for a in jax.tree.leaves(w0))
-  sub = fjs.fedspa(loss, 0.1, num_rounds=3, sparsity=0.0, search="rsm", epochs=1, batch_size=16,
-                   cohort_size=3, subsample=0.5)
-  _, info = jax.jit(sub.step)(jax.random.key(0), sub.init(None, w0, ds.train), ds.train)
-  assert float(info.paper_bits_up) == 3 * 32 * (d // 2)
-  assert float(info.paper_bits_down) == 3 * 32 * d
-  assert float(info.bits_up) == 3 * fjs.accounting.sparse_bits(d // 2, d)
-  assert (float(info.paper_bits_up) + float(info.paper_bits_down)) / (2 * 3 * 32 * d) \
+  assert d % 2 == 0
+  c = _linear_coefficients(w0, 0.5, 1.5)
+  loss = lambda p, x, y, m: sum(jnp.sum(ci * pi) for ci, pi in
+                                zip(jax.tree.leaves(c), jax.tree.leaves(p)))
+  kw = dict(epochs=1, batch_size=16, cohort_size=1)
+  sub = fjs.fedavg(loss, optax.sgd(0.1), uplink=fjs.compressors.scaled_rand_k(
+      d, d // 2, seeded=True), **kw)
+  state = sub.init(None, w0, ds.train)
+  new, info = jax.jit(sub.step)(jax.random.key(0), state, ds.train)
+  moved = sum(int(np.sum(np.asarray(a) != np.asarray(b)))
+              for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(w0)))
+  assert moved == d // 2
+  assert float(info.bits_up) == 32 * (d // 2) + fjs.accounting.SEED_BITS
+  assert float(info.bits_down) == 32 * d
+  assert (float(info.bits_up) + float(info.bits_down)) / (2 * 32 * d) \
       == pytest.approx(0.75, abs=1 / d)
+  positions = fjs.compressors.scaled_rand_k(d, d // 2)
+  assert positions.bits(d) == fjs.accounting.sparse_bits(d // 2, d) > 32 * (d // 2) + 32
 
 
 def test_bad_arguments(setup):
@@ -251,7 +264,9 @@ def test_rescaled_subsampling_is_unbiased(setup):
   kw = dict(num_rounds=3, sparsity=0.0, search="rsm", epochs=1, batch_size=16,
             cohort_size=None)
   exact = fjs.fedspa(loss, 0.05, **kw)
-  sub = fjs.fedspa(loss, 0.05, subsample=0.3, rescale=True, **kw)
+  d = sum(a.size for a in jax.tree.leaves(w0))
+  sub = fjs.fedspa(loss, 0.05, uplink=fjs.compressors.rand_k(d, round(0.3 * d), seeded=True),
+                   **kw)
   state = exact.init(None, w0, ds.train)
   r = 400
 

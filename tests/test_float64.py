@@ -57,7 +57,7 @@ BUILDERS = {
                                            batch_size=4, cohort_size=3),
     "FedSpa": lambda loss, model, w0: fjs.fedspa(
         loss, 0.1, num_rounds=3, sparsity=0.5, epochs=1, batch_size=4, cohort_size=3,
-        subsample=0.5),
+        uplink=fjs.compressors.scaled_rand_k(_d(w0), _d(w0) // 2, seeded=True)),
     "FedMRN": lambda loss, model, w0: fjs.fedmrn(loss, 0.1, epochs=1, batch_size=4,
                                                  cohort_size=3),
     "FedPM": lambda loss, model, w0: fjs.fedpm(loss, 0.1, epochs=1, batch_size=4,

@@ -87,11 +87,10 @@ import optax
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops.aggregation import weighted_mean
+from fedjaxsparse.ops.aggregation import WEIGHTINGS, client_weights, weighted_mean
 from fedjaxsparse.ops.proxes import Prox
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys
+from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.sparsity import magnitude_prune
-from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import map_clients
 
 __all__ = ["ClientUpdate", "CohortInfo", "CohortState", "ServerPart", "cohort_round",
@@ -229,6 +228,68 @@ def masked_mean(messages: Any, weights: jax.Array, params: Any) -> Any:
   return jax.tree.map(one, params, messages["model"], messages["mask"])
 
 
+_WEIGHTINGS = WEIGHTINGS + ("sampling",)
+
+
+class _Cohort(NamedTuple):
+  """One round's cohort of static length ``m``: ``ids int32[m]``, ``member [m]`` (1 for a real
+  member, 0 for a sampler's padding entry, which repeats a member), ``sampling_weights [m]``
+  (``1/(n p_i)`` of a sampler, 0 for padding; ones for uniform cohorts) and ``data``, the
+  cohort's rows of the federated data."""
+  ids: jax.Array
+  member: jax.Array
+  sampling_weights: jax.Array
+  data: FederatedData
+
+  @property
+  def size(self) -> jax.Array:
+    """The number of real members (a float scalar: samplers' cohorts vary in size)."""
+    return jnp.sum(self.member)
+
+
+def _check_options(cohort_size: int | None, sampler: Any, weighting: str) -> None:
+  """Rejects contradicting cohort options with a message naming them."""
+  if sampler is not None and cohort_size is not None:
+    raise ValueError("give either cohort_size (uniform cohorts) or sampler, not both.")
+  if weighting not in _WEIGHTINGS:
+    raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}.")
+  if weighting == "sampling" and sampler is None:
+    raise ValueError("weighting='sampling' needs a sampler (its marginals give 1/(n p_i)).")
+
+
+def _draw(key: jax.Array, data: FederatedData, cohort_size: int | None,
+          sampler: Any) -> _Cohort:
+  """This round's cohort: a uniform sample of ``cohort_size`` distinct clients (all clients for
+  ``None``), or ``sampler.sample(key)``."""
+  if sampler is None:
+    ids = sample_cohort(key, data.num_clients, cohort_size)
+    ones = jnp.ones(ids.shape, float_dtype())
+    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
+    return _Cohort(ids, ones, ones, cdata)
+  drawn = sampler.sample(key)
+  return _Cohort(drawn.ids, drawn.mask.astype(float_dtype()),
+                 drawn.weights.astype(float_dtype()), data.select(drawn.ids))
+
+
+def _weights(cohort: _Cohort, weighting: str) -> jax.Array:
+  """Aggregation weights ``[m]``: ``"num_examples"`` (n_i / Σ n_j over members),
+  ``"uniform"`` (1/|S|) or ``"sampling"`` (``1/(n p_i)``); padding entries get 0."""
+  if weighting == "sampling":
+    return cohort.sampling_weights
+  return client_weights(cohort.data.num_examples, weighting, cohort.member)
+
+
+def _server_update(params: Any, opt_state: Any, delta: Any,
+                   server_optimizer: optax.GradientTransformation | None) -> tuple[Any, Any]:
+  """``params + delta`` (no server optimizer), else the optax step on the pseudo-gradient
+  ``−delta`` (FedOpt: FedAdam, FedYogi, server momentum, ...)."""
+  if server_optimizer is None:
+    return jax.tree.map(jnp.add, params, delta), opt_state
+  updates, opt_state = server_optimizer.update(jax.tree.map(jnp.negative, delta), opt_state,
+                                               params)
+  return optax.apply_updates(params, updates), opt_state
+
+
 def _member_mean(member: jax.Array, values: jax.Array) -> jax.Array:
   """The mean of ``values [m]`` over the cohort's members."""
   return jnp.sum(member * values) / jnp.sum(member)
@@ -272,7 +333,7 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
     (size buckets, :func:`fedjaxsparse.runtime.clients.auto_layout`) when every client takes
     part every round and ``client.bucketable``.
   """
-  cohorts.check_options(cohort_size, sampler, weighting)
+  _check_options(cohort_size, sampler, weighting)
   if not isinstance(client, ClientUpdate):
     raise TypeError(f"client must be a ClientUpdate, got {type(client).__name__}.")
   if not callable(aggregate):
@@ -292,13 +353,15 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
     check_cohort_size(cohort_size, data.num_clients)
     states = client.init(key, params, data.num_clients)
     extra = () if client.server is None else client.server.init(params, data.num_clients)
-    return state_type(params, states, cohorts.server_init(params, server_optimizer),
+    return state_type(params, states, (server_optimizer or optax.identity()).init(params),
                       jnp.zeros((), jnp.int32), extra)
 
   def step(key, state: CohortState, data: FederatedData):
     k_cohort, k_clients, k_uplink = jax.random.split(key, 3)
-    cohort = cohorts.draw(k_cohort, data, cohort_size, sampler)
-    ids, params, t = cohort.ids, state.params, state.round
+    cohort = _draw(k_cohort, data, cohort_size, sampler)
+    # the model field itself (a state type may expose another model as ``params``: FedPM's
+    # deployed mask of its frozen weights)
+    ids, params, t = cohort.ids, tuple.__getitem__(state, 0), state.round
     full = ids.shape[0] == data.num_clients and sampler is None   # ids = arange(N)
     stateful = bool(jax.tree.leaves(state.clients))
     old = (state.clients if full or not stateful else
@@ -307,11 +370,12 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
     messages, new, metrics = map_clients(
         lambda s, k, d: client.update(k, broadcast, s, d, t), cohort.data, old,
         client_keys(k_clients, ids))
-    messages = cohorts.upload(k_uplink, cohort, messages, uplink)
-    weights = cohorts.weights(cohort, weighting)
+    if uplink is not None:   # each member's own key: fold_in of its id
+      messages = jax.vmap(uplink.compress)(client_keys(k_uplink, ids), messages)
+    weights = _weights(cohort, weighting)
     delta = aggregate(messages, weights, params)
-    new_params, opt_state = cohorts.server_update(params, state.server_opt_state, delta,
-                                                  server_optimizer)
+    new_params, opt_state = _server_update(params, state.server_opt_state, delta,
+                                           server_optimizer)
     if server_prox is not None:
       new_params = server_prox(new_params, 1.0)
     if server_sparsity is not None:
@@ -329,7 +393,7 @@ def cohort_round(client: ClientUpdate, *, cohort_size: int | None = None, sample
 
     member, size = cohort.member, cohort.size
     if uplink is not None:
-      up = cohorts.uplink_bits(cohort, uplink, accounting.num_params(params))
+      up = cohort.size * as_float(uplink.bits(accounting.num_params(params)))
     else:
       up = jnp.sum(member * jax.vmap(lambda m: upload_bits(m, params))(messages))
     metrics = dict(metrics)

@@ -30,7 +30,8 @@ import optax
 from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, cohort_round, mean_delta,
                                                    mean_model)
 from fedjaxsparse.core import Algorithm, LossFn
-from fedjaxsparse.ops.local import at_round, minibatch
+from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.ops.local import at_round, epoch_loop, minibatch
 from fedjaxsparse.ops.proxes import Prox
 from fedjaxsparse.runtime.clients import local_scan
 
@@ -83,6 +84,37 @@ def local_sgd(loss_fn: LossFn, optimizer: optax.GradientTransformation, local_st
   return train
 
 
+def epoch_train(loss_fn: LossFn, optimizer: optax.GradientTransformation, epochs: int,
+                batch_size: int, local_prox: Prox | None = None,
+                augment: Callable | None = None) -> Callable:
+  """Epoch-based local training of ONE client: ``(key, params, client_data) -> (params,
+  loss)``: ``S_i = E·⌈n_i/B⌉`` steps of ``optimizer`` (its state fresh), epoch ``e`` visiting
+  the client's ``n_i`` real examples in a random order drawn from ``fold_in(key, e)``, ``B``
+  at a time without replacement (:func:`fedjaxsparse.ops.local.epoch_loop`); ``local_prox``
+  after every step, ``augment`` on every minibatch (key ``fold_in(k_aug, step)``). ``loss`` is
+  the client's loss on all its data at the received model."""
+  grad = jax.grad(loss_fn)
+
+  def train(key, params, data: FederatedData):
+    k_order, k_aug = jax.random.split(key)
+
+    def step(t, carry, batch):
+      p, s = carry
+      x, y, m = batch
+      if augment is not None:
+        x = augment(jax.random.fold_in(k_aug, t), x)
+      updates, s = optimizer.update(grad(p, x, y, m), s, p)
+      p = optax.apply_updates(p, updates)
+      return (local_prox(p, 1.0) if local_prox is not None else p, s)
+
+    max_steps = epochs * -(-data.mask.shape[0] // batch_size)   # the padded data's bound
+    local, _ = epoch_loop(step, (params, optimizer.init(params)), k_order, data, batch_size,
+                          epochs, max_steps)
+    return local, loss_fn(params, data.x, data.y, data.mask)
+
+  return train
+
+
 CLIP_MODES = ("norm", "value")
 """Gradient clipping of :func:`clipped_sgd`: rescale to a global norm, or clip every entry."""
 
@@ -108,7 +140,9 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
            weighting: str = "num_examples", local_prox: Prox | None = None,
            upload_prox: Prox | None = None, server_prox: Prox | None = None,
            uplink: Any = None, encoding: str = "dense",
-           augment: Callable | None = None, sampler: Any = None) -> Algorithm:
+           augment: Callable | None = None, sampler: Any = None,
+           epochs: int | None = None,
+           server_sparsity: Callable[[jax.Array], Any] | None = None) -> Algorithm:
   """Build FedAvg.
 
   Args:
@@ -118,8 +152,13 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       its state is re-initialised every round (stateless clients). A function of the round
       index returning one is a round schedule (the papers' "lr 0.01, ×0.1 at round 200":
       ``lambda t: optax.sgd(optax.piecewise_constant_schedule(0.01, {200: 0.1})(t))``).
-    local_steps: local optimizer steps per round (static).
+    local_steps: local optimizer steps per round (static), each on ``batch_size`` examples
+      drawn with replacement; ignored with ``epochs``.
     batch_size: examples per local step (static), or ``None`` for full-batch local steps.
+    epochs: the papers' epoch protocol instead of ``local_steps`` (``None``: off): each
+      client runs ``E·⌈n_i/B⌉`` steps, every epoch visiting its ``n_i`` examples in a fresh
+      random order ``B = batch_size`` at a time, without replacement (the last batch of an
+      epoch holds the remainder). Needs ``batch_size``.
     cohort_size: clients per round, sampled uniformly without replacement inside ``jit``;
       ``None`` is full participation.
     server_optimizer: optional optax transformation applied to the pseudo-gradient ``−Δ̄``
@@ -143,37 +182,53 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       stratified, importance, ...) instead of ``cohort_size``'s uniform one; padded cohort
       entries get weight 0; ``weighting="sampling"`` aggregates with the unbiased weights
       ``1/(n p_i)`` (not normalised: ``E Σ_{i∈S} Δ_i/(n p_i) = mean_i Δ_i``).
+    server_sparsity: ``round -> s_t`` (e.g. :func:`fedjaxsparse.ops.sparsity.gmp_sparsity`):
+      the new global model is magnitude-pruned to sparsity ``s_t`` after every server step
+      (FedSparsify's server-side gradual pruning; see
+      :func:`fedjaxsparse.algorithms.cohort_round.cohort_round`).
   """
   return cohort_round(
       client_update(loss_fn, client_optimizer, local_steps=local_steps, batch_size=batch_size,
-                    local_prox=local_prox, upload_prox=upload_prox, augment=augment),
+                    local_prox=local_prox, upload_prox=upload_prox, augment=augment,
+                    epochs=epochs),
       cohort_size=cohort_size, sampler=sampler, weighting=weighting, uplink=uplink,
       aggregate=mean_model if upload_prox is not None else mean_delta,
-      server_optimizer=server_optimizer, server_prox=server_prox, encoding=encoding)
+      server_optimizer=server_optimizer, server_prox=server_prox,
+      server_sparsity=server_sparsity, encoding=encoding)
 
 
 def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
                   local_steps: int = 1, batch_size: int | None = None,
                   local_prox: Prox | None = None, upload_prox: Prox | None = None,
-                  augment: Callable | None = None) -> ClientUpdate:
+                  augment: Callable | None = None, epochs: int | None = None
+                  ) -> ClientUpdate:
   """FedAvg's client (stateless): ``local_steps`` steps of ``client_optimizer`` from the
-  received model (:func:`local_sgd`), then it uploads its delta ``x_i − x`` — or, with
-  ``upload_prox``, the model ``upload_prox(x_i)`` (FedIHT; aggregate it with
-  :func:`fedjaxsparse.algorithms.cohort_round.mean_model`). Its ``"loss"`` is its loss on
-  its first local batch at the received model. Put it under any aggregation with
-  :func:`fedjaxsparse.algorithms.cohort_round.cohort_round`."""
+  received model (:func:`local_sgd`) — or, with ``epochs``, the epoch protocol
+  (:func:`epoch_train`) — then it uploads its delta ``x_i − x`` — or, with ``upload_prox``,
+  the model ``upload_prox(x_i)`` (FedIHT; aggregate it with
+  :func:`fedjaxsparse.algorithms.cohort_round.mean_model`). Its ``"loss"`` is its loss at the
+  received model: on its first local batch, or on all its data with ``epochs``. Put it under
+  any aggregation with :func:`fedjaxsparse.algorithms.cohort_round.cohort_round`."""
   if not isinstance(local_steps, int) or local_steps < 1:
     raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
+  if epochs is not None and (not isinstance(epochs, int) or epochs < 1 or batch_size is None):
+    raise ValueError(f"epochs must be None or an int >= 1 (with an int batch_size), got "
+                     f"epochs={epochs!r}, batch_size={batch_size!r}.")
+
   def update(key, params, state, data, round):
-    train = local_sgd(loss_fn, at_round(client_optimizer, round), local_steps, batch_size,
-                      local_prox, augment)
+    optimizer = at_round(client_optimizer, round)
+    if epochs is None:
+      train = local_sgd(loss_fn, optimizer, local_steps, batch_size, local_prox, augment)
+    else:
+      train = epoch_train(loss_fn, optimizer, epochs, batch_size, local_prox, augment)
     local, loss = train(key, params, data)
     message = (upload_prox(local, 1.0) if upload_prox is not None else
                jax.tree.map(jnp.subtract, local, params))
     return message, state, {"loss": loss}
 
-  # the step count and batches do not depend on the padded length: size buckets apply
+  # with local_steps, the step count and batches do not depend on the padded length: size
+  # buckets apply (an epoch's random order is drawn over the padded rows: they do not)
   return ClientUpdate(init=lambda key, params, num_clients: (), update=update,
-                      info_type=FedAvgInfo, bucketable=True)
+                      info_type=FedAvgInfo, bucketable=epochs is None)

@@ -23,9 +23,11 @@ from the seed and sets ``w^{t+1} = w^t + Σ_k p'_k n_k⊙m_k`` with data-size we
 ``signed=True`` is FedMRNS ({−1, +1} masks; the paper's noise ±5e-3 instead of ±1e-2). The
 ablations of the paper's Sections 5.3-5.4 are options, not copies: ``stochastic=False`` (w/o SM:
 DM instead of M), ``progressive=False`` (w/o PM: P ≡ 1), both (w/o PSM), ``masking="post"``
-(FedAvg w. SM: plain local SGD, then one SM of the final update) and ``masking="none"`` (the
-FedAvg backbone: the dense update u is sent, 32 bits per entry, or compressed once by
-``uplink``).
+(FedAvg w. SM: plain local SGD, then one SM of the final update). The paper's dense baselines
+— FedAvg, FedSparsify and the post-training compressors (SignSGD, TernGrad, DRIVE, EDEN,
+Top-k) — are :func:`fedjaxsparse.algorithms.fedavg.fedavg` with ``epochs=`` (the same local
+protocol), ``uplink=`` and ``local_prox=``/``upload_prox=``: a mask upload is already one bit
+per entry, so no uplink compressor composes with FedMRN itself.
 
 ``server_sparsity`` (a schedule ``round -> s_t``, e.g.
 :func:`fedjaxsparse.ops.sparsity.gmp_sparsity`) is FedSparsify's server-side reading (Stripelis
@@ -38,9 +40,9 @@ clients, which this option does not) and the downlink is charged by the pruned m
 The round is :func:`fedjaxsparse.algorithms.cohort_round.cohort_round` with FedMRN's
 :func:`client_update`: any sampler, a server optimizer (FedAdam on ``−Δ``) and an optax client
 optimizer (the straight-through gradient turned into the step on ``u``) compose with every
-ablation. A client's key is the seed it uploads (``n_k = G(k)``); its local training draws from
-``fold_in(k, 1)``. Messages are *updates* (``u``, or a mask and a seed that the server decodes
-into ``n⊙m``: :func:`noise_mask_mean`), added to ``w^t`` — not models.
+ablation (but no ``uplink``: see above). A client's key is the seed it uploads (``n_k = G(k)``); its local training draws from
+``fold_in(k, 1)``. Messages are a mask and a seed that the server decodes into the update
+``n⊙m`` (:func:`noise_mask_mean`), added to ``w^t``.
 
 Source for the team: seed 003 Algorithm 1; spec ``seed000_003.md`` B.0–B.2, B.8.
 """
@@ -52,29 +54,26 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, cohort_round,
-                                                  mean_delta)
+from fedjaxsparse.algorithms.cohort_round import ClientUpdate, cohort_round
 from fedjaxsparse.core import Algorithm, LossFn, as_float
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.ops.aggregation import weighted_mean
 from fedjaxsparse.ops.local import epoch_loop, epoch_steps
-from fedjaxsparse.ops.sparsity import top_k
 
 __all__ = ["FedMRNInfo", "MASKINGS", "client_update", "fedmrn", "noise_mask_mean"]
 
-MASKINGS = ("learned", "post", "none")
-"""FedMRN's masking: masks trained with PSM, one stochastic mask of plain SGD's final update,
-or none (the dense FedAvg backbone)."""
+MASKINGS = ("learned", "post")
+"""FedMRN's masking: masks trained with PSM, or one stochastic mask of plain SGD's final update
+(the paper's "FedAvg w. SM")."""
 
 
 class FedMRNInfo(NamedTuple):
   """Per round: ``loss`` (participants' data-weighted loss at w^t), ``bits_up`` (d + seed
-  bits per masked upload, 32·d dense, the uplink's bits with one), ``bits_down`` (32·d per
+  bits per upload), ``bits_down`` (32·d per
   participant; the pruned model's non-zeros under ``server_sparsity``), ``num_clients``,
-  ``ones`` (fraction of mask entries equal to 1, averaged over the participants; 0 without
-  masks)."""
+  ``ones`` (fraction of mask entries equal to 1, averaged over the participants)."""
   loss: jax.Array
   bits_up: jax.Array
   bits_down: jax.Array
@@ -110,16 +109,16 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
            cohort_size: int | None = None, sampler: Any = None,
            weighting: str = "num_examples", noise_scale: float = 1e-2,
            distribution: str = "uniform", signed: bool = False, stochastic: bool = True,
-           progressive: bool = True, masking: str = "learned", uplink: Any = None,
-           prune_to: int | None = None,
+           progressive: bool = True, masking: str = "learned",
            server_sparsity: Callable[[jax.Array], Any] | None = None,
            server_optimizer: optax.GradientTransformation | None = None,
            client_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
   """FedMRN (``signed=False``) / FedMRNS (``signed=True``) and their ablations; see the module
   docstring. :func:`client_update` under
   :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`, aggregated by
-  :func:`noise_mask_mean` (masks) or :func:`~fedjaxsparse.algorithms.cohort_round.mean_delta`
-  (``masking="none"``).
+  :func:`noise_mask_mean`. It takes no ``uplink``: its upload is already a 1-bit mask and a
+  seed (the paper's dense baselines are :func:`fedjaxsparse.algorithms.fedavg.fedavg` with
+  ``epochs=`` and ``uplink=``).
 
   Args:
     loss_fn: ``(params, x, y, mask) -> F_k`` of one client (mean over the masked examples).
@@ -132,19 +131,8 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     distribution: ``"uniform"``, ``"gaussian"`` (std α) or ``"bernoulli"`` (±α).
     signed: {−1, +1} masks (FedMRNS) instead of {0, 1}.
     stochastic, progressive, masking: the ablations (module docstring): ``masking`` is
-      ``"learned"`` (masks trained with PSM), ``"post"`` (plain local SGD, one SM of the
-      final update) or ``"none"`` (the dense FedAvg backbone).
-    uplink: with ``masking="none"``, a :class:`fedjaxsparse.ops.compressors.Compressor`
-      applied to each client's final update before upload (the post-training compressors of
-      the paper's baselines: SignSGD, TernGrad, DRIVE, EDEN, top-k), charged
-      ``uplink.bits(d)``. A mask upload is already one bit per entry: no uplink composes with
-      it.
-    prune_to: with ``masking="none"``, FedSparsify as the FedMRN paper uses it — magnitude
-      pruning during local training: after every local step the local model ``w + u`` is
-      pruned to its ``prune_to`` largest magnitudes (global Top-K; 97 % sparsity in the
-      paper, schedule unspecified there), and the pruned *model* is uploaded (the server's
-      data-weighted average of the pruned models); charged by its non-zeros under the
-      cheapest encoding (the paper counts the values only).
+      ``"learned"`` (masks trained with PSM) or ``"post"`` (plain local SGD, one SM of the
+      final update).
     server_sparsity: ``round -> sparsity in [0, 1)``, traceable: the server prunes the new
       global model to it by global magnitude (FedSparsify's server-side gradual pruning,
       module docstring).
@@ -154,32 +142,25 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
       the step on ``u`` (its state starts fresh each round); ``None`` is the paper's plain
       SGD ``u ← u − η g`` (``optax.sgd(lr)`` computes it bit for bit).
   """
-  if prune_to is not None and (masking != "none" or uplink is not None):
-    raise ValueError("prune_to (FedSparsify) needs masking='none' and no uplink.")
-  if uplink is not None and masking != "none":
-    raise ValueError("uplink (a post-training compressor) needs masking='none': a mask "
-                     "upload is already one bit per entry.")
   client = client_update(loss_fn, lr, epochs=epochs, batch_size=batch_size,
                          noise_scale=noise_scale, distribution=distribution, signed=signed,
                          stochastic=stochastic, progressive=progressive, masking=masking,
-                         prune_to=prune_to, client_optimizer=client_optimizer)
-  aggregate = mean_delta if masking == "none" else noise_mask_mean(noise_scale, distribution)
+                         client_optimizer=client_optimizer)
   return cohort_round(client, cohort_size=cohort_size, sampler=sampler, weighting=weighting,
-                      uplink=uplink, aggregate=aggregate, server_optimizer=server_optimizer,
-                      server_sparsity=server_sparsity)
+                      aggregate=noise_mask_mean(noise_scale, distribution),
+                      server_optimizer=server_optimizer, server_sparsity=server_sparsity)
 
 
 def client_update(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
                   noise_scale: float = 1e-2, distribution: str = "uniform",
                   signed: bool = False, stochastic: bool = True, progressive: bool = True,
-                  masking: str = "learned", prune_to: int | None = None,
+                  masking: str = "learned",
                   client_optimizer: optax.GradientTransformation | None = None
                   ) -> ClientUpdate:
   """FedMRN's client (stateless). Its key ``k`` is the noise seed it uploads: ``n = G(k)``;
   its local training draws from ``fold_in(k, 1)`` (minibatch order, PSM routing, the final
   stochastic mask). Its message is ``{"mask": M(u, n) (int8), "seed": k}`` — aggregate it
-  with :func:`noise_mask_mean` — or, with ``masking="none"``, the dense update ``u`` (the
-  pruned local model minus ``w`` with ``prune_to``). Its record ``ones`` is the fraction of
+  with :func:`noise_mask_mean`. Its record ``ones`` is the fraction of
   its mask's entries equal to 1. Arguments as :func:`fedmrn`."""
   _check(lr, noise_scale, epochs, batch_size, masking, distribution)
   grad = jax.grad(lambda v, w, x, y, m: loss_fn(jax.tree.map(jnp.add, w, v), x, y, m))
@@ -194,7 +175,7 @@ def client_update(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: in
 
   def update(key, w, state, d, t):
     del t
-    noise = M.tree_noise(key, w, noise_scale, distribution) if masking != "none" else None
+    noise = M.tree_noise(key, w, noise_scale, distribution)
     k_order, k_psm, k_final = jax.random.split(jax.random.fold_in(key, 1), 3)
     s_k = epoch_steps(d.num_examples, batch_size, epochs)
     max_steps = epochs * -(-d.mask.shape[0] // batch_size)   # the padded data's bound
@@ -209,40 +190,27 @@ def client_update(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: in
         at = u
       return grad(at, w, *batch)
 
-    def pruned(u):   # u such that w + u is the pruned local model
-      if prune_to is None:
-        return u
-      return jax.tree.map(jnp.subtract, top_k(jax.tree.map(jnp.add, w, u), prune_to), w)
-
     zeros = jax.tree.map(jnp.zeros_like, w)
     if client_optimizer is None:
       u = epoch_loop(
-          lambda t, u, batch: pruned(jax.tree.map(lambda ui, gi: ui - lr * gi, u,
-                                                  gradient(t, u, batch))),
+          lambda t, u, batch: jax.tree.map(lambda ui, gi: ui - lr * gi, u,
+                                           gradient(t, u, batch)),
           zeros, k_order, d, batch_size, epochs, max_steps)
     else:
       def step(t, carry, batch):
         u, s = carry
         upd, s = client_optimizer.update(gradient(t, u, batch), s, u)
-        return pruned(optax.apply_updates(u, upd)), s
+        return optax.apply_updates(u, upd), s
       u = epoch_loop(step, (zeros, client_optimizer.init(zeros)), k_order, d, batch_size,
                      epochs, max_steps)[0]
     metrics = {"loss": loss_fn(w, d.x, d.y, d.mask)}
-    if masking == "none":
-      metrics["ones"] = as_float(0)
-      return u, state, metrics
     mask = mask_of(k_final, u, noise)
     metrics["ones"] = (sum(jnp.sum(m == 1) for m in jax.tree.leaves(mask))
                        / as_float(accounting.num_params(w)))
     return {"mask": mask, "seed": key}, state, metrics
 
   def upload_bits(message, params):
-    d = accounting.num_params(params)
-    if masking != "none":
-      return as_float(accounting.mask_bits(d, with_seed=True))
-    if prune_to is not None:   # the pruned local model is sent
-      return accounting.message_bits(jax.tree.map(jnp.add, params, message))
-    return as_float(accounting.dense_bits(d))
+    return as_float(accounting.mask_bits(accounting.num_params(params), with_seed=True))
 
   return ClientUpdate(lambda key, params, n: (), update, upload_bits=upload_bits,
                       info_type=FedMRNInfo)

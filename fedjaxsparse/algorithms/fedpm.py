@@ -20,6 +20,14 @@ FedPM's Bayesian aggregation is not in that paper) — clipped because ``logit(0
 The deployed model (:attr:`FedPMState.params`) is ``W₀ ⊙ 1[θ ≥ ½]``, the most likely mask (the
 FedMRN paper does not say which mask it evaluates).
 
+The round is :func:`fedjaxsparse.algorithms.cohort_round.cohort_round` with FedPM's
+:func:`client_update`: its global model is ``θ``, ``W₀`` is the server's part
+(:class:`~fedjaxsparse.algorithms.cohort_round.ServerPart`, broadcast with ``θ``, never
+updated), the aggregation is :func:`mask_mean` (the weighted mean of the masks minus ``θ``) and
+the server's prox the clip — so any sampler, weighting, server optimizer (on the
+pseudo-gradient ``θ − mean_k m_k``) and optax client optimizer (on the scores) compose. A mask
+is already one bit per entry: no uplink compressor composes with it.
+
 Source for the team: seed 003's model-compression baseline; spec ``seed000_003.md`` B.5.
 """
 from __future__ import annotations
@@ -28,32 +36,53 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
-from fedjaxsparse.ops import accounting
-from fedjaxsparse.runtime.clients import map_clients
+from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, CohortState, ServerPart,
+                                                  cohort_round)
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
-from fedjaxsparse.data.federated import FederatedData, check_data
-from fedjaxsparse.ops.noise_masks import tree_map_keyed
-from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
-from fedjaxsparse.ops.local import epoch_loop, max_local_steps
+from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import check_number
+from fedjaxsparse.ops import accounting
+from fedjaxsparse.ops.local import at_round, epoch_loop
+from fedjaxsparse.ops.noise_masks import tree_map_keyed
+
+__all__ = ["FedPMInfo", "FedPMState", "client_update", "deployed", "fedpm", "mask_mean"]
 
 
+def deployed(weights: Any, theta: Any) -> Any:
+  """FedPM's deployed model ``W₀ ⊙ 1[θ ≥ ½]``: the frozen weights under the most likely
+  mask."""
+  return jax.tree.map(lambda w, t: w * (t >= 0.5), weights, theta)
 
-class FedPMState(NamedTuple):
-  """Attributes: ``weights`` (W₀, frozen), ``theta`` (mask probabilities), ``round``."""
-  weights: Any
-  theta: Any
-  round: jax.Array
+
+class FedPMState(CohortState):
+  """FedPM's :class:`~fedjaxsparse.algorithms.cohort_round.CohortState`: its model field holds
+  the mask probabilities ``θ`` (:attr:`theta`), its server part the frozen weights ``W₀``
+  (:attr:`weights`); :attr:`params` is the deployed model ``W₀ ⊙ 1[θ ≥ ½]``, what the runner
+  evaluates."""
+  __slots__ = ()
 
   @property
-  def params(self):
-    return jax.tree.map(lambda w, t: w * (t >= 0.5), self.weights, self.theta)
+  def theta(self) -> Any:
+    """The mask probabilities θ (one per weight)."""
+    return tuple.__getitem__(self, 0)
+
+  @property
+  def weights(self) -> Any:
+    """The frozen random weights W₀."""
+    return self.server
+
+  @property
+  def params(self) -> Any:
+    """The deployed model ``W₀ ⊙ 1[θ ≥ ½]``."""
+    return deployed(self.weights, self.theta)
 
 
 class FedPMInfo(NamedTuple):
-  """Per round: ``loss`` (mean participant loss of the deployed model), ``bits_up`` (d per
-  upload), ``bits_down`` (32·d for θ), ``num_clients``, ``density`` (mean θ)."""
+  """Per round: ``loss`` (the participants' loss of the deployed model they received, weighted
+  as the aggregation), ``bits_up`` (d per upload), ``bits_down`` (32·d for θ),
+  ``num_clients``, ``density`` (mean θ received)."""
   loss: jax.Array
   bits_up: jax.Array
   bits_down: jax.Array
@@ -61,26 +90,69 @@ class FedPMInfo(NamedTuple):
   density: jax.Array
 
 
+def mask_mean(masks: Any, weights: jax.Array, theta: Any) -> Any:
+  """FedPM's aggregation: ``Δ = Σ_k p_k m_k − θ`` of the uploaded binary masks ``m_k``
+  (``int8 [m, ...]``), so that the server's new ``θ`` is their weighted mean."""
+  return jax.tree.map(
+      lambda m, t: jnp.tensordot(weights.astype(t.dtype), m.astype(t.dtype), axes=1) - t,
+      masks, theta)
+
+
+def _box(clip: float):
+  """The projection onto ``[ε, 1 − ε]`` of every entry (a prox: the box's indicator)."""
+  return lambda tree, step: jax.tree.map(lambda t: jnp.clip(t, clip, 1 - clip), tree)
+
+
 def fedpm(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
-          cohort_size: int | None = None, clip: float = 1e-3) -> Algorithm:
-  """FedPM; ``init(key, params, data)`` takes ``params`` as the frozen random weights W₀.
+          cohort_size: int | None = None, clip: float = 1e-3, sampler: Any = None,
+          weighting: str = "uniform",
+          server_optimizer: optax.GradientTransformation | None = None,
+          client_optimizer: Any = None) -> Algorithm:
+  """FedPM; ``init(key, params, data)`` takes ``params`` as the frozen random weights W₀ (θ
+  starts at ½ everywhere).
 
   Args:
     loss_fn: ``(params, x, y, mask) -> F_k`` of one client.
-    lr: SGD step on the scores.
+    lr: SGD step on the scores (> 0).
     epochs, batch_size: epoch-based local training (as FedMRN's).
-    cohort_size: clients per round (``None``: all).
-    clip: ε of ``θ ∈ [ε, 1 − ε]``.
+    cohort_size: clients per round, uniform without replacement (``None``: all).
+    clip: ε of ``θ ∈ [ε, 1 − ε]`` (in (0, ½)).
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead.
+    weighting: ``"uniform"`` (the plain mean of the masks, the paper), ``"num_examples"`` or
+      ``"sampling"`` (with ``sampler``).
+    server_optimizer: an optax transformation of the pseudo-gradient ``θ − Σ_k p_k m_k``
+      (``None``: ``θ ← Σ_k p_k m_k``, the paper), clipped after it.
+    client_optimizer: an optax transformation of the straight-through gradient on the scores
+      (or a function of the round returning one); ``None`` is the paper's plain SGD
+      ``s ← s − η g`` (``optax.sgd(lr)`` computes it bit for bit).
   """
-  check_number("lr", lr, 0.0, None, low_open=True)
   check_number("clip", clip, 0.0, 0.5, low_open=True, high_open=True)
+  base = cohort_round(
+      client_update(loss_fn, lr, epochs=epochs, batch_size=batch_size,
+                    client_optimizer=client_optimizer),
+      cohort_size=cohort_size, sampler=sampler, weighting=weighting, aggregate=mask_mean,
+      server_optimizer=server_optimizer, server_prox=_box(clip))
 
   def init(key, params, data: FederatedData) -> FedPMState:
-    del key
-    check_data(data)
-    check_cohort_size(cohort_size, data.num_clients)
-    return FedPMState(params, jax.tree.map(lambda w: jnp.full(w.shape, 0.5, w.dtype), params),
-                      jnp.zeros((), jnp.int32))
+    theta = jax.tree.map(lambda w: jnp.full(w.shape, 0.5, w.dtype), params)
+    return base.init(key, theta, data)._replace(server=params)
+
+  return Algorithm(init, base.step)
+
+
+def client_update(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
+                  client_optimizer: Any = None) -> ClientUpdate:
+  """FedPM's client (stateless). It receives ``(θ, W₀)``, trains scores ``s`` from
+  ``logit(θ)`` for ``E·⌈n_k/B⌉`` steps (:func:`fedjaxsparse.ops.local.epoch_loop`) with the
+  forward model ``W₀ ⊙ m``, ``m ~ Bernoulli(σ(s))`` drawn afresh each step and the gradient
+  passed straight through to ``σ(s)``, and uploads one sampled mask ``Bernoulli(σ(s))``
+  (``int8``, d bits). Its key splits into the minibatch order, the training masks and the
+  uploaded mask. Its ``"loss"`` is its loss of the deployed model ``W₀ ⊙ 1[θ ≥ ½]`` it
+  received. Arguments as :func:`fedpm`."""
+  check_number("lr", lr, 0.0, None, low_open=True)
+  for name, v in (("epochs", epochs), ("batch_size", batch_size)):
+    if not isinstance(v, int) or v < 1:
+      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
 
   def masked_loss(s, w0, key, x, y, m):
     def sample(k, si):  # straight-through Bernoulli: forward m, gradient as if m = σ(s)
@@ -92,35 +164,36 @@ def fedpm(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
 
   grad = jax.grad(masked_loss)
 
-  def client(w0, s0, max_steps, key, d):
+  def update(key, received, state, d, t):
+    theta, w0 = received
     k_order, k_masks, k_final = jax.random.split(key, 3)
+    s0 = jax.tree.map(lambda p: jnp.log(p) - jnp.log1p(-p), theta)
+    max_steps = epochs * -(-d.mask.shape[0] // batch_size)   # the padded data's bound
+    gradient = lambda t, s, batch: grad(s, w0, jax.random.fold_in(k_masks, t), *batch)
+    if client_optimizer is None:
+      s = epoch_loop(lambda t, s, batch: jax.tree.map(lambda si, gi: si - lr * gi, s,
+                                                      gradient(t, s, batch)),
+                     s0, k_order, d, batch_size, epochs, max_steps)
+    else:
+      opt = at_round(client_optimizer, t)
 
-    def update(t, s, batch):
-      g = grad(s, w0, jax.random.fold_in(k_masks, t), *batch)
-      return jax.tree.map(lambda si, gi: si - lr * gi, s, g)
-
-    s = epoch_loop(update, s0, k_order, d, batch_size, epochs, max_steps)
-    return tree_map_keyed(lambda k, si: jax.random.bernoulli(k, jax.nn.sigmoid(si)).astype(
+      def step(i, carry, batch):
+        s, o = carry
+        upd, o = opt.update(gradient(i, s, batch), o, s)
+        return optax.apply_updates(s, upd), o
+      s = epoch_loop(step, (s0, opt.init(s0)), k_order, d, batch_size, epochs, max_steps)[0]
+    mask = tree_map_keyed(lambda k, si: jax.random.bernoulli(k, jax.nn.sigmoid(si)).astype(
         jnp.int8), k_final, s)
+    return mask, state, {"loss": loss_fn(deployed(w0, theta), d.x, d.y, d.mask)}
 
-  def step(key, state: FedPMState, data: FederatedData):
-    k_cohort, k_train = jax.random.split(key)
-    ids = sample_cohort(k_cohort, data.num_clients, cohort_size)
-    cdata = data if ids.shape[0] == data.num_clients else data.select(ids)
-    s0 = jax.tree.map(lambda t: jnp.log(t) - jnp.log1p(-t), state.theta)
-    max_steps = max_local_steps(data, batch_size, epochs)
-    masks = map_clients(lambda k, d: client(state.weights, s0, max_steps, k, d), cdata,
-                        client_keys(k_train, ids))
-    theta = jax.tree.map(lambda m, t: jnp.clip(jnp.mean(m.astype(t.dtype), 0), clip, 1 - clip),
-                         masks, state.theta)
-    new = FedPMState(state.weights, theta, state.round + 1)
-    losses = map_clients(lambda d: loss_fn(new.params, d.x, d.y, d.mask), cdata)
-    d = sum(int(a.size) for a in jax.tree.leaves(state.weights))
-    c = ids.shape[0]
-    leaves = jax.tree.leaves(theta)
-    density = sum(jnp.sum(t) for t in leaves) / d
-    return new, FedPMInfo(jnp.mean(losses), as_float(c * d),
-                          as_float(c * accounting.dense_bits(d)), jnp.int32(c),
-                          density.astype(float_dtype()))
+  def round_metrics(theta, t, size):
+    del t, size
+    total = sum(jnp.sum(a) for a in jax.tree.leaves(theta))
+    return {"density": (total / accounting.num_params(theta)).astype(float_dtype())}
 
-  return Algorithm(init, step)
+  return ClientUpdate(
+      init=lambda key, params, n: (), update=update,
+      upload_bits=lambda mask, theta: as_float(accounting.mask_bits(
+          accounting.num_params(theta), with_seed=False)),
+      round_metrics=round_metrics, info_type=FedPMInfo, state_type=FedPMState,
+      server=ServerPart(init=lambda params, n: (), update=lambda w0, *args: w0))

@@ -52,7 +52,6 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.ops import masks as MK
 from fedjaxsparse.algorithms.cohort_round import (EXTRA_BITS_UP, ClientUpdate, CohortState,
                                                    cohort_round)
@@ -105,7 +104,6 @@ def fedspa(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, sparsity: 
            alpha0: float = 0.5, schedule: str = "cosine", regrowth: str = "gradient",
            regrow_pruned: bool = True,
            weight_decay: float = 0.0, weighting: str = "uniform",
-           subsample: float | None = None, rescale: bool = False,
            pack_masks: bool = False, uplink: Any = None, sampler: Any = None,
            server_optimizer: Any = None,
            client_optimizer: Any = None) -> Algorithm:
@@ -129,18 +127,15 @@ def fedspa(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, sparsity: 
     weighting: ``"uniform"`` (1/S, FedSpa's Eq. 4), ``"sampling"`` (with ``sampler``) or
       ``"num_examples"`` (n_k/Σ_{S_t} n_j, FedAvg as McMahan et al. and FedML weight it; the
       paper does not say which its FedAvg baseline used).
-    subsample, rescale: keep a fresh uniformly random ``round(q·d)`` entries of every
-      ``U_k`` (its own key per client and round), scaled by ``1/q`` with ``rescale`` (then
-      unbiased): with ``sparsity=0`` and ``search="rsm"`` the Subsampling baseline (Konečný et
-      al., 2016; keep ratio 0.5 inferred from the 0.75× comm, no rescaling in the paper's
-      text). Charged ``32·round(q·d)`` bits (paper) and values plus positions (honest).
     pack_masks: store the N masks one bit per entry (``uint8``, 8× less server memory: ResNet-18
       × 100 clients is 140 MB instead of 1.1 GB); the S sampled rows are unpacked and packed
       back inside the round. The results are the same.
     uplink: any :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded
       ``U_k`` (its own key per client and round: ``fold_in`` of the client id), charged
       ``uplink.bits(d)`` per client (plus the DST mask changes) — e.g. TernGrad, EDEN, rand-k
-      (:func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` compresses).
+      (:func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` compresses). The paper's
+      Subsampling baseline is FedAvg with a seeded random-half uplink
+      (:func:`fedjaxsparse.ops.compressors.scaled_rand_k`).
     sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
       uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); with
       ``weighting="sampling"`` the dense update is aggregated with its unbiased weights
@@ -152,15 +147,12 @@ def fedspa(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, sparsity: 
       ``optax.sgd(lr)`` is the paper's step bit for bit. A function of the round returning
       one follows the rounds.
   """
-  if subsample is not None and uplink is not None:
-    raise ValueError("give either subsample (the paper's rand-k baseline) or uplink, not both.")
   return cohort_round(
       client_update(loss_fn, lr, num_rounds=num_rounds, sparsity=sparsity, search=search,
                     epochs=epochs, batch_size=batch_size, distribution=distribution,
                     shared_init=shared_init, alpha0=alpha0, schedule=schedule,
                     regrowth=regrowth, regrow_pruned=regrow_pruned,
-                    weight_decay=weight_decay, subsample=subsample, rescale=rescale,
-                    pack_masks=pack_masks, uplink=uplink,
+                    weight_decay=weight_decay, pack_masks=pack_masks, uplink=uplink,
                     client_optimizer=client_optimizer),
       cohort_size=cohort_size, sampler=sampler, weighting=weighting, uplink=uplink,
       server_optimizer=server_optimizer)
@@ -171,12 +163,11 @@ def client_update(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, spa
                   distribution: str = "erk", shared_init: bool = True, alpha0: float = 0.5,
                   schedule: str = "cosine", regrowth: str = "gradient",
                   regrow_pruned: bool = True,
-                  weight_decay: float = 0.0, subsample: float | None = None,
-                  rescale: bool = False, pack_masks: bool = False,
+                  weight_decay: float = 0.0, pack_masks: bool = False,
                   uplink: Any = None,
                   client_optimizer: Any = None) -> ClientUpdate:
   """FedSpa's client (its state: its mask): masked SGD from ``m_k⊙w_t``, the update
-  ``w̃_N − w̃_0`` uploaded (optionally rand-k subsampled with its own key: ``subsample``), and
+  ``w̃_N − w̃_0`` uploaded, and
   the next mask from the DST search (or the same mask, RSM). Its records: ``mask_change``
   (Hamming distance of its old and new mask), ``extra_bits_up`` (the DST mask's changed
   positions), and per round the drop fraction ``alpha`` and the paper's ledger
@@ -192,8 +183,6 @@ def client_update(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, spa
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
   MK._check_alpha(alpha0, num_rounds)  # validates alpha0 (as every drop schedule does)
-  if subsample is not None:
-    check_number("subsample", subsample, 0.0, 1.0, low_open=True)
   if regrowth not in MK.REGROWTHS:
     raise ValueError(f"regrowth must be one of {MK.REGROWTHS}, got {regrowth!r}.")
   drop = MK.DROP_SCHEDULES[schedule]
@@ -201,11 +190,6 @@ def client_update(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, spa
 
   def counts_of(params):
     return MK.layer_counts(params, MK.layer_densities(params, sparsity, distribution))
-
-  def subsampler(params):
-    d = num_params(params)
-    k = min(d, max(1, round(subsample * d)))
-    return (C.rand_k if rescale else C.scaled_rand_k)(d, k), k
 
   def init(key, params, n):
     counts = counts_of(params)
@@ -219,7 +203,7 @@ def client_update(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, spa
     return jax.vmap(MK.pack)(stacked) if pack_masks else stacked
 
   def update(key, w, stored, d, t):
-    k_order, k_grow, k_random, k_sub = jax.random.split(key, 4)
+    k_order, k_grow, k_random = jax.random.split(key, 3)
     mask = MK.unpack(stored, w) if pack_masks else stored
     counts = counts_of(w)
     eta = at_round(lr, t)
@@ -230,8 +214,6 @@ def client_update(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, spa
                         max_steps=max_steps, weight_decay=weight_decay, mask=mask,
                         optimizer=at_round(client_optimizer, t))
     message = jax.tree.map(jnp.subtract, trained, start)     # −U_k
-    if subsample is not None:
-      message = subsampler(w)[0].compress(k_sub, message)
     if search == "dst":
       dense_g = grad(trained, *epoch_minibatch(k_grow, d, batch_size, jnp.int32(0)))
       new_mask = MK.prune_regrow(mask, trained, dense_g, alpha, counts, max_fraction=alpha0,
@@ -250,23 +232,18 @@ def client_update(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, spa
     active = sum(jax.tree.leaves(counts_of(params)))
     return as_float(accounting.sparse_bits(active, num_params(params)))
 
-  def upload_bits(message, params):
-    if subsample is not None:
-      return as_float(subsampler(params)[0].bits(num_params(params)))
-    return active_bits(params)
 
   def round_metrics(params, t, size):
     d = num_params(params)
     paper = size * as_float(accounting.dense_bits(round((1.0 - sparsity) * d)))
-    if subsample is not None:
-      paper_up = size * as_float(accounting.dense_bits(subsampler(params)[1]))
-    elif uplink is not None:
+    if uplink is not None:
       paper_up = size * as_float(uplink.bits(d))
     else:
       paper_up = paper
     return {"paper_bits_up": paper_up, "paper_bits_down": paper,
             "alpha": jnp.asarray(drop(t, alpha0, num_rounds), float_dtype())}
 
-  return ClientUpdate(init, update, upload_bits=upload_bits, download_bits=active_bits,
+  return ClientUpdate(init, update, upload_bits=lambda message, params: active_bits(params),
+                      download_bits=active_bits,
                       round_metrics=round_metrics, info_type=FedSpaInfo,
                       state_type=FedSpaState)

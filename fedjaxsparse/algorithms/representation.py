@@ -6,9 +6,10 @@ do not describe the three methods, so they follow the methods' own papers and th
 
 All three train a :class:`fedjaxsparse.models.split.SplitModel` (``{"body", "head"}``) with
 any sampler, weighting and server optimiser and epoch-based local training
-(:func:`fedjaxsparse.ops.local.epoch_optimize`); FedSR is a client update on
-:func:`fedjaxsparse.algorithms.cohort_round.cohort_round`, FedCR and FedPAC (whose servers also
-build class statistics) use its pieces (:mod:`fedjaxsparse.runtime.cohort`):
+(:func:`fedjaxsparse.ops.local.epoch_optimize`). Each is a client update on
+:func:`fedjaxsparse.algorithms.cohort_round.cohort_round`; FedCR's and FedPAC's servers also
+keep class statistics beside the model (a
+:class:`~fedjaxsparse.algorithms.cohort_round.ServerPart`):
 
 * :func:`fedcr` — a Gaussian representation regularised towards global class-conditional
   distributions built by products of experts; personal heads; FedCR-OPU3 with
@@ -54,7 +55,6 @@ from fedjaxsparse.ops import accounting, layer_groups
 from fedjaxsparse.ops.aggregation import weighted_mean
 from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_optimize, max_local_steps
 from fedjaxsparse.ops.sampling import client_keys
-from fedjaxsparse.runtime import cohort as cohorts
 from fedjaxsparse.runtime.clients import map_clients
 
 __all__ = ["FedCRState", "FedSRState", "FedPACState", "RoundInfo", "fedcr", "fedsr", "fedpac",
@@ -237,7 +237,6 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
   if share_head and train_layers is not None:
     raise ValueError("train_layers (FedCR-OPU3) assigns the body's layers; it cannot be "
                      "combined with share_head=True.")
-  cohorts.check_options(cohort_size, sampler, weighting)
   d = model.dim
 
   def loss_fn(p, key, x, y, mask, prior_mean, prior_std):
@@ -471,7 +470,6 @@ def fedsr(model: SplitModel, lr: float | Schedule, *, l2r: float = 1e-3, cmi: fl
                      "(fedcr_net(..., gaussian=True)).")
   if deterministic and samples != 1:
     raise ValueError(f"deterministic=True draws no z: samples must be 1, got {samples}.")
-  cohorts.check_options(cohort_size, sampler, weighting)
   d = model.dim
 
   def loss_fn(both, key, x, y, mask):
@@ -653,7 +651,6 @@ def fedpac(model: SplitModel, lr: float | Schedule, *, lam: float = 1.0, epochs:
   if model.gaussian:
     raise ValueError("fedpac needs a SplitModel with a deterministic representation "
                      "(fedcr_net(..., gaussian=False)).")
-  cohorts.check_options(cohort_size, sampler, weighting)
 
   def ce_loss(p, key, x, y, mask, centroids, align):
     del key

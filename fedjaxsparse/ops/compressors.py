@@ -101,8 +101,20 @@ def identity(d: int) -> Compressor:
                     lambda n: accounting.dense_bits(n), "identity")
 
 
-def rand_k(d: int, k: int) -> Compressor:
+def _subset_bits(k: int, seeded: bool) -> Callable[[int], float]:
+  """Bits of k kept values: with their positions (the cheaper of indices and a bitmap), or
+  with the seed that regenerates them (``seeded``)."""
+  if seeded:
+    return lambda n: accounting.dense_bits(k) + accounting.SEED_BITS
+  return lambda n: accounting.sparse_bits(k, n)
+
+
+def rand_k(d: int, k: int, seeded: bool = False) -> Compressor:
   """Keep k uniformly random entries, scaled by d/k: unbiased, ``ω = d/k − 1``.
+
+  ``seeded``: the positions are drawn from a seed the message carries, and the receiver draws
+  them again (Konečný et al., 2016, arXiv:1610.05492, "random mask" updates): a message is
+  ``32·k`` bits of values plus a ``SEED_BITS`` seed instead of values and positions.
 
   >>> import jax, jax.numpy as jnp
   >>> c = rand_k(100, 10)
@@ -115,18 +127,17 @@ def rand_k(d: int, k: int) -> Compressor:
   _check_k(k, d)
   return Compressor(_flat(lambda key, v: _select(v, _random_subset(key, d, k), d / k), d,
                           f"rand-{k}"),
-                    0.0, d / k - 1.0, lambda n: accounting.sparse_bits(k, n), f"rand-{k}")
+                    0.0, d / k - 1.0, _subset_bits(k, seeded), f"rand-{k}")
 
 
-def scaled_rand_k(d: int, k: int) -> Compressor:
+def scaled_rand_k(d: int, k: int, seeded: bool = False) -> Compressor:
   """Keep k uniformly random entries unscaled, ``(k/d)·rand-k``: ``η = 1 − k/d``,
-  ``ω = (k/d)(1 − k/d)``."""
+  ``ω = (k/d)(1 − k/d)``; ``seeded`` as :func:`rand_k`."""
   _check_k(k, d)
   q = k / d
   return Compressor(_flat(lambda key, v: _select(v, _random_subset(key, d, k)), d,
                           f"scaled-rand-{k}"),
-                    1.0 - q, q * (1.0 - q), lambda n: accounting.sparse_bits(k, n),
-                    f"scaled-rand-{k}")
+                    1.0 - q, q * (1.0 - q), _subset_bits(k, seeded), f"scaled-rand-{k}")
 
 
 def top_k(d: int, k: int) -> Compressor:
