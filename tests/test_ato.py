@@ -258,6 +258,7 @@ def test_end_epoch_uses_the_configured_mask():
     assert 0 < float(np.mean(w)) < 1, end_mask
 
 
+@pytest.mark.integration   # two training runs with checkpoints written and read back
 def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, digits):
   """The scanned loop writes checkpoints after epochs 2 and 3; the host loop resumes from
   epoch 2 and runs epoch 3 (target steps with augmentation, the controller pass, the mask

@@ -131,6 +131,7 @@ def test_vmapped_round_equals_a_per_client_loop(setup, variants):
   assert float(info.bits_up) == COHORT * 32 * sum(a.size for a in jax.tree.leaves(w0))
 
 
+@pytest.mark.integration   # 15-round learning runs of five variants
 def test_fedmrn_and_its_ablations_learn(setup, variants):
   """Masked 1-bit uplinks still train: after 15 rounds every variant's test accuracy is well
   above chance (noise ±0.1: a linear model's weights must move by O(1), and a round moves
