@@ -2,7 +2,8 @@
 builder per code path: FedProx and FedIHT are FedAvg's round, DIANA is EF-BV's), started
 from float64 parameters on float64 data, keeps every floating array of its state and of its
 info (weights, step sizes, ledgers of bits and counts) in float64 — no float32 leaks in — and
-sampling weights are the exact ``1/(n p_i)``."""
+sampling weights are the exact ``1/(n p_i)``; and a float32 model in the same float64 program
+stays float32."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,6 +105,47 @@ def test_state_and_info_stay_float64(problem, name):
   for t in range(2):
     st, info = step(jax.random.key(t), st, data)
   assert _float32_leaves(st) == [] and _float32_leaves(info) == []
+  assert np.isfinite(float(info.loss))
+
+
+# the cohort averages of SPPM-AS (a sampler's float64 weights averaged into a float32 loop)
+FLOAT32_EXTRA = {
+    "FedProx-SPPM-AS": lambda loss, model, w0: fjs.fedprox_sppm_as(
+        loss, fjs.sampling.nice(N, 3), 0.5, fjs.convex.prox_solvers.gd(0.1, 2)),
+    "FedAvg-SPPM-AS": lambda loss, model, w0: fjs.fedavg_sppm_as(
+        loss, fjs.sampling.nice(N, 3), 0.5, 0.1, fjs.convex.prox_solvers.gd(0.1, 2)),
+    "LocalGD": lambda loss, model, w0: fjs.local_gd(loss, fjs.sampling.nice(N, 3), 0.1, 2),
+    # a round schedule: a float64 step size of a float32 model
+    "FedSpa-schedule": lambda loss, model, w0: fjs.fedspa(
+        loss, optax.exponential_decay(0.1, 1, 0.998), num_rounds=3, sparsity=0.5, epochs=1,
+        batch_size=4, cohort_size=3),
+    "Ditto-schedule": lambda loss, model, w0: fjs.ditto(
+        loss, optax.exponential_decay(0.1, 1, 0.998), batch_size=4, cohort_size=3,
+        global_epochs=1, personal_epochs=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS) + sorted(FLOAT32_EXTRA))
+def test_float32_models_stay_float32_in_a_float64_program(problem, name):
+  """A float64 program (``jax_enable_x64``) runs a float32 model and keeps it float32: its
+  global model after a round (one program: init and step) has the initial model's dtypes and
+  finite values."""
+  data, model, w0 = problem
+  w32 = jax.tree.map(lambda a: a.astype(jnp.float32), w0)
+  builder = BUILDERS.get(name) or FLOAT32_EXTRA[name]
+  algo = builder(fjs.models.make_loss(model), model, w32)
+  if name == "Fed-LPFM":
+    data = fjs.algorithms.fedlpfm.pack_targets(
+        data, np.random.default_rng(1).normal(size=data.y.shape + (2, K)))
+  if name == "Scafflix":   # its local optima in the model's dtype
+    algo = fjs.scafflix(fjs.models.make_loss(model), np.full(N, 0.1), 0.5, np.full(N, 0.5),
+                        x_star=jax.tree.map(lambda a: jnp.stack([a] * N), w32))
+  st, info = jax.jit(lambda w: algo.step(jax.random.key(0), algo.init(jax.random.key(1), w, data),
+                                         data))(w32)
+  got = fjs.global_params(st)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(w32), strict=True):
+    assert a.dtype == b.dtype == jnp.float32, (name, a.dtype)
+    assert np.all(np.isfinite(np.asarray(a))), name
   assert np.isfinite(float(info.loss))
 
 

@@ -1,11 +1,11 @@
 """One cohort round, written once: a client update in, an :class:`~fedjaxsparse.core.Algorithm`
 out.
 
-Cohort methods of the library — FedAvg and its FedOpt/FedProx/FedHT/FedIHT variants, Ditto and
-Local, FedSpa, Sub-FedAvg, FedMRN, FML, FedSR, FedP3 — are each a :class:`ClientUpdate` (what one
-client does with the global model, its own state and its own data) given to :func:`cohort_round`,
-which owns the rest of the round, so that any sampler, uplink compressor, aggregation and server
-optimizer composes with any client update (optax's ``chain`` makes composition a value; blackjax
+Cohort methods of the library — FedAvg and its FedOpt/FedProx/FedHT/FedIHT/Fed-LPFM variants,
+Ditto and Local, FedSpa, Sub-FedAvg, FedMRN, FedPM, FML, FedSR, FedCR, FedPAC, FedP3 — are each
+a :class:`ClientUpdate` (what one client does with the global model, its own state and its own
+data) given to :func:`cohort_round`, which owns the rest of the round, so that any sampler,
+uplink compressor, aggregation and server optimizer composes with any client update (optax's ``chain`` makes composition a value; blackjax
 separates a kernel builder from its one-call constructor).
 
 One round ``t`` with global model ``x_t`` (a pytree; ``d`` entries), per-client states

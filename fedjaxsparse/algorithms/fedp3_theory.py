@@ -172,8 +172,8 @@ def fedp3_theory(loss_fn: LossFn, gamma: float, *, local_steps: int = 1,
         x, y, m = data.x[idx], data.y[idx], data.mask[idx]
       g = ravel_pytree(clipped_mean_grad(loss_fn, unravel(u), x, y, m, clip))[0]
       g = jnp.where(p, g, 0.0)
-      zeta = (sigma * jax.random.normal(k_noise, (d,)) if noise is not None
-              else jnp.zeros(d))
+      zeta = (sigma * jax.random.normal(k_noise, (d,), u.dtype) if noise is not None
+              else jnp.zeros(d, u.dtype))   # the model's dtype (float32 under x64 too)
       u = u - gamma * (g - zeta) if noise == "update" else u - gamma * g + zeta
     return u
 

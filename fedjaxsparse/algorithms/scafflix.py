@@ -274,9 +274,11 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
                          jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), a)
 
   def client_step(key, x, h, xs, alpha, gamma, data):  # one client: x̂_i and f_i(x̃_i)
-    xt = jax.tree.map(lambda a, s: alpha * a + (1 - alpha) * s, x, xs)
+    # in the model's dtype (the coefficients are float64 under x64; a float32 model stays so)
+    xt = jax.tree.map(lambda a, s: (alpha * a + (1 - alpha) * s).astype(a.dtype), x, xs)
     loss, g = value_and_grad(xt, *minibatch(key, data, batch_size))
-    return jax.tree.map(lambda a, gi, hi: a - (gamma / alpha) * (gi - hi), x, g, h), loss
+    return jax.tree.map(lambda a, gi, hi: (a - (gamma / alpha) * (gi - hi)).astype(a.dtype),
+                        x, g, h), loss
 
   def local_step(key, x, h, xs, a, g, data, ids):
     return map_clients(client_step, data, client_keys(key, ids), x, h, xs, a, g)
@@ -284,10 +286,11 @@ def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = 
   def communicate(x_hat, h, a, g):
     w = a ** 2 / g
     w = w / jnp.sum(w)
-    x_bar = jax.tree.map(lambda v: jnp.tensordot(w, v, axes=1), x_hat)
+    # in the model's dtype (a float32 model in a float64 program)
+    x_bar = jax.tree.map(lambda v: jnp.tensordot(w.astype(v.dtype), v, axes=1), x_hat)
     coef = p * a / g
-    h = jax.tree.map(lambda hi, v, xb: hi + coef.reshape((-1,) + (1,) * (v.ndim - 1))
-                     * (xb - v), h, x_hat, x_bar)
+    h = jax.tree.map(lambda hi, v, xb: hi + (coef.reshape((-1,) + (1,) * (v.ndim - 1))
+                                             * (xb - v)).astype(hi.dtype), h, x_hat, x_bar)
     return x_bar, h
 
   def info(state, losses, a, c, communicated, steps):

@@ -205,7 +205,7 @@ def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver | MimeLite,
     x0, unravel = ravel_pytree(state.params)
     f = _client_objective(loss_fn, unravel, batch_size)
     w = cohort.mask if weighting == "uniform" else cohort.weights
-    w = w / jnp.sum(w)
+    w = (w / jnp.sum(w)).astype(x0.dtype)   # the model's dtype (a float32 model, x64 on)
 
     def objective(xk, d):
       def psi(v, kk):

@@ -127,8 +127,9 @@ def epoch_sgd(grad_fn: Callable, params: Any, key: jax.Array, data, *, lr: Any, 
     return g
 
   if optimizer is None:
-    def update(t, v, batch):
-      return jax.tree.map(lambda vi, gi: vi - lr * gi, v, gradient(v, batch))
+    def update(t, v, batch):   # in the iterate's dtype (a float64 step of a float32 model)
+      return jax.tree.map(lambda vi, gi: (vi - lr * gi).astype(vi.dtype), v,
+                          gradient(v, batch))
 
     return epoch_loop(update, params, key, data, batch_size, epochs, max_steps)
 
