@@ -57,6 +57,9 @@ from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.core import Model, float_dtype
 from fedjaxsparse.runtime.epochs import epoch_order, train_epochs
 
+__all__ = ["ATOConfig", "Controller", "gumbel_sigmoid", "ATOState", "ATOInfo", "ATO", "ato",
+           "controller_subset", "train"]
+
 PROJECTORS = ("prox", "hsp")
 NOISES = ("gumbel", "logistic")
 END_MASKS = ("median", "noise_free", "sample")

@@ -69,6 +69,10 @@ from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.sparse_rows import SparseRows
 from fedjaxsparse.runtime.sharding import CLIENT_AXIS
 
+__all__ = ["DDSSState", "DDSSInfo", "BlockRows", "block_rows", "column_weights", "sample_update",
+           "partition", "worker_shards", "ddss", "sha_ddss_naive", "sha_ddss", "dis_ddss_naive",
+           "dis_ddss", "prox_asvrg"]
+
 ESTIMATORS = ("sgd", "svrg", "sparse_svrg")
 PROXES = ("dense", "sparse")
 

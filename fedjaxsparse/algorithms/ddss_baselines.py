@@ -42,6 +42,8 @@ from fedjaxsparse.algorithms.ddss import (DDSSInfo, block_rows, partition, sampl
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.sparse_rows import SparseRows, columns, matvec, rmatvec
 
+__all__ = ["SAGAState", "prox_asaga", "PSEState", "static_keep", "pse"]
+
 PSE_RULES = ("safe", "strong")
 
 

@@ -39,6 +39,8 @@ from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_sgd
 
+__all__ = ["DittoState", "DittoInfo", "client_update", "ditto", "local"]
+
 CENTRES = ("received", "updated")
 
 

@@ -48,6 +48,9 @@ from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.errors import check_number, check_positive
 from fedjaxsparse.ops.proxes import Prox
 
+__all__ = ["EFBVState", "EFBVInfo", "ef_bv", "EFBVServer", "ef_bv_pp", "ef21", "diana", "prox_gd",
+           "tuned", "diana_params", "efbv_params"]
+
 
 
 class EFBVState(NamedTuple):

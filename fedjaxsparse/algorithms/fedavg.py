@@ -35,6 +35,8 @@ from fedjaxsparse.ops.local import at_round, epoch_loop, minibatch
 from fedjaxsparse.ops.proxes import Prox
 from fedjaxsparse.runtime.clients import local_scan
 
+__all__ = ["FedAvgInfo", "local_sgd", "epoch_train", "clipped_sgd", "fedavg", "client_update"]
+
 
 
 class FedAvgInfo(NamedTuple):

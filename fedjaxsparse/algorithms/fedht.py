@@ -29,6 +29,8 @@ from fedjaxsparse.ops import proxes
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.errors import check_positive
 
+__all__ = ["fedht", "fediht"]
+
 
 def fedht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,
           scope: str = "global", weighting: str = "uniform", clip: float | None = None,

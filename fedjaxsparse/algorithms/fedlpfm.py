@@ -42,6 +42,8 @@ from fedjaxsparse.core import Algorithm, Model, float_dtype
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.models.base import make_loss
 
+__all__ = ["kd_loss", "pack_targets", "unpack_targets", "fedlpfm_loss", "fedlpfm"]
+
 DIRECTIONS = ("forward", "reverse")
 
 

@@ -75,6 +75,12 @@ from fedjaxsparse.ops.local import at_round, minibatch
 from fedjaxsparse.ops.sparsity import largest_mask, random_keys
 from fedjaxsparse.errors import check_number
 
+__all__ = ["FedP3Config", "FedP3State", "FedP3CohortState", "FedP3Info", "layer_policy",
+           "exclude_one_group", "make_config", "global_mask", "ordered_dropout_mask",
+           "personal_models", "uplink", "aggregate", "aggregate_updates", "layer_delta",
+           "layer_mean", "fedp3", "client_update", "compress_layer_tree", "deployed_size",
+           "num_floats"]
+
 LOCAL_RULES = ("fixed", "uniform", "ordered_dropout")
 AGGREGATIONS = ("simple", "weighted")
 POLICIES = {  # name -> numbers of non-FFC layers a client may draw (uniformly), FFC always added

@@ -52,6 +52,10 @@ from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.errors import check_number
 
+__all__ = ["permutation_owner", "permutation_sketch", "pruning_mask", "clipped_mean_grad",
+           "TheoryInfo", "fedp3_theory", "theorem_433_step", "theorem_433_bound",
+           "noise_multiplier", "ldp_epsilon", "ldp_sigma"]
+
 NOISES = (None, "model", "update")
 SKETCHES = ("permutation", "identity")
 

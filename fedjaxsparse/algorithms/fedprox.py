@@ -23,6 +23,8 @@ import optax
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.core import Algorithm, LossFn
 
+__all__ = ["ProximalState", "proximal", "fedprox"]
+
 
 class ProximalState(NamedTuple):
   anchor: Any   # θ_t, the params the optimiser was initialised with

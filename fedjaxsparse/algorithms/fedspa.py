@@ -60,6 +60,8 @@ from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_minibatch
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops.sparsity import num_params
 
+__all__ = ["FedSpaState", "FedSpaInfo", "fedspa", "client_update"]
+
 SEARCHES = ("dst", "rsm")
 
 

@@ -40,6 +40,8 @@ from fedjaxsparse.core import Algorithm, Model
 from fedjaxsparse.ops.local import at_round, minibatch
 from fedjaxsparse.runtime.clients import local_scan
 
+__all__ = ["FMLState", "fml", "client_update"]
+
 
 class FMLState(CohortState):
   """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` whose client states are the

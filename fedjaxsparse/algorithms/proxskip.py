@@ -59,6 +59,11 @@ from fedjaxsparse.errors import check_number, check_positive
 from fedjaxsparse.ops import proxes
 from fedjaxsparse.ops.proxes import Prox
 
+__all__ = ["ProxSkipState", "ProxSkipInfo", "ProxSkipKernel", "proxskip_kernel",
+           "geometric_local_steps", "meta_sparse_proxskip", "proxskip", "sparse_proxskip",
+           "sparse_proxskip_local", "sparse_proxskip_modified", "accelerated_server_pruning",
+           "accelerated_server_pruning_modified", "randprox_l1"]
+
 FORMS = ("iteration", "round")
 
 

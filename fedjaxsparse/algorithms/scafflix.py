@@ -65,6 +65,11 @@ from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.convex.constants import client_curvatures
 
+__all__ = ["personalize", "make_personal_eval_fn", "LocalOptima", "local_optima", "ScafflixState",
+           "ScafflixInfo", "check_local_optima", "scafflix", "ScafflixServer", "ScafflixClient",
+           "scafflix_cohort", "i_scaffnew", "FlixState", "flix_sgd", "ScafflixConstants",
+           "scafflix_constants"]
+
 
 
 def _per_client(tree, num_clients: int):

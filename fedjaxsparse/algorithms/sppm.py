@@ -65,6 +65,9 @@ from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.errors import check_number
 
+__all__ = ["SPPMState", "SPPMInfo", "sppm_as", "MimeLite", "mime_lite", "cohort_average",
+           "fedprox_sppm_as", "fedavg_sppm_as", "local_gd"]
+
 WEIGHTINGS = ("uniform", "sampling")
 
 

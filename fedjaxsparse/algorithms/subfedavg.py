@@ -77,6 +77,8 @@ from fedjaxsparse.ops.sparsity import largest_mask, nnz, num_params
 from fedjaxsparse.pruning import zig
 from fedjaxsparse.errors import check_number
 
+__all__ = ["SubFedAvgInfo", "subfedavg", "client_update"]
+
 
 
 STRUCTURES = ("unstructured", "hybrid")

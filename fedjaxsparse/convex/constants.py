@@ -23,6 +23,8 @@ import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData
 
+__all__ = ["Constants", "client_curvatures", "linear_model_constants", "logistic_optimum"]
+
 
 class Constants(NamedTuple):
   """``L_max``, ``L_avg``, ``L_tilde``, ``mu`` (see the module docstring) and ``L``, the

@@ -30,6 +30,8 @@ import jax.scipy.optimize
 import jax.numpy as jnp
 import optax
 
+__all__ = ["Solver", "newton", "gd", "cg", "bfgs", "lbfgs", "optax_steps"]
+
 Objective = Callable[[jax.Array, jax.Array], jax.Array]
 
 

@@ -25,6 +25,8 @@ from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import natural_partition
 from fedjaxsparse.errors import DataError
 
+__all__ = ["blogfeedback"]
+
 TRAIN_FILE = "blogData_train.csv"
 TEST_GLOB = "blogData_test-*.csv"
 NUM_ATTRIBUTES = 280

@@ -7,6 +7,8 @@ import numpy as np
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import lognormal_sizes, partition
 
+__all__ = ["digits", "diabetes", "synthetic"]
+
 
 def digits(num_clients: int = 20, partition: str = "dirichlet", alpha: float = 0.5,
            seed: int = 0, test_fraction: float = 0.2, shards_per_client: int = 2,

@@ -20,6 +20,8 @@ from fedjaxsparse.data.partitions import partition as partition_fn
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.data.standins import fashion_mnist_standin
 
+__all__ = ["default_dir", "write_idx", "write_split", "read_idx", "load_arrays", "fashion_mnist"]
+
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 ENV_VAR = "FEDJAXSPARSE_FASHION_MNIST"
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

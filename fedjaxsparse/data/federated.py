@@ -15,6 +15,9 @@ import numpy as np
 
 from fedjaxsparse.errors import DataError
 
+__all__ = ["FederatedData", "FederatedDataset", "check_data", "pack_clients", "split_clients",
+           "federate"]
+
 
 class FederatedData(NamedTuple):
   """One split of a federated dataset, padded to ``M`` examples per client.

@@ -16,6 +16,8 @@ import numpy as np
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.errors import DataError
 
+__all__ = ["read_leaf_json", "femnist"]
+
 NUM_CLASSES = 62
 NUM_PIXELS = 28 * 28
 

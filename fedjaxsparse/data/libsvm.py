@@ -19,6 +19,8 @@ from fedjaxsparse.errors import DataError
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.data.standins import BINARY_SHAPES, binary_arrays_like, mushrooms_arrays
 
+__all__ = ["load_sparse", "load_arrays", "libsvm", "binary_arrays"]
+
 FORMAT = "LABEL INDEX:VALUE ..."
 
 

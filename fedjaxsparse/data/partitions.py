@@ -10,6 +10,11 @@ from typing import Sequence
 
 import numpy as np
 
+__all__ = ["iid_partition", "dirichlet_partition", "shard_partition", "natural_partition",
+           "lognormal_sizes", "lognormal_partition", "dirichlet_lognormal_partition",
+           "hsu_dirichlet_partition", "matching_test_sets", "label_count_partition",
+           "class_cycle_partition", "partition"]
+
 
 def _check_clients(num_examples: int, num_clients: int) -> None:
   if not isinstance(num_clients, (int, np.integer)) or num_clients < 1:

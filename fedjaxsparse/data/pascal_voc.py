@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+__all__ = ["voc_segmentation", "voc_standin"]
+
 CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat",
            "chair", "cow", "diningtable", "dog", "horse", "motorbike", "person", "pottedplant",
            "sheep", "sofa", "train", "tvmonitor")

@@ -13,6 +13,9 @@ import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData, FederatedDataset, federate
 
+__all__ = ["uniform_weights", "example_weights", "ridge_regression_problem",
+           "ridge_regression_optimum", "softmax_regression_optimum"]
+
 
 def uniform_weights(data: FederatedData) -> np.ndarray:
   """``c_i = 1/N``."""

@@ -5,6 +5,8 @@ import importlib
 
 from fedjaxsparse.data.federated import FederatedDataset
 
+__all__ = ["load_dataset", "load_arrays"]
+
 # name -> (module, function); modules are imported on use so a loader's optional
 # dependencies never slow down the others.
 DATASETS = {

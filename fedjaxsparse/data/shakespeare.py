@@ -56,6 +56,8 @@ from fedjaxsparse.data.federated import FederatedData, FederatedDataset, pack_cl
 from fedjaxsparse.data.leaf import read_leaf_json
 from fedjaxsparse.errors import DataError
 
+__all__ = ["parse_play", "encode", "read_plays", "is_leaf_dir", "load_shakespeare", "shakespeare"]
+
 VOCAB = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
 SEQ_LEN = 80
 PLAYS_ARCHIVE = "shakespeare_plays.tar.xz"  # bundled beside this module (package data)

@@ -16,6 +16,9 @@ import numpy as np
 from fedjaxsparse.data.libsvm import load_sparse
 from fedjaxsparse.errors import DataError
 
+__all__ = ["SparseRows", "from_scipy", "from_libsvm", "from_dense", "matvec", "rmatvec", "planted",
+           "SparseCols", "columns"]
+
 
 class SparseRows(NamedTuple):
   """A padded-CSR design with labels (a pytree; ``num_features`` is static metadata kept as a

@@ -26,6 +26,9 @@ import numpy as np
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import lognormal_sizes
 
+__all__ = ["femnist_standin", "fashion_mnist_standin", "blogfeedback_standin", "mushrooms_arrays",
+           "binary_arrays_like"]
+
 FEMNIST_MEAN, FEMNIST_SD = 226.83, 88.94  # LEAF (Caldas et al. 2018), Table 1
 MUSHROOM_CARDINALITIES = (6, 4, 10, 2, 9, 2, 2, 2, 12, 2, 4, 4, 4, 9, 9, 1, 4, 3, 5, 9, 6, 3)
 BINARY_SHAPES = {"phishing": (11055, 68, 0.557, 30 / 68), "a9a": (32561, 123, 0.241, 13.87 / 123),

@@ -13,6 +13,8 @@ import numpy as np
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import partition as partition_fn
 
+__all__ = ["data_source", "load_split", "cifar10", "cifar100", "emnist"]
+
 
 def data_source(name: str, split: str, data_dir: str | None):
   """tfds' random-access data source of a *prepared* dataset; a missing one fails at once with

@@ -21,6 +21,8 @@ from fedjaxsparse.errors import ConfigError, UserError
 from fedjaxsparse.harness.experiment import (DIVERGENCE, TUNINGS, Config, with_paper,
                                              with_quick)
 
+__all__ = ["experiments", "describe", "main"]
+
 ROUND_NOTE = """\
 What --rounds counts is each experiment's budget unit (see `fedjaxsparse describe NAME`).
 A communication round is one exchange between the server and the participating clients:

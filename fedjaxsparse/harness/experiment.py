@@ -45,6 +45,11 @@ from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.runner import EvalFn, run, state_finite
 from fedjaxsparse.runtime.sharding import client_mesh
 
+__all__ = ["Config", "Option", "parse_options", "name_list", "identity_options", "with_paper",
+           "with_quick", "entry", "Context", "Method", "Tuning", "declared", "finish", "Steps",
+           "output_dir", "run_method", "tuning_config", "Run", "Tuned", "tune_then_run",
+           "first_divergence", "last", "status", "bits_to_reach", "save_results"]
+
 DIVERGENCE = ("error", "skip")
 TUNINGS = ("batched", "sequential")
 INT32_MAX = 2 ** 31 - 1

@@ -35,6 +35,9 @@ from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.report import Table
 
+__all__ = ["validation_split", "mean_se", "check_claim", "Dimension", "SearchResult", "sample",
+           "two_stage_search", "PaperConfig", "load_or_standin", "paper_table"]
+
 
 def validation_split(data: FederatedData, fraction: float, seed: int
                      ) -> tuple[FederatedData, FederatedData]:

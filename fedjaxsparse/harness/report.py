@@ -9,6 +9,8 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
+__all__ = ["print_table", "Table", "Figure"]
+
 MISSING = "—"
 MISSING_NOTE = (f"{MISSING}: no value — not applicable to the method, a single seed (no "
                 "standard error), a threshold never reached, a diverged run, or a number the "

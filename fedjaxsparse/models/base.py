@@ -16,6 +16,8 @@ import numpy as np
 
 from fedjaxsparse.core import CLASSIFICATION, Model
 
+__all__ = ["softmax_cross_entropy", "from_flax", "squared_error", "make_loss", "global_mean_scale"]
+
 
 def softmax_cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:
   """``[B, C], [B] -> [B]`` cross-entropy with integer labels."""

@@ -45,6 +45,13 @@ import optax
 
 from fedjaxsparse.models.hf import flatten_paths, nest_paths
 
+__all__ = ["VisionConfig", "TextConfig", "CLIPConfig", "config_from_hf", "config_to_hf",
+           "load_config", "Attention", "MLP", "EncoderLayer", "Encoder", "VisionEmbeddings",
+           "VisionTransformer", "pool_positions", "TextEmbeddings", "TextTransformer", "CLIP",
+           "init", "param_shapes", "image_features", "text_features", "hf_name", "load_params",
+           "save_params", "preprocess", "ZeroShotTeacher", "check_token_ids", "zero_shot_teacher",
+           "teacher_logits", "cached_logits", "PromptTuned", "prompt_tuning"]
+
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 ACTIVATIONS = ("quick_gelu", "gelu")

@@ -24,6 +24,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+__all__ = ["patch_conv", "resolve_impl", "Conv"]
+
 IMPLS = ("auto", "patches", "xla")
 
 

@@ -44,6 +44,8 @@ from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.models.prunable import NORMS, PNorm
 from fedjaxsparse.core import Model
 
+__all__ = ["MBConv", "EfficientNet", "efficientnet_b0"]
+
 # (expand ratio, kernel, stride, C_in, C_out, layers): torchvision's efficientnet_b0 (width and
 # depth multipliers 1), Table 1 of Tan & Le (2019).
 B0_STAGES = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2),

@@ -24,6 +24,8 @@ import numpy as np
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.models.transformer import TransformerConfig
 
+__all__ = ["config_from_hf", "config_to_hf", "nest_paths", "flatten_paths", "Checkpoint", "save"]
+
 _LLAMA_LINEAR = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                  "mlp": ("gate_proj", "up_proj", "down_proj")}
 _OPT_LINEAR = {"self_attn": ("q_proj", "k_proj", "v_proj", "out_proj"), "": ("fc1", "fc2")}

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 from fedjaxsparse.models.base import softmax_cross_entropy, squared_error
 from fedjaxsparse.core import CLASSIFICATION, Model, REGRESSION
 
+__all__ = ["linear_regression", "softmax_regression", "logistic_loss", "logistic_regression"]
+
 INITS = ("zeros", "lecun", "pytorch")
 
 

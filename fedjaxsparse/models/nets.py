@@ -34,6 +34,9 @@ from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.models.conv import Conv, resolve_impl
 from fedjaxsparse.core import Model
 
+__all__ = ["image_shape", "mlp", "cnn", "cohort_squeeze_cnn", "norm_layer", "bn_cnn", "resnet18",
+           "lenet5_caffe", "fedp3_cnn", "vgg11", "char_lstm"]
+
 NORMS = ("group", "batch")
 
 

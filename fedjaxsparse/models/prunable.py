@@ -50,6 +50,9 @@ import jax.numpy as jnp
 from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.core import Model
 
+__all__ = ["PConv", "PDense", "PNorm", "batch_norm_stats", "apply_with_stats", "cifar_resnet",
+           "resnet", "resnet50", "mlp", "lenet5", "mobilenet_v2"]
+
 NORMS = ("batch", "group")
 
 

@@ -22,6 +22,9 @@ import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
 
+__all__ = ["TransformerConfig", "Linear", "rotary", "Attention", "Block", "Decoder", "init",
+           "block_params", "next_token_loss"]
+
 ARCHS = ("llama", "opt")
 
 

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal
 
+__all__ = ["layer_macs", "training_flops"]
+
 _ALIASES = ("reshape", "transpose", "convert_element_type", "copy", "squeeze",
             "expand_dims", "broadcast_in_dim")
 

@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
+__all__ = ["path_prefix", "layer_names", "layer_index", "layer_sizes", "per_leaf"]
+
 
 def _key_name(k: Any) -> str:
   for attr in ("key", "name", "idx"):

@@ -13,6 +13,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+__all__ = ["CalibStats", "init_stats", "update_stats"]
+
 
 class CalibStats(NamedTuple):
   """``sumsq`` ``float32[b]`` (Σ x²), ``total`` ``float32[b]`` (Σ x), ``count`` (tokens),

@@ -59,6 +59,8 @@ import jax.numpy as jnp
 
 from fedjaxsparse.pruning.calibration import CalibStats
 
+__all__ = ["DSnoTConfig", "DSnoTInfo", "validate", "dsnot", "r2_dsnot", "refine"]
+
 ACCEPT_RULES = ("threshold", "same_sign", "decrease")
 _P_VALUES = (1.0, 2.0, float("inf"))
 

@@ -42,6 +42,9 @@ from fedjaxsparse.errors import DataError
 from fedjaxsparse.models.transformer import next_token_loss
 from fedjaxsparse.models import transformer as T
 
+__all__ = ["ByteTokenizer", "FileTokenizer", "tokenizer", "shakespeare_splits", "wikitext2_test",
+           "c4_documents", "calibration_windows", "eval_windows", "perplexity", "train"]
+
 WIKITEXT_HOW_TO = ("download wikitext-2-raw-v1.zip (e.g. from the Hugging Face dataset "
                    "'Salesforce/wikitext', config wikitext-2-raw-v1) and pass the path of its "
                    "wiki.test.raw or test-*.parquet file")

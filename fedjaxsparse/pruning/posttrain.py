@@ -35,6 +35,9 @@ from fedjaxsparse.pruning.calibration import CalibStats
 from fedjaxsparse.pruning.calibration import init_stats, update_stats
 from fedjaxsparse.pruning.scores import by_name
 
+__all__ = ["unstructured_mask", "nm_mask", "layer_mask", "prune_params", "calibrate", "prune_model",
+           "client_batches", "one_shot"]
+
 GROUPS = ("per_output", "per_input", "per_layer")
 ScoreFn = Callable[[jax.Array, Any, jax.Array], jax.Array]  # (W, x_norm | None, key) -> S
 

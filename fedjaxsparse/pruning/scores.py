@@ -48,6 +48,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+__all__ = ["general", "magnitude", "wanda", "owanda", "symmetric", "ri", "ria", "general_diagonal",
+           "lp", "stoch_ria", "relative_importance", "by_name"]
+
 LP_VARIANTS = ("S1", "S2", "S3", "S4")
 
 

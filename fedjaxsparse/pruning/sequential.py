@@ -31,6 +31,9 @@ from tqdm.auto import tqdm
 from fedjaxsparse.pruning import calibration, dsnot, posttrain
 from fedjaxsparse.models import transformer as T
 
+__all__ = ["ParamsSource", "LayerReport", "kernels", "prune_block", "prune", "perplexity",
+           "logits_fn"]
+
 
 class ParamsSource:
   """A model held in memory: ``params`` with ``layers_{i}`` blocks (numpy or jax arrays)."""

@@ -43,6 +43,10 @@ import numpy as np
 
 from fedjaxsparse.models.prunable import PConv, PDense, PNorm
 
+__all__ = ["Layer", "ChannelSet", "ZIGs", "trace", "group_sq_norms", "group_dots", "group_norms",
+           "scale_groups", "group_prox", "hsp", "conv_groups", "norm_scales", "kept_fraction",
+           "flops", "total_flops", "flops_regularizer", "gate", "compress"]
+
 Params = Any
 _PRODUCER_LEAVES = ("kernel", "bias", "scale")
 

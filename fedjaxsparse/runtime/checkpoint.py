@@ -27,6 +27,8 @@ from fedjaxsparse.errors import CheckpointCorruptError, CheckpointExistsError, R
 from fedjaxsparse.runtime.fingerprint import diff as fingerprint_diff
 from fedjaxsparse.runtime.fingerprint import tree_digest
 
+__all__ = ["Checkpointer", "open_checkpoint", "check_resumable"]
+
 
 def _uncommitted(a: Any) -> Any:
   """The same values, placed as a fresh run's arrays are (uncommitted): orbax returns arrays

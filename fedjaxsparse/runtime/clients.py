@@ -29,6 +29,11 @@ import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData
 
+__all__ = ["BucketedData", "bucketize", "padded_work", "plan_buckets", "auto_layout", "Executed",
+           "with_strategy", "loop_free", "local_scan", "client_ids", "map_clients",
+           "count_primitive", "conv_flops", "dot_flops", "client_bytes", "arg_signature",
+           "traced_step", "cached_step", "choose_strategy"]
+
 
 class BucketedData(NamedTuple):
   """Clients in size buckets.

@@ -29,6 +29,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+__all__ = ["initialize", "initialize_from_env", "is_primary", "to_host", "free_port", "launch"]
+
 ENV_ID, ENV_COUNT, ENV_COORDINATOR = ("FEDJAXSPARSE_PROCESS_ID", "FEDJAXSPARSE_NUM_PROCESSES",
                                       "FEDJAXSPARSE_COORDINATOR")
 

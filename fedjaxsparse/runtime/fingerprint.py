@@ -25,6 +25,9 @@ import numpy as np
 from fedjaxsparse.runtime.clients import arg_signature, traced_step
 from fedjaxsparse.runtime.distributed import to_host
 
+__all__ = ["tree_digest", "function_digest", "jaxpr_digest", "run_fingerprint", "config_components",
+           "diff"]
+
 DIGEST_SIZE = 16  # bytes; 128-bit BLAKE2b
 
 

@@ -14,6 +14,8 @@ import time
 
 from fedjaxsparse.errors import LockedError
 
+__all__ = ["FolderLock"]
+
 LOCK_NAME = ".lock"
 
 

@@ -37,6 +37,9 @@ from fedjaxsparse.runtime.runner import EvalFn, History, split_run_key
 from fedjaxsparse.ops.sampling import check_cohort_size, sample_cohort
 from fedjaxsparse.runtime.runner import run as run_device
 
+__all__ = ["CohortAlgorithm", "PopulationState", "on_device", "state_bytes", "choose_residence",
+           "HostRun", "live_device_bytes", "run_on_host", "run"]
+
 RESIDENCES = ("auto", "device", "host")
 
 

@@ -49,6 +49,9 @@ from fedjaxsparse.runtime.fingerprint import run_fingerprint
 from fedjaxsparse.runtime.locking import FolderLock
 from fedjaxsparse.runtime.sharding import shard_clients
 
+__all__ = ["ChunkOutput", "split_run_key", "build_chunk", "state_finite", "History", "RunResult",
+           "first_nonfinite", "run", "arrange"]
+
 EvalFn = Callable[[Any, Any], dict]  # (params, test_data) -> {name: scalar}
 
 

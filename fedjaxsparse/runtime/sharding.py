@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+__all__ = ["client_mesh", "shard_clients"]
+
 CLIENT_AXIS = "clients"
 
 

@@ -20,6 +20,8 @@ from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import check_data
 from fedjaxsparse.runtime.runner import EvalFn, History, arrange, build_chunk, split_run_key
 
+__all__ = ["grid", "run_batched"]
+
 
 def grid(**axes: Any) -> dict[str, np.ndarray]:
   """The Cartesian product of the given value lists, flattened: ``{name: float32[S]}``.
