@@ -14,13 +14,14 @@ vmapped sweep) pass through unchecked.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import jax
 
 __all__ = ["UserError", "ConfigError", "DataError", "RunMismatchError", "CheckpointExistsError",
            "CheckpointCorruptError", "LockedError", "NonFiniteError", "check_number",
-           "check_positive"]
+           "check_int", "check_positive"]
 
 
 class UserError(Exception):
@@ -94,6 +95,25 @@ def check_number(name: str, value: Any, low: float | None = None, high: float | 
   if not ok:
     raise ConfigError(f"{name} must be a finite number in {lo}, {hi}, got {value!r}.")
   return value
+
+
+def check_int(name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
+  """``value`` as a Python ``int`` if it is an integer (``int`` or a NumPy integer, not a
+  ``bool``) in ``[low, high]`` (``None``: unbounded); otherwise raise ``ConfigError`` naming
+  ``name`` and the allowed range."""
+  lo = "-inf" if low is None else str(low)
+  hi = "inf" if high is None else str(high)
+  what = (f"an int >= {low}" if high is None and low is not None else
+          f"an int in [{lo}, {hi}]")
+  if isinstance(value, bool):
+    raise ConfigError(f"{name} must be {what}, got {value!r}.")
+  try:
+    v = operator.index(value)
+  except TypeError:
+    raise ConfigError(f"{name} must be {what}, got {value!r}.") from None
+  if (low is not None and v < low) or (high is not None and v > high):
+    raise ConfigError(f"{name} must be {what}, got {value!r}.")
+  return v
 
 
 def check_positive(name: str, value: Any) -> Any:

@@ -170,3 +170,17 @@ def test_requests_that_cannot_be_met_are_refused_not_changed(capsys, tmp_path):
                                "--no-progress"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "--dataset 'cifar10'" in err[0] and "--dataset synthetic" in err[0]
+
+
+def test_integer_options_take_numpy_integers_and_name_the_range():
+  """One integer checker for every integer option: NumPy integers are integers; a bool, a
+  float or a value out of range is refused naming the option and its range."""
+  check = fjs.errors.check_int
+  assert check("epochs", np.int64(3), 1) == 3 and type(check("epochs", np.int32(3), 1)) is int
+  for bad in (0, True, 2.0, "2", None):
+    with pytest.raises(fjs.errors.ConfigError, match=r"epochs must be an int >= 1"):
+      check("epochs", bad, 1)
+  with pytest.raises(fjs.errors.ConfigError, match=r"k must be an int in \[1, 4\], got 5"):
+    check("k", 5, 1, 4)
+  with pytest.raises(ValueError, match=r"batch_size must be an int >= 1, got 0"):
+    fjs.fedmrn(lambda *a: 0.0, 0.1, batch_size=0)

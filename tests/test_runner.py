@@ -62,7 +62,8 @@ def test_whole_run_traces_once_and_dispatches_once_per_chunk(setup):
 
 def test_chunk_size_does_not_change_the_run(setup):
   a = _run(setup, num_rounds=30, eval_every=10, chunk_size=4)    # 7 chunks and a shorter one
-  b = _run(setup, num_rounds=30, eval_every=10, chunk_size=20)
+  # NumPy integers are integers (a config read from an array, say)
+  b = _run(setup, num_rounds=np.int64(30), eval_every=np.int64(10), chunk_size=np.int32(20))
   chex.assert_trees_all_close(a.state, b.state, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(a.history.rounds["loss"], b.history.rounds["loss"], rtol=1e-5)
 

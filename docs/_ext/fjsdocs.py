@@ -46,31 +46,41 @@ NAMESPACES = (
     ("fedjaxsparse.harness", "Experiments, tables, plots, command line"),
 )
 
-# A page per paper family: (slug, title, seed, algorithm modules, experiments, notebooks).
+# A page per paper family: (slug, title, the paper, algorithm modules, experiments, notebooks).
 FAMILIES = (
-    ("proxskip", "Sparse-ProxSkip, RandProx and sparse FedAvg baselines", "000",
+    ("proxskip", "Sparse-ProxSkip, RandProx and sparse FedAvg baselines",
+     "Meinhardt, Yi, Condat and Richtárik (2024), arXiv:2405.20623",
      ("proxskip", "fedht", "fedavg", "fedprox"), ("sparse_proxskip", "sparse_proxskip_cifar",
                                                   "fedavg_digits"), ("quickstart",)),
-    ("efbv", "EF-BV, EF21 and DIANA: compressed gradients with error feedback", "001 ch. 2",
+    ("efbv", "EF-BV, EF21 and DIANA: compressed gradients with error feedback",
+     "Condat, Yi and Richtárik (2022), NeurIPS 2022, arXiv:2205.04180",
      ("efbv",), ("efbv_logreg",), ("compressors",)),
-    ("scafflix", "Scafflix: explicit personalization with local training", "001 ch. 3",
+    ("scafflix", "Scafflix: explicit personalization with local training",
+     "Yi, Condat and Richtárik (2023), arXiv:2305.13170",
      ("scafflix",), ("scafflix_logreg", "scafflix_inexact", "scafflix_nn"), ("scafflix",)),
-    ("fedp3", "FedP3: personalized privacy-friendly network pruning", "001 ch. 4",
+    ("fedp3", "FedP3: personalized privacy-friendly network pruning",
+     "Yi, Gazagnadou, Richtárik and Lyu (2024), ICLR 2024, arXiv:2404.09816",
      ("fedp3", "fedp3_theory"), ("fedp3_fmnist", "fedp3_ldp"), ("fedp3",)),
-    ("cohort_squeeze", "Cohort-Squeeze: SPPM with arbitrary sampling", "001 ch. 5",
+    ("cohort_squeeze", "Cohort-Squeeze: SPPM with arbitrary sampling",
+     "Yi, Kharisov, Sokolov and Richtárik (2024), arXiv:2406.01115",
      ("sppm",), ("cohort_squeeze_logreg", "cohort_squeeze_nn"), ("cohort_squeeze",)),
-    ("posttrain", "SymWanda, Wanda, RIA and DSnoT: post-training pruning", "001 ch. 6",
+    ("posttrain", "SymWanda, Wanda, RIA and DSnoT: post-training pruning",
+     "Yi and Richtárik (2025), arXiv:2501.18980",
      (), ("symwanda_mlp", "symwanda_lm"), ("posttrain",)),
-    ("fedspa", "FedSpa, Ditto, Sub-FedAvg and FedPM: personalized sparse masks", "002",
-     ("fedspa", "ditto", "subfedavg", "fedpm"), ("fedspa_table1",), ("fedspa",)),
-    ("fedmrn", "FedMRN: masked random noise for communication-efficient FL", "002",
-     ("fedmrn",), ("fedmrn_fmnist",), ("fedmrn",)),
-    ("ddss", "Safe screening for distributed sparse learning (DDSS)", "003",
+    ("fedspa", "FedSpa, Ditto and Sub-FedAvg: personalized sparse masks",
+     "Huang, Liu, Shen, He, Lin and Tao (2022), arXiv:2201.11380",
+     ("fedspa", "ditto", "subfedavg"), ("fedspa_table1",), ("fedspa",)),
+    ("fedmrn", "FedMRN and FedPM: masks as messages for communication-efficient FL",
+     "Li, Cheng, Wang et al. (2024), ACM Multimedia 2024, arXiv:2408.03220",
+     ("fedmrn", "fedpm"), ("fedmrn_fmnist",), ("fedmrn",)),
+    ("ddss", "Safe screening for distributed sparse learning (DDSS)",
+     "Bao, Wu, Xian and Huang (2022), arXiv:2204.10981",
      ("ddss", "ddss_baselines"), ("ddss_lasso",), ("ddss",)),
-    ("ato", "Auto-Train-Once: structured pruning with a controller network", "004",
+    ("ato", "Auto-Train-Once: structured pruning with a controller network",
+     "Wu, Gao, Zhang et al. (2024), CVPR 2024, arXiv:2403.14729",
      ("ato",), ("ato_prune",), ("ato",)),
     ("fedlpfm", "Fed-LPFM and FML: federated learning with a pre-trained foundation model",
-     "004", ("fedlpfm", "fml"), ("fedlpfm_fmnist",), ("fedlpfm",)),
+     "Wu, Lin, Willmott et al. (2023), arXiv:2311.08479", ("fedlpfm", "fml"), ("fedlpfm_fmnist",), ("fedlpfm",)),
 )
 POSTTRAIN_MODULES = ("fedjaxsparse.pruning.posttrain", "fedjaxsparse.pruning.scores",
                      "fedjaxsparse.pruning.dsnot")
@@ -355,12 +365,12 @@ def _paper_numbers(experiment: str, paper: str, pc) -> str:
   return text + "\n"
 
 
-def family_page(slug, title, seed, modules, exps, notebooks) -> str:
+def family_page(slug, title, paper, modules, exps, notebooks) -> str:
   from fedjaxsparse.harness.cli import experiments
   found = experiments()
   configs = paper_configurations()
   text = f"# {title}\n\n"
-  text += (f"Seed {seed}. The citation, the method in a few sentences, its update rules and "
+  text += (f"The paper: {paper}. The full citations, the method in a few sentences, its update rules and "
            "the choices the library made where the paper is silent or wrong are in the "
            "module docstrings below; the constructors follow with every option.\n\n")
   mods = [f"fedjaxsparse.algorithms.{m}" for m in modules] or list(POSTTRAIN_MODULES)

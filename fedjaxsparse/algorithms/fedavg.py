@@ -34,6 +34,7 @@ from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.ops.local import at_round, epoch_loop, minibatch
 from fedjaxsparse.ops.proxes import Prox
 from fedjaxsparse.runtime.clients import local_scan
+from fedjaxsparse.errors import check_int
 
 __all__ = ["FedAvgInfo", "local_sgd", "epoch_train", "clipped_sgd", "fedavg", "client_update"]
 
@@ -211,8 +212,7 @@ def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformatio
   :func:`fedjaxsparse.algorithms.cohort_round.mean_model`). Its ``"loss"`` is its loss at the
   received model: on its first local batch, or on all its data with ``epochs``. Put it under
   any aggregation with :func:`fedjaxsparse.algorithms.cohort_round.cohort_round`."""
-  if not isinstance(local_steps, int) or local_steps < 1:
-    raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
+  local_steps = check_int("local_steps", local_steps, 1)
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
   if epochs is not None and (not isinstance(epochs, int) or epochs < 1 or batch_size is None):

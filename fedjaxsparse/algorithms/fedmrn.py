@@ -56,7 +56,7 @@ import optax
 
 from fedjaxsparse.algorithms.cohort_round import ClientUpdate, cohort_round
 from fedjaxsparse.core import Algorithm, LossFn, as_float
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.ops.aggregation import weighted_mean
@@ -97,8 +97,7 @@ def _check(lr, noise_scale, epochs, batch_size, masking, distribution):
   check_number("lr", lr, 0.0, None, low_open=True)
   check_number("noise_scale", noise_scale, 0.0, None, low_open=True)
   for name, v in (("epochs", epochs), ("batch_size", batch_size)):
-    if not isinstance(v, int) or v < 1:
-      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+    check_int(name, v, 1)
   if masking not in MASKINGS:
     raise ValueError(f"masking must be one of {MASKINGS}, got {masking!r}.")
   if distribution not in M.DISTRIBUTIONS:

@@ -73,7 +73,7 @@ from fedjaxsparse.runtime.clients import local_scan
 from fedjaxsparse.core import Algorithm, LossFn, float_dtype
 from fedjaxsparse.ops.local import at_round, minibatch
 from fedjaxsparse.ops.sparsity import largest_mask, random_keys
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 
 __all__ = ["FedP3Config", "FedP3State", "FedP3CohortState", "FedP3Info", "layer_policy",
            "exclude_one_group", "make_config", "global_mask", "ordered_dropout_mask",
@@ -383,8 +383,7 @@ def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformatio
   lo, hi = q_range
   check_number("q_range[0]", lo, 0.0, 1.0, low_open=True)
   check_number("q_range[1]", hi, lo, 1.0)
-  if not isinstance(local_steps, int) or local_steps < 1:
-    raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
+  local_steps = check_int("local_steps", local_steps, 1)
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
   def local_mask(key, params, layer_of, selected, num_layers):

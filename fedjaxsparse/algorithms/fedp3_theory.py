@@ -50,7 +50,7 @@ from fedjaxsparse.algorithms.fedp3 import FedP3State
 from fedjaxsparse.core import Algorithm, LossFn, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import client_keys
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 
 __all__ = ["permutation_owner", "permutation_sketch", "pruning_mask", "clipped_mean_grad",
            "TheoryInfo", "fedp3_theory", "theorem_433_step", "theorem_433_bound",
@@ -147,8 +147,7 @@ def fedp3_theory(loss_fn: LossFn, gamma: float, *, local_steps: int = 1,
     raise ValueError(f"sketch must be one of {SKETCHES}, got {sketch!r}.")
   if noise not in NOISES:
     raise ValueError(f"noise must be one of {NOISES}, got {noise!r}.")
-  if not isinstance(local_steps, int) or local_steps < 1:
-    raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
+  local_steps = check_int("local_steps", local_steps, 1)
 
   def init(key, params, data: FederatedData):
     del key

@@ -42,7 +42,7 @@ from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, CohortState, Ser
                                                   cohort_round)
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.local import at_round, epoch_loop
 from fedjaxsparse.ops.noise_masks import tree_map_keyed
@@ -151,8 +151,7 @@ def client_update(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: in
   received. Arguments as :func:`fedpm`."""
   check_number("lr", lr, 0.0, None, low_open=True)
   for name, v in (("epochs", epochs), ("batch_size", batch_size)):
-    if not isinstance(v, int) or v < 1:
-      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+    check_int(name, v, 1)
 
   def masked_loss(s, w0, key, x, y, m):
     def sample(k, si):  # straight-through Bernoulli: forward m, gradient as if m = σ(s)

@@ -57,7 +57,7 @@ from fedjaxsparse.algorithms.cohort_round import (EXTRA_BITS_UP, ClientUpdate, C
                                                    cohort_round)
 from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_minibatch, epoch_sgd
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.ops.sparsity import num_params
 
 __all__ = ["FedSpaState", "FedSpaInfo", "fedspa", "client_update"]
@@ -182,8 +182,7 @@ def client_update(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, spa
   if schedule not in MK.DROP_SCHEDULES:
     raise ValueError(f"schedule must be one of {tuple(MK.DROP_SCHEDULES)}, got {schedule!r}.")
   for name, v in (("epochs", epochs), ("batch_size", batch_size), ("num_rounds", num_rounds)):
-    if not isinstance(v, int) or v < 1:
-      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+    check_int(name, v, 1)
   MK._check_alpha(alpha0, num_rounds)  # validates alpha0 (as every drop schedule does)
   if regrowth not in MK.REGROWTHS:
     raise ValueError(f"regrowth must be one of {MK.REGROWTHS}, got {regrowth!r}.")

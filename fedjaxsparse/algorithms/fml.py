@@ -39,6 +39,7 @@ from fedjaxsparse.algorithms.fedlpfm import kd_loss
 from fedjaxsparse.core import Algorithm, Model
 from fedjaxsparse.ops.local import at_round, minibatch
 from fedjaxsparse.runtime.clients import local_scan
+from fedjaxsparse.errors import check_int
 
 __all__ = ["FMLState", "fml", "client_update"]
 
@@ -88,8 +89,7 @@ def client_update(model: Model, private_model: Model,
   for name, v in (("alpha", alpha), ("beta", beta)):
     if not 0 <= v <= 1:
       raise ValueError(f"{name} must be in [0, 1], got {v!r}.")
-  if not isinstance(local_steps, int) or local_steps < 1:
-    raise ValueError(f"local_steps must be an int >= 1, got {local_steps!r}.")
+  local_steps = check_int("local_steps", local_steps, 1)
 
   def objective(apply, per_example, weight):
     def loss(params, other_logits, x, y, mask):

@@ -50,7 +50,7 @@ import optax
 
 from fedjaxsparse.algorithms.ato import ATO, ATOInfo, ATOState
 from fedjaxsparse.core import Model, float_dtype
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.pruning import zig as Z
 
 __all__ = ["DHSPGConfig", "dhspg", "adaptive_lambda", "partition_scores"]
@@ -78,8 +78,7 @@ class DHSPGConfig(NamedTuple):
     check_number("epsilon", self.epsilon, 0.0, None)
     for name in ("partition_step", "warm_up_steps"):
       v = getattr(self, name)
-      if not isinstance(v, int) or v < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {v!r}.")
+      check_int(name, v, 0)
     if self.half_space_step is not None and (not isinstance(self.half_space_step, int)
                                              or self.half_space_step < 0):
       raise ValueError(f"half_space_step must be None or an int >= 0, got "

@@ -48,7 +48,7 @@ from fedjaxsparse.algorithms.cohort_round import (ClientUpdate, CohortState, Ser
                                                   cohort_round)
 from fedjaxsparse.core import Algorithm, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.models.base import softmax_cross_entropy
 from fedjaxsparse.models.split import SplitModel, kl_normal, product_of_normals
 from fedjaxsparse.ops import accounting, layer_groups
@@ -141,8 +141,7 @@ def _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip):
   if clip is not None:
     check_number("clip", clip, 0.0, None, low_open=True)
   for name, v in (("epochs", epochs), ("batch_size", batch_size), ("samples", samples)):
-    if not isinstance(v, int) or v < 1:
-      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+    check_int(name, v, 1)
 
 
 def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2: float = 1.0,
@@ -646,8 +645,7 @@ def fedpac(model: SplitModel, lr: float | Schedule, *, lam: float = 1.0, epochs:
   check_number("lam", lam, 0.0, None)
   check_number("min_weight", min_weight, 0.0, 1.0, high_open=True)
   for name, v in (("head_epochs", head_epochs), ("qp_iterations", qp_iterations)):
-    if not isinstance(v, int) or v < 0:
-      raise ValueError(f"{name} must be an int >= 0, got {v!r}.")
+    check_int(name, v, 0)
   if model.gaussian:
     raise ValueError("fedpac needs a SplitModel with a deterministic representation "
                      "(fedcr_net(..., gaussian=False)).")

@@ -62,7 +62,7 @@ from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.local import minibatch
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.convex.constants import client_curvatures
 
 __all__ = ["personalize", "make_personal_eval_fn", "LocalOptima", "local_optima", "ScafflixState",
@@ -123,8 +123,7 @@ def local_optima(loss_fn: LossFn, params: Any, data: FederatedData, *, lr: Any,
   and the stopping test uses the minibatch gradient; ``tol=0`` runs ``max_steps`` steps."""
   lrs = np.broadcast_to(np.asarray(lr, np.float64), (data.num_clients,))
   check_number("lr", float(lrs.min()), 0.0, None, low_open=True)
-  if not isinstance(max_steps, int) or max_steps < 0:
-    raise ValueError(f"max_steps must be an int >= 0, got {max_steps!r}.")
+  max_steps = check_int("max_steps", max_steps, 0)
   grad = jax.grad(loss_fn)
   key = jax.random.key(0) if key is None else key
 
@@ -388,8 +387,7 @@ def scafflix_cohort(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, *,
   """
   check_number("p (communication probability)", p, 0.0, 1.0, low_open=True)
   check_number("optimum_lr", optimum_lr, 0.0, None, low_open=True)
-  if not isinstance(optimum_steps, int) or optimum_steps < 0:
-    raise ValueError(f"optimum_steps must be an int >= 0, got {optimum_steps!r}.")
+  optimum_steps = check_int("optimum_steps", optimum_steps, 0)
   value_and_grad, grad = jax.value_and_grad(loss_fn), jax.grad(loss_fn)
   key = jax.random.key(0) if key is None else key
 

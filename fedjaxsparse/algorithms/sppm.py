@@ -63,7 +63,7 @@ from fedjaxsparse.convex.prox_solvers import Solver, gd
 from fedjaxsparse.ops.sampling import Sampler
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.ops.local import minibatch
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 
 __all__ = ["SPPMState", "SPPMInfo", "sppm_as", "MimeLite", "mime_lite", "cohort_average",
            "fedprox_sppm_as", "fedavg_sppm_as", "local_gd"]
@@ -167,8 +167,7 @@ def mime_lite(optimizer: optax.GradientTransformation, steps: int) -> MimeLite:
   round is a new prox problem). With a stateless optimizer (SGD) this is exactly
   :func:`~fedjaxsparse.convex.prox_solvers.optax_steps`' worker (tested); with Adam it is the
   Cohort-Squeeze paper's "MimeLite-Adam"."""
-  if not isinstance(steps, int) or steps < 1:
-    raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
+  steps = check_int("steps", steps, 1)
   return MimeLite(optimizer, steps)
 
 
@@ -192,8 +191,7 @@ def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver | MimeLite,
   paper's "FedAdam-Adam" solver. ``solver`` may also be :func:`mime_lite`'s worker
   ("MimeLite-Adam").
   """
-  if not isinstance(local_rounds, int) or local_rounds < 1:
-    raise ValueError(f"local_rounds (K) must be an int >= 1, got {local_rounds!r}.")
+  local_rounds = check_int("local_rounds (K)", local_rounds, 1)
   for name, v in (("alpha", alpha), ("gamma", gamma)):
     if v is not None:
       check_number(name, v, 0.0, None, low_open=True)

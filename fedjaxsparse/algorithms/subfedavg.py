@@ -75,7 +75,7 @@ from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_sgd
 from fedjaxsparse.ops.sparsity import largest_mask, nnz, num_params
 from fedjaxsparse.pruning import zig
-from fedjaxsparse.errors import check_number
+from fedjaxsparse.errors import check_int, check_number
 
 __all__ = ["SubFedAvgInfo", "subfedavg", "client_update"]
 
@@ -212,8 +212,7 @@ def client_update(loss_fn: LossFn, lr: float | Schedule, *, accuracy_fn: Callabl
   check_number("acc_threshold", acc_threshold, 0.0, 1.0)
   check_number("dist_threshold", dist_threshold, 0.0, None)
   for name, v in (("epochs", epochs), ("batch_size", batch_size)):
-    if not isinstance(v, int) or v < 1:
-      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+    check_int(name, v, 1)
   grad = jax.grad(loss_fn)
   count = lambda m: nnz(jax.tree.map(lambda x: x.astype(jnp.int8), m))
 

@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+from fedjaxsparse.errors import check_int
+
 __all__ = ["voc_segmentation", "voc_standin"]
 
 CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat",
@@ -53,8 +55,7 @@ def voc_segmentation(root: str, split: str = "train", image_size: int = 128,
   from PIL import Image
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
-  if not isinstance(image_size, int) or image_size < 8:
-    raise ValueError(f"image_size must be an int >= 8, got {image_size!r}.")
+  image_size = check_int("image_size", image_size, 8)
   base = _root(root)
   listing = os.path.join(base, "ImageSets", "Segmentation", f"{split}.txt")
   if not os.path.isfile(listing):

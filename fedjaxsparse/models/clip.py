@@ -44,6 +44,7 @@ import numpy as np
 import optax
 
 from fedjaxsparse.models.hf import flatten_paths, nest_paths
+from fedjaxsparse.errors import check_int
 
 __all__ = ["VisionConfig", "TextConfig", "CLIPConfig", "config_from_hf", "config_to_hf",
            "load_config", "Attention", "MLP", "EncoderLayer", "Encoder", "VisionEmbeddings",
@@ -706,8 +707,7 @@ def prompt_tuning(cfg: CLIPConfig, params: dict[str, Any], prompt_ids: Any,
   h = cfg.text_config.hidden_size
   if not isinstance(n_ctx, int) or not 1 <= n_ctx <= length - 2:
     raise ValueError(f"n_ctx must be an int in [1, L - 2 = {length - 2}], got {n_ctx!r}.")
-  if not isinstance(steps, int) or steps < 1:
-    raise ValueError(f"steps must be an int >= 1, got {steps!r}.")
+  steps = check_int("steps", steps, 1)
   # host-side checks and conversions (numpy: no program per shape for what is only checked)
   emb = np.asarray(image_emb, np.float32)
   y = np.asarray(labels).astype(np.int32)

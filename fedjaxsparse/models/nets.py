@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.models.conv import Conv, resolve_impl
 from fedjaxsparse.core import Model
+from fedjaxsparse.errors import check_int
 
 __all__ = ["image_shape", "mlp", "cnn", "cohort_squeeze_cnn", "norm_layer", "bn_cnn", "resnet18",
            "lenet5_caffe", "fedp3_cnn", "vgg11", "char_lstm"]
@@ -244,8 +245,7 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "group",
   """
   if norm not in NORMS:
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}.")
-  if not isinstance(width, int) or width < 1:
-    raise ValueError(f"width must be an int >= 1, got {width!r}.")
+  width = check_int("width", width, 1)
   if norm == "group" and (num_groups < 1 or width % num_groups):
     raise ValueError(f"num_groups must divide width={width} (the narrowest layer), got "
                      f"{num_groups}.")

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 
 from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.core import Model
+from fedjaxsparse.errors import check_int
 
 __all__ = ["PConv", "PDense", "PNorm", "batch_norm_stats", "apply_with_stats", "cifar_resnet",
            "resnet", "resnet50", "mlp", "lenet5", "mobilenet_v2"]
@@ -130,8 +131,7 @@ def batch_norm_stats(module: nn.Module, params, x, batch_size: int = 256) -> dic
   ``x [N, ...]``; the last partial batch is left out when there are several."""
   x = jnp.asarray(x)
   n = len(x)
-  if not isinstance(batch_size, int) or batch_size < 1:
-    raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}.")
+  batch_size = check_int("batch_size", batch_size, 1)
   steps = max(1, n // batch_size)
   sums: dict = {}
 

@@ -36,6 +36,7 @@ from fedjaxsparse.core import CLASSIFICATION, Model
 from fedjaxsparse.models.base import softmax_cross_entropy
 from fedjaxsparse.models.conv import Conv, resolve_impl
 from fedjaxsparse.models.nets import image_shape
+from fedjaxsparse.errors import check_int
 
 __all__ = ["SplitModel", "fedcr_net", "gaussian_representation", "kl_normal",
            "product_of_normals"]
@@ -150,8 +151,7 @@ def fedcr_net(input_shape: Sequence[int], num_classes: int, dim: int = 256, *,
     raise ValueError("a deterministic fedcr_net needs at least one dense layer (its output is "
                      "the representation); got dense=().")
   for name, v in (("dim", dim), ("num_classes", num_classes)):
-    if not isinstance(v, int) or v < 1:
-      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+    check_int(name, v, 1)
   shape = image_shape(input_shape) if conv else tuple(int(s) for s in input_shape)
   d = dim if gaussian else dense[-1]
   body = _Body(conv, dense, 2 * d if gaussian else 0, conv_impl)

@@ -37,7 +37,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import noise_masks as M
-from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.errors import ConfigError, check_int
 from fedjaxsparse.ops.sparsity import top_k_indices
 
 __all__ = ["Compressor", "identity", "rand_k", "scaled_rand_k", "top_k", "mix_k", "comp_k",
@@ -201,8 +201,7 @@ def qsgd(d: int, levels: int) -> Compressor:
   """QSGD random dithering with ``s = levels`` (Alistarh et al., 2017): ``‖x‖·sign(x_i)·ξ_i/s``
   with ξ_i a stochastic rounding of ``s|x_i|/‖x‖``; unbiased, ``ω = min(d/s², √d/s)``; bits:
   sign + ⌈log2(s+1)⌉ per entry plus the fp32 norm."""
-  if not isinstance(levels, int) or levels < 1:
-    raise ValueError(f"levels must be an int >= 1, got {levels!r}.")
+  levels = check_int("levels", levels, 1)
 
   def fn(key, v):
     norm = jnp.linalg.norm(v)

@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from fedjaxsparse.errors import check_int
+
 __all__ = ["path_prefix", "layer_names", "layer_index", "layer_sizes", "per_leaf"]
 
 
@@ -33,8 +35,7 @@ def path_prefix(path: tuple, depth: int) -> str:
 
 
 def _prefixes(params: Any, depth: int) -> list[str]:
-  if not isinstance(depth, int) or depth < 1:
-    raise ValueError(f"depth must be an int >= 1, got {depth!r}.")
+  depth = check_int("depth", depth, 1)
   paths = jax.tree_util.tree_flatten_with_path(params)[0]
   return [path_prefix(path, depth) for path, _ in paths]
 

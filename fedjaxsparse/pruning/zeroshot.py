@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.errors import DataError
+from fedjaxsparse.errors import DataError, check_int
 
 TASKS = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
 """The zero-shot tasks of seed 001 Table 6.6, by the harness's names."""
@@ -214,8 +214,7 @@ def loglikelihoods(logits_fn: Callable, tok, requests: Sequence[tuple[str, str]]
   at least one of the context's (an empty context is an error), and is right-padded within a
   batch (padding never reaches the scored positions of a causal model; batches are padded to a
   few shapes, so a jitted model compiles a few programs)."""
-  if not isinstance(max_length, int) or max_length < 2:
-    raise ValueError(f"max_length must be an int >= 2, got {max_length!r}.")
+  max_length = check_int("max_length", max_length, 2)
   seqs, starts = [], []
   for ctx, cont in requests:
     c, x = np.asarray(tok.encode(ctx), np.int32), np.asarray(tok.encode(cont), np.int32)

@@ -27,6 +27,8 @@ import time
 
 import jax
 import numpy as np
+
+from fedjaxsparse.errors import check_int
 from jax.experimental import multihost_utils
 
 __all__ = ["initialize", "initialize_from_env", "is_primary", "to_host", "free_port", "launch"]
@@ -39,8 +41,7 @@ def initialize(num_processes: int, process_id: int, coordinator: str,
                timeout_s: int = 60) -> None:
   """Join ``num_processes`` processes (this one is ``process_id``) through the coordinator
   ``host:port`` (process 0 serves it). Call before any other JAX work."""
-  if not isinstance(num_processes, int) or num_processes < 1:
-    raise ValueError(f"num_processes must be an int >= 1, got {num_processes!r}.")
+  num_processes = check_int("num_processes", num_processes, 1)
   if not isinstance(process_id, int) or not 0 <= process_id < num_processes:
     raise ValueError(f"process_id must be an int in [0, {num_processes - 1}], got "
                      f"{process_id!r}.")
@@ -90,8 +91,7 @@ def launch(args: list[str], num_processes: int, *, timeout_s: float | None = Non
   or ``timeout_s`` passes, the others are killed. Returns each process's completed run
   (stdout and stderr captured; with ``stream_primary`` process 0 prints to this terminal
   instead, e.g. its progress bars)."""
-  if not isinstance(num_processes, int) or num_processes < 1:
-    raise ValueError(f"num_processes must be an int >= 1, got {num_processes!r}.")
+  num_processes = check_int("num_processes", num_processes, 1)
   coordinator = f"localhost:{free_port()}"
   procs, files = [], []
   for i in range(num_processes):

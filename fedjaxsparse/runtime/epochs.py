@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
 from fedjaxsparse.runtime.fingerprint import config_components
+from fedjaxsparse.errors import check_int
 
 LOOPS = ("scan", "host")
 """How an epoch's steps execute: one jitted ``lax.scan`` or one jitted call per step."""
@@ -90,15 +91,13 @@ def train_epochs(step: StepFn, state: Any, x: Any, y: Any, *, key: jax.Array, ep
     ``after_epoch``, not ``evaluate``) and ``metric`` when ``evaluate`` is given.
   """
   n = len(x)
-  if not isinstance(epochs, int) or epochs < 1:
-    raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
+  epochs = check_int("epochs", epochs, 1)
   if not isinstance(batch_size, int) or not 1 <= batch_size <= n:
     raise ValueError(f"batch_size must be an int in [1, {n}] (the number of examples), got "
                      f"{batch_size!r}.")
   if loop not in LOOPS:
     raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}.")
-  if not isinstance(checkpoint_every, int) or checkpoint_every < 0:
-    raise ValueError(f"checkpoint_every must be an int >= 0, got {checkpoint_every!r}.")
+  checkpoint_every = check_int("checkpoint_every", checkpoint_every, 0)
   xd, yd = jnp.asarray(x), jnp.asarray(y)
 
   def one(state, xd, yd, idx, key, i):

@@ -36,6 +36,7 @@ from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.runtime.runner import EvalFn, History, split_run_key
 from fedjaxsparse.ops.sampling import check_cohort_size, sample_cohort
 from fedjaxsparse.runtime.runner import run as run_device
+from fedjaxsparse.errors import check_int
 
 __all__ = ["CohortAlgorithm", "PopulationState", "on_device", "state_bytes", "choose_residence",
            "HostRun", "live_device_bytes", "run_on_host", "run"]
@@ -142,8 +143,7 @@ def run_on_host(algo: CohortAlgorithm, key: jax.Array, params: Any, train: Feder
                 eval_every: int = 10, progress: bool = True, desc: str = "") -> HostRun:
   """Run ``algo`` for ``num_rounds`` rounds with the client state and ``train`` in host
   memory (the same result as ``runner.run(on_device(algo), ...)`` with the same key)."""
-  if not isinstance(num_rounds, int) or num_rounds < 1:
-    raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
+  num_rounds = check_int("num_rounds", num_rounds, 1)
   if eval_every < 1:
     raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
   train.validate("train")

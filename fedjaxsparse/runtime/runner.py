@@ -44,7 +44,7 @@ from fedjaxsparse.runtime.clients import (Executed, arg_signature, auto_layout, 
                                           choose_strategy, with_strategy)
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import FederatedData
-from fedjaxsparse.errors import NonFiniteError, UserError
+from fedjaxsparse.errors import NonFiniteError, UserError, check_int
 from fedjaxsparse.runtime.fingerprint import run_fingerprint
 from fedjaxsparse.runtime.locking import FolderLock
 from fedjaxsparse.runtime.sharding import shard_clients
@@ -412,10 +412,10 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
   from fedjaxsparse.runtime import population   # population builds on this module
   if isinstance(algo, population.CohortAlgorithm):
     algo = population.on_device(algo)
-  if not isinstance(num_rounds, int) or num_rounds < 1:
-    raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
-  if eval_every < 1:
-    raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
+  num_rounds = check_int("num_rounds", num_rounds, 1)
+  eval_every = check_int("eval_every", eval_every, 1)
+  if chunk_size is not None:
+    chunk_size = check_int("chunk_size", chunk_size, 1)
   if on_nonfinite not in NONFINITE:
     raise ValueError(f"on_nonfinite must be one of {NONFINITE}, got {on_nonfinite!r}.")
   if not checkpoint_interval_s >= 0:

@@ -19,6 +19,7 @@ import numpy as np
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import check_data
 from fedjaxsparse.runtime.runner import EvalFn, History, arrange, build_chunk, split_run_key
+from fedjaxsparse.errors import check_int
 
 __all__ = ["grid", "run_batched"]
 
@@ -54,8 +55,7 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
     ``(states, histories)``: final states with leading axis ``S``, and one :class:`History`
     per run.
   """
-  if not isinstance(num_rounds, int) or num_rounds < 1:
-    raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}.")
+  num_rounds = check_int("num_rounds", num_rounds, 1)
   check_data(train)
   num_runs = keys.shape[0]
   if hparams is not None:
