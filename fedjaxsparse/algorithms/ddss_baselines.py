@@ -1,5 +1,5 @@
-"""The baselines of seed 004's Task 1 — not specified in the dissertation beyond a name and a
-citation, so built from the cited works:
+"""The baselines of the DDSS experiments (Bao, Wu, Xian, Huang 2022) in Xidong Wu's
+dissertation — not specified there beyond a name and a citation, so built from the cited works:
 
 References:
   Fabian Pedregosa, Rémi Leblond, Simon Lacoste-Julien (2017). Breaking the Nonsmooth Barrier:
@@ -18,14 +18,15 @@ References:
   screening once, before optimisation, with the SAFE rule (El Ghaoui et al.
   2012: drop j if ``|a_jᵀb| < nλ − ‖a_j‖‖b‖(λ_max − λ)/λ_max``, safe) or the basic strong rule
   (Tibshirani et al. 2012: drop j if ``|a_jᵀb| < n(2λ − λ_max)``, **not safe**), then
-  asynchronous grouped coordinate descent on the kept features (assumed form, spec §1.5:
+  asynchronous grouped coordinate descent on the kept features (assumed form:
   ``x_j ← soft(x_j − a_jᵀ(Ax − b)/‖a_j‖², nλ/‖a_j‖²)``; ``workers`` coordinates per tick from
   the same read). Lasso only.
 
 Both follow the ``Algorithm`` interface of :mod:`fedjaxsparse.algorithms.ddss` (one ``step`` =
 ``inner_steps`` updates) and report the same counters and ``DDSSInfo``.
 
-Source for the team: l. 257-265, 498-500; spec ``seed004.md`` §1.5.
+Source for the team: seed 004 Task 1, l. 257-265, 498-500; spec ``seed004.md`` §1.5 (also the
+assumed PSE form).
 """
 from __future__ import annotations
 

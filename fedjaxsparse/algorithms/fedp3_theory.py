@@ -32,9 +32,9 @@ minibatches sampled without replacement, per client, with replace-one-example ne
 unknown constants c, c'); the paper's Rand-t compressor (t = d/n, ω = n − 1) is
 :func:`fedjaxsparse.ops.compressors.rand_k`.
 
-Source for the team: seed 001, Algorithms 10-11, l. 1219-1225, 3051-3062, 3139-3226, 3428-3436;
-spec §A.6-§A.8, §0.1.8. Dissertation numbering: Definitions 4.3.1 (P) and 4.3.2 (S), Theorems
-4.3.3 (aggregation) and 4.3.4 (LDP), Assumption C.3.3, Theorem C.3.5, Table C.3.
+Source for the team: spec §A.6-§A.8, §0.1.8; seed 001, Algorithms 10-11, l. 1219-1225, 3051-3062,
+3139-3226, 3428-3436. Dissertation numbering: Definitions 4.3.1 (P) and 4.3.2 (S), Theorems 4.3.3
+(aggregation) and 4.3.4 (LDP), Assumption C.3.3, Theorem C.3.5, Table C.3.
 """
 from __future__ import annotations
 

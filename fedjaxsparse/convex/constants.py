@@ -7,13 +7,16 @@ bias) and ``f_i(w) = r(A_i w) + ½·l2·‖W‖²``:
   ``∇²f_i = A_iᵀA_i / n_i + l2·I`` (``/ n_i`` only for the mean), exact;
 * softmax cross-entropy: ``∇²f_i ⪯ ½·A_iᵀA_i / n_i ⊗ I_C + l2·I`` (the softmax Hessian
   ``diag(p) − ppᵀ ⪯ ½ I``), an upper bound;
-* binary logistic loss: ``∇²f_i ⪯ ¼·A_iᵀA_i / n_i + l2·I`` (σ′ ≤ ¼), an upper bound (seed 001
-  A.3 uses the looser ``l2 + (1/(4n_i)) Σ_j ‖a_ij‖²``, the trace instead of λ_max).
+* binary logistic loss: ``∇²f_i ⪯ ¼·A_iᵀA_i / n_i + l2·I`` (σ′ ≤ ¼), an upper bound (the
+  EF-BV experiments of Kai Yi's dissertation, its appendix A.3, use the looser
+  ``l2 + (1/(4n_i)) Σ_j ‖a_ij‖²``, the trace instead of λ_max).
 
 ``L_i = λ_max(∇²f_i)``; ``L_max = max_i L_i``; ``L_avg = mean_i L_i``;
 ``L_tilde = sqrt(mean_i L_i²)`` (EF21/EF-BV's L̃); ``mu`` = λ_min of the average Hessian for
 least squares, and ``l2`` for softmax (its curvature can vanish elsewhere; the bias is not
 regularised, so ``mu`` is a lower bound only on the weights).
+
+Source for the team: seed 001 A.3 (the trace rule).
 """
 from __future__ import annotations
 
@@ -73,8 +76,9 @@ def client_curvatures(data: FederatedData, l2: float, loss: str = "squared",
   as in :func:`fedjaxsparse.models.make_loss`.
 
   ``bound="eigen"``: ``L_i = λ_max`` of the (bounding) Hessian; ``"trace"``: ``l2`` plus the
-  trace of the data term, ``l2 + c·(1/n_i) Σ_j ‖a_ij‖²`` (seed 001 A.3's looser rule, c = ¼
-  for the logistic loss). ``μ_i``: λ_min of the Hessian for least squares, ``l2`` otherwise."""
+  trace of the data term, ``l2 + c·(1/n_i) Σ_j ‖a_ij‖²`` (the looser rule of Kai Yi's
+  dissertation, appendix A.3, c = ¼ for the logistic loss). ``μ_i``: λ_min of the Hessian for
+  least squares, ``l2`` otherwise."""
   if bound not in ("eigen", "trace"):
     raise ValueError(f"bound must be 'eigen' or 'trace', got {bound!r}.")
   h, reg = _data_hessians(data, l2, loss, reduction, use_bias, scale)

@@ -1,5 +1,6 @@
 """ImageNet (ILSVRC-2012) as centralised arrays, from the standard folder layout or from
-tensorflow-datasets' prepared ``imagenet2012`` — seed 004 Task 2's Table 5 / Fig. 8 data.
+tensorflow-datasets' prepared ``imagenet2012`` — the data of ATO's ImageNet results (Table 5
+and Fig. 8 of Xidong Wu's dissertation).
 
 References:
   Olga Russakovsky, Jia Deng, Hao Su, et al. (2015). ImageNet Large Scale Visual Recognition
@@ -17,6 +18,8 @@ Both give the evaluation transform of the ResNet papers: the shorter side resize
 ``float32 [n, H, W, 3]``; training augmentation (random-resized crops) belongs to the training
 loop. ``per_class`` keeps the first images of every class (a subset that fits in memory; the
 full training set is 1.28 M images, ~190 GB as float32 at 224²).
+
+Source for the team: seed 004 Task 2, Table 5 / Fig. 8.
 """
 from __future__ import annotations
 

@@ -3,7 +3,10 @@
 Layout of LEAF's preprocessed data (``data/femnist/data`` after ``preprocess.sh``):
 ``train/*.json`` and ``test/*.json``, each ``{"users": [...], "num_samples": [...],
 "user_data": {user: {"x": [[784 floats]], "y": [ints]}}}``. Writers keep their own train and
-test examples; ``num_writers`` keeps the first writers in file order (seed 000 uses 100).
+test examples; ``num_writers`` keeps the first writers in file order (the Sparse-ProxSkip
+paper, Meinhardt et al. 2024, uses 100).
+
+Source for the team: seed 000 (100 writers), §4.2 (unrestricted test set).
 """
 from __future__ import annotations
 
@@ -109,8 +112,9 @@ def femnist(data_dir: str | None = None, num_writers: int | None = None,
 
   ``test="writers"``: each kept writer's own test examples (a per-client test split);
   ``test="all"``: the standard *unrestricted* test set — the test examples of every writer in
-  the files, also those not kept by ``num_writers`` — as one shared test client (seed 000
-  §4.2 restricts training to 100 writers but evaluates on the unrestricted test set).
+  the files, also those not kept by ``num_writers`` — as one shared test client (Section 4.2
+  of the Sparse-ProxSkip paper restricts training to 100 writers but evaluates on the
+  unrestricted test set).
   """
   if test not in TEST_SETS:
     raise ValueError(f"test must be one of {TEST_SETS}, got {test!r}.")

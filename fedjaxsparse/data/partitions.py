@@ -3,6 +3,9 @@
 Each returns ``list[np.ndarray]``, one sorted int64 index array per client, covering every
 example exactly once (except :func:`natural_partition`, which covers exactly the given rows),
 and is deterministic under its integer ``seed`` (``np.random.default_rng(seed)``).
+
+Source for the team: seed 000 §E; seed 001 ch. 4 (S2); seed 003 Non-IID-2; seed 002 B.1, l. 828-833
+(test sets) and its FLOPs columns.
 """
 from __future__ import annotations
 
@@ -101,7 +104,8 @@ def natural_partition(keys: np.ndarray) -> list[np.ndarray]:
 def lognormal_sizes(num_examples: int, num_clients: int, sigma: float,
                     seed: int = 0) -> np.ndarray:
   """Client sizes ``∝ exp(N(0, σ²))``, each ≥ 1, summing to ``num_examples`` (FedLab's
-  "unbalanced" split; seed 000 uses variance 0.3 for CIFAR-10)."""
+  "unbalanced" split; the Sparse-ProxSkip paper, Meinhardt et al. 2024, uses variance 0.3 for
+  CIFAR-10)."""
   _check_clients(num_examples, num_clients)
   if not sigma >= 0:
     raise ValueError(f"sigma must be >= 0, got {sigma}.")
@@ -125,9 +129,10 @@ def lognormal_partition(num_examples: int, num_clients: int, sigma: float,
 def dirichlet_lognormal_partition(labels: np.ndarray, num_clients: int, alpha: float,
                                   sigma: float, seed: int = 0) -> list[np.ndarray]:
   """Log-normal client sizes *and* Dirichlet label skew — FedLab's unbalanced Dirichlet split
-  (``CIFAR10Partitioner(balance=False, partition="dirichlet")``), the CIFAR-10 split of seed
-  000 §E ("Dirichlet α = 0.3, client sizes log-normal with variance 0.3"; FedLab's parameter
-  is the σ of the log-normal, which is what ``sigma`` is here).
+  (``CIFAR10Partitioner(balance=False, partition="dirichlet")``), the CIFAR-10 split of the
+  Sparse-ProxSkip paper (Meinhardt et al., 2024, its appendix E: "Dirichlet α = 0.3, client
+  sizes log-normal with variance 0.3"; FedLab's parameter is the σ of the log-normal, which is
+  what ``sigma`` is here).
 
   Client ``i`` gets ``lognormal_sizes(...)[i]`` examples and class proportions
   ``q_i ~ Dirichlet(α·1_C)``; examples are dealt one at a time to a random client with room
@@ -171,11 +176,11 @@ def hsu_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
                             seed: int = 0, per_class: bool = False) -> list[np.ndarray]:
   """Hsu et al. (2019)'s label skew: client ``k``'s class proportions ``q_k ~ Dir(α·p)``, ``p``
   the class prior, and *equal* client sizes ``⌊n/N⌋`` (the first ``n mod N`` clients one more)
-  — the convention seed 002 cites (B.1). ``per_class=True`` draws ``q_k ~ Dir(α·1_C)``
-  instead (FedCR's split, seed 001 ch. 4's S2: α = 0.5 puts ~80 % of a client's data in 4 of
-  10 classes; Hsu's ``Dir(0.5·p)`` puts ~78 % in one). :func:`dirichlet_partition` is the
-  FedML one (per class over clients, unequal sizes), which seed 002's FLOPs columns suggest it
-  ran."""
+  — the convention the FedSpa paper (Huang et al., 2022) cites in its appendix B.1.
+  ``per_class=True`` draws ``q_k ~ Dir(α·1_C)`` instead (FedCR's split, the Dirichlet setting
+  S2 of FedP3, Yi et al. 2024: α = 0.5 puts ~80 % of a client's data in 4 of 10 classes; Hsu's
+  ``Dir(0.5·p)`` puts ~78 % in one). :func:`dirichlet_partition` is the FedML one (per class
+  over clients, unequal sizes), which the FedSpa paper's FLOPs columns suggest it ran."""
   labels = np.asarray(labels)
   _check_clients(len(labels), num_clients)
   if not alpha > 0:
@@ -192,11 +197,12 @@ def hsu_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float,
 def matching_test_sets(train_labels: Sequence[np.ndarray], test_labels: np.ndarray,
                        per_client: int = 100, seed: int = 0,
                        replace: bool = False) -> list[np.ndarray]:
-  """Per-client test sets with the client's *training* label proportions (seed 002 B.1,
-  l. 828-833: 100 test samples per client): client ``k`` gets ``per_client`` indices into
-  ``test_labels``, ``round(per_client·q_kc)`` of class ``c`` (largest remainders fill up to
-  ``per_client``), drawn at random from class ``c``'s test examples — without replacement
-  within a client (different clients may share test examples), or with it (``replace``)."""
+  """Per-client test sets with the client's *training* label proportions (the FedSpa paper,
+  Huang et al. 2022, its appendix B.1: 100 test samples per client): client ``k`` gets
+  ``per_client`` indices into ``test_labels``, ``round(per_client·q_kc)`` of class ``c``
+  (largest remainders fill up to ``per_client``), drawn at random from class ``c``'s test
+  examples — without replacement within a client (different clients may share test examples),
+  or with it (``replace``)."""
   test_labels = np.asarray(test_labels)
   classes = np.unique(test_labels)
   pools = {c: np.flatnonzero(test_labels == c) for c in classes}
@@ -221,11 +227,11 @@ def matching_test_sets(train_labels: Sequence[np.ndarray], test_labels: np.ndarr
 
 def label_count_partition(labels: np.ndarray, num_clients: int, labels_per_client: int,
                           seed: int = 0) -> list[np.ndarray]:
-  """NIID-Bench's "#C = k" split (seed 003's Non-IID-2: each client holds only k random
-  labels): client i gets label ``i mod C`` and ``k − 1`` further distinct labels drawn at
-  random (so every label has a holder when ``num_clients ≥ C``); each label's shuffled
-  examples are cut into equal parts among its holders. A label nobody drew is left out
-  (possible only when ``num_clients < C``)."""
+  """NIID-Bench's "#C = k" split (Non-IID-2 of the FedMRN paper, Li et al. 2024: each client
+  holds only k random labels): client i gets label ``i mod C`` and ``k − 1`` further distinct
+  labels drawn at random (so every label has a holder when ``num_clients ≥ C``); each label's
+  shuffled examples are cut into equal parts among its holders. A label nobody drew is left
+  out (possible only when ``num_clients < C``)."""
   labels = np.asarray(labels)
   classes = np.unique(labels)
   c = len(classes)

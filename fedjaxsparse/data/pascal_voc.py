@@ -1,6 +1,6 @@
 """PASCAL VOC 2012 semantic segmentation (21 classes: background + 20 objects) from its
-standard folder layout, and a labelled stand-in of the same shape — seed 003 appendix Table 3's
-segmentation task.
+standard folder layout, and a labelled stand-in of the same shape — the segmentation task of
+the FedMRN paper's appendix Table 3 (Li et al., 2024).
 
 References:
   Mark Everingham, Luc Van Gool, Christopher K. I. Williams, John Winn, Andrew Zisserman
@@ -17,6 +17,8 @@ Layout (``VOCdevkit/VOC2012`` as the tarball unpacks; ``root`` may be either fol
 ``y int32 [n, S, S]`` (nearest resize; :data:`IGNORE` = 255 kept). Resizing to one square side
 is this loader's choice (the papers crop; a square resize keeps every pixel's class and lets
 all clients share one shape).
+
+Source for the team: seed 003 appendix Table 3.
 """
 from __future__ import annotations
 

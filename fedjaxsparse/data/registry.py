@@ -1,4 +1,7 @@
-"""Datasets by name: ``load_dataset(name, **kwargs) -> FederatedDataset``."""
+"""Datasets by name: ``load_dataset(name, **kwargs) -> FederatedDataset``.
+
+Source for the team: seed 001 ch. 4, Table C.1 (``emnist_l10``).
+"""
 from __future__ import annotations
 
 import importlib
@@ -48,8 +51,9 @@ ARRAYS = {  # name -> (module, function, its dataset name, label offset, classes
 }
 """``{name: ...}``: the classification sets :func:`load_arrays` reads as centralised arrays.
 ``emnist_l`` is EMNIST Letters' 26 classes; ``emnist_l10`` its first ten (a-j), the
-"EMNIST-L" of FedCR-style personalisation papers (seed 001 ch. 4, Table C.1: 10 classes, 48K +
-8K examples — Letters holds 4,800 training and 800 test images per class)."""
+"EMNIST-L" of FedCR-style personalisation papers (e.g. FedP3, Yi et al. 2024; Table C.1 of Kai
+Yi's dissertation: 10 classes, 48K + 8K examples — Letters holds 4,800 training and 800 test
+images per class)."""
 DIGITS_TRAIN = 1400
 """digits has no split of its own: its train split is the first ``DIGITS_TRAIN`` examples of a
 fixed permutation (seed 0), its test split the other 397."""

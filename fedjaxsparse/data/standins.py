@@ -18,6 +18,8 @@ not its numbers: accuracies and R² on a stand-in are not comparable with the pa
   balance.
 * :func:`fashion_mnist_standin`: Fashion-MNIST's files (uint8 28×28 images, 10 balanced
   classes), for writing IDX files with :func:`fedjaxsparse.data.fashion_mnist.write_split`.
+
+Source for the team: seed 000 (FEMNIST's unrestricted test set).
 """
 from __future__ import annotations
 
@@ -61,8 +63,9 @@ def femnist_standin(num_writers: int = 100, seed: int = 0, noise: float = 0.5,
   """FEMNIST's shape: ``x [n, 28, 28, 1]`` in [0, 1], 62 classes, one client per writer.
 
   ``test="all"``: one shared test client with the test examples of twice as many writers
-  (FEMNIST's unrestricted test set, seed 000); ``"writers"``: each writer's own test
-  examples as its test split (personalised evaluation), as :func:`fedjaxsparse.data.leaf.femnist`.
+  (FEMNIST's unrestricted test set, as in the Sparse-ProxSkip paper); ``"writers"``: each
+  writer's own test examples as its test split (personalised evaluation), as
+  :func:`fedjaxsparse.data.leaf.femnist`.
 
   Class ``c`` has a smooth random stroke image; writer ``w`` shifts it by its own offset
   (up to ±2 pixels) and contrast, draws its labels from its own Dirichlet(1) mix around

@@ -4,7 +4,9 @@
 TensorFlow. Nothing is downloaded here: the data must have been prepared before, e.g. on a
 machine with network, ``tfds build cifar10 --data_dir DIR`` (array_record is the default
 format of recent tfds), then ``data_dir=DIR``. With the data missing the loader fails at once
-(tfds would otherwise retry downloads for minutes; environment.md §2).
+(tfds would otherwise retry downloads for minutes).
+
+Source for the team: ``environment.md`` §2 (download retries); seed 000 (CIFAR-10 setting).
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ def _federated(name: str, classes: int, data_dir, num_clients, partition, alpha,
 def cifar10(data_dir: str | None = None, num_clients: int = 10, partition: str = "dirichlet",
             alpha: float = 0.3, seed: int = 0, shards_per_client: int = 2,
             sigma: float = 0.3) -> FederatedDataset:
-  """CIFAR-10 (seed 000's ResNet-18 setting: 10 clients, Dirichlet 0.3)."""
+  """CIFAR-10 (the ResNet-18 setting of the Sparse-ProxSkip paper, Meinhardt et al. 2024: 10
+  clients, Dirichlet 0.3)."""
   return _federated("cifar10", 10, data_dir, num_clients, partition, alpha, seed,
                     shards_per_client, sigma)
 

@@ -15,6 +15,9 @@ through line styles as well as colours so identical curves stay distinguishable.
 :func:`layout_problems` lists, from matplotlib's own layout, every text that overlaps another
 or leaves the figure; with ``FEDJAXSPARSE_CHECK_PLOTS=1`` in the environment (the test suite
 sets it) every saved figure must have none.
+
+Source for the team: seed 000 Fig. 5 (client sizes); seed 001 Fig. 6.1 (matrix); seed 003 Fig. 5
+(curves).
 """
 from __future__ import annotations
 
@@ -496,11 +499,11 @@ def plot_personal(methods: dict, path: str, metric: str = "accuracy", title: str
 def plot_curves(curves: Mapping[str, tuple], path: str, xlabel: str, ylabel: str,
                 title: str = "", baseline: tuple[str, float] | None = None,
                 logx: bool = True, xticks: Sequence[str] | None = None) -> str:
-  """One panel of final results against a swept value (seed 003 Fig. 5: accuracy against the
-  noise scale, a line per method and distribution): ``curves`` maps a label to ``(xs, ys)``
-  (``None`` ys — diverged runs — are skipped); ``baseline`` is ``(label, y)``, drawn as a
-  dashed horizontal line; ``xticks`` names the points x = 0, 1, ... (a categorical axis).
-  Returns ``path``."""
+  """One panel of final results against a swept value (as in Fig. 5 of the FedMRN paper, Li et
+  al. 2024: accuracy against the noise scale, a line per method and distribution): ``curves``
+  maps a label to ``(xs, ys)`` (``None`` ys — diverged runs — are skipped); ``baseline`` is
+  ``(label, y)``, drawn as a dashed horizontal line; ``xticks`` names the points x = 0, 1, ...
+  (a categorical axis). Returns ``path``."""
   fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
   colors, styles = method_colors(list(curves)), method_styles(list(curves))
   for label, (xs, ys) in curves.items():
@@ -608,8 +611,9 @@ def plot_bars(bars: Mapping[str, Sequence[float | None]], groups: Sequence[str],
 
 def client_sizes_figure(sizes: Sequence[int], title: str = "") -> plt.Figure:
   """A histogram of the clients' example counts on logarithmic bins (federated data sets with
-  natural clients are very unequal: seed 000's Fig. 5 for BlogFeedback), with the count of
-  clients, the median and the largest size in the legend."""
+  natural clients are very unequal: Fig. 5 of the Sparse-ProxSkip paper, Meinhardt et al.
+  2024, for BlogFeedback), with the count of clients, the median and the largest size in the
+  legend."""
   sizes = np.asarray(sizes, np.float64)
   sizes = sizes[sizes > 0]
   fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
@@ -638,7 +642,8 @@ def matrix_figure(matrix, title: str = "", max_cells: int = 512) -> plt.Figure:
   """A weight matrix ``[in, out]`` as a heatmap of ``|W|`` (rows: input features, columns:
   output neurons; a matrix larger than ``max_cells`` on a side is shown by the largest ``|W|``
   of each block of cells, so a stripe survives the reduction), with the columns' and rows' mean
-  ``|W|`` beside it — seed 001's Fig. 6.1, whose column stripes motivate RIA's normalisation."""
+  ``|W|`` beside it — as in Fig. 6.1 of Kai Yi's dissertation (the SymWanda chapter), whose
+  column stripes motivate RIA's normalisation."""
   w = np.abs(np.asarray(matrix, np.float64))
   if w.ndim != 2:
     raise ValueError(f"matrix must be 2-D [in, out], got shape {w.shape}.")

@@ -5,6 +5,8 @@ A :class:`~fedjaxsparse.core.Model` is written for *one* client; algorithms lift
 ``jax.vmap``. Shapes: ``x`` is ``[B, ...]``, ``y`` is ``[B]`` (class ids, int32) or ``[B]``
 (regression targets, float32), ``mask`` is ``[B]`` float32 (1 for a real example, 0 for
 padding).
+
+Source for the team: seed 000 (BlogFeedback objective), §4.2 (FEMNIST objective).
 """
 from __future__ import annotations
 
@@ -55,11 +57,12 @@ def make_loss(model: Model, reduction: str = "mean", scale: float = 1.0
     model: the model.
     reduction: ``"mean"`` averages the per-example losses over the real examples (padding
       excluded; a client with no example contributes 0); ``"sum"`` sums them (the BlogFeedback
-      objective of seed 000 uses a sum of squared errors).
+      objective of the Sparse-ProxSkip paper, Meinhardt et al. 2024, uses a sum of squared
+      errors).
     scale: multiplies the data term (not the regulariser). With ``reduction="sum"`` and
       ``scale = N / n`` (:func:`global_mean_scale`), ``(1/N) Σ_i f_i`` is the global sample
-      mean ``(1/n) Σ_ij ℓ_ij`` + regulariser — the FEMNIST objective of seed 000 §4.2, where
-      clients with more examples weigh more.
+      mean ``(1/n) Σ_ij ℓ_ij`` + regulariser — the FEMNIST objective of the Sparse-ProxSkip
+      paper (its Section 4.2), where clients with more examples weigh more.
   """
   if reduction not in ("mean", "sum"):
     raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")

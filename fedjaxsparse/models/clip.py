@@ -26,7 +26,7 @@ Typical use (the teacher's logits for a whole data set, computed once and reused
   logits = cached_logits(lambda p, x: teacher_logits(t, p, preprocess(x, size)), images,
                          params=t.params)
 
-Source for the team: seed 004 Task 3.
+Source for the team: seed 004 Task 3, Table 11 (:func:`prompt_tuning`).
 """
 from __future__ import annotations
 
@@ -685,7 +685,8 @@ def prompt_tuning(cfg: CLIPConfig, params: dict[str, Any], prompt_ids: Any,
   """CoOp (Zhou et al. 2022): learn the ``n_ctx`` context word vectors of the class prompts
   ``[SOS] v_1 … v_M [CLASS] . [EOS]`` with CLIP frozen, by minimising the cross-entropy of
   ``exp(logit_scale)·cos(image_emb_b, text(prompt_k; v))`` over labelled image embeddings —
-  the "prompt-tuned teacher" of seed 004's Table 11, fitted to one client's local data.
+  the "prompt-tuned teacher" of Fed-LPFM's ablation (Table 11 of Xidong Wu's dissertation),
+  fitted to one client's local data.
 
   References:
     Kaiyang Zhou, Jingkang Yang, Chen Change Loy, Ziwei Liu (2022). Learning to Prompt for
@@ -697,7 +698,7 @@ def prompt_tuning(cfg: CLIPConfig, params: dict[str, Any], prompt_ids: Any,
   by the context. ``image_emb [n, D]`` (CLIP's image embeddings; normalised here) and
   ``labels int[n]``. The context is shared by the classes (CoOp's unified context) or one per
   class (``class_specific``), initialised ``N(0, init_std²)`` (CoOp's random initialisation).
-  SGD with the seed's settings (lr 2e-3, weight decay 5e-4, cosine schedule after
+  SGD with that ablation's settings (lr 2e-3, weight decay 5e-4, cosine schedule after
   ``warmup_steps`` of linear warm-up), minibatches of ``batch_size`` drawn with replacement
   (``None``: all ``n``). Only the context moves: CLIP's parameters are constants."""
   ids = jax.device_put(check_token_ids(prompt_ids, cfg.text_config))

@@ -1,6 +1,6 @@
 """CLIP's ResNet image towers (RN50, RN101, RN50x4, …): OpenAI's modified ResNet with
-attention pooling, in flax, read from the OpenAI / open_clip checkpoint layout — seed 004's
-Table 12 teacher "CLIP RN50".
+attention pooling, in flax, read from the OpenAI / open_clip checkpoint layout — the teacher
+"CLIP RN50" of Fed-LPFM's backbone comparison (Table 12 of Xidong Wu's dissertation).
 
 References:
   Alec Radford, Jong Wook Kim, Chris Hallacy, et al. (2021). Learning Transferable Visual
@@ -33,6 +33,8 @@ them (e.g. ``timm/resnet50_clip.openai``). :func:`load_checkpoint` infers the co
 from the tensor shapes (the head counts by OpenAI's rule: ``32·width/64`` for the attention
 pool, text width / 64 — checkpoints do not store them); :func:`save_checkpoint` writes the same
 layout.
+
+Source for the team: seed 004 Task 3, Table 12.
 """
 from __future__ import annotations
 

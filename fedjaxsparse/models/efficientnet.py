@@ -1,8 +1,8 @@
 """EfficientNet-B0 (Tan & Le 2019) as in torchvision's ``efficientnet_b0``, with GroupNorm.
 
-Fed-LPFM's students (seed 004 Task 3; spec ``seed004.md`` §3.4) are MobileNetV2, EfficientNet-B0
-and ResNet-18 "with BN replaced by GroupNorm (8 groups), random init" on CIFAR-10; the other two
-are in :mod:`fedjaxsparse.models.prunable`. This one follows torchvision layer for layer:
+Fed-LPFM's students (Wu et al., 2023) are MobileNetV2, EfficientNet-B0 and ResNet-18 "with BN
+replaced by GroupNorm (8 groups), random init" on CIFAR-10; the other two are in
+:mod:`fedjaxsparse.models.prunable`. This one follows torchvision layer for layer:
 
 * stem: 3×3 convolution, stride 2, 32 channels + norm + SiLU;
 * 16 MBConv blocks in seven stages, rows ``(expand ratio, kernel, stride, C_in, C_out, layers)``
@@ -30,6 +30,8 @@ Regularisation: stochastic depth (``drop_rate``, torchvision's ``stochastic_dept
 (``dropout_rate``) act only when the module is called with ``train=True`` and a ``"dropout"``
 rng. :class:`~fedjaxsparse.core.Model`'s ``apply`` takes no rng, so it is always the
 deterministic (evaluation) network; both rates default to 0 (torchvision: 0.2 and 0.2).
+
+Source for the team: seed 004 Task 3; spec ``seed004.md`` §3.4.
 """
 from __future__ import annotations
 
@@ -155,7 +157,7 @@ def efficientnet_b0(input_shape: Sequence[int] = (32, 32, 3), num_classes: int =
     norm: ``"group"`` (GroupNorm, Fed-LPFM's students) or ``"batch"`` (current-batch BN).
     num_groups: GroupNorm groups; must divide every normalised width (1, 2, 4 or 8).
     cifar_stem: stride 1 instead of 2 in the stem, for 32×32 inputs (final map 2×2 instead of
-      1×1). The seed does not say which its CIFAR-10 students used; the default follows
+      1×1). Fed-LPFM does not say which its CIFAR-10 students used; the default follows
       torchvision (stride 2).
     drop_rate: stochastic-depth rate in ``[0, 1)`` (torchvision's 0.2); active only in
       ``module.apply(..., train=True, rngs={"dropout": key})``, never in ``Model.apply``.

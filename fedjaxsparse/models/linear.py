@@ -5,7 +5,10 @@ Inputs of any shape are flattened: ``x [B, ...] -> [B, d]``. The ridge term ``½
 added once per client loss (see :func:`~fedjaxsparse.models.base.make_loss`) and does not
 include the bias. ``init="zeros"`` starts at 0; ``init="lecun"`` draws ``w ~ N(0, 1/d)``
 (bias 0); ``init="pytorch"`` is ``torch.nn.Linear``'s default — weight and bias both
-``U(−1/√d, 1/√d)`` (kaiming_uniform with a = √5), which seed 000 §C uses for FEMNIST.
+``U(−1/√d, 1/√d)`` (kaiming_uniform with a = √5), which the Sparse-ProxSkip paper (Meinhardt
+et al., 2024, its appendix C) uses for FEMNIST.
+
+Source for the team: seed 000 §C (FEMNIST init); seed 001 A.3 (logistic regression).
 """
 from __future__ import annotations
 
@@ -87,7 +90,8 @@ def logistic_loss(z: jax.Array, y: jax.Array) -> jax.Array:
 
 def logistic_regression(num_features: int, l2: float = 0.0, use_bias: bool = False,
                         init: str = "zeros") -> Model:
-  """Binary logistic regression (seed 001 A.3): ``z = x·w (+ b)``, per-example loss
+  """Binary logistic regression (as in the EF-BV experiments of Kai Yi's dissertation, its
+  appendix A.3): ``z = x·w (+ b)``, per-example loss
   ``log(1 + exp(−b z))`` with labels {0, 1} ↦ b ∈ {−1, +1}, regulariser ``½·l2·‖w‖²``;
   ``apply`` returns the score z (task "regression": evaluate with the loss, not accuracy)."""
   base = linear_regression(num_features, l2=l2, use_bias=use_bias, init=init)

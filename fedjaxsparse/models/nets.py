@@ -15,11 +15,15 @@ of its params (there is no ``batch_stats`` collection to average, personalise or
   therefore depend on the whole batch: evaluate with full batches of a fixed size, and note
   that padding rows enter the statistics (the padding invariance of ``make_loss`` does not
   hold). Running averages would be per-client state that an algorithm must carry and
-  aggregate explicitly, which the papers leave unspecified (seed 000 spec §A.15.3).
+  aggregate explicitly, which the papers leave unspecified.
 
 Parameter counts (10 classes, checked by the tests): ``mlp`` on 28×28 inputs 199,210 (the
 "2NN" of McMahan et al. 2017); ``cnn`` on 28×28×1 1,663,370 (their "CNN"); ``resnet18`` on
 32×32×3 11,173,962 with either norm.
+
+Source for the team: seed 003 (bn_cnn); seed 000 spec §A.15.3; seed 001 ch. 3, ch. 4 Table
+C.2, l. 3026-3041, spec §0.1.5, ch. 5 Table D.4, spec C5-9; seed 002 l. 838-840 (LeNet-5),
+l. 838-844 (VGG-11), spec ``seed002.md`` §6.4 (their d).
 """
 from __future__ import annotations
 
@@ -104,7 +108,8 @@ def cnn(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = 
   ``conv``: how convolutions compute (:mod:`fedjaxsparse.models.conv`: ``"auto"`` — patches
   times a matrix on CPU, fast under a client ``vmap``; XLA's convolution elsewhere).
   ``padding="VALID"`` and ``pool_each=False`` (one 2×2 pool after the last convolution) with
-  ``dense=128`` give seed 001's Table D.4 network (:func:`cohort_squeeze_cnn`).
+  ``dense=128`` give the FEMNIST network of Table D.4 in Kai Yi's dissertation
+  (:func:`cohort_squeeze_cnn`).
   """
   resolve_impl(conv)
   if padding not in ("SAME", "VALID"):
@@ -115,10 +120,11 @@ def cnn(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = 
 
 def cohort_squeeze_cnn(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 62,
                        channels: Sequence[int] = (32, 64), dense: int = 128, **kw) -> Model:
-  """Seed 001 chapter 5's FEMNIST CNN (Table D.4 with its shapes corrected, spec C5-9): 5×5
-  VALID convolutions of 32 and 64 channels with ReLU (24×24×32, 20×20×64), one 2×2 max-pool
-  (10×10×64), a 128-unit ReLU dense layer and 62 outputs: 879,422 parameters at 28×28×1
-  (``channels``, ``dense``: a scaled-down version for a CPU)."""
+  """The FEMNIST CNN of Cohort-Squeeze (Yi et al., 2024; Table D.4 of Kai Yi's dissertation,
+  with its shapes corrected): 5×5 VALID convolutions of 32 and 64 channels with ReLU
+  (24×24×32, 20×20×64), one 2×2 max-pool (10×10×64), a 128-unit ReLU dense layer and 62
+  outputs: 879,422 parameters at 28×28×1 (``channels``, ``dense``: a scaled-down version for a
+  CPU)."""
   return cnn(input_shape, num_classes, channels, dense, padding="VALID", pool_each=False, **kw)
 
 
@@ -165,11 +171,11 @@ class _BNCNN(nn.Module):
 def bn_cnn(input_shape: Sequence[int], num_classes: int,
            channels: Sequence[int] = (32, 32, 64, 64), norm: str = "batch",
            pool_every: int = 2, conv: str = "auto") -> Model:
-  """Seed 003's CNNs, "4 conv layers + 1 FC" (FMNIST, SVHN; the default) and "8 conv + 1 FC"
-  (CIFAR; ``channels=(32, 32, 64, 64, 128, 128, 256, 256)``), with ReLU and BatchNorm
-  throughout — widths, kernels and pooling are not in the paper: 3×3 "same" convolutions
-  without bias, each followed by a norm and ReLU, a 2×2 max-pool after every ``pool_every``
-  convolutions, one dense output layer.
+  """The CNNs of the FedMRN paper (Li et al., 2024), "4 conv layers + 1 FC" (FMNIST, SVHN; the
+  default) and "8 conv + 1 FC" (CIFAR; ``channels=(32, 32, 64, 64, 128, 128, 256, 256)``), with
+  ReLU and BatchNorm throughout — widths, kernels and pooling are not in the paper: 3×3 "same"
+  convolutions without bias, each followed by a norm and ReLU, a 2×2 max-pool after every
+  ``pool_every`` convolutions, one dense output layer.
 
   BatchNorm under a 1-bit uplink (the paper is silent): ``norm="batch"`` normalises with the
   current batch's statistics in training and evaluation alike — there are no running
@@ -269,10 +275,11 @@ class _LeNet5Caffe(nn.Module):
 
 def lenet5_caffe(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 26,
                  conv: str = "auto") -> Model:
-  """LeNet-5, Caffe version (the SNIP repository's ``lenet5_caffe``; seed 002's EMNIST-L model,
-  l. 838-840): conv 5×5 → 20, max-pool 2, conv 5×5 → 50, max-pool 2 (valid padding, ReLU),
-  dense 800 → 500 (ReLU), dense 500 → classes. 28×28 inputs, 26 classes: 439,096 parameters
-  (the spec's d)."""
+  """LeNet-5, Caffe version (the SNIP repository's ``lenet5_caffe``; the EMNIST-L model of the
+  FedSpa paper, Huang et al. 2022): conv 5×5 → 20, max-pool 2, conv 5×5 → 50, max-pool 2
+  (valid padding, ReLU), dense 800 → 500 (ReLU), dense 500 → classes. 28×28 inputs, 26
+  classes: 439,096 parameters (the d that reproduces the FedSpa paper's communication
+  costs)."""
   resolve_impl(conv)
   return from_flax(_LeNet5Caffe(num_classes, conv), input_shape, image_shape(input_shape))
 
@@ -301,11 +308,11 @@ class _FedP3CNN(nn.Module):
 def fedp3_cnn(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
               channels: int = 64, hidden: Sequence[int] = (1024, 1024), pad_to: int = 32,
               conv: str = "auto") -> Model:
-  """Seed 001's FedP3 CNN (Table C.2, l. 3026-3041): conv 5×5 → 64, max-pool 2, conv 5×5 → 64,
-  max-pool 2 (valid, ReLU), FC 1600 → 1024 → 1024 → classes; layers ``conv1, conv2, fc1, fc2,
-  fc3`` (fc3 is the chapter's FFC). Smaller images are zero-padded to ``pad_to`` (the paper's
-  FMNIST counts use the 1600-wide FC layer that 32×32 inputs give; 28×28 ones would give 1024,
-  §0.1.5). ``channels``/``hidden`` give CPU-sized versions."""
+  """The FedP3 CNN (Yi et al., 2024; Table C.2 of Kai Yi's dissertation): conv 5×5 → 64,
+  max-pool 2, conv 5×5 → 64, max-pool 2 (valid, ReLU), FC 1600 → 1024 → 1024 → classes; layers
+  ``conv1, conv2, fc1, fc2, fc3`` (fc3 is the paper's FFC). Smaller images are zero-padded to
+  ``pad_to`` (the paper's FMNIST counts use the 1600-wide FC layer that 32×32 inputs give;
+  28×28 ones would give 1024). ``channels``/``hidden`` give CPU-sized versions."""
   resolve_impl(conv)
   shape = image_shape(input_shape)
   if shape[0] > pad_to or shape[1] > pad_to:
@@ -337,10 +344,11 @@ class _VGG11(nn.Module):
 
 def vgg11(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
           num_groups: int = 32, conv: str = "auto") -> Model:
-  """VGG-11 for CIFAR with GroupNorm instead of BatchNorm (seed 002's CIFAR-10 model, l.
-  838-844): eight 3×3 convolutions with bias (64, M, 128, M, 256, 256, M, 512, 512, M, 512,
-  512, M), each followed by GroupNorm and ReLU, one dense layer 512 → classes. CIFAR-10:
-  9,231,114 parameters (the spec's d)."""
+  """VGG-11 for CIFAR with GroupNorm instead of BatchNorm (the CIFAR-10 model of the FedSpa
+  paper, Huang et al. 2022): eight 3×3 convolutions with bias (64, M, 128, M, 256, 256, M, 512,
+  512, M, 512, 512, M), each followed by GroupNorm and ReLU, one dense layer 512 → classes.
+  CIFAR-10: 9,231,114 parameters (the d that reproduces the FedSpa paper's communication
+  costs)."""
   resolve_impl(conv)
   if num_groups < 1 or 64 % num_groups:
     raise ValueError(f"num_groups must divide 64 (the narrowest layer), got {num_groups}.")
@@ -364,8 +372,8 @@ class _CharLSTM(nn.Module):
 
 def char_lstm(seq_len: int, vocab: int, embed: int = 8, hidden: int = 256,
               layers: int = 2) -> Model:
-  """LEAF's Shakespeare model (seed 001 ch. 3: "2 LSTM + 1 FC"): an ``embed``-dimensional
-  character embedding, ``layers`` LSTM layers of ``hidden`` units and a dense layer on the last
-  step's output. Inputs ``int32 [B, seq_len]`` character indices; logits ``[B, vocab]`` for the
-  next character."""
+  """LEAF's Shakespeare model (the "2 LSTM + 1 FC" of Scafflix, Yi, Condat and Richtárik 2023):
+  an ``embed``-dimensional character embedding, ``layers`` LSTM layers of ``hidden`` units and a
+  dense layer on the last step's output. Inputs ``int32 [B, seq_len]`` character indices;
+  logits ``[B, vocab]`` for the next character."""
   return from_flax(_CharLSTM(vocab, embed, hidden, layers), (seq_len,))

@@ -10,7 +10,7 @@ declarations off a traced call (``flax.linen.intercept_methods``) and builds the
 groups (one per channel of a prunable set; sets named with a leading ``_`` are fixed), the
 group operators and the physical removal. The
 couplings are **declared** by the architectures below, not inferred from the graph (OTOv2's
-automatic construction is not given by the seed); the tests verify each declaration
+automatic construction is not given in Xidong Wu's dissertation); the tests verify each declaration
 numerically (zeroing a group zeroes its channels for any input, and the physically pruned
 network computes the masked one's function).
 
@@ -37,7 +37,8 @@ and :func:`apply_with_stats` evaluates with them (each example independent of it
 channels changes the other channels' group statistics, so physical removal is exact only with
 ``"batch"``.
 
-Source for the team: seed 004 Task 2, ATO; spec ``seed004.md`` §2.1.
+Source for the team: seed 004 Task 2, ATO, Table 5 (resnet50, mobilenet_v2); spec ``seed004.md``
+§2.1.
 """
 from __future__ import annotations
 
@@ -385,8 +386,9 @@ def resnet50(input_shape: Sequence[int] = (224, 224, 3), num_classes: int = 1000
              norm: str = "batch", num_groups: int = 8,
              widths: dict | None = None) -> tuple[nn.Module, Model]:
   """ResNet-50 (He et al. 2016, arXiv:1512.03385): bottleneck blocks ``(3, 4, 6, 3)``, the
-  ImageNet stem — seed 004 Task 2's ImageNet network (Table 5) — with its zero-invariant
-  groups declared (25.6 M parameters at 1000 classes)."""
+  ImageNet stem — the ImageNet network of ATO's experiments (Table 5 of Xidong Wu's
+  dissertation) — with its zero-invariant groups declared (25.6 M parameters at 1000
+  classes)."""
   return resnet((3, 4, 6, 3), input_shape, num_classes, norm, num_groups, widths,
                 bottleneck=True, stem="imagenet")
 
@@ -421,7 +423,8 @@ def mobilenet_v2(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10
   channels c, repeats n, stride s)``. ``stem="cifar"`` (32×32 inputs): strides 1 in the first
   convolution and the second stage; ``stem="imagenet"``: the paper's network for 224×224
   inputs — stride 2 in both (``_MBV2_IMAGENET``; 3,504,872 parameters at 1000 classes,
-  torchvision's count), seed 004's Table 5 row. Default ``config``: the stem's seven rows."""
+  torchvision's count), the MobileNetV2 row of Table 5 in Xidong Wu's dissertation (ATO on
+  ImageNet). Default ``config``: the stem's seven rows."""
   _check(norm, num_groups)
   if stem not in ("cifar", "imagenet"):
     raise ValueError(f"stem must be 'cifar' or 'imagenet', got {stem!r}.")

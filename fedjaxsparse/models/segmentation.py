@@ -1,6 +1,6 @@
-"""Semantic segmentation: BiSeNetV2 (seed 003's segmentation network) behind the
-:class:`~fedjaxsparse.core.Model` interface, its per-pixel loss with an ignore label, and the
-mean intersection-over-union.
+"""Semantic segmentation: BiSeNetV2 (the segmentation network of the FedMRN paper, Li et al.
+2024) behind the :class:`~fedjaxsparse.core.Model` interface, its per-pixel loss with an ignore
+label, and the mean intersection-over-union.
 
 References:
   Changqian Yu, Changxin Gao, Jingbo Wang, Gang Yu, Chunhua Shen, Nong Sang (2021). BiSeNet
@@ -29,6 +29,8 @@ Normalisation: ``norm="batch"`` (the current batch's statistics, no running aver
 library's stateless convention, :mod:`fedjaxsparse.models.nets`; an image's output then
 depends on its batch, padding included) or ``"group"`` (GroupNorm of gcd(8, channels)
 groups).
+
+Source for the team: seed 003 (its segmentation network).
 """
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ A :class:`SplitModel`'s parameters are ``{"body": ..., "head": ...}``:
   over draws of ``z`` — what FedCR's code averages over 30 draws — is ``head(μ)`` exactly in
   the limit, without Monte Carlo noise.
 
-:func:`fedcr_net` builds the networks of FedCR's code (Zhang et al. 2023), which seed 001 ran
-for Table B.1 and Fig. 4.2: an MLP for EMNIST and two-convolution CNNs for Fashion-MNIST and
-CIFAR, each with two 1024-unit dense layers.
+:func:`fedcr_net` builds the networks of FedCR's code (Zhang et al. 2023), which Kai Yi's
+dissertation ran for its Table B.1 (Scafflix) and Fig. 4.2 (FedP3): an MLP for EMNIST and
+two-convolution CNNs for Fashion-MNIST and CIFAR, each with two 1024-unit dense layers.
 
 References:
   Hao Zhang, Chenglin Li, Wenrui Dai, Junni Zou, Hongkai Xiong (2023). FedCR: Personalized
@@ -23,6 +23,8 @@ References:
     Information Regularization. ICML 2023. (Code: github.com/haozzh/FedCR.)
   Alexander A. Alemi, Ian Fischer, Joshua V. Dillon, Kevin Murphy (2017). Deep Variational
     Information Bottleneck. ICLR 2017. arXiv:1612.00410.
+
+Source for the team: seed 001 Table B.1 (ch. 3) and Fig. 4.2 (ch. 4).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Decoder-only transformer language models in flax, in the two families chapter 6 of seed 001
-prunes (l. 1830): **LLaMA-style** (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention;
-LLaMA-2/3) and **OPT-style** (learned positions offset by 2, pre-LayerNorm, ReLU MLP, biases).
+"""Decoder-only transformer language models in flax, in the two families that SymWanda (Yi and
+Richtárik 2025; chapter 6 of Kai Yi's dissertation) prunes: **LLaMA-style** (RMSNorm, rotary
+embeddings, SwiGLU, grouped-query attention; LLaMA-2/3) and **OPT-style** (learned positions
+offset by 2, pre-LayerNorm, ReLU MLP, biases).
 
 Parameter names follow the Hugging Face checkpoints, so :mod:`fedjaxsparse.models.hf` maps them one to
 one: block ``i`` is ``layers_{i}`` with ``self_attn/{q,k,v,o|out}_proj``, ``mlp/{gate,up,down}_proj``
@@ -11,6 +12,8 @@ one block at a time (``Block(cfg).apply({"params": p}, h, mutable=["calib"])``).
 
 Shapes: token ids ``int32[B, T]`` → logits ``float32[B, T, V]``; hidden states ``[B, T, H]``.
 Attention is causal with no padding (calibration and perplexity windows are full).
+
+Source for the team: seed 001 ch. 6, l. 1830.
 """
 from __future__ import annotations
 

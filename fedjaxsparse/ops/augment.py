@@ -1,11 +1,14 @@
 """Data augmentation inside ``jit``: ``augment(key, x [B, H, W, C]) -> x``, applied by the
 local steps to every drawn minibatch (``augment=`` of the ProxSkip family and FedAvg).
 
-:func:`crop_flip` is the random part of the standard CIFAR recipe seed 000 §E uses for
-ResNet-18 ("flip, crop and normalize"): pad 4 pixels (reflect), crop back to H×W at a random
-offset, flip left-right with probability ½ — per image, with its own randomness. The
-normalisation is deterministic, so it is applied to the stored data once (train and test
-alike) with ``CIFAR10_MEAN`` and ``CIFAR10_STD``.
+:func:`crop_flip` is the random part of the standard CIFAR recipe that the Sparse-ProxSkip
+paper (Meinhardt et al., 2024, its appendix E) uses for ResNet-18 ("flip, crop and
+normalize"): pad 4 pixels (reflect), crop back to H×W at a random offset, flip left-right with
+probability ½ — per image, with its own randomness. The normalisation is deterministic, so it
+is applied to the stored data once (train and test alike) with ``CIFAR10_MEAN`` and
+``CIFAR10_STD``.
+
+Source for the team: seed 000 §E.
 """
 from __future__ import annotations
 

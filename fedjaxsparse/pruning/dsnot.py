@@ -7,6 +7,9 @@ References:
   Kai Yi, Peter Richtárik (2025). Symmetric Pruning of Large Language Models. ICLR 2025
     Workshop on Sparsity in LLMs. arXiv:2501.18980.
 
+Numbers such as (6.5), Table 6.5 or E.3.1 refer to chapter 6 and appendix E of Kai Yi's
+dissertation, where SymWanda appears.
+
 Given a linear layer's dense kernel ``W`` (flax ``(in, out)`` layout, ``[b, c]``), a pruning mask
 ``M`` from any score, and the calibration statistics of its inputs (mean ``μ``, variance ``v``,
 norm ``n = ‖X_r‖₂``), each output neuron q ("row" in the paper's PyTorch layout) swaps one pruned
@@ -28,7 +31,7 @@ a swap fails the ``accept`` rule.
 **DSnoT** (the baseline; :func:`dsnot`) is ``grow_relative = prune_relative = False``, α = 1
 (the Wanda score) and γ = 0. **R²-DSnoT** (proposed; :func:`r2_dsnot`) switches on relative
 importance in one phase, uses α = 0.5 and the ℓp regulariser. Readings of the paper, chosen
-deliberately (§0.2 of the spec):
+deliberately:
 
 * grow criterion (6.5) is printed without the weight factor; we use ``W_rq·D_rq·μ_r/v_r``
   (otherwise the sign of the grown weight would be ignored);
@@ -47,8 +50,9 @@ deliberately (§0.2 of the spec):
   ``"same_sign"`` is its ``without_same_sign=False`` rule (the error keeps its initial sign);
   ``"decrease"`` also requires ``|e|`` to strictly decrease, which makes ``|e_q|`` monotone.
 
-Source for the team: seed 001, ch. 6, §6.4, l. 1796-1826, and E.3.1/E.3.5, l. 4549-4551, 4607-4639;
-spec ``seed001_ch4_ch6.md`` §B.5.
+Source for the team: seed 001, ch. 6, §6.4, l. 1796-1826, and E.3.1/E.3.5, l. 4549-4551,
+4607-4639; spec ``seed001_ch4_ch6.md`` §B.5, §0.2 (the readings above), §0.2.9 (Table E.4's
+swapped labels).
 """
 from __future__ import annotations
 
@@ -110,11 +114,11 @@ def dsnot(**overrides) -> DSnoTConfig:
 
 
 def r2_dsnot(base: str = "wanda", **overrides) -> DSnoTConfig:
-  """R²-DSnoT with Table E.4's best configurations, p = 2, γ₁ = 0, α = 0.5 (Table 6.5).
-  Table E.4's base labels are swapped (spec §0.2.9): its "Wanda" best (grow relative,
-  γ₂ = 1e-4) scores 18.99 on LLaMA3-8b, which is Table 6.5's *RIA* + R²-DSnoT, and its "RIA"
-  best (prune relative, γ₂ = 1e-3) scores 20.50, Table 6.5's *Wanda* + R²-DSnoT. We follow
-  the numbers: ``base="wanda"`` → prune relative, γ₂ = 1e-3; ``base="ria"`` → grow relative,
+  """R²-DSnoT with the best configurations of Table E.4 of Kai Yi's dissertation, p = 2,
+  γ₁ = 0, α = 0.5 (its Table 6.5). Table E.4's base labels are swapped: its "Wanda" best (grow
+  relative, γ₂ = 1e-4) scores 18.99 on LLaMA3-8b, which is Table 6.5's *RIA* + R²-DSnoT, and
+  its "RIA" best (prune relative, γ₂ = 1e-3) scores 20.50, Table 6.5's *Wanda* + R²-DSnoT. We
+  follow the numbers: ``base="wanda"`` → prune relative, γ₂ = 1e-3; ``base="ria"`` → grow relative,
   γ₂ = 1e-4. Any field given in ``overrides`` replaces the preset's value (e.g.
   ``r2_dsnot("wanda", gamma_prune=0.0)``)."""
   presets = {"wanda": dict(prune_relative=True, gamma_prune=1e-3),

@@ -1,12 +1,14 @@
 """Scores to masks, and masks to a pruned model: one-shot, training-free ``W ↦ W⊙M`` for every dense
 kernel ``W[b, c]`` (flax's ``(in, out)`` layout) of a parameter pytree.
 
-* **Unstructured** at sparsity ε with exact counts in a comparison group (the paper never
-  states it, §0.2.14): ``"per_output"`` (the peers' default — Wanda's and RIA's code rank
-  within each output neuron: ``⌊ε·b⌋`` pruned per column), ``"per_input"`` (``⌊ε·c⌋`` per
-  row) or ``"per_layer"`` (``⌊ε·b·c⌋``). Ties prune the lower index first (a stable sort).
-* **N:M** (2:4, 4:8; "plain N:M without channel permutation", l. 1838): in every group of M
-  consecutive *inputs* of each output neuron, the N of largest score survive.
+* **Unstructured** at sparsity ε with exact counts in a comparison group (SymWanda, Yi and
+  Richtárik 2025, never states it): ``"per_output"`` (the peers' default — Wanda's and RIA's
+  code rank within each output neuron: ``⌊ε·b⌋`` pruned per column), ``"per_input"``
+  (``⌊ε·c⌋`` per row) or ``"per_layer"`` (``⌊ε·b·c⌋``). Ties prune the lower index first (a
+  stable sort).
+* **N:M** (2:4, 4:8; "plain N:M without channel permutation", in the words of Kai Yi's
+  dissertation): in every group of M consecutive *inputs* of each output neuron, the N of
+  largest score survive.
 
 :func:`prune_params` applies a score to every 2-D ``kernel`` leaf (by path), with per-layer
 calibration statistics (``{path: CalibStats}``, or ``{path: x_norm}``) and a per-leaf key
@@ -18,7 +20,8 @@ DSnoT / R²-DSnoT (which needs the full :class:`~fedjaxsparse.pruning.calibratio
 ``flax.linen.intercept_methods``); :func:`one_shot` tabulates a trained federated model's
 metrics after one-shot pruning, calibrated on the clients' data (:func:`client_batches`).
 
-Source for the team: seed 001, ch. 6; spec ``seed001_ch4_ch6.md`` §B.3.
+Source for the team: seed 001, ch. 6, l. 1838 (N:M); spec ``seed001_ch4_ch6.md`` §B.3, §0.2.14
+(group).
 """
 from __future__ import annotations
 

@@ -9,8 +9,11 @@ References:
   Kai Yi, Peter Richtárik (2025). Symmetric Pruning of Large Language Models. ICLR 2025
     Workshop on Sparsity in LLMs. arXiv:2501.18980.
 
-Layout (spec §0.2.1): the layer computes ``X W`` with calibration inputs ``X ∈ R^{a×b}`` (a
-tokens, b = C_in) and ``W ∈ R^{b×c}`` (c = C_out) — flax's ``Dense`` kernel ``(in, out)``. Row
+Numbers such as Lemma 6.3.1, (6.3) or E.2 refer to chapter 6 and appendix E of Kai Yi's
+dissertation, where SymWanda appears.
+
+Layout: the layer computes ``X W`` with calibration inputs ``X ∈ R^{a×b}`` (a tokens,
+b = C_in) and ``W ∈ R^{b×c}`` (c = C_out) — flax's ``Dense`` kernel ``(in, out)``. Row
 ``W_{j:}`` is input channel j (length c), column ``W_{:k}`` output neuron k (length b).
 ``x_norm[b]`` is ``‖X_{:j}‖₂`` (:mod:`fedjaxsparse.pruning.calibration`), ``y_norm[c]`` is
 ``‖Y_{k:}‖₂`` of an output-side calibration Y.
@@ -39,7 +42,7 @@ A zero row or column norm is guarded (``where(norm == 0, …)``): its entries ar
 score 0.
 
 Source for the team: seed 001, ch. 6, Table 6.1 and §6.3, l. 1652-1794; appendix E.2-E.3; spec
-``seed001_ch4_ch6.md`` §B.1-§B.4.
+``seed001_ch4_ch6.md`` §B.1-§B.4, §0.2.1 (layout).
 """
 from __future__ import annotations
 

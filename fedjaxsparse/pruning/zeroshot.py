@@ -1,6 +1,6 @@
 """Zero-shot multiple-choice evaluation of language models by log-likelihood, in the convention
-of EleutherAI's LM Evaluation Harness (the protocol behind seed 001 ch. 6's Table 6.6: BoolQ,
-RTE, HellaSwag, WinoGrande, ARC-easy, ARC-challenge, OpenBookQA).
+of EleutherAI's LM Evaluation Harness (the protocol behind Table 6.6 of Kai Yi's dissertation,
+its SymWanda chapter: BoolQ, RTE, HellaSwag, WinoGrande, ARC-easy, ARC-challenge, OpenBookQA).
 
 References:
   Leo Gao, Jonathan Tow, Baber Abbasi, Stella Biderman, Sid Black, et al. (2023). A framework
@@ -46,6 +46,8 @@ Loaders read each task's public file format: the JSONL files of SuperGLUE (BoolQ
 HellaSwag (``hellaswag_val.jsonl``), WinoGrande (``dev.jsonl``, labels in ``dev-labels.lst``
 when the answers are not in the file), ARC (``ARC-Easy-Dev.jsonl``, ...) and OpenBookQA
 (``dev.jsonl``).
+
+Source for the team: seed 001 ch. 6, Table 6.6.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ import numpy as np
 from fedjaxsparse.errors import DataError, check_int
 
 TASKS = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
-"""The zero-shot tasks of seed 001 Table 6.6, by the harness's names."""
+"""The zero-shot tasks of Table 6.6 in Kai Yi's dissertation, by the harness's names."""
 NORMALISED = ("hellaswag", "arc_easy", "arc_challenge", "openbookqa")
 """The tasks the harness (and Table 6.6) report by ``acc_norm``; the others by ``acc``."""
 

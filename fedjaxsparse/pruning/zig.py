@@ -14,7 +14,8 @@ channels are one set, so one group spans several layers. The *consumers* (kernel
 set, sliced on their input axis −2) are not in the group; they are cut by :func:`compress`.
 
 Groups are numbered set by set (``ChannelSet.offset``); ``w``, norms and thresholds are
-vectors ``[G]`` over all groups.
+vectors ``[G]`` over all groups. Equation numbers such as (4-4) are those of the ATO chapter of
+Xidong Wu's dissertation.
 
 * :func:`trace` — the groups of a flax module (``flax.linen.intercept_methods`` on one
   abstract call), with each layer's MACs per example at full width;
@@ -23,13 +24,14 @@ vectors ``[G]`` over all groups.
   Sub-FedAvg's structured pruning);
 * :func:`flops` — ``Σ_l MACs_l · f_in(w) · f_out(w)`` with ``f(w)`` the kept fraction of a
   set (``f_out`` only for depthwise layers): DMC-style, bilinear in ``w``, differentiable
-  (the spec's recommended ``P(w)``, labelled an assumption: the seed gives no formula);
+  (labelled an assumption: the ATO chapter of Xidong Wu's dissertation gives no formula);
 * :func:`flops_regularizer` — ``R(P, pP_tot) = log(max(P, pP_tot)/(pP_tot))`` (4-6);
 * :func:`gate` — the "virtual gate" ``F̂ = w ⊙ F`` on every prunable layer output;
 * :func:`compress` — physical removal: a smaller params tree and the ``widths`` to rebuild the
   model with, computing the masked model's function.
 
-Source for the team: seed 004 Task 2, §4.1-4.2, l. 881-939; spec ``seed004.md`` §2.1-§2.4, §2.11.
+Source for the team: seed 004 Task 2, §4.1-4.2, l. 881-939 (gate: l. 904); spec ``seed004.md``
+§2.1-§2.4, §2.11, §2.4 (P(w) is the spec's recommendation), §0 (α = η in (4-4)).
 """
 from __future__ import annotations
 
@@ -176,9 +178,10 @@ def scale_groups(zigs: ZIGs, params: Params, factor: jax.Array) -> Params:
 
 
 def group_prox(zigs: ZIGs, params: Params, threshold: jax.Array) -> Params:
-  """(4-4) with ``α = η`` (spec §0): ``[M]_g ← (1 − t_g/‖[M]_g‖)·[M]_g`` if ``‖[M]_g‖ ≥ t_g``,
-  else 0 — the prox of ``t_g‖·‖₂``; ``threshold [G]`` = ``ηλ_g``; ``t_g = 0`` is the identity
-  (bit for bit)."""
+  """(4-4) with ``α = η`` (as printed it thresholds at ``αλ_g`` but shrinks by ``ηλ_g``; standard
+  group soft-thresholding uses ``ηλ_g`` for both): ``[M]_g ← (1 − t_g/‖[M]_g‖)·[M]_g`` if
+  ``‖[M]_g‖ ≥ t_g``, else 0 — the prox of ``t_g‖·‖₂``; ``threshold [G]`` = ``ηλ_g``;
+  ``t_g = 0`` is the identity (bit for bit)."""
   nrm = group_norms(zigs, params)
   shrink = jnp.where(nrm > threshold, 1.0 - threshold / jnp.where(nrm > 0, nrm, 1.0), 0.0)
   return scale_groups(zigs, params, jnp.where(threshold > 0, shrink, 1.0))
@@ -248,7 +251,7 @@ def flops_regularizer(p: jax.Array, budget: jax.Array, two_sided: bool = False) 
 @contextlib.contextmanager
 def gate(zigs: ZIGs, w: jax.Array):
   """Within the block, every declared layer writing a prunable set multiplies its output by
-  ``w`` of that set (the virtual gate ``F̂_l = w_l ⊙ F_l``, l. 904)."""
+  ``w`` of that set (ATO's virtual gate ``F̂_l = w_l ⊙ F_l``)."""
   def interceptor(next_fun, args, kwargs, context):
     out = next_fun(*args, **kwargs)
     m = context.module
