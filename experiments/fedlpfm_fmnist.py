@@ -40,6 +40,8 @@ are marked so).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import os
 
@@ -90,6 +92,19 @@ PAPER8 = {  # Table 8, MobileNetV2 student, CIFAR-10 (mean); * = FedProx copies 
     "dir0.05": (80.48, "80.48*", 24.75, 84.05), "dir0.1": (84.78, "84.78*", 33.13, 87.73),
     "dir0.5": (90.05, "90.05*", 60.77, 91.72), "dir1.0": (90.86, "90.86*", 72.84, 92.87),
     "iid": (91.48, 91.61, 86.49, 93.26)}
+PAPER9 = {  # Table 9, EfficientNet-B0 student, CIFAR-10 (mean); no FML; * = FedProx copies FedAvg
+    "class": (69.81, "69.81*", None, 78.70), "dir0.01": (69.56, "69.56*", None, 75.98),
+    "dir0.05": (79.53, "79.53*", None, 83.12), "dir0.1": (83.67, "83.67*", None, 87.24),
+    "dir0.5": (90.21, "90.21*", None, 91.80), "dir1.0": (91.41, "91.41*", None, 92.17),
+    "iid": (92.22, "92.22*", None, 92.84)}
+PAPER10 = {  # Table 10, ResNet-18 student, CIFAR-10 (mean); no FML
+    "class": (67.56, 65.99, None, 82.50), "dir0.01": (73.06, 72.13, None, 79.41),
+    "dir0.05": (82.22, 82.40, None, 86.42), "dir0.1": (85.74, 85.23, None, 88.59),
+    "dir0.5": (90.41, 90.095, None, 93.30), "dir1.0": (91.13, 90.82, None, 93.92),
+    "iid": (91.94, 91.45, None, 94.00)}
+STUDENT_TABLES = {"mobilenet_v2": ("Table 8", PAPER8), "efficientnet_b0": ("Table 9", PAPER9),
+                  "resnet18": ("Table 10", PAPER10), "cnn": ("Table 8", PAPER8)}
+"""The paper's table of each student (the CPU CNN stands in for Table 8's MobileNetV2)."""
 PAPER11 = {  # Table 11: linear probing, prompt tuning, 0-shot (Fed-LPFM)
     "class": (45.63, 51.85, 82.29), "dir0.01": (44.76, 35.86, 72.88),
     "dir0.05": (73.07, 68.39, 84.05), "dir0.1": (82.54, 77.35, 87.73),
@@ -477,8 +492,8 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
 def columns(label: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   """The split's name in the paper's words, the chosen setting, the paper's CIFAR-10 number."""
   method, variant = _plan(opts, ctx.extra["variants"])[label]
-  if opts["study"] == "table8":
-    paper = PAPER8[ctx.setting][METHODS.index(method)]
+  if opts["study"] == "table8":   # the student's own table (8, 9 or 10)
+    paper = STUDENT_TABLES[opts["student"]][1][ctx.setting][METHODS.index(method)]
   elif opts["study"] == "table11":
     paper = PAPER11[ctx.setting][{"Linear Probing": 0, "Prompt Tuning": 1}.get(variant, 2)]
   else:
@@ -497,9 +512,14 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
     xs.append(len(xs))
     ys.append(r["ours %"] if r["ours %"] is not None else float("nan"))
   splits = name_list(opts["splits"], "splits", tuple(SPLITS))
+  table, _ = STUDENT_TABLES[opts["student"]]
+  source = {"table8": f"the paper's {table} (student {opts['student']}"
+                      + (", standing in for MobileNetV2)" if opts["student"] == "cnn" else ")"),
+            "table11": "the paper's Table 11", "table12": "the paper's Table 12"}[opts["study"]]
   return {"study": opts["study"], "teachers": notes, "claim": CLAIMS[opts["study"]],
           "table": Table(rows, note="\n".join(
-              [f"teacher {name}: {note}" for name, note in notes.items()]
+              [f"paper % (CIFAR-10): {source}"]
+              + [f"teacher {name}: {note}" for name, note in notes.items()]
               + [f"the paper's claim: {CLAIMS[opts['study']]}"])),
           "figures": [Figure("curves", dict(
               curves=curves, xlabel="label skew (split)", ylabel="test accuracy %",
@@ -508,7 +528,8 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
 
 
 PAPERS = {"table8_cifar10": PaperConfig(
-    "table8_cifar10", "seed 004 Table 8 (CIFAR-10, MobileNetV2 student)", dataset="cifar10",
+    "table8_cifar10", "the Fed-LPFM paper's Table 8 (CIFAR-10, MobileNetV2 student)",
+    dataset="cifar10",
     standin=None, clients=10, rounds=600, eval_every=50,
     options={"student": "mobilenet_v2", "train_size": 0, "lr": 0.01, "lr_milestones": [200],
              "lr_factor": 0.1, "temperatures": [1.0, 2.0, 4.0], "seeds": 3},
@@ -518,6 +539,16 @@ PAPERS = {"table8_cifar10": PaperConfig(
     "validation; the zero-shot CLIP teacher needs --set clip=CKPT clip_prompts=IDS.npy (without "
     "it the library-trained CNN teacher stands in, labelled); local steps and batch are not "
     "in the seed (ours)")}
+
+
+for _name, _student, _table in (("table9_cifar10", "efficientnet_b0", "Table 9"),
+                                 ("table10_cifar10", "resnet18", "Table 10")):
+  PAPERS[_name] = dataclasses.replace(
+      PAPERS["table8_cifar10"], name=_name,
+      source=f"the Fed-LPFM paper's {_table} (CIFAR-10, {_student} student)",
+      options={**PAPERS["table8_cifar10"].options, "student": _student},
+      deviations=PAPERS["table8_cifar10"].deviations + "; FML runs too (the table has no FML "
+      "column)")
 
 
 run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, papers=PAPERS,
