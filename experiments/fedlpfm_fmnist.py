@@ -541,12 +541,12 @@ PAPERS = {"table8_cifar10": PaperConfig(
     "in the seed (ours)")}
 
 
-for _name, _student, _table in (("table9_cifar10", "efficientnet_b0", "Table 9"),
-                                 ("table10_cifar10", "resnet18", "Table 10")):
-  PAPERS[_name] = dataclasses.replace(
-      PAPERS["table8_cifar10"], name=_name,
-      source=f"the Fed-LPFM paper's {_table} (CIFAR-10, {_student} student)",
-      options={**PAPERS["table8_cifar10"].options, "student": _student},
+for _paper, _net, _table in (("table9_cifar10", "efficientnet_b0", "Table 9"),
+                             ("table10_cifar10", "resnet18", "Table 10")):
+  PAPERS[_paper] = dataclasses.replace(
+      PAPERS["table8_cifar10"], name=_paper,
+      source=f"the Fed-LPFM paper's {_table} (CIFAR-10, {_net} student)",
+      options={**PAPERS["table8_cifar10"].options, "student": _net},
       deviations=PAPERS["table8_cifar10"].deviations + "; FML runs too (the table has no FML "
       "column)")
 
