@@ -93,8 +93,8 @@ from fedjaxsparse.models import prunable as P
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se
 
 NAME = "ato_prune"
-DESCRIPTION = ("Seed 004 Table 4: Auto-Train-Once (ATO, ATO-HSP) vs Dense, Uniform and OTO "
-               "(HSPG); ResNet-20 on Fashion-MNIST, CIFAR with tfds data")
+DESCRIPTION = ("ATO (Wu et al., CVPR 2024): ATO and ATO-HSP vs Dense, Uniform and OTO (HSPG); "
+               "ResNet-20 on Fashion-MNIST, CIFAR with tfds data")
 DEFAULTS = dict(rounds=None, eval_every=None, clients=1, dataset="fashion_mnist")
 CPU_EPOCHS, PAPER_EPOCHS = 6, 300
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)

@@ -62,7 +62,8 @@ from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.harness.protocol import check_claim
 
 NAME = "cohort_squeeze_logreg"
-DESCRIPTION = "Seed 001 ch. 5: SPPM-AS total cost T*K vs K, LocalGD, sampling/baselines/gamma"
+DESCRIPTION = ("Cohort-Squeeze (Yi et al. 2024): SPPM-AS total cost T*K vs K, LocalGD, "
+               "sampling/baselines/gamma")
 THEORY_LABEL = "LocalGD, 1/(2𝓛)"
 """LocalGD at Gower et al. (2019)'s step 1/(2𝓛) (𝓛: the SS cohort's expected smoothness); not
 the paper's "LocalGD, optim", whose step (Khaled and Richtárik, 2020) the paper does not give."""

@@ -43,7 +43,8 @@ from fedjaxsparse.models import cohort_squeeze_cnn, make_loss
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split
 
 NAME = "cohort_squeeze_nn"
-DESCRIPTION = "Seed 001 ch. 5 E5.5: SPPM-NICE (Adam prox solver) vs LocalGD, cost to accuracy"
+DESCRIPTION = ("Cohort-Squeeze (Yi et al. 2024), CNN: SPPM-NICE (Adam prox solver) vs "
+               "LocalGD, cost to accuracy")
 DEFAULTS = dict(rounds=30, clients=20, dataset="femnist_standin", eval_every=5)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=3, clients=4, eval_every=1, options=dict(

@@ -42,7 +42,8 @@ from fedjaxsparse.harness.experiment import Config, Option, Steps, entry
 from fedjaxsparse.harness.report import Figure, Table
 
 NAME = "ddss_lasso"
-DESCRIPTION = "Seed 004 Task 1: dynamic safe screening in async prox-SVRG (Figs. 1-3, CPU scale)"
+DESCRIPTION = ("DDSS (Bao et al. 2022): dynamic safe screening in async prox-SVRG "
+               "(CPU scale)")
 DEFAULTS = dict(rounds=20, eval_every=1, dataset="synthetic")
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=3, options=dict(n=200, p=600, density=0.01, support=5, lam_ratio=0.3,

@@ -47,7 +47,8 @@ from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, paper_table
 
 NAME = "efbv_logreg"
-DESCRIPTION = "Seed 001 A.3: EF-BV vs EF21 (and DIANA) with comp-(k, d/2), f - f* vs bits"
+DESCRIPTION = ("EF-BV (Condat et al., NeurIPS 2022): EF-BV vs EF21 (and DIANA) with "
+               "comp-(k, d/2), f - f* vs bits")
 DEFAULTS = dict(rounds=20000, clients=20, dataset="breast_cancer", eval_every=200)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=3000, eval_every=500)

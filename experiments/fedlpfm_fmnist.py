@@ -68,7 +68,7 @@ from fedjaxsparse.models import cnn, make_loss, mlp
 from fedjaxsparse.harness.protocol import PaperConfig, validation_split
 
 NAME = "fedlpfm_fmnist"
-DESCRIPTION = ("Seed 004 Tables 8-12: Fed-LPFM vs FedAvg / FedProx / FML across label skews "
+DESCRIPTION = ("Fed-LPFM (Wu et al. 2023): Fed-LPFM vs FedAvg / FedProx / FML across label skews "
                "(library-trained teacher offline; CLIP with a local checkpoint)")
 DEFAULTS = dict(rounds=20, clients=10, dataset="fashion_mnist", eval_every=10,
                 data_dir=None)

@@ -76,8 +76,8 @@ from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.ops.sparsity import gmp_sparsity, num_params, top_k
 
 NAME = "fedmrn_fmnist"
-DESCRIPTION = ("Seed 003 Table 1 (FMNIST; SVHN/CIFAR with tfds data): FedMRN/FedMRNS vs FedAvg "
-               "and 1-bpp compressors")
+DESCRIPTION = ("FedMRN (Li et al., MM 2024) Table 1: FedMRN/FedMRNS vs FedAvg and 1-bpp "
+               "compressors (FMNIST; SVHN/CIFAR with tfds data)")
 DEFAULTS = dict(rounds=10, clients=100, dataset="fashion_mnist", eval_every=5,
                 data_dir=None)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)

@@ -67,8 +67,8 @@ from fedjaxsparse.models.split import FEDCR_CONV, fedcr_net
 from fedjaxsparse.harness.protocol import PaperConfig
 
 NAME = "fedp3_fmnist"
-DESCRIPTION = ("Seed 001 ch. 4: FedP3 layer policies, local pruning rules, global ratios and "
-               "aggregations vs FedAvg")
+DESCRIPTION = ("FedP3 (Yi et al., ICLR 2024): layer policies, local pruning rules, global "
+               "ratios and aggregations vs FedAvg")
 DEFAULTS = dict(rounds=30, clients=100, dataset="fashion_mnist", eval_every=10,
                 data_dir=None)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)

@@ -30,7 +30,7 @@ from fedjaxsparse.harness.protocol import validation_split
 from fedjaxsparse.ops.sparsity import num_params
 
 NAME = "fedp3_ldp"
-DESCRIPTION = "Seed 001 ch. 4: LDP-FedP3 test accuracy against the privacy budget epsilon"
+DESCRIPTION = "LDP-FedP3 (Yi et al., ICLR 2024): test accuracy against the privacy budget epsilon"
 DEFAULTS = dict(rounds=200, clients=10, dataset="digits", eval_every=50)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=4, eval_every=2, options=dict(seeds=1, epsilons=[1, 8], gammas=[0.5]))

@@ -31,7 +31,7 @@ from fedjaxsparse.models import fedp3_cnn, mlp
 from fedjaxsparse.ops import layer_groups
 
 NAME = "fedp3_params"
-DESCRIPTION = "Seed 001 ch. 4 Fig. C.1: FedP3's per-layer parameter accounting (Table C.2)"
+DESCRIPTION = "FedP3 (Yi et al., ICLR 2024): per-layer parameter accounting"
 DEFAULTS = dict(rounds=1, clients=1, dataset="none", eval_every=1)
 QUICK = dict(options=dict())
 QUICK_RUNTIME = "measured 3 s on 2 CPU cores (arithmetic on the networks' shapes)"

@@ -64,7 +64,8 @@ from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.ops.sparsity import num_params
 
 NAME = "fedspa_table1"
-DESCRIPTION = "Seed 002 Table 1/2: FedSpa (DST/RSM) vs Ditto, FedAvg, Sub-FedAvg, Local, Subsampling"
+DESCRIPTION = ("FedSpa (Huang et al. 2022) Tables 1/2: FedSpa (DST/RSM) vs Ditto, FedAvg, "
+               "Sub-FedAvg, Local, Subsampling")
 DEFAULTS = dict(rounds=10, clients=100, dataset="fashion_mnist", eval_every=5,
                 data_dir=None)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)

@@ -31,7 +31,7 @@ from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.experiments.scafflix_logreg import SPLITS, setup
 
 NAME = "scafflix_inexact"
-DESCRIPTION = "Seed 001 ch. 3 Figs. 3.4/B.7: Scafflix with inexact local optima, pre-solve cost"
+DESCRIPTION = "Scafflix (Yi et al. 2023) with inexact local optima, and the pre-solve's cost"
 DEFAULTS = dict(rounds=100, clients=8, dataset="breast_cancer", eval_every=1)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=40, clients=4)

@@ -44,7 +44,8 @@ from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
 
 NAME = "scafflix_logreg"
-DESCRIPTION = "Seed 001 ch. 3: Scafflix vs GD on FLIX, logistic regression, f~ - f~* vs rounds"
+DESCRIPTION = ("Scafflix (Yi et al. 2023): Scafflix vs GD on FLIX, logistic regression, "
+               "f~ - f~* vs rounds")
 DEFAULTS = dict(rounds=150, clients=10, dataset="breast_cancer", eval_every=1)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=60)

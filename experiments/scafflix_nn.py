@@ -93,7 +93,7 @@ from fedjaxsparse.models.split import FEDCR_CONV, fedcr_net
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split
 
 NAME = "scafflix_nn"
-DESCRIPTION = "Seed 001 ch. 3 Fig. 3.2: Scafflix vs FLIX vs FedAvg, CNN / char-LSTM"
+DESCRIPTION = "Scafflix (Yi et al. 2023): Scafflix vs FLIX vs FedAvg, CNN / char-LSTM"
 DEFAULTS = dict(rounds=40, clients=20, dataset="femnist_standin", eval_every=10)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=2, clients=3, eval_every=1, options=dict(

@@ -52,7 +52,8 @@ from fedjaxsparse.ops.sparsity import k_from_sparsity, num_params, top_k
 from fedjaxsparse.runtime.sweep import run_batched
 
 NAME = "sparse_proxskip"
-DESCRIPTION = "Seed 000: Sparse-ProxSkip vs Final-TopK, FedHT, FedIHT, ASP, RandProx-l1, SPS-Local"
+DESCRIPTION = ("Sparse-ProxSkip (Meinhardt et al. 2024) vs Final-TopK, FedHT, FedIHT, ASP, "
+               "RandProx-l1, SPS-Local")
 DEFAULTS = dict(rounds=120, clients=20, dataset="digits", eval_every=1)  # every communication
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=12, clients=8, eval_every=2)

@@ -46,7 +46,8 @@ from fedjaxsparse.ops.sparsity import top_k
 from fedjaxsparse.runtime.sweep import run_batched
 
 NAME = "sparse_proxskip_cifar"
-DESCRIPTION = "Seed 000 Fig. 4: SPS family, ResNet-18 on CIFAR-10 (CPU stand-in: CNN on digits)"
+DESCRIPTION = ("Sparse-ProxSkip (Meinhardt et al. 2024) Fig. 4: its family, ResNet-18 on "
+               "CIFAR-10 (CPU stand-in: CNN on digits)")
 DEFAULTS = dict(rounds=None, clients=10, dataset="cifar10", eval_every=None)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(rounds=2, eval_every=2, clients=4, options=dict(local_steps=3))

@@ -53,7 +53,7 @@ from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models.transformer import TransformerConfig
 
 NAME = "symwanda_lm"
-DESCRIPTION = "Seed 001 ch. 6: post-training pruning of a language model (Tables 6.2-6.5, E.1-E.4)"
+DESCRIPTION = "SymWanda (Yi and Richtárik 2025): post-training pruning of a language model"
 DEFAULTS = dict(rounds=None, eval_every=None)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(options=dict(hidden=32, layers=1, train_steps=20, nsamples=4, seq_len=32,

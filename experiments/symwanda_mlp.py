@@ -29,7 +29,8 @@ from fedjaxsparse.models import mlp
 from fedjaxsparse.harness.protocol import check_claim
 
 NAME = "symwanda_mlp"
-DESCRIPTION = "Seed 001 ch. 6: one-shot pruning of a digits MLP with planted outlier channels"
+DESCRIPTION = ("SymWanda (Yi and Richtárik 2025): one-shot pruning of a digits MLP with "
+               "planted outlier channels")
 DEFAULTS = dict(rounds=None, eval_every=None)
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(options=dict(seeds=1, steps=60, hidden=16, calib=32))
