@@ -76,7 +76,8 @@ OPTIONS = (
     Option("dense", 32, "CNN dense units (paper: 128)", low=1),
 )
 PAPERS = {"femnist_d4": PaperConfig(
-    "femnist_d4", "seed 001 §5.4.6 / D.5 (FEMNIST CNN)", dataset="femnist",
+    "femnist_d4",
+        "K. Yi's dissertation (Cohort-Squeeze) §5.4.6 / D.5 (FEMNIST CNN)", dataset="femnist",
     standin="femnist_standin", clients=100, rounds=300, eval_every=5,
     options={"cohort": 10, "gamma": 1.0, "ks": [1, 2, 3, 4, 5], "worker_steps": 3,
              "lrs": [1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5], "channels": [32, 64],

@@ -71,7 +71,8 @@ def _table_a2(dataset: str, k: int, xi: int, values: tuple) -> PaperConfig:
   spec's reconstruction, seed001_ch2 §6.1.3, with the three printed typos corrected)."""
   lam, r, r_av, g_bv, g_21 = values
   return PaperConfig(
-      f"{dataset}_k{k}_xi{xi}", f"seed 001 A.3.1, Table A.2 ({dataset}, k={k}, ξ={xi})",
+      f"{dataset}_k{k}_xi{xi}",
+          f"K. Yi's dissertation (EF-BV) A.3.1, Table A.2 ({dataset}, k={k}, ξ={xi})",
       dataset="libsvm", standin=f"{dataset}_standin", clients=1000, rounds=100_000,
       eval_every=1000, options={"k": k, "xi": xi, "mu": 0.1, "float64": True},
       unit="EF-BV / EF21 parameters", paper={

@@ -193,34 +193,35 @@ _DEV = ("CNN widths ours (the paper gives none); tuning on a validation split; F
         "is the shared one (its score lr is unspecified)")
 PAPERS = {
     "table1_fmnist": PaperConfig(
-        "table1_fmnist", "seed 003 Table 1 (FMNIST)", dataset="fashion_mnist", standin=None,
+        "table1_fmnist",
+            "the FedMRN paper's Table 1 (FMNIST)", dataset="fashion_mnist", standin=None,
         clients=100, rounds=100, eval_every=10,
         options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper={},
         deviations=_DEV),
     "table1_svhn": PaperConfig(
-        "table1_svhn", "seed 003 Table 1 (SVHN, tfds svhn_cropped)", dataset="svhn",
+        "table1_svhn", "the FedMRN paper's Table 1 (SVHN, tfds svhn_cropped)", dataset="svhn",
         standin=None, clients=100, rounds=100, eval_every=10,
         options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper={},
         deviations=_DEV),
     "table1_cifar10": PaperConfig(
-        "table1_cifar10", "seed 003 Table 1 (CIFAR-10, 8-conv CNN)", dataset="cifar10",
+        "table1_cifar10", "the FedMRN paper's Table 1 (CIFAR-10, 8-conv CNN)", dataset="cifar10",
         standin=None, clients=100, rounds=200, eval_every=20,
         options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper={},
         deviations=_DEV + "; 200 rounds (the paper: 100 or 200)"),
     "table1_cifar100": PaperConfig(
-        "table1_cifar100", "seed 003 Table 1 (CIFAR-100, 8-conv CNN)", dataset="cifar100",
+        "table1_cifar100", "the FedMRN paper's Table 1 (CIFAR-100, 8-conv CNN)", dataset="cifar100",
         standin=None, clients=100, rounds=200, eval_every=20,
         options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper={},
         deviations=_DEV + "; 200 rounds (the paper: 100 or 200)"),
     "table3_shakespeare": PaperConfig(
-        "table3_shakespeare", "seed 003 appendix Table 3 (Shakespeare, LEAF's LSTM)",
+        "table3_shakespeare", "the FedMRN paper's appendix Table 3 (Shakespeare, LEAF's LSTM)",
         dataset="shakespeare", standin=None, clients=1108, rounds=100, eval_every=10,
         options={**_GRID, "study": "table3", "lstm_hidden": 256}, unit="test accuracy %",
         paper={}, deviations="the appendix gives no protocol for Shakespeare beyond LEAF's "
         "code: Table 1's (100 rounds, 10 local epochs, lr grid, 5 seeds) is used; the 1,108 "
         "roles of the bundled plays (LEAF: 1,129)"),
     "table3_voc": PaperConfig(
-        "table3_voc", "seed 003 appendix Table 3 (PascalVOC, BiSeNetV2)", dataset="voc",
+        "table3_voc", "the FedMRN paper's appendix Table 3 (PascalVOC, BiSeNetV2)", dataset="voc",
         standin="voc_standin", clients=10, rounds=100, eval_every=10,
         options={**_GRID, "study": "table3", "seg_size": 512, "seg_width": 1.0},
         unit="test mIoU %", paper={},

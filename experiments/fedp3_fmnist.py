@@ -176,7 +176,8 @@ _FEDCR_PAPER = {"betas": [1e-4, 5e-4, 1e-3, 5e-3, 1e-2], "fedcr_dim": 256, "fedc
 _PAPER_OPTS = {"channels": 64, "lrs": [3.125e-2, 6.25e-3, 1.25e-3], "seeds": 3}
 PAPERS = {
     f"{study}_{ds}": PaperConfig(
-        f"{study}_{ds}", f"seed 001 ch. 4, {study} ({ds})", dataset=ds, standin=None,
+        f"{study}_{ds}",
+            f"K. Yi's dissertation (FedP3) ch. 4, {study} ({ds})", dataset=ds, standin=None,
         clients=100, rounds=500, eval_every=25,
         options={**_PAPER_OPTS, "study": study,
                  "hidden": "1024,1024,1024" if ds == "emnist_l10" else "1024,1024",

@@ -171,17 +171,18 @@ OPTIONS = (
 _PAPER_OPTS = {"epochs": 5, "lrs": [0.1], "seeds": 3}
 PAPERS = {
     "table1_emnist": PaperConfig(
-        "table1_emnist", "seed 002 Table 1 (EMNIST-L, LeNet5)", dataset="emnist_l",
+        "table1_emnist", "the FedSpa paper's Table 1 (EMNIST-L, LeNet5)", dataset="emnist_l",
         standin=None, clients=100, rounds=400, eval_every=20,
         options={**_PAPER_OPTS, "targets": [90.0, 92.0, 95.0]}, unit="accuracy %", paper={},
         deviations="T = 400 inferred from the Comm columns; lr tuned on validation"),
     "table1_cifar10": PaperConfig(
-        "table1_cifar10", "seed 002 Table 1/2 (CIFAR-10, VGG11-GN)", dataset="cifar10",
+        "table1_cifar10", "the FedSpa paper's Table 1/2 (CIFAR-10, VGG11-GN)", dataset="cifar10",
         standin=None, clients=100, rounds=1000, eval_every=20,
         options={**_PAPER_OPTS, "targets": [70.0, 75.0, 80.0]}, unit="accuracy %", paper={},
         deviations="lr tuned on validation"),
     "table1_cifar100": PaperConfig(
-        "table1_cifar100", "seed 002 Table 1/2 (CIFAR-100, ResNet18-GN)", dataset="cifar100",
+        "table1_cifar100",
+            "the FedSpa paper's Table 1/2 (CIFAR-100, ResNet18-GN)", dataset="cifar100",
         standin=None, clients=100, rounds=1000, eval_every=20,
         options={**_PAPER_OPTS, "targets": [40.0, 50.0, 55.0]}, unit="accuracy %", paper={},
         deviations="lr tuned on validation")}

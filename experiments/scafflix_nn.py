@@ -167,15 +167,18 @@ _B1_DEV = ("FedCR's non-IID setting read as chapter 4's (Dirichlet 0.5, 0.3 for 
            "and FedCR with FedCR's README values except the learning rate, tuned like "
            "every method's")
 PAPERS = {pc.name: pc for pc in (
-    PaperConfig("tableB1_fmnist", "seed 001 Table B.1 (FMNIST)", dataset="fashion_mnist",
+    PaperConfig("tableB1_fmnist",
+                "K. Yi's dissertation (Scafflix) Table B.1 (FMNIST)", dataset="fashion_mnist",
                 standin="fashion_mnist_standin", clients=100, rounds=500, eval_every=25,
                 options=_B1_FMNIST, unit="final test accuracy %", paper={},
                 deviations=_B1_DEV),
-    PaperConfig("tableB1_cifar100", "seed 001 Table B.1 (CIFAR-100, tfds)", dataset="cifar100",
+    PaperConfig("tableB1_cifar100",
+                "K. Yi's dissertation (Scafflix) Table B.1 (CIFAR-100, tfds)", dataset="cifar100",
                 standin=None, clients=100, rounds=500, eval_every=25,
                 options=_B1_CIFAR100, unit="final test accuracy %", paper={},
                 deviations=_B1_DEV),
-    PaperConfig("figure2_femnist", "seed 001 Fig. 3.2 (FEMNIST)", dataset="femnist",
+    PaperConfig("figure2_femnist",
+                "K. Yi's dissertation (Scafflix) Fig. 3.2 (FEMNIST)", dataset="femnist",
                 standin="femnist_standin", clients=3400, rounds=1000, eval_every=10,
                 options={"alpha": 0.5, "p": 0.2, "cohort": 10, "batch": 20,
                          "lrs": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], "channels": [32, 64],
@@ -184,7 +187,8 @@ PAPERS = {pc.name: pc for pc in (
                 deviations="the paper's numbers are curves only (C3-13); its CNN is '2 conv + 1 "
                            "FC' without sizes (the FedAvg CNN here); FedAvg's settings are "
                            "unspecified (C3-9)"),
-    PaperConfig("figure2_shakespeare", "seed 001 Fig. 3.2 (Shakespeare)", dataset="shakespeare",
+    PaperConfig("figure2_shakespeare",
+                "K. Yi's dissertation (Scafflix) Fig. 3.2 (Shakespeare)", dataset="shakespeare",
                 standin=None, clients=1129, rounds=1000, eval_every=10,
                 options={"alpha": 0.3, "p": 0.2, "cohort": 10, "batch": 20,
                          "lrs": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], "hidden": 256},

@@ -73,7 +73,7 @@ OPTIONS = (
     Option("alpha", 0.5, "Dirichlet concentration of the label split (embedded data)",
            low=0.0, low_open=True),
     Option("femnist_test", "all", "FEMNIST test set: all (the standard unrestricted set, as in "
-           "seed 000 §4.2) or writers (the kept writers' own test files)",
+           "the Sparse-ProxSkip paper's §4.2) or writers (the kept writers' own test files)",
            choices=("all", "writers")),
     Option("init", None, "initial model: zeros (BlogFeedback, w_0 = 0) or pytorch "
            "(torch.nn.Linear's default, FEMNIST); default per dataset as in the paper",
@@ -130,7 +130,8 @@ FEMNIST_DEVIATIONS = ("the ridge weight alpha and the number of rounds are not s
 # Top-K'd model, bits in Mbit uplink per client until the threshold is first reached.
 PAPERS = {pc.name: pc for pc in (
     PaperConfig(
-        "table1", "seed 000 §4.1, Table 1 (BlogFeedback, test R² and train loss)", **BLOG,
+        "table1",
+        "the Sparse-ProxSkip paper's §4.1, Table 1 (BlogFeedback, test R² and train loss)", **BLOG,
         options={**PAPER_BASE, "sparsity": 0.9, "sparsities": [0.8, 0.95]},
         unit="test R² in % and final train loss", deviations=BLOG_DEVIATIONS, paper={
             "R² @ 80%": {"Final-TopK": 26.4, "FedHT": 18.0, "FedIHT": 16.5, ASP: 25.9,
@@ -143,7 +144,8 @@ PAPERS = {pc.name: pc for pc in (
                            ASP: 2.991e7, "RandProx-l1": 2.894e7, SPS_LOCAL: 2.856e7,
                            SPS: 2.831e7}}),
     PaperConfig(
-        "table2", "seed 000 §4.1, Table 2 (BlogFeedback, uplink bits to test R² at 90 %)",
+        "table2", "the Sparse-ProxSkip paper's §4.1, Table 2 (BlogFeedback, uplink bits to test R² "
+        "at 90 %)",
         **BLOG, options={**PAPER_BASE, "sparsity": 0.9, "thresholds": [0.2, 0.225, 0.25]},
         unit="Mbit uplink per client to reach the test R²", deviations=BLOG_DEVIATIONS, paper={
             "to 0.2": {"Final-TopK": 1.16, "FedHT": 14.8, "FedIHT": 2.49, ASP: 0.73,
@@ -153,7 +155,8 @@ PAPERS = {pc.name: pc for pc in (
             "to 0.25": {"Final-TopK": None, "FedHT": None, "FedIHT": None, ASP: None,
                         "RandProx-l1": None, SPS_LOCAL: 0.76, SPS: 0.19}}),
     PaperConfig(
-        "table3", "seed 000 §4.2, Table 3 (FEMNIST, uplink bits to test accuracy at 90 %)",
+        "table3", "the Sparse-ProxSkip paper's §4.2, Table 3 (FEMNIST, uplink bits to test "
+        "accuracy at 90 %)",
         **FEMNIST, options={**PAPER_BASE, "sparsity": 0.9, "thresholds": [0.8, 0.825, 0.85],
                             "l2": 1e-3},
         unit="Mbit uplink per client to reach the test accuracy",
@@ -165,7 +168,8 @@ PAPERS = {pc.name: pc for pc in (
             "to 0.85": {"Final-TopK": 92.4, "FedHT": 45.7, "FedIHT": 13.0, ASP: None,
                         SPS_LOCAL: 2.52, SPS: 0.65}}),
     PaperConfig(
-        "table4", "seed 000 §4.2, Table 4 (FEMNIST, test accuracy vs sparsity)", **FEMNIST,
+        "table4",
+        "the Sparse-ProxSkip paper's §4.2, Table 4 (FEMNIST, test accuracy vs sparsity)", **FEMNIST,
         options={**PAPER_BASE, "sparsity": 0.9, "sparsities": [0.8, 0.95, 0.98, 0.99],
                  "l2": 1e-3},
         unit="test accuracy in %", deviations=FEMNIST_DEVIATIONS, paper={

@@ -98,7 +98,8 @@ ASP, SPS_LOCAL, SPS = "Accelerated-Server-Pruning", "Sparse-ProxSkip-Local", "Sp
 METHODS = ("Final-TopK", "FedHT", "FedIHT", ASP, "RandProx-l1", SPS_LOCAL, SPS, "FedAvg")
 FEDAVG_STYLE = ("FedHT", "FedIHT", "FedAvg")  # rounds of a static number of local steps
 PAPERS = {"figure4": PaperConfig(
-    "figure4", "seed 000 appendix E, Figure 4 (CIFAR-10, ResNet-18)", dataset="cifar10",
+    "figure4",
+        "the Sparse-ProxSkip paper's appendix E, Figure 4 (CIFAR-10, ResNet-18)", dataset="cifar10",
     standin="digits", clients=10, rounds=500, eval_every=25,
     options={"search": 16, "alpha": 0.3, "sigma": 0.3, "sparsity": 0.9, "augment": True},
     paper={}, unit="test accuracy (the paper shows Figure 4 only, no table)",
