@@ -2,6 +2,7 @@
 standard error from a single seed, "rounds to ε" as the round from which a curve stays below
 ε, and a paper's claim printed with this run's verdict."""
 import itertools
+import json
 
 import jax
 import numpy as np
@@ -194,3 +195,22 @@ def test_batched_tuning_marks_a_candidate_whose_state_ends_non_finite_as_diverge
       jax.device_put(np.ones((4, 3), np.float32)), None, eval_fn, tune_cfg=fjs.harness.experiment.tuning_config(cfg),
       seeds=1, params_fn=lambda s: s, batched=True)
   assert tuned.scores == {2.0: -1.0, 1.0: 1.0} and tuned.best == 1.0
+
+
+def test_a_run_on_a_standin_says_it_is_not_comparable(tmp_path, capsys):
+  """``--dataset *_standin``: results.json's ``standin`` and every table's title say the
+  numbers are not comparable with the paper's; a run on real data carries no such flag, and
+  an experiment's own stand-in note is kept."""
+  from fedjaxsparse.harness.experiment import Config, finish
+  from fedjaxsparse.harness.report import Table
+  table = {"table": Table([{"method": "FedAvg", "ours %": 50.0}], title="Table 1")}
+  out = finish(Config(dataset="fashion_mnist_standin", out=str(tmp_path)), "x", table)
+  printed = capsys.readouterr().out
+  saved = json.load(open(tmp_path / "x" / "results.json"))
+  assert "not comparable with the paper's" in saved["standin"] == out["standin"]
+  assert printed.index("not comparable") < printed.index("Table 1")
+  real = finish(Config(dataset="fashion_mnist", out=str(tmp_path)), "y", table)
+  assert "standin" not in real and "not comparable" not in capsys.readouterr().out
+  own = finish(Config(dataset="femnist_standin", out=str(tmp_path)), "z",
+               {**table, "standin": "the experiment's own note"})
+  assert own["standin"] == "the experiment's own note"

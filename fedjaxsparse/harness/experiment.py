@@ -45,7 +45,7 @@ from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.runner import EvalFn, run, state_finite
 from fedjaxsparse.runtime.sharding import client_mesh
 
-__all__ = ["Config", "Option", "parse_options", "name_list", "identity_options", "with_paper",
+__all__ = ["standin_note", "Config", "Option", "parse_options", "name_list", "identity_options", "with_paper",
            "with_quick", "entry", "Context", "Method", "Tuning", "declared", "finish", "Steps",
            "output_dir", "run_method", "tuning_config", "Run", "Tuned", "tune_then_run",
            "first_divergence", "last", "status", "bits_to_reach", "save_results"]
@@ -558,16 +558,33 @@ def _bits_per_client(records: dict, clients: int) -> dict:
   return out
 
 
+def standin_note(dataset: str) -> str | None:
+  """The flag of a run on a labelled stand-in (``--dataset *_standin``): its numbers are not
+  comparable with the paper's; ``None`` for any other data."""
+  if "standin" not in dataset:
+    return None
+  return (f"--dataset {dataset}: a labelled stand-in of the real data's shape; its numbers are "
+          "not comparable with the paper's")
+
+
 def finish(cfg: Config, name: str, results: dict) -> dict:
   """Render what an experiment's body returned: every :class:`~fedjaxsparse.harness.report.Table`
-  value (at any depth of nested dicts) is printed and saved as its rows (and ``<key>_text``), ``results.json`` is written
-  (:func:`save_results`), then every :class:`~fedjaxsparse.harness.report.Figure` of
-  ``results["figures"]`` is drawn in the output folder; prints the paths and returns the
-  results as saved (methods' final states kept)."""
+  value (at any depth of nested dicts) is printed and saved as its rows (and ``<key>_text``),
+  ``results.json`` is written (:func:`save_results`), then every
+  :class:`~fedjaxsparse.harness.report.Figure` of ``results["figures"]`` is drawn in the output
+  folder; prints the paths and returns the results as saved (methods' final states kept). A
+  run on a stand-in (:func:`standin_note`) says so in ``results["standin"]`` (unless the
+  experiment set it) and above every table."""
+  flag = standin_note(cfg.dataset or "")
+  if flag and not results.get("standin"):
+    results = {**results, "standin": flag}
+
   def rendered(tree: dict) -> dict:   # Tables at any depth of nested dicts
     out = {}
     for k, v in tree.items():
       if isinstance(v, Table):
+        if flag:
+          v = dataclasses.replace(v, title=f"[{flag}]" + (f"\n{v.title}" if v.title else ""))
         out[k], out[f"{k}_text"] = v.rows, v.render()
       elif isinstance(v, dict) and any(isinstance(x, (Table, dict)) for x in v.values()):
         out[k] = rendered(v)
