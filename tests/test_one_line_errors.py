@@ -184,3 +184,16 @@ def test_integer_options_take_numpy_integers_and_name_the_range():
     check("k", 5, 1, 4)
   with pytest.raises(ValueError, match=r"batch_size must be an int >= 1, got 0"):
     fjs.fedmrn(lambda *a: 0.0, 0.1, batch_size=0)
+
+
+def test_a_label_outside_the_classes_is_named_when_the_loss_goes_non_finite():
+  """The runner does not know the model's classes; when the loss goes non-finite it says what
+  the integer labels span, so a label outside [0, classes) is found at once."""
+  ds = fjs.data.digits(num_clients=3, seed=0)
+  y = np.asarray(ds.train.y).copy()
+  y[0, 0] = 12                                   # a 10-class problem
+  model = fjs.models.softmax_regression(64, 10)
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.1), local_steps=1)
+  with pytest.raises(fjs.errors.NonFiniteError, match=r"labels span \[0, 12\]"):
+    fjs.run(algo, jax.random.key(0), model.init(jax.random.key(0)), ds.train._replace(y=y),
+            num_rounds=1, progress=False)

@@ -326,15 +326,39 @@ def first_nonfinite(out: ChunkOutput, start_round: int, num_active: int,
   return None
 
 
+def _label_hint(*datasets: Any) -> str:
+  """What the run's integer labels span (real examples only): a label outside the model's
+  classes makes the cross-entropy non-finite, and the runner does not know the classes."""
+  spans = []
+  for data in datasets:
+    y, mask = getattr(data, "y", None), getattr(data, "mask", None)
+    if y is None or mask is None or isinstance(y, jax.core.Tracer):
+      continue
+    try:   # (arrays spread over several processes are not readable here: no hint)
+      y, mask = np.asarray(y), np.asarray(mask)
+    except Exception:   # noqa: BLE001
+      continue
+    if not np.issubdtype(y.dtype, np.integer) or y.shape[:2] != mask.shape:
+      continue
+    real = y[mask > 0]
+    if real.size:
+      spans.append((int(real.min()), int(real.max())))
+  if not spans:
+    return ""
+  lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+  return (f" The integer labels span [{lo}, {hi}]: a label outside [0, number of classes) "
+          "also makes the loss non-finite.")
+
+
 def _nonfinite_error(desc: str, round_: int, quantity: str,
-                     value: float | None) -> NonFiniteError:
+                     value: float | None, hint: str = "") -> NonFiniteError:
   where = "in the initial evaluation" if round_ == 0 else f"at round {round_}"
   what = "is not finite" if value is None else f"is {value}"
   return NonFiniteError(
       f"{desc or 'run'}: {quantity} {what} {where}; the run diverged (or the data holds "
       "NaN/inf). Lower the step size / learning rate or check the data; pass "
-      "on_nonfinite='stop' (CLI: --on-divergence skip) to record the divergence and go on.",
-      round_, quantity, desc)
+      "on_nonfinite='stop' (CLI: --on-divergence skip) to record the divergence and go on."
+      + hint, round_, quantity, desc)
 
 
 def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = None, *,
@@ -554,7 +578,8 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
     initial = jax.device_get(jitted_eval(params_fn(state), test))
     bad = [(k, float(v)) for k, v in initial.items() if np.ndim(v) == 0 and not np.isfinite(v)]
     if bad:
-      err = _nonfinite_error(desc, 0, "test " + bad[0][0], bad[0][1])
+      err = _nonfinite_error(desc, 0, "test " + bad[0][0], bad[0][1],
+                             _label_hint(train, test))
       if on_nonfinite == "raise":
         raise err
       return RunResult(state, history, 0, 0, time.perf_counter() - t_start,
@@ -595,7 +620,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
         dispatches += 1
         bad = first_nonfinite(out, r0, active, state_paths)
       if bad is not None:
-        err = _nonfinite_error(desc, *bad)
+        err = _nonfinite_error(desc, *bad, hint=_label_hint(train, test))
         if on_nonfinite == "raise":
           raise err
         history.add_chunk(r0, out, bad[0] - 1 - r0)
