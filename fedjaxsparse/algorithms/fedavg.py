@@ -215,9 +215,10 @@ def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformatio
   local_steps = check_int("local_steps", local_steps, 1)
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
     raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}.")
-  if epochs is not None and (not isinstance(epochs, int) or epochs < 1 or batch_size is None):
-    raise ValueError(f"epochs must be None or an int >= 1 (with an int batch_size), got "
-                     f"epochs={epochs!r}, batch_size={batch_size!r}.")
+  if epochs is not None:
+    epochs = check_int("epochs", epochs, 1)
+    if batch_size is None:
+      raise ValueError("epochs (the epoch protocol) needs an int batch_size, got None.")
 
   def update(key, params, state, data, round):
     optimizer = at_round(client_optimizer, round)

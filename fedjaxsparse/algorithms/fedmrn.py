@@ -60,7 +60,7 @@ from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.ops.aggregation import weighted_mean
-from fedjaxsparse.ops.local import epoch_loop, epoch_steps
+from fedjaxsparse.ops.local import at_round, epoch_descent, epoch_steps
 
 __all__ = ["FedMRNInfo", "MASKINGS", "client_update", "fedmrn", "noise_mask_mean"]
 
@@ -138,8 +138,9 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
     server_optimizer: an optax transformation of the pseudo-gradient ``−Δ`` (FedAdam, server
       momentum); ``None`` applies ``Δ`` as it is (the paper).
     client_optimizer: an optax transformation turning the straight-through gradient into
-      the step on ``u`` (its state starts fresh each round); ``None`` is the paper's plain
-      SGD ``u ← u − η g`` (``optax.sgd(lr)`` computes it bit for bit).
+      the step on ``u`` (its state starts fresh each round), or a function of the round
+      returning one; ``None`` is the paper's plain SGD ``u ← u − η g`` (``optax.sgd(lr)``
+      computes it bit for bit).
   """
   client = client_update(loss_fn, lr, epochs=epochs, batch_size=batch_size,
                          noise_scale=noise_scale, distribution=distribution, signed=signed,
@@ -172,8 +173,7 @@ def client_update(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: in
       return m.astype(jnp.int8)
     return M.tree_map_keyed(one, key, u, noise)
 
-  def update(key, w, state, d, t):
-    del t
+  def update(key, w, state, d, rnd):
     noise = M.tree_noise(key, w, noise_scale, distribution)
     k_order, k_psm, k_final = jax.random.split(jax.random.fold_in(key, 1), 3)
     s_k = epoch_steps(d.num_examples, batch_size, epochs)
@@ -189,19 +189,9 @@ def client_update(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: in
         at = u
       return grad(at, w, *batch)
 
-    zeros = jax.tree.map(jnp.zeros_like, w)
-    if client_optimizer is None:
-      u = epoch_loop(
-          lambda t, u, batch: jax.tree.map(lambda ui, gi: ui - lr * gi, u,
-                                           gradient(t, u, batch)),
-          zeros, k_order, d, batch_size, epochs, max_steps)
-    else:
-      def step(t, carry, batch):
-        u, s = carry
-        upd, s = client_optimizer.update(gradient(t, u, batch), s, u)
-        return optax.apply_updates(u, upd), s
-      u = epoch_loop(step, (zeros, client_optimizer.init(zeros)), k_order, d, batch_size,
-                     epochs, max_steps)[0]
+    u = epoch_descent(gradient, jax.tree.map(jnp.zeros_like, w), k_order, d, lr=lr,
+                      optimizer=at_round(client_optimizer, rnd), epochs=epochs, batch_size=batch_size,
+                      max_steps=max_steps)
     metrics = {"loss": loss_fn(w, d.x, d.y, d.mask)}
     mask = mask_of(k_final, u, noise)
     metrics["ones"] = (sum(jnp.sum(m == 1) for m in jax.tree.leaves(mask))

@@ -44,7 +44,7 @@ from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.ops import accounting
-from fedjaxsparse.ops.local import at_round, epoch_loop
+from fedjaxsparse.ops.local import at_round, epoch_descent
 from fedjaxsparse.ops.noise_masks import tree_map_keyed
 
 __all__ = ["FedPMInfo", "FedPMState", "client_update", "deployed", "fedpm", "mask_mean"]
@@ -169,18 +169,9 @@ def client_update(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: in
     s0 = jax.tree.map(lambda p: jnp.log(p) - jnp.log1p(-p), theta)
     max_steps = epochs * -(-d.mask.shape[0] // batch_size)   # the padded data's bound
     gradient = lambda t, s, batch: grad(s, w0, jax.random.fold_in(k_masks, t), *batch)
-    if client_optimizer is None:
-      s = epoch_loop(lambda t, s, batch: jax.tree.map(lambda si, gi: si - lr * gi, s,
-                                                      gradient(t, s, batch)),
-                     s0, k_order, d, batch_size, epochs, max_steps)
-    else:
-      opt = at_round(client_optimizer, t)
-
-      def step(i, carry, batch):
-        s, o = carry
-        upd, o = opt.update(gradient(i, s, batch), o, s)
-        return optax.apply_updates(s, upd), o
-      s = epoch_loop(step, (s0, opt.init(s0)), k_order, d, batch_size, epochs, max_steps)[0]
+    s = epoch_descent(gradient, s0, k_order, d, lr=lr,
+                      optimizer=at_round(client_optimizer, t), epochs=epochs,
+                      batch_size=batch_size, max_steps=max_steps)
     mask = tree_map_keyed(lambda k, si: jax.random.bernoulli(k, jax.nn.sigmoid(si)).astype(
         jnp.int8), k_final, s)
     return mask, state, {"loss": loss_fn(deployed(w0, theta), d.x, d.y, d.mask)}

@@ -22,7 +22,7 @@ import optax
 from fedjaxsparse.errors import check_number
 
 __all__ = ["Schedule", "at_round", "check_lr", "minibatch", "epoch_steps", "epoch_minibatch",
-           "epoch_loop", "epoch_sgd", "max_local_steps", "epoch_optimize"]
+           "epoch_loop", "epoch_descent", "epoch_sgd", "max_local_steps", "epoch_optimize"]
 
 Schedule = Callable[[jax.Array], Any]
 """A function of the round index ``t`` (``int32[]``, rounds completed), traceable: an optax
@@ -97,6 +97,26 @@ def epoch_loop(update, carry: Any, key: jax.Array, data, batch_size: int, epochs
   s_k = jnp.minimum(epoch_steps(data.num_examples, batch_size, epochs), max_steps)
   return jax.lax.fori_loop(
       0, s_k, lambda t, c: update(t, c, epoch_minibatch(key, data, batch_size, t)), carry)
+
+
+def epoch_descent(gradient: Callable, params: Any, key: jax.Array, data, *, lr: Any,
+                  optimizer: Any, epochs: int, batch_size: int, max_steps: int) -> Any:
+  """``params`` after the client's ``S_k = E⌈n_k/B⌉`` epoch steps (:func:`epoch_loop`) of
+  ``v ← v − η g`` with ``g = gradient(t, v, batch)`` (``t`` the step index: a step-dependent
+  draw, a progressive schedule), or — with ``optimizer`` (an optax transformation, resolved for
+  the round with :func:`at_round`) — its update of ``g`` (its state fresh). ``optax.sgd(η)`` computes the plain step bit for bit."""
+  if optimizer is None:
+    return epoch_loop(lambda t, v, batch: jax.tree.map(lambda vi, gi: vi - lr * gi, v,
+                                                       gradient(t, v, batch)),
+                      params, key, data, batch_size, epochs, max_steps)
+
+  def step(t, carry, batch):
+    v, s = carry
+    u, s = optimizer.update(gradient(t, v, batch), s, v)
+    return optax.apply_updates(v, u), s
+
+  return epoch_loop(step, (params, optimizer.init(params)), key, data, batch_size, epochs,
+                    max_steps)[0]
 
 
 def epoch_sgd(grad_fn: Callable, params: Any, key: jax.Array, data, *, lr: Any, epochs: int,
