@@ -1,6 +1,6 @@
 """Sparse-ProxSkip on a BlogFeedback-shaped problem: 554 clients with log-normal sizes (mean
 ≈ 85, max ≈ 1,100 examples), d = 281, ridge regression with a sum of squared errors, full
-local gradients, 90 % sparsity, 10⁴ iterations (seed 000 §4.1's setting).
+local gradients, 90 % sparsity, 10⁴ iterations (the Sparse-ProxSkip paper's §4.1 setting).
 
 Compared in one process, all timings with ``block_until_ready`` and compile time apart:
   * compiled, padded: the whole run as ``lax.scan`` chunks, every client padded to the

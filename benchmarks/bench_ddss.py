@@ -1,4 +1,4 @@
-"""Sha-DDSS on the synthetic Lasso (seed 004, Task 1; spec ``seed004.md`` §1.9): one outer
+"""Sha-DDSS on the synthetic Lasso (Wu (2024) ch. 3; spec ``seed004.md`` §1.9): one outer
 iteration of the library's jitted ``step`` (full gradient + gap-safe screening + K inner
 updates) against a sequential numpy/scipy implementation of the same mathematics, and S outer
 iterations against scikit-learn's ``Lasso`` (coordinate descent) run to the same duality gap,

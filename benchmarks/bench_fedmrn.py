@@ -1,4 +1,4 @@
-"""Time one FedMRN round (seed 003 Algorithm 1, ``fedjaxsparse.algorithms.fedmrn``): the
+"""Time one FedMRN round (the FedMRN paper's Algorithm 1, ``fedjaxsparse.algorithms.fedmrn``): the
 library's compiled round against a per-client Python loop doing the same mathematics (the
 PyTorch-style reference), in the same process, from the same key, parameters and data.
 

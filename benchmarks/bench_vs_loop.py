@@ -18,13 +18,13 @@ Families (CPU-sized; ``--clients`` participate in every round):
   replacement, data-size weighted average;
 * ``ditto_cnn``: Ditto on that CNN, 1 global and 1 personal epoch of shuffled batches of 32
   (the personal step adds λ(v − w)), each client's loss at its personal model reported;
-* ``fedmrn_cnn``: FedMRN on seed 003's 4-conv BatchNorm CNN (32, 32, 64, 64), 1 epoch of 64:
+* ``fedmrn_cnn``: FedMRN on the FedMRN paper's 4-conv BatchNorm CNN (32, 32, 64, 64), 1 epoch of 64:
   progressive stochastic masking of the seeded noise at every step (straight-through), the
   final stochastic mask uploaded, the server's Σ p_k n_k⊙m_k;
 * ``sppm_as_a9a``: SPPM-AS on logistic regression of the a9a shape (d = 123, 100 clients of
   326 rows), τ-nice cohorts of 10, the cohort's prox by 10 GD steps — in the loop every GD step
   asks each cohort member for its gradient;
-* ``scafflix_logreg``: one Scafflix iteration (seed 001 Algorithm 4) on ℓ2-regularised
+* ``scafflix_logreg``: one Scafflix iteration (Yi (2025) Algorithm 4) on ℓ2-regularised
   logistic regression, 100 clients of 50 rows, d = 100, unequal γ_i, α = 0.5, p = 0.2: every
   client's full gradient at its personalised point x̃_i, one shared coin, the weighted average
   and control-variate update when it lands.

@@ -382,7 +382,7 @@ def families(args, emit) -> None:
 
 
 ATO_IMAGES, ATO_BATCH = 50_000, 64
-"""ATO's epoch at seed 004's CIFAR-10 setting: 50,000 images of 32 × 32 × 3, batches of 64."""
+"""ATO's epoch at Wu (2024)'s CIFAR-10 setting: 50,000 images of 32 × 32 × 3, batches of 64."""
 
 
 def _ato_setup(args):

@@ -193,7 +193,7 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   ss, bs = sampling.stratified(blocks), sampling.block(blocks)
   # the step from theory (Gower et al. 2019, Thm 3.1): 1/(2𝓛) for the SS cohort, from the
   # exact per-client L_i (λ_max of the logistic Hessian bound) and L of the average; L_max
-  # of baseline_lr=1/L_max is seed 001 A.3's trace bound
+  # of baseline_lr=1/L_max is Yi (2025) A.3's trace bound
   l_i, _ = client_curvatures(data, mu, "logistic", "mean", use_bias=False)
   l_max = float(client_curvatures(data, mu, "logistic", "mean", use_bias=False,
                                   bound="trace")[0].max())
@@ -278,7 +278,7 @@ def _experiment(cfg: Config, opts: dict) -> dict:
 
   results["claims"] = claims
   results["figures"] = [Figure("panels", dict(
-      panels=_panels(results), title=f"{label}: Cohort-Squeeze (seed 001 ch. 5)"))]
+      panels=_panels(results), title=f"{label}: Cohort-Squeeze (Yi (2025) ch. 5)"))]
   if opts["tsne"]:
     results["figures"].append(tsne_figure(x, parts, blocks, opts["tsne"], cfg.seed, label))
   return results

@@ -127,7 +127,7 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
       posttrain.client_batches(ctx.data.train, 32), lambda p: ctx.eval_fn(p, ctx.data.test),
       opts["posttrain"])
   return {"posttrain": Table(rows, ["score", "sparsity", "accuracy"], title=(
-      f"{name}'s global model pruned one-shot (seed 001 ch. 6 scores, layer-sequential "
+      f"{name}'s global model pruned one-shot (Yi (2025) ch. 6 scores, layer-sequential "
       "calibration on 32 examples per client):"))}
 
 

@@ -21,7 +21,7 @@ the frozen random initial weights, its deployed model evaluated). Uplink bits pe
 1.585; Top-k's values only) and as sent (scalars, seeds, padding, Top-k's indices); "train s"
 is each final run's wall time, compilation included, for Fig. 6's cost of compressing
 (DRIVE/EDEN's rotations against FedMRN's masks). ``FedSparsify-GMP`` (not a Table 1 row) is
-seed 000's FedSparsify: server-side gradual magnitude pruning to 97 % on the cubic schedule
+the Sparse-ProxSkip paper's FedSparsify: server-side gradual magnitude pruning to 97 % on the cubic schedule
 (:func:`fedjaxsparse.ops.sparsity.gmp_sparsity`, dense uploads, sparse downlink).
 
 ``--dataset svhn|cifar10|cifar100`` (tfds-prepared, ``--data-dir``; ``--paper table1_svhn``,
@@ -93,7 +93,7 @@ SPLITS = {"iid": dict(partition="iid"), "niid1": dict(partition="dirichlet", alp
           "niid2": dict(partition="labels", labels_per_client=3)}
 METHODS = ("FedAvg", "FedPM", "FedSparsify", "SignSGD", "Top-k", "TernGrad", "DRIVE", "EDEN",
            "FedMRN", "FedMRNS")  # Table 1's rows
-EXTRA = ("FedSparsify-GMP",)  # seed 000's server-side FedSparsify, not in Table 1
+EXTRA = ("FedSparsify-GMP",)  # the Sparse-ProxSkip paper's server-side FedSparsify, not in Table 1
 ABLATION = {  # Fig. 4 (B.8): the fedmrn options of each variant (None: Table 1's method);
     # the paper gives no numbers
     "FedAvg": None, "FedMRN": {},

@@ -5,7 +5,7 @@ Protocol: the embedded real digits (or any ``--dataset`` of :mod:`fedjaxsparse.d
 over ``clients`` clients (IID by default), softmax regression (d = 650, divisible by the
 client count so the permutation sketch gives every client d/n coordinates). Every iteration
 each client draws a minibatch of b examples, clips every per-example gradient to norm C, takes
-one step of size γ, adds Gaussian noise (on the model, Alg. 11 l. 8, or on the update as the
+one step of size γ, adds Gaussian noise (on the model, Alg. 11 line 8, or on the update as the
 proof has it: ``--set noise=update``) and sends its d/n coordinates; the server takes each
 coordinate from its one owner. σ for each (ε, δ) comes from ``dp_accounting``'s RDP accountant
 (minibatches of b of a client's m examples without replacement, replace-one neighbours,

@@ -346,8 +346,9 @@ def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
 
 
 def _paper_row(m: str) -> str:
-  """The paper's row of a method: its Sub-FedAvg prunes "parameters and channels" (seed 002
-  l. 877-881), so both of our variants stand beside that row."""
+  """The paper's row of a method: the FedSpa paper's Sub-FedAvg prunes "parameters and
+  channels", so both of our variants stand beside that row. Source for the team: seed 002
+  l. 877-881."""
   return "Sub-FedAvg" if m == "Sub-FedAvg (Hy)" else m
 
 

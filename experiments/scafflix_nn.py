@@ -205,7 +205,7 @@ def _model(ds, opts):
              channels=tuple(int(c) for c in opts["channels"]), dense=opts["dense"])
 
 
-TABLE_B1 = {  # seed 001 Table B.1 (l. 2919-2925): final test accuracy %, FedCR's non-IID setting
+TABLE_B1 = {  # Table B.1 of Yi (2025) (seed 001 l. 2919-2925): final test accuracy %, FedCR's non-IID setting
     "cifar100": {"Ditto": 58.87, "FedSR-FT": 69.95, "FedPAC": 69.31, "FedCR": 78.49,
                  "Scafflix": 72.37},
     "fashion_mnist": {"Ditto": 85.97, "FedSR-FT": 87.08, "FedPAC": 89.49, "FedCR": 93.77,

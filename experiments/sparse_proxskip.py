@@ -1,17 +1,17 @@
 """Seed 000's comparison: Sparse-ProxSkip and its baselines at a target sparsity.
 
-Methods (seed 000 Tables 1-4): Final-TopK (dense ProxSkip, Top-K at evaluation), FedHT,
-FedIHT, Accelerated-Server-Pruning (ASP), RandProx-l1 (λ = ``lam``, default seed 000's
+Methods (the Sparse-ProxSkip paper's Tables 1-4): Final-TopK (dense ProxSkip, Top-K at evaluation), FedHT,
+FedIHT, Accelerated-Server-Pruning (ASP), RandProx-l1 (λ = ``lam``, default: the Sparse-ProxSkip paper's
 literal 1/(2N)), Sparse-ProxSkip-Local (SPS-Local) and
 Sparse-ProxSkip (SPS); and (unless ``--set diagnostics=False``) the appendix-D variants
 ASP-modified and SPS-modified with a plot of ‖Σh_i‖, mean‖h_i‖, ‖w‖ and the loss (Figs 6-8).
 
-Data: classification (softmax regression, test accuracy; seed 000 §4.2 uses FEMNIST with 100
+Data: classification (softmax regression, test accuracy; Sparse-ProxSkip paper §4.2 uses FEMNIST with 100
 writers, ``--dataset femnist --data-dir ...``) or regression (ridge regression, test R²;
 §4.1 uses BlogFeedback's 554 natural clients, ``--dataset blogfeedback --data-dir ...``).
 The default is the embedded digits set (offline), a stand-in labelled as such in the output.
 
-Every model is Top-K'd to the target sparsity before every evaluation (seed 000 §B), and the
+Every model is Top-K'd to the target sparsity before every evaluation (the Sparse-ProxSkip paper's §B), and the
 table's "train loss" is the training objective f(w) of that evaluated model. ``--rounds``
 counts *communication rounds*, the paper's unit: the ProxSkip family runs rounds of
 Geometric(p) local steps, FedHT/FedIHT rounds of L local steps. With ``--set
@@ -19,7 +19,7 @@ budget=iterations`` it counts local gradient steps instead (the ProxSkip family 
 with probability p per step, FedHT/FedIHT running rounds/L rounds of L steps), so every method
 takes the same number of local steps. Without a search, γ = 1/L_max and p = 1/√κ (ProxSkip's theory) and
 L = round(1/p) come from the data (or ``--set gamma=... --set p=...``). With ``--set search=N``
-every method — FedHT/FedIHT included, over γ and L — is tuned by seed 000's two-stage random
+every method — FedHT/FedIHT included, over γ and L — is tuned by the Sparse-ProxSkip paper's two-stage random
 search (N candidates per stage, ``repetitions`` seeds each, all of a stage in one vmapped
 program) on a validation split of each client's training data; the test split is only used
 for the reported numbers, from runs on the full training data. ``--set seeds=5`` adds the
@@ -81,14 +81,14 @@ OPTIONS = (
     Option("l2", None, "l2 regularisation (default: 500 for BlogFeedback, 0.01 otherwise)",
            kind="float", low=0.0),
     Option("reduction", None, "loss over a client's examples: mean, sum, or global_mean (a sum "
-           "scaled by N/n, so (1/N) sum_i f_i is the global sample mean: seed 000's FEMNIST "
+           "scaled by N/n, so (1/N) sum_i f_i is the global sample mean: the Sparse-ProxSkip paper's FEMNIST "
            "objective); default: sum for BlogFeedback, global_mean for FEMNIST, mean otherwise",
            kind="str", choices=("mean", "sum", "global_mean")),
     Option("gamma", None, "step size (default 1/L_max from the data)", kind="float", low=0.0,
            low_open=True),
     Option("p", None, "communication probability (default 1/sqrt(kappa) from the data)",
            kind="float", low=0.0, high=1.0, low_open=True),
-    Option("lam", None, "RandProx-l1 weight (default seed 000's literal 1/(2N))", kind="float",
+    Option("lam", None, "RandProx-l1 weight (default: the Sparse-ProxSkip paper's literal 1/(2N))", kind="float",
            low=0.0),
     Option("thresholds", None, "metric thresholds of the bits-to-reach columns (default "
            "[0.75,0.8,0.85] accuracy, R2 [0.3,0.4,0.45] or BlogFeedback [0.2,0.225,0.25])",
@@ -211,7 +211,7 @@ def _run(cfg: Config, opts: dict) -> dict:
   femnist = cfg.dataset in ("femnist", "femnist_standin")
   l2 = opts["l2"] if opts["l2"] is not None else (500.0 if blog else 0.01)
   reduction = opts["reduction"] or ("sum" if blog else "global_mean" if femnist else "mean")
-  init = opts["init"] or ("pytorch" if femnist else "zeros")  # seed 000 §B/§C
+  init = opts["init"] or ("pytorch" if femnist else "zeros")  # Sparse-ProxSkip paper §B/§C
   scale = global_mean_scale(ds.train.num_examples) if reduction == "global_mean" else 1.0
   base_reduction = "sum" if reduction == "global_mean" else reduction
   if regression:
@@ -371,12 +371,12 @@ def _run(cfg: Config, opts: dict) -> dict:
   if ds.name.startswith("blogfeedback"):   # Fig. 5: the natural clients' sizes
     figures.append(Figure("client_sizes", dict(
         sizes=np.asarray(ds.train.num_examples).tolist(),
-        title=f"{label}: examples per client (seed 000 Fig. 5)"), suffix="_client_sizes"))
+        title=f"{label}: examples per client (the Sparse-ProxSkip paper's Fig. 5)"), suffix="_client_sizes"))
   if opts["diagnostics"]:
     figures.append(Figure("series", dict(
         methods={m: r for m, r in records.items() if m not in FEDAVG_STYLE},
         names=["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
-        title="zero-sum diagnostics (seed 000 appendix D)", x=x_axis,
+        title="zero-sum diagnostics (Sparse-ProxSkip paper appendix D)", x=x_axis,
         colors=list(names)), suffix="_zero_sum"))
   return {"experiment": NAME, "dataset": label, "standin": standin, "metric": metric,
           "sparsity": sparsity, "paper_config": None if paper is None else {

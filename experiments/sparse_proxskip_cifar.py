@@ -1,6 +1,6 @@
 """Seed 000 Figure 4: the Sparse-ProxSkip family on CIFAR-10 with ResNet-18 (non-convex).
 
-Setting (seed 000 appendix E; spec A.15.3): 10 clients, full participation, FedLab's
+Setting (the Sparse-ProxSkip paper's appendix E): 10 clients, full participation, FedLab's
 unbalanced Dirichlet split (label proportions Dirichlet(0.3), client sizes log-normal with
 σ = 0.3), 90 % sparsity, minibatch local steps, gradient clipping, weight decay 1e-4,
 flip/crop/normalise augmentation (inside ``jit``), p = 1/#local steps, 500 communication
@@ -73,7 +73,7 @@ OPTIONS = (
            low_open=True),
     Option("clip_mode", "norm", "gradient clipping: global norm or per value",
            choices=("norm", "value")),
-    Option("lam", None, "RandProx-l1 weight (default seed 000's literal 1/(2N))", kind="float",
+    Option("lam", None, "RandProx-l1 weight (default: the Sparse-ProxSkip paper's literal 1/(2N))", kind="float",
            low=0.0),
     Option("weight_decay", 1e-4, "l2 weight decay", low=0.0),
     Option("augment", True, "random crop (and, on CIFAR, flip) of every local minibatch"),

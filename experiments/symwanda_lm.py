@@ -387,7 +387,7 @@ def _weight_figure(source, seed: int) -> Figure:
   name = sorted(kernels)[int(rng.integers(len(kernels)))]
   return Figure("matrix", dict(matrix=kernels[name],
                                title=f"a dense weight matrix of the model: block {block}, "
-                                     f"{name} (seed 001 Fig. 6.1)"), suffix="_weights")
+                                     f"{name} (Yi (2025) Fig. 6.1)"), suffix="_weights")
 
 
 def _tasks(opts: dict) -> dict:

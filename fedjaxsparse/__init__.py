@@ -56,6 +56,7 @@ from fedjaxsparse.core import (Algorithm, LossFn, Model, global_params, lazy_sub
 from fedjaxsparse.ops import (accounting, aggregation, compressors, masks, proxes, sampling,
                               sparsity)
 from fedjaxsparse.runtime import run, run_batched
+from fedjaxsparse.core import public_dir as _public_dir
 
 __version__ = "0.1.0"
 """The package version."""
@@ -85,6 +86,7 @@ __all__ = [
     "runtime", "harness", "accounting", "aggregation", "compressors", "masks", "proxes", "sampling",
     "sparsity", "METHODS", "PRUNING_TRAINERS", "__version__",
 ]
+__dir__ = _public_dir(__all__)
 
 
 # experiments, tables, plots, CLI (matplotlib): loaded on first use

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["PRNGKey", "Params", "LossFn", "float_dtype", "as_float", "InitFn", "StepFn",
-           "Algorithm", "global_params", "ParamsFn", "personal_params", "lazy_submodules",
+           "Algorithm", "global_params", "ParamsFn", "personal_params", "lazy_submodules", "public_dir",
            "CLASSIFICATION", "REGRESSION", "Model"]
 
 PRNGKey = jax.Array
@@ -127,6 +127,15 @@ def lazy_submodules(package: str, names: tuple[str, ...]) -> Callable[[str], Any
   return __getattr__
 
 
+def public_dir(names: list[str]) -> Callable[[], list[str]]:
+  """A module ``__dir__`` (PEP 562) listing only ``names`` (the module's ``__all__``): what
+  ``dir(module)`` and tab completion show is the public surface, not the module's imports."""
+  listed = sorted(names)
+  def __dir__() -> list[str]:
+    return list(listed)
+  return __dir__
+
+
 # --- The model contract: what every network of ``fedjaxsparse.models`` returns -------------
 
 CLASSIFICATION = "classification"
@@ -151,3 +160,5 @@ class Model(NamedTuple):
   per_example_loss: Callable[[jax.Array, jax.Array], jax.Array]
   regularizer: Callable[[Params], jax.Array] | None
   task: str
+
+__dir__ = public_dir(__all__)

@@ -24,6 +24,11 @@ __all__ = ["UserError", "ConfigError", "DataError", "RunMismatchError", "Checkpo
            "check_int", "check_positive"]
 
 
+def __dir__() -> list[str]:
+  # the lowest layer imports nothing of the package: core.public_dir written out
+  return sorted(__all__)
+
+
 class UserError(Exception):
   """Base class: the input, files or settings are wrong, not the library."""
 

@@ -12,9 +12,11 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse.core import CLASSIFICATION, Model
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["evaluate", "evaluate_per_client", "client_accuracy", "make_eval_fn",
            "evaluate_personal", "make_personal_eval_fn"]
+__dir__ = _public_dir(__all__)
 
 if TYPE_CHECKING:   # annotations only: evaluation sits below the data wing
   from fedjaxsparse.data.federated import FederatedData

@@ -116,3 +116,42 @@ def test_committed_results_name_a_real_configuration_and_the_papers_own_numbers(
       for column, by_method in pc.paper.items():
         if row["method"] in by_method:
           assert row[f"paper {column}"] == by_method[row["method"]], (name, column)
+
+
+_INWARD = re.compile(r"seed 0\d\d|spec [A-Z]\.| l\. \d")
+_ROOT = os.path.dirname(DOCS)
+
+
+def _docstrings(path: str):
+  import ast
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      doc = ast.get_docstring(node, clean=False)
+      if doc:
+        yield getattr(node, "name", "<module>"), doc
+
+
+def test_no_page_or_docstring_points_into_the_teams_specs():
+  """Readers meet papers, not the team's source files: ``seed 0NN``, ``spec X.`` and text line
+  numbers appear only after a docstring's closing "Source for the team" line, in code comments,
+  and in the reproduction ledger (the team's map of the sources)."""
+  found = []
+  for folder in ("fedjaxsparse", "experiments", "benchmarks"):
+    for dirpath, _, files in os.walk(os.path.join(_ROOT, folder)):
+      for name in sorted(f for f in files if f.endswith(".py")):
+        path = os.path.join(dirpath, name)
+        for where, doc in _docstrings(path):
+          for hit in _INWARD.findall(doc.split("Source for the team")[0]):
+            found.append(f"{os.path.relpath(path, _ROOT)}:{where}: {hit!r}")
+  pages = [os.path.join(_ROOT, "README.md"), os.path.join(_ROOT, "benchmarks", "README.md")]
+  pages += [os.path.join(DOCS, n) for n in sorted(os.listdir(DOCS)) if n.endswith(".md")]
+  pages += [os.path.join(_ROOT, "notebooks", n)
+            for n in sorted(os.listdir(os.path.join(_ROOT, "notebooks"))) if n.endswith(".ipynb")]
+  for path in pages:
+    with open(path, encoding="utf-8") as f:
+      for hit in _INWARD.findall(f.read()):
+        found.append(f"{os.path.relpath(path, _ROOT)}: {hit!r}")
+  assert len(pages) > 10
+  assert not found, "\n".join(found)

@@ -5,6 +5,7 @@ from fedjaxsparse.algorithms import (ato, cohort_round, ddss, ddss_baselines, di
                                      fedavg, fedht, fedlpfm, fedmrn, fedp3, fedp3_theory, fedpm, fedprox, fedspa, fml,
                                      oto, proxskip, representation, scafflix, sppm,
                                      subfedavg)
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = [
     "ato", "cohort_round", "ddss", "ddss_baselines", "ditto", "efbv", "fedavg", "fedht", "fedlpfm", "fedmrn",
@@ -12,3 +13,4 @@ __all__ = [
     "representation",
     "scafflix", "sppm", "subfedavg",
 ]
+__dir__ = _public_dir(__all__)

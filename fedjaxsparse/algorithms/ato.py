@@ -56,9 +56,11 @@ import optax
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.core import Model, float_dtype
 from fedjaxsparse.runtime.epochs import epoch_order, train_epochs
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["ATOConfig", "Controller", "gumbel_sigmoid", "ATOState", "ATOInfo", "ATO", "ato",
            "controller_subset", "train"]
+__dir__ = _public_dir(__all__)
 
 PROJECTORS = ("prox", "hsp")
 NOISES = ("gumbel", "logistic")

@@ -92,9 +92,11 @@ from fedjaxsparse.ops.proxes import Prox
 from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_cohort
 from fedjaxsparse.ops.sparsity import magnitude_prune
 from fedjaxsparse.runtime.clients import map_clients
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["ClientUpdate", "CohortInfo", "CohortState", "ServerPart", "cohort_round",
            "mean_delta", "mean_model", "masked_mean", "EXTRA_BITS_UP", "EXTRA_BITS_DOWN"]
+__dir__ = _public_dir(__all__)
 
 EXTRA_BITS_UP = "extra_bits_up"
 """A client metric counted into ``bits_up`` (bits a client uploads beside its message)."""

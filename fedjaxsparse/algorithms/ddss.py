@@ -68,10 +68,12 @@ from fedjaxsparse.convex import screening as SC
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.sparse_rows import SparseRows
 from fedjaxsparse.runtime.sharding import CLIENT_AXIS
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["DDSSState", "DDSSInfo", "BlockRows", "block_rows", "column_weights", "sample_update",
            "partition", "worker_shards", "ddss", "sha_ddss_naive", "sha_ddss", "dis_ddss_naive",
            "dis_ddss", "prox_asvrg"]
+__dir__ = _public_dir(__all__)
 
 ESTIMATORS = ("sgd", "svrg", "sparse_svrg")
 PROXES = ("dense", "sparse")

@@ -42,8 +42,10 @@ from fedjaxsparse.algorithms.ddss import (DDSSInfo, block_rows, partition, sampl
                                           worker_shards)
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.data.sparse_rows import SparseRows, columns, matvec, rmatvec
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["SAGAState", "prox_asaga", "PSEState", "static_keep", "pse"]
+__dir__ = _public_dir(__all__)
 
 PSE_RULES = ("safe", "strong")
 

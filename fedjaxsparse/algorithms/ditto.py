@@ -38,8 +38,10 @@ from fedjaxsparse.core import Algorithm, LossFn, as_float
 from fedjaxsparse.errors import check_number
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_sgd
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["DittoState", "DittoInfo", "client_update", "ditto", "local"]
+__dir__ = _public_dir(__all__)
 
 CENTRES = ("received", "updated")
 

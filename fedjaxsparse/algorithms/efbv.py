@@ -47,9 +47,11 @@ from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.errors import check_number, check_positive
 from fedjaxsparse.ops.proxes import Prox
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["EFBVState", "EFBVInfo", "ef_bv", "EFBVServer", "ef_bv_pp", "ef21", "diana", "prox_gd",
            "tuned", "diana_params", "efbv_params"]
+__dir__ = _public_dir(__all__)
 
 
 

@@ -35,8 +35,10 @@ from fedjaxsparse.ops.local import at_round, epoch_loop, minibatch
 from fedjaxsparse.ops.proxes import Prox
 from fedjaxsparse.runtime.clients import local_scan
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FedAvgInfo", "local_sgd", "epoch_train", "clipped_sgd", "fedavg", "client_update"]
+__dir__ = _public_dir(__all__)
 
 
 

@@ -28,8 +28,10 @@ from fedjaxsparse.algorithms.fedavg import LossFn, clipped_sgd, fedavg
 from fedjaxsparse.ops import proxes
 from fedjaxsparse.core import Algorithm
 from fedjaxsparse.errors import check_positive
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["fedht", "fediht"]
+__dir__ = _public_dir(__all__)
 
 
 def fedht(loss_fn: LossFn, lr: float, local_steps: int, sparsity: float, *,

@@ -41,8 +41,10 @@ from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.core import Algorithm, Model, float_dtype
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.models.base import make_loss
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["kd_loss", "pack_targets", "unpack_targets", "fedlpfm_loss", "fedlpfm"]
+__dir__ = _public_dir(__all__)
 
 DIRECTIONS = ("forward", "reverse")
 

@@ -61,8 +61,10 @@ from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.ops.aggregation import weighted_mean
 from fedjaxsparse.ops.local import at_round, epoch_descent, epoch_steps
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FedMRNInfo", "MASKINGS", "client_update", "fedmrn", "noise_mask_mean"]
+__dir__ = _public_dir(__all__)
 
 MASKINGS = ("learned", "post")
 """FedMRN's masking: masks trained with PSM, or one stochastic mask of plain SGD's final update

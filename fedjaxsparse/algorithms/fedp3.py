@@ -74,12 +74,14 @@ from fedjaxsparse.core import Algorithm, LossFn, float_dtype
 from fedjaxsparse.ops.local import at_round, minibatch
 from fedjaxsparse.ops.sparsity import largest_mask, random_keys
 from fedjaxsparse.errors import check_int, check_number
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FedP3Config", "FedP3State", "FedP3CohortState", "FedP3Info", "layer_policy",
            "exclude_one_group", "make_config", "global_mask", "ordered_dropout_mask",
            "personal_models", "uplink", "aggregate", "aggregate_updates", "layer_delta",
            "layer_mean", "fedp3", "client_update", "compress_layer_tree", "deployed_size",
            "num_floats"]
+__dir__ = _public_dir(__all__)
 
 LOCAL_RULES = ("fixed", "uniform", "ordered_dropout")
 AGGREGATIONS = ("simple", "weighted")

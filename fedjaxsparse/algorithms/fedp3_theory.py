@@ -51,10 +51,12 @@ from fedjaxsparse.core import Algorithm, LossFn, as_float
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.errors import check_int, check_number
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["permutation_owner", "permutation_sketch", "pruning_mask", "clipped_mean_grad",
            "TheoryInfo", "fedp3_theory", "theorem_433_step", "theorem_433_bound",
            "noise_multiplier", "ldp_epsilon", "ldp_sigma"]
+__dir__ = _public_dir(__all__)
 
 NOISES = (None, "model", "update")
 SKETCHES = ("permutation", "identity")

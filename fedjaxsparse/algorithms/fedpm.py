@@ -46,8 +46,10 @@ from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops.local import at_round, epoch_descent
 from fedjaxsparse.ops.noise_masks import tree_map_keyed
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FedPMInfo", "FedPMState", "client_update", "deployed", "fedpm", "mask_mean"]
+__dir__ = _public_dir(__all__)
 
 
 def deployed(weights: Any, theta: Any) -> Any:

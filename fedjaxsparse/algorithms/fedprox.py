@@ -22,8 +22,10 @@ import optax
 
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.core import Algorithm, LossFn
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["ProximalState", "proximal", "fedprox"]
+__dir__ = _public_dir(__all__)
 
 
 class ProximalState(NamedTuple):

@@ -59,8 +59,10 @@ from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
 from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_minibatch, epoch_sgd
 from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.ops.sparsity import num_params
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FedSpaState", "FedSpaInfo", "fedspa", "client_update"]
+__dir__ = _public_dir(__all__)
 
 SEARCHES = ("dst", "rsm")
 

@@ -40,8 +40,10 @@ from fedjaxsparse.core import Algorithm, Model
 from fedjaxsparse.ops.local import at_round, minibatch
 from fedjaxsparse.runtime.clients import local_scan
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FMLState", "fml", "client_update"]
+__dir__ = _public_dir(__all__)
 
 
 class FMLState(CohortState):

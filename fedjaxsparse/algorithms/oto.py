@@ -52,8 +52,10 @@ from fedjaxsparse.algorithms.ato import ATO, ATOInfo, ATOState
 from fedjaxsparse.core import Model, float_dtype
 from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.pruning import zig as Z
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["DHSPGConfig", "dhspg", "adaptive_lambda", "partition_scores"]
+__dir__ = _public_dir(__all__)
 
 
 class DHSPGConfig(NamedTuple):

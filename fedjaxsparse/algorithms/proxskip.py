@@ -58,11 +58,13 @@ from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.errors import check_number, check_positive
 from fedjaxsparse.ops import proxes
 from fedjaxsparse.ops.proxes import Prox
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["ProxSkipState", "ProxSkipInfo", "ProxSkipKernel", "proxskip_kernel",
            "geometric_local_steps", "meta_sparse_proxskip", "proxskip", "sparse_proxskip",
            "sparse_proxskip_local", "sparse_proxskip_modified", "accelerated_server_pruning",
            "accelerated_server_pruning_modified", "randprox_l1"]
+__dir__ = _public_dir(__all__)
 
 FORMS = ("iteration", "round")
 

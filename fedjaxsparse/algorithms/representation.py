@@ -56,10 +56,12 @@ from fedjaxsparse.ops.aggregation import weighted_mean
 from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_optimize, max_local_steps
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.runtime.clients import map_clients
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FedCRState", "FedSRState", "FedPACState", "RoundInfo", "fedcr", "fedsr", "fedpac",
            "local_optimizer", "fine_tune", "make_fine_tuned_eval_fn", "personal_models",
            "project_to_simplex", "simplex_qp", "features_in_batches", "L2R_FORMS"]
+__dir__ = _public_dir(__all__)
 
 
 class _HeadsState(CohortState):

@@ -64,11 +64,13 @@ from fedjaxsparse.ops.sampling import check_cohort_size, client_keys, sample_coh
 from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.convex.constants import client_curvatures
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["personalize", "make_personal_eval_fn", "LocalOptima", "local_optima", "ScafflixState",
            "ScafflixInfo", "check_local_optima", "scafflix", "ScafflixServer", "ScafflixClient",
            "scafflix_cohort", "i_scaffnew", "FlixState", "flix_sgd", "ScafflixConstants",
            "scafflix_constants"]
+__dir__ = _public_dir(__all__)
 
 
 

@@ -64,9 +64,11 @@ from fedjaxsparse.ops.sampling import Sampler
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.ops.local import minibatch
 from fedjaxsparse.errors import check_int, check_number
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["SPPMState", "SPPMInfo", "sppm_as", "MimeLite", "mime_lite", "cohort_average",
            "fedprox_sppm_as", "fedavg_sppm_as", "local_gd"]
+__dir__ = _public_dir(__all__)
 
 WEIGHTINGS = ("uniform", "sampling")
 

@@ -76,8 +76,10 @@ from fedjaxsparse.ops.local import Schedule, at_round, check_lr, epoch_sgd
 from fedjaxsparse.ops.sparsity import largest_mask, nnz, num_params
 from fedjaxsparse.pruning import zig
 from fedjaxsparse.errors import check_int, check_number
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["SubFedAvgInfo", "subfedavg", "client_update"]
+__dir__ = _public_dir(__all__)
 
 
 

@@ -25,8 +25,10 @@ from typing import NamedTuple
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Constants", "client_curvatures", "linear_model_constants", "logistic_optimum"]
+__dir__ = _public_dir(__all__)
 
 
 class Constants(NamedTuple):

@@ -29,8 +29,10 @@ import jax
 import jax.scipy.optimize
 import jax.numpy as jnp
 import optax
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Solver", "newton", "gd", "cg", "bfgs", "lbfgs", "optax_steps"]
+__dir__ = _public_dir(__all__)
 
 Objective = Callable[[jax.Array, jax.Array], jax.Array]
 

@@ -43,9 +43,11 @@ import numpy as np
 
 from fedjaxsparse.data.sparse_rows import SparseRows, matvec, rmatvec
 from fedjaxsparse.data.sparse_rows import from_scipy
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Problem", "make_problem", "deriv", "block_norms", "regularizer", "dual_norms", "primal",
            "dual", "lambda_max", "Screen", "screen", "coordinate_mask", "prox", "elastic_net"]
+__dir__ = _public_dir(__all__)
 
 LOSSES = {"squared": 1.0, "logistic": 0.25}  # name -> L_f, the Lipschitz constant of f_i'
 RADII = ("safe", "paper_literal")

@@ -18,6 +18,7 @@ from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimu
                                         ridge_regression_problem, softmax_regression_optimum,
                                         uniform_weights)
 from fedjaxsparse.data.registry import ARRAYS, DATASETS, load_arrays, load_dataset
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = [
     "blogfeedback", "embedded", "fashion_mnist", "federated", "imagenet", "leaf", "libsvm",
@@ -30,3 +31,4 @@ __all__ = [
     "ridge_regression_optimum", "ridge_regression_problem", "softmax_regression_optimum",
     "uniform_weights", "ARRAYS", "DATASETS", "load_arrays", "load_dataset",
 ]
+__dir__ = _public_dir(__all__)

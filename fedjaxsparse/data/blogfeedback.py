@@ -24,8 +24,10 @@ import numpy as np
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import natural_partition
 from fedjaxsparse.errors import DataError
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["blogfeedback"]
+__dir__ = _public_dir(__all__)
 
 TRAIN_FILE = "blogData_train.csv"
 TEST_GLOB = "blogData_test-*.csv"

@@ -6,8 +6,10 @@ import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import lognormal_sizes, partition
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["digits", "diabetes", "synthetic"]
+__dir__ = _public_dir(__all__)
 
 
 def digits(num_clients: int = 20, partition: str = "dirichlet", alpha: float = 0.5,

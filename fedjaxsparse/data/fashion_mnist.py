@@ -19,8 +19,10 @@ from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import partition as partition_fn
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.data.standins import fashion_mnist_standin
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["default_dir", "write_idx", "write_split", "read_idx", "load_arrays", "fashion_mnist"]
+__dir__ = _public_dir(__all__)
 
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 ENV_VAR = "FEDJAXSPARSE_FASHION_MNIST"

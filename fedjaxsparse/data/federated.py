@@ -14,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.errors import DataError
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FederatedData", "FederatedDataset", "check_data", "pack_clients", "split_clients",
            "federate"]
+__dir__ = _public_dir(__all__)
 
 
 class FederatedData(NamedTuple):

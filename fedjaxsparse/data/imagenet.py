@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from fedjaxsparse.errors import DataError
+from fedjaxsparse.core import public_dir as _public_dir
 
 EXTENSIONS = (".jpeg", ".jpg", ".png")
 CROP_FRACTION = 0.875
@@ -110,3 +111,4 @@ def imagenet_tfds(split: str = "validation", data_dir: str | None = None, *,
 
 
 __all__ = ["CROP_FRACTION", "preprocess", "imagenet_folder", "imagenet_tfds"]
+__dir__ = _public_dir(__all__)

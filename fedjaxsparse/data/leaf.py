@@ -18,8 +18,10 @@ import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.errors import DataError
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["read_leaf_json", "femnist"]
+__dir__ = _public_dir(__all__)
 
 NUM_CLASSES = 62
 NUM_PIXELS = 28 * 28

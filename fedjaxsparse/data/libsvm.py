@@ -18,8 +18,10 @@ from fedjaxsparse.data.partitions import partition as partition_fn
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.data.standins import BINARY_SHAPES, binary_arrays_like, mushrooms_arrays
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["load_sparse", "load_arrays", "libsvm", "binary_arrays"]
+__dir__ = _public_dir(__all__)
 
 FORMAT = "LABEL INDEX:VALUE ..."
 

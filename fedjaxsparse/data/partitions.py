@@ -12,11 +12,13 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["iid_partition", "dirichlet_partition", "shard_partition", "natural_partition",
            "lognormal_sizes", "lognormal_partition", "dirichlet_lognormal_partition",
            "hsu_dirichlet_partition", "matching_test_sets", "label_count_partition",
            "class_cycle_partition", "partition"]
+__dir__ = _public_dir(__all__)
 
 
 def _check_clients(num_examples: int, num_clients: int) -> None:

@@ -27,8 +27,10 @@ import os
 import numpy as np
 
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["voc_segmentation", "voc_standin"]
+__dir__ = _public_dir(__all__)
 
 CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat",
            "chair", "cow", "diningtable", "dog", "horse", "motorbike", "person", "pottedplant",

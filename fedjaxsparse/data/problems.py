@@ -12,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData, FederatedDataset, federate
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["uniform_weights", "example_weights", "ridge_regression_problem",
            "ridge_regression_optimum", "softmax_regression_optimum"]
+__dir__ = _public_dir(__all__)
 
 
 def uniform_weights(data: FederatedData) -> np.ndarray:

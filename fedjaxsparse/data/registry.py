@@ -7,8 +7,10 @@ from __future__ import annotations
 import importlib
 
 from fedjaxsparse.data.federated import FederatedDataset
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["load_dataset", "load_arrays"]
+__dir__ = _public_dir(__all__)
 
 # name -> (module, function); modules are imported on use so a loader's optional
 # dependencies never slow down the others.

@@ -55,8 +55,10 @@ import numpy as np
 from fedjaxsparse.data.federated import FederatedData, FederatedDataset, pack_clients
 from fedjaxsparse.data.leaf import read_leaf_json
 from fedjaxsparse.errors import DataError
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["parse_play", "encode", "read_plays", "is_leaf_dir", "load_shakespeare", "shakespeare"]
+__dir__ = _public_dir(__all__)
 
 VOCAB = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
 SEQ_LEN = 80

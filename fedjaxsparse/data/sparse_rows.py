@@ -15,9 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 from fedjaxsparse.data.libsvm import load_sparse
 from fedjaxsparse.errors import DataError
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["SparseRows", "from_scipy", "from_libsvm", "from_dense", "matvec", "rmatvec", "planted",
            "SparseCols", "columns"]
+__dir__ = _public_dir(__all__)
 
 
 class SparseRows(NamedTuple):

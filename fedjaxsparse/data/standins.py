@@ -27,9 +27,11 @@ import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import lognormal_sizes
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["femnist_standin", "fashion_mnist_standin", "blogfeedback_standin", "mushrooms_arrays",
            "binary_arrays_like"]
+__dir__ = _public_dir(__all__)
 
 FEMNIST_MEAN, FEMNIST_SD = 226.83, 88.94  # LEAF (Caldas et al. 2018), Table 1
 MUSHROOM_CARDINALITIES = (6, 4, 10, 2, 9, 2, 2, 2, 12, 2, 4, 4, 4, 9, 9, 1, 4, 3, 5, 9, 6, 3)

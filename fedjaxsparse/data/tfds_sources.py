@@ -14,8 +14,10 @@ import numpy as np
 
 from fedjaxsparse.data.federated import FederatedDataset, federate
 from fedjaxsparse.data.partitions import partition as partition_fn
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["data_source", "load_split", "cifar10", "cifar100", "emnist"]
+__dir__ = _public_dir(__all__)
 
 
 def data_source(name: str, split: str, data_dir: str | None):

@@ -20,8 +20,10 @@ from fedjaxsparse.runtime import distributed
 from fedjaxsparse.errors import ConfigError, UserError
 from fedjaxsparse.harness.experiment import (DIVERGENCE, TUNINGS, Config, with_paper,
                                              with_quick)
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["experiments", "describe", "main"]
+__dir__ = _public_dir(__all__)
 
 ROUND_NOTE = """\
 What --rounds counts is each experiment's budget unit (see `fedjaxsparse describe NAME`).

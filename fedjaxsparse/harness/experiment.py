@@ -44,11 +44,13 @@ from fedjaxsparse.harness.protocol import PaperConfig, mean_se, validation_split
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.runner import EvalFn, run, state_finite
 from fedjaxsparse.runtime.sharding import client_mesh
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["standin_note", "Config", "Option", "parse_options", "name_list", "identity_options", "with_paper",
            "with_quick", "entry", "Context", "Method", "Tuning", "declared", "finish", "Steps",
            "output_dir", "run_method", "tuning_config", "Run", "Tuned", "tune_then_run",
            "first_divergence", "last", "status", "bits_to_reach", "save_results"]
+__dir__ = _public_dir(__all__)
 
 DIVERGENCE = ("error", "skip")
 TUNINGS = ("batched", "sequential")

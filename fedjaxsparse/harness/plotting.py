@@ -35,12 +35,14 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 from matplotlib import ticker  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["method_colors", "method_styles", "log_axis", "integer_axis", "wrap", "layout_problems",
            "save_figure", "methods_figure", "plot_methods", "series_figure", "plot_series",
            "evals_figure", "plot_evals", "personal_figure", "plot_personal", "plot_curves",
            "panels_figure", "plot_panels", "bars_figure", "plot_bars", "client_sizes_figure",
            "plot_client_sizes", "matrix_figure", "plot_matrix", "scatter_figure", "plot_scatter"]
+__dir__ = _public_dir(__all__)
 
 CHECK_ENV = "FEDJAXSPARSE_CHECK_PLOTS"
 STYLES = ("-", "--", "-.", ":")

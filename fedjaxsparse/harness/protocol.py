@@ -34,9 +34,11 @@ import numpy as np
 from fedjaxsparse.data.federated import FederatedData
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.report import Table
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["validation_split", "mean_se", "check_claim", "Dimension", "SearchResult", "sample",
            "two_stage_search", "PaperConfig", "load_or_standin", "paper_table"]
+__dir__ = _public_dir(__all__)
 
 
 def validation_split(data: FederatedData, fraction: float, seed: int

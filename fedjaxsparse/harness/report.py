@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from typing import Any, Sequence
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["print_table", "Table", "Figure"]
+__dir__ = _public_dir(__all__)
 
 MISSING = "—"
 MISSING_NOTE = (f"{MISSING}: no value — not applicable to the method, a single seed (no "

@@ -19,6 +19,7 @@ from fedjaxsparse.models.nets import (bn_cnn, char_lstm, cnn, cohort_squeeze_cnn
 from fedjaxsparse.models.split import SplitModel, fedcr_net
 from fedjaxsparse.ops.sparsity import num_params
 from fedjaxsparse.core import Model, lazy_submodules
+from fedjaxsparse.core import public_dir as _public_dir
 
 MODELS = ("linear", "softmax", "mlp", "cnn", "resnet18", "lstm")
 """The model names the experiments' ``model`` option accepts."""
@@ -52,6 +53,7 @@ __all__ = [
     "fedp3_cnn", "lenet5_caffe", "vgg11", "resnet18", "char_lstm", "num_params", "get_model",
     "MODELS",
 ]
+__dir__ = _public_dir(__all__)
 
 
 # Checkpoint formats with heavy optional dependencies (safetensors, tokenizers): imported on

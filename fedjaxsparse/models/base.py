@@ -17,8 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.core import CLASSIFICATION, Model
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["softmax_cross_entropy", "from_flax", "squared_error", "make_loss", "global_mean_scale"]
+__dir__ = _public_dir(__all__)
 
 
 def softmax_cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:

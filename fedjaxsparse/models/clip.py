@@ -45,6 +45,7 @@ import optax
 
 from fedjaxsparse.models.hf import flatten_paths, nest_paths
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["VisionConfig", "TextConfig", "CLIPConfig", "config_from_hf", "config_to_hf",
            "load_config", "Attention", "MLP", "EncoderLayer", "Encoder", "VisionEmbeddings",
@@ -52,6 +53,7 @@ __all__ = ["VisionConfig", "TextConfig", "CLIPConfig", "config_from_hf", "config
            "init", "param_shapes", "image_features", "text_features", "hf_name", "load_params",
            "save_params", "preprocess", "ZeroShotTeacher", "check_token_ids", "zero_shot_teacher",
            "teacher_logits", "cached_logits", "PromptTuned", "prompt_tuning"]
+__dir__ = _public_dir(__all__)
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -50,10 +50,12 @@ import numpy as np
 
 from fedjaxsparse.models import clip as C
 from fedjaxsparse.models.hf import flatten_paths, nest_paths
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["RNConfig", "ModifiedResNet", "AttentionPool", "image_features", "text_features",
            "init", "param_shapes", "load_checkpoint", "save_checkpoint", "zero_shot_teacher",
-           "as_clip_config", "RN50"]
+           "as_clip_config", "RN50", "Bottleneck"]
+__dir__ = _public_dir(__all__)
 
 
 class RNConfig(NamedTuple):

@@ -23,8 +23,10 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["patch_conv", "resolve_impl", "Conv"]
+__dir__ = _public_dir(__all__)
 
 IMPLS = ("auto", "patches", "xla")
 

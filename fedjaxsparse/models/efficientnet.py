@@ -45,8 +45,10 @@ import jax.numpy as jnp
 from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.models.prunable import NORMS, PNorm
 from fedjaxsparse.core import Model
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["MBConv", "EfficientNet", "efficientnet_b0"]
+__dir__ = _public_dir(__all__)
 
 # (expand ratio, kernel, stride, C_in, C_out, layers): torchvision's efficientnet_b0 (width and
 # depth multipliers 1), Table 1 of Tan & Le (2019).

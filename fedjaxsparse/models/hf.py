@@ -23,8 +23,10 @@ import numpy as np
 
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.models.transformer import TransformerConfig
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["config_from_hf", "config_to_hf", "nest_paths", "flatten_paths", "Checkpoint", "save"]
+__dir__ = _public_dir(__all__)
 
 _LLAMA_LINEAR = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
                  "mlp": ("gate_proj", "up_proj", "down_proj")}

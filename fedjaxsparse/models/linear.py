@@ -19,8 +19,10 @@ import jax.numpy as jnp
 
 from fedjaxsparse.models.base import softmax_cross_entropy, squared_error
 from fedjaxsparse.core import CLASSIFICATION, Model, REGRESSION
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["linear_regression", "softmax_regression", "logistic_loss", "logistic_regression"]
+__dir__ = _public_dir(__all__)
 
 INITS = ("zeros", "lecun", "pytorch")
 

@@ -38,9 +38,11 @@ from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.models.conv import Conv, resolve_impl
 from fedjaxsparse.core import Model
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["image_shape", "mlp", "cnn", "cohort_squeeze_cnn", "norm_layer", "bn_cnn", "resnet18",
            "lenet5_caffe", "fedp3_cnn", "vgg11", "char_lstm"]
+__dir__ = _public_dir(__all__)
 
 NORMS = ("group", "batch")
 

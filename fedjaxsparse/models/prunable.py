@@ -51,9 +51,11 @@ import jax.numpy as jnp
 from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.core import Model
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["PConv", "PDense", "PNorm", "batch_norm_stats", "apply_with_stats", "cifar_resnet",
            "resnet", "resnet50", "mlp", "lenet5", "mobilenet_v2"]
+__dir__ = _public_dir(__all__)
 
 NORMS = ("batch", "group")
 

@@ -44,9 +44,11 @@ import numpy as np
 
 from fedjaxsparse.core import CLASSIFICATION, Model
 from fedjaxsparse.models.nets import norm_layer
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["bisenetv2", "pixel_cross_entropy", "confusion_matrix", "mean_iou",
            "make_segmentation_eval_fn", "IGNORE", "NORMS"]
+__dir__ = _public_dir(__all__)
 
 IGNORE = 255
 """The label of pixels that carry no loss and no score (VOC's void border)."""

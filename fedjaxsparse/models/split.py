@@ -39,9 +39,11 @@ from fedjaxsparse.models.base import softmax_cross_entropy
 from fedjaxsparse.models.conv import Conv, resolve_impl
 from fedjaxsparse.models.nets import image_shape
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["SplitModel", "fedcr_net", "gaussian_representation", "kl_normal",
            "product_of_normals"]
+__dir__ = _public_dir(__all__)
 
 
 class SplitModel(NamedTuple):

@@ -24,9 +24,11 @@ import flax.linen as nn
 import jax
 import jax.extend.core as jex_core
 import jax.numpy as jnp
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["TransformerConfig", "Linear", "rotary", "Attention", "Block", "Decoder", "init",
            "block_params", "next_token_loss"]
+__dir__ = _public_dir(__all__)
 
 ARCHS = ("llama", "opt")
 

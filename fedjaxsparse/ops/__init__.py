@@ -7,8 +7,10 @@ proximal operators with one signature (``proxes``), uplink compressors
 (``augment``) and FedP3's layer groups (``layer_groups``)."""
 from fedjaxsparse.ops import (accounting, aggregation, augment, compressors, flops, layer_groups,
                               local, masks, noise_masks, proxes, sampling, sparsity)
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = [
     "accounting", "aggregation", "augment", "compressors", "flops", "layer_groups", "local",
     "masks", "noise_masks", "proxes", "sampling", "sparsity",
 ]
+__dir__ = _public_dir(__all__)

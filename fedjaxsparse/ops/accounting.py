@@ -45,6 +45,7 @@ import numpy as np
 
 from fedjaxsparse.core import float_dtype
 from fedjaxsparse.ops.sparsity import nnz, num_params
+from fedjaxsparse.core import public_dir as _public_dir
 
 FLOAT_BITS = 32
 """Bits of one transmitted float (fp32)."""
@@ -59,7 +60,8 @@ _INT32_MAX = 2 ** 31 - 1
 
 __all__ = ["FLOAT_BITS", "SEED_BITS", "ENCODINGS", "num_params", "nnz", "dense_bits",
            "index_bits", "sparse_bits", "message_bits", "mask_bits", "quantized_bits",
-           "round_cost", "cost_to_target"]
+           "round_cost", "cost_to_target", "rounds_below"]
+__dir__ = _public_dir(__all__)
 
 
 def _dim(tree_or_num_params: Any) -> int:

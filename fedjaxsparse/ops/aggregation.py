@@ -11,8 +11,10 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse.core import float_dtype
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["WEIGHTINGS", "client_weights", "weighted_mean", "mean"]
+__dir__ = _public_dir(__all__)
 
 WEIGHTINGS = ("num_examples", "uniform")
 """Aggregation weights: each client's share of the cohort's examples, or equal weights."""

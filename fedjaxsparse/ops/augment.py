@@ -16,8 +16,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["crop_flip"]
+__dir__ = _public_dir(__all__)
 
 Augment = Callable[[jax.Array, jax.Array], jax.Array]
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)

@@ -39,10 +39,12 @@ from fedjaxsparse.ops import accounting
 from fedjaxsparse.ops import noise_masks as M
 from fedjaxsparse.errors import ConfigError, check_int
 from fedjaxsparse.ops.sparsity import top_k_indices
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Compressor", "identity", "rand_k", "scaled_rand_k", "top_k", "mix_k", "comp_k",
            "natural", "qsgd", "scaled_sign", "stochastic_sign", "terngrad", "noise_mask",
            "hadamard", "ROTATIONS", "drive", "eden", "scale", "omega_ran"]
+__dir__ = _public_dir(__all__)
 
 
 class Compressor(NamedTuple):

@@ -21,8 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["layer_macs", "training_flops"]
+__dir__ = _public_dir(__all__)
 
 _ALIASES = ("reshape", "transpose", "convert_element_type", "copy", "squeeze",
             "expand_dims", "broadcast_in_dim")

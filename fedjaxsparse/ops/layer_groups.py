@@ -18,8 +18,10 @@ import jax
 import numpy as np
 
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["path_prefix", "layer_names", "layer_index", "layer_sizes", "per_leaf"]
+__dir__ = _public_dir(__all__)
 
 
 def _key_name(k: Any) -> str:

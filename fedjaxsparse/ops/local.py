@@ -20,9 +20,11 @@ import jax.numpy as jnp
 import optax
 
 from fedjaxsparse.errors import check_number
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Schedule", "at_round", "check_lr", "minibatch", "epoch_steps", "epoch_minibatch",
            "epoch_loop", "epoch_descent", "epoch_sgd", "max_local_steps", "epoch_optimize"]
+__dir__ = _public_dir(__all__)
 
 Schedule = Callable[[jax.Array], Any]
 """A function of the round index ``t`` (``int32[]``, rounds completed), traceable: an optax

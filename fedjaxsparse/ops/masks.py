@@ -45,11 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.ops.sparsity import random_keys
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["DISTRIBUTIONS", "REGROWTHS", "masked_leaves", "layer_densities", "layer_counts",
            "random_masks", "init_masks", "prune_regrow", "cosine_drop", "linear_drop",
            "constant_drop", "DROP_SCHEDULES", "density_per_layer", "hamming", "pairwise_hamming",
            "coverage", "overlap", "pack", "as_bool", "unpack"]
+__dir__ = _public_dir(__all__)
 
 DISTRIBUTIONS = ("erk", "er", "uniform")
 """Layer densities of the initial masks: Erdős–Rényi-Kernel, Erdős–Rényi, or the same density

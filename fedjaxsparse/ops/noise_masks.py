@@ -43,10 +43,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["DISTRIBUTIONS", "noise", "clip_to_noise", "mask_probability", "stochastic_mask",
            "deterministic_mask", "sm_moments", "pm_probability", "progressive",
            "straight_through", "prop1_factor", "pm_error_factor", "tree_noise", "tree_map_keyed"]
+__dir__ = _public_dir(__all__)
 
 DISTRIBUTIONS = ("uniform", "gaussian", "bernoulli")
 """The noise ``G(s)`` masks are learned over: uniform on [−α, α], Gaussian of std α, or ±α."""

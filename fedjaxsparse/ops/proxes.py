@@ -17,8 +17,10 @@ from typing import Any, Callable
 import jax
 
 from fedjaxsparse.ops.sparsity import k_from_sparsity, soft_threshold, top_k as _top_k
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Prox", "identity", "l1", "l2", "top_k"]
+__dir__ = _public_dir(__all__)
 
 Prox = Callable[[Any, Any], Any]   # (tree, step) -> tree
 

@@ -44,11 +44,13 @@ import numpy as np
 
 from fedjaxsparse.core import float_dtype
 from fedjaxsparse.errors import check_number
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Cohort", "Sampler", "full", "nonuniform", "uniform", "importance", "nice", "block",
            "stratified", "clusters", "sigma2_star", "mu_as", "neighbourhood", "theorem_bound",
            "expected_smoothness", "contiguous_blocks", "kmeans_blocks", "check_cohort_size",
            "sample_cohort", "client_keys"]
+__dir__ = _public_dir(__all__)
 
 
 class Cohort(NamedTuple):

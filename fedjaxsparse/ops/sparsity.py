@@ -53,11 +53,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["SCOPES", "num_params", "nnz", "density", "k_from_sparsity", "random_keys",
            "LARGEST_METHODS", "largest_mask", "top_k_indices", "random_indices", "top_k_mask",
            "top_k", "random_mask", "gmp_sparsity", "magnitude_prune", "apply_mask", "mask_union",
            "mask_intersection", "hard_threshold", "soft_threshold"]
+__dir__ = _public_dir(__all__)
 
 SCOPES = ("global", "per_leaf")
 """Where Top-K and magnitude pruning rank entries: over the whole pytree or within each leaf."""

@@ -5,10 +5,12 @@
 tasks in ``zeroshot``) and ATO's zero-invariant groups (``zig``)."""
 from fedjaxsparse.core import lazy_submodules
 from fedjaxsparse.pruning import calibration, dsnot, posttrain, scores, sequential, zig
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = [
     "calibration", "dsnot", "posttrain", "scores", "sequential", "zig", "lm", "zeroshot",
 ]
+__dir__ = _public_dir(__all__)
 
 
 # The language-model protocol (tokenizers, parquet C4 shards; zero-shot tasks): imported on

@@ -12,8 +12,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["CalibStats", "init_stats", "update_stats"]
+__dir__ = _public_dir(__all__)
 
 
 class CalibStats(NamedTuple):

@@ -62,8 +62,10 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse.pruning.calibration import CalibStats
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["DSnoTConfig", "DSnoTInfo", "validate", "dsnot", "r2_dsnot", "refine"]
+__dir__ = _public_dir(__all__)
 
 ACCEPT_RULES = ("threshold", "same_sign", "decrease")
 _P_VALUES = (1.0, 2.0, float("inf"))

@@ -41,9 +41,11 @@ from fedjaxsparse.data import shakespeare
 from fedjaxsparse.errors import DataError
 from fedjaxsparse.models.transformer import next_token_loss
 from fedjaxsparse.models import transformer as T
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["ByteTokenizer", "FileTokenizer", "tokenizer", "shakespeare_splits", "wikitext2_test",
            "c4_documents", "calibration_windows", "eval_windows", "perplexity", "train"]
+__dir__ = _public_dir(__all__)
 
 WIKITEXT_HOW_TO = ("download wikitext-2-raw-v1.zip (e.g. from the Hugging Face dataset "
                    "'Salesforce/wikitext', config wikitext-2-raw-v1) and pass the path of its "

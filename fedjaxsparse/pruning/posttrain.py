@@ -37,9 +37,11 @@ from fedjaxsparse.pruning import dsnot
 from fedjaxsparse.pruning.calibration import CalibStats
 from fedjaxsparse.pruning.calibration import init_stats, update_stats
 from fedjaxsparse.pruning.scores import by_name
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["unstructured_mask", "nm_mask", "layer_mask", "prune_params", "calibrate", "prune_model",
            "client_batches", "one_shot"]
+__dir__ = _public_dir(__all__)
 
 GROUPS = ("per_output", "per_input", "per_layer")
 ScoreFn = Callable[[jax.Array, Any, jax.Array], jax.Array]  # (W, x_norm | None, key) -> S

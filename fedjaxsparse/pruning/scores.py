@@ -50,9 +50,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["general", "magnitude", "wanda", "owanda", "symmetric", "ri", "ria", "general_diagonal",
            "lp", "stoch_ria", "relative_importance", "by_name"]
+__dir__ = _public_dir(__all__)
 
 LP_VARIANTS = ("S1", "S2", "S3", "S4")
 

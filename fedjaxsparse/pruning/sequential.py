@@ -30,9 +30,11 @@ from tqdm.auto import tqdm
 
 from fedjaxsparse.pruning import calibration, dsnot, posttrain
 from fedjaxsparse.models import transformer as T
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["ParamsSource", "LayerReport", "kernels", "prune_block", "prune", "perplexity",
            "logits_fn"]
+__dir__ = _public_dir(__all__)
 
 
 class ParamsSource:

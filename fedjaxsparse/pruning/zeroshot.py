@@ -61,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.errors import DataError, check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 TASKS = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
 """The zero-shot tasks of Table 6.6 in Kai Yi's dissertation, by the harness's names."""
@@ -270,3 +271,4 @@ def evaluate(logits_fn: Callable, tok, examples: Sequence[Example], *, max_lengt
 
 __all__ = ["TASKS", "NORMALISED", "Example", "LOADERS", "boolq", "rte", "hellaswag",
            "winogrande", "arc", "openbookqa", "loglikelihoods", "evaluate"]
+__dir__ = _public_dir(__all__)

@@ -44,10 +44,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.models.prunable import PConv, PDense, PNorm
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Layer", "ChannelSet", "ZIGs", "trace", "group_sq_norms", "group_dots", "group_norms",
            "scale_groups", "group_prox", "hsp", "conv_groups", "norm_scales", "kept_fraction",
            "flops", "total_flops", "flops_regularizer", "gate", "compress"]
+__dir__ = _public_dir(__all__)
 
 Params = Any
 _PRODUCER_LEAVES = ("kernel", "bias", "scale")

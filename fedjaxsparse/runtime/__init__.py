@@ -8,8 +8,10 @@ from fedjaxsparse.runtime import (checkpoint, clients, distributed, epochs, fing
                                   population, runner, sharding, sweep)
 from fedjaxsparse.runtime.runner import run
 from fedjaxsparse.runtime.sweep import run_batched
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = [
     "checkpoint", "clients", "distributed", "epochs", "fingerprint", "locking", "population",
     "runner", "sharding", "sweep", "run", "run_batched",
 ]
+__dir__ = _public_dir(__all__)

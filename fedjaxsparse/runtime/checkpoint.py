@@ -19,15 +19,23 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from jax.experimental import multihost_utils
 
 from fedjaxsparse.errors import CheckpointCorruptError, CheckpointExistsError, RunMismatchError
 from fedjaxsparse.runtime.fingerprint import diff as fingerprint_diff
 from fedjaxsparse.runtime.fingerprint import tree_digest
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Checkpointer", "open_checkpoint", "check_resumable"]
+__dir__ = _public_dir(__all__)
+
+
+def _ocp() -> Any:
+  """``orbax.checkpoint``, imported on the first checkpoint: only checkpointed runs pay its import
+  (about a third of the package's own import time)."""
+  import orbax.checkpoint as ocp   # pylint: disable=import-outside-toplevel
+  return ocp
 
 
 def _uncommitted(a: Any) -> Any:
@@ -48,9 +56,9 @@ class Checkpointer:
   def __init__(self, directory: str, max_to_keep: int = 2):
     self.directory = os.path.abspath(directory)
     self._max_to_keep = max_to_keep
-    self._manager = ocp.CheckpointManager(
+    self._manager = _ocp().CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+        options=_ocp().CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
   def steps(self) -> list[int]:
     """Rounds of the complete checkpoints on disk, oldest first."""
@@ -66,21 +74,21 @@ class Checkpointer:
     """Write a checkpoint for ``round_`` (with the state's digest) and wait until it is on
     disk."""
     meta = {**meta, "state_digest": tree_digest(state)}
-    self._manager.save(round_, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+    self._manager.save(round_, args=_ocp().args.Composite(
+        state=_ocp().args.StandardSave(state), meta=_ocp().args.JsonSave(meta)))
     self._manager.wait_until_finished()
 
   def read_meta(self, round_: int) -> dict:
     """The JSON metadata of one step (cheap: no array is read)."""
-    return self._manager.restore(round_, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore())).meta
+    return self._manager.restore(round_, args=_ocp().args.Composite(
+        meta=_ocp().args.JsonRestore())).meta
 
   def restore(self, abstract_state: Any, round_: int) -> tuple[Any, dict]:
     """Restore ``(state, meta)`` of step ``round_`` and verify the state's digest;
     ``abstract_state`` gives the structure (``jax.eval_shape``). Raises on any damage."""
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-    out = self._manager.restore(round_, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    abstract = jax.tree.map(_ocp().utils.to_shape_dtype_struct, abstract_state)
+    out = self._manager.restore(round_, args=_ocp().args.Composite(
+        state=_ocp().args.StandardRestore(abstract), meta=_ocp().args.JsonRestore()))
     expected = out.meta.get("state_digest")
     if expected is not None and tree_digest(out.state) != expected:
       raise CheckpointCorruptError(

@@ -28,11 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.data.federated import FederatedData
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["BucketedData", "bucketize", "padded_work", "plan_buckets", "auto_layout", "Executed",
            "with_strategy", "loop_free", "local_scan", "client_ids", "map_clients",
            "count_primitive", "conv_flops", "dot_flops", "client_bytes", "arg_signature",
            "traced_step", "cached_step", "choose_strategy"]
+__dir__ = _public_dir(__all__)
 
 
 class BucketedData(NamedTuple):

@@ -30,8 +30,10 @@ import numpy as np
 
 from fedjaxsparse.errors import check_int
 from jax.experimental import multihost_utils
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["initialize", "initialize_from_env", "is_primary", "to_host", "free_port", "launch"]
+__dir__ = _public_dir(__all__)
 
 ENV_ID, ENV_COUNT, ENV_COORDINATOR = ("FEDJAXSPARSE_PROCESS_ID", "FEDJAXSPARSE_NUM_PROCESSES",
                                       "FEDJAXSPARSE_COORDINATOR")

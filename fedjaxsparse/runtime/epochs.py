@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
 from fedjaxsparse.runtime.fingerprint import config_components
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 LOOPS = ("scan", "host")
 """How an epoch's steps execute: one jitted ``lax.scan`` or one jitted call per step."""
@@ -172,3 +173,4 @@ def mean_loss_step(loss: Callable[[Any, Any, Any], jax.Array], optimizer: Any) -
 
 
 __all__ = ["LOOPS", "epoch_order", "train_epochs", "mean_loss_step"]
+__dir__ = _public_dir(__all__)

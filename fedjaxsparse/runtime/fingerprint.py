@@ -24,9 +24,11 @@ import numpy as np
 
 from fedjaxsparse.runtime.clients import arg_signature, traced_step
 from fedjaxsparse.runtime.distributed import to_host
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["tree_digest", "function_digest", "jaxpr_digest", "run_fingerprint", "config_components",
            "diff"]
+__dir__ = _public_dir(__all__)
 
 DIGEST_SIZE = 16  # bytes; 128-bit BLAKE2b
 

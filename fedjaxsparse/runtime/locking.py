@@ -13,8 +13,10 @@ import socket
 import time
 
 from fedjaxsparse.errors import LockedError
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FolderLock"]
+__dir__ = _public_dir(__all__)
 
 LOCK_NAME = ".lock"
 

@@ -37,9 +37,11 @@ from fedjaxsparse.runtime.runner import EvalFn, History, split_run_key
 from fedjaxsparse.ops.sampling import check_cohort_size, sample_cohort
 from fedjaxsparse.runtime.runner import run as run_device
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["CohortAlgorithm", "PopulationState", "on_device", "state_bytes", "choose_residence",
            "HostRun", "live_device_bytes", "run_on_host", "run"]
+__dir__ = _public_dir(__all__)
 
 RESIDENCES = ("auto", "device", "host")
 

@@ -48,9 +48,11 @@ from fedjaxsparse.errors import NonFiniteError, UserError, check_int
 from fedjaxsparse.runtime.fingerprint import run_fingerprint
 from fedjaxsparse.runtime.locking import FolderLock
 from fedjaxsparse.runtime.sharding import shard_clients
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["ChunkOutput", "split_run_key", "build_chunk", "state_finite", "History", "RunResult",
            "first_nonfinite", "run", "arrange"]
+__dir__ = _public_dir(__all__)
 
 EvalFn = Callable[[Any, Any], dict]  # (params, test_data) -> {name: scalar}
 

@@ -13,8 +13,10 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["client_mesh", "shard_clients"]
+__dir__ = _public_dir(__all__)
 
 CLIENT_AXIS = "clients"
 

@@ -20,8 +20,10 @@ from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.data.federated import check_data
 from fedjaxsparse.runtime.runner import EvalFn, History, arrange, build_chunk, split_run_key
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["grid", "run_batched"]
+__dir__ = _public_dir(__all__)
 
 
 def grid(**axes: Any) -> dict[str, np.ndarray]:
