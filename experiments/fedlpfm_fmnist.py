@@ -115,10 +115,6 @@ PAPER12 = {  # Table 12 (seed 004 l. 1630-1639): CLIP RN50, CLIP ViT-B/32, rando
     "dir0.05": (84.42, 84.05, 71.33), "dir0.1": (87.90, 87.73, 76.05),
     "dir0.5": (92.04, 91.72, 84.82), "dir1.0": (93.00, 92.87, 83.99),
     "iid": (93.63, 93.26, 85.01)}
-TABLE12 = {"MLP (all clients)": 0, "CNN (all clients)": 1, "mixed (uniform per client)": 2}
-"""Our table12 teachers beside the paper's columns: the main teacher (our CNN) stands for its
-main teacher ViT-B/32, the second (our MLP) for RN50, a per-client uniform choice for its
-random selection."""
 STUDIES = ("table8", "table11", "table12")
 OPTIONS = (
     Option("study", "table8", "table8 (methods x splits), table11 (linear-probed vs 0-shot "
@@ -156,6 +152,9 @@ OPTIONS = (
            "CLIPModel directory (ViT), or OpenAI's / open_clip's layout (a .safetensors file or "
            "a folder with open_clip_model.safetensors: CLIP RN50, "
            "fedjaxsparse.models.clip_resnet)", kind="str"),
+    Option("clip_second", "", "table12 with clip=: the second CLIP checkpoint (the paper "
+           "compares ViT-B/32, clip=, with RN50, clip_second=) — its 0-shot teacher, and a "
+           "uniform per-client choice of the two", kind="str"),
     Option("clip_prompts", "", ".npy of the class prompts' token ids [K, L] or [K, P, L]",
            kind="str"),
     Option("coop_prompts", "", "table11 with clip=: .npy of CoOp's prompts [K, L], positions "
@@ -201,22 +200,16 @@ def _accuracy(model, params, x, y, batch: int = 500) -> float:
 def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
   """``{name: (logits_fn(x [n, ...]) -> [n, K], description, features_fn | None)}``."""
   if opts["clip"]:
-    from fedjaxsparse.models import clip
     if not opts["clip_prompts"]:
       raise ValueError("clip=... needs clip_prompts=IDS.npy (the tokenised class prompts).")
-    path = opts["clip"]
-    if path.endswith(".safetensors") or os.path.isfile(
-        os.path.join(path, "open_clip_model.safetensors")):   # OpenAI's layout: CLIP RN50, ...
-      from fedjaxsparse.models import clip_resnet
-      t = clip_resnet.zero_shot_teacher(path, None, np.load(opts["clip_prompts"]))
-      c = t.cfg
-    else:
-      c = clip.load_config(path)
-      t = clip.zero_shot_teacher(path, c, np.load(opts["clip_prompts"]))
-    size = c.vision_config.image_size
-    fn = lambda a: clip.cached_logits(  # noqa: E731
-        lambda p, b: clip.teacher_logits(t, p, clip.preprocess(b, size)), a, params=t.params)
-    return {"CLIP 0-shot": (fn, f"zero-shot CLIP from {opts['clip']}", _clip_features(t, size))}
+    out = {"CLIP 0-shot": _clip_teacher(opts["clip"], opts["clip_prompts"])}
+    if opts.get("study") == "table12":   # Table 12: a second backbone beside the first
+      if not opts.get("clip_second"):
+        raise ValueError("study=table12 with clip= compares two CLIP backbones (the paper's "
+                         "ViT-B/32 and RN50): pass the second checkpoint as clip_second=CKPT.")
+      name = f"CLIP 0-shot ({os.path.basename(os.path.normpath(opts['clip_second']))})"
+      out[name] = _clip_teacher(opts["clip_second"], opts["clip_prompts"])
+    return out
   out = {}
   path = output_dir(cfg, NAME)
   shape = x.shape[1:]
@@ -244,6 +237,24 @@ def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
                      f"centrally on {len(x)} training images, {opts['teacher_epochs']} epochs)",
                  feats)
   return out
+
+
+def _clip_teacher(path: str, prompts: str) -> tuple:
+  """``(logits_fn, description, features_fn)`` of a zero-shot CLIP teacher from a local
+  checkpoint: a Hugging Face CLIPModel directory (ViT) or OpenAI's layout (CLIP RN50)."""
+  from fedjaxsparse.models import clip  # deferred: CLIP loads only with --set clip=
+  if path.endswith(".safetensors") or os.path.isfile(
+      os.path.join(path, "open_clip_model.safetensors")):   # OpenAI's layout: CLIP RN50, ...
+    from fedjaxsparse.models import clip_resnet
+    t = clip_resnet.zero_shot_teacher(path, None, np.load(prompts))
+    c = t.cfg
+  else:
+    c = clip.load_config(path)
+    t = clip.zero_shot_teacher(path, c, np.load(prompts))
+  size = c.vision_config.image_size
+  fn = lambda a: clip.cached_logits(  # noqa: E731
+      lambda p, b: clip.teacher_logits(t, p, clip.preprocess(b, size)), a, params=t.params)
+  return fn, f"zero-shot CLIP from {path}", _clip_features(t, size)
 
 
 def _clip_features(teacher, size: int):
@@ -450,18 +461,30 @@ def setup(cfg: Config, opts: dict):
       if opts["clip"] and opts["coop_prompts"]:
         variants["Prompt Tuning"] = _prompt_tuned_logits(fit, teachers[main], opts,
                                                          cfg.seed)[:, :, None]
+    table12 = {}
     if opts["study"] == "table12":
-      both = np.stack([variants[main][:, :, 0],
-                       _client_logits(fit, teachers["MLP"], classes, False)], 2)
-      variants = {"CNN (all clients)": both[:, :, :1], "MLP (all clients)": both[:, :, 1:]}
-      pick = np.random.default_rng(cfg.seed).integers(0, 2, cfg.clients)
-      variants["mixed (uniform per client)"] = (both, np.eye(2, dtype=np.float32)[pick])
+      variants, table12 = _table12_variants(fit, teachers, variants[main], classes, cfg.seed)
     print(f"{NAME}: {ds.name}, {ds.num_clients} clients (all per round), {opts['local_steps']}"
           f" local steps of {opts['batch']}, lr {opts['lr']:g}, teacher: "
           f"{teachers[main][1]}")
     yield Context(ds._replace(train=fit), params, make_eval_fn(model),
-                  {"model": model, "variants": variants, "main": main, "teachers": notes},
+                  {"model": model, "variants": variants, "main": main, "teachers": notes,
+                   "table12": table12},
                   setting=split, fit=fit, val=val)
+
+
+def _table12_variants(fit, teachers: dict, main_logits, classes: int, seed: int):
+  """Table 12's teacher variants: the main teacher's logits for every client, the second
+  teacher's, and a uniform per-client choice between them (a per-client teacher mask); with
+  ``{variant: the paper's column}`` — the main teacher stands for its ViT-B/32 (column 1), the
+  second for RN50 (column 0), the choice for its random selection (column 2)."""
+  main, second = list(teachers)[:2]
+  both = np.stack([main_logits[:, :, 0],
+                   _client_logits(fit, teachers[second], classes, False)], 2)
+  variants = {f"{main} (all clients)": both[:, :, :1], f"{second} (all clients)": both[:, :, 1:]}
+  pick = np.random.default_rng(seed).integers(0, 2, both.shape[0])
+  variants["mixed (uniform per client)"] = (both, np.eye(2, dtype=np.float32)[pick])
+  return variants, dict(zip(variants, (1, 0, 2)))
 
 
 def _plan(opts: dict, variants: dict) -> dict:
@@ -497,7 +520,8 @@ def columns(label: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   elif opts["study"] == "table11":
     paper = PAPER11[ctx.setting][{"Linear Probing": 0, "Prompt Tuning": 1}.get(variant, 2)]
   else:
-    paper = PAPER12[ctx.setting][TABLE12[variant]] if variant in TABLE12 else None
+    column = ctx.extra["table12"].get(variant)
+    paper = PAPER12[ctx.setting][column] if column is not None else None
   return {"split": ROW[ctx.setting], "chosen": tuned.best or "-",
           "s.e.": tuned.stats["se"] if len(tuned.finals) > 1 else None,
           "paper % (CIFAR-10)": paper}

@@ -500,6 +500,36 @@ def test_fedlpfm_linear_probe_on_clip_features(ckpt, tmp_path):
                              rtol=1e-4, atol=1e-4)
 
 
+
+def test_fedlpfm_table12_on_two_clip_backbones(ckpt, tmp_path):
+  """Table 12 with ``--set clip=``: the second backbone (``clip_second``) is a second zero-shot
+  teacher — not the stand-in MLP the CLIP path never builds — and the three variants (each
+  teacher for every client, a uniform per-client choice) sit beside the paper's columns
+  ViT-B/32, RN50 and random selection; without the second checkpoint the error names it."""
+  from fedjaxsparse.data.federated import pack_clients
+  from fedjaxsparse.experiments import fedlpfm_fmnist as F
+  from fedjaxsparse.harness.experiment import Config
+  np.save(tmp_path / "ids.npy", IDS)
+  x = RNG.random((24, 28, 28, 1)).astype(np.float32)
+  y = RNG.integers(0, K, 24).astype(np.int32)
+  opts = {"clip": ckpt[0], "clip_prompts": str(tmp_path / "ids.npy"), "study": "table12",
+          "clip_second": ckpt[0]}
+  teachers = F._teachers(Config(out=str(tmp_path)), opts, x, y, x, y, K)
+  assert len(teachers) == 2 and list(teachers)[0] == "CLIP 0-shot"
+  fit = pack_clients(x, y, np.array_split(np.arange(24), 3))
+  main = F._client_logits(fit, teachers["CLIP 0-shot"], K, False)[:, :, None]
+  variants, columns = F._table12_variants(fit, teachers, main, K, seed=0)
+  second = list(teachers)[1]
+  assert columns == {"CLIP 0-shot (all clients)": 1, f"{second} (all clients)": 0,
+                     "mixed (uniform per client)": 2}
+  np.testing.assert_array_equal(variants["CLIP 0-shot (all clients)"], main)
+  both, pick = variants["mixed (uniform per client)"]
+  assert both.shape == (3, 8, 2, K) and pick.shape == (3, 2) and np.all(pick.sum(1) == 1)
+  # the same checkpoint twice: the second teacher's logits are the first's
+  np.testing.assert_allclose(variants[f"{second} (all clients)"], main, rtol=1e-6)
+  with pytest.raises(ValueError, match="clip_second"):
+    F._teachers(Config(out=str(tmp_path)), dict(opts, clip_second=""), x, y, x, y, K)
+
 # --- prompt tuning (CoOp) ----------------------------------------------------------------------
 
 

@@ -85,8 +85,8 @@ def test_asp_and_sps_modified_drift_by_the_exact_formula(problem):
   for name, algo in (("asp", fjs.accelerated_server_pruning(loss, gamma, p, s)),
                      ("sps_mod", fjs.sparse_proxskip_modified(loss, gamma, p, s))):
     kernel = fjs.algorithms.proxskip.proxskip_kernel(
-        loss, gamma, p, upload_prox=fjs.proxes.top_k(s) if name == "sps_mod" else None,
-        write_back=name != "sps_mod", server_prox=fjs.proxes.top_k(s) if name == "asp" else None)
+        loss, gamma, p, upload_prox=fjs.proxes.top_k(sparsity=s) if name == "sps_mod" else None,
+        write_back=name != "sps_mod", server_prox=fjs.proxes.top_k(sparsity=s) if name == "asp" else None)
     state = algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
 
     @jax.jit
@@ -253,7 +253,7 @@ def test_round_form_equals_iteration_form_on_a_fixed_coin_sequence(problem):
   ds, model, loss = problem
   gamma, p = 0.02, 0.3
   kernel = fjs.algorithms.proxskip.proxskip_kernel(loss, gamma, p,
-                                                   upload_prox=fjs.proxes.top_k(0.5))
+                                                   upload_prox=fjs.proxes.top_k(sparsity=0.5))
   w0 = model.init(jax.random.key(0))
   state = kernel.init(None, w0, ds.train)
   local_step, communicate = jax.jit(kernel.local_step), jax.jit(kernel.communicate)

@@ -285,3 +285,24 @@ def test_largest_mask_methods_agree_with_ties_and_name_a_bad_method():
       np.testing.assert_array_equal(np.asarray(fjs.sparsity.largest_mask(keys, k, method)), want)
   with pytest.raises(ValueError, match="method must be one of"):
     fjs.sparsity.largest_mask(keys, 3, "sort")
+
+
+def test_one_top_k_convention_a_count_k_or_the_keyword_sparsity():
+  """``sparsity.top_k``, its mask and ``proxes.top_k`` read ``k`` as a count of entries kept and
+  a fraction of zeros only as ``sparsity=``: the prox is the projection itself at both, and a
+  float where the count goes is refused with the keyword to use."""
+  from fedjaxsparse.ops import proxes, sparsity
+  x = {"w": jnp.arange(-6.0, 6.0).reshape(3, 4), "b": jnp.array([0.5, -7.0])}
+  for k, s in ((3, None), (None, 0.5), (14, None), (0, None)):
+    want = sparsity.top_k(x, k, sparsity=s)
+    got = proxes.top_k(k, sparsity=s)(x, 0.3)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), got, want))
+  kept = sum(int(jnp.count_nonzero(a)) for a in jax.tree.leaves(proxes.top_k(3)(x, 1.0)))
+  assert kept == 3
+  for bad in (lambda: proxes.top_k(0.9), lambda: sparsity.top_k(x, 0.9)):
+    with pytest.raises(ValueError, match="sparsity="):
+      bad()
+  with pytest.raises(ValueError, match="exactly one"):
+    proxes.top_k()
+  with pytest.raises(ValueError, match="exactly one"):
+    proxes.top_k(3, sparsity=0.5)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import jax
 
+from fedjaxsparse.errors import check_int
 from fedjaxsparse.ops.sparsity import k_from_sparsity, soft_threshold, top_k as _top_k
 from fedjaxsparse.core import public_dir as _public_dir
 
@@ -46,10 +47,37 @@ def l2(weight: float) -> Prox:
   return lambda tree, step: jax.tree.map(lambda a: a / (1 + step * weight), tree)
 
 
-def top_k(sparsity: float, scope: str = "global") -> Prox:
+def top_k(k: int | None = None, *, sparsity: float | None = None,
+          scope: str = "global") -> Prox:
   """The projection onto K-sparse models (the prox of the indicator of ``‖z‖₀ ≤ K``, for every
-  step): Top-K at target ``sparsity`` (fraction of zeros; ``K = k_from_sparsity(d, sparsity)``)
-  over the whole model (``"global"``, as in Sparse-ProxSkip and FedHT) or per leaf
-  (``"per_leaf"``)."""
-  k_from_sparsity(1, sparsity)  # validates 0 <= sparsity < 1 at build time
-  return lambda tree, step: _top_k(tree, sparsity=sparsity, scope=scope)
+  step): :func:`fedjaxsparse.ops.sparsity.top_k` as a prox, with its convention — ``k`` is a
+  count of entries kept, a fraction of zeros is always the keyword ``sparsity``.
+
+  Args:
+    k: entries kept over the whole model (a static int in ``[0, d]``, checked when the prox
+      first sees the model).
+    sparsity: instead of ``k``, the target fraction of zeros in ``[0, 1)``:
+      ``K = k_from_sparsity(d, sparsity)``.
+    scope: ``"global"`` (one Top-K over the whole model, as in Sparse-ProxSkip and FedHT) or
+      ``"per_leaf"`` (``sparsity`` in every leaf; needs ``sparsity``).
+
+  Returns:
+    A :data:`Prox` ``(tree, step) -> tree`` that ignores ``step``.
+
+  >>> import jax.numpy as jnp
+  >>> top_k(sparsity=0.5)(jnp.array([0.5, -3.0, 1.0, 2.0]), 1.0).tolist()
+  [0.0, -3.0, 0.0, 2.0]
+  >>> top_k(1)(jnp.array([0.5, -3.0, 1.0, 2.0]), 1.0).tolist()
+  [0.0, -3.0, 0.0, 0.0]
+  """
+  if (k is None) == (sparsity is None):
+    raise ValueError("proxes.top_k: give exactly one of k (a count of entries kept) and "
+                     "sparsity= (a fraction of zeros in [0, 1)).")
+  if k is not None:
+    if isinstance(k, float):
+      raise ValueError(f"proxes.top_k: k is a count of entries kept, got the float {k!r}; "
+                       "pass sparsity= for a fraction of zeros.")
+    check_int("k", k, 0)
+  else:
+    k_from_sparsity(1, sparsity)  # validates 0 <= sparsity < 1 at build time
+  return lambda tree, step: _top_k(tree, k, sparsity=sparsity, scope=scope)

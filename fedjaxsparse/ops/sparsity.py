@@ -99,7 +99,7 @@ def _check_k(k: Any, d: int) -> int:
     k = operator.index(k)
   except TypeError:
     raise ValueError(f"k must be a static int in [0, {d}] (the number of parameters), got "
-                     f"{k!r}.") from None
+                     f"{k!r}; a fraction of zeros is the keyword sparsity=.") from None
   if not 0 <= k <= d:
     raise ValueError(f"k must be in [0, {d}] (the number of parameters), got {k}.")
   return k
