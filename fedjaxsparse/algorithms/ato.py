@@ -34,9 +34,8 @@ with ``m`` the noise's median (−ln ln 2 ≈ 0.367 for Gumbel, 0 for logistic);
 masks the controller was trained with (the Gumbel's median is positive; tested);
 ``"sample"``: one fresh noisy draw; ``flops_penalty`` — ``"one_sided"`` (4-6) as printed,
 which is 0 anywhere under the budget, or ``"two_sided"`` ``|log(P/(pP_total))|``, which also
-penalises falling below it (measured on ResNet-20 / Fashion-MNIST, 234 controller steps: the
-one-sided penalty ends at P = 0.29 for p = 0.5, the two-sided at 0.43; the end mask moved P
-by ~0.02); the FLOPs ``P(w)`` of :func:`fedjaxsparse.pruning.zig.flops` (DMC-style, an assumption).
+penalises falling below it; the FLOPs ``P(w)`` of :func:`fedjaxsparse.pruning.zig.flops`
+(DMC-style, an assumption).
 With ``λ = 0`` or ``w ≡ 1`` the target step is plain training with the base optimiser, bit for
 bit (tested).
 
@@ -169,9 +168,89 @@ class ATO(NamedTuple):
 def ato(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
         learning_rate: Callable[[jax.Array], jax.Array], config: ATOConfig = ATOConfig()
         ) -> ATO:
-  """ATO over ``model`` (a :class:`~fedjaxsparse.core.Model` built from
-  :mod:`fedjaxsparse.models.prunable`) with groups ``zigs``; ``optimizer`` the base optimiser
-  and ``learning_rate(step)`` its step size η_t (the prox threshold is ``η_t λ_g``)."""
+  """Auto-Train-Once (Wu et al., 2024): train a network from scratch while a controller network
+  chooses which zero-invariant groups to prune; the penalised groups are driven to exactly 0
+  during training, so the result is compressed without fine-tuning.
+
+  The target network's weights M are split into the G zero-invariant groups of ``zigs`` (the
+  weights producing one channel: zeroing ``[M]_g`` removes the channel). ATO solves
+  ``min_M L(M) + Σ_g λ_g ‖[M]_g‖₂`` with ``λ_g = λ(1 − w_g)``, where the controller emits the
+  binary group mask ``w [G]`` (1 = keep):
+
+  * **Target step** (every batch): a step of the base ``optimizer`` on L, then, from epoch
+    ``T_w`` on, the group prox ``[M]_g ← max(0, 1 − η_t λ_g/‖[M]_g‖)·[M]_g``
+    (``projector="prox"``; ``η_t = learning_rate(step)``), or OTO's half-space projection
+    (``projector="hsp"``: the step includes the subgradient ``λ_g [M]_g/‖[M]_g‖`` and a
+    penalised group whose trial point z fails ``[z]_gᵀ[M]_g ≥ ε‖[M]_g‖²`` is zeroed).
+    Groups with ``w_g = 1`` are not penalised.
+  * **Controller**: ``o [G]`` from a bidirectional GRU (64 → 2×128, LayerNorm, ReLU, one
+    linear head per block of groups) on an input ``[|B|, 64]``;
+    ``w = round(sigmoid((o + s + b)/τ))`` with Gumbel noise s and a straight-through round.
+    In epochs ``T_start ≤ t ≤ T_end`` it is trained with Adam on a fixed small subset of the
+    data (``D_CN``) to minimise ``L(f(x; M, w)) + γ R_FLOPs(P(w), p·P_total)`` with M frozen
+    (w gating the channels), and ``w`` is regenerated at the end of each such epoch; outside
+    that window ``w`` stays frozen. ``w`` starts at all ones.
+
+  Epochs count from 0. Options where the paper is silent (the end-of-epoch mask, the FLOPs
+  penalty's shape, noise, the controller's input) are fields of ``config``; the module
+  docstring (:mod:`fedjaxsparse.algorithms.ato`) has the details. After training,
+  :func:`fedjaxsparse.pruning.zig.compress` removes the zero groups physically. Typical use::
+
+    module, model = fjs.models.prunable.mlp((64,), 10, hidden=(32, 16))
+    zigs = fjs.pruning.zig.trace(module, (64,))
+    cfg = fjs.algorithms.ato.ATOConfig(target=0.5)
+    algo = fjs.ato(model, zigs, optax.sgd(0.05, momentum=0.9), lambda t: 0.05, cfg)
+    state, history = fjs.algorithms.ato.train(
+        algo, cfg, key, model.init(key), x, y, epochs=3, batch_size=64,
+        ctrl_index=fjs.algorithms.ato.controller_subset(len(x)))
+
+  Args:
+    model: the network, a :class:`~fedjaxsparse.core.Model` built from
+      :mod:`fedjaxsparse.models.prunable` (its ``apply`` and ``per_example_loss`` give L).
+    zigs: its zero-invariant groups (:class:`fedjaxsparse.pruning.zig.ZIGs`, from
+      ``fjs.pruning.zig.trace(module, input_shape)``); the controller has one head per
+      prunable channel set.
+    optimizer: the base optax optimiser of the target network (SGD with momentum in the
+      paper).
+    learning_rate: ``step -> η_t``, the base optimiser's step size at target step t (the prox
+      threshold is ``η_t λ_g``).
+    config: an :class:`~fedjaxsparse.algorithms.ato.ATOConfig` (validated): ``target`` (p, the
+      FLOPs fraction to keep, default 0.5), ``lam`` (λ, 10), ``gamma`` (γ, 4), ``b`` (3) and
+      ``tau`` (τ, 0.4) of the mask, the epochs ``T_w`` (1), ``T_start`` (0), ``T_end`` (1),
+      ``projector`` (``"prox"`` or ``"hsp"``) and ``hsp_eps`` (ε, 0), ``ctrl_lr`` (Adam's,
+      1e-3), and the unspecified choices ``mask_in_target_forward`` (False: w acts only
+      through λ_g), ``noise`` (``"gumbel"`` or ``"logistic"``), ``end_mask`` (``"median"``,
+      ``"noise_free"`` or ``"sample"``), ``flops_penalty`` (``"one_sided"`` as printed, or
+      ``"two_sided"``) and ``ctrl_input`` (``"learned"`` or ``"fixed"``).
+
+  Returns:
+    An :class:`~fedjaxsparse.algorithms.ato.ATO` trainer — a named tuple of pure functions,
+    not an :class:`~fedjaxsparse.core.Algorithm`; :func:`fedjaxsparse.algorithms.ato.train`
+    runs it (target steps over shuffled batches, the controller pass in its window, then
+    ``end_epoch``) and returns ``(state, history)``, ``history`` one record per epoch
+    (``epoch``, the epoch means of ``loss``, ``flops``, ``kept``, ``zero_groups``,
+    ``seconds``, and ``metric`` when ``evaluate`` is given). Its fields:
+    ``init(key, params)`` gives an :class:`~fedjaxsparse.algorithms.ato.ATOState`:
+    ``state.params`` (the target network), ``opt_state``, ``ctrl_params`` and
+    ``ctrl_opt_state`` (the controller's), ``ctrl_input [|B|, 64]``, ``w [G]`` (the mask, in
+    {0, 1}), ``epoch`` and ``step`` (int32: epochs ended, target steps taken) and ``key``
+    (uint32 key data, checkpointable). ``target_step(state, x, y)`` returns
+    ``(state, info)``, an :class:`~fedjaxsparse.algorithms.ato.ATOInfo`: ``loss`` (the
+    batch's unpenalised loss L before the step), ``flops`` (``P(w)/P_total`` of the current
+    mask), ``kept`` (the fraction of groups with ``w_g = 1``) and ``zero_groups`` (the
+    fraction of groups exactly 0 after the step). ``ctrl_step(state, x, y)`` returns
+    ``(state, loss)`` (one Adam step of the controller; ``loss`` its objective);
+    ``end_epoch(state)`` regenerates ``w`` (inside the window) and advances ``epoch``;
+    ``mask_logits(ctrl_params, ctrl_input, key, shift=0.0)`` returns the straight-through
+    mask ``w`` (noisy for a key, ``s = shift`` for ``key=None``).
+
+  References:
+    Xidong Wu, Shangqian Gao, Zeyu Zhang, Zhenzhen Li, Runxue Bao, Yanfu Zhang, et al. (2024).
+      Auto-Train-Once: Controller Network Guided Automatic Network Pruning from Scratch. CVPR
+      2024. arXiv:2403.14729.
+
+  Source for the team: seed 004 Task 2, Algorithms 7-8; spec ``seed004.md`` §2.2-§2.5.
+  """
   cfg = config.validate()
   sizes = tuple(s.size for s in zigs.prunable)
   dtype = float_dtype()                  # the controller's, fixed when the algorithm is built
@@ -278,7 +357,7 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
 
   ``loop="scan"``: each epoch's steps are one jitted ``lax.scan`` (accelerators);
   ``"host"``: every step is its own jitted call driven from Python — on XLA:CPU a convolution
-  inside a loop body runs 10-40× slower (jax-ml/jax#12868). Both draw the same batches and
+  inside a loop body runs significantly slower (jax-ml/jax#12868). Both draw the same batches and
   keys and give the same result up to float reassociation. With ``checkpoint_dir`` the state
   is saved every ``checkpoint_every`` epochs (0: after the last only), under the runner's
   rules (:func:`fedjaxsparse.runtime.checkpoint.open_checkpoint`): ``resume=True`` continues

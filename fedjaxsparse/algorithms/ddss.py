@@ -32,8 +32,8 @@ convergence theorem treats); with ``staleness=τ`` each worker reads the iterate
 uniformly among the last τ + 1 (a ring buffer of τ + 1 iterates, (τ + 1)·p memory), i.e. a
 delay of up to ``(τ + 1)·workers − 1`` updates — the paper's bounded-overlap assumption. Its
 theorem needs ``τ ≤ 1/(10√Δ)``; on dense data (Δ = 1) that allows no delay at all, and
-same-read workers with the sparse prox can stall (measured: 8 workers on a dense 300×30 Lasso
-stop near a gap of 2e-2 where one worker converges) — use ``workers=1`` or sparse data there.
+same-read workers with the sparse prox can stall short of the optimum where one worker
+converges — use ``workers=1`` or sparse data there.
 The anchor ``ρ⁰`` is cached at the *pre-elimination* snapshot (our anchor-consistency fix), so
 the estimators stay exactly unbiased after coordinates are eliminated.
 
@@ -370,28 +370,313 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
 
 
 def sha_ddss_naive(prob, data, **kw) -> Algorithm:
-  """Sha-DDSS-Naive: prox-SGD with the dense prox on the screened active set."""
+  """Sha-DDSS-Naive (Bao, Wu, Xian & Huang, 2022): shared-memory asynchronous proximal SGD with
+  dynamic gap-safe screening and a dense prox — the naive variant of DDSS.
+
+  The problem is ``min_x P(x) = (1/n) Σ_i f_i(a_iᵀx) + λ Σ_j w_j ‖x_{G_j}‖₂`` over ``x [p]``
+  (the Lasso, ℓ1-logistic regression or the weighted group Lasso, as ``prob`` says). One
+  ``step`` is one outer iteration: a full pass computes the gradient ``∇F(x⁰)`` and the
+  duality gap at the snapshot ``x⁰`` (the current x); the gap-safe test (Ndiaye et al., 2017)
+  eliminates the blocks it proves 0 at the optimum (their coordinates are set to 0 and never
+  updated again: active sets only shrink); then ``inner_steps`` stochastic updates run,
+  ``workers`` at a time from the same read ``x̂`` of x: each draws a sample i uniformly and
+  computes ``v = a_i f_i'(a_iᵀx̂)``, and the server applies the dense prox
+  ``x ← prox_{ηλΩ}(x − ηv)`` on every active coordinate, one worker's v after another.
+
+  Asynchrony is emulated, not timed (``staleness=τ``: each worker reads the iterate of a tick
+  up to τ ago). The module docstring (:mod:`fedjaxsparse.algorithms.ddss`) has the full story.
+
+  Args:
+    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
+      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
+      on this same ``data``.
+    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
+      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
+      needed up front (column counts, shards), and the data to give ``init`` and ``step``.
+    **kwargs: forwarded to :func:`fedjaxsparse.algorithms.ddss.ddss` (``estimator="sgd"`` and
+      ``prox="dense"`` are fixed here): ``step_size`` (η > 0, required), ``inner_steps``
+      (stochastic updates per ``step``, required, a multiple of ``workers``), ``workers``
+      (updates per tick from the same read, default 1), ``staleness`` (τ, default 0),
+      ``screening`` (default True), ``radius`` (``"safe"``, or the printed and unsafe
+      ``"paper_literal"``), ``shards`` / ``per_shard_weights`` (the distributed form: see
+      :func:`dis_ddss_naive`), ``mesh`` (split the workers over devices; layout only).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
+    unused) gives a :class:`~fedjaxsparse.algorithms.ddss.DDSSState`: ``state.params`` (=
+    ``state.x [p]``, eliminated coordinates 0), ``active bool[q]`` (the blocks still active),
+    ``s`` (outer iterations), ``epochs`` (data passes: 1 + inner_steps/n a step), ``touched``
+    (matrix entries and coordinates read or written), ``floats_up`` / ``floats_down`` /
+    ``floats_down_lazy`` (cumulative communication in floats; 0 in shared memory).
+    ``step(key, state, data)`` returns ``(state, info)``, a
+    :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo` measured at the snapshot (the iterate the
+    step starts from): ``loss`` (the objective P), ``gap`` (the duality gap), ``radius`` (the
+    screening radius), ``p_active`` (active coordinates after this step's test) and
+    ``bits_up`` / ``bits_down`` (this step's communication; 0 in shared memory).
+
+  References:
+    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
+      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+    Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
+      Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
+
+  Source for the team: seed 004, Task 1, Algorithm 1; spec ``seed004.md`` §1.3-§1.5.
+  """
   return ddss(prob, data=data, estimator="sgd", prox="dense", **kw)
 
 
 def sha_ddss(prob, data, **kw) -> Algorithm:
-  """Sha-DDSS: the sparse variance-reduced estimator and the decoupled sparse prox."""
+  """Sha-DDSS (Bao, Wu, Xian & Huang, 2022): shared-memory doubly sparse asynchronous proximal
+  SVRG — dynamic gap-safe screening shrinks the model and sparse variance-reduced updates
+  touch only each sample's support.
+
+  The problem is ``min_x P(x) = (1/n) Σ_i f_i(a_iᵀx) + λ Σ_j w_j ‖x_{G_j}‖₂`` over ``x [p]``
+  (the Lasso, ℓ1-logistic regression or the weighted group Lasso, as ``prob`` says). One
+  ``step`` is one outer iteration: a full pass computes ``∇F(x⁰)`` and
+  ``ρ⁰_i = f_i'(a_iᵀx⁰)`` at the snapshot ``x⁰`` (the current x) and the duality gap; the
+  gap-safe test (Ndiaye et al., 2017) eliminates the blocks it proves 0 at the optimum (their
+  coordinates are set to 0 and never updated again: active sets only shrink); then
+  ``inner_steps`` stochastic updates run, ``workers`` at a time from the same read ``x̂`` of x.
+  Each draws a sample i uniformly, forms the sparse variance-reduced estimator
+  ``v = a_i(f_i'(a_iᵀx̂) − ρ⁰_i) + D_i ∇F(x⁰)`` (``[D_i]_jj = n/n_j`` on supp(a_i), ``n_j`` the
+  samples touching column j; whole blocks for the group Lasso) and sends the decoupled sparse
+  prox step ``δ = prox_{ηλφ_i}(x̂ − ηv) − x̂`` with ``φ_i = Σ_{j∈supp(a_i)} d_j|x_j|``; δ is
+  non-zero only on supp(a_i) and the server just adds the δ's. ``E_i D_i = I`` and
+  ``E_i φ_i = Ω``, so an update costs ``O(|supp(a_i)|)``, not O(p).
+
+  Asynchrony is emulated, not timed (``staleness=τ``: each worker reads the iterate of a tick
+  up to τ ago). The module docstring (:mod:`fedjaxsparse.algorithms.ddss`) has the full story.
+
+  Args:
+    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
+      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
+      on this same ``data``.
+    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
+      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
+      needed up front (the weights d_j, shards), and the data to give ``init`` and ``step``.
+    **kwargs: forwarded to :func:`fedjaxsparse.algorithms.ddss.ddss`
+      (``estimator="sparse_svrg"`` and ``prox="sparse"`` are fixed here): ``step_size``
+      (η > 0, required), ``inner_steps`` (stochastic updates per ``step``, required, a multiple
+      of ``workers``), ``workers`` (updates per tick from the same read, default 1),
+      ``staleness`` (τ, default 0), ``screening`` (default True), ``radius`` (``"safe"``, or
+      the printed and unsafe ``"paper_literal"``), ``shards`` / ``per_shard_weights`` (the
+      distributed form: see :func:`dis_ddss`), ``mesh`` (split the workers over devices;
+      layout only).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
+    unused) gives a :class:`~fedjaxsparse.algorithms.ddss.DDSSState`: ``state.params`` (=
+    ``state.x [p]``, eliminated coordinates 0), ``active bool[q]`` (the blocks still active),
+    ``s`` (outer iterations), ``epochs`` (data passes: 1 + inner_steps/n a step), ``touched``
+    (matrix entries and coordinates read or written), ``floats_up`` / ``floats_down`` /
+    ``floats_down_lazy`` (cumulative communication in floats; 0 in shared memory).
+    ``step(key, state, data)`` returns ``(state, info)``, a
+    :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo` measured at the snapshot (the iterate the
+    step starts from): ``loss`` (the objective P), ``gap`` (the duality gap), ``radius`` (the
+    screening radius), ``p_active`` (active coordinates after this step's test) and
+    ``bits_up`` / ``bits_down`` (this step's communication; 0 in shared memory).
+
+  References:
+    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
+      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+    Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
+      Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
+
+  Source for the team: seed 004, Task 1, Algorithm 4; spec ``seed004.md`` §1.3-§1.5.
+  """
   return ddss(prob, data=data, estimator="sparse_svrg", prox="sparse", **kw)
 
 
 def dis_ddss_naive(prob, data, workers: int = 8, **kw) -> Algorithm:
-  """Dis-DDSS-Naive: the parameter-server Naive variant (samples sharded over the workers)."""
+  """Dis-DDSS-Naive (Bao, Wu, Xian & Huang, 2022): distributed (parameter-server) asynchronous
+  proximal SGD with dynamic gap-safe screening and a dense prox at the server.
+
+  The problem is ``min_x P(x) = (1/n) Σ_i f_i(a_iᵀx) + λ Σ_j w_j ‖x_{G_j}‖₂`` over ``x [p]``
+  (the Lasso, ℓ1-logistic regression or the weighted group Lasso, as ``prob`` says). The n
+  samples are split into ``workers`` contiguous disjoint shards; worker k draws only from its
+  own. One ``step`` is one outer iteration: a full pass computes the gradient ``∇F(x⁰)`` and
+  the duality gap at the snapshot ``x⁰`` (the current x); the gap-safe test (Ndiaye et al.,
+  2017) eliminates the blocks it proves 0 at the optimum (their coordinates are set to 0 and
+  never updated again); then ``inner_steps`` updates run, ``workers`` at a time from the same
+  read ``x̂`` of x: each worker draws a sample i of its shard and sends
+  ``v = a_i f_i'(a_iᵀx̂)``, and the server applies the dense prox ``x ← prox_{ηλΩ}(x − ηv)``
+  on every active coordinate, one worker's v after another.
+
+  Communication is counted in floats: per step the snapshot down and each worker's gradient
+  ``∇F^k`` up (``p_s`` floats each, the active coordinates), the screening mask and
+  ``∇F(x⁰)`` down; per update the worker's read of x down (the active coordinates) and its
+  message up (values and indices). Asynchrony is emulated, not timed (``staleness=τ``: each
+  worker reads the iterate of a tick up to τ ago). The module docstring
+  (:mod:`fedjaxsparse.algorithms.ddss`) has the full story.
+
+  Args:
+    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
+      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
+      on this same ``data``.
+    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
+      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
+      needed up front (column counts, shards), and the data to give ``init`` and ``step``.
+    workers: the number of workers, each holding one shard (``shards = workers``); also the
+      number of updates per tick.
+    **kwargs: forwarded to :func:`fedjaxsparse.algorithms.ddss.ddss` (``estimator="sgd"``,
+      ``prox="dense"`` and ``shards=workers`` are fixed here): ``step_size`` (η > 0,
+      required), ``inner_steps`` (updates per ``step``, required, a multiple of ``workers``),
+      ``staleness`` (τ, default 0), ``screening`` (default True), ``radius`` (``"safe"``, or
+      the printed and unsafe ``"paper_literal"``), ``per_shard_weights`` (unused by the dense
+      prox), ``mesh`` (split the workers over devices; layout only).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
+    unused) gives a :class:`~fedjaxsparse.algorithms.ddss.DDSSState`: ``state.params`` (=
+    ``state.x [p]``, eliminated coordinates 0), ``active bool[q]`` (the blocks still active),
+    ``s`` (outer iterations), ``epochs`` (data passes: 1 + inner_steps/n a step), ``touched``
+    (matrix entries and coordinates read or written), ``floats_up`` / ``floats_down`` (the
+    cumulative communication in floats) and ``floats_down_lazy`` (the downlink had each
+    worker pulled only the coordinates it reads). ``step(key, state, data)`` returns
+    ``(state, info)``, a :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo` measured at the
+    snapshot (the iterate the step starts from): ``loss`` (the objective P), ``gap`` (the
+    duality gap), ``radius`` (the screening radius), ``p_active`` (active coordinates after
+    this step's test) and ``bits_up`` / ``bits_down`` (this step's communication, 32 bits a
+    float).
+
+  References:
+    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
+      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+    Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
+      Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
+
+  Source for the team: seed 004, Task 1, Algorithms 2-3; spec ``seed004.md`` §1.3-§1.7.
+  """
   return ddss(prob, data=data, estimator="sgd", prox="dense", workers=workers, shards=workers,
               **kw)
 
 
 def dis_ddss(prob, data, workers: int = 8, **kw) -> Algorithm:
-  """Dis-DDSS: workers send sparse δ's computed with the sparse variance-reduced estimator and
-  the sparse prox; the server adds."""
+  """Dis-DDSS (Bao, Wu, Xian & Huang, 2022): distributed (parameter-server) doubly sparse
+  asynchronous proximal SVRG — workers send sparse δ's computed with the sparse
+  variance-reduced estimator and the sparse prox; the server only adds them.
+
+  The problem is ``min_x P(x) = (1/n) Σ_i f_i(a_iᵀx) + λ Σ_j w_j ‖x_{G_j}‖₂`` over ``x [p]``
+  (the Lasso, ℓ1-logistic regression or the weighted group Lasso, as ``prob`` says). The n
+  samples are split into ``workers`` contiguous disjoint shards; worker k draws only from its
+  own. One ``step`` is one outer iteration: a full pass computes ``∇F(x⁰)`` and
+  ``ρ⁰_i = f_i'(a_iᵀx⁰)`` at the snapshot ``x⁰`` (the current x) and the duality gap; the
+  gap-safe test (Ndiaye et al., 2017) eliminates the blocks it proves 0 at the optimum (their
+  coordinates are set to 0 and never updated again); then ``inner_steps`` updates run,
+  ``workers`` at a time from the same read ``x̂`` of x. Each worker draws a sample i of its
+  shard, forms ``v = a_i(f_i'(a_iᵀx̂) − ρ⁰_i) + D_i ∇F(x⁰)`` (``[D_i]_jj = d_j = n/n_j`` on
+  supp(a_i), ``n_j`` the samples touching column j; whole blocks for the group Lasso) and
+  sends ``δ = prox_{ηλφ_i}(x̂ − ηv) − x̂`` with ``φ_i = Σ_{j∈supp(a_i)} d_j|x_j|``, non-zero
+  only on supp(a_i); the server adds the δ's.
+
+  Communication is counted in floats: per step the snapshot down and each worker's gradient
+  ``∇F^k`` up (``p_s`` floats each, the active coordinates), the screening mask and
+  ``∇F(x⁰)`` down; per update the worker's read of x down (the active coordinates) and its δ
+  up (values and indices). Asynchrony is emulated, not timed (``staleness=τ``: each worker
+  reads the iterate of a tick up to τ ago). The module docstring
+  (:mod:`fedjaxsparse.algorithms.ddss`) has the full story.
+
+  Args:
+    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
+      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
+      on this same ``data``.
+    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
+      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
+      needed up front (the weights d_j, shards), and the data to give ``init`` and ``step``.
+    workers: the number of workers, each holding one shard (``shards = workers``); also the
+      number of updates per tick.
+    **kwargs: forwarded to :func:`fedjaxsparse.algorithms.ddss.ddss`
+      (``estimator="sparse_svrg"``, ``prox="sparse"`` and ``shards=workers`` are fixed here):
+      ``step_size`` (η > 0, required), ``inner_steps`` (updates per ``step``, required, a
+      multiple of ``workers``), ``staleness`` (τ, default 0), ``screening`` (default True),
+      ``radius`` (``"safe"``, or the printed and unsafe ``"paper_literal"``),
+      ``per_shard_weights`` (default False: the paper's global ``d_j``; True: worker k uses
+      ``d^k_j = n_k/n^k_j`` from its own shard, unbiased over its own draws), ``mesh`` (split
+      the workers over devices; layout only).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
+    unused) gives a :class:`~fedjaxsparse.algorithms.ddss.DDSSState`: ``state.params`` (=
+    ``state.x [p]``, eliminated coordinates 0), ``active bool[q]`` (the blocks still active),
+    ``s`` (outer iterations), ``epochs`` (data passes: 1 + inner_steps/n a step), ``touched``
+    (matrix entries and coordinates read or written), ``floats_up`` / ``floats_down`` (the
+    cumulative communication in floats) and ``floats_down_lazy`` (the downlink had each
+    worker pulled only the ``|supp(a_i) ∩ B|`` coordinates it reads). ``step(key, state,
+    data)`` returns ``(state, info)``, a :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo`
+    measured at the snapshot (the iterate the step starts from): ``loss`` (the objective P),
+    ``gap`` (the duality gap), ``radius`` (the screening radius), ``p_active`` (active
+    coordinates after this step's test) and ``bits_up`` / ``bits_down`` (this step's
+    communication, 32 bits a float).
+
+  References:
+    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
+      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+    Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
+      Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
+
+  Source for the team: seed 004, Task 1, Algorithms 5-6; spec ``seed004.md`` §1.3-§1.7.
+  """
   return ddss(prob, data=data, estimator="sparse_svrg", prox="sparse", workers=workers,
               shards=workers, **kw)
 
 
 def prox_asvrg(prob, data, **kw) -> Algorithm:
-  """The baseline ProxASVRG (Meng et al., AAAI 2017): SVRG with a dense prox, no screening."""
+  """ProxASVRG (Meng et al., 2017): asynchronous proximal SVRG with a dense prox and no
+  screening — a baseline of DDSS (Bao, Wu, Xian & Huang, 2022).
+
+  The problem is ``min_x P(x) = (1/n) Σ_i f_i(a_iᵀx) + λ Σ_j w_j ‖x_{G_j}‖₂`` over ``x [p]``
+  (the Lasso, ℓ1-logistic regression or the weighted group Lasso, as ``prob`` says). One
+  ``step`` is one outer iteration: a full pass computes ``∇F(x⁰)`` and
+  ``ρ⁰_i = f_i'(a_iᵀx⁰)`` at the snapshot ``x⁰`` (the current x), then ``inner_steps``
+  stochastic updates run, ``workers`` at a time from the same read ``x̂`` of x: each draws a
+  sample i uniformly and computes the (dense) variance-reduced estimator
+  ``v = a_i(f_i'(a_iᵀx̂) − ρ⁰_i) + ∇F(x⁰)``, and ``x ← prox_{ηλΩ}(x − ηv)`` is applied on every
+  coordinate, one worker's v after another. It is DDSS without screening and without the
+  sparse updates; asynchrony is emulated, not timed (``staleness=τ``: each worker reads the
+  iterate of a tick up to τ ago). See :mod:`fedjaxsparse.algorithms.ddss`.
+
+  Args:
+    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
+      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
+      on this same ``data``.
+    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
+      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
+      needed up front (shards), and the data to give ``init`` and ``step``.
+    **kwargs: forwarded to :func:`fedjaxsparse.algorithms.ddss.ddss` (``estimator="svrg"``,
+      ``prox="dense"`` and ``screening=False`` are fixed here): ``step_size`` (η > 0,
+      required), ``inner_steps`` (stochastic updates per ``step``, required, a multiple of
+      ``workers``), ``workers`` (updates per tick from the same read, default 1),
+      ``staleness`` (τ, default 0), ``shards`` (``= workers``: the distributed form, worker k
+      drawing from the k-th of ``workers`` disjoint sample shards, with communication
+      counted), ``per_shard_weights`` (unused by the dense prox), ``radius`` (only the
+      reported radius: nothing is screened), ``mesh`` (split the workers over devices; layout
+      only).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
+    unused) gives a :class:`~fedjaxsparse.algorithms.ddss.DDSSState`: ``state.params`` (=
+    ``state.x [p]``), ``active bool[q]`` (all True: nothing is screened), ``s`` (outer
+    iterations), ``epochs`` (data passes: 1 + inner_steps/n a step), ``touched`` (matrix
+    entries and coordinates read or written), ``floats_up`` / ``floats_down`` /
+    ``floats_down_lazy`` (cumulative communication in floats; 0 in shared memory).
+    ``step(key, state, data)`` returns ``(state, info)``, a
+    :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo` measured at the snapshot (the iterate the
+    step starts from): ``loss`` (the objective P), ``gap`` (the duality gap), ``radius`` (the
+    gap-safe radius, reported only), ``p_active`` (= p) and ``bits_up`` / ``bits_down``
+    (this step's communication; 0 in shared memory).
+
+  References:
+    Qi Meng, Wei Chen, Jingcheng Yu, Taifeng Wang, Zhi-Ming Ma, Tie-Yan Liu (2017). Asynchronous
+      Stochastic Proximal Optimization Algorithms with Variance Reduction. AAAI 2017.
+      arXiv:1609.08435.
+    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
+      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+
+  Source for the team: seed 004, Task 1 (its baselines); spec ``seed004.md`` §1.5.
+  """
   return ddss(prob, data=data, estimator="svrg", prox="dense", screening=False, **kw)

@@ -96,9 +96,21 @@ def _saga_init(loss: str, x_init, data: SparseRows, n) -> SAGAState:
 def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_steps: int,
                workers: int = 1, shards: int | None = None,
                per_shard_weights: bool = False) -> Algorithm:
-  """ProxASAGA; ``info`` is measured at the iterate at the start of each step (no screening:
-  ``p_active`` stays p). Group Lasso problems use block weights D_i and the block sparse prox,
-  as in DDSS.
+  """ProxASAGA (Pedregosa, Leblond & Lacoste-Julien, 2017): asynchronous sparse proximal SAGA —
+  a baseline of DDSS (Bao, Wu, Xian & Huang, 2022), which it is without screening and with a
+  SAGA table in place of the SVRG snapshot.
+
+  The problem is ``min_x P(x) = (1/n) Σ_i f_i(a_iᵀx) + λ Σ_j w_j ‖x_{G_j}‖₂`` over ``x [p]``
+  (the Lasso, ℓ1-logistic regression or the weighted group Lasso, as ``prob`` says). The state
+  holds a table ``α_i = f_i'(a_iᵀx)`` of the last derivative seen per sample and
+  ``ᾱ = (1/n) Σ_i α_i a_i``. One ``step`` runs ``inner_steps`` updates, ``workers`` at a time
+  from the same read ``x̂`` of x: each draws a sample i, forms
+  ``v = a_i(f_i'(a_iᵀx̂) − α_i) + D_i ᾱ`` (``[D_i]_jj = n/n_j`` on supp(a_i), ``n_j`` the
+  samples touching column j; whole blocks for the group Lasso) and sends
+  ``δ = prox_{ηλφ_i}(x̂ − ηv) − x̂`` with ``φ_i = Σ_{j∈supp(a_i)} d_j|x_j|``, non-zero only on
+  supp(a_i); the server adds the δ's, sets ``α_i ← f_i'(a_iᵀx̂)`` and updates ᾱ by
+  ``(α_i^new − α_i^old) a_i / n``. The sample updates are DDSS's
+  (:func:`fedjaxsparse.algorithms.ddss.sample_update`).
 
   ``shards`` (= ``workers``): the distributed form, like Dis-DDSS — worker k holds the k-th of
   ``workers`` disjoint sample shards and draws its samples there (so each table entry α_i lives
@@ -106,9 +118,49 @@ def prox_asaga(prob: SC.Problem, data: SparseRows, *, step_size: float, inner_st
   ``per_shard_weights`` a worker's D_i are its shard's column counts (the prox's
   unbiasedness over its own draws), else the whole data's. Communication per update (floats,
   32 bits each): up, the sparse δ (values and indices) and the table's change (α_i's new value
-  and i, from which the server updates ᾱ with its copy of a_i's pattern... here: the scalar
-  and the index); down, x and ᾱ on the sample's support (values only: the worker knows a_i's
-  pattern). Shared memory (``shards=None``) sends nothing."""
+  and the index i); down, x and ᾱ on the sample's support (values only: the worker knows
+  a_i's pattern). Shared memory (``shards=None``) sends nothing.
+
+  Args:
+    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
+      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
+      on this same ``data``.
+    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
+      (padded-CSR rows ``a_i [p]``, ``b [n]``); needed up front (the weights d_j, shards), and
+      the data to give ``init`` and ``step``.
+    step_size: the step size η > 0.
+    inner_steps: the stochastic updates per ``step``, a multiple of ``workers``.
+    workers: the updates per tick, all computed from the same read of x (default 1).
+    shards: ``None`` (shared memory: every worker draws from all n samples) or ``workers``
+      (the distributed form above).
+    per_shard_weights: with ``shards``, take each worker's weights d_j from its own shard's
+      column counts instead of the whole data's (default False).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
+    unused; one pass fills the table) gives a
+    :class:`~fedjaxsparse.algorithms.ddss_baselines.SAGAState`: ``state.params`` (=
+    ``state.x [p]``), ``alpha [n]`` (the table), ``alpha_bar [p]`` (ᾱ), ``epochs`` (data
+    passes, 1 after the table's initial pass, then inner_steps/n a step), ``touched``
+    (matrix entries and coordinates read), ``floats_up`` / ``floats_down`` (cumulative
+    communication in floats; 0 in shared memory) and ``floats_down_lazy`` (= ``floats_down``:
+    the workers already read only what they need). ``step(key, state, data)`` returns
+    ``(state, info)``, a :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo` measured at the
+    iterate the step starts from: ``loss`` (the objective P), ``gap`` (the duality gap),
+    ``radius`` (the gap-safe radius, reported only), ``p_active`` (= p: no screening) and
+    ``bits_up`` / ``bits_down`` (this step's communication; 0 in shared memory).
+
+  References:
+    Fabian Pedregosa, Rémi Leblond, Simon Lacoste-Julien (2017). Breaking the Nonsmooth Barrier:
+      A Scalable Parallel Method for Composite Optimization. NeurIPS 2017. arXiv:1707.06468.
+    Rémi Leblond, Fabian Pedregosa, Simon Lacoste-Julien (2018). Improved Asynchronous Parallel
+      Optimization Analysis for Stochastic Incremental Methods. JMLR 2018. arXiv:1801.03749.
+    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
+      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+
+  Source for the team: seed 004, Task 1 (its baselines); spec ``seed004.md`` §1.5.
+  """
   if inner_steps % workers or not step_size > 0:
     raise ValueError("inner_steps must be a multiple of workers and step_size > 0.")
   if shards is not None and shards != workers:
@@ -186,7 +238,62 @@ def static_keep(data: SparseRows, lam: float, rule: str) -> np.ndarray:
 
 def pse(prob: SC.Problem, data: SparseRows, *, rule: str = "safe", inner_steps: int,
         workers: int = 1) -> Algorithm:
-  """PSE-Safe (``rule="safe"``) or PSE-Strong (``"strong"``) for the Lasso."""
+  """PSE-Safe / PSE-Strong (Li et al., 2016): static screening once, before optimisation, then
+  asynchronous grouped coordinate descent on the kept features, for the Lasso — a baseline of
+  DDSS (Bao, Wu, Xian & Huang, 2022).
+
+  The problem is the Lasso ``min_x (1/n) Σ_i ½(b_i − a_iᵀx)² + λ‖x‖₁`` over ``x [p]``. Once,
+  when the algorithm is built, a static rule keeps feature j (column ``a_j`` of A) unless, with
+  ``λ_max = ‖Aᵀb‖_∞/n``:
+
+  * ``rule="safe"`` (PSE-Safe, the SAFE rule of El Ghaoui et al., 2012):
+    ``|a_jᵀb| < nλ − ‖a_j‖‖b‖(λ_max − λ)/λ_max`` — safe, it never drops a feature that is
+    non-zero at the optimum;
+  * ``rule="strong"`` (PSE-Strong, the basic strong rule of Tibshirani et al., 2012):
+    ``|a_jᵀb| < n(2λ − λ_max)`` — **not safe**: it may drop a feature needed at the optimum.
+
+  Dropped features stay 0. Each ``step`` then runs ``inner_steps`` coordinate updates,
+  ``workers`` coordinates at a time drawn uniformly among the kept ones and computed from the
+  same read of x: ``x_j ← soft(x_j − a_jᵀ(Ax − b)/‖a_j‖², nλ/‖a_j‖²)``, the exact coordinate
+  minimiser (an assumed form: the papers do not state the update), with ``Ax`` kept up to
+  date.
+
+  Args:
+    prob: the Lasso :class:`~fedjaxsparse.convex.screening.Problem` (``loss="squared"``,
+      singleton blocks; its λ is screened for), from
+      ``fjs.convex.screening.make_problem(data, lam)`` on this same ``data``; any other loss
+      raises ``ValueError``.
+    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
+      (padded-CSR rows ``a_i [p]``, ``b [n]``); screened up front, and the data to give
+      ``init`` and ``step``.
+    rule: the static screening rule, ``"safe"`` (PSE-Safe, default) or ``"strong"``
+      (PSE-Strong).
+    inner_steps: the coordinate updates per ``step``, a multiple of ``workers``.
+    workers: the coordinates updated per tick, all from the same read of x (default 1).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
+    unused; dropped features set to 0) gives a
+    :class:`~fedjaxsparse.algorithms.ddss_baselines.PSEState`: ``state.params`` (=
+    ``state.x [p]``), ``z [n]`` (= Ax), ``keep bool[p]`` (the kept features, fixed),
+    ``epochs`` (data passes: 1 for the screening pass, then the updates' matrix entries read
+    over nnz(A)) and ``touched`` (matrix entries read). ``step(key, state, data)`` returns
+    ``(state, info)``, a :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo` measured at the
+    iterate the step starts from: ``loss`` (the objective P), ``gap`` (the duality gap of the
+    *full* problem, so a feature wrongly dropped by the strong rule shows as a gap that stays
+    positive), ``radius`` (the gap-safe radius, reported only), ``p_active`` (the kept
+    features) and ``bits_up`` / ``bits_down`` (0: shared memory).
+
+  References:
+    Qingyang Li, Shuang Qiu, Shuiwang Ji, et al. (2016). Parallel Lasso Screening for Big Data
+      Optimization. ACM SIGKDD 2016.
+    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
+      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+
+  Source for the team: seed 004, Task 1 (its baselines); spec ``seed004.md`` §1.5 (the
+  assumed coordinate-descent form).
+  """
   if prob.loss != "squared":
     raise ValueError("PSE is defined for the Lasso (loss='squared') only.")
   if inner_steps % workers:

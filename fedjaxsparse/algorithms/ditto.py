@@ -127,14 +127,45 @@ def ditto(loss_fn: LossFn, lr: float | Schedule, *, lam: float = 0.5, global_epo
           prox_centre: str = "received", weight_decay: float = 0.0,
           weighting: str = "uniform", sampler: Any = None, uplink: Any = None,
           server_optimizer: Any = None, client_optimizer: Any = None) -> Algorithm:
-  """Ditto; see the module docstring: :func:`client_update` on
-  :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`. ``global_epochs=0`` skips the
-  global part (then nothing is communicated and ``w`` never changes: :func:`local` with
-  ``lam=0``).
+  """Ditto (Li et al., 2021): FedAvg on a global model plus a proximally regularised personal
+  model on every client, as run in the FedSpa paper's baselines (Huang et al., 2022).
+
+  The server keeps the global model ``w_t``; client ``k`` keeps its personal model ``v_k``
+  (starting at ``w_0``). Round ``t``, each client ``k`` of a uniform cohort ``S_t``:
+
+  (a) global part: ``global_epochs`` epochs of SGD from the received ``w_t`` to ``w_k``; it
+      uploads the dense delta ``w_k − w_t`` and the server sets
+      ``w_{t+1} = w_t − Σ_k p_k (w_t − w_k)`` (FedAvg, uniform or data-size weights ``p_k``);
+  (b) personal part: ``personal_epochs`` epochs of SGD on ``v_k``,
+      ``v_k ← v_k − η_t(∇L(v_k; ξ) + λ(v_k − w_c) + λ_wd v_k)``, pulled towards the proximal
+      centre ``w_c = w_t`` (``prox_centre="received"``, original Ditto) or ``w_c = w_k``
+      (``"updated"``).
+
+  Clients outside the cohort keep ``v_k`` unchanged; evaluation uses the personal models
+  (:attr:`DittoState.personal`). ``global_epochs=0`` skips the global part: nothing is
+  communicated and ``w`` never changes (with ``lam=0`` this is :func:`local`). The FedSpa
+  paper (Appendix B.3) uses λ = 0.5 with 2 global + 3 personal epochs. Full description in the
+  module docstring (:mod:`fedjaxsparse.algorithms.ditto`).
 
   Args:
+    loss_fn: ``(params, x, y, mask) -> scalar`` of one client
+      (:func:`fedjaxsparse.models.make_loss`).
     lr: the SGD step size η > 0, or a schedule of the round ``t -> η_t`` (an optax schedule:
       ``optax.exponential_decay(lr, 1, 0.998)`` is ``η_t = lr·0.998^t``).
+    lam: λ ≥ 0, the strength of the personal model's proximal pull ``λ(v_k − w_c)`` towards
+      the global model (the FedSpa paper: 0.5).
+    global_epochs: local epochs of the global part (a), ≥ 0 (the FedSpa paper: 2; 0 skips it).
+    personal_epochs: local epochs of the personal part (b), ≥ 1 (the FedSpa paper: 3).
+    batch_size: B, examples per minibatch, drawn without replacement within an epoch (the
+      FedSpa paper: 128); each epoch is ``⌈n_k/B⌉`` steps.
+    cohort_size: clients per round, sampled uniformly without replacement (``None``: all
+      clients).
+    prox_centre: the proximal centre ``w_c``: ``"received"`` (the received ``w_t``, original
+      Ditto, default) or ``"updated"`` (the client's locally updated ``w_k``; the FedSpa
+      paper's prose allows either).
+    weight_decay: λ_wd ≥ 0 added to the gradient in both parts.
+    weighting: the aggregation weights ``p_k`` of the global deltas: ``"uniform"`` (1/S, the
+      default), ``"num_examples"`` (n_k/Σ_{S_t} n_j) or ``"sampling"`` (with ``sampler``).
     sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
       uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); ``weighting=
       "sampling"`` then aggregates the global updates with its unbiased weights ``1/(n p_i)``,
@@ -144,8 +175,31 @@ def ditto(loss_fn: LossFn, lr: float | Schedule, *, lam: float = 0.5, global_epo
     server_optimizer: an optax transformation of the pseudo-gradient ``−Σ_k p_k (w_k − w_t)``
       (FedAdam, server momentum); ``None`` is the paper's plain average.
     client_optimizer: an optax transformation for both local parts instead of the paper's
-      SGD with ``η_t`` (``optax.sgd(lr)`` is the paper's step bit for bit), or a function of
-      the round returning one (``lambda t: optax.sgd(schedule(t))``).
+      SGD with ``η_t`` (``optax.sgd(lr)`` is the paper's step bit for bit; its state starts
+      fresh in each part; ``lr`` is then unused; it is fed the same gradient with weight decay
+      and the proximal pull), or a function of the round returning one
+      (``lambda t: optax.sgd(schedule(t))``).
+
+  Returns:
+    An :class:`fedjaxsparse.core.Algorithm` (``init(key, params, data)``, ``step(key, state,
+    data) -> (state, info)``; :func:`client_update` on
+    :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`). Its state is a
+    :class:`DittoState`: ``state.params`` (the global ``w_t``), ``state.clients`` =
+    ``state.personal`` (every personal model ``v_k``, leaves ``[N, ...]``),
+    ``state.server_opt_state`` and ``state.round`` (rounds completed). Each ``step`` reports a
+    :class:`DittoInfo`: ``loss`` (the cohort's loss of its personal models before training,
+    weighted by the round's weights), ``bits_up`` / ``bits_down`` (summed over the cohort:
+    dense fp32 models, ``32·d`` per member each way, 0 with ``global_epochs=0``; with an
+    ``uplink``, ``uplink.bits(d)`` per member up) and ``num_clients`` (int32).
+
+  References:
+    Tian Li, Shengyuan Hu, Ahmad Beirami, Virginia Smith (2021). Ditto: Fair and Robust
+      Federated Learning Through Personalization. ICML 2021. arXiv:2012.04221.
+    Tiansheng Huang, Shiwei Liu, Li Shen, Fengxiang He, Weiwei Lin, Dacheng Tao (2022).
+      Achieving Personalized Federated Learning with Sparse Local Models. arXiv preprint.
+      arXiv:2201.11380.
+
+  Source for the team: seed 002 B.3 l. 853-875; spec ``seed002.md`` §4.2-4.3.
   """
   return cohort_round(
       client_update(loss_fn, lr, lam=lam, global_epochs=global_epochs,

@@ -6,6 +6,9 @@ References:
     Optimization. NeurIPS 2022. arXiv:2205.04180.
   Peter Richtárik, Igor Sokolov, Ilyas Fatkhullin (2021). EF21: A New, Simpler, Theoretically
     Better, and Practically Faster Error Feedback. NeurIPS 2021. arXiv:2106.05203.
+  Ilyas Fatkhullin, Igor Sokolov, Eduard Gorbunov, Zhize Li, Peter Richtárik (2021). EF21 with
+    Bells & Whistles: Practical Algorithmic Extensions of Modern Error Feedback. arXiv:2110.03294
+    (JMLR 2025).
   Konstantin Mishchenko, Eduard Gorbunov, Martin Takáč, Peter Richtárik (2019). Distributed
     Learning with Compressed Gradient Differences. Optimization Methods and Software (2024).
     arXiv:1901.09269.
@@ -103,18 +106,60 @@ _initial_h = jax.jit(_initial_h_impl, static_argnums=(0, 1))
 
 def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu: float, *,
           prox: Prox | None = None, h_init: str = "grad") -> Algorithm:
-  """EF-BV (Condat, Yi & Richtárik, 2022), one iteration as in the module docstring.
+  """EF-BV (Condat, Yi & Richtárik, 2022): error feedback and variance reduction in one
+  scheme, for ``min_x (1/n) Σ_i f_i(x) + R(x)`` with any compressor C ∈ C(η, ω) (biased or
+  unbiased, contractive or not); it contains EF21 (ν = λ) and DIANA (ν = 1).
+
+  Every client computes its full local gradient each iteration and holds a control variate
+  ``h_i`` (a tree shaped like the model x); the server keeps ``h = (1/n) Σ_i h_i``. One
+  iteration, with one compressor draw per client (key ``fold_in(key, i)``) used for both of
+  its updates, and uniform averaging:
+
+      client i:  d_i = C_i(∇f_i(x) − h_i)
+                 h_i ← h_i + λ d_i                 upload d_i
+      server:    d = (1/n) Σ_i d_i
+                 g = h + ν d                        (the old h)
+                 h ← h + λ d
+                 x ← prox_{γR}(x − γ g)             broadcast x (dense)
+
+  ν = λ is EF21 (:func:`ef21`; ``λ = 1`` the original EF21 for a contractive C), ν = 1 is
+  DIANA (:func:`diana`), and the identity compressor with λ = ν = 1 is proximal gradient
+  descent (:func:`prox_gd`). :func:`efbv_params` gives the theory's λ*, ν* and γ, and
+  :func:`tuned` builds the algorithm with them; the module docstring has the full story.
 
   Args:
     loss_fn: ``(params, x, y, mask) -> f_i`` of one client; the data may be padded
       ``FederatedData`` or size-bucketed :class:`fedjaxsparse.runtime.clients.BucketedData`.
-    compressor: a :class:`~fedjaxsparse.ops.compressors.Compressor` (independent draw per client).
-    gamma: step size γ (see :func:`efbv_params`).
-    lam, nu: scalings λ (control variates) and ν (gradient estimate), in (0, 1].
-    prox: ``(tree, step) -> prox_{step·R}(tree)``, or ``None`` for R = 0.
+    compressor: a :class:`~fedjaxsparse.ops.compressors.Compressor` C (constants η, ω;
+      an independent draw per client), built for the model's number of entries d.
+    gamma: step size γ > 0 (the theory's value: :func:`efbv_params`).
+    lam: scaling λ ∈ (0, 1] of the control-variate updates ``h_i ← h_i + λ d_i``.
+    nu: scaling ν ∈ (0, 1] of the gradient estimate ``g = h + ν d``.
+    prox: ``(tree, step) -> prox_{step·R}(tree)`` (e.g. ``fjs.proxes.l1(weight)``), or
+      ``None`` for R = 0.
     h_init: ``"grad"`` (h_i⁰ = ∇f_i(x⁰), so the Lyapunov term starts at 0; the paper does
       not say; this one dense upload per client, ``32·d`` bits, is charged to the first
       step's ``bits_up``) or ``"zero"`` (nothing to upload).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm` (``bucketable=True``).
+    ``init(key, params, data)`` (``key`` unused) computes the ``h_i⁰`` and returns an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVState`: ``state.x`` (also ``state.params``) the
+    model, ``state.h`` the server's ``(1/n) Σ_i h_i`` (kept incrementally), ``state.h_clients``
+    the ``[n, ...]`` client control variates ``h_i`` and ``state.t`` (``int32[]``) the
+    iterations done. ``step(key, state, data)`` returns ``(state, info)`` with ``info`` an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVInfo`: ``loss`` ((1/n) Σ_i f_i(x) before the
+    step), ``bits_up`` (the n compressed messages, ``n · compressor.bits(d)`` for a model of d
+    entries, plus ``n · 32·d`` on the first step when ``h_init="grad"``), ``bits_down``
+    (dense x to the n clients, ``n · 32·d``) and ``grad_error`` ((1/n) Σ_i ‖∇f_i(x) − h_i‖²
+    before the step, the Lyapunov term of the EF-BV paper's convergence theorem).
+
+  References:
+    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
+      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
+      Optimization. NeurIPS 2022. arXiv:2205.04180.
+
+  Source for the team: specs/seed001_ch2.md §4.1 (Fig. 2.1 of the dissertation).
   """
   for name, v in (("lam", lam), ("nu", nu)):
     check_number(name, v, 0.0, 1.0, low_open=True)
@@ -176,19 +221,61 @@ class EFBVServer(NamedTuple):
 
 def ef_bv_pp(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu: float,
              cohort_size: int | None, *, prox: Prox | None = None) -> CohortAlgorithm:
-  """EF-BV with partial participation, a
-  :class:`~fedjaxsparse.runtime.population.CohortAlgorithm` (run it with
-  :func:`~fedjaxsparse.runtime.population.on_device` or
-  :func:`~fedjaxsparse.runtime.population.run_on_host`).
+  """EF-BV with partial participation: EF-BV (Condat, Yi & Richtárik, 2022) with the client
+  sampling of EF21-PP (Fatkhullin et al., 2021); each round only a uniform cohort of C clients
+  computes, compresses and uploads, and only their control variates change.
 
-  Each round a uniform cohort S of C clients computes ``d_i = C_i(∇f_i(x) − h_i)`` and
-  ``h_i ← h_i + λ d_i``; the others keep ``h_i``. The server uses ``d = (1/n) Σ_{i∈S} d_i``
-  (weights 1/n, not 1/C, so ``h = (1/n) Σ_i h_i`` stays exact), ``g = h + ν d``,
-  ``h ← h + λ d``, ``x ← prox_{γR}(x − γ g)``. With λ = ν = 1 this is EF21-PP (Fatkhullin et
-  al., 2021, "EF21 with bells & whistles", Alg. 3); with C = n it is :func:`ef_bv`
-  (``h_init="zero"``; tested). The EF-BV paper runs full participation only;
-  here ``h_i⁰ = 0`` (no dense first upload), since ``h⁰ = (1/n) Σ ∇f_i(x⁰)`` would need every
+  A :class:`~fedjaxsparse.runtime.population.CohortAlgorithm`: run it with ``fjs.run`` (which
+  keeps the population on the device), :func:`~fedjaxsparse.runtime.population.on_device` or
+  :func:`~fedjaxsparse.runtime.population.run_on_host` (client state in host memory). Each
+  round a uniform cohort S of C distinct clients (every C-subset equally likely) does
+
+      client i ∈ S:  d_i = C_i(∇f_i(x) − h_i)
+                     h_i ← h_i + λ d_i             upload d_i    (the others keep h_i)
+      server:        d = (1/n) Σ_{i∈S} d_i
+                     g = h + ν d                    (the old h)
+                     h ← h + λ d
+                     x ← prox_{γR}(x − γ g)         broadcast x to the cohort
+
+  The weights are 1/n, not 1/C, so ``h = (1/n) Σ_i h_i`` stays exact. With λ = ν = 1 this is
+  EF21-PP (Algorithm 3 of "EF21 with Bells & Whistles"); with C = n it is :func:`ef_bv`
+  (``h_init="zero"``; tested). The EF-BV paper runs full participation only; here
+  ``h_i⁰ = 0`` (no dense first upload), since ``h⁰ = (1/n) Σ ∇f_i(x⁰)`` would need every
   client at once.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i`` of one client (vmapped over the cohort's padded
+      data).
+    compressor: a :class:`~fedjaxsparse.ops.compressors.Compressor` C (an independent draw per
+      participating client, key ``fold_in(key, i)``), built for the model's d entries.
+    gamma: step size γ > 0.
+    lam: scaling λ ∈ (0, 1] of the control-variate updates ``h_i ← h_i + λ d_i``.
+    nu: scaling ν ∈ (0, 1] of the gradient estimate ``g = h + ν d``.
+    cohort_size: clients per round C (a static int, at most the population size n), or
+      ``None`` for all n clients every round.
+    prox: ``(tree, step) -> prox_{step·R}(tree)``, or ``None`` for R = 0.
+
+  Returns:
+    A :class:`~fedjaxsparse.runtime.population.CohortAlgorithm` with ``cohort_size``.
+    ``init(key, params)`` (``key`` unused) returns the server state
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVServer`: ``x`` (also ``.params``), ``h`` (zeros)
+    and ``t`` (``int32[]``); ``init_client`` gives each client ``h_i⁰ = 0`` (a tree like x);
+    ``step(key, server, h_cohort, ids, data, num_clients)`` returns
+    ``(server, h_cohort, info)``, ``info`` an :class:`~fedjaxsparse.algorithms.efbv.EFBVInfo`
+    over the cohort: ``loss`` (mean of the participants' f_i(x) before the step), ``bits_up``
+    (``C · compressor.bits(d)``), ``bits_down`` (dense x to the cohort, ``C · 32·d``) and
+    ``grad_error`` (mean of the participants' ‖∇f_i(x) − h_i‖² before the step). Through
+    :func:`~fedjaxsparse.runtime.population.on_device` the state is a
+    :class:`~fedjaxsparse.runtime.population.PopulationState`: ``state.server`` (the above),
+    ``state.clients`` (the ``[n, ...]`` h_i) and ``state.params`` (x).
+
+  References:
+    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
+      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
+      Optimization. NeurIPS 2022. arXiv:2205.04180.
+    Ilyas Fatkhullin, Igor Sokolov, Eduard Gorbunov, Zhize Li, Peter Richtárik (2021). EF21
+      with Bells & Whistles: Practical Algorithmic Extensions of Modern Error Feedback.
+      arXiv:2110.03294 (JMLR 2025).
   """
   for name, v in (("lam", lam), ("nu", nu)):
     check_number(name, v, 0.0, 1.0, low_open=True)
@@ -225,21 +312,155 @@ def ef_bv_pp(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, 
 
 def ef21(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float = 1.0,
          **kw) -> Algorithm:
-  """EF21 (Richtárik et al., 2021; prox: Fatkhullin et al., 2021) = EF-BV with ν = λ; ``lam=1``
-  is the original EF21 for a contractive compressor, ``lam=λ*`` EF21 run on λ*·C."""
+  """EF21 (Richtárik, Sokolov & Fatkhullin, 2021; proximal version: Fatkhullin et al., 2021):
+  error feedback for contractive compressors, built as EF-BV (:func:`ef_bv`) with ν = λ.
+
+  Every client holds ``h_i`` (a tree shaped like the model x), the server
+  ``h = (1/n) Σ_i h_i``, which is also the gradient estimate; one iteration:
+
+      client i:  d_i = C_i(∇f_i(x) − h_i)
+                 h_i ← h_i + λ d_i                 upload d_i
+      server:    h ← h + λ d,  d = (1/n) Σ_i d_i
+                 x ← prox_{γR}(x − γ h)             broadcast x (dense)
+
+  ``lam=1`` is the original EF21 for a contractive compressor C ∈ B(α); ``lam=λ*`` is EF21
+  run on the pre-scaled compressor λ*·C (what the EF-BV paper's experiments ran, with
+  ν = λ = λ* and γ = 1/(L + L̃/s*); :func:`tuned` with ``"ef21"`` builds it). See the module
+  docstring for the whole family.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i`` of one client (padded or size-bucketed data).
+    compressor: a :class:`~fedjaxsparse.ops.compressors.Compressor` C (an independent draw per
+      client), built for the model's d entries.
+    gamma: step size γ > 0.
+    lam: λ ∈ (0, 1], used for both EF-BV scalings (ν = λ); default 1, the original EF21.
+    **kwargs: forwarded to :func:`ef_bv`: ``prox`` (``(tree, step) -> prox_{step·R}(tree)``,
+      ``None`` (default) for R = 0) and ``h_init`` (``"grad"``, the default: h_i⁰ = ∇f_i(x⁰),
+      one dense upload per client charged to the first step's ``bits_up``; or ``"zero"``).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm` (``bucketable=True``).
+    ``init(key, params, data)`` (``key`` unused) computes the ``h_i⁰`` and returns an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVState`: ``state.x`` (also ``state.params``) the
+    model, ``state.h`` the server's ``(1/n) Σ_i h_i`` (kept incrementally), ``state.h_clients``
+    the ``[n, ...]`` client control variates ``h_i`` and ``state.t`` (``int32[]``) the
+    iterations done. ``step(key, state, data)`` returns ``(state, info)`` with ``info`` an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVInfo`: ``loss`` ((1/n) Σ_i f_i(x) before the
+    step), ``bits_up`` (the n compressed messages, ``n · compressor.bits(d)`` for a model of d
+    entries, plus ``n · 32·d`` on the first step when ``h_init="grad"``), ``bits_down``
+    (dense x to the n clients, ``n · 32·d``) and ``grad_error`` ((1/n) Σ_i ‖∇f_i(x) − h_i‖²
+    before the step, the Lyapunov term of the EF-BV paper's convergence theorem).
+
+  References:
+    Peter Richtárik, Igor Sokolov, Ilyas Fatkhullin (2021). EF21: A New, Simpler,
+      Theoretically Better, and Practically Faster Error Feedback. NeurIPS 2021.
+      arXiv:2106.05203.
+    Ilyas Fatkhullin, Igor Sokolov, Eduard Gorbunov, Zhize Li, Peter Richtárik (2021). EF21
+      with Bells & Whistles: Practical Algorithmic Extensions of Modern Error Feedback.
+      arXiv:2110.03294 (JMLR 2025).
+    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
+      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
+      Optimization. NeurIPS 2022. arXiv:2205.04180.
+  """
   return ef_bv(loss_fn, compressor, gamma, lam, lam, **kw)
 
 
 def diana(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float | None = None,
           **kw) -> Algorithm:
-  """DIANA (Mishchenko et al.) = EF-BV with ν = 1; default λ = 1/(1 + ω)."""
+  """DIANA (Mishchenko, Gorbunov, Takáč & Richtárik, 2019): compressed gradient differences
+  with learned shifts h_i for unbiased compressors C ∈ U(ω), built as EF-BV (:func:`ef_bv`)
+  with ν = 1; default λ = 1/(1 + ω).
+
+  Every client holds a shift ``h_i`` (a tree shaped like the model x), the server
+  ``h = (1/n) Σ_i h_i``; one iteration:
+
+      client i:  d_i = C_i(∇f_i(x) − h_i)
+                 h_i ← h_i + λ d_i                 upload d_i
+      server:    d = (1/n) Σ_i d_i
+                 g = h + d                          (the old h)
+                 h ← h + λ d
+                 x ← prox_{γR}(x − γ g)             broadcast x (dense)
+
+  With an unbiased C, ``g`` is an unbiased estimate of ∇f(x). The EF-BV paper also proves
+  that DIANA converges with a biased C ∈ C(η, ω) for any λ with r < 1. DIANA's own step size
+  is :func:`diana_params` (``γ = 1/(L_max(1 + (1+√2)² ω_ran))``, λ = 1/(1 + ω)), the EF-BV
+  rule with ν = 1 is ``efbv_params(..., nu=1)``; :func:`tuned` with ``"diana"`` picks one.
+  See the module docstring for the whole family.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i`` of one client (padded or size-bucketed data).
+    compressor: a :class:`~fedjaxsparse.ops.compressors.Compressor` C (an independent draw per
+      client), built for the model's d entries; its ``omega`` sets the default λ.
+    gamma: step size γ > 0.
+    lam: scaling λ ∈ (0, 1] of the shift updates ``h_i ← h_i + λ d_i``; ``None`` (default)
+      for 1/(1 + ω).
+    **kwargs: forwarded to :func:`ef_bv`: ``prox`` (``(tree, step) -> prox_{step·R}(tree)``,
+      ``None`` (default) for R = 0) and ``h_init`` (``"grad"``, the default: h_i⁰ = ∇f_i(x⁰),
+      one dense upload per client charged to the first step's ``bits_up``; or ``"zero"``).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm` (``bucketable=True``).
+    ``init(key, params, data)`` (``key`` unused) computes the ``h_i⁰`` and returns an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVState`: ``state.x`` (also ``state.params``) the
+    model, ``state.h`` the server's ``(1/n) Σ_i h_i`` (kept incrementally), ``state.h_clients``
+    the ``[n, ...]`` client control variates ``h_i`` and ``state.t`` (``int32[]``) the
+    iterations done. ``step(key, state, data)`` returns ``(state, info)`` with ``info`` an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVInfo`: ``loss`` ((1/n) Σ_i f_i(x) before the
+    step), ``bits_up`` (the n compressed messages, ``n · compressor.bits(d)`` for a model of d
+    entries, plus ``n · 32·d`` on the first step when ``h_init="grad"``), ``bits_down``
+    (dense x to the n clients, ``n · 32·d``) and ``grad_error`` ((1/n) Σ_i ‖∇f_i(x) − h_i‖²
+    before the step, the Lyapunov term of the EF-BV paper's convergence theorem).
+
+  References:
+    Konstantin Mishchenko, Eduard Gorbunov, Martin Takáč, Peter Richtárik (2019). Distributed
+      Learning with Compressed Gradient Differences. Optimization Methods and Software (2024).
+      arXiv:1901.09269.
+    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
+      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
+      Optimization. NeurIPS 2022. arXiv:2205.04180.
+  """
   lam = 1.0 / (1.0 + compressor.omega) if lam is None else lam
   return ef_bv(loss_fn, compressor, gamma, lam, 1.0, **kw)
 
 
 def prox_gd(loss_fn: LossFn, gamma: float, d: int, **kw) -> Algorithm:
-  """Proximal gradient descent = EF-BV with the identity compressor and λ = ν = 1
-  (a remark of the EF-BV paper); every client uploads its dense gradient."""
+  """Proximal gradient descent, the limit case of EF-BV (Condat, Yi & Richtárik, 2022):
+  ``x ← prox_{γR}(x − γ ∇f(x))`` with ``∇f = (1/n) Σ_i ∇f_i``, built as EF-BV (:func:`ef_bv`)
+  with the identity compressor and λ = ν = 1 (a remark of the EF-BV paper).
+
+  Every client uploads its dense full local gradient each iteration: in EF-BV's terms
+  ``d_i = ∇f_i(x) − h_i``, ``h_i ← ∇f_i(x)`` and ``g = h + d = ∇f(x)``, whatever ``h_init``.
+  A sanity baseline for the compressed methods (and a way to compute f*). See the module
+  docstring for the whole family.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i`` of one client (padded or size-bucketed data).
+    gamma: step size γ > 0.
+    d: the model's number of entries (all leaves of the params tree,
+      ``fedjaxsparse.ops.accounting.num_params(params)``), the size the identity compressor
+      is built for.
+    **kwargs: forwarded to :func:`ef_bv`: ``prox`` (``(tree, step) -> prox_{step·R}(tree)``,
+      ``None`` (default) for R = 0) and ``h_init`` (``"grad"``, the default: h_i⁰ = ∇f_i(x⁰),
+      one dense upload per client charged to the first step's ``bits_up``; or ``"zero"``).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm` (``bucketable=True``).
+    ``init(key, params, data)`` (``key`` unused) computes the ``h_i⁰`` and returns an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVState`: ``state.x`` (also ``state.params``) the
+    model, ``state.h`` the server's ``(1/n) Σ_i h_i`` (kept incrementally), ``state.h_clients``
+    the ``[n, ...]`` client control variates ``h_i`` and ``state.t`` (``int32[]``) the
+    iterations done. ``step(key, state, data)`` returns ``(state, info)`` with ``info`` an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVInfo`: ``loss`` ((1/n) Σ_i f_i(x) before the
+    step), ``bits_up`` (the n dense gradients, ``n · 32·d``, plus another ``n · 32·d`` on the
+    first step when ``h_init="grad"``), ``bits_down`` (dense x to the n clients, ``n · 32·d``)
+    and ``grad_error`` ((1/n) Σ_i ‖∇f_i(x) − h_i‖² before the step; here h_i is ∇f_i at the
+    previous iterate, or h_i⁰ on the first step).
+
+  References:
+    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
+      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
+      Optimization. NeurIPS 2022. arXiv:2205.04180.
+  """
   return ef_bv(loss_fn, identity(d), gamma, 1.0, 1.0, **kw)
 
 

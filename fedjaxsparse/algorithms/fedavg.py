@@ -148,7 +148,30 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
            augment: Callable | None = None, sampler: Any = None,
            epochs: int | None = None,
            server_sparsity: Callable[[jax.Array], Any] | None = None) -> Algorithm:
-  """Build FedAvg.
+  """FedAvg (McMahan et al., 2017): every round, the clients of a cohort train the broadcast
+  global model locally with ``client_optimizer`` and the server moves it by their weighted
+  mean delta — optionally through a server optimizer (FedOpt, Reddi et al., 2021).
+
+  Round ``t``, global model ``x_t`` (a pytree with ``d`` entries), cohort ``S`` (``|S| = m``
+  clients: ``cohort_size`` drawn uniformly without replacement inside ``jit``, all ``N``
+  clients, or a ``sampler``'s draw); each member ``i`` holds ``n_i`` real examples::
+
+      x_i  = LocalTrain_i(x_t)       # local_steps steps of client_optimizer (fresh state),
+                                     # or E·⌈n_i/B⌉ steps with epochs=E, batch_size=B
+      Δ_i  = x_i − x_t               # uploaded (dense; compressed by uplink if given)
+      Δ̄    = Σ_{i∈S} p_i Δ_i,        p_i = n_i / Σ_{j∈S} n_j   ("num_examples")
+                                     or  p_i = 1/|S|           ("uniform")
+      x_{t+1} = x_t + Δ̄              (no server optimizer)
+              = x_t + server_opt(−Δ̄) (−Δ̄ is the pseudo-gradient)
+
+  then ``server_prox`` (e.g. FedHT's Top-K) and ``server_sparsity`` (magnitude pruning to
+  the round's sparsity) act on ``x_{t+1}`` if given. With ``upload_prox`` a client uploads
+  the model ``upload_prox(x_i)`` instead of its delta, and
+  ``Δ̄ = Σ_i p_i upload_prox(x_i) − x_t`` (FedIHT). Local training is one kernel written for
+  one client, lifted over the cohort (``jax.vmap`` unless the runner picks another client
+  strategy); ``local_prox`` acts after every local step. The module docstring
+  (:mod:`fedjaxsparse.algorithms.fedavg`) tells the full story;
+  :func:`fedjaxsparse.algorithms.cohort_round.cohort_round` runs the round.
 
   Args:
     loss_fn: ``(params, x, y, mask) -> scalar`` for one client
@@ -157,25 +180,22 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       its state is re-initialised every round (stateless clients). A function of the round
       index returning one is a round schedule (the papers' "lr 0.01, ×0.1 at round 200":
       ``lambda t: optax.sgd(optax.piecewise_constant_schedule(0.01, {200: 0.1})(t))``).
-    local_steps: local optimizer steps per round (static), each on ``batch_size`` examples
-      drawn with replacement; ignored with ``epochs``.
+    local_steps: local optimizer steps per round (static, ≥ 1), each on ``batch_size``
+      examples drawn with replacement; ignored with ``epochs``.
     batch_size: examples per local step (static), or ``None`` for full-batch local steps.
-    epochs: the papers' epoch protocol instead of ``local_steps`` (``None``: off): each
-      client runs ``E·⌈n_i/B⌉`` steps, every epoch visiting its ``n_i`` examples in a fresh
-      random order ``B = batch_size`` at a time, without replacement (the last batch of an
-      epoch holds the remainder). Needs ``batch_size``.
     cohort_size: clients per round, sampled uniformly without replacement inside ``jit``;
       ``None`` is full participation.
     server_optimizer: optional optax transformation applied to the pseudo-gradient ``−Δ̄``
-      (``optax.sgd(1.0)`` reproduces plain FedAvg).
-    weighting: ``"num_examples"`` (``n_i / Σ n_j`` over the cohort) or ``"uniform"``.
+      (``optax.sgd(1.0)`` reproduces plain FedAvg); ``None`` applies ``x ← x + Δ̄``.
+    weighting: ``"num_examples"`` (``n_i / Σ n_j`` over the cohort, the default),
+      ``"uniform"`` (``1/|S|``) or ``"sampling"`` (needs ``sampler``; see there).
     local_prox: a :mod:`fedjaxsparse.ops.proxes` prox applied to the client model after every
       local step. FedAvg's proxes are called with step 1 (the client step lives in the optax
       optimiser): projections such as ``proxes.top_k`` ignore it; for a regulariser R pass the
       prox of ``lr·R``.
     upload_prox: applied to the client's final model, which is then uploaded *as a model*
       (FedIHT uploads Top-K'd models); without it the client uploads its dense delta.
-    server_prox: applied to the new global model (FedHT prunes the average).
+    server_prox: applied (with step 1) to the new global model (FedHT prunes the average).
     uplink: a :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded message
       (independent key per client, ``fold_in`` of its id); charged ``uplink.bits(d)`` each.
     encoding: message encoding for the bit accounting (:mod:`fedjaxsparse.ops.accounting`):
@@ -187,10 +207,50 @@ def fedavg(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, *,
       stratified, importance, ...) instead of ``cohort_size``'s uniform one; padded cohort
       entries get weight 0; ``weighting="sampling"`` aggregates with the unbiased weights
       ``1/(n p_i)`` (not normalised: ``E Σ_{i∈S} Δ_i/(n p_i) = mean_i Δ_i``).
+    epochs: the papers' epoch protocol instead of ``local_steps`` (``None``: off): each
+      client runs ``E·⌈n_i/B⌉`` steps, every epoch visiting its ``n_i`` examples in a fresh
+      random order ``B = batch_size`` at a time, without replacement (the last batch of an
+      epoch holds the remainder). Needs ``batch_size``.
     server_sparsity: ``round -> s_t`` (e.g. :func:`fedjaxsparse.ops.sparsity.gmp_sparsity`):
       the new global model is magnitude-pruned to sparsity ``s_t`` after every server step
       (FedSparsify's server-side gradual pruning; see
       :func:`fedjaxsparse.algorithms.cohort_round.cohort_round`).
+
+  Returns:
+    An :class:`fedjaxsparse.core.Algorithm` ``(init, step)``. Its state is a
+    :class:`fedjaxsparse.algorithms.cohort_round.CohortState`: ``state.params`` (the global
+    model ``x_t``), ``state.clients`` (``()``: the clients are stateless),
+    ``state.server_opt_state`` (the server optimizer's state; ``optax.EmptyState()`` without
+    one), ``state.round`` (``int32[]`` rounds completed) and ``state.server`` (``()``).
+    ``step(key, state, data)`` returns ``(state, info)`` with ``info`` a :class:`FedAvgInfo`:
+    ``info.loss`` (``Σ_i p_i loss_i``, each client's loss at the broadcast model — on its
+    first local batch, or on all its data with ``epochs``), ``info.bits_up`` (bits uploaded,
+    summed over the cohort: each message under ``encoding``, or ``uplink.bits(d)`` each with
+    an ``uplink``), ``info.bits_down`` (bits of the broadcast model, summed over the cohort)
+    and ``info.num_clients`` (``int32[]`` cohort size). The algorithm is bucketable (size
+    buckets of unequal clients) under full participation without ``sampler`` or ``epochs``.
+
+  References:
+    McMahan, H. Brendan; Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas
+      (2017). Communication-Efficient Learning of Deep Networks from Decentralized Data.
+      AISTATS 2017. arXiv:1602.05629.
+    Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush, Jakub
+      Konečný, Sanjiv Kumar, H. Brendan McMahan (2021). Adaptive Federated Optimization.
+      ICLR 2021. arXiv:2003.00295.
+
+  Example:
+    >>> import jax, optax
+    >>> import fedjaxsparse as fjs
+    >>> ds = fjs.data.digits(num_clients=4)
+    >>> model = fjs.models.softmax_regression(64, 10)
+    >>> algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.1), local_steps=2,
+    ...                   batch_size=16, cohort_size=2)
+    >>> state = algo.init(jax.random.key(0), model.init(jax.random.key(0)), ds.train)
+    >>> state, info = algo.step(jax.random.key(1), state, ds.train)
+    >>> int(state.round), int(info.num_clients)
+    (1, 2)
+    >>> info.bits_up.item() == 2 * 32 * (64 * 10 + 10)     # two dense fp32 deltas
+    True
   """
   return cohort_round(
       client_update(loss_fn, client_optimizer, local_steps=local_steps, batch_size=batch_size,

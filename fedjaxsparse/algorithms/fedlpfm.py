@@ -120,7 +120,69 @@ def fedlpfm_loss(model: Model, num_classes: int, lam: float = 0.5, temperature: 
 def fedlpfm(model: Model, num_classes: int, client_optimizer: optax.GradientTransformation, *,
             lam: float = 0.5, temperature: float = 1.0, direction: str = "forward",
             **fedavg_kwargs: Any) -> Algorithm:
-  """Fed-LPFM: :func:`fedjaxsparse.algorithms.fedavg.fedavg` (data-size weighting, stateless
-  clients) with the local objective on data from :func:`pack_targets`."""
+  """Fed-LPFM (Wu et al., 2023): FedAvg (McMahan et al., 2017) over a lightweight student
+  whose local loss distils from each client's private, frozen foundation models (zero-shot
+  CLIP in the paper), which are never communicated.
+
+  Client ``i`` holds ``M_i`` teachers ``M_i^m``; its local objective is ::
+
+      L(D_i; θ) = λ·E ℓ_CE(h(x; θ), y) + (1 − λ)·Σ_{m=1}^{M_i} E ℓ_KL[h(x; θ) ‖ M_i^m(x)]
+
+  — a *sum* over teachers, each expectation a mean over a batch's real examples, each KL at
+  temperature ``T`` and multiplied by ``T²`` (Hinton et al.'s gradient-scale correction; 1 at
+  the default ``T = 1``). The round is FedAvg's: every cohort client runs local steps of
+  ``client_optimizer`` on ``L`` from the broadcast θ_t and uploads its dense delta; the server
+  sets ``θ_{t+1} = θ_t + Σ_{i∈S} p_i (θ_i − θ_t)`` with data-size weights
+  ``p_i = |D_i| / Σ_{j∈S} |D_j|`` (FedAvg's default; ``θ_{t+1} = Σ_i p_i θ_i``); clients keep
+  no state.
+
+  Teacher logits are computed once per example
+  (:func:`fedjaxsparse.models.clip.cached_logits` for CLIP, or any logits function) and
+  carried with the data: the ``data`` given to ``init`` and ``step`` must come from
+  :func:`pack_targets`, whose float targets ``y [N, M, 1 + T·(K + 1)]`` hold each example's
+  label, its ``T`` teachers' logits ``[T, K]`` (``K = num_classes``) and their on/off flags
+  (``teacher_mask [N, T]`` switches slots off per client, ``M_i < T``), so no teacher runs
+  inside the round. ``lam = 1`` is FedAvg bit for bit (the KL term is not even traced). The
+  module docstring (:mod:`fedjaxsparse.algorithms.fedlpfm`) tells the full story.
+
+  Args:
+    model: the student, a :class:`fedjaxsparse.core.Model` (``model.apply(params, x)`` gives
+      logits ``[B, K]``).
+    num_classes: ``K``, the number of classes (the width of each teacher's logits).
+    client_optimizer: the optax transformation of the local steps (the paper: SGD, lr 0.01,
+      weight decay 5e-4), re-initialised every round; a function of the round returning one
+      is a round schedule.
+    lam: λ ∈ [0, 1], the weight of the cross-entropy; ``1 − λ`` weighs the distillation sum.
+    temperature: ``T > 0``, the softmax temperature of the KL terms (the paper leaves it
+      open; default 1).
+    direction: ``"forward"`` (default, Hinton KD: ``KL(softmax(M/T) ‖ softmax(h/T))``) or
+      ``"reverse"`` (``KL(softmax(h/T) ‖ softmax(M/T))``, the printed ``ℓ_KL[h ‖ M]`` read
+      literally); the paper leaves the direction open.
+    **fedavg_kwargs: forwarded to :func:`fedjaxsparse.algorithms.fedavg.fedavg`:
+      ``local_steps`` (local steps per round), ``batch_size`` (examples per step; ``None``:
+      full batch), ``epochs`` (epoch protocol instead of ``local_steps``), ``cohort_size``
+      (clients per round; ``None``: all) or ``sampler``, ``weighting`` (``"num_examples"`` by
+      default, as in the paper), ``server_optimizer``, ``uplink``, ``encoding``, ``augment``,
+      ``local_prox``, ``upload_prox``, ``server_prox``, ``server_sparsity``.
+
+  Returns:
+    FedAvg's :class:`fedjaxsparse.core.Algorithm`: its state is a
+    :class:`fedjaxsparse.algorithms.cohort_round.CohortState` — ``state.params`` (the
+    student θ_t), ``state.clients`` (``()``, stateless clients; the teachers live in the
+    data), ``state.server_opt_state``, ``state.round`` (``int32[]``), ``state.server``
+    (``()``) — and ``step`` reports a :class:`fedjaxsparse.algorithms.fedavg.FedAvgInfo`:
+    ``info.loss`` (the cohort's weighted local objective ``L`` at the broadcast model, on each
+    client's first local batch or, with ``epochs``, all its data), ``info.bits_up`` and
+    ``info.bits_down`` (the student's messages, summed over the cohort: dense ``32·d`` each
+    by default; teachers cost no bits) and ``info.num_clients`` (``int32[]`` cohort size).
+
+  References:
+    Xidong Wu, Wan-Yi Lin, Devin Willmott, Filipe Condessa, Yufei Huang, Zhenzhen Li, et al.
+      (2023). Leveraging Foundation Models to Improve Lightweight Clients in Federated
+      Learning. NeurIPS 2023 FL workshop. arXiv:2311.08479.
+    McMahan, H. Brendan; Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas
+      (2017). Communication-Efficient Learning of Deep Networks from Decentralized Data.
+      AISTATS 2017. arXiv:1602.05629.
+  """
   return fedavg(fedlpfm_loss(model, num_classes, lam, temperature, direction),
                 client_optimizer, **fedavg_kwargs)

@@ -114,35 +114,95 @@ def fedmrn(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
            server_sparsity: Callable[[jax.Array], Any] | None = None,
            server_optimizer: optax.GradientTransformation | None = None,
            client_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
-  """FedMRN (``signed=False``) / FedMRNS (``signed=True``) and their ablations; see the module
-  docstring. :func:`client_update` under
-  :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`, aggregated by
-  :func:`noise_mask_mean`. It takes no ``uplink``: its upload is already a 1-bit mask and a
-  seed (the paper's dense baselines are :func:`fedjaxsparse.algorithms.fedavg.fedavg` with
-  ``epochs=`` and ``uplink=``).
+  """FedMRN / FedMRNS (Li et al., 2024): each client learns a 1-bit mask over seeded random
+  noise during local training and uploads only the mask and the seed (d bits plus one seed per
+  round); ``signed=True`` is FedMRNS ({−1, +1} masks).
+
+  Round t: the server broadcasts ``w^t`` (dense) to a cohort ``C_t``. Client k draws its
+  noise ``n_k = G(s_k)`` (uniform on [−α, α] by default; its seed ``s_k`` fresh per client
+  and round), starts from the update ``u = 0`` and runs ``S_k = E·⌈|D_k|/B⌉`` SGD steps (E
+  epochs of minibatches of B of its ``|D_k|`` examples, without replacement). Step τ
+  evaluates the gradient at the progressively, stochastically masked update (PSM)
+
+      û = (1 − P)⊙ū + P⊙n_k⊙M(u, n_k),   P ~ Bernoulli((τ + 1)/S_k),
+
+  where ``ū`` is ``u`` clipped elementwise into ``[min(0, n), max(0, n)]`` (signed:
+  ``[−|n|, |n|]``) and ``M`` the stochastic mask (binary: ``m = 1`` with probability
+  ``clip(u/n, 0, 1)``; either way ``E[n⊙M(u, n)] = ū``), and applies it to u straight
+  through: ``u ← u − η ∇_û F_k(w^t + û)``. The client uploads the mask ``m_k = M(u, n_k)``
+  (``int8``, a fresh stochastic draw) and its seed; the server regenerates ``n_k`` bit for
+  bit and sets ``w^{t+1} = w^t + Σ_{k∈C_t} p_k n_k⊙m_k`` (``p_k = |D_k|/Σ_{C_t} |D_j|`` by
+  default).
+
+  The paper's ablations are options: ``stochastic=False`` (w/o SM: a deterministic mask
+  ``1[sign u = sign n]``), ``progressive=False`` (w/o PM: ``P ≡ 1``), both (w/o PSM), and
+  ``masking="post"`` (FedAvg w. SM: plain local SGD, then one stochastic mask of the final
+  update). ``server_sparsity`` adds FedSparsify's server-side gradual magnitude pruning
+  (Stripelis et al., 2022), the paper's model-compression baseline. The round is
+  :func:`fedjaxsparse.algorithms.cohort_round.cohort_round` with :func:`client_update`,
+  aggregated by :func:`noise_mask_mean`. It takes no ``uplink``: its upload is already a 1-bit
+  mask and a seed (the paper's dense baselines — FedAvg, SignSGD, TernGrad, DRIVE, EDEN,
+  Top-k — are :func:`fedjaxsparse.algorithms.fedavg.fedavg` with ``epochs=`` and
+  ``uplink=``). See the module docstring (:mod:`fedjaxsparse.algorithms.fedmrn`) for the full
+  story.
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> F_k`` of one client (mean over the masked examples).
-    lr: local SGD step η (> 0).
-    epochs: local epochs E (int ≥ 1); batch_size: B (int ≥ 1) (the paper: 10 epochs of 64).
-    cohort_size: K clients per round, uniform without replacement (``None``: all).
-    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead.
-    weighting: ``"num_examples"`` (the paper's ``p'_k``), ``"uniform"`` or ``"sampling"``.
-    noise_scale: α of the noise (> 0; uniform on [−α, α]; paper: 1e-2 FedMRN, 5e-3 FedMRNS).
-    distribution: ``"uniform"``, ``"gaussian"`` (std α) or ``"bernoulli"`` (±α).
-    signed: {−1, +1} masks (FedMRNS) instead of {0, 1}.
-    stochastic, progressive, masking: the ablations (module docstring): ``masking`` is
-      ``"learned"`` (masks trained with PSM) or ``"post"`` (plain local SGD, one SM of the
-      final update).
-    server_sparsity: ``round -> sparsity in [0, 1)``, traceable: the server prunes the new
-      global model to it by global magnitude (FedSparsify's server-side gradual pruning,
-      module docstring).
-    server_optimizer: an optax transformation of the pseudo-gradient ``−Δ`` (FedAdam, server
-      momentum); ``None`` applies ``Δ`` as it is (the paper).
+    loss_fn: ``(params, x, y, mask) -> F_k`` of one client (mean over the masked examples;
+      :func:`fedjaxsparse.models.make_loss`).
+    lr: local SGD step η on the update u (> 0).
+    epochs: local epochs E per round (int ≥ 1; the paper: 10).
+    batch_size: minibatch size B of the epoch protocol (int ≥ 1; the paper: 64).
+    cohort_size: K clients per round, drawn uniformly without replacement inside ``jit``
+      (``None``: all clients).
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing each round's cohort
+      instead of ``cohort_size``'s uniform one.
+    weighting: the aggregation weights ``p_k``: ``"num_examples"``
+      (``|D_k|/Σ_{C_t} |D_j|``, the paper's), ``"uniform"`` (``1/K``) or ``"sampling"``
+      (``1/(N π_k)``, π_k the ``sampler``'s inclusion probability of client k).
+    noise_scale: α of the noise (> 0; the paper: 1e-2 for FedMRN, 5e-3 for FedMRNS).
+    distribution: the noise ``G``: ``"uniform"`` (on [−α, α]), ``"gaussian"`` (std α) or
+      ``"bernoulli"`` (±α).
+    signed: {−1, +1} masks (FedMRNS, ``m = +1`` with probability
+      ``clip((u + n)/(2n), 0, 1)``) instead of {0, 1} masks (FedMRN).
+    stochastic: the stochastic mask M (``True``, the paper) or, ``False``, the deterministic
+      mask ``1[sign u = sign n]`` (signed: ``sign(u)·sign(n)``), the "w/o SM" ablation.
+    progressive: progressive masking, ``P ~ Bernoulli((τ + 1)/S_k)`` (``True``, the paper),
+      or every step fully masked, ``P ≡ 1`` (``False``, the "w/o PM" ablation).
+    masking: ``"learned"`` (masks trained with PSM during local training, FedMRN) or
+      ``"post"`` (plain local SGD, then one mask of the final update: "FedAvg w. SM").
+    server_sparsity: ``round -> sparsity in [0, 1)``, traceable (e.g.
+      :func:`fedjaxsparse.ops.sparsity.gmp_sparsity`): after every aggregation the server
+      prunes the new global model to it by global magnitude (FedSparsify's server-side
+      gradual pruning; clients train dense from the pruned model, pruned weights may regrow)
+      and each download is charged by the pruned model's non-zeros.
+    server_optimizer: an optax transformation of the pseudo-gradient ``−Δ``,
+      ``Δ = Σ_k p_k n_k⊙m_k`` (FedAdam, server momentum); ``None`` applies ``Δ`` as it is
+      (the paper).
     client_optimizer: an optax transformation turning the straight-through gradient into
       the step on ``u`` (its state starts fresh each round), or a function of the round
       returning one; ``None`` is the paper's plain SGD ``u ← u − η g`` (``optax.sgd(lr)``
       computes it bit for bit).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`: ``init(key, params, data)`` returns a
+    :class:`~fedjaxsparse.algorithms.cohort_round.CohortState` with ``state.params`` (the
+    global model ``w^t``), ``state.clients`` (``()``: stateless clients),
+    ``state.server_opt_state`` and ``state.round`` (``int32``, rounds completed).
+    ``step(key, state, data)`` returns ``(state, info)`` with a :class:`FedMRNInfo`: ``loss``
+    (the members' loss at ``w^t`` on all their data, weighted as the aggregation),
+    ``bits_up`` (d mask bits plus a 32-bit seed per member, summed over the cohort),
+    ``bits_down`` (32·d per member, summed; under ``server_sparsity`` the pruned model's
+    non-zeros under the cheapest sparse encoding), ``num_clients`` (``int32``, the cohort
+    size) and ``ones`` (the fraction of mask entries equal to 1, averaged over the members).
+
+  References:
+    Shiwei Li, Yingyi Cheng, Haozhao Wang, Xing Tang, Shijie Xu, Weihong Luo, et al. (2024).
+      Masked Random Noise for Communication-Efficient Federated Learning. ACM Multimedia
+      2024. arXiv:2408.03220.
+    Stripelis et al. (2022). Federated Progressive Sparsification (Purge, Merge, Tune)+.
+      arXiv:2204.12430.
+
+  Source for the team: seed 003 Algorithm 1; spec ``seed000_003.md`` B.0–B.2, B.8.
   """
   client = client_update(loss_fn, lr, epochs=epochs, batch_size=batch_size,
                          noise_scale=noise_scale, distribution=distribution, signed=signed,

@@ -330,33 +330,108 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
           train_non_selected: bool = True, depth: int = 1,
           uplink: Callable[[int], Any] | None = None, sampler: Any = None,
           server_optimizer: optax.GradientTransformation | None = None) -> Algorithm:
-  """FedP3 (with LocalUpdate and Aggregation); see the module docstring: :func:`client_update` on
+  """FedP3 (Yi, Gazagnadou, Richtárik and Lyu, 2024): federated personalized and
+  privacy-friendly network pruning, in which every client trains and uploads only its own
+  layers ``L_i`` of a model pruned for it, and the server averages each layer over the clients
+  that returned it.
+
+  Every client i has a configuration fixed before training (``config``, the FedP3 pseudocode,
+  line 2; its rows carry a leading client axis so one vmapped kernel serves all clients):
+
+  * ``L_i`` (``config.train_layers[i]``, ``bool[L]``): the layers it trains **and uploads**;
+  * ``P_i`` (global pruning): a random mask keeping ``round(r_{i,l}·numel)`` entries of every
+    kernel of the layers ``l ∉ L_i`` (``r_{i,l}`` = ``config.keep_ratio[i, l]``; biases and
+    norm parameters dense), drawn once from the client's own seed (``config.mask_keys[i]``) and
+    regenerated inside ``jit``;
+  * an aggregation weight ``a_i``: 1 (``aggregation="simple"``) or ``N_i = len(L_i)``
+    (``"weighted"``).
+
+  Round t, global model ``W_t`` (one entry ``W^l`` per layer l), cohort ``C_t`` (uniform
+  without replacement, ``cohort_size``; ``None``: every client; or any ``sampler``):
+
+  1. client i starts from ``W^l`` for ``l ∈ L_i`` and ``P_i⊙W^l`` otherwise (the downlink);
+  2. it runs K = ``local_steps`` steps of ``client_optimizer`` (the paper's LocalUpdate) on
+     minibatches of B = ``batch_size`` examples drawn with replacement, on the model with
+     ``P_i⊙Q_{i,k}`` applied to the layers ∉ L_i. The local pruning ``Q_{i,k}``, redrawn every
+     step k, is ``local_rule``: ``"fixed"`` (none), ``"uniform"`` (keep each surviving kernel
+     entry with probability ``q_{i,k}``, a Bernoulli mask) or ``"ordered_dropout"`` (FjORD's
+     ordered dropout, Horváth et al., 2021: keep the leading ``⌈q·d_in⌉ × ⌈q·d_out⌉`` block of
+     every kernel, one q per step for all layers, the network's input and output dimensions
+     never pruned), with ``q_{i,k} ~ U[q_range]``. Pruned entries stay zero (the mask is
+     re-applied after every step, so momentum or weight decay cannot revive them);
+  3. it uploads ``{W^l_i − W^l : l ∈ L_i}`` only, each layer compressed on its own by
+     ``uplink`` if given; the other layers never leave the client (the server reads a result
+     only through ``where(l ∈ L_i, ·, 0)``);
+  4. the server (the paper's Aggregation, :func:`layer_mean`) sets
+
+         W^l ← W^l + Δ^l,   Δ^l = Σ_{i∈L^l} α_{i,l} (W^l_i − W^l),   α_{i,l} = a_i / Σ_{j∈L^l} a_j,
+
+     over the cohort members ``L^l`` that returned layer l (the paper's ``N_i/Σ_j N_j`` does
+     not sum to 1, so it is renormalised over ``L^l``); a layer nobody returned keeps its
+     value. With ``server_optimizer`` the pseudo-gradient ``−Δ`` goes through it instead.
+
+  Clients keep no trained state; client i's deployed (personal) model, what it evaluates on
+  its own test split, is ``personal_models(state.params, state.config)[i]``
+  (:func:`personal_models`). Built as :func:`client_update` on
   :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` with the per-layer mean
-  :func:`layer_mean`.
+  :func:`layer_mean`. The module docstring has the full story (the choices where the paper's
+  text and pseudocode disagree, the privacy structure, the accounting, the layer-overlap
+  policies of :func:`layer_policy`); the theory-side FedP3 is in
+  :mod:`fedjaxsparse.algorithms.fedp3_theory`.
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> scalar`` of one client.
-    client_optimizer: optax transformation of the K local steps (re-initialised each round).
-    config: :class:`FedP3Config` (:func:`make_config`, :func:`layer_policy`).
-    local_steps, batch_size: K and B (the paper: 10 and 48).
-    cohort_size: clients per round, uniform without replacement (``None``: all).
-    local_rule: Q_i, one of ``LOCAL_RULES``.
-    q_range: ``(low, high)``: ``q_{i,k} ~ U[low, high]`` for ``"uniform"`` and
-      ``"ordered_dropout"`` (``low == high``: a fixed ratio).
-    aggregation: ``"simple"`` (α ∝ 1) or ``"weighted"`` (α ∝ ``len(L_i)``), normalised per layer.
-    train_non_selected: train the pruned layers ∉ L_i locally (prose) or freeze them
-      (LocalUpdate).
-    depth: path prefix length that defines a layer (:mod:`fedjaxsparse.ops.layer_groups`).
+    loss_fn: ``(params, x, y, mask) -> scalar``, the loss of one client's minibatch.
+    client_optimizer: optax transformation of the K local steps (re-initialised each round;
+      a function of the round returning one is also accepted).
+    config: the :class:`FedP3Config` of every client (``L_i``, ``r_i``, ``P_i``'s seed), e.g.
+      ``make_config(key, layer_policy(key, n, L, "opu2"), keep_ratio=0.9)``
+      (:func:`make_config`, :func:`layer_policy`, :func:`exclude_one_group`);
+      ``config.train_layers`` must be ``bool[N, L]`` for the N clients and L layers.
+    local_steps: K, local optimizer steps per round (the paper: 10).
+    batch_size: B, examples per local step, drawn with replacement (the paper: 48; ``None``:
+      the client's whole data set).
+    cohort_size: clients per round, uniform without replacement (``None``: all, what the
+      authors' code does).
+    local_rule: the local pruning ``Q_i`` of the layers ∉ ``L_i``, one of ``"fixed"``,
+      ``"uniform"`` and ``"ordered_dropout"`` (``LOCAL_RULES``).
+    q_range: ``(low, high)`` with ``0 < low ≤ high ≤ 1``: ``q_{i,k} ~ U[low, high]`` for
+      ``"uniform"`` and ``"ordered_dropout"`` (``low == high``: a fixed ratio; the paper gives
+      no law).
+    aggregation: ``"simple"`` (``a_i = 1``) or ``"weighted"`` (``a_i = len(L_i)``); α is
+      normalised per layer over the clients that returned it.
+    train_non_selected: ``True`` trains the pruned layers ∉ L_i locally (the paper's prose,
+      "P_i⊙W_{t,K}"); ``False`` freezes them at ``P_i⊙W_t`` (LocalUpdate's pseudocode). They
+      are never uploaded either way.
+    depth: the path-prefix length that defines a layer
+      (:mod:`fedjaxsparse.ops.layer_groups`; 1: the top-level keys of ``params``).
     uplink: ``d_l -> Compressor``: every uploaded layer's update (``d_l`` entries) is
       compressed by ``uplink(d_l)`` (e.g. ``lambda d: compressors.rand_k(d, d // 4)``) with
       the client's own key per layer; ``bits_up`` charges ``Σ_i Σ_{l∈L_i}
       uplink(d_l).bits(d_l)`` (``floats_up`` keeps the paper's count of uploaded floats). A
       factory of the layer size, not one compressor of the whole model: a client uploads only
-      its layers ``L_i``, each compressed on its own.
+      its layers ``L_i``, each compressed on its own. ``None``: no compression.
     sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
       uniform one of ``cohort_size`` (give ``cohort_size=None`` with it).
     server_optimizer: an optax transformation of the pseudo-gradient ``−Δ`` (the
       Aggregation step ``Δ``); ``None`` is the paper's ``W + Δ``.
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm` whose state is a :class:`FedP3CohortState`:
+    ``state.params`` (the global model W_t), ``state.clients`` = ``state.config`` (every
+    client's :class:`FedP3Config` row, agreed once and never changed), ``state.server_opt_state``
+    (``optax.EmptyState()`` without a server optimizer) and ``state.round`` (rounds completed).
+    ``step(key, state, data)`` returns ``(state, info)``, ``info`` a :class:`FedP3Info`:
+    ``loss`` (cohort mean of each client's first-step loss), ``floats_up`` (uploaded floats
+    ``Σ_i Σ_{l∈L_i} |W^l|``, summed over the cohort), ``floats_down`` (downloaded floats: the
+    dense ``L_i`` layers plus the ``P_i`` survivors, summed; no index bits, ``P_i`` comes
+    from an agreed seed), ``bits_up`` (32 per uploaded float, or the ``uplink`` compressors'
+    bits), ``bits_down`` (32 per downloaded float), ``layers_up`` (the paper's count: the
+    fraction of layers uploaded, cohort mean) and ``num_clients`` (cohort size).
+
+  References:
+    Kai Yi, Nidham Gazagnadou, Peter Richtárik, Lingjuan Lyu (2024). FedP3: Federated
+      Personalized and Privacy-friendly Network Pruning under Model Heterogeneity. ICLR 2024.
+      arXiv:2404.09816.
   """
   return cohort_round(
       client_update(loss_fn, client_optimizer, config, local_steps=local_steps,

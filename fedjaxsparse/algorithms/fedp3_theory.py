@@ -125,19 +125,78 @@ def fedp3_theory(loss_fn: LossFn, gamma: float, *, local_steps: int = 1,
                  prune: float | None = None, sketch: str = "permutation", block: int = 1,
                  batch_size: int | None = None, clip: float | None = None,
                  noise: str | None = None, sigma: float = 0.0) -> Algorithm:
-  """Theoretical FedP3 (``noise=None``) / LDP-FedP3 (``noise="model"`` or ``"update"``).
+  """Theoretical FedP3 and LDP-FedP3 (Yi, Gazagnadou, Richtárik and Lyu, 2024): the FedP3
+  paper's analysed algorithm — global pruning sketches on the downlink, one local gradient
+  step, a permutation sketch on the uplink — and, with ``noise``, its locally differentially
+  private variant (Gaussian noise on each client's step).
+
+  Full participation, n clients, iteration k, the model flattened to ``w ∈ ℝ^d``:
+
+  * server → client i: ``P_i w^k``, P_i a biased random coordinate mask redrawn every
+    iteration (the Global Pruning Sketch: each coordinate kept with probability ``prune``,
+    no rescaling; ``prune=None`` is ``P_i = I``);
+  * client i: ``u_i = P_i w − γ P_i ∇f_i(P_i w)`` (``local_steps`` such steps; the theory:
+    1), on a minibatch of ``batch_size`` examples drawn without replacement (``None``: the
+    full local gradient), each example's gradient clipped to norm ``clip`` if given (the
+    paper assumes bounded gradients and has no clipping step; a real privacy guarantee
+    needs one);
+  * LDP-FedP3: ``noise="model"`` adds ``ζ ~ N(0, σ²I)`` to ``u_i`` after each step (the
+    paper's LDP-FedP3 pseudocode); ``noise="update"`` adds it to the gradient,
+    ``u_i = w − γ(g_i − ζ)``, noise ``γσ`` on the model (the placement its convergence
+    proof uses);
+  * client → server: ``v_i = S_i u_i``, with the permutation sketch (the Personalized Model
+    Aggregation Sketch, ``S_i = n·Diag(1[j ∈ block i])``, blocks of ``d/n`` coordinates
+    under one random permutation per iteration shared by all clients) or ``S_i = I``
+    (``sketch="identity"``, the setting of the paper's global-pruning theorem);
+  * server: ``w^{k+1} = (1/n) Σ_i v_i`` — with the permutation sketch exactly a gather,
+    ``w^{k+1}_j = u_{owner(j), j}``: d floats uploaded per iteration in all (DGD: n·d).
+
+  :func:`theorem_433_step` and :func:`theorem_433_bound` give the step size and the bound of
+  the paper's Personalized Model Aggregation theorem; :func:`ldp_sigma` and
+  :func:`ldp_epsilon` calibrate σ to a per-client (ε, δ) budget with an RDP accountant. See
+  the module docstring (:mod:`fedjaxsparse.algorithms.fedp3_theory`) for the full story; the
+  practical FedP3 (per-client layer subsets and pruning, cohorts, local training) is
+  :func:`fedjaxsparse.algorithms.fedp3.fedp3`.
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> scalar`` of one client (f_i its mean loss).
-    gamma: γ > 0 (:func:`theorem_433_step` gives the step of
-      the Personalized Model Aggregation theorem).
-    local_steps: local GD steps (the theory: 1).
-    prune: keep probability of the pruning sketch P_i, redrawn every iteration (``None``: I).
-    sketch: ``"permutation"`` (the sketch S) or ``"identity"``.
-    block: coordinates per permuted block (layer-granular ownership).
-    batch_size: b examples without replacement per step (``None``: full local gradient).
-    clip: per-example gradient norm bound C (``None``: none).
-    noise, sigma: the Gaussian mechanism's placement and σ.
+    loss_fn: ``(params, x, y, mask) -> scalar`` of one client (``f_i`` its mean loss over
+      the masked examples).
+    gamma: the step size γ > 0 (:func:`theorem_433_step` gives the step of the
+      Personalized Model Aggregation theorem).
+    local_steps: local gradient steps per iteration (int ≥ 1; the theory: 1).
+    prune: keep probability of each coordinate in the pruning sketch P_i, in (0, 1],
+      redrawn every iteration for every client (``None``: ``P_i = I``, no pruning).
+    sketch: the uplink sketch: ``"permutation"`` (the Personalized Model Aggregation Sketch
+      S; needs ``d`` divisible by ``n·block``) or ``"identity"`` (``S_i = I``).
+    block: coordinates per permuted block (int ≥ 1; > 1: layer-granular ownership, layers
+      zero-padded to a uniform size ``block``).
+    batch_size: b examples per local step, drawn without replacement (``None``: the full
+      local gradient; at most the clients' padded size, a smaller client uses all its
+      examples).
+    clip: per-example gradient norm bound C (> 0; ``None``: no clipping).
+    noise: where the Gaussian mechanism adds its noise: ``None`` (no noise, theoretical
+      FedP3), ``"model"`` (on ``u_i``) or ``"update"`` (on the gradient) — LDP-FedP3.
+    sigma: the noise's standard deviation σ ≥ 0 (unused with ``noise=None``; see
+      :func:`ldp_sigma`).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`: ``init(key, params, data)`` (``key`` unused;
+    raises ``ValueError`` if the permutation sketch does not divide ``d`` or ``batch_size``
+    exceeds the clients' padded size) returns a
+    :class:`~fedjaxsparse.algorithms.fedp3.FedP3State`: ``state.params`` (the global model
+    ``w^k``, the pytree ``params`` came as) and ``state.round`` (``int32``, iterations
+    done); clients keep no state. ``step(key, state, data)`` returns ``(state, info)`` with a
+    :class:`TheoryInfo` measured at ``w^k`` before the step: ``loss`` (``f(w^k) = mean_i
+    f_i(w^k)`` on the full local data), ``grad_norm_sq`` (``‖∇f(w^k)‖²``) and ``floats_up``
+    (floats uploaded, summed over the clients: d with the permutation sketch, n·d without).
+
+  References:
+    Kai Yi, Nidham Gazagnadou, Peter Richtárik, Lingjuan Lyu (2024). FedP3: Federated
+      Personalized and Privacy-friendly Network Pruning under Model Heterogeneity. ICLR
+      2024. arXiv:2404.09816.
+
+  Source for the team: spec §A.6-§A.8, §0.1.8; seed 001, Algorithms 10-11, l. 1219-1225,
+  3051-3062, 3139-3226, 3428-3436; Theorems 4.3.3 (aggregation) and 4.3.4 (LDP).
   """
   check_number("gamma", gamma, 0.0, None, low_open=True)
   check_number("sigma", sigma, 0.0, None)

@@ -110,23 +110,76 @@ def fedpm(loss_fn: LossFn, lr: float, *, epochs: int = 1, batch_size: int = 64,
           weighting: str = "uniform",
           server_optimizer: optax.GradientTransformation | None = None,
           client_optimizer: Any = None) -> Algorithm:
-  """FedPM; ``init(key, params, data)`` takes ``params`` as the frozen random weights W₀ (θ
-  starts at ½ everywhere).
+  """FedPM (Isik, Pase, Gündüz, Weissman and Zorzi, 2023): federated probabilistic masks over
+  frozen random weights — the clients learn which weights to keep, the mask is the model, and
+  each client uploads one sampled binary mask (1 bit per weight).
+
+  All clients share the frozen random weights ``W₀`` (the ``params`` given to ``init``); the
+  server keeps one mask probability per weight, ``θ`` (``θ⁰ = ½`` everywhere). Round t, for a
+  cohort ``C_t`` of K clients:
+
+  * client k starts scores ``s = logit(θ^t)`` and runs ``E·⌈n_k/B⌉`` SGD steps (``E`` epochs
+    of minibatches of ``B`` drawn without replacement) on ``F_k(W₀ ⊙ m)``, with
+    ``m ~ Bernoulli(σ(s))`` drawn afresh each step and the gradient passed straight through
+    the sampling (``∂F/∂s = ∂F/∂m · σ′(s)``);
+  * it uploads one sampled mask ``m_k ~ Bernoulli(σ(s_k))`` (``int8``, d bits);
+  * the server sets ``θ^{t+1} = clip(Σ_{k∈C_t} p_k m_k, ε, 1 − ε)`` (``p_k = 1/K`` by
+    default: the plain mean of the masks) — clipped because ``logit(0 or 1) = ∓∞``.
+
+  The deployed (evaluated) model is ``W₀ ⊙ 1[θ ≥ ½]``, the most likely mask. The plain mean
+  is the form of FedPM given by the FedMRN paper (Li et al., 2024), where FedPM is a baseline;
+  the original FedPM's Bayesian aggregation is not implemented. The round is
+  :func:`fedjaxsparse.algorithms.cohort_round.cohort_round` with :func:`client_update` and
+  the aggregation :func:`mask_mean`, so any sampler, weighting, server optimizer (on the
+  pseudo-gradient ``θ − Σ_k p_k m_k``) and optax client optimizer (on the scores) compose; a
+  mask is already one bit per entry, so no uplink compressor composes with it. See the
+  module docstring (:mod:`fedjaxsparse.algorithms.fedpm`) for the full story.
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> F_k`` of one client.
-    lr: SGD step on the scores (> 0).
-    epochs, batch_size: epoch-based local training (as FedMRN's).
-    cohort_size: clients per round, uniform without replacement (``None``: all).
-    clip: ε of ``θ ∈ [ε, 1 − ε]`` (in (0, ½)).
-    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead.
-    weighting: ``"uniform"`` (the plain mean of the masks, the paper), ``"num_examples"`` or
-      ``"sampling"`` (with ``sampler``).
+    loss_fn: ``(params, x, y, mask) -> F_k``, one client's mean loss over the masked
+      examples (:func:`fedjaxsparse.models.make_loss`).
+    lr: SGD step η on the scores, ``s ← s − η g`` (> 0).
+    epochs: local epochs E per round (int ≥ 1); each client runs ``E·⌈n_k/B⌉`` steps.
+    batch_size: minibatch size B of the epoch protocol (int ≥ 1; the last batch of an epoch
+      holds the remainder).
+    cohort_size: clients per round, drawn uniformly without replacement inside ``jit``
+      (``None``: all clients, full participation).
+    clip: ε of the box ``θ ∈ [ε, 1 − ε]`` applied after every server step (in (0, ½)).
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing each round's cohort
+      (block, stratified, importance, ...) instead of ``cohort_size``'s uniform one.
+    weighting: the aggregation weights ``p_k``: ``"uniform"`` (``1/K``, the plain mean of
+      the masks, as in the paper), ``"num_examples"`` (``n_k/Σ_{C_t} n_j``) or
+      ``"sampling"`` (``1/(N π_k)``, π_k the ``sampler``'s inclusion probability of client
+      k: unbiased weights).
     server_optimizer: an optax transformation of the pseudo-gradient ``θ − Σ_k p_k m_k``
-      (``None``: ``θ ← Σ_k p_k m_k``, the paper), clipped after it.
+      (FedAdam, server momentum), clipped to the box after it; ``None`` sets
+      ``θ ← Σ_k p_k m_k`` (the paper).
     client_optimizer: an optax transformation of the straight-through gradient on the scores
-      (or a function of the round returning one); ``None`` is the paper's plain SGD
-      ``s ← s − η g`` (``optax.sgd(lr)`` computes it bit for bit).
+      (its state fresh each round), or a function of the round returning one; ``None`` is
+      the paper's plain SGD ``s ← s − η g`` (``optax.sgd(lr)`` computes it bit for bit).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, params, data)`` takes ``params`` as
+    the frozen random weights ``W₀`` and returns a :class:`FedPMState`: ``state.theta`` (the
+    mask probabilities θ, one per weight), ``state.weights`` (``W₀``, never updated),
+    ``state.params`` (the deployed model ``W₀ ⊙ 1[θ ≥ ½]``, what is evaluated),
+    ``state.clients`` (``()``: stateless clients), ``state.server_opt_state`` and
+    ``state.round`` (``int32``, rounds completed). ``step(key, state, data)`` returns
+    ``(state, info)`` with a :class:`FedPMInfo`: ``loss`` (the members' loss of the deployed
+    model they received, on all their data, weighted as the aggregation), ``bits_up`` (d
+    bits per member, summed over the cohort), ``bits_down`` (32·d per member for the dense θ,
+    summed), ``num_clients`` (``int32``, the cohort size) and ``density`` (the mean of the θ
+    received this round).
+
+  References:
+    Berivan Isik, Francesco Pase, Deniz Gündüz, Tsachy Weissman, Michele Zorzi (2023).
+      Sparse Random Networks for Communication-Efficient Federated Learning. ICLR 2023.
+      arXiv:2209.15328.
+    Shiwei Li, Yingyi Cheng, Haozhao Wang, Xing Tang, Shijie Xu, Weihong Luo, et al. (2024).
+      Masked Random Noise for Communication-Efficient Federated Learning. ACM Multimedia
+      2024. arXiv:2408.03220.
+
+  Source for the team: seed 003's model-compression baseline; spec ``seed000_003.md`` B.5.
   """
   check_number("clip", clip, 0.0, 0.5, low_open=True, high_open=True)
   base = cohort_round(

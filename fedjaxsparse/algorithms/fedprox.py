@@ -51,8 +51,52 @@ def proximal(mu: float) -> optax.GradientTransformation:
 
 def fedprox(loss_fn: LossFn, client_optimizer: optax.GradientTransformation, mu: float,
             **fedavg_options: Any) -> Algorithm:
-  """FedProx: every client minimises ``F_i(θ) + (μ/2)‖θ − θ_t‖²`` from the broadcast θ_t with
-  ``client_optimizer`` (local SGD in the paper); the rest is FedAvg's cohort round, whose
-  keywords (``local_steps``, ``batch_size``, ``cohort_size`` or ``sampler``, ``uplink``,
-  ``server_optimizer``, ``weighting``, ...) pass through. ``mu = 0`` is FedAvg bit for bit."""
+  """FedProx (Li et al., 2020): every client minimises ``F_i(θ) + (μ/2)‖θ − θ_t‖²`` from the
+  broadcast θ_t with ``client_optimizer`` (local SGD in the paper); the rest is FedAvg's
+  (McMahan et al., 2017) cohort round. ``mu = 0`` is FedAvg bit for bit.
+
+  The proximal term is the optax transformation :func:`proximal`, which adds ``μ(θ − θ_t)``
+  to every local gradient before ``client_optimizer`` sees it; the client optimizer is
+  re-initialised with θ_t every round, so the anchor is exactly the broadcast model. With
+  ``client_optimizer = optax.sgd(η)`` a local step reads::
+
+      θ ← θ − η·(∇F_i(θ; batch) + μ·(θ − θ_t)),     θ ← θ_t at the start of the round
+
+  and the server step is FedAvg's: ``θ_{t+1} = θ_t + Σ_{i∈S} p_i (θ_i − θ_t)`` (or a server
+  optimizer on the pseudo-gradient). The function is
+  ``fedavg(loss_fn, optax.chain(proximal(mu), client_optimizer), **fedavg_options)``; see the
+  module docstring (:mod:`fedjaxsparse.algorithms.fedprox`).
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> scalar``, one client's local loss ``F_i``
+      (:func:`fedjaxsparse.models.make_loss`).
+    client_optimizer: the optax transformation of the local steps (e.g. ``optax.sgd(0.1)``),
+      applied to the proximal gradient; its state is re-initialised every round.
+    mu: μ ≥ 0, the weight of the proximal term (``ValueError`` if negative).
+    **fedavg_options: forwarded to :func:`fedjaxsparse.algorithms.fedavg.fedavg`:
+      ``local_steps`` (local steps per round), ``batch_size`` (examples per step, ``None``:
+      full batch), ``epochs`` (epoch protocol instead of ``local_steps``), ``cohort_size``
+      (clients per round; ``None``: all) or ``sampler`` (a cohort sampler), ``weighting``
+      (``"num_examples"`` by default, ``"uniform"``, ``"sampling"``), ``server_optimizer``
+      (optax transformation of the pseudo-gradient), ``uplink`` (a compressor of the
+      uploads), ``encoding`` (bit accounting), ``augment``, ``local_prox``, ``upload_prox``,
+      ``server_prox``, ``server_sparsity``.
+
+  Returns:
+    FedAvg's :class:`fedjaxsparse.core.Algorithm`: its state is a
+    :class:`fedjaxsparse.algorithms.cohort_round.CohortState` — ``state.params`` (the global
+    model θ_t), ``state.clients`` (``()``, stateless clients), ``state.server_opt_state``,
+    ``state.round`` (``int32[]``), ``state.server`` (``()``) — and ``step`` reports a
+    :class:`fedjaxsparse.algorithms.fedavg.FedAvgInfo`: ``info.loss`` (the cohort's weighted
+    loss ``F_i`` at the broadcast model, without the proximal term), ``info.bits_up``,
+    ``info.bits_down`` (bits summed over the cohort; FedProx sends FedAvg's messages, dense
+    deltas by default) and ``info.num_clients`` (``int32[]`` cohort size).
+
+  References:
+    Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith
+      (2020). Federated Optimization in Heterogeneous Networks. MLSys 2020. arXiv:1812.06127.
+    McMahan, H. Brendan; Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas
+      (2017). Communication-Efficient Learning of Deep Networks from Decentralized Data.
+      AISTATS 2017. arXiv:1602.05629.
+  """
   return fedavg(loss_fn, optax.chain(proximal(mu), client_optimizer), **fedavg_options)

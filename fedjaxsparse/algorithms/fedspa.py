@@ -111,21 +111,54 @@ def fedspa(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, sparsity: 
            pack_masks: bool = False, uplink: Any = None, sampler: Any = None,
            server_optimizer: Any = None,
            client_optimizer: Any = None) -> Algorithm:
-  """FedSpa (DST or RSM); see the module docstring.
+  """FedSpa (Huang et al., 2022): personalised sparse masks over one dense global model.
+
+  The server keeps the dense global model ``w_t`` (a pytree of ``d`` entries) and one mask
+  ``m_k`` per client (leaves ``[N, ...]``; all kernels masked at density ``1 − sparsity``,
+  biases and norm parameters dense). Round ``t``, each client ``k`` of a uniform cohort
+  ``S_t`` of ``S = cohort_size`` clients:
+
+  1. starts from its sparse model ``w̃_0 = m_k⊙w_t`` (the sparse download) and runs
+     ``epochs`` epochs of masked SGD on minibatches of ``batch_size`` (``E⌈n_k/B⌉`` steps),
+     ``w̃ ← w̃ − η_t m_k⊙(∇L(w̃; ξ) + λ_wd w̃)``, and uploads its dense-shaped update
+     ``U_k = w̃_0 − w̃_N`` (zero off its mask);
+  2. searches its next mask: ``search="dst"`` (the paper's Algorithm 2) prunes, in every
+     masked layer, the ``⌈α_t n_l⌉`` active entries of smallest ``|w̃_N|`` and regrows as many
+     inactive ones of largest dense gradient ``|∇L(w̃_N; ξ')|`` on one fresh minibatch ``ξ'``
+     (``regrowth="random"``: SET's random regrowth), with the drop fraction ``α_t`` annealed
+     from ``alpha0`` (cosine: ``α_t = ½α_0(1 + cos(π t/(T − 1)))``); ``search="rsm"``
+     (Algorithm 3) keeps the mask fixed;
+  3. the server sets ``w_{t+1} = w_t − (1/S) Σ_{k∈S_t} U_k`` (uniform weights, not normalised
+     per coordinate; nothing in ``w`` is zeroed, so a regrown entry comes back at the current
+     global value). Clients outside the cohort keep their masks bit for bit.
+
+  Client ``k``'s personalised model is ``m_k⊙w_t`` (:attr:`FedSpaState.personal`). With
+  ``sparsity=0`` FedSpa is FedAvg with uniform weights. See the module docstring
+  (:mod:`fedjaxsparse.algorithms.fedspa`) for the initial masks, the two communication ledgers
+  and the choices where the paper is silent.
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> scalar`` of one client.
+    loss_fn: ``(params, x, y, mask) -> scalar`` of one client
+      (:func:`fedjaxsparse.models.make_loss`).
     lr: the SGD step size η > 0, or a schedule of the round ``t -> η_t`` (the paper:
       ``optax.exponential_decay(0.1, 1, 0.998)``, ``η_t = 0.1·0.998^t``).
     num_rounds: T, for the drop-fraction schedule (``α_{T−1} = 0`` with the cosine one).
     sparsity: s in [0, 1), of the masked (kernel) leaves.
-    search: ``"dst"`` (Alg. 2) or ``"rsm"`` (Alg. 3).
-    epochs, batch_size: E local epochs of minibatches of B (the paper: 5, 128).
-    cohort_size: S (``None``: all clients).
-    distribution: ``"erk"``, ``"er"`` or ``"uniform"`` layer densities (Table 4's ablation).
-    shared_init: one initial mask for all (the paper) or one per client (Fig. 6's ablation).
-    alpha0, schedule: the drop fraction α_0 and its schedule (``masks.DROP_SCHEDULES``).
-    regrowth: ``"gradient"`` (RigL) or ``"random"`` (SET, Fig. 7's ablation).
+    search: ``"dst"`` (Algorithm 2, dynamic sparse training of the masks) or ``"rsm"``
+      (Algorithm 3, random static masks).
+    epochs: E, local epochs per round (the paper: 5).
+    batch_size: B, examples per minibatch, drawn without replacement within an epoch (the
+      paper: 128).
+    cohort_size: S, clients per round, sampled uniformly without replacement (``None``: all
+      clients).
+    distribution: ``"erk"``, ``"er"`` or ``"uniform"`` layer densities of the initial masks
+      (the paper's Table 4 ablation).
+    shared_init: one initial mask for all clients (the paper) or one per client (its Fig. 6
+      ablation).
+    alpha0: the initial drop fraction α_0 of the DST search (the paper: 0.5).
+    schedule: the drop fraction's schedule over the rounds, ``"cosine"`` (the paper),
+      ``"linear"`` or ``"constant"`` (``masks.DROP_SCHEDULES``).
+    regrowth: ``"gradient"`` (RigL) or ``"random"`` (SET, the paper's Fig. 7 ablation).
     regrow_pruned: whether entries pruned in a round may be regrown in it.
     weight_decay: λ_wd added to the gradient (on active entries; the paper: 5e-4).
     weighting: ``"uniform"`` (1/S, FedSpa's Eq. 4), ``"sampling"`` (with ``sampler``) or
@@ -150,6 +183,30 @@ def fedspa(loss_fn: LossFn, lr: float | Schedule, *, num_rounds: int, sparsity: 
       (fed the same masked gradient with weight decay, its update zeroed off the mask);
       ``optax.sgd(lr)`` is the paper's step bit for bit. A function of the round returning
       one follows the rounds.
+
+  Returns:
+    An :class:`fedjaxsparse.core.Algorithm` (``init(key, params, data)``, ``step(key, state,
+    data) -> (state, info)``; :func:`client_update` on
+    :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`). Its state is a
+    :class:`FedSpaState`: ``state.params`` (the dense global ``w_t``), ``state.clients`` =
+    ``state.masks`` (every client's mask, leaves ``[N, ...]``, bool or packed ``uint8``),
+    ``state.server_opt_state``, ``state.round`` (rounds completed) and the property
+    ``state.personal`` (``[N, ...]``: every ``m_k⊙w_t``). Each ``step`` reports a
+    :class:`FedSpaInfo`: ``loss`` (the cohort's loss at its downloaded sparse models, weighted
+    by the round's weights), ``bits_up`` / ``bits_down`` (the honest ledger, summed over the
+    cohort: each sparse model by its values plus the cheaper of a bitmap and indices, or
+    ``uplink.bits(d)`` per upload, plus the DST mask's changed positions up),
+    ``paper_bits_up`` / ``paper_bits_down`` (the paper's ledger: ``S·(1−s)·d·32`` bits each
+    way, or ``S·uplink.bits(d)`` up), ``num_clients`` (int32), ``alpha`` (this round's drop
+    fraction α_t) and ``mask_change`` (the mean Hamming distance between a participant's old
+    and new mask).
+
+  References:
+    Tiansheng Huang, Shiwei Liu, Li Shen, Fengxiang He, Weiwei Lin, Dacheng Tao (2022).
+      Achieving Personalized Federated Learning with Sparse Local Models. arXiv preprint.
+      arXiv:2201.11380.
+
+  Source for the team: seed 002, Algorithm 1, l. 338-385; spec ``seed002.md`` §2-§3.
   """
   return cohort_round(
       client_update(loss_fn, lr, num_rounds=num_rounds, sparsity=sparsity, search=search,

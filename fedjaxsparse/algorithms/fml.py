@@ -67,12 +67,83 @@ def fml(model: Model, private_model: Model, client_optimizer: optax.GradientTran
         local_steps: int = 1, batch_size: int | None = None, cohort_size: int | None = None,
         weighting: str = "num_examples", augment=None, sampler: Any = None,
         uplink: Any = None, server_optimizer: Any = None) -> Algorithm:
-  """FML: :func:`client_update` on :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`;
-  the server averages the uploaded meme models
-  (:func:`~fedjaxsparse.algorithms.cohort_round.mean_model`). ``init(key, params, data)``
-  initialises client i's private model with ``private_model.init(fold_in(key, i))``.
-  ``sampler``, ``uplink`` (applied to the uploaded meme model) and ``server_optimizer`` as in
-  :func:`fedjaxsparse.algorithms.fedavg.fedavg`."""
+  """FML, Federated Mutual Learning (Shen et al., 2020): every client keeps a private model
+  across rounds and, each round, trains it together with a copy of the shared "meme" model by
+  mutual distillation on its local data; only the meme models are uploaded and averaged.
+
+  Round t: the server sends the meme model ``θ^t`` to a cohort ``C_t``. Client i, holding its
+  private model ``φ_i``, runs ``local_steps`` steps; each step draws one minibatch ``(x, y)``
+  and takes one ``client_optimizer`` step on each model, on
+
+      L_meme    = α·CE(h(x; θ), y)   + (1 − α)·T²·KL(p_φ ‖ p_θ)
+      L_private = β·CE(g(x; φ_i), y) + (1 − β)·T²·KL(p_θ ‖ p_φ)
+
+  (``h = model.apply``, ``g = private_model.apply``; ``p`` the softmax at temperature ``T``;
+  each model's KL target is the other's current prediction, held fixed for that step). It
+  uploads its trained meme model (a model, not a delta) and keeps its private model; the
+  server sets ``θ^{t+1} = Σ_{i∈C_t} p_i θ_i`` (``p_i = n_i/Σ_{C_t} n_j`` by default). The
+  private models are stacked ``[N, ...]`` in the state and change only for the round's
+  participants; the meme (global) model is the one evaluated. The round is
+  :func:`fedjaxsparse.algorithms.cohort_round.cohort_round` with :func:`client_update` and
+  the aggregation :func:`~fedjaxsparse.algorithms.cohort_round.mean_model`. FML is a
+  baseline of Wu et al. (2023); its details here follow Shen et al. (2020). See the module
+  docstring (:mod:`fedjaxsparse.algorithms.fml`).
+
+  Args:
+    model: the meme (shared, global) :class:`~fedjaxsparse.core.Model` ``h``: its ``apply``
+      gives the logits and its ``per_example_loss`` the CE term.
+    private_model: the clients' private :class:`~fedjaxsparse.core.Model` ``g`` (may differ
+      from ``model``); ``init`` gives client i the private model
+      ``private_model.init(fold_in(key, i))``, in the meme model's float dtype.
+    client_optimizer: the optax transformation of the local steps, applied to the meme and
+      the private model with separate states (fresh each round), or a function of the
+      round returning one (a round schedule).
+    alpha: α ∈ [0, 1], the CE weight of the meme model's loss (1 − α on its KL to the
+      private model; FML's default 0.5).
+    beta: β ∈ [0, 1], the CE weight of the private model's loss (1 − β on its KL to the meme
+      model; FML's default 0.5).
+    temperature: the softmax temperature T > 0 of the KL terms (scaled by T²).
+    local_steps: local steps per round (int ≥ 1), each one step on each model.
+    batch_size: examples per local step, drawn uniformly with replacement from the client's
+      data (``None``: its full data every step).
+    cohort_size: clients per round, drawn uniformly without replacement inside ``jit``
+      (``None``: all clients).
+    weighting: the aggregation weights ``p_i``: ``"num_examples"`` (``n_i/Σ_{C_t} n_j``, the
+      paper's), ``"uniform"`` or ``"sampling"`` (``1/(N π_i)``, π_i the ``sampler``'s
+      inclusion probability of client i).
+    augment: ``(key, x) -> x`` applied to every local minibatch inside ``jit``
+      (:mod:`fedjaxsparse.ops.augment`); ``None``: none.
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing each round's cohort
+      (block, stratified, importance, ...) instead of ``cohort_size``'s uniform one, as in
+      :func:`fedjaxsparse.algorithms.fedavg.fedavg`.
+    uplink: a :class:`fedjaxsparse.ops.compressors.Compressor` applied to every uploaded
+      meme model (one key per client), charged ``uplink.bits(d)`` per member, as in
+      :func:`fedjaxsparse.algorithms.fedavg.fedavg`; ``None``: dense uploads.
+    server_optimizer: an optax transformation of the pseudo-gradient ``θ^t − Σ_i p_i θ_i``
+      (FedAdam, server momentum), as in :func:`fedjaxsparse.algorithms.fedavg.fedavg`;
+      ``None`` sets ``θ^{t+1} = Σ_i p_i θ_i``.
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm`: ``init(key, params, data)`` takes ``params``
+    as the initial meme model and returns an :class:`FMLState`: ``state.params`` (the meme,
+    global model), ``state.clients`` (the private models, leaves ``[N, ...]``; also
+    ``state.private`` and ``state.personal``), ``state.server_opt_state`` and
+    ``state.round`` (``int32``, rounds completed). ``step(key, state, data)`` returns
+    ``(state, info)`` with a :class:`~fedjaxsparse.algorithms.fedavg.FedAvgInfo`: ``loss``
+    (each member's meme objective ``L_meme`` at the models it started from, on its first
+    local minibatch, weighted as the aggregation), ``bits_up`` (32·d per member for the
+    dense meme model, or ``uplink.bits(d)``, summed over the cohort), ``bits_down`` (32·d
+    per member, summed) and ``num_clients`` (``int32``, the cohort size).
+
+  References:
+    Tao Shen, Jie Zhang, Xinkang Jia, Fengda Zhang, Gang Huang, Pan Zhou, et al. (2020).
+      Federated Mutual Learning. arXiv preprint. arXiv:2006.16765.
+    Xidong Wu, Wan-Yi Lin, Devin Willmott, Filipe Condessa, Yufei Huang, Zhenzhen Li, et al.
+      (2023). Leveraging Foundation Models to Improve Lightweight Clients in Federated
+      Learning. NeurIPS 2023 FL workshop. arXiv:2311.08479.
+
+  Source for the team: the FML baseline of seed 004 Task 3, l. 1645; spec ``seed004.md`` §3.3.
+  """
   return cohort_round(
       client_update(model, private_model, client_optimizer, alpha=alpha, beta=beta,
                     temperature=temperature, local_steps=local_steps, batch_size=batch_size,

@@ -122,9 +122,82 @@ def _group_dot(zigs: Z.ZIGs, a: Any, b: Any) -> jax.Array:
 def dhspg(model: Model, zigs: Z.ZIGs, optimizer: optax.GradientTransformation,
           learning_rate: Callable[[jax.Array], jax.Array],
           config: DHSPGConfig = DHSPGConfig()) -> ATO:
-  """DHSPG over ``model`` (from :mod:`fedjaxsparse.models.prunable`) with groups ``zigs``;
-  ``optimizer`` the base optimiser and ``learning_rate(step)`` its step size η_t (the
-  penalty's step is ``η_t λ_g``). See the module docstring."""
+  """DHSPG, OTOv2's Dual Half-Space Projected Gradient (Chen et al., 2023): structured sparsity
+  while training — a score picks the groups to penalise, which are then driven to exactly 0 by
+  a group-lasso step with an adaptive λ and a half-space projection; the OTOv2 baseline of
+  Auto-Train-Once (Wu et al., 2024).
+
+  Groups are the G zero-invariant groups of ``zigs`` (``x_g``: the weights producing one
+  channel). Every target step, with ``η_t = learning_rate(step)``, ``d`` the base optimiser's
+  direction (its update is ``−η_t d``; for SGD with momentum, the momentum buffer) and
+  ``x̂ = x − η_t d``:
+
+  1. **Partition** (once, at step ``partition_step``): each group's score
+     ``s_g = ½ n(cos(x_g, d_g))_g + ½ n(1/(‖x_g‖/|g| + 10⁻⁶))_g`` (``n``: the vector over all
+     groups normalised to unit length); the ``K = ⌊G·min(target + tolerance, 0.999)⌋``
+     highest form the penalised set (``w_g = 0``; the others ``w_g = 1``). Before it,
+     nothing is penalised.
+  2. While the group sparsity (the fraction of groups exactly 0) is below ``target``, every
+     penalised non-zero group also moves along ``−η_t λ_g x_g/‖x_g‖``, with, from
+     ``warm_up_steps`` on, the adaptive ``λ_g``: where ``⟨x_g, d_g⟩ < 0``,
+     ``λ_g = clip(a·ℓ_g, λ, λ·Λ)`` with ``ℓ_g = −⟨x_g, d_g⟩/‖x_g‖``, or ``(ℓ_g + υ_g)/2`` if
+     that reaches ``υ_g = −‖d_g‖²‖x_g‖/⟨x_g, d_g⟩``; elsewhere (and before warm-up)
+     ``λ_g = λ`` (``a = lam_amplify``, ``Λ = hat_lam_coeff``).
+  3. **Half-space projection** (from ``half_space_step`` on): such a group whose new point
+     (``x̂_g`` plus step 2's move) ``y_g`` has ``⟨y_g, x_g⟩ < ε‖x_g‖²`` is set to 0 — at
+     most as many as keep the group sparsity at ``target + tolerance`` (a random subset of
+     the candidates beyond that).
+  4. Groups that are 0 stay 0.
+
+  With ``lam = 0`` and a ``partition_step`` never reached it is the base optimiser. The module
+  docstring (:mod:`fedjaxsparse.algorithms.oto`) has the details.
+
+  Args:
+    model: the network, a :class:`~fedjaxsparse.core.Model` built from
+      :mod:`fedjaxsparse.models.prunable` (its ``apply`` and ``per_example_loss`` give the
+      training loss).
+    zigs: its zero-invariant groups (:class:`fedjaxsparse.pruning.zig.ZIGs`, from
+      ``fjs.pruning.zig.trace(module, input_shape)``).
+    optimizer: the base optax optimiser (SGD with momentum in OTOv2).
+    learning_rate: ``step -> η_t``, exactly the base optimiser's step size at target step t:
+      it recovers ``d`` from the optimiser's update and scales the penalty's step
+      ``η_t λ_g``.
+    config: a :class:`~fedjaxsparse.algorithms.oto.DHSPGConfig` (validated; OTOv2's SGD
+      defaults; steps count from 0): ``target`` (the group sparsity to reach, default 0.5),
+      ``tolerance`` (0.05), ``lam`` (λ, 1e-3), ``lam_amplify`` (a, 2), ``hat_lam_coeff``
+      (Λ, 10), ``epsilon`` (ε, 0), ``partition_step`` (0), ``half_space_step`` (None: the
+      partition step) and ``warm_up_steps`` (0).
+
+  Returns:
+    An :class:`~fedjaxsparse.algorithms.ato.ATO` trainer — a named tuple of pure functions,
+    not an :class:`~fedjaxsparse.core.Algorithm` — shaped like Auto-Train-Once's so that
+    :func:`fedjaxsparse.algorithms.ato.train` runs it. ``train`` reads only ``T_start`` and
+    ``T_end`` of the ``ATOConfig`` it is given: pass ones beyond the run (e.g.
+    ``ATOConfig(T_start=epochs + 1, T_end=epochs + 1)``) to skip the controller passes, which
+    do nothing here; ``ctrl_index`` is still required. It returns ``(state, history)``, one
+    record per epoch (``epoch``, the epoch means of ``info``'s fields, ``seconds``,
+    ``metric``). The trainer's ``init(key, params)`` gives an
+    :class:`~fedjaxsparse.algorithms.ato.ATOState`: ``state.params`` (the network),
+    ``opt_state``, ``w [G]`` (1 for the unpenalised groups; all ones before the partition),
+    ``epoch``, ``step`` (target steps taken) and ``key``; ``ctrl_params``,
+    ``ctrl_opt_state`` and ``ctrl_input`` are placeholders (``zeros(1)``).
+    ``target_step(state, x, y)`` returns ``(state, info)``, an
+    :class:`~fedjaxsparse.algorithms.ato.ATOInfo`: ``loss`` (the batch's loss before the
+    step), ``flops`` (the FLOPs of the groups non-zero after the step over ``P_total``),
+    ``kept`` (the fraction of unpenalised groups, mean of ``w``) and ``zero_groups`` (the
+    fraction of groups exactly 0). ``ctrl_step`` returns ``(state, 0.0)`` unchanged,
+    ``end_epoch`` only advances ``epoch``, and ``mask_logits`` raises
+    ``NotImplementedError`` (there is no controller).
+
+  References:
+    Tianyi Chen, Luming Liang, Tianyu Ding, Zhihui Zhu, Ilya Zharkov (2023). OTOv2: Automatic,
+      Generic, User-Friendly. ICLR 2023. arXiv:2303.06862.
+    Xidong Wu, Shangqian Gao, Zeyu Zhang, Zhenzhen Li, Runxue Bao, Yanfu Zhang, et al. (2024).
+      Auto-Train-Once: Controller Network Guided Automatic Network Pruning from Scratch. CVPR
+      2024. arXiv:2403.14729.
+
+  Source for the team: seed 004's Tables 4-5 (the OTOv2 comparisons).
+  """
   cfg = config.validate()
   hs_step = cfg.partition_step if cfg.half_space_step is None else cfg.half_space_step
   num = zigs.num_groups

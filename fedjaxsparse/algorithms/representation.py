@@ -201,31 +201,67 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
   ``L_i`` and each layer is averaged over the clients that returned it (FedP3's Aggregation,
   :func:`fedjaxsparse.algorithms.fedp3.aggregate_updates`).
 
+  No ``uplink``: a client uploads class statistics (means, scales, the classes it saw) beside
+  its body, which a compressor of the body's update must not touch.
+
   Args:
     model: a :class:`~fedjaxsparse.models.split.SplitModel` with a Gaussian representation
-      (:func:`fedjaxsparse.models.split.fedcr_net`).
+      (:func:`fedjaxsparse.models.split.fedcr_net` with ``gaussian=True``).
     lr: the local step size η, or a schedule of the round ``t -> η_t`` (FedCR's code:
       ``optax.exponential_decay(lr, 1, 0.997)``, 0.997 per round by
       default, 1 in its README's commands).
-    beta: β, the weight of the KL term (FedCR's code: 1e-3; 1e-4 for CIFAR-100).
+    beta: β ≥ 0, the weight of the KL term (FedCR's code: 1e-3; 1e-4 for CIFAR-100).
     beta2: β₂ ∈ [0, 1], the server's step towards the new class distributions (the README: 1).
-    samples: S, draws of z per example (``num_avg_train``: 15; 18 for CIFAR-100).
-    epochs, batch_size: E local epochs of B examples (the code: 2 and 48; the README: 10).
-    cohort_size: clients per round (the code: 10 % of 100); ``None``: all.
-    momentum, weight_decay, clip: :func:`local_optimizer` (the code: 0, 0 and 10).
+    samples: S, draws of z per example (``num_avg_train``: 15; 18 for CIFAR-100); must be 1
+      with ``deterministic``.
+    epochs: E, local epochs per round (the code: 2; the README: 10).
+    batch_size: B, examples per local step (the code: 48).
+    cohort_size: clients per round, uniform without replacement (the code: 10 % of 100);
+      ``None``: all.
+    momentum: heavy-ball momentum of :func:`local_optimizer` (the code: 0).
+    weight_decay: weight decay of :func:`local_optimizer` (the code: 0).
+    clip: the global norm the local gradient is clipped at (:func:`local_optimizer`; the
+      code: 10; ``None``: no clipping).
     weighting: the body's aggregation weights, ``"uniform"`` (the code) or ``"num_examples"``
       (``"sampling"`` with a sampler).
-    share_head: average the head as well (FedAvg with FedCR's regulariser).
+    share_head: average the head as well (FedAvg with FedCR's regulariser); then the personal
+      heads in ``state.clients`` are not trained and every client's model is
+      ``state.params``.
     deterministic: ``z = μ`` (no sampling; then ``samples`` must be 1) — the reduction to FedAvg.
-    train_layers: ``bool[N, L]`` over the body's layers (FedCR-OPU3; ``None``: every layer).
-    sampler, server_optimizer: the cohort round's
-      (:func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`).
+    train_layers: ``bool[N, L]`` over the body's layers (FedCR-OPU3; ``None``: every layer);
+      not combinable with ``share_head``.
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing each round's cohort instead
+      of a uniform one of ``cohort_size``; forwarded to
+      :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`.
+    server_optimizer: an optax transformation of the body's pseudo-gradient ``−Δ`` (FedAdam,
+      server momentum); ``None`` applies the average as it is. Forwarded to
+      :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`.
     client_optimizer: an optax transformation (or a function of the round returning one)
       instead of :func:`local_optimizer` (``lr``, ``momentum``, ``weight_decay`` and ``clip``
       are then unused).
 
-  No ``uplink``: a client uploads class statistics (means, scales, the classes it saw) beside
-  its body, which a compressor of the body's update must not touch.
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm` whose state is a :class:`FedCRState`:
+    ``state.params`` (the global ``{"body", "head"}``; the head is the shared one only with
+    ``share_head``), ``state.clients`` (``{"head": personal heads}``, leaves ``[N, ...]``, plus
+    ``"layers"``: ``bool[N, L]`` with ``train_layers``), ``state.heads`` (the personal heads),
+    ``state.personal`` (every client's ``{"body": φ, "head": h_i}``, leaves ``[N, ...]``),
+    ``state.server`` = ``(state.prior_mean, state.prior_std)`` (``m, s [C, d]``: r(z|y)),
+    ``state.server_opt_state`` and ``state.round``. ``step(key, state, data)`` returns
+    ``(state, info)``, ``info`` a :class:`RoundInfo`: ``loss`` (the cohort's first-step loss,
+    weighted as the aggregation), ``bits_up`` (summed over the cohort: the bodies — only the
+    ``L_i`` layers with ``train_layers``; the heads too with ``share_head`` — plus 2d floats
+    for every class a client saw, 32 bits a float), ``bits_down`` (body, and head with
+    ``share_head``, and r(z|y)'s 2Cd floats, fp32, per member) and ``num_clients``.
+
+  References:
+    Hao Zhang, Chenglin Li, Wenrui Dai, Junni Zou, Hongkai Xiong (2023). FedCR: Personalized
+      Federated Learning Based on Across-Client Common Representation with Conditional Mutual
+      Information Regularization. ICML 2023, PMLR 202:41314-41330. (Code:
+      github.com/haozzh/FedCR.)
+    Kai Yi, Nidham Gazagnadou, Peter Richtárik, Lingjuan Lyu (2024). FedP3: Federated
+      Personalized and Privacy-friendly Network Pruning under Model Heterogeneity. ICLR 2024.
+      arXiv:2404.09816. (FedCR-OPU3.)
   """
   _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip)
   check_number("beta", beta, 0.0, None)
@@ -449,17 +485,63 @@ def fedsr(model: SplitModel, lr: float | Schedule, *, l2r: float = 1e-3, cmi: fl
   With ``l2r = cmi = 0`` and ``deterministic=True`` (``z = μ``) FedSR is FedAvg with epoch-based
   local SGD (tested). A client update on
   :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`: it uploads its model delta (any
-  ``uplink`` compressor applies), its references are its state. ``client_optimizer``: an optax
-  transformation (or a function of the round returning one) instead of
-  :func:`local_optimizer` (``lr``, ``momentum``, ``weight_decay`` and ``clip`` are then
-  unused). ``lr`` may be a schedule of the round ``t -> η_t``.
+  ``uplink`` compressor applies), its references are its state and are never communicated.
+
+  Args:
+    model: a :class:`~fedjaxsparse.models.split.SplitModel` with a Gaussian representation
+      (:func:`fedjaxsparse.models.split.fedcr_net` with ``gaussian=True``).
+    lr: the local step size η > 0, or a schedule of the round ``t -> η_t``.
+    l2r: the weight (≥ 0) of the L2R term, the representation's norm.
+    cmi: the weight (≥ 0) of the CMI term, the KL to the client's reference ``r(z|y)``.
+    l2r_form: ``"norm"`` (``mean_b ‖z_b‖₂``, FedSR's code) or ``"squared"``
+      (``mean_b ‖z_b‖²₂``, the paper's E‖z‖²); :data:`L2R_FORMS`.
+    learn_reference: train the client's reference ``(r, ρ, C)`` along with the model (FedSR);
+      ``False`` keeps them fixed at their initial values (FedCR's copy of FedSR on a GPU).
+    samples: S, draws of ``z`` per example averaged in the cross-entropy; must be 1 with
+      ``deterministic``.
+    epochs: E, local epochs per round.
+    batch_size: B, examples per local step.
+    cohort_size: clients per round, uniform without replacement; ``None``: all.
+    momentum: heavy-ball momentum of :func:`local_optimizer`.
+    weight_decay: weight decay of :func:`local_optimizer`.
+    clip: the global norm the local gradient is clipped at (:func:`local_optimizer`;
+      ``None``: no clipping).
+    weighting: the models' aggregation weights, ``"uniform"`` (FedCR's code) or
+      ``"num_examples"`` (``"sampling"`` with a sampler).
+    deterministic: ``z = μ`` (no sampling; then ``samples`` must be 1) — with ``l2r = cmi =
+      0``, the reduction to FedAvg.
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing each round's cohort instead
+      of a uniform one of ``cohort_size``; forwarded to
+      :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`.
+    server_optimizer: an optax transformation of the pseudo-gradient ``−Δ`` (FedAdam, server
+      momentum); ``None`` applies the average as it is. Forwarded to
+      :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`.
+    uplink: a :class:`fedjaxsparse.ops.compressors.Compressor` applied to every client's model
+      delta (one key per client), charged ``uplink.bits(d)`` per member; ``None``: dense
+      uploads. Forwarded to :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`.
+    client_optimizer: an optax transformation (or a function of the round returning one)
+      instead of :func:`local_optimizer` (``lr``, ``momentum``, ``weight_decay`` and ``clip``
+      are then unused).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm` whose state is a :class:`FedSRState`:
+    ``state.params`` (the global ``{"body", "head"}``), ``state.clients`` =
+    ``state.reference`` (every client's ``(r_mean [N, C, d], r_scale [N, C, d], c [N])``),
+    ``state.personal`` (the global model broadcast to ``[N, ...]``; FedSR-FT's personal models
+    are :func:`fine_tune`'s), ``state.server_opt_state`` and ``state.round``.
+    ``step(key, state, data)`` returns ``(state, info)``, ``info`` a :class:`RoundInfo`:
+    ``loss`` (the cohort's first-step loss, weighted as the aggregation), ``bits_up`` (the
+    dense model, 32 bits a float, per member; ``uplink.bits(d)`` per member with an uplink),
+    ``bits_down`` (the dense model per member) and ``num_clients``.
 
   References:
     Nguyen, A. Tuan; Torr, Philip H. S.; Lim, Ser-Nam (2022). FedSR: A Simple and Effective
       Domain Generalization Method for Federated Learning. NeurIPS 2022. (Code:
       github.com/atuannguyen/FedSR.)
-
-  Other arguments: as :func:`fedcr`.
+    Hao Zhang, Chenglin Li, Wenrui Dai, Junni Zou, Hongkai Xiong (2023). FedCR: Personalized
+      Federated Learning Based on Across-Client Common Representation with Conditional Mutual
+      Information Regularization. ICML 2023, PMLR 202:41314-41330. (FedSR-FT as run in
+      FedCR's code.)
   """
   _check(lr, epochs, batch_size, samples, momentum, weight_decay, clip)
   check_number("l2r", l2r, 0.0, None)
@@ -607,40 +689,64 @@ def fedpac(model: SplitModel, lr: float | Schedule, *, lam: float = 1.0, epochs:
   A client update on :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`: the global
   centroids are its server part, the combined heads the server's reply to the members.
 
-  Args:
-    model: a :class:`~fedjaxsparse.models.split.SplitModel` with a deterministic
-      representation (:func:`fedjaxsparse.models.split.fedcr_net` with ``gaussian=False``).
-    lr: the body's step size η > 0, or a schedule of the round ``t -> η_t``.
-    lam: λ ≥ 0, the weight of the feature alignment term (the paper: 1).
-    epochs, head_epochs: local epochs on the body (≥ 1) and before it on the head (≥ 0).
-    head_lr: the head's step size (FedPAC's code: 0.1).
-    batch_size: B examples per local step.
-    cohort_size: clients per round (``None``: all).
-    momentum, weight_decay, clip: :func:`local_optimizer` of both parts.
-    weighting: the bodies' aggregation weights: ``"num_examples"`` (the paper), ``"uniform"``
-      or ``"sampling"`` (with ``sampler``).
-    combine_heads: give every member the combination of the cohort's heads (else each keeps
-      its own).
-    min_weight: combination weights below it are set to 0 (FedPAC's code: 1e-3).
-    qp_iterations: iterations of :func:`simplex_qp`.
-    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort.
-    server_optimizer: an optax transformation of the bodies' pseudo-gradient.
-    client_optimizer: an optax transformation (or a function of the round returning one) for
-      the body's epochs instead of :func:`local_optimizer` with ``lr`` (the head keeps its SGD
-      with ``head_lr``).
-
   No ``uplink``: the upload holds class statistics beside the body.
-
-  References:
-    Jian Xu, Xinyi Tong, Shao-Lun Huang (2023). Personalized Federated Learning with Feature
-      Alignment and Classifier Collaboration. ICLR 2023. arXiv:2306.11867. (Code:
-      github.com/JianXu95/FedPAC.)
 
   Choices from FedPAC's code where the paper is silent: the statistics use the model the
   client receives, before training; the alignment loss is the mean squared error over the
   batch and the F features; ``V_i`` is divided by ``n_i``. FedPAC's code projects ``P`` onto
   the positive semi-definite cone when CVXPY would refuse it; ``diag V + D_i`` is a Gram
   matrix plus a non-negative diagonal, so it never needs to.
+
+  Args:
+    model: a :class:`~fedjaxsparse.models.split.SplitModel` with a deterministic
+      representation (:func:`fedjaxsparse.models.split.fedcr_net` with ``gaussian=False``).
+    lr: the body's step size η > 0, or a schedule of the round ``t -> η_t``.
+    lam: λ ≥ 0, the weight of the feature alignment term (the paper: 1).
+    epochs: local epochs on the body per round (≥ 1).
+    head_epochs: local epochs on the head alone, before the body's (≥ 0).
+    head_lr: the head's step size (FedPAC's code: 0.1).
+    batch_size: B examples per local step.
+    cohort_size: clients per round, uniform without replacement (``None``: all).
+    momentum: heavy-ball momentum of :func:`local_optimizer`, for both parts (FedPAC's code:
+      0.5).
+    weight_decay: weight decay of :func:`local_optimizer`, for both parts (FedPAC's code:
+      5e-4).
+    clip: the global norm the local gradient is clipped at (:func:`local_optimizer`, both
+      parts; ``None``: no clipping).
+    weighting: the bodies' aggregation weights: ``"num_examples"`` (the paper), ``"uniform"``
+      or ``"sampling"`` (with ``sampler``).
+    combine_heads: give every member the combination of the cohort's heads (else each keeps
+      its own).
+    min_weight: combination weights below it are set to 0 (FedPAC's code: 1e-3).
+    qp_iterations: iterations of :func:`simplex_qp`.
+    sampler: a :class:`fedjaxsparse.ops.sampling.Sampler` drawing each round's cohort instead
+      of a uniform one of ``cohort_size``; forwarded to
+      :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`.
+    server_optimizer: an optax transformation of the bodies' pseudo-gradient ``−Δ``; ``None``
+      applies the average as it is. Forwarded to
+      :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round`.
+    client_optimizer: an optax transformation (or a function of the round returning one) for
+      the body's epochs instead of :func:`local_optimizer` with ``lr`` (the head keeps its SGD
+      with ``head_lr``).
+
+  Returns:
+    An :class:`~fedjaxsparse.core.Algorithm` whose state is a :class:`FedPACState`:
+    ``state.params`` (the global ``{"body", "head"}``; its head is unused),
+    ``state.clients`` (``{"head": personal heads}``, leaves ``[N, ...]``), ``state.heads``,
+    ``state.personal`` (every client's ``{"body": φ, "head": h_i}``, leaves ``[N, ...]``),
+    ``state.server`` = ``(state.centroids [C, F], state.has_centroid bool[C])`` (the global
+    centroids ``c_k`` and whether some client of the last cohort held class k),
+    ``state.server_opt_state`` and ``state.round``. ``step(key, state, data)`` returns
+    ``(state, info)``, ``info`` a :class:`RoundInfo`: ``loss`` (the cohort's first-step loss
+    — of the head's epochs, or of the body's with ``head_epochs=0`` — weighted as the
+    aggregation), ``bits_up`` (per member: body, head and the statistics ``V_i``, ``H_i``,
+    centroids and counts, ``1 + 2CF + C`` floats, 32 bits a float), ``bits_down`` (per
+    member: the body and the C·F global centroids, fp32) and ``num_clients``.
+
+  References:
+    Jian Xu, Xinyi Tong, Shao-Lun Huang (2023). Personalized Federated Learning with Feature
+      Alignment and Classifier Collaboration. ICLR 2023. arXiv:2306.11867. (Code:
+      github.com/JianXu95/FedPAC.)
   """
   _check(lr, epochs, batch_size, 1, momentum, weight_decay, clip)
   check_number("head_lr", head_lr, 0.0, None, low_open=True)

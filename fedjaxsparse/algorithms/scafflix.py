@@ -230,18 +230,92 @@ def check_local_optima(x_star: Any, params: Any, n: int) -> None:
 def scafflix(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, x_star: Any = None, *,
              form: str = "iteration", cohort_size: int | None = None,
              batch_size: int | None = None) -> Algorithm:
-  """Scafflix (Yi et al. (2023), corrected; see the module docstring).
+  """Scafflix (Yi, Condat and Richtárik, 2023): probabilistic local training with control
+  variates (i-Scaffnew) applied to FLIX's personalised objective, with per-client step sizes.
+
+  The problem is FLIX (Gasanov et al., 2022): every client first computes its local optimum
+  ``x_i* = argmin f_i`` (:func:`local_optima`); then all clients train one global ``x`` for
+
+    f̃(x) = (1/N) Σ_i f_i(x̃_i),   x̃_i = α_i x + (1 − α_i) x_i*,   α_i ∈ (0, 1],
+
+  and client i uses its personalised model ``x̃_i`` (:func:`personalize`). Each iteration every
+  client takes one local step with its gradient taken at the *personalised* point, and one coin
+  θ ~ Bernoulli(p), shared by all clients, decides whether they communicate::
+
+    x̂_i = x_i − (γ_i/α_i)(∇f_i(x̃_i) − h_i)
+    θ = 1:  x̄ = Σ_j w_j x̂_j,   w_j = (α_j²/γ_j) / Σ_k (α_k²/γ_k)     (upload x̂_j, download x̄)
+            h_i ← h_i + (p α_i/γ_i)(x̄ − x̂_i),   x_i ← x̄
+    θ = 0:  x_i ← x̂_i   (h_i unchanged)
+
+  starting from ``x_i⁰ = params`` and ``h_i⁰ = 0``. The iteration keeps ``Σ_i α_i h_i`` constant
+  (= 0; reported as ``info.alpha_h_sum_norm``), and with exact gradients it converges to the FLIX
+  solution, where ``h_i = ∇f_i(x̃_i*)``.
+
+  What is corrected relative to the paper's Scafflix pseudocode:
+
+  * the server average: the paper writes ``x̄ = (γ/n) Σ_j (α_i²/γ_i) x̂_j`` with the client index
+    i inside a sum over j (a typo); the weight of client j is α_j²/γ_j, and with
+    ``γ = ((1/n) Σ_i α_i²/γ_i)^{-1}`` the weights sum to 1 (the w_j above);
+  * the initial control variates: the paper's input asks for ``Σ_i h_i⁰ = 0``, but the quantity
+    the iteration preserves is ``Σ_i α_i h_i`` (not ``Σ_i h_i``, when the α_i differ), and the
+    method reaches the FLIX solution only if it is 0; a start with ``Σ_i h_i⁰ = 0`` but
+    ``Σ_i α_i h_i⁰ ≠ 0`` converges to a wrong point. Here ``h_i⁰ = 0``, which satisfies both.
+
+  Special cases (all tested): α_i = 1 for every i is i-Scaffnew (:func:`i_scaffnew`); α_i = 1
+  and equal γ_i is Scaffnew/ProxSkip; p = 1 is gradient descent on f̃ with step
+  ``((1/N) Σ_i α_i²/γ_i)^{-1}`` (:func:`flix_sgd`). :func:`scafflix_constants` gives the
+  theory's choices γ_i = 1/L_i and p = 1/√κ_max. The module docstring has the full story
+  (the i-Scaffnew substitution, the round form, partial participation).
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i`` of one client.
-    gammas: ``[N]`` individual step sizes γ_i (theory: ``1/L_i``) or one float for all.
-    p: communication probability in (0, 1].
-    alphas: ``[N]`` personalization factors α_i ∈ (0, 1] or one float (1: no personalization).
-    x_star: ``[N, ...]`` local optima (:func:`local_optima`; exact for quadratics); ``None``
-      when every α_i = 1 (then unused).
-    form: ``"iteration"`` or ``"round"``.
-    cohort_size: clients per round (round form only; ``None``: all).
-    batch_size: examples per local gradient (with replacement) or ``None`` (full gradient).
+    loss_fn: ``(params, x, y, mask) -> f_i``: the loss of one client on its examples
+      (:func:`fedjaxsparse.models.make_loss`).
+    gammas: the individual step sizes γ_i > 0: an ``[N]`` array, or one float for all clients
+      (theory: ``1/L_i``).
+    p: the communication probability in (0, 1] (theory: ``1/√κ_max``); the expected number of
+      local steps between communications is 1/p.
+    alphas: the personalization factors α_i ∈ (0, 1]: an ``[N]`` array or one float (1: no
+      personalization, every client uses the global model).
+    x_star: ``[N, ...]`` the clients' local optima x_i* (``params``' tree with a leading client
+      axis; from :func:`local_optima`, exact for quadratics); may be ``None`` only when every
+      α_i = 1 (then it is unused).
+    form: ``"iteration"``: each ``step`` is one local step followed by the coin; ``"round"``:
+      each ``step`` is one communication round, ``L ~ Geometric(p)`` local steps (the last one
+      followed by the average), the same process grouped by communications.
+    cohort_size: clients per round, a uniform sample without replacement (round form only;
+      ``None``: all N). The cohort starts from the server model x̄, its average uses the weights
+      α_j²/γ_j renormalised over the cohort, and only its h_i change, so ``Σ_i α_i h_i`` stays
+      preserved (this partial-participation rule is the library's; the paper gives none).
+    batch_size: examples per local gradient, drawn with replacement; ``None``: the client's full
+      data (exact gradients).
+
+  Returns:
+    An :class:`fedjaxsparse.Algorithm` ``(init, step)``. ``init(key, params, data)`` returns a
+    :class:`ScafflixState` with fields ``x`` (``[N, ...]`` client iterates x_i), ``h``
+    (``[N, ...]`` control variates, zero at the start), ``server`` (the last average x̄,
+    ``params`` at the start), ``x_star`` (``[N, ...]``), ``t`` (local steps done), ``comms``
+    (communications done) and ``alpha`` (``[N]``); ``state.params`` is the global model x̄ and
+    ``state.personal`` the clients' FLIX models ``α_i x̄ + (1 − α_i) x_i*`` (``[N, ...]``).
+    ``step(key, state, data)`` returns ``(state, info)``, ``info`` a :class:`ScafflixInfo` of
+    scalars: ``loss`` (mean ``f_i(x̃_i)`` of the participating clients before the step),
+    ``bits_up`` and ``bits_down`` (dense fp32 models, ``32·d`` per participant, 0 when the
+    step does not communicate), ``communicated`` (1.0 or 0.0), ``local_steps`` (1, or L in
+    the round form) and ``alpha_h_sum_norm`` (``‖Σ_i α_i h_i‖`` over all N clients: the
+    invariant, ~0).
+
+  References:
+    Kai Yi, Laurent Condat, Peter Richtárik (2023). Explicit Personalization and Local
+      Training: Double Communication Acceleration in Federated Learning. TMLR 2025.
+      arXiv:2305.13170.
+    Elnur Gasanov, Ahmed Khaled, Samuel Horváth, Peter Richtárik (2022). FLIX: A Simple and
+      Communication-Efficient Alternative to Local Methods in Federated Learning. AISTATS
+      2022. arXiv:2111.11556.
+    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
+      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration!
+      Finally! ICML 2022. arXiv:2202.09357.
+
+  Source for the team: seed 001 ch. 3 (Scafflix = dissertation Algorithm 4; typo l. 894,
+  input l. 876); spec ``specs/seed001_ch3_ch5.md`` §2.1, C3-1, C3-2, C3-8.
   """
   check_number("p (communication probability)", p, 0.0, 1.0, low_open=True)
   if form not in FORMS:
@@ -438,8 +512,50 @@ def scafflix_cohort(loss_fn: LossFn, gammas: Any, p: float, alphas: Any, *,
 
 
 def i_scaffnew(loss_fn: LossFn, gammas: Any, p: float, **kw) -> Algorithm:
-  """i-Scaffnew (Yi et al. (2023)): Scaffnew with individual step sizes γ_i, aggregation
-  weights ∝ 1/γ_j (the paper's index typo fixed) — Scafflix with every α_i = 1."""
+  """i-Scaffnew (Yi, Condat and Richtárik, 2023): Scaffnew (ProxSkip for federated learning)
+  with individual step sizes γ_i — :func:`scafflix` with every α_i = 1 (no personalization).
+
+  Each iteration every client takes one local step corrected by its control variate, and one coin
+  θ ~ Bernoulli(p), shared by all clients, decides whether they communicate::
+
+    x̂_i = x_i − γ_i (∇f_i(x_i) − h_i)
+    θ = 1:  x̄ = Σ_j w_j x̂_j,   w_j = (1/γ_j) / Σ_k (1/γ_k)     (upload x̂_j, download x̄)
+            h_i ← h_i + (p/γ_i)(x̄ − x̂_i),   x_i ← x̄
+    θ = 0:  x_i ← x̂_i   (h_i unchanged)
+
+  from ``x_i⁰ = params`` and ``h_i⁰ = 0``; ``Σ_i h_i`` stays 0. The weights are ∝ 1/γ_j: the
+  paper's pseudocode writes ``1/γ_i`` inside the sum over j, an index typo fixed here. With equal
+  γ_i it is Scaffnew/ProxSkip (tested). See :func:`scafflix` and the module docstring.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i``: the loss of one client on its examples.
+    gammas: the individual step sizes γ_i > 0: an ``[N]`` array, or one float for all clients
+      (theory: ``1/L_i``).
+    p: the communication probability in (0, 1].
+    **kwargs: forwarded to :func:`scafflix`: ``form`` (``"iteration"``: one local step per
+      ``step``; ``"round"``: one communication round of ``L ~ Geometric(p)`` local steps per
+      ``step``), ``cohort_size`` (clients per round, round form only; ``None``: all) and
+      ``batch_size`` (examples per local gradient, with replacement; ``None``: full data).
+
+  Returns:
+    An :class:`fedjaxsparse.Algorithm` as :func:`scafflix`'s with α_i = 1: its state is a
+    :class:`ScafflixState` (``x`` and ``h`` ``[N, ...]``, ``server``, ``x_star`` — a copy of
+    the initial per-client models, unused —, ``t``, ``comms``, ``alpha`` = 1;
+    ``state.params`` is the global model x̄, ``state.personal`` equals it on every client), and
+    ``step`` reports a :class:`ScafflixInfo` (``loss``, ``bits_up``, ``bits_down``,
+    ``communicated``, ``local_steps``, ``alpha_h_sum_norm`` = ``‖Σ_i h_i‖``).
+
+  References:
+    Kai Yi, Laurent Condat, Peter Richtárik (2023). Explicit Personalization and Local
+      Training: Double Communication Acceleration in Federated Learning. TMLR 2025.
+      arXiv:2305.13170.
+    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
+      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration!
+      Finally! ICML 2022. arXiv:2202.09357.
+
+  Source for the team: seed 001 app. B (i-Scaffnew = dissertation Algorithm 9, typo l. 2716);
+  spec ``specs/seed001_ch3_ch5.md`` §2.2, C3-2.
+  """
   return scafflix(loss_fn, gammas, p, 1.0, None, **kw)
 
 
@@ -458,10 +574,52 @@ class FlixState(NamedTuple):
 
 def flix_sgd(loss_fn: LossFn, lr: float, alphas: Any, x_star: Any, *,
              cohort_size: int | None = None, batch_size: int | None = None) -> Algorithm:
-  """FLIX solved by (S)GD, the paper's baseline "FLIX": one communication per step; each
-  participant sends ``α_i ∇f_i(x̃_i)`` (the gradient of f̃_i), the server averages them over
-  the cohort and steps ``x ← x − lr · mean``. With full participation and
-  ``lr = (mean_i α_i²/γ_i)^{-1}`` it is Scafflix with p = 1 (tested)."""
+  """FLIX (Gasanov, Khaled, Horváth and Richtárik, 2022) solved by distributed (S)GD — the
+  baseline "FLIX" of the Scafflix paper (Yi et al., 2023): one communication per step.
+
+  FLIX's objective, with each client's local optimum ``x_i* = argmin f_i``
+  (:func:`local_optima`) and personalization factors α_i ∈ (0, 1]::
+
+    f̃(x) = (1/N) Σ_i f_i(x̃_i),   x̃_i = α_i x + (1 − α_i) x_i*
+
+  One step: the server broadcasts x to a cohort S; each member sends ``α_i ∇f_i(x̃_i)`` (the
+  gradient of its term of f̃, on a minibatch with ``batch_size``); the server steps
+  ``x ← x − lr · (1/|S|) Σ_{i∈S} α_i ∇f_i(x̃_i)``. Client i finally uses ``x̃_i``
+  (:func:`personalize`). A natural step is ``lr ≤ 1/((1/N) Σ_i α_i² L_i)``, the bound on f̃'s
+  smoothness (:func:`scafflix_constants`' ``flix_lr``). With full participation and
+  ``lr = ((1/N) Σ_i α_i²/γ_i)^{-1}`` it is :func:`scafflix` with p = 1 (tested).
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i``: the loss of one client on its examples.
+    lr: the server step size η > 0.
+    alphas: the personalization factors α_i ∈ (0, 1]: an ``[N]`` array or one float.
+    x_star: ``[N, ...]`` the clients' local optima x_i* (``params``' tree with a leading
+      client axis; from :func:`local_optima`); required.
+    cohort_size: clients per step, a uniform sample without replacement; ``None``: all N (the
+      average is uniform over the cohort).
+    batch_size: examples per client gradient, drawn with replacement; ``None``: the client's
+      full data (exact gradients, GD on f̃).
+
+  Returns:
+    An :class:`fedjaxsparse.Algorithm` ``(init, step)``. Its state is a :class:`FlixState`:
+    ``params`` (the global x), ``x_star`` (``[N, ...]``), ``round`` (steps done) and ``alpha``
+    (``[N]``); ``state.personal`` is the clients' models ``α_i x + (1 − α_i) x_i*``
+    (``[N, ...]``). ``step(key, state, data)`` returns ``(state, info)``, ``info`` a
+    :class:`ScafflixInfo`: ``loss`` (mean ``f_i(x̃_i)`` of the cohort before the step),
+    ``bits_up`` and ``bits_down`` (``32·d`` per cohort member: one dense fp32 vector each way),
+    ``communicated`` (always 1.0), ``local_steps`` (always 1) and ``alpha_h_sum_norm``
+    (always 0: FLIX keeps no control variates).
+
+  References:
+    Elnur Gasanov, Ahmed Khaled, Samuel Horváth, Peter Richtárik (2022). FLIX: A Simple and
+      Communication-Efficient Alternative to Local Methods in Federated Learning. AISTATS
+      2022. arXiv:2111.11556.
+    Kai Yi, Laurent Condat, Peter Richtárik (2023). Explicit Personalization and Local
+      Training: Double Communication Acceleration in Federated Learning. TMLR 2025.
+      arXiv:2305.13170.
+
+  Source for the team: seed 001 ch. 3; spec ``specs/seed001_ch3_ch5.md`` §2.4, C3-9.
+  """
   check_number("lr", lr, 0.0, None, low_open=True)
   value_and_grad = jax.value_and_grad(loss_fn)
 

@@ -113,15 +113,56 @@ def _client_objective(loss_fn: LossFn, unravel, batch_size):
 
 def sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver, *,
             batch_size: int | None = None) -> Algorithm:
-  """SPPM-AS: the cohort's prox ``prox_{γ f_S}(x_t)`` by ``solver``.
+  """SPPM-AS (Yi, Kharisov, Sokolov and Richtárik, 2024): stochastic proximal point with
+  arbitrary cohort sampling — each global round, the sampled cohort computes the prox of its
+  loss, spending K local communication rounds on it ("Cohort Squeeze").
+
+  Each global round t the server samples a cohort ``S ~ 𝒮`` (``sampler``, with marginals
+  ``p_i = P(i ∈ S)``), broadcasts the model ``x_t`` (a flat vector of d floats), and the cohort
+  approximately solves
+
+    x_{t+1} ≈ prox_{γ f_S}(x_t) = argmin_z  Σ_{i∈S} f_i(z)/(n p_i) + ‖z − x_t‖²/(2γ)
+
+  with the prox solver 𝒜 = ``solver`` started at ``z₀ = x_t`` and run for K =
+  ``solver.iterations`` iterations, each one local communication round of the cohort with its
+  hub (e.g. the members send their gradients, d floats each, and the hub broadcasts the new
+  iterate). The weights ``1/(n p_i)`` make ``f_S`` an unbiased estimate of
+  ``f = (1/n) Σ_i f_i``. Clients are stateless. For strongly convex f_i it converges linearly
+  to a neighbourhood of the minimiser for any γ > 0. Special cases: full sampling is the
+  proximal point method (PPM); one client per round is SPPM; the solver ``gd(η, 1)`` gives
+  minibatch GD ``x_t − η ∇f_S(x_t)`` (MB-GD, tested). The module docstring relates it to
+  :func:`cohort_average` and its named forms.
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i`` of one client.
-    sampler: the cohort sampling 𝒮 (its marginals give the weights 1/(n p_i)).
-    gamma: the prox parameter γ > 0 ("global learning rate"; any γ > 0 converges).
-    solver: 𝒜 with K = ``solver.iterations`` local communication rounds.
-    batch_size: minibatch per client gradient (``None``: the client's full data, as in the
-      Cohort-Squeeze paper's convex experiments).
+    loss_fn: ``(params, x, y, mask) -> f_i``: the loss of one client on its examples.
+    sampler: the cohort sampling 𝒮, a :class:`fedjaxsparse.ops.sampling.Sampler` over the
+      data's n clients (NICE, stratified, block, importance ...); its marginals p_i give the
+      weights ``1/(n p_i)``, padding entries of a cohort get weight 0.
+    gamma: the prox parameter γ > 0 (the paper's "global learning rate"); any γ > 0
+      converges: a larger γ contracts faster, to a neighbourhood that grows with γ but stays
+      bounded.
+    solver: the prox solver 𝒜 (:mod:`fedjaxsparse.convex.prox_solvers`: CG, BFGS, GD, optax
+      steps ...); ``solver.iterations`` is K, the local communication rounds per global round.
+    batch_size: examples per client loss and gradient, drawn with replacement; ``None``: the
+      client's full data, as in the paper's convex experiments.
+
+  Returns:
+    An :class:`fedjaxsparse.Algorithm` ``(init, step)``; ``step`` raises a ValueError if the
+    data's number of clients is not the sampler's. The state is an :class:`SPPMState`:
+    ``params`` (the server model x_t) and ``round`` (global rounds done). ``step(key, state,
+    data)`` returns ``(state, info)``, ``info`` an :class:`SPPMInfo` per global round:
+    ``loss`` (``f_S(x_t) = Σ_{i∈S} f_i(x_t)/(n p_i)``, the cohort loss at the start),
+    ``local_rounds`` (K), ``cohort`` (members), ``floats_up`` and ``floats_down`` (``K·d`` per
+    member: d floats per member per local round each way) and ``bits_up`` / ``bits_down`` (the
+    same in fp32 bits, ``32·K·d`` per member).
+
+  References:
+    Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
+      Single Communication Round per Cohort in Cross-Device Federated Learning.
+      FL@FM-NeurIPS'24 workshop (oral). arXiv:2406.01115.
+
+  Source for the team: seed 001 ch. 5 (SPPM-AS = dissertation Algorithm 8, FL form 14); spec
+  ``specs/seed001_ch3_ch5.md`` §3.2, §3.5.
   """
   check_number("gamma", gamma, 0.0, None, low_open=True)
 
@@ -256,26 +297,177 @@ def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver | MimeLite,
 
 def fedprox_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver,
                     local_rounds: int = 1, **kw) -> Algorithm:
-  """FedProx-SPPM-AS ("proximal averaging"): K rounds of
-  ``x_{k+1} = mean_{i∈S} prox_{γ f_i}(x_k)`` — not SPPM-AS (a mean of proxes is not the prox
-  of the mean); the Cohort-Squeeze paper's theory for it covers K = 1."""
+  """FedProx-SPPM-AS (Yi, Kharisov, Sokolov and Richtárik, 2024), "proximal averaging": each
+  cohort member computes its own prox (a FedProx-style local problem) and the hub averages,
+  for K local communication rounds per global round.
+
+  Each global round the server samples a cohort ``S ~ 𝒮`` and broadcasts ``x_0 = x_t``; then
+  for k = 0, …, K − 1 (one local communication round each)::
+
+    x_{k+1} = (1/|S|) Σ_{i∈S} prox_{γ f_i}(x_k),
+    prox_{γ f_i}(x_k) = argmin_z  f_i(z) + ‖z − x_k‖²/(2γ)
+
+  each member's argmin computed by ``solver`` started at ``x_k``, and ``x_{t+1} = x_K``. It is
+  not SPPM-AS (:func:`sppm_as`): a mean of proxes is not the prox of the mean. The paper's
+  theorem for it covers K = 1 (linear convergence to a neighbourhood for strongly convex f_i).
+  It is :func:`cohort_average` with ``alpha=gamma`` (the local prox term) and no global term;
+  see the module docstring.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i``: the loss of one client on its examples.
+    sampler: the cohort sampling 𝒮, a :class:`fedjaxsparse.ops.sampling.Sampler` over the
+      data's n clients.
+    gamma: the prox parameter γ > 0 of every member's prox ``prox_{γ f_i}``.
+    solver: each member's local prox solver (:mod:`fedjaxsparse.convex.prox_solvers`, e.g.
+      ``gd(η, E)`` or ``optax_steps(optax.adam(η), E)``), run from x_k in every local round;
+      or a :func:`mime_lite` worker.
+    local_rounds: K ≥ 1, the local communication rounds (prox-and-average steps) per global
+      round.
+    **kwargs: forwarded to :func:`cohort_average`: ``weighting`` (``"uniform"``: the cohort
+      mean, as in the paper; ``"sampling"``: the unbiased weights ``1/(n p_i)``, normalised),
+      ``batch_size`` (examples per client loss and gradient, with replacement; ``None``: the
+      client's full data) and ``server_optimizer`` (an optax transformation applied at the hub
+      to ``x_k − average`` as a pseudo-gradient, its state kept over the K local rounds;
+      ``None``: plain averaging).
+
+  Returns:
+    An :class:`fedjaxsparse.Algorithm` ``(init, step)`` (built by :func:`cohort_average`). The
+    state is an :class:`SPPMState`: ``params`` (the server model x_t) and ``round`` (global
+    rounds done). ``step(key, state, data)`` returns ``(state, info)``, ``info`` an
+    :class:`SPPMInfo` per global round: ``loss`` (``Σ_{i∈S} f_i(x_t)/(n p_i)``, the
+    sampling-weighted cohort loss at the start), ``local_rounds`` (K), ``cohort`` (members),
+    ``floats_up`` and ``floats_down`` (d floats per member per local round each way; twice
+    that up with a :func:`mime_lite` worker, which also uploads a gradient) and ``bits_up`` /
+    ``bits_down`` (the same in fp32 bits).
+
+  References:
+    Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
+      Single Communication Round per Cohort in Cross-Device Federated Learning.
+      FL@FM-NeurIPS'24 workshop (oral). arXiv:2406.01115.
+    Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith
+      (2020). Federated Optimization in Heterogeneous Networks. MLSys 2020. arXiv:1812.06127.
+
+  Source for the team: seed 001 app. D (FedProx-SPPM-AS = dissertation Algorithm 12, Theorem
+  D.2.1); spec ``specs/seed001_ch3_ch5.md`` §3.6.
+  """
   return cohort_average(loss_fn, sampler, solver, local_rounds=local_rounds, alpha=gamma, **kw)
 
 
 def fedavg_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, alpha: float | None,
                    solver: Solver, local_rounds: int = 1, **kw) -> Algorithm:
-  """FedAvg-SPPM-AS (as we read the paper's pseudocode: ``f̃_{i,t} = f_i +
-  ‖· − x_{0,t}‖²/(2γ)`` centred at the round's start, then K rounds of
-  ``x_{k+1} = mean_{i∈S} prox_{α f̃_{i,t}}(x_k)``). ``alpha=None`` drops the local prox term:
-  each member then runs ``solver`` (e.g. E Adam steps) on f̃_{i,t} from x_k — the FedAvg-style
-  solver of the Cohort-Squeeze paper's NN experiments."""
+  """FedAvg-SPPM-AS (Yi, Kharisov, Sokolov and Richtárik, 2024): FedAvg-style local rounds on
+  the cohort's prox problem — K rounds of averaged local proxes of ``f_i`` plus a global prox
+  term centred at the round's start.
+
+  As we read the paper's pseudocode: each global round the server samples a cohort ``S ~ 𝒮``
+  and broadcasts ``x_{0,t} = x_t``; every member forms
+  ``f̃_{i,t}(z) = f_i(z) + ‖z − x_{0,t}‖²/(2γ)`` (centred at the round's start), then for
+  k = 0, …, K − 1 (one local communication round each)::
+
+    x_{k+1} = (1/|S|) Σ_{i∈S} prox_{α f̃_{i,t}}(x_k)
+            = (1/|S|) Σ_{i∈S} argmin_z f_i(z) + ‖z − x_k‖²/(2α) + ‖z − x_{0,t}‖²/(2γ)
+
+  each member's argmin computed by ``solver`` started at ``x_k``, and ``x_{t+1} = x_K``. (The
+  paper's prose instead centres both terms at x_k with coefficients 2/γ and 2/α; this follows
+  its pseudocode.) ``alpha=None`` drops the local prox term: each member then runs ``solver``
+  (e.g. E Adam steps) on f̃_{i,t} from x_k — the FedAvg-style solver of the paper's neural-network
+  experiments. It is :func:`cohort_average` with both terms; see the module docstring.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i``: the loss of one client on its examples.
+    sampler: the cohort sampling 𝒮, a :class:`fedjaxsparse.ops.sampling.Sampler` over the
+      data's n clients.
+    gamma: γ > 0, the global prox parameter: the term ``‖z − x_{0,t}‖²/(2γ)`` centred at the
+      round's start.
+    alpha: α > 0, the local prox parameter: the term ``‖z − x_k‖²/(2α)`` centred at the local
+      round's start (a step size, not FLIX's α); ``None``: no local term.
+    solver: each member's local solver (:mod:`fedjaxsparse.convex.prox_solvers`, e.g.
+      ``gd(η, E)`` or ``optax_steps(optax.adam(η), E)``), run from x_k in every local round;
+      or a :func:`mime_lite` worker.
+    local_rounds: K ≥ 1, the local communication rounds per global round.
+    **kwargs: forwarded to :func:`cohort_average`: ``weighting`` (``"uniform"``: the cohort
+      mean, as in the paper; ``"sampling"``: the unbiased weights ``1/(n p_i)``, normalised),
+      ``batch_size`` (examples per client loss and gradient, with replacement; ``None``: the
+      client's full data) and ``server_optimizer`` (an optax transformation applied at the hub
+      to ``x_k − average`` as a pseudo-gradient, its state kept over the K local rounds;
+      ``optax.adam`` with an Adam worker is the paper's "FedAdam-Adam"; ``None``: plain
+      averaging).
+
+  Returns:
+    An :class:`fedjaxsparse.Algorithm` ``(init, step)`` (built by :func:`cohort_average`). The
+    state is an :class:`SPPMState`: ``params`` (the server model x_t) and ``round`` (global
+    rounds done). ``step(key, state, data)`` returns ``(state, info)``, ``info`` an
+    :class:`SPPMInfo` per global round: ``loss`` (``Σ_{i∈S} f_i(x_t)/(n p_i)``, the
+    sampling-weighted cohort loss at the start), ``local_rounds`` (K), ``cohort`` (members),
+    ``floats_up`` and ``floats_down`` (d floats per member per local round each way; twice
+    that up with a :func:`mime_lite` worker, which also uploads a gradient) and ``bits_up`` /
+    ``bits_down`` (the same in fp32 bits).
+
+  References:
+    Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
+      Single Communication Round per Cohort in Cross-Device Federated Learning.
+      FL@FM-NeurIPS'24 workshop (oral). arXiv:2406.01115.
+    Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas
+      (2017). Communication-Efficient Learning of Deep Networks from Decentralized Data.
+      AISTATS 2017. arXiv:1602.05629.
+    Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush, Jakub
+      Konečný, Sanjiv Kumar, H. Brendan McMahan (2021). Adaptive Federated Optimization. ICLR
+      2021. arXiv:2003.00295.
+
+  Source for the team: seed 001 app. D (FedAvg-SPPM-AS = dissertation Algorithm 13; NN
+  solver study §5.4.4, Fig. D.10); spec ``specs/seed001_ch3_ch5.md`` §3.7, §3.5, C5-4.
+  """
   return cohort_average(loss_fn, sampler, solver, local_rounds=local_rounds, alpha=alpha,
                         gamma=gamma, **kw)
 
 
 def local_gd(loss_fn: LossFn, sampler: Sampler, lr: float, local_steps: int, **kw
              ) -> Algorithm:
-  """LocalGD / MB-LocalGD / FedAvg on the cohort (the paper's local-training baselines):
-  ``local_steps`` GD steps of size ``lr`` on f_i from x_t, then the cohort mean; one
-  communication per global round."""
+  """LocalGD / MB-LocalGD / FedAvg (McMahan et al., 2017) on a sampled cohort: the
+  local-training baselines of the Cohort Squeeze paper (Yi, Kharisov, Sokolov and Richtárik,
+  2024).
+
+  Each global round the server samples a cohort ``S ~ 𝒮`` and broadcasts x_t; every member runs
+  E = ``local_steps`` gradient-descent steps on its own loss from x_t,
+  ``z ← z − lr ∇f_i(z)``, and the server averages, ``x_{t+1} = (1/|S|) Σ_{i∈S} z_i``: one
+  communication per global round, no local communication rounds (K = 1). With full sampling
+  it is LocalGD, with a sampled cohort (a minibatch of clients) the paper's MB-LocalGD, i.e.
+  FedAvg with GD local steps; with ``batch_size`` the local steps are SGD steps. It is
+  :func:`cohort_average` with the solver ``gd(lr, local_steps)``, K = 1 and no prox term; see
+  the module docstring.
+
+  Args:
+    loss_fn: ``(params, x, y, mask) -> f_i``: the loss of one client on its examples.
+    sampler: the cohort sampling 𝒮, a :class:`fedjaxsparse.ops.sampling.Sampler` over the
+      data's n clients.
+    lr: the local step size η > 0.
+    local_steps: E ≥ 1, the local GD steps per global round (the paper's default: 5).
+    **kwargs: forwarded to :func:`cohort_average`: ``weighting`` (``"uniform"``: the cohort
+      mean; ``"sampling"``: the unbiased weights ``1/(n p_i)``, normalised), ``batch_size``
+      (examples per local gradient, with replacement; ``None``: the client's full data),
+      ``server_optimizer`` (an optax transformation applied to ``x_t − average`` as a
+      pseudo-gradient, i.e. FedOpt; ``None``: plain averaging), and ``alpha`` / ``gamma``
+      (optional prox terms ``‖z − x_t‖²/(2α)`` and ``‖z − x_t‖²/(2γ)`` added to f_i; default
+      none).
+
+  Returns:
+    An :class:`fedjaxsparse.Algorithm` ``(init, step)`` (built by :func:`cohort_average`). The
+    state is an :class:`SPPMState`: ``params`` (the server model x_t) and ``round`` (global
+    rounds done). ``step(key, state, data)`` returns ``(state, info)``, ``info`` an
+    :class:`SPPMInfo` per global round: ``loss`` (``Σ_{i∈S} f_i(x_t)/(n p_i)``, the
+    sampling-weighted cohort loss at the start), ``local_rounds`` (always 1), ``cohort``
+    (members), ``floats_up`` and ``floats_down`` (d per member: one model each way) and
+    ``bits_up`` / ``bits_down`` (the same in fp32 bits, ``32·d`` per member).
+
+  References:
+    Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
+      Single Communication Round per Cohort in Cross-Device Federated Learning.
+      FL@FM-NeurIPS'24 workshop (oral). arXiv:2406.01115.
+    Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas
+      (2017). Communication-Efficient Learning of Deep Networks from Decentralized Data.
+      AISTATS 2017. arXiv:1602.05629.
+
+  Source for the team: seed 001 ch. 5 (baselines, §5.4.4); spec ``specs/seed001_ch3_ch5.md``
+  §3.8, C5-14.
+  """
   return cohort_average(loss_fn, sampler, gd(lr, local_steps), local_rounds=1, **kw)

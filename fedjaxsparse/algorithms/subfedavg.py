@@ -30,7 +30,8 @@ client k of a uniform cohort S_t:
 
 The accuracy is measured on the client's *training* data: the authors' code uses the client's
 local test split, which would let test data steer training. With ``epochs=1`` both candidates
-come from the same weights, so the distance test fails unless ``dist_threshold=0``.
+come from the same weights: their distance is 0, never above a threshold ``≥ 0``, so no client
+prunes.
 
 The server averages every coordinate over the participants that keep it — "the average on the
 intersection of unpruned parameters" — ``w_j ← Σ_k m_kj w_kj / Σ_k m_kj``, and keeps ``w_j``
@@ -154,32 +155,102 @@ def subfedavg(loss_fn: LossFn, lr: float | Schedule, *, accuracy_fn: Callable, e
               structure: str = "unstructured", zigs: zig.ZIGs | None = None,
               sampler: Any = None, server_optimizer: Any = None,
               client_optimizer: Any = None) -> Algorithm:
-  """Sub-FedAvg (Un), or with ``structure="hybrid"`` Sub-FedAvg (Hy); see the module docstring:
-  :func:`client_update` on :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` with the
-  :func:`~fedjaxsparse.algorithms.cohort_round.masked_mean` aggregation.
+  """Sub-FedAvg (Vahidian, Morafah & Lin, 2021): personalised subnetworks found by pruning
+  each client's mask from dense towards a target sparsity, (Un) or with
+  ``structure="hybrid"`` (Hy); a baseline of the FedSpa paper (Huang et al., 2022).
+
+  Every client holds a mask ``m_k`` over the shared model ``w_t`` (all ones at the start;
+  only kernels, ``ndim ≥ 2``, are pruned). Round ``t``, each client ``k`` of a uniform cohort
+  ``S_t``:
+
+  1. starts from ``m_k⊙w_t`` and trains ``epochs`` epochs of SGD with the gradient masked by
+     ``m_k``, ``w ← w − η_t m_k⊙(∇L(w; ξ) + λ_wd w)``;
+  2. forms two candidate masks by pruning, in every masked layer, the fraction
+     ``r = min(prune_rate, (ρ − ρ*)/ρ)`` of its remaining weights of smallest ``|w|`` (``ρ``
+     the current kernel density, ``ρ* = 1 − target_sparsity``): ``m¹`` from the weights
+     after the first epoch, ``m²`` from those after the last;
+  3. adopts ``m²`` only if the masks still move (the mean over layers of the normalised
+     Hamming distance of ``m¹`` and ``m²`` exceeds ``dist_threshold``), the density is above
+     the target, and the pruned model ``m²⊙w`` has an accuracy above ``acc_threshold`` on the
+     client's training data; otherwise it keeps its mask;
+  4. uploads its sparse model ``m_k⊙w_k`` and its mask ``m_k``.
+
+  The server averages every coordinate over the participants that keep it,
+  ``w_j ← Σ_k m_kj w_kj / Σ_k m_kj`` ("the average on the intersection of unpruned
+  parameters"), and keeps ``w_j`` where none does. Client ``k``'s personalised model is
+  ``m_k⊙w`` (:attr:`FedSpaState.personal`). Sub-FedAvg (Hy) prunes the convolutions by whole
+  channels (smallest normalisation scale, network slimming's saliency) and the dense kernels
+  weight by weight. With ``epochs=1`` both candidates come from the same weights (distance 0,
+  never above ``dist_threshold``), so nothing is pruned. There is no ``uplink``: a client
+  uploads its mask with its sparse model, and the average over the clients that keep a
+  coordinate reads that mask exactly. The module docstring (:mod:`fedjaxsparse.algorithms.subfedavg`) has the full
+  story and where it departs from the authors' code.
 
   Args:
+    loss_fn: ``(params, x, y, mask) -> scalar`` of one client
+      (:func:`fedjaxsparse.models.make_loss`).
     lr: the SGD step size η > 0, or a schedule of the round ``t -> η_t`` (an optax schedule).
     accuracy_fn: ``(params, x, y, mask) -> accuracy`` of one client, for the pruning condition
       (:func:`fedjaxsparse.evaluation.client_accuracy`), evaluated on its training data after
       local training.
+    epochs: E, local epochs per round (the FedSpa paper: 5); the first epoch's weights give
+      ``m¹``, the last's ``m²``.
+    batch_size: B, examples per minibatch, drawn without replacement within an epoch (the
+      FedSpa paper: 128).
+    cohort_size: clients per round, sampled uniformly without replacement (``None``: all
+      clients).
+    prune_rate: the fraction in (0, 1) of a layer's remaining weights pruned in one pruning
+      round (the FedSpa paper: 0.05).
+    target_sparsity: the final kernel sparsity in [0, 1) at which pruning stops (the FedSpa
+      paper: 0.5, i.e. density 0.5).
+    acc_threshold: the accuracy in [0, 1] the pruned model must exceed on the client's
+      training data for the pruning to be kept (the FedSpa paper: 0.5).
+    dist_threshold: the mean normalised Hamming distance between ``m¹`` and ``m²`` above
+      which the client prunes (the FedSpa paper: 1e-4).
+    weight_decay: λ_wd ≥ 0 added to the gradient (on active entries).
     structure: ``"unstructured"`` (every kernel pruned weight by weight) or ``"hybrid"``: the
-      convolutions pruned by whole channels (:func:`_prune_channels`), the dense kernels weight
-      by weight — the paper's pruning of "parameters and channels".
+      convolutions pruned by whole channels, the dense kernels weight by weight — the
+      paper's pruning of "parameters and channels".
     zigs: the network's channel groups (:func:`fedjaxsparse.pruning.zig.trace` of a
       :mod:`fedjaxsparse.models.prunable` network, e.g. its ``lenet5``), needed by
       ``"hybrid"``.
     sampler: any :class:`fedjaxsparse.ops.sampling.Sampler` drawing the cohort instead of a
       uniform one of ``cohort_size`` (give ``cohort_size=None`` with it); every member that
       keeps a coordinate counts once in its average.
-    server_optimizer: an optax transformation of the pseudo-gradient ``x − masked mean``.
+    server_optimizer: an optax transformation of the pseudo-gradient ``x − masked mean``;
+      ``None`` sets the global model to the masked mean.
     client_optimizer: an optax transformation instead of the paper's masked SGD with ``η_t``
       (its update zeroed off the mask; its state restarts after the first epoch, where the
       pruning test reads the weights); ``optax.sgd(lr)`` is the paper's step bit for bit. A
       function of the round returning one follows the rounds.
 
-  There is no ``uplink``: a client uploads its mask with its sparse model, and the average
-  over the clients that keep a coordinate reads that mask exactly.
+  Returns:
+    An :class:`fedjaxsparse.core.Algorithm` (``init(key, params, data)``, ``step(key, state,
+    data) -> (state, info)``; :func:`client_update` on
+    :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` with the
+    :func:`~fedjaxsparse.algorithms.cohort_round.masked_mean` aggregation and uniform
+    weights). Its state is a :class:`~fedjaxsparse.algorithms.fedspa.FedSpaState`:
+    ``state.params`` (the global ``w_t``), ``state.clients`` = ``state.masks`` (every
+    client's bool mask, leaves ``[N, ...]``), ``state.server_opt_state``, ``state.round``
+    (rounds completed) and the property ``state.personal`` (``[N, ...]``: every ``m_k⊙w_t``).
+    Each ``step`` reports a :class:`SubFedAvgInfo`: ``loss`` (the cohort's mean loss at its
+    downloaded sparse models ``m_k⊙w_t``), ``bits_up`` / ``bits_down`` (the honest ledger,
+    summed over the cohort: each sparse model by its values plus the cheaper of a bitmap and
+    indices, and ``d`` bits for each uploaded mask), ``paper_bits_up`` / ``paper_bits_down``
+    (the paper's, values only: 32 bits per non-zero, summed), ``num_clients`` (int32),
+    ``density`` (the participants' mean kernel density after the round) and ``pruned`` (the
+    fraction of participants that pruned).
+
+  References:
+    Saeed Vahidian, Mahdi Morafah, Bill Lin (2021). Personalized Federated Learning by
+      Structured and Unstructured Pruning under Data Heterogeneity. IEEE ICDCS Workshops 2021.
+      arXiv:2105.00562.
+    Tiansheng Huang, Shiwei Liu, Li Shen, Fengxiang He, Weiwei Lin, Dacheng Tao (2022).
+      Achieving Personalized Federated Learning with Sparse Local Models. arXiv preprint.
+      arXiv:2201.11380.
+
+  Source for the team: seed 002 B.3 l. 877-881, hyper-parameters l. 559-561, 574; spec
+  ``seed002.md`` §4.4.
   """
   return cohort_round(
       client_update(loss_fn, lr, accuracy_fn=accuracy_fn, epochs=epochs,
