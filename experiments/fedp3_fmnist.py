@@ -266,7 +266,7 @@ def _depth(opts: dict) -> int:
 
 
 def _eval_fn(model, cfg, depth: int):
-  return make_personal_eval_fn(model, lambda st: F.personal_models(st.params, cfg, depth),
+  return make_personal_eval_fn(model, lambda st: F.deployed_models(st.params, cfg, depth),
                                lambda st: st.params, per_client=False)
 
 

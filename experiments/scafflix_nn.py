@@ -75,7 +75,7 @@ import optax
 from fedjaxsparse.algorithms.ditto import ditto
 from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.algorithms.representation import fedcr, fedpac, fedsr, make_fine_tuned_eval_fn
-from fedjaxsparse.algorithms.scafflix import (flix_sgd, local_optima, make_personal_eval_fn,
+from fedjaxsparse.algorithms.scafflix import (flix_models, flix_sgd, local_optima,
                                              personalize, scafflix, scafflix_cohort)
 from fedjaxsparse.core import global_params
 from fedjaxsparse.runtime.population import PopulationState
@@ -332,7 +332,7 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
                     cohort_size=c)
       return algo, evaluation.make_personal_eval_fn(
           model, lambda x: jax.tree.map(lambda l: jnp.broadcast_to(l, (n,) + l.shape), x), None)
-    return algo, make_personal_eval_fn(model, star, a)
+    return algo, evaluation.make_personal_eval_fn(model, flix_models(star, a))
 
   models = {name: _representation_model(name, ctx, opts) for name in ctx.extra["variants"]
             if name in ("FedSR-FT", "FedPAC", "FedCR")}

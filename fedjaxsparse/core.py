@@ -105,7 +105,7 @@ def personal_params(state: Any) -> Params:
   by a personalised algorithm's ``state`` (its ``personal`` field or property: FedSpa, Ditto,
   Sub-FedAvg, FML, Scafflix and FLIX — whose models are ``α_i x + (1 − α_i) x_i*`` — ...).
   FedP3's clients keep no state: their deployed models are a function of the global model and
-  the configuration (:func:`fedjaxsparse.algorithms.fedp3.personal_models`)."""
+  the configuration (:func:`fedjaxsparse.algorithms.fedp3.deployed_models`)."""
   try:
     return state.personal
   except AttributeError as e:

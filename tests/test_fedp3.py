@@ -137,7 +137,7 @@ def test_global_mask_keeps_exact_counts_and_selected_layers_whole(setup):
     assert int(m["Dense_2"]["kernel"].sum()) == round(r * w0["Dense_2"]["kernel"].size)
     assert bool(m["Dense_1"]["kernel"].all()) and bool(m["Dense_1"]["bias"].all())
     assert bool(m["Dense_0"]["bias"].all()) == (r > 0)  # keep 0: the layer is dropped whole
-  personal = jax.tree.map(np.asarray, jax.jit(fedp3.personal_models)(
+  personal = jax.tree.map(np.asarray, jax.jit(fedp3.deployed_models)(
       w0, fedp3.make_config(jax.random.key(0), np.array([[False, True, True],
                                                           [True, True, True]]), 0.5)))
   assert int((personal["Dense_0"]["kernel"][0] != 0).sum()) == round(

@@ -168,12 +168,14 @@ def test_personal_evaluation_uses_each_clients_own_model():
   own = jax.tree.map(
       lambda a: jax.device_put(rng.normal(size=(4,) + a.shape).astype(np.float32)), g)
   # every evaluation jitted, as the runner runs it (one program each, not one per operation)
-  glob = jax.jit(fjs.algorithms.scafflix.make_personal_eval_fn(model, own, 1.0))(g, data)
+  glob = jax.jit(fjs.evaluation.make_personal_eval_fn(
+      model, fjs.algorithms.scafflix.flix_models(own, 1.0)))(g, data)
   pooled = jax.jit(lambda g, data: fjs.evaluation.evaluate(model, g, data))(g, data)
   for k in ("loss", "accuracy"):
     np.testing.assert_allclose(glob[k], pooled[k], rtol=1e-6)
     np.testing.assert_allclose(glob[f"global_{k}"], pooled[k], rtol=1e-6)
-  personal = jax.jit(fjs.algorithms.scafflix.make_personal_eval_fn(model, own, 1e-7))(g, data)
+  personal = jax.jit(fjs.evaluation.make_personal_eval_fn(
+      model, fjs.algorithms.scafflix.flix_models(own, 1e-7)))(g, data)
   per = jax.jit(lambda own, data: fjs.evaluation.evaluate_per_client(model, own, data))(
       own, data)
   personal, per = jax.device_get((personal, per))

@@ -78,7 +78,7 @@ from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FedP3Config", "FedP3State", "FedP3CohortState", "FedP3Info", "layer_policy",
            "exclude_one_group", "make_config", "global_mask", "ordered_dropout_mask",
-           "personal_models", "uplink", "aggregate", "aggregate_updates", "layer_delta",
+           "deployed_models", "uplink", "aggregate", "aggregate_updates", "layer_delta",
            "layer_mean", "fedp3", "client_update", "compress_layer_tree", "deployed_size",
            "num_floats"]
 __dir__ = _public_dir(__all__)
@@ -254,7 +254,7 @@ def _input_periods(params: Any, depth: int) -> Any:
   return jax.tree.map(period, params, LY.layer_index(params, depth))
 
 
-def personal_models(params: Any, config: FedP3Config, depth: int = 1) -> Any:
+def deployed_models(params: Any, config: FedP3Config, depth: int = 1) -> Any:
   """``[n, ...]``: every client's deployed model (``W^l`` for ``l ∈ L_i``, ``P_i⊙W^l``
   otherwise), what it evaluates on its local test split."""
   def one(k, train, keep):
@@ -371,8 +371,8 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
      value. With ``server_optimizer`` the pseudo-gradient ``−Δ`` goes through it instead.
 
   Clients keep no trained state; client i's deployed (personal) model, what it evaluates on
-  its own test split, is ``personal_models(state.params, state.config)[i]``
-  (:func:`personal_models`). Built as :func:`client_update` on
+  its own test split, is ``deployed_models(state.params, state.config)[i]``
+  (:func:`deployed_models`). Built as :func:`client_update` on
   :func:`~fedjaxsparse.algorithms.cohort_round.cohort_round` with the per-layer mean
   :func:`layer_mean`. The module docstring has the full story (the choices where the paper's
   text and pseudocode disagree, the privacy structure, the accounting, the layer-overlap

@@ -54,7 +54,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.ops import accounting
-from fedjaxsparse import evaluation
 from fedjaxsparse.algorithms.proxskip import FORMS, geometric_local_steps
 from fedjaxsparse.runtime.clients import map_clients
 from fedjaxsparse.runtime.population import CohortAlgorithm
@@ -66,7 +65,7 @@ from fedjaxsparse.errors import check_int, check_number
 from fedjaxsparse.convex.constants import client_curvatures
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["personalize", "make_personal_eval_fn", "LocalOptima", "local_optima", "ScafflixState",
+__all__ = ["personalize", "flix_models", "LocalOptima", "local_optima", "ScafflixState",
            "ScafflixInfo", "check_local_optima", "scafflix", "ScafflixServer", "ScafflixClient",
            "scafflix_cohort", "i_scaffnew", "FlixState", "flix_sgd", "ScafflixConstants",
            "scafflix_constants"]
@@ -89,19 +88,23 @@ def personalize(x: Any, x_star: Any, alpha: jax.Array) -> Any:
   return jax.tree.map(mix, x, x_star)
 
 
-def make_personal_eval_fn(model, x_star: Any, alpha: Any, batch_size: int | None = None,
-                          per_client: bool = True) -> Callable:
-  """``(params, test) -> metrics`` of the FLIX models: client i evaluated on its own test
-  examples with ``x̃_i = α_i x + (1 − α_i) x_i*`` (the paper's personalised accuracy), next
-  to the global model ``x`` (``global_*``); keys of
-  :func:`fedjaxsparse.evaluation.make_personal_eval_fn`."""
+def flix_models(x_star: Any, alpha: Any) -> Callable[[Any], Any]:
+  """``params -> [N, ...]``: the clients' FLIX models ``x̃_i = α_i x + (1 − α_i) x_i*`` of a
+  global model ``x``, the ``personal`` argument of
+  :func:`fedjaxsparse.evaluation.make_personal_eval_fn` (the one personalised evaluator):
+  ``make_personal_eval_fn(model, flix_models(x_star, alpha))`` evaluates client i on its own
+  test examples with ``x̃_i`` (the paper's personalised accuracy), the global ``x`` beside.
+
+  Args:
+    x_star: the local optima ``x_i*``, a pytree with a leading client axis ``[N, ...]``.
+    alpha: the personalisation weights, one float or ``[N]``.
+  """
   def personal(params):
     n = jax.tree.leaves(x_star)[0].shape[0]
     return personalize(params, x_star, jnp.broadcast_to(
         jnp.asarray(alpha, jnp.result_type(float)), (n,)))
 
-  return evaluation.make_personal_eval_fn(model, personal, batch_size=batch_size,
-                                          per_client=per_client)
+  return personal
 
 
 class LocalOptima(NamedTuple):
