@@ -103,3 +103,27 @@ def _outputs_and_grad(model):
     grads, outputs = jax.grad(loss, has_aux=True)(params)
     return outputs, grads
   return run
+
+
+def test_canonical_backward_convolutions_equal_jax_grad_and_stay_canonical_in_a_loop():
+  """``benchmarks/repro_conv_in_loop.py``'s workaround for XLA:CPU's slow convolution in a
+  loop body: writing both backward convolutions in the canonical NHWC/HWIO form gives JAX's
+  gradients (3×3 and 5×5 kernels, rectangular images) and leaves no non-canonical convolution
+  for XLA to emit naively inside ``lax.scan``."""
+  import os
+  import runpy
+  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "repro_conv_in_loop.py")
+  repro = runpy.run_path(path)
+  canonical, xla = repro["_canonical"], repro["_xla"]
+  key = jax.random.key(3)
+  for kh, kw in ((3, 3), (5, 3)):
+    x = jax.random.normal(key, (2, 7, 6, 3))
+    w = jax.random.normal(jax.random.fold_in(key, kh + kw), (kh, kw, 3, 4))
+    got = jax.grad(lambda w, x: jnp.sum(jnp.sin(canonical(x, w))), argnums=(0, 1))(w, x)
+    want = jax.grad(lambda w, x: jnp.sum(jnp.sin(xla(x, w))), argnums=(0, 1))(w, x)
+    for a, b in zip(got, want):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  w = jnp.ones((3, 3, 3, 4)) * 0.1
+  xs = jnp.ones((2, 2, 7, 6, 3))
+  text = repro["_program"](canonical, False).lower(w, xs).compile().as_text()
+  assert "while" in text and repro["_noncanonical"](text) == []

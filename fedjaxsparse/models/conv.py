@@ -2,9 +2,12 @@
 clients are ``vmap``-ped or the convolution sits inside a loop.
 
 On XLA:CPU a convolution whose kernel is batched over clients (``vmap`` over per-client
-weights) becomes a grouped convolution, 3.5–5× slower than the same work unbatched, and any
-convolution inside a loop body (``lax.scan``, ``fori_loop``, ``lax.map``) runs several times
-slower again (jax-ml/jax#12868; ``benchmarks/bench_client_strategies.py``). Written as
+weights) becomes a grouped convolution, 3.5–5× slower than the same work unbatched, and the
+backward pass of a convolution inside a loop body (``lax.scan``, ``fori_loop``, ``lax.map``)
+runs an order of magnitude slower again: its two gradient convolutions are not in the
+canonical NHWC/HWIO form, and XLA:CPU canonicalises convolutions only in the program's entry
+computation, not in loop bodies (jax-ml/jax#12868; ``benchmarks/repro_conv_in_loop.py``).
+Written as
 shifted slices of the padded input concatenated into patches ``[B, H', W', kh·kw·C]`` and one
 matrix product with the kernel reshaped to ``[kh·kw·C, F]``, the convolution becomes a
 (batched) matrix product, which XLA:CPU runs at full speed under ``vmap`` and in loops. The
