@@ -214,3 +214,18 @@ def test_a_run_on_a_standin_says_it_is_not_comparable(tmp_path, capsys):
   own = finish(Config(dataset="femnist_standin", out=str(tmp_path)), "z",
                {**table, "standin": "the experiment's own note"})
   assert own["standin"] == "the experiment's own note"
+
+
+def test_fedspa_table5_never_prints_a_negative_share_of_time():
+  """Table 5's line: a DST − RSM difference below zero means the mask search is within the
+  round's timing noise, and is said so — no negative percentage is printed."""
+  import re
+  from fedjaxsparse.experiments.fedspa_table1 import _share_text
+  base = {"train_s": 0.5, "repeats": 20}
+  clear = _share_text(dict(base, mask_s=0.05, ratio=0.1, ratio_iqr=[0.06, 0.14]))
+  assert "10.0 %" in clear and "interquartile range 6.0 to 14.0 %" in clear
+  noisy = _share_text(dict(base, mask_s=0.01, ratio=0.02, ratio_iqr=[-0.03, 0.05]))
+  within = _share_text(dict(base, mask_s=-0.01, ratio=-0.02, ratio_iqr=[-0.06, 0.01]))
+  assert "timing noise" in noisy and "timing noise" in within and "2.0 %" in noisy
+  for text in (clear, noisy, within):
+    assert not re.search(r"-\d", text), text
