@@ -127,3 +127,26 @@ def test_canonical_backward_convolutions_equal_jax_grad_and_stay_canonical_in_a_
   xs = jnp.ones((2, 2, 7, 6, 3))
   text = repro["_program"](canonical, False).lower(w, xs).compile().as_text()
   assert "while" in text and repro["_noncanonical"](text) == []
+
+
+def test_tiled_max_pool_is_flax_max_pool_values_and_gradients_ties_included():
+  """``models.conv.max_pool``'s 2 × 2 reshape path gives ``nn.max_pool``'s values and its
+  select-and-scatter gradient bit for bit — on integer-valued inputs full of ties (the
+  gradient goes to each window's first maximum in row-major order) and on continuous ones;
+  odd sizes fall back to ``nn.max_pool``."""
+  rng = np.random.default_rng(0)
+  for x in (rng.integers(0, 3, (2, 6, 8, 3)).astype(np.float32),
+            rng.normal(size=(3, 4, 4, 5)).astype(np.float32)):
+    x = jnp.asarray(x)
+    g = jnp.asarray(rng.normal(size=(x.shape[0], x.shape[1] // 2, x.shape[2] // 2,
+                                     x.shape[3])).astype(np.float32))
+    for padding in ("SAME", "VALID"):
+      ref = lambda a: nn.max_pool(a, (2, 2), strides=(2, 2), padding=padding)  # noqa: E731
+      ours = lambda a: fjs.models.conv.max_pool(a, (2, 2), (2, 2), padding)  # noqa: E731
+      y, vjp = jax.vjp(ours, x)
+      y_ref, vjp_ref = jax.vjp(ref, x)
+      np.testing.assert_array_equal(y, y_ref)
+      np.testing.assert_array_equal(vjp(g)[0], vjp_ref(g)[0])
+  odd = jnp.asarray(rng.normal(size=(1, 5, 5, 2)).astype(np.float32))
+  np.testing.assert_array_equal(fjs.models.conv.max_pool(odd, padding="SAME"),
+                                nn.max_pool(odd, (2, 2), strides=(2, 2), padding="SAME"))

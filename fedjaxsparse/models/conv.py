@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["patch_conv", "resolve_impl", "Conv"]
+__all__ = ["patch_conv", "resolve_impl", "Conv", "max_pool"]
 __dir__ = _public_dir(__all__)
 
 IMPLS = ("auto", "patches", "xla")
@@ -83,3 +83,54 @@ class Conv(nn.Module):
     if self.use_bias:
       y = y + self.param("bias", nn.initializers.zeros, (self.features,))
     return y
+
+
+@jax.custom_vjp
+def _tiled_max(x: jax.Array) -> jax.Array:
+  b, h, w, c = x.shape
+  return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
+def _tiled_max_fwd(x):
+  y = _tiled_max(x)
+  return y, (x, y)
+
+
+def _tiled_max_bwd(res, g):
+  """The gradient goes to the first maximum of each window in row-major order, as XLA's
+  select-and-scatter gives it (``nn.max_pool``'s gradient, ties included): an equality mask
+  over the four window positions, not a scatter."""
+  x, y = res
+  b, h, w, c = x.shape
+  t = x.reshape(b, h // 2, 2, w // 2, 2, c)
+  taken = jnp.zeros(y.shape, bool)
+  parts = []
+  for i, j in ((0, 0), (0, 1), (1, 0), (1, 1)):
+    first = (t[:, :, i, :, j] == y) & ~taken
+    taken = taken | first
+    parts.append(jnp.where(first, g, jnp.zeros_like(g)))
+  top = jnp.stack(parts[:2], axis=3)       # [b, h/2, w/2, 2 (j), c] for i = 0
+  bottom = jnp.stack(parts[2:], axis=3)
+  return (jnp.stack([top, bottom], axis=2).reshape(b, h, w, c),)
+
+
+_tiled_max.defvjp(_tiled_max_fwd, _tiled_max_bwd)
+
+
+def max_pool(x: jax.Array, window: Sequence[int] = (2, 2), strides: Sequence[int] | None = None,
+             padding: str = "VALID") -> jax.Array:
+  """``flax.linen.max_pool`` over ``[B, H, W, C]``, the same values and gradients.
+
+  A 2 × 2 window with stride 2 over even ``H`` and ``W`` (the CNNs' pooling; "SAME" and
+  "VALID" coincide there) is computed on the CPU as a reshape and a max, with a backward pass
+  that is an equality mask (the gradient to each window's first maximum, as XLA's
+  select-and-scatter gives it) — about twice as fast as ``reduce_window``'s backward on
+  XLA:CPU (``benchmarks/README.md``). Any other window, and other backends, use
+  ``nn.max_pool``.
+  """
+  strides = tuple(window) if strides is None else tuple(strides)
+  if (tuple(window) == (2, 2) and strides == (2, 2) and padding in ("SAME", "VALID")
+      and x.ndim == 4 and x.shape[1] % 2 == 0 and x.shape[2] % 2 == 0
+      and jax.default_backend() == "cpu"):
+    return _tiled_max(x)
+  return nn.max_pool(x, tuple(window), strides=strides, padding=padding)

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjaxsparse.models.base import from_flax
-from fedjaxsparse.models.conv import Conv, resolve_impl
+from fedjaxsparse.models.conv import Conv, max_pool, resolve_impl
 from fedjaxsparse.core import Model
 from fedjaxsparse.errors import check_int
 from fedjaxsparse.core import public_dir as _public_dir
@@ -91,9 +91,9 @@ class _CNN(nn.Module):
     for c in self.channels:
       x = nn.relu(Conv(c, (5, 5), padding=self.padding, impl=self.conv)(x))
       if self.pool_each:
-        x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
+        x = max_pool(x, (2, 2), (2, 2), "SAME")
     if not self.pool_each:
-      x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
+      x = max_pool(x, (2, 2), (2, 2), "SAME")
     x = x.reshape(x.shape[0], -1)
     x = nn.relu(nn.Dense(self.dense)(x))
     return nn.Dense(self.num_classes)(x)
@@ -166,7 +166,7 @@ class _BNCNN(nn.Module):
       x = Conv(c, (3, 3), padding="SAME", use_bias=False, impl=self.conv)(x)
       x = nn.relu(norm_layer(self.norm, min(8, c), f"norm{i}")(x))
       if (i + 1) % self.pool_every == 0:
-        x = nn.max_pool(x, (2, 2), strides=(2, 2), padding="SAME")
+        x = max_pool(x, (2, 2), (2, 2), "SAME")
     return nn.Dense(self.num_classes)(x.reshape(x.shape[0], -1))
 
 
@@ -270,7 +270,7 @@ class _LeNet5Caffe(nn.Module):
   def __call__(self, x):
     for i, c in enumerate((20, 50)):
       x = Conv(c, (5, 5), padding="VALID", impl=self.conv, name=f"conv{i + 1}")(x)
-      x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
+      x = max_pool(nn.relu(x), (2, 2), (2, 2))
     x = nn.relu(nn.Dense(500, name="fc1")(x.reshape(x.shape[0], -1)))
     return nn.Dense(self.num_classes, name="fc2")(x)
 
@@ -300,7 +300,7 @@ class _FedP3CNN(nn.Module):
       x = jnp.pad(x, ((0, 0), (dh // 2, dh - dh // 2), (dw // 2, dw - dw // 2), (0, 0)))
     for i in range(2):
       x = Conv(self.channels, (5, 5), padding="VALID", impl=self.conv, name=f"conv{i + 1}")(x)
-      x = nn.max_pool(nn.relu(x), (2, 2), strides=(2, 2))
+      x = max_pool(nn.relu(x), (2, 2), (2, 2))
     x = x.reshape(x.shape[0], -1)
     for i, h in enumerate(self.hidden):
       x = nn.relu(nn.Dense(h, name=f"fc{i + 1}")(x))
@@ -336,7 +336,7 @@ class _VGG11(nn.Module):
     i = 0
     for c in VGG11_CHANNELS:
       if c == "M":
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, (2, 2), (2, 2))
         continue
       i += 1
       x = Conv(c, (3, 3), padding="SAME", impl=self.conv, name=f"conv{i}")(x)

@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.core import Model
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.models.conv import max_pool
 from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["PConv", "PDense", "PNorm", "batch_norm_stats", "apply_with_stats", "cifar_resnet",
@@ -320,7 +321,7 @@ class _LeNet5(nn.Module):
                 name=f"conv{i + 1}")(x)
       x = nn.relu(PNorm(name, self.norm, min(self.num_groups, _width(self.widths, name, c)),
                         name=f"norm{i + 1}")(x))
-      x = nn.max_pool(x, (2, 2), (2, 2))
+      x = max_pool(x, (2, 2), (2, 2))
       src = name
     x = x.reshape(x.shape[0], -1)
     for i, h in enumerate((120, 84)):

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from fedjaxsparse.core import CLASSIFICATION, Model
 from fedjaxsparse.models.base import softmax_cross_entropy
-from fedjaxsparse.models.conv import Conv, resolve_impl
+from fedjaxsparse.models.conv import Conv, max_pool, resolve_impl
 from fedjaxsparse.models.nets import image_shape
 from fedjaxsparse.errors import check_int
 from fedjaxsparse.core import public_dir as _public_dir
@@ -120,7 +120,7 @@ class _Body(nn.Module):
   def __call__(self, x):
     for i, c in enumerate(self.conv):
       x = nn.relu(Conv(c, (5, 5), padding="VALID", impl=self.impl, name=f"conv{i + 1}")(x))
-      x = nn.max_pool(x, (2, 2), strides=(2, 2))
+      x = max_pool(x, (2, 2), (2, 2))
     x = x.reshape(x.shape[0], -1)
     for i, h in enumerate(self.dense):
       x = nn.relu(nn.Dense(h, name=f"fc{i + 1}")(x))
