@@ -13,10 +13,14 @@ import socket
 import time
 
 from fedjaxsparse.errors import LockedError
-from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["FolderLock"]
-__dir__ = _public_dir(__all__)
+
+
+def __dir__() -> list[str]:
+  # core.public_dir written out: this module imports only errors (a lock holder in another
+  # process loads it on its own)
+  return sorted(__all__)
 
 LOCK_NAME = ".lock"
 
