@@ -34,7 +34,7 @@ Studies (``--set study=``):
   ("part": one BasicBlock's conv1/conv2 and norms; projection shortcuts are kept, so the
   network stays valid), neither training nor receiving them;
   ``fedcr`` — Fig. 4.2 (right): FedCR and FedCR-OPU3
-  (:func:`fedjaxsparse.algorithms.representation.fedcr`, its ``train_layers`` drawn by the
+  (:func:`fedjaxsparse.algorithms.fedcr.fedcr`, its ``train_layers`` drawn by the
   OPU3 policy over the shared body's layers — the last, the Gaussian projection, always sent),
   on FedCR's networks (:func:`fedjaxsparse.models.split.fedcr_net`: its Fashion-MNIST or CIFAR
   CNN, an MLP of ``hidden`` for EMNIST-L) with FedCR's README values (β₂ = 1, batch 48,
@@ -54,7 +54,8 @@ import optax
 
 from fedjaxsparse.ops import layer_groups as LY
 from fedjaxsparse.algorithms import fedp3 as F
-from fedjaxsparse.algorithms.representation import fedcr, make_fine_tuned_eval_fn
+from fedjaxsparse.algorithms.fedcr import fedcr
+from fedjaxsparse.algorithms.representation import make_fine_tuned_eval_fn
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.data.partitions import hsu_dirichlet_partition, label_count_partition

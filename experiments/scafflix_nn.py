@@ -74,7 +74,10 @@ import optax
 
 from fedjaxsparse.algorithms.ditto import ditto
 from fedjaxsparse.algorithms.fedavg import fedavg
-from fedjaxsparse.algorithms.representation import fedcr, fedpac, fedsr, make_fine_tuned_eval_fn
+from fedjaxsparse.algorithms.fedcr import fedcr
+from fedjaxsparse.algorithms.fedpac import fedpac
+from fedjaxsparse.algorithms.fedsr import fedsr
+from fedjaxsparse.algorithms.representation import make_fine_tuned_eval_fn
 from fedjaxsparse.algorithms.scafflix import (flix_models, flix_sgd, local_optima,
                                              personalize, scafflix, scafflix_cohort)
 from fedjaxsparse.core import global_params

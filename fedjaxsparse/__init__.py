@@ -47,7 +47,9 @@ from fedjaxsparse.algorithms.proxskip import (accelerated_server_pruning,
                                               meta_sparse_proxskip, proxskip, randprox_l1,
                                               sparse_proxskip, sparse_proxskip_local,
                                               sparse_proxskip_modified)
-from fedjaxsparse.algorithms.representation import fedcr, fedpac, fedsr
+from fedjaxsparse.algorithms.fedcr import fedcr
+from fedjaxsparse.algorithms.fedpac import fedpac
+from fedjaxsparse.algorithms.fedsr import fedsr
 from fedjaxsparse.algorithms.scafflix import flix_sgd, i_scaffnew, scafflix
 from fedjaxsparse.algorithms.sppm import fedavg_sppm_as, fedprox_sppm_as, local_gd, sppm_as
 from fedjaxsparse.algorithms.subfedavg import subfedavg

@@ -1,4 +1,5 @@
-"""FedCR, FedSR(-FT) and FedPAC (fedjaxsparse.algorithms.representation): reductions to FedAvg,
+"""FedCR, FedSR(-FT) and FedPAC (fedjaxsparse.algorithms.fedcr, .fedsr, .fedpac; their shared
+pieces in .representation): reductions to FedAvg,
 the closed form of FedCR's class distributions, FedCR-OPU3's per-layer average, the exactness
 of FedPAC's classifier-combination problem and the fine-tuning's frozen parts."""
 import jax
@@ -71,8 +72,8 @@ def test_fedcr_and_fedsr_without_their_regularisers_are_fedavg():
   lr, epochs, batch = 0.3, 2, 3
   common = dict(samples=1, epochs=epochs, batch_size=batch, cohort_size=None, clip=None,
                 deterministic=True)
-  cr = R.fedcr(model, lr, beta=0.0, share_head=True, **common)
-  sr = R.fedsr(model, lr, l2r=0.0, cmi=0.0, **common)
+  cr = fjs.algorithms.fedcr.fedcr(model, lr, beta=0.0, share_head=True, **common)
+  sr = fjs.algorithms.fedsr.fedsr(model, lr, l2r=0.0, cmi=0.0, **common)
   key = jax.random.key(3)
   client_key = lambda i: fjs.sampling.client_keys(jax.random.split(key)[1], jnp.arange(4))[i]
   ref = _fedavg_reference(model, params, data, client_key, lr, epochs, batch)
@@ -102,7 +103,7 @@ def test_fedcr_class_distributions_are_the_product_of_every_examples_expert():
 
   want_mean, want_std = (np.asarray(a) for a in experts(params, data))
   for beta2 in (1.0, 0.5):
-    algo = R.fedcr(model, 1e-30, beta=1e-3, beta2=beta2, samples=2, epochs=1, batch_size=4,
+    algo = fjs.algorithms.fedcr.fedcr(model, 1e-30, beta=1e-3, beta2=beta2, samples=2, epochs=1, batch_size=4,
                    cohort_size=None)
     state = algo.init(jax.random.key(1), params, data)
     state, _ = jax.jit(algo.step)(jax.random.key(2), state, data)
@@ -120,7 +121,7 @@ def test_fedcr_opu3_averages_each_body_layer_over_the_clients_that_sent_it():
   key = jax.random.key(5)
   runs = {}
   for name, rows in (("plain", None), ("every", every), ("some", some)):
-    algo = R.fedcr(model, 0.2, train_layers=rows, **kw)
+    algo = fjs.algorithms.fedcr.fedcr(model, 0.2, train_layers=rows, **kw)
     st = algo.init(jax.random.key(1), params, data)
     runs[name] = jax.jit(algo.step)(key, st, data)
   for a, b in zip(jax.tree.leaves(runs["plain"][0].params), jax.tree.leaves(runs["every"][0].params)):
@@ -145,7 +146,7 @@ def _kkt_gap(p, a):
 
 def test_simplex_qp_solves_fedpacs_combination_problem():
   rng = np.random.default_rng(0)
-  simplex_qp = jax.jit(R.simplex_qp, static_argnames="iterations")
+  simplex_qp = jax.jit(fjs.algorithms.fedpac.simplex_qp, static_argnames="iterations")
   for m in (1, 3, 7):
     a_mat = rng.normal(size=(m, 2 * m))
     p = a_mat @ a_mat.T + np.diag(rng.uniform(0, 0.5, m))
@@ -158,7 +159,7 @@ def test_simplex_qp_solves_fedpacs_combination_problem():
   p = np.eye(4, dtype=np.float32)
   np.testing.assert_allclose(simplex_qp(p, valid), [1 / 3, 0, 1 / 3, 1 / 3], atol=1e-5)
   v = np.array([0.2, 0.5, 0.3], np.float32)
-  np.testing.assert_allclose(jax.jit(R.project_to_simplex)(v), v, atol=1e-7)
+  np.testing.assert_allclose(jax.jit(fjs.algorithms.fedpac.project_to_simplex)(v), v, atol=1e-7)
 
 
 def test_fedpac_clients_with_the_same_data_all_get_the_mean_head():
@@ -169,10 +170,10 @@ def test_fedpac_clients_with_the_same_data_all_get_the_mean_head():
   params = model.init(jax.random.key(0))
   kw = dict(epochs=1, batch_size=3, cohort_size=None)
   key = jax.random.key(4)
-  apart = R.fedpac(model, 0.1, combine_heads=False, **kw)
+  apart = fjs.algorithms.fedpac.fedpac(model, 0.1, combine_heads=False, **kw)
   st = apart.init(jax.random.key(1), params, data)
   st1, _ = jax.jit(apart.step)(key, st, data)
-  together = R.fedpac(model, 0.1, **kw)
+  together = fjs.algorithms.fedpac.fedpac(model, 0.1, **kw)
   st2, info = jax.jit(together.step)(key, together.init(jax.random.key(1), params, data), data)
   heads1, heads2 = (jax.tree.map(np.asarray, st.heads) for st in (st1, st2))
   mean_head = jax.tree.map(lambda a: np.mean(a, 0), heads1)
@@ -214,12 +215,12 @@ def test_bad_options_are_refused_by_name():
   g = fedcr_net((D_IN,), C, 2, conv=(), dense=(5,))
   det = fedcr_net((D_IN,), C, 2, gaussian=False, conv=(), dense=(5,))
   with pytest.raises(ValueError, match="beta2"):
-    R.fedcr(g, 0.1, beta2=1.5)
+    fjs.algorithms.fedcr.fedcr(g, 0.1, beta2=1.5)
   with pytest.raises(ValueError, match="Gaussian"):
-    R.fedcr(det, 0.1)
+    fjs.algorithms.fedcr.fedcr(det, 0.1)
   with pytest.raises(ValueError, match="deterministic"):
-    R.fedpac(g, 0.1)
+    fjs.algorithms.fedpac.fedpac(g, 0.1)
   with pytest.raises(ValueError, match="l2r_form"):
-    R.fedsr(g, 0.1, l2r_form="cube")
+    fjs.algorithms.fedsr.fedsr(g, 0.1, l2r_form="cube")
   with pytest.raises(ValueError, match="samples"):
-    R.fedcr(g, 0.1, deterministic=True, samples=3)
+    fjs.algorithms.fedcr.fedcr(g, 0.1, deterministic=True, samples=3)
