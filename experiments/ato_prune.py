@@ -87,7 +87,9 @@ from fedjaxsparse.algorithms.oto import DHSPGConfig, dhspg
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime.epochs import LOOPS
-from fedjaxsparse.harness.experiment import Config, Option, entry, name_list, output_dir
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.running import output_dir
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import prunable as P
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se

@@ -56,7 +56,9 @@ from fedjaxsparse.convex.constants import client_curvatures, linear_model_consta
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, name_list
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.running import Steps
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.harness.protocol import check_claim

@@ -36,8 +36,10 @@ from fedjaxsparse.algorithms import sppm
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import evaluate, make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, tune_then_run,
-                                             tuning_config)
+from fedjaxsparse.harness.options import Config, Option
+from fedjaxsparse.harness.running import last
+from fedjaxsparse.harness.tuning import tune_then_run, tuning_config
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import cohort_squeeze_cnn, make_loss
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, validation_split

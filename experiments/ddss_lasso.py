@@ -38,7 +38,9 @@ from fedjaxsparse.algorithms import ddss as DD
 from fedjaxsparse.algorithms import ddss_baselines as DB
 from fedjaxsparse.data import sparse_rows as SR
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import Config, Option, Steps, entry
+from fedjaxsparse.harness.options import Config, Option
+from fedjaxsparse.harness.running import Steps
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 
 NAME = "ddss_lasso"

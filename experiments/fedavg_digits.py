@@ -23,7 +23,8 @@ from fedjaxsparse.core import global_params
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import Config, Context, Option, declared, name_list
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.experiment import Context, declared
 from fedjaxsparse.harness.report import Table
 from fedjaxsparse.models import get_model, make_loss
 

@@ -60,8 +60,9 @@ from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD
 from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partitions import partition
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
-                                             name_list, output_dir)
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.running import output_dir
+from fedjaxsparse.harness.experiment import Context, Method, Tuning, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.epochs import mean_loss_step, train_epochs
 from fedjaxsparse.models import cnn, make_loss, mlp

@@ -65,8 +65,8 @@ from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partitions import partition
 from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
-                                             name_list)
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.experiment import Context, Method, Tuning, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.errors import ConfigError

@@ -60,8 +60,8 @@ from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.data.partitions import hsu_dirichlet_partition, label_count_partition
 from fedjaxsparse.evaluation import make_personal_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
-                                             name_list)
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.experiment import Context, Method, Tuning, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import fedp3_cnn, make_loss, mlp, resnet18
 from fedjaxsparse.models.split import FEDCR_CONV, fedcr_net

@@ -22,8 +22,9 @@ import numpy as np
 from fedjaxsparse.algorithms import fedp3_theory as T
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
-                                             tuning_config)
+from fedjaxsparse.harness.options import Config, Option
+from fedjaxsparse.harness.tuning import tuning_config
+from fedjaxsparse.harness.experiment import Context, Method, Tuning, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import make_loss, softmax_regression
 from fedjaxsparse.harness.protocol import validation_split

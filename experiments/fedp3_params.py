@@ -25,7 +25,8 @@ import jax
 import numpy as np
 
 from fedjaxsparse.algorithms.fedp3 import deployed_size
-from fedjaxsparse.harness.experiment import Config, Option, entry, name_list
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import fedp3_cnn, mlp
 from fedjaxsparse.ops import layer_groups

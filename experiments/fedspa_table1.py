@@ -54,8 +54,8 @@ from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.data.partitions import (dirichlet_partition, hsu_dirichlet_partition,
                                          iid_partition, matching_test_sets)
 from fedjaxsparse.evaluation import client_accuracy, make_eval_fn, make_personal_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
-                                             name_list)
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.experiment import Context, Method, Tuning, declared
 from fedjaxsparse.harness.report import Table
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.models import lenet5_caffe, make_loss, mlp, prunable, resnet18, vgg11

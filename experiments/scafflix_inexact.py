@@ -26,7 +26,9 @@ import numpy as np
 
 from fedjaxsparse.algorithms.scafflix import local_optima, personalize, scafflix
 from fedjaxsparse.convex.constants import logistic_optimum
-from fedjaxsparse.harness.experiment import Config, Option, entry, last, run_method
+from fedjaxsparse.harness.options import Config, Option
+from fedjaxsparse.harness.running import last, run_method
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.experiments.scafflix_logreg import SPLITS, setup
 

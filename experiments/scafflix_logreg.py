@@ -39,7 +39,9 @@ from fedjaxsparse.convex.constants import logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import Config, Option, entry, last, run_method, status
+from fedjaxsparse.harness.options import Config, Option
+from fedjaxsparse.harness.running import last, run_method, status
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
 

@@ -88,8 +88,9 @@ from fedjaxsparse.data.federated import federate
 from fedjaxsparse.data.partitions import class_cycle_partition, hsu_dirichlet_partition
 from fedjaxsparse.data.registry import load_arrays
 from fedjaxsparse.errors import ConfigError
-from fedjaxsparse.harness.experiment import (Config, Context, Method, Option, Tuning, declared,
-                                             last, name_list)
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.running import last
+from fedjaxsparse.harness.experiment import Context, Method, Tuning, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import char_lstm, cnn, make_loss
 from fedjaxsparse.models.split import FEDCR_CONV, fedcr_net

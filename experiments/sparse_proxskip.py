@@ -42,8 +42,9 @@ from fedjaxsparse.runtime.clients import auto_layout, map_clients
 from fedjaxsparse.convex.constants import linear_model_constants
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, bits_to_reach, entry, last, name_list,
-                                             run_method, status)
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.running import bits_to_reach, last, run_method, status
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import global_mean_scale, linear_regression, make_loss, softmax_regression
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,

@@ -36,8 +36,9 @@ from fedjaxsparse.algorithms.fedht import fedht, fediht
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
-from fedjaxsparse.harness.experiment import (Config, Option, entry, last, name_list, run_method,
-                                             status)
+from fedjaxsparse.harness.options import Config, Option, name_list
+from fedjaxsparse.harness.running import last, run_method, status
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import get_model, make_loss
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,

@@ -48,7 +48,9 @@ from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.pruning import dsnot, lm, scores, zeroshot
 from fedjaxsparse.models import hf
 from fedjaxsparse.pruning import sequential as SQ
-from fedjaxsparse.harness.experiment import Config, Option, Steps, entry, output_dir
+from fedjaxsparse.harness.options import Config, Option
+from fedjaxsparse.harness.running import Steps, output_dir
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models.transformer import TransformerConfig
 

@@ -23,7 +23,9 @@ import numpy as np
 import optax
 
 from fedjaxsparse.pruning import posttrain, scores
-from fedjaxsparse.harness.experiment import Config, Option, Steps, entry
+from fedjaxsparse.harness.options import Config, Option
+from fedjaxsparse.harness.running import Steps
+from fedjaxsparse.harness.experiment import entry
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import mlp
 from fedjaxsparse.harness.protocol import check_claim

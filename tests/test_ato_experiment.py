@@ -67,7 +67,7 @@ def test_imagenet_data_and_table5(tmp_path):
   rows beside ours map each ATO target p to its printed row."""
   from PIL import Image
   from fedjaxsparse.experiments import ato_prune as A
-  from fedjaxsparse.harness.experiment import Config
+  from fedjaxsparse.harness.options import Config
   rng = np.random.default_rng(0)
   for split, n in (("train", 3), ("val", 1)):
     for c in ("n01", "n02"):

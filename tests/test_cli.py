@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedjaxsparse.harness.cli import experiments, main
-from fedjaxsparse.harness.experiment import Config, Option, parse_options
+from fedjaxsparse.harness.options import Config, Option, parse_options
 
 pytestmark = pytest.mark.integration  # the integration tier (README: the test commands)
 
@@ -131,7 +131,7 @@ def test_every_experiment_has_a_quick_setting_that_parses(capsys, quick):
   """``QUICK`` names only Config fields and the experiment's own options, with allowed
   values, and ``describe`` states it with its measured runtime; ``--quick`` runs it (the
   per-experiment tests run each quick setting, checking its plots and its time)."""
-  from fedjaxsparse.harness.experiment import Config, parse_options, with_quick
+  from fedjaxsparse.harness.options import Config, parse_options, with_quick
   for name, module in experiments().items():
     cfg = with_quick(Config(**module.DEFAULTS), module.QUICK)
     assert cfg.quick and module.QUICK_RUNTIME, name

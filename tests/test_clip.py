@@ -479,7 +479,7 @@ def test_fedlpfm_linear_probe_on_clip_features(ckpt, tmp_path):
   logits are its own, the zero-shot ones the embeddings' scaled cosines with the prompts."""
   from fedjaxsparse.data.federated import pack_clients
   from fedjaxsparse.experiments import fedlpfm_fmnist as F
-  from fedjaxsparse.harness.experiment import Config
+  from fedjaxsparse.harness.options import Config
   np.save(tmp_path / "ids.npy", IDS)
   x = RNG.random((40, 28, 28, 1)).astype(np.float32)
   y = RNG.integers(0, K, 40).astype(np.int32)
@@ -508,7 +508,7 @@ def test_fedlpfm_table12_on_two_clip_backbones(ckpt, tmp_path):
   ViT-B/32, RN50 and random selection; without the second checkpoint the error names it."""
   from fedjaxsparse.data.federated import pack_clients
   from fedjaxsparse.experiments import fedlpfm_fmnist as F
-  from fedjaxsparse.harness.experiment import Config
+  from fedjaxsparse.harness.options import Config
   np.save(tmp_path / "ids.npy", IDS)
   x = RNG.random((24, 28, 28, 1)).astype(np.float32)
   y = RNG.integers(0, K, 24).astype(np.int32)
@@ -595,7 +595,7 @@ def test_fedlpfm_prompt_tuned_teacher_is_each_clients_coop(ckpt, tmp_path):
   its image embeddings and the class embeddings of a CoOp context tuned on its own data."""
   from fedjaxsparse.data.federated import pack_clients
   from fedjaxsparse.experiments import fedlpfm_fmnist as F
-  from fedjaxsparse.harness.experiment import Config
+  from fedjaxsparse.harness.options import Config
   np.save(tmp_path / "ids.npy", IDS)
   np.save(tmp_path / "coop.npy", _prompts())
   x = RNG.random((24, 28, 28, 1)).astype(np.float32)

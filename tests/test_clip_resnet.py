@@ -131,7 +131,7 @@ def test_fedlpfm_reads_an_rn_checkpoint_as_its_zero_shot_teacher(ckpt, teacher, 
   """``--set clip=`` on OpenAI's layout gives the ResNet teacher: its logits are the towers'
   scaled cosines, and its unit image embeddings are the linear probe's features."""
   from fedjaxsparse.experiments import fedlpfm_fmnist as F
-  from fedjaxsparse.harness.experiment import Config
+  from fedjaxsparse.harness.options import Config
   path, _ = ckpt
   np.save(tmp_path / "ids.npy", _ids())
   x = np.random.default_rng(4).random((4, 28, 28, 1)).astype(np.float32)

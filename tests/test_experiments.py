@@ -554,7 +554,8 @@ def test_a_declared_experiment_is_setup_and_methods_and_the_harness_does_the_res
   import jax
   import optax
   import fedjaxsparse as fjs
-  from fedjaxsparse.harness.experiment import Config, Context, Option, declared
+  from fedjaxsparse.harness.options import Config, Option
+  from fedjaxsparse.harness.experiment import Context, declared
 
   def setup(cfg, opts):
     ds = fjs.data.digits(num_clients=cfg.clients, partition="iid", seed=cfg.seed)
@@ -593,7 +594,7 @@ def test_scafflix_table_b1_data_and_methods():
   table's other methods beside Scafflix, FLIX and FedAvg there only, and the paper's five
   numbers per data set."""
   from fedjaxsparse.experiments import scafflix_nn as S
-  from fedjaxsparse.harness.experiment import Config
+  from fedjaxsparse.harness.options import Config
   ds = S._load(Config(clients=5, seed=0), "fashion_mnist_standin")
   n_train, n_test = (np.asarray(d.num_examples) for d in (ds.train, ds.test))
   total = n_train + n_test

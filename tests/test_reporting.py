@@ -52,14 +52,14 @@ def test_steps_report_progress_and_time_left(capsys, monkeypatch):
   """Experiments without a runner progress bar print one line per finished piece, with the
   time spent and the time left at the mean pace so far; ``--no-progress`` silences them."""
   clock = itertools.chain([100.0, 110.0, 130.0], itertools.repeat(130.0))  # start, 1, 2
-  monkeypatch.setattr(fjs.harness.experiment.time, "perf_counter", lambda: next(clock))
-  steps = fjs.harness.experiment.Steps(4, "demo")
+  monkeypatch.setattr(fjs.harness.running.time, "perf_counter", lambda: next(clock))
+  steps = fjs.harness.running.Steps(4, "demo")
   steps.done("first")
   steps.done("second")
   err = capsys.readouterr().err.splitlines()
   assert err == ["[demo 1/4] first done; 10 s so far, about 30 s left",
                  "[demo 2/4] second done; 30 s so far, about 30 s left"]
-  quiet = fjs.harness.experiment.Steps(2, "demo", enabled=False)
+  quiet = fjs.harness.running.Steps(2, "demo", enabled=False)
   quiet.done("x")
   assert capsys.readouterr().err == ""
 
@@ -76,7 +76,7 @@ def _digits_tuning(tmp_path):
     fit, val = fjs.harness.protocol.validation_split(ds.train, 0.25, 0)
     _TUNING.update(ds=ds, model=model, fit=fit, val=val,
                    eval_fn=fjs.evaluation.make_eval_fn(model), fedavg={})
-  cfg = fjs.harness.experiment.Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
+  cfg = fjs.harness.options.Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
   return _TUNING["ds"], _TUNING["model"], cfg, _TUNING["fit"], _TUNING["val"]
 
 
@@ -104,19 +104,19 @@ def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp
     seen.append((lr, run))
     return _fedavg(lr)
 
-  tuned = fjs.harness.experiment.tune_then_run(
+  tuned = fjs.harness.tuning.tune_then_run(
       cfg, "t", "FedAvg", [1e-3, 0.3], build, model.init(jax.random.key(0)), fit, val, ds.train,
       ds.test, eval_fn,
-      tune_cfg=fjs.harness.experiment.tuning_config(cfg), seeds=2)
+      tune_cfg=fjs.harness.tuning.tuning_config(cfg), seeds=2)
   assert tuned.best == 0.3 and tuned.scores[0.3] > tuned.scores[1e-3]
   assert [r for _, r in seen[:2]] == [(0, 3, True)] * 2              # half the rounds to tune
   assert [r for _, r in seen[2:]] == [(0, 6, False), (1, 6, False)]  # then every seed, in full
   assert len(tuned.records) == 2 and len(tuned.finals) == 2
   assert tuned.stats["mean"] == pytest.approx(sum(tuned.finals) / 2)
   assert tuned.finals[0] == pytest.approx(100 * tuned.records[0]["final"]["accuracy"])
-  single = fjs.harness.experiment.tune_then_run(
+  single = fjs.harness.tuning.tune_then_run(
       cfg, "t", "one", [0.3], build, model.init(jax.random.key(0)), fit, val, ds.train, ds.test,
-      eval_fn, tune_cfg=fjs.harness.experiment.tuning_config(cfg), seeds=1)
+      eval_fn, tune_cfg=fjs.harness.tuning.tuning_config(cfg), seeds=1)
   assert single.best == 0.3 and single.scores == {} and single.stats["se"] is None
 
 
@@ -137,10 +137,10 @@ def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(
   runs = {}
   for mode in ("batched", "sequential"):
     c = dataclasses.replace(cfg, tuning=mode, on_divergence="skip")
-    runs[mode] = fjs.harness.experiment.tune_then_run(
+    runs[mode] = fjs.harness.tuning.tune_then_run(
         c, "t", f"FedAvg {mode}", grid, build, model.init(jax.random.key(0)), fit, val,
         ds.train, ds.test, _TUNING["eval_fn"],
-        tune_cfg=fjs.harness.experiment.tuning_config(c), seeds=1, batched=True)
+        tune_cfg=fjs.harness.tuning.tuning_config(c), seeds=1, batched=True)
     if mode == "batched":
       assert any(traced) and len(traced) < len(grid) + 2   # the grid traced, not run one by one
   b, s = runs["batched"], runs["sequential"]
@@ -150,16 +150,16 @@ def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(
     assert b.scores[lr] == pytest.approx(s.scores[lr], abs=1e-6)
   assert b.finals == pytest.approx(s.finals)                  # the final runs are the same
   with pytest.raises(fjs.errors.ConfigError, match="data per candidate"):
-    fjs.harness.experiment.tune_then_run(
+    fjs.harness.tuning.tune_then_run(
         cfg, "t", "x", grid, build, model.init(jax.random.key(0)), fit, val, ds.train,
-        ds.test, None, tune_cfg=fjs.harness.experiment.tuning_config(cfg), seeds=1,
+        ds.test, None, tune_cfg=fjs.harness.tuning.tuning_config(cfg), seeds=1,
         batched=True, data=lambda c, split: split)
   with pytest.raises(fjs.errors.ConfigError, match="tuning must be one of"):
     dataclasses.replace(cfg, tuning="grid").validate()
 
 
 def test_first_divergence_names_the_first_non_finite_round_and_quantity():
-  first = fjs.harness.experiment.first_divergence
+  first = fjs.harness.running.first_divergence
   h = {"rounds": {"round": [1, 2, 3], "loss": [1.0, 2.0, float("nan")],
                   "bits_up": [1.0, float("inf"), 1.0]},
        "evals": {"round": [0, 3], "accuracy": [0.1, float("nan")]}}
@@ -187,12 +187,12 @@ def test_batched_tuning_marks_a_candidate_whose_state_ends_non_finite_as_diverge
   def eval_fn(state, test):   # finite even for a NaN state
     return {"accuracy": (jnp.argmax(state["w"]) == 2).astype(jnp.float32)}
 
-  cfg = fjs.harness.experiment.Config(rounds=8, eval_every=4, out=str(tmp_path), progress=False,
+  cfg = fjs.harness.options.Config(rounds=8, eval_every=4, out=str(tmp_path), progress=False,
                                       on_divergence="skip")
-  tuned = fjs.harness.experiment.tune_then_run(
+  tuned = fjs.harness.tuning.tune_then_run(
       cfg, "t", "m", [2.0, 1.0], build, {"p": jax.device_put(np.zeros(1, np.float32))},
       jax.device_put(np.ones((4, 3), np.float32)), None,
-      jax.device_put(np.ones((4, 3), np.float32)), None, eval_fn, tune_cfg=fjs.harness.experiment.tuning_config(cfg),
+      jax.device_put(np.ones((4, 3), np.float32)), None, eval_fn, tune_cfg=fjs.harness.tuning.tuning_config(cfg),
       seeds=1, params_fn=lambda s: s, batched=True)
   assert tuned.scores == {2.0: -1.0, 1.0: 1.0} and tuned.best == 1.0
 
@@ -201,7 +201,8 @@ def test_a_run_on_a_standin_says_it_is_not_comparable(tmp_path, capsys):
   """``--dataset *_standin``: results.json's ``standin`` and every table's title say the
   numbers are not comparable with the paper's; a run on real data carries no such flag, and
   an experiment's own stand-in note is kept."""
-  from fedjaxsparse.harness.experiment import Config, finish
+  from fedjaxsparse.harness.options import Config
+  from fedjaxsparse.harness.running import finish
   from fedjaxsparse.harness.report import Table
   table = {"table": Table([{"method": "FedAvg", "ours %": 50.0}], title="Table 1")}
   out = finish(Config(dataset="fashion_mnist_standin", out=str(tmp_path)), "x", table)

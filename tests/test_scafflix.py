@@ -362,10 +362,11 @@ def test_cohort_form_for_host_resident_populations(quad):
 
 
 def test_experiments_run_the_cohort_form_on_the_host_or_the_device(quad, tmp_path):
-  """harness.experiment.run_method takes a CohortAlgorithm: with the population in host memory
+  """harness.running.run_method takes a CohortAlgorithm: with the population in host memory
   it records the same rounds and evaluations as with it on the device (same key); an unknown
   residence is refused naming the allowed ones."""
-  from fedjaxsparse.harness.experiment import Config, run_method
+  from fedjaxsparse.harness.options import Config
+  from fedjaxsparse.harness.running import run_method
   algo = _partial_cohort(quad)
   cfg = Config(rounds=6, eval_every=3, out=str(tmp_path), progress=False)
   ev = lambda w, test: {"norm": jnp.sqrt(jnp.sum(w["w"] ** 2))}  # noqa: E731

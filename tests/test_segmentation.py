@@ -131,7 +131,7 @@ def test_fedmrn_segmentation_data_and_miou_evaluation():
   pooled confusion matrix's mIoU and pixel accuracy, padding rows left out — equal to
   :func:`mean_iou` on the model's own predictions."""
   from fedjaxsparse.experiments import fedmrn_fmnist as F
-  from fedjaxsparse.harness.experiment import Config
+  from fedjaxsparse.harness.options import Config
   ds = F._segmentation_data(Config(clients=2, seed=0, dataset="voc_standin"),
                             {"seg_size": 32, "seg_images": 0})
   assert ds.train.x.shape[:2] == (2, 32) and ds.train.y.shape == (2, 32, 32, 32)

@@ -18,8 +18,7 @@ import textwrap
 
 from fedjaxsparse.runtime import distributed
 from fedjaxsparse.errors import ConfigError, UserError
-from fedjaxsparse.harness.experiment import (DIVERGENCE, TUNINGS, Config, with_paper,
-                                             with_quick)
+from fedjaxsparse.harness.options import DIVERGENCE, TUNINGS, Config, with_paper, with_quick
 from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["experiments", "describe", "main"]

@@ -199,7 +199,7 @@ class PaperConfig:
   deviations: str = ""
 
   def common(self) -> dict:
-    """The :class:`fedjaxsparse.harness.experiment.Config` fields this configuration sets."""
+    """The :class:`fedjaxsparse.harness.options.Config` fields this configuration sets."""
     return {"dataset": self.dataset, "clients": self.clients, "rounds": self.rounds,
             "eval_every": self.eval_every}
 

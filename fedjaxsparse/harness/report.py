@@ -2,7 +2,7 @@
 method, a dash for a missing value explained in a footnote — the experiments' tables and the
 paper's numbers beside ours) and :class:`Figure` (a plot of :mod:`fedjaxsparse.harness.plotting`
 by name). An experiment returns them in its results; the harness prints, saves and draws them
-(:func:`fedjaxsparse.harness.experiment.finish`), so no experiment formats or plots by hand."""
+(:func:`fedjaxsparse.harness.running.finish`), so no experiment formats or plots by hand."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,0 +1,209 @@
+"""Tuning every method alike on a validation split, then its final runs with seeds: a grid of
+candidates (one vmapped program, or one run each), the best by the experiment's metric, and
+the chosen method re-run on the full training data for ``seeds`` seeds (:func:`tune_then_run`,
+its result a :class:`Tuned`)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjaxsparse.core import Algorithm, ParamsFn, float_dtype, global_params
+from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.runtime.population import CohortAlgorithm
+from fedjaxsparse.harness.protocol import mean_se
+from fedjaxsparse.runtime.runner import EvalFn, state_finite
+from fedjaxsparse.harness.options import Config
+from fedjaxsparse.harness.running import Steps, first_divergence, format_duration, last, run_method
+from fedjaxsparse.core import public_dir as _public_dir
+
+__all__ = ["tuning_config", "Run", "Tuned", "tune_then_run"]
+__dir__ = _public_dir(__all__)
+
+def tuning_config(cfg: Config, fraction: float = 0.5, evaluate_once: bool = True) -> Config:
+  """The configuration of tuning runs: ``max(1, fraction·rounds)`` rounds (the budget of a
+  validation run), no progress bar, a diverging candidate recorded and skipped instead of
+  stopping the experiment, and (``evaluate_once``) one evaluation at the end."""
+  rounds = max(1, int(cfg.rounds * fraction))
+  return dataclasses.replace(cfg, progress=False, on_divergence="skip", rounds=rounds,
+                             eval_every=rounds if evaluate_once else cfg.eval_every)
+
+
+class Run(NamedTuple):
+  """What :func:`tune_then_run` asks ``build`` for: a tuning run (``tuning``, on the fitting
+  split) or a final one, its ``seed`` index (0 for tuning runs) and its length ``rounds``."""
+  seed: int
+  rounds: int
+  tuning: bool
+
+
+@dataclasses.dataclass
+class Tuned:
+  """One method tuned on validation data, then run with several seeds (:func:`tune_then_run`).
+
+  Attributes:
+    best: the chosen candidate (the grid's only value when there is nothing to tune).
+    scores: ``{candidate: final validation metric}`` (−1 for a diverged, non-finite or
+      unevaluated run), or ``{candidate: score(record)}`` (``None``: diverged); empty when
+      there was nothing to tune.
+    records: one :func:`run_method` record per seed (the first is the one plotted).
+    finals: ``scale ×`` the final test metric of every seed that did not diverge.
+    stats: :func:`fedjaxsparse.harness.protocol.mean_se` of ``finals`` (mean and se ``None``
+      when every seed diverged).
+  """
+  best: Any
+  scores: dict
+  records: list
+  finals: list
+  stats: dict
+
+
+def _built(built: Any, eval_fn: EvalFn | None) -> tuple[Algorithm, EvalFn | None]:
+  if hasattr(built, "init") and hasattr(built, "step"):   # an algorithm (itself a NamedTuple)
+    return built, eval_fn
+  return built
+
+
+def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
+                  build: Callable[[Any, Run], Any], params: Any, fit: Any, val: Any,
+                  train: Any, test: Any, eval_fn: EvalFn | None, *, tune_cfg: Config,
+                  seeds: int, label: Callable[[Any], str] = str,
+                  data: Callable[[Any, Any], Any] | None = None,
+                  params_fn: ParamsFn = global_params, metric: str = "accuracy",
+                  scale: float = 100.0, score: Callable[[dict], Any] | None = None,
+                  residence: str = "auto", batched: bool = False) -> Tuned:
+  """The protocol every method of a tuned experiment follows: each candidate of ``grid`` runs
+  ``tune_cfg.rounds`` rounds on the fitting split ``fit`` and is scored by its final ``metric``
+  on ``val`` (never on test); the best (the first of equals) then runs ``seeds`` times on
+  ``train``/``test`` with keys ``cfg.seed + 100·s``. A grid of one value is not tuned.
+
+  ``build(candidate, run) -> Algorithm`` (``run``: a :class:`Run` — seed index, length, whether
+  it is a tuning run — for schedules or noise calibrations that depend on them), or
+  ``-> (Algorithm, eval_fn)`` when the evaluation
+  depends on what was built (per-client models of a drawn configuration, say) — then it
+  replaces ``eval_fn``; ``data(candidate, split)``
+  turns a split into the one that candidate trains on (e.g. targets packed in); run names are
+  ``"{name} tune {label(candidate)}"`` and ``"{name} seed {s}"`` (their checkpoint folders).
+  ``score(record)`` replaces the final validation ``metric`` as what is maximised (any values
+  that compare, e.g. ``(reached, −cost, accuracy)``); a diverged candidate is never chosen
+  (the first candidate when every one diverged). ``residence``: where a
+  :class:`~fedjaxsparse.runtime.population.CohortAlgorithm`'s population lives
+  (:func:`run_method`).
+
+  ``batched`` (``build`` takes a traced candidate, :class:`Method`): with ``cfg.tuning ==
+  "batched"`` the candidates' tuning runs are one vmapped program (the same key, rounds and
+  evaluation as the sequential runs, so the same scores up to float reassociation; no
+  checkpoints; several processes tune sequentially, on the client mesh); ``data`` must then
+  be ``None``, the candidates numbers and ``build`` return an Algorithm (not a population's
+  ``CohortAlgorithm``)."""
+  grid = list(grid)
+  prep = data or (lambda candidate, split: split)
+  scores = {}
+  if len(grid) > 1 and batched and cfg.tuning == "batched" and jax.process_count() == 1:
+    if data is not None:
+      raise ConfigError(f"{name}: a batched grid cannot change the data per candidate "
+                        "(data=...); declare the method with batched=False.")
+    shown = cfg.progress and jax.process_index() == 0
+    if shown:
+      print(f"{name}: tuning {len(grid)} candidates as one program, {tune_cfg.rounds} "
+            "round(s) each on the validation split", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    records = _tune_batched(tune_cfg, grid, build, params, fit, val, eval_fn, params_fn, name)
+    for c, rec in zip(grid, records):
+      scores[c] = _candidate_score(rec, score, metric)
+    if shown:
+      print(f"[{name} tuning] " + ", ".join(f"{label(c)} {scores[c]}" for c in grid)
+            + f"; {format_duration(time.perf_counter() - t0)}", file=sys.stderr, flush=True)
+  elif len(grid) > 1:
+    shown = cfg.progress and jax.process_index() == 0
+    if shown:   # tuning runs have no bars of their own: a line per candidate instead
+      print(f"{name}: tuning {len(grid)} candidates, {tune_cfg.rounds} round(s) each on the "
+            "validation split", file=sys.stderr, flush=True)
+    steps = Steps(len(grid), f"{name} tuning", enabled=shown)
+    for c in grid:
+      algo, ev = _built(build(c, Run(0, tune_cfg.rounds, True)), eval_fn)
+      rec = run_method(tune_cfg, experiment, f"{name} tune {label(c)}", algo, params,
+                       prep(c, fit), val, ev, params_fn=params_fn, residence=residence)
+      scores[c] = _candidate_score(rec, score, metric)
+      if score is not None:
+        steps.done(f"{label(c)} ({'diverged' if rec['diverged'] else scores[c]})")
+      else:
+        value = _usable_metric(rec, metric)
+        steps.done(f"{label(c)} ({metric} {'diverged' if value is None else f'{value:.4g}'})")
+  ok = [c for c in scores if scores[c] is not None]
+  best = max(ok, key=scores.get) if ok else grid[0]
+  records, finals = [], []
+  for s in range(seeds):
+    algo, ev = _built(build(best, Run(s, cfg.rounds, False)), eval_fn)
+    rec = run_method(cfg, experiment, f"{name} seed {s}", algo, params, prep(best, train), test,
+                     ev, params_fn=params_fn, key=jax.random.key(cfg.seed + 100 * s),
+                     residence=residence)
+    records.append(rec)
+    if not rec["diverged"]:
+      finals.append(scale * last(rec["history"]["evals"][metric]))
+  stats = mean_se(finals) if finals else {"mean": None, "se": None}
+  return Tuned(best, scores, records, finals, stats)
+
+
+def _usable_metric(rec: dict, metric: str) -> float | None:
+  """A tuning run's final validation ``metric``, or ``None`` when it diverged, was never
+  evaluated or is not finite."""
+  value = last(rec["history"]["evals"].get(metric, []))
+  return None if rec["diverged"] or value is None or not math.isfinite(value) else value
+
+
+def _candidate_score(rec: dict, score: Callable[[dict], Any] | None, metric: str) -> Any:
+  """A tuning run's score: ``score(rec)`` (``None`` when it diverged) or its final validation
+  ``metric`` (−1 when :func:`_usable_metric` has none)."""
+  if score is not None:
+    return None if rec["diverged"] else score(rec)
+  value = _usable_metric(rec, metric)
+  return -1.0 if value is None else value
+
+
+def _tune_batched(tune_cfg: Config, grid: list, build: Callable, params: Any, fit: Any,
+                  val: Any, eval_fn: EvalFn | None, params_fn: ParamsFn, name: str) -> list:
+  """The tuning runs of ``grid`` as one ``run_batched`` program: one record per candidate
+  (``history``, ``diverged``, ``final``, ``wall_time_s`` — the whole program's time)."""
+  from fedjaxsparse.runtime import sweep   # noqa: PLC0415  (only batched tuning needs it)
+  try:
+    hp = np.asarray(grid, dtype=float_dtype())   # the sequential runs' precision (x64 too)
+  except (TypeError, ValueError):
+    raise ConfigError(f"{name}: a batched grid's candidates must be numbers, got "
+                      f"{grid!r}.") from None
+
+  def build_algo(c):
+    algo = build(c, Run(0, tune_cfg.rounds, True))
+    if not (hasattr(algo, "init") and hasattr(algo, "step")) or isinstance(
+        algo, CohortAlgorithm):
+      raise ConfigError(f"{name}: a batched method's build must return an Algorithm (not an "
+                        "(algorithm, eval_fn) pair or a CohortAlgorithm); declare it with "
+                        "batched=False.")
+    return algo
+
+  key = jax.random.key(tune_cfg.seed)    # every candidate's run key, as run_method's
+  keys = jax.random.wrap_key_data(np.broadcast_to(
+      np.asarray(jax.random.key_data(key)), (len(grid),) + jax.random.key_data(key).shape))
+  t = time.perf_counter()
+  states, histories = sweep.run_batched(
+      build_algo, keys, params, fit, val, num_rounds=tune_cfg.rounds, hparams=hp,
+      eval_fn=eval_fn, eval_every=tune_cfg.eval_every or tune_cfg.rounds, params_fn=params_fn,
+      clients=tune_cfg.execution)
+  wall = time.perf_counter() - t
+  finite = np.asarray(jax.vmap(lambda st: jnp.all(state_finite(st)))(states))
+  records = []
+  for s, h in enumerate(histories):
+    diverged = first_divergence(h.to_dict())
+    if diverged is None and not finite[s]:   # a state NaN no reported number showed
+      diverged = {"round": tune_cfg.rounds, "quantity": "state (at the end of the run)"}
+    records.append({"history": h.to_dict(), "diverged": diverged,
+                    "final": {k: last(v) for k, v in h.evals.items()}, "wall_time_s": wall,
+                    "clients": tune_cfg.execution,
+                    "state": jax.tree.map(lambda a, s=s: a[s], states)})
+  return records
