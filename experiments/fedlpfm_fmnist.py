@@ -31,7 +31,7 @@ Studies (``--set study=``): ``table8`` (the four methods across ``splits``); ``t
 the teacher fine-tuned on each client's local data by **linear probing** (a logistic head on
 the teacher's penultimate features, fitted per client) against the frozen 0-shot teacher;
 with ``--set clip=... coop_prompts=IDS.npy`` also one **prompt-tuned** on each client's local
-data (CoOp, :func:`fedjaxsparse.models.clip.prompt_tuning`: the class prompts' context words
+data (CoOp, :func:`fedjaxsparse.models.clip_teacher.prompt_tuning`: the class prompts' context words
 learned with CLIP frozen); ``table12`` — teacher backbones: the CNN teacher for all, a second backbone (an MLP the
 library trains likewise) for all, or a random per-client choice between the two (uniform
 prior). The paper's numbers are printed beside ours for the directions they claim; they are
@@ -243,7 +243,7 @@ def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
 def _clip_teacher(path: str, prompts: str) -> tuple:
   """``(logits_fn, description, features_fn)`` of a zero-shot CLIP teacher from a local
   checkpoint: a Hugging Face CLIPModel directory (ViT) or OpenAI's layout (CLIP RN50)."""
-  from fedjaxsparse.models import clip  # deferred: CLIP loads only with --set clip=
+  from fedjaxsparse.models import clip, clip_teacher  # deferred: only with --set clip=
   if path.endswith(".safetensors") or os.path.isfile(
       os.path.join(path, "open_clip_model.safetensors")):   # OpenAI's layout: CLIP RN50, ...
     from fedjaxsparse.models import clip_resnet
@@ -251,10 +251,10 @@ def _clip_teacher(path: str, prompts: str) -> tuple:
     c = t.cfg
   else:
     c = clip.load_config(path)
-    t = clip.zero_shot_teacher(path, c, np.load(prompts))
+    t = clip_teacher.zero_shot_teacher(path, c, np.load(prompts))
   size = c.vision_config.image_size
-  fn = lambda a: clip.cached_logits(  # noqa: E731
-      lambda p, b: clip.teacher_logits(t, p, clip.preprocess(b, size)), a, params=t.params)
+  fn = lambda a: clip_teacher.cached_logits(  # noqa: E731
+      lambda p, b: clip_teacher.teacher_logits(t, p, clip.preprocess(b, size)), a, params=t.params)
   return fn, f"zero-shot CLIP from {path}", _clip_features(t, size)
 
 
@@ -262,13 +262,13 @@ def _clip_features(teacher, size: int):
   """``images [n, ...] -> [n, D]``: CLIP's unit image embeddings, the features Table 11's
   linear probe fits each client's head on (the zero-shot logits are their cosines with the
   class prompts' embeddings)."""
-  from fedjaxsparse.models import clip  # deferred: CLIP loads only with --set clip=
+  from fedjaxsparse.models import clip, clip_teacher  # deferred: only with --set clip=
 
   def embed(p, b):
     e = teacher.image_fn(p, clip.preprocess(b, size)).astype(jnp.float32)
     return e / jnp.linalg.norm(e, axis=-1, keepdims=True)
 
-  return lambda a: clip.cached_logits(embed, a, params=teacher.params)
+  return lambda a: clip_teacher.cached_logits(embed, a, params=teacher.params)
 
 
 def _batched(fn, params, x, batch: int = 512) -> np.ndarray:
@@ -353,10 +353,10 @@ def _client_logits(fit, teacher, classes: int, probe: bool) -> np.ndarray:
 
 def _prompt_tuned_logits(fit, teacher, opts: dict, seed: int) -> np.ndarray:
   """Table 11's prompt-tuned teacher: every client tunes CoOp's context
-  (:func:`fedjaxsparse.models.clip.prompt_tuning`) on its own fitting examples' CLIP image
+  (:func:`fedjaxsparse.models.clip_teacher.prompt_tuning`) on its own fitting examples' CLIP image
   embeddings and labels; its logits ``[N, M, K]`` are CLIP's scaled cosines with the tuned
   class embeddings."""
-  from fedjaxsparse.models import clip
+  from fedjaxsparse.models import clip, clip_teacher
   path = opts["clip"]
   if path.endswith(".safetensors") or os.path.isfile(
       os.path.join(path, "open_clip_model.safetensors")):   # CLIP RN50: its text tower
@@ -374,7 +374,7 @@ def _prompt_tuned_logits(fit, teacher, opts: dict, seed: int) -> np.ndarray:
   out = np.zeros((n, m, ids.shape[0]), np.float32)
   for i in range(n):
     k = int(fit.num_examples[i])
-    tuned = clip.prompt_tuning(cfg, params, ids, emb[i, :k], np.asarray(fit.y[i, :k]),
+    tuned = clip_teacher.prompt_tuning(cfg, params, ids, emb[i, :k], np.asarray(fit.y[i, :k]),
                                n_ctx=opts["coop_ctx"], steps=opts["coop_steps"],
                                key=jax.random.key(seed + i))
     out[i] = scale * emb[i] @ np.asarray(tuned.class_emb).T

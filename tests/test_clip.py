@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from fedjaxsparse.models import clip as C
+from fedjaxsparse.models import clip_teacher as T
 from fedjaxsparse.models.hf import flatten_paths, nest_paths
 
 CFG_DICT = {
@@ -70,14 +71,14 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def teacher(ckpt):
-  return C.zero_shot_teacher(ckpt[0], None, IDS)
+  return T.zero_shot_teacher(ckpt[0], None, IDS)
 
 
 @pytest.fixture(scope="module")
 def teacher_fn(teacher):
   """``(params, images) -> logits`` of the teacher: one function, so that every jit of it
-  (here and in :func:`C.cached_logits`) shares its programs."""
-  return lambda p, x: C.teacher_logits(teacher, p, x)
+  (here and in :func:`T.cached_logits`) shares its programs."""
+  return lambda p, x: T.teacher_logits(teacher, p, x)
 
 
 # --- checkpoints -------------------------------------------------------------------------------
@@ -321,19 +322,19 @@ def test_teacher_logits_are_scaled_cosine_similarities(ckpt, teacher, teacher_fn
   full = jax.jit(lambda p: C.CLIP(CFG).apply({"params": p}, IMAGES, IDS))(params)
   np.testing.assert_allclose(full, want, rtol=1e-5, atol=1e-5)
   # from a parameter tree (and a config dict) rather than a directory: the same teacher
-  t2 = C.zero_shot_teacher(params, CFG_DICT, IDS)
+  t2 = T.zero_shot_teacher(params, CFG_DICT, IDS)
   np.testing.assert_allclose(t2.class_emb, teacher.class_emb, rtol=1e-6, atol=1e-7)
-  np.testing.assert_allclose(C.teacher_logits(t2, _sub(params, *_VISION), IMAGES), want,
+  np.testing.assert_allclose(T.teacher_logits(t2, _sub(params, *_VISION), IMAGES), want,
                              rtol=1e-5, atol=1e-5)
 
 
 def test_prompt_ensembles_average_unit_embeddings(ckpt):
   _, params = ckpt
   ids2 = np.roll(IDS, 1, axis=0)
-  t1 = C.zero_shot_teacher(params, CFG, IDS[:, None])
-  np.testing.assert_allclose(t1.class_emb, C.zero_shot_teacher(params, CFG, IDS).class_emb,
+  t1 = T.zero_shot_teacher(params, CFG, IDS[:, None])
+  np.testing.assert_allclose(t1.class_emb, T.zero_shot_teacher(params, CFG, IDS).class_emb,
                              rtol=1e-6, atol=1e-7)
-  t = C.zero_shot_teacher(params, CFG, np.stack([IDS, ids2], axis=1), batch_size=K)
+  t = T.zero_shot_teacher(params, CFG, np.stack([IDS, ids2], axis=1), batch_size=K)
   e1, e2 = (np.asarray(C.text_features(CFG, _sub(params, *_TEXT), i), np.float64)
             for i in (IDS, ids2))
   np.testing.assert_allclose(t.class_emb, _unit(_unit(e1) + _unit(e2)), rtol=1e-5, atol=1e-6)
@@ -392,10 +393,10 @@ def test_zero_shot_teacher_input_errors(ckpt):
                      (np.tile(IDS, (1, 2)), "max_position_embeddings"),
                      (np.where(IDS == 49, 50, IDS), "vocab_size"), (no_eos, "eos_token_id")]:
     with pytest.raises(ValueError, match="class_token_ids") as e:
-      C.zero_shot_teacher(params, CFG, ids)
+      T.zero_shot_teacher(params, CFG, ids)
     assert match in str(e.value)
   with pytest.raises(ValueError, match="cfg"):
-    C.zero_shot_teacher(params, None, IDS)
+    T.zero_shot_teacher(params, None, IDS)
 
 
 # --- cached logits and preprocessing -----------------------------------------------------------
@@ -405,7 +406,7 @@ def test_zero_shot_teacher_input_errors(ckpt):
 def test_cached_logits_equal_on_the_fly_logits(teacher, teacher_fn, batch_size):
   on_the_fly = jax.jit(teacher_fn)
   want = np.asarray(on_the_fly(teacher.params, IMAGES))
-  got = C.cached_logits(teacher_fn, IMAGES, batch_size, params=teacher.params)
+  got = T.cached_logits(teacher_fn, IMAGES, batch_size, params=teacher.params)
   assert isinstance(got, np.ndarray) and got.shape == (10, K)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   for i in (0, 9):                                     # one example at a time
@@ -419,20 +420,20 @@ def test_cached_logits_closure_form_one_program_and_errors(teacher, teacher_fn):
 
   def fn(x):
     traced.append(x.shape)
-    return C.teacher_logits(teacher, None, x)
+    return T.teacher_logits(teacher, None, x)
 
-  np.testing.assert_allclose(C.cached_logits(fn, IMAGES, 4), want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(T.cached_logits(fn, IMAGES, 4), want, rtol=1e-5, atol=1e-5)
   assert traced == [(4, 32, 32, 3)]                   # the short last batch is padded
   with pytest.raises(ValueError, match="batch_size"):
-    C.cached_logits(jnp.sum, IMAGES, 0)
+    T.cached_logits(jnp.sum, IMAGES, 0)
   with pytest.raises(ValueError, match="images"):
-    C.cached_logits(jnp.sum, IMAGES[:0])
+    T.cached_logits(jnp.sum, IMAGES[:0])
 
 
 def test_cached_logits_of_preprocessed_uint8_images(teacher, teacher_fn):
   raw = RNG.integers(0, 256, (10, 20, 20, 3), dtype=np.uint8)
-  fn = lambda p, x: C.teacher_logits(teacher, p, C.preprocess(x, 32))   # noqa: E731
-  got = C.cached_logits(fn, raw, 4, params=teacher.params)
+  fn = lambda p, x: T.teacher_logits(teacher, p, C.preprocess(x, 32))   # noqa: E731
+  got = T.cached_logits(fn, raw, 4, params=teacher.params)
   # all ten at once (the teacher's program on ten images, as the tests above run it)
   want = jax.jit(teacher_fn)(teacher.params,
                              jax.jit(C.preprocess, static_argnums=1)(raw, 32))
@@ -493,7 +494,7 @@ def test_fedlpfm_linear_probe_on_clip_features(ckpt, tmp_path):
   zero = F._client_logits(fit, teacher, K, probe=False)
   probed = F._client_logits(fit, teacher, K, probe=True)
   assert zero.shape == probed.shape == (2, 20, K) and not np.allclose(zero, probed)
-  t = C.zero_shot_teacher(ckpt[0], None, IDS)
+  t = T.zero_shot_teacher(ckpt[0], None, IDS)
   cls = np.asarray(t.class_emb)
   cls = cls / np.linalg.norm(cls, axis=-1, keepdims=True)
   np.testing.assert_allclose(zero.reshape(40, K), np.exp(float(t.logit_scale)) * phi @ cls.T,
@@ -569,7 +570,7 @@ def test_prompt_tuning_fits_the_context_to_labelled_embeddings(ckpt):
   centres = rng.normal(size=(K, 16))
   y = rng.integers(0, K, 200)
   emb = centres[y] + 0.3 * rng.normal(size=(200, 16))
-  tuned = C.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=3, steps=150, lr=0.05,
+  tuned = T.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=3, steps=150, lr=0.05,
                           batch_size=None, key=jax.random.key(1))
   losses = np.asarray(tuned.losses)
   assert tuned.context.shape == (3, 32) and losses[-1] < losses[0]
@@ -587,7 +588,7 @@ def test_prompt_tuning_fits_the_context_to_labelled_embeddings(ckpt):
   acc = lambda ce: np.mean(np.argmax(unit @ np.asarray(ce).T, 1) == y)   # noqa: E731
   assert acc(tuned.class_emb) > acc(before)
   with pytest.raises(ValueError, match="n_ctx"):
-    C.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=L)
+    T.prompt_tuning(CFG, params, _prompts(), emb, y, n_ctx=L)
 
 
 def test_fedlpfm_prompt_tuned_teacher_is_each_clients_coop(ckpt, tmp_path):
@@ -607,7 +608,7 @@ def test_fedlpfm_prompt_tuned_teacher_is_each_clients_coop(ckpt, tmp_path):
   logits = F._prompt_tuned_logits(fit, teacher, opts, 0)
   _, params = ckpt
   phi = teacher[2](x)[:12]         # client 0's embeddings (one program with the experiment's)
-  tuned = C.prompt_tuning(CFG, params, _prompts(), phi, y[:12], n_ctx=3, steps=5,
+  tuned = T.prompt_tuning(CFG, params, _prompts(), phi, y[:12], n_ctx=3, steps=5,
                           key=jax.random.key(0))
   np.testing.assert_allclose(logits[0], np.exp(1.7) * phi @ np.asarray(tuned.class_emb).T,
                              rtol=1e-4, atol=1e-4)

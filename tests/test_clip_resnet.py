@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedjaxsparse.models import clip as C
+from fedjaxsparse.models import clip_teacher as T
 from fedjaxsparse.models import clip_resnet as R
 from fedjaxsparse.models.hf import flatten_paths, nest_paths
 
@@ -106,7 +107,7 @@ def test_zero_shot_teacher_is_scaled_cosines_of_the_towers(ckpt, teacher):
   t = teacher
   images = np.random.default_rng(3).normal(size=(2, 64, 64, 3)).astype(np.float32)
   img, logits = (np.asarray(a) for a in jax.jit(
-      lambda p, x: (t.image_fn(p, x), C.teacher_logits(t, p, x)))(t.params, images))
+      lambda p, x: (t.image_fn(p, x), T.teacher_logits(t, p, x)))(t.params, images))
   txt = np.asarray(R.text_features(CFG, params, _ids()))
   unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)   # noqa: E731
   np.testing.assert_allclose(logits, np.exp(1.3) * unit(img) @ unit(txt).T, rtol=1e-4,
@@ -156,7 +157,7 @@ def test_prompt_tuning_runs_on_the_resnet_checkpoints_text_tower(ckpt):
   rng = np.random.default_rng(5)
   y = rng.integers(0, 3, 30)
   emb = rng.normal(size=(3, 16))[y] + 0.2 * rng.normal(size=(30, 16))
-  tuned = C.prompt_tuning(cfg, params, ids, emb, y, n_ctx=2, steps=20, lr=0.05,
+  tuned = T.prompt_tuning(cfg, params, ids, emb, y, n_ctx=2, steps=20, lr=0.05,
                           batch_size=None)
   losses = np.asarray(tuned.losses)
   assert tuned.class_emb.shape == (3, 16) and losses[-1] < losses[0]

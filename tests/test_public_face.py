@@ -29,6 +29,7 @@ def test_import_loads_no_heavy_optional_module():
   code = ("import sys, fedjaxsparse\n"
           "heavy = ('tensorflow', 'tensorflow_datasets', 'matplotlib', 'safetensors', "
           "'tokenizers', 'fedjaxsparse.models.hf', 'fedjaxsparse.models.clip', "
+          "'fedjaxsparse.models.clip_teacher', 'fedjaxsparse.models.clip_resnet', "
           "'fedjaxsparse.pruning.lm', 'fedjaxsparse.harness', "
           "'orbax', 'orbax.checkpoint')\n"
           "print(sorted(m for m in heavy if m in sys.modules))")

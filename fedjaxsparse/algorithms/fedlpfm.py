@@ -10,9 +10,9 @@ References:
 
 — a *sum* over teachers; aggregation by data size; teachers are never communicated
 (the messages are FedAvg's: dense models). Teacher logits are computed **once** per example
-(:func:`fedjaxsparse.models.clip.cached_logits` for CLIP, or any ``logits_fn``) and carried with the
-data: :func:`pack_targets` stores label and teacher logits in the float targets ``y [N, M,
-1 + T·K]`` of a :class:`~fedjaxsparse.data.federated.FederatedData`, so FedAvg's minibatch
+(:func:`fedjaxsparse.models.clip_teacher.cached_logits` for CLIP, or any ``logits_fn``) and
+carried with the data: :func:`pack_targets` stores label and teacher logits in the float
+targets ``y [N, M, 1 + T·K]`` of a :class:`~fedjaxsparse.data.federated.FederatedData`, so FedAvg's minibatch
 sampling draws an example's teachers with it and no teacher runs inside the round.
 
 The paper leaves the KL direction and temperature open: ``direction="forward"``
@@ -137,7 +137,7 @@ def fedlpfm(model: Model, num_classes: int, client_optimizer: optax.GradientTran
   no state.
 
   Teacher logits are computed once per example
-  (:func:`fedjaxsparse.models.clip.cached_logits` for CLIP, or any logits function) and
+  (:func:`fedjaxsparse.models.clip_teacher.cached_logits` for CLIP, or any logits function) and
   carried with the data: the ``data`` given to ``init`` and ``step`` must come from
   :func:`pack_targets`, whose float targets ``y [N, M, 1 + T·(K + 1)]`` hold each example's
   label, its ``T`` teachers' logits ``[T, K]`` (``K = num_classes``) and their on/off flags

@@ -2,7 +2,7 @@
 models, the papers' networks (``nets``, ``conv``), networks that declare their prunable
 channel groups (``prunable``), networks split into a representation and a head (``split``), EfficientNet, a decoder-only transformer (``transformer``), and
 — loaded on first use — Hugging Face checkpoints (``hf``) and CLIP (``clip``; its ResNet
-towers, RN50 and kin, in ``clip_resnet``)."""
+towers, RN50 and kin, in ``clip_resnet``; the zero-shot teacher and CoOp in ``clip_teacher``)."""
 from __future__ import annotations
 
 import math
@@ -46,7 +46,7 @@ def get_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs)
 
 __all__ = [
     "base", "conv", "efficientnet", "linear", "nets", "prunable", "split", "transformer", "hf",
-    "clip", "clip_resnet", "SplitModel", "fedcr_net",
+    "clip", "clip_resnet", "clip_teacher", "SplitModel", "fedcr_net",
     "make_loss", "global_mean_scale", "from_flax",
     "softmax_cross_entropy", "squared_error", "logistic_loss", "linear_regression",
     "softmax_regression", "logistic_regression", "mlp", "cnn", "cohort_squeeze_cnn", "bn_cnn",
@@ -58,4 +58,4 @@ __dir__ = _public_dir(__all__)
 
 # Checkpoint formats with heavy optional dependencies (safetensors, tokenizers): imported on
 # first use (``fedjaxsparse.models.hf``), never by ``import fedjaxsparse``.
-__getattr__ = lazy_submodules(__name__, ("hf", "clip", "clip_resnet"))
+__getattr__ = lazy_submodules(__name__, ("hf", "clip", "clip_resnet", "clip_teacher"))

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.models import clip as C
+from fedjaxsparse.models import clip_teacher as T
 from fedjaxsparse.models.hf import flatten_paths, nest_paths
 from fedjaxsparse.core import public_dir as _public_dir
 
@@ -377,7 +378,7 @@ def as_clip_config(cfg: RNConfig) -> C.CLIPConfig:
   tower and embedding width: the text tower's parameters (``text_model``,
   ``text_projection``) have the same tree as the ViT models', so
   :func:`~fedjaxsparse.models.clip.text_features` and
-  :func:`~fedjaxsparse.models.clip.prompt_tuning` (CoOp) take this config with a ResNet
+  :func:`~fedjaxsparse.models.clip_teacher.prompt_tuning` (CoOp) take this config with a ResNet
   checkpoint's parameters."""
   return C.CLIPConfig(vision_config=C.VisionConfig(image_size=cfg.image_size),
                       text_config=cfg.text, projection_dim=cfg.output_dim)
@@ -385,8 +386,8 @@ def as_clip_config(cfg: RNConfig) -> C.CLIPConfig:
 
 def zero_shot_teacher(path_or_params: str | os.PathLike | dict[str, Any],
                       cfg: RNConfig | None, class_token_ids: Any,
-                      batch_size: int = 256) -> C.ZeroShotTeacher:
-  """:func:`fedjaxsparse.models.clip.zero_shot_teacher` for a CLIP ResNet: a checkpoint path
+                      batch_size: int = 256) -> T.ZeroShotTeacher:
+  """:func:`fedjaxsparse.models.clip_teacher.zero_shot_teacher` for a CLIP ResNet: a checkpoint path
   (``cfg`` None: inferred) or a parameter tree with its ``cfg``; ``class_token_ids int[K, L]``
   or ``[K, M, L]`` (prompt ensembles). The teacher's ``cfg`` is a
   :class:`~fedjaxsparse.models.clip.CLIPConfig` carrying the image size and embedding width."""
@@ -397,17 +398,10 @@ def zero_shot_teacher(path_or_params: str | os.PathLike | dict[str, Any],
     if cfg is None:
       raise ValueError("cfg is required when path_or_params is a parameter tree.")
     params = path_or_params
-  ids = C.check_token_ids(class_token_ids, cfg.text)
-  flat_ids = ids.reshape(-1, ids.shape[-1])
-  emb = np.concatenate([
-      np.asarray(text_features(cfg, params, jax.device_put(flat_ids[i:i + batch_size])))
-      for i in range(0, len(flat_ids), batch_size)])
-  emb = emb / np.linalg.norm(emb, axis=-1, keepdims=True)
-  if ids.ndim == 3:
-    emb = emb.reshape(ids.shape[0], ids.shape[1], -1).mean(1)
-    emb = emb / np.linalg.norm(emb, axis=-1, keepdims=True)
+  ids = T.check_token_ids(class_token_ids, cfg.text)
+  emb = T.class_embeddings(functools.partial(text_features, cfg), params, ids, batch_size)
   clip_cfg = as_clip_config(cfg)
-  return C.ZeroShotTeacher(image_fn=functools.partial(image_features, cfg),
+  return T.ZeroShotTeacher(image_fn=functools.partial(image_features, cfg),
                            class_emb=jax.device_put(np.asarray(emb, np.float32)),
                            logit_scale=jax.device_put(np.asarray(params["logit_scale"],
                                                                  np.float32)),
