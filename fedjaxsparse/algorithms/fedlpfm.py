@@ -12,8 +12,8 @@ References:
 (the messages are FedAvg's: dense models). Teacher logits are computed **once** per example
 (:func:`fedjaxsparse.models.clip_teacher.cached_logits` for CLIP, or any ``logits_fn``) and
 carried with the data: :func:`pack_targets` stores label and teacher logits in the float
-targets ``y [N, M, 1 + T·K]`` of a :class:`~fedjaxsparse.data.federated.FederatedData`, so FedAvg's minibatch
-sampling draws an example's teachers with it and no teacher runs inside the round.
+targets ``y [N, M, 1 + T·K]`` of a :class:`~fedjaxsparse.data.federated.FederatedData`, so
+FedAvg's minibatch sampling draws an example's teachers with it and no teacher runs inside the round.
 
 The paper leaves the KL direction and temperature open: ``direction="forward"``
 (default, Hinton KD) is ``KL(softmax(M/T) ‖ softmax(h/T))``, ``"reverse"`` is
