@@ -68,7 +68,7 @@ and ``loop="scan"`` on accelerators (an epoch is one ``lax.scan``). Both draw th
 permutations, augmentation and controller batches from the same keys and write the same
 checkpoints, under
 ``OUT/ato_prune/checkpoints/RUN`` (every epoch on CIFAR; on Fashion-MNIST after the last epoch
-only, ``checkpoint_every``): ``--resume`` continues every run from its newest checkpoint
+only, the ``checkpoint_every`` option): ``--resume`` continues every run from its newest checkpoint
 (finished runs are only evaluated again), ``--overwrite`` starts afresh.
 """
 from __future__ import annotations
@@ -86,6 +86,7 @@ from fedjaxsparse.algorithms import ato as A
 from fedjaxsparse.algorithms.oto import DHSPGConfig, dhspg
 from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.runtime.checkpoint import Checkpointing
 from fedjaxsparse.runtime.epochs import LOOPS
 from fedjaxsparse.harness.options import Config, Option, name_list
 from fedjaxsparse.harness.running import output_dir
@@ -518,10 +519,11 @@ def _run(cfg: Config, opts: dict) -> dict:
     state, hist = A.train(algo, acfg, key, params, x, y, epochs=E, batch_size=s["batch"],
                           ctrl_index=A.controller_subset(len(x), s["ctrl_fraction"], cfg.seed),
                           ctrl_batch=s["ctrl_batch"], evaluate=evaluate, augment=augment,
-                          checkpoint_dir=os.path.join(output_dir(cfg, NAME), "checkpoints", run),
-                          checkpoint_every=s["checkpoint_every"], resume=cfg.resume,
-                          overwrite=cfg.overwrite,
-                          fingerprint={**identity, "run": run, **(extra or {})},
+                          checkpoint=Checkpointing(
+                              os.path.join(output_dir(cfg, NAME), "checkpoints", run),
+                              every=s["checkpoint_every"], resume=cfg.resume,
+                              overwrite=cfg.overwrite,
+                              fingerprint={**identity, "run": run, **(extra or {})}),
                           loop=loop, progress=cfg.progress, desc=run)
     # resumed epochs included; NaN for epochs checkpointed before times were recorded
     return state, hist, sum(h.get("seconds", math.nan) for h in hist)

@@ -9,8 +9,9 @@
   structured-pruning trainers ``fjs.ato`` and ``fjs.dhspg`` (``fjs.PRUNING_TRAINERS``);
 * a new cohort method: ``fjs.cohort_round(fjs.ClientUpdate(init, update), ...)`` — the one
   cohort round every cohort family is built on;
-* running them: ``fjs.run`` (rounds in ``lax.scan`` chunks, evaluation, checkpoints, resume)
-  and ``fjs.run_batched`` (seeds or a hyper-parameter grid as one program);
+* running them: ``fjs.run`` (rounds in ``lax.scan`` chunks, evaluation, checkpoints and
+  resume, set by ``fjs.Checkpointing``) and ``fjs.run_batched`` (seeds or a hyper-parameter
+  grid as one program);
   ``fjs.global_params(state)`` and ``fjs.personal_params(state)`` read the models;
 * the pieces, by concept: ``fjs.compressors``, ``fjs.sparsity``, ``fjs.masks``,
   ``fjs.sampling``, ``fjs.proxes``, ``fjs.aggregation``, ``fjs.accounting`` (in ``fjs.ops``),
@@ -57,7 +58,7 @@ from fedjaxsparse.core import (Algorithm, LossFn, Model, global_params, lazy_sub
                                personal_params)
 from fedjaxsparse.ops import (accounting, aggregation, compressors, masks, proxes, sampling,
                               sparsity)
-from fedjaxsparse.runtime import run, run_batched
+from fedjaxsparse.runtime import Checkpointing, run, run_batched
 from fedjaxsparse.core import public_dir as _public_dir
 
 __version__ = "0.1.0"
@@ -83,7 +84,8 @@ returns a trainer that :func:`fedjaxsparse.algorithms.ato.train` runs, not an
 
 __all__ = [
     *METHODS, *PRUNING_TRAINERS,
-    "Algorithm", "ClientUpdate", "ServerPart", "cohort_round", "LossFn", "Model", "global_params", "personal_params", "run", "run_batched",
+    "Algorithm", "ClientUpdate", "ServerPart", "cohort_round", "LossFn", "Model",
+    "global_params", "personal_params", "run", "Checkpointing", "run_batched",
     "algorithms", "convex", "core", "data", "errors", "evaluation", "models", "ops", "pruning",
     "runtime", "harness", "accounting", "aggregation", "compressors", "masks", "proxes", "sampling",
     "sparsity", "METHODS", "PRUNING_TRAINERS", "__version__",

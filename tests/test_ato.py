@@ -268,14 +268,16 @@ def test_host_loop_resumes_and_reproduces_the_scan_loop(tmp_path, digits):
   cfg = _TRAIN_CFG   # the digits MLP: its ``init`` and ATO's are this module's programs
   model, zigs, _, algo = _setup(cfg)   # SGD with momentum 0.9, η = 0.05
   kw = dict(epochs=3, batch_size=64, ctrl_index=ato.controller_subset(len(x), 0.25),
-            ctrl_batch=16, progress=False, checkpoint_dir=str(tmp_path),
+            ctrl_batch=16, progress=False,
             augment=lambda k, xb: xb + 0.01 * jax.random.normal(k, xb.shape),
             evaluate=lambda p, w: float(np.sum(np.asarray(w))))
   params = model.init(jax.random.key(0))
-  want, hist = ato.train(algo, cfg, jax.random.key(3), params, x, y, checkpoint_every=2, **kw)
+  want, hist = ato.train(algo, cfg, jax.random.key(3), params, x, y,
+                         checkpoint=fjs.Checkpointing(str(tmp_path), every=2), **kw)
   shutil.rmtree(tmp_path / "3")                                # as if stopped after epoch 2
   got, hist2 = ato.train(algo, cfg, jax.random.key(3), params, x, y, loop="host",
-                         checkpoint_every=0, resume=True, **kw)
+                         checkpoint=fjs.Checkpointing(str(tmp_path), every=0, resume=True),
+                         **kw)
   assert 0 < float(np.mean(np.asarray(got.w))) < 1             # the controller pruned
   np.testing.assert_array_equal(np.asarray(got.w), np.asarray(want.w))
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):

@@ -24,6 +24,7 @@ from fedjaxsparse.algorithms.fedavg import fedavg
 from fedjaxsparse.data.embedded import digits
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.models import make_loss, softmax_regression
+from fedjaxsparse.runtime.checkpoint import Checkpointing
 from fedjaxsparse.runtime.runner import run
 from fedjaxsparse.runtime.sharding import client_mesh
 
@@ -45,10 +46,10 @@ for name, algo in algos.items():
 if jax.process_count() > 1:  # a checkpoint written by every process resumes in every process
   algo = algos["sparse_proxskip"]
   kw = dict(mesh=client_mesh(), progress=False, eval_every=3)
-  ck = dict(checkpoint_dir=sys.argv[1] + ".ck")
-  run(algo, jax.random.key(1), params, ds.train, num_rounds=6, **kw, **ck)
-  resumed = run(algo, jax.random.key(1), params, ds.train, num_rounds=12, resume=True, **kw,
-                **ck)
+  ck = Checkpointing(sys.argv[1] + ".ck")
+  run(algo, jax.random.key(1), params, ds.train, num_rounds=6, checkpoint=ck, **kw)
+  resumed = run(algo, jax.random.key(1), params, ds.train, num_rounds=12,
+                checkpoint=ck._replace(resume=True), **kw)
   whole = run(algo, jax.random.key(1), params, ds.train, num_rounds=12, **kw)
   a, b = distributed.to_host((resumed.state, whole.state))
   out["resumed"] = {"dispatches": resumed.num_dispatches,

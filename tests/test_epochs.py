@@ -61,23 +61,23 @@ def test_a_resumed_run_is_the_uninterrupted_run(tmp_path):
             evaluate=lambda s: float(loss(s[0], x, y)))
   want, hist = epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y,
                                    epochs=5, **kw)
-  ck = dict(checkpoint_dir=str(tmp_path), checkpoint_every=2, fingerprint={"lr": 0.05})
-  epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=3, **ck,
-                      **kw)
+  ck = fjs.Checkpointing(str(tmp_path), every=2, fingerprint={"lr": 0.05})
+  epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=3,
+                      checkpoint=ck, **kw)
   with pytest.raises(fjs.errors.CheckpointExistsError, match="resume=True"):   # the runner's rules
     epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5,
-                        **ck, **kw)
+                        checkpoint=ck, **kw)
   with pytest.raises(fjs.errors.RunMismatchError,
                      match="config: lr: checkpoint has 0.05, this run has 0.1"):
     epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=5,
-                        resume=True, **{**ck, "fingerprint": {"lr": 0.1}}, **kw)
+                        checkpoint=ck._replace(resume=True, fingerprint={"lr": 0.1}), **kw)
   seen.clear()
   got, hist2 = epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y,
-                                   epochs=5, resume=True, **ck, **kw)
+                                   epochs=5, checkpoint=ck._replace(resume=True), **kw)
   assert seen == [3, 4]                                    # epochs 1-3 came from the checkpoint
   with pytest.raises(fjs.errors.RunMismatchError, match="already holds 5 epochs but epochs=4"):
     epochs.train_epochs(epochs.mean_loss_step(loss, opt), (w0, opt.init(w0)), x, y, epochs=4,
-                        resume=True, **ck, **kw)
+                        checkpoint=ck._replace(resume=True), **kw)
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   untimed = lambda hs: [{k: v for k, v in h.items() if k != "seconds"} for h in hs]  # noqa: E731
@@ -91,6 +91,12 @@ def test_bad_arguments_are_named():
   for kw, name in ((dict(epochs=0, batch_size=4), "epochs"),
                    (dict(epochs=1, batch_size=51), r"batch_size must be an int in \[1, 50\]"),
                    (dict(epochs=1, batch_size=4, loop="while"), "loop"),
-                   (dict(epochs=1, batch_size=4, checkpoint_every=-1), "checkpoint_every")):
+                   (dict(epochs=1, batch_size=4, checkpoint=fjs.Checkpointing("d", every=-1)),
+                    r"checkpoint\.every must be an int >= 0"),
+                   (dict(epochs=1, batch_size=4, checkpoint=fjs.Checkpointing("d", interval_s=9)),
+                    r"checkpoint\.interval_s must be 0")):
     with pytest.raises(ValueError, match=name):
       epochs.train_epochs(step, state, x, y, key=jax.random.key(0), progress=False, **kw)
+  with pytest.raises(TypeError, match="fjs.Checkpointing"):
+    epochs.train_epochs(step, state, x, y, key=jax.random.key(0), epochs=1, batch_size=4,
+                        progress=False, checkpoint="d")

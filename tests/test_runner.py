@@ -2,6 +2,7 @@
 schedule, bit accounting in the history, and bitwise checkpoint/resume."""
 import json
 import math
+import os
 
 import chex
 import jax
@@ -93,7 +94,7 @@ def test_loop_free_rounds_dispatch_one_round_and_checkpoint_per_eval(setup, tmp_
                       lambda self, r, *a: (saved.append(r), save(self, r, *a))[1])
   a = _run(small, num_rounds=12, eval_every=4, chunk_size=2, clients="vmap")
   b = _run(small, num_rounds=12, eval_every=4, clients="unroll",
-           checkpoint_dir=str(tmp_path / "ck"))
+           checkpoint=fjs.Checkpointing(str(tmp_path / "ck")))
   assert (a.clients, b.clients) == ("vmap", "unroll")
   assert b.num_dispatches == 12 and b.num_traces == 1
   assert b.history.evals["round"] == a.history.evals["round"] == [0, 4, 8, 12]
@@ -101,9 +102,9 @@ def test_loop_free_rounds_dispatch_one_round_and_checkpoint_per_eval(setup, tmp_
                              rtol=1e-5)
   chex.assert_trees_all_close(a.state, b.state, rtol=1e-5, atol=1e-6)
   assert saved == [4, 8, 12]
-  saved.clear()   # a run shorter than checkpoint_interval_s writes its last chunk only
-  c = _run(small, num_rounds=12, eval_every=4, chunk_size=2, checkpoint_dir=str(tmp_path / "ck2"),
-           checkpoint_interval_s=3600.0)
+  saved.clear()   # a run shorter than checkpoint.interval_s writes its last chunk only
+  c = _run(small, num_rounds=12, eval_every=4, chunk_size=2,
+           checkpoint=fjs.Checkpointing(str(tmp_path / "ck2"), interval_s=3600.0))
   assert saved == [12] and c.history.evals["round"] == [0, 4, 8, 12]
 
 
@@ -143,10 +144,10 @@ def test_resume_from_checkpoint_is_bitwise_identical(setup, tmp_path):
 
   ckpt = str(tmp_path / "ckpt")
   with pytest.raises(_Stop):
-    _run(setup, num_rounds=12, eval_every=4, chunk_size=2, checkpoint_dir=ckpt,
+    _run(setup, num_rounds=12, eval_every=4, chunk_size=2, checkpoint=fjs.Checkpointing(ckpt),
          on_chunk=stop_after_round_6)
-  resumed = _run(setup, num_rounds=12, eval_every=4, chunk_size=2, checkpoint_dir=ckpt,
-                 resume=True)
+  resumed = _run(setup, num_rounds=12, eval_every=4, chunk_size=2,
+                 checkpoint=fjs.Checkpointing(ckpt, resume=True))
   assert resumed.num_dispatches == 3  # only the rounds after 6 ran
   chex.assert_trees_all_equal(full.state, resumed.state)
   assert full.history.to_dict() == resumed.history.to_dict()
@@ -155,18 +156,34 @@ def test_resume_from_checkpoint_is_bitwise_identical(setup, tmp_path):
 def test_resume_with_another_key_is_refused(setup, tmp_path):
   ds, model, algo, _ = setup
   ckpt = str(tmp_path / "ckpt")
-  _run(setup, num_rounds=2, eval_every=4, checkpoint_dir=ckpt)   # one 2-round chunk
+  _run(setup, num_rounds=2, eval_every=4, checkpoint=fjs.Checkpointing(ckpt))  # one chunk
   with pytest.raises(ValueError, match=r"seed \(run key\)"):
     fjs.run(algo, jax.random.key(8), model.init(jax.random.key(0)), ds.train, ds.test,
-            num_rounds=4, checkpoint_dir=ckpt, resume=True, progress=False)
+            num_rounds=4, checkpoint=fjs.Checkpointing(ckpt, resume=True), progress=False)
 
 
 @pytest.mark.parametrize("kw, match", [
     (dict(num_rounds=0), "num_rounds"),
     (dict(num_rounds=5, eval_every=0), "eval_every"),
-    (dict(num_rounds=5, checkpoint_interval_s=-1.0), "checkpoint_interval_s"),
-    (dict(num_rounds=5, checkpoint_interval_s=float("nan")), "checkpoint_interval_s"),
+    (dict(num_rounds=5, checkpoint=fjs.Checkpointing("d", interval_s=-1.0)),
+     "checkpoint.interval_s"),
+    (dict(num_rounds=5, checkpoint=fjs.Checkpointing("d", interval_s=float("nan"))),
+     "checkpoint.interval_s"),
+    (dict(num_rounds=5, checkpoint=fjs.Checkpointing("d", every=0)), "checkpoint.every"),
+    (dict(num_rounds=5, checkpoint=fjs.Checkpointing("")), "checkpoint.directory"),
 ])
 def test_bad_arguments(setup, kw, match):
   with pytest.raises(ValueError, match=match):
     _run(setup, **kw)
+
+
+def test_checkpoint_is_one_checkpointing_record(setup, tmp_path):
+  """``checkpoint`` takes a ``fjs.Checkpointing`` record, not a bare folder; its fields are
+  checked by their names."""
+  folder = str(tmp_path / "ck")
+  with pytest.raises(TypeError, match=r"checkpoint must be .*Checkpointing.*"
+                                      r"fjs\.Checkpointing\(directory, \.\.\.\)"):
+    _run(setup, num_rounds=2, checkpoint=folder)
+  with pytest.raises(ValueError, match=r"checkpoint\.every must be an int >= 1, got 0"):
+    _run(setup, num_rounds=2, checkpoint=fjs.Checkpointing(folder, every=0))
+  assert not os.path.exists(folder)   # refused before anything was written

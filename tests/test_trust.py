@@ -63,7 +63,8 @@ def fedavg_ckpt(ds, tmp_path_factory):
   """The checkpoint folder of a 4-round run (fingerprint FedAvg, lr 0.3), written once for the
   module; a test resumes from a copy of it."""
   ckpt = str(tmp_path_factory.mktemp("fedavg") / "ckpt")
-  _run(ds, num_rounds=4, checkpoint_dir=ckpt, fingerprint={"method": "FedAvg", "lr": 0.3})
+  _run(ds, num_rounds=4,
+       checkpoint=fjs.Checkpointing(ckpt, fingerprint={"method": "FedAvg", "lr": 0.3}))
   return ckpt
 
 
@@ -76,54 +77,56 @@ def fedavg_ckpt(ds, tmp_path_factory):
 def test_resume_refuses_every_kind_of_mismatch(ds, tmp_path, change, match, fedavg_ckpt):
   ckpt = str(tmp_path / "ckpt")
   shutil.copytree(fedavg_ckpt, ckpt)   # this test's own copy of the 4-round run's checkpoints
-  kw = dict(num_rounds=6, checkpoint_dir=ckpt, resume=True,
-            fingerprint={"method": "FedAvg", "lr": 0.3})
-  kw.update(change)
+  change = dict(change)
+  fingerprint = change.pop("fingerprint", {"method": "FedAvg", "lr": 0.3})
+  kw = dict(num_rounds=6, checkpoint=fjs.Checkpointing(ckpt, resume=True,
+                                                       fingerprint=fingerprint), **change)
   with pytest.raises(fjs.errors.RunMismatchError, match=match):
     _run(ds, **kw)
 
 
 def test_resume_refuses_other_data_partition_and_model(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
-  _run(ds, num_rounds=4, checkpoint_dir=ckpt)
+  _run(ds, num_rounds=4, checkpoint=fjs.Checkpointing(ckpt))
   # another partition
   other = fjs.data.digits(num_clients=6, partition="dirichlet", alpha=0.5, seed=1)
   with pytest.raises(fjs.errors.RunMismatchError, match="training data"):
-    _run(ds, train=other.train, num_rounds=6, checkpoint_dir=ckpt, resume=True)
+    _run(ds, train=other.train, num_rounds=6, checkpoint=fjs.Checkpointing(ckpt, resume=True))
   other_model = fjs.models.mlp((64,), 10, hidden=(16,))
   with pytest.raises(fjs.errors.RunMismatchError,
                      match="algorithm .*differs.*initial model differs"):
-    _run(ds, _algo(model=other_model), model=other_model, num_rounds=6, checkpoint_dir=ckpt,
-         resume=True)
+    _run(ds, _algo(model=other_model), model=other_model, num_rounds=6,
+         checkpoint=fjs.Checkpointing(ckpt, resume=True))
 
 
 def test_resume_refuses_fewer_rounds_and_extends_to_more(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
-  _run(ds, num_rounds=6, checkpoint_dir=ckpt)
+  _run(ds, num_rounds=6, checkpoint=fjs.Checkpointing(ckpt))
   with pytest.raises(fjs.errors.RunMismatchError, match="already holds 6 rounds but num_rounds=4"):
-    _run(ds, num_rounds=4, checkpoint_dir=ckpt, resume=True)
-  resumed = _run(ds, num_rounds=10, checkpoint_dir=ckpt, resume=True)
+    _run(ds, num_rounds=4, checkpoint=fjs.Checkpointing(ckpt, resume=True))
+  resumed = _run(ds, num_rounds=10, checkpoint=fjs.Checkpointing(ckpt, resume=True))
   fresh = _run(ds, num_rounds=10)
   assert resumed.history.rounds == fresh.history.rounds
   assert len(resumed.history.rounds["round"]) == 10
   # 7 rounds at eval_every=2 end with an off-schedule final evaluation (round 7); extending to
   # 10 drops it, so the evaluations are those of a straight 10-round run.
   ckpt7 = str(tmp_path / "ckpt7")
-  _run(ds, num_rounds=7, checkpoint_dir=ckpt7)
-  extended = _run(ds, num_rounds=10, checkpoint_dir=ckpt7, resume=True)
+  _run(ds, num_rounds=7, checkpoint=fjs.Checkpointing(ckpt7))
+  extended = _run(ds, num_rounds=10, checkpoint=fjs.Checkpointing(ckpt7, resume=True))
   assert extended.history.evals == fresh.history.evals
   assert extended.history.evals["round"] == [0, 2, 4, 6, 8, 10]
 
 
 def test_fresh_run_refuses_old_checkpoints_unless_overwrite(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
-  _run(ds, key=8, num_rounds=6, checkpoint_dir=ckpt)   # another run (its seed): steps 4 and 6
+  # another run (its seed): steps 4 and 6
+  _run(ds, key=8, num_rounds=6, checkpoint=fjs.Checkpointing(ckpt))
   (tmp_path / "ckpt" / "notes.txt").write_text("mine")  # not a checkpoint: kept
   with pytest.raises(fjs.errors.CheckpointExistsError, match="--resume.*--overwrite"):
-    _run(ds, num_rounds=4, checkpoint_dir=ckpt)
-  over = _run(ds, num_rounds=4, checkpoint_dir=ckpt, overwrite=True)
+    _run(ds, num_rounds=4, checkpoint=fjs.Checkpointing(ckpt))
+  over = _run(ds, num_rounds=4, checkpoint=fjs.Checkpointing(ckpt, overwrite=True))
   # The old run's steps are gone: resuming the new run continues *it*, to the fresh result.
-  resumed = _run(ds, num_rounds=6, checkpoint_dir=ckpt, resume=True)
+  resumed = _run(ds, num_rounds=6, checkpoint=fjs.Checkpointing(ckpt, resume=True))
   fresh = _run(ds, num_rounds=6)
   assert over.history.rounds["round"] == [1, 2, 3, 4]
   assert resumed.history.rounds == fresh.history.rounds
@@ -138,11 +141,11 @@ def test_training_time_adds_up_across_resumes(ds, tmp_path, monkeypatch):
   clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + skipped[0])
   monkeypatch.setattr(fjs.runtime.runner, "time", clock)
   slow = lambda *_: skipped.__setitem__(0, skipped[0] + 1.5)  # inside the timed loop
-  _run(ds, num_rounds=6, checkpoint_dir=ckpt, on_chunk=slow)
+  _run(ds, num_rounds=6, checkpoint=fjs.Checkpointing(ckpt), on_chunk=slow)
   saved = json.load(open(os.path.join(ckpt, "6", "meta", "metadata")))["train_time_s"]
   assert saved >= 3.0  # two of the three pauses happened before the last checkpoint
   t0 = time.perf_counter()
-  second = _run(ds, num_rounds=8, checkpoint_dir=ckpt, resume=True)
+  second = _run(ds, num_rounds=8, checkpoint=fjs.Checkpointing(ckpt, resume=True))
   own = time.perf_counter() - t0
   # The total is the saved time plus this call's own part, not this call's part alone.
   assert saved < second.train_time_s <= saved + own
@@ -303,13 +306,14 @@ def test_folder_lock_contention_names_the_owner_and_dies_with_it(ds, tmp_path, l
   folder = str(tmp_path / "ckpt")
   proc = lock_holder(folder)
   with pytest.raises(fjs.errors.LockedError, match=f"pid {proc.pid}.*test holder"):
-    _run(ds, num_rounds=2, checkpoint_dir=folder)
+    _run(ds, num_rounds=2, checkpoint=fjs.Checkpointing(folder))
   with pytest.raises(fjs.errors.LockedError):
     fjs.runtime.locking.FolderLock(folder).acquire()
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   # The kernel released the lock with the killed owner: no stale lock.
-  assert _run(ds, num_rounds=2, checkpoint_dir=folder).history.rounds["round"] == [1, 2]
+  again = _run(ds, num_rounds=2, checkpoint=fjs.Checkpointing(folder))
+  assert again.history.rounds["round"] == [1, 2]
 
 
 def _step_files(ckpt: str, step: int) -> list[str]:
@@ -324,7 +328,7 @@ def _step_files(ckpt: str, step: int) -> list[str]:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_damaged_checkpoint_falls_back_to_the_previous_step(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
-  _run(ds, num_rounds=8, checkpoint_dir=ckpt)  # keeps steps 6 and 8
+  _run(ds, num_rounds=8, checkpoint=fjs.Checkpointing(ckpt))  # keeps steps 6 and 8
   # Flip one bit in the middle of the newest step's biggest data file: orbax reads it back
   # without complaint (measured), so only the saved digest can tell.
   path = _step_files(ckpt, 8)[-1]
@@ -333,21 +337,21 @@ def test_damaged_checkpoint_falls_back_to_the_previous_step(ds, tmp_path):
   open(path, "wb").write(bytes(data))
   with pytest.warns(UserWarning,
                     match=r"resuming from step 6 instead \(step 8: .*does not match the digest"):
-    resumed = _run(ds, num_rounds=10, checkpoint_dir=ckpt, resume=True)
+    resumed = _run(ds, num_rounds=10, checkpoint=fjs.Checkpointing(ckpt, resume=True))
   assert resumed.history.rounds == _run(ds, num_rounds=10).history.rounds
   # Truncate the biggest data file of the newest step: the same fallback, no raw traceback.
   for f in _step_files(ckpt, 10)[-1:]:
     with open(f, "r+b") as fh:
       fh.truncate(os.path.getsize(f) // 3)
   with pytest.warns(UserWarning, match="resuming from step 8"):
-    again = _run(ds, num_rounds=12, checkpoint_dir=ckpt, resume=True)
+    again = _run(ds, num_rounds=12, checkpoint=fjs.Checkpointing(ckpt, resume=True))
   assert again.history.rounds == _run(ds, num_rounds=12).history.rounds
   gc.collect()
 
 
 def test_no_readable_checkpoint_is_a_clear_error(ds, tmp_path):
   ckpt = str(tmp_path / "ckpt")
-  _run(ds, num_rounds=4, checkpoint_dir=ckpt)
+  _run(ds, num_rounds=4, checkpoint=fjs.Checkpointing(ckpt))
   for step in (2, 4):
     meta_path = os.path.join(ckpt, str(step), "meta", "metadata")
     meta = json.load(open(meta_path))
@@ -357,7 +361,7 @@ def test_no_readable_checkpoint_is_a_clear_error(ds, tmp_path):
     warnings.simplefilter("ignore")
     with pytest.raises(fjs.errors.CheckpointCorruptError,
                        match="no readable checkpoint.*--overwrite"):
-      _run(ds, num_rounds=6, checkpoint_dir=ckpt, resume=True)
+      _run(ds, num_rounds=6, checkpoint=fjs.Checkpointing(ckpt, resume=True))
 
 
 def test_counts_and_label_types_checked(ds):

@@ -121,6 +121,15 @@ def _entry(module: types.ModuleType, name: str, qualified: str, index: bool = Tr
   if isinstance(value, types.ModuleType):
     return ""
   if inspect.isclass(value):
+    home = f"{value.__module__}.{value.__qualname__}"
+    if (qualified not in (home, f"fedjaxsparse.{name}")
+        and getattr(importlib.import_module("fedjaxsparse"), name, None) is value):
+      # a top-level class re-exported by a namespace as well (``fjs.runtime.Checkpointing``):
+      # a short entry naming its home, since a third autodoc rendering would register the
+      # home's name twice as an alias (a duplicate-description warning)
+      owner, short = qualified.rsplit(".", 1)
+      return (f".. py:class:: {short}\n   :module: {owner}\n\n   The class :class:`{home}` "
+              f"(also ``fjs.{name}``), documented there.\n\n")
     record = dataclasses.is_dataclass(value) or (issubclass(value, tuple)
                                                 and hasattr(value, "_fields"))
     # a record's fields are its docstring's Attributes; other classes list their methods
@@ -192,8 +201,8 @@ def _top_page() -> str:
   for n in ("cohort_round", "ClientUpdate", "ServerPart"):
     text += _entry(fjs, n, f"fedjaxsparse.{n}")
   text += _title("Running and reading", "-")
-  for n in ("Algorithm", "LossFn", "Model", "run", "run_batched", "global_params",
-            "personal_params"):
+  for n in ("Algorithm", "LossFn", "Model", "run", "Checkpointing", "run_batched",
+            "global_params", "personal_params"):
     text += _entry(fjs, n, f"fedjaxsparse.{n}")
   text += _entry(fjs, "METHODS", "fedjaxsparse.METHODS")
   text += _entry(fjs, "__version__", "fedjaxsparse.__version__")

@@ -54,6 +54,7 @@ import optax
 
 from fedjaxsparse.pruning import zig as Z
 from fedjaxsparse.core import Model, float_dtype
+from fedjaxsparse.runtime.checkpoint import Checkpointing
 from fedjaxsparse.runtime.epochs import epoch_order, train_epochs
 from fedjaxsparse.core import public_dir as _public_dir
 
@@ -346,8 +347,7 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
           y: np.ndarray, *, epochs: int, batch_size: int, ctrl_index: np.ndarray,
           ctrl_batch: int | None = None,
           evaluate: Callable[[Any, jax.Array], float] | None = None, augment=None,
-          checkpoint_dir: str | None = None, checkpoint_every: int = 1, resume: bool = False,
-          overwrite: bool = False, fingerprint: dict | None = None, loop: str = "scan",
+          checkpoint: Checkpointing | None = None, loop: str = "scan",
           progress: bool = True, desc: str = "ATO") -> tuple[ATOState, list[dict]]:
   """Algorithm 7 for ``epochs`` epochs over ``x [N, ...]``, ``y [N]``: each epoch
   ``N // batch_size`` target steps over a fresh permutation (``augment(key, x)`` per batch),
@@ -358,8 +358,10 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
   ``loop="scan"``: each epoch's steps are one jitted ``lax.scan`` (accelerators);
   ``"host"``: every step is its own jitted call driven from Python — on XLA:CPU a convolution
   inside a loop body runs significantly slower (jax-ml/jax#12868). Both draw the same batches and
-  keys and give the same result up to float reassociation. With ``checkpoint_dir`` the state
-  is saved every ``checkpoint_every`` epochs (0: after the last only), under the runner's
+  keys and give the same result up to float reassociation. With
+  ``checkpoint=fjs.Checkpointing(directory, every=1, resume=False, overwrite=False,
+  fingerprint=None)`` (:class:`~fedjaxsparse.runtime.checkpoint.Checkpointing`) the state is
+  saved in ``directory`` every ``every`` epochs (0: after the last only), under the runner's
   rules (:func:`fedjaxsparse.runtime.checkpoint.open_checkpoint`): ``resume=True`` continues
   from the newest intact checkpoint if it was written with the same ``fingerprint`` (a dict of
   the caller's settings, stored with every checkpoint: a refused resume names what changed)
@@ -406,8 +408,7 @@ def train(algo: ATO, config: ATOConfig, key: jax.Array, params: Any, x: np.ndarr
       target, state, xd, yd, key=_fold_in(key, 7), epochs=epochs,
       batch_size=batch_size, loop=loop, after_epoch=after,
       evaluate=None if evaluate is None else (lambda st: evaluate(st.params, st.w)),
-      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-      overwrite=overwrite, fingerprint=fingerprint, progress=progress, desc=desc,
+      checkpoint=checkpoint, progress=progress, desc=desc,
       postfix=lambda r: {"loss": f"{r['loss']:.3f}", "flops": f"{r['flops']:.2f}",
                          **({"acc": f"{r['metric']:.3f}"} if "metric" in r else {})})
 

@@ -19,6 +19,8 @@ from fedjaxsparse.core import public_dir as _public_dir
 __all__ = ["Config", "Option", "parse_options", "name_list", "identity_options", "with_paper", "with_quick", "DIVERGENCE", "TUNINGS"]
 __dir__ = _public_dir(__all__)
 
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")  # a bool option's spellings
+
 DIVERGENCE = ("error", "skip")
 """What a run does when a method diverges (``--on-divergence``): stop with the error, or skip
 the method and report it diverged."""
@@ -63,8 +65,9 @@ class Config:
     quick: the experiment's quick setting (its ``QUICK``) was applied with :func:`with_quick`.
     checkpoint_interval_s: a method's run writes a checkpoint at an evaluation only when at
       least this many seconds passed since its previous one, and always after its last round
-      (``runner.run``'s ``checkpoint_interval_s``; 0: at every evaluation). A crash loses at
-      most this much training; a run shorter than it writes a single checkpoint.
+      (``Checkpointing.interval_s`` of the run's ``checkpoint``; 0: at every evaluation). A
+      crash loses at most this much training; a run shorter than it writes a single
+      checkpoint.
   """
   rounds: int | None = 100
   clients: int = 20

@@ -19,6 +19,7 @@ import numpy as np
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime import population
+from fedjaxsparse.runtime.checkpoint import Checkpointing
 from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.harness.report import Table
 from fedjaxsparse.runtime.runner import EvalFn, run
@@ -28,8 +29,6 @@ from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["standin_note", "finish", "Steps", "format_duration", "output_dir", "run_method", "first_divergence", "last", "status", "bits_to_reach", "save_results"]
 __dir__ = _public_dir(__all__)
-
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
 
 def standin_note(dataset: str) -> str | None:
@@ -149,8 +148,9 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm | Coho
               **{f"--set {k}": v for k, v in cfg.fingerprint.items()}}
   res = run(algo, key, params, train, test, num_rounds=cfg.rounds, eval_fn=eval_fn,
             eval_every=cfg.eval_every, chunk_size=chunk_size, params_fn=params_fn,
-            checkpoint_dir=ckpt, checkpoint_interval_s=cfg.checkpoint_interval_s,
-            resume=cfg.resume, overwrite=cfg.overwrite, fingerprint=identity,
+            checkpoint=Checkpointing(ckpt, interval_s=cfg.checkpoint_interval_s,
+                                     resume=cfg.resume, overwrite=cfg.overwrite,
+                                     fingerprint=identity),
             on_nonfinite="stop" if cfg.on_divergence == "skip" else "raise",
             progress=cfg.progress, desc=method, clients=cfg.execution,
             mesh=client_mesh() if jax.process_count() > 1 else None)

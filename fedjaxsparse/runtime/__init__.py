@@ -6,12 +6,13 @@ training by epochs (``epochs``: ATO, Fed-LPFM's teacher), checkpoints with their
 and folder locks (``checkpoint``, ``fingerprint``, ``locking``)."""
 from fedjaxsparse.runtime import (checkpoint, clients, distributed, epochs, fingerprint, locking,
                                   population, runner, sharding, sweep)
+from fedjaxsparse.runtime.checkpoint import Checkpointing
 from fedjaxsparse.runtime.runner import run
 from fedjaxsparse.runtime.sweep import run_batched
 from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = [
     "checkpoint", "clients", "distributed", "epochs", "fingerprint", "locking", "population",
-    "runner", "sharding", "sweep", "run", "run_batched",
+    "runner", "sharding", "sweep", "run", "run_batched", "Checkpointing",
 ]
 __dir__ = _public_dir(__all__)

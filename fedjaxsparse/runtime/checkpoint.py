@@ -15,20 +15,99 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 
 from jax.experimental import multihost_utils
 
-from fedjaxsparse.errors import CheckpointCorruptError, CheckpointExistsError, RunMismatchError
+from fedjaxsparse.errors import (CheckpointCorruptError, CheckpointExistsError, ConfigError,
+                                 RunMismatchError, check_int)
 from fedjaxsparse.runtime.fingerprint import diff as fingerprint_diff
 from fedjaxsparse.runtime.fingerprint import tree_digest
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["Checkpointer", "open_checkpoint", "check_resumable"]
+__all__ = ["Checkpointing", "check_checkpointing", "Checkpointer", "open_checkpoint",
+           "check_resumable"]
 __dir__ = _public_dir(__all__)
+
+
+class Checkpointing(NamedTuple):
+  """Where and how a run keeps checkpoints: the one ``checkpoint`` argument of
+  :func:`fedjaxsparse.run` and :func:`fedjaxsparse.runtime.epochs.train_epochs` (and of what
+  passes it on, e.g. :func:`fedjaxsparse.algorithms.ato.train`); ``checkpoint=None`` (their
+  default) keeps none. For example
+  ``fjs.run(..., checkpoint=fjs.Checkpointing("ckpt/fedavg", resume=True))`` continues the
+  run saved in ``ckpt/fedavg``, or starts it there.
+
+  Attributes:
+    directory: where to write orbax checkpoints. :func:`~fedjaxsparse.run` locks the folder
+      while the run is active (:class:`~fedjaxsparse.runtime.locking.FolderLock`).
+    every: for :func:`~fedjaxsparse.run`, checkpoint after every this many chunks (and after
+      the last), ``>= 1``; a chunk counts ``eval_every`` rounds here when ``chunk_size`` is not
+      given. For :func:`~fedjaxsparse.runtime.epochs.train_epochs`, after every this many
+      epochs (and after the last), ``>= 0``; ``0``: after the last epoch only.
+    interval_s: besides ``every``, wait at least this many seconds of wall time since the
+      previous checkpoint (or the run's start) before writing one; the last chunk is always
+      checkpointed. ``0`` (default): by chunk count only. A short run then writes one
+      checkpoint instead of one per chunk (an orbax save costs ~0.1 s, more than a small
+      model's chunk); a long run loses at most this many seconds to a crash. With several
+      processes, process 0's clock decides for all. :func:`~fedjaxsparse.run` only:
+      :func:`~fedjaxsparse.runtime.epochs.train_epochs` counts epochs and needs ``0``.
+    resume: continue from the newest intact checkpoint in ``directory``. The checkpoint must
+      come from the same run — same algorithm and hyper-parameters, model, data, initial model,
+      key and evaluation (see :mod:`fedjaxsparse.runtime.fingerprint`), and ``fingerprint`` —
+      and hold at most the rounds (epochs) the run asks for; otherwise
+      :class:`~fedjaxsparse.errors.RunMismatchError` names what differs. A longer run extends
+      the saved one. Without checkpoints in ``directory`` the run starts afresh.
+    overwrite: with ``resume=False``, delete checkpoints already in ``directory`` (without it,
+      a fresh run refuses to start there: :class:`~fedjaxsparse.errors.CheckpointExistsError`).
+    fingerprint: extra named components of the run's identity (e.g. an experiment's options),
+      stored with every checkpoint, so a refused resume names the option that changed.
+  """
+  directory: str
+  every: int = 1
+  interval_s: float = 0.0
+  resume: bool = False
+  overwrite: bool = False
+  fingerprint: dict | None = None
+
+
+def check_checkpointing(checkpoint: Any, *, min_every: int = 1,
+                        interval: bool = True) -> Checkpointing | None:
+  """``checkpoint`` (a trainer's ``checkpoint`` argument) validated, its ``directory`` a
+  ``str``: ``None`` stays ``None``; anything but a :class:`Checkpointing` is a ``TypeError``;
+  a bad field a :class:`~fedjaxsparse.errors.ConfigError` naming it (``checkpoint.every``
+  below ``min_every``, ``checkpoint.interval_s`` negative — or not ``0`` when the trainer has
+  no ``interval``)."""
+  if checkpoint is None:
+    return None
+  if not isinstance(checkpoint, Checkpointing):
+    shown = repr(checkpoint)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise TypeError(
+        f"checkpoint must be a fedjaxsparse.Checkpointing or None, got {type(checkpoint).__name__}"
+        f" {shown}; pass fjs.Checkpointing(directory, ...), e.g. "
+        "checkpoint=fjs.Checkpointing(\"ckpt/run\", resume=True).")
+  directory = checkpoint.directory
+  if isinstance(directory, os.PathLike):
+    directory = os.fspath(directory)
+  if not isinstance(directory, str) or not directory:
+    raise ConfigError(f"checkpoint.directory must be a folder path (a non-empty str), got "
+                      f"{checkpoint.directory!r}.")
+  every = check_int("checkpoint.every", checkpoint.every, min_every)
+  try:
+    interval_ok = checkpoint.interval_s >= 0
+  except TypeError:
+    interval_ok = False
+  if not interval_ok:
+    raise ConfigError(f"checkpoint.interval_s must be >= 0 seconds, got "
+                      f"{checkpoint.interval_s!r}.")
+  if not interval and checkpoint.interval_s != 0:
+    raise ConfigError(f"checkpoint.interval_s must be 0 here (checkpoints by epoch count, "
+                      f"checkpoint.every), got {checkpoint.interval_s!r}.")
+  return checkpoint._replace(directory=directory, every=every)
 
 
 def _ocp() -> Any:

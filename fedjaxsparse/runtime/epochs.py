@@ -15,10 +15,12 @@ steps and mask update — or nothing), then ``evaluate(state) -> float``.
 loop body runs 10-40× slower (jax-ml/jax#12868). Both draw the same batches and keys and give
 the same result up to float reassociation.
 
-Checkpoints follow the runner's rules (:func:`fedjaxsparse.runtime.checkpoint.open_checkpoint`):
-saved every ``checkpoint_every`` epochs (0: after the last only) with the history and the
-caller's ``fingerprint``; ``resume=True`` continues from the newest intact checkpoint of the
-same run, whose history then covers every epoch.
+Checkpoints (``checkpoint=fjs.Checkpointing(directory, ...)``,
+:class:`~fedjaxsparse.runtime.checkpoint.Checkpointing`) follow the runner's rules
+(:func:`fedjaxsparse.runtime.checkpoint.open_checkpoint`): saved every ``checkpoint.every``
+epochs (0: after the last only) with the history and the caller's ``checkpoint.fingerprint``;
+``checkpoint.resume`` continues from the newest intact checkpoint of the same run, whose
+history then covers every epoch.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
-from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
+from fedjaxsparse.runtime.checkpoint import (Checkpointing, check_checkpointing,
+                                             check_resumable, open_checkpoint)
 from fedjaxsparse.runtime.fingerprint import config_components
 from fedjaxsparse.errors import check_int
 from fedjaxsparse.core import public_dir as _public_dir
@@ -65,9 +68,7 @@ def train_epochs(step: StepFn, state: Any, x: Any, y: Any, *, key: jax.Array, ep
                  batch_size: int, loop: str = "scan",
                  after_epoch: Callable[[Any, int, jax.Array], Any] | None = None,
                  evaluate: Callable[[Any], float] | None = None,
-                 checkpoint_dir: str | None = None, checkpoint_every: int = 1,
-                 resume: bool = False, overwrite: bool = False,
-                 fingerprint: dict | None = None, progress: bool = True,
+                 checkpoint: Checkpointing | None = None, progress: bool = True,
                  desc: str = "train", postfix: Callable[[dict], dict] | None = None
                  ) -> tuple[Any, list[dict]]:
   """Trains ``state`` for ``epochs`` epochs (see the module docstring).
@@ -82,7 +83,9 @@ def train_epochs(step: StepFn, state: Any, x: Any, y: Any, *, key: jax.Array, ep
     loop: ``"scan"`` or ``"host"`` (the same result; see above).
     after_epoch: ``(state, t, k_t) -> state`` after each epoch's steps, before evaluation.
     evaluate: ``state -> float`` after each epoch (the record's ``metric``).
-    checkpoint_dir, checkpoint_every, resume, overwrite, fingerprint: checkpoints (above).
+    checkpoint: the run's checkpoints, a
+      :class:`~fedjaxsparse.runtime.checkpoint.Checkpointing` (above): ``every`` counts epochs
+      (``0``: after the last only) and ``interval_s`` must be ``0``; ``None`` (default): none.
     progress, desc: a progress bar by epoch, labelled ``desc``; ``postfix(record)`` gives its
       fields (default: the loss and the metric).
 
@@ -98,7 +101,7 @@ def train_epochs(step: StepFn, state: Any, x: Any, y: Any, *, key: jax.Array, ep
                      f"{batch_size!r}.")
   if loop not in LOOPS:
     raise ValueError(f"loop must be one of {LOOPS}, got {loop!r}.")
-  checkpoint_every = check_int("checkpoint_every", checkpoint_every, 0)
+  checkpoint = check_checkpointing(checkpoint, min_every=0, interval=False)
   xd, yd = jnp.asarray(x), jnp.asarray(y)
 
   def one(state, xd, yd, idx, key, i):
@@ -121,10 +124,12 @@ def train_epochs(step: StepFn, state: Any, x: Any, y: Any, *, key: jax.Array, ep
         infos.append(info)
       return state, jax.tree_util.tree_map(lambda *v: jnp.mean(jnp.stack(v)), *infos)
 
-  fingerprint = config_components(fingerprint)   # a refused resume names what changed
+  fingerprint = config_components(   # a refused resume names what changed
+      None if checkpoint is None else checkpoint.fingerprint)
   history, start, ckpt = [], 0, None
-  if checkpoint_dir:
-    ckpt = open_checkpoint(checkpoint_dir, resume=resume, overwrite=overwrite)
+  if checkpoint is not None:
+    ckpt = open_checkpoint(checkpoint.directory, resume=checkpoint.resume,
+                           overwrite=checkpoint.overwrite)
   try:
     if ckpt is not None and ckpt.latest_round() is not None:
       check = functools.partial(check_resumable, ckpt, fingerprint=fingerprint, total=epochs,
@@ -148,8 +153,8 @@ def train_epochs(step: StepFn, state: Any, x: Any, y: Any, *, key: jax.Array, ep
       history.append(rec)
       bar.set_postfix(**(postfix(rec) if postfix is not None else {
           k: f"{rec[k]:.3f}" for k in ("loss", "metric") if k in rec}))
-      if ckpt is not None and (t + 1 == epochs or (checkpoint_every and
-                                                   (t + 1) % checkpoint_every == 0)):
+      if ckpt is not None and (t + 1 == epochs or (checkpoint.every and
+                                                   (t + 1) % checkpoint.every == 0)):
         ckpt.save(t + 1, state, {"epoch": t + 1, "history": history,
                                  "fingerprint": fingerprint})
   finally:

@@ -39,7 +39,8 @@ from tqdm.auto import tqdm
 from jax.experimental import multihost_utils
 from flax import errors as flax_errors
 
-from fedjaxsparse.runtime.checkpoint import check_resumable, open_checkpoint
+from fedjaxsparse.runtime.checkpoint import (Checkpointing, check_checkpointing,
+                                             check_resumable, open_checkpoint)
 from fedjaxsparse.runtime.clients import (Executed, arg_signature, auto_layout, cached_step,
                                           choose_strategy, with_strategy)
 from fedjaxsparse.core import Algorithm, ParamsFn, global_params
@@ -366,8 +367,7 @@ def _nonfinite_error(desc: str, round_: int, quantity: str,
 def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = None, *,
         num_rounds: int, eval_fn: EvalFn | None = None, eval_every: int = 10,
         chunk_size: int | None = None, params_fn: ParamsFn = global_params,
-        checkpoint_dir: str | None = None, checkpoint_every: int = 1,
-        checkpoint_interval_s: float = 0.0, resume: bool = False, overwrite: bool = False, fingerprint: dict | None = None,
+        checkpoint: Checkpointing | None = None,
         on_nonfinite: str = "raise", mesh: jax.sharding.Mesh | None = None,
         progress: bool = True, desc: str = "", estimate_after_s: float = 60.0,
         on_chunk: Callable[[int, Any, History], None] | None = None,
@@ -392,26 +392,13 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     eval_every: evaluate every this many rounds (and after the last round).
     chunk_size: rounds per compiled chunk (default ``eval_every``, capped at ``num_rounds``).
     params_fn: ``state -> global model`` (default ``state.params``).
-    checkpoint_dir: where to write orbax checkpoints (none if ``None``). The folder is locked
-      while the run is active (:class:`~fedjaxsparse.runtime.locking.FolderLock`).
-    checkpoint_every: checkpoint after every this many chunks (and after the last); a chunk
-      counts ``eval_every`` rounds here when ``chunk_size`` is not given.
-    checkpoint_interval_s: besides ``checkpoint_every``, wait at least this many seconds of
-      wall time since the previous checkpoint (or the run's start) before writing one; the
-      last chunk is always checkpointed. ``0`` (default): by chunk count only. A short run
-      then writes one checkpoint instead of one per chunk (an orbax save costs ~0.1 s, more
-      than a small model's chunk); a long run loses at most this many seconds to a crash.
-      With several processes, process 0's clock decides for all.
-    resume: continue from the newest intact checkpoint in ``checkpoint_dir``. The checkpoint
-      must come from the same run — same algorithm and hyper-parameters, model, data, initial
-      model, key and evaluation (see :mod:`fedjaxsparse.runtime.fingerprint`) — and hold at most
-      ``num_rounds`` rounds; otherwise :class:`~fedjaxsparse.errors.RunMismatchError` names
-      what differs. A longer ``num_rounds`` extends the run.
-    overwrite: with ``resume=False``, delete checkpoints already in ``checkpoint_dir``
-      (without it, a fresh run refuses to start there:
-      :class:`~fedjaxsparse.errors.CheckpointExistsError`).
-    fingerprint: extra named components of the run's identity (e.g. an experiment's options),
-      so a refused resume names the option that changed.
+    checkpoint: the run's orbax checkpoints, a
+      :class:`~fedjaxsparse.runtime.checkpoint.Checkpointing` — ``fjs.Checkpointing(directory,
+      every=1, interval_s=0.0, resume=False, overwrite=False, fingerprint=None)``: the folder
+      (locked while the run is active), every how many chunks and seconds to save, whether to
+      resume the same run (up to ``num_rounds``) or delete an earlier run's checkpoints, and
+      extra components of the run's identity (each field described there). ``None``
+      (default): no checkpoints.
     on_nonfinite: what a NaN/inf in the loss, any ``info`` scalar, an evaluated metric or the
       state does: ``"raise"`` a :class:`~fedjaxsparse.errors.NonFiniteError` naming the round
       and quantity, or ``"stop"`` the run there and return it with ``diverged`` set (its
@@ -444,26 +431,26 @@ def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = No
     chunk_size = check_int("chunk_size", chunk_size, 1)
   if on_nonfinite not in NONFINITE:
     raise ValueError(f"on_nonfinite must be one of {NONFINITE}, got {on_nonfinite!r}.")
-  if not checkpoint_interval_s >= 0:
-    raise ValueError(f"checkpoint_interval_s must be >= 0 seconds, got {checkpoint_interval_s!r}.")
+  checkpoint = check_checkpointing(checkpoint, min_every=1)
   if isinstance(train, FederatedData):
     train.validate("train")
   if isinstance(test, FederatedData):
     test.validate("test", allow_empty=True)
   with _params_fit(params, train, desc):
     train = arrange(algo, train, layout, mesh, clients, params)
-    if checkpoint_dir is None:
+    if checkpoint is None:
       return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
-                  params_fn, None, checkpoint_every, checkpoint_interval_s, fingerprint,
-                  on_nonfinite, mesh, progress, desc, estimate_after_s, on_chunk)
-    lock = (FolderLock(checkpoint_dir, purpose=f"checkpoints of {desc or 'a run'}")
+                  params_fn, None, None, on_nonfinite, mesh, progress, desc, estimate_after_s,
+                  on_chunk)
+    lock = (FolderLock(checkpoint.directory, purpose=f"checkpoints of {desc or 'a run'}")
             if jax.process_index() == 0 else contextlib.nullcontext())  # one lock per run
     with lock:
-      ckpt = open_checkpoint(checkpoint_dir, resume=resume, overwrite=overwrite)
+      ckpt = open_checkpoint(checkpoint.directory, resume=checkpoint.resume,
+                             overwrite=checkpoint.overwrite)
       try:
         return _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every,
-                    chunk_size, params_fn, ckpt, checkpoint_every, checkpoint_interval_s,
-                    fingerprint, on_nonfinite, mesh, progress, desc, estimate_after_s, on_chunk)
+                    chunk_size, params_fn, ckpt, checkpoint, on_nonfinite, mesh, progress, desc,
+                    estimate_after_s, on_chunk)
       finally:
         ckpt.close()
 
@@ -527,13 +514,14 @@ def arrange(algo: Algorithm, train: Any, layout: str, mesh=None, clients: str = 
 
 
 def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_size,
-         params_fn, ckpt, checkpoint_every, checkpoint_interval_s, config, on_nonfinite, mesh,
-         progress, desc, estimate_after_s, on_chunk) -> RunResult:
+         params_fn, ckpt, checkpoint: Checkpointing | None, on_nonfinite, mesh, progress, desc,
+         estimate_after_s, on_chunk) -> RunResult:
   t_start = time.perf_counter()
   progress = progress and jax.process_index() == 0  # several processes: one bar
   strategy = train.strategy if isinstance(train, Executed) else "vmap"
   loop_free = strategy == "unroll"
-  checkpoint_rounds = checkpoint_every * (chunk_size or eval_every)
+  # (with ``ckpt``, ``checkpoint`` is its validated record)
+  checkpoint_rounds = checkpoint.every * (chunk_size or eval_every) if ckpt is not None else 0
   chunk_size = min(chunk_size or (1 if loop_free else eval_every), num_rounds)
   init_key, rounds_key = split_run_key(key)
   run_id = np.asarray(jax.random.key_data(key)).tolist()
@@ -541,7 +529,8 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
   if ckpt is not None:
     plain = train.data if isinstance(train, Executed) else train  # execution: speed only
     fp = run_fingerprint(algo, init_key, params, plain, test, run_id=run_id, eval_fn=eval_fn,
-                         params_fn=params_fn, eval_every=eval_every, config=config)
+                         params_fn=params_fn, eval_every=eval_every,
+                         config=checkpoint.fingerprint)
   num_clients = train.num_clients if hasattr(train, "num_clients") else \
       jax.tree.leaves(train)[0].shape[0]
 
@@ -644,7 +633,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
       since_checkpoint += active
       if ckpt is not None and (done == num_rounds or (
           since_checkpoint >= checkpoint_rounds
-          and _interval_passed(last_checkpoint, checkpoint_interval_s))):
+          and _interval_passed(last_checkpoint, checkpoint.interval_s))):
         since_checkpoint, last_checkpoint = 0, time.perf_counter()
         ckpt.save(done, state, {"round": done, "run_id": run_id, "fingerprint": fp,
                                 "history": history.to_dict(),
