@@ -190,6 +190,7 @@ def _median_flops(cfg):
       zigs, algo.mask_logits(cp, ci, None, ato.NOISE_MEDIAN["gumbel"])))
 
 
+@pytest.mark.integration   # controller training runs to the FLOPs budget, both penalties
 @pytest.mark.parametrize("penalty", ato.PENALTIES)
 def test_controller_drives_flops_to_the_budget(digits, penalty):
   """(4-6) one-sided: P(w) ends at or under p·P_total (measured: far under, ~3 %); two-sided:

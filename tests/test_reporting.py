@@ -120,6 +120,7 @@ def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp
   assert single.best == 0.3 and single.scores == {} and single.stats["se"] is None
 
 
+@pytest.mark.integration   # tuning runs of a grid, batched and sequential
 def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(tmp_path):
   """A grid declared batched (build takes a traced lr) is tuned in one vmapped program: the
   same key, rounds and evaluation as one run per candidate, so the same validation scores (up

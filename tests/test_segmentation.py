@@ -106,6 +106,7 @@ def _loss_and_grad():
   return jax.jit(jax.value_and_grad(mean_loss, has_aux=True))
 
 
+@pytest.mark.integration   # BiSeNetV2 compiled for a learning step
 def test_bisenetv2_maps_images_to_per_pixel_logits_and_learns():
   """Per-pixel logits at the input's size; one SGD step on the stand-in lowers the loss of the
   batch it was taken on (a small step along the gradient of a smooth loss)."""

@@ -86,6 +86,7 @@ def test_single_participant_average_is_its_model(setup):
   assert float(np.mean(masks["Dense_0"]["kernel"][k])) == pytest.approx(0.5, abs=0.01)
 
 
+@pytest.mark.integration   # training rounds of Sub-FedAvg (Hy) on LeNet-5 with BatchNorm
 def test_hybrid_prunes_convolution_channels_whole_by_norm_scale():
   """Sub-FedAvg (Hy) on LeNet-5 with BatchNorm: one pruning step drops exactly ⌊rate·n⌋ of
   each convolution's n channels — those of smallest |BN scale| — with every producer slice
