@@ -60,8 +60,8 @@ def test_conv_module_is_a_drop_in_for_flax_conv():
     fjs.models.cnn((8, 8, 1), 3, conv="fft")
 
 
-@pytest.mark.parametrize("name", ["cnn", "resnet18"])
-def test_models_compute_the_same_with_either_convolution(name):
+@pytest.mark.parametrize("name", ["cnn", pytest.param("resnet18", marks=pytest.mark.integration)])
+def test_models_compute_the_same_with_either_convolution(name):  # ResNet-18: compile-heavy
   # ResNet-18 as tests/test_models.py's GroupNorm one (narrowed to width 8, 8×8 inputs, a batch
   # of 6)
   shape = (8, 8, 3)

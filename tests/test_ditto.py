@@ -24,6 +24,7 @@ def _dist(a, b):
                            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))))
 
 
+@pytest.mark.integration   # multi-round runs of Ditto, FedSpa and local training compared
 def test_global_part_is_fedavg_and_lambda_zero_is_local_training(setup):
   ds, _, loss, w0 = setup
   key = jax.random.key(4)

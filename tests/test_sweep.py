@@ -7,6 +7,8 @@ import pytest
 
 import fedjaxsparse as fjs
 
+pytestmark = pytest.mark.integration  # whole runs, batched and one by one (README: the test commands)
+
 
 def _run_of(tree, s: int):
   """Run ``s`` of a batched result, read on the host (NumPy: no program per indexing)."""

@@ -21,6 +21,8 @@ import pytest
 
 import fedjaxsparse as fjs
 
+pytestmark = pytest.mark.integration  # checkpoint round trips and resumes (README: the test commands)
+
 MODEL = fjs.models.softmax_regression(64, 10)
 
 
