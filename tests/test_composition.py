@@ -6,6 +6,7 @@ import functools
 import jax
 import numpy as np
 import optax
+import pytest
 
 import fedjaxsparse as fjs
 
@@ -74,6 +75,7 @@ def _assert_mc_equal(samples, reference, directions=16):
   return se
 
 
+@pytest.mark.integration   # Monte Carlo over rounds of FedSpa with and without TernGrad
 def test_fedspa_with_a_terngrad_uplink_is_unbiased():
   # FedSpa (personalised sparse masks) whose clients upload through TernGrad
   algo = fjs.fedspa(LOSS, 0.1, num_rounds=10, sparsity=0.5, epochs=1, batch_size=512,
@@ -100,6 +102,7 @@ def test_ditto_with_importance_sampling_has_an_unbiased_global_step():
   _assert_mc_equal(_round(algo, keys)[0], _fixed_reference(full, keys))
 
 
+@pytest.mark.integration   # multi-round runs of FedProx and FedAvg compared
 def test_fedprox_with_eden_and_fedadam_at_mu_zero_is_fedavg_bit_for_bit():
   common = dict(local_steps=3, batch_size=16, cohort_size=4, uplink=fjs.compressors.eden(D),
                 server_optimizer=optax.adam(0.01))

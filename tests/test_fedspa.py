@@ -286,6 +286,7 @@ def test_rescaled_subsampling_is_unbiased(setup):
   assert np.all(np.abs(z) < 5.5) and 0.8 < np.mean(z ** 2) < 1.25, np.mean(z ** 2)
 
 
+@pytest.mark.integration   # two multi-round FedSpa runs compared
 def test_packed_masks_give_the_same_run(setup, dst_step):
   ds, _, _, w0 = setup
   runs = []

@@ -111,6 +111,7 @@ def test_fedcr_class_distributions_are_the_product_of_every_examples_expert():
     np.testing.assert_allclose(state.prior_std, (1 - beta2) + beta2 * want_std, rtol=1e-4)
 
 
+@pytest.mark.integration   # FedCR-OPU3 rounds against a per-layer reference
 def test_fedcr_opu3_averages_each_body_layer_over_the_clients_that_sent_it():
   model = fedcr_net((D_IN,), C, 2, conv=(), dense=(5, 4))
   data = _data()
