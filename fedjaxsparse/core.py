@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["PRNGKey", "Params", "LossFn", "float_dtype", "as_float", "InitFn", "StepFn",
-           "Algorithm", "global_params", "ParamsFn", "personal_params", "lazy_submodules", "public_dir",
+           "Algorithm", "global_params", "ParamsFn", "personal_params", "lazy_submodules",
+           "public_dir", "shared_doc",
            "CLASSIFICATION", "REGRESSION", "Model"]
 
 PRNGKey = jax.Array
@@ -134,6 +135,23 @@ def public_dir(names: list[str]) -> Callable[[], list[str]]:
   def __dir__() -> list[str]:
     return list(listed)
   return __dir__
+
+
+def shared_doc(**parts: str) -> Callable[[Any], Any]:
+  """A decorator filling ``{{name}}`` markers of a docstring with ``parts[name]``: one copy of
+  the text several constructors' docstrings share (their common Args entries, the state they
+  return), written out in every ``help()`` and on the documentation site. Each part is given
+  with the indentation it has in the docstrings it fills; a marker without a part raises."""
+  def fill(fn: Any) -> Any:
+    doc = fn.__doc__ or ""
+    for name, text in parts.items():
+      doc = doc.replace("{{" + name + "}}", text.strip())
+    if "{{" in doc:
+      raise ValueError(f"{fn.__name__}'s docstring has an unfilled marker: "
+                       f"{doc[doc.index('{{'):][:40]!r}.")
+    fn.__doc__ = doc
+    return fn
+  return fill
 
 
 # --- The model contract: what every network of ``fedjaxsparse.models`` returns -------------

@@ -122,3 +122,23 @@ def test_every_method_docstring_reads_without_the_specs(name):
   assert not missing, f"{name}: Args does not document {missing}"
   inward = _INWARD.findall(doc.split("Source for the team")[0])
   assert not inward, f"{name}: pointers into the specs outside the team line: {inward}"
+
+
+def test_shared_doc_writes_the_shared_text_into_each_docstring():
+  """``core.shared_doc``: a marker line becomes the part at its indentation (the part's later
+  lines keep theirs), so ``help()`` shows the whole text; a marker without a part raises."""
+  part = "    x: the input,\n      a vector."
+
+  @fjs.core.shared_doc(arg_x=part)
+  def f(x):
+    """F.
+
+    Args:
+      {{arg_x}}
+    """
+  assert "Args:\n      x: the input,\n      a vector.\n" in f.__doc__
+
+  def g():
+    """G: {{missing}}."""
+  with pytest.raises(ValueError, match="unfilled marker"):
+    fjs.core.shared_doc(arg_x=part)(g)

@@ -65,7 +65,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from fedjaxsparse.convex import screening as SC
-from fedjaxsparse.core import Algorithm
+from fedjaxsparse.core import Algorithm, shared_doc
 from fedjaxsparse.data.sparse_rows import SparseRows
 from fedjaxsparse.runtime.sharding import CLIENT_AXIS
 from fedjaxsparse.core import public_dir as _public_dir
@@ -369,6 +369,40 @@ def ddss(prob: SC.Problem, *, step_size: float, inner_steps: int, workers: int =
   return Algorithm(init, step)
 
 
+_DOC = shared_doc(
+    arg_prob="""\
+    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
+      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
+      on this same ``data``.""",
+    arg_data_counts="""\
+    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
+      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
+      needed up front (column counts, shards), and the data to give ``init`` and ``step``.""",
+    returns="""\
+    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
+    unused) gives a :class:`~fedjaxsparse.algorithms.ddss.DDSSState`: ``state.params`` (=
+    ``state.x [p]``, eliminated coordinates 0), ``active bool[q]`` (the blocks still active),
+    ``s`` (outer iterations), ``epochs`` (data passes: 1 + inner_steps/n a step), ``touched``
+    (matrix entries and coordinates read or written), ``floats_up`` / ``floats_down`` /
+    ``floats_down_lazy`` (cumulative communication in floats; 0 in shared memory).
+    ``step(key, state, data)`` returns ``(state, info)``, a
+    :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo` measured at the snapshot (the iterate the
+    step starts from): ``loss`` (the objective P), ``gap`` (the duality gap), ``radius`` (the
+    screening radius), ``p_active`` (active coordinates after this step's test) and
+    ``bits_up`` / ``bits_down`` (this step's communication; 0 in shared memory).""",
+    ref_ddss="""\
+    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
+      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
+      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.""",
+    arg_data_weights="""\
+    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
+      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
+      needed up front (the weights d_j, shards), and the data to give ``init`` and ``step``.""",
+)
+"""Docstring text the constructors below share (:func:`~fedjaxsparse.core.shared_doc`)."""
+
+
+@_DOC
 def sha_ddss_naive(prob, data, **kw) -> Algorithm:
   """Sha-DDSS-Naive (Bao, Wu, Xian & Huang, 2022): shared-memory asynchronous proximal SGD with
   dynamic gap-safe screening and a dense prox — the naive variant of DDSS.
@@ -387,12 +421,8 @@ def sha_ddss_naive(prob, data, **kw) -> Algorithm:
   up to τ ago). The module docstring (:mod:`fedjaxsparse.algorithms.ddss`) has the full story.
 
   Args:
-    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
-      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
-      on this same ``data``.
-    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
-      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
-      needed up front (column counts, shards), and the data to give ``init`` and ``step``.
+    {{arg_prob}}
+    {{arg_data_counts}}
     **kwargs: forwarded to :func:`fedjaxsparse.algorithms.ddss.ddss` (``estimator="sgd"`` and
       ``prox="dense"`` are fixed here): ``step_size`` (η > 0, required), ``inner_steps``
       (stochastic updates per ``step``, required, a multiple of ``workers``), ``workers``
@@ -402,22 +432,10 @@ def sha_ddss_naive(prob, data, **kw) -> Algorithm:
       :func:`dis_ddss_naive`), ``mesh`` (split the workers over devices; layout only).
 
   Returns:
-    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
-    unused) gives a :class:`~fedjaxsparse.algorithms.ddss.DDSSState`: ``state.params`` (=
-    ``state.x [p]``, eliminated coordinates 0), ``active bool[q]`` (the blocks still active),
-    ``s`` (outer iterations), ``epochs`` (data passes: 1 + inner_steps/n a step), ``touched``
-    (matrix entries and coordinates read or written), ``floats_up`` / ``floats_down`` /
-    ``floats_down_lazy`` (cumulative communication in floats; 0 in shared memory).
-    ``step(key, state, data)`` returns ``(state, info)``, a
-    :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo` measured at the snapshot (the iterate the
-    step starts from): ``loss`` (the objective P), ``gap`` (the duality gap), ``radius`` (the
-    screening radius), ``p_active`` (active coordinates after this step's test) and
-    ``bits_up`` / ``bits_down`` (this step's communication; 0 in shared memory).
+    {{returns}}
 
   References:
-    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
-      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
-      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+    {{ref_ddss}}
     Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
       Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
 
@@ -426,6 +444,7 @@ def sha_ddss_naive(prob, data, **kw) -> Algorithm:
   return ddss(prob, data=data, estimator="sgd", prox="dense", **kw)
 
 
+@_DOC
 def sha_ddss(prob, data, **kw) -> Algorithm:
   """Sha-DDSS (Bao, Wu, Xian & Huang, 2022): shared-memory doubly sparse asynchronous proximal
   SVRG — dynamic gap-safe screening shrinks the model and sparse variance-reduced updates
@@ -449,12 +468,8 @@ def sha_ddss(prob, data, **kw) -> Algorithm:
   up to τ ago). The module docstring (:mod:`fedjaxsparse.algorithms.ddss`) has the full story.
 
   Args:
-    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
-      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
-      on this same ``data``.
-    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
-      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
-      needed up front (the weights d_j, shards), and the data to give ``init`` and ``step``.
+    {{arg_prob}}
+    {{arg_data_weights}}
     **kwargs: forwarded to :func:`fedjaxsparse.algorithms.ddss.ddss`
       (``estimator="sparse_svrg"`` and ``prox="sparse"`` are fixed here): ``step_size``
       (η > 0, required), ``inner_steps`` (stochastic updates per ``step``, required, a multiple
@@ -465,22 +480,10 @@ def sha_ddss(prob, data, **kw) -> Algorithm:
       layout only).
 
   Returns:
-    An :class:`~fedjaxsparse.core.Algorithm`. ``init(key, x_init, data)`` (``x_init [p]``; key
-    unused) gives a :class:`~fedjaxsparse.algorithms.ddss.DDSSState`: ``state.params`` (=
-    ``state.x [p]``, eliminated coordinates 0), ``active bool[q]`` (the blocks still active),
-    ``s`` (outer iterations), ``epochs`` (data passes: 1 + inner_steps/n a step), ``touched``
-    (matrix entries and coordinates read or written), ``floats_up`` / ``floats_down`` /
-    ``floats_down_lazy`` (cumulative communication in floats; 0 in shared memory).
-    ``step(key, state, data)`` returns ``(state, info)``, a
-    :class:`~fedjaxsparse.algorithms.ddss.DDSSInfo` measured at the snapshot (the iterate the
-    step starts from): ``loss`` (the objective P), ``gap`` (the duality gap), ``radius`` (the
-    screening radius), ``p_active`` (active coordinates after this step's test) and
-    ``bits_up`` / ``bits_down`` (this step's communication; 0 in shared memory).
+    {{returns}}
 
   References:
-    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
-      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
-      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+    {{ref_ddss}}
     Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
       Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
 
@@ -489,6 +492,7 @@ def sha_ddss(prob, data, **kw) -> Algorithm:
   return ddss(prob, data=data, estimator="sparse_svrg", prox="sparse", **kw)
 
 
+@_DOC
 def dis_ddss_naive(prob, data, workers: int = 8, **kw) -> Algorithm:
   """Dis-DDSS-Naive (Bao, Wu, Xian & Huang, 2022): distributed (parameter-server) asynchronous
   proximal SGD with dynamic gap-safe screening and a dense prox at the server.
@@ -512,12 +516,8 @@ def dis_ddss_naive(prob, data, workers: int = 8, **kw) -> Algorithm:
   (:mod:`fedjaxsparse.algorithms.ddss`) has the full story.
 
   Args:
-    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
-      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
-      on this same ``data``.
-    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
-      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
-      needed up front (column counts, shards), and the data to give ``init`` and ``step``.
+    {{arg_prob}}
+    {{arg_data_counts}}
     workers: the number of workers, each holding one shard (``shards = workers``); also the
       number of updates per tick.
     **kwargs: forwarded to :func:`fedjaxsparse.algorithms.ddss.ddss` (``estimator="sgd"``,
@@ -542,9 +542,7 @@ def dis_ddss_naive(prob, data, workers: int = 8, **kw) -> Algorithm:
     float).
 
   References:
-    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
-      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
-      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+    {{ref_ddss}}
     Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
       Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
 
@@ -554,6 +552,7 @@ def dis_ddss_naive(prob, data, workers: int = 8, **kw) -> Algorithm:
               **kw)
 
 
+@_DOC
 def dis_ddss(prob, data, workers: int = 8, **kw) -> Algorithm:
   """Dis-DDSS (Bao, Wu, Xian & Huang, 2022): distributed (parameter-server) doubly sparse
   asynchronous proximal SVRG — workers send sparse δ's computed with the sparse
@@ -580,12 +579,8 @@ def dis_ddss(prob, data, workers: int = 8, **kw) -> Algorithm:
   (:mod:`fedjaxsparse.algorithms.ddss`) has the full story.
 
   Args:
-    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
-      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
-      on this same ``data``.
-    data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
-      (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
-      needed up front (the weights d_j, shards), and the data to give ``init`` and ``step``.
+    {{arg_prob}}
+    {{arg_data_weights}}
     workers: the number of workers, each holding one shard (``shards = workers``); also the
       number of updates per tick.
     **kwargs: forwarded to :func:`fedjaxsparse.algorithms.ddss.ddss`
@@ -612,9 +607,7 @@ def dis_ddss(prob, data, workers: int = 8, **kw) -> Algorithm:
     communication, 32 bits a float).
 
   References:
-    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
-      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
-      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+    {{ref_ddss}}
     Eugene Ndiaye, Olivier Fercoq, Alexandre Gramfort, Joseph Salmon (2017). Gap Safe Screening
       Rules for Sparsity Enforcing Penalties. JMLR 18(128). arXiv:1611.05780.
 
@@ -624,6 +617,7 @@ def dis_ddss(prob, data, workers: int = 8, **kw) -> Algorithm:
               shards=workers, **kw)
 
 
+@_DOC
 def prox_asvrg(prob, data, **kw) -> Algorithm:
   """ProxASVRG (Meng et al., 2017): asynchronous proximal SVRG with a dense prox and no
   screening — a baseline of DDSS (Bao, Wu, Xian & Huang, 2022).
@@ -640,9 +634,7 @@ def prox_asvrg(prob, data, **kw) -> Algorithm:
   iterate of a tick up to τ ago). See :mod:`fedjaxsparse.algorithms.ddss`.
 
   Args:
-    prob: the :class:`~fedjaxsparse.convex.screening.Problem` to solve (loss, λ, the blocks
-      G_j and their weights w_j), from ``fjs.convex.screening.make_problem(data, lam, loss)``
-      on this same ``data``.
+    {{arg_prob}}
     data: the design matrix and targets as :class:`~fedjaxsparse.data.sparse_rows.SparseRows`
       (padded-CSR rows ``a_i [p]``, ``b [n]``; e.g. ``fjs.data.sparse_rows.from_dense(a, b)``);
       needed up front (shards), and the data to give ``init`` and ``step``.
@@ -673,9 +665,7 @@ def prox_asvrg(prob, data, **kw) -> Algorithm:
     Qi Meng, Wei Chen, Jingcheng Yu, Taifeng Wang, Zhi-Ming Ma, Tie-Yan Liu (2017). Asynchronous
       Stochastic Proximal Optimization Algorithms with Variance Reduction. AAAI 2017.
       arXiv:1609.08435.
-    Runxue Bao, Xidong Wu, Wenhan Xian, Heng Huang (2022). Doubly Sparse Asynchronous Learning
-      for Stochastic Composite Optimization. IJCAI 2022. Preprint: Distributed Dynamic Safe
-      Screening Algorithms for Sparse Regularization, arXiv:2204.10981.
+    {{ref_ddss}}
 
   Source for the team: seed 004, Task 1 (its baselines); spec ``seed004.md`` §1.5.
   """

@@ -44,7 +44,7 @@ import numpy as np
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.runtime.clients import client_ids, map_clients
 from fedjaxsparse.ops.compressors import Compressor, identity
-from fedjaxsparse.core import Algorithm, LossFn, as_float
+from fedjaxsparse.core import Algorithm, LossFn, as_float, shared_doc
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.ops.sampling import client_keys
@@ -104,6 +104,36 @@ def _initial_h_impl(loss_fn: LossFn, zero: bool, params, data):
 _initial_h = jax.jit(_initial_h_impl, static_argnums=(0, 1))
 
 
+_DOC = shared_doc(
+    returns="""\
+    An :class:`~fedjaxsparse.core.Algorithm` (``bucketable=True``).
+    ``init(key, params, data)`` (``key`` unused) computes the ``h_i⁰`` and returns an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVState`: ``state.x`` (also ``state.params``) the
+    model, ``state.h`` the server's ``(1/n) Σ_i h_i`` (kept incrementally), ``state.h_clients``
+    the ``[n, ...]`` client control variates ``h_i`` and ``state.t`` (``int32[]``) the
+    iterations done. ``step(key, state, data)`` returns ``(state, info)`` with ``info`` an
+    :class:`~fedjaxsparse.algorithms.efbv.EFBVInfo`: ``loss`` ((1/n) Σ_i f_i(x) before the
+    step), ``bits_up`` (the n compressed messages, ``n · compressor.bits(d)`` for a model of d
+    entries, plus ``n · 32·d`` on the first step when ``h_init="grad"``), ``bits_down``
+    (dense x to the n clients, ``n · 32·d``) and ``grad_error`` ((1/n) Σ_i ‖∇f_i(x) − h_i‖²
+    before the step, the Lyapunov term of the EF-BV paper's convergence theorem).""",
+    ref_efbv="""\
+    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
+      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
+      Optimization. NeurIPS 2022. arXiv:2205.04180.""",
+    ref_ef21_bw="""\
+    Ilyas Fatkhullin, Igor Sokolov, Eduard Gorbunov, Zhize Li, Peter Richtárik (2021). EF21
+      with Bells & Whistles: Practical Algorithmic Extensions of Modern Error Feedback.
+      arXiv:2110.03294 (JMLR 2025).""",
+    arg_kwargs="""\
+    **kwargs: forwarded to :func:`ef_bv`: ``prox`` (``(tree, step) -> prox_{step·R}(tree)``,
+      ``None`` (default) for R = 0) and ``h_init`` (``"grad"``, the default: h_i⁰ = ∇f_i(x⁰),
+      one dense upload per client charged to the first step's ``bits_up``; or ``"zero"``).""",
+)
+"""Docstring text the constructors below share (:func:`~fedjaxsparse.core.shared_doc`)."""
+
+
+@_DOC
 def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu: float, *,
           prox: Prox | None = None, h_init: str = "grad") -> Algorithm:
   """EF-BV (Condat, Yi & Richtárik, 2022): error feedback and variance reduction in one
@@ -142,22 +172,10 @@ def ef_bv(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu:
       step's ``bits_up``) or ``"zero"`` (nothing to upload).
 
   Returns:
-    An :class:`~fedjaxsparse.core.Algorithm` (``bucketable=True``).
-    ``init(key, params, data)`` (``key`` unused) computes the ``h_i⁰`` and returns an
-    :class:`~fedjaxsparse.algorithms.efbv.EFBVState`: ``state.x`` (also ``state.params``) the
-    model, ``state.h`` the server's ``(1/n) Σ_i h_i`` (kept incrementally), ``state.h_clients``
-    the ``[n, ...]`` client control variates ``h_i`` and ``state.t`` (``int32[]``) the
-    iterations done. ``step(key, state, data)`` returns ``(state, info)`` with ``info`` an
-    :class:`~fedjaxsparse.algorithms.efbv.EFBVInfo`: ``loss`` ((1/n) Σ_i f_i(x) before the
-    step), ``bits_up`` (the n compressed messages, ``n · compressor.bits(d)`` for a model of d
-    entries, plus ``n · 32·d`` on the first step when ``h_init="grad"``), ``bits_down``
-    (dense x to the n clients, ``n · 32·d``) and ``grad_error`` ((1/n) Σ_i ‖∇f_i(x) − h_i‖²
-    before the step, the Lyapunov term of the EF-BV paper's convergence theorem).
+    {{returns}}
 
   References:
-    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
-      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
-      Optimization. NeurIPS 2022. arXiv:2205.04180.
+    {{ref_efbv}}
 
   Source for the team: specs/seed001_ch2.md §4.1 (Fig. 2.1 of the dissertation).
   """
@@ -219,6 +237,7 @@ class EFBVServer(NamedTuple):
     return self.x
 
 
+@_DOC
 def ef_bv_pp(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, nu: float,
              cohort_size: int | None, *, prox: Prox | None = None) -> CohortAlgorithm:
   """EF-BV with partial participation: EF-BV (Condat, Yi & Richtárik, 2022) with the client
@@ -270,12 +289,8 @@ def ef_bv_pp(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, 
     ``state.clients`` (the ``[n, ...]`` h_i) and ``state.params`` (x).
 
   References:
-    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
-      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
-      Optimization. NeurIPS 2022. arXiv:2205.04180.
-    Ilyas Fatkhullin, Igor Sokolov, Eduard Gorbunov, Zhize Li, Peter Richtárik (2021). EF21
-      with Bells & Whistles: Practical Algorithmic Extensions of Modern Error Feedback.
-      arXiv:2110.03294 (JMLR 2025).
+    {{ref_efbv}}
+    {{ref_ef21_bw}}
   """
   for name, v in (("lam", lam), ("nu", nu)):
     check_number(name, v, 0.0, 1.0, low_open=True)
@@ -310,6 +325,7 @@ def ef_bv_pp(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float, 
   return CohortAlgorithm(init, init_client, step, cohort_size)
 
 
+@_DOC
 def ef21(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float = 1.0,
          **kw) -> Algorithm:
   """EF21 (Richtárik, Sokolov & Fatkhullin, 2021; proximal version: Fatkhullin et al., 2021):
@@ -334,37 +350,22 @@ def ef21(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float = 1.0
       client), built for the model's d entries.
     gamma: step size γ > 0.
     lam: λ ∈ (0, 1], used for both EF-BV scalings (ν = λ); default 1, the original EF21.
-    **kwargs: forwarded to :func:`ef_bv`: ``prox`` (``(tree, step) -> prox_{step·R}(tree)``,
-      ``None`` (default) for R = 0) and ``h_init`` (``"grad"``, the default: h_i⁰ = ∇f_i(x⁰),
-      one dense upload per client charged to the first step's ``bits_up``; or ``"zero"``).
+    {{arg_kwargs}}
 
   Returns:
-    An :class:`~fedjaxsparse.core.Algorithm` (``bucketable=True``).
-    ``init(key, params, data)`` (``key`` unused) computes the ``h_i⁰`` and returns an
-    :class:`~fedjaxsparse.algorithms.efbv.EFBVState`: ``state.x`` (also ``state.params``) the
-    model, ``state.h`` the server's ``(1/n) Σ_i h_i`` (kept incrementally), ``state.h_clients``
-    the ``[n, ...]`` client control variates ``h_i`` and ``state.t`` (``int32[]``) the
-    iterations done. ``step(key, state, data)`` returns ``(state, info)`` with ``info`` an
-    :class:`~fedjaxsparse.algorithms.efbv.EFBVInfo`: ``loss`` ((1/n) Σ_i f_i(x) before the
-    step), ``bits_up`` (the n compressed messages, ``n · compressor.bits(d)`` for a model of d
-    entries, plus ``n · 32·d`` on the first step when ``h_init="grad"``), ``bits_down``
-    (dense x to the n clients, ``n · 32·d``) and ``grad_error`` ((1/n) Σ_i ‖∇f_i(x) − h_i‖²
-    before the step, the Lyapunov term of the EF-BV paper's convergence theorem).
+    {{returns}}
 
   References:
     Peter Richtárik, Igor Sokolov, Ilyas Fatkhullin (2021). EF21: A New, Simpler,
       Theoretically Better, and Practically Faster Error Feedback. NeurIPS 2021.
       arXiv:2106.05203.
-    Ilyas Fatkhullin, Igor Sokolov, Eduard Gorbunov, Zhize Li, Peter Richtárik (2021). EF21
-      with Bells & Whistles: Practical Algorithmic Extensions of Modern Error Feedback.
-      arXiv:2110.03294 (JMLR 2025).
-    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
-      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
-      Optimization. NeurIPS 2022. arXiv:2205.04180.
+    {{ref_ef21_bw}}
+    {{ref_efbv}}
   """
   return ef_bv(loss_fn, compressor, gamma, lam, lam, **kw)
 
 
+@_DOC
 def diana(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float | None = None,
           **kw) -> Algorithm:
   """DIANA (Mishchenko, Gorbunov, Takáč & Richtárik, 2019): compressed gradient differences
@@ -394,35 +395,22 @@ def diana(loss_fn: LossFn, compressor: Compressor, gamma: float, lam: float | No
     gamma: step size γ > 0.
     lam: scaling λ ∈ (0, 1] of the shift updates ``h_i ← h_i + λ d_i``; ``None`` (default)
       for 1/(1 + ω).
-    **kwargs: forwarded to :func:`ef_bv`: ``prox`` (``(tree, step) -> prox_{step·R}(tree)``,
-      ``None`` (default) for R = 0) and ``h_init`` (``"grad"``, the default: h_i⁰ = ∇f_i(x⁰),
-      one dense upload per client charged to the first step's ``bits_up``; or ``"zero"``).
+    {{arg_kwargs}}
 
   Returns:
-    An :class:`~fedjaxsparse.core.Algorithm` (``bucketable=True``).
-    ``init(key, params, data)`` (``key`` unused) computes the ``h_i⁰`` and returns an
-    :class:`~fedjaxsparse.algorithms.efbv.EFBVState`: ``state.x`` (also ``state.params``) the
-    model, ``state.h`` the server's ``(1/n) Σ_i h_i`` (kept incrementally), ``state.h_clients``
-    the ``[n, ...]`` client control variates ``h_i`` and ``state.t`` (``int32[]``) the
-    iterations done. ``step(key, state, data)`` returns ``(state, info)`` with ``info`` an
-    :class:`~fedjaxsparse.algorithms.efbv.EFBVInfo`: ``loss`` ((1/n) Σ_i f_i(x) before the
-    step), ``bits_up`` (the n compressed messages, ``n · compressor.bits(d)`` for a model of d
-    entries, plus ``n · 32·d`` on the first step when ``h_init="grad"``), ``bits_down``
-    (dense x to the n clients, ``n · 32·d``) and ``grad_error`` ((1/n) Σ_i ‖∇f_i(x) − h_i‖²
-    before the step, the Lyapunov term of the EF-BV paper's convergence theorem).
+    {{returns}}
 
   References:
     Konstantin Mishchenko, Eduard Gorbunov, Martin Takáč, Peter Richtárik (2019). Distributed
       Learning with Compressed Gradient Differences. Optimization Methods and Software (2024).
       arXiv:1901.09269.
-    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
-      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
-      Optimization. NeurIPS 2022. arXiv:2205.04180.
+    {{ref_efbv}}
   """
   lam = 1.0 / (1.0 + compressor.omega) if lam is None else lam
   return ef_bv(loss_fn, compressor, gamma, lam, 1.0, **kw)
 
 
+@_DOC
 def prox_gd(loss_fn: LossFn, gamma: float, d: int, **kw) -> Algorithm:
   """Proximal gradient descent, the limit case of EF-BV (Condat, Yi & Richtárik, 2022):
   ``x ← prox_{γR}(x − γ ∇f(x))`` with ``∇f = (1/n) Σ_i ∇f_i``, built as EF-BV (:func:`ef_bv`)
@@ -439,9 +427,7 @@ def prox_gd(loss_fn: LossFn, gamma: float, d: int, **kw) -> Algorithm:
     d: the model's number of entries (all leaves of the params tree,
       ``fedjaxsparse.ops.accounting.num_params(params)``), the size the identity compressor
       is built for.
-    **kwargs: forwarded to :func:`ef_bv`: ``prox`` (``(tree, step) -> prox_{step·R}(tree)``,
-      ``None`` (default) for R = 0) and ``h_init`` (``"grad"``, the default: h_i⁰ = ∇f_i(x⁰),
-      one dense upload per client charged to the first step's ``bits_up``; or ``"zero"``).
+    {{arg_kwargs}}
 
   Returns:
     An :class:`~fedjaxsparse.core.Algorithm` (``bucketable=True``).
@@ -457,9 +443,7 @@ def prox_gd(loss_fn: LossFn, gamma: float, d: int, **kw) -> Algorithm:
     previous iterate, or h_i⁰ on the first step).
 
   References:
-    Laurent Condat, Kai Yi, Peter Richtárik (2022). EF-BV: A Unified Theory of Error Feedback
-      and Variance Reduction Mechanisms for Biased and Unbiased Compression in Distributed
-      Optimization. NeurIPS 2022. arXiv:2205.04180.
+    {{ref_efbv}}
   """
   return ef_bv(loss_fn, identity(d), gamma, 1.0, 1.0, **kw)
 

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.runtime.clients import client_ids, map_clients
-from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype
+from fedjaxsparse.core import Algorithm, LossFn, as_float, float_dtype, shared_doc
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.ops.sampling import client_keys
 from fedjaxsparse.ops.local import minibatch
@@ -248,6 +248,48 @@ def geometric_local_steps(key: jax.Array, p: float) -> jax.Array:
   return jnp.where(p >= 1, 1, steps).astype(jnp.int32)
 
 
+_DOC = shared_doc(
+    common_args="""\
+    loss_fn: ``(params, x, y, mask) -> f_i``, the loss of one client
+      (:func:`fedjaxsparse.models.make_loss`).
+    gamma: step size γ > 0 of the local gradient steps.
+    p: communication probability p ∈ (0, 1]: one communication every ``1/p`` local steps on
+      average.""",
+    sparsity_args="""\
+    sparsity: target fraction of zeros in [0, 1); Top-K keeps ``K = max(1, round((1 −
+      sparsity)·d))`` of the ``d`` parameters.
+    scope: ``"global"`` (one Top-K over the whole model, as in the paper) or ``"per_leaf"``
+      (``sparsity`` in every leaf of the parameter pytree).""",
+    kwargs="""\
+    **kwargs: further options of :func:`meta_sparse_proxskip`: ``form`` (``"iteration"`` or
+      ``"round"``), ``batch_size`` (examples per local gradient; ``None`` = full gradient),
+      ``clip`` / ``clip_mode`` (gradient clipping), ``uplink`` (a compressor for the uploads),
+      ``encoding`` (the bit accounting of sparse messages) and ``augment`` (minibatch
+      augmentation).""",
+    returns="""\
+    An ``fjs.Algorithm`` (bucketable; see :func:`meta_sparse_proxskip`). ``init(key, params,
+    data)`` gives a :class:`ProxSkipState`: ``w`` and ``h`` (``[N, ...]`` client iterates and
+    control variates), ``server`` (the model the server broadcast last, the initial ``params``
+    before the first communication; also ``state.params``), ``t`` (local steps done) and
+    ``comms`` (communications done). ``step(key, state, data) -> (state, info)`` reports a
+    :class:`ProxSkipInfo` of scalars: ``loss`` (mean client loss at the start of the step),
+    ``bits_up`` / ``bits_down`` (bits sent up / down in the step, summed over clients),
+    ``communicated`` (1.0 or 0.0), ``local_steps``, ``sum_h_norm`` (``‖Σ_i h_i‖``),
+    ``mean_h_norm`` (``(1/N) Σ_i ‖h_i‖``), ``upload_nnz`` (mean non-zeros of the uploads) and
+    ``server_norm`` (``‖state.server‖``).""",
+    ref_meinhardt="""\
+    Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
+      the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
+      arXiv:2405.20623.""",
+    ref_proxskip="""\
+    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
+      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
+      ICML 2022. arXiv:2202.09357.""",
+)
+"""Docstring text the constructors below share (:func:`~fedjaxsparse.core.shared_doc`)."""
+
+
+@_DOC
 def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
                          form: str = "iteration", **kernel_kwargs) -> Algorithm:
   """Meta Sparse-ProxSkip (Meinhardt et al., 2024, Algorithm 1): ProxSkip with three prox hooks.
@@ -289,11 +331,7 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
   evaluation.
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i``, the loss of one client
-      (:func:`fedjaxsparse.models.make_loss`).
-    gamma: step size γ > 0 of the local gradient steps.
-    p: communication probability p ∈ (0, 1]: one communication every ``1/p`` local steps on
-      average.
+    {{common_args}}
     form: ``"iteration"`` (default) or ``"round"``, as above.
     **kernel_kwargs: the hooks and options below (keyword-only, all optional), passed on to
       :func:`proxskip_kernel`.
@@ -352,12 +390,8 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
     * ``server_norm``: ``‖state.server‖`` after the step.
 
   References:
-    Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
-      the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
-      arXiv:2405.20623.
-    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
-      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
-      ICML 2022. arXiv:2202.09357.
+    {{ref_meinhardt}}
+    {{ref_proxskip}}
 
   Source for the team: seed 000 (§3, §B, §E); spec ``specs/seed000_003.md`` A.2–A.11;
   Algorithm 1 "Meta Sparse-ProxSkip" (L6–L14).
@@ -407,6 +441,7 @@ def meta_sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, *,
                    bucketable=True)
 
 
+@_DOC
 def proxskip(loss_fn: LossFn, gamma: float, p: float, **kw) -> Algorithm:
   """ProxSkip / Scaffnew (Mishchenko et al., 2022): local gradient steps with control variates,
   averaging only with probability p; dense uploads, no pruning.
@@ -423,11 +458,7 @@ def proxskip(loss_fn: LossFn, gamma: float, p: float, **kw) -> Algorithm:
   fjs.ops.sparsity.top_k(s.params, sparsity=0.9)`` to the runner.
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i``, the loss of one client
-      (:func:`fedjaxsparse.models.make_loss`).
-    gamma: step size γ > 0 of the local gradient steps.
-    p: communication probability p ∈ (0, 1]: one communication every ``1/p`` local steps on
-      average.
+    {{common_args}}
     **kwargs: further options of :func:`meta_sparse_proxskip`: ``form`` (``"iteration"`` or
       ``"round"``), ``batch_size`` (examples per local gradient; ``None`` = full gradient),
       ``clip`` / ``clip_mode`` (gradient clipping), ``uplink`` (a compressor for the uploads),
@@ -436,25 +467,12 @@ def proxskip(loss_fn: LossFn, gamma: float, p: float, **kw) -> Algorithm:
       ``server_prox``, ``write_back`` and ``h_after_server_prox`` (all off by default).
 
   Returns:
-    An ``fjs.Algorithm`` (bucketable; see :func:`meta_sparse_proxskip`). ``init(key, params,
-    data)`` gives a :class:`ProxSkipState`: ``w`` and ``h`` (``[N, ...]`` client iterates and
-    control variates), ``server`` (the model the server broadcast last, the initial ``params``
-    before the first communication; also ``state.params``), ``t`` (local steps done) and
-    ``comms`` (communications done). ``step(key, state, data) -> (state, info)`` reports a
-    :class:`ProxSkipInfo` of scalars: ``loss`` (mean client loss at the start of the step),
-    ``bits_up`` / ``bits_down`` (bits sent up / down in the step, summed over clients),
-    ``communicated`` (1.0 or 0.0), ``local_steps``, ``sum_h_norm`` (``‖Σ_i h_i‖``),
-    ``mean_h_norm`` (``(1/N) Σ_i ‖h_i‖``), ``upload_nnz`` (mean non-zeros of the uploads) and
-    ``server_norm`` (``‖state.server‖``).
+    {{returns}}
     The uploads and ``state.params`` are dense; ``sum_h_norm`` stays 0 up to rounding.
 
   References:
-    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
-      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
-      ICML 2022. arXiv:2202.09357.
-    Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
-      the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
-      arXiv:2405.20623.
+    {{ref_proxskip}}
+    {{ref_meinhardt}}
 
   Source for the team: Algorithm 1 with L7, L9, L11 off; spec ``specs/seed000_003.md`` A.4
   (ProxSkip) and A.5 (Final-TopK).
@@ -462,6 +480,7 @@ def proxskip(loss_fn: LossFn, gamma: float, p: float, **kw) -> Algorithm:
   return meta_sparse_proxskip(loss_fn, gamma, p, **kw)
 
 
+@_DOC
 def sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                     scope: str = "global", **kw) -> Algorithm:
   """Sparse-ProxSkip (Meinhardt et al., 2024): ProxSkip whose clients Top-K their iterate right
@@ -475,43 +494,19 @@ def sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
   (see :func:`meta_sparse_proxskip` and the module docstring).
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i``, the loss of one client
-      (:func:`fedjaxsparse.models.make_loss`).
-    gamma: step size γ > 0 of the local gradient steps.
-    p: communication probability p ∈ (0, 1]: one communication every ``1/p`` local steps on
-      average.
-    sparsity: target fraction of zeros in [0, 1); Top-K keeps ``K = max(1, round((1 −
-      sparsity)·d))`` of the ``d`` parameters.
-    scope: ``"global"`` (one Top-K over the whole model, as in the paper) or ``"per_leaf"``
-      (``sparsity`` in every leaf of the parameter pytree).
-    **kwargs: further options of :func:`meta_sparse_proxskip`: ``form`` (``"iteration"`` or
-      ``"round"``), ``batch_size`` (examples per local gradient; ``None`` = full gradient),
-      ``clip`` / ``clip_mode`` (gradient clipping), ``uplink`` (a compressor for the uploads),
-      ``encoding`` (the bit accounting of sparse messages) and ``augment`` (minibatch
-      augmentation).
+    {{common_args}}
+    {{sparsity_args}}
+    {{kwargs}}
 
   Returns:
-    An ``fjs.Algorithm`` (bucketable; see :func:`meta_sparse_proxskip`). ``init(key, params,
-    data)`` gives a :class:`ProxSkipState`: ``w`` and ``h`` (``[N, ...]`` client iterates and
-    control variates), ``server`` (the model the server broadcast last, the initial ``params``
-    before the first communication; also ``state.params``), ``t`` (local steps done) and
-    ``comms`` (communications done). ``step(key, state, data) -> (state, info)`` reports a
-    :class:`ProxSkipInfo` of scalars: ``loss`` (mean client loss at the start of the step),
-    ``bits_up`` / ``bits_down`` (bits sent up / down in the step, summed over clients),
-    ``communicated`` (1.0 or 0.0), ``local_steps``, ``sum_h_norm`` (``‖Σ_i h_i‖``),
-    ``mean_h_norm`` (``(1/N) Σ_i ‖h_i‖``), ``upload_nnz`` (mean non-zeros of the uploads) and
-    ``server_norm`` (``‖state.server‖``).
+    {{returns}}
     Uploads have K non-zeros (``bits_up`` is charged by them under ``encoding``); the average
     ``state.params`` of K-sparse uploads need not be K-sparse (Top-K it for evaluation);
     ``sum_h_norm`` stays 0 up to rounding.
 
   References:
-    Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
-      the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
-      arXiv:2405.20623.
-    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
-      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
-      ICML 2022. arXiv:2202.09357.
+    {{ref_meinhardt}}
+    {{ref_proxskip}}
 
   Source for the team: L9 of Algorithm 1; spec ``specs/seed000_003.md`` A.9.
   """
@@ -519,6 +514,7 @@ def sparse_proxskip(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                               upload_prox=proxes.top_k(sparsity=sparsity, scope=scope), **kw)
 
 
+@_DOC
 def sparse_proxskip_local(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                           scope: str = "global", **kw) -> Algorithm:
   """Sparse-ProxSkip-Local (Meinhardt et al., 2024): ProxSkip with Top-K after every local step —
@@ -532,44 +528,20 @@ def sparse_proxskip_local(loss_fn: LossFn, gamma: float, p: float, sparsity: flo
   :func:`meta_sparse_proxskip` and the module docstring).
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i``, the loss of one client
-      (:func:`fedjaxsparse.models.make_loss`).
-    gamma: step size γ > 0 of the local gradient steps.
-    p: communication probability p ∈ (0, 1]: one communication every ``1/p`` local steps on
-      average.
-    sparsity: target fraction of zeros in [0, 1); Top-K keeps ``K = max(1, round((1 −
-      sparsity)·d))`` of the ``d`` parameters.
-    scope: ``"global"`` (one Top-K over the whole model, as in the paper) or ``"per_leaf"``
-      (``sparsity`` in every leaf of the parameter pytree).
-    **kwargs: further options of :func:`meta_sparse_proxskip`: ``form`` (``"iteration"`` or
-      ``"round"``), ``batch_size`` (examples per local gradient; ``None`` = full gradient),
-      ``clip`` / ``clip_mode`` (gradient clipping), ``uplink`` (a compressor for the uploads),
-      ``encoding`` (the bit accounting of sparse messages) and ``augment`` (minibatch
-      augmentation).
+    {{common_args}}
+    {{sparsity_args}}
+    {{kwargs}}
 
   Returns:
-    An ``fjs.Algorithm`` (bucketable; see :func:`meta_sparse_proxskip`). ``init(key, params,
-    data)`` gives a :class:`ProxSkipState`: ``w`` and ``h`` (``[N, ...]`` client iterates and
-    control variates), ``server`` (the model the server broadcast last, the initial ``params``
-    before the first communication; also ``state.params``), ``t`` (local steps done) and
-    ``comms`` (communications done). ``step(key, state, data) -> (state, info)`` reports a
-    :class:`ProxSkipInfo` of scalars: ``loss`` (mean client loss at the start of the step),
-    ``bits_up`` / ``bits_down`` (bits sent up / down in the step, summed over clients),
-    ``communicated`` (1.0 or 0.0), ``local_steps``, ``sum_h_norm`` (``‖Σ_i h_i‖``),
-    ``mean_h_norm`` (``(1/N) Σ_i ‖h_i‖``), ``upload_nnz`` (mean non-zeros of the uploads) and
-    ``server_norm`` (``‖state.server‖``).
+    {{returns}}
     Uploads have at most K non-zeros; the average ``state.params`` need not be K-sparse;
     ``sum_h_norm`` stays 0 up to rounding.
 
   References:
-    Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
-      the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
-      arXiv:2405.20623.
+    {{ref_meinhardt}}
     Laurent Condat, Peter Richtárik (2023). RandProx: Primal-Dual Optimization Algorithms with
       Randomized Proximal Updates. ICLR 2023. arXiv:2207.12891.
-    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
-      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
-      ICML 2022. arXiv:2202.09357.
+    {{ref_proxskip}}
 
   Source for the team: L7 of Algorithm 1; spec ``specs/seed000_003.md`` A.8.
   """
@@ -577,6 +549,7 @@ def sparse_proxskip_local(loss_fn: LossFn, gamma: float, p: float, sparsity: flo
                               local_prox=proxes.top_k(sparsity=sparsity, scope=scope), **kw)
 
 
+@_DOC
 def sparse_proxskip_modified(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                              scope: str = "global", **kw) -> Algorithm:
   """Sparse-ProxSkip-modified (Meinhardt et al., 2024, Appendix D): the upload is Top-K'd but the
@@ -590,41 +563,17 @@ def sparse_proxskip_modified(loss_fn: LossFn, gamma: float, p: float, sparsity: 
   which differs only by the write-back and keeps the invariant (see :func:`meta_sparse_proxskip`).
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i``, the loss of one client
-      (:func:`fedjaxsparse.models.make_loss`).
-    gamma: step size γ > 0 of the local gradient steps.
-    p: communication probability p ∈ (0, 1]: one communication every ``1/p`` local steps on
-      average.
-    sparsity: target fraction of zeros in [0, 1); Top-K keeps ``K = max(1, round((1 −
-      sparsity)·d))`` of the ``d`` parameters.
-    scope: ``"global"`` (one Top-K over the whole model, as in the paper) or ``"per_leaf"``
-      (``sparsity`` in every leaf of the parameter pytree).
-    **kwargs: further options of :func:`meta_sparse_proxskip`: ``form`` (``"iteration"`` or
-      ``"round"``), ``batch_size`` (examples per local gradient; ``None`` = full gradient),
-      ``clip`` / ``clip_mode`` (gradient clipping), ``uplink`` (a compressor for the uploads),
-      ``encoding`` (the bit accounting of sparse messages) and ``augment`` (minibatch
-      augmentation).
+    {{common_args}}
+    {{sparsity_args}}
+    {{kwargs}}
 
   Returns:
-    An ``fjs.Algorithm`` (bucketable; see :func:`meta_sparse_proxskip`). ``init(key, params,
-    data)`` gives a :class:`ProxSkipState`: ``w`` and ``h`` (``[N, ...]`` client iterates and
-    control variates), ``server`` (the model the server broadcast last, the initial ``params``
-    before the first communication; also ``state.params``), ``t`` (local steps done) and
-    ``comms`` (communications done). ``step(key, state, data) -> (state, info)`` reports a
-    :class:`ProxSkipInfo` of scalars: ``loss`` (mean client loss at the start of the step),
-    ``bits_up`` / ``bits_down`` (bits sent up / down in the step, summed over clients),
-    ``communicated`` (1.0 or 0.0), ``local_steps``, ``sum_h_norm`` (``‖Σ_i h_i‖``),
-    ``mean_h_norm`` (``(1/N) Σ_i ‖h_i‖``), ``upload_nnz`` (mean non-zeros of the uploads) and
-    ``server_norm`` (``‖state.server‖``).
+    {{returns}}
     Uploads have K non-zeros; ``sum_h_norm`` grows away from 0.
 
   References:
-    Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
-      the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
-      arXiv:2405.20623.
-    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
-      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
-      ICML 2022. arXiv:2202.09357.
+    {{ref_meinhardt}}
+    {{ref_proxskip}}
 
   Source for the team: L9 of Algorithm 1 without the write-back; spec ``specs/seed000_003.md``
   A.10.
@@ -634,6 +583,7 @@ def sparse_proxskip_modified(loss_fn: LossFn, gamma: float, p: float, sparsity: 
                               write_back=False, **kw)
 
 
+@_DOC
 def accelerated_server_pruning(loss_fn: LossFn, gamma: float, p: float, sparsity: float, *,
                                scope: str = "global", **kw) -> Algorithm:
   """Accelerated-Server-Pruning (Meinhardt et al., 2024): ProxSkip with dense uploads and Top-K of
@@ -646,42 +596,18 @@ def accelerated_server_pruning(loss_fn: LossFn, gamma: float, p: float, sparsity
   :func:`meta_sparse_proxskip` and the module docstring).
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i``, the loss of one client
-      (:func:`fedjaxsparse.models.make_loss`).
-    gamma: step size γ > 0 of the local gradient steps.
-    p: communication probability p ∈ (0, 1]: one communication every ``1/p`` local steps on
-      average.
-    sparsity: target fraction of zeros in [0, 1); Top-K keeps ``K = max(1, round((1 −
-      sparsity)·d))`` of the ``d`` parameters.
-    scope: ``"global"`` (one Top-K over the whole model, as in the paper) or ``"per_leaf"``
-      (``sparsity`` in every leaf of the parameter pytree).
-    **kwargs: further options of :func:`meta_sparse_proxskip`: ``form`` (``"iteration"`` or
-      ``"round"``), ``batch_size`` (examples per local gradient; ``None`` = full gradient),
-      ``clip`` / ``clip_mode`` (gradient clipping), ``uplink`` (a compressor for the uploads),
-      ``encoding`` (the bit accounting of sparse messages) and ``augment`` (minibatch
-      augmentation).
+    {{common_args}}
+    {{sparsity_args}}
+    {{kwargs}}
 
   Returns:
-    An ``fjs.Algorithm`` (bucketable; see :func:`meta_sparse_proxskip`). ``init(key, params,
-    data)`` gives a :class:`ProxSkipState`: ``w`` and ``h`` (``[N, ...]`` client iterates and
-    control variates), ``server`` (the model the server broadcast last, the initial ``params``
-    before the first communication; also ``state.params``), ``t`` (local steps done) and
-    ``comms`` (communications done). ``step(key, state, data) -> (state, info)`` reports a
-    :class:`ProxSkipInfo` of scalars: ``loss`` (mean client loss at the start of the step),
-    ``bits_up`` / ``bits_down`` (bits sent up / down in the step, summed over clients),
-    ``communicated`` (1.0 or 0.0), ``local_steps``, ``sum_h_norm`` (``‖Σ_i h_i‖``),
-    ``mean_h_norm`` (``(1/N) Σ_i ‖h_i‖``), ``upload_nnz`` (mean non-zeros of the uploads) and
-    ``server_norm`` (``‖state.server‖``).
+    {{returns}}
     Uploads are dense; ``state.params`` (the broadcast ``w_out``) is K-sparse after the first
     communication; ``sum_h_norm`` grows away from 0.
 
   References:
-    Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
-      the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
-      arXiv:2405.20623.
-    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
-      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
-      ICML 2022. arXiv:2202.09357.
+    {{ref_meinhardt}}
+    {{ref_proxskip}}
 
   Source for the team: L11 of Algorithm 1; spec ``specs/seed000_003.md`` A.6.
   """
@@ -689,6 +615,7 @@ def accelerated_server_pruning(loss_fn: LossFn, gamma: float, p: float, sparsity
                               server_prox=proxes.top_k(sparsity=sparsity, scope=scope), **kw)
 
 
+@_DOC
 def accelerated_server_pruning_modified(loss_fn: LossFn, gamma: float, p: float,
                                         sparsity: float, *,
                                         scope: str = "global", **kw) -> Algorithm:
@@ -702,42 +629,18 @@ def accelerated_server_pruning_modified(loss_fn: LossFn, gamma: float, p: float,
   is compressed (see :func:`meta_sparse_proxskip` and the module docstring).
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i``, the loss of one client
-      (:func:`fedjaxsparse.models.make_loss`).
-    gamma: step size γ > 0 of the local gradient steps.
-    p: communication probability p ∈ (0, 1]: one communication every ``1/p`` local steps on
-      average.
-    sparsity: target fraction of zeros in [0, 1); Top-K keeps ``K = max(1, round((1 −
-      sparsity)·d))`` of the ``d`` parameters.
-    scope: ``"global"`` (one Top-K over the whole model, as in the paper) or ``"per_leaf"``
-      (``sparsity`` in every leaf of the parameter pytree).
-    **kwargs: further options of :func:`meta_sparse_proxskip`: ``form`` (``"iteration"`` or
-      ``"round"``), ``batch_size`` (examples per local gradient; ``None`` = full gradient),
-      ``clip`` / ``clip_mode`` (gradient clipping), ``uplink`` (a compressor for the uploads),
-      ``encoding`` (the bit accounting of sparse messages) and ``augment`` (minibatch
-      augmentation).
+    {{common_args}}
+    {{sparsity_args}}
+    {{kwargs}}
 
   Returns:
-    An ``fjs.Algorithm`` (bucketable; see :func:`meta_sparse_proxskip`). ``init(key, params,
-    data)`` gives a :class:`ProxSkipState`: ``w`` and ``h`` (``[N, ...]`` client iterates and
-    control variates), ``server`` (the model the server broadcast last, the initial ``params``
-    before the first communication; also ``state.params``), ``t`` (local steps done) and
-    ``comms`` (communications done). ``step(key, state, data) -> (state, info)`` reports a
-    :class:`ProxSkipInfo` of scalars: ``loss`` (mean client loss at the start of the step),
-    ``bits_up`` / ``bits_down`` (bits sent up / down in the step, summed over clients),
-    ``communicated`` (1.0 or 0.0), ``local_steps``, ``sum_h_norm`` (``‖Σ_i h_i‖``),
-    ``mean_h_norm`` (``(1/N) Σ_i ‖h_i‖``), ``upload_nnz`` (mean non-zeros of the uploads) and
-    ``server_norm`` (``‖state.server‖``).
+    {{returns}}
     Uploads and the downlink (``bits_down``, charged for ``w̄``) are dense; ``state.params`` is
     ``TopK(w̄)`` after the first communication; ``sum_h_norm`` stays 0 up to rounding.
 
   References:
-    Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
-      the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
-      arXiv:2405.20623.
-    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
-      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
-      ICML 2022. arXiv:2202.09357.
+    {{ref_meinhardt}}
+    {{ref_proxskip}}
 
   Source for the team: L11 and L12 of Algorithm 1 swapped; spec ``specs/seed000_003.md`` A.7.
   """
@@ -746,6 +649,7 @@ def accelerated_server_pruning_modified(loss_fn: LossFn, gamma: float, p: float,
                               h_after_server_prox=False, **kw)
 
 
+@_DOC
 def randprox_l1(loss_fn: LossFn, gamma: float, p: float, lam: float, **kw) -> Algorithm:
   """RandProx-l1 (Meinhardt et al., 2024, Section 3.2; Condat & Richtárik, 2023): RandProx for the
   federated lasso ``min_w (1/N) Σ_i f_i(w) + λ‖w‖₁`` — ProxSkip with a soft threshold after
@@ -767,11 +671,7 @@ def randprox_l1(loss_fn: LossFn, gamma: float, p: float, lam: float, **kw) -> Al
   sparsity level), so uploads are charged by their actual non-zeros.
 
   Args:
-    loss_fn: ``(params, x, y, mask) -> f_i``, the loss of one client
-      (:func:`fedjaxsparse.models.make_loss`).
-    gamma: step size γ > 0 of the local gradient steps.
-    p: communication probability p ∈ (0, 1]: one communication every ``1/p`` local steps on
-      average.
+    {{common_args}}
     lam: the ℓ1 weight λ ≥ 0 (soft threshold ``γλ`` after every local step); ``ValueError``
       if negative.
     **kwargs: further options of :func:`meta_sparse_proxskip`: ``form`` (``"iteration"`` or
@@ -782,28 +682,15 @@ def randprox_l1(loss_fn: LossFn, gamma: float, p: float, lam: float, **kw) -> Al
       and ``h_after_server_prox`` (off by default).
 
   Returns:
-    An ``fjs.Algorithm`` (bucketable; see :func:`meta_sparse_proxskip`). ``init(key, params,
-    data)`` gives a :class:`ProxSkipState`: ``w`` and ``h`` (``[N, ...]`` client iterates and
-    control variates), ``server`` (the model the server broadcast last, the initial ``params``
-    before the first communication; also ``state.params``), ``t`` (local steps done) and
-    ``comms`` (communications done). ``step(key, state, data) -> (state, info)`` reports a
-    :class:`ProxSkipInfo` of scalars: ``loss`` (mean client loss at the start of the step),
-    ``bits_up`` / ``bits_down`` (bits sent up / down in the step, summed over clients),
-    ``communicated`` (1.0 or 0.0), ``local_steps``, ``sum_h_norm`` (``‖Σ_i h_i‖``),
-    ``mean_h_norm`` (``(1/N) Σ_i ‖h_i‖``), ``upload_nnz`` (mean non-zeros of the uploads) and
-    ``server_norm`` (``‖state.server‖``).
+    {{returns}}
     Uploads are charged by their actual non-zeros (``"auto"`` encoding); ``sum_h_norm`` stays 0
     up to rounding.
 
   References:
-    Georg Meinhardt, Kai Yi, Laurent Condat, Peter Richtárik (2024). Prune at the Clients, Not
-      the Server: Accelerated Sparse Training in Federated Learning. arXiv preprint.
-      arXiv:2405.20623.
+    {{ref_meinhardt}}
     Laurent Condat, Peter Richtárik (2023). RandProx: Primal-Dual Optimization Algorithms with
       Randomized Proximal Updates. ICLR 2023. arXiv:2207.12891.
-    Konstantin Mishchenko, Grigory Malinovsky, Sebastian Stich, Peter Richtárik (2022).
-      ProxSkip: Yes! Local Gradient Steps Provably Lead to Communication Acceleration! Finally!
-      ICML 2022. arXiv:2202.09357.
+    {{ref_proxskip}}
 
   Source for the team: L7 of Algorithm 1; spec ``specs/seed000_003.md`` A.11;
   ``tests/test_proxskip.py`` checks the equality against the primal-dual form.

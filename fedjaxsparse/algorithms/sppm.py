@@ -57,7 +57,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjaxsparse.ops import accounting
 from fedjaxsparse.runtime.clients import map_clients
-from fedjaxsparse.core import Algorithm, LossFn, as_float
+from fedjaxsparse.core import Algorithm, LossFn, as_float, shared_doc
 from fedjaxsparse.data.federated import FederatedData, check_data
 from fedjaxsparse.convex.prox_solvers import Solver, gd
 from fedjaxsparse.ops.sampling import Sampler
@@ -111,6 +111,29 @@ def _client_objective(loss_fn: LossFn, unravel, batch_size):
   return f
 
 
+_DOC = shared_doc(
+    ref_cohort_squeeze="""\
+    Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
+      Single Communication Round per Cohort in Cross-Device Federated Learning.
+      FL@FM-NeurIPS'24 workshop (oral). arXiv:2406.01115.""",
+    returns="""\
+    An :class:`fedjaxsparse.Algorithm` ``(init, step)`` (built by :func:`cohort_average`). The
+    state is an :class:`SPPMState`: ``params`` (the server model x_t) and ``round`` (global
+    rounds done). ``step(key, state, data)`` returns ``(state, info)``, ``info`` an
+    :class:`SPPMInfo` per global round: ``loss`` (``Σ_{i∈S} f_i(x_t)/(n p_i)``, the
+    sampling-weighted cohort loss at the start), ``local_rounds`` (K), ``cohort`` (members),
+    ``floats_up`` and ``floats_down`` (d floats per member per local round each way; twice
+    that up with a :func:`mime_lite` worker, which also uploads a gradient) and ``bits_up`` /
+    ``bits_down`` (the same in fp32 bits).""",
+    ref_fedavg="""\
+    Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas
+      (2017). Communication-Efficient Learning of Deep Networks from Decentralized Data.
+      AISTATS 2017. arXiv:1602.05629.""",
+)
+"""Docstring text the constructors below share (:func:`~fedjaxsparse.core.shared_doc`)."""
+
+
+@_DOC
 def sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver, *,
             batch_size: int | None = None) -> Algorithm:
   """SPPM-AS (Yi, Kharisov, Sokolov and Richtárik, 2024): stochastic proximal point with
@@ -157,9 +180,7 @@ def sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver, *,
     same in fp32 bits, ``32·K·d`` per member).
 
   References:
-    Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
-      Single Communication Round per Cohort in Cross-Device Federated Learning.
-      FL@FM-NeurIPS'24 workshop (oral). arXiv:2406.01115.
+    {{ref_cohort_squeeze}}
 
   Source for the team: seed 001 ch. 5 (SPPM-AS = dissertation Algorithm 8, FL form 14); spec
   ``specs/seed001_ch3_ch5.md`` §3.2, §3.5.
@@ -295,6 +316,7 @@ def cohort_average(loss_fn: LossFn, sampler: Sampler, solver: Solver | MimeLite,
   return Algorithm(_init, step)
 
 
+@_DOC
 def fedprox_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Solver,
                     local_rounds: int = 1, **kw) -> Algorithm:
   """FedProx-SPPM-AS (Yi, Kharisov, Sokolov and Richtárik, 2024), "proximal averaging": each
@@ -331,19 +353,10 @@ def fedprox_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Sol
       ``None``: plain averaging).
 
   Returns:
-    An :class:`fedjaxsparse.Algorithm` ``(init, step)`` (built by :func:`cohort_average`). The
-    state is an :class:`SPPMState`: ``params`` (the server model x_t) and ``round`` (global
-    rounds done). ``step(key, state, data)`` returns ``(state, info)``, ``info`` an
-    :class:`SPPMInfo` per global round: ``loss`` (``Σ_{i∈S} f_i(x_t)/(n p_i)``, the
-    sampling-weighted cohort loss at the start), ``local_rounds`` (K), ``cohort`` (members),
-    ``floats_up`` and ``floats_down`` (d floats per member per local round each way; twice
-    that up with a :func:`mime_lite` worker, which also uploads a gradient) and ``bits_up`` /
-    ``bits_down`` (the same in fp32 bits).
+    {{returns}}
 
   References:
-    Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
-      Single Communication Round per Cohort in Cross-Device Federated Learning.
-      FL@FM-NeurIPS'24 workshop (oral). arXiv:2406.01115.
+    {{ref_cohort_squeeze}}
     Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith
       (2020). Federated Optimization in Heterogeneous Networks. MLSys 2020. arXiv:1812.06127.
 
@@ -353,6 +366,7 @@ def fedprox_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, solver: Sol
   return cohort_average(loss_fn, sampler, solver, local_rounds=local_rounds, alpha=gamma, **kw)
 
 
+@_DOC
 def fedavg_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, alpha: float | None,
                    solver: Solver, local_rounds: int = 1, **kw) -> Algorithm:
   """FedAvg-SPPM-AS (Yi, Kharisov, Sokolov and Richtárik, 2024): FedAvg-style local rounds on
@@ -394,22 +408,11 @@ def fedavg_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, alpha: float
       averaging).
 
   Returns:
-    An :class:`fedjaxsparse.Algorithm` ``(init, step)`` (built by :func:`cohort_average`). The
-    state is an :class:`SPPMState`: ``params`` (the server model x_t) and ``round`` (global
-    rounds done). ``step(key, state, data)`` returns ``(state, info)``, ``info`` an
-    :class:`SPPMInfo` per global round: ``loss`` (``Σ_{i∈S} f_i(x_t)/(n p_i)``, the
-    sampling-weighted cohort loss at the start), ``local_rounds`` (K), ``cohort`` (members),
-    ``floats_up`` and ``floats_down`` (d floats per member per local round each way; twice
-    that up with a :func:`mime_lite` worker, which also uploads a gradient) and ``bits_up`` /
-    ``bits_down`` (the same in fp32 bits).
+    {{returns}}
 
   References:
-    Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
-      Single Communication Round per Cohort in Cross-Device Federated Learning.
-      FL@FM-NeurIPS'24 workshop (oral). arXiv:2406.01115.
-    Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas
-      (2017). Communication-Efficient Learning of Deep Networks from Decentralized Data.
-      AISTATS 2017. arXiv:1602.05629.
+    {{ref_cohort_squeeze}}
+    {{ref_fedavg}}
     Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush, Jakub
       Konečný, Sanjiv Kumar, H. Brendan McMahan (2021). Adaptive Federated Optimization. ICLR
       2021. arXiv:2003.00295.
@@ -421,6 +424,7 @@ def fedavg_sppm_as(loss_fn: LossFn, sampler: Sampler, gamma: float, alpha: float
                         gamma=gamma, **kw)
 
 
+@_DOC
 def local_gd(loss_fn: LossFn, sampler: Sampler, lr: float, local_steps: int, **kw
              ) -> Algorithm:
   """LocalGD / MB-LocalGD / FedAvg (McMahan et al., 2017) on a sampled cohort: the
@@ -460,12 +464,8 @@ def local_gd(loss_fn: LossFn, sampler: Sampler, lr: float, local_steps: int, **k
     ``bits_up`` / ``bits_down`` (the same in fp32 bits, ``32·d`` per member).
 
   References:
-    Kai Yi, Timur Kharisov, Igor Sokolov, Peter Richtárik (2024). Cohort Squeeze: Beyond a
-      Single Communication Round per Cohort in Cross-Device Federated Learning.
-      FL@FM-NeurIPS'24 workshop (oral). arXiv:2406.01115.
-    Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y Arcas
-      (2017). Communication-Efficient Learning of Deep Networks from Decentralized Data.
-      AISTATS 2017. arXiv:1602.05629.
+    {{ref_cohort_squeeze}}
+    {{ref_fedavg}}
 
   Source for the team: seed 001 ch. 5 (baselines, §5.4.4); spec ``specs/seed001_ch3_ch5.md``
   §3.8, C5-14.
