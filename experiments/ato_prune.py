@@ -629,7 +629,8 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
     test = 100 * np.mean([r["test"] for r in recs])
     pruned = 100 * (1 - np.mean([r["flops"] for r in recs]) / dense_flops)
     diffs = [r["logit_diff"] for r in recs if r["logit_diff"] is not None]
-    row = {"method": label[m], "p": "-" if p is None else f"{p:g}",
+    kept = np.mean([r["flops"] for r in recs]) / dense_flops
+    row = {"method": label[m], "p": "-" if p is None else f"{p:g}", "kept FLOPs": kept,
            "val top-1 %": 100 * np.mean([r["val"] for r in recs]), "test top-1 %": test,
            "s.e.": (mean_se([100 * r["test"] for r in recs])["se"] if len(recs) > 1
                     else None),
@@ -644,14 +645,26 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
       elif m == "Dense" and paper_ato:
         row["paper top-1 %"] = paper_rows[next(iter(paper_ato.values()))][1]
     rows.append(row)
-  cols = ["method", "p", "val top-1 %", "test top-1 %", "s.e.", "Δ test", "pruned FLOPs %",
+  cols = ["method", "p", "kept FLOPs", "val top-1 %", "test top-1 %", "s.e.", "Δ test", "pruned FLOPs %",
           "params (K)", "max |Δlogit|", "train s"]
   if comparable:
     cols += ["paper top-1 %", "paper pruned FLOPs %"]
   title = (f"\n{arch} on {cfg.dataset}, {setup['settings']['epochs']} epochs, mean over "
-           f"{opts['seeds']} seed(s); pruned FLOPs = 1 − MACs(compressed)/MACs(dense); max "
+           f"{opts['seeds']} seed(s); p = the target fraction of FLOPs kept, kept FLOPs = "
+           f"what the compressed network keeps ({opts['flops_penalty'].replace('_', '-')} "
+           f"FLOPs penalty); pruned FLOPs = 1 − MACs(compressed)/MACs(dense); max "
            f"|Δlogit| = compressed vs masked model on {opts['check_size']} test images")
   notes = []
+  under = [(label[m], p, np.mean([r["flops"] for r in recs]) / dense_flops)
+           for (m, p), recs in records.items() if m in ("ATO", "ATO-HSP") and p is not None]
+  under = [(m, p, k) for m, p, k in under if k < 0.9 * p]
+  if under:
+    notes.append(
+        "  kept FLOPs below the target p: " + ", ".join(f"{m} {k:.3f} at p = {p:g}"
+                                                        for m, p, k in under)
+        + (" — the paper's one-sided penalty (4-6) is zero anywhere under the budget, so "
+           "nothing stops the controller from pruning past it; --set flops_penalty=two_sided "
+           "penalises both sides" if opts["flops_penalty"] == "one_sided" else ""))
   for (m, p), recs in records.items():
     if m in ("ATO", "ATO-HSP"):
       r = recs[0]

@@ -30,6 +30,11 @@ def test_ato_prune_tiny_through_the_cli(tmp_path, capsys, quick):
     assert math.isfinite(r["test top-1 %"]) and math.isfinite(r["val top-1 %"])
     assert 0 <= r["test top-1 %"] <= 100
   assert rows[("Dense", "-")]["pruned FLOPs %"] == 0
+  for r in rows.values():   # the fraction kept, printed beside the target p
+    assert r["kept FLOPs"] == pytest.approx(1 - r["pruned FLOPs %"] / 100)
+  under = [k for k in (("ATO", "0.5"), ("ATO-HSP", "0.5")) if rows[k]["kept FLOPs"] < 0.45]
+  assert ("kept FLOPs below the target p" in text) == bool(under)
+  assert "one-sided FLOPs penalty" in text
   assert rows[("Dense", "-")]["test top-1 %"] > 60              # it learned something
   for key in (("ATO", "0.5"), ("ATO-HSP", "0.5"), ("Uniform", "0.5"), ("OTO (HSPG)", "-"),
               ("OTOv2 (DHSPG)", "-")):

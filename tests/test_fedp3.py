@@ -225,3 +225,13 @@ def test_fig_c1_parameter_accounting(dataset, want_ratio, want_gap05):
   assert round(100 * (up.max() - up.min()) / up.min(), 2) == want_ratio
   dep = np.array([fedp3.deployed_size(sizes, r, 0.5) for r in rows])
   assert round(100 * (dep.max() - dep.min()) / dep.min(), 2) == want_gap05
+
+
+def test_attention_averaging_is_refused_with_the_papers_gap(setup):
+  ds, _, loss, _ = setup
+  cfg = fedp3.make_config(jax.random.key(1), fedp3.layer_policy(
+      jax.random.key(2), ds.train.num_clients, 3, "lowerb"), 0.7)
+  with pytest.raises(ValueError, match="aggregation='attention'.*defines neither"):
+    fjs.fedp3(loss, optax.sgd(0.1), cfg, aggregation="attention")
+  with pytest.raises(ValueError, match="aggregation must be one of"):
+    fjs.fedp3(loss, optax.sgd(0.1), cfg, aggregation="mean")

@@ -398,7 +398,9 @@ def fedp3(loss_fn: LossFn, client_optimizer: optax.GradientTransformation,
       ``"uniform"`` and ``"ordered_dropout"`` (``low == high``: a fixed ratio; the paper gives
       no law).
     aggregation: ``"simple"`` (``a_i = 1``) or ``"weighted"`` (``a_i = len(L_i)``); α is
-      normalised per layer over the clients that returned it.
+      normalised per layer over the clients that returned it. The paper's third option,
+      attention averaging, is refused with the reason: the paper leaves its learned map
+      undefined (no architecture, no training signal, no source, no result).
     train_non_selected: ``True`` trains the pruned layers ∉ L_i locally (the paper's prose,
       "P_i⊙W_{t,K}"); ``False`` freezes them at ``P_i⊙W_t`` (LocalUpdate's pseudocode). They
       are never uploaded either way.
@@ -455,6 +457,13 @@ def client_update(loss_fn: LossFn, client_optimizer: optax.GradientTransformatio
   Arguments as :func:`fedp3`."""
   if local_rule not in LOCAL_RULES:
     raise ValueError(f"local_rule must be one of {LOCAL_RULES}, got {local_rule!r}.")
+  if aggregation == "attention":
+    raise ValueError(
+        "aggregation='attention' is not available: the FedP3 paper names attention averaging "
+        "(a learned map h over the returned layers, 'encompassing simple and weighted "
+        "averaging') but defines neither h's architecture nor what trains it, cites no source "
+        "for it and reports no result with it. Use 'simple' or 'weighted', or pass your own "
+        "layer-wise rule as the cohort round's aggregate (see layer_mean).")
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}.")
   lo, hi = q_range
