@@ -28,7 +28,7 @@ def test_the_ledger_names_every_paper_configuration_and_only_real_ones():
     if it["status"] in ("reproduced", "partial"):
       assert it["experiment"] and it["command"].startswith("fedjaxsparse run "), where
       assert it["command"].split()[2] == it["experiment"], where
-      assert it["data"] and it["scale"], where
+      assert all(fjsdocs.ledger_words(it)), where
   labels = [(it["seed"], it["label"]) for it in items]
   assert len(labels) == len(set(labels)), "an item is listed twice"
 
@@ -155,3 +155,36 @@ def test_no_page_or_docstring_points_into_the_teams_specs():
         found.append(f"{os.path.relpath(path, _ROOT)}: {hit!r}")
   assert len(pages) > 10
   assert not found, "\n".join(found)
+
+
+def test_ledger_words_come_from_the_configurations_that_run(monkeypatch):
+  """An item with paper configurations has no typed data/scale words: they are generated from
+  the configurations (the data set's availability, ``PaperConfig.reduced``)."""
+  configs = fjsdocs.paper_configurations()
+  items = {(it["seed"], it["label"]): it for it in fjsdocs.ledger_items()}
+  for it in items.values():
+    if it["papers"]:
+      assert "data" not in it and "scale" not in it, (it["seed"], it["label"])
+      data, scale = fjsdocs.ledger_words(it, configs)
+      assert data in fjsdocs.DATA_ORDER and scale in ("paper protocol", "reduced")
+  # appendix Table 3 of the FedMRN paper: Shakespeare ships, PascalVOC needs the user's files
+  voc = items[("003", "Table 3")]
+  assert {configs[("fedmrn_fmnist", p)].data_status for p in voc["papers"]} == {
+      "real offline", "real with files"}
+  assert fjsdocs.ledger_words(voc, configs)[0] == "real with files"
+  # ATO's ImageNet tables hold a subset of the training set in memory
+  for label in ("Table 5", "Figure 8"):
+    assert fjsdocs.ledger_words(items[("004", label)], configs)[1] == "reduced"
+  assert "per_class" in fjsdocs.configuration_text(items[("004", "Table 5")], configs)
+  # Fig. D.10 names its learning-rate grid and the first 100 writers
+  d10 = fjsdocs.configuration_text(items[("001", "Figure D.10")], configs)
+  assert "lrs=[0.0001, 0.0005" in d10 and "100 first writers" in d10
+  # a configuration that declares a reduction turns its item's word
+  table1 = items[("000", "Table 1")]
+  assert fjsdocs.ledger_words(table1, configs) == ("real with files", "paper protocol")
+  import dataclasses
+  key = ("sparse_proxskip", "table1")
+  shrunk = {**configs, key: dataclasses.replace(configs[key], reduced="fewer seeds")}
+  assert fjsdocs.ledger_words(table1, shrunk) == ("real with files", "reduced")
+  standin = {**configs, key: dataclasses.replace(configs[key], dataset="blogfeedback_standin")}
+  assert fjsdocs.ledger_words(table1, standin)[0] == "stand-in"

@@ -91,3 +91,31 @@ def test_diverged_candidates_never_win():
     fjs.harness.protocol.two_stage_search(lambda c: np.full(len(c["gamma"]), np.nan),
                                           {"gamma": fjs.harness.protocol.Dimension(1e-3, 1.0)},
                                           (5,), seed=0)
+
+
+def test_a_paper_runs_results_say_what_data_ran_and_what_was_reduced(tmp_path, capsys):
+  """The words the reproduction ledger prints come from the configuration and the data that
+  ran: a reduced configuration says so before it runs and in results.json, and a run on a
+  stand-in is a stand-in whatever the configuration names."""
+  from fedjaxsparse.data.registry import data_status
+  from fedjaxsparse.harness.experiment import entry
+  from fedjaxsparse.harness.options import Config
+  from fedjaxsparse.harness.protocol import PaperConfig
+  assert [data_status(n) for n in ("digits", "shakespeare", "femnist", "femnist_standin")] == [
+      "real offline", "real offline", "real with files", "stand-in"]
+  papers = {"full": PaperConfig("full", "Table 1", "digits", None, 2, 1, 1, {}, {}, "%"),
+            "small": PaperConfig("small", "Table 2", "femnist", "femnist_standin", 2, 1, 1, {},
+                                 {}, "%", reduced="a tenth of the writers")}
+  run = entry("toy", [], lambda cfg, opts: {"value": 1.0}, papers)
+  got = {}
+  for name, dataset in (("full", "digits"), ("small", "femnist"), ("small", "femnist_standin")):
+    got[name, dataset] = run(Config(paper=name, dataset=dataset, rounds=1, clients=2,
+                                    out=str(tmp_path / dataset), progress=False)
+                             )["paper_configuration"]
+  assert (got["full", "digits"]["scale"], got["full", "digits"]["data"]) == (
+      "paper protocol", "real offline")
+  assert (got["small", "femnist"]["scale"], got["small", "femnist"]["data"]) == (
+      "reduced", "real with files")
+  assert got["small", "femnist"]["reduced"] == "a tenth of the writers"
+  assert got["small", "femnist_standin"]["data"] == "stand-in"
+  assert "[--paper small: reduced — a tenth of the writers]" in capsys.readouterr().out

@@ -273,6 +273,46 @@ def ledger_problems() -> list[str]:
   return problems
 
 
+DATA_ORDER = ("real offline", "real with files", "stand-in")
+
+
+def ledger_words(item: dict, configs: dict | None = None) -> tuple[str, str]:
+  """``(data, scale)`` of a ledger item: typed in the TOML for an item without paper
+  configurations; generated from its configurations otherwise — the data word of the least
+  available data set among them (offline < with files < stand-in) and ``"reduced"`` when any
+  of them runs less than the paper (``PaperConfig.reduced``)."""
+  if not item.get("papers"):
+    return item.get("data", ""), item.get("scale", "")
+  configs = paper_configurations() if configs is None else configs
+  pcs = [configs[(item["experiment"], p)] for p in item["papers"]]
+  data = max((pc.data_status for pc in pcs), key=DATA_ORDER.index)
+  scale = "reduced" if any(pc.reduced for pc in pcs) else "paper protocol"
+  return data, scale
+
+
+def configuration_text(item: dict, configs: dict | None = None) -> str:
+  """What an item's paper configurations fix and where they differ from the paper: each
+  distinct set of options, deviations and reductions once, with the configurations it is
+  for."""
+  configs = paper_configurations() if configs is None else configs
+  groups: dict[str, list[str]] = {}
+  for p in item.get("papers", []):
+    pc = configs[(item["experiment"], p)]
+    opts = ", ".join(f"{k}={_plain(v)}" for k, v in pc.options.items())
+    text = (f"data `{pc.dataset}` ({pc.data_status}), {pc.clients} clients, {pc.rounds} rounds"
+            + (f"; {opts}" if opts else "")
+            + (f"; reduced: {pc.reduced}" if pc.reduced else "")
+            + (f"; deviations: {pc.deviations}" if pc.deviations else ""))
+    groups.setdefault(text, []).append(p)
+  return " ".join(f"`--paper {' / '.join(ps)}`: {t}." for t, ps in groups.items())
+
+
+def _plain(v) -> str:
+  if isinstance(v, (list, tuple)):
+    return "[" + ", ".join(_plain(x) for x in v) + "]"
+  return f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def _cell(text) -> str:
   return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -292,6 +332,7 @@ STATUS_TEXT = {"reproduced": "protocol implemented", "partial": "partly implemen
 
 def reproduction_page() -> str:
   items = ledger_items()
+  configs = paper_configurations()
   counts = {}
   for it in items:
     counts[STATUS_TEXT[it["status"]]] = counts.get(STATUS_TEXT[it["status"]], 0) + 1
@@ -308,7 +349,7 @@ def reproduction_page() -> str:
     text += f"## Seed {seed}\n\n"
     for it in (i for i in items if i["seed"] == seed):
       fam = _family_of(it.get("experiment", ""))
-      where = ", ".join(x for x in (it.get("data", ""), it.get("scale", "")) if x)
+      where = ", ".join(x for x in ledger_words(it, configs) if x)
       results = [r for r in (_committed_result(it["experiment"], p)
                              for p in it.get("papers", [])) if r]
       status = STATUS_TEXT[it["status"]] + "".join(
@@ -321,6 +362,8 @@ def reproduction_page() -> str:
         text += f"\\\n  `{it['command']}`"
       if it.get("note"):
         text += f"\\\n  {it['note']}"
+      if it.get("papers"):
+        text += f"\\\n  {configuration_text(it, configs)}"
       text += "\n\n"
   return text
 

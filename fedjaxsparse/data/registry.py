@@ -9,7 +9,7 @@ import importlib
 from fedjaxsparse.data.federated import FederatedDataset
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["load_dataset", "load_arrays"]
+__all__ = ["load_dataset", "load_arrays", "OFFLINE", "data_status"]
 __dir__ = _public_dir(__all__)
 
 # name -> (module, function); modules are imported on use so a loader's optional
@@ -96,3 +96,19 @@ def load_arrays(name: str, split: str = "train", data_dir: str | None = None):
     keep = (y >= 0) & (y < classes)
     x, y = x[keep], y[keep]
   return x, y
+
+
+OFFLINE = frozenset({"digits", "diabetes", "synthetic", "breast_cancer", "shakespeare"})
+"""The real data sets that ship with the package or its dependencies (scikit-learn's bundled
+sets, the plays in ``fedjaxsparse/data``): they load on a machine with nothing but the install.
+Every other real set is read from the user's files."""
+
+
+def data_status(name: str) -> str:
+  """What running on data set ``name`` means for a reader comparing with a paper:
+  ``"stand-in"`` (a labelled substitute of the real data's shape: a ``*_standin`` name),
+  ``"real offline"`` (one of :data:`OFFLINE`) or ``"real with files"`` (the real data, read from
+  files the user supplies)."""
+  if name.endswith("_standin"):
+    return "stand-in"
+  return "real offline" if name in OFFLINE else "real with files"

@@ -74,9 +74,10 @@ def describe(module) -> str:
               "stand-in of the same shape):"]
     for pc in papers.values():
       lines += textwrap.wrap(
-          f"{pc.name}: {pc.source}; {pc.dataset} (stand-in: {pc.standin}), {pc.clients} "
-          f"clients, --rounds {pc.rounds}, " + ", ".join(f"{k}={v}" for k, v in
-                                                          pc.options.items()),
+          f"{pc.name}: {pc.source}; {pc.dataset} ({pc.data_status}; stand-in: {pc.standin}), "
+          f"{pc.clients} clients, --rounds {pc.rounds}, " + ", ".join(
+              f"{k}={v}" for k, v in pc.options.items())
+          + (f"; reduced: {pc.reduced}" if pc.reduced else "; the paper's protocol"),
           92, initial_indent="  ", subsequent_indent="      ")
   lines += ["", "Options (--set KEY=VALUE):"]
   for o in module.OPTIONS:

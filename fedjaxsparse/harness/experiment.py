@@ -29,13 +29,14 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 
 from fedjaxsparse.core import ParamsFn, global_params
+from fedjaxsparse.data.registry import data_status
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime.locking import FolderLock
 from fedjaxsparse.harness.protocol import PaperConfig, validation_split
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.runner import EvalFn
 from fedjaxsparse.harness.options import Config, Option, identity_options, parse_options
-from fedjaxsparse.harness.running import bits_to_reach, finish, last, output_dir, run_method, status
+from fedjaxsparse.harness.running import bits_to_reach, finish, standin_note, last, output_dir, run_method, status
 from fedjaxsparse.harness.tuning import tune_then_run, tuning_config
 from fedjaxsparse.core import public_dir as _public_dir
 
@@ -46,7 +47,9 @@ def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict
           papers: dict[str, PaperConfig] | None = None) -> Callable[[Config], dict]:
   """An experiment's ``run(cfg)``: validates ``cfg`` and its options, locks the output folder
   for the whole experiment, then calls ``body(cfg, opts)``. ``papers`` are the experiment's
-  paper configurations; ``cfg.paper`` must name one of them."""
+  paper configurations; ``cfg.paper`` must name one of them, and its run's results carry
+  ``"paper_configuration"``: the configuration's name, source, deviations and the words the
+  reproduction ledger prints (``data``: the data that actually ran; ``scale``, ``reduced``)."""
   @functools.wraps(body)
   def run_experiment(cfg: Config) -> dict:
     if cfg.paper is not None and cfg.paper not in (papers or {}):
@@ -57,8 +60,18 @@ def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict
     cfg = dataclasses.replace(cfg, options=opts, fingerprint=identity_options(spec, opts))
     lock = (FolderLock(output_dir(cfg, name), purpose=f"experiment {name}")
             if jax.process_index() == 0 else contextlib.nullcontext())  # one per experiment
+    paper = (papers or {}).get(cfg.paper) if cfg.paper is not None else None
+    if paper is not None and paper.reduced:
+      print(f"[--paper {paper.name}: reduced — {paper.reduced}]")
     with lock:
-      return finish(cfg, name, body(cfg, opts))
+      results = body(cfg, opts)
+      if paper is not None and "paper_configuration" not in results:
+        results = {**results, "paper_configuration": {
+            "name": paper.name, "source": paper.source, "scale": paper.scale_status,
+            "reduced": paper.reduced, "deviations": paper.deviations,
+            "data": ("stand-in" if results.get("standin") or standin_note(cfg.dataset or "")
+                     else data_status(cfg.dataset) if cfg.dataset else paper.data_status)}}
+      return finish(cfg, name, results)
   return run_experiment
 
 

@@ -184,6 +184,10 @@ class PaperConfig:
     unit: how ``paper``'s values read, e.g. ``"% test accuracy"``, ``"Mbit uplink per
       client"``; ``ours`` is converted to it by :func:`paper_table`'s ``convert``.
     deviations: what still differs from the paper's protocol, and why.
+    reduced: what this configuration runs smaller than the paper (a subset of the data, a
+      shorter budget, fewer seeds), and why; ``""`` when it runs the paper's whole protocol.
+      :attr:`scale_status` reads it; the reproduction ledger's words come from these two
+      properties, never typed beside them.
   """
   name: str
   source: str
@@ -197,6 +201,19 @@ class PaperConfig:
   unit: str
   data_kwargs: dict = dataclasses.field(default_factory=dict)
   deviations: str = ""
+  reduced: str = ""
+
+  @property
+  def data_status(self) -> str:
+    """``"real offline"``, ``"real with files"`` or ``"stand-in"``: what :attr:`dataset` is
+    (:func:`fedjaxsparse.data.registry.data_status`)."""
+    from fedjaxsparse.data.registry import data_status
+    return data_status(self.dataset)
+
+  @property
+  def scale_status(self) -> str:
+    """``"paper protocol"``, or ``"reduced"`` when :attr:`reduced` says what is smaller."""
+    return "reduced" if self.reduced else "paper protocol"
 
   def common(self) -> dict:
     """The :class:`fedjaxsparse.harness.options.Config` fields this configuration sets."""
