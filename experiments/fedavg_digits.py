@@ -127,7 +127,9 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
       ctx.extra["model"].apply, global_params(results["methods"][name]["state"]),
       posttrain.client_batches(ctx.data.train, 32), lambda p: ctx.eval_fn(p, ctx.data.test),
       opts["posttrain"])
-  return {"posttrain": Table(rows, ["score", "sparsity", "accuracy"], title=(
+  rows = [{**r, "sparsity %": 100 * r["sparsity"], "accuracy %": 100 * r["accuracy"]}
+          for r in rows]
+  return {"posttrain": Table(rows, ["score", "sparsity %", "accuracy %"], title=(
       f"{name}'s global model pruned one-shot (Yi (2025) ch. 6 scores, layer-sequential "
       "calibration on 32 examples per client):"))}
 

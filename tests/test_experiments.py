@@ -577,7 +577,11 @@ def test_a_declared_experiment_is_setup_and_methods_and_the_harness_does_the_res
   assert {k: v for k, v in a.items() if k not in ("method", "time (s)")} == \
       {k: v for k, v in b.items() if k not in ("method", "time (s)")}
   assert "uplink bits/client to 50%" in a and res["clients seen"] == 4
-  assert a["final acc"] == res["methods"]["FedAvg"]["history"]["evals"]["accuracy"][-1]
+  # accuracy prints in percent, the papers' unit, beside its percent threshold
+  assert a["final acc %"] == pytest.approx(
+      100 * res["methods"]["FedAvg"]["history"]["evals"]["accuracy"][-1], rel=1e-12)
+  assert a["best acc %"] == pytest.approx(
+      100 * max(res["methods"]["FedAvg"]["history"]["evals"]["accuracy"]), rel=1e-12)
   assert (tmp_path / "mine" / "results.json").exists()
   assert (tmp_path / "mine" / "mine.png").read_bytes()[:4] == b"\x89PNG"
   assert main(["run", "fedavg_digits", "--rounds", "2", "--clients", "4", "--eval-every", "2",

@@ -160,8 +160,10 @@ class Tuning(NamedTuple):
   columns: Callable[..., dict] | None = None
 
 
-METRIC_COLUMNS = {"accuracy": "acc"}
-"""Short names of metrics in a declared experiment's table (``final acc``, ``best acc``)."""
+METRIC_COLUMNS = {"accuracy": ("acc %", 100.0), "miou": ("mIoU %", 100.0)}
+"""``{metric: (short name, scale)}``: how a declared experiment's table prints a metric kept as
+a fraction in the histories — accuracy as ``final acc %``, ``best acc %`` (× 100), the unit the
+papers print; other metrics under their own name, unscaled."""
 
 
 def declared(name: str, spec: Sequence[Option], *,
@@ -200,7 +202,7 @@ def declared(name: str, spec: Sequence[Option], *,
 
   def plain(cfg: Config, opts: dict) -> tuple[dict, Context]:
     metric = metric_of(cfg, opts)
-    short = METRIC_COLUMNS.get(metric, metric)
+    short, scale = METRIC_COLUMNS.get(metric, (metric, 1.0))
     ctx = setup(cfg, opts)
     algos = methods(ctx, cfg, opts)
     ds = ctx.data
@@ -213,9 +215,10 @@ def declared(name: str, spec: Sequence[Option], *,
     rows = []
     for m, r in records.items():
       ev = r["history"]["evals"]
-      values = ev.get(metric, [])
+      values = [None if v is None else scale * v for v in ev.get(metric, [])]
+      finite = [v for v in values if v is not None]
       row = {"method": m, f"final {short}": last(values),
-             f"best {short}": best(values, default=None)}
+             f"best {short}": best(finite, default=None)}
       if threshold is not None:
         row[f"uplink bits/client to {threshold:.0%}"] = bits_to_reach(
             ev, metric, threshold, "uplink_bits_per_client")
