@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 
 import functools
+from typing import Sequence
 import os
 
 import jax
@@ -88,34 +89,22 @@ SPLITS = {"iid": ("iid", {}), "dir1.0": ("dirichlet", {"alpha": 1.0}),
 ROW = {"class": "Class Split", "dir0.01": "Dir(0.01)", "dir0.05": "Dir(0.05)",
        "dir0.1": "Dir(0.1)", "dir0.5": "Dir(0.5)", "dir1.0": "Dir(1.0)", "iid": "IID"}
 METHODS = ("FedAvg", "FedProx", "FML", "Fed-LPFM")
-PAPER8 = {  # Table 8, MobileNetV2 student, CIFAR-10 (mean); * = FedProx copies FedAvg
-    "class": (67.67, 65.97, 19.29, 82.29), "dir0.01": (58.49, 69.92, 17.50, 72.88),
-    "dir0.05": (80.48, "80.48*", 24.75, 84.05), "dir0.1": (84.78, "84.78*", 33.13, 87.73),
-    "dir0.5": (90.05, "90.05*", 60.77, 91.72), "dir1.0": (90.86, "90.86*", 72.84, 92.87),
-    "iid": (91.48, 91.61, 86.49, 93.26)}
-PAPER9 = {  # Table 9, EfficientNet-B0 student, CIFAR-10 (mean); no FML; * = FedProx copies FedAvg
-    "class": (69.81, "69.81*", None, 78.70), "dir0.01": (69.56, "69.56*", None, 75.98),
-    "dir0.05": (79.53, "79.53*", None, 83.12), "dir0.1": (83.67, "83.67*", None, 87.24),
-    "dir0.5": (90.21, "90.21*", None, 91.80), "dir1.0": (91.41, "91.41*", None, 92.17),
-    "iid": (92.22, "92.22*", None, 92.84)}
-PAPER10 = {  # Table 10, ResNet-18 student, CIFAR-10 (mean); no FML
-    "class": (67.56, 65.99, None, 82.50), "dir0.01": (73.06, 72.13, None, 79.41),
-    "dir0.05": (82.22, 82.40, None, 86.42), "dir0.1": (85.74, 85.23, None, 88.59),
-    "dir0.5": (90.41, 90.095, None, 93.30), "dir1.0": (91.13, 90.82, None, 93.92),
-    "iid": (91.94, 91.45, None, 94.00)}
-STUDENT_TABLES = {"mobilenet_v2": ("Table 8", PAPER8), "efficientnet_b0": ("Table 9", PAPER9),
-                  "resnet18": ("Table 10", PAPER10), "cnn": ("Table 8", PAPER8)}
-"""The paper's table of each student (the CPU CNN stands in for Table 8's MobileNetV2)."""
-PAPER11 = {  # Table 11: linear probing, prompt tuning, 0-shot (Fed-LPFM)
-    "class": (45.63, 51.85, 82.29), "dir0.01": (44.76, 35.86, 72.88),
-    "dir0.05": (73.07, 68.39, 84.05), "dir0.1": (82.54, 77.35, 87.73),
-    "dir0.5": (91.08, 89.01, 91.72), "dir1.0": (92.53, 90.32, 92.87),
-    "iid": (92.56, 91.85, 93.26)}
-PAPER12 = {  # Table 12 (seed 004 l. 1630-1639): CLIP RN50, CLIP ViT-B/32, random selection
-    "class": (80.46, 82.29, 62.75), "dir0.01": (66.17, 72.88, 64.02),
-    "dir0.05": (84.42, 84.05, 71.33), "dir0.1": (87.90, 87.73, 76.05),
-    "dir0.5": (92.04, 91.72, 84.82), "dir1.0": (93.00, 92.87, 83.99),
-    "iid": (93.63, 93.26, 85.01)}
+STUDENT_PAPER = {"mobilenet_v2": "table8_cifar10", "efficientnet_b0": "table9_cifar10",
+                 "resnet18": "table10_cifar10", "cnn": "table8_cifar10"}
+"""The paper configuration (its table's numbers) of each student (the CPU CNN stands in for
+Table 8's MobileNetV2)."""
+TEACHER_COLUMNS = {"table11": ("Linear Probing", "Prompt Tuning", "0-shot"),
+                   "table12": ("CLIP RN50", "CLIP ViT-B/32", "random selection")}
+"""The paper's columns of Tables 11 and 12 (Fed-LPFM with each teacher)."""
+
+
+def _by_split(columns: Sequence[str], values: dict) -> dict:
+  """``{split as printed: {column: value}}`` from ``{split: values in column order}`` (a
+  ``None`` value — a column the table does not have — is left out)."""
+  return {ROW[s]: {c: v for c, v in zip(columns, vs) if v is not None}
+          for s, vs in values.items()}
+
+
 STUDIES = ("table8", "table11", "table12")
 OPTIONS = (
     Option("study", "table8", "table8 (methods x splits), table11 (linear-probed vs 0-shot "
@@ -477,15 +466,16 @@ def setup(cfg: Config, opts: dict):
 def _table12_variants(fit, teachers: dict, main_logits, classes: int, seed: int):
   """Table 12's teacher variants: the main teacher's logits for every client, the second
   teacher's, and a uniform per-client choice between them (a per-client teacher mask); with
-  ``{variant: the paper's column}`` — the main teacher stands for its ViT-B/32 (column 1), the
-  second for RN50 (column 0), the choice for its random selection (column 2)."""
+  ``{variant: the paper's column}`` — the main teacher stands for its ViT-B/32, the second for
+  RN50, the choice for its random selection."""
   main, second = list(teachers)[:2]
   both = np.stack([main_logits[:, :, 0],
                    _client_logits(fit, teachers[second], classes, False)], 2)
   variants = {f"{main} (all clients)": both[:, :, :1], f"{second} (all clients)": both[:, :, 1:]}
   pick = np.random.default_rng(seed).integers(0, 2, both.shape[0])
   variants["mixed (uniform per client)"] = (both, np.eye(2, dtype=np.float32)[pick])
-  return variants, dict(zip(variants, (1, 0, 2)))
+  rn50, vit, rand = TEACHER_COLUMNS["table12"]
+  return variants, dict(zip(variants, (vit, rn50, rand)))
 
 
 def _plan(opts: dict, variants: dict) -> dict:
@@ -517,12 +507,13 @@ def columns(label: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   """The split's name in the paper's words, the chosen setting, the paper's CIFAR-10 number."""
   method, variant = _plan(opts, ctx.extra["variants"])[label]
   if opts["study"] == "table8":   # the student's own table (8, 9 or 10)
-    paper = STUDENT_TABLES[opts["student"]][1][ctx.setting][METHODS.index(method)]
+    column = method
   elif opts["study"] == "table11":
-    paper = PAPER11[ctx.setting][{"Linear Probing": 0, "Prompt Tuning": 1}.get(variant, 2)]
+    column = {"Linear Probing": "Linear Probing", "Prompt Tuning": "Prompt Tuning"}.get(
+        variant, "0-shot")
   else:
     column = ctx.extra["table12"].get(variant)
-    paper = PAPER12[ctx.setting][column] if column is not None else None
+  paper = paper_of(opts).paper.get(ROW[ctx.setting], {}).get(column)
   return {"split": ROW[ctx.setting], "chosen": tuned.best or "-",
           "s.e.": tuned.stats["se"] if len(tuned.finals) > 1 else None,
           "paper % (CIFAR-10)": paper}
@@ -537,10 +528,9 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
     xs.append(len(xs))
     ys.append(r["ours %"] if r["ours %"] is not None else float("nan"))
   splits = name_list(opts["splits"], "splits", tuple(SPLITS))
-  table, _ = STUDENT_TABLES[opts["student"]]
-  source = {"table8": f"the paper's {table} (student {opts['student']}"
-                      + (", standing in for MobileNetV2)" if opts["student"] == "cnn" else ")"),
-            "table11": "the paper's Table 11", "table12": "the paper's Table 12"}[opts["study"]]
+  source = paper_of(opts).source + (" — the CNN student stands in for MobileNetV2"
+                                    if opts["study"] == "table8" and opts["student"] == "cnn"
+                                    else "")
   return {"study": opts["study"], "teachers": notes, "claim": CLAIMS[opts["study"]],
           "table": Table(rows, note="\n".join(
               [f"paper % (CIFAR-10): {source}"]
@@ -552,28 +542,72 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
               logx=False, xticks=[ROW[s] for s in splits]))]}
 
 
-PAPERS = {"table8_cifar10": PaperConfig(
+_TABLE8 = PaperConfig(
     "table8_cifar10", "the Fed-LPFM paper's Table 8 (CIFAR-10, MobileNetV2 student)",
     dataset="cifar10",
     standin=None, clients=10, rounds=600, eval_every=50,
     options={"student": "mobilenet_v2", "train_size": 0, "lr": 0.01, "lr_milestones": [200],
              "lr_factor": 0.1, "temperatures": [1.0, 2.0, 4.0], "seeds": 3},
-    unit="test accuracy %", paper={},
+    unit="test accuracy %",
+    paper=_by_split(METHODS, {  # mean; "*": FedProx's entry copies FedAvg's
+        "class": (67.67, 65.97, 19.29, 82.29), "dir0.01": (58.49, 69.92, 17.50, 72.88),
+        "dir0.05": (80.48, "80.48*", 24.75, 84.05), "dir0.1": (84.78, "84.78*", 33.13, 87.73),
+        "dir0.5": (90.05, "90.05*", 60.77, 91.72), "dir1.0": (90.86, "90.86*", 72.84, 92.87),
+        "iid": (91.48, 91.61, 86.49, 93.26)}),
     deviations="the paper's protocol (600 rounds, lr 0.01, x0.1 at round 200, 10 clients, "
     "3 seeds) with every method's own hyper-parameter and Fed-LPFM's temperature tuned on "
     "validation; the zero-shot CLIP teacher needs --set clip=CKPT clip_prompts=IDS.npy (without "
     "it the library-trained CNN teacher stands in, labelled); local steps and batch are not "
-    "in the seed (ours)")}
+    "in the seed (ours)")
 
 
-for _paper, _net, _table in (("table9_cifar10", "efficientnet_b0", "Table 9"),
-                             ("table10_cifar10", "resnet18", "Table 10")):
-  PAPERS[_paper] = dataclasses.replace(
-      PAPERS["table8_cifar10"], name=_paper,
-      source=f"the Fed-LPFM paper's {_table} (CIFAR-10, {_net} student)",
-      options={**PAPERS["table8_cifar10"].options, "student": _net},
-      deviations=PAPERS["table8_cifar10"].deviations + "; FML runs too (the table has no FML "
-      "column)")
+def _variant(name: str, table: str, what: str, options: dict, paper: dict,
+             deviations: str) -> PaperConfig:
+  return dataclasses.replace(_TABLE8, name=name, source=f"the Fed-LPFM paper's {table} "
+                             f"(CIFAR-10, {what})", options={**_TABLE8.options, **options},
+                             paper=paper, deviations=_TABLE8.deviations + deviations)
+
+
+PAPERS = {pc.name: pc for pc in (
+    _TABLE8,
+    _variant("table9_cifar10", "Table 9", "EfficientNet-B0 student",
+             {"student": "efficientnet_b0"}, _by_split(METHODS, {  # no FML column
+                 "class": (69.81, "69.81*", None, 78.70), "dir0.01": (69.56, "69.56*", None, 75.98),
+                 "dir0.05": (79.53, "79.53*", None, 83.12), "dir0.1": (83.67, "83.67*", None, 87.24),
+                 "dir0.5": (90.21, "90.21*", None, 91.80), "dir1.0": (91.41, "91.41*", None, 92.17),
+                 "iid": (92.22, "92.22*", None, 92.84)}),
+             "; FML runs too (the table has no FML column)"),
+    _variant("table10_cifar10", "Table 10", "ResNet-18 student", {"student": "resnet18"},
+             _by_split(METHODS, {  # no FML column
+                 "class": (67.56, 65.99, None, 82.50), "dir0.01": (73.06, 72.13, None, 79.41),
+                 "dir0.05": (82.22, 82.40, None, 86.42), "dir0.1": (85.74, 85.23, None, 88.59),
+                 "dir0.5": (90.41, 90.095, None, 93.30), "dir1.0": (91.13, 90.82, None, 93.92),
+                 "iid": (91.94, 91.45, None, 94.00)}),
+             "; FML runs too (the table has no FML column)"),
+    _variant("table11_cifar10", "Table 11", "Fed-LPFM's teacher: linear probing, prompt "
+             "tuning, 0-shot", {"study": "table11"}, _by_split(TEACHER_COLUMNS["table11"], {
+                 "class": (45.63, 51.85, 82.29), "dir0.01": (44.76, 35.86, 72.88),
+                 "dir0.05": (73.07, 68.39, 84.05), "dir0.1": (82.54, 77.35, 87.73),
+                 "dir0.5": (91.08, 89.01, 91.72), "dir1.0": (92.53, 90.32, 92.87),
+                 "iid": (92.56, 91.85, 93.26)}),
+             "; the linear probe needs --set clip=CKPT (CLIP's image embeddings), prompt "
+             "tuning --set coop_prompts=IDS.npy"),
+    _variant("table12_cifar10", "Table 12", "Fed-LPFM's teacher: CLIP RN50, CLIP ViT-B/32, "
+             "random selection", {"study": "table12"}, _by_split(TEACHER_COLUMNS["table12"], {
+                 "class": (80.46, 82.29, 62.75), "dir0.01": (66.17, 72.88, 64.02),
+                 "dir0.05": (84.42, 84.05, 71.33), "dir0.1": (87.90, 87.73, 76.05),
+                 "dir0.5": (92.04, 91.72, 84.82), "dir1.0": (93.00, 92.87, 83.99),
+                 "iid": (93.63, 93.26, 85.01)}),
+             "; the two backbones need --set clip=VIT_DIR clip_second=RN50_DIR (without them "
+             "two library-trained teachers stand in, labelled)"))}
+
+
+def paper_of(opts: dict) -> PaperConfig:
+  """The paper configuration whose numbers a run with ``opts`` prints beside its own: the
+  student's table for ``study=table8``, Table 11 or 12 for those studies."""
+  if opts["study"] == "table8":
+    return PAPERS[STUDENT_PAPER[opts["student"]]]
+  return PAPERS[f"{opts['study']}_cifar10"]
 
 
 run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, papers=PAPERS,

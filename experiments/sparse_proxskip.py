@@ -117,7 +117,7 @@ ASP_MOD, SPS_MOD = f"{ASP}-modified", f"{SPS}-modified"
 METHODS = ("Final-TopK", "FedHT", "FedIHT", ASP, "RandProx-l1", SPS_LOCAL, SPS)  # the paper's
 FEDAVG_STYLE = ("FedHT", "FedIHT")  # rounds of a static number of local steps
 
-PAPER_BASE = dict(budget="communications", seeds=5, search=16, repetitions=5,
+PROTOCOL_OPTIONS = dict(budget="communications", seeds=5, search=16, repetitions=5,
                   diagnostics=False)
 BLOG = dict(dataset="blogfeedback", standin="blogfeedback_standin", clients=554, rounds=10_000,
             eval_every=1)
@@ -133,7 +133,7 @@ PAPERS = {pc.name: pc for pc in (
     PaperConfig(
         "table1",
         "the Sparse-ProxSkip paper's §4.1, Table 1 (BlogFeedback, test R² and train loss)", **BLOG,
-        options={**PAPER_BASE, "sparsity": 0.9, "sparsities": [0.8, 0.95]},
+        options={**PROTOCOL_OPTIONS, "sparsity": 0.9, "sparsities": [0.8, 0.95]},
         unit="test R² in % and final train loss", deviations=BLOG_DEVIATIONS, paper={
             "R² @ 80%": {"Final-TopK": 26.4, "FedHT": 18.0, "FedIHT": 16.5, ASP: 25.9,
                          "RandProx-l1": 26.3, SPS_LOCAL: 27.0, SPS: 26.7},
@@ -147,7 +147,7 @@ PAPERS = {pc.name: pc for pc in (
     PaperConfig(
         "table2", "the Sparse-ProxSkip paper's §4.1, Table 2 (BlogFeedback, uplink bits to test R² "
         "at 90 %)",
-        **BLOG, options={**PAPER_BASE, "sparsity": 0.9, "thresholds": [0.2, 0.225, 0.25]},
+        **BLOG, options={**PROTOCOL_OPTIONS, "sparsity": 0.9, "thresholds": [0.2, 0.225, 0.25]},
         unit="Mbit uplink per client to reach the test R²", deviations=BLOG_DEVIATIONS, paper={
             "to 0.2": {"Final-TopK": 1.16, "FedHT": 14.8, "FedIHT": 2.49, ASP: 0.73,
                        "RandProx-l1": 0.18, SPS_LOCAL: 0.13, SPS: 0.10},
@@ -158,7 +158,7 @@ PAPERS = {pc.name: pc for pc in (
     PaperConfig(
         "table3", "the Sparse-ProxSkip paper's §4.2, Table 3 (FEMNIST, uplink bits to test "
         "accuracy at 90 %)",
-        **FEMNIST, options={**PAPER_BASE, "sparsity": 0.9, "thresholds": [0.8, 0.825, 0.85],
+        **FEMNIST, options={**PROTOCOL_OPTIONS, "sparsity": 0.9, "thresholds": [0.8, 0.825, 0.85],
                             "l2": 1e-3},
         unit="Mbit uplink per client to reach the test accuracy",
         deviations=FEMNIST_DEVIATIONS, paper={
@@ -171,7 +171,7 @@ PAPERS = {pc.name: pc for pc in (
     PaperConfig(
         "table4",
         "the Sparse-ProxSkip paper's §4.2, Table 4 (FEMNIST, test accuracy vs sparsity)", **FEMNIST,
-        options={**PAPER_BASE, "sparsity": 0.9, "sparsities": [0.8, 0.95, 0.98, 0.99],
+        options={**PROTOCOL_OPTIONS, "sparsity": 0.9, "sparsities": [0.8, 0.95, 0.98, 0.99],
                  "l2": 1e-3},
         unit="test accuracy in %", deviations=FEMNIST_DEVIATIONS, paper={
             f"accuracy @ {sp:.0%}": dict(zip(("Final-TopK", "FedHT", "FedIHT", ASP,

@@ -521,8 +521,10 @@ def test_fedlpfm_table12_on_two_clip_backbones(ckpt, tmp_path):
   main = F._client_logits(fit, teachers["CLIP 0-shot"], K, False)[:, :, None]
   variants, columns = F._table12_variants(fit, teachers, main, K, seed=0)
   second = list(teachers)[1]
-  assert columns == {"CLIP 0-shot (all clients)": 1, f"{second} (all clients)": 0,
-                     "mixed (uniform per client)": 2}
+  assert columns == {"CLIP 0-shot (all clients)": "CLIP ViT-B/32",
+                     f"{second} (all clients)": "CLIP RN50",
+                     "mixed (uniform per client)": "random selection"}
+  assert set(columns.values()) == set(F.TEACHER_COLUMNS["table12"])
   np.testing.assert_array_equal(variants["CLIP 0-shot (all clients)"], main)
   both, pick = variants["mixed (uniform per client)"]
   assert both.shape == (3, 8, 2, K) and pick.shape == (3, 2) and np.all(pick.sum(1) == 1)

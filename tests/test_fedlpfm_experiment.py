@@ -60,11 +60,12 @@ def test_table12_claim_states_the_papers_numbers():
   Dir(0.05) to IID, ViT-B/32 ahead by 1.8 (Class Split) and 6.7 (Dir(0.01)), random selection
   7-20 points below the better teacher."""
   from fedjaxsparse.experiments import fedlpfm_fmnist as F
-  rn, vit, rand = (np.array([F.PAPER12[s][i] for s in F.PAPER12]) for i in range(3))
-  mild = [list(F.PAPER12).index(s) for s in ("dir0.05", "dir0.1", "dir0.5", "dir1.0", "iid")]
+  table = F.PAPERS["table12_cifar10"].paper
+  rn, vit, rand = (np.array([table[s][c] for s in table]) for c in F.TEACHER_COLUMNS["table12"])
+  mild = [list(table).index(s) for s in ("Dir(0.05)", "Dir(0.1)", "Dir(0.5)", "Dir(1.0)", "IID")]
   assert np.abs(rn - vit)[mild].max() <= 0.5
-  assert round(F.PAPER12["class"][1] - F.PAPER12["class"][0], 1) == 1.8
-  assert round(F.PAPER12["dir0.01"][1] - F.PAPER12["dir0.01"][0], 1) == 6.7
+  assert round(table["Class Split"]["CLIP ViT-B/32"] - table["Class Split"]["CLIP RN50"], 1) == 1.8
+  assert round(table["Dir(0.01)"]["CLIP ViT-B/32"] - table["Dir(0.01)"]["CLIP RN50"], 1) == 6.7
   gap = np.maximum(rn, vit) - rand
   assert 7 <= gap.min() and gap.max() <= 20
   claim = F.CLAIMS["table12"]
