@@ -86,50 +86,35 @@ DATA = {  # name -> (classes, Non-IID A, Non-IID B γ, model)
     "digits": (10, 0.2, 0.1, "mlp"),
     "emnist_l": (26, 0.2, 0.1, "lenet5"), "cifar10": (10, 0.5, 0.3, "vgg11"),
     "cifar100": (100, 0.2, 0.1, "resnet18")}
-PAPER = {  # Table 1: accuracy % / Comm GB / FLOPs (×1e14), IID, A, B
-    "emnist_l": {
-        "FedSpa (DST)": ((92.2, 7.0, 2.0), (95.3, 7.0, 2.0), (96.5, 7.0, 2.0)),
-        "FedSpa (RSM)": ((92.9, 7.0, 2.0), (91.9, 7.0, 2.0), (90.6, 7.0, 2.0)),
-        "Ditto": ((92.9, 14.1, 3.5), (95.9, 14.1, 3.5), (97.0, 14.1, 3.5)),
-        "FedAvg": ((93.5, 14.1, 3.5), (92.3, 14.1, 3.5), (90.9, 14.1, 3.5)),
-        "Sub-FedAvg": ((90.7, 9.5, 1.9), (94.9, 9.4, 1.9), (96.4, 9.4, 1.9)),
-        "Local": ((77.6, None, 3.5), (87.8, None, 3.5), (91.6, None, 3.5)),
-        "Subsampling": ((93.3, 10.5, 3.5), (92.0, 10.5, 3.5), (91.3, 10.5, 3.5))},
-    "cifar10": {
-        "FedSpa (DST)": ((83.4, 369.2, 172.9), (86.6, 369.2, 173.3), (88.2, 369.2, 173.5)),
-        "FedSpa (RSM)": ((84.5, 369.2, 172.9), (82.1, 369.2, 173.3), (80.9, 369.2, 173.5)),
-        "Ditto": ((83.5, 738.5, 229.3), (86.4, 738.5, 229.8), (87.8, 738.5, 230.0)),
-        "FedAvg": ((84.8, 738.5, 229.3), (82.0, 738.5, 229.8), (81.4, 738.5, 230.0)),
-        "Sub-FedAvg": ((71.8, 410.2, 121.4), (78.3, 424.7, 120.6), (79.6, 416.9, 119.8)),
-        "Local": ((42.5, None, 229.3), (63.6, None, 229.8), (69.4, None, 230.0)),
-        "Subsampling": ((83.0, 553.9, 229.3), (78.9, 553.9, 229.8), (76.7, 553.9, 230.0))},
-    "cifar100": {
-        "FedSpa (DST)": ((41.5, 448.8, 705.1), (59.0, 448.8, 704.9), (66.9, 448.8, 704.8)),
-        "FedSpa (RSM)": ((54.6, 448.8, 705.1), (48.7, 448.8, 704.9), (44.6, 448.8, 704.8)),
-        "Ditto": ((51.9, 897.6, 833.2), (56.8, 897.6, 833.0), (62.5, 897.6, 832.9)),
-        "FedAvg": ((55.7, 897.6, 833.2), (49.3, 897.6, 833.0), (45.0, 897.6, 832.9)),
-        "Sub-FedAvg": ((38.3, 616.5, 494.1), (49.2, 624.4, 508.4), (55.0, 612.8, 496.1)),
-        "Local": ((10.3, None, 833.2), (28.8, None, 833.0), (40.5, None, 832.9)),
-        "Subsampling": ((49.8, 673.2, 833.2), (42.3, 673.2, 833.0), (37.6, 673.2, 832.9))}}
-PAPER_T2 = {  # Table 2: rounds to each target accuracy (IID, A, B); None: > 1000 (not reached)
-    "cifar10": {"targets": (70.0, 75.0, 80.0), "rounds": {
-        "FedSpa (DST)": ((134.0, 183.3, 312.3), (167.3, 210.3, 281.3), (164.3, 206.3, 270.0)),
-        "FedSpa (RSM)": ((101.3, 141.3, 237.0), (195.3, 271.3, 471.7), (252.0, 339.0, 614.0)),
-        "Ditto": ((284.7, 370.3, 549.3), (242.3, 334.0, 466.3), (190.3, 278.0, 417.7)),
-        "FedAvg": ((105.0, 140.3, 228.7), (198.3, 256.7, 474.7), (241.0, 327.3, 583.7)),
-        "Sub-FedAvg": ((197.7, None, None), (151.7, 235.0, None), (137.3, 191.7, None)),
-        "Subsampling": ((198.0, 268.3, 457.0), (365.3, 523.0, None), (466.3, 722.7, None))}},
-    "cifar100": {"targets": (40.0, 50.0, 55.0), "rounds": {
-        "FedSpa (DST)": ((536.3, None, None), (236.3, 442.0, 595.0), (181.3, 314.7, 407.7)),
-        "FedSpa (RSM)": ((239.3, 435.7, None), (460.7, None, None), (594.0, None, None)),
-        "Ditto": ((545.7, 868.7, None), (455.3, 724.0, 894.0), (301.3, 534.0, 678.7)),
-        "FedAvg": ((245.0, 436.3, None), (470.7, None, None), (589.7, None, None)),
-        "Sub-FedAvg": ((None, None, None), (280.7, None, None), (246.3, 335.3, 511.0)),
-        "Subsampling": ((460.7, None, None), (845.3, None, None), (None, None, None))}}}
-PAPER_T3 = {  # Table 3: FedSpa (DST) accuracy % by sparsity, ResNet18 / CIFAR-100 (IID, A, B)
-    0.2: (51.5, 62.9, 65.5), 0.4: (45.5, 61.4, 67.2), 0.5: (41.5, 59.0, 66.9),
-    0.6: (38.4, 57.3, 65.2), 0.8: (32.0, 49.2, 56.7)}
-PAPER_T4 = {"erk": (41.5, 59.0, 66.9), "uniform": (33.0, 49.3, 56.3)}  # Table 4, s = 0.5
+
+
+def _paper_columns(table1: dict, table2: tuple | None = None, table3: dict | None = None,
+                   table4: dict | None = None) -> dict:
+  """A data set's numbers of the paper's Tables 1-4 as ``PaperConfig.paper`` columns
+  ``"<quantity> (<split>)"``: Table 1's ``accuracy %``, ``Comm GB`` and ``FLOPs e14`` per
+  method; Table 2's ``rounds to T%`` (``table2 = (targets, {method: per split})``, ``None``
+  printed as "> 1000": the paper's run never got there); FedSpa (DST)'s ``Table 3 s=S`` (by
+  sparsity, ERK) and ``Table 4 INIT`` (s = 0.5)."""
+  out: dict = {}
+  for m, cells in table1.items():
+    for split, values in zip(SPLITS, cells):
+      for q, v in zip(("accuracy %", "Comm GB", "FLOPs e14"), values):
+        if v is not None:
+          out.setdefault(f"{q} ({split})", {})[m] = v
+  if table2 is not None:
+    targets, rounds = table2
+    for m, cells in rounds.items():
+      for split, row in zip(SPLITS, cells):
+        for t, v in zip(targets, row):
+          out.setdefault(f"rounds to {t:g}% ({split})", {})[m] = "> 1000" if v is None else v
+  for name, table in (("Table 3 s=", table3 or {}), ("Table 4 ", table4 or {})):
+    for key, row in table.items():
+      for split, v in zip(SPLITS, row):
+        out[f"{name}{key:g} ({split})" if name.startswith("Table 3") else
+            f"{name}{key} ({split})"] = {"FedSpa (DST)": v}
+  return out
+
+
 OPTIONS = (
     Option("splits", "iid,A,B", "comma list of iid, A, B (Non-IID A/B: the dataset's two "
            "Dirichlet γ)", kind="str"),
@@ -168,24 +153,75 @@ OPTIONS = (
            high=1.0, low_open=True, high_open=True),
     Option("seeds", 1, "seeds of the final runs (paper: 3)", low=1),
 )
-_PAPER_OPTS = {"epochs": 5, "lrs": [0.1], "seeds": 3}
+_PROTOCOL = {"epochs": 5, "lrs": [0.1], "seeds": 3}
 PAPERS = {
     "table1_emnist": PaperConfig(
         "table1_emnist", "the FedSpa paper's Table 1 (EMNIST-L, LeNet5)", dataset="emnist_l",
         standin=None, clients=100, rounds=400, eval_every=20,
-        options={**_PAPER_OPTS, "targets": [90.0, 92.0, 95.0]}, unit="accuracy %", paper={},
+        options={**_PROTOCOL, "targets": [90.0, 92.0, 95.0]}, unit="accuracy %",
+        paper=_paper_columns({  # Table 1: (accuracy %, Comm GB, FLOPs e14) for IID, A, B
+            'FedSpa (DST)': ((92.2, 7.0, 2.0), (95.3, 7.0, 2.0), (96.5, 7.0, 2.0)),
+            'FedSpa (RSM)': ((92.9, 7.0, 2.0), (91.9, 7.0, 2.0), (90.6, 7.0, 2.0)),
+            'Ditto': ((92.9, 14.1, 3.5), (95.9, 14.1, 3.5), (97.0, 14.1, 3.5)),
+            'FedAvg': ((93.5, 14.1, 3.5), (92.3, 14.1, 3.5), (90.9, 14.1, 3.5)),
+            'Sub-FedAvg': ((90.7, 9.5, 1.9), (94.9, 9.4, 1.9), (96.4, 9.4, 1.9)),
+            'Local': ((77.6, None, 3.5), (87.8, None, 3.5), (91.6, None, 3.5)),
+            'Subsampling': ((93.3, 10.5, 3.5), (92.0, 10.5, 3.5), (91.3, 10.5, 3.5)),
+        }),
         deviations="T = 400 inferred from the Comm columns; lr tuned on validation"),
     "table1_cifar10": PaperConfig(
         "table1_cifar10", "the FedSpa paper's Table 1/2 (CIFAR-10, VGG11-GN)", dataset="cifar10",
         standin=None, clients=100, rounds=1000, eval_every=20,
-        options={**_PAPER_OPTS, "targets": [70.0, 75.0, 80.0]}, unit="accuracy %", paper={},
+        options={**_PROTOCOL, "targets": [70.0, 75.0, 80.0]}, unit="accuracy %",
+        paper=_paper_columns({  # Table 1: (accuracy %, Comm GB, FLOPs e14) for IID, A, B
+            'FedSpa (DST)': ((83.4, 369.2, 172.9), (86.6, 369.2, 173.3), (88.2, 369.2, 173.5)),
+            'FedSpa (RSM)': ((84.5, 369.2, 172.9), (82.1, 369.2, 173.3), (80.9, 369.2, 173.5)),
+            'Ditto': ((83.5, 738.5, 229.3), (86.4, 738.5, 229.8), (87.8, 738.5, 230.0)),
+            'FedAvg': ((84.8, 738.5, 229.3), (82.0, 738.5, 229.8), (81.4, 738.5, 230.0)),
+            'Sub-FedAvg': ((71.8, 410.2, 121.4), (78.3, 424.7, 120.6), (79.6, 416.9, 119.8)),
+            'Local': ((42.5, None, 229.3), (63.6, None, 229.8), (69.4, None, 230.0)),
+            'Subsampling': ((83.0, 553.9, 229.3), (78.9, 553.9, 229.8), (76.7, 553.9, 230.0)),
+        }, ((70.0, 75.0, 80.0), {  # Table 2: rounds to each target (None: > 1000)
+            'FedSpa (DST)': ((134.0, 183.3, 312.3), (167.3, 210.3, 281.3), (164.3, 206.3, 270.0)),
+            'FedSpa (RSM)': ((101.3, 141.3, 237.0), (195.3, 271.3, 471.7), (252.0, 339.0, 614.0)),
+            'Ditto': ((284.7, 370.3, 549.3), (242.3, 334.0, 466.3), (190.3, 278.0, 417.7)),
+            'FedAvg': ((105.0, 140.3, 228.7), (198.3, 256.7, 474.7), (241.0, 327.3, 583.7)),
+            'Sub-FedAvg': ((197.7, None, None), (151.7, 235.0, None), (137.3, 191.7, None)),
+            'Subsampling': ((198.0, 268.3, 457.0), (365.3, 523.0, None), (466.3, 722.7, None)),
+        })),
         deviations="lr tuned on validation"),
     "table1_cifar100": PaperConfig(
         "table1_cifar100",
             "the FedSpa paper's Table 1/2 (CIFAR-100, ResNet18-GN)", dataset="cifar100",
         standin=None, clients=100, rounds=1000, eval_every=20,
-        options={**_PAPER_OPTS, "targets": [40.0, 50.0, 55.0]}, unit="accuracy %", paper={},
+        options={**_PROTOCOL, "targets": [40.0, 50.0, 55.0]}, unit="accuracy %",
+        paper=_paper_columns({  # Table 1: (accuracy %, Comm GB, FLOPs e14) for IID, A, B
+            'FedSpa (DST)': ((41.5, 448.8, 705.1), (59.0, 448.8, 704.9), (66.9, 448.8, 704.8)),
+            'FedSpa (RSM)': ((54.6, 448.8, 705.1), (48.7, 448.8, 704.9), (44.6, 448.8, 704.8)),
+            'Ditto': ((51.9, 897.6, 833.2), (56.8, 897.6, 833.0), (62.5, 897.6, 832.9)),
+            'FedAvg': ((55.7, 897.6, 833.2), (49.3, 897.6, 833.0), (45.0, 897.6, 832.9)),
+            'Sub-FedAvg': ((38.3, 616.5, 494.1), (49.2, 624.4, 508.4), (55.0, 612.8, 496.1)),
+            'Local': ((10.3, None, 833.2), (28.8, None, 833.0), (40.5, None, 832.9)),
+            'Subsampling': ((49.8, 673.2, 833.2), (42.3, 673.2, 833.0), (37.6, 673.2, 832.9)),
+        }, ((40.0, 50.0, 55.0), {  # Table 2: rounds to each target (None: > 1000)
+            'FedSpa (DST)': ((536.3, None, None), (236.3, 442.0, 595.0), (181.3, 314.7, 407.7)),
+            'FedSpa (RSM)': ((239.3, 435.7, None), (460.7, None, None), (594.0, None, None)),
+            'Ditto': ((545.7, 868.7, None), (455.3, 724.0, 894.0), (301.3, 534.0, 678.7)),
+            'FedAvg': ((245.0, 436.3, None), (470.7, None, None), (589.7, None, None)),
+            'Sub-FedAvg': ((None, None, None), (280.7, None, None), (246.3, 335.3, 511.0)),
+            'Subsampling': ((460.7, None, None), (845.3, None, None), (None, None, None)),
+        }),
+                             {0.2: (51.5, 62.9, 65.5), 0.4: (45.5, 61.4, 67.2), 0.5: (41.5, 59.0, 66.9), 0.6: (38.4, 57.3, 65.2), 0.8: (32.0, 49.2, 56.7)},
+                             {'erk': (41.5, 59.0, 66.9), 'uniform': (33.0, 49.3, 56.3)}),
         deviations="lr tuned on validation")}
+PAPER_OF = {"emnist_l": "table1_emnist", "cifar10": "table1_cifar10",
+            "cifar100": "table1_cifar100"}
+"""The paper configuration whose numbers a run on each data set prints beside its own."""
+
+
+def _paper(dataset: str) -> dict:
+  """The paper's numbers for ``dataset`` (``{}`` for data sets the paper did not use)."""
+  return PAPERS[PAPER_OF[dataset]].paper if dataset in PAPER_OF else {}
 
 
 def _model(kind: str, shape, classes: int, network: str = "paper"):
@@ -291,7 +327,7 @@ def setup(cfg: Config, opts: dict):
   model, zigs = _model(kind, shape, classes, opts["network"])
   params = model.init(jax.random.key(cfg.seed))
   extra = {"model": model, "loss": make_loss(model), "zigs": zigs,
-           "macs": FL.layer_macs(model, params, shape), "paper": PAPER.get(cfg.dataset, {})}
+           "macs": FL.layer_macs(model, params, shape), "paper": _paper(cfg.dataset)}
   print(f"{NAME}: {cfg.dataset}, {cfg.clients} clients, {opts['cohort']} per round, "
         f"{opts['epochs']} epoch(s) of {opts['batch']}, {kind} (d={num_params(params)})")
   for split in splits:
@@ -332,7 +368,8 @@ def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
       else 0.0
   paper_bits = sum(hist.get("paper_bits_up", [])) + sum(hist.get("paper_bits_down", []))
   paper_gb = paper_bits / 8e9 if "paper_bits_up" in hist else honest
-  ref = ctx.extra["paper"].get(_paper_row(m), ((None,) * 3,) * 3)[SPLITS.index(ctx.setting)]
+  ref = [ctx.extra["paper"].get(f"{q} ({ctx.setting})", {}).get(_paper_row(m))
+         for q in ("accuracy %", "Comm GB", "FLOPs e14")]
   return {"paper %": ref[0], "GB (paper ledger)": paper_gb, "GB (honest)": honest,
           "paper GB": ref[1],
           "FLOPs": _flops(m, ctx.extra["macs"], ctx.params, opts, cfg.rounds,
@@ -356,23 +393,24 @@ def _paper_rounds(m: str, split: str, dataset: str, targets) -> dict:
   """Table 2's rounds to each target beside ours, when the targets are the paper's
   (CIFAR-10: 70/75/80 %, CIFAR-100: 40/50/55 %); ``"> 1000"`` where the paper's run never got
   there."""
-  t2, m = PAPER_T2.get(dataset), _paper_row(m)
-  if t2 is None or tuple(targets) != t2["targets"] or m not in t2["rounds"]:
+  paper, m = _paper(dataset), _paper_row(m)
+  columns = [f"rounds to {t:g}% ({split})" for t in targets]
+  if not all(m in paper.get(c, {}) for c in columns):
     return {}
-  got = t2["rounds"][m][SPLITS.index(split)]
-  return {f"paper rounds to {t:g}%": "> 1000" if v is None else v for t, v in zip(targets, got)}
+  return {f"paper rounds to {t:g}%": paper[c][m] for t, c in zip(targets, columns)}
 
 
 def _paper_ablations(m: str, split: str, dataset: str, opts: dict) -> dict:
   """FedSpa (DST) on CIFAR-100: Table 3's accuracy at this sparsity (ERK) and Table 4's at this
   layer-wise initialisation (s = 0.5), beside ours."""
-  if m != "FedSpa (DST)" or dataset != "cifar100":
+  if m != "FedSpa (DST)":
     return {}
-  i, out = SPLITS.index(split), {}
-  if opts["init"] == "erk" and opts["sparsity"] in PAPER_T3:
-    out[f"paper % (Table 3, s={opts['sparsity']:g})"] = PAPER_T3[opts["sparsity"]][i]
-  if opts["sparsity"] == 0.5 and opts["init"] in PAPER_T4:
-    out[f"paper % (Table 4, {opts['init']})"] = PAPER_T4[opts["init"]][i]
+  paper, out = _paper(dataset), {}
+  t3, t4 = f"Table 3 s={opts['sparsity']:g} ({split})", f"Table 4 {opts['init']} ({split})"
+  if opts["init"] == "erk" and t3 in paper:
+    out[f"paper % (Table 3, s={opts['sparsity']:g})"] = paper[t3][m]
+  if opts["sparsity"] == 0.5 and t4 in paper:
+    out[f"paper % (Table 4, {opts['init']})"] = paper[t4][m]
   return out
 
 

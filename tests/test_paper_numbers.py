@@ -14,7 +14,7 @@ from fedjaxsparse.harness.cli import experiments
 # Experiments whose paper numbers still sit in module-level dicts beside their PAPERS (each is
 # moved in its own change; the list only shrinks).
 NOT_YET_MOVED = {"ato_prune", "cohort_squeeze_logreg", "fedmrn_fmnist", "fedp3_fmnist", "symwanda_lm",
-                 "fedp3_params", "fedspa_table1", "scafflix_inexact", "scafflix_nn"}
+                 "fedp3_params", "scafflix_inexact", "scafflix_nn"}
 LOOSE = re.compile(r"^_?(PAPER|TABLE)\w*$|^ABLATIONS$")
 
 
@@ -79,3 +79,37 @@ def test_fedlpfm_prints_its_tables_configuration(monkeypatch, study, student):
   assert set(pc.paper) == set(F.ROW.values())
   if pc.name in ("table9_cifar10", "table10_cifar10"):
     assert all("FML" not in row for row in pc.paper.values())
+
+
+def test_fedspa_prints_its_tables_configuration(monkeypatch):
+  """Tables 1-4 of the FedSpa paper: Table 1's cells, Table 2's rounds, Tables 3-4's FedSpa
+  (DST) accuracies are read from the data set's configuration, and follow a changed one."""
+  F = experiments()["fedspa_table1"]
+
+  def printed(dataset, split, method, opts):
+    ctx = types.SimpleNamespace(setting=split, extra={"paper": F._paper(dataset)})
+    row = [ctx.extra["paper"].get(f"{q} ({split})", {}).get(F._paper_row(method))
+           for q in ("accuracy %", "Comm GB", "FLOPs e14")]
+    return (row, F._paper_rounds(method, split, dataset, opts["targets"]),
+            F._paper_ablations(method, split, dataset, opts))
+
+  for dataset, name in F.PAPER_OF.items():
+    pc = F.PAPERS[name]
+    assert pc.dataset == dataset
+    opts = {"targets": pc.options["targets"], "init": "erk", "sparsity": 0.5}
+    moved = dataclasses.replace(pc, paper={c: {m: f"{v}+moved" for m, v in row.items()}
+                                           for c, row in pc.paper.items()})
+    for split in F.SPLITS:
+      for method in F.METHODS:
+        got = printed(dataset, split, method, opts)
+        assert got[0] == [pc.paper.get(f"{q} ({split})", {}).get(method)
+                          for q in ("accuracy %", "Comm GB", "FLOPs e14")]
+        assert got[0][0] is not None            # every method has Table 1's accuracy
+        with monkeypatch.context() as m:
+          m.setattr(F, "PAPERS", {**F.PAPERS, name: moved})
+          again = printed(dataset, split, method, opts)
+        assert again[0] == [None if v is None else f"{v}+moved" for v in got[0]]
+        for before, after in zip(got[1:], again[1:]):
+          assert after == {k: f"{v}+moved" for k, v in before.items()}
+        assert bool(got[1]) == (dataset != "emnist_l" and method != "Local")
+        assert bool(got[2]) == (dataset == "cifar100" and method == "FedSpa (DST)")
