@@ -107,46 +107,8 @@ NOISE_CLAIMS = ("CIFAR-10 NIID-2: the distribution barely matters, the magnitude
                 "≈ FedAvg for α ∈ {2.5e-3, 5e-3, 1e-2}, FedMRNS for α ∈ {1.25e-3, 2.5e-3, 5e-3}")
 STUDIES = ("table1", "ablation", "noise", "table3")
 TABLE3 = ("FedAvg", "SignSGD", "EDEN", "FedMRN")  # appendix Table 3's rows
-PAPER_TABLE3 = {  # appendix Table 3, Shakespeare with LEAF's LSTM (next-character accuracy %)
-    "FedAvg": (51.2,), "SignSGD": (38.0,), "EDEN": (49.6,), "FedMRN": (51.1,)}
-PAPER_TABLE3_VOC = {  # appendix Table 3, PascalVOC with BiSeNetV2 (mIoU %)
-    "FedAvg": (53.8,), "SignSGD": (44.3,), "EDEN": (52.0,), "FedMRN": (54.2,)}
 SEGMENTATION = ("voc", "voc_standin")
 """Data sets of the segmentation row of appendix Table 3 (scored by the mean IoU)."""
-PAPER_TABLE2 = {  # Table 2: accuracy change vs FedAvg summed over IID, Non-IID-1, Non-IID-2
-    "fashion_mnist": {"FedPM": -36.4, "FedSparsify": -26.0, "SignSGD": -4.7, "Top-k": -5.9,
-                      "TernGrad": -2.3, "DRIVE": -1.8, "EDEN": -1.8, "FedMRN": -0.7,
-                      "FedMRNS": 0.1},
-    "svhn": {"FedPM": -104.4, "FedSparsify": -40.1, "SignSGD": -6.8, "Top-k": -7.3,
-             "TernGrad": -2.5, "DRIVE": -2.4, "EDEN": -2.3, "FedMRN": -0.7, "FedMRNS": 0.2},
-    "cifar10": {"FedPM": -112.3, "FedSparsify": -51.8, "SignSGD": -16.5, "Top-k": -16.0,
-                "TernGrad": -5.2, "DRIVE": -4.1, "EDEN": -3.2, "FedMRN": 1.2, "FedMRNS": 0.4},
-    "cifar100": {"FedPM": -112.4, "FedSparsify": -73.8, "SignSGD": -34.1, "Top-k": -24.5,
-                 "TernGrad": -7.5, "DRIVE": -6.6, "EDEN": -5.5, "FedMRN": -1.9,
-                 "FedMRNS": -0.3}}
-PAPER_OTHER = {  # Table 1, SVHN / CIFAR-10 / CIFAR-100: IID, Non-IID-1, Non-IID-2
-    "svhn": {"FedAvg": (92.2, 90.3, 88.9), "FedPM": (66.3, 52.4, 48.3),
-             "FedSparsify": (81.3, 77.2, 72.8), "SignSGD": (90.8, 87.3, 86.5),
-             "Top-k": (90.0, 87.7, 86.4), "TernGrad": (91.7, 89.6, 87.7),
-             "DRIVE": (91.6, 89.6, 87.8), "EDEN": (91.7, 89.7, 87.8),
-             "FedMRN": (92.2, 90.0, 88.5), "FedMRNS": (92.4, 90.5, 88.7)},
-    "cifar10": {"FedAvg": (88.2, 84.1, 80.8), "FedPM": (50.2, 46.3, 44.3),
-                "FedSparsify": (72.0, 66.8, 62.5), "SignSGD": (85.3, 75.1, 76.2),
-                "Top-k": (84.1, 77.9, 75.1), "TernGrad": (86.9, 81.9, 79.2),
-                "DRIVE": (87.2, 82.4, 79.4), "EDEN": (87.5, 82.6, 79.8),
-                "FedMRN": (88.3, 84.6, 81.4), "FedMRNS": (88.0, 84.5, 81.0)},
-    "cifar100": {"FedAvg": (56.1, 54.8, 54.4), "FedPM": (22.9, 16.6, 13.4),
-                 "FedSparsify": (32.9, 29.8, 28.8), "SignSGD": (48.0, 39.2, 44.0),
-                 "Top-k": (50.2, 47.6, 43.0), "TernGrad": (53.5, 52.1, 52.3),
-                 "DRIVE": (53.5, 52.5, 52.8), "EDEN": (53.9, 53.1, 52.9),
-                 "FedMRN": (55.4, 54.1, 53.9), "FedMRNS": (56.1, 54.7, 54.2)}}
-PAPER = {  # Table 1, FMNIST: IID, Non-IID-1, Non-IID-2 (mean test accuracy %, 5 runs)
-    "FedAvg": (92.0, 90.5, 88.8), "FedPM": (81.7, 78.6, 74.6),
-    "FedSparsify": (85.6, 80.9, 78.8), "SignSGD": (91.1, 88.4, 87.1),
-    "Top-k": (90.1, 88.6, 86.7), "TernGrad": (91.4, 89.9, 87.9), "DRIVE": (91.6, 89.9, 88.1),
-    "EDEN": (91.4, 89.8, 88.3), "FedMRN": (91.8, 90.2, 88.6), "FedMRNS": (92.0, 90.5, 88.9)}
-PAPER_BPP = {"FedAvg": 32, "TernGrad": math.log2(3), "FedSparsify-GMP": 32}  # every other method: 1 (FedSparsify:
-# 3 % of the values, indices ignored)
 OPTIONS = (
     Option("study", "table1", "table1 (Table 1/2), ablation (Fig. 4: the B.8 variants), noise "
            "(Fig. 5: distributions x scales) or table3 (appendix Table 3: FedAvg, SignSGD, EDEN "
@@ -191,40 +153,119 @@ _GRID = {"epochs": 10, "lrs": [1.0, 0.3, 0.1, 0.03, 0.01], "seeds": 5}
 _CONV8 = [32, 32, 64, 64, 128, 128, 256, 256]
 _DEV = ("CNN widths ours (the paper gives none); tuning on a validation split; FedPM's lr grid "
         "is the shared one (its score lr is unspecified)")
+
+def _table1(accuracy: dict, summed: dict) -> dict:
+  """A data set's columns of Tables 1 and 2 as ``PaperConfig.paper``: the mean test accuracy
+  per split (``iid``, ``niid1``, ``niid2``), Table 2's accuracy change against FedAvg summed
+  over the three, and the bits per parameter of each method's upload as the paper counts them
+  (FedAvg and the dense FedSparsify-GMP 32, TernGrad log2 3, every other method 1: FedSparsify
+  sends 3 % of the values, the paper ignoring their indices)."""
+  out = {split: {m: v[i] for m, v in accuracy.items()} for i, split in enumerate(SPLITS)}
+  out["Table 2 summed change"] = dict(summed)
+  out["bpp"] = _bpp((*METHODS, *EXTRA))
+  return out
+
+
+def _bpp(methods) -> dict:
+  """The bits per parameter of each method's upload as the paper's tables count them."""
+  return {m: {"FedAvg": 32, "TernGrad": math.log2(3), "FedSparsify-GMP": 32}.get(m, 1)
+          for m in methods}
+
+
 PAPERS = {
     "table1_fmnist": PaperConfig(
         "table1_fmnist",
             "the FedMRN paper's Table 1 (FMNIST)", dataset="fashion_mnist", standin=None,
         clients=100, rounds=100, eval_every=10,
-        options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper={},
+        options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper=_table1({
+            'FedAvg': (92.0, 90.5, 88.8),
+            'FedPM': (81.7, 78.6, 74.6),
+            'FedSparsify': (85.6, 80.9, 78.8),
+            'SignSGD': (91.1, 88.4, 87.1),
+            'Top-k': (90.1, 88.6, 86.7),
+            'TernGrad': (91.4, 89.9, 87.9),
+            'DRIVE': (91.6, 89.9, 88.1),
+            'EDEN': (91.4, 89.8, 88.3),
+            'FedMRN': (91.8, 90.2, 88.6),
+            'FedMRNS': (92.0, 90.5, 88.9),
+        },  # Table 1: IID, Non-IID-1, Non-IID-2
+                     {'FedPM': -36.4, 'FedSparsify': -26.0, 'SignSGD': -4.7, 'Top-k': -5.9,
+                      'TernGrad': -2.3, 'DRIVE': -1.8, 'EDEN': -1.8, 'FedMRN': -0.7,
+                      'FedMRNS': 0.1}),  # Table 2: summed change vs FedAvg
         deviations=_DEV),
     "table1_svhn": PaperConfig(
         "table1_svhn", "the FedMRN paper's Table 1 (SVHN, tfds svhn_cropped)", dataset="svhn",
         standin=None, clients=100, rounds=100, eval_every=10,
-        options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper={},
+        options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper=_table1({
+            'FedAvg': (92.2, 90.3, 88.9),
+            'FedPM': (66.3, 52.4, 48.3),
+            'FedSparsify': (81.3, 77.2, 72.8),
+            'SignSGD': (90.8, 87.3, 86.5),
+            'Top-k': (90.0, 87.7, 86.4),
+            'TernGrad': (91.7, 89.6, 87.7),
+            'DRIVE': (91.6, 89.6, 87.8),
+            'EDEN': (91.7, 89.7, 87.8),
+            'FedMRN': (92.2, 90.0, 88.5),
+            'FedMRNS': (92.4, 90.5, 88.7),
+        },  # Table 1: IID, Non-IID-1, Non-IID-2
+                     {'FedPM': -104.4, 'FedSparsify': -40.1, 'SignSGD': -6.8, 'Top-k': -7.3,
+                      'TernGrad': -2.5, 'DRIVE': -2.4, 'EDEN': -2.3, 'FedMRN': -0.7,
+                      'FedMRNS': 0.2}),  # Table 2: summed change vs FedAvg
         deviations=_DEV),
     "table1_cifar10": PaperConfig(
         "table1_cifar10", "the FedMRN paper's Table 1 (CIFAR-10, 8-conv CNN)", dataset="cifar10",
         standin=None, clients=100, rounds=200, eval_every=20,
-        options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper={},
+        options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper=_table1({
+            'FedAvg': (88.2, 84.1, 80.8),
+            'FedPM': (50.2, 46.3, 44.3),
+            'FedSparsify': (72.0, 66.8, 62.5),
+            'SignSGD': (85.3, 75.1, 76.2),
+            'Top-k': (84.1, 77.9, 75.1),
+            'TernGrad': (86.9, 81.9, 79.2),
+            'DRIVE': (87.2, 82.4, 79.4),
+            'EDEN': (87.5, 82.6, 79.8),
+            'FedMRN': (88.3, 84.6, 81.4),
+            'FedMRNS': (88.0, 84.5, 81.0),
+        },  # Table 1: IID, Non-IID-1, Non-IID-2
+                     {'FedPM': -112.3, 'FedSparsify': -51.8, 'SignSGD': -16.5, 'Top-k': -16.0,
+                      'TernGrad': -5.2, 'DRIVE': -4.1, 'EDEN': -3.2, 'FedMRN': 1.2,
+                      'FedMRNS': 0.4}),  # Table 2: summed change vs FedAvg
         deviations=_DEV + "; 200 rounds (the paper: 100 or 200)"),
     "table1_cifar100": PaperConfig(
         "table1_cifar100", "the FedMRN paper's Table 1 (CIFAR-100, 8-conv CNN)", dataset="cifar100",
         standin=None, clients=100, rounds=200, eval_every=20,
-        options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper={},
+        options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper=_table1({
+            'FedAvg': (56.1, 54.8, 54.4),
+            'FedPM': (22.9, 16.6, 13.4),
+            'FedSparsify': (32.9, 29.8, 28.8),
+            'SignSGD': (48.0, 39.2, 44.0),
+            'Top-k': (50.2, 47.6, 43.0),
+            'TernGrad': (53.5, 52.1, 52.3),
+            'DRIVE': (53.5, 52.5, 52.8),
+            'EDEN': (53.9, 53.1, 52.9),
+            'FedMRN': (55.4, 54.1, 53.9),
+            'FedMRNS': (56.1, 54.7, 54.2),
+        },  # Table 1: IID, Non-IID-1, Non-IID-2
+                     {'FedPM': -112.4, 'FedSparsify': -73.8, 'SignSGD': -34.1, 'Top-k': -24.5,
+                      'TernGrad': -7.5, 'DRIVE': -6.6, 'EDEN': -5.5, 'FedMRN': -1.9,
+                      'FedMRNS': -0.3}),  # Table 2: summed change vs FedAvg
         deviations=_DEV + "; 200 rounds (the paper: 100 or 200)"),
     "table3_shakespeare": PaperConfig(
         "table3_shakespeare", "the FedMRN paper's appendix Table 3 (Shakespeare, LEAF's LSTM)",
         dataset="shakespeare", standin=None, clients=1108, rounds=100, eval_every=10,
         options={**_GRID, "study": "table3", "lstm_hidden": 256}, unit="test accuracy %",
-        paper={}, deviations="the appendix gives no protocol for Shakespeare beyond LEAF's "
+        paper={"natural": {'FedAvg': 51.2, 'SignSGD': 38.0, 'EDEN': 49.6, 'FedMRN': 51.1},
+               "bpp": _bpp(TABLE3)},
+        deviations="the appendix gives no protocol for Shakespeare beyond LEAF's "
         "code: Table 1's (100 rounds, 10 local epochs, lr grid, 5 seeds) is used; the 1,108 "
         "roles of the bundled plays (LEAF: 1,129)"),
     "table3_voc": PaperConfig(
         "table3_voc", "the FedMRN paper's appendix Table 3 (PascalVOC, BiSeNetV2)", dataset="voc",
         standin="voc_standin", clients=10, rounds=100, eval_every=10,
         options={**_GRID, "study": "table3", "seg_size": 512, "seg_width": 1.0},
-        unit="test mIoU %", paper={},
+        unit="test mIoU %",
+        paper={"natural": {'FedAvg': 53.8, 'SignSGD': 44.3, 'EDEN': 52.0, 'FedMRN': 54.2},
+               "bpp": _bpp(TABLE3)},
         deviations="the appendix follows FedSeg's protocol without restating it: 10 clients "
         "with IID shares of VOC train, Table 1's rounds, epochs, lr grid and seeds; images "
         "resized to 512x512 (FedSeg crops); no auxiliary (booster) heads")}
@@ -369,18 +410,19 @@ def _segmentation_data(cfg: Config, opts: dict):
                   y_test=yt)   # 22: the 21 classes and the void label (validation only)
 
 
+PAPER_OF = {"fashion_mnist": "table1_fmnist", STANDIN: "table1_fmnist", "svhn": "table1_svhn",
+            "cifar10": "table1_cifar10", "cifar100": "table1_cifar100",
+            "shakespeare": "table3_shakespeare", "voc": "table3_voc",
+            "voc_standin": "table3_voc"}
+"""The paper configuration whose numbers a run on each data set prints beside its own (the
+stand-ins: their real set's)."""
+
+
 def _paper(cfg: Config) -> dict:
-  """``{method: (value per split)}``: Table 1's column of the dataset run (Shakespeare and
-  PASCAL VOC: appendix Table 3)."""
-  if cfg.dataset in SEGMENTATION:
-    return PAPER_TABLE3_VOC
-  if cfg.dataset == "shakespeare":
-    return PAPER_TABLE3
-  return PAPER if cfg.dataset in ("fashion_mnist", STANDIN) else PAPER_OTHER[cfg.dataset]
-
-
-def _split_index(split: str) -> int:
-  return 0 if split == "natural" else list(SPLITS).index(split)
+  """The paper's numbers for the data set run: ``{split: {method: value}}`` of Table 1 (with
+  Table 2's summed changes and the paper's bits per parameter) or, for Shakespeare and PASCAL
+  VOC, appendix Table 3 (split ``natural``); ``{}`` for other data."""
+  return PAPERS[PAPER_OF[cfg.dataset]].paper if cfg.dataset in PAPER_OF else {}
 
 
 def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
@@ -394,8 +436,9 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
 def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   """The paper's number, the uplink's bits per parameter both ways, the final run's time."""
   up = tuned.records[0]["history"]["rounds"]["uplink_bits"]
-  return {"paper %": ctx.extra["paper"].get(m, (None,) * 3)[_split_index(ctx.setting)],
-          "bpp (paper's count)": PAPER_BPP.get(m, 1),
+  paper = ctx.extra["paper"]
+  return {"paper %": paper.get(ctx.setting, {}).get(m),
+          "bpp (paper's count)": paper.get("bpp", _bpp((m,))).get(m),
           "bpp sent": (up[-1] / len(up) / opts["cohort"] / ctx.extra["d"]) if up else None,
           "train s": tuned.records[0]["wall_time_s"]}
 
@@ -412,17 +455,19 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
     if len(ours) == len(base) and None not in ours + base and "FedAvg" in names:
       losses[m] = float(np.sum(np.subtract(ours, base)))
   summed = ", ".join(f"{m} {v:+.1f}" for m, v in losses.items())
-  if opts["study"] == "table1":
-    key = "fashion_mnist" if cfg.dataset == STANDIN else cfg.dataset
-    theirs = ", ".join(f"{m} {v:+.1f}" for m, v in PAPER_TABLE2[key].items())
+  paper = ctx.extra["paper"]
+  if opts["study"] == "table1" and cfg.dataset in PAPER_OF:
+    theirs = ", ".join(f"{m} {v:+.1f}" for m, v in paper["Table 2 summed change"].items())
+    note = (f"Table 2 (accuracy change vs FedAvg summed over the splits run): {summed} — "
+            f"{PAPERS[PAPER_OF[cfg.dataset]].source} (all three splits): {theirs}")
+  elif opts["study"] == "table1":
     note = (f"Table 2 (accuracy change vs FedAvg summed over the splits run): {summed} — the "
-            f"paper, {key} (all three splits): {theirs}")
-  elif opts["study"] == "table3" and cfg.dataset in SEGMENTATION:
-    note = (f"mIoU change vs FedAvg: {summed} — the paper (appendix Table 3, PascalVOC, "
-            "BiSeNetV2): SignSGD −9.5, EDEN −1.8, FedMRN +0.4")
-  elif opts["study"] == "table3":
-    note = (f"accuracy change vs FedAvg: {summed} — the paper (appendix Table 3, Shakespeare): "
-            "SignSGD −13.2, EDEN −1.6, FedMRN −0.1")
+            f"paper has no {cfg.dataset} column")
+  elif opts["study"] == "table3" and "natural" in paper:
+    row = paper["natural"]   # appendix Table 3's changes, from its printed values
+    theirs = ", ".join(f"{m} {v - row['FedAvg']:+.1f}" for m, v in row.items() if m != "FedAvg")
+    note = (f"{'mIoU' if cfg.dataset in SEGMENTATION else 'accuracy'} change vs FedAvg: "
+            f"{summed} — {PAPERS[PAPER_OF[cfg.dataset]].source}: {theirs}")
   else:
     note = (f"accuracy change vs FedAvg summed over the splits run: {summed}\nthe paper's "
             f"claims: {ABLATION_CLAIMS if opts['study'] == 'ablation' else NOISE_CLAIMS}")

@@ -13,7 +13,7 @@ from fedjaxsparse.harness.cli import experiments
 
 # Experiments whose paper numbers still sit in module-level dicts beside their PAPERS (each is
 # moved in its own change; the list only shrinks).
-NOT_YET_MOVED = {"ato_prune", "cohort_squeeze_logreg", "fedmrn_fmnist", "fedp3_fmnist", "symwanda_lm",
+NOT_YET_MOVED = {"ato_prune", "cohort_squeeze_logreg", "fedp3_fmnist", "symwanda_lm",
                  "fedp3_params", "scafflix_inexact", "scafflix_nn"}
 LOOSE = re.compile(r"^_?(PAPER|TABLE)\w*$|^ABLATIONS$")
 
@@ -113,3 +113,42 @@ def test_fedspa_prints_its_tables_configuration(monkeypatch):
           assert after == {k: f"{v}+moved" for k, v in before.items()}
         assert bool(got[1]) == (dataset != "emnist_l" and method != "Local")
         assert bool(got[2]) == (dataset == "cifar100" and method == "FedSpa (DST)")
+
+
+def test_fedmrn_prints_its_tables_configuration(monkeypatch):
+  """Tables 1-2 and appendix Table 3 of the FedMRN paper: each row's paper number and bits per
+  parameter, and Table 2's / Table 3's changes in the note, come from the configuration of the
+  data set run (the stand-ins: their real set's)."""
+  F = experiments()["fedmrn_fmnist"]
+  tuned = types.SimpleNamespace(records=[{"history": {"rounds": {"uplink_bits": [8.0]}},
+                                          "wall_time_s": 1.0}])
+  opts = {"cohort": 1}
+  for dataset, name in F.PAPER_OF.items():
+    pc = F.PAPERS[name]
+    cfg = types.SimpleNamespace(dataset=dataset)
+    splits = ["natural"] if name.startswith("table3") else list(F.SPLITS)
+    methods = F.TABLE3 if name.startswith("table3") else F.METHODS
+    moved = dataclasses.replace(pc, paper={c: {m: v + 1000 for m, v in row.items()}
+                                           for c, row in pc.paper.items()})
+    for split in splits:
+      for m in methods:
+        def printed():
+          ctx = types.SimpleNamespace(setting=split, extra={"paper": F._paper(cfg), "d": 1})
+          return F.columns(m, tuned, ctx, cfg, opts)
+        got = printed()
+        assert got["paper %"] == pc.paper[split][m] is not None
+        assert got["bpp (paper's count)"] == pc.paper["bpp"][m]
+        with monkeypatch.context() as mp:
+          mp.setattr(F, "PAPERS", {**F.PAPERS, name: moved})
+          again = printed()
+        assert again["paper %"] == got["paper %"] + 1000
+  # the notes' paper changes are computed from the configuration, never typed
+  rows = [{"method": m, "ours %": 50.0, "split": "natural"} for m in F.TABLE3]
+  ctx = types.SimpleNamespace(extra={"paper": F.PAPERS["table3_voc"].paper})
+  res = F.report({"table": types.SimpleNamespace(rows=rows)}, ctx,
+                 types.SimpleNamespace(dataset="voc"), {"study": "table3"})
+  assert "SignSGD -9.5, EDEN -1.8, FedMRN +0.4" in res["table"].note
+  ctx = types.SimpleNamespace(extra={"paper": F.PAPERS["table1_cifar10"].paper})
+  res = F.report({"table": types.SimpleNamespace(rows=rows)}, ctx,
+                 types.SimpleNamespace(dataset="cifar10"), {"study": "table1"})
+  assert "FedPM -112.3" in res["table"].note and "FedMRN +1.2" in res["table"].note
