@@ -48,6 +48,7 @@ uploaded per round relative to FedAvg's), plus the deployed model size.
 """
 from __future__ import annotations
 
+import dataclasses
 import jax
 import numpy as np
 import optax
@@ -111,22 +112,6 @@ RESNET_BLOCKS = {  # Table 4.1's block names -> the main-path layers they drop (
     "B2": ("stage2_block1", "stage2_block2"), "B3": ("stage3_block1", "stage3_block2"),
     "B2.1": ("stage2_block1",), "B2.2": ("stage2_block2",), "B3.1": ("stage3_block1",),
     "B3.2": ("stage3_block2",)}
-PAPER = {  # Table 4.2 (S1 / S2, %; "lost" cells of the OCR are None)
-    "rules": {
-        "fashion_mnist": {"Fixed": (81.75, 84.27), "Uniform (p=0.9)": (78.81, 77.24),
-                          "Ordered Dropout (p=0.9)": (75.45, 73.27),
-                          "Uniform (p=0.7)": (72.66, 70.37),
-                          "Ordered Dropout (p=0.7)": (70.21, 67.58)},
-        "cifar100": {"Fixed": (65.41, 57.38), "Uniform (p=0.9)": (64.33, 58.20),
-                     "Ordered Dropout (p=0.9)": (61.11, 53.28),
-                     "Uniform (p=0.7)": (60.35, 54.88),
-                     "Ordered Dropout (p=0.7)": (59.72, 50.03)},
-        "cifar10": {"Fixed": (67.65, 61.17)}, "emnist_l10": {"Fixed": (88.75, 86.33)}},
-    "resnet": {  # Table 4.1, S1 only
-        "cifar10": {"Full": (73.25, None), "-B2-B3 (full)": (65.68, None),
-                    "-B2 (part)": (72.09, None), "-B3 (part)": (73.47, None)},
-        "cifar100": {"Full": (63.33, None), "-B2-B3 (full)": (58.26, None),
-                     "-B2 (part)": (61.11, None), "-B3 (part)": (62.39, None)}}}
 CLAIMS = {
     "policies": "OPU3 comparable to FedAvg with 80 % of the layers sent (l. 1268); S1 vs S2 "
                 "gap 3.55 % averaged over LowerB/OPU2/OPU3 (l. 1285)",
@@ -172,19 +157,65 @@ OPTIONS = (
     Option("finetune_epochs", 2, "epochs of FedCR's final head fine-tuning (its code: 10)",
            low=1),
 )
-_FEDCR_PAPER = {"betas": [1e-4, 5e-4, 1e-3, 5e-3, 1e-2], "fedcr_dim": 256, "fedcr_epochs": 2,
+_FEDCR_PROTOCOL = {"betas": [1e-4, 5e-4, 1e-3, 5e-3, 1e-2], "fedcr_dim": 256, "fedcr_epochs": 2,
                 "fedcr_samples": 15, "finetune_epochs": 10}
-_PAPER_OPTS = {"channels": 64, "lrs": [3.125e-2, 6.25e-3, 1.25e-3], "seeds": 3}
+_PROTOCOL = {"channels": 64, "lrs": [3.125e-2, 6.25e-3, 1.25e-3], "seeds": 3}
 PAPERS = {
     f"{study}_{ds}": PaperConfig(
         f"{study}_{ds}",
             f"K. Yi's dissertation (FedP3) ch. 4, {study} ({ds})", dataset=ds, standin=None,
         clients=100, rounds=500, eval_every=25,
-        options={**_PAPER_OPTS, "study": study,
+        options={**_PROTOCOL, "study": study,
                  "hidden": "1024,1024,1024" if ds == "emnist_l10" else "1024,1024",
-                 **(_FEDCR_PAPER if study == "fedcr" else {})},
+                 **(_FEDCR_PROTOCOL if study == "fedcr" else {})},
         unit="accuracy %", paper={}, deviations="lr tuned on validation; full participation")
     for study in STUDIES for ds in ("fashion_mnist", "emnist_l10", "cifar10", "cifar100")}
+
+
+def _printed(name: str, cells: dict) -> None:
+  """Put a table's printed numbers into configuration ``name``: ``{method: (S1, S2)}`` becomes
+  ``paper = {"S1": {method: value}, "S2": {...}}`` (a ``None`` cell, lost in the source's
+  text or not printed, is left out)."""
+  PAPERS[name] = dataclasses.replace(PAPERS[name], paper={
+      split: {m: v[i] for m, v in cells.items() if v[i] is not None}
+      for i, split in enumerate(("S1", "S2"))})
+
+
+# Table 4.2 (S1 / S2, %)
+_printed("rules_fashion_mnist", {
+    'Fixed': (81.75, 84.27),
+    'Uniform (p=0.9)': (78.81, 77.24),
+    'Ordered Dropout (p=0.9)': (75.45, 73.27),
+    'Uniform (p=0.7)': (72.66, 70.37),
+    'Ordered Dropout (p=0.7)': (70.21, 67.58)})
+_printed("rules_cifar100", {
+    'Fixed': (65.41, 57.38),
+    'Uniform (p=0.9)': (64.33, 58.2),
+    'Ordered Dropout (p=0.9)': (61.11, 53.28),
+    'Uniform (p=0.7)': (60.35, 54.88),
+    'Ordered Dropout (p=0.7)': (59.72, 50.03)})
+_printed("rules_cifar10", {
+    'Fixed': (67.65, 61.17)})
+_printed("rules_emnist_l10", {
+    'Fixed': (88.75, 86.33)})
+# Table 4.1 (S1 only)
+_printed("resnet_cifar10", {
+    'Full': (73.25, None),
+    '-B2-B3 (full)': (65.68, None),
+    '-B2 (part)': (72.09, None),
+    '-B3 (part)': (73.47, None)})
+_printed("resnet_cifar100", {
+    'Full': (63.33, None),
+    '-B2-B3 (full)': (58.26, None),
+    '-B2 (part)': (61.11, None),
+    '-B3 (part)': (62.39, None)})
+
+
+def _paper(study: str, dataset: str) -> dict:
+  """The paper's numbers of ``study`` on ``dataset`` (``{split: {method: value}}``; ``{}``
+  where the chapter prints none)."""
+  pc = PAPERS.get(f"{study}_{dataset}")
+  return pc.paper if pc is not None else {}
 
 
 def _model(kind: str, shape, classes: int, opts: dict):
@@ -303,7 +334,7 @@ def setup(cfg: Config, opts: dict):
         f"{len(names)} layers ({int(sizes.sum())} parameters)")
   extra = {"model": model, "depth": depth, "sizes": sizes,
            "loss": None if opts["study"] == "fedcr" else make_loss(model),
-           "names": names, "paper": PAPER.get(opts["study"], {}).get(cfg.dataset, {})}
+           "names": names, "paper": _paper(opts["study"], cfg.dataset)}
   for split in splits:
     parts = _partition(split, y, cfg)
     ds = federate(x, y, parts, num_classes=classes, name=f"{cfg.dataset}/{split}",
@@ -357,7 +388,7 @@ def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   sizes = x["sizes"]
   deployed = np.mean([F.deployed_size(sizes, t, k[~t].mean() if (~t).any() else 1.0)
                       for t, k in zip(train, keep)])
-  return {"paper %": x["paper"].get(m, (None, None))[("S1", "S2").index(ctx.setting)],
+  return {"paper %": x["paper"].get(ctx.setting, {}).get(m),
           "layers sent (paper's count)": float(train.mean()),
           "floats sent / FedAvg's": float((train @ sizes).mean() / sizes.sum()),
           "deployed / full": float(deployed / sizes.sum()),
