@@ -73,6 +73,7 @@ only, the ``checkpoint_every`` option): ``--resume`` continues every run from it
 """
 from __future__ import annotations
 
+import collections
 import math
 import os
 
@@ -99,25 +100,25 @@ NAME = "ato_prune"
 DESCRIPTION = ("ATO (Wu et al., CVPR 2024): ATO and ATO-HSP vs Dense, Uniform and OTO (HSPG); "
                "ResNet-20 on Fashion-MNIST, CIFAR with tfds data")
 DEFAULTS = dict(rounds=None, eval_every=None, clients=1, dataset="fashion_mnist")
-CPU_EPOCHS, PAPER_EPOCHS = 6, 300
+CPU_EPOCHS, PROTOCOL_EPOCHS = 6, 300
 # --quick: the table's shape in well under two minutes on 2 CPU cores (QUICK_RUNTIME)
 QUICK = dict(dataset="fashion_mnist_standin", rounds=4, options=dict(
     arch="mlp", train_size=512, val_size=500, targets=[0.5], batch=64, curve_size=200,
     check_size=500, ctrl_lr=1e-2))
 QUICK_RUNTIME = "measured 26 s on 2 CPU cores (a fresh process, XLA's default flags)"
 BUDGET = (f"training epochs of every method (default: {CPU_EPOCHS} on Fashion-MNIST, "
-          f"{PAPER_EPOCHS} on CIFAR as in the paper)")
+          f"{PROTOCOL_EPOCHS} on CIFAR as in the paper)")
 RUNTIME = ("11-18 minutes (8 trainings of ResNet-20 on 5,000 images; measured 10 min 54 s and "
            "18 min 8 s in two sessions)")
 DATASETS = ("fashion_mnist", "fashion_mnist_standin", "cifar10", "cifar100", "imagenet")
 ARCHS = ("cifar_resnet", "resnet18", "resnet34", "resnet50", "mobilenet_v2", "mlp")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 METHODS = ("Dense", "ATO", "ATO-HSP", "Uniform", "OTO", "OTOv2")
-OTO_LAM_REF, REF_STEPS = 1e-3, PAPER_EPOCHS * (45000 // 128)
-PAPER_CTRL_STEPS = (150 - 30 + 1) * (45000 // 20 // 128)   # controller steps at CIFAR scale
+OTO_LAM_REF, REF_STEPS = 1e-3, PROTOCOL_EPOCHS * (45000 // 128)
+PROTOCOL_CTRL_STEPS = (150 - 30 + 1) * (45000 // 20 // 128)   # controller steps at CIFAR scale
 CPU = dict(train_size=5000, batch=128, ctrl_fraction=0.5, ctrl_batch=32, ctrl_lr=3e-4,
            augment=False, checkpoint_every=0)
-PAPER_SETTING = dict(train_size=None, batch=128, ctrl_fraction=0.05, ctrl_batch=None,
+PROTOCOL_SETTING = dict(train_size=None, batch=128, ctrl_fraction=0.05, ctrl_batch=None,
                      ctrl_lr=1e-3, augment=True, checkpoint_every=1)
 OPTIONS = (
     Option("methods", ",".join(METHODS), "comma list of " + ", ".join(METHODS), kind="str",
@@ -192,70 +193,47 @@ OPTIONS = (
            "call; auto: host on CPU", choices=("auto", *LOOPS), identity=False),
 )
 
-# Table 4 (seed 004 l. 1032-1055) as printed: (method, base, pruned, Δ, pruned FLOPs %, note).
-PAPER_T4 = {
-    ("cifar10", "ResNet-18"): [
-        ("OTOv2", 93.02, 92.86, -0.16, 79.7, ""), ("ATO", 94.41, 94.51, 0.10, 79.8, "")],
-    ("cifar10", "ResNet-56"): [
-        ("DCP-Adapt", 93.80, 93.81, 0.01, 47.0, ""), ("SCP", 93.69, 93.23, -0.46, 51.5, ""),
-        ("FPGM", 93.59, 92.93, -0.66, 52.6, ""), ("SFP", 93.59, 92.26, -1.33, 52.6, ""),
-        ("FPC", 93.59, 93.24, -0.25, 52.9, "Δ sic"), ("HRank", 93.26, 92.17, -0.09, 50.0,
-                                                    "Δ sic"),
-        ("DMC", 93.62, 92.69, 0.07, 50.0, "pruned sic"), ("GNN-RL", 93.49, 93.59, 0.10, 54.0, ""),
-        ("ATO", 93.50, 93.74, 0.24, 55.0, "p = 0.45"),
-        ("ATO", 93.50, 93.48, -0.02, 65.3, "p = 0.35")],
-    ("cifar10", "MobileNetV2"): [
-        ("Uniform", 94.47, 94.17, -0.30, 26.0, ""), ("DCP", 94.47, 94.69, 0.22, 26.0, ""),
-        ("DMC", 94.23, 94.49, 0.26, 40.0, ""), ("SCOP", 94.48, 94.24, -0.24, 40.3, ""),
-        ("ATO", 94.45, 94.78, 0.33, 45.8, "p = 0.49")],
-    ("cifar100", "ResNet-18"): [
-        ("OTOv2", None, 74.96, None, 39.8, ""),
-        ("ATO", 77.95, 76.79, -0.07, 40.1, "p = 0.5952; Δ sic, really −1.16")],
-    ("cifar100", "ResNet-34"): [
-        ("OTOv2", None, 76.31, None, 49.5, ""),
-        ("ATO", 78.43, 78.54, 0.11, 49.5, "p = 0.5020")],
-    # Table 5 (seed 004 l. 1311-1340), top-1 (top-5 in the note)
-    ("imagenet", "ResNet-34"): [
-        ("FPGM", 73.92, 72.63, -1.29, 41.1, "top-5 91.62 → 91.08"),
-        ("Taylor", 73.31, 72.83, -0.48, 24.2, ""),
-        ("DMC", 73.30, 72.57, -0.73, 43.4, "top-5 91.42 → 91.11"),
-        ("SCOP", 73.31, 72.62, -0.69, 44.8, "top-5 91.42 → 90.98"),
-        ("ATO", 73.31, 72.92, -0.39, 44.1, "p = 0.54; top-5 91.42 → 91.15")],
-    ("imagenet", "ResNet-50"): [
-        ("DCP", 76.01, 74.95, -1.06, 55.6, "top-5 92.93 → 92.32"),
-        ("CCP", 76.15, 75.21, -0.94, 54.1, "top-5 92.87 → 92.42"),
-        ("FPGM", 76.15, 74.83, -1.32, 53.5, "top-5 92.87 → 92.32"),
-        ("ABCP", 76.01, 73.86, -2.15, 54.3, "top-5 92.96 → 91.69"),
-        ("DMC", 76.15, 75.35, -0.80, 55.0, "top-5 92.87 → 92.49"),
-        ("Random-Pruning", 76.15, 75.13, -1.02, 51.0, "top-5 92.87 → 92.52"),
-        ("DepGraph", 76.15, 75.83, -0.32, 51.7, ""), ("DTP", 76.13, 75.55, -0.58, 56.7, ""),
-        ("ATO", 76.13, 76.59, 0.46, 55.2, "p = 0.37; top-5 92.86 → 93.24"),
-        ("DTP", 76.13, 75.24, -0.89, 60.9, ""),
-        ("OTOv2", 76.13, 75.20, -0.93, 62.6, "top-5 92.86 → 92.22 (Δ −0.66 sic)"),
-        ("ATO", 76.13, 76.07, -0.06, 61.7, "p = 0.296; top-5 92.86 → 92.92"),
-        ("DTP", 76.13, 74.26, -1.87, 67.3, ""),
-        ("OTOv1", 76.13, 74.70, -1.43, 64.5, "top-5 92.86 → 92.10"),
-        ("OTOv2", 76.13, 74.30, -1.83, 71.5, "top-5 92.86 → 92.10"),
-        ("ATO", 76.13, 74.77, -1.36, 71.0, "p = 0.193; top-5 92.86 → 92.25")],
-    ("imagenet", "MobileNetV2"): [
-        ("Uniform", 71.80, 69.80, -2.00, 30.0, "top-5 91.00 → 89.60"),
-        ("AMC", 71.80, 70.80, -1.00, 30.0, ""), ("CC", 71.88, 70.91, -0.97, 28.3, ""),
-        ("MetaPruning", 72.00, 71.20, -0.80, 30.7, ""),
-        ("Random-Pruning", 71.88, 70.87, -1.01, 29.1, ""),
-        ("ATO", 71.88, 72.02, 0.14, 30.1, "p = 0.6578; top-5 90.29 → 90.19")],
-}
-# Table 6's p of each ATO row above: (dataset, arch) -> {p: index into PAPER_T4 rows}.
-PAPER_ATO = {("cifar10", "ResNet-18"): {0.1908: 1}, ("cifar10", "ResNet-56"): {0.45: 8, 0.35: 9},
-             ("cifar10", "MobileNetV2"): {0.49: 4}, ("cifar100", "ResNet-18"): {0.5952: 1},
-             ("cifar100", "ResNet-34"): {0.5020: 1}, ("imagenet", "ResNet-34"): {0.54: 4},
-             ("imagenet", "ResNet-50"): {0.37: 8, 0.296: 11, 0.193: 15},
-             ("imagenet", "MobileNetV2"): {0.6578: 5}}
+COLUMNS = ("base top-1 %", "pruned top-1 %", "Δ", "pruned FLOPs %", "note")
+"""The columns of the paper's Tables 4 and 5 (top-1 %; the note: the row's p, its top-5, the
+table's misprints marked "sic")."""
+
+
+def _rows(rows: list, ato: dict) -> dict:
+  """A table's rows ``(method, base, pruned, Δ, pruned FLOPs %, note)`` as printed, as
+  ``PaperConfig.paper`` ``{column: {row: value}}``: an ATO row is named by the target p it ran
+  (``ato``: ``{p: row index}``; "ATO (p = 0.45)"), a method printed twice by its pruned FLOPs
+  ("DTP (60.9 % pruned)"); empty cells are left out."""
+  count = collections.Counter(r[0] for r in rows)
+  p_of = {i: p for p, i in ato.items()}
+  paper = {c: {} for c in COLUMNS}
+  for i, (method, *cells) in enumerate(rows):
+    label = (f"ATO (p = {p_of[i]:g})" if i in p_of else
+             f"{method} ({cells[3]:g} % pruned)" if count[method] > 1 else method)
+    for c, v in zip(COLUMNS, cells):
+      if v is not None and v != "":
+        paper[c][label] = v
+  return paper
+
+
+def table_rows(paper: dict) -> list[tuple]:
+  """The rows of a configuration's ``paper`` back in the table's order: ``(row, base, pruned,
+  Δ, pruned FLOPs %, note)`` (``None``/``""`` for empty cells)."""
+  return [(label, *(paper[c].get(label, "" if c == "note" else None) for c in COLUMNS[:4]),
+           paper["note"].get(label, "")) for label in paper["pruned top-1 %"]]
+
+
+def ato_rows(paper: dict) -> dict:
+  """``{p: row}`` of the table's ATO rows."""
+  return {float(r[len("ATO (p = "):-1]): r for r in paper["pruned top-1 %"]
+          if r.startswith("ATO (p = ")}
+
+
 _DEV = ("not in the seed, chosen here: batch 128, cosine step size, crop + flip, HSP ε = 0, "
         "OTO's λ; current-batch BatchNorm; DMC-style FLOPs count (the paper's differs)")
 
 
-def _paper(name: str, source: str, dataset: str, options: dict,
-           epochs: int = PAPER_EPOCHS) -> PaperConfig:
+def _paper(name: str, source: str, dataset: str, options: dict, paper: dict,
+           epochs: int = PROTOCOL_EPOCHS) -> PaperConfig:
   imagenet = dataset == "imagenet"
   deviations = _DEV if not imagenet else (
       _DEV + f"; ImageNet: {epochs} epochs (the paper's recipe), top-1 only (its top-5 in the "
@@ -263,36 +241,109 @@ def _paper(name: str, source: str, dataset: str, options: dict,
   reduced = ("ImageNet's training set is held in memory, per_class images a class (50 unless "
              "--set per_class=; the paper trains on all 1.28 M images)") if imagenet else ""
   return PaperConfig(name, source, dataset=dataset, standin=None, clients=1,
-                     rounds=epochs, eval_every=1, options=options, paper={},
+                     rounds=epochs, eval_every=1, options=options, paper=paper,
                      unit="top-1 %", deviations=deviations, reduced=reduced)
 
 
-PAPERS = {pc.name: pc for pc in (
+PAPERS = {pc.name: pc for pc in (  # Tables 4 and 5 as printed (top-5 in the notes)
     _paper("table4_resnet56",
            "X. Wu's dissertation (ATO), Table 4 (CIFAR-10, ResNet-56)", "cifar10",
-           dict(arch="cifar_resnet", depth=56, targets=[0.45, 0.35])),
+           dict(arch="cifar_resnet", depth=56, targets=[0.45, 0.35]),
+           _rows([
+               ('DCP-Adapt', 93.8, 93.81, 0.01, 47.0, ''),
+               ('SCP', 93.69, 93.23, -0.46, 51.5, ''),
+               ('FPGM', 93.59, 92.93, -0.66, 52.6, ''),
+               ('SFP', 93.59, 92.26, -1.33, 52.6, ''),
+               ('FPC', 93.59, 93.24, -0.25, 52.9, 'Δ sic'),
+               ('HRank', 93.26, 92.17, -0.09, 50.0, 'Δ sic'),
+               ('DMC', 93.62, 92.69, 0.07, 50.0, 'pruned sic'),
+               ('GNN-RL', 93.49, 93.59, 0.1, 54.0, ''),
+               ('ATO', 93.5, 93.74, 0.24, 55.0, 'p = 0.45'),
+               ('ATO', 93.5, 93.48, -0.02, 65.3, 'p = 0.35'),
+           ], {0.45: 8, 0.35: 9})),
     _paper("table4_resnet18",
            "X. Wu's dissertation (ATO), Table 4 (CIFAR-10, ResNet-18)", "cifar10",
-           dict(arch="resnet18", targets=[0.1908])),
+           dict(arch="resnet18", targets=[0.1908]),
+           _rows([
+               ('OTOv2', 93.02, 92.86, -0.16, 79.7, ''),
+               ('ATO', 94.41, 94.51, 0.1, 79.8, ''),
+           ], {0.1908: 1})),
     _paper("table4_mobilenetv2",
            "X. Wu's dissertation (ATO), Table 4 (CIFAR-10, MobileNetV2)", "cifar10",
-           dict(arch="mobilenet_v2", targets=[0.49])),
+           dict(arch="mobilenet_v2", targets=[0.49]),
+           _rows([
+               ('Uniform', 94.47, 94.17, -0.3, 26.0, ''),
+               ('DCP', 94.47, 94.69, 0.22, 26.0, ''),
+               ('DMC', 94.23, 94.49, 0.26, 40.0, ''),
+               ('SCOP', 94.48, 94.24, -0.24, 40.3, ''),
+               ('ATO', 94.45, 94.78, 0.33, 45.8, 'p = 0.49'),
+           ], {0.49: 4})),
     _paper("table4_c100_resnet18",
            "X. Wu's dissertation (ATO), Table 4 (CIFAR-100, ResNet-18)", "cifar100",
-           dict(arch="resnet18", targets=[0.5952])),
+           dict(arch="resnet18", targets=[0.5952]),
+           _rows([
+               ('OTOv2', None, 74.96, None, 39.8, ''),
+               ('ATO', 77.95, 76.79, -0.07, 40.1, 'p = 0.5952; Δ sic, really −1.16'),
+           ], {0.5952: 1})),
     _paper("table4_c100_resnet34",
            "X. Wu's dissertation (ATO), Table 4 (CIFAR-100, ResNet-34)", "cifar100",
-           dict(arch="resnet34", targets=[0.5020])),
+           dict(arch="resnet34", targets=[0.5020]),
+           _rows([
+               ('OTOv2', None, 76.31, None, 49.5, ''),
+               ('ATO', 78.43, 78.54, 0.11, 49.5, 'p = 0.5020'),
+           ], {0.502: 1})),
     _paper("table5_resnet50",
            "X. Wu's dissertation (ATO), Table 5 (ImageNet, ResNet-50)", "imagenet",
-           dict(arch="resnet50", targets=[0.37, 0.296, 0.193]), epochs=240),
+           dict(arch="resnet50", targets=[0.37, 0.296, 0.193]),
+           _rows([
+               ('DCP', 76.01, 74.95, -1.06, 55.6, 'top-5 92.93 → 92.32'),
+               ('CCP', 76.15, 75.21, -0.94, 54.1, 'top-5 92.87 → 92.42'),
+               ('FPGM', 76.15, 74.83, -1.32, 53.5, 'top-5 92.87 → 92.32'),
+               ('ABCP', 76.01, 73.86, -2.15, 54.3, 'top-5 92.96 → 91.69'),
+               ('DMC', 76.15, 75.35, -0.8, 55.0, 'top-5 92.87 → 92.49'),
+               ('Random-Pruning', 76.15, 75.13, -1.02, 51.0, 'top-5 92.87 → 92.52'),
+               ('DepGraph', 76.15, 75.83, -0.32, 51.7, ''),
+               ('DTP', 76.13, 75.55, -0.58, 56.7, ''),
+               ('ATO', 76.13, 76.59, 0.46, 55.2, 'p = 0.37; top-5 92.86 → 93.24'),
+               ('DTP', 76.13, 75.24, -0.89, 60.9, ''),
+               ('OTOv2', 76.13, 75.2, -0.93, 62.6, 'top-5 92.86 → 92.22 (Δ −0.66 sic)'),
+               ('ATO', 76.13, 76.07, -0.06, 61.7, 'p = 0.296; top-5 92.86 → 92.92'),
+               ('DTP', 76.13, 74.26, -1.87, 67.3, ''),
+               ('OTOv1', 76.13, 74.7, -1.43, 64.5, 'top-5 92.86 → 92.10'),
+               ('OTOv2', 76.13, 74.3, -1.83, 71.5, 'top-5 92.86 → 92.10'),
+               ('ATO', 76.13, 74.77, -1.36, 71.0, 'p = 0.193; top-5 92.86 → 92.25'),
+           ], {0.37: 8, 0.296: 11, 0.193: 15}), epochs=240),
     _paper("table5_resnet34",
            "X. Wu's dissertation (ATO), Table 5 (ImageNet, ResNet-34)", "imagenet",
-           dict(arch="resnet34", targets=[0.54]), epochs=240),
+           dict(arch="resnet34", targets=[0.54]),
+           _rows([
+               ('FPGM', 73.92, 72.63, -1.29, 41.1, 'top-5 91.62 → 91.08'),
+               ('Taylor', 73.31, 72.83, -0.48, 24.2, ''),
+               ('DMC', 73.3, 72.57, -0.73, 43.4, 'top-5 91.42 → 91.11'),
+               ('SCOP', 73.31, 72.62, -0.69, 44.8, 'top-5 91.42 → 90.98'),
+               ('ATO', 73.31, 72.92, -0.39, 44.1, 'p = 0.54; top-5 91.42 → 91.15'),
+           ], {0.54: 4}), epochs=240),
     _paper("table5_mobilenetv2",
            "X. Wu's dissertation (ATO), Table 5 (ImageNet, MobileNetV2)", "imagenet",
            dict(arch="mobilenet_v2", targets=[0.6578], lr=0.05, weight_decay=4e-5),
+           _rows([
+               ('Uniform', 71.8, 69.8, -2.0, 30.0, 'top-5 91.00 → 89.60'),
+               ('AMC', 71.8, 70.8, -1.0, 30.0, ''),
+               ('CC', 71.88, 70.91, -0.97, 28.3, ''),
+               ('MetaPruning', 72.0, 71.2, -0.8, 30.7, ''),
+               ('Random-Pruning', 71.88, 70.87, -1.01, 29.1, ''),
+               ('ATO', 71.88, 72.02, 0.14, 30.1, 'p = 0.6578; top-5 90.29 → 90.19'),
+           ], {0.6578: 5}),
            epochs=300))}
+PAPER_OF = {("cifar10", "ResNet-56"): "table4_resnet56",
+            ("cifar10", "ResNet-18"): "table4_resnet18",
+            ("cifar10", "MobileNetV2"): "table4_mobilenetv2",
+            ("cifar100", "ResNet-18"): "table4_c100_resnet18",
+            ("cifar100", "ResNet-34"): "table4_c100_resnet34",
+            ("imagenet", "ResNet-50"): "table5_resnet50",
+            ("imagenet", "ResNet-34"): "table5_resnet34",
+            ("imagenet", "MobileNetV2"): "table5_mobilenetv2"}
+"""The configuration whose table a run of ``(dataset, network)`` prints beside its own."""
 
 
 # ---------------------------------------------------------------------------------- data
@@ -368,11 +419,11 @@ def _builder(opts: dict, shape, classes: int):
 
 def _settings(cfg: Config, opts: dict) -> dict:
   """The options left ``None`` filled for the data set (CPU or the paper's setting)."""
-  base = CPU if cfg.dataset.startswith("fashion_mnist") else PAPER_SETTING
+  base = CPU if cfg.dataset.startswith("fashion_mnist") else PROTOCOL_SETTING
   s = {k: (base[k] if opts.get(k) is None else opts[k]) for k in base}
   s["ctrl_batch"] = s["ctrl_batch"] or s["batch"]
   s["epochs"] = cfg.rounds or (CPU_EPOCHS if cfg.dataset.startswith("fashion_mnist") else
-                                   PAPER_EPOCHS)
+                                   PROTOCOL_EPOCHS)
   return s
 
 
@@ -481,7 +532,7 @@ def _run(cfg: Config, opts: dict) -> dict:
   loop = opts["loop"] if opts["loop"] != "auto" else (
       "host" if jax.default_backend() == "cpu" else "scan")
   arch = _arch_label(opts)
-  comparable = (cfg.dataset, arch) in PAPER_T4
+  comparable = (cfg.dataset, arch) in PAPER_OF
   print(f"{NAME}: {arch} on {cfg.dataset} ({len(x)} train / {len(data['xv'])} validation / "
         f"{len(data['xt'])} test, {data['shape']}), {E} epochs × {len(x) // s['batch']} steps "
         f"of {s['batch']}, SGD lr {opts['lr']:g} (cosine) momentum {opts['momentum']:g} wd "
@@ -495,8 +546,8 @@ def _run(cfg: Config, opts: dict) -> dict:
     ours = (T_end - T_start + 1) * (n_ctrl // min(s["ctrl_batch"], n_ctrl))
     print(f"NOTE: controller D_CN = {s['ctrl_fraction']:g} of the training set in batches of "
           f"{s['ctrl_batch']}, Adam {s['ctrl_lr']:g} — NOT the paper's 5 % / 1e-3: this run "
-          f"takes {ours} controller steps, {PAPER_CTRL_STEPS / max(ours, 1):.0f}× fewer than "
-          f"the paper's scale ({PAPER_CTRL_STEPS}: epochs 30..150 × ⌊5 % of 45,000 / 128⌋).")
+          f"takes {ours} controller steps, {PROTOCOL_CTRL_STEPS / max(ours, 1):.0f}× fewer than "
+          f"the paper's scale ({PROTOCOL_CTRL_STEPS}: epochs 30..150 × ⌊5 % of 45,000 / 128⌋).")
 
   base = A.ATOConfig(lam=opts["lam"], gamma=opts["gamma"], T_w=T_w, T_start=T_start,
                      T_end=T_end, hsp_eps=opts["hsp_eps"],
@@ -624,8 +675,8 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
            "OTO": "OTO (HSPG)", "OTOv2": "OTOv2 (DHSPG)"}
   dense_test = (np.mean([r["test"] for r in records[("Dense", None)]]) * 100
                 if ("Dense", None) in records else None)
-  paper_rows = PAPER_T4.get((cfg.dataset, arch), [])
-  paper_ato = PAPER_ATO.get((cfg.dataset, arch), {})
+  paper = PAPERS[PAPER_OF.get((cfg.dataset, arch), "table4_resnet56")].paper
+  paper_ato = ato_rows(paper) if comparable else {}
   rows = []
   for (m, p), recs in records.items():
     test = 100 * np.mean([r["test"] for r in recs])
@@ -643,11 +694,13 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
     if comparable:
       j = next((paper_ato[q] for q in paper_ato if p is not None and abs(q - p) < 1e-6), None)
       if m == "ATO" and j is not None:
-        row["paper top-1 %"], row["paper pruned FLOPs %"] = paper_rows[j][2], paper_rows[j][4]
+        row["paper top-1 %"] = paper["pruned top-1 %"][j]
+        row["paper pruned FLOPs %"] = paper["pruned FLOPs %"][j]
       elif m == "Dense" and paper_ato:
-        row["paper top-1 %"] = paper_rows[next(iter(paper_ato.values()))][1]
+        row["paper top-1 %"] = paper["base top-1 %"][next(iter(paper_ato.values()))]
     rows.append(row)
-  cols = ["method", "p", "kept FLOPs", "val top-1 %", "test top-1 %", "s.e.", "Δ test", "pruned FLOPs %",
+  cols = ["method", "p", "kept FLOPs", "val top-1 %", "test top-1 %", "s.e.", "Δ test",
+          "pruned FLOPs %",
           "params (K)", "max |Δlogit|", "train s"]
   if comparable:
     cols += ["paper top-1 %", "paper pruned FLOPs %"]
@@ -686,7 +739,7 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
          if comparable else "paper Table 4 (CIFAR-10 ResNet-56, not comparable)")
   prows = [{"method": mth, "base top-1 %": b, "pruned top-1 %": pr, "Δ": d,
             "pruned FLOPs %": fl, "note": note}
-           for mth, b, pr, d, fl, note in (paper_rows or PAPER_T4[("cifar10", "ResNet-56")])]
+           for mth, b, pr, d, fl, note in table_rows(paper)]
   return {"experiment": NAME, "arch": arch, "dataset": cfg.dataset,
           "table": Table(rows, cols, title=title, note="\n".join(notes) or None),
           "paper_label": src, "paper_table": Table(prows, title=f"\n{src}:"),

@@ -85,10 +85,14 @@ def test_imagenet_data_and_table5(tmp_path):
   assert d["classes"] == 2 and d["shape"] == (8, 8, 3)
   assert len(d["y"]) + len(d["yv"]) == 4 and len(d["yt"]) == 2 and sorted(d["yt"]) == [0, 1]
   assert abs(float(np.mean(d["xt"]))) < 3 and float(np.min(d["xt"])) < 0  # standardised
-  for (ds, arch), rows in A.PAPER_ATO.items():
-    for p, i in rows.items():
-      method, *_, note = A.PAPER_T4[(ds, arch)][i]
-      assert method == "ATO", (ds, arch)
+  for (ds, arch), name in A.PAPER_OF.items():
+    pc = A.PAPERS[name]
+    assert pc.dataset == ds
+    ato = A.ato_rows(pc.paper)
+    assert sorted(ato) == sorted(pc.options["targets"]), name   # an ATO row per target run
+    for p, row in ato.items():
+      note = pc.paper["note"].get(row, "")
       if "p = " in note:   # the row names its p: the one mapped to it
         assert f"p = {p:g}" in note or f"p = {p:.4f}" in note, (ds, arch, p, note)
-  assert A.PAPER_T4[("imagenet", "ResNet-50")][8][1:5] == (76.13, 76.59, 0.46, 55.2)
+  rows = A.table_rows(A.PAPERS["table5_resnet50"].paper)
+  assert rows[8][:5] == ("ATO (p = 0.37)", 76.13, 76.59, 0.46, 55.2) and len(rows) == 16
