@@ -174,12 +174,18 @@ PAPERS = {pc.name: pc for pc in (
     PaperConfig("tableB1_fmnist",
                 "K. Yi's dissertation (Scafflix) Table B.1 (FMNIST)", dataset="fashion_mnist",
                 standin="fashion_mnist_standin", clients=100, rounds=500, eval_every=25,
-                options=_B1_FMNIST, unit="final test accuracy %", paper={},
+                options=_B1_FMNIST, unit="final test accuracy %",
+                paper={"final test accuracy %": {"Ditto": 85.97, "FedSR-FT": 87.08,
+                                                 "FedPAC": 89.49, "FedCR": 93.77,
+                                                 "Scafflix": 89.62}},
                 deviations=_B1_DEV),
     PaperConfig("tableB1_cifar100",
                 "K. Yi's dissertation (Scafflix) Table B.1 (CIFAR-100, tfds)", dataset="cifar100",
                 standin=None, clients=100, rounds=500, eval_every=25,
-                options=_B1_CIFAR100, unit="final test accuracy %", paper={},
+                options=_B1_CIFAR100, unit="final test accuracy %",
+                paper={"final test accuracy %": {"Ditto": 58.87, "FedSR-FT": 69.95,
+                                                 "FedPAC": 69.31, "FedCR": 78.49,
+                                                 "Scafflix": 72.37}},
                 deviations=_B1_DEV),
     PaperConfig("figure2_femnist",
                 "K. Yi's dissertation (Scafflix) Fig. 3.2 (FEMNIST)", dataset="femnist",
@@ -200,6 +206,14 @@ PAPERS = {pc.name: pc for pc in (
                 deviations="1,108 roles of the bundled plays (LEAF: 1,129; LEAF's JSON with "
                            "--data-dir); the paper's curves only (C3-13)"),
 )}
+B1_OF = {"fashion_mnist": "tableB1_fmnist", "fashion_mnist_standin": "tableB1_fmnist",
+         "cifar100": "tableB1_cifar100"}
+"""The Table B.1 configuration whose numbers a run on each data set prints beside its own."""
+
+
+def _table_b1(dataset: str) -> dict | None:
+  """Table B.1's final test accuracies (%) for ``dataset`` (``None``: not in the table)."""
+  return PAPERS[B1_OF[dataset]].paper["final test accuracy %"] if dataset in B1_OF else None
 
 
 def _model(ds, opts):
@@ -209,11 +223,6 @@ def _model(ds, opts):
              channels=tuple(int(c) for c in opts["channels"]), dense=opts["dense"])
 
 
-TABLE_B1 = {  # Table B.1 of Yi (2025) (seed 001 l. 2919-2925): final test accuracy %, FedCR's non-IID setting
-    "cifar100": {"Ditto": 58.87, "FedSR-FT": 69.95, "FedPAC": 69.31, "FedCR": 78.49,
-                 "Scafflix": 72.37},
-    "fashion_mnist": {"Ditto": 85.97, "FedSR-FT": 87.08, "FedPAC": 89.49, "FedCR": 93.77,
-                      "Scafflix": 89.62}}
 B1_METHODS = ("Ditto", "FedSR-FT", "FedPAC", "FedCR")
 """Table B.1's methods that run beside Scafflix, FLIX and FedAvg on its data sets."""
 B1_ALPHA = {"fashion_mnist": 0.5, "fashion_mnist_standin": 0.5, "cifar100": 0.3}
@@ -413,7 +422,7 @@ def columns(m: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   ev = tuned.records[0]["history"]["evals"]
   ok = not tuned.records[0]["diverged"]
   diverged = opts["seeds"] - len(tuned.finals)
-  b1 = TABLE_B1.get("fashion_mnist" if cfg.dataset == "fashion_mnist_standin" else cfg.dataset)
+  b1 = _table_b1(cfg.dataset)
   extra = {} if b1 is None else {"paper % (Table B.1)": b1.get(m)}
   if "global_accuracy" in ev:
     glob = ev["global_accuracy"]
@@ -437,12 +446,13 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
          "ablate": opts["ablate"],
          "search": {m: {str(k): v for k, v in t.scores.items()}
                     for m, t in results["tuned"].items()}}
-  key = "fashion_mnist" if cfg.dataset == "fashion_mnist_standin" else cfg.dataset
-  if key in TABLE_B1 and opts["ablate"] == "none":
+  b1 = _table_b1(cfg.dataset)
+  if b1 is not None and opts["ablate"] == "none":
     out["table_b1"] = Table(
         [{"method": m, "paper %": v, "here": "beside" if m in results["tuned"] else
-          "not run (option methods)"} for m, v in TABLE_B1[key].items()],
-        title=f"Table B.1 ({key}, FedCR's non-IID setting, 500 rounds, p = 0.3, α = 0.3):")
+          "not run (option methods)"} for m, v in b1.items()],
+        title=f"{PAPERS[B1_OF[cfg.dataset]].source} (FedCR's non-IID setting, 500 rounds, "
+              "p = 0.3, α = 0.3):")
   if opts["ablate"] != "none":
     rows = results["table"].rows
     best = max(rows, key=lambda r: -1.0 if r["test accuracy"] is None

@@ -621,8 +621,9 @@ def test_scafflix_table_b1_data_and_methods():
   assert list(S._variants({**opts, "methods": "FedCR,Ditto"}, 0.3, 2, "cifar100")) == [
       "Ditto", "FedCR"]
   assert list(S._variants(opts, 0.3, 2, "femnist")) == ["Scafflix", "FLIX", "FedAvg"]
-  assert S.TABLE_B1["cifar100"]["Scafflix"] == 72.37 and S.TABLE_B1["fashion_mnist"]["FedCR"] \
-      == 93.77
+  assert S._table_b1("cifar100")["Scafflix"] == 72.37
+  assert S._table_b1("fashion_mnist")["FedCR"] == S._table_b1("fashion_mnist_standin")["FedCR"] \
+      == 93.77 and S._table_b1("femnist") is None
   assert S.PAPERS["tableB1_fmnist"].options["p"] == S.PAPERS["tableB1_cifar100"].options[
       "alpha"] == 0.3
 
