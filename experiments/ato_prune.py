@@ -212,14 +212,14 @@ def _rows(rows: list, ato: dict) -> dict:
     for c, v in zip(COLUMNS, cells):
       if v is not None and v != "":
         paper[c][label] = v
-  return paper
+  return {c: v for c, v in paper.items() if v}
 
 
 def table_rows(paper: dict) -> list[tuple]:
   """The rows of a configuration's ``paper`` back in the table's order: ``(row, base, pruned,
   Δ, pruned FLOPs %, note)`` (``None``/``""`` for empty cells)."""
-  return [(label, *(paper[c].get(label, "" if c == "note" else None) for c in COLUMNS[:4]),
-           paper["note"].get(label, "")) for label in paper["pruned top-1 %"]]
+  return [(label, *(paper.get(c, {}).get(label) for c in COLUMNS[:4]),
+           paper.get("note", {}).get(label, "")) for label in paper["pruned top-1 %"]]
 
 
 def ato_rows(paper: dict) -> dict:

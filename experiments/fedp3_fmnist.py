@@ -175,10 +175,10 @@ PAPERS = {
 def _printed(name: str, cells: dict) -> None:
   """Put a table's printed numbers into configuration ``name``: ``{method: (S1, S2)}`` becomes
   ``paper = {"S1": {method: value}, "S2": {...}}`` (a ``None`` cell, lost in the source's
-  text or not printed, is left out)."""
-  PAPERS[name] = dataclasses.replace(PAPERS[name], paper={
-      split: {m: v[i] for m, v in cells.items() if v[i] is not None}
-      for i, split in enumerate(("S1", "S2"))})
+  text or not printed, is left out; so is a split the table does not print)."""
+  paper = {split: {m: v[i] for m, v in cells.items() if v[i] is not None}
+           for i, split in enumerate(("S1", "S2"))}
+  PAPERS[name] = dataclasses.replace(PAPERS[name], paper={k: v for k, v in paper.items() if v})
 
 
 # Table 4.2 (S1 / S2, %)

@@ -27,6 +27,7 @@ import numpy as np
 from fedjaxsparse.algorithms.fedp3 import deployed_size
 from fedjaxsparse.harness.options import Config, Option, name_list
 from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import fedp3_cnn, mlp
 from fedjaxsparse.ops import layer_groups
@@ -41,16 +42,25 @@ RUNTIME = "seconds (parameter counts of four networks)"
 NETWORKS = {  # name -> (input shape, classes, kind); FMNIST at 32x32 (its 1,638,400-weight FC)
     "cifar10": ((32, 32, 3), 10, "cnn"), "cifar100": ((32, 32, 3), 100, "cnn"),
     "fashion_mnist": ((32, 32, 1), 10, "cnn"), "emnist_l10": ((28, 28, 1), 10, "mlp")}
-PAPER = {  # l. 1268 and 3064: uplink spread (%), deployed spread at r = 0.5 (%) where printed
-    "cifar10": {"uplink spread %": 10815.25, "deployed spread % (r=0.5)": 57.93},
-    "cifar100": {"uplink spread %": 1522.91},
-    "fashion_mnist": {"uplink spread %": 13749.46},
-    "emnist_l10": {"uplink spread %": 30.23}}
 OPTIONS = (
     Option("networks", ",".join(NETWORKS), "comma list of " + ", ".join(NETWORKS), kind="str"),
     Option("ratios", [0.9, 0.7, 0.5], "global pruning keep ratios r", kind="floats", low=0.0,
            high=1.0),
 )
+
+PAPERS = {"figureC1": PaperConfig(
+    "figureC1", "K. Yi's dissertation (FedP3) Fig. C.1 and its text (Table C.2's networks)",
+    dataset="none", standin=None, clients=1, rounds=1, eval_every=1,
+    options={"networks": ",".join(NETWORKS), "ratios": [0.9, 0.7, 0.5]},
+    unit="spread (max - min)/min of the per-client counts, %",
+    paper={"uplink spread %": {"cifar10": 10815.25, "cifar100": 1522.91,
+                               "fashion_mnist": 13749.46, "emnist_l10": 30.23},
+           "deployed spread % (r=0.5)": {"cifar10": 57.93}})}
+
+
+def _printed(network: str) -> dict:
+  """The chapter's printed numbers for ``network``: ``{quantity: value}``."""
+  return {q: v[network] for q, v in PAPERS["figureC1"].paper.items() if network in v}
 
 
 def layer_counts(name: str) -> tuple[list[str], np.ndarray]:
@@ -85,7 +95,7 @@ def _run(cfg: Config, opts: dict) -> dict:
   tables, figures, results = {}, [], {}
   for name in name_list(opts["networks"], "networks", tuple(NETWORKS)):
     a = accounting(name, ratios)
-    paper = PAPER.get(name, {})
+    paper = _printed(name)
     rows = [{"trained layer": a["layers"][i], "uplink": int(u),
              **{f"deployed (r={r:g})": int(round(a["deployed"][r][i])) for r in ratios}}
             for i, u in enumerate(a["uplink"])]
@@ -109,4 +119,4 @@ def _run(cfg: Config, opts: dict) -> dict:
   return {"experiment": NAME, "tables": tables, "networks": results, "figures": figures}
 
 
-run = entry(NAME, OPTIONS, _run)
+run = entry(NAME, OPTIONS, _run, PAPERS)

@@ -42,6 +42,7 @@ from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.options import Config, Option
 from fedjaxsparse.harness.running import last, run_method, status
 from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
 
@@ -112,13 +113,17 @@ class Problem(NamedTuple):
   w0: Any
   dtype: Any
   consts: Any
+  standin: str | None = None
 
 
-def setup(cfg: Config, opts: dict, experiment: str = NAME) -> Problem:
+def setup(cfg: Config, opts: dict, experiment: str = NAME,
+          paper: PaperConfig | None = None) -> Problem:
   """Data, split, model and constants (γ_i = 1/L_i with A.3's trace bound
-  L_i = μ + (1/(4 n_i)) Σ_j ‖a_ij‖²; p = ``opts["p"]`` or 1/√κ_max)."""
+  L_i = μ + (1/(4 n_i)) Σ_j ‖a_ij‖²; p = ``opts["p"]`` or 1/√κ_max). With a paper
+  configuration whose LIBSVM file is absent, its labelled stand-in runs (``standin`` says so)."""
   mu = opts["mu"]
-  x, y, label = binary_arrays(cfg.dataset, cfg.data_dir, experiment)
+  (x, y, label), standin = load_or_standin(
+      paper, cfg.dataset, cfg.data_dir, lambda name: binary_arrays(name, cfg.data_dir, experiment))
   parts = split(x, y, cfg.clients, opts["split"], cfg.seed)
   if min(len(p) for p in parts) == 0:
     raise ConfigError(f"split={opts['split']!r} left a client without examples; use fewer "
@@ -131,7 +136,7 @@ def setup(cfg: Config, opts: dict, experiment: str = NAME) -> Problem:
     consts = consts._replace(p=opts["p"])
   model = logistic_regression(x.shape[1], l2=mu, use_bias=False)
   w0 = jax.tree.map(lambda a: a.astype(dtype), model.init(jax.random.key(0)))
-  return Problem(x, y, label, parts, data, make_loss(model), w0, dtype, consts)
+  return Problem(x, y, label, parts, data, make_loss(model), w0, dtype, consts, standin)
 
 
 def flix_gap(prob: Problem, x_star, alpha: float, f_star: float):

@@ -51,6 +51,7 @@ from fedjaxsparse.pruning import sequential as SQ
 from fedjaxsparse.harness.options import Config, Option
 from fedjaxsparse.harness.running import Steps, output_dir
 from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models.transformer import TransformerConfig
 
@@ -68,80 +69,7 @@ STUDIES = ("table62", "table63", "table64", "table65", "tableE1", "tableE2", "ta
            "table66")
 ZERO_SHOT = ("BoolQ", "RTE", "HellaSwag", "WinoGrande", "ARC-e", "ARC-c", "OBQA")
 """Table 6.6's columns, in the order of :data:`fedjaxsparse.pruning.zeroshot.TASKS`."""
-PAPER66 = {  # Table 6.6: zero-shot accuracy %, 60 % unstructured (seed 001 l. 1920-1936)
-    "llama2-7b": {("Dense", "-"): (77.7, 62.8, 57.2, 69.2, 76.4, 43.4, 31.4),
-                  ("Magnitude", "-"): (41.2, 51.3, 37.0, 55.7, 50.0, 27.0, 16.2),
-                  ("Magnitude", "DSnoT"): (43.2, 54.2, 38.4, 56.4, 53.3, 27.7, 20.6),
-                  ("Magnitude", "R²-DSnoT"): (50.9, 52.0, 39.8, 56.8, 56.6, 28.3, 23.4),
-                  ("RIA", "-"): (66.1, 53.1, 43.5, 63.2, 64.6, 30.2, 26.0),
-                  ("RIA", "DSnoT"): (65.5, 53.4, 44.7, 64.6, 65.3, 31.7, 26.4),
-                  ("RIA", "R²-DSnoT"): (65.2, 53.8, 44.7, 65.1, 65.0, 31.6, 27.0)},
-    "llama3-8b": {("Dense", "-"): (81.3, 69.7, 60.1, 73.0, 80.1, 50.4, 34.8),
-                  ("Magnitude", "-"): (37.8, 52.7, 30.7, 51.0, 39.7, 23.4, 14.4),
-                  ("Magnitude", "DSnoT"): (37.8, 52.7, 33.4, 49.9, 43.5, 23.0, 14.8),
-                  ("Magnitude", "R²-DSnoT"): (37.8, 52.7, 33.1, 52.1, 43.9, 23.6, 14.8),
-                  ("RIA", "-"): (70.2, 53.4, 39.7, 61.7, 61.1, 28.6, 20.4),
-                  ("RIA", "DSnoT"): (70.7, 53.4, 40.3, 61.3, 61.7, 28.0, 20.0),
-                  ("RIA", "R²-DSnoT"): (70.4, 53.4, 40.3, 61.9, 61.2, 28.3, 21.0)}}
 PAPER_MODELS = ("llama2-7b", "llama2-13b", "llama3-8b", "opt-1.3b")
-
-# The paper's WikiText-2 perplexities, {study: {(method, setting): (L2-7b, L2-13b, L3-8b, OPT)}}
-_DENSE = (5.47, 4.88, 6.14, 14.62)
-PAPER = {
-    "table62": {("Magnitude", "50%"): (16.03, 6.83, 205.44, 1712.39),
-                ("Wanda", "50%"): (7.79, 6.28, 10.81, 22.19),
-                ("RIA", "50%"): (6.88, 5.95, 9.44, 18.94),
-                ("stochRIA", "50%"): (6.91, 5.95, 9.46, 18.78),
-                ("RIA", "2:4"): (11.31, 8.40, 22.89, 27.43),
-                ("stochRIA", "2:4"): (11.41, 8.44, 23.74, 26.78),
-                ("RIA", "4:8"): (8.39, 6.74, 13.77, 21.59),
-                ("stochRIA", "4:8"): (8.44, 6.74, 13.93, 21.49)},
-    "table63": {(m, f"α={a:g}"): tuple(v[i::4]) for m, v in {
-        "Wanda": (16.03, 7.60, 7.79, 8.66, 6.83, 6.17, 6.28, 7.15, 205.44, 10.66, 10.81, 12.98,
-                  1712.39, 22.14, 22.19, 24.74),
-        "Col-Sum": (11.59, 6.83, 6.91, 7.46, 6.39, 5.87, 5.96, 6.55, 59.41, 9.53, 9.69, 12.01,
-                    1062.66, 18.28, 18.41, 22.25),
-        "Row-Sum": (14.93, 7.49, 7.51, 8.01, 6.74, 6.13, 6.24, 7.01, 17.80, 10.50, 10.55, 11.79,
-                    141.92, 22.09, 22.47, 26.62),
-        "RIA": (7.39, 6.81, 6.88, 7.37, 5.95, 5.93, 5.95, 6.56, 12.07, 9.34, 9.44, 10.67, 64.70,
-                18.08, 18.94, 23.39)}.items() for i, a in enumerate((0, 0.5, 1, 2))},
-    "table64": {("Wanda", "50%"): (7.79, 6.28, 10.81, 22.19), ("RIA", "50%"): (6.88, 5.95, 9.44,
-                18.94), ("stochRIA", "50%"): (6.91, 5.95, 9.46, 18.78),
-                ("Wanda", "60%"): (15.30, 9.63, 27.55, 38.81), ("RIA", "60%"): (10.39, 7.84,
-                19.52, 26.22), ("stochRIA", "60%"): (10.62, 7.97, 19.04, 25.93),
-                ("Wanda", "70%"): (214.93, 104.97, 412.90, 231.15), ("RIA", "70%"): (68.75,
-                51.96, 169.51, 98.52), ("stochRIA", "70%"): (72.85, 62.15, 155.34, 93.29)},
-    "table65": {("Magnitude", "-"): (6.9e3, 10.10, 4.05e5, None),
-                ("Magnitude", "DSnoT"): (4.1e3, 10.19, 4.18e4, None),
-                ("Magnitude", "R²-DSnoT"): (2.4e2, 10.09, 1.44e4, None),
-                ("Wanda", "-"): (9.72, 7.75, 21.36, None), ("Wanda", "DSnoT"): (10.23, 7.69,
-                20.70, None), ("Wanda", "R²-DSnoT"): (10.08, 7.69, 20.50, None),
-                ("RIA", "-"): (10.29, 7.85, 21.09, None), ("RIA", "DSnoT"): (9.97, 7.82, 19.51,
-                None), ("RIA", "R²-DSnoT"): (9.96, 7.78, 18.99, None)},
-    "tableE1": {("ℓp RI(A)", f"p={p}"): v for p, v in {
-        "1": (6.88, 5.95, 9.44, 18.95), "2": (6.90, 5.96, 9.48, 19.02),
-        "3": (6.95, 6.01, 9.57, 19.66), "4": (7.12, 6.08, 9.92, 20.77),
-        "0": (7.78, 6.28, 10.81, 22.17), "inf": (8.60, 6.80, 11.28, 24.92)}.items()},
-    "tableE2": {("ℓ1 RIA", s): v for s, v in {
-        "S1": (6.81, 5.83, 9.34, 18.08), "S2": (6.99, 5.91, 9.58, 19.01),
-        "S3": (9.32, 6.87, 17.31, 31.66), "S4": (14.51, 20.78, 30.47, 53.17)}.items()},
-    "tableE3": {("stochRIA", f"β={b:g}"): v for b, v in {
-        1: (6.91, 5.95, 9.45, 18.88), 0.9: (6.91, 5.95, 9.43, 18.87),
-        0.5: (6.90, 5.95, 9.42, 18.84), 0.1: (6.91, 5.95, 9.46, 18.78),
-        0.05: (6.91, 5.96, 9.47, 18.91), 0.01: (6.98, 6.00, 9.69, 19.36)}.items()},
-    # Table E.4 is LLaMA3-8b only. Its base labels are swapped (spec §0.2.9; see
-    # dsnot.r2_dsnot): the rows it prints under "Wanda" are the RIA base's, and vice versa.
-    "tableE4": {(b, st): (None, None, v, None) for (b, st), v in {
-        ("RIA base", "best"): 18.99, ("RIA base", "p=1"): 19.04,
-        ("RIA base", "p=inf"): 18.99, ("RIA base", "γ2=0"): 18.99,
-        ("RIA base", "γ2=1e-3"): 18.99, ("RIA base", "no relative"): 19.49,
-        ("RIA base", "prune relative only"): 19.25, ("RIA base", "both relative"): 19.63,
-        ("Wanda base", "best"): 20.50, ("Wanda base", "p=1"): 25.61,
-        ("Wanda base", "p=inf"): 20.51, ("Wanda base", "γ2=0"): 20.51,
-        ("Wanda base", "γ2=1e-4"): 20.52, ("Wanda base", "no relative"): 21.33,
-        ("Wanda base", "grow relative only"): 22.16,
-        ("Wanda base", "both relative"): 22.60}.items()},
-}
 
 OPTIONS = (
     Option("study", "table62", "which table", choices=STUDIES),
@@ -178,6 +106,122 @@ OPTIONS = (
            "for tableE4, which has no other, else llama2-7b)", choices=("auto",) + PAPER_MODELS,
            identity=False),
 )
+
+
+def _perplexity_tables(dense: tuple, tables: dict) -> dict:
+  """The paper's WikiText-2 perplexity tables as paper configurations, one per study:
+  ``paper = {model: {"method / setting": perplexity}}`` over :data:`PAPER_MODELS` (``dense``:
+  the dense models' row; a ``None`` cell, not printed, is left out)."""
+  out = {}
+  for study, rows in tables.items():
+    paper = {m: {"Dense / -": d} for m, d in zip(PAPER_MODELS, dense)}
+    for (method, setting), values in rows.items():
+      for m, v in zip(PAPER_MODELS, values):
+        if v is not None:
+          paper[m][f"{method} / {setting}"] = v
+    out[study] = PaperConfig(
+        study, f"K. Yi's dissertation (SymWanda) {TITLES[study]}", dataset="wikitext2",
+        standin="shakespeare", clients=1, rounds=1, eval_every=1, options={"study": study},
+        unit="WikiText-2 perplexity", paper=paper,
+        deviations="needs the checkpoint (--set model=DIR), WikiText-2's wiki.test.raw and a C4 "
+                   "shard; without them a byte-level Shakespeare model trained here stands in "
+                   "(its perplexities compare in direction only)")
+  return out
+
+
+def _zero_shot_table(tables: dict) -> PaperConfig:
+  """Table 6.6 as a paper configuration: ``paper = {"model task": {"method / setting": %}}``."""
+  paper = {f"{model} {task}": {f"{m} / {s}": v[i] for (m, s), v in rows.items()}
+           for model, rows in tables.items() for i, task in enumerate(ZERO_SHOT)}
+  return PaperConfig(
+      "table66", f"K. Yi's dissertation (SymWanda) {TITLES['table66']}", dataset="wikitext2",
+      standin="shakespeare", clients=1, rounds=1, eval_every=1, options={"study": "table66"},
+      unit="zero-shot accuracy %", paper=paper,
+      deviations="needs the checkpoint, a C4 shard and the tasks' JSONL files "
+                 "(--set zeroshot_dir=DIR); the paper's printed means for some LLaMA2-7b rows "
+                 "are not the task means (recomputed here)")
+
+
+TITLES = {"table62": "Table 6.2 (50 % unstructured, N:M)", "table63": "Table 6.3 (α of Wanda, "
+          "Col-Sum, Row-Sum, RIA)", "table64": "Table 6.4 (50/60/70 %)",
+          "table65": "Table 6.5 (DSnoT and R²-DSnoT, 60 %)", "tableE1": "Table E.1 (ℓp RI(A))",
+          "tableE2": "Table E.2 (ℓ1 RIA variants)", "tableE3": "Table E.3 (stochRIA's β)",
+          "tableE4": "Table E.4 (R²-DSnoT ablations, LLaMA3-8b)",
+          "table66": "Table 6.6 (zero-shot accuracy, 60 % unstructured)"}
+PAPERS = {**_perplexity_tables(
+    (5.47, 4.88, 6.14, 14.62),  # the dense models (L2-7b, L2-13b, L3-8b, OPT)
+    # {study: {(method, setting): (LLaMA2-7b, LLaMA2-13b, LLaMA3-8b, OPT-1.3b)}}
+    {
+        "table62": {("Magnitude", "50%"): (16.03, 6.83, 205.44, 1712.39),
+                    ("Wanda", "50%"): (7.79, 6.28, 10.81, 22.19),
+                    ("RIA", "50%"): (6.88, 5.95, 9.44, 18.94),
+                    ("stochRIA", "50%"): (6.91, 5.95, 9.46, 18.78),
+                    ("RIA", "2:4"): (11.31, 8.40, 22.89, 27.43),
+                    ("stochRIA", "2:4"): (11.41, 8.44, 23.74, 26.78),
+                    ("RIA", "4:8"): (8.39, 6.74, 13.77, 21.59),
+                    ("stochRIA", "4:8"): (8.44, 6.74, 13.93, 21.49)},
+        "table63": {(m, f"α={a:g}"): tuple(v[i::4]) for m, v in {
+            "Wanda": (16.03, 7.60, 7.79, 8.66, 6.83, 6.17, 6.28, 7.15, 205.44, 10.66, 10.81, 12.98,
+                      1712.39, 22.14, 22.19, 24.74),
+            "Col-Sum": (11.59, 6.83, 6.91, 7.46, 6.39, 5.87, 5.96, 6.55, 59.41, 9.53, 9.69, 12.01,
+                        1062.66, 18.28, 18.41, 22.25),
+            "Row-Sum": (14.93, 7.49, 7.51, 8.01, 6.74, 6.13, 6.24, 7.01, 17.80, 10.50, 10.55, 11.79,
+                        141.92, 22.09, 22.47, 26.62),
+            "RIA": (7.39, 6.81, 6.88, 7.37, 5.95, 5.93, 5.95, 6.56, 12.07, 9.34, 9.44, 10.67, 64.70,
+                    18.08, 18.94, 23.39)}.items() for i, a in enumerate((0, 0.5, 1, 2))},
+        "table64": {("Wanda", "50%"): (7.79, 6.28, 10.81, 22.19), ("RIA", "50%"): (6.88, 5.95, 9.44,
+                    18.94), ("stochRIA", "50%"): (6.91, 5.95, 9.46, 18.78),
+                    ("Wanda", "60%"): (15.30, 9.63, 27.55, 38.81), ("RIA", "60%"): (10.39, 7.84,
+                    19.52, 26.22), ("stochRIA", "60%"): (10.62, 7.97, 19.04, 25.93),
+                    ("Wanda", "70%"): (214.93, 104.97, 412.90, 231.15), ("RIA", "70%"): (68.75,
+                    51.96, 169.51, 98.52), ("stochRIA", "70%"): (72.85, 62.15, 155.34, 93.29)},
+        "table65": {("Magnitude", "-"): (6.9e3, 10.10, 4.05e5, None),
+                    ("Magnitude", "DSnoT"): (4.1e3, 10.19, 4.18e4, None),
+                    ("Magnitude", "R²-DSnoT"): (2.4e2, 10.09, 1.44e4, None),
+                    ("Wanda", "-"): (9.72, 7.75, 21.36, None), ("Wanda", "DSnoT"): (10.23, 7.69,
+                    20.70, None), ("Wanda", "R²-DSnoT"): (10.08, 7.69, 20.50, None),
+                    ("RIA", "-"): (10.29, 7.85, 21.09, None), ("RIA", "DSnoT"): (9.97, 7.82, 19.51,
+                    None), ("RIA", "R²-DSnoT"): (9.96, 7.78, 18.99, None)},
+        "tableE1": {("ℓp RI(A)", f"p={p}"): v for p, v in {
+            "1": (6.88, 5.95, 9.44, 18.95), "2": (6.90, 5.96, 9.48, 19.02),
+            "3": (6.95, 6.01, 9.57, 19.66), "4": (7.12, 6.08, 9.92, 20.77),
+            "0": (7.78, 6.28, 10.81, 22.17), "inf": (8.60, 6.80, 11.28, 24.92)}.items()},
+        "tableE2": {("ℓ1 RIA", s): v for s, v in {
+            "S1": (6.81, 5.83, 9.34, 18.08), "S2": (6.99, 5.91, 9.58, 19.01),
+            "S3": (9.32, 6.87, 17.31, 31.66), "S4": (14.51, 20.78, 30.47, 53.17)}.items()},
+        "tableE3": {("stochRIA", f"β={b:g}"): v for b, v in {
+            1: (6.91, 5.95, 9.45, 18.88), 0.9: (6.91, 5.95, 9.43, 18.87),
+            0.5: (6.90, 5.95, 9.42, 18.84), 0.1: (6.91, 5.95, 9.46, 18.78),
+            0.05: (6.91, 5.96, 9.47, 18.91), 0.01: (6.98, 6.00, 9.69, 19.36)}.items()},
+        # Table E.4 is LLaMA3-8b only. Its base labels are swapped (spec §0.2.9; see
+        # dsnot.r2_dsnot): the rows it prints under "Wanda" are the RIA base's, and vice versa.
+        "tableE4": {(b, st): (None, None, v, None) for (b, st), v in {
+            ("RIA base", "best"): 18.99, ("RIA base", "p=1"): 19.04,
+            ("RIA base", "p=inf"): 18.99, ("RIA base", "γ2=0"): 18.99,
+            ("RIA base", "γ2=1e-3"): 18.99, ("RIA base", "no relative"): 19.49,
+            ("RIA base", "prune relative only"): 19.25, ("RIA base", "both relative"): 19.63,
+            ("Wanda base", "best"): 20.50, ("Wanda base", "p=1"): 25.61,
+            ("Wanda base", "p=inf"): 20.51, ("Wanda base", "γ2=0"): 20.51,
+            ("Wanda base", "γ2=1e-4"): 20.52, ("Wanda base", "no relative"): 21.33,
+            ("Wanda base", "grow relative only"): 22.16,
+            ("Wanda base", "both relative"): 22.60}.items()},
+    }),
+    "table66": _zero_shot_table(  # {model: {(method, setting): one value per ZERO_SHOT task}}
+        {  # Table 6.6: zero-shot accuracy %, 60 % unstructured (seed 001 l. 1920-1936)
+        "llama2-7b": {("Dense", "-"): (77.7, 62.8, 57.2, 69.2, 76.4, 43.4, 31.4),
+                      ("Magnitude", "-"): (41.2, 51.3, 37.0, 55.7, 50.0, 27.0, 16.2),
+                      ("Magnitude", "DSnoT"): (43.2, 54.2, 38.4, 56.4, 53.3, 27.7, 20.6),
+                      ("Magnitude", "R²-DSnoT"): (50.9, 52.0, 39.8, 56.8, 56.6, 28.3, 23.4),
+                      ("RIA", "-"): (66.1, 53.1, 43.5, 63.2, 64.6, 30.2, 26.0),
+                      ("RIA", "DSnoT"): (65.5, 53.4, 44.7, 64.6, 65.3, 31.7, 26.4),
+                      ("RIA", "R²-DSnoT"): (65.2, 53.8, 44.7, 65.1, 65.0, 31.6, 27.0)},
+        "llama3-8b": {("Dense", "-"): (81.3, 69.7, 60.1, 73.0, 80.1, 50.4, 34.8),
+                      ("Magnitude", "-"): (37.8, 52.7, 30.7, 51.0, 39.7, 23.4, 14.4),
+                      ("Magnitude", "DSnoT"): (37.8, 52.7, 33.4, 49.9, 43.5, 23.0, 14.8),
+                      ("Magnitude", "R²-DSnoT"): (37.8, 52.7, 33.1, 52.1, 43.9, 23.6, 14.8),
+                      ("RIA", "-"): (70.2, 53.4, 39.7, 61.7, 61.1, 28.6, 20.4),
+                      ("RIA", "DSnoT"): (70.7, 53.4, 40.3, 61.3, 61.7, 28.0, 20.0),
+                      ("RIA", "R²-DSnoT"): (70.4, 53.4, 40.3, 61.9, 61.2, 28.3, 21.0)}})}
 
 
 def _shakespeare_model(cfg: Config, opts: dict) -> tuple[str, dict]:
@@ -326,7 +370,6 @@ def _run(cfg: Config, opts: dict) -> dict:
     path, training = opts["model"], None
   source = hf.Checkpoint(path)
   calib, windows, text = _data(opts)
-  col = PAPER_MODELS.index(opts["paper_model"])
   print(f"{NAME} {study}: model {path} ({source.config.arch}, {source.config.num_layers} blocks, "
         f"hidden {source.config.hidden_size}); text: {text}; calibration {len(calib)}×"
         f"{opts['seq_len']} tokens, seed 0; evaluation {len(windows)} windows of "
@@ -340,7 +383,8 @@ def _run(cfg: Config, opts: dict) -> dict:
     return out
   dense = SQ.perplexity(source, windows)
   rows = [{"method": "Dense", "setting": "-", "ppl": dense, "s.e.": None,
-           "recon error": 0.0, f"paper ({opts['paper_model']})": _DENSE[col]}]
+           "recon error": 0.0,
+           f"paper ({opts['paper_model']})": PAPERS[study].paper[opts["paper_model"]]["Dense / -"]}]
   runs = _runs(study, opts)
   steps = Steps(len(runs), f"{NAME} {study}", cfg.progress)
   for method, setting, kw, trials in runs:
@@ -351,7 +395,7 @@ def _run(cfg: Config, opts: dict) -> dict:
       pruned, rep = SQ.prune(source, calib, key=jax.random.key(cfg.seed + s), **kw)
       ppls.append(SQ.perplexity(pruned, windows))
       errs.append(np.mean([r.recon_error for r in rep.values() if r.recon_error is not None]))
-    paper = PAPER[study].get((method, setting), (None,) * 4)[col]
+    paper = PAPERS[study].paper[opts["paper_model"]].get(f"{method} / {setting}")
     rows.append({"method": method, "setting": setting, "ppl": float(np.mean(ppls)),
                  "s.e.": float(np.std(ppls, ddof=1) / np.sqrt(trials)) if trials > 1 else None,
                  "recon error": float(np.mean(errs)), f"paper ({opts['paper_model']})": paper})
@@ -369,7 +413,7 @@ def _run(cfg: Config, opts: dict) -> dict:
       suffix=f"_{study}")
   return {"experiment": NAME, "study": study, "model": path, "scale": scale, "text": text,
           "table": Table(rows, note=f"scale: {scale}"), "training": training,
-          "paper": {f"{m} / {s}": v for (m, s), v in PAPER[study].items()},
+          "paper": PAPERS[study].paper,
           "protocol": {"nsamples": len(calib), "seq_len": opts["seq_len"],
                        "eval_windows": len(windows), "calibration_seed": 0,
                        "calibration": "block-sequential", "group": opts["group"],
@@ -422,7 +466,11 @@ def _zero_shot(cfg: Config, opts: dict, path: str, source, calib, text: str, tra
   tasks = _tasks(opts)
   tok = lm.tokenizer("byte" if opts["model"] == "shakespeare" else
                      (opts["tokenizer"] or opts["model"]))
-  model = opts["paper_model"] if opts["paper_model"] in PAPER66 else "llama2-7b"
+  paper66 = PAPERS["table66"].paper
+  models = list(dict.fromkeys(c.rsplit(" ", 1)[0] for c in paper66))
+  model = opts["paper_model"] if opts["paper_model"] in models else "llama2-7b"
+  printed = {key: [paper66[f"{model} {t}"][key] for t in ZERO_SHOT]
+             for key in paper66[f"{model} {ZERO_SHOT[0]}"]}
   col = dict(zip(zeroshot.TASKS, ZERO_SHOT))
   print(f"{NAME} table66: model {path}; calibration: {text}; zero-shot tasks: "
         + ", ".join(f"{col[t]} ({len(e)})" for t, e in tasks.items()))
@@ -436,7 +484,7 @@ def _zero_shot(cfg: Config, opts: dict, path: str, source, calib, text: str, tra
     return out
 
   def row(method, setting, got):
-    paper = PAPER66[model].get((method, setting))
+    paper = printed.get(f"{method} / {setting}")
     return {"method": method, "setting": setting, **got,
             "mean": float(np.mean(list(got.values()))),
             f"paper mean ({model}, {len(got)} tasks)": None if paper is None else float(
@@ -450,8 +498,9 @@ def _zero_shot(cfg: Config, opts: dict, path: str, source, calib, text: str, tra
                             **{**kw, "group": opts["group"]})
     rows.append(row(method, setting, scores(pruned)))
     steps.done(f"{method} {setting}")
-  paper_rows = [{"method": m, "setting": s, **dict(zip(ZERO_SHOT, v)),
-                 "mean": float(np.mean(v))} for (m, s), v in PAPER66[model].items()]
+  paper_rows = [{"method": key.split(" / ")[0], "setting": key.split(" / ")[1],
+                 **dict(zip(ZERO_SHOT, v)), "mean": float(np.mean(v))}
+                for key, v in printed.items()]
   scale = ("trained byte-level Shakespeare model — accuracies NOT comparable with the paper's "
            "LLaMA columns, compare directions only" if opts["model"] == "shakespeare"
            else "real checkpoint")
@@ -468,4 +517,4 @@ def _zero_shot(cfg: Config, opts: dict, path: str, source, calib, text: str, tra
           "tasks": {col[t]: len(e) for t, e in tasks.items()}, "figures": [figure]}
 
 
-run = entry(NAME, OPTIONS, _run)
+run = entry(NAME, OPTIONS, _run, PAPERS)

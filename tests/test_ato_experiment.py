@@ -91,7 +91,7 @@ def test_imagenet_data_and_table5(tmp_path):
     ato = A.ato_rows(pc.paper)
     assert sorted(ato) == sorted(pc.options["targets"]), name   # an ATO row per target run
     for p, row in ato.items():
-      note = pc.paper["note"].get(row, "")
+      note = pc.paper.get("note", {}).get(row, "")
       if "p = " in note:   # the row names its p: the one mapped to it
         assert f"p = {p:g}" in note or f"p = {p:.4f}" in note, (ds, arch, p, note)
   rows = A.table_rows(A.PAPERS["table5_resnet50"].paper)

@@ -652,7 +652,8 @@ def test_fedp3_params_reproduces_fig_c1s_printed_numbers(tmp_path):
   10,815.25 %, 1,522.91 %, 13,749.46 %, 30.23 % uplink spreads, 57.93 % deployed spread at
   r = 0.5 for CIFAR-10 — to the printed precision; the CLI draws the figure."""
   from fedjaxsparse.experiments import fedp3_params as P
-  for name, paper in P.PAPER.items():
+  for name in P.NETWORKS:
+    paper = P._printed(name)
     a = P.accounting(name, [0.5])
     assert round(a["uplink spread %"], 2) == paper["uplink spread %"], name
     if "deployed spread % (r=0.5)" in paper:

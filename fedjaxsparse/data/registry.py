@@ -98,10 +98,11 @@ def load_arrays(name: str, split: str = "train", data_dir: str | None = None):
   return x, y
 
 
-OFFLINE = frozenset({"digits", "diabetes", "synthetic", "breast_cancer", "shakespeare"})
+OFFLINE = frozenset({"digits", "diabetes", "synthetic", "breast_cancer", "shakespeare", "none"})
 """The real data sets that ship with the package or its dependencies (scikit-learn's bundled
 sets, the plays in ``fedjaxsparse/data``): they load on a machine with nothing but the install.
-Every other real set is read from the user's files."""
+``"none"`` is an experiment that reads no data (arithmetic on shapes). Every other real set is
+read from the user's files."""
 
 
 def data_status(name: str) -> str:
