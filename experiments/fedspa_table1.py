@@ -27,7 +27,7 @@ options: ``sparsity`` (Table 3), ``init=uniform`` (Table 4), ``shared_init=false
 last epoch) cannot pass, so it runs with distance threshold 0 there.
 
 ``--set network=prunable`` runs every method on the networks' counterparts that declare their
-channel groups (BatchNorm after every convolution; no VGG-11) and allows ``Sub-FedAvg (Hy)``,
+channel groups (BatchNorm after every convolution; VGG-11 included) and allows ``Sub-FedAvg (Hy)``,
 the structured variant — convolution channels pruned by absolute BatchNorm scale, dense weights by
 magnitude — beside the unstructured ``Sub-FedAvg`` (both stand beside the paper's Sub-FedAvg
 row: its baseline prunes "parameters and channels"). FedSpa (DST)'s CIFAR-100 rows carry
@@ -122,7 +122,7 @@ OPTIONS = (
            "the structured variant, with network=prunable)", kind="str"),
     Option("network", "paper", "paper (LeNet-5, VGG-11-GN, ResNet-18-GN, digits MLP) or "
            "prunable (their counterparts declaring channel groups, BatchNorm after every "
-           "convolution: Sub-FedAvg (Hy) prunes them by channels; no VGG-11)",
+           "convolution: Sub-FedAvg (Hy) prunes them by channels)",
            choices=("paper", "prunable")),
     Option("cohort", 10, "clients per round", low=1),
     Option("epochs", 1, "local epochs (paper: 5; Ditto splits them 2 global + 3 personal)",
@@ -229,11 +229,9 @@ def _model(kind: str, shape, classes: int, network: str = "paper"):
   counterpart declaring its channel groups (BatchNorm after every convolution), which Sub-FedAvg
   (Hy) prunes by channels (``zigs``: the groups; ``None`` for the paper's networks)."""
   if network == "prunable":
-    if kind == "vgg11":
-      raise ConfigError("network=prunable has no VGG-11; it runs LeNet-5, ResNet-18 and the "
-                        "digits MLP.")
     module, model = (
         prunable.lenet5(shape, classes) if kind == "lenet5" else
+        prunable.vgg11(shape, classes) if kind == "vgg11" else
         prunable.resnet((2, 2, 2, 2), shape, classes) if kind == "resnet18" else
         prunable.mlp(shape, classes, hidden=(64,)))
     return model, zig.trace(module, shape)

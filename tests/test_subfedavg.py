@@ -143,3 +143,39 @@ def _digits8(n):
   from sklearn.datasets import load_digits
   x, y = load_digits(return_X_y=True)
   return (x[:n] / 16.0).reshape(-1, 8, 8, 1).astype(np.float32), y[:n].astype(np.int32)
+
+
+def test_hybrid_runs_on_table_1s_vgg11():
+  """The FedSpa paper's CIFAR-10 network with its channel sets declared (prunable.vgg11): the
+  parameters of the paper's VGG-11 (9,231,114 at 32×32×3, 10 classes), its eight convolutions'
+  channels as the prunable sets, and one Sub-FedAvg (Hy) pruning step drops whole channels of
+  each — ⌊rate·n⌋ by |BatchNorm scale| — with the dense layer untouched."""
+  from fedjaxsparse.algorithms.subfedavg import _prune_channels
+  module, model = fjs.models.prunable.vgg11((32, 32, 3), 10)
+  w = jax.eval_shape(model.init, jax.random.key(0))
+  paper = jax.eval_shape(fjs.models.vgg11((32, 32, 3), 10).init, jax.random.key(0))
+  count = lambda t: sum(int(np.prod(a.shape)) for a in jax.tree.leaves(t))  # noqa: E731
+  assert count(w) == count(paper) == 9_231_114
+  zigs = fjs.pruning.zig.trace(module, (32, 32, 3))
+  sizes = (64, 128, 256, 256, 512, 512, 512, 512)
+  assert [(s.name, s.size) for s in zigs.prunable] == [(f"c{i + 1}", n)
+                                                       for i, n in enumerate(sizes)]
+  rng = np.random.default_rng(0)
+  w = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(np.float32), w)
+  mask = jax.tree.map(lambda a: np.ones(a.shape, bool), w)
+  conv = fjs.pruning.zig.conv_groups(zigs)
+  new = jax.tree.map(np.asarray, jax.jit(
+      lambda m, w: _prune_channels(m, w, jnp.float32(0.25), zigs, conv))(mask, w))
+  for i, n in enumerate(sizes):
+    kept = new[f"norm{i + 1}"]["scale"]
+    order = np.argsort(np.abs(w[f"norm{i + 1}"]["scale"]), kind="stable")
+    np.testing.assert_array_equal(~kept, np.isin(np.arange(n), order[:n // 4]))
+    k = new[f"conv{i + 1}"]["kernel"].reshape(-1, n)
+    np.testing.assert_array_equal(k.all(0), kept)
+    np.testing.assert_array_equal(k.any(0), kept)
+  assert new["fc"]["kernel"].all() and new["fc"]["bias"].all()
+  # fedspa_table1 --set network=prunable builds it for CIFAR-10 (Table 1's Sub-FedAvg (Hy) row)
+  from fedjaxsparse.harness.cli import experiments
+  built, traced = experiments()["fedspa_table1"]._model("vgg11", (32, 32, 3), 10, "prunable")
+  assert count(jax.eval_shape(built.init, jax.random.key(0))) == 9_231_114
+  assert [s.size for s in traced.prunable] == list(sizes)

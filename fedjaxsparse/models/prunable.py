@@ -52,9 +52,10 @@ from fedjaxsparse.models.base import from_flax
 from fedjaxsparse.core import Model
 from fedjaxsparse.errors import check_int
 from fedjaxsparse.models.conv import max_pool
+from fedjaxsparse.models.nets import VGG11_CHANNELS
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["PConv", "PDense", "PNorm", "batch_norm_stats", "apply_with_stats", "cifar_resnet",
+__all__ = ["PConv", "PDense", "PNorm", "batch_norm_stats", "apply_with_stats", "cifar_resnet", "vgg11",
            "resnet", "resnet50", "mlp", "lenet5", "mobilenet_v2"]
 __dir__ = _public_dir(__all__)
 
@@ -331,6 +332,28 @@ class _LeNet5(nn.Module):
     return PDense(self.num_classes, "h2", None, name="head")(x)
 
 
+class _VGG11(nn.Module):
+  num_classes: int
+  norm: str
+  num_groups: int
+  widths: tuple
+
+  @nn.compact
+  def __call__(self, x):
+    src, i = None, 0
+    for c in VGG11_CHANNELS:
+      if c == "M":
+        x = max_pool(x, (2, 2), (2, 2))
+        continue
+      i += 1
+      name = f"c{i}"
+      width = _width(self.widths, name, c)
+      x = PConv(width, 3, src, name, use_bias=True, name=f"conv{i}")(x)
+      x = nn.relu(PNorm(name, self.norm, min(self.num_groups, width), name=f"norm{i}")(x))
+      src = name
+    return PDense(self.num_classes, None, None, name="fc")(x.reshape(x.shape[0], -1))
+
+
 class _MLP(nn.Module):
   hidden: tuple
   num_classes: int
@@ -415,6 +438,21 @@ def lenet5(input_shape: Sequence[int] = (28, 28, 1), num_classes: int = 10,
   ``h2``. Returns ``(module, Model)``."""
   _check(norm, num_groups)
   module = _LeNet5(num_classes, norm, num_groups, tuple(sorted((widths or {}).items())))
+  return module, from_flax(module, input_shape)
+
+
+def vgg11(input_shape: Sequence[int] = (32, 32, 3), num_classes: int = 10,
+          norm: str = "batch", num_groups: int = 32,
+          widths: dict | None = None) -> tuple[nn.Module, Model]:
+  """VGG-11 for CIFAR declaring its channel sets: the FedSpa paper's VGG-11 (eight 3×3
+  convolutions with bias, 64, M, 128, M, 256, 256, M, 512, 512, M, 512, 512, M; one dense layer
+  from the flattened features to the classes) with a normalisation after every convolution —
+  BatchNorm by default, the per-channel scale Sub-FedAvg (Hy) ranks channels on; ``"group"``
+  is the paper's GroupNorm (the same parameters: 9,231,114 at 32×32×3 and 10 classes). Prunable
+  sets: the convolutions' channels ``c1`` … ``c8`` (the dense layer reads the flattened map,
+  so it declares no input set). Returns ``(module, Model)``."""
+  _check(norm, num_groups)
+  module = _VGG11(num_classes, norm, num_groups, tuple(sorted((widths or {}).items())))
   return module, from_flax(module, input_shape)
 
 
