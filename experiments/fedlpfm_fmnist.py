@@ -105,10 +105,12 @@ def _by_split(columns: Sequence[str], values: dict) -> dict:
           for s, vs in values.items()}
 
 
-STUDIES = ("table8", "table11", "table12")
+STUDIES = ("table8", "table11", "table12", "prelim")
 OPTIONS = (
     Option("study", "table8", "table8 (methods x splits), table11 (linear-probed vs 0-shot "
-           "teacher), table12 (teacher backbones)", choices=STUDIES),
+           "teacher), table12 (teacher backbones), prelim (the preliminary experiment: FedAvg "
+           "on the lightweight student beside the pre-trained teacher itself fine-tuned with "
+           "FedAvg — CLIP with clip=)", choices=STUDIES),
     Option("splits", ",".join(SPLITS), f"comma list of {', '.join(SPLITS)}", kind="str"),
     Option("student", "cnn", "cnn (CPU), mobilenet_v2, resnet18, efficientnet_b0",
            choices=("cnn", "mobilenet_v2", "resnet18", "efficientnet_b0")),
@@ -201,25 +203,13 @@ def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
       out[name] = _clip_teacher(opts["clip_second"], opts["clip_prompts"])
     return out
   out = {}
-  path = output_dir(cfg, NAME)
   shape = x.shape[1:]
   widths = tuple(int(c) for c in opts["teacher_channels"])
   for name, model in (("CNN", cnn(shape, classes, widths, dense=4 * widths[-1])),
                       ("MLP", mlp(shape, classes, hidden=(512, 256)))):
     if name == "MLP" and opts["study"] != "table12":
       continue
-    cache = os.path.join(path, f"teacher_{name}_{opts['teacher_epochs']}_{cfg.seed}_"
-                         f"{len(x)}" + (f"_{'x'.join(map(str, widths))}" if name == "CNN" else "")
-                         + ".npz")
-    if os.path.exists(cache):
-      with np.load(cache) as f:
-        flat = [f[k] for k in sorted(f.files, key=int)]
-      params = jax.tree_util.tree_unflatten(
-          jax.tree_util.tree_structure(jax.eval_shape(model.init, jax.random.key(0))), flat)
-    else:
-      params = _train_central(model, x, y, opts["teacher_epochs"], cfg.seed)
-      np.savez(cache, **{str(i): np.asarray(a) for i, a in
-                         enumerate(jax.tree_util.tree_leaves(params))})
+    params = _library_teacher(cfg, opts, x, y, name, model)
     acc = _accuracy(model, params, xt, yt)
     fn = lambda a, m=model, p=params: _batched(jax.jit(m.apply), p, a)  # noqa: E731
     feats = lambda a, m=model, p=params: _penultimate(m, p, a)  # noqa: E731
@@ -227,6 +217,51 @@ def _teachers(cfg: Config, opts: dict, x, y, xt, yt, classes: int) -> dict:
                      f"centrally on {len(x)} training images, {opts['teacher_epochs']} epochs)",
                  feats)
   return out
+
+
+def _library_teacher(cfg: Config, opts: dict, x, y, name: str, model):
+  """The parameters of the library-trained teacher ``name`` (trained once, then read from the
+  output folder's cache)."""
+  widths = tuple(int(c) for c in opts["teacher_channels"])
+  cache = os.path.join(output_dir(cfg, NAME), f"teacher_{name}_{opts['teacher_epochs']}_"
+                       f"{cfg.seed}_{len(x)}"
+                       + (f"_{'x'.join(map(str, widths))}" if name == "CNN" else "") + ".npz")
+  if os.path.exists(cache):
+    with np.load(cache) as f:
+      flat = [f[k] for k in sorted(f.files, key=int)]
+    return jax.tree_util.tree_unflatten(
+        jax.tree_util.tree_structure(jax.eval_shape(model.init, jax.random.key(0))), flat)
+  params = _train_central(model, x, y, opts["teacher_epochs"], cfg.seed)
+  np.savez(cache, **{str(i): np.asarray(a) for i, a in
+                     enumerate(jax.tree_util.tree_leaves(params))})
+  return params
+
+
+def _fine_tunable_teacher(cfg: Config, opts: dict, x, y, classes: int) -> tuple:
+  """``(model, params, label, description)`` of the pre-trained network the preliminary
+  experiment fine-tunes with FedAvg: CLIP (``clip=``: its zero-shot classifier,
+  :func:`fedjaxsparse.models.clip_teacher.fine_tunable`), or the library-trained CNN teacher as
+  its labelled stand-in."""
+  if opts["clip"]:
+    from fedjaxsparse.models import clip, clip_teacher  # deferred: only with --set clip=
+    if not opts["clip_prompts"]:
+      raise ValueError("clip=... needs clip_prompts=IDS.npy (the tokenised class prompts).")
+    path = opts["clip"]
+    if path.endswith(".safetensors") or os.path.isfile(
+        os.path.join(path, "open_clip_model.safetensors")):
+      from fedjaxsparse.models import clip_resnet
+      t = clip_resnet.zero_shot_teacher(path, None, np.load(opts["clip_prompts"]))
+    else:
+      t = clip_teacher.zero_shot_teacher(path, clip.load_config(path),
+                                         np.load(opts["clip_prompts"]))
+    model, params = clip_teacher.fine_tunable(t)
+    return model, params, "CLIP + FedAvg", f"CLIP from {path}, fine-tuned with FedAvg"
+  widths = tuple(int(c) for c in opts["teacher_channels"])
+  model = cnn(x.shape[1:], classes, widths, dense=4 * widths[-1])
+  params = _library_teacher(cfg, opts, x, y, "CNN", model)
+  return (model, params, "pre-trained CNN + FedAvg (stand-in for CLIP)",
+          f"the library-trained CNN teacher (trained centrally on {len(x)} training images) "
+          "fine-tuned with FedAvg, standing in for CLIP")
 
 
 def _clip_teacher(path: str, prompts: str) -> tuple:
@@ -442,6 +477,16 @@ def setup(cfg: Config, opts: dict):
     model = _student(opts, ds.train.x.shape[2:], classes)
     params = model.init(jax.random.key(cfg.seed))
     fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
+    if opts["study"] == "prelim":   # no distillation: the teacher itself is fine-tuned
+      tmodel, tparams, label, about = _fine_tunable_teacher(cfg, opts, x, y, classes)
+      notes[label] = about
+      print(f"{NAME}: {ds.name}, {ds.num_clients} clients (all per round), "
+            f"{opts['local_steps']} local steps of {opts['batch']}, lr {opts['lr']:g}; {about}")
+      yield Context(ds._replace(train=fit), params, make_eval_fn(model),
+                    {"model": model, "variants": {}, "main": label, "teachers": notes,
+                     "table12": {}, "fine_tuned": (tmodel, tparams, label)},
+                    setting=split, fit=fit, val=val)
+      continue
     teachers = _teachers(cfg, opts, x, y, xt, yt, classes)
     notes.update({k: v[1] for k, v in teachers.items()})
     main = next(iter(teachers))
@@ -483,6 +528,8 @@ def _plan(opts: dict, variants: dict) -> dict:
   each teacher variant (Tables 11 and 12)."""
   if opts["study"] == "table8":
     return {m: (m, None) for m in METHODS}
+  if opts["study"] == "prelim":
+    return {"FedAvg": ("FedAvg", None), "fine-tuned": ("fine-tuned", None)}
   return {f"Fed-LPFM [{v}]": ("Fed-LPFM", v) for v in variants}
 
 
@@ -492,6 +539,13 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
   x = ctx.extra
   specs = _algorithms(opts, x["model"], ctx.data.num_classes)
   out = {}
+  if opts["study"] == "prelim":   # FedAvg on the student, and on the pre-trained teacher
+    tmodel, tparams, label = x["fine_tuned"]
+    (_, student, _), = specs["FedAvg"]
+    (_, teacher, _), = _algorithms(opts, tmodel, ctx.data.num_classes)["FedAvg"]
+    return {"FedAvg": Method(lambda setting, run: student(), [""]),
+            label: Method(lambda setting, run: (teacher(), make_eval_fn(tmodel)), [""],
+                          params=tparams)}
   for label, (method, variant) in _plan(opts, x["variants"]).items():
     teach = x["variants"][x["main"] if variant is None else variant]
     logits, mask = teach if isinstance(teach, tuple) else (teach, None)
@@ -505,8 +559,11 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
 
 def columns(label: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
   """The split's name in the paper's words, the chosen setting, the paper's CIFAR-10 number."""
-  method, variant = _plan(opts, ctx.extra["variants"])[label]
-  if opts["study"] == "table8":   # the student's own table (8, 9 or 10)
+  if opts["study"] == "prelim":
+    method, variant = ("FedAvg" if label == "FedAvg" else "CLIP + FedAvg"), None
+  else:
+    method, variant = _plan(opts, ctx.extra["variants"])[label]
+  if opts["study"] in ("table8", "prelim"):   # the student's own table (8, 9 or 10)
     column = method
   elif opts["study"] == "table11":
     column = {"Linear Probing": "Linear Probing", "Prompt Tuning": "Prompt Tuning"}.get(
@@ -529,13 +586,13 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
     ys.append(r["ours %"] if r["ours %"] is not None else float("nan"))
   splits = name_list(opts["splits"], "splits", tuple(SPLITS))
   source = paper_of(opts).source + (" — the CNN student stands in for MobileNetV2"
-                                    if opts["study"] == "table8" and opts["student"] == "cnn"
+                                    if opts["study"] in ("table8", "prelim") and opts["student"] == "cnn"
                                     else "")
-  return {"study": opts["study"], "teachers": notes, "claim": CLAIMS[opts["study"]],
+  return {"study": opts["study"], "teachers": notes, "claim": claim(opts),
           "table": Table(rows, note="\n".join(
               [f"paper % (CIFAR-10): {source}"]
               + [f"teacher {name}: {note}" for name, note in notes.items()]
-              + [f"the paper's claim: {CLAIMS[opts['study']]}"])),
+              + [f"the paper's claim: {claim(opts)}"])),
           "figures": [Figure("curves", dict(
               curves=curves, xlabel="label skew (split)", ylabel="test accuracy %",
               title=f"{cfg.dataset}: {opts['study']} (teacher: {ctx.extra['main']})",
@@ -602,9 +659,31 @@ PAPERS = {pc.name: pc for pc in (
              "two library-trained teachers stand in, labelled)"))}
 
 
+PAPERS["prelim_cifar10"] = _variant(
+    "prelim_cifar10", "preliminary experiment (§5.2.2)", "MobileNetV2 with FedAvg; CLIP with "
+    "FedAvg", {"study": "prelim", "splits": "iid,dir1.0,dir0.5,dir0.1,dir0.05,dir0.01"},
+    {ROW[split]: {"FedAvg": v, "CLIP + FedAvg": "> 90"} for split, v in (
+        ("iid", 91.48), ("dir1.0", 90.86), ("dir0.5", 90.05), ("dir0.1", 84.78),
+        ("dir0.05", 80.48), ("dir0.01", 58.49))},   # the text prints no CLIP number: "> 90"
+    "; CLIP with FedAvg needs --set clip=CKPT clip_prompts=IDS.npy (which of CLIP's weights "
+    "train is not stated: here its image tower and zero-shot head); without it the "
+    "library-trained CNN teacher, fine-tuned with FedAvg, stands in (labelled)")
+
+
+def claim(opts: dict) -> str:
+  """The paper's claim the study checks, its numbers read from the study's configuration."""
+  if opts["study"] != "prelim":
+    return CLAIMS[opts["study"]]
+  paper = PAPERS["prelim_cifar10"].paper
+  return (f"FedAvg's lightweight model falls from {paper['IID']['FedAvg']} % (IID) to "
+          f"{paper['Dir(0.01)']['FedAvg']} % (Dir(0.01)) while CLIP fine-tuned with FedAvg "
+          f"stays {paper['IID']['CLIP + FedAvg']} % on every split")
+
+
 def paper_of(opts: dict) -> PaperConfig:
   """The paper configuration whose numbers a run with ``opts`` prints beside its own: the
-  student's table for ``study=table8``, Table 11 or 12 for those studies."""
+  student's table for ``study=table8``, Table 11 or 12 for those studies, the preliminary
+  experiment's text for ``prelim``."""
   if opts["study"] == "table8":
     return PAPERS[STUDENT_PAPER[opts["student"]]]
   return PAPERS[f"{opts['study']}_cifar10"]

@@ -614,3 +614,50 @@ def test_fedlpfm_prompt_tuned_teacher_is_each_clients_coop(ckpt, tmp_path):
                           key=jax.random.key(0))
   np.testing.assert_allclose(logits[0], np.exp(1.7) * phi @ np.asarray(tuned.class_emb).T,
                              rtol=1e-4, atol=1e-4)
+
+
+def test_fine_tunable_clip_starts_at_the_teacher_and_trains_with_fedavg(teacher):
+  """Fed-LPFM's preliminary "CLIP with FedAvg": the fine-tunable classifier's logits at its
+  initial parameters are the zero-shot teacher's on the preprocessed images; both the image
+  tower and the zero-shot head receive gradients; FedAvg rounds lower the clients' loss."""
+  import optax
+  import fedjaxsparse as fjs
+  model, params = T.fine_tunable(teacher)
+  x = RNG.uniform(size=(12, 24, 24, 3)).astype(np.float32)     # clients' own image size
+  y = RNG.integers(0, K, 12).astype(np.int32)
+  want = T.teacher_logits(teacher, None, C.preprocess(x, 32))
+  np.testing.assert_allclose(jax.jit(model.apply)(params, x), want, rtol=1e-5, atol=1e-5)
+  assert model.init(jax.random.key(3)) is params                # the teacher, not a draw
+  loss = fjs.models.make_loss(model)
+  data = fjs.data.pack_clients(x, y, np.array_split(np.arange(12), 2))
+  g = jax.grad(loss)(params, data.x[0], data.y[0], data.mask[0])
+  assert all(float(jnp.abs(a).max()) > 0 for a in jax.tree.leaves(g))
+  algo = fjs.fedavg(loss, optax.sgd(0.05), local_steps=3)
+  state = algo.init(jax.random.key(0), params, data)
+  mean_loss = jax.jit(lambda p: jnp.mean(jax.vmap(loss, (None, 0, 0, 0))(p, data.x, data.y,
+                                                                           data.mask)))
+  before = float(mean_loss(params))
+  step = jax.jit(algo.step)
+  for t in range(3):
+    state, _ = step(jax.random.key(t), state, data)
+  assert float(mean_loss(state.params)) < before
+  with pytest.raises(ValueError, match="image_size"):
+    T.fine_tunable(teacher, image_size=0)
+
+
+def test_the_preliminary_experiment_fine_tunes_the_clip_checkpoint(ckpt, tmp_path):
+  """fedlpfm_fmnist --set study=prelim --set clip=CKPT: the network FedAvg fine-tunes is the
+  checkpoint's zero-shot classifier (its logits are the teacher's before any round)."""
+  from fedjaxsparse.harness.cli import experiments
+  from fedjaxsparse.harness.options import Config
+  F = experiments()["fedlpfm_fmnist"]
+  np.save(tmp_path / "ids.npy", IDS)
+  opts = {"clip": ckpt[0], "clip_prompts": str(tmp_path / "ids.npy"), "teacher_channels": [4]}
+  x = RNG.uniform(size=(6, 32, 32, 3)).astype(np.float32)
+  model, params, label, _ = F._fine_tunable_teacher(Config(out=str(tmp_path)), opts, x,
+                                                    np.zeros(6, np.int32), K)
+  assert label == "CLIP + FedAvg"
+  t = T.zero_shot_teacher(ckpt[0], None, IDS)
+  np.testing.assert_allclose(jax.jit(model.apply)(params, x),
+                             T.teacher_logits(t, None, C.preprocess(x, 32)),
+                             rtol=1e-5, atol=1e-5)

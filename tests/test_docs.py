@@ -24,7 +24,7 @@ def test_the_ledger_names_every_paper_configuration_and_only_real_ones():
   for it in items:
     where = f"seed {it['seed']} {it['label']}"
     assert it["status"] in STATUSES, where
-    assert it["label"].split()[0] in ("Table", "Figure", "Fig."), where
+    assert it["label"].split()[0] in ("Table", "Figure", "Fig.", "Text"), where
     if it["status"] in ("reproduced", "partial"):
       assert it["experiment"] and it["command"].startswith("fedjaxsparse run "), where
       assert it["command"].split()[2] == it["experiment"], where

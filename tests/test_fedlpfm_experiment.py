@@ -4,6 +4,8 @@ results carry the paper's numbers and the teacher's label. One-value grids keep 
 (tuning is the shared code every experiment uses). Table 12's mixed teachers reduce to
 per-client teacher masks, tested in test_fedlpfm."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -70,3 +72,26 @@ def test_table12_claim_states_the_papers_numbers():
   assert 7 <= gap.min() and gap.max() <= 20
   claim = F.CLAIMS["table12"]
   assert "+1.8" in claim and "+6.7" in claim and "7-20" in claim and "0.5" in claim
+
+
+def test_preliminary_experiment_fine_tunes_the_teacher_beside_fedavg(tmp_path, capsys):
+  """The preliminary experiment (--set study=prelim): per split, FedAvg on the student and the
+  pre-trained teacher itself fine-tuned with FedAvg (the labelled stand-in for CLIP offline),
+  the text's numbers beside them from the prelim_cifar10 configuration, its claim stated with
+  them."""
+  from fedjaxsparse.experiments import fedlpfm_fmnist as F
+  from fedjaxsparse.harness.cli import main
+  assert main(["run", "fedlpfm_fmnist", "--quick", "--out", str(tmp_path), "--no-progress",
+               "--set", "study=prelim", "--set", "splits=iid,dir0.01"]) == 0
+  text = capsys.readouterr().out
+  res = json.load(open(tmp_path / "fedlpfm_fmnist" / "results.json"))
+  paper = F.PAPERS["prelim_cifar10"].paper
+  rows = {(r["split"], r["method"]): r for r in res["table"]}
+  teacher = "pre-trained CNN + FedAvg (stand-in for CLIP)"
+  assert set(rows) == {(s, m) for s in ("IID", "Dir(0.01)") for m in ("FedAvg", teacher)}
+  for s in ("IID", "Dir(0.01)"):
+    assert rows[(s, "FedAvg")]["paper % (CIFAR-10)"] == paper[s]["FedAvg"]
+    assert rows[(s, teacher)]["paper % (CIFAR-10)"] == paper[s]["CLIP + FedAvg"] == "> 90"
+    assert 0 <= rows[(s, teacher)]["ours %"] <= 100
+  assert f"from {paper['IID']['FedAvg']} % (IID) to {paper['Dir(0.01)']['FedAvg']} %" in text
+  assert res["claim"] == F.claim({"study": "prelim"})

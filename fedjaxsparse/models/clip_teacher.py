@@ -26,13 +26,15 @@ import numpy as np
 import optax
 
 from fedjaxsparse.errors import check_int
+from fedjaxsparse.models.base import softmax_cross_entropy
 from fedjaxsparse.models.clip import (LEGACY_EOS_TOKEN_ID, CLIPConfig, TextConfig,
                                       config_from_hf, image_features, load_config, load_params,
-                                      normalize, text_features)
+                                      normalize, preprocess, text_features)
+from fedjaxsparse.core import CLASSIFICATION, Model
 from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["ZeroShotTeacher", "check_token_ids", "class_embeddings", "zero_shot_teacher",
-           "teacher_logits", "cached_logits", "PromptTuned", "prompt_tuning"]
+           "teacher_logits", "cached_logits", "fine_tunable", "PromptTuned", "prompt_tuning"]
 __dir__ = _public_dir(__all__)
 
 # ---------------------------------------------------------------------------------------------
@@ -130,6 +132,34 @@ def teacher_logits(teacher: ZeroShotTeacher, params: dict[str, Any] | None,
   img = teacher.image_fn(teacher.params if params is None else params, images)
   img = normalize(img.astype(jnp.float32))
   return jnp.exp(teacher.logit_scale) * img @ teacher.class_emb.T
+
+
+def fine_tunable(teacher: ZeroShotTeacher, image_size: int | None = None
+                 ) -> tuple[Model, dict[str, Any]]:
+  """A zero-shot CLIP classifier as a :class:`~fedjaxsparse.core.Model` to fine-tune — the
+  "CLIP with FedAvg" of Fed-LPFM's preliminary experiment (Wu, 2024), where CLIP itself is
+  trained by the clients: ``(model, params)`` with ``params = {"image": the image tower and
+  projection, "head": [K, D] the class embeddings}``, initialised at the teacher (its logits at
+  ``params`` are :func:`teacher_logits`'s), and
+
+  ``apply(params, x [B, H, W, C]) = exp(logit_scale) · normalize(image(preprocess(x))) ·
+  normalize(head)ᵀ``
+
+  (softmax cross entropy). The images are preprocessed inside ``apply`` (resized to
+  ``image_size``, default the model's, and normalised as CLIP's processor does), so a client
+  keeps its images at their own size; the temperature stays the checkpoint's. The paper gives
+  no more than "CLIP with FedAvg": which weights train is our choice — every weight of the image
+  tower and the zero-shot head (text tower unused once the class embeddings are computed)."""
+  size = teacher.cfg.vision_config.image_size if image_size is None else image_size
+  check_int("image_size", size, 1)
+  params = {"image": teacher.params, "head": teacher.class_emb}
+  scale = jnp.exp(jnp.asarray(teacher.logit_scale, jnp.float32))
+
+  def apply(p, x):
+    img = teacher.image_fn(p["image"], preprocess(x, size))
+    return scale * normalize(img.astype(jnp.float32)) @ normalize(p["head"]).T
+
+  return Model(lambda key: params, apply, softmax_cross_entropy, None, CLASSIFICATION), params
 
 
 def cached_logits(logits_fn: Callable[..., jax.Array], images: Any, batch_size: int = 256, *,
