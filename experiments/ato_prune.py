@@ -240,9 +240,14 @@ def _paper(name: str, source: str, dataset: str, options: dict, paper: dict,
       "notes)")
   reduced = ("ImageNet's training set is held in memory, per_class images a class (50 unless "
              "--set per_class=; the paper trains on all 1.28 M images)") if imagenet else ""
+  cited = list(dict.fromkeys(r.split(" (")[0] for r in paper["pruned top-1 %"]
+                             if not r.startswith(("ATO", "Uniform", "OTOv2"))))
+  missing = "; ".join(
+      ([f"the cited methods' rows ({', '.join(cited)}) are the paper's numbers, printed, not "
+        "rerun"] if cited else []) + (["top-5 accuracy is not measured"] if imagenet else []))
   return PaperConfig(name, source, dataset=dataset, standin=None, clients=1,
                      rounds=epochs, eval_every=1, options=options, paper=paper,
-                     unit="top-1 %", deviations=deviations, reduced=reduced)
+                     unit="top-1 %", deviations=deviations, reduced=reduced, missing=missing)
 
 
 PAPERS = {pc.name: pc for pc in (  # Tables 4 and 5 as printed (top-5 in the notes)

@@ -168,7 +168,9 @@ PAPERS = {
         options={**_PROTOCOL, "study": study,
                  "hidden": "1024,1024,1024" if ds == "emnist_l10" else "1024,1024",
                  **(_FEDCR_PROTOCOL if study == "fedcr" else {})},
-        unit="accuracy %", paper={}, deviations="lr tuned on validation; full participation")
+        unit="accuracy %", paper={}, deviations="lr tuned on validation; full participation",
+        missing="Fig. 4.4's right panel (the Acc + α/r trade-off) is not drawn; the deployed "
+                "model sizes it needs are printed" if study == "ratio" else "")
     for study in STUDIES for ds in ("fashion_mnist", "emnist_l10", "cifar10", "cifar100")}
 
 

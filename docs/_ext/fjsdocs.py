@@ -290,6 +290,17 @@ def ledger_words(item: dict, configs: dict | None = None) -> tuple[str, str]:
   return data, scale
 
 
+def ledger_status(item: dict, configs: dict | None = None) -> str:
+  """An item's status: typed for an item without paper configurations; generated otherwise —
+  ``"partial"`` when any of its configurations says what it leaves out
+  (``PaperConfig.missing``), else ``"reproduced"``."""
+  if not item.get("papers"):
+    return item["status"]
+  configs = paper_configurations() if configs is None else configs
+  pcs = [configs[(item["experiment"], p)] for p in item["papers"]]
+  return "partial" if any(pc.status == "partial" for pc in pcs) else "reproduced"
+
+
 def configuration_text(item: dict, configs: dict | None = None) -> str:
   """What an item's paper configurations fix and where they differ from the paper: each
   distinct set of options, deviations and reductions once, with the configurations it is
@@ -302,6 +313,7 @@ def configuration_text(item: dict, configs: dict | None = None) -> str:
     text = (f"data `{pc.dataset}` ({pc.data_status}), {pc.clients} clients, {pc.rounds} rounds"
             + (f"; {opts}" if opts else "")
             + (f"; reduced: {pc.reduced}" if pc.reduced else "")
+            + (f"; not produced: {pc.missing}" if pc.missing else "")
             + (f"; deviations: {pc.deviations}" if pc.deviations else ""))
     groups.setdefault(text, []).append(p)
   return " ".join(f"`--paper {' / '.join(ps)}`: {t}." for t, ps in groups.items())
@@ -335,7 +347,8 @@ def reproduction_page() -> str:
   configs = paper_configurations()
   counts = {}
   for it in items:
-    counts[STATUS_TEXT[it["status"]]] = counts.get(STATUS_TEXT[it["status"]], 0) + 1
+    word = STATUS_TEXT[ledger_status(it, configs)]
+    counts[word] = counts.get(word, 0) + 1
   text = "# Reproducing the papers\n\n"
   text += (f"Every table and figure of the seed papers: {len(items)} items — "
            + ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda x: -x[1]))
@@ -352,7 +365,7 @@ def reproduction_page() -> str:
       where = ", ".join(x for x in ledger_words(it, configs) if x)
       results = [r for r in (_committed_result(it["experiment"], p)
                              for p in it.get("papers", [])) if r]
-      status = STATUS_TEXT[it["status"]] + "".join(
+      status = STATUS_TEXT[ledger_status(it, configs)] + "".join(
           f"; measured ({'on a stand-in' if r.get('standin') else 'real data'})"
           for r in results[:1])
       text += (f"- **{it['label']}** — {it['caption']}. *{status}*"

@@ -69,6 +69,7 @@ def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict
         results = {**results, "paper_configuration": {
             "name": paper.name, "source": paper.source, "scale": paper.scale_status,
             "reduced": paper.reduced, "deviations": paper.deviations,
+            "status": paper.status, "missing": paper.missing,
             "data": ("stand-in" if results.get("standin") or standin_note(cfg.dataset or "")
                      else data_status(cfg.dataset) if cfg.dataset else paper.data_status)}}
       return finish(cfg, name, results)

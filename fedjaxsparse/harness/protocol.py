@@ -186,8 +186,11 @@ class PaperConfig:
     deviations: what still differs from the paper's protocol, and why.
     reduced: what this configuration runs smaller than the paper (a subset of the data, a
       shorter budget, fewer seeds), and why; ``""`` when it runs the paper's whole protocol.
-      :attr:`scale_status` reads it; the reproduction ledger's words come from these two
+      :attr:`scale_status` reads it; the reproduction ledger's words come from these
       properties, never typed beside them.
+    missing: what of the paper's table or figure this configuration does not produce (a
+      panel, the cited baselines' rows), and why; ``""`` when it produces all of it.
+      :attr:`status` reads it.
   """
   name: str
   source: str
@@ -202,6 +205,7 @@ class PaperConfig:
   data_kwargs: dict = dataclasses.field(default_factory=dict)
   deviations: str = ""
   reduced: str = ""
+  missing: str = ""
 
   @property
   def data_status(self) -> str:
@@ -214,6 +218,12 @@ class PaperConfig:
   def scale_status(self) -> str:
     """``"paper protocol"``, or ``"reduced"`` when :attr:`reduced` says what is smaller."""
     return "reduced" if self.reduced else "paper protocol"
+
+  @property
+  def status(self) -> str:
+    """``"reproduced"`` (a command runs the whole protocol), or ``"partial"`` when
+    :attr:`missing` names what it leaves out."""
+    return "partial" if self.missing else "reproduced"
 
   def common(self) -> dict:
     """The :class:`fedjaxsparse.harness.options.Config` fields this configuration sets."""
