@@ -53,7 +53,13 @@ not depend on p, so both runs are identical); 3e-4 with 50 % (the default) reach
 and a zeroed BatchNorm channel gets no gradient back, so the controller's decisions are
 irreversible, and (4-6) is 0 under the budget, so nothing pulls P back up.
 ``--set flops_penalty=two_sided`` (``|log(P/(pP_total))|``, not the paper's) ends nearer the
-targets: 0.43 and 0.27 (seed 0). The run prints how its controller differs from the paper's.
+targets: 0.43 and 0.27 (seed 0). The run prints how its controller differs from the paper's,
+and the table prints the FLOPs each network keeps beside its target p.
+
+Ablations (Figs. 6, 7 and 9): ``--set sweep=gamma=1,2,4,8`` (or ``lam=...``, ``t_w=...`` as
+fractions of the epochs) runs ATO once more per value at the first target, each a row of the
+table, its validation accuracy per epoch drawn beside ATO's and ATO-HSP's, and the FLOPs
+regulariser R_FLOPs (4-6) of every epoch's mask drawn for every ATO run (``_rflops.png``).
 
 ``--dataset cifar10|cifar100 --data-dir DIR`` (tfds-prepared) runs Table 4's setting: 32×32×3
 normalised with the CIFAR-10 mean/std, random crop + flip, 300 epochs, all 45,000 training
@@ -145,6 +151,10 @@ OPTIONS = (
     Option("lam", 10.0, "ATO's group penalty λ", low=0.0),
     Option("gamma", 4.0, "ATO's FLOPs regulariser γ", low=0.0),
     Option("t_w", 0.2, "penalty starts at this fraction of the epochs (T_w)", low=0.0, high=1.0),
+    Option("sweep", "", "Figs. 6, 7 and 9: ATO once more per value of one of lam, gamma, t_w "
+           "(e.g. gamma=1,2,4,8), at the first target p, its validation accuracy and the "
+           "FLOPs regulariser R_FLOPs of every epoch's mask drawn beside ATO's (Fig. 6(d), "
+           "prox vs HSP, is ATO vs ATO-HSP)", kind="str"),
     Option("t_start", 0.1, "controller training starts (T_start, fraction of the epochs)",
            low=0.0, high=1.0),
     Option("t_end", 0.5, "controller training ends, w frozen after (T_end)", low=0.0, high=1.0),
@@ -522,6 +532,7 @@ def _run(cfg: Config, opts: dict) -> dict:
   T_w, T_start, T_end = (_epoch(opts[k], E) for k in ("t_w", "t_start", "t_end"))
   if T_start > T_end:
     raise ConfigError(f"t_start={opts['t_start']} is after t_end={opts['t_end']}.")
+  sweep = parse_sweep(opts["sweep"])
   data = _load(cfg, opts, s["train_size"], cfg.seed)
   x, y = data["x"], data["y"]
   if s["batch"] > len(x):
@@ -670,9 +681,52 @@ def _run(cfg: Config, opts: dict) -> dict:
       res = finish(st.params, keep)
       records.setdefault(("OTOv2", None), []).append(
           {**res, "kept_groups": int(keep.sum()), "history": hist, "time_s": sec})
+    if sweep is not None:   # Figs. 6, 7, 9: ATO at the first target, one run per value
+      field, values = sweep
+      p = opts["targets"][0]
+      for v in values:
+        change = {"T_w": _epoch(v, E)} if field == "t_w" else {field: v}
+        st, hist, sec = train(f"ATO_{field}{v:g}_p{p:g}{tag}", model, zigs,
+                              base._replace(target=p, **change), params, key, masked_curve,
+                              extra={"sweep": [field, v]})
+        keep = np.asarray(st.w) > 0.5
+        nrm = np.asarray(Z.group_norms(zigs, st.params))
+        res = finish(st.params, keep)
+        res.update(kept_groups=int(keep.sum()), final_flops_frac=res["masked_flops"] / dense_flops,
+                   unzeroed_masked_groups=int(np.sum((~keep) & (nrm > 0))))
+        records.setdefault((f"ATO {SWEEPS[field]}={v:g}", p), []).append(
+            {**res, "history": hist, "time_s": sec,
+             "flops_curve": [h["flops"] for h in hist] + [res["masked_flops"] / dense_flops]})
 
   return _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam,
                  dict(settings=s, T_w=T_w, T_start=T_start, T_end=T_end, loop=loop))
+
+
+SWEEPS = {"lam": "λ", "gamma": "γ", "t_w": "T_w"}
+"""The ATO settings ``--set sweep=`` varies (Figs. 6, 7 and 9) and their symbols in rows."""
+
+
+def parse_sweep(text: str) -> tuple[str, list[float]] | None:
+  """``"gamma=1,2,4"`` -> ``("gamma", [1.0, 2.0, 4.0])``; ``""`` -> ``None``. ConfigError names
+  the option and what it takes otherwise."""
+  if not text:
+    return None
+  field, _, values = text.partition("=")
+  field = field.strip()
+  try:
+    vals = [float(v) for v in values.split(",") if v.strip()]
+  except ValueError:
+    vals = []
+  if field not in SWEEPS or not vals or min(vals) < 0 or (field == "t_w" and max(vals) > 1):
+    raise ConfigError(f"option 'sweep' must be NAME=V1,V2,... with NAME one of "
+                      f"{', '.join(SWEEPS)} and values >= 0 (t_w: in [0, 1]), got {text!r}.")
+  return field, vals
+
+
+def r_flops(fraction: float, target: float, two_sided: bool = False) -> float:
+  """ATO's FLOPs regulariser (4-6) at a mask keeping ``fraction`` of the FLOPs, for the target
+  ``p`` (:func:`fedjaxsparse.pruning.zig.flops_regularizer` with ``P_total = 1``)."""
+  return float(Z.flops_regularizer(jnp.float32(fraction), jnp.float32(target), two_sided))
 
 
 def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, setup) -> dict:
@@ -688,7 +742,7 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
     pruned = 100 * (1 - np.mean([r["flops"] for r in recs]) / dense_flops)
     diffs = [r["logit_diff"] for r in recs if r["logit_diff"] is not None]
     kept = np.mean([r["flops"] for r in recs]) / dense_flops
-    row = {"method": label[m], "p": "-" if p is None else f"{p:g}", "kept FLOPs": kept,
+    row = {"method": label.get(m, m), "p": "-" if p is None else f"{p:g}", "kept FLOPs": kept,
            "val top-1 %": 100 * np.mean([r["val"] for r in recs]), "test top-1 %": test,
            "s.e.": (mean_se([100 * r["test"] for r in recs])["se"] if len(recs) > 1
                     else None),
@@ -715,8 +769,8 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
            f"FLOPs penalty); pruned FLOPs = 1 − MACs(compressed)/MACs(dense); max "
            f"|Δlogit| = compressed vs masked model on {opts['check_size']} test images")
   notes = []
-  under = [(label[m], p, np.mean([r["flops"] for r in recs]) / dense_flops)
-           for (m, p), recs in records.items() if m in ("ATO", "ATO-HSP") and p is not None]
+  under = [(label.get(m, m), p, np.mean([r["flops"] for r in recs]) / dense_flops)
+           for (m, p), recs in records.items() if m.startswith("ATO") and p is not None]
   under = [(m, p, k) for m, p, k in under if k < 0.9 * p]
   if under:
     notes.append(
@@ -726,9 +780,9 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
            "nothing stops the controller from pruning past it; --set flops_penalty=two_sided "
            "penalises both sides" if opts["flops_penalty"] == "one_sided" else ""))
   for (m, p), recs in records.items():
-    if m in ("ATO", "ATO-HSP"):
+    if m.startswith("ATO"):
       r = recs[0]
-      notes.append(f"  {label[m]} p={p:g} (seed {cfg.seed}): final P(w)/P_total = "
+      notes.append(f"  {label.get(m, m)} p={p:g} (seed {cfg.seed}): final P(w)/P_total = "
                    f"{r['final_flops_frac']:.3f} (target {p:g}), {r['kept_groups']} groups "
                    f"kept, {r['unzeroed_masked_groups']} masked groups not exactly zero before "
                    f"removal")
@@ -752,15 +806,17 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
           "runs": {f"{m}" + ("" if p is None else f" p={p:g}"): recs
                    for (m, p), recs in records.items()},
           "figures": _figures(records, label, dense_flops, dense_test,
-                              f"{arch} on {cfg.dataset}")}
+                              f"{arch} on {cfg.dataset}",
+                              opts["flops_penalty"] == "two_sided")}
 
 
-def _figures(records, label, dense_flops, dense_test, what) -> list[Figure]:
+def _figures(records, label, dense_flops, dense_test, what,
+             two_sided: bool = False) -> list[Figure]:
   curves = {}
   for (m, p), recs in sorted(records.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
     if m == "Dense":
       continue
-    xs, ys = curves.setdefault(label[m], ([], []))
+    xs, ys = curves.setdefault(label.get(m, m), ([], []))
     xs.append(100 * (1 - np.mean([r["flops"] for r in recs]) / dense_flops))
     ys.append(100 * np.mean([r["test"] for r in recs]))
   for xs, ys in curves.values():
@@ -770,13 +826,14 @@ def _figures(records, label, dense_flops, dense_test, what) -> list[Figure]:
       curves=curves, xlabel="pruned FLOPs %", ylabel="test top-1 %",
       title=f"{what}: accuracy vs pruned FLOPs",
       baseline=None if dense_test is None else ("Dense", dense_test), logx=False))]
-  acc, fl = {}, {}
+  acc, fl, reg = {}, {}, {}
   for (m, p), recs in records.items():
-    if m in ("ATO", "ATO-HSP"):
-      h = recs[0]["history"]
-      acc[f"{label[m]} p={p:g}"] = ([r["epoch"] for r in h], [100 * r["metric"] for r in h])
-      fl[f"{label[m]} p={p:g}"] = (list(range(len(recs[0]["flops_curve"]))),
-                                   recs[0]["flops_curve"])
+    if m.startswith("ATO"):
+      h, name = recs[0]["history"], f"{label.get(m, m)} p={p:g}"
+      acc[name] = ([r["epoch"] for r in h], [100 * r["metric"] for r in h])
+      epochs = list(range(len(recs[0]["flops_curve"])))
+      fl[name] = (epochs, recs[0]["flops_curve"])
+      reg[name] = (epochs, [r_flops(f, p, two_sided) for f in recs[0]["flops_curve"]])
   if acc:
     dense = records.get(("Dense", None))
     base = None
@@ -789,6 +846,10 @@ def _figures(records, label, dense_flops, dense_test, what) -> list[Figure]:
     figures.append(Figure("curves", dict(
         curves=fl, xlabel="epoch (mask after it)", ylabel="P(w) / P_total",
         title=f"{what}: ATO's mask FLOPs (seed 0)", logx=False), suffix="_flops"))
+    figures.append(Figure("curves", dict(
+        curves=reg, xlabel="epoch (mask after it)", ylabel="R_FLOPs of the mask",
+        title=f"{what}: ATO's FLOPs regulariser (4-6) at each epoch's mask (seed 0)",
+        logx=False), suffix="_rflops"))
   return figures
 
 

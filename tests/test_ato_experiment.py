@@ -19,13 +19,18 @@ pytestmark = pytest.mark.integration  # the integration tier (README: the test c
 
 def test_ato_prune_tiny_through_the_cli(tmp_path, capsys, quick):
   """The quick setting (an MLP on the labelled Fashion-MNIST stand-in, 4 epochs)."""
-  res = quick("ato_prune")
+  res = quick("ato_prune", "--set", "sweep=gamma=1,8")   # Figs. 6, 7, 9: one run per γ
   text = capsys.readouterr().out
   assert "not comparable" in text and "NOT the paper's 5 %" in text
   folder = tmp_path / "ato_prune"
   rows = {(r["method"], r["p"]): r for r in res["table"]}
   assert set(rows) == {("Dense", "-"), ("ATO", "0.5"), ("ATO-HSP", "0.5"), ("Uniform", "0.5"),
-                       ("OTO (HSPG)", "-"), ("OTOv2 (DHSPG)", "-")}
+                       ("OTO (HSPG)", "-"), ("OTOv2 (DHSPG)", "-"), ("ATO γ=1", "0.5"),
+                       ("ATO γ=8", "0.5")}
+  for g in ("1", "8"):   # the sweep's runs: ATO at the first target, masks and curves kept
+    run = res["runs"][f"ATO γ={g} p=0.5"][0]
+    assert len(run["history"]) == 4 and len(run["flops_curve"]) == 5
+    assert rows[(f"ATO γ={g}", "0.5")]["max |Δlogit|"] < 1e-4
   for r in rows.values():
     assert math.isfinite(r["test top-1 %"]) and math.isfinite(r["val top-1 %"])
     assert 0 <= r["test top-1 %"] <= 100
@@ -45,11 +50,26 @@ def test_ato_prune_tiny_through_the_cli(tmp_path, capsys, quick):
   uni = res["runs"]["Uniform p=0.5"][0]
   assert abs(uni["flops"] - ato["masked_flops"]) <= 0.02 * res["dense_flops"]
   assert len(ato["history"]) == 4 and len(ato["flops_curve"]) == 5
-  for png in ("ato_prune.png", "ato_prune_accuracy.png", "ato_prune_flops.png"):
+  for png in ("ato_prune.png", "ato_prune_accuracy.png", "ato_prune_flops.png",
+              "ato_prune_rflops.png"):
     assert (folder / png).read_bytes()[:4] == b"\x89PNG"
   # A fresh run into the same folder refuses the earlier run's checkpoints.
   assert main(["run", "ato_prune", "--quick", "--out", str(tmp_path), "--no-progress"]) == 1
   assert "--resume" in capsys.readouterr().err
+
+
+def test_r_flops_is_the_papers_regulariser_and_the_sweep_option_is_checked():
+  A = experiments()["ato_prune"]
+  assert A.r_flops(0.4, 0.5) == 0.0 and A.r_flops(0.5, 0.5) == 0.0     # one-sided (4-6)
+  assert A.r_flops(0.6, 0.5) == pytest.approx(math.log(1.2), rel=1e-6)
+  assert A.r_flops(0.25, 0.5, two_sided=True) == pytest.approx(math.log(2), rel=1e-6)
+  assert A.parse_sweep("") is None
+  assert A.parse_sweep("gamma=1,2.5") == ("gamma", [1.0, 2.5])
+  assert A.parse_sweep("t_w=0,0.5") == ("t_w", [0.0, 0.5])
+  from fedjaxsparse.errors import ConfigError
+  for bad in ("beta=1", "gamma=", "gamma=a", "t_w=2", "lam=-1"):
+    with pytest.raises(ConfigError, match="option 'sweep'"):
+      A.parse_sweep(bad)
 
 
 def test_uniform_ratio_matches_a_flops_budget():

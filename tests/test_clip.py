@@ -616,6 +616,7 @@ def test_fedlpfm_prompt_tuned_teacher_is_each_clients_coop(ckpt, tmp_path):
                              rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.integration   # FedAvg rounds of a ViT: a multi-round learning run (the tier's kind)
 def test_fine_tunable_clip_starts_at_the_teacher_and_trains_with_fedavg(teacher):
   """Fed-LPFM's preliminary "CLIP with FedAvg": the fine-tunable classifier's logits at its
   initial parameters are the zero-shot teacher's on the preprocessed images; both the image
