@@ -35,7 +35,7 @@ extensions = [
     "fjsdocs",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "README.md", "reproduction.toml", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "README.md", "reproduction.toml", "rules", "Thumbs.db", ".DS_Store"]
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
 nb_execution_mode = "auto" if os.environ.get("FEDJAXSPARSE_DOCS_EXECUTE") == "1" else "off"

@@ -148,6 +148,8 @@ def test_no_page_or_docstring_points_into_the_teams_specs():
             found.append(f"{os.path.relpath(path, _ROOT)}:{where}: {hit!r}")
   pages = [os.path.join(_ROOT, "README.md"), os.path.join(_ROOT, "benchmarks", "README.md")]
   pages += [os.path.join(DOCS, n) for n in sorted(os.listdir(DOCS)) if n.endswith(".md")]
+  pages += [os.path.join(DOCS, "rules", n) for n in sorted(os.listdir(os.path.join(DOCS, "rules")))
+            if n.endswith(".md")]
   pages += [os.path.join(_ROOT, "notebooks", n)
             for n in sorted(os.listdir(os.path.join(_ROOT, "notebooks"))) if n.endswith(".ipynb")]
   for path in pages:
@@ -198,3 +200,18 @@ def test_ledger_words_come_from_the_configurations_that_run(monkeypatch):
   assert fjsdocs.ledger_status(items[("001", "Figure 4.4")], configs) == "partial"  # right panel
   assert fjsdocs.ledger_status(items[("004", "Table 5")], configs) == "partial"    # baselines
   assert fjsdocs.ledger_status(items[("004", "Table 12")], configs) == "reproduced"
+
+
+def test_every_family_page_states_its_update_rules_in_latex():
+  """Each paper's page carries its methods' update rules as display mathematics (MyST's
+  ``$$ ... $$``, rendered by MathJax in the browser; the build needs no network), written in
+  ``docs/rules/<family>.md`` and placed on the generated page."""
+  for slug, *_ in fjsdocs.FAMILIES:
+    path = os.path.join(DOCS, "rules", f"{slug}.md")
+    assert os.path.exists(path), f"docs/rules/{slug}.md is missing"
+    text = open(path, encoding="utf-8").read()
+    blocks = re.findall(r"^\$\$\n(.+?)\n\$\$$", text, flags=re.S | re.M)
+    assert len(blocks) >= 2 and text.count("$$") % 2 == 0, slug
+    assert not re.search(r"^# ", text, flags=re.M), f"{slug}: the page has its own title"
+    page = fjsdocs.family_page(*next(f for f in fjsdocs.FAMILIES if f[0] == slug))
+    assert "## Update rules" in page and blocks[0] in page, slug

@@ -437,7 +437,12 @@ def family_page(slug, title, paper, modules, exps, notebooks) -> str:
   text = f"# {title}\n\n"
   text += (f"The paper: {paper}. The full citations, the method in a few sentences, its update rules and "
            "the choices the library made where the paper is silent or wrong are in the "
-           "module docstrings below; the constructors follow with every option.\n\n")
+           "module docstrings below; the constructors follow with every option. The update "
+           "rules come first, as the library computes them.\n\n")
+  rules = os.path.join(DOCS, "rules", f"{slug}.md")
+  if os.path.exists(rules):
+    with open(rules, encoding="utf-8") as f:
+      text += "## Update rules\n\n" + f.read().strip() + "\n\n"
   mods = [f"fedjaxsparse.algorithms.{m}" for m in modules] or list(POSTTRAIN_MODULES)
   for name in mods:
     module = importlib.import_module(name)
