@@ -13,8 +13,8 @@ seed — Uniform from its smaller network's):
   ``D_CN`` (``ctrl_fraction`` of the training set), then frozen;
 * **ATO-HSP** — the same with the half-space projector (4-3) (the paper's ablation: "HSP and
   prox perform about the same"); ε = ``hsp_eps`` (not in the seed);
-* **Uniform** — Table 4's baseline: every prunable channel set kept at one fraction r, found by
-  bisection so that the uniform mask's FLOPs ``P(w)`` match ATO's final model at the same
+* **Uniform** — Table 4's baseline (:func:`fedjaxsparse.pruning.zig.uniform_ratio`): every
+  prunable channel set kept at one fraction r, found by bisection so that the uniform mask's FLOPs ``P(w)`` match ATO's final model at the same
   target; that smaller network (rebuilt with ``widths``) is trained from scratch with the same
   recipe;
 * **OTO (HSPG)** — OTO's static choice: every group penalised (w ≡ 0 from the start), the
@@ -449,71 +449,8 @@ def _epoch(fraction: float, epochs: int) -> int:
 # ------------------------------------------------------------------------------ training
 
 
-class _Evaluator:
-  """Jitted logits of one network, plain or under a group mask (the virtual gate); with
-  ``running`` (training images), BatchNorm normalises by running statistics computed over them
-  for the parameters evaluated (:func:`fedjaxsparse.models.prunable.batch_norm_stats`)
-  instead of each evaluation batch's own."""
-
-  def __init__(self, module, model, shape, batch: int, running=None):
-    self.model, self.batch, self.running = model, batch, running
-    self.zigs = Z.trace(module, shape)
-
-    def plain(params, stats, xb):
-      if stats is None:
-        return model.apply(params, xb)
-      return P.apply_with_stats(module, params, stats, xb.reshape((len(xb),) + tuple(shape)))
-
-    def gated(params, stats, w, xb):
-      with Z.gate(self.zigs, w):
-        return plain(params, stats, xb)
-
-    def stats(params, w, x):   # under the same gate as the evaluation it serves
-      if w is None:
-        return P.batch_norm_stats(module, params, x, batch)
-      with Z.gate(self.zigs, w):
-        return P.batch_norm_stats(module, params, x, batch)
-
-    self.plain, self.gated = jax.jit(plain), jax.jit(gated)
-    self.stats = jax.jit(stats)
-
-  def logits(self, params, x, w=None) -> np.ndarray:
-    stats = None
-    if self.running is not None:
-      stats = self.stats(params, w, jnp.asarray(self.running))
-    out = []
-    for i in range(0, len(x), self.batch):
-      xb = jnp.asarray(x[i:i + self.batch])
-      out.append(np.asarray(self.plain(params, stats, xb) if w is None else
-                            self.gated(params, stats, w, xb)))
-    return np.concatenate(out)
-
-  def accuracy(self, params, x, y, w=None) -> float:
-    return float(np.mean(np.argmax(self.logits(params, x, w), -1) == y))
-
-
 def _num_params(params) -> int:
   return int(sum(np.size(v) for v in jax.tree_util.tree_leaves(params)))
-
-
-def _uniform_keep(zigs: Z.ZIGs, r: float) -> np.ndarray:
-  """Every prunable set keeps its first ``max(1, round(r·C))`` channels."""
-  keep = np.zeros(zigs.num_groups, bool)
-  for s in zigs.prunable:
-    keep[s.offset:s.offset + max(1, int(math.floor(r * s.size + 0.5)))] = True
-  return keep
-
-
-def uniform_ratio(zigs: Z.ZIGs, flops: float) -> tuple[float, np.ndarray]:
-  """Bisection for the uniform keep fraction r whose mask's ``P(w)`` is closest to ``flops``
-  (MACs per example); returns ``(r, keep)``."""
-  p = lambda r: float(Z.flops(zigs, jnp.asarray(_uniform_keep(zigs, r), jnp.float32)))  # noqa
-  lo, hi = 0.0, 1.0
-  for _ in range(40):
-    mid = 0.5 * (lo + hi)
-    lo, hi = (mid, hi) if p(mid) <= flops else (lo, mid)
-  r = min((lo, hi), key=lambda r: abs(p(r) - flops))
-  return r, _uniform_keep(zigs, r)
 
 
 def _recipe(opts: dict, s: dict, steps: int):
@@ -542,7 +479,7 @@ def _run(cfg: Config, opts: dict) -> dict:
   build = _builder(opts, data["shape"], data["classes"])
   module, model = build()
   running = (data["x"][:opts["bn_samples"]] if opts["bn_eval"] == "running" else None)
-  ev = _Evaluator(module, model, data["shape"], opts["eval_batch"], running)
+  ev = Z.GatedEvaluator(module, model, data["shape"], opts["eval_batch"], running)
   zigs, dense_flops = ev.zigs, Z.total_flops(ev.zigs)
   augment = crop_flip() if s["augment"] else None
   loop = opts["loop"] if opts["loop"] != "auto" else (
@@ -601,8 +538,8 @@ def _run(cfg: Config, opts: dict) -> dict:
     """Zero the removed groups, compress, rebuild; evaluate the small model."""
     w = jnp.asarray(keep, jnp.float32)
     small, widths = Z.compress(zigs, Z.scale_groups(zigs, params, w), keep)
-    sev = ev if keep.all() else _Evaluator(*build(widths), data["shape"], opts["eval_batch"],
-                                           running)
+    sev = ev if keep.all() else Z.GatedEvaluator(*build(widths), data["shape"],
+                                                 opts["eval_batch"], running)
     diff = float(np.max(np.abs(sev.logits(small, check_x) - ev.logits(params, check_x, w))))
     return dict(val=sev.accuracy(small, data["xv"], data["yv"]),
                 test=sev.accuracy(small, data["xt"], data["yt"]),
@@ -646,10 +583,10 @@ def _run(cfg: Config, opts: dict) -> dict:
           ato_flops[p] = res["masked_flops"]
       if "Uniform" in methods:
         goal = ato_flops.get(p, p * dense_flops)
-        r, keep = uniform_ratio(zigs, goal)
+        r, keep = Z.uniform_ratio(zigs, goal)
         widths = {c.name: int(keep[c.offset:c.offset + c.size].sum()) for c in zigs.prunable}
         umod, umodel = build(widths)
-        uev = _Evaluator(umod, umodel, data["shape"], opts["eval_batch"], running)
+        uev = Z.GatedEvaluator(umod, umodel, data["shape"], opts["eval_batch"], running)
         st, hist, sec = train(f"Uniform_p{p:g}{tag}", umodel, uev.zigs,
                               base._replace(lam=0.0, **never), umodel.init(
                                   jax.random.fold_in(key, 1)), key,

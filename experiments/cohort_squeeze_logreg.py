@@ -55,6 +55,7 @@ from fedjaxsparse.convex.constants import client_curvatures, linear_model_consta
     logistic_optimum
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
+from fedjaxsparse.data.partitions import kmeans_partition
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.options import Config, Option, name_list
 from fedjaxsparse.harness.running import Steps
@@ -137,20 +138,12 @@ PAPERS = {"figure5_1": PaperConfig(
 
 
 def feature_split(x: np.ndarray, clusters: int, per_cluster: int, seed: int):
-  """D.3.1: k-means on the examples into ``clusters`` clusters, each cut at random into
-  ``per_cluster`` clients. Returns (client index sets, blocks of client ids)."""
-  from sklearn.cluster import KMeans
-  labels = KMeans(n_clusters=clusters, n_init=10, random_state=seed).fit_predict(x)
-  rng = np.random.default_rng(seed)
-  parts, blocks = [], []
-  for c in range(clusters):
-    ids = rng.permutation(np.flatnonzero(labels == c))
-    if len(ids) < per_cluster:
-      raise ConfigError(f"cluster {c} has {len(ids)} examples, fewer than "
-                        f"clients_per_cluster={per_cluster}; use fewer clusters or clients.")
-    blocks.append(np.arange(len(parts), len(parts) + per_cluster))
-    parts.extend(np.array_split(ids, per_cluster))
-  return parts, blocks
+  """:func:`fedjaxsparse.data.partitions.kmeans_partition` with the experiment's option names
+  in its error (``clusters``, ``clients_per_cluster``)."""
+  try:
+    return kmeans_partition(x, clusters, per_cluster, seed)
+  except ValueError as e:
+    raise ConfigError(str(e).replace("per_cluster=", "clients_per_cluster=")) from None
 
 
 def errors(algo, w0, data, x_opt, rounds: int, seeds: int, seed: int) -> np.ndarray:

@@ -73,7 +73,7 @@ def test_r_flops_is_the_papers_regulariser_and_the_sweep_option_is_checked():
 
 
 def test_uniform_ratio_matches_a_flops_budget():
-  uniform_ratio = experiments()["ato_prune"].uniform_ratio
+  uniform_ratio = Z.uniform_ratio
   module, _ = P.cifar_resnet(20, (28, 28, 1), 10)
   zigs = Z.trace(module, (28, 28, 1))
   total = Z.total_flops(zigs)

@@ -175,3 +175,27 @@ def test_class_cycle_partition_is_fedcrs_noniid_deal():
   for bad in (0, 11):
     with pytest.raises(ValueError, match="classes_per_client"):
       class_cycle_partition(y, 10, bad)
+
+
+def test_kmeans_partition_deals_each_cluster_to_its_own_clients():
+  """Feature-wise heterogeneity (Cohort-Squeeze's split): on well-separated blobs every client
+  of a block holds examples of one blob only, each blob is cut into ``per_cluster`` clients of
+  near-equal size, and every example is dealt exactly once."""
+  from fedjaxsparse.data.partitions import kmeans_partition
+  rng = np.random.default_rng(0)
+  sizes = (31, 40, 29)
+  x = np.concatenate([rng.normal(loc=10.0 * c, size=(n, 3)) for c, n in enumerate(sizes)])
+  truth = np.repeat(np.arange(3), sizes)
+  parts, blocks = kmeans_partition(x, 3, 4, seed=1)
+  assert len(parts) == 12 and [list(b) for b in blocks] == [list(range(4 * c, 4 * c + 4))
+                                                            for c in range(3)]
+  np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(x)))
+  for block in blocks:
+    members = np.concatenate([parts[i] for i in block])
+    assert len(set(truth[members].tolist())) == 1                     # one blob per block
+    counts = [len(parts[i]) for i in block]
+    assert max(counts) - min(counts) <= 1                              # near-equal clients
+  with pytest.raises(ValueError, match="per_cluster=40"):
+    kmeans_partition(x, 3, 40, seed=1)
+  with pytest.raises(ValueError, match="clusters must be an int"):
+    kmeans_partition(x, 0, 2)

@@ -11,7 +11,7 @@ from fedjaxsparse.data.federated import (FederatedData, FederatedDataset, federa
 # dispatcher over them by name
 from fedjaxsparse.data.partitions import (PARTITIONS, dirichlet_lognormal_partition,
                                          dirichlet_partition, hsu_dirichlet_partition,
-                                         iid_partition, label_count_partition,
+                                         iid_partition, kmeans_partition, label_count_partition,
                                          lognormal_partition, lognormal_sizes, matching_test_sets,
                                          natural_partition, partition, shard_partition)
 from fedjaxsparse.data.problems import (example_weights, ridge_regression_optimum,
@@ -27,7 +27,8 @@ __all__ = [
     "synthetic", "FederatedData", "FederatedDataset", "federate", "pack_clients", "split_clients",
     "PARTITIONS", "dirichlet_partition", "iid_partition", "lognormal_partition", "lognormal_sizes",
     "natural_partition", "shard_partition", "dirichlet_lognormal_partition",
-    "hsu_dirichlet_partition", "label_count_partition", "matching_test_sets", "example_weights",
+    "hsu_dirichlet_partition", "kmeans_partition", "label_count_partition", "matching_test_sets",
+    "example_weights",
     "ridge_regression_optimum", "ridge_regression_problem", "softmax_regression_optimum",
     "uniform_weights", "ARRAYS", "DATASETS", "load_arrays", "load_dataset",
 ]

@@ -17,7 +17,7 @@ from fedjaxsparse.core import public_dir as _public_dir
 __all__ = ["iid_partition", "dirichlet_partition", "shard_partition", "natural_partition",
            "lognormal_sizes", "lognormal_partition", "dirichlet_lognormal_partition",
            "hsu_dirichlet_partition", "matching_test_sets", "label_count_partition",
-           "class_cycle_partition", "partition"]
+           "class_cycle_partition", "kmeans_partition", "partition"]
 __dir__ = _public_dir(__all__)
 
 
@@ -348,3 +348,33 @@ def partition(labels: np.ndarray, num_clients: int, method: str, seed: int = 0, 
   if method == "labels":
     return label_count_partition(labels, num_clients, labels_per_client, seed)
   raise ValueError(f"partition must be one of {PARTITIONS}, got {method!r}.")
+
+
+def kmeans_partition(x: np.ndarray, clusters: int, per_cluster: int, seed: int = 0
+                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Feature-wise heterogeneity: k-means (scikit-learn, ``n_init=10``) groups the examples
+  ``x [n, d]`` into ``clusters`` clusters, and each cluster is cut at random into
+  ``per_cluster`` clients of near-equal size — the split of Cohort-Squeeze (Yi et al. 2024),
+  whose stratified and block cohort samplers draw by cluster. Returns ``(parts, blocks)``: the
+  ``clusters · per_cluster`` clients' example indices (cluster by cluster) and, per cluster,
+  the ids of its clients. A cluster with fewer examples than ``per_cluster`` is a ValueError
+  naming the options to lower."""
+  from sklearn.cluster import KMeans
+  x = np.asarray(x)
+  for name, v in (("clusters", clusters), ("per_cluster", per_cluster)):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+      raise ValueError(f"{name} must be an int >= 1, got {v!r}.")
+  if x.ndim != 2 or len(x) < clusters:
+    raise ValueError(f"x must be [n, d] with n >= clusters={clusters}, got shape {x.shape}.")
+  labels = KMeans(n_clusters=int(clusters), n_init=10, random_state=seed).fit_predict(x)
+  rng = np.random.default_rng(seed)
+  parts: list[np.ndarray] = []
+  blocks: list[np.ndarray] = []
+  for c in range(int(clusters)):
+    ids = rng.permutation(np.flatnonzero(labels == c))
+    if len(ids) < per_cluster:
+      raise ValueError(f"cluster {c} has {len(ids)} examples, fewer than "
+                       f"per_cluster={per_cluster}; use fewer clusters or clients per cluster.")
+    blocks.append(np.arange(len(parts), len(parts) + per_cluster))
+    parts.extend(np.array_split(ids, per_cluster))
+  return parts, blocks

@@ -43,12 +43,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjaxsparse.models.prunable import PConv, PDense, PNorm
+from fedjaxsparse.models.prunable import (PConv, PDense, PNorm, apply_with_stats,
+                                         batch_norm_stats)
 from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["Layer", "ChannelSet", "ZIGs", "trace", "group_sq_norms", "group_dots", "group_norms",
            "scale_groups", "group_prox", "hsp", "conv_groups", "norm_scales", "kept_fraction",
-           "flops", "total_flops", "flops_regularizer", "gate", "compress"]
+           "flops", "total_flops", "flops_regularizer", "gate", "compress", "uniform_keep",
+           "uniform_ratio", "GatedEvaluator"]
 __dir__ = _public_dir(__all__)
 
 Params = Any
@@ -294,3 +296,81 @@ def compress(zigs: ZIGs, params: Params, keep) -> tuple[Params, dict]:
       params = _replace(params, layer.path, "kernel",
                         np.take(node["kernel"], index[layer.in_set], axis=-2))
   return params, widths
+
+
+def uniform_keep(zigs: ZIGs, r: float) -> np.ndarray:
+  """``bool[num_groups]``: every prunable set keeps its first ``max(1, round(r·C))`` of its
+  ``C`` channels — uniform structured pruning at keep fraction ``r``."""
+  keep = np.zeros(zigs.num_groups, bool)
+  for s in zigs.prunable:
+    keep[s.offset:s.offset + max(1, int(np.floor(r * s.size + 0.5)))] = True
+  return keep
+
+
+def uniform_ratio(zigs: ZIGs, flops_target: float) -> tuple[float, np.ndarray]:
+  """The Uniform baseline of structured-pruning tables (e.g. Table 4 of Auto-Train-Once's
+  evaluation, Wu 2024): the keep fraction ``r`` whose :func:`uniform_keep` mask's
+  :func:`flops` is closest to ``flops_target`` (MACs per example), found by bisection (40
+  halvings; the count is monotone in ``r``). Returns ``(r, keep)``."""
+  count = lambda r: float(flops(zigs, jnp.asarray(uniform_keep(zigs, r), jnp.float32)))  # noqa
+  lo, hi = 0.0, 1.0
+  for _ in range(40):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if count(mid) <= flops_target else (lo, mid)
+  r = min((lo, hi), key=lambda r: abs(count(r) - flops_target))
+  return r, uniform_keep(zigs, r)
+
+
+class GatedEvaluator:
+  """Batched, jitted logits and accuracy of one prunable network (a module of
+  :mod:`fedjaxsparse.models.prunable` and its Model), plain or under a group mask ``w`` (the
+  virtual gate, :func:`gate`). With ``running`` (training inputs), BatchNorm normalises by
+  running statistics computed over them for the parameters (and mask) evaluated
+  (:func:`fedjaxsparse.models.prunable.batch_norm_stats`, BatchNorm's evaluation mode) instead
+  of each evaluation batch's own. ``zigs`` is the network's trace.
+
+  Args:
+    module: the flax module.
+    model: its :class:`~fedjaxsparse.core.Model`.
+    shape: one input's shape.
+    batch: examples per jitted call.
+    running: training inputs for running statistics, or ``None``.
+  """
+
+  def __init__(self, module, model, shape, batch: int, running=None):
+    self.model, self.batch, self.running = model, batch, running
+    self.zigs = trace(module, shape)
+
+    def plain(params, stats, xb):
+      if stats is None:
+        return model.apply(params, xb)
+      return apply_with_stats(module, params, stats, xb.reshape((len(xb),) + tuple(shape)))
+
+    def gated(params, stats, w, xb):
+      with gate(self.zigs, w):
+        return plain(params, stats, xb)
+
+    def stats(params, w, x):   # under the same gate as the evaluation it serves
+      if w is None:
+        return batch_norm_stats(module, params, x, batch)
+      with gate(self.zigs, w):
+        return batch_norm_stats(module, params, x, batch)
+
+    self._plain, self._gated = jax.jit(plain), jax.jit(gated)
+    self._stats = jax.jit(stats)
+
+  def logits(self, params, x, w=None) -> np.ndarray:
+    """``[n, ...] -> [n, K]`` logits, ``batch`` examples per call, under mask ``w`` if given."""
+    stats = None
+    if self.running is not None:
+      stats = self._stats(params, w, jnp.asarray(self.running))
+    out = []
+    for i in range(0, len(x), self.batch):
+      xb = jnp.asarray(x[i:i + self.batch])
+      out.append(np.asarray(self._plain(params, stats, xb) if w is None else
+                            self._gated(params, stats, w, xb)))
+    return np.concatenate(out)
+
+  def accuracy(self, params, x, y, w=None) -> float:
+    """Top-1 accuracy (a fraction) of :meth:`logits` against labels ``y``."""
+    return float(np.mean(np.argmax(self.logits(params, x, w), -1) == y))
