@@ -128,10 +128,10 @@ def _method(name: str, lr: float, loss, nice, opts: dict):
 def _run(cfg: Config, opts: dict) -> dict:
   def load(name):
     if name == "femnist":
-      return load_dataset(name, data_dir=cfg.data_dir, num_writers=cfg.clients,
+      return load_dataset(name, data_dir=cfg.data_dir, num_clients=cfg.clients,
                           test="writers")
     if name == "femnist_standin":
-      return load_dataset(name, num_writers=cfg.clients, seed=cfg.seed, test="writers")
+      return load_dataset(name, num_clients=cfg.clients, seed=cfg.seed, test="writers")
     raise ConfigError(f"{NAME} runs on femnist (with --data-dir) or femnist_standin, got "
                       f"{name!r}.")
 

@@ -249,11 +249,11 @@ def _load(cfg: Config, name: str, opts: dict | None = None):
     return federate(x, y, parts, num_classes=classes, name=f"{name}/{rule}",
                     test_fraction=0.3, seed=cfg.seed)
   if name == "femnist":
-    kw = {"data_dir": cfg.data_dir, "num_writers": cfg.clients, "test": "writers"}
+    kw = {"data_dir": cfg.data_dir, "num_clients": cfg.clients, "test": "writers"}
   elif name == "shakespeare":
     kw = {"data_dir": cfg.data_dir, "num_clients": cfg.clients, "seed": cfg.seed}
   elif name == "femnist_standin":
-    kw = {"num_writers": cfg.clients, "seed": cfg.seed, "test": "writers"}
+    kw = {"num_clients": cfg.clients, "seed": cfg.seed, "test": "writers"}
   else:
     raise ConfigError(f"{NAME} runs on femnist (with --data-dir), shakespeare (bundled, or "
                       f"--data-dir), femnist_standin, fashion_mnist(_standin) or cifar100 (tfds, "

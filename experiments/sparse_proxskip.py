@@ -192,9 +192,9 @@ def _load(cfg: Config, name: str, alpha: float, femnist_test: str = "all"):
   elif name in ("diabetes", "synthetic", "blogfeedback_standin"):
     kw = {"num_clients": cfg.clients, "seed": cfg.seed}
   elif name == "femnist":
-    kw = {"num_writers": cfg.clients, "test": femnist_test}
+    kw = {"num_clients": cfg.clients, "test": femnist_test}
   elif name == "femnist_standin":
-    kw = {"num_writers": cfg.clients, "seed": cfg.seed}
+    kw = {"num_clients": cfg.clients, "seed": cfg.seed}
   if cfg.data_dir is not None and name not in ("femnist_standin", "blogfeedback_standin"):
     kw["data_dir"] = cfg.data_dir
   return load_dataset(name, **kw)

@@ -143,3 +143,32 @@ def test_load_arrays_splits_partition_the_pooled_set():
     fjs.data.load_arrays("mnist")
   with pytest.raises(ValueError, match="split must be"):
     fjs.data.load_arrays("digits", "validation")
+
+
+def test_one_registry_names_every_data_set_an_experiment_accepts():
+  """data.registry.REGISTRY is the one home of data-set names: every experiment's default, quick
+  and paper-configuration data sets (and their stand-ins) are in it, each entry's loaders
+  exist, DATASETS/ARRAYS/OFFLINE are its views, and a stand-in's real set is in it too."""
+  import importlib.util
+  from fedjaxsparse.data import registry as R
+  from fedjaxsparse.harness.cli import experiments
+  used = set()
+  for m in experiments().values():
+    used |= {m.DEFAULTS.get("dataset"), getattr(m, "QUICK", {}).get("dataset")}
+    for pc in getattr(m, "PAPERS", {}).values():
+      used |= {pc.dataset, pc.standin}
+  used.discard(None)
+  assert used <= set(R.REGISTRY), sorted(used - set(R.REGISTRY))
+  for name, s in R.REGISTRY.items():
+    assert s.federated or s.arrays or s.loader or name == "none", name
+    for module, fn, *_ in filter(None, (s.federated, s.arrays)):
+      assert importlib.util.find_spec(module) is not None, (name, module)
+      if module.startswith("fedjaxsparse"):
+        assert callable(getattr(importlib.import_module(module), fn)), (name, fn)
+    if s.loader:
+      assert importlib.util.find_spec(s.loader) is not None, (name, s.loader)
+    assert s.standin_of is None or s.standin_of in R.REGISTRY, name
+    assert R.data_status(name) == ("stand-in" if s.standin_of else
+                                   "real offline" if s.offline else "real with files"), name
+  assert R.DATASETS == {n: s.federated for n, s in R.REGISTRY.items() if s.federated}
+  assert set(R.ARRAYS) == {n for n, s in R.REGISTRY.items() if s.arrays}

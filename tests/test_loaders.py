@@ -106,13 +106,13 @@ def test_femnist_leaf_json_fixture(tmp_path):
                               "y": rng.integers(0, 62, n).tolist()} for u in users}}
     with open(tmp_path / split / "all_data_0.json", "w") as f:
       json.dump(blob, f)
-  ds = fjs.data.leaf.femnist(str(tmp_path), num_writers=2)
+  ds = fjs.data.leaf.femnist(str(tmp_path), num_clients=2)
   assert ds.num_clients == 2 and ds.num_classes == 62
   np.testing.assert_array_equal(ds.train.num_examples, [3, 3])
   np.testing.assert_array_equal(ds.test.num_examples, [1, 1])  # each writer's own test data
   assert ds.train.x.shape[2:] == (28, 28, 1)
   # seed 000's protocol: 2 training writers, the unrestricted test set of all 3 writers
-  full = fjs.data.leaf.femnist(str(tmp_path), num_writers=2, test="all")
+  full = fjs.data.leaf.femnist(str(tmp_path), num_clients=2, test="all")
   np.testing.assert_array_equal(full.test.num_examples, [3])
   np.testing.assert_array_equal(full.train.x, ds.train.x)
   kept = {tuple(np.round(r, 6)) for r in np.asarray(ds.test.x).reshape(2, -1)}

@@ -28,7 +28,7 @@ def test_mushrooms_standin_has_the_shape_of_mushrooms():
 
 
 def test_femnist_standin_has_femnists_shape():
-  ds = fjs.data.standins.femnist_standin(num_writers=30, seed=0)
+  ds = fjs.data.standins.femnist_standin(num_clients=30, seed=0)
   assert ds.num_clients == 30 and ds.num_classes == 62
   assert ds.train.x.shape[2:] == (28, 28, 1) and ds.test.num_clients == 1  # unrestricted test
   x = np.asarray(ds.train.x)

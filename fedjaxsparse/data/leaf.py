@@ -3,7 +3,7 @@
 Layout of LEAF's preprocessed data (``data/femnist/data`` after ``preprocess.sh``):
 ``train/*.json`` and ``test/*.json``, each ``{"users": [...], "num_samples": [...],
 "user_data": {user: {"x": [[784 floats]], "y": [ints]}}}``. Writers keep their own train and
-test examples; ``num_writers`` keeps the first writers in file order (the Sparse-ProxSkip
+test examples; ``num_clients`` keeps the first writers in file order (the Sparse-ProxSkip
 paper, Meinhardt et al. 2024, uses 100).
 
 Source for the team: seed 000 (100 writers), §4.2 (unrestricted test set).
@@ -108,13 +108,13 @@ def _read_split(directory: str) -> dict:
 TEST_SETS = ("writers", "all")
 
 
-def femnist(data_dir: str | None = None, num_writers: int | None = None,
+def femnist(data_dir: str | None = None, num_clients: int | None = None,
             test: str = "writers") -> FederatedDataset:
   """FEMNIST with ``x [n, 28, 28, 1]`` in [0, 1] and 62 classes, natural split by writer.
 
   ``test="writers"``: each kept writer's own test examples (a per-client test split);
   ``test="all"``: the standard *unrestricted* test set — the test examples of every writer in
-  the files, also those not kept by ``num_writers`` — as one shared test client (Section 4.2
+  the files, also those not kept by ``num_clients`` — as one shared test client (Section 4.2
   of the Sparse-ProxSkip paper restricts training to 100 writers but evaluates on the
   unrestricted test set).
   """
@@ -128,11 +128,11 @@ def femnist(data_dir: str | None = None, num_writers: int | None = None,
         "(github.com/TalwalkarLab/leaf, data/femnist: ./preprocess.sh -s niid --sf 1.0 -k 0 "
         "-t sample) and pass the directory holding train/ and test/ as data_dir "
         "(CLI: --data-dir).")
-  if num_writers is not None and not num_writers >= 1:
-    raise ValueError(f"num_writers must be >= 1, got {num_writers}.")
+  if num_clients is not None and not num_clients >= 1:
+    raise ValueError(f"num_clients must be >= 1, got {num_clients}.")
   train = _read_split(train_dir)
   test_split = _read_split(test_dir)
-  writers = list(train)[:num_writers]
+  writers = list(train)[:num_clients]
 
   def stack(split, who):
     xs, ys, parts, start = [], [], [], 0

@@ -5,32 +5,74 @@ Source for the team: seed 001 ch. 4, Table C.1 (``emnist_l10``).
 from __future__ import annotations
 
 import importlib
+from typing import NamedTuple
 
 from fedjaxsparse.data.federated import FederatedDataset
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["load_dataset", "load_arrays", "OFFLINE", "data_status"]
+__all__ = ["Source", "REGISTRY", "DATASETS", "ARRAYS", "OFFLINE", "load_dataset", "load_arrays",
+           "data_status"]
 __dir__ = _public_dir(__all__)
 
-# name -> (module, function); modules are imported on use so a loader's optional
-# dependencies never slow down the others.
-DATASETS = {
-    "digits": ("fedjaxsparse.data.embedded", "digits"),
-    "diabetes": ("fedjaxsparse.data.embedded", "diabetes"),
-    "synthetic": ("fedjaxsparse.data.embedded", "synthetic"),
-    "fashion_mnist": ("fedjaxsparse.data.fashion_mnist", "fashion_mnist"),
-    "blogfeedback": ("fedjaxsparse.data.blogfeedback", "blogfeedback"),
-    "femnist": ("fedjaxsparse.data.leaf", "femnist"),
-    "femnist_standin": ("fedjaxsparse.data.standins", "femnist_standin"),
-    "blogfeedback_standin": ("fedjaxsparse.data.standins", "blogfeedback_standin"),
-    "libsvm": ("fedjaxsparse.data.libsvm", "libsvm"),
-    "shakespeare": ("fedjaxsparse.data.shakespeare", "shakespeare"),
-    "cifar10": ("fedjaxsparse.data.tfds_sources", "cifar10"),
-    "cifar100": ("fedjaxsparse.data.tfds_sources", "cifar100"),
-    "emnist": ("fedjaxsparse.data.tfds_sources", "emnist"),
+class Source(NamedTuple):
+  """One data set the library knows by name: how it loads and what a run on it means.
+
+  Attributes:
+    federated: ``(module, loader)`` of :func:`load_dataset` (``--dataset``), or ``None``.
+    arrays: ``(module, function, its source name, label offset, classes kept)`` of
+      :func:`load_arrays`, or ``None``.
+    offline: it ships with the package or its dependencies (loads on a machine with nothing
+      but the install); otherwise it is read from the user's files.
+    standin_of: the real set whose shape this labelled stand-in has (``None``: real data).
+    loader: where an experiment-specific loader lives when neither of the above (e.g.
+      ``"fedjaxsparse.data.pascal_voc"``).
+  """
+  federated: tuple[str, str] | None = None
+  arrays: tuple | None = None
+  offline: bool = False
+  standin_of: str | None = None
+  loader: str | None = None
+
+
+_TFDS = "fedjaxsparse.data.tfds_sources"
+_FMNIST = ("fedjaxsparse.data.fashion_mnist", "load_arrays", None, 0, None)
+REGISTRY = {
+    "digits": Source(("fedjaxsparse.data.embedded", "digits"),
+                     ("sklearn.datasets", "load_digits", None, 0, None), offline=True),
+    "diabetes": Source(("fedjaxsparse.data.embedded", "diabetes"), offline=True),
+    "synthetic": Source(("fedjaxsparse.data.embedded", "synthetic"), offline=True),
+    "breast_cancer": Source(offline=True, loader="fedjaxsparse.data.libsvm"),
+    "shakespeare": Source(("fedjaxsparse.data.shakespeare", "shakespeare"), offline=True),
+    "none": Source(offline=True),   # an experiment that reads no data (arithmetic on shapes)
+    "fashion_mnist": Source(("fedjaxsparse.data.fashion_mnist", "fashion_mnist"), _FMNIST),
+    "fashion_mnist_standin": Source(arrays=_FMNIST, offline=True, standin_of="fashion_mnist"),
+    "blogfeedback": Source(("fedjaxsparse.data.blogfeedback", "blogfeedback")),
+    "blogfeedback_standin": Source(("fedjaxsparse.data.standins", "blogfeedback_standin"),
+                                   offline=True, standin_of="blogfeedback"),
+    "femnist": Source(("fedjaxsparse.data.leaf", "femnist")),
+    "femnist_standin": Source(("fedjaxsparse.data.standins", "femnist_standin"), offline=True,
+                              standin_of="femnist"),
+    "libsvm": Source(("fedjaxsparse.data.libsvm", "libsvm")),
+    # labelled stand-ins of LIBSVM files' shapes (the real files: --dataset libsvm --data-dir)
+    **{f"{n}_standin": Source(offline=True, standin_of="libsvm",
+                              loader="fedjaxsparse.data.libsvm")
+       for n in ("mushrooms", "phishing", "a9a", "w8a")},
+    "cifar10": Source((_TFDS, "cifar10"), (_TFDS, "load_split", "cifar10", 0, None)),
+    "cifar100": Source((_TFDS, "cifar100"), (_TFDS, "load_split", "cifar100", 0, None)),
+    "emnist": Source((_TFDS, "emnist")),
+    "svhn": Source(arrays=(_TFDS, "load_split", "svhn_cropped", 0, None)),
+    "emnist_l": Source(arrays=(_TFDS, "load_split", "emnist/letters", 1, None)),
+    "emnist_l10": Source(arrays=(_TFDS, "load_split", "emnist/letters", 1, 10)),
+    "imagenet": Source(loader="fedjaxsparse.data.imagenet"),
+    "voc": Source(loader="fedjaxsparse.data.pascal_voc"),
+    "voc_standin": Source(offline=True, standin_of="voc", loader="fedjaxsparse.data.pascal_voc"),
+    "wikitext2": Source(loader="fedjaxsparse.pruning.lm"),
 }
+"""``{name: Source}``: every data set an experiment or loader accepts by name — the one
+registry; :data:`DATASETS`, :data:`ARRAYS` and :data:`OFFLINE` are its views."""
+DATASETS = {n: s.federated for n, s in REGISTRY.items() if s.federated is not None}
 """``{name: (module, loader)}``: the data sets :func:`load_dataset` (and ``--dataset``) knows,
-loaded lazily from their modules."""
+loaded lazily from their modules (a view of :data:`REGISTRY`)."""
 
 
 def load_dataset(name: str, **kwargs) -> FederatedDataset:
@@ -41,17 +83,9 @@ def load_dataset(name: str, **kwargs) -> FederatedDataset:
   return getattr(importlib.import_module(module), fn)(**kwargs)
 
 
-ARRAYS = {  # name -> (module, function, its dataset name, label offset, classes kept)
-    "fashion_mnist": ("fedjaxsparse.data.fashion_mnist", "load_arrays", None, 0, None),
-    "fashion_mnist_standin": ("fedjaxsparse.data.fashion_mnist", "load_arrays", None, 0, None),
-    "digits": ("sklearn.datasets", "load_digits", None, 0, None),
-    "cifar10": ("fedjaxsparse.data.tfds_sources", "load_split", "cifar10", 0, None),
-    "cifar100": ("fedjaxsparse.data.tfds_sources", "load_split", "cifar100", 0, None),
-    "svhn": ("fedjaxsparse.data.tfds_sources", "load_split", "svhn_cropped", 0, None),
-    "emnist_l": ("fedjaxsparse.data.tfds_sources", "load_split", "emnist/letters", 1, None),
-    "emnist_l10": ("fedjaxsparse.data.tfds_sources", "load_split", "emnist/letters", 1, 10),
-}
-"""``{name: ...}``: the classification sets :func:`load_arrays` reads as centralised arrays.
+ARRAYS = {n: s.arrays for n, s in REGISTRY.items() if s.arrays is not None}
+"""``{name: ...}``: the classification sets :func:`load_arrays` reads as centralised arrays (a
+view of :data:`REGISTRY`).
 ``emnist_l`` is EMNIST Letters' 26 classes; ``emnist_l10`` its first ten (a-j), the
 "EMNIST-L" of FedCR-style personalisation papers (e.g. FedP3, Yi et al. 2024; Table C.1 of Kai
 Yi's dissertation: 10 classes, 48K + 8K examples — Letters holds 4,800 training and 800 test
@@ -98,11 +132,11 @@ def load_arrays(name: str, split: str = "train", data_dir: str | None = None):
   return x, y
 
 
-OFFLINE = frozenset({"digits", "diabetes", "synthetic", "breast_cancer", "shakespeare", "none"})
+OFFLINE = frozenset(n for n, s in REGISTRY.items() if s.offline and s.standin_of is None)
 """The real data sets that ship with the package or its dependencies (scikit-learn's bundled
-sets, the plays in ``fedjaxsparse/data``): they load on a machine with nothing but the install.
-``"none"`` is an experiment that reads no data (arithmetic on shapes). Every other real set is
-read from the user's files."""
+sets, the plays in ``fedjaxsparse/data``; ``"none"``: an experiment that reads no data): they
+load on a machine with nothing but the install. Every other real set is read from the user's
+files (a view of :data:`REGISTRY`)."""
 
 
 def data_status(name: str) -> str:
@@ -110,6 +144,7 @@ def data_status(name: str) -> str:
   ``"stand-in"`` (a labelled substitute of the real data's shape: a ``*_standin`` name),
   ``"real offline"`` (one of :data:`OFFLINE`) or ``"real with files"`` (the real data, read from
   files the user supplies)."""
-  if name.endswith("_standin"):
+  source = REGISTRY.get(name)
+  if (source is not None and source.standin_of is not None) or name.endswith("_standin"):
     return "stand-in"
   return "real offline" if name in OFFLINE else "real with files"

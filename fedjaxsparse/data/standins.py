@@ -60,7 +60,7 @@ def _smooth(noise: np.ndarray, passes: int) -> np.ndarray:
   return noise
 
 
-def femnist_standin(num_writers: int = 100, seed: int = 0, noise: float = 0.5,
+def femnist_standin(num_clients: int = 100, seed: int = 0, noise: float = 0.5,
                     test: str = "all") -> FederatedDataset:
   """FEMNIST's shape: ``x [n, 28, 28, 1]`` in [0, 1], 62 classes, one client per writer.
 
@@ -92,20 +92,20 @@ def femnist_standin(num_writers: int = 100, seed: int = 0, noise: float = 0.5,
 
   sigma = np.sqrt(np.log1p((FEMNIST_SD / FEMNIST_MEAN) ** 2))
   sizes = np.maximum(2, np.round(rng.lognormal(np.log(FEMNIST_MEAN) - sigma ** 2 / 2, sigma,
-                                               2 * num_writers))).astype(int)
+                                               2 * num_clients))).astype(int)
   train, test_parts = [], []
-  for w in range(2 * num_writers):  # writers num_writers.. are only in the test split
+  for w in range(2 * num_clients):  # writers num_clients.. are only in the test split
     x, y = writer(int(sizes[w]), np.random.default_rng([seed, w]))
     n_test = max(1, int(round(0.1 * len(y))))
-    if w < num_writers:
+    if w < num_clients:
       train.append((x[n_test:], y[n_test:]))
     test_parts.append((x[:n_test], y[:n_test]))
   cat = lambda parts, i: np.concatenate([p[i] for p in parts])
   ranges = lambda parts: [np.arange(a, b) for a, b in zip(*(lambda c: (c[:-1], c[1:]))(
       np.cumsum([0] + [len(p[1]) for p in parts])))]
-  test = test_parts[:num_writers] if own else test_parts
+  test = test_parts[:num_clients] if own else test_parts
   return federate(cat(train, 0), cat(train, 1), ranges(train), num_classes=62,
-                  name=f"femnist_standin({num_writers} writers, synthetic)",
+                  name=f"femnist_standin({num_clients} writers, synthetic)",
                   x_test=cat(test, 0), y_test=cat(test, 1),
                   test_indices=ranges(test) if own else None)
 
