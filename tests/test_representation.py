@@ -82,6 +82,13 @@ def test_fedcr_and_fedsr_without_their_regularisers_are_fedavg():
     state, info = jax.jit(algo.step)(key, state, data)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref)):
       np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+  # with the head shared, every client's model is the global one (no stale personal heads)
+  state = cr.init(jax.random.key(1), params, data)
+  state, _ = jax.jit(cr.step)(key, state, data)
+  assert "head" not in state.clients
+  for a, b in zip(jax.tree.leaves(state.personal["head"]), jax.tree.leaves(state.params["head"])):
+    assert a.shape == (data.num_clients,) + b.shape
+    np.testing.assert_array_equal(a, np.broadcast_to(b, a.shape))
 
 
 def test_fedcr_class_distributions_are_the_product_of_every_examples_expert():

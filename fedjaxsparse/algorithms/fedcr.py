@@ -41,8 +41,9 @@ __dir__ = _public_dir(__all__)
 class FedCRState(HeadsState):
   """:class:`~fedjaxsparse.algorithms.cohort_round.CohortState` of :func:`~fedjaxsparse.algorithms.fedcr.fedcr`: ``params``
   (the global ``{"body", "head"}``; the head is the shared one only with ``share_head``),
-  ``clients`` (``{"head": personal heads}``, leaves ``[N, ...]``, plus ``"layers"``:
-  ``bool[N, L]`` with ``train_layers``), ``server`` (``(prior_mean, prior_std)``, ``[C, d]``
+  ``clients`` (``{"head": personal heads}``, leaves ``[N, ...]``, or ``{"shared_head":
+  bool[N]}`` with ``share_head``; plus ``"layers"``: ``bool[N, L]`` with ``train_layers``),
+  ``server`` (``(prior_mean, prior_std)``, ``[C, d]``
   each: r(z|y)), ``server_opt_state``, ``round``."""
   __slots__ = ()
 
@@ -133,9 +134,9 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
       code: 10; ``None``: no clipping).
     weighting: the body's aggregation weights, ``"uniform"`` (the code) or ``"num_examples"``
       (``"sampling"`` with a sampler).
-    share_head: average the head as well (FedAvg with FedCR's regulariser); then the personal
-      heads in ``state.clients`` are not trained and every client's model is
-      ``state.params``.
+    share_head: average the head as well (FedAvg with FedCR's regulariser); then there are no
+      personal heads (``state.clients`` holds ``"shared_head"``) and ``state.heads`` and
+      ``state.personal`` give every client the global head of ``state.params``.
     deterministic: ``z = μ`` (no sampling; then ``samples`` must be 1) — the reduction to FedAvg.
     train_layers: ``bool[N, L]`` over the body's layers (FedCR-OPU3; ``None``: every layer);
       not combinable with ``share_head``.
@@ -218,8 +219,11 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
 
   def init(key, params, n):
     del key
-    clients = {"head": jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape),
-                                    params["head"])}
+    if share_head:   # no personal heads: every client's head is the global one
+      clients = {"shared_head": jnp.ones((n,), bool)}
+    else:
+      clients = {"head": jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape),
+                                      params["head"])}
     if train_layers is not None:
       names = layer_groups.layer_names(params["body"], 1)
       if tuple(train_layers.shape) != (n, len(names)):
@@ -239,15 +243,15 @@ def fedcr(model: SplitModel, lr: float | Schedule, *, beta: float = 1e-3, beta2:
     steps = epochs * -(-dd.mask.shape[0] // batch_size)    # the padded data's bound
     opt = at_round(client_optimizer, t) or local_optimizer(at_round(lr, t), momentum,
                                                            weight_decay, clip)
-    trained, mean, std, seen, loss = client(w, st["head"], key, dd, opt, steps, prior_mean,
-                                            prior_std)
+    trained, mean, std, seen, loss = client(w, w["head"] if share_head else st["head"], key,
+                                            dd, opt, steps, prior_mean, prior_std)
     message = {"body": jax.tree.map(jnp.subtract, trained["body"], w["body"]),
                "mean": mean, "std": std, "seen": seen}
     if share_head:
       message["head"] = jax.tree.map(jnp.subtract, trained["head"], w["head"])
     if train_layers is not None:
       message["layers"] = st["layers"]
-    new = dict(st, head=st["head"] if share_head else trained["head"])
+    new = st if share_head else dict(st, head=trained["head"])
     return message, new, {"loss": loss}
 
   def aggregate(messages, weights, w):

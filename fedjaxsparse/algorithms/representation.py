@@ -56,12 +56,17 @@ __dir__ = _public_dir(__all__)
 
 
 class HeadsState(CohortState):
-  """A cohort state whose client states hold personal heads (``clients["head"]``)."""
+  """A cohort state whose client states hold personal heads (``clients["head"]``), or — for a
+  method whose head is shared (``clients["shared_head"]``, ``bool[N]``) — none: every client's
+  head is then the global one."""
   __slots__ = ()
 
   @property
   def heads(self) -> Any:
-    """Personal heads, leaves ``[N, ...]``."""
+    """Personal heads, leaves ``[N, ...]`` (a shared head broadcast to every client)."""
+    if "shared_head" in self.clients:
+      n = self.clients["shared_head"].shape[0]
+      return jax.tree.map(lambda a: jnp.broadcast_to(a, (n,) + a.shape), self.params["head"])
     return self.clients["head"]
 
   @property
