@@ -46,6 +46,7 @@ Usage: python benchmarks/bench_vs_loop.py [--families ...] [--repeats 3] [--clie
 from __future__ import annotations
 
 import argparse
+from typing import NamedTuple
 import math
 import os
 import statistics
@@ -71,11 +72,53 @@ def _images(num_clients, per_client, seed=0):
   return x, y, fjs.data.pack_clients(x, y, np.split(np.arange(n), num_clients))
 
 
-def _work(model, params, data, examples: float) -> float:
-  """Training FLOPs of a round: 6 × a forward pass's MACs per trained example (the papers'
-  rule, :func:`fedjaxsparse.ops.flops.training_flops`; evaluation passes not counted)."""
-  macs = fjs.ops.flops.layer_macs(model, params, data.x.shape[2:])
-  return fjs.ops.flops.training_flops(macs, examples=examples)
+class Work(NamedTuple):
+  """A round's training work: ``flops`` (6 × MACs per trained example) and ``products``,
+  ``{(M, K, N): count}`` — the matrix products it does (each layer's forward product and the
+  two of its backward pass, at the round's batch size), which the roofline times with
+  ``jnp.dot``."""
+  flops: float
+  products: dict
+
+
+def _work(model, params, data, examples: float, batch: int | None = None) -> Work:
+  """The round's :class:`Work` (the papers' FLOPs rule,
+  :func:`fedjaxsparse.ops.flops.training_flops`; evaluation passes not counted). With
+  ``batch``: its products, from :func:`fedjaxsparse.ops.flops.layer_products` at that batch,
+  ``examples / batch`` times each, forward ``[M, K]·[K, N]``, input gradient ``[M, N]·[N, K]``
+  and weight gradient ``[K, M]·[M, N]``."""
+  shape = data.x.shape[2:]
+  macs = fjs.ops.flops.layer_macs(model, params, shape)
+  products: dict = {}
+  if batch:
+    for m, k, n in fjs.ops.flops.layer_products(model, params, shape, batch):
+      for key in ((m, k, n), (m, n, k), (k, m, n)):
+        products[key] = products.get(key, 0.0) + examples / batch
+  return Work(fjs.ops.flops.training_flops(macs, examples=examples), products)
+
+
+def _dot_rate(m: int, k: int, n: int, repeats: int = 3) -> float:
+  """FLOP/s of ``jnp.dot`` on float32 ``[m, k] × [k, n]`` in this process (jitted, warmed up,
+  the median of ``repeats`` timings, each long enough to time)."""
+  a = jax.device_put(np.random.default_rng(0).standard_normal((m, k), np.float32))
+  b = jax.device_put(np.random.default_rng(1).standard_normal((k, n), np.float32))
+  dot = jax.jit(jnp.dot)
+  jax.block_until_ready(dot(a, b))
+  reps = max(1, int(2e8 // max(2 * m * k * n, 1)))   # ~0.2 GFLOP a timing at least
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    for _ in range(reps):
+      out = dot(a, b)
+    jax.block_until_ready(out)
+    times.append((time.perf_counter() - t) / reps)
+  return 2.0 * m * k * n / statistics.median(times)
+
+
+def roofline_seconds(products: dict, rates: dict) -> float:
+  """The time the round's products take at ``jnp.dot``'s measured rate on each shape: what a
+  round would cost if everything around its products were free."""
+  return sum(count * 2.0 * m * k * n / rates[(m, k, n)] for (m, k, n), count in products.items())
 
 
 def _library_round(algo, params, data):
@@ -118,7 +161,7 @@ def fedavg_cnn(torch, args):
                     batch_size=b)
   params = model.init(jax.random.key(0))
   lib, strategy = _library_round(algo, params, data)
-  work = _work(model, params, data, k * steps * b)
+  work = _work(model, params, data, k * steps * b, b)
   tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, steps * b, 1, 28, 28)
   ty = torch.from_numpy(y).long().reshape(k, steps * b)
   server, local = _torch_cnn(torch), _torch_cnn(torch)
@@ -149,7 +192,7 @@ def ditto_cnn(torch, args):
                    personal_epochs=1, batch_size=b, cohort_size=None)
   params = model.init(jax.random.key(0))
   lib, strategy = _library_round(algo, params, data)
-  work = _work(model, params, data, k * 2 * n)   # a global and a personal epoch
+  work = _work(model, params, data, k * 2 * n, b)   # a global and a personal epoch
   tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, n, 1, 28, 28)
   ty = torch.from_numpy(y).long().reshape(k, n)
   server, local, personal = _torch_cnn(torch), _torch_cnn(torch), _torch_cnn(torch)
@@ -192,7 +235,7 @@ def fedmrn_cnn(torch, args):
                     noise_scale=alpha, cohort_size=None)
   params = model.init(jax.random.key(0))
   lib, strategy = _library_round(algo, params, data)
-  work = _work(model, params, data, k * n)
+  work = _work(model, params, data, k * n, b)
   tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, n, 1, 28, 28)
   ty = torch.from_numpy(y).long().reshape(k, n)
   F = torch.nn.functional
@@ -265,7 +308,7 @@ def fedspa_lenet5(torch, args):
                     epochs=1, batch_size=b, cohort_size=None)
   params = model.init(jax.random.key(0))
   lib, strategy = _library_round(algo, params, data)
-  work = _work(model, params, data, k * n)
+  work = _work(model, params, data, k * n, b)
   tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, n, 1, 28, 28)
   ty = torch.from_numpy(y).long().reshape(k, n)
   server, local = _torch_lenet5(torch), _torch_lenet5(torch)
@@ -333,7 +376,7 @@ def fedp3_cnn(torch, args):
   algo = fjs.fedp3(fjs.models.make_loss(model), optax.sgd(lr), cfg, local_steps=steps,
                    batch_size=b)
   lib, strategy = _library_round(algo, params, data)
-  work = _work(model, params, data, k * steps * b)
+  work = _work(model, params, data, k * steps * b, b)
   tx = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().reshape(k, steps * b, 1, 28, 28)
   ty = torch.from_numpy(y).long().reshape(k, steps * b)
   server, local = _torch_cnn(torch), _torch_cnn(torch)
@@ -501,14 +544,24 @@ def main(argv=None) -> dict | None:
            "torch loop ms": 1e3 * statistics.median(loop_t)}
     row["speed-up"] = row["torch loop ms"] / row["library ms"]
     # the round's training work; both sides do it, so the rates compare them
-    row["gflop per round"] = work / 1e9
+    row["gflop per round"] = work.flops / 1e9
     row["library GFLOP/s"] = row["gflop per round"] / (row["library ms"] / 1e3)
     row["loop GFLOP/s"] = row["gflop per round"] / (row["torch loop ms"] / 1e3)
+    roof = ""
+    if work.products:   # the roofline: jnp.dot on the round's own product shapes, same process
+      rates = {shape: _dot_rate(*shape) for shape in work.products}
+      row["dot roofline ms"] = 1e3 * roofline_seconds(work.products, rates)
+      row["dot GFLOP/s"] = (sum(c * 2.0 * m * k * n for (m, k, n), c in work.products.items())
+                            / (row["dot roofline ms"] / 1e3) / 1e9)
+      row["library % of roofline"] = 100 * row["dot roofline ms"] / row["library ms"]
+      row["loop % of roofline"] = 100 * row["dot roofline ms"] / row["torch loop ms"]
+      roof = (f"; jnp.dot on its products {row['dot roofline ms']:.1f} ms = "
+              f"{row['library % of roofline']:.0f} % of the library's round")
     rows.append(row)
     print(f"{name:14s} library ({strategy}) {row['library ms']:10.1f} ms   PyTorch loop "
           f"{row['torch loop ms']:10.1f} ms   {row['speed-up']:.2f}x   "
           f"({row['gflop per round']:.3g} GFLOP: {row['library GFLOP/s']:.3g} vs "
-          f"{row['loop GFLOP/s']:.3g} GFLOP/s)", flush=True)
+          f"{row['loop GFLOP/s']:.3g} GFLOP/s{roof})", flush=True)
   result = {"config": vars(args), **bench_io.environment(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "rows": rows}
   bench_io.write_result(result, args.out, "bench_vs_loop")

@@ -86,3 +86,15 @@ def test_paper_ledger_comm_columns(nets):
   assert [gb(dr, 1000, 1 - s, 1 - s) for s in (0.2, 0.4, 0.5, 0.6, 0.8)] == \
       [718.1, 538.6, 448.8, 359.0, 179.5]
   assert [gb(dv, 1000, 1, .5), gb(dr, 1000, 1, .5), gb(dl, 400, 1, .5)] == [553.9, 673.2, 10.5]
+
+
+def test_layer_products_are_the_forward_pass_as_matrix_products():
+  """LeNet-5 (Caffe) at a batch of 4: each parameter product as its GEMM [M, K] × [K, N] — a
+  convolution's rows are batch × output positions, its contraction the kernel area × input
+  channels — and Σ M·K·N is the batch times layer_macs' total."""
+  model = fjs.models.lenet5_caffe((28, 28, 1), 26)
+  params = jax.eval_shape(model.init, jax.random.key(0))
+  got = fjs.ops.flops.layer_products(model, params, (28, 28, 1), 4)
+  assert got == [(4 * 24 * 24, 25, 20), (4 * 8 * 8, 500, 50), (4, 800, 500), (4, 500, 26)]
+  macs = sum(jax.tree.leaves(fjs.ops.flops.layer_macs(model, params, (28, 28, 1))))
+  assert sum(m * k * n for m, k, n in got) == 4 * macs
