@@ -152,6 +152,9 @@ class Tuning(NamedTuple):
     config: ``(cfg, opts) -> Config`` of tuning runs (default :func:`tuning_config`).
     columns: ``(method, tuned, context, cfg, opts) -> dict``, the row's other entries (the
       paper's numbers, bits, times); ``tuned`` is the :class:`Tuned`.
+    score: ``(record, cfg, opts) -> comparable``: what tuning maximises instead of the final
+      validation metric (e.g. ``(reached, −cost to a target, accuracy)``; ``None``: the
+      metric), :func:`tune_then_run`'s ``score``.
   """
   candidate: str = "lr"
   column: str = "ours %"
@@ -159,6 +162,7 @@ class Tuning(NamedTuple):
   setting: str = "split"
   config: Callable[[Config, dict], Config] = _always
   columns: Callable[..., dict] | None = None
+  score: Callable[..., Any] | None = None
 
 
 METRIC_COLUMNS = {"accuracy": ("acc %", 100.0), "miou": ("mIoU %", 100.0)}
@@ -240,6 +244,7 @@ def declared(name: str, spec: Sequence[Option], *,
         fit, val = validation_split(ctx.data.train, opts["validation"], cfg.seed)
         ctx = ctx._replace(fit=fit, val=val)
       tune_cfg = tuning.config(cfg, opts)
+      score = None if tuning.score is None else (lambda rec: tuning.score(rec, cfg, opts))
       for m, method in methods(ctx, cfg, opts).items():
         where = f"{ctx.setting} {m}" if ctx.setting is not None else m
         start = ctx.params if method.params is None else method.params
@@ -248,7 +253,7 @@ def declared(name: str, spec: Sequence[Option], *,
                           tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
                           data=method.data, params_fn=method.params_fn, metric=metric,
                           scale=tuning.scale, residence=method.residence,
-                          batched=method.batched)
+                          batched=method.batched, score=score)
         key = f"{m} ({ctx.setting})" if ctx.setting is not None else m
         records[key], found[key] = t.records[0], t
         row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
