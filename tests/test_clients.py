@@ -157,7 +157,8 @@ def vmap_rounds(small_data):
   return w0, cases, _four_rounds(algos, w0, layouts)
 
 
-@pytest.mark.parametrize("strategy", ["map", "unroll", "unroll:3"])
+@pytest.mark.parametrize("strategy", ["map", *(pytest.param(s, marks=pytest.mark.integration)
+                                         for s in ("unroll", "unroll:3"))])   # margin: rounds
 def test_every_strategy_computes_what_vmap_computes(vmap_rounds, small_data, strategy):
   """Linear models: bitwise equal to vmap on CPU, padded and bucketed, for the ProxSkip kernel
   and FedAvg (partial participation: a gathered cohort; full: bucketed clients)."""
@@ -172,6 +173,7 @@ def test_every_strategy_computes_what_vmap_computes(vmap_rounds, small_data, str
     fjs.runtime.clients.with_strategy(small_data, "unroll:0")
 
 
+@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_runner_client_strategy_changes_nothing_but_speed(small_data):
   data = small_data
   model = fjs.models.linear_regression(5, l2=0.1)

@@ -149,6 +149,7 @@ def test_fedp3_with_rand_k_on_the_uploaded_layers_charges_bits_exactly():
                  zip(jax.tree.leaves(new.params), jax.tree.leaves(a)))   # rand-k changed it
 
 
+@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_fedspa_with_a_nice_sampler_and_its_weights_is_fedspas_uniform_cohort():
   # tau-NICE draws the same cohort as cohort_size=tau; its weights 1/(n p_i) = 1/tau
   kw = dict(num_rounds=10, sparsity=0.5, epochs=1, batch_size=64)
@@ -163,6 +164,7 @@ def test_fedspa_with_a_nice_sampler_and_its_weights_is_fedspas_uniform_cohort():
                                 runs[1].history.rounds["uplink_bits"])
 
 
+@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_fedavg_with_fedmrn_noise_masks_as_its_uplink():
   # FedAvg whose clients upload FedMRN's stochastic masks over seeded ±α noise, one client a
   # round: FedMRN's "FedAvg w. SM" ablation. E[n·M(u, n)] = u (signed masks) and u/2 (binary

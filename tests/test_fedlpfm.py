@@ -42,6 +42,7 @@ def _equal(a, b):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
 
 
+@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_lambda_one_is_fedavg_and_fedprox_mu_zero_is_fedavg(setup):
   ds, model, _, _, logits = setup
   params = model.init(jax.random.key(1))
@@ -129,6 +130,7 @@ def test_packed_cached_logits_give_the_on_the_fly_loss(setup):
                              rtol=1e-6)
 
 
+@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_fml_private_models_change_only_for_participants(setup):
   ds, model, _, _, _ = setup
   params = model.init(jax.random.key(3))

@@ -63,6 +63,7 @@ def _cohort(key, num_clients, cohort_size):
   return fjs.sampling.sample_cohort(jax.random.split(key)[0], num_clients, cohort_size)
 
 
+@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_zero_sparsity_is_uniform_fedavg(setup):
   """All-ones masks: w_{t+1} = w_t − (1/S) Σ_k (w_t − w_k), w_k E epochs of SGD — computed
   here one client at a time with the same keys."""
@@ -190,6 +191,7 @@ def test_results_do_not_depend_on_how_clients_are_batched(setup, dst_step):
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_dst_personalises_under_label_skew(setup):
   """Learning check on strongly non-IID digits: after 30 rounds DST's personalised models
   beat chance by far and its masks have diverged across clients (coverage above 1 − s)."""

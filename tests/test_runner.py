@@ -81,6 +81,7 @@ def test_evaluation_after_the_chunk_equals_evaluation_inside_it(setup):
   chex.assert_trees_all_close(a.state, b.state, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_loop_free_rounds_dispatch_one_round_and_checkpoint_per_eval(setup, tmp_path,
                                                                    monkeypatch):
   """clients="unroll" runs one round per dispatch (no loop, no cond), evaluates on schedule,
