@@ -256,7 +256,6 @@ def test_constants_from_data_bound_the_true_curvature(problem):
     assert np.linalg.eigvalsh(h)[-1] <= logi.L_max * (1 + 1e-5)
 
 
-@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_tuned_constructor_and_l1_prox_reach_the_lasso_solution(problem):
   """EF-BV with an l1 prox and the KL step rule converges to the federated lasso solution
   (computed by proximal GD), with no parameter given by hand."""

@@ -82,7 +82,8 @@ def test_preliminary_experiment_fine_tunes_the_teacher_beside_fedavg(tmp_path, c
   from fedjaxsparse.experiments import fedlpfm_fmnist as F
   from fedjaxsparse.harness.cli import main
   assert main(["run", "fedlpfm_fmnist", "--quick", "--out", str(tmp_path), "--no-progress",
-               "--set", "study=prelim", "--set", "splits=dir0.01", "--rounds", "1"]) == 0
+               "--set", "study=prelim", "--set", "splits=dir0.01", "--rounds", "1",
+               "--set", "teacher_channels=4,8"]) == 0
   text = capsys.readouterr().out
   res = json.load(open(tmp_path / "fedlpfm_fmnist" / "results.json"))
   paper = F.PAPERS["prelim_cifar10"].paper

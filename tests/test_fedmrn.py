@@ -203,7 +203,6 @@ def _top_k(tree, k):
       for e, a in zip(ends, leaves)])
 
 
-@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_server_side_fedsparsify_follows_the_cubic_schedule(setup, variants):
   """FedSparsify (seed 000's meaning): after round t the global model is the dense round's
   aggregate pruned to its k_t = round((1 − s_t)·d) largest magnitudes, s_t the cubic GMP

@@ -63,7 +63,6 @@ def _cohort(key, num_clients, cohort_size):
   return fjs.sampling.sample_cohort(jax.random.split(key)[0], num_clients, cohort_size)
 
 
-@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_zero_sparsity_is_uniform_fedavg(setup):
   """All-ones masks: w_{t+1} = w_t − (1/S) Σ_k (w_t − w_k), w_k E epochs of SGD — computed
   here one client at a time with the same keys."""

@@ -40,7 +40,6 @@ def test_validation_split_partitions_each_client(ds):
   assert not np.array_equal(other.x, val.x)
 
 
-@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_mean_se_of_vmapped_seeds_equals_separate_runs(ds):
   model = fjs.models.softmax_regression(64, 10)
   algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.3), local_steps=2, batch_size=8,

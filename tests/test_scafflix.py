@@ -328,7 +328,6 @@ def _partial_cohort(quad):
       optimum_steps=3000, cohort_size=2)
 
 
-@pytest.mark.integration   # multi-round runs compared (the integration tier's kind), for the unit tier's margin
 def test_cohort_form_for_host_resident_populations(quad):
   """scafflix_cohort (client state h_i, x_i* read and written for the cohort only): its
   init_client's GD reaches the closed-form local optima; with p = 1 and every client it is
