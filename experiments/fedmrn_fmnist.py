@@ -172,12 +172,21 @@ def _bpp(methods) -> dict:
           for m in methods}
 
 
+def _table1_config(name: str, what: str, dataset: str, wide: bool, accuracy: dict,
+                   summed: dict) -> PaperConfig:
+  """A data set's Table 1 configuration: 100 clients, the shared grid, 100 rounds with the
+  4-conv CNN, or (``wide``: CIFAR) 200 rounds with the 8-conv one; ``accuracy`` and
+  ``summed`` as :func:`_table1` takes them."""
+  return PaperConfig(
+      name, f"the FedMRN paper's Table 1 ({what})", dataset=dataset, standin=None,
+      clients=100, rounds=200 if wide else 100, eval_every=20 if wide else 10,
+      options={**_GRID, "channels": _CONV8 if wide else [32, 32, 64, 64]},
+      unit="test accuracy %", paper=_table1(accuracy, summed),
+      deviations=_DEV + ("; 200 rounds (the paper: 100 or 200)" if wide else ""))
+
+
 PAPERS = {
-    "table1_fmnist": PaperConfig(
-        "table1_fmnist",
-            "the FedMRN paper's Table 1 (FMNIST)", dataset="fashion_mnist", standin=None,
-        clients=100, rounds=100, eval_every=10,
-        options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper=_table1({
+    "table1_fmnist": _table1_config("table1_fmnist", "FMNIST", "fashion_mnist", False, {
             'FedAvg': (92.0, 90.5, 88.8),
             'FedPM': (81.7, 78.6, 74.6),
             'FedSparsify': (85.6, 80.9, 78.8),
@@ -192,11 +201,7 @@ PAPERS = {
                      {'FedPM': -36.4, 'FedSparsify': -26.0, 'SignSGD': -4.7, 'Top-k': -5.9,
                       'TernGrad': -2.3, 'DRIVE': -1.8, 'EDEN': -1.8, 'FedMRN': -0.7,
                       'FedMRNS': 0.1}),  # Table 2: summed change vs FedAvg
-        deviations=_DEV),
-    "table1_svhn": PaperConfig(
-        "table1_svhn", "the FedMRN paper's Table 1 (SVHN, tfds svhn_cropped)", dataset="svhn",
-        standin=None, clients=100, rounds=100, eval_every=10,
-        options={**_GRID, "channels": [32, 32, 64, 64]}, unit="test accuracy %", paper=_table1({
+    "table1_svhn": _table1_config("table1_svhn", "SVHN, tfds svhn_cropped", "svhn", False, {
             'FedAvg': (92.2, 90.3, 88.9),
             'FedPM': (66.3, 52.4, 48.3),
             'FedSparsify': (81.3, 77.2, 72.8),
@@ -211,11 +216,8 @@ PAPERS = {
                      {'FedPM': -104.4, 'FedSparsify': -40.1, 'SignSGD': -6.8, 'Top-k': -7.3,
                       'TernGrad': -2.5, 'DRIVE': -2.4, 'EDEN': -2.3, 'FedMRN': -0.7,
                       'FedMRNS': 0.2}),  # Table 2: summed change vs FedAvg
-        deviations=_DEV),
-    "table1_cifar10": PaperConfig(
-        "table1_cifar10", "the FedMRN paper's Table 1 (CIFAR-10, 8-conv CNN)", dataset="cifar10",
-        standin=None, clients=100, rounds=200, eval_every=20,
-        options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper=_table1({
+    "table1_cifar10": _table1_config("table1_cifar10", "CIFAR-10, 8-conv CNN", "cifar10", True,
+                                     {
             'FedAvg': (88.2, 84.1, 80.8),
             'FedPM': (50.2, 46.3, 44.3),
             'FedSparsify': (72.0, 66.8, 62.5),
@@ -230,11 +232,8 @@ PAPERS = {
                      {'FedPM': -112.3, 'FedSparsify': -51.8, 'SignSGD': -16.5, 'Top-k': -16.0,
                       'TernGrad': -5.2, 'DRIVE': -4.1, 'EDEN': -3.2, 'FedMRN': 1.2,
                       'FedMRNS': 0.4}),  # Table 2: summed change vs FedAvg
-        deviations=_DEV + "; 200 rounds (the paper: 100 or 200)"),
-    "table1_cifar100": PaperConfig(
-        "table1_cifar100", "the FedMRN paper's Table 1 (CIFAR-100, 8-conv CNN)", dataset="cifar100",
-        standin=None, clients=100, rounds=200, eval_every=20,
-        options={**_GRID, "channels": _CONV8}, unit="test accuracy %", paper=_table1({
+    "table1_cifar100": _table1_config("table1_cifar100", "CIFAR-100, 8-conv CNN", "cifar100",
+                                      True, {
             'FedAvg': (56.1, 54.8, 54.4),
             'FedPM': (22.9, 16.6, 13.4),
             'FedSparsify': (32.9, 29.8, 28.8),
@@ -249,7 +248,6 @@ PAPERS = {
                      {'FedPM': -112.4, 'FedSparsify': -73.8, 'SignSGD': -34.1, 'Top-k': -24.5,
                       'TernGrad': -7.5, 'DRIVE': -6.6, 'EDEN': -5.5, 'FedMRN': -1.9,
                       'FedMRNS': -0.3}),  # Table 2: summed change vs FedAvg
-        deviations=_DEV + "; 200 rounds (the paper: 100 or 200)"),
     "table3_shakespeare": PaperConfig(
         "table3_shakespeare", "the FedMRN paper's appendix Table 3 (Shakespeare, LEAF's LSTM)",
         dataset="shakespeare", standin=None, clients=1108, rounds=100, eval_every=10,

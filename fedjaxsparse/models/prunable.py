@@ -307,6 +307,16 @@ class _MobileNetV2(nn.Module):
     return PDense(self.num_classes, "last", None, name="head")(jnp.mean(x, axis=(1, 2)))
 
 
+def _conv_norm_relu(net, x, i: int, channels: int, kernel: int, src: str | None):
+  """Convolution ``conv{i}`` (with bias) writing channel set ``c{i}`` (its width from
+  ``net.widths``), its normalisation ``norm{i}`` (``net.norm``, at most ``net.num_groups``
+  groups) and ReLU: the plain convolutional networks' block (LeNet-5, VGG-11)."""
+  name = f"c{i}"
+  width = _width(net.widths, name, channels)
+  x = PConv(width, kernel, src, name, use_bias=True, name=f"conv{i}")(x)
+  return nn.relu(PNorm(name, net.norm, min(net.num_groups, width), name=f"norm{i}")(x))
+
+
 class _LeNet5(nn.Module):
   num_classes: int
   norm: str
@@ -317,13 +327,9 @@ class _LeNet5(nn.Module):
   def __call__(self, x):
     src = None
     for i, c in enumerate((6, 16)):   # conv 5x5, norm, ReLU, 2x2 max-pool
-      name = f"c{i + 1}"
-      x = PConv(_width(self.widths, name, c), 5, src, name, use_bias=True,
-                name=f"conv{i + 1}")(x)
-      x = nn.relu(PNorm(name, self.norm, min(self.num_groups, _width(self.widths, name, c)),
-                        name=f"norm{i + 1}")(x))
+      x = _conv_norm_relu(self, x, i + 1, c, 5, src)
       x = max_pool(x, (2, 2), (2, 2))
-      src = name
+      src = f"c{i + 1}"
     x = x.reshape(x.shape[0], -1)
     for i, h in enumerate((120, 84)):
       name = f"h{i + 1}"
@@ -346,11 +352,8 @@ class _VGG11(nn.Module):
         x = max_pool(x, (2, 2), (2, 2))
         continue
       i += 1
-      name = f"c{i}"
-      width = _width(self.widths, name, c)
-      x = PConv(width, 3, src, name, use_bias=True, name=f"conv{i}")(x)
-      x = nn.relu(PNorm(name, self.norm, min(self.num_groups, width), name=f"norm{i}")(x))
-      src = name
+      x = _conv_norm_relu(self, x, i, c, 3, src)
+      src = f"c{i}"
     return PDense(self.num_classes, None, None, name="fc")(x.reshape(x.shape[0], -1))
 
 
