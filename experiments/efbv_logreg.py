@@ -38,12 +38,12 @@ import numpy as np
 from fedjaxsparse.ops import compressors as C
 from fedjaxsparse.algorithms.efbv import diana, diana_params, ef_bv, efbv_params
 from fedjaxsparse.convex.constants import logistic_optimum
-from fedjaxsparse.data.federated import pack_clients
+from fedjaxsparse.data.federated import FederatedDataset, pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.options import Config, Option
-from fedjaxsparse.harness.running import last, run_method, status
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.running import last, status
+from fedjaxsparse.harness.experiment import Context, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin, paper_table
@@ -133,12 +133,10 @@ def _blocks(n_points: int, n: int, xi: int, seed: int) -> list[np.ndarray]:
   return [np.concatenate([blocks[i], blocks[(i + 1) % n]]) for i in range(n)]
 
 
-def _run(cfg: Config, opts: dict) -> dict:
-  with jax.enable_x64(opts["float64"]):
-    return _experiment(cfg, opts)
-
-
-def _experiment(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict) -> Context:
+  """The split data (train = test: the objective is the training loss), x⁰ = 0, the
+  objective's gap (f − f*, or ‖∇f‖² nonconvex) as the evaluation, and what the report prints:
+  the compressor, L, the methods' parameters and, with a paper configuration, Table A.2's."""
   mu, k, xi = opts["mu"], opts["k"], opts["xi"]
   paper = PAPERS.get(cfg.paper)
   (x, y, label), standin = load_or_standin(paper, cfg.dataset, cfg.data_dir,
@@ -165,13 +163,11 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   if not k <= d // 2:
     raise ConfigError(f"option 'k' must be in [1, d/2={d // 2}], got {k}.")
   comp, settings = parameters(d, k, n, L, L_tilde, setting)
-  methods = {m: ef_bv(loss, comp, p["gamma"], p["lam"], p["nu"]) for m, p in settings.items()}
   if opts["diana"]:
     rk = C.rand_k(d, k)
-    pd = (efbv_params(0.0, rk.omega, C.omega_ran(rk.omega, n), L, L_tilde, setting, nu=1.0)
-          if nonconvex else diana_params(rk.omega, C.omega_ran(rk.omega, n), L_max))
-    settings[f"DIANA (rand-{k})"] = pd
-    methods[f"DIANA (rand-{k})"] = diana(loss, rk, pd["gamma"], pd["lam"])
+    settings[f"DIANA (rand-{k})"] = (
+        efbv_params(0.0, rk.omega, C.omega_ran(rk.omega, n), L, L_tilde, setting, nu=1.0)
+        if nonconvex else diana_params(rk.omega, C.omega_ran(rk.omega, n), L_max))
   print(f"{NAME}: {label}, N={n_points}, d={d}, n={n} clients (xi={xi}), {comp.name}: "
         f"eta={comp.eta:.4f}, omega={comp.omega:.4g}, L=L~={L:.4g}, f*={f_star:.8f}")
   param_rows = [{"method": m, "lambda": p["lam"], "nu": p["nu"], "r": p.get("r"),
@@ -199,29 +195,50 @@ def _experiment(cfg: Config, opts: dict) -> dict:
       return {"gap": sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(g))}
     return {"gap": objective(params, test) - f_star}
 
-  records = {}
-  for m, algo in methods.items():
-    rec = run_method(cfg, NAME, m, algo, model.init(jax.random.key(0)), data, data, gap)
+  report = {"standin": standin, "paper_comparison": paper_rows, "compressor": comp.name,
+            "f_star": f_star, "L": L, "parameters": Table(param_rows)}
+  return Context(FederatedDataset(data, data, 2, label), model.init(jax.random.key(0)), gap,
+                 {"loss": loss, "comp": comp, "d": d, "settings": settings, "report": report,
+                  "title": f"{label}: {comp.name}, n={n}, xi={xi}" + (
+                      ", nonconvex (gap = ‖∇f‖²)" if nonconvex else ", gap = f − f*")})
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """EF-BV and EF21 at A.3.1's parameters (and DIANA with rand-k)."""
+  loss, comp = ctx.extra["loss"], ctx.extra["comp"]
+  out = {}
+  for m, p in ctx.extra["settings"].items():
+    out[m] = (diana(loss, C.rand_k(ctx.extra["d"], opts["k"]), p["gamma"], p["lam"])
+              if m.startswith("DIANA") else ef_bv(loss, comp, p["gamma"], p["lam"], p["nu"]))
+  return out
+
+
+def table(records: dict, contexts: list, cfg: Config, opts: dict) -> Table:
+  """The gap each method reached and the bits per node it sent (``bits_per_node``: the
+  figure's x axis, added to the histories)."""
+  n = contexts[0].data.num_clients
+  for rec in records.values():
     ev = rec["history"]["evals"]
     ev["bits_per_node"] = [b / n for b in ev["uplink_bits"]]
-    records[m] = rec
-  metric = "final ||grad f||^2" if nonconvex else "final f - f*"
+  metric = "final ||grad f||^2" if opts["nonconvex"] else "final f - f*"
   rows = [{"method": m, metric: last(r["history"]["evals"].get("gap", [])),
            "bits per node": last(r["history"]["evals"]["bits_per_node"])}
           for m, r in records.items()]
   if any(r["diverged"] for r in records.values()):
     for row in rows:
       row["status"] = status(records[row["method"]])
-  figure = Figure("evals", dict(
-      methods=records, y="gap", x="bits_per_node",
-      title=f"{label}: {comp.name}, n={n}, xi={xi}" + (
-          ", nonconvex (gap = ‖∇f‖²)" if nonconvex else ", gap = f − f*"),
-      labels={"gap": ("squared gradient norm", "‖∇f(x)‖²") if nonconvex
+  return Table(rows)
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> Figure:
+  """Fig. 2.2: the gap against bits per node."""
+  return Figure("evals", dict(
+      methods=results["methods"], y="gap", x="bits_per_node", title=ctx.extra["title"],
+      labels={"gap": ("squared gradient norm", "‖∇f(x)‖²") if opts["nonconvex"]
               else ("optimality gap", "f(x) − f*")}))
-  return {"experiment": NAME, "dataset": label, "standin": standin,
-          "paper_comparison": paper_rows, "compressor": comp.name, "f_star": f_star,
-          "L": L, "parameters": Table(param_rows), "table": Table(rows), "methods": records,
-          "figures": [figure]}
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, table=table, figure=figure,
+               report=lambda results, ctx, cfg, opts: dict(ctx.extra["report"]),
+               metric="gap", higher_is_better=False, papers=PAPERS,
+               float64=lambda opts: opts["float64"])

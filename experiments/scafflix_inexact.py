@@ -27,11 +27,12 @@ import numpy as np
 from fedjaxsparse.algorithms.scafflix import local_optima, personalize, scafflix
 from fedjaxsparse.convex.constants import logistic_optimum
 from fedjaxsparse.harness.options import Config, Option
-from fedjaxsparse.harness.running import last, run_method
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.running import last
+from fedjaxsparse.data.federated import FederatedDataset
+from fedjaxsparse.harness.experiment import Context, declared
 from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.harness.report import Figure, Table
-from fedjaxsparse.experiments.scafflix_logreg import SPLITS, setup
+from fedjaxsparse.experiments.scafflix_logreg import SPLITS, problem
 
 NAME = "scafflix_inexact"
 DESCRIPTION = "Scafflix (Yi et al. 2023) with inexact local optima, and the pre-solve's cost"
@@ -70,14 +71,13 @@ RATIO = "pre-solve cost, ε = 1e-6 over ε = 1e-1"
 """The column of Fig. B.7's one number in the paper configuration."""
 
 
-def _run(cfg: Config, opts: dict) -> dict:
-  with jax.enable_x64(opts["float64"]):
-    return _experiment(cfg, opts)
-
-
-def _experiment(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict):
+  """``scafflix_logreg``'s problem, then one setting per pre-solve (each tolerance, or each
+  fixed number of local iterations, from x_i⁰ = ``start``): its inexact x_i*, the FLIX
+  objective they define and its optimum f̃_ε* (L-BFGS in float64) as the evaluation's
+  reference (``gap``), with the personalised models' loss (``personal_loss``)."""
   paper = PAPERS.get(cfg.paper)
-  prob = setup(cfg, opts, NAME, paper)
+  prob = problem(cfg, opts, NAME, paper)
   c, n, alpha = prob.consts, prob.data.num_clients, opts["alpha"]
   start = jax.tree.map(lambda a: jnp.full_like(a, opts["start"]), prob.w0)
   if opts["iterations"]:
@@ -88,8 +88,7 @@ def _experiment(cfg: Config, opts: dict) -> dict:
               for e in sorted(opts["eps"], reverse=True)}
   print(f"{NAME}: {prob.label}, n={n} clients ({opts['split']} split), alpha={alpha}, "
         f"kappa_max={c.kappa_max:.4g}, p={c.p:.4g}; pre-solve from x_i^0 = {opts['start']:g}")
-
-  records, rows, pre = {}, [], {}
+  ds = FederatedDataset(prob.data, prob.data, 2, prob.label)
   for name, solve in solves.items():
     opt = local_optima(prob.loss, start, prob.data, lr=1 / c.L, **solve)
     x_star = opt.x_star
@@ -101,14 +100,28 @@ def _experiment(cfg: Config, opts: dict) -> dict:
       f = jnp.mean(jax.vmap(prob.loss)(personal, test.x, test.y, test.mask))
       return {"gap": f - f_star, "personal_loss": f}
 
-    algo = scafflix(prob.loss, c.gammas, c.p, alpha, x_star, form="round")
-    records[name] = run_method(cfg, NAME, f"Scafflix, {name}", algo, prob.w0, prob.data,
-                               prob.data, metrics)
-    steps = np.asarray(opt.steps)
-    pre[name] = {"steps": steps.tolist(), "grad_norm": np.asarray(opt.grad_norm).tolist()}
-    ev = records[name]["history"]["evals"]
-    rows.append({"pre-solve": name, "local steps": int(steps.sum()),
-                 "max ||grad f_i||": float(np.max(opt.grad_norm)),
+    yield Context(ds, prob.w0, metrics, {"prob": prob, "x_star": x_star, "pre_solve": {
+        "steps": np.asarray(opt.steps).tolist(),
+        "grad_norm": np.asarray(opt.grad_norm).tolist()}}, setting=name)
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """Scafflix (γ_i = 1/L_i, p = 1/√κ_max, round form) on this pre-solve's x_i*, named by the
+  pre-solve."""
+  prob = ctx.extra["prob"]
+  return {ctx.setting: scafflix(prob.loss, prob.consts.gammas, prob.consts.p, opts["alpha"],
+                                ctx.extra["x_star"], form="round")}
+
+
+def table(records: dict, contexts: list, cfg: Config, opts: dict) -> Table:
+  """Per pre-solve: its cost in local gradient steps (and over the strictest's), how exact it
+  is, the rounds Scafflix then needs to ``threshold``, the gap reached and the personalised
+  models' loss (and its excess over the strictest pre-solve's); Fig. B.7's ratio beside."""
+  rows = []
+  for ctx in contexts:
+    pre, ev = ctx.extra["pre_solve"], records[ctx.setting]["history"]["evals"]
+    rows.append({"pre-solve": ctx.setting, "local steps": int(np.sum(pre["steps"])),
+                 "max ||grad f_i||": float(np.max(pre["grad_norm"])),
                  f"rounds to {opts['threshold']:g}": next(
                      (r for r, g in zip(ev["round"], ev["gap"]) if g <= opts["threshold"]),
                      None),
@@ -117,21 +130,37 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   for r in rows:
     r["cost vs strictest"] = r["local steps"] / max(ref["local steps"], 1)
     r["personal loss excess"] = r["personal loss"] - ref["personal loss"]
-  comparison, note = None, None
-  if {"ε=0.1", "ε=1e-06"} <= set(solves):
-    steps = {r["pre-solve"]: r["local steps"] for r in rows}
-    ratio = steps["ε=1e-06"] / max(steps["ε=0.1"], 1)
-    fig = PAPERS["figureB7_mushrooms"]
-    theirs = fig.paper[RATIO]["Scafflix"]
-    comparison = {"ours": ratio, "paper": theirs, "clients": n}
-    note = (f"{RATIO}: {ratio:.2f}x here ({n} clients); {fig.source}: {theirs}x")
-  title = f"{prob.label}: Scafflix with inexact local optima, α={alpha:g}"
-  return {"experiment": NAME, "dataset": prob.label, "split": opts["split"],
-          **({"standin": prob.standin} if prob.standin else {}),
-          "alpha": alpha, "p": c.p, "kappa_max": c.kappa_max, "pre_solve": pre,
-          "cost_ratio": comparison, "table": Table(rows, note=note), "methods": records,
-          "figures": [Figure("evals", dict(methods=records, y=y, x="round", title=title),
-                             suffix=f"_{y}") for y in ("gap", "personal_loss")]}
+  comparison = _comparison(rows, contexts[0].data.num_clients)
+  return Table(rows, note=comparison and (
+      f"{RATIO}: {comparison['ours']:.2f}x here ({comparison['clients']} clients); "
+      f"{PAPERS['figureB7_mushrooms'].source}: {comparison['paper']}x"))
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+def _comparison(rows: list, n: int) -> dict | None:
+  """Fig. B.7's one number beside ours, when both of its tolerances ran."""
+  steps = {r["pre-solve"]: r["local steps"] for r in rows}
+  if not {"ε=0.1", "ε=1e-06"} <= set(steps):
+    return None
+  return {"ours": steps["ε=1e-06"] / max(steps["ε=0.1"], 1),
+          "paper": PAPERS["figureB7_mushrooms"].paper[RATIO]["Scafflix"], "clients": n}
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  prob = ctx.extra["prob"]
+  out = {"split": opts["split"], "alpha": opts["alpha"], "p": prob.consts.p,
+         "kappa_max": prob.consts.kappa_max,
+         "pre_solve": {c.setting: c.extra["pre_solve"] for c in results["contexts"]},
+         "cost_ratio": _comparison(results["table"].rows, prob.data.num_clients)}
+  return {**({"standin": prob.standin} if prob.standin else {}), **out}
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> list:
+  """Figs. 3.4 / B.8: the gap and the personalised models' loss against rounds."""
+  title = f"{ctx.extra['prob'].label}: Scafflix with inexact local optima, α={opts['alpha']:g}"
+  return [Figure("evals", dict(methods=results["methods"], y=y, x="round", title=title),
+                 suffix=f"_{y}") for y in ("gap", "personal_loss")]
+
+
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, table=table, report=report,
+               figure=figure, metric="gap", higher_is_better=False, papers=PAPERS,
+               float64=lambda opts: opts["float64"])

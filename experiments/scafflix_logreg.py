@@ -36,12 +36,12 @@ import numpy as np
 from fedjaxsparse.algorithms.scafflix import flix_sgd, local_optima, personalize, scafflix
 from fedjaxsparse.algorithms.scafflix import scafflix_constants
 from fedjaxsparse.convex.constants import logistic_optimum
-from fedjaxsparse.data.federated import pack_clients
+from fedjaxsparse.data.federated import FederatedDataset, pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.options import Config, Option
-from fedjaxsparse.harness.running import last, run_method, status
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.running import last, status
+from fedjaxsparse.harness.experiment import Context, declared
 from fedjaxsparse.harness.protocol import PaperConfig, load_or_standin
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
@@ -96,11 +96,6 @@ def split(x: np.ndarray, y: np.ndarray, n: int, kind: str, seed: int) -> list[np
   return np.split(rng.permutation(len(x)), np.cumsum(sizes)[:-1])
 
 
-def _run(cfg: Config, opts: dict) -> dict:
-  with jax.enable_x64(opts["float64"]):
-    return _experiment(cfg, opts)
-
-
 class Problem(NamedTuple):
   """One split logistic problem: arrays, client index sets, packed data, the loss, the
   starting point and the constants of :func:`fedjaxsparse.algorithms.scafflix.scafflix_constants`."""
@@ -116,8 +111,8 @@ class Problem(NamedTuple):
   standin: str | None = None
 
 
-def setup(cfg: Config, opts: dict, experiment: str = NAME,
-          paper: PaperConfig | None = None) -> Problem:
+def problem(cfg: Config, opts: dict, experiment: str = NAME,
+            paper: PaperConfig | None = None) -> Problem:
   """Data, split, model and constants (γ_i = 1/L_i with A.3's trace bound
   L_i = μ + (1/(4 n_i)) Σ_j ‖a_ij‖²; p = ``opts["p"]`` or 1/√κ_max). With a paper
   configuration whose LIBSVM file is absent, its labelled stand-in runs (``standin`` says so)."""
@@ -156,34 +151,46 @@ def flix_gap(prob: Problem, x_star, alpha: float, f_star: float):
   return gap
 
 
-def _experiment(cfg: Config, opts: dict) -> dict:
-  prob = setup(cfg, opts)
+def setup(cfg: Config, opts: dict):
+  """The problem and its local optima x_i* (gradient descent to ‖∇f_i‖ < ``eps``), then one
+  setting per α: the FLIX objective f̃_α with its optimum f̃_α* (L-BFGS in float64) as the
+  evaluation's reference (:func:`flix_gap`)."""
+  prob = problem(cfg, opts)
   x, y, parts, data, loss, w0 = prob.x, prob.y, prob.parts, prob.data, prob.loss, prob.w0
   mu, n, d, label = opts["mu"], data.num_clients, x.shape[1], prob.label
   li, p, kappa_max = prob.consts.L, prob.consts.p, prob.consts.kappa_max
   opt = local_optima(loss, w0, data, lr=float(1 / li.max()), tol=opts["eps"],
                      max_steps=200_000)
-  x_star = opt.x_star
   pre_steps = np.asarray(opt.steps)
   print(f"{NAME}: {label}, N={len(x)}, d={d}, n={n} clients ({opts['split']} split), "
         f"kappa_max={kappa_max:.4g}, p={p:.4g}; local optima: {int(pre_steps.sum())} gradient "
         f"steps in all (max {int(pre_steps.max())} per client), max ||grad f_i|| = "
         f"{float(np.max(opt.grad_norm)):.2g}")
-
-  records, f_stars = {}, {}
+  ds = FederatedDataset(data, data, 2, label)
   for alpha in opts["alphas"]:
-    f_star = logistic_optimum(x, y, parts, mu, alpha, np.asarray(x_star["w"], np.float64))
-    f_stars[alpha] = f_star
-    gap = flix_gap(prob, x_star, alpha, f_star)
-    methods = {f"Scafflix (α={alpha:g})": scafflix(loss, 1 / li, p, alpha, x_star, form="round"),
-               f"FLIX (α={alpha:g})": flix_sgd(loss, float(1 / np.mean(alpha ** 2 * li)), alpha,
-                                               x_star)}
-    if opts["global_step"]:
-      methods[f"Scafflix, global γ (α={alpha:g})"] = scafflix(loss, float(1 / li.max()), p,
-                                                              alpha, x_star, form="round")
-    for m, algo in methods.items():
-      records[m] = run_method(cfg, NAME, m, algo, w0, data, data, gap)
+    f_star = logistic_optimum(x, y, parts, mu, alpha, np.asarray(opt.x_star["w"], np.float64))
+    yield Context(ds, w0, flix_gap(prob, opt.x_star, alpha, f_star),
+                  {"prob": prob, "x_star": opt.x_star, "pre_steps": pre_steps, "alpha": alpha,
+                   "f_star": f_star}, setting=f"α={alpha:g}")
 
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """Scafflix (γ_i = 1/L_i) and FLIX's gradient descent at this setting's α (and Scafflix with
+  one global step 1/max L_i, Fig. 3.5)."""
+  prob, alpha, x_star = ctx.extra["prob"], ctx.extra["alpha"], ctx.extra["x_star"]
+  li, p, loss = prob.consts.L, prob.consts.p, prob.loss
+  out = {f"Scafflix (α={alpha:g})": scafflix(loss, 1 / li, p, alpha, x_star, form="round"),
+         f"FLIX (α={alpha:g})": flix_sgd(loss, float(1 / np.mean(alpha ** 2 * li)), alpha,
+                                         x_star)}
+  if opts["global_step"]:
+    out[f"Scafflix, global γ (α={alpha:g})"] = scafflix(loss, float(1 / li.max()), p, alpha,
+                                                        x_star, form="round")
+  return out
+
+
+def table(records: dict, contexts: list, cfg: Config, opts: dict) -> Table:
+  """The FLIX gap reached, the rounds to ``threshold`` and the local steps; the note checks
+  the chapter's claims (:func:`_claims`)."""
   threshold = opts["threshold"]
   rows = []
   for m, r in records.items():
@@ -198,17 +205,29 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   note = "\n".join(f"paper's claim (figures only, spec C3-13): {claim}: "
                    f"{'holds' if holds else 'does NOT hold'} here"
                    for claim, holds in claims.items())
-  title = f"{label}: FLIX, n={n}, {opts['split']} split, p={p:.3g}"
-  figures = [Figure("evals", dict(methods=records, y="gap", x="round", title=title,
-                                  labels={"gap": ("FLIX optimality gap", "f̃(x) − f̃*")})),
-             Figure("evals", dict(methods=records, y="grad_norm_sq", x="round", title=title,
-                                  labels={"grad_norm_sq": ("squared gradient norm of FLIX",
-                                                           "‖∇f̃(x)‖²")}),
-                    suffix="_grad_norm")]   # Fig. 3.1's second panel
-  return {"experiment": NAME, "dataset": label, "split": opts["split"], "p": p,
-          "kappa_max": kappa_max, "L_i": li.tolist(), "f_star": f_stars,
-          "local_optimum_steps": pre_steps.tolist(), "claims": claims,
-          "table": Table(rows, note=note), "methods": records, "figures": figures}
+  return Table(rows, note=note)
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  prob = ctx.extra["prob"]
+  return {"split": opts["split"], "p": prob.consts.p, "kappa_max": prob.consts.kappa_max,
+          "L_i": prob.consts.L.tolist(),
+          "f_star": {c.extra["alpha"]: c.extra["f_star"] for c in results["contexts"]},
+          "local_optimum_steps": ctx.extra["pre_steps"].tolist(),
+          "claims": _claims(results["methods"], opts["alphas"], opts["threshold"])}
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> list:
+  """Fig. 3.1's two panels: the FLIX gap and its squared gradient norm against rounds."""
+  prob, records = ctx.extra["prob"], results["methods"]
+  title = (f"{prob.label}: FLIX, n={prob.data.num_clients}, {opts['split']} split, "
+           f"p={prob.consts.p:.3g}")
+  return [Figure("evals", dict(methods=records, y="gap", x="round", title=title,
+                               labels={"gap": ("FLIX optimality gap", "f̃(x) − f̃*")})),
+          Figure("evals", dict(methods=records, y="grad_norm_sq", x="round", title=title,
+                               labels={"grad_norm_sq": ("squared gradient norm of FLIX",
+                                                        "‖∇f̃(x)‖²")}),
+                 suffix="_grad_norm")]
 
 
 def _claims(records: dict, alphas, threshold: float) -> dict:
@@ -229,4 +248,6 @@ def _claims(records: dict, alphas, threshold: float) -> dict:
   return out
 
 
-run = entry(NAME, OPTIONS, _run)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, table=table, report=report,
+               figure=figure, metric="gap", higher_is_better=False,
+               float64=lambda opts: opts["float64"])

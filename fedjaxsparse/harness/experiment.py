@@ -178,7 +178,9 @@ def declared(name: str, spec: Sequence[Option], *,
              metric: str | Callable[[Config, dict], str] = "accuracy",
              higher_is_better: bool = True,
              papers: dict[str, PaperConfig] | None = None, tuning: Tuning | None = None,
-             figure: Callable[[dict, Context, Config, dict], Any] | None = None
+             figure: Callable[[dict, Context, Config, dict], Any] | None = None,
+             table: Callable[[dict, list, Config, dict], Table] | None = None,
+             float64: Callable[[dict], bool] | None = None
              ) -> Callable[[Config], dict]:
   """An experiment's ``run(cfg)`` from its declaration: ``setup(cfg, opts) -> Context`` (data,
   initial parameters, evaluation; with ``tuning``, an iterable of contexts, one per setting),
@@ -201,18 +203,44 @@ def declared(name: str, spec: Sequence[Option], *,
   uplink bits per client, ``<name>.png``; ``figure(results, context, cfg, opts)`` returns
   others — a :class:`~fedjaxsparse.harness.report.Figure` or a list). ``metric`` may be a
   function ``(cfg, opts) -> name`` (an experiment whose task decides it: mIoU for
-  segmentation). Validation, the output folder's lock and the rendering are :func:`entry`'s."""
+  segmentation). Validation, the output folder's lock and the rendering are :func:`entry`'s.
+
+  Convergence studies (an optimality gap against rounds, not a score to tune) are declared
+  alike, untuned: ``setup`` may yield several settings (one objective per personalisation
+  factor α, say — each :class:`Context` with its own ``eval_fn`` measuring the gap to its own
+  optimum), every setting's methods run the same way (their names must differ across
+  settings), and ``table(records, contexts, cfg, opts) -> Table`` builds the main table from
+  the histories (the gap reached, the rounds to a target; the records are left as the runs
+  wrote them, so ``table`` may add a per-round quantity for the figures). ``report`` and
+  ``figure`` see every setting as ``results["contexts"]`` (dropped before ``results.json``,
+  as ``results["tuned"]``). ``float64(opts) -> bool``: the whole experiment runs with 64-bit
+  floats (:func:`jax.enable_x64`), for gaps below float32's resolution."""
+  if table is not None and tuning is not None:
+    raise ValueError(f"{name}: a tuned experiment's table is the harness's (Tuning.columns "
+                     "adds columns); 'table' is for untuned studies.")
   best = max if higher_is_better else min
   metric_of = metric if callable(metric) else (lambda cfg, opts: metric)
 
   def plain(cfg: Config, opts: dict) -> tuple[dict, Context]:
     metric = metric_of(cfg, opts)
     short, scale = METRIC_COLUMNS.get(metric, (metric, 1.0))
-    ctx = setup(cfg, opts)
-    algos = methods(ctx, cfg, opts)
-    ds = ctx.data
-    records = {m: run_method(cfg, name, m, algo, ctx.params, ds.train, ds.test, ctx.eval_fn)
-               for m, algo in algos.items()}
+    made = setup(cfg, opts)
+    contexts, records = [], {}
+    for ctx in [made] if isinstance(made, Context) else made:
+      contexts.append(ctx)
+      ds = ctx.data
+      for m, algo in methods(ctx, cfg, opts).items():
+        if m in records:
+          raise ConfigError(f"{name}: two settings declare a method named {m!r}; name each "
+                            "setting's methods apart.")
+        records[m] = run_method(cfg, name, m, algo, ctx.params, ds.train, ds.test,
+                                ctx.eval_fn)
+    if not contexts:
+      raise ConfigError(f"{name}: setup declared no setting to run.")
+    if table is not None:
+      return {"experiment": name, "dataset": ds.name, "metric": metric,
+              "table": table(records, contexts, cfg, opts), "methods": records,
+              "contexts": contexts}, ctx
     for r in records.values():
       ev = r["history"]["evals"]
       ev["uplink_bits_per_client"] = [b / ds.num_clients for b in ev.get("uplink_bits", [])]
@@ -233,16 +261,17 @@ def declared(name: str, spec: Sequence[Option], *,
         row["status"] = status(r)
       rows.append(row)
     return {"experiment": name, "dataset": ds.name, "metric": metric, "table": Table(rows),
-            "methods": records}, ctx
+            "methods": records, "contexts": contexts}, ctx
 
   def tuned(cfg: Config, opts: dict) -> tuple[dict, Context]:
     metric = metric_of(cfg, opts)
     made = setup(cfg, opts)
-    rows, records, found, ctx = [], {}, {}, None
+    rows, records, found, ctx, contexts = [], {}, {}, None, []
     for ctx in [made] if isinstance(made, Context) else made:
       if ctx.fit is None:
         fit, val = validation_split(ctx.data.train, opts["validation"], cfg.seed)
         ctx = ctx._replace(fit=fit, val=val)
+      contexts.append(ctx)
       tune_cfg = tuning.config(cfg, opts)
       score = None if tuning.score is None else (lambda rec: tuning.score(rec, cfg, opts))
       for m, method in methods(ctx, cfg, opts).items():
@@ -264,9 +293,15 @@ def declared(name: str, spec: Sequence[Option], *,
         rows.append(row)
     if ctx is None:
       raise ConfigError(f"{name}: setup declared no setting to run.")
-    return {"experiment": name, "table": Table(rows), "methods": records, "tuned": found}, ctx
+    return {"experiment": name, "table": Table(rows), "methods": records, "tuned": found,
+            "contexts": contexts}, ctx
 
   def body(cfg: Config, opts: dict) -> dict:
+    with jax.enable_x64(bool(float64(opts))) if float64 is not None else \
+        contextlib.nullcontext():
+      return run_body(cfg, opts)
+
+  def run_body(cfg: Config, opts: dict) -> dict:
     metric = metric_of(cfg, opts)
     results, ctx = (plain if tuning is None else tuned)(cfg, opts)
     records = results["methods"]
@@ -284,6 +319,7 @@ def declared(name: str, spec: Sequence[Option], *,
       figures += list(extra.pop("figures", []))
       results.update(extra)
     results.pop("tuned", None)   # the Tuned records: for report, not results.json
+    results.pop("contexts", None)
     results["figures"] = figures
     return results
 
