@@ -231,3 +231,65 @@ def test_fedspa_table5_never_prints_a_negative_share_of_time():
   assert "timing noise" in noisy and "timing noise" in within and "2.0 %" in noisy
   for text in (clear, noisy, within):
     assert not re.search(r"-\d", text), text
+
+
+def test_a_convergence_study_declares_its_settings_and_its_table(tmp_path):
+  """An untuned declared study with two settings (ridge regression at two l2 strengths, each
+  its own optimum and gap evaluation), its own table and float64: FedSGD with full
+  participation is gradient descent on the average objective, so its gap to the closed-form
+  optimum falls geometrically far below float32's resolution; the table sees every setting,
+  results.json does not keep them, and two settings may not reuse a method's name."""
+  from fedjaxsparse.errors import ConfigError
+  from fedjaxsparse.harness.experiment import Context, Tuning, declared
+  from fedjaxsparse.harness.options import Config
+  from fedjaxsparse.harness.report import Table
+  rng = np.random.default_rng(0)
+  xs = [rng.normal(size=(8, 3)) / np.sqrt(3) for _ in range(3)]
+  ys = [x @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=8) for x in xs]
+  data = fjs.data.pack_clients(np.concatenate(xs), np.concatenate(ys),
+                               [np.arange(8 * i, 8 * i + 8) for i in range(3)])
+  seen = {}
+
+  def setup(cfg, opts):
+    d = data._replace(x=data.x.astype(np.float64), y=data.y.astype(np.float64),
+                      mask=data.mask.astype(np.float64))
+    ds = fjs.data.FederatedDataset(d, d, 0, "ridge")
+    for l2 in opts["l2s"]:
+      model = fjs.models.linear_regression(3, l2=l2, use_bias=False)
+      loss = fjs.models.make_loss(model)
+      h = sum(x.T @ x / 8 for x in xs) / 3 + l2 * np.eye(3)   # F = (1/3) Σ_i f_i
+      w_star = np.linalg.solve(h, sum(x.T @ y / 8 for x, y in zip(xs, ys)) / 3)
+      f = lambda w, t, loss=loss: jax.numpy.mean(jax.vmap(loss, in_axes=(None, 0, 0, 0))(
+          w, t.x, t.y, t.mask))
+      f_star = float(f({"w": jax.numpy.asarray(w_star)}, d))
+      yield Context(ds, {"w": jax.numpy.zeros(3)}, lambda p, t, f=f, s=f_star: {"gap": f(p, t) - s},
+                    {"loss": loss, "lr": 1 / np.linalg.eigvalsh(h).max()}, setting=f"l2={l2:g}")
+
+  def methods(ctx, cfg, opts):
+    return {f"{opts['name']} ({ctx.setting})": fjs.fedavg(ctx.extra["loss"],
+                                                          optax.sgd(ctx.extra["lr"]))}
+
+  def table(records, contexts, cfg, opts):
+    seen["settings"] = [c.setting for c in contexts]
+    return Table([{"method": m, "final gap": r["history"]["evals"]["gap"][-1]}
+                  for m, r in records.items()])
+
+  options = (fjs.harness.options.Option("l2s", [0.5, 1.0], "l2 strengths", kind="floats"),
+             fjs.harness.options.Option("name", "GD", "method name", kind="str"))
+  run = declared("study", options, setup=setup, methods=methods, table=table, metric="gap",
+                 higher_is_better=False, float64=lambda opts: True, figure=lambda *a: [],
+                 report=lambda results, ctx, cfg, opts: {"settings run": len(results["contexts"])})
+  cfg = Config(rounds=60, clients=3, eval_every=60, out=str(tmp_path), progress=False)
+  res = run(cfg)
+  assert seen["settings"] == ["l2=0.5", "l2=1"] and res["settings run"] == 2
+  assert [r["method"] for r in res["table"]] == ["GD (l2=0.5)", "GD (l2=1)"]
+  for row in res["table"]:   # float32 would stop near 1e-8 of f* ≈ 0.3
+    assert -1e-13 <= row["final gap"] < 1e-12
+  saved = json.load(open(tmp_path / "study" / "results.json"))
+  assert "contexts" not in saved and len(saved["methods"]) == 2
+  with pytest.raises(ConfigError, match="name each setting's methods apart"):
+    declared("same", options, setup=setup, methods=lambda ctx, cfg, opts: {
+        "GD": methods(ctx, cfg, opts).popitem()[1]}, table=table, float64=lambda opts: True,
+             figure=lambda *a: [])(cfg)
+  with pytest.raises(ValueError, match="untuned"):
+    declared("both", options, setup=setup, methods=methods, table=table, tuning=Tuning())

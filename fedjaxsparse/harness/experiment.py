@@ -225,18 +225,19 @@ def declared(name: str, spec: Sequence[Option], *,
     metric = metric_of(cfg, opts)
     short, scale = METRIC_COLUMNS.get(metric, (metric, 1.0))
     made = setup(cfg, opts)
-    contexts, records = [], {}
-    for ctx in [made] if isinstance(made, Context) else made:
-      contexts.append(ctx)
-      ds = ctx.data
-      for m, algo in methods(ctx, cfg, opts).items():
-        if m in records:
-          raise ConfigError(f"{name}: two settings declare a method named {m!r}; name each "
-                            "setting's methods apart.")
-        records[m] = run_method(cfg, name, m, algo, ctx.params, ds.train, ds.test,
-                                ctx.eval_fn)
+    contexts = [made] if isinstance(made, Context) else list(made)
     if not contexts:
       raise ConfigError(f"{name}: setup declared no setting to run.")
+    planned = {}   # every setting's methods, checked before anything runs
+    for ctx in contexts:
+      for m, algo in methods(ctx, cfg, opts).items():
+        if m in planned:
+          raise ConfigError(f"{name}: two settings declare a method named {m!r}; name each "
+                            "setting's methods apart.")
+        planned[m] = (algo, ctx)
+    records = {m: run_method(cfg, name, m, algo, c.params, c.data.train, c.data.test,
+                             c.eval_fn) for m, (algo, c) in planned.items()}
+    ctx, ds = contexts[-1], contexts[-1].data
     if table is not None:
       return {"experiment": name, "dataset": ds.name, "metric": metric,
               "table": table(records, contexts, cfg, opts), "methods": records,
