@@ -50,7 +50,7 @@ from fedjaxsparse.models import global_mean_scale, linear_regression, make_loss,
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
                                            paper_table, two_stage_search, validation_split)
 from fedjaxsparse.ops.sparsity import k_from_sparsity, num_params, top_k
-from fedjaxsparse.runtime.sweep import run_batched
+from fedjaxsparse.harness.tuning import candidate_scores, seed_histories
 
 NAME = "sparse_proxskip"
 DESCRIPTION = ("Sparse-ProxSkip (Meinhardt et al. 2024) vs Final-TopK, FedHT, FedIHT, ASP, "
@@ -395,30 +395,6 @@ def _run(cfg: Config, opts: dict) -> dict:
           "methods": records, "figures": figures}
 
 
-def _scores(cfg, opts, name, build, sparsity, k, params, train, test, eval_fn, metric, cands,
-            repetitions, seed):
-  """Final ``metric`` of every candidate, mean over ``repetitions`` seeds, on ``test``; all
-  candidates × repetitions run as one vmapped program (FedHT/FedIHT: one per local-step
-  value, their static argument, with the same local-step budget)."""
-  n = len(cands["gamma"])
-  out = np.full(n, -np.inf)
-  groups = ([(None, np.arange(n))] if name not in FEDAVG_STYLE else
-            [(int(v), np.flatnonzero(cands["x"] == v)) for v in np.unique(cands["x"])])
-  for static, idx in groups:
-    hp = {key: np.repeat(v[idx], repetitions) for key, v in cands.items()}
-    keys = jax.vmap(jax.random.key)(
-        (np.tile(np.arange(repetitions), len(idx)) + 1000 * seed).astype(np.uint32))
-    by_comms = opts["budget"] == "communications"
-    rounds = cfg.rounds if static is None or by_comms else max(1, cfg.rounds // static)
-    _, hist = run_batched(
-        lambda h: build(name, sparsity, h["gamma"], h["x"] if static is None else static),
-        keys, params, train, test, num_rounds=rounds, hparams=hp, eval_fn=eval_fn,
-        eval_every=rounds, params_fn=lambda s: top_k(s.params, k))
-    final = np.array([h.evals[metric][-1] for h in hist]).reshape(len(idx), repetitions)
-    out[idx] = np.where(np.isfinite(final), final, -np.inf).mean(1)
-  return out
-
-
 def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, metric):
   """Seed 000's tuning for EVERY method, baselines included: a two-stage random search
   (:func:`fedjaxsparse.harness.protocol.two_stage_search`) over γ ∈ [γ₀/10, 10γ₀] and 1/p ∈ [1, 100]
@@ -434,9 +410,17 @@ def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, m
              "x": Dimension(1, 100, integer=True) if fed else Dimension(1.0, 100.0)}
 
     def score(c, name=name, fed=fed):
-      cands = {"gamma": c["gamma"], "x": c["x"] if fed else 1.0 / c["x"]}
-      return _scores(cfg, opts, name, build, sparsity, k, params, fit, data, eval_fn, metric,
-                     cands, opts["repetitions"], cfg.seed)
+      """Every candidate's mean final validation metric over the repetitions: the stage as
+      one vmapped program (FedHT/FedIHT: one per local-step count, their static argument,
+      with the same budget)."""
+      by_comms = opts["budget"] == "communications"
+      return candidate_scores(
+          lambda h, s: build(name, sparsity, h["gamma"], s["x"] if fed else h["x"]),
+          {"gamma": c["gamma"], "x": c["x"] if fed else 1.0 / c["x"]},
+          static=("x",) if fed else (), repetitions=opts["repetitions"], seed=cfg.seed,
+          params=params, train=fit, test=data, eval_fn=eval_fn, metric=metric,
+          num_rounds=lambda s: cfg.rounds if not s or by_comms else max(1, cfg.rounds // s["x"]),
+          params_fn=lambda st: top_k(st.params, k))
 
     res = two_stage_search(score, space, (opts["search"], opts["search"]), seed=cfg.seed)
     x = int(res.best["x"]) if fed else 1.0 / res.best["x"]
@@ -472,10 +456,9 @@ def _seed_statistics(cfg, opts, names, build, setting, params, ds, eval_fn, spar
     fed = name in FEDAVG_STYLE
     per = x if fed and opts["budget"] == "iterations" else 1  # budget units per step
     hp = {"gamma": np.full(opts["seeds"], g), "x": np.full(opts["seeds"], x)}
-    rounds = max(1, cfg.rounds // per)
-    keys = jax.vmap(jax.random.key)(np.arange(opts["seeds"], dtype=np.uint32) + 7919 * cfg.seed)
-    _, hist = run_batched(lambda h: build(name, sparsity, h["gamma"], x if fed else h["x"]),
-                          keys, params, ds.train, (ds.test, train), num_rounds=rounds,
+    hist = seed_histories(lambda h: build(name, sparsity, h["gamma"], x if fed else h["x"]),
+                          opts["seeds"], cfg.seed, params=params, train=ds.train,
+                          test=(ds.test, train), num_rounds=max(1, cfg.rounds // per),
                           hparams=hp, eval_fn=eval_fn, eval_every=max(1, cfg.eval_every // per),
                           params_fn=lambda s: top_k(s.params, k))
     curve = np.mean([h.evals[metric] for h in hist], 0)

@@ -44,7 +44,7 @@ from fedjaxsparse.models import get_model, make_loss
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
                                            two_stage_search, validation_split)
 from fedjaxsparse.ops.sparsity import top_k
-from fedjaxsparse.runtime.sweep import run_batched
+from fedjaxsparse.harness.tuning import candidate_scores, seed_histories
 
 NAME = "sparse_proxskip_cifar"
 DESCRIPTION = ("Sparse-ProxSkip (Meinhardt et al. 2024) Fig. 4: its family, ResNet-18 on "
@@ -217,11 +217,9 @@ def _run(cfg: Config, opts: dict) -> dict:
   if opts["seeds"] > 1:
     for name in names:
       lr, clip, steps, batch = setting[name]
-      keys = jax.vmap(jax.random.key)(np.arange(opts["seeds"], dtype=np.uint32)
-                                      + 7919 * cfg.seed)
-      _, hist = run_batched(lambda _: build(name, lr, clip, steps, batch), keys, params,
-                            ds.train, ds.test, num_rounds=rounds, eval_fn=eval_fn,
-                            eval_every=rounds, params_fn=sparse_params)
+      hist = seed_histories(lambda _: build(name, lr, clip, steps, batch), opts["seeds"],
+                            cfg.seed, params=params, train=ds.train, test=ds.test,
+                            num_rounds=rounds, eval_fn=eval_fn, params_fn=sparse_params)
       seed_stats[name] = mean_se([h.evals["accuracy"][-1] for h in hist])
   rows = []
   for m, r in records.items():
@@ -290,20 +288,13 @@ def _tune(cfg, opts, build, params, ds, eval_fn, sparse_params, names) -> dict:
   best = {}
   for name in names:
     def score(c, name=name):
-      out = np.full(len(c["lr"]), -np.inf)
-      static = np.stack([c["steps"], c["batch"]], 1)
-      for steps, batch in np.unique(static, axis=0):
-        idx = np.flatnonzero((static == (steps, batch)).all(1))
-        hp = {k: np.repeat(c[k][idx], reps) for k in ("lr", "clip")}
-        keys = jax.vmap(jax.random.key)(
-            (np.tile(np.arange(reps), len(idx)) + 1000 * cfg.seed).astype(np.uint32))
-        _, hist = run_batched(
-            lambda h, s=int(steps), b=int(batch): build(name, h["lr"], h["clip"], s, b),
-            keys, params, fit, val, num_rounds=cfg.rounds, hparams=hp, eval_fn=eval_fn,
-            eval_every=cfg.rounds, params_fn=sparse_params)
-        acc = np.array([h.evals["accuracy"][-1] for h in hist]).reshape(len(idx), reps)
-        out[idx] = np.where(np.isfinite(acc), acc, -np.inf).mean(1)
-      return out
+      """Mean final validation accuracy over the repetitions, one vmapped program per (local
+      steps, batch size) of the stage."""
+      return candidate_scores(
+          lambda h, s: build(name, h["lr"], h["clip"], s["steps"], s["batch"]), c,
+          static=("steps", "batch"), repetitions=reps, seed=cfg.seed, params=params,
+          train=fit, test=val, num_rounds=cfg.rounds, eval_fn=eval_fn, metric="accuracy",
+          params_fn=sparse_params)
 
     res = two_stage_search(score, space, (opts["search"], opts["search"]), seed=cfg.seed)
     b = res.best

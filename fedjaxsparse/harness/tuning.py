@@ -1,7 +1,13 @@
 """Tuning every method alike on a validation split, then its final runs with seeds: a grid of
 candidates (one vmapped program, or one run each), the best by the experiment's metric, and
 the chosen method re-run on the full training data for ``seeds`` seeds (:func:`tune_then_run`,
-its result a :class:`Tuned`)."""
+its result a :class:`Tuned`).
+
+For searches over several hyper-parameters (:func:`fedjaxsparse.harness.protocol.
+two_stage_search`'s random search, say), :func:`candidate_scores` scores a whole stage of
+candidates — every candidate repeated over seeds — as one vmapped program per combination of
+the static hyper-parameters (a local-step count, a batch size), and :func:`seed_histories`
+runs a chosen setting's seeds as one vmapped program."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +29,8 @@ from fedjaxsparse.harness.options import Config
 from fedjaxsparse.harness.running import Steps, first_divergence, format_duration, last, run_method
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["tuning_config", "Run", "Tuned", "tune_then_run"]
+__all__ = ["tuning_config", "Run", "Tuned", "tune_then_run", "candidate_scores",
+           "seed_histories"]
 __dir__ = _public_dir(__all__)
 
 def tuning_config(cfg: Config, fraction: float = 0.5, evaluate_once: bool = True) -> Config:
@@ -207,3 +214,65 @@ def _tune_batched(tune_cfg: Config, grid: list, build: Callable, params: Any, fi
                     "clients": tune_cfg.execution,
                     "state": jax.tree.map(lambda a, s=s: a[s], states)})
   return records
+
+
+def _python_scalar(v: Any) -> int | float:
+  v = float(v)
+  return int(v) if v.is_integer() else v
+
+
+def candidate_scores(build: Callable[[dict, dict], Algorithm], candidates: dict, *,
+                     static: Sequence[str] = (), repetitions: int = 1, seed: int = 0,
+                     params: Any, train: Any, test: Any,
+                     num_rounds: int | Callable[[dict], int], eval_fn: EvalFn, metric: str,
+                     params_fn: ParamsFn = global_params) -> np.ndarray:
+  """The mean final ``metric`` over ``repetitions`` runs of every candidate, ``[n]``.
+
+  ``candidates`` maps each hyper-parameter to ``[n]`` values. The ``static`` ones shape the
+  program (a local-step count, a batch size): the candidates that share their values run as one
+  :func:`~fedjaxsparse.runtime.sweep.run_batched` program of ``len × repetitions`` runs
+  (run ``r`` of a candidate keyed ``r + 1000·seed``), ``build(traced, static)`` receiving the
+  other hyper-parameters as traced scalars and the static ones as Python numbers;
+  ``num_rounds`` may depend on the static values (a budget counted in local steps). A
+  candidate with a non-finite final metric in any repetition scores ``−inf``, so a diverging
+  candidate never wins. The metric is evaluated once, after the last round, on ``test`` (a
+  validation split while tuning)."""
+  from fedjaxsparse.runtime.sweep import run_batched   # noqa: PLC0415
+  n = len(next(iter(candidates.values())))
+  traced = [k for k in candidates if k not in static]
+  out = np.full(n, -np.inf)
+  if static:
+    values = np.stack([np.asarray(candidates[k], float) for k in static], 1)
+    groups = [(dict(zip(static, map(_python_scalar, row))),
+               np.flatnonzero((values == row).all(1))) for row in np.unique(values, axis=0)]
+  else:
+    groups = [({}, np.arange(n))]
+  for fixed, idx in groups:
+    hp = {k: np.repeat(np.asarray(candidates[k])[idx], repetitions) for k in traced}
+    keys = jax.vmap(jax.random.key)(
+        (np.tile(np.arange(repetitions), len(idx)) + 1000 * seed).astype(np.uint32))
+    rounds = num_rounds(fixed) if callable(num_rounds) else num_rounds
+    _, hist = run_batched(lambda h, fixed=fixed: build(h, fixed), keys, params, train, test,
+                          num_rounds=rounds, hparams=hp, eval_fn=eval_fn, eval_every=rounds,
+                          params_fn=params_fn)
+    final = np.array([h.evals[metric][-1] for h in hist]).reshape(len(idx), repetitions)
+    out[idx] = np.where(np.isfinite(final), final, -np.inf).mean(1)
+  return out
+
+
+def seed_histories(build: Callable[[Any], Algorithm], seeds: int, seed: int = 0, *,
+                   params: Any, train: Any, test: Any, num_rounds: int, eval_fn: EvalFn,
+                   eval_every: int | None = None, params_fn: ParamsFn = global_params,
+                   hparams: Any = None) -> list:
+  """``seeds`` runs of one chosen setting as one vmapped program (run ``s`` keyed
+  ``s + 7919·seed``): their :class:`~fedjaxsparse.runtime.runner.History` s, from which an
+  experiment reports the mean ± s.e. of a final metric (:func:`~fedjaxsparse.harness.protocol.
+  mean_se`), the seeds' mean curve, or the bits at which that curve reaches a target.
+  ``build(hparams)`` as for :func:`~fedjaxsparse.runtime.sweep.run_batched` (``hparams``:
+  ``[seeds]`` leaves, or ``None``)."""
+  from fedjaxsparse.runtime.sweep import run_batched   # noqa: PLC0415
+  keys = jax.vmap(jax.random.key)(np.arange(seeds, dtype=np.uint32) + 7919 * seed)
+  _, hist = run_batched(build, keys, params, train, test, num_rounds=num_rounds,
+                        hparams=hparams, eval_fn=eval_fn, eval_every=eval_every or num_rounds,
+                        params_fn=params_fn)
+  return hist
