@@ -56,6 +56,7 @@ from fedjaxsparse.convex.constants import client_curvatures, linear_model_consta
 from fedjaxsparse.data.federated import pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.data.partitions import kmeans_partition
+from fedjaxsparse.runtime.sweep import state_curves
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.options import Config, Option, name_list
 from fedjaxsparse.harness.running import Steps
@@ -147,18 +148,12 @@ def feature_split(x: np.ndarray, clusters: int, per_cluster: int, seed: int):
 
 
 def errors(algo, w0, data, x_opt, rounds: int, seeds: int, seed: int) -> np.ndarray:
-  """``‖x_t − x⋆‖²`` for t = 0..rounds, ``[seeds, rounds + 1]``: one jitted program, the seeds
-  vmapped, the rounds scanned."""
-  def one(key):
-    def body(state, t):
-      state, _ = algo.step(jax.random.fold_in(key, t), state, data)
-      return state, jnp.sum(jnp.square(state.params["w"] - x_opt))
-    state = algo.init(None, w0, data)
-    e0 = jnp.sum(jnp.square(w0["w"] - x_opt))
-    return jnp.concatenate([e0[None], jax.lax.scan(body, state, jnp.arange(rounds))[1]])
-
+  """``‖x_t − x⋆‖²`` for t = 0..rounds, ``[seeds, rounds + 1]``
+  (:func:`fedjaxsparse.runtime.sweep.state_curves`: one program, seeds vmapped, rounds
+  scanned)."""
   keys = jax.random.split(jax.random.key(seed), seeds)
-  return np.asarray(jax.jit(jax.vmap(one))(keys), np.float64)
+  return state_curves(algo, keys, w0, data, rounds,
+                      lambda state: jnp.sum(jnp.square(state.params["w"] - x_opt)))
 
 
 def _cost(errs: np.ndarray, k: int, eps: float, c1: float = 1.0, c2: float = 0.0):

@@ -100,6 +100,26 @@ def test_candidate_scores_and_seed_histories_are_their_runs(ds):
   assert hist[0].evals["neg_loss"] != hist[1].evals["neg_loss"]   # the seeds differ
 
 
+def test_state_curves_are_the_runs_metric_after_every_round(ds):
+  """runtime.sweep.state_curves (a convergence study's curves): row s is the metric of the
+  state of the run keyed keys[s] — init with fold_in(key, R), round t with fold_in(key, t) —
+  before the first round and after every round; the seeds' random cohorts differ."""
+  model = fjs.models.softmax_regression(64, 10)
+  algo = fjs.fedavg(fjs.models.make_loss(model), optax.sgd(0.3), local_steps=1, cohort_size=3)
+  params = model.init(jax.random.key(0))
+  dist = lambda state: sum(jax.numpy.sum(jax.numpy.square(a)) for a in jax.tree.leaves(
+      jax.tree.map(lambda x, y: x - y, state.params, params)))   # ‖w_t − w_0‖²
+  keys = jax.random.split(jax.random.key(4), 2)
+  got = fjs.runtime.sweep.state_curves(algo, keys, params, ds.train, 3, dist)
+  assert got.shape == (2, 4) and got.dtype == np.float64 and np.all(got[:, 0] == 0)
+  step = jax.jit(algo.step)
+  state = algo.init(jax.random.fold_in(keys[1], 3), params, ds.train)
+  for t in range(3):
+    state, _ = step(jax.random.fold_in(keys[1], t), state, ds.train)
+    np.testing.assert_allclose(got[1, t + 1], float(dist(state)), rtol=1e-5)
+  assert not np.allclose(got[0], got[1])
+
+
 def test_two_stage_search_finds_the_optimum_and_narrows():
   best = {"gamma": 0.03, "steps": 20.0}
   calls = []

@@ -6,6 +6,10 @@ settings. Repetition ``s`` computes exactly what :func:`fedjaxsparse.runtime.run
 ``keys[s]`` (same key derivation), so five repetitions or a learning-rate grid are one XLA
 program. Hyper-parameters must enter the algorithm as arrays (e.g. an optax learning rate),
 not as static Python values (local step counts, K in Top-K and cohort sizes stay static).
+
+``state_curves`` is the convergence study's form: a metric of the whole algorithm state
+(a distance to a known optimum, a control variate's norm) after every round of ``S`` runs,
+rounds scanned and runs vmapped, without the runner's evaluation schedule.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from fedjaxsparse.runtime.runner import EvalFn, History, arrange, build_chunk, s
 from fedjaxsparse.errors import check_int
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["grid", "run_batched"]
+__all__ = ["grid", "run_batched", "state_curves"]
 __dir__ = _public_dir(__all__)
 
 
@@ -90,3 +94,28 @@ def run_batched(build_algo: Callable[[Any], Algorithm], keys: jax.Array, params:
     history.add_chunk(0, jax.tree.map(lambda a: a[s], out), num_rounds)
     histories.append(history)
   return states, histories
+
+
+def state_curves(algo: Algorithm, keys: jax.Array, params: Any, train: Any, num_rounds: int,
+                 metric: Callable[[Any], jax.Array]) -> np.ndarray:
+  """``metric(state)`` at initialisation and after every round of ``S`` runs, float64
+  ``[S, num_rounds + 1]``, as one compiled program (runs vmapped over ``keys [S]``, rounds
+  scanned).
+
+  Run ``s`` starts from ``algo.init(fold_in(keys[s], num_rounds), params, train)`` and takes
+  round ``t`` (``t = 0 … num_rounds − 1``) with key ``fold_in(keys[s], t)``; ``metric`` maps
+  a state to a scalar (``‖x_t − x⋆‖²`` for a known optimum ``x⋆``, say). The curves of a
+  convergence study — the error against rounds, its mean over seeds, the round from which it
+  stays below a target — are rows of the result."""
+  check_int("num_rounds", num_rounds, 1)
+  check_data(train)
+
+  def one(key):
+    def body(state, t):
+      state, _ = algo.step(jax.random.fold_in(key, t), state, train)
+      return state, metric(state)
+    state = algo.init(jax.random.fold_in(key, num_rounds), params, train)
+    curve = jax.lax.scan(body, state, jnp.arange(num_rounds))[1]
+    return jnp.concatenate([jnp.asarray(metric(state))[None], curve])
+
+  return np.asarray(jax.jit(jax.vmap(one))(keys), np.float64)
