@@ -138,3 +138,26 @@ def test_diagnostics_and_bit_packing():
     np.testing.assert_array_equal(x, y)
   dens = fjs.masks.density_per_layer(one)
   assert float(dens["l0"]) == pytest.approx(counts["l0"] / 91)
+
+
+def test_prune_regrow_selection_is_the_stable_top_k():
+  """The masks' top-``count`` selection (a bisection on the scores' 32-bit order, linear work)
+  is exactly the set ``lax.top_k`` returns with ties to the lower index — on scores with many
+  ties, −inf exclusions, signed zeros and infinities, for every count up to the static bound."""
+  from fedjaxsparse.ops.masks import _select
+  rng = np.random.default_rng(0)
+  n, bound, trials = 200, 120, 64
+  kinds = [rng.normal(size=(trials, n)), rng.integers(-3, 3, (trials, n)).astype(float),
+           np.where(rng.random((trials, n)) < 0.5, -np.inf, rng.normal(size=(trials, n))),
+           rng.choice([0.0, -0.0, np.inf, -np.inf, 1.0], (trials, n))]
+  scores = jnp.asarray(np.concatenate(kinds).astype(np.float32))
+  counts = jnp.asarray(rng.integers(0, bound + 1, len(scores)), jnp.int32)
+
+  def stable_top_k(s, c):
+    idx = jax.lax.top_k(s, bound)[1]
+    return jnp.zeros(n, bool).at[idx].max(jnp.arange(bound) < c)
+
+  got = jax.jit(jax.vmap(lambda s, c: _select(s, c, bound)))(scores, counts)
+  want = jax.jit(jax.vmap(stable_top_k))(scores, counts)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(got).sum(1), np.asarray(counts))
