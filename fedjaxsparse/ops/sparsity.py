@@ -130,11 +130,11 @@ LARGEST_METHODS = ("auto", "bisection", "top_k")
 
 
 def largest_mask(keys: jax.Array, k: int, method: str = "bisection") -> jax.Array:
-  """``float[d] -> bool[d]`` with exactly ``k`` True at the largest non-negative ``keys``
-  (ties to the lower index).
+  """``float[d] -> bool[d]`` with exactly ``k`` True at the largest ``keys`` (ties to the lower
+  index; any float keys, −inf included).
 
-  ``method``: ``"bisection"`` finds the k-th largest key on its bit pattern (31 passes for
-  float32 keys, 63 for float64); ``k`` may be a traced integer (a per-client count inside
+  ``method``: ``"bisection"`` finds the k-th largest key on its bit pattern (32 counting passes
+  for float32 keys, 64 for float64: linear work); ``k`` may be a traced integer (a per-client count inside
   ``vmap``), unlike ``lax.top_k``'s static ``k``. ``"top_k"``: ``lax.top_k`` and a scatter
   (static ``k``). ``"auto"`` (what :func:`top_k` and :func:`top_k_mask` use): ``"top_k"`` for
   ``k ≤ d/50``, else ``"bisection"`` — the rule ``benchmarks/bench_topk.py`` measures. All
@@ -162,8 +162,10 @@ _top_k_mask_jit = jax.jit(_top_k_mask, static_argnums=1)
 def _bisection_mask(keys: jax.Array, k: Any) -> jax.Array:
   """:func:`largest_mask` by bisection on the bit pattern of the k-th largest key (``k`` may
   be traced: one program per shape of ``keys``)."""
-  uint, nbits = (jnp.uint64, 63) if keys.dtype == jnp.float64 else (jnp.uint32, 31)
-  bits = jax.lax.bitcast_convert_type(keys, uint)  # monotone for keys >= 0, NaN on top
+  uint, nbits = (jnp.uint64, 64) if keys.dtype == jnp.float64 else (jnp.uint32, 32)
+  bits = jax.lax.bitcast_convert_type(keys, uint)
+  sign = uint(1 << (nbits - 1))   # order keys: monotone in the floats' order, negatives and
+  bits = jnp.where(bits >= sign, ~bits, bits | sign)   # −inf included (NaN on top)
 
   def set_bit(i, t):  # keeps #{bits >= t} >= k, so t ends as the largest such t
     candidate = t | jnp.left_shift(uint(1), (nbits - 1 - i).astype(uint))
