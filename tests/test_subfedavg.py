@@ -108,6 +108,12 @@ def test_hybrid_prunes_convolution_channels_whole_by_norm_scale():
   for leaf in (new["conv2"]["kernel"], new["conv2"]["bias"], new["norm2"]["bias"]):
     np.testing.assert_array_equal(np.asarray(leaf).reshape(-1, 16).all(0), kept2)
   assert np.asarray(new["norm1"]["scale"]).sum() == 6 - 1          # ⌊0.25·6⌋ = 1 of conv1
+  # again on the pruned mask: ⌊0.25·12⌋ = 3 of conv2's 12 active channels go, the 4 already
+  # pruned stay pruned (they are not counted among the channels kept)
+  again = jax.tree.map(np.asarray, jax.jit(
+      lambda m, w: _prune_channels(m, w, jnp.float32(0.25), zigs, conv))(new, w))
+  np.testing.assert_array_equal(again["norm2"]["scale"], np.arange(16) < 9)
+  assert np.asarray(again["norm1"]["scale"]).sum() == 5 - 1
   for name in ("dense1", "dense2", "head"):                        # dense layers untouched
     assert all(bool(np.asarray(x).all()) for x in jax.tree.leaves(new[name]))
   # three clients of 32 digits (one minibatch an epoch: LeNet's convolutions are slow to run
@@ -130,9 +136,12 @@ def test_hybrid_prunes_convolution_channels_whole_by_norm_scale():
     assert k.all(1).sum(1).min() < n                                # and some were pruned
   d1 = np.asarray(m["dense1"]["kernel"])
   assert 0 < d1.mean() < 1 and not np.all(d1.all(1) == d1.any(1))  # unstructured
-  # at the target, overshooting by less than a channel's granularity (a conv2 channel is 1/16
-  # of its kernel, which is most of the conv weights)
-  assert 0.45 < float(info.density) <= 0.5
+  # at the target from above: every layer drops ⌊r·n_l⌋ of its n_l active units, so the
+  # density stays above 0.5 by less than one unit a layer (a channel of each convolution, a
+  # weight of each dense layer)
+  shapes = [np.shape(a["kernel"]) for a in w.values() if isinstance(a, dict) and "kernel" in a]
+  slack = (25 + 150 + 3) / sum(int(np.prod(s)) for s in shapes)   # conv1's 5·5·1, conv2's 5·5·6
+  assert 0.5 - 1e-6 <= float(info.density) < 0.5 + slack
   with pytest.raises(ValueError, match="needs zigs"):
     fjs.subfedavg(fjs.models.make_loss(model), 0.05, accuracy_fn=lambda *a: 1.0,
                   structure="hybrid")

@@ -20,8 +20,9 @@ client k of a uniform cohort S_t:
 2. forms two candidate masks by pruning the smallest-``|w|`` ``r`` of the remaining weights in
    every masked layer (``fake_prune``): ``m¹`` from the weights after the first epoch and
    ``m²`` after the last (the code's epochs 1 and 5); ``r = min(prune_rate, (ρ − ρ*)/ρ)``
-   lands exactly on the target density ``ρ* = 1 − target_sparsity`` (the code's last-step
-   adjustment);
+   lands on the target density ``ρ* = 1 − target_sparsity`` (the code's last-step
+   adjustment) — from above, by less than one pruning unit per layer (``⌊r·n_l⌋`` of a
+   layer's ``n_l`` active weights or channels go);
 3. if the masks still move — the mean over layers of the normalised Hamming distance of
    ``m¹`` and ``m²`` exceeds ``dist_threshold`` — and the density is above the target, it
    prunes to ``m²`` and keeps the result only if the pruned model's accuracy exceeds
