@@ -126,6 +126,7 @@ def test_bisenetv2_maps_images_to_per_pixel_logits_and_learns():
     S.bisenetv2((30, 32, 3))
 
 
+@pytest.mark.integration   # the experiment's data and a BiSeNetV2 evaluation program (11 s)
 def test_fedmrn_segmentation_data_and_miou_evaluation():
   """Appendix Table 3's segmentation row's pieces in the experiment: the stand-in dealt IID to
   the clients with the void label moved past the classes, and the runner's evaluation — the
