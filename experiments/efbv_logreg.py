@@ -163,8 +163,8 @@ def setup(cfg: Config, opts: dict) -> Context:
   if not k <= d // 2:
     raise ConfigError(f"option 'k' must be in [1, d/2={d // 2}], got {k}.")
   comp, settings = parameters(d, k, n, L, L_tilde, setting)
-  if opts["diana"]:
-    rk = C.rand_k(d, k)
+  rk = C.rand_k(d, k) if opts["diana"] else None
+  if rk is not None:
     settings[f"DIANA (rand-{k})"] = (
         efbv_params(0.0, rk.omega, C.omega_ran(rk.omega, n), L, L_tilde, setting, nu=1.0)
         if nonconvex else diana_params(rk.omega, C.omega_ran(rk.omega, n), L_max))
@@ -198,7 +198,7 @@ def setup(cfg: Config, opts: dict) -> Context:
   report = {"standin": standin, "paper_comparison": paper_rows, "compressor": comp.name,
             "f_star": f_star, "L": L, "parameters": Table(param_rows)}
   return Context(FederatedDataset(data, data, 2, label), model.init(jax.random.key(0)), gap,
-                 {"loss": loss, "comp": comp, "d": d, "settings": settings, "report": report,
+                 {"loss": loss, "comp": comp, "rand_k": rk, "settings": settings, "report": report,
                   "title": f"{label}: {comp.name}, n={n}, xi={xi}" + (
                       ", nonconvex (gap = ‖∇f‖²)" if nonconvex else ", gap = f − f*")})
 
@@ -208,7 +208,7 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
   loss, comp = ctx.extra["loss"], ctx.extra["comp"]
   out = {}
   for m, p in ctx.extra["settings"].items():
-    out[m] = (diana(loss, C.rand_k(ctx.extra["d"], opts["k"]), p["gamma"], p["lam"])
+    out[m] = (diana(loss, ctx.extra["rand_k"], p["gamma"], p["lam"])
               if m.startswith("DIANA") else ef_bv(loss, comp, p["gamma"], p["lam"], p["nu"]))
   return out
 

@@ -159,7 +159,7 @@ def _select(scores: jax.Array, count: jax.Array, bound: int) -> jax.Array:
   exactly the set the stable top-k returns."""
   if bound == 0:
     return jnp.zeros(scores.shape[0], bool)
-  return largest_mask(scores.astype(jnp.float32), jnp.asarray(count, jnp.int32), "bisection")
+  return largest_mask(scores, jnp.asarray(count, jnp.int32), "bisection")
 
 
 def prune_regrow(mask: Any, weights: Any, scores: Any, fraction: Any, counts: Any, *,
