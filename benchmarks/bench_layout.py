@@ -87,8 +87,10 @@ def torch_client_loop(data, kind: str, gamma: float, p: float, sparsity: float,
   except ImportError:
     return None
   sizes = np.asarray(data.num_examples)
-  xs = [torch.from_numpy(np.array(data.x[i, :n])) for i, n in enumerate(sizes)]
-  ys = [torch.from_numpy(np.array(data.y[i, :n])) for i, n in enumerate(sizes)]
+  x_host, y_host = np.asarray(data.x), np.asarray(data.y)   # sliced on the host: an eager
+  # slice of the device array compiles one program per client size
+  xs = [torch.from_numpy(x_host[i, :n].copy()) for i, n in enumerate(sizes)]
+  ys = [torch.from_numpy(y_host[i, :n].copy()) for i, n in enumerate(sizes)]
   d = xs[0].shape[1]
   shape = (d,) if kind == "ridge" else (d, 10)
   w = [torch.zeros(shape) for _ in xs]

@@ -194,7 +194,8 @@ def client_batches(data: Any, per_client: int | None = None) -> list[jax.Array]:
   could compute and send (one extra round per layer for ``sequential`` pruning)."""
   counts = np.asarray(data.num_examples)
   take = counts if per_client is None else np.minimum(counts, per_client)
-  return [data.x[i, :int(n)] for i, n in enumerate(take) if n > 0]
+  x = np.asarray(data.x)   # sliced on the host: slicing the device array eagerly compiles a
+  return [jnp.asarray(x[i, :int(n)]) for i, n in enumerate(take) if n > 0]   # program a size
 
 
 def one_shot(apply_fn: Callable, params: Any, batches, evaluate: Callable[[Any], dict],
