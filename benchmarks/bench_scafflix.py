@@ -2,7 +2,8 @@
 over clients doing the same mathematics in numpy, in the same process (the authors' code is a
 per-client loop).
 
-Seed 001 chapter 3, Algorithm 4 (``fedjaxsparse.algorithms.scafflix``, iteration form): per
+Scafflix (Yi, Condat and Richtárik 2023), Algorithm 4 of Kai Yi's dissertation (chapter 3;
+``fedjaxsparse.algorithms.scafflix``, iteration form): per
 iteration every client i takes x̂_i = x_i − (γ_i/α_i)(∇f_i(x̃_i) − h_i) at its personalised
 point x̃_i = α_i x_i + (1 − α_i) x_i*; with probability p (one coin for all clients) the
 server averages x̄ = Σ_j w_j x̂_j, w_j ∝ α_j²/γ_j, and h_i ← h_i + (p α_i/γ_i)(x̄ − x̂_i),
@@ -23,6 +24,8 @@ difference of their server models and client iterates x_i.
 
 Usage: python benchmarks/bench_scafflix.py [--clients 1000] [--iterations 2000]
        [--loop-iterations 50] [--out benchmarks/results]
+
+Source for the team: seed 001 chapter 3, Algorithm 4.
 """
 from __future__ import annotations
 

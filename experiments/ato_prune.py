@@ -1,5 +1,5 @@
-"""Seed 004 Task 2, Table 4: Auto-Train-Once (ATO) — train a CNN from scratch and remove whole
-zero-invariant channel groups in the same run, no fine-tuning (spec ``seed004.md`` §2).
+"""Auto-Train-Once (ATO; Wu et al., CVPR 2024), Table 4 of Xidong Wu's dissertation — train a CNN
+from scratch and remove whole zero-invariant channel groups in the same run, no fine-tuning.
 
 Methods (one base recipe: SGD with momentum 0.9, weight decay 1e-4, cosine step size from
 ``lr``; every method trains for ``--rounds`` epochs from the same random initialisation per
@@ -12,14 +12,14 @@ seed — Uniform from its smaller network's):
   epoch ``t_w``·E, controller trained in epochs [``t_start``·E, ``t_end``·E] on a fixed subset
   ``D_CN`` (``ctrl_fraction`` of the training set), then frozen;
 * **ATO-HSP** — the same with the half-space projector (4-3) (the paper's ablation: "HSP and
-  prox perform about the same"); ε = ``hsp_eps`` (not in the seed);
+  prox perform about the same"); ε = ``hsp_eps`` (not in the paper);
 * **Uniform** — Table 4's baseline (:func:`fedjaxsparse.pruning.zig.uniform_ratio`): every
   prunable channel set kept at one fraction r, found by bisection so that the uniform mask's FLOPs ``P(w)`` match ATO's final model at the same
   target; that smaller network (rebuilt with ``widths``) is trained from scratch with the same
   recipe;
 * **OTO (HSPG)** — OTO's static choice: every group penalised (w ≡ 0 from the start), the
   half-space projector from epoch ``t_w``·E, no controller; it prunes whatever groups it zeroes.
-  OTO's λ is not in the seed: ``oto_lam`` (default: 1e-3 — OTO's usual CIFAR value, an
+  OTO's λ is not in the paper: ``oto_lam`` (default: 1e-3 — OTO's usual CIFAR value, an
   assumption — times the paper-scale step count 300·⌊45000/128⌋ over this run's, i.e. the
   same total shrinkage Σ_t η_t λ as a 300-epoch CIFAR run);
 * **OTOv2 (DHSPG)** — Table 4-5's OTOv2 rows run, not only printed
@@ -33,8 +33,8 @@ and the *smaller* network is rebuilt and evaluated; its logits are compared with
 (virtual-gate) model's on ``check_size`` test images (the ``max |Δlogit|`` column, zero up to
 float error by zero-invariance). Reported: validation and test top-1 %, Δ test vs Dense,
 pruned FLOPs % = 1 − MACs(small)/MACs(dense) (the DMC-style count of
-:func:`fedjaxsparse.pruning.zig.flops`, an assumption: the seed gives no formula), parameters; means
-over ``seeds``.
+:func:`fedjaxsparse.pruning.zig.flops`, an assumption: the paper gives no formula), parameters;
+means over ``seeds``.
 BatchNorm is the library's current-batch BatchNorm: evaluation runs in batches of
 ``eval_batch`` with each batch's statistics, or with ``--set bn_eval=running`` by running
 statistics averaged over ``bn_samples`` training images (BatchNorm's evaluation mode).
@@ -76,6 +76,8 @@ checkpoints, under
 ``OUT/ato_prune/checkpoints/RUN`` (every epoch on CIFAR; on Fashion-MNIST after the last epoch
 only, the ``checkpoint_every`` option): ``--resume`` continues every run from its newest checkpoint
 (finished runs are only evaluated again), ``--overwrite`` starts afresh.
+
+Source for the team: seed 004 Task 2, Table 4; spec ``seed004.md`` §2.
 """
 from __future__ import annotations
 

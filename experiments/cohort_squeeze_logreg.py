@@ -1,4 +1,4 @@
-"""Seed 001 chapter 5, E5.1–E5.4 (Figs. 5.1–5.4, D.2–D.5; spec ``seed001_ch3_ch5.md`` §5.5–5.8):
+"""Cohort-Squeeze (Yi et al. 2024; chapter 5 of Kai Yi's dissertation), Figs. 5.1–5.4 and D.2–D.5:
 SPPM-AS on l2-logistic regression — the total communication cost T·K to reach
 ‖x_T − x⋆‖² < ε against the number K of local communication rounds, against LocalGD, and the
 sampling, baseline and γ studies.
@@ -10,36 +10,39 @@ examples into ``clusters`` clusters (scikit-learn), each cut at random into
 t-SNE map of N examples coloured by cluster); the clusters are the strata of
 **SPPM-SS** (one client from each cluster: a cohort of 10) and the blocks of **SPPM-BS** (one
 whole cluster); cohort objective weights 1/(n p_i) from the sampler's marginals. Prox solvers:
-BFGS (the chapter's base) and CG, one iteration = one local communication round (spec §3.5).
+BFGS (the chapter's base) and CG, one iteration = one local communication round.
 Every number is a mean over ``seeds`` seeds (cohort draws); a configuration "reaches" the
 target only if every seed does within ``max_rounds`` global rounds.
 
 Studies (``studies``):
 
-* ``cost`` (E5.1, Figs. 5.1/5.2): T·K to ε = ``eps`` for K in ``ks`` and γ in ``gammas`` for each
+* ``cost`` (Figs. 5.1/5.2): T·K to ε = ``eps`` for K in ``ks`` and γ in ``gammas`` for each
   solver, the optimal K per γ, and **LocalGD** (MB-LocalGD on the same SS cohorts, one
   communication per round) over its step sizes ``local_lrs`` and local iterations
   ``local_steps``: its best cost T; **LocalGD, 1/(2𝓛)** (``local_theory``, on by default): the
   same local iterations at the step from theory, 1/(2𝓛) with 𝓛 the SS cohort's expected
   smoothness (Gower et al. 2019, Theorem 3.1, which the chapter cites for its baselines). It
   stands beside, not for, the paper's "LocalGD, optim", whose step is Khaled and Richtárik
-  (2020)'s and is not written out in the paper (spec C5-14), so no number of ours is printed
+  (2020)'s and is not written out in the paper, so no number of ours is printed
   under that name:
   :func:`fedjaxsparse.ops.sampling.expected_smoothness` from the exact L_i and L); then the
   hierarchical cost (c₁·K + c₂)·T with
   ``c1``, ``c2`` (LocalGD: (c₁ + c₂)·T) and the savings. The paper's numbers (a6a and
   mushrooms; figures with numbers in the text) are printed beside ours.
-* ``sampling`` (E5.2, Fig. 5.3): SPPM-SS vs SPPM-BS (and τ-NICE) at γ = 0.1: the error each
+* ``sampling`` (Fig. 5.3): SPPM-SS vs SPPM-BS (and τ-NICE) at γ = 0.1: the error each
   settles at, next to Theorem 5.3.2's neighbourhood γσ²/(γμ_AS² + 2μ_AS) from the library's
   exact μ_AS, σ²_⋆,AS.
-* ``baselines`` (E5.3, Fig. 5.4): SPPM-SS (γ = 1) vs MB-GD and MB-LocalGD (5 local steps) on
+* ``baselines`` (Fig. 5.4): SPPM-SS (γ = 1) vs MB-GD and MB-LocalGD (5 local steps) on
   the same cohorts, at ``baseline_lr``: ``theory`` (default; the "optimal learning rate as
   suggested by Gower et al. (2019b)", 1/(2𝓛) as above) or ``1/L_max``.
-* ``gamma`` (E5.4, Figs. D.4/D.5): γ ∈ {0.1, 1, 100} × K ∈ {4, 16}: faster but coarser with γ.
+* ``gamma`` (Figs. D.4/D.5): γ ∈ {0.1, 1, 100} × K ∈ {4, 16}: faster but coarser with γ.
 
 Data: LIBSVM files with ``--dataset libsvm --data-dir FILE`` (mushrooms, a6a, w6a, ijcnn1,
 a9a); offline the labelled stand-in of mushrooms' shape (default) or scikit-learn's
 breast-cancer set (few examples: use fewer clusters/clients).
+
+Source for the team: seed 001 chapter 5, E5.1–E5.4 (cost, sampling, baselines, gamma); spec
+``seed001_ch3_ch5.md`` §5.5–5.8, §3.5 (prox solvers), C5-14 (LocalGD's step).
 """
 from __future__ import annotations
 

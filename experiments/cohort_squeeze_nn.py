@@ -1,7 +1,8 @@
-"""Seed 001 chapter 5, E5.5 (§5.4.6, D.5; Figs. 5.6/5.7, D.8/D.9): SPPM-AS on a CNN —
-the hierarchical cost of reaching a target training accuracy, against LocalGD.
+"""Cohort-Squeeze (Yi et al. 2024; chapter 5 of Kai Yi's dissertation), §5.4.6 and D.5 (Figs.
+5.6/5.7, D.8/D.9): SPPM-AS on a CNN — the hierarchical cost of reaching a target training
+accuracy, against LocalGD.
 
-Protocol (spec ``seed001_ch3_ch5.md`` §5.9):
+Protocol:
 
 * Data: FEMNIST with one writer per client, each writer's own train/test split (LEAF's
   ≈ 9:1; ``--dataset femnist --data-dir DIR``; the first ``--clients`` writers in file order,
@@ -23,6 +24,8 @@ Protocol (spec ``seed001_ch3_ch5.md`` §5.9):
   chapter's hubs); training accuracy (the paper's target metric, 70 %) is evaluated every
   ``--eval-every`` rounds on the training data; the cost to the target is read at the first
   evaluation reaching it. Test accuracy at the end is reported beside it.
+
+Source for the team: seed 001 chapter 5, E5.5; spec ``seed001_ch3_ch5.md`` §5.9 (protocol).
 """
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""Seed 004 Task 1, Figures 1-3 at CPU scale (spec ``seed004.md`` §1.11): distributed dynamic
-safe screening (Sha-DDSS, Dis-DDSS and their Naive variants) against ProxASVRG, ProxASAGA (in
-shared memory and, as Dis-ProxASAGA, over the workers' sample shards like Dis-DDSS, its
-messages charged), PSE-Safe and PSE-Strong on a sparse Lasso (or ℓ1-logistic regression, ``--set loss=logistic``).
+"""DDSS (Bao et al. 2022; chapter 3 of Xidong Wu's dissertation), Figures 1-3 at CPU scale:
+distributed dynamic safe screening (Sha-DDSS, Dis-DDSS and their Naive variants) against
+ProxASVRG, ProxASAGA (in shared memory and, as Dis-ProxASAGA, over the workers' sample shards
+like Dis-DDSS, its messages charged), PSE-Safe and PSE-Strong on a sparse Lasso (or
+ℓ1-logistic regression, ``--set loss=logistic``).
 
 Data: the embedded default is a synthetic sparse design with a planted support (``n``, ``p``,
 ``density``, ``support``: n = 2,000, p = 20,000, density 2·10⁻³, 20 non-zeros, λ = 0.3·λ_max
-— a minute on 2 CPU cores, where screening already removes ~98 % of the coordinates; the
-spec's scale is ``--set n=10000 --set p=100000 --set density=1e-3 --set support=100
---set lam_ratio=0.1``, about 15 minutes, spec §1.9); ``--data-dir FILE`` reads a LIBSVM
+— a minute on 2 CPU cores, where screening already removes ~98 % of the coordinates; a
+larger scale is ``--set n=10000 --set p=100000 --set density=1e-3 --set support=100
+--set lam_ratio=0.1``, about 15 minutes); ``--data-dir FILE`` reads a LIBSVM
 file kept sparse (rcv1, real-sim, KDD2010, Avazu; the paper's λ/λ_max are 4e-6 for KDD 2010,
 2e-3 / 1e-3 for Avazu-app / -site). λ = ``lam_ratio``·λ_max. float64 throughout.
 
@@ -24,6 +25,9 @@ updates, not wall-clock speed-ups (which an emulation cannot measure). The paper
 numbers (its figures are images); the qualitative claims checked: the VR variants are fastest,
 the Naive variants fast early then sublinear, and screening shrinks the active set to the
 support.
+
+Source for the team: seed 004 Task 1, Figures 1-3; spec ``seed004.md`` §1.11 (experiments; its
+reproducibility note suggests the larger synthetic scale), §1.9.
 """
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""Seed 001 appendix A.3.1 (Fig. 2.2, Table A.2): EF-BV vs EF21 with comp-(k, ⌊d/2⌋)
-compressors on l2-regularised logistic regression, f(x^t) − f* against bits sent per node.
+"""EF-BV (Condat, Yi and Richtárik, NeurIPS 2022), appendix A.3.1 of Kai Yi's dissertation
+(Fig. 2.2, Table A.2): EF-BV vs EF21 with comp-(k, ⌊d/2⌋) compressors on l2-regularised
+logistic regression, f(x^t) − f* against bits sent per node.
 
-Setting (spec ``seed001_ch2.md`` §6.1): f_i(x) = mean_j log(1 + exp(−b_ij x·a_ij)) + (μ/2)‖x‖²,
+Setting: f_i(x) = mean_j log(1 + exp(−b_ij x·a_ij)) + (μ/2)‖x‖²,
 μ = 0.1, no bias, uniform f = (1/n)Σ f_i; the data are shuffled and cut into n blocks (the last
 takes the remainder; overlap ``xi = 2`` gives node i blocks i and i+1); full local gradients;
-L_i = μ + (1/(4N_i)) Σ_j ‖a_ij‖² and L = L̃ = sqrt(mean_i L_i²) (the paper's L̃ is ambiguous,
-spec §6.1.4); λ, ν, γ as the paper ran them (A.3.1): EF-BV λ = λ*, ν = ν*,
+L_i = μ + (1/(4N_i)) Σ_j ‖a_ij‖² and L = L̃ = sqrt(mean_i L_i²) (the paper's L̃ is ambiguous);
+λ, ν, γ as the paper ran them (A.3.1): EF-BV λ = λ*, ν = ν*,
 γ = 1/(L + L̃√(r_av/r)/s*); EF21 ν = λ = λ* with r_av = r, γ = 1/(L + L̃/s*); DIANA (rand-k,
 ``--set diana=true``) at its own rule, Prop 2.4.6, with L_max = max_i L_i. h_i⁰ = ∇f_i(x⁰),
 its dense upload charged to the first iteration. The run is in float64 (``float64=true``) and
@@ -26,6 +27,8 @@ DIANA with rand-k), ``nonconvex`` (appendix A.3.3, Fig. A.1: the regulariser
 ``0.1·Σ_j x_j²/(1 + x_j²)`` instead of the l2 term, L_i = (1/(4N_i))Σ‖a_ij‖² + 0.2 (its
 curvature is at most 2·0.1), the nonconvex step rule of Thm 2.5.1, and ‖∇f(x)‖² as the
 metric).
+
+Source for the team: seed 001 appendix A.3.1; spec ``seed001_ch2.md`` §6.1 (setting), §6.1.4 (L̃).
 """
 from __future__ import annotations
 
@@ -69,8 +72,11 @@ OPTIONS = (
 
 
 def _table_a2(dataset: str, k: int, xi: int, values: tuple) -> PaperConfig:
-  """Seed 001 Table A.2's column (dataset, k, ξ): EF-BV and EF21 parameters, n = 1000 (the
-  spec's reconstruction, seed001_ch2 §6.1.3, with the three printed typos corrected)."""
+  """Table A.2's column (dataset, k, ξ) in Kai Yi's dissertation (EF-BV): EF-BV and EF21
+  parameters, n = 1000 (reconstructed, with the three printed typos corrected).
+
+  Source for the team: seed 001 Table A.2; the reconstruction is spec ``seed001_ch2.md`` §6.1.3.
+  """
   lam, r, r_av, g_bv, g_21 = values
   return PaperConfig(
       f"{dataset}_k{k}_xi{xi}",

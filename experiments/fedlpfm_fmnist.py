@@ -1,6 +1,6 @@
-"""Seed 004 Task 3 (Fed-LPFM, Tables 8-12; spec ``seed004.md`` §3): FedAvg, FedProx, FML and
-Fed-LPFM on label-skewed clients, a student distilling from each client's private frozen
-teacher(s).
+"""Fed-LPFM (Wu et al. 2023; chapter 5 of Xidong Wu's dissertation, Tables 8-12): FedAvg, FedProx,
+FML and Fed-LPFM on label-skewed clients, a student distilling from each client's private
+frozen teacher(s).
 
 **Substitutions, printed with the results.** The paper's data is CIFAR-10 and its teacher a
 zero-shot CLIP ViT-B/32. Offline, the default uses the real **Fashion-MNIST**, and the teacher
@@ -12,12 +12,12 @@ everywhere; its test accuracy is printed. With CIFAR-10 prepared for tfds
 ``[10, P, L]`` int ids, e.g. by ``CLIPTokenizer`` on "a photo of a {class}."), the teacher is
 zero-shot CLIP (:mod:`fedjaxsparse.models.clip`), as in the paper.
 
-Protocol (Table 8-10, §3.4): 10 clients, all participating; splits IID, Dirichlet(α) for
+Protocol (Tables 8-10): 10 clients, all participating; splits IID, Dirichlet(α) for
 α ∈ {1.0, 0.5, 0.1, 0.05, 0.01} and "Class Split" (2 classes per client,
 :func:`~fedjaxsparse.data.partitions.label_count_partition`); SGD with weight decay 5e-4, the
 same learning rate for every method; accuracy on the balanced test set, mean ± s.e. over
 ``seeds``. The student is ``student`` (a small CNN on CPU; MobileNetV2 / ResNet-18 /
-EfficientNet-B0 with GroupNorm(8) for the paper's Tables 8/10/9). The seed gives neither λ,
+EfficientNet-B0 with GroupNorm(8) for the paper's Tables 8/10/9). The paper gives neither λ,
 T, local steps, batch, μ nor FML's weights: every method's own hyper-parameter is tuned alike
 on a validation split of the clients' training data (never on test) — FedProx μ over
 ``mus``, Fed-LPFM λ over ``lams``, FML α = β over ``fml_alphas`` — with half the rounds;
@@ -37,6 +37,8 @@ library trains likewise) for all, or a random per-client choice between the two 
 prior). The paper's numbers are printed beside ours for the directions they claim; they are
 CIFAR-10 numbers and not comparable in level (Tables 8/9's FedProx columns copy FedAvg's and
 are marked so).
+
+Source for the team: seed 004 Task 3, Tables 8-12; spec ``seed004.md`` §3, §3.4 (protocol).
 """
 from __future__ import annotations
 

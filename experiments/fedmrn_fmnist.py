@@ -1,4 +1,4 @@
-"""Seed 003 Table 1/2, Fashion-MNIST columns (spec ``seed000_003.md`` B.9): FedMRN and FedMRNS
+"""FedMRN (Li et al., ACM MM 2024) Table 1/2, Fashion-MNIST columns: FedMRN and FedMRNS
 against FedAvg and the 1-bpp post-training compressors, on the real Fashion-MNIST, IID,
 Non-IID-1 (Dirichlet 0.3) and Non-IID-2 (3 labels per client).
 
@@ -38,13 +38,16 @@ PASCAL VOC 2012 (:func:`fedjaxsparse.data.pascal_voc.voc_segmentation`: train im
 IID to the clients, ``seg_size`` × ``seg_size``; the val images are the test set), scored by
 the mean IoU; ``--dataset voc_standin`` is its labelled stand-in (random rectangles).
 
-Studies (``--set study=``): ``table1`` (above); ``ablation`` — Fig. 4's variants (B.8: FedMRN
+Studies (``--set study=``): ``table1`` (above); ``ablation`` — Fig. 4's variants (FedMRN
 w/o SM, w/o PM, w/o PSM, FedAvg w. SM) beside FedAvg, FedMRN and SignSGD, the paper runs them
 on Non-IID-2 (``--set splits=niid2``) and gives no numbers, only orderings (printed);
 ``noise`` — Fig. 5: FedMRN and FedMRNS for every noise distribution × scale in
 ``noise_grid`` (FedMRNS at half the scale) beside FedAvg, plotted as accuracy against α (the
 paper's figure is on CIFAR-10; here on FMNIST). Every method of every study is tuned alike
 over ``lrs``.
+
+Source for the team: seed 003 Tables 1/2; spec ``seed000_003.md`` B.9 (experiments), B.8 (Fig. 4's
+ablation).
 """
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""Seed 001 chapter 4 experiments (spec ``seed001_ch4_ch6.md`` §A.10): FedP3's layer policies
-against FedAvg (Figs. 4.2-4.3), the local pruning rules (Table 4.2), the global pruning ratio
-(Fig. 4.4) and the aggregation rules (Fig. 4.5), on the real Fashion-MNIST (the Debian
-package), the embedded digits, or EMNIST-L / CIFAR-10 / CIFAR-100 when prepared with tfds.
+"""The experiments of FedP3 (Yi et al., ICLR 2024; chapter 4 of Kai Yi's dissertation): its layer
+policies against FedAvg (Figs. 4.2-4.3), the local pruning rules (Table 4.2), the global
+pruning ratio (Fig. 4.4) and the aggregation rules (Fig. 4.5), on the real Fashion-MNIST (the
+Debian package), the embedded digits, or EMNIST-L / CIFAR-10 / CIFAR-100 when prepared with tfds.
 EMNIST-L is the chapter's (Table C.1: 10 classes, 48K + 8K examples, 392 / 168 per client):
 ``--dataset emnist_l10``, EMNIST Letters' first ten letters (its ``--paper *_emnist_l10``
 configurations); ``--dataset emnist_l`` runs all 26 letters.
 
-Protocol (the chapter's, §A.10.1-§A.10.2): train and test pooled and dealt to 100 clients,
+Protocol (the chapter's): train and test pooled and dealt to 100 clients,
 each client's share split 70 % / 30 % into its own train and test data; S1 — class-wise,
 5 classes per client (15 for CIFAR-100; NIID-Bench's "#C = k" deal); S2 — FedCR's Dirichlet
 (every client draws its class proportions from Dirichlet(0.5), 0.3 for CIFAR-100, and is filled
@@ -45,6 +45,9 @@ Studies (``--set study=``):
 
 Comm is reported as the paper counts it (the fraction of layers uploaded) and honestly (floats
 uploaded per round relative to FedAvg's), plus the deployed model size.
+
+Source for the team: seed 001 chapter 4; spec ``seed001_ch4_ch6.md`` §A.10 (experiments),
+§A.10.1-§A.10.2 (protocol).
 """
 from __future__ import annotations
 

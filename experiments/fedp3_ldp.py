@@ -1,5 +1,5 @@
-"""Seed 001 chapter 4, LDP-FedP3 (Algorithm 11, Thm 4.3.4; spec §A.7): utility against the
-privacy budget ε on a small model.
+"""LDP-FedP3 (FedP3, Yi et al., ICLR 2024; chapter 4 of Kai Yi's dissertation: Algorithm 11,
+Thm 4.3.4): utility against the privacy budget ε on a small model.
 
 Protocol: the embedded real digits (or any ``--dataset`` of :mod:`fedjaxsparse.data`), split
 over ``clients`` clients (IID by default), softmax regression (d = 650, divisible by the
@@ -13,6 +13,8 @@ over the K iterations; the smallest client's m, so every client is covered; the 
 unknown constants). γ is tuned alike for every ε on a validation split; test accuracy is the
 mean over ``seeds``. Also printed: Table C.3's point that LDP-FedP3's uplink (d floats per
 iteration in total) does not grow with n — measured as floats per iteration.
+
+Source for the team: seed 001 chapter 4; spec ``seed001_ch4_ch6.md`` §A.7.
 """
 from __future__ import annotations
 

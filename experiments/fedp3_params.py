@@ -1,7 +1,7 @@
-"""Seed 001 chapter 4, Fig. C.1 (l. 3049-3079): FedP3's parameter accounting — how many
-parameters a "LowerB-like" client uploads and receives when it trains one layer plus the final
-FC layer (FFC) and gets every other layer globally pruned to the keep ratio r — computed from
-the chapter's networks (Table C.2). Pure arithmetic; no training, no data.
+"""FedP3 (Yi et al., ICLR 2024), Fig. C.1 of Kai Yi's dissertation: its parameter accounting —
+how many parameters a "LowerB-like" client uploads and receives when it trains one layer plus
+the final FC layer (FFC) and gets every other layer globally pruned to the keep ratio r —
+computed from the chapter's networks (Table C.2). Pure arithmetic; no training, no data.
 
 For each data set's network (:func:`~fedjaxsparse.models.fedp3_cnn`: conv 5×5 ×64 twice, FC
 1600→1024, 1024→1024, the FFC 1024→classes — Fashion-MNIST read at 32×32 as the chapter's
@@ -16,8 +16,11 @@ with their biases, FC layers by their kernels):
   (the chapter's 57.93 % at r = 0.5 for CIFAR-10);
 * Fig. C.1 itself: the parameters of every layer as each client deploys it, at each ``r``.
 
-The chapter's printed numbers (l. 1268, 3064) are shown beside ours; every one of them is
+The chapter's printed numbers are shown beside ours; every one of them is
 matched exactly (checked by a test).
+
+Source for the team: seed 001 chapter 4, Fig. C.1, l. 3049-3079; the printed numbers at l. 1268,
+3064; spec ``seed001_ch4_ch6.md`` §A.10.4.
 """
 from __future__ import annotations
 

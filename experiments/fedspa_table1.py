@@ -1,4 +1,4 @@
-"""Seed 002 Table 1/2 (spec ``seed002.md`` §6): FedSpa (DST), FedSpa (RSM), Ditto, FedAvg,
+"""FedSpa (Huang et al. 2022) Table 1/2: FedSpa (DST), FedSpa (RSM), Ditto, FedAvg,
 Sub-FedAvg, Local and Subsampling — personalised test accuracy, communication under both
 ledgers, training FLOPs, and rounds to target accuracies — over IID, Non-IID A and Non-IID B.
 
@@ -20,11 +20,12 @@ prepared with tfds, ``emnist_l`` (LeNet5-Caffe, 26 classes, γ 0.2/0.1), ``cifar
 ledger (fp32 values only) and the honest one (values + positions + DST's uploaded masks);
 FLOPs analytically (:mod:`fedjaxsparse.ops.flops`: 6·MACs per trained example at each layer's
 density, plus DST's dense regrowth batch). ``mask s`` is the wall time of DST's mask search per
-round (Table 5), measured by timing a round with and without it. The ablations of §3.4 are
-options: ``sparsity`` (Table 3), ``init=uniform`` (Table 4), ``shared_init=false`` (Fig. 6),
-``regrowth=random`` (Fig. 7); every personalised method also reports its global model
-(``global_accuracy``, Fig. 8). With one local epoch Sub-FedAvg's mask-distance test (first vs
-last epoch) cannot pass, so it runs with distance threshold 0 there.
+round (Table 5), measured by timing a round with and without it. The ablations of the paper's
+appendix B.4 are options: ``sparsity`` (Table 3), ``init=uniform`` (Table 4),
+``shared_init=false`` (Fig. 6), ``regrowth=random`` (Fig. 7); every personalised method also
+reports its global model (``global_accuracy``, Fig. 8). With one local epoch Sub-FedAvg's
+mask-distance test (first vs last epoch) cannot pass, so it runs with distance threshold 0
+there.
 
 ``--set network=prunable`` runs every method on the networks' counterparts that declare their
 channel groups (BatchNorm after every convolution; VGG-11 included) and allows ``Sub-FedAvg (Hy)``,
@@ -33,6 +34,8 @@ magnitude — beside the unstructured ``Sub-FedAvg`` (both stand beside the pape
 row: its baseline prunes "parameters and channels"). FedSpa (DST)'s CIFAR-100 rows carry
 Tables 3 and 4's accuracies at the run's sparsity and initialisation, and every row Table 2's
 rounds to the paper's targets.
+
+Source for the team: seed 002 Tables 1/2; spec ``seed002.md`` §6 (experiments), §3.4 (ablations).
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""Seed 001 chapter 3, §3.3.4 and B.4.3 (Figs. 3.4, B.7, B.8): Scafflix with *inexact* local
-optima — how cheap can the pre-solve x_i* ≈ argmin f_i be before FLIX suffers?
+"""Scafflix (Yi, Condat and Richtárik 2023; chapter 3 of Kai Yi's dissertation), §3.3.4 and
+B.4.3 (Figs. 3.4, B.7, B.8): Scafflix with *inexact* local optima — how cheap can the
+pre-solve x_i* ≈ argmin f_i be before FLIX suffers?
 
-Protocol (spec ``seed001_ch3_ch5.md`` §2.6, §5.3, claim 9): l2-logistic regression (μ = 0.1) as
+Protocol: l2-logistic regression (μ = 0.1) as
 in ``scafflix_logreg`` (same data, splits and constants); every client solves its own problem by
 gradient descent with its step 1/L_i **from x_i⁰ = 100·1** (the paper's start, "to avoid a
 trivially good start"), stopping at ‖∇f_i‖ < ε for each ε of ``eps`` (default 1e-1 … 1e-6), or
@@ -17,6 +18,8 @@ quantity a user cares about, the loss of the personalised models mean_i f_i(x̃_
 excess over the strictest pre-solve's ("satisfactory" in the paper: Fig. 3.4 with 8 workers,
 α = 0.1; Fig. B.8 α = 0.01). Results are curves in the paper; its one number (23.55×) is
 printed beside ours.
+
+Source for the team: seed 001 chapter 3; spec ``seed001_ch3_ch5.md`` §2.6, §5.3, claim 9 (protocol).
 """
 from __future__ import annotations
 

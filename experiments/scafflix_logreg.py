@@ -1,8 +1,8 @@
-"""Seed 001 chapter 3, §3.3.1 / B.4 (Figs. 3.1, 3.5, B.4–B.6): Scafflix vs GD on the FLIX
-objective for l2-regularised logistic regression, f̃(x) − f̃* against communication rounds,
-for several personalization factors α.
+"""Scafflix (Yi, Condat and Richtárik 2023; chapter 3 of Kai Yi's dissertation), §3.3.1 / B.4
+(Figs. 3.1, 3.5, B.4–B.6): Scafflix vs GD on the FLIX objective for l2-regularised logistic
+regression, f̃(x) − f̃* against communication rounds, for several personalization factors α.
 
-Setting (spec ``seed001_ch3_ch5.md`` §5.1–5.3): f_i(x) = mean_j log(1 + exp(−b_ij x·a_ij)) +
+Setting: f_i(x) = mean_j log(1 + exp(−b_ij x·a_ij)) +
 (μ/2)‖x‖², μ = 0.1, no bias; every client first solves its own problem to ‖∇f_i‖ < ε
 (:func:`fedjaxsparse.algorithms.scafflix.local_optima`, ε = 1e-6 by default; its gradient steps
 are reported as the pre-solve cost), then Scafflix (full gradients, γ_i = 1/L_i with
@@ -12,7 +12,7 @@ budget unit: Scafflix in its round form, L ~ Geometric(p) local steps then one c
 FLIX-GD communicates every step). f̃* comes from L-BFGS in float64 on the FLIX objective; the
 run is in float64 (``float64=true``).
 
-Splits (B.4.2; the paper's Fig. 3.1 split is ambiguous, spec C3-5, so all four are options):
+Splits (B.4.2; the paper's Fig. 3.1 split is ambiguous, so all four are options):
 ``iid`` (shuffled, equal blocks); ``label`` (client i holds a share of the positives
 proportional to i + 1 and of the negatives proportional to n − i: the paper's r_pos = (i+1)/n
 made to sum to the data); ``feature`` (k-means on the features, one cluster per client,
@@ -22,8 +22,11 @@ scikit-learn's KMeans); ``quantity`` (client sizes from Dirichlet(0.5), at least
 Data: the paper uses LIBSVM mushrooms, a6a and w6a with an unstated number of clients
 (``--dataset libsvm --data-dir FILE``); offline, ``--dataset mushrooms_standin`` (a labelled
 synthetic stand-in of mushrooms' shape) or the default, scikit-learn's real breast-cancer set.
-The chapter's results are figures only (spec C3-13); what is checked is the claims they show:
+The chapter's results are figures only; what is checked is the claims they show:
 smaller α converges in fewer rounds, and Scafflix needs far fewer rounds than FLIX-GD.
+
+Source for the team: seed 001 chapter 3; spec ``seed001_ch3_ch5.md`` §5.1–5.3 (setting), C3-5
+(split), C3-13 (figures only).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Seed 001 chapter 3, §3.3.2 (Fig. 3.2): Scafflix vs FLIX (SGD on the FLIX objective) vs
-FedAvg on neural networks — FEMNIST with a CNN, Shakespeare with LEAF's character LSTM —
-personalised validation accuracy against communication rounds.
+"""Scafflix (Yi, Condat and Richtárik 2023; chapter 3 of Kai Yi's dissertation), §3.3.2 (Fig.
+3.2): Scafflix vs FLIX (SGD on the FLIX objective) vs FedAvg on neural networks — FEMNIST with
+a CNN, Shakespeare with LEAF's character LSTM — personalised validation accuracy against
+communication rounds.
 
-Protocol (spec ``seed001_ch3_ch5.md`` §5.2; the paper's numbers are figures only, C3-13):
+Protocol (the paper's numbers are figures only):
 
 1. Each client's training examples are split into a fitting part and a validation part
    (``protocol.validation_split``); the test examples are never used for any choice.
@@ -25,12 +26,12 @@ over clients, the per-client values, and the global model x beside them (history
 
 Methods: **Scafflix** (round form: L ~ Geometric(p) local SGD steps, p = 0.2, one step size
 for all clients — the networks have no L_i — 10 clients per round under this library's
-partial-participation rule, see ``algorithms/scafflix.py``; the paper gives none, C3-8),
+partial-participation rule, see ``algorithms/scafflix.py``; the paper gives none),
 **FLIX** (SGD on f̃, 10 clients per round, one step per round), **FedAvg** (on the plain
 objective, 10 clients per round, ⌈1/p⌉ = 5 local steps — the paper leaves its settings
-unspecified, C3-9). Batch 20 everywhere. Scafflix and FLIX are evaluated with each client's
+unspecified). Batch 20 everywhere. Scafflix and FLIX are evaluated with each client's
 personal model x̃_i = α x + (1 − α) x_i* on its own examples; FedAvg with the global model.
-α = 0.5 for FEMNIST and 0.3 for Shakespeare (Fig. 3.2's caption; C3-6).
+α = 0.5 for FEMNIST and 0.3 for Shakespeare (Fig. 3.2's caption).
 
 At FEMNIST's scale (3,400 writers, each holding h_i and x_i* of the model's size)
 ``--set population=host`` runs Scafflix on the population path
@@ -43,11 +44,11 @@ Table B.1 (``--paper tableB1_fmnist``, ``tableB1_cifar100``; ``--dataset fashion
 ``fashion_mnist_standin`` or ``cifar100``): FedCR's non-IID deal (``b1_rule``: ``dirichlet``,
 each client's Dirichlet class proportions — FedCR's README rule, α = 0.5 / 0.3 — or
 ``noniid``, its code's default rule: ``class_main`` consecutive classes per client,
-:func:`fedjaxsparse.data.partitions.class_cycle_partition`; the seed says only "the 'non-iid'
+:func:`fedjaxsparse.data.partitions.class_cycle_partition`; the paper says only "the 'non-iid'
 setting"; equal sizes, each client's own 70/30 train/test split), p = 0.3, α = 0.3, 500 rounds,
 and all of the table's methods beside Scafflix, FLIX and FedAvg — Ditto, FedSR-FT, FedPAC and
 FedCR (:mod:`fedjaxsparse.algorithms.representation`, on FedCR's networks
-:func:`fedjaxsparse.models.split.fedcr_net`: its code is what the seed ran) — with the paper's
+:func:`fedjaxsparse.models.split.fedcr_net`: its code is what the paper ran) — with the paper's
 column printed beside ours. Every method's learning rate is tuned over the same grid; the other
 hyper-parameters are FedCR's README values (FedCR: β = 1e-3, 1e-4 for CIFAR-100, S = 15 / 18
 draws, d = 256 / 512; FedSR: L2R = CMI = 1e-3; FedPAC: λ = 1; 10 local epochs of batch 48,
@@ -62,6 +63,9 @@ speaking role; ``--clients`` roles drawn at random; LEAF's JSON with ``--data-di
 LEAF's character LSTM (``hidden`` units; 256 is LEAF's, 64 the CPU default);
 ``--dataset femnist --data-dir DIR`` (LEAF files); the default is ``femnist_standin`` (a
 labelled synthetic stand-in of FEMNIST's shape) with a small CNN, sized for a CPU.
+
+Source for the team: seed 001 chapter 3; spec ``seed001_ch3_ch5.md`` §5.2 (protocol), C3-6 (α), C3-8
+(participation), C3-9 (FedAvg), C3-13 (figures only).
 """
 from __future__ import annotations
 

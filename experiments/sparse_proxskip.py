@@ -1,4 +1,5 @@
-"""Seed 000's comparison: Sparse-ProxSkip and its baselines at a target sparsity.
+"""The Sparse-ProxSkip paper's comparison (Meinhardt et al. 2024): Sparse-ProxSkip and its
+baselines at a target sparsity.
 
 Methods (the Sparse-ProxSkip paper's Tables 1-4): Final-TopK (dense ProxSkip, Top-K at evaluation), FedHT,
 FedIHT, Accelerated-Server-Pruning (ASP), RandProx-l1 (λ = ``lam``, default: the Sparse-ProxSkip paper's
@@ -26,6 +27,8 @@ for the reported numbers, from runs on the full training data. ``--set seeds=5``
 final metric's mean ± standard error over 5 seeds. Methods carry the paper's names.
 
 Options: see ``OPTIONS`` (``fedjaxsparse describe sparse_proxskip``).
+
+Source for the team: seed 000.
 """
 from __future__ import annotations
 
@@ -396,11 +399,15 @@ def _run(cfg: Config, opts: dict) -> dict:
 
 
 def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, metric):
-  """Seed 000's tuning for EVERY method, baselines included: a two-stage random search
-  (:func:`fedjaxsparse.harness.protocol.two_stage_search`) over γ ∈ [γ₀/10, 10γ₀] and 1/p ∈ [1, 100]
-  (FedHT/FedIHT: their local-step count ∈ [1, 100]), each candidate scored by its mean final
-  metric over ``repetitions`` seeds on a validation split carved from the clients' training
-  data; the test split is never seen. Returns ``{method: (γ, p or local steps)}``."""
+  """The Sparse-ProxSkip paper's tuning for EVERY method, baselines included: a two-stage
+  random search (:func:`fedjaxsparse.harness.protocol.two_stage_search`) over γ ∈ [γ₀/10, 10γ₀]
+  and 1/p ∈ [1, 100] (FedHT/FedIHT: their local-step count ∈ [1, 100]), each candidate scored
+  by its mean final metric over ``repetitions`` seeds on a validation split carved from the
+  clients' training data; the test split is never seen. Returns
+  ``{method: (γ, p or local steps)}``.
+
+  Source for the team: seed 000.
+  """
   fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
   data = (val, auto_layout(fit))  # the evaluation reads (held-out split, training split)
   best = {}

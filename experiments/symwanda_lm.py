@@ -1,4 +1,4 @@
-"""Seed 001 chapter 6 (SymWanda; spec ``seed001_ch4_ch6.md`` §B.6-§B.7): post-training pruning of
+"""SymWanda (Yi and Richtárik 2025; chapter 6 of Kai Yi's dissertation): post-training pruning of
 a language model, Tables 6.2-6.5 and E.1-E.4, perplexity beside the paper's numbers.
 
 Model (``--set model=``):
@@ -28,12 +28,15 @@ WinoGrande, ARC-e, ARC-c and OpenBookQA in the LM Evaluation Harness's protocol 
 the paper's Table 6.6 printed beside, its means recomputed). Every pruned model is calibrated block-sequentially; the table also
 gives the mean relative reconstruction error ``‖X(W−W̃)‖²/‖XW‖²`` over the linear layers.
 
-The comparison group of unstructured masks is not stated in the paper (spec §0.2.14); by
+The comparison group of unstructured masks is not stated in the paper; by
 default it is per layer, as in RIA's code (``--per_outneuron`` off), which the chapter builds
 on — its Wanda (7.79 on LLaMA2-7B at 50 %) is not Wanda's own per-output 6.42. Per output,
 Col-Sum (``|W_jk|/‖W_{:k}‖₁·‖X_j‖^α``) is a per-neuron constant times Wanda and ranks exactly
 like it, and stochRIA's column term has no effect. The DSnoT studies rank per output neuron,
 as DSnoT's code does (which is also why Table 6.5's Wanda differs from Table 6.4's).
+
+Source for the team: seed 001 chapter 6; spec ``seed001_ch4_ch6.md`` §B.6-§B.7, §0.2.14 (comparison
+group).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Seed 001 chapter 6 at a scale a CPU reaches: one-shot post-training pruning of an MLP on the
-embedded real digits with **planted outlier input channels** — the "outlier feature" phenomenon
-of LLMs to which the chapter attributes the activation term (Wanda, RIA) and the α = 0.5 optimum
-(Table 6.3).
+"""SymWanda (Yi and Richtárik 2025; chapter 6 of Kai Yi's dissertation) at a scale a CPU reaches:
+one-shot post-training pruning of an MLP on the embedded real digits with **planted outlier
+input channels** — the "outlier feature" phenomenon of LLMs to which the chapter attributes the
+activation term (Wanda, RIA) and the α = 0.5 optimum (Table 6.3).
 
 Protocol: scikit-learn's digits (1,797 real 8×8 images), 75/25 train/test split (seeded); the
 MLP 64-256-256-10 (ReLU) trained full-batch with Adam (``steps``). Outlier model: ``outliers``
@@ -13,6 +13,8 @@ layer, layer-sequential calibration on ``calib`` training images) at 50/60/70 % 
 (β = 0.1, α = 1; mean over ``seeds``) and Wanda's α sweep {0, 0.5, 1, 2}; the table gives test
 accuracy (mean over ``seeds`` model seeds for everything). The chapter's claims, as directions:
 activation-aware scores beat magnitude when inputs have outliers; RIA ≥ Wanda; α = 0.5 is best.
+
+Source for the team: seed 001 chapter 6.
 """
 from __future__ import annotations
 

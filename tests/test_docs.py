@@ -119,7 +119,7 @@ def test_committed_results_name_a_real_configuration_and_the_papers_own_numbers(
           assert row[f"paper {column}"] == by_method[row["method"]], (name, column)
 
 
-_INWARD = re.compile(r"seed 0\d\d|spec [A-Z]\.| l\. \d")
+_INWARD = re.compile(r"seed 0\d\d|spec [A-Z]\.| l\. \d", re.IGNORECASE)
 _ROOT = os.path.dirname(DOCS)
 
 
