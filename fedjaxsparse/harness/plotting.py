@@ -272,12 +272,14 @@ def _texts(fig) -> list:
   return [t for t in out if id(t) not in ticks or id(t) in drawn]
 
 
-def layout_problems(fig) -> list[str]:
+def layout_problems(fig, drawn: bool = False) -> list[str]:
   """What a reader would see as broken in ``fig``: each text (title, axis or tick label,
   legend entry) that leaves the figure or overlaps another text, and each legend that covers
-  an axes' data area or a title — measured on matplotlib's own layout (drawn once). Empty
-  for a clean figure."""
-  fig.draw_without_rendering()  # the final layout (constrained layout included), no pixels
+  an axes' data area or a title — measured on matplotlib's own layout (drawn once; ``drawn``:
+  the figure's canvas has just been drawn, so its layout is final). Empty for a clean
+  figure."""
+  if not drawn:
+    fig.draw_without_rendering()  # the final layout (constrained layout included), no pixels
   renderer = fig.canvas.get_renderer()
   frame = fig.bbox
   texts = _texts(fig)
@@ -317,10 +319,21 @@ def save_figure(fig, path: str, dpi: int = 110) -> str:
   """Save ``fig`` as ``path`` (the first process writes) and close it; returns ``path``. With
   ``FEDJAXSPARSE_CHECK_PLOTS=1`` a figure with :func:`layout_problems` is an error."""
   if os.environ.get(CHECK_ENV, "") not in ("", "0"):
-    problems = layout_problems(fig)
+    # one draw at the saved resolution: the layout checked is the image written (a check
+    # before ``savefig`` would lay the figure out twice, as much time again)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg   # noqa: PLC0415
+    from PIL import Image   # noqa: PLC0415  (matplotlib's own PNG writer)
+    canvas = FigureCanvasAgg(fig)
+    fig.set_dpi(dpi)
+    canvas.draw()
+    problems = layout_problems(fig, drawn=True)
     if problems:
       plt.close(fig)
       raise AssertionError(f"{os.path.basename(path)}: " + "; ".join(sorted(set(problems))))
+    if jax.process_index() == 0:
+      Image.fromarray(np.asarray(canvas.buffer_rgba())).save(path, format="png")
+    plt.close(fig)
+    return path
   if jax.process_index() == 0:  # several processes: the first writes
     fig.savefig(path, dpi=dpi)
   plt.close(fig)
