@@ -1,4 +1,5 @@
-"""Seed 000 Figure 4: the Sparse-ProxSkip family on CIFAR-10 with ResNet-18 (non-convex).
+"""Figure 4 of the Sparse-ProxSkip paper (Meinhardt et al. 2024): its family on CIFAR-10 with
+ResNet-18 (non-convex).
 
 Setting (the Sparse-ProxSkip paper's appendix E): 10 clients, full participation, FedLab's
 unbalanced Dirichlet split (label proportions Dirichlet(0.3), client sizes log-normal with
@@ -11,7 +12,9 @@ local steps, the ProxSkip family rounds of Geometric(p) local steps. With ``--se
 method is tuned by the paper's random search — learning rate, local steps ∈ {8, 16, …, 256},
 batch size ∈ {32, 64}, clipping threshold log-uniform in [10, 200] — in two stages of N
 candidates on a validation split of the clients' training data (candidates with the same
-static local-step count and batch size run as one vmapped program).
+static local-step count and batch size run as one vmapped program); ``--set seeds=S`` runs
+the chosen setting S times for the mean ± s.e. column. A declaration: the harness tunes, runs,
+tabulates and plots every method alike.
 
 ``--paper figure4`` is that protocol (search=16). Without CIFAR-10 prepared for ``tfds``
 (``--data-dir``), and in CI, a CPU-sized stand-in runs instead — digits (8×8 images, the same
@@ -24,8 +27,6 @@ Options: see ``OPTIONS`` (``fedjaxsparse describe sparse_proxskip_cifar``).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,14 +38,13 @@ from fedjaxsparse.ops.augment import CIFAR10_MEAN, CIFAR10_STD, crop_flip
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.options import Config, Option, name_list
-from fedjaxsparse.harness.running import last, run_method, status
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.running import last, status
+from fedjaxsparse.harness.experiment import Context, Method, Tuning, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import get_model, make_loss
-from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
-                                           two_stage_search, validation_split)
+from fedjaxsparse.harness.protocol import Dimension, PaperConfig, load_or_standin
 from fedjaxsparse.ops.sparsity import top_k
-from fedjaxsparse.harness.tuning import candidate_scores, seed_histories
+from fedjaxsparse.harness.tuning import Search, tuning_config
 
 NAME = "sparse_proxskip_cifar"
 DESCRIPTION = ("Sparse-ProxSkip (Meinhardt et al. 2024) Fig. 4: its family, ResNet-18 on "
@@ -143,7 +143,9 @@ def _load(cfg: Config, name: str, opts: dict):
   return ds
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict) -> Context:
+  """The data (CIFAR-10 or its stand-in), the model, its regularised loss, the augmentation and
+  the Top-K'd evaluation; the stand-in's shorter budget when it runs."""
   paper = PAPERS["figure4"] if cfg.dataset == "cifar10" else None
   ds, standin = load_or_standin(paper, cfg.dataset, cfg.data_dir,
                                 lambda name: _load(cfg, name, opts))
@@ -153,7 +155,6 @@ def _run(cfg: Config, opts: dict) -> dict:
   else:
     label, default_model = ds.name, "resnet18"
     rounds, eval_every = cfg.rounds or 500, cfg.eval_every or 25
-  cfg = dataclasses.replace(cfg, rounds=rounds, eval_every=eval_every)
   model_name = opts["model"] or default_model
   # the stand-in's CNN pools once, after its second convolution: pooled after each, its dense
   # layer's fan-in (2·2·16) made those weights large enough that 90 % global Top-K of the
@@ -164,82 +165,88 @@ def _run(cfg: Config, opts: dict) -> dict:
   model = get_model(model_name, ds.train.x.shape[2:], ds.num_classes, **small)
   wd = opts["weight_decay"]
   base_loss = make_loss(model)
-  loss = lambda p, x, y, m: base_loss(p, x, y, m) + 0.5 * wd * sum(
+  loss = lambda p, x, y, m: base_loss(p, x, y, m) + 0.5 * wd * sum(  # noqa: E731
       jnp.sum(jnp.square(a)) for a in jax.tree.leaves(p))
   augment = None
   if opts["augment"]:
     augment = crop_flip(pad=1, flip=False) if standin else crop_flip(pad=4, flip=True)
-  sparsity = opts["sparsity"]
-  params = model.init(jax.random.key(cfg.seed))
-  sparse_params = lambda s: top_k(s.params, sparsity=sparsity)
-  eval_fn = make_eval_fn(model, batch_size=opts["eval_batch_size"])
+  print(f"{NAME}: {label}, model={model_name}, {ds.num_clients} clients, "
+        f"sparsity={opts['sparsity']:.0%}, augmentation={'on' if augment else 'off'}, "
+        f"{rounds} communication rounds")
+  return Context(ds, model.init(jax.random.key(cfg.seed)),
+                 make_eval_fn(model, batch_size=opts["eval_batch_size"]),
+                 extra=dict(loss=loss, augment=augment, label=label, model=model_name,
+                            standin=standin, paper=paper),
+                 rounds=rounds, eval_every=eval_every)
 
-  def build(name, lr, clip, steps, batch):
-    """Method ``name``; ``lr`` and ``clip`` may be traced (a search), ``steps`` and
-    ``batch`` are static."""
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  """Every chosen method (the figure's order), evaluated Top-K'd; with ``search`` > 0 each is
+  tuned over the paper's space (learning rate, clipping threshold, local steps, batch size;
+  the last two static), else run at the options' values."""
+  loss, augment, sparsity = ctx.extra["loss"], ctx.extra["augment"], opts["sparsity"]
+  mode = opts["clip_mode"]
+  lam = opts["lam"] if opts["lam"] is not None else 1.0 / (2 * ctx.data.num_clients)
+
+  def build(name, c):
+    """Method ``name`` at candidate ``c``: ``lr`` and ``clip`` may be traced (a search),
+    ``local steps`` and ``batch`` are static."""
+    lr, clip, steps, batch = c["lr"], c["clip"], c["local steps"], c["batch"]
     if name in FEDAVG_STYLE:   # rounds of `steps` local steps
       kw = dict(batch_size=batch, weighting="uniform", augment=augment)
-      optimizer = clipped_sgd(lr, clip, opts["clip_mode"])
-      return {"FedAvg": lambda: fedavg(loss, optimizer, local_steps=steps, **kw),
-              "FedHT": lambda: fedht(loss, lr, steps, sparsity, clip=clip,
-                                     clip_mode=opts["clip_mode"], **kw),
-              "FedIHT": lambda: fediht(loss, lr, steps, sparsity, clip=clip,
-                                       clip_mode=opts["clip_mode"], **kw)}[name]()
-    kw = dict(batch_size=batch, clip=clip, clip_mode=opts["clip_mode"], augment=augment,
-              form="round")
+      return {"FedAvg": lambda: fedavg(loss, clipped_sgd(lr, clip, mode), local_steps=steps,
+                                       **kw),
+              "FedHT": lambda: fedht(loss, lr, steps, sparsity, clip=clip, clip_mode=mode, **kw),
+              "FedIHT": lambda: fediht(loss, lr, steps, sparsity, clip=clip, clip_mode=mode,
+                                       **kw)}[name]()
+    kw = dict(batch_size=batch, clip=clip, clip_mode=mode, augment=augment, form="round")
     p = 1.0 / steps
-    lam = opts["lam"] if opts["lam"] is not None else 1.0 / (2 * ds.num_clients)
     return {"Final-TopK": lambda: ps.proxskip(loss, lr, p, **kw),
             "RandProx-l1": lambda: ps.randprox_l1(loss, lr, p, lam, **kw),
             ASP: lambda: ps.accelerated_server_pruning(loss, lr, p, sparsity, **kw),
             SPS_LOCAL: lambda: ps.sparse_proxskip_local(loss, lr, p, sparsity, **kw),
             SPS: lambda: ps.sparse_proxskip(loss, lr, p, sparsity, **kw)}[name]()
 
-  chosen = name_list(opts["methods"], "methods", METHODS, default=list(METHODS))
-  names = [m for m in METHODS if m in chosen]   # the figure's order
-  fixed = (opts["lr"], opts["clip"], opts["local_steps"], opts["batch_size"])
-  setting = {m: fixed for m in METHODS}
-  tuned = {}
+  search = None
   if opts["search"] > 0:
-    tuned = _tune(cfg, opts, build, params, ds, eval_fn, sparse_params, names)
-    setting.update(tuned)
-  print(f"{NAME}: {label}, model={model_name}, {ds.num_clients} clients, "
-        f"sparsity={sparsity:.0%}, augmentation={'on' if augment else 'off'}, "
-        f"{rounds} communication rounds")
-  records = {}
-  for name in names:
-    lr, clip, steps, batch = setting[name]
-    records[name] = run_method(cfg, NAME, name, build(name, lr, clip, steps, batch), params,
-                               ds.train, ds.test, eval_fn, params_fn=sparse_params)
-    ev = records[name]["history"]["evals"]
-    ev["uplink_bits_per_client"] = [b / ds.num_clients for b in ev["uplink_bits"]]
-  seed_stats = {}
-  if opts["seeds"] > 1:
-    for name in names:
-      lr, clip, steps, batch = setting[name]
-      hist = seed_histories(lambda _: build(name, lr, clip, steps, batch), opts["seeds"],
-                            cfg.seed, params=params, train=ds.train, test=ds.test,
-                            num_rounds=rounds, eval_fn=eval_fn, params_fn=sparse_params)
-      seed_stats[name] = mean_se([h.evals["accuracy"][-1] for h in hist])
-  rows = []
-  for m, r in records.items():
-    ev = r["history"]["evals"]
-    lr, clip, steps, batch = setting[m]
-    row = {"method": m, "final accuracy": last(ev.get("accuracy", [])),
-           "best accuracy": max(ev.get("accuracy", []), default=None),
-           "final train loss": last(r["history"]["rounds"].get("loss", [])),
-           "uplink bits/client": last(ev["uplink_bits_per_client"]),
-           "lr": lr, "clip": clip, "local steps": steps, "batch": batch}
-    if seed_stats:
-      st = seed_stats[m]
-      row[f"accuracy mean ± s.e. ({opts['seeds']} seeds)"] = f"{st['mean']:.4f} ± {st['se']:.4f}"
-    rows.append(row)
+    (lo_lr, hi_lr), (lo_s, hi_s) = opts["search_lr"], opts["search_steps"]
+    search = Search({"lr": Dimension(lo_lr, hi_lr), "clip": Dimension(10.0, 200.0),
+                     "local steps": Dimension(lo_s, hi_s, integer=True,
+                                              choices=_powers_of_two(lo_s, hi_s)),
+                     "batch": Dimension(32, 64, choices=(32, 64))},
+                    static=("local steps", "batch"), samples=(opts["search"],) * 2,
+                    repetitions=opts["repetitions"])
+  fixed = {"lr": opts["lr"], "clip": opts["clip"], "local steps": opts["local_steps"],
+           "batch": opts["batch_size"]}
+  chosen = name_list(opts["methods"], "methods", METHODS, default=list(METHODS))
+  top_k_params = lambda s: top_k(s.params, sparsity=sparsity)  # noqa: E731
+  return {m: Method(lambda c, run, m=m: build(m, c), grid=(fixed,), params_fn=top_k_params,
+                    search=search) for m in METHODS if m in chosen}
+
+
+def _columns(method: str, tuned, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The first seed's final and best test accuracy (Top-K'd model), final training loss and
+  uplink bits per client."""
+  rec = tuned.records[0]
+  ev = rec["history"]["evals"]
+  ev["uplink_bits_per_client"] = [b / ctx.data.num_clients for b in ev["uplink_bits"]]
+  return {"final accuracy": last(ev.get("accuracy", [])),
+          "best accuracy": max(ev.get("accuracy", []), default=None),
+          "final train loss": last(rec["history"]["rounds"].get("loss", [])),
+          "uplink bits/client": last(ev["uplink_bits_per_client"])}
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """A status column when a run diverged or its training loss climbed, the note on layers the
+  initial model's Top-K empties, and every method's setting."""
+  records, sparsity = results["methods"], opts["sparsity"]
+  rows = [dict(r) for r in results["table"].rows]
   rising = {m: _rising(r) for m, r in records.items()}
   if any(r["diverged"] for r in records.values()) or any(rising.values()):
     for row in rows:
       rec = records[row["method"]]
       row["status"] = status(rec) if rec["diverged"] else (rising[row["method"]] or "ok")
-  empty = empty_layers(params, sparsity)
+  empty = empty_layers(ctx.params, sparsity)
   notes = []
   if empty:
     notes.append(
@@ -249,23 +256,34 @@ def _run(cfg: Config, opts: dict) -> dict:
         f"({SPS_LOCAL}, {SPS}) cannot learn on this model (train loss ln 10); the paper's "
         f"ResNet-18 keeps weights in every layer — run it with --set model=resnet18, or "
         f"lower --set sparsity")
+  paper = ctx.extra["paper"]
   if paper is not None and cfg.paper:
     notes.append(f"{paper.source}: the paper shows a figure only (no numbers to print beside "
                  f"ours); protocol deviations: {paper.deviations}")
-  return {"experiment": NAME, "dataset": label, "standin": standin, "model": model_name,
-          "budget": "communication rounds", "rounds": rounds, "tuned": tuned,
-          "settings": {m: dict(zip(("lr", "clip", "local_steps", "batch_size"), v))
-                       for m, v in setting.items()},
-          "seed_statistics": seed_stats, "table": Table(rows, note="\n".join(notes) or None),
-          "empty_layers_at_init": empty, "methods": records,
-          "figures": [
-              Figure("methods", dict(methods=records, metric="accuracy",
-                                     title=f"{label}, {model_name}, {sparsity:.0%} sparsity",
-                                     x="round", bits="uplink_bits_per_client")),
-              Figure("series", dict(
-                  methods={m: r for m, r in records.items() if m not in FEDAVG_STYLE},
-                  names=["sum_h_norm", "mean_h_norm", "loss"], title="control variates",
-                  x="round", colors=list(records)), suffix="_h")]}
+  best = {row["method"]: results["tuned"][row["method"]].best for row in rows}
+  return {"dataset": ctx.extra["label"], "standin": ctx.extra["standin"],
+          "model": ctx.extra["model"], "budget": "communication rounds",
+          "rounds": ctx.rounds, "table": Table(rows, note="\n".join(notes) or None),
+          "tuned": {m: t.search.best for m, t in results["tuned"].items()
+                    if t.search is not None},
+          "settings": {m: {"lr": c["lr"], "clip": c["clip"], "local_steps": c["local steps"],
+                           "batch_size": c["batch"]} for m, c in best.items()},
+          "empty_layers_at_init": empty}
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> list:
+  """Figure 4's accuracy curves (against rounds and uplink bits per client) and the control
+  variates of the ProxSkip family."""
+  records, label = results["methods"], ctx.extra["label"]
+  return [Figure("methods", dict(methods=records, metric="accuracy",
+                                 title=f"{label}, {ctx.extra['model']}, "
+                                       f"{opts['sparsity']:.0%} sparsity",
+                                 x="round", bits="uplink_bits_per_client")),
+          Figure("series", dict(methods={m: r for m, r in records.items()
+                                         if m not in FEDAVG_STYLE},
+                                names=["sum_h_norm", "mean_h_norm", "loss"],
+                                title="control variates", x="round", colors=list(records)),
+                 suffix="_h")]
 
 
 def _powers_of_two(low: float, high: float) -> tuple[int, ...]:
@@ -275,33 +293,7 @@ def _powers_of_two(low: float, high: float) -> tuple[int, ...]:
   return out or (int(np.ceil(low)),)
 
 
-def _tune(cfg, opts, build, params, ds, eval_fn, sparse_params, names) -> dict:
-  """Seed 000 §E's random search for every method, in two stages on a validation split:
-  ``{method: (lr, clip, local steps, batch size)}``."""
-  fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-  lo_lr, hi_lr = opts["search_lr"]
-  lo_s, hi_s = opts["search_steps"]
-  space = {"lr": Dimension(lo_lr, hi_lr), "clip": Dimension(10.0, 200.0),
-           "steps": Dimension(lo_s, hi_s, integer=True, choices=_powers_of_two(lo_s, hi_s)),
-           "batch": Dimension(32, 64, choices=(32, 64))}
-  reps = opts["repetitions"]
-  best = {}
-  for name in names:
-    def score(c, name=name):
-      """Mean final validation accuracy over the repetitions, one vmapped program per (local
-      steps, batch size) of the stage."""
-      return candidate_scores(
-          lambda h, s: build(name, h["lr"], h["clip"], s["steps"], s["batch"]), c,
-          static=("steps", "batch"), repetitions=reps, seed=cfg.seed, params=params,
-          train=fit, test=val, num_rounds=cfg.rounds, eval_fn=eval_fn, metric="accuracy",
-          params_fn=sparse_params)
-
-    res = two_stage_search(score, space, (opts["search"], opts["search"]), seed=cfg.seed)
-    b = res.best
-    best[name] = (b["lr"], b["clip"], int(b["steps"]), int(b["batch"]))
-    print(f"search {name}: lr={b['lr']:.4g} clip={b['clip']:.4g} local steps={int(b['steps'])} "
-          f"batch={int(b['batch'])}, validation accuracy={res.best_score:.4f}")
-  return best
-
-
-run = entry(NAME, OPTIONS, _run, PAPERS)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, figure=figure,
+               papers=PAPERS, tuning=Tuning(column="acc % (mean over seeds)",
+                                            config=lambda cfg, opts: tuning_config(cfg, 1.0),
+                                            columns=_columns))

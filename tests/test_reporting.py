@@ -159,6 +159,49 @@ def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(
     dataclasses.replace(cfg, tuning="grid").validate()
 
 
+@pytest.mark.integration   # two searches of two stages and their final runs
+def test_a_searched_method_is_tuned_on_validation_data_by_the_random_search(tmp_path):
+  """A :class:`~fedjaxsparse.harness.tuning.Search` instead of a grid: every stage of the
+  two-stage random search is scored on the validation split, the best candidate of all stages
+  is chosen — a static or integer value as a Python int, the others floats — and run on the
+  training data; relabelling the test split moves the final accuracy but not one score of
+  the search."""
+  ds, model, cfg, fit, val = _digits_tuning(tmp_path)
+  dim = fjs.harness.protocol.Dimension
+  search = fjs.harness.tuning.Search(
+      {"lr": dim(0.01, 1.0), "steps": dim(5, 5, integer=True, choices=(5,))},
+      static=("steps",), samples=(2, 2))
+  seen = []
+
+  def build(c, run):
+    seen.append((type(c["steps"]), isinstance(c["lr"], jax.core.Tracer), run.tuning))
+    return _fedavg(c["lr"])    # 5 local steps, as c["steps"] says
+
+  runs = {}
+  relabelled = ds.test._replace(y=(ds.test.y + 3) % 10)
+  for tag, test in (("clean", ds.test), ("relabelled", relabelled)):
+    runs[tag] = fjs.harness.tuning.tune_then_run(
+        cfg, "t", f"FedAvg {tag}", [None], build, model.init(jax.random.key(0)), fit, val,
+        ds.train, test, _TUNING["eval_fn"], tune_cfg=fjs.harness.tuning.tuning_config(cfg),
+        seeds=1, search=search)
+  t = runs["clean"]
+  stages = t.search.stages
+  assert [len(st["scores"]) for st in stages] == [2, 2]
+  flat = [(score, lr) for st in stages for score, lr in zip(st["scores"],
+                                                           st["candidates"]["lr"])]
+  best_score, best_lr = max(flat)
+  assert t.search.best_score == best_score and t.best == {"lr": best_lr, "steps": 5}
+  assert type(t.best["lr"]) is float and type(t.best["steps"]) is int
+  lo, hi = stages[1]["box"]["lr"]          # the second stage searched the first's best range
+  assert 0.01 <= lo <= hi <= 1.0 and all(lo <= v <= hi for v in stages[1]["candidates"]["lr"])
+  assert (int, True, True) in seen and (int, False, False) in seen   # searched traced, then run
+  assert all(typ is int for typ, _, _ in seen)
+  assert runs["relabelled"].search == t.search            # the test split was never read
+  assert runs["relabelled"].finals != t.finals
+  assert t.finals[0] == pytest.approx(100 * t.records[0]["final"]["accuracy"])
+  assert t.scores[str(t.best)] == best_score
+
+
 def test_first_divergence_names_the_first_non_finite_round_and_quantity():
   first = fjs.harness.running.first_divergence
   h = {"rounds": {"round": [1, 2, 3], "loss": [1.0, 2.0, float("nan")],

@@ -37,7 +37,7 @@ from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.runner import EvalFn
 from fedjaxsparse.harness.options import Config, Option, identity_options, parse_options
 from fedjaxsparse.harness.running import bits_to_reach, finish, standin_note, last, output_dir, run_method, status
-from fedjaxsparse.harness.tuning import tune_then_run, tuning_config
+from fedjaxsparse.harness.tuning import Search, tune_then_run, tuning_config
 from fedjaxsparse.core import public_dir as _public_dir
 
 __all__ = ["entry", "Context", "Method", "Tuning", "declared"]
@@ -92,6 +92,8 @@ class Context(NamedTuple):
     fit, val: the fitting and validation splits of ``data.train`` that tuning runs train and
       are scored on (tuned experiments; ``None``: the harness splits off the ``validation``
       option's fraction of every client's examples).
+    rounds, eval_every: this setting's budget and evaluation interval when they depend on
+      the data that loaded (a CPU stand-in's shorter run, say; ``None``: the configuration's).
   """
   data: Any
   params: Any
@@ -100,6 +102,13 @@ class Context(NamedTuple):
   setting: str | None = None
   fit: Any = None
   val: Any = None
+  rounds: int | None = None
+  eval_every: int | None = None
+
+  def config(self, cfg: Config) -> Config:
+    """``cfg`` with this setting's ``rounds`` and ``eval_every`` where it sets them."""
+    return dataclasses.replace(cfg, rounds=self.rounds or cfg.rounds,
+                               eval_every=self.eval_every or cfg.eval_every)
 
 
 class Method(NamedTuple):
@@ -120,6 +129,10 @@ class Method(NamedTuple):
       e.g. a learning rate) and returns an :class:`~fedjaxsparse.core.Algorithm`: tuning runs
       the whole grid as one vmapped program (:func:`fedjaxsparse.runtime.sweep.run_batched`)
       when the configuration's ``tuning`` is ``"batched"`` (:func:`tune_then_run`).
+    search: a :class:`~fedjaxsparse.harness.tuning.Search` over several hyper-parameters
+      instead of ``grid`` (``None``: the grid): ``build`` then receives a ``{name: value}``
+      candidate, its non-static values traced while searching; the table shows the chosen
+      value of every searched name.
   """
   build: Callable[[Any, "Run"], Any]
   grid: Sequence = (None,)
@@ -129,6 +142,7 @@ class Method(NamedTuple):
   residence: str = "auto"
   params: Any = None
   batched: bool = False
+  search: Search | None = None
 
 
 def _always(cfg: Config, opts: dict) -> Config:
@@ -145,7 +159,8 @@ class Tuning(NamedTuple):
   **columns(...)}``.
 
   Attributes:
-    candidate: the table column of the chosen candidate (``"lr"``).
+    candidate: the table column of the chosen candidate (``"lr"``); a candidate that is a
+      ``{name: value}`` dict (a :class:`Method` with a ``search``) gets a column per name.
     column: the column of the seeds' mean of ``scale ×`` the final test metric.
     scale: 100 for percentages.
     setting: the column of the setting's name.
@@ -235,8 +250,8 @@ def declared(name: str, spec: Sequence[Option], *,
           raise ConfigError(f"{name}: two settings declare a method named {m!r}; name each "
                             "setting's methods apart.")
         planned[m] = (algo, ctx)
-    records = {m: run_method(cfg, name, m, algo, c.params, c.data.train, c.data.test,
-                             c.eval_fn) for m, (algo, c) in planned.items()}
+    records = {m: run_method(c.config(cfg), name, m, algo, c.params, c.data.train,
+                             c.data.test, c.eval_fn) for m, (algo, c) in planned.items()}
     ctx, ds = contexts[-1], contexts[-1].data
     if table is not None:
       return {"experiment": name, "dataset": ds.name, "metric": metric,
@@ -273,22 +288,27 @@ def declared(name: str, spec: Sequence[Option], *,
         fit, val = validation_split(ctx.data.train, opts["validation"], cfg.seed)
         ctx = ctx._replace(fit=fit, val=val)
       contexts.append(ctx)
-      tune_cfg = tuning.config(cfg, opts)
+      run_cfg = ctx.config(cfg)
+      tune_cfg = tuning.config(run_cfg, opts)
       score = None if tuning.score is None else (lambda rec: tuning.score(rec, cfg, opts))
       for m, method in methods(ctx, cfg, opts).items():
         where = f"{ctx.setting} {m}" if ctx.setting is not None else m
         start = ctx.params if method.params is None else method.params
-        t = tune_then_run(cfg, name, where, method.grid, method.build, start, ctx.fit,
+        t = tune_then_run(run_cfg, name, where, method.grid, method.build, start, ctx.fit,
                           ctx.val, ctx.data.train, ctx.data.test, ctx.eval_fn,
                           tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
                           data=method.data, params_fn=method.params_fn, metric=metric,
                           scale=tuning.scale, residence=method.residence,
-                          batched=method.batched, score=score)
+                          batched=method.batched, score=score, search=method.search)
         key = f"{m} ({ctx.setting})" if ctx.setting is not None else m
         records[key], found[key] = t.records[0], t
         row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
-        row.update({"method": m, tuning.candidate: t.best, tuning.column: t.stats["mean"],
-                    "s.e.": t.stats["se"]})
+        row["method"] = m
+        if isinstance(t.best, dict):   # a searched candidate: a column per name
+          row.update(t.best)
+        else:
+          row[tuning.candidate] = t.best
+        row.update({tuning.column: t.stats["mean"], "s.e.": t.stats["se"]})
         if tuning.columns is not None:
           row.update(tuning.columns(m, t, ctx, cfg, opts))
         rows.append(row)

@@ -182,7 +182,9 @@ def _log_if_positive(ax, axis: str = "y") -> None:
 def log_axis(ax, axis: str = "y", values: Sequence[float] | None = None) -> None:
   """A log-scaled ``axis`` whose labels cannot collide: decades only (at most 6 labelled),
   unlabelled minor ticks; a span of less than one decade (of ``values``, default: the lines'
-  data) labels 1-2-5 ticks instead (a single value: the axis spans ×1.5 around it)."""
+  data) labels 1-2-5 ticks instead (a single value: the axis spans ×1.5 around it), and a
+  span of less than a factor 2 stays linear (a log axis there labels one or two ticks, or
+  repeats a rounded label)."""
   (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
   ax_ = ax.yaxis if axis == "y" else ax.xaxis
   ax_.set_major_locator(ticker.LogLocator(base=10, numticks=7))
@@ -196,6 +198,11 @@ def log_axis(ax, axis: str = "y", values: Sequence[float] | None = None) -> None
     if hi / lo < 1.01:   # one value: matplotlib would pad the view to a decade of ticks
       lo, hi = lo / 1.5, hi * 1.5
       (ax.set_ylim if axis == "y" else ax.set_xlim)(lo, hi)
+    elif hi / lo < 2.0:   # a narrow span: linear, plain numbers without an offset
+      (ax.set_yscale if axis == "y" else ax.set_xscale)("linear")
+      ax_.set_major_locator(ticker.MaxNLocator(6))
+      ax_.set_major_formatter(ticker.ScalarFormatter(useOffset=False))
+      return
     subs = (1.0, 2.0, 5.0) if hi / lo > 2.5 else (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
                                                   6.0, 8.0)
     ax_.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))

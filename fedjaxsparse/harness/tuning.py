@@ -3,11 +3,12 @@ candidates (one vmapped program, or one run each), the best by the experiment's 
 the chosen method re-run on the full training data for ``seeds`` seeds (:func:`tune_then_run`,
 its result a :class:`Tuned`).
 
-For searches over several hyper-parameters (:func:`fedjaxsparse.harness.protocol.
-two_stage_search`'s random search, say), :func:`candidate_scores` scores a whole stage of
-candidates — every candidate repeated over seeds — as one vmapped program per combination of
-the static hyper-parameters (a local-step count, a batch size), and :func:`seed_histories`
-runs a chosen setting's seeds as one vmapped program."""
+For searches over several hyper-parameters, a :class:`Search` (a space of
+:class:`~fedjaxsparse.harness.protocol.Dimension` s) replaces the grid: :func:`tune_then_run`
+runs :func:`fedjaxsparse.harness.protocol.two_stage_search`'s random search, whose every stage
+:func:`candidate_scores` scores — every candidate repeated over seeds — as one vmapped program
+per combination of the static hyper-parameters (a local-step count, a batch size);
+:func:`seed_histories` runs a chosen setting's seeds as one vmapped program."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,13 +24,13 @@ import numpy as np
 from fedjaxsparse.core import Algorithm, ParamsFn, float_dtype, global_params
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime.population import CohortAlgorithm
-from fedjaxsparse.harness.protocol import mean_se
+from fedjaxsparse.harness.protocol import Dimension, SearchResult, mean_se, two_stage_search
 from fedjaxsparse.runtime.runner import EvalFn, state_finite
 from fedjaxsparse.harness.options import Config
 from fedjaxsparse.harness.running import Steps, first_divergence, format_duration, last, run_method
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["tuning_config", "Run", "Tuned", "tune_then_run", "candidate_scores",
+__all__ = ["tuning_config", "Run", "Search", "Tuned", "tune_then_run", "candidate_scores",
            "seed_histories"]
 __dir__ = _public_dir(__all__)
 
@@ -50,6 +51,63 @@ class Run(NamedTuple):
   tuning: bool
 
 
+class Search(NamedTuple):
+  """A search space to tune a method over instead of a grid: the two-stage random search of
+  Meinhardt et al. (2024) (:func:`fedjaxsparse.harness.protocol.two_stage_search`), every
+  stage's candidates scored on the validation split by :func:`candidate_scores` — one
+  vmapped program per combination of the ``static`` hyper-parameters, each candidate the
+  mean of ``repetitions`` runs.
+
+  Attributes:
+    space: ``{name: Dimension}``, the first stage's box.
+    static: the names that shape the program (a local-step count, a batch size): passed to
+      ``build`` as Python numbers; the others enter it as traced scalars while searching.
+    samples: candidates per stage (``(16, 16)``: two stages of 16).
+    repetitions: seeds per candidate.
+  """
+  space: dict
+  static: tuple = ()
+  samples: tuple = (16, 16)
+  repetitions: int = 1
+
+  def value(self, name: str, v: float) -> int | float:
+    """The chosen value of ``name`` as the final runs receive it: an ``int`` for a static or
+    integer dimension (or a choice among integers), else a ``float``."""
+    dim = self.space[name]
+    integral = dim.integer or (dim.choices and all(float(c).is_integer() for c in dim.choices))
+    return int(round(v)) if name in self.static or integral else float(v)
+
+
+def _searched(search: Search, build: Callable, tune_cfg: Config, params: Any, fit: Any,
+              val: Any, eval_fn: EvalFn | None, params_fn: ParamsFn, metric: str,
+              name: str, shown: bool) -> SearchResult:
+  """:func:`tune_then_run`'s search: every stage scored by :func:`candidate_scores` on the
+  validation split, over ``tune_cfg.rounds`` rounds, keyed and drawn from ``tune_cfg.seed``."""
+  if eval_fn is None:
+    raise ConfigError(f"{name}: a searched method needs an evaluation to score candidates.")
+  unknown = [k for k in search.static if k not in search.space]
+  if unknown:
+    raise ConfigError(f"{name}: static names {unknown} are not in the search space "
+                      f"{sorted(search.space)}.")
+  stage = [0]
+
+  def score(candidates: dict) -> np.ndarray:
+    stage[0] += 1
+    t0 = time.perf_counter()
+    out = candidate_scores(lambda h, s: build({**h, **s}, Run(0, tune_cfg.rounds, True)),
+                           candidates, static=search.static, repetitions=search.repetitions,
+                           seed=tune_cfg.seed, params=params, train=fit, test=val,
+                           num_rounds=tune_cfg.rounds, eval_fn=eval_fn, metric=metric,
+                           params_fn=params_fn)
+    if shown:
+      print(f"[{name} search] stage {stage[0]}: {len(out)} candidates, best {metric} "
+            f"{np.max(out):.4g}; {format_duration(time.perf_counter() - t0)}",
+            file=sys.stderr, flush=True)
+    return out
+
+  return two_stage_search(score, search.space, search.samples, seed=tune_cfg.seed)
+
+
 @dataclasses.dataclass
 class Tuned:
   """One method tuned on validation data, then run with several seeds (:func:`tune_then_run`).
@@ -63,12 +121,16 @@ class Tuned:
     finals: ``scale ×`` the final test metric of every seed that did not diverge.
     stats: :func:`fedjaxsparse.harness.protocol.mean_se` of ``finals`` (mean and se ``None``
       when every seed diverged).
+    search: a searched method's :class:`~fedjaxsparse.harness.protocol.SearchResult` (every
+      stage's candidates and scores; ``best`` is its best candidate, ``{name: value}``), else
+      ``None``.
   """
   best: Any
   scores: dict
   records: list
   finals: list
   stats: dict
+  search: SearchResult | None = None
 
 
 def _built(built: Any, eval_fn: EvalFn | None) -> tuple[Algorithm, EvalFn | None]:
@@ -84,7 +146,8 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
                   data: Callable[[Any, Any], Any] | None = None,
                   params_fn: ParamsFn = global_params, metric: str = "accuracy",
                   scale: float = 100.0, score: Callable[[dict], Any] | None = None,
-                  residence: str = "auto", batched: bool = False) -> Tuned:
+                  residence: str = "auto", batched: bool = False,
+                  search: Search | None = None) -> Tuned:
   """The protocol every method of a tuned experiment follows: each candidate of ``grid`` runs
   ``tune_cfg.rounds`` rounds on the fitting split ``fit`` and is scored by its final ``metric``
   on ``val`` (never on test); the best (the first of equals) then runs ``seeds`` times on
@@ -108,11 +171,33 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   evaluation as the sequential runs, so the same scores up to float reassociation; no
   checkpoints; several processes tune sequentially, on the client mesh); ``data`` must then
   be ``None``, the candidates numbers and ``build`` return an Algorithm (not a population's
-  ``CohortAlgorithm``)."""
+  ``CohortAlgorithm``).
+
+  ``search`` (a :class:`Search`) replaces ``grid``: the candidates are ``{name: value}``
+  dicts drawn by the two-stage random search, every stage one vmapped program per static
+  combination (``build`` receives the non-static values traced; ``data`` must be ``None``);
+  ``scores`` maps ``label(candidate)`` to its validation score and ``Tuned.search`` keeps the
+  stages."""
   grid = list(grid)
   prep = data or (lambda candidate, split: split)
   scores = {}
-  if len(grid) > 1 and batched and cfg.tuning == "batched" and jax.process_count() == 1:
+  found = None
+  if search is not None:
+    if data is not None:
+      raise ConfigError(f"{name}: a searched method cannot change the data per candidate "
+                        "(data=...).")
+    shown = cfg.progress and jax.process_index() == 0
+    if shown:
+      print(f"{name}: searching {' + '.join(map(str, search.samples))} candidates "
+            f"(x{search.repetitions} seeds), {tune_cfg.rounds} round(s) each on the "
+            "validation split", file=sys.stderr, flush=True)
+    found = _searched(search, build, tune_cfg, params, fit, val, eval_fn, params_fn, metric,
+                      name, shown)
+    for st in found.stages:
+      for i, sc in enumerate(st["scores"]):
+        scores[label({k: search.value(k, v[i]) for k, v in st["candidates"].items()})] = sc
+    grid = [{k: search.value(k, v) for k, v in found.best.items()}]
+  elif len(grid) > 1 and batched and cfg.tuning == "batched" and jax.process_count() == 1:
     if data is not None:
       raise ConfigError(f"{name}: a batched grid cannot change the data per candidate "
                         "(data=...); declare the method with batched=False.")
@@ -144,7 +229,7 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
         value = _usable_metric(rec, metric)
         steps.done(f"{label(c)} ({metric} {'diverged' if value is None else f'{value:.4g}'})")
   ok = [c for c in scores if scores[c] is not None]
-  best = max(ok, key=scores.get) if ok else grid[0]
+  best = grid[0] if found is not None else max(ok, key=scores.get) if ok else grid[0]
   records, finals = [], []
   for s in range(seeds):
     algo, ev = _built(build(best, Run(s, cfg.rounds, False)), eval_fn)
@@ -155,7 +240,7 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
     if not rec["diverged"]:
       finals.append(scale * last(rec["history"]["evals"][metric]))
   stats = mean_se(finals) if finals else {"mean": None, "se": None}
-  return Tuned(best, scores, records, finals, stats)
+  return Tuned(best, scores, records, finals, stats, found)
 
 
 def _usable_metric(rec: dict, metric: str) -> float | None:
