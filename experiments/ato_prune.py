@@ -43,17 +43,14 @@ Data: the real **Fashion-MNIST** by default (28×28×1 in [0, 1]; the last ``val
 images are the validation split, ``train_size`` of the rest — drawn with ``--seed`` — are
 trained on) with ResNet-20 (``cifar_resnet(20)``) and a CPU-sized budget (6 epochs of 5,000
 images, batch 128). The controller then gets a larger ``D_CN`` (50 %) in batches of 32, so
-that it takes ~230 steps (the paper's scale: ~2,000), and Adam 3e-4 instead of 1e-3. Measured
-(seed 0): Adam 1e-3 with ``D_CN`` 20 % overshoots p = 0.5 to P(w)/P_total = 0.20 (each Adam
-step moves the heads' outputs coherently by ~100× the step size, so one controller epoch
-crosses the whole Gumbel-sigmoid transition); 3e-4 with 20 % stops at 0.52 for both p = 0.5 and
-0.35 (it never reached a budget, and while P > pP_total the gradient of log(P/(pP_total)) does
-not depend on p, so both runs are identical); 3e-4 with 50 % (the default) reaches 0.29 and
-0.20 — below both targets: once a group is masked, the prox zeroes it within a step (ηλ = 1)
-and a zeroed BatchNorm channel gets no gradient back, so the controller's decisions are
-irreversible, and (4-6) is 0 under the budget, so nothing pulls P back up.
+that it takes ~230 steps (the paper's scale: ~2,000), and Adam 3e-4 instead of 1e-3 (why, with
+the FLOPs each controller setting reached: ``benchmarks/README.md``, "Measurements that used to
+sit in docstrings"). With the paper's one-sided FLOPs penalty the controller's decisions are
+irreversible — once a group is masked, the prox zeroes it within a step (ηλ = 1) and a zeroed
+BatchNorm channel gets no gradient back, while (4-6) is 0 under the budget — so the kept FLOPs
+can end below the target p.
 ``--set flops_penalty=two_sided`` (``|log(P/(pP_total))|``, not the paper's) ends nearer the
-targets: 0.43 and 0.27 (seed 0). The run prints how its controller differs from the paper's,
+targets. The run prints how its controller differs from the paper's,
 and the table prints the FLOPs each network keeps beside its target p.
 
 Ablations (Figs. 6, 7 and 9): ``--set sweep=gamma=1,2,4,8`` (or ``lam=...``, ``t_w=...`` as
