@@ -264,8 +264,7 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
   return {"dataset": ctx.extra["label"], "standin": ctx.extra["standin"],
           "model": ctx.extra["model"], "budget": "communication rounds",
           "rounds": ctx.rounds, "table": Table(rows, note="\n".join(notes) or None),
-          "tuned": {m: t.search.best for m, t in results["tuned"].items()
-                    if t.search is not None},
+          "tuned": {m: t.best for m, t in results["tuned"].items() if t.search is not None},
           "settings": {m: {"lr": c["lr"], "clip": c["clip"], "local_steps": c["local steps"],
                            "batch_size": c["batch"]} for m, c in best.items()},
           "empty_layers_at_init": empty}
@@ -294,6 +293,6 @@ def _powers_of_two(low: float, high: float) -> tuple[int, ...]:
 
 
 run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, figure=figure,
-               papers=PAPERS, tuning=Tuning(column="acc % (mean over seeds)",
+               papers=PAPERS, tuning=Tuning(column="accuracy (mean over seeds)", scale=1.0,
                                             config=lambda cfg, opts: tuning_config(cfg, 1.0),
                                             columns=_columns))

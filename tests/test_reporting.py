@@ -159,6 +159,22 @@ def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(
     dataclasses.replace(cfg, tuning="grid").validate()
 
 
+def test_searched_values_reach_the_final_runs_as_the_search_scored_them():
+  """``Search.value``: integer dimensions and integer choices as ints, a static value as the
+  number the search passed (an int only when whole), every other value a float."""
+  dim = fjs.harness.protocol.Dimension
+  search = fjs.harness.tuning.Search(
+      {"lr": dim(0.01, 1.0), "clip": dim(0.1, 0.9), "steps": dim(1, 9, integer=True),
+       "batch": dim(32, 64, choices=(32, 64)), "frac": dim(0.5, 1.0, choices=(0.5, 1.0))},
+      static=("clip", "batch"))
+  got = {k: search.value(k, v) for k, v in
+         {"lr": 0.3, "clip": 0.3, "steps": 4.0, "batch": 32.0, "frac": 1.0}.items()}
+  assert got == {"lr": 0.3, "clip": 0.3, "steps": 4, "batch": 32, "frac": 1.0}
+  assert [type(got[k]) for k in ("lr", "clip", "steps", "batch", "frac")] == [
+      float, float, int, int, float]
+  assert type(search.value("clip", 2.0)) is int    # a whole static value, as it was passed
+
+
 @pytest.mark.integration   # two searches of two stages and their final runs
 def test_a_searched_method_is_tuned_on_validation_data_by_the_random_search(tmp_path):
   """A :class:`~fedjaxsparse.harness.tuning.Search` instead of a grid: every stage of the
@@ -170,7 +186,7 @@ def test_a_searched_method_is_tuned_on_validation_data_by_the_random_search(tmp_
   dim = fjs.harness.protocol.Dimension
   search = fjs.harness.tuning.Search(
       {"lr": dim(0.01, 1.0), "steps": dim(5, 5, integer=True, choices=(5,))},
-      static=("steps",), samples=(2, 2))
+      static=("steps",), samples=(8, 4))
   seen = []
 
   def build(c, run):
@@ -186,14 +202,18 @@ def test_a_searched_method_is_tuned_on_validation_data_by_the_random_search(tmp_
         seeds=1, search=search)
   t = runs["clean"]
   stages = t.search.stages
-  assert [len(st["scores"]) for st in stages] == [2, 2]
+  assert [len(st["scores"]) for st in stages] == [8, 4]
   flat = [(score, lr) for st in stages for score, lr in zip(st["scores"],
                                                            st["candidates"]["lr"])]
-  best_score, best_lr = max(flat)
+  best_score = max(score for score, _ in flat)
+  best_lr = next(lr for score, lr in flat if score == best_score)   # the first of equals
   assert t.search.best_score == best_score and t.best == {"lr": best_lr, "steps": 5}
   assert type(t.best["lr"]) is float and type(t.best["steps"]) is int
-  lo, hi = stages[1]["box"]["lr"]          # the second stage searched the first's best range
-  assert 0.01 <= lo <= hi <= 1.0 and all(lo <= v <= hi for v in stages[1]["candidates"]["lr"])
+  top = sorted(range(8), key=lambda i: -stages[0]["scores"][i])[:2]   # stage 1's best quarter
+  first = [stages[0]["candidates"]["lr"][i] for i in top]
+  lo, hi = stages[1]["box"]["lr"]          # the second stage searched exactly its range
+  assert (lo, hi) == (min(first), max(first)) and hi - lo < 1.0 - 0.01
+  assert all(lo <= v <= hi for v in stages[1]["candidates"]["lr"])
   assert (int, True, True) in seen and (int, False, False) in seen   # searched traced, then run
   assert all(typ is int for typ, _, _ in seen)
   assert runs["relabelled"].search == t.search            # the test split was never read

@@ -93,7 +93,9 @@ class Context(NamedTuple):
       are scored on (tuned experiments; ``None``: the harness splits off the ``validation``
       option's fraction of every client's examples).
     rounds, eval_every: this setting's budget and evaluation interval when they depend on
-      the data that loaded (a CPU stand-in's shorter run, say; ``None``: the configuration's).
+      the data that loaded (a CPU stand-in's shorter run, say; ``None``: the configuration's):
+      its runs, its tuning and its ``methods`` see them; ``report``, ``figure`` and
+      ``table`` receive the experiment's configuration.
   """
   data: Any
   params: Any
@@ -245,7 +247,7 @@ def declared(name: str, spec: Sequence[Option], *,
       raise ConfigError(f"{name}: setup declared no setting to run.")
     planned = {}   # every setting's methods, checked before anything runs
     for ctx in contexts:
-      for m, algo in methods(ctx, cfg, opts).items():
+      for m, algo in methods(ctx, ctx.config(cfg), opts).items():
         if m in planned:
           raise ConfigError(f"{name}: two settings declare a method named {m!r}; name each "
                             "setting's methods apart.")
@@ -290,8 +292,9 @@ def declared(name: str, spec: Sequence[Option], *,
       contexts.append(ctx)
       run_cfg = ctx.config(cfg)
       tune_cfg = tuning.config(run_cfg, opts)
-      score = None if tuning.score is None else (lambda rec: tuning.score(rec, cfg, opts))
-      for m, method in methods(ctx, cfg, opts).items():
+      score = None if tuning.score is None else (
+          lambda rec, run_cfg=run_cfg: tuning.score(rec, run_cfg, opts))
+      for m, method in methods(ctx, run_cfg, opts).items():
         where = f"{ctx.setting} {m}" if ctx.setting is not None else m
         start = ctx.params if method.params is None else method.params
         t = tune_then_run(run_cfg, name, where, method.grid, method.build, start, ctx.fit,
@@ -310,7 +313,7 @@ def declared(name: str, spec: Sequence[Option], *,
           row[tuning.candidate] = t.best
         row.update({tuning.column: t.stats["mean"], "s.e.": t.stats["se"]})
         if tuning.columns is not None:
-          row.update(tuning.columns(m, t, ctx, cfg, opts))
+          row.update(tuning.columns(m, t, ctx, run_cfg, opts))
         rows.append(row)
     if ctx is None:
       raise ConfigError(f"{name}: setup declared no setting to run.")

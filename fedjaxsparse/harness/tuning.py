@@ -71,11 +71,13 @@ class Search(NamedTuple):
   repetitions: int = 1
 
   def value(self, name: str, v: float) -> int | float:
-    """The chosen value of ``name`` as the final runs receive it: an ``int`` for a static or
-    integer dimension (or a choice among integers), else a ``float``."""
+    """The value of ``name`` as the final runs receive it — the one the search scored: an
+    ``int`` for an integer dimension, a choice among integers, or a whole static value (as
+    :func:`candidate_scores` passes static values); else a ``float``."""
     dim = self.space[name]
+    v = float(v)
     integral = dim.integer or (dim.choices and all(float(c).is_integer() for c in dim.choices))
-    return int(round(v)) if name in self.static or integral else float(v)
+    return int(v) if v.is_integer() and (integral or name in self.static) else v
 
 
 def _searched(search: Search, build: Callable, tune_cfg: Config, params: Any, fit: Any,
@@ -116,7 +118,9 @@ class Tuned:
     best: the chosen candidate (the grid's only value when there is nothing to tune).
     scores: ``{candidate: final validation metric}`` (−1 for a diverged, non-finite or
       unevaluated run), or ``{candidate: score(record)}`` (``None``: diverged); empty when
-      there was nothing to tune.
+      there was nothing to tune. A searched method's: ``{label(candidate): mean validation
+      metric}`` over every stage (``-inf`` for a candidate that diverged in any repetition;
+      its stages, in order, are in ``search``).
     records: one :func:`run_method` record per seed (the first is the one plotted).
     finals: ``scale ×`` the final test metric of every seed that did not diverge.
     stats: :func:`fedjaxsparse.harness.protocol.mean_se` of ``finals`` (mean and se ``None``
@@ -175,9 +179,10 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
 
   ``search`` (a :class:`Search`) replaces ``grid``: the candidates are ``{name: value}``
   dicts drawn by the two-stage random search, every stage one vmapped program per static
-  combination (``build`` receives the non-static values traced; ``data`` must be ``None``);
-  ``scores`` maps ``label(candidate)`` to its validation score and ``Tuned.search`` keeps the
-  stages."""
+  combination (``build`` receives the non-static values traced and must return an Algorithm;
+  ``data`` and ``score`` must be ``None``; one process; ``batched`` and ``residence`` apply
+  to the final runs only); ``scores`` maps ``label(candidate)`` to its validation score and
+  ``Tuned.search`` keeps the stages."""
   grid = list(grid)
   prep = data or (lambda candidate, split: split)
   scores = {}
@@ -186,6 +191,12 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
     if data is not None:
       raise ConfigError(f"{name}: a searched method cannot change the data per candidate "
                         "(data=...).")
+    if score is not None:
+      raise ConfigError(f"{name}: a searched method is scored by its final validation metric "
+                        "(candidate_scores); a score=... function needs a grid.")
+    if jax.process_count() > 1:
+      raise ConfigError(f"{name}: a searched method tunes in one process (its stages are "
+                        "vmapped programs); run the search without --processes.")
     shown = cfg.progress and jax.process_index() == 0
     if shown:
       print(f"{name}: searching {' + '.join(map(str, search.samples))} candidates "
