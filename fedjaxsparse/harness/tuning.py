@@ -65,9 +65,9 @@ class Search(NamedTuple):
     samples: candidates per stage (``(16, 16)``: two stages of 16).
     repetitions: seeds per candidate.
   """
-  space: dict
-  static: tuple = ()
-  samples: tuple = (16, 16)
+  space: dict[str, Dimension]
+  static: tuple[str, ...] = ()
+  samples: tuple[int, ...] = (16, 16)
   repetitions: int = 1
 
   def value(self, name: str, v: float) -> int | float:
@@ -180,8 +180,8 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   ``search`` (a :class:`Search`) replaces ``grid``: the candidates are ``{name: value}``
   dicts drawn by the two-stage random search, every stage one vmapped program per static
   combination (``build`` receives the non-static values traced and must return an Algorithm;
-  ``data`` and ``score`` must be ``None``; one process; ``batched`` and ``residence`` apply
-  to the final runs only); ``scores`` maps ``label(candidate)`` to its validation score and
+  ``data`` and ``score`` must be ``None``; one process; ``batched`` is not used: a search is
+  always vmapped; ``residence`` applies to the final runs); ``scores`` maps ``label(candidate)`` to its validation score and
   ``Tuned.search`` keeps the stages."""
   grid = list(grid)
   prep = data or (lambda candidate, split: split)
