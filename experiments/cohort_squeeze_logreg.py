@@ -56,14 +56,12 @@ from fedjaxsparse.convex import prox_solvers as P
 from fedjaxsparse.algorithms import sppm
 from fedjaxsparse.convex.constants import client_curvatures, linear_model_constants, \
     logistic_optimum
-from fedjaxsparse.data.federated import pack_clients
+from fedjaxsparse.data.federated import FederatedDataset, pack_clients
 from fedjaxsparse.data.libsvm import binary_arrays
 from fedjaxsparse.data.partitions import kmeans_partition
-from fedjaxsparse.runtime.sweep import state_curves
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.options import Config, Option, name_list
-from fedjaxsparse.harness.running import Steps
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.experiment import Context, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import logistic_regression, make_loss
 from fedjaxsparse.harness.protocol import PaperConfig, check_claim, load_or_standin
@@ -150,29 +148,9 @@ def feature_split(x: np.ndarray, clusters: int, per_cluster: int, seed: int):
     raise ConfigError(str(e).replace("per_cluster=", "clients_per_cluster=")) from None
 
 
-def errors(algo, w0, data, x_opt, rounds: int, seeds: int, seed: int) -> np.ndarray:
-  """``‖x_t − x⋆‖²`` for t = 0..rounds, ``[seeds, rounds + 1]``
-  (:func:`fedjaxsparse.runtime.sweep.state_curves`: one program, seeds vmapped, rounds
-  scanned)."""
-  keys = jax.random.split(jax.random.key(seed), seeds)
-  return state_curves(algo, keys, w0, data, rounds,
-                      lambda state: jnp.sum(jnp.square(state.params["w"] - x_opt)))
-
-
-def _cost(errs: np.ndarray, k: int, eps: float, c1: float = 1.0, c2: float = 0.0):
-  """Mean over seeds of the cost to reach ``eps`` (``None`` if a seed never does)."""
-  costs = [accounting.cost_to_target(e, k, eps, c1, c2) for e in errs]
-  return None if any(c is None for c in costs) else float(np.mean(costs))
-
-
-def _run(cfg: Config, opts: dict) -> dict:
-  with jax.enable_x64(True):
-    return _experiment(cfg, opts)
-
-
-def _experiment(cfg: Config, opts: dict) -> dict:
-  studies = name_list(opts["studies"], "studies", STUDIES)
-  solvers = name_list(opts["solvers"], "solvers", tuple(SOLVERS))
+def _problem(cfg: Config, opts: dict) -> dict:
+  """The study's problem: the k-means split of the data, the loss, x⋆ and f⋆, the samplers and
+  the constants every study and the table use (printed once)."""
   nc, per = opts["clusters"], opts["clients_per_cluster"]
   if nc * per != cfg.clients:
     raise ConfigError(f"--clients must be clusters x clients_per_cluster = {nc * per}, got "
@@ -183,10 +161,8 @@ def _experiment(cfg: Config, opts: dict) -> dict:
   parts, blocks = feature_split(x, nc, per, cfg.seed)
   data = pack_clients(x, y, parts)
   data = data._replace(x=data.x.astype(jnp.float64), mask=data.mask.astype(jnp.float64))
-  mu, eps, T, seeds = opts["mu"], opts["eps"], cfg.rounds, opts["seeds"]
-  model = logistic_regression(x.shape[1], l2=mu, use_bias=False)
-  loss = make_loss(model)
-  w0 = {"w": jnp.zeros(x.shape[1], jnp.float64)}
+  mu = opts["mu"]
+  loss = make_loss(logistic_regression(x.shape[1], l2=mu, use_bias=False))
   f_opt, x_opt = logistic_optimum(x, y, parts, mu, return_x=True)
   x_opt = jnp.asarray(x_opt)
   grads = np.asarray(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(
@@ -200,90 +176,144 @@ def _experiment(cfg: Config, opts: dict) -> dict:
                                   bound="trace")[0].max())
   l_avg = linear_model_constants(data, mu, "logistic", "mean", use_bias=False).L
   theory_lr = 1 / (2 * sampling.expected_smoothness(ss, l_avg, l_i))
-  ks, lsteps = {int(k) for k in opts["ks"]}, {int(v) for v in opts["local_steps"]}
-  pieces = {"cost": len(solvers) * len(opts["gammas"]) * len(ks)
-                    + (len(opts["local_lrs"]) + bool(opts["local_theory"])) * len(lsteps),
-            "sampling": 3, "baselines": 3,
-            "gamma": len(opts["trade_gammas"]) * len({int(k) for k in opts["trade_ks"]})}
-  steps = Steps(sum(pieces[s] for s in studies), NAME, cfg.progress)
-
-  def run(algo, rounds=T):
-    e = errors(algo, w0, data, x_opt, rounds, seeds, cfg.seed)
-    steps.done(f"{rounds} rounds x {seeds} seeds")
-    return e
-
-  long = lambda algo: run(algo, opts["study_rounds"])
-  study = SOLVERS[opts["study_solver"]]
   print(f"{NAME}: {label}, {cfg.clients} clients ({nc} k-means clusters x {per}), cohort "
-        f"{ss.size}, mu={mu}, eps={eps}, f*={f_opt:.6g}, ||x*||^2={float(x_opt @ x_opt):.4g}, "
-        f"sigma^2_SS={sampling.sigma2_star(ss, grads):.3g}, mu_SS={sampling.mu_as(ss, mu):.3g}, "
-        f"L={l_avg:.4g}, max L_i={l_i.max():.4g}, step from theory 1/(2 L_SS)={theory_lr:.4g}")
-  results = {"experiment": NAME, "dataset": label, "clients": cfg.clients, "eps": eps,
-             **({"standin": standin} if standin else {}),
-             "seeds": seeds, "theory lr": theory_lr}
-  claims = []
+        f"{ss.size}, mu={mu}, eps={opts['eps']}, f*={f_opt:.6g}, "
+        f"||x*||^2={float(x_opt @ x_opt):.4g}, sigma^2_SS={sampling.sigma2_star(ss, grads):.3g}, "
+        f"mu_SS={sampling.mu_as(ss, mu):.3g}, L={l_avg:.4g}, max L_i={l_i.max():.4g}, step "
+        f"from theory 1/(2 L_SS)={theory_lr:.4g}")
+  return dict(x=x, parts=parts, blocks=blocks, data=data, label=label, standin=standin,
+              loss=loss, x_opt=x_opt, grads=grads, ss=ss, bs=bs, l_max=l_max,
+              theory_lr=theory_lr, w0={"w": jnp.zeros(x.shape[1], jnp.float64)})
 
-  if "cost" in studies:
-    results["cost"] = _cost_study(opts, run, loss, ss, eps, solvers, theory_lr)
-  if "sampling" in studies:
-    rows = []
-    for name, s in (("SPPM-SS", ss), ("SPPM-BS", bs), (f"SPPM-NICE({ss.size})",
-                                                       sampling.nice(cfg.clients, ss.size))):
-      e = long(sppm.sppm_as(loss, s, 0.1, study(10)))
-      rows.append({"sampling": name, "final error": float(e[:, -10:].mean()),
-                   "theory neighbourhood": sampling.neighbourhood(s, mu, grads, 0.1),
-                   "theory bound at T": float(sampling.theorem_bound(
-                       s, mu, grads, 0.1, float(e[0, 0]), opts["study_rounds"])),
-                   "sigma2_*": sampling.sigma2_star(s, grads), "mu_AS": sampling.mu_as(s, mu),
-                   "curve": e.mean(0).tolist()})
-    claim = check_claim("SS settles in a significantly smaller neighbourhood than BS "
-                         "(final error)", rows[0]["final error"] < rows[1]["final error"])
-    claims.append(claim)
-    results["sampling"] = Table(
-        rows, ["sampling", "final error", "theory bound at T", "theory neighbourhood",
-               "sigma2_*", "mu_AS"], note=claim["text"],
-        title=f"E5.2 (Fig. 5.3), gamma = 0.1, {opts['study_solver'].upper()} K = 10")
-  if "baselines" in studies:
-    lr = theory_lr if opts["baseline_lr"] == "theory" else 1 / l_max
-    lr_name = "1/(2 L_SS)" if opts["baseline_lr"] == "theory" else "1/L_max"
-    rows = []
-    for name, algo in ((f"SPPM-SS (γ=1, {opts['study_solver'].upper()} K=10)",
-                        sppm.sppm_as(loss, ss, 1.0, study(10))),
-                       (f"MB-GD (lr={lr_name}={lr:.3g})", sppm.sppm_as(loss, ss, 1.0, P.gd(lr, 1))),
-                       (f"MB-LocalGD (5 local steps, lr={lr_name})",
-                        sppm.local_gd(loss, ss, lr, 5))):
-      e = long(algo)
-      rows.append({"method": name, "final error": float(e[:, -10:].mean()),
-                   "curve": e.mean(0).tolist()})
-    claim = check_claim(
-        "SPPM-SS reaches a significantly smaller neighbourhood than MB-GD and MB-LocalGD "
-        "(final error)", all(rows[0]["final error"] < r["final error"] for r in rows[1:]))
-    claims.append(claim)
-    results["baselines"] = Table(rows, ["method", "final error"], title="E5.3 (Fig. 5.4)",
-                                 note=claim["text"])
-  if "gamma" in studies:
-    rows = []
+
+def setup(cfg: Config, opts: dict):
+  """One setting per study (``studies``), each a convergence study of ‖x_t − x⋆‖² over
+  ``seeds`` cohort draws: the cost study over ``--rounds`` global rounds, the others over
+  ``study_rounds``."""
+  studies = name_list(opts["studies"], "studies", STUDIES)
+  name_list(opts["solvers"], "solvers", tuple(SOLVERS))
+  prob = _problem(cfg, opts)
+  ds = FederatedDataset(prob["data"], prob["data"], 2, prob["label"])
+  gap = lambda state, x_opt=prob["x_opt"]: jnp.sum(jnp.square(state.params["w"] - x_opt))
+  for study in studies:
+    yield Context(ds, prob["w0"], None, prob, setting=study, curve=gap,
+                  rounds=cfg.rounds if study == "cost" else opts["study_rounds"])
+
+
+def plan(study: str, prob: dict, opts: dict) -> list[tuple[str, dict, object]]:
+  """A study's runs ``(name, what it varies, algorithm)`` in table order."""
+  loss, ss, study_solver = prob["loss"], prob["ss"], SOLVERS[opts["study_solver"]]
+  runs = []
+  if study == "cost":
+    for solver in name_list(opts["solvers"], "solvers", tuple(SOLVERS)):
+      # local rounds per solver iteration: 1 (the chapter's reading), or every oracle call
+      # (gradient or Hessian-vector product: CG's 2) a round of its own
+      per = SOLVERS[solver](1).oracle_calls if opts["round_unit"] == "oracle" else 1
+      for gamma in opts["gammas"]:
+        line = f"SPPM-SS γ={gamma:g} ({solver.upper()})"
+        for k in sorted({int(k) for k in opts["ks"]}):
+          runs.append((f"{line} K={k}", {"line": line, "k": k, "rounds per k": per},
+                       sppm.sppm_as(loss, ss, gamma, SOLVERS[solver](k))))
+    lrs = [(f"LocalGD lr={lr:g}", lr) for lr in opts["local_lrs"]]
+    if opts["local_theory"]:
+      lrs.append((THEORY_LABEL, prob["theory_lr"]))
+    for line, lr in lrs:
+      for steps in sorted({int(v) for v in opts["local_steps"]}):
+        runs.append((f"{line} steps={steps}", {"line": line, "lr": lr, "k": steps},
+                     sppm.local_gd(loss, ss, lr, steps)))
+  elif study == "sampling":
+    for name, s in (("SPPM-SS", ss), ("SPPM-BS", prob["bs"]),
+                    (f"SPPM-NICE({ss.size})", sampling.nice(len(prob["parts"]), ss.size))):
+      runs.append((name, {"sampler": s}, sppm.sppm_as(loss, s, 0.1, study_solver(10))))
+  elif study == "baselines":
+    theory = opts["baseline_lr"] == "theory"
+    lr, lr_name = (prob["theory_lr"], "1/(2 L_SS)") if theory else (1 / prob["l_max"],
+                                                                     "1/L_max")
+    solver = opts["study_solver"].upper()
+    runs += [(f"SPPM-SS (γ=1, {solver} K=10)", {}, sppm.sppm_as(loss, ss, 1.0, study_solver(10))),
+             (f"MB-GD (lr={lr_name}={lr:.3g})", {}, sppm.sppm_as(loss, ss, 1.0, P.gd(lr, 1))),
+             (f"MB-LocalGD (5 local steps, lr={lr_name})", {}, sppm.local_gd(loss, ss, lr, 5))]
+  else:   # gamma
     for gamma in opts["trade_gammas"]:
       for k in sorted({int(k) for k in opts["trade_ks"]}):
-        e = long(sppm.sppm_as(loss, ss, gamma, study(k)))
-        rows.append({"gamma": gamma, "K": k, "final error": float(e[:, -10:].mean()),
-                     "rounds to eps": accounting.rounds_below(e.mean(0), eps),
-                     "neighbourhood (theory)": sampling.neighbourhood(ss, mu, grads, gamma),
-                     "curve": e.mean(0).tolist()})
-    claim = check_claim("larger gamma converges faster to a larger neighbourhood",
-                         _faster_to_larger(rows))
-    claims.append(claim)
-    results["gamma"] = Table(
-        rows, ["gamma", "K", "final error", "rounds to eps", "neighbourhood (theory)"],
-        title="E5.4 (Figs. D.4/D.5); rounds to eps: the first round from which the mean error "
-              "stays below eps", note=claim["text"])
+        runs.append((f"SPPM-SS γ={gamma:g}, K={k}", {"gamma": gamma, "K": k},
+                     sppm.sppm_as(loss, ss, gamma, study_solver(k))))
+  return runs
 
-  results["claims"] = claims
-  results["figures"] = [Figure("panels", dict(
-      panels=_panels(results), title=f"{label}: Cohort-Squeeze (Yi (2025) ch. 5)"))]
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
+  return {name: algo for name, _, algo in plan(ctx.setting, ctx.extra, opts)}
+
+
+def _cost(errs: np.ndarray, k: int, eps: float, c1: float = 1.0, c2: float = 0.0):
+  """Mean over seeds of the cost to reach ``eps`` (``None`` if a seed never does)."""
+  costs = [accounting.cost_to_target(e, k, eps, c1, c2) for e in errs]
+  return None if any(c is None for c in costs) else float(np.mean(costs))
+
+
+def table(records: dict, contexts: list, cfg: Config, opts: dict) -> dict:
+  """Every study's table from its runs' curves (mean over seeds; a configuration reaches the
+  target only if every seed does), the paper's claims checked on them."""
+  prob, eps, mu = contexts[0].extra, opts["eps"], opts["mu"]
+  ss, grads = prob["ss"], prob["grads"]
+  out = {"dataset": prob["label"], "clients": cfg.clients, "eps": eps,
+         **({"standin": prob["standin"]} if prob["standin"] else {}),
+         "seeds": opts["seeds"], "theory lr": prob["theory_lr"]}
+  claims, solver = [], opts["study_solver"].upper()
+  for ctx in contexts:
+    runs = [(name, meta, np.asarray(records[name]["curves"]))
+            for name, meta, _ in plan(ctx.setting, prob, opts)]
+    if ctx.setting == "cost":
+      out["cost"] = _cost_study(opts, runs, prob["theory_lr"])
+    elif ctx.setting == "sampling":
+      rows = [{"sampling": name, "final error": float(e[:, -10:].mean()),
+               "theory neighbourhood": sampling.neighbourhood(m["sampler"], mu, grads, 0.1),
+               "theory bound at T": float(sampling.theorem_bound(
+                   m["sampler"], mu, grads, 0.1, float(e[0, 0]), opts["study_rounds"])),
+               "sigma2_*": sampling.sigma2_star(m["sampler"], grads),
+               "mu_AS": sampling.mu_as(m["sampler"], mu), "curve": e.mean(0).tolist()}
+              for name, m, e in runs]
+      claim = check_claim("SS settles in a significantly smaller neighbourhood than BS "
+                          "(final error)", rows[0]["final error"] < rows[1]["final error"])
+      claims.append(claim)
+      out["sampling"] = Table(
+          rows, ["sampling", "final error", "theory bound at T", "theory neighbourhood",
+                 "sigma2_*", "mu_AS"], note=claim["text"],
+          title=f"E5.2 (Fig. 5.3), gamma = 0.1, {solver} K = 10")
+    elif ctx.setting == "baselines":
+      rows = [{"method": name, "final error": float(e[:, -10:].mean()),
+               "curve": e.mean(0).tolist()} for name, _, e in runs]
+      claim = check_claim(
+          "SPPM-SS reaches a significantly smaller neighbourhood than MB-GD and MB-LocalGD "
+          "(final error)", all(rows[0]["final error"] < r["final error"] for r in rows[1:]))
+      claims.append(claim)
+      out["baselines"] = Table(rows, ["method", "final error"], title="E5.3 (Fig. 5.4)",
+                               note=claim["text"])
+    else:
+      rows = [{"gamma": m["gamma"], "K": m["K"], "final error": float(e[:, -10:].mean()),
+               "rounds to eps": accounting.rounds_below(e.mean(0), eps),
+               "neighbourhood (theory)": sampling.neighbourhood(ss, mu, grads, m["gamma"]),
+               "curve": e.mean(0).tolist()} for _, m, e in runs]
+      claim = check_claim("larger gamma converges faster to a larger neighbourhood",
+                          _faster_to_larger(rows))
+      claims.append(claim)
+      out["gamma"] = Table(
+          rows, ["gamma", "K", "final error", "rounds to eps", "neighbourhood (theory)"],
+          title="E5.4 (Figs. D.4/D.5); rounds to eps: the first round from which the mean "
+                "error stays below eps", note=claim["text"])
+  out["claims"] = claims
+  return out
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> list[Figure]:
+  """A panel per study (:func:`_panels`) and, with ``tsne``, Fig. D.1."""
+  prob = ctx.extra
+  figures = [Figure("panels", dict(
+      panels=_panels(results), title=f"{prob['label']}: Cohort-Squeeze (Yi (2025) ch. 5)"))]
   if opts["tsne"]:
-    results["figures"].append(tsne_figure(x, parts, blocks, opts["tsne"], cfg.seed, label))
-  return results
+    figures.append(tsne_figure(prob["x"], prob["parts"], prob["blocks"], opts["tsne"],
+                               cfg.seed, prob["label"]))
+  return figures
 
 
 def tsne_figure(x: np.ndarray, parts, blocks, points: int, seed: int, label: str) -> Figure:
@@ -318,42 +348,26 @@ def _faster_to_larger(rows: list[dict]) -> bool | None:
   return all(verdicts) if verdicts else None
 
 
-def _cost_study(opts, run, loss, ss, eps, solvers, theory_lr: float) -> dict:
-  """E5.1: T·K to eps per (solver, γ, K), LocalGD's cost per (lr, local steps) and, with
-  ``local_theory``, LocalGD's at the step from theory ``theory_lr`` ("LocalGD, 1/(2𝓛)")."""
-  c1, c2 = opts["c1"], opts["c2"]
-  ks = sorted({int(k) for k in opts["ks"]})
-  curves, rows = {}, []
-  for solver in solvers:
-    for gamma in opts["gammas"]:
-      name = f"SPPM-SS γ={gamma:g} ({solver.upper()})"
-      costs = {}
-      # local rounds per solver iteration: 1 (the chapter's reading, spec §3.5), or every
-      # oracle call (gradient or Hessian-vector product: CG's 2) a round of its own
-      per = SOLVERS[solver](1).oracle_calls if opts["round_unit"] == "oracle" else 1
-      for k in ks:
-        e = run(sppm.sppm_as(loss, ss, gamma, SOLVERS[solver](k)))
-        costs[k] = (_cost(e, k * per, eps), _cost(e, k * per, eps, c1, c2))
-      curves[name] = {k: c[0] for k, c in costs.items()}
-      rows.append(_best(name, costs))
-
-  def local_costs(lr: float) -> dict:   # LocalGD's (base, hierarchical) cost per local steps
-    costs = {}
-    for steps in sorted({int(s) for s in opts["local_steps"]}):
-      e = run(sppm.local_gd(loss, ss, lr, steps))
-      costs[steps] = (_cost(e, 1, eps), _cost(e, 1, eps, c1 + c2, 0.0))
-    return costs
-
-  local = {}
-  for lr in opts["local_lrs"]:
-    local[lr] = local_costs(lr)
-    curves[f"LocalGD lr={lr:g}"] = {k: c[0] for k, c in local[lr].items()}
-  best_local = _best("LocalGD", {(lr, s): c for lr, cs in local.items() for s, c in cs.items()})
-  rows.append(best_local)
-  if opts["local_theory"]:
-    costs = local_costs(theory_lr)
-    curves[THEORY_LABEL] = {k: c[0] for k, c in costs.items()}
-    rows.append({**_best(THEORY_LABEL, costs), "lr": theory_lr})
+def _cost_study(opts, runs: list, theory_lr: float) -> dict:
+  """E5.1 from the cost study's ``runs`` ``(name, meta, curves)``: T·K to eps per (solver, γ,
+  K), LocalGD's cost per (lr, local steps) and, with ``local_theory``, LocalGD's at the step
+  from theory ``theory_lr`` ("LocalGD, 1/(2𝓛)")."""
+  c1, c2, eps = opts["c1"], opts["c2"], opts["eps"]
+  lines: dict[str, dict] = {}
+  for _, m, e in runs:
+    if m["line"].startswith("SPPM"):   # a local round per solver iteration (or oracle call)
+      cost = (_cost(e, m["k"] * m["rounds per k"], eps),
+              _cost(e, m["k"] * m["rounds per k"], eps, c1, c2))
+    else:                               # LocalGD: one communication per round
+      cost = (_cost(e, 1, eps), _cost(e, 1, eps, c1 + c2, 0.0))
+    lines.setdefault(m["line"], {})[m["k"]] = cost
+  curves = {line: {k: c[0] for k, c in costs.items()} for line, costs in lines.items()}
+  rows = [_best(line, costs) for line, costs in lines.items() if line.startswith("SPPM")]
+  lrs = {m["line"]: m["lr"] for _, m, _ in runs if m["line"].startswith("LocalGD lr=")}
+  rows.append(_best("LocalGD", {(lr, k): c for line, lr in lrs.items()
+                                for k, c in lines[line].items()}))
+  if THEORY_LABEL in lines:
+    rows.append({**_best(THEORY_LABEL, lines[THEORY_LABEL]), "lr": theory_lr})
   paper = PAPERS["figure5_1"].paper
   for r in rows:
     r["paper optimal K"] = paper["optimal K"].get(r["method"])
@@ -421,4 +435,6 @@ def _panels(results: dict) -> list[dict]:
   return panels
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, table=table, figure=figure,
+               metric="‖x_t − x⋆‖²", higher_is_better=False, papers=PAPERS,
+               float64=lambda opts: True)

@@ -304,6 +304,15 @@ def test_log_axes_within_one_decade_have_readable_ticks():
   fig.draw_without_rendering()
   labels = [t for t in plotting._texts(fig) if t in ax.yaxis.get_ticklabels(which="both")]
   assert labels and plotting.layout_problems(fig) == []
+  # a span across one power of ten (0.2 … 1.2 holds only 10⁰): 1-2-5 labels, not one decade
+  fig, ax = plt.subplots(figsize=(5, 3), layout="constrained")
+  ax.plot([0, 1, 2], [1.2, 0.5, 0.2])
+  plotting.log_axis(ax, "y")
+  fig.draw_without_rendering()
+  lo, hi = ax.get_ylim()
+  shown = [t.get_text() for t in ax.yaxis.get_ticklabels()
+           if t.get_text() and lo <= t.get_position()[1] <= hi]
+  assert shown == ["0.2", "0.5", "1"] and plotting.layout_problems(fig) == []
 
 
 def test_a_line_with_many_points_has_no_markers():

@@ -356,3 +356,60 @@ def test_a_convergence_study_declares_its_settings_and_its_table(tmp_path):
              figure=lambda *a: [])(cfg)
   with pytest.raises(ValueError, match="untuned"):
     declared("both", options, setup=setup, methods=methods, table=table, tuning=Tuning())
+
+
+def test_a_curve_study_records_the_state_metric_of_every_round_and_seed(tmp_path):
+  """A setting that declares a ``curve`` runs its methods as state curves: gradient descent on
+  a quadratic (FedSGD, full participation) has w_t − w⋆ = (I − ηH)^t (w_0 − w⋆) exactly, so
+  the recorded ‖w_t − w⋆‖² matches the closed form at every round, for every seed, from the
+  initial point on; a study's table may return several tables as a dict, and the default
+  figure draws one panel per setting."""
+  from fedjaxsparse.errors import ConfigError
+  from fedjaxsparse.harness.experiment import Context, declared
+  from fedjaxsparse.harness.options import Config, Option
+  from fedjaxsparse.harness.report import Table
+  rng = np.random.default_rng(1)
+  f32 = lambda a: a.astype(np.float32).astype(np.float64)   # the data as packed (float32)
+  xs = [f32(rng.normal(size=(6, 2))) for _ in range(2)]
+  ys = [f32(x @ np.array([0.5, -1.0]) + 0.1 * rng.normal(size=6)) for x in xs]
+  data = fjs.data.pack_clients(np.concatenate(xs), np.concatenate(ys),
+                               [np.arange(6 * i, 6 * i + 6) for i in range(2)])
+  h = sum(x.T @ x / 6 for x in xs) / 2            # F = (1/2) Σ_i f_i, f_i = mean of squares/2
+  w_star = np.linalg.solve(h, sum(x.T @ y / 6 for x, y in zip(xs, ys)) / 2)
+  etas = {s: float(np.float32(f / np.linalg.eigvalsh(h).max()))   # float32 steps: exact in
+          for s, f in (("slow", 0.2), ("fast", 0.9))}                  # either precision
+
+  def setup(cfg, opts):
+    d = data._replace(x=data.x.astype(np.float64), y=data.y.astype(np.float64),
+                      mask=data.mask.astype(np.float64))
+    ds = fjs.data.FederatedDataset(d, d, 0, "least squares")
+    gap = lambda state: jax.numpy.sum(jax.numpy.square(state.params["w"] - w_star))
+    loss = fjs.models.make_loss(fjs.models.linear_regression(2, use_bias=False))
+    for speed in ("slow", "fast"):
+      yield Context(ds, {"w": jax.numpy.zeros(2)}, None, {"loss": loss}, setting=speed,
+                    rounds=7 if speed == "slow" else 5, curve=gap)
+
+  def methods(ctx, cfg, opts):
+    return {f"GD ({ctx.setting})": fjs.fedavg(ctx.extra["loss"], optax.sgd(etas[ctx.setting]))}
+
+  def table(records, contexts, cfg, opts):
+    return {"final": Table([{"method": m, "gap": float(r["curves"][0, -1])}
+                            for m, r in records.items()]), "settings": len(contexts)}
+
+  options = (Option("seeds", 3, "seeds", low=1),)
+  run = declared("curves", options, setup=setup, methods=methods, table=table,
+                 metric="‖w_t − w⋆‖²", float64=lambda opts: True)
+  res = run(Config(rounds=50, clients=2, out=str(tmp_path), progress=False))
+  saved = json.load(open(tmp_path / "curves" / "results.json"))
+  assert res["settings"] == 2 and [r["method"] for r in res["final"]] == ["GD (slow)", "GD (fast)"]
+  for speed, rounds in (("slow", 7), ("fast", 5)):
+    rec = saved["methods"][f"GD ({speed})"]
+    m = np.eye(2) - etas[speed] * h
+    want = [float(np.sum(np.square(np.linalg.matrix_power(m, t) @ w_star)))
+            for t in range(rounds + 1)]
+    assert rec["seeds"] == 3 and rec["rounds"] == rounds and rec["setting"] == speed
+    np.testing.assert_allclose(rec["curves"], [want] * 3, rtol=1e-10)
+  assert (tmp_path / "curves" / "curves.png").exists()
+  with pytest.raises(ConfigError, match="declare its 'table'"):
+    declared("untabled", options, setup=setup, methods=methods, float64=lambda opts: True)(
+        Config(rounds=5, clients=2, out=str(tmp_path), progress=False))

@@ -27,6 +27,7 @@ import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+import numpy as np
 
 from fedjaxsparse.core import ParamsFn, global_params
 from fedjaxsparse.data.registry import data_status
@@ -36,7 +37,7 @@ from fedjaxsparse.harness.protocol import PaperConfig, validation_split
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.runner import EvalFn
 from fedjaxsparse.harness.options import Config, Option, identity_options, parse_options
-from fedjaxsparse.harness.running import bits_to_reach, finish, standin_note, last, output_dir, run_method, status
+from fedjaxsparse.harness.running import Steps, bits_to_reach, finish, standin_note, last, output_dir, run_curves, run_method, status
 from fedjaxsparse.harness.tuning import Search, tune_then_run, tuning_config
 from fedjaxsparse.core import public_dir as _public_dir
 
@@ -96,6 +97,11 @@ class Context(NamedTuple):
       the data that loaded (a CPU stand-in's shorter run, say; ``None``: the configuration's):
       its runs, its tuning and its ``methods`` see them; ``report``, ``figure`` and
       ``table`` receive the experiment's configuration.
+    curve: ``state -> scalar``, the per-round metric of a convergence study's setting
+      (``‖x_t − x⋆‖²`` for a known optimum): every method of the setting runs as
+      :func:`~fedjaxsparse.harness.running.run_curves` — the metric at initialisation and
+      after every round, for the ``seeds`` option's number of seeds (1 without one), as one
+      program — instead of :func:`run_method` (``None``: a run with ``eval_fn``).
   """
   data: Any
   params: Any
@@ -106,6 +112,7 @@ class Context(NamedTuple):
   val: Any = None
   rounds: int | None = None
   eval_every: int | None = None
+  curve: Callable[[Any], Any] | None = None
 
   def config(self, cfg: Config) -> Config:
     """``cfg`` with this setting's ``rounds`` and ``eval_every`` where it sets them."""
@@ -228,7 +235,13 @@ def declared(name: str, spec: Sequence[Option], *,
   optimum), every setting's methods run the same way (their names must differ across
   settings), and ``table(records, contexts, cfg, opts) -> Table`` builds the main table from
   the histories (the gap reached, the rounds to a target; the records are left as the runs
-  wrote them, so ``table`` may add a per-round quantity for the figures). ``report`` and
+  wrote them, so ``table`` may add a per-round quantity for the figures). A setting whose
+  context declares a ``curve`` (a metric of the whole state, every round, over seeds) gets
+  records ``{"curves": [seeds, rounds + 1], ...}`` from
+  :func:`~fedjaxsparse.harness.running.run_curves` instead, and its default figure draws each
+  method's mean curve against rounds, a panel per setting. A study with several tables (one
+  per sub-study, say) returns them from ``table`` as a dict merged into the results (its
+  ``"table"`` entry, if any, the main one). ``report`` and
   ``figure`` see every setting as ``results["contexts"]`` (dropped before ``results.json``,
   as ``results["tuned"]``). ``float64(opts) -> bool``: the whole experiment runs with 64-bit
   floats (:func:`jax.enable_x64`), for gaps below float32's resolution."""
@@ -252,13 +265,26 @@ def declared(name: str, spec: Sequence[Option], *,
           raise ConfigError(f"{name}: two settings declare a method named {m!r}; name each "
                             "setting's methods apart.")
         planned[m] = (algo, ctx)
-    records = {m: run_method(c.config(cfg), name, m, algo, c.params, c.data.train,
-                             c.data.test, c.eval_fn) for m, (algo, c) in planned.items()}
+    curved = sum(c.curve is not None for _, c in planned.values())
+    if curved and table is None:
+      raise ConfigError(f"{name}: a convergence study's records are curves of its settings' "
+                        "'curve'; declare its 'table'.")
+    steps = Steps(curved, name, cfg.progress)
+    records = {}
+    for m, (algo, c) in planned.items():
+      if c.curve is None:
+        records[m] = run_method(c.config(cfg), name, m, algo, c.params, c.data.train,
+                                c.data.test, c.eval_fn)
+        continue
+      records[m] = {**run_curves(c.config(cfg), algo, c.params, c.data.train, c.curve,
+                                 opts.get("seeds", 1)), "setting": c.setting}
+      steps.done(m)
     ctx, ds = contexts[-1], contexts[-1].data
     if table is not None:
-      return {"experiment": name, "dataset": ds.name, "metric": metric,
-              "table": table(records, contexts, cfg, opts), "methods": records,
-              "contexts": contexts}, ctx
+      made = table(records, contexts, cfg, opts)
+      out = {"experiment": name, "dataset": ds.name, "metric": metric}
+      out.update(made if isinstance(made, dict) else {"table": made})
+      return {**out, "methods": records, "contexts": contexts}, ctx
     for r in records.values():
       ev = r["history"]["evals"]
       ev["uplink_bits_per_client"] = [b / ds.num_clients for b in ev.get("uplink_bits", [])]
@@ -329,7 +355,9 @@ def declared(name: str, spec: Sequence[Option], *,
     metric = metric_of(cfg, opts)
     results, ctx = (plain if tuning is None else tuned)(cfg, opts)
     records = results["methods"]
-    if figure is None:
+    if figure is None and any(c.curve is not None for c in results["contexts"]):
+      figures = [_curve_panels(results, metric, f"{name}: {ctx.data.name}")]
+    elif figure is None:
       title = f"{name}: {ctx.data.name}" if tuning is None else \
           f"{name}: {metric} against rounds and uplink bits per client"
       figures = [Figure("methods", dict(methods=_bits_per_client(records, cfg.clients),
@@ -349,6 +377,18 @@ def declared(name: str, spec: Sequence[Option], *,
 
   body.__name__ = body.__qualname__ = f"{name}_declared"
   return entry(name, spec, body, papers)
+
+
+def _curve_panels(results: dict, metric: str, title: str) -> Figure:
+  """A convergence study's default figure: every method's mean curve over seeds against
+  rounds, log scale, one panel per setting that declares a ``curve``."""
+  planned = {}
+  for m, r in results["methods"].items():
+    if "curves" in r:
+      planned.setdefault(r["setting"], {})[m] = (None, np.mean(r["curves"], 0).tolist())
+  return Figure("panels", dict(title=title, panels=[
+      {"lines": lines, "logy": True, "xlabel": "round", "ylabel": metric,
+       **({"title": s} if s is not None else {})} for s, lines in planned.items()]))
 
 
 def _bits_per_client(records: dict, clients: int) -> dict:

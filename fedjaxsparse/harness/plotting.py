@@ -181,8 +181,8 @@ def _log_if_positive(ax, axis: str = "y") -> None:
 
 def log_axis(ax, axis: str = "y", values: Sequence[float] | None = None) -> None:
   """A log-scaled ``axis`` whose labels cannot collide: decades only (at most 6 labelled),
-  unlabelled minor ticks; a span of less than one decade (of ``values``, default: the lines'
-  data) labels 1-2-5 ticks instead (a single value: the axis spans ×1.5 around it), and a
+  unlabelled minor ticks; a span holding fewer than two powers of ten (of ``values``, default:
+  the lines' data) labels 1-2-5 ticks instead (a single value: the axis spans ×1.5 around it), and a
   span of less than a factor 2 stays linear (a log axis there labels one or two ticks, or
   repeats a rounded label)."""
   (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
@@ -193,7 +193,9 @@ def log_axis(ax, axis: str = "y", values: Sequence[float] | None = None) -> None
       float(v) for ln in ax.get_lines()
       for v in (ln.get_ydata() if axis == "y" else ln.get_xdata())]
   pos = [v for v in data if math.isfinite(v) and v > 0]
-  if pos and math.floor(math.log10(min(pos))) == math.floor(math.log10(max(pos))):
+  decades = (math.floor(math.log10(max(pos))) - math.ceil(math.log10(min(pos))) + 1
+             if pos else 0)   # the powers of ten inside the data's span
+  if pos and decades < 2:
     lo, hi = min(pos), max(pos)
     if hi / lo < 1.01:   # one value: matplotlib would pad the view to a decade of ticks
       lo, hi = lo / 1.5, hi * 1.5

@@ -1,5 +1,6 @@
 """Running an experiment's methods and keeping their results: one method's run with progress,
-checkpoints and resume, and divergence handling (:func:`run_method`), the output folder
+checkpoints and resume, and divergence handling (:func:`run_method`), a convergence study's
+per-round curves of a metric of the state over several seeds (:func:`run_curves`), the output folder
 (locked while a run writes it), ``results.json`` and the rendering of tables and figures
 (:func:`finish`), and the small readers of a run's history (:func:`last`, :func:`status`,
 :func:`bits_to_reach`, :func:`first_divergence`)."""
@@ -11,7 +12,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -24,10 +25,12 @@ from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.harness.report import Table
 from fedjaxsparse.runtime.runner import EvalFn, run
 from fedjaxsparse.runtime.sharding import client_mesh
+from fedjaxsparse.runtime.sweep import state_curves
 from fedjaxsparse.harness.options import Config
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["standin_note", "finish", "Steps", "format_duration", "output_dir", "run_method", "first_divergence", "last", "status", "bits_to_reach", "save_results"]
+__all__ = ["standin_note", "finish", "Steps", "format_duration", "output_dir", "run_method",
+           "run_curves", "first_divergence", "last", "status", "bits_to_reach", "save_results"]
 __dir__ = _public_dir(__all__)
 
 
@@ -158,6 +161,23 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm | Coho
           "diverged": res.diverged, "clients": res.clients,
           "final": {k: last(v) for k, v in res.history.evals.items()},
           "state": res.state}
+
+
+def run_curves(cfg: Config, algo: Algorithm, params: Any, train: Any,
+               metric: Callable[[Any], jax.Array], seeds: int) -> dict:
+  """A convergence study's run of one method: ``metric(state)`` at initialisation and after
+  every one of ``cfg.rounds`` rounds, for ``seeds`` runs keyed
+  ``jax.random.split(jax.random.key(cfg.seed), seeds)`` — one compiled program, seeds vmapped
+  and rounds scanned (:func:`fedjaxsparse.runtime.sweep.state_curves`).
+
+  Returns the record ``{"curves": float64 [seeds, rounds + 1], "seeds", "rounds",
+  "wall_time_s"}`` (compilation included). Such a run keeps no checkpoint: it is one program
+  of a few seconds, and a resumed study runs it again."""
+  keys = jax.random.split(jax.random.key(cfg.seed), seeds)
+  start = time.perf_counter()
+  curves = state_curves(algo, keys, params, train, cfg.rounds, metric)
+  return {"curves": curves, "seeds": int(seeds), "rounds": int(cfg.rounds),
+          "wall_time_s": time.perf_counter() - start}
 
 
 def first_divergence(history: dict) -> dict | None:
