@@ -70,9 +70,14 @@ one jitted call: XLA:CPU runs a convolution inside a loop body ~20× slower, jax
 and ``loop="scan"`` on accelerators (an epoch is one ``lax.scan``). Both draw the same
 permutations, augmentation and controller batches from the same keys and write the same
 checkpoints, under
-``OUT/ato_prune/checkpoints/RUN`` (every epoch on CIFAR; on Fashion-MNIST after the last epoch
-only, the ``checkpoint_every`` option): ``--resume`` continues every run from its newest checkpoint
-(finished runs are only evaluated again), ``--overwrite`` starts afresh.
+``OUT/ato_prune/checkpoints/<method> seed <seed>`` (every epoch on CIFAR; on Fashion-MNIST after
+the last epoch only, the ``checkpoint_every`` option): ``--resume`` continues every run from its
+newest checkpoint (finished runs are only evaluated again), ``--overwrite`` starts afresh.
+
+Declaration: every method is a :class:`~fedjaxsparse.harness.experiment.Trial` (train from the
+seed's initialisation, remove groups, evaluate the smaller network), run by the harness seed by
+seed in the order above — Uniform after the ATO run whose FLOPs it matches — and
+``results.json`` keeps each seed's record under ``methods`` (``"ATO p=0.5"``, ...).
 
 Source for the team: seed 004 Task 2, Table 4; spec ``seed004.md`` §2.
 """
@@ -80,7 +85,6 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -95,8 +99,7 @@ from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.runtime.checkpoint import Checkpointing
 from fedjaxsparse.runtime.epochs import LOOPS
 from fedjaxsparse.harness.options import Config, Option, name_list
-from fedjaxsparse.harness.running import output_dir
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.experiment import Context, Trial, TrialRun, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import prunable as P
 from fedjaxsparse.harness.protocol import PaperConfig, mean_se
@@ -459,10 +462,12 @@ def _recipe(opts: dict, s: dict, steps: int):
   return opt, schedule
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict) -> Context:
+  """The data, the network and its groups, the evaluator and the recipe every method shares
+  (printed once); ``extra`` holds them for :func:`methods` and :func:`table`."""
   if cfg.dataset not in DATASETS:
     raise ConfigError(f"{NAME} runs on {', '.join(DATASETS)}; got --dataset {cfg.dataset!r}.")
-  methods = name_list(opts["methods"], "methods", METHODS)
+  name_list(opts["methods"], "methods", METHODS)   # checked before anything loads
   s = _settings(cfg, opts)
   E = s["epochs"]
   T_w, T_start, T_end = (_epoch(opts[k], E) for k in ("t_w", "t_start", "t_end"))
@@ -507,135 +512,152 @@ def _run(cfg: Config, opts: dict) -> dict:
                      end_mask=opts["end_mask"], flops_penalty=opts["flops_penalty"],
                      ctrl_lr=s["ctrl_lr"])
   never = dict(T_start=E + 1, T_end=E + 1)
-  identity = {"experiment": NAME, "dataset": cfg.dataset, "data_dir": cfg.data_dir,
-              "seed": cfg.seed, "epochs": E,
-              **{f"--set {k}": v for k, v in cfg.fingerprint.items()}}
   curve_x, curve_y = data["xv"][:opts["curve_size"]], data["yv"][:opts["curve_size"]]
   check_x = data["xt"][:opts["check_size"]]
 
-  def train(run, mdl, zg, acfg, params, key, evaluate, zero_mask=False, extra=None,
-            dhspg_cfg=None):
-    opt, schedule = _recipe(opts, s, steps)
-    algo = (A.ato(mdl, zg, opt, schedule, acfg) if dhspg_cfg is None
-            else dhspg(mdl, zg, opt, schedule, dhspg_cfg))
-    if zero_mask:   # OTO: every group penalised from the start, w never regenerated
-      init = algo.init
-      algo = algo._replace(init=lambda k, p: init(k, p)._replace(w=jnp.zeros(zg.num_groups)))
-    state, hist = A.train(algo, acfg, key, params, x, y, epochs=E, batch_size=s["batch"],
-                          ctrl_index=A.controller_subset(len(x), s["ctrl_fraction"], cfg.seed),
-                          ctrl_batch=s["ctrl_batch"], evaluate=evaluate, augment=augment,
-                          checkpoint=Checkpointing(
-                              os.path.join(output_dir(cfg, NAME), "checkpoints", run),
-                              every=s["checkpoint_every"], resume=cfg.resume,
-                              overwrite=cfg.overwrite,
-                              fingerprint={**identity, "run": run, **(extra or {})}),
-                          loop=loop, progress=cfg.progress, desc=run)
-    # resumed epochs included; NaN for epochs checkpointed before times were recorded
-    return state, hist, sum(h.get("seconds", math.nan) for h in hist)
+  return Context(None, None, None, dict(
+      settings=s, E=E, T_w=T_w, T_start=T_start, T_end=T_end, sweep=sweep, data=data, x=x,
+      y=y, steps=steps, oto_lam=oto_lam, build=build, model=model, running=running, ev=ev,
+      zigs=zigs, dense_flops=dense_flops, augment=augment, loop=loop, arch=arch,
+      comparable=comparable, base=base, never=never, curve_x=curve_x, curve_y=curve_y,
+      check_x=check_x))
 
-  def finish(params, keep):
-    """Zero the removed groups, compress, rebuild; evaluate the small model."""
-    w = jnp.asarray(keep, jnp.float32)
-    small, widths = Z.compress(zigs, Z.scale_groups(zigs, params, w), keep)
-    sev = ev if keep.all() else Z.GatedEvaluator(*build(widths), data["shape"],
-                                                 opts["eval_batch"], running)
-    diff = float(np.max(np.abs(sev.logits(small, check_x) - ev.logits(params, check_x, w))))
-    return dict(val=sev.accuracy(small, data["xv"], data["yv"]),
-                test=sev.accuracy(small, data["xt"], data["yt"]),
-                flops=Z.total_flops(sev.zigs), params=_num_params(small), widths=widths,
-                logit_diff=diff, masked_flops=float(Z.flops(zigs, w)))
 
-  def masked_curve(params, w):
-    return ev.accuracy(params, curve_x, curve_y, w)
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict[str, Trial]:
+  """Every method of the study as a :class:`~fedjaxsparse.harness.experiment.Trial`, named
+  ``"<method>"`` or ``"<method> p=<target>"``, in the order they run for each seed (Uniform
+  after the ATO run whose FLOPs it matches)."""
+  chosen = name_list(opts["methods"], "methods", METHODS)
+  P_ = ctx.extra
+  base, never, E = P_["base"], P_["never"], P_["E"]
+  out = {}
+  if "Dense" in chosen:
+    out["Dense"] = Trial(lambda run: _pruned(P_, opts, run, base._replace(lam=0.0, **never),
+                                             "plain"))
+  for p in opts["targets"]:
+    for name, proj in (("ATO", "prox"), ("ATO-HSP", "hsp")):
+      if name in chosen:
+        out[f"{name} p={p:g}"] = Trial(
+            lambda run, p=p, proj=proj: _pruned(P_, opts, run, base._replace(
+                target=p, projector=proj), "mask"))
+    if "Uniform" in chosen:
+      out[f"Uniform p={p:g}"] = Trial(lambda run, p=p: _uniform(P_, opts, run, p))
+  if "OTO" in chosen:
+    out["OTO"] = Trial(lambda run: _pruned(
+        P_, opts, run, base._replace(lam=P_["oto_lam"], projector="hsp", target=1.0, **never),
+        "zeroed", zero_mask=True))
+  if "OTOv2" in chosen:   # DHSPG: the partition at epoch T_w, then the dual half-space steps
+    lam2 = (opts["otov2_lam"] if opts["otov2_lam"] is not None
+            else OTO_LAM_REF * REF_STEPS / P_["steps"])
+    dcfg = DHSPGConfig(target=opts["otov2_sparsity"], lam=lam2,
+                       partition_step=P_["T_w"] * (len(P_["x"]) // P_["settings"]["batch"]))
+    out["OTOv2"] = Trial(lambda run: _pruned(P_, opts, run, base._replace(**never), "zeroed",
+                                             dhspg_cfg=dcfg,
+                                             extra={"otov2": [dcfg.target, dcfg.lam]}))
+  if P_["sweep"] is not None:   # Figs. 6, 7, 9: ATO at the first target, one run per value
+    field, values = P_["sweep"]
+    p = opts["targets"][0]
+    for v in values:
+      change = {"T_w": _epoch(v, E)} if field == "t_w" else {field: v}
+      out[f"ATO {SWEEPS[field]}={v:g} p={p:g}"] = Trial(
+          lambda run, change=change, field=field, v=v: _pruned(
+              P_, opts, run, base._replace(target=p, **change), "mask",
+              extra={"sweep": [field, v]}))
+  return out
 
-  def plain_curve(params, w):
-    return ev.accuracy(params, curve_x, curve_y)
 
-  records: dict[tuple, list] = {}
-  for si in range(opts["seeds"]):
-    seed = cfg.seed + si
-    key = jax.random.key(seed)
-    params = model.init(jax.random.fold_in(key, 1))
-    tag = f"_seed{seed}"
-    if "Dense" in methods:
-      st, hist, sec = train("Dense" + tag, model, zigs, base._replace(lam=0.0, **never),
-                            params, key, plain_curve)
-      res = finish(st.params, np.ones(zigs.num_groups, bool))
-      records.setdefault(("Dense", None), []).append({**res, "history": hist, "time_s": sec})
-    ato_flops = {}
-    for p in opts["targets"]:
-      for name, proj in (("ATO", "prox"), ("ATO-HSP", "hsp")):
-        if name not in methods:
-          continue
-        st, hist, sec = train(f"{name}_p{p:g}{tag}", model, zigs,
-                              base._replace(target=p, projector=proj), params, key,
-                              masked_curve)
-        keep = np.asarray(st.w) > 0.5
-        nrm = np.asarray(Z.group_norms(zigs, st.params))
-        res = finish(st.params, keep)
-        res.update(kept_groups=int(keep.sum()), final_flops_frac=res["masked_flops"] / dense_flops,
-                   unzeroed_masked_groups=int(np.sum((~keep) & (nrm > 0))))
-        hist_flops = [h["flops"] for h in hist] + [res["masked_flops"] / dense_flops]
-        records.setdefault((name, p), []).append(
-            {**res, "history": hist, "flops_curve": hist_flops, "time_s": sec})
-        if name == "ATO":
-          ato_flops[p] = res["masked_flops"]
-      if "Uniform" in methods:
-        goal = ato_flops.get(p, p * dense_flops)
-        r, keep = Z.uniform_ratio(zigs, goal)
-        widths = {c.name: int(keep[c.offset:c.offset + c.size].sum()) for c in zigs.prunable}
-        umod, umodel = build(widths)
-        uev = Z.GatedEvaluator(umod, umodel, data["shape"], opts["eval_batch"], running)
-        st, hist, sec = train(f"Uniform_p{p:g}{tag}", umodel, uev.zigs,
-                              base._replace(lam=0.0, **never), umodel.init(
-                                  jax.random.fold_in(key, 1)), key,
-                              lambda q, w, e=uev: e.accuracy(q, curve_x, curve_y),
-                              extra={"widths": widths})
-        f = Z.total_flops(uev.zigs)
-        records.setdefault(("Uniform", p), []).append(dict(
-            val=uev.accuracy(st.params, data["xv"], data["yv"]),
-            test=uev.accuracy(st.params, data["xt"], data["yt"]), flops=f,
-            params=_num_params(st.params), widths=widths, logit_diff=None, ratio=r,
-            matched_flops=goal, history=hist, time_s=sec))
-    if "OTO" in methods:
-      st, hist, sec = train("OTO" + tag, model, zigs,
-                            base._replace(lam=oto_lam, projector="hsp", target=1.0, **never),
-                            params, key, plain_curve, zero_mask=True)
-      keep = np.asarray(Z.group_norms(zigs, st.params)) > 0
-      res = finish(st.params, keep)
-      records.setdefault(("OTO", None), []).append(
-          {**res, "kept_groups": int(keep.sum()), "history": hist, "time_s": sec})
-    if "OTOv2" in methods:   # DHSPG: the partition at epoch T_w, then the dual half-space steps
-      lam2 = (opts["otov2_lam"] if opts["otov2_lam"] is not None
-              else OTO_LAM_REF * REF_STEPS / steps)
-      dcfg = DHSPGConfig(target=opts["otov2_sparsity"], lam=lam2,
-                         partition_step=T_w * (len(x) // s["batch"]))
-      st, hist, sec = train("OTOv2" + tag, model, zigs, base._replace(**never), params, key,
-                            plain_curve, dhspg_cfg=dcfg,
-                            extra={"otov2": [dcfg.target, dcfg.lam]})
-      keep = np.asarray(Z.group_norms(zigs, st.params)) > 0
-      res = finish(st.params, keep)
-      records.setdefault(("OTOv2", None), []).append(
-          {**res, "kept_groups": int(keep.sum()), "history": hist, "time_s": sec})
-    if sweep is not None:   # Figs. 6, 7, 9: ATO at the first target, one run per value
-      field, values = sweep
-      p = opts["targets"][0]
-      for v in values:
-        change = {"T_w": _epoch(v, E)} if field == "t_w" else {field: v}
-        st, hist, sec = train(f"ATO_{field}{v:g}_p{p:g}{tag}", model, zigs,
-                              base._replace(target=p, **change), params, key, masked_curve,
-                              extra={"sweep": [field, v]})
-        keep = np.asarray(st.w) > 0.5
-        nrm = np.asarray(Z.group_norms(zigs, st.params))
-        res = finish(st.params, keep)
-        res.update(kept_groups=int(keep.sum()), final_flops_frac=res["masked_flops"] / dense_flops,
-                   unzeroed_masked_groups=int(np.sum((~keep) & (nrm > 0))))
-        records.setdefault((f"ATO {SWEEPS[field]}={v:g}", p), []).append(
-            {**res, "history": hist, "time_s": sec,
-             "flops_curve": [h["flops"] for h in hist] + [res["masked_flops"] / dense_flops]})
+def _train(P_: dict, opts: dict, run: TrialRun, mdl, zg, acfg, params, key, evaluate,
+           zero_mask: bool = False, extra: dict | None = None, dhspg_cfg=None):
+  """One training of ``P_["E"]`` epochs (:func:`fedjaxsparse.algorithms.ato.train`) with the
+  shared recipe, checkpointed in the run's folder; ``(state, history, training seconds)``."""
+  s, cfg = P_["settings"], run.config
+  opt, schedule = _recipe(opts, s, P_["steps"])
+  algo = (A.ato(mdl, zg, opt, schedule, acfg) if dhspg_cfg is None
+          else dhspg(mdl, zg, opt, schedule, dhspg_cfg))
+  if zero_mask:   # OTO: every group penalised from the start, w never regenerated
+    init = algo.init
+    algo = algo._replace(init=lambda k, p: init(k, p)._replace(w=jnp.zeros(zg.num_groups)))
+  state, hist = A.train(algo, acfg, key, params, P_["x"], P_["y"], epochs=P_["E"],
+                        batch_size=s["batch"],
+                        ctrl_index=A.controller_subset(len(P_["x"]), s["ctrl_fraction"],
+                                                       cfg.seed),
+                        ctrl_batch=s["ctrl_batch"], evaluate=evaluate, augment=P_["augment"],
+                        checkpoint=Checkpointing(
+                            run.checkpoints, every=s["checkpoint_every"], resume=cfg.resume,
+                            overwrite=cfg.overwrite,
+                            fingerprint={**run.fingerprint, "epochs": P_["E"],
+                                         **(extra or {})}),
+                        loop=P_["loop"], progress=cfg.progress,
+                        desc=f"{run.fingerprint['method']} seed {run.seed}")
+  # resumed epochs included; NaN for epochs checkpointed before times were recorded
+  return state, hist, sum(h.get("seconds", math.nan) for h in hist)
 
-  return _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam,
-                 dict(settings=s, T_w=T_w, T_start=T_start, T_end=T_end, loop=loop))
+
+def _pruned(P_: dict, opts: dict, run: TrialRun, acfg, groups: str, **train_kw) -> dict:
+  """Train the dense network from the seed's initialisation, remove the groups — ``"plain"``:
+  none (Dense), ``"mask"``: those ATO's mask w drops, ``"zeroed"``: those exactly zero (OTO,
+  OTOv2) — and evaluate the smaller network (:func:`_compress`)."""
+  ev, zigs, model = P_["ev"], P_["zigs"], P_["model"]
+  key = jax.random.key(run.seed)
+  params = model.init(jax.random.fold_in(key, 1))
+  cx, cy = P_["curve_x"], P_["curve_y"]
+  evaluate = ((lambda q, w: ev.accuracy(q, cx, cy, w)) if groups == "mask" else
+              (lambda q, w: ev.accuracy(q, cx, cy)))
+  st, hist, sec = _train(P_, opts, run, model, zigs, acfg, params, key, evaluate, **train_kw)
+  if groups == "plain":
+    return {**_compress(P_, opts, st.params, np.ones(zigs.num_groups, bool)),
+            "history": hist, "time_s": sec}
+  if groups == "zeroed":
+    keep = np.asarray(Z.group_norms(zigs, st.params)) > 0
+    return {**_compress(P_, opts, st.params, keep), "kept_groups": int(keep.sum()),
+            "history": hist, "time_s": sec}
+  keep = np.asarray(st.w) > 0.5
+  nrm = np.asarray(Z.group_norms(zigs, st.params))
+  res = _compress(P_, opts, st.params, keep)
+  res.update(kept_groups=int(keep.sum()),
+             final_flops_frac=res["masked_flops"] / P_["dense_flops"],
+             unzeroed_masked_groups=int(np.sum((~keep) & (nrm > 0))))
+  return {**res, "history": hist, "time_s": sec,
+          "flops_curve": [h["flops"] for h in hist] + [res["masked_flops"] / P_["dense_flops"]]}
+
+
+def _compress(P_: dict, opts: dict, params, keep) -> dict:
+  """Zero the removed groups, compress, rebuild; evaluate the small model and compare its
+  logits with the masked model's."""
+  ev, zigs, data = P_["ev"], P_["zigs"], P_["data"]
+  w = jnp.asarray(keep, jnp.float32)
+  small, widths = Z.compress(zigs, Z.scale_groups(zigs, params, w), keep)
+  sev = ev if keep.all() else Z.GatedEvaluator(*P_["build"](widths), data["shape"],
+                                               opts["eval_batch"], P_["running"])
+  diff = float(np.max(np.abs(sev.logits(small, P_["check_x"]) -
+                             ev.logits(params, P_["check_x"], w))))
+  return dict(val=sev.accuracy(small, data["xv"], data["yv"]),
+              test=sev.accuracy(small, data["xt"], data["yt"]),
+              flops=Z.total_flops(sev.zigs), params=_num_params(small), widths=widths,
+              logit_diff=diff, masked_flops=float(Z.flops(zigs, w)))
+
+
+def _uniform(P_: dict, opts: dict, run: TrialRun, p: float) -> dict:
+  """Table 4's Uniform baseline: every prunable set kept at one fraction, matched to the FLOPs
+  of this seed's ATO run at ``p`` (``p`` × the dense FLOPs without one), trained from scratch
+  as the smaller network."""
+  ato = run.earlier.get(f"ATO p={p:g}")
+  goal = ato["masked_flops"] if ato is not None else p * P_["dense_flops"]
+  r, keep = Z.uniform_ratio(P_["zigs"], goal)
+  widths = {c.name: int(keep[c.offset:c.offset + c.size].sum()) for c in P_["zigs"].prunable}
+  umod, umodel = P_["build"](widths)
+  data = P_["data"]
+  uev = Z.GatedEvaluator(umod, umodel, data["shape"], opts["eval_batch"], P_["running"])
+  key = jax.random.key(run.seed)
+  st, hist, sec = _train(P_, opts, run, umodel, uev.zigs,
+                         P_["base"]._replace(lam=0.0, **P_["never"]),
+                         umodel.init(jax.random.fold_in(key, 1)), key,
+                         lambda q, w: uev.accuracy(q, P_["curve_x"], P_["curve_y"]),
+                         extra={"widths": widths})
+  return dict(val=uev.accuracy(st.params, data["xv"], data["yv"]),
+              test=uev.accuracy(st.params, data["xt"], data["yt"]),
+              flops=Z.total_flops(uev.zigs), params=_num_params(st.params), widths=widths,
+              logit_diff=None, ratio=r, matched_flops=goal, history=hist, time_s=sec)
 
 
 SWEEPS = {"lam": "λ", "gamma": "γ", "t_w": "T_w"}
@@ -665,9 +687,42 @@ def r_flops(fraction: float, target: float, two_sided: bool = False) -> float:
   return float(Z.flops_regularizer(jnp.float32(fraction), jnp.float32(target), two_sided))
 
 
-def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, setup) -> dict:
-  label = {"Dense": "Dense", "ATO": "ATO", "ATO-HSP": "ATO-HSP", "Uniform": "Uniform",
-           "OTO": "OTO (HSPG)", "OTOv2": "OTOv2 (DHSPG)"}
+LABELS = {"Dense": "Dense", "ATO": "ATO", "ATO-HSP": "ATO-HSP", "Uniform": "Uniform",
+          "OTO": "OTO (HSPG)", "OTOv2": "OTOv2 (DHSPG)"}
+"""The table's name of each method."""
+
+
+def _by_target(records: dict) -> dict:
+  """``{(method, p or None): [record per seed]}`` of the harness's ``{name: {"seeds": [...]}}``
+  (names ``"<method>"`` or ``"<method> p=<target>"``, :func:`methods`)."""
+  out = {}
+  for name, r in records.items():
+    m, _, p = name.partition(" p=")
+    out[(m, float(p) if p else None)] = r["seeds"]
+  return out
+
+
+def table(records: dict, contexts: list, cfg: Config, opts: dict) -> dict:
+  """The comparison (means over seeds) and the paper's table beside it (:func:`_report`)."""
+  P_ = contexts[-1].extra
+  return _report(cfg, opts, _by_target(records), P_["dense_flops"], P_["arch"],
+                 P_["comparable"], P_["oto_lam"],
+                 {"settings": P_["settings"], "T_w": P_["T_w"], "T_start": P_["T_start"],
+                  "T_end": P_["T_end"], "loop": P_["loop"]})
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> list[Figure]:
+  """Accuracy against pruned FLOPs, and ATO's training curves, mask FLOPs and FLOPs
+  regulariser per epoch (:func:`_figures`)."""
+  records = _by_target(results["methods"])
+  dense = records.get(("Dense", None))
+  dense_test = np.mean([r["test"] for r in dense]) * 100 if dense else None
+  return _figures(records, LABELS, ctx.extra["dense_flops"], dense_test,
+                  f"{ctx.extra['arch']} on {cfg.dataset}", opts["flops_penalty"] == "two_sided")
+
+
+def _report(cfg, opts, records, dense_flops, arch, comparable, oto_lam, setup) -> dict:
+  label = LABELS
   dense_test = (np.mean([r["test"] for r in records[("Dense", None)]]) * 100
                 if ("Dense", None) in records else None)
   paper = PAPERS[PAPER_OF.get((cfg.dataset, arch), "table4_resnet56")].paper
@@ -735,15 +790,10 @@ def _report(cfg, opts, records, dense_flops, data, arch, comparable, oto_lam, se
   prows = [{"method": mth, "base top-1 %": b, "pruned top-1 %": pr, "Δ": d,
             "pruned FLOPs %": fl, "note": note}
            for mth, b, pr, d, fl, note in table_rows(paper)]
-  return {"experiment": NAME, "arch": arch, "dataset": cfg.dataset,
+  return {"arch": arch, "dataset": cfg.dataset,
           "table": Table(rows, cols, title=title, note="\n".join(notes) or None),
           "paper_label": src, "paper_table": Table(prows, title=f"\n{src}:"),
-          "dense_flops": dense_flops, "oto_lam": oto_lam, "setup": setup,
-          "runs": {f"{m}" + ("" if p is None else f" p={p:g}"): recs
-                   for (m, p), recs in records.items()},
-          "figures": _figures(records, label, dense_flops, dense_test,
-                              f"{arch} on {cfg.dataset}",
-                              opts["flops_penalty"] == "two_sided")}
+          "dense_flops": dense_flops, "oto_lam": oto_lam, "setup": setup}
 
 
 def _figures(records, label, dense_flops, dense_test, what,
@@ -789,4 +839,5 @@ def _figures(records, label, dense_flops, dense_test, what,
   return figures
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, table=table, figure=figure,
+               metric="top-1 accuracy", papers=PAPERS)

@@ -27,7 +27,7 @@ def test_ato_prune_tiny_through_the_cli(tmp_path, capsys, quick):
   assert set(rows) == {("Dense", "-"), ("ATO", "0.5"), ("ATO-HSP", "0.5"), ("Uniform", "0.5"),
                        ("OTO (HSPG)", "-"), ("OTOv2 (DHSPG)", "-"), ("ATO γ=8", "0.5")}
   for g in ("8",):   # the sweep's run: ATO at the first target, its mask and curves kept
-    run = res["runs"][f"ATO γ={g} p=0.5"][0]
+    run = res["methods"][f"ATO γ={g} p=0.5"]["seeds"][0]
     assert len(run["history"]) == 4 and len(run["flops_curve"]) == 5
     assert rows[(f"ATO γ={g}", "0.5")]["max |Δlogit|"] < 1e-4
   for r in rows.values():
@@ -45,8 +45,8 @@ def test_ato_prune_tiny_through_the_cli(tmp_path, capsys, quick):
     assert rows[key]["pruned FLOPs %"] > 0, key                 # smaller than the dense model
   for key in (("ATO", "0.5"), ("ATO-HSP", "0.5"), ("OTO (HSPG)", "-"), ("OTOv2 (DHSPG)", "-")):
     assert rows[key]["max |Δlogit|"] < 1e-4, key                # compressed = masked model
-  ato = res["runs"]["ATO p=0.5"][0]
-  uni = res["runs"]["Uniform p=0.5"][0]
+  ato = res["methods"]["ATO p=0.5"]["seeds"][0]
+  uni = res["methods"]["Uniform p=0.5"]["seeds"][0]
   assert abs(uni["flops"] - ato["masked_flops"]) <= 0.02 * res["dense_flops"]
   assert len(ato["history"]) == 4 and len(ato["flops_curve"]) == 5
   for png in ("ato_prune.png", "ato_prune_accuracy.png", "ato_prune_flops.png",

@@ -413,3 +413,57 @@ def test_a_curve_study_records_the_state_metric_of_every_round_and_seed(tmp_path
   with pytest.raises(ConfigError, match="declare its 'table'"):
     declared("untabled", options, setup=setup, methods=methods, float64=lambda opts: True)(
         Config(rounds=5, clients=2, out=str(tmp_path), progress=False))
+
+
+def test_a_study_of_trials_runs_every_method_seed_by_seed_in_declaration_order(tmp_path):
+  """Trials (methods that are not federated runs) run once per seed, seed by seed, each seeing
+  only the records of its own seed's earlier trials, each with its own checkpoint folder and a
+  fingerprint naming its seed; the table reads ``{method: {"seeds": [...]}}``; a study mixing
+  Trials with algorithms, or without a table, is refused."""
+  from fedjaxsparse.errors import ConfigError
+  from fedjaxsparse.harness.experiment import Context, Trial, declared
+  from fedjaxsparse.harness.options import Config, Option
+  from fedjaxsparse.harness.report import Table
+  order, runs = [], []
+
+  def least_squares(run):   # a closed-form "training": the mean of seeded draws
+    order.append(("fit", run.seed))
+    runs.append(run)
+    draws = np.random.default_rng(run.seed).normal(3.0, 1.0, size=400)
+    return {"estimate": float(draws.mean())}
+
+  def matched(run):         # a baseline matched to the same seed's earlier result
+    order.append(("matched", run.seed))
+    assert set(run.earlier) == {"fit"}
+    return {"estimate": run.earlier["fit"]["estimate"] / 2}
+
+  def methods(ctx, cfg, opts):
+    return {"fit": Trial(least_squares), "matched": Trial(matched)}
+
+  def table(records, contexts, cfg, opts):
+    return Table([{"method": m, "mean": float(np.mean([r["estimate"] for r in rec["seeds"]]))}
+                  for m, rec in records.items()])
+
+  options = (Option("seeds", 3, "seeds", low=1),)
+  run = declared("trials", options, setup=lambda cfg, opts: Context(None, None, None),
+                 methods=methods, table=table)
+  res = run(Config(seed=5, out=str(tmp_path), progress=False))
+  assert order == [(m, s) for s in (5, 6, 7) for m in ("fit", "matched")]
+  assert len({r.checkpoints for r in runs}) == 3
+  assert [r.fingerprint["seed"] for r in runs] == [5, 6, 7]
+  assert [r.index for r in runs] == [0, 1, 2]
+  fits = [np.random.default_rng(s).normal(3.0, 1.0, size=400).mean() for s in (5, 6, 7)]
+  rows = {r["method"]: r["mean"] for r in res["table"]}
+  assert rows["fit"] == pytest.approx(np.mean(fits)) and rows["matched"] == pytest.approx(
+      np.mean(fits) / 2)
+  # the mean of 3 × 400 draws of N(3, 1): within 5 standard errors of 3
+  assert abs(rows["fit"] - 3.0) < 5 / np.sqrt(1200)
+  saved = json.load(open(tmp_path / "trials" / "results.json"))
+  assert [len(saved["methods"][m]["seeds"]) for m in ("fit", "matched")] == [3, 3]
+  with pytest.raises(ConfigError, match="declare its 'table'"):
+    declared("untabled", options, setup=lambda cfg, opts: Context(None, None, None),
+             methods=methods)(Config(out=str(tmp_path), progress=False))
+  with pytest.raises(ConfigError, match="every method as a Trial or none"):
+    declared("mixed", options, setup=lambda cfg, opts: Context(None, None, None),
+             methods=lambda ctx, cfg, opts: {"fit": Trial(least_squares), "GD": object()},
+             table=table)(Config(out=str(tmp_path), progress=False))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -41,7 +42,7 @@ from fedjaxsparse.harness.running import Steps, bits_to_reach, finish, standin_n
 from fedjaxsparse.harness.tuning import Search, tune_then_run, tuning_config
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["entry", "Context", "Method", "Tuning", "declared"]
+__all__ = ["entry", "Context", "Method", "Trial", "TrialRun", "Tuning", "declared"]
 __dir__ = _public_dir(__all__)
 
 def entry(name: str, spec: Sequence[Option], body: Callable[[Config, dict], dict],
@@ -154,6 +155,44 @@ class Method(NamedTuple):
   search: Search | None = None
 
 
+class TrialRun(NamedTuple):
+  """What a :class:`Trial` runs with: one seed of one method.
+
+  Attributes:
+    seed: the run's seed, ``cfg.seed + index``.
+    index: which of the ``seeds`` option's runs this is (0, 1, ...).
+    checkpoints: the run's own checkpoint folder,
+      ``OUT/<experiment>/checkpoints/<method> seed <seed>`` (for
+      :class:`~fedjaxsparse.runtime.checkpoint.Checkpointing`; created by whoever writes
+      there).
+    fingerprint: the settings a resumed run must share with the checkpoints it resumes
+      (experiment, method, dataset, seed and the options that change the computation).
+    earlier: ``{method: record}`` of the trials of the same seed that ran before this one (a
+      baseline matched to another method's result: the FLOPs an earlier pruning reached).
+    config: the configuration of the run's setting (:meth:`Context.config`).
+  """
+  seed: int
+  index: int
+  checkpoints: str
+  fingerprint: dict
+  earlier: dict
+  config: Config
+
+
+class Trial(NamedTuple):
+  """A method of a declared study whose run is not a sequence of federated rounds — training
+  for epochs on pooled data (:func:`fedjaxsparse.runtime.epochs.train_epochs`,
+  :func:`fedjaxsparse.algorithms.ato.train`), a one-shot pruning, a screening solver: the
+  harness runs every trial of a setting once per seed (the ``seeds`` option, 1 without one),
+  seed by seed in declaration order, with progress, and keeps each seed's record.
+
+  Attributes:
+    run: ``(TrialRun) -> dict``, one seed's run of the method: its JSON-ready record (metrics,
+      a per-epoch history, ...), read by the study's ``table``.
+  """
+  run: Callable[[TrialRun], dict]
+
+
 def _always(cfg: Config, opts: dict) -> Config:
   return tuning_config(cfg)
 
@@ -241,7 +280,13 @@ def declared(name: str, spec: Sequence[Option], *,
   :func:`~fedjaxsparse.harness.running.run_curves` instead, and its default figure draws each
   method's mean curve against rounds, a panel per setting. A study with several tables (one
   per sub-study, say) returns them from ``table`` as a dict merged into the results (its
-  ``"table"`` entry, if any, the main one). ``report`` and
+  ``"table"`` entry, if any, the main one).
+
+  Studies whose methods are not federated runs — training for epochs on pooled data, a
+  one-shot pruning — declare each method as a :class:`Trial` (every method of the study):
+  the harness runs them seed by seed (:class:`TrialRun`), keeps
+  ``{method: {"seeds": [record, ...]}}`` as the records and ``table`` builds the tables from
+  them (a dict of tables and values, as above; ``ctx.data`` needs no federated splits). ``report`` and
   ``figure`` see every setting as ``results["contexts"]`` (dropped before ``results.json``,
   as ``results["tuned"]``). ``float64(opts) -> bool``: the whole experiment runs with 64-bit
   floats (:func:`jax.enable_x64`), for gaps below float32's resolution."""
@@ -265,6 +310,20 @@ def declared(name: str, spec: Sequence[Option], *,
           raise ConfigError(f"{name}: two settings declare a method named {m!r}; name each "
                             "setting's methods apart.")
         planned[m] = (algo, ctx)
+    trials = [m for m, (algo, _) in planned.items() if isinstance(algo, Trial)]
+    if trials and len(trials) < len(planned):
+      raise ConfigError(f"{name}: declare every method as a Trial or none ({trials[0]!r} is "
+                        "one, not all are).")
+    if trials and table is None:
+      raise ConfigError(f"{name}: a study of Trials keeps each seed's record; declare its "
+                        "'table'.")
+    if trials:
+      records = _run_trials(name, planned, cfg, opts)
+      made = table(records, contexts, cfg, opts)
+      out = {"experiment": name, "dataset": getattr(contexts[-1].data, "name", None),
+             "metric": metric}
+      out.update(made if isinstance(made, dict) else {"table": made})
+      return {**out, "methods": records, "contexts": contexts}, contexts[-1]
     curved = sum(c.curve is not None for _, c in planned.values())
     if curved and table is None:
       raise ConfigError(f"{name}: a convergence study's records are curves of its settings' "
@@ -355,7 +414,9 @@ def declared(name: str, spec: Sequence[Option], *,
     metric = metric_of(cfg, opts)
     results, ctx = (plain if tuning is None else tuned)(cfg, opts)
     records = results["methods"]
-    if figure is None and any(c.curve is not None for c in results["contexts"]):
+    if figure is None and records and all(set(r) == {"seeds"} for r in records.values()):
+      figures = []   # a study of Trials: its records hold no common curve to draw
+    elif figure is None and any(c.curve is not None for c in results["contexts"]):
       figures = [_curve_panels(results, metric, f"{name}: {ctx.data.name}")]
     elif figure is None:
       title = f"{name}: {ctx.data.name}" if tuning is None else \
@@ -377,6 +438,29 @@ def declared(name: str, spec: Sequence[Option], *,
 
   body.__name__ = body.__qualname__ = f"{name}_declared"
   return entry(name, spec, body, papers)
+
+
+def _run_trials(name: str, planned: dict, cfg: Config, opts: dict) -> dict:
+  """Every :class:`Trial` of ``planned`` (``{method: (trial, context)}``) for each seed, seed
+  by seed in declaration order: ``{method: {"seeds": [record per seed]}}``."""
+  seeds = opts.get("seeds", 1)
+  steps = Steps(seeds * len(planned), name, cfg.progress)
+  records = {m: {"seeds": []} for m in planned}
+  folder = os.path.join(output_dir(cfg, name), "checkpoints")
+  for index in range(seeds):
+    seed, earlier = cfg.seed + index, {}
+    for m, (trial, ctx) in planned.items():
+      run = TrialRun(
+          seed=seed, index=index,
+          checkpoints=os.path.join(folder, f"{m} seed {seed}".replace("/", "_")),
+          fingerprint={"experiment": name, "method": m, "dataset": cfg.dataset,
+                       "data_dir": cfg.data_dir, "seed": seed,
+                       **{f"--set {k}": v for k, v in cfg.fingerprint.items()}},
+          earlier=dict(earlier), config=ctx.config(cfg))
+      earlier[m] = trial.run(run)
+      records[m]["seeds"].append(earlier[m])
+      steps.done(f"{m} (seed {seed})")
+  return records
 
 
 def _curve_panels(results: dict, metric: str, title: str) -> Figure:
