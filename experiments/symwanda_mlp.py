@@ -26,8 +26,7 @@ import optax
 
 from fedjaxsparse.pruning import posttrain, scores
 from fedjaxsparse.harness.options import Config, Option
-from fedjaxsparse.harness.running import Steps
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.experiment import Context, Trial, TrialRun, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import mlp
 from fedjaxsparse.harness.protocol import check_claim
@@ -85,7 +84,8 @@ def _accuracy(model, params, x, y) -> float:
   return float(jnp.mean(jnp.argmax(model.apply(params, x), -1) == y))
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict) -> Context:
+  """The digits split, the planted outlier channels and the MLP (printed once)."""
   from sklearn.datasets import load_digits
   from sklearn.model_selection import train_test_split
   d = load_digits()
@@ -97,39 +97,57 @@ def _run(cfg: Config, opts: dict) -> dict:
   gain = np.ones(64, np.float32)
   gain[chans] = opts["scale"]
   model = mlp((64,), 10, hidden=(opts["hidden"],) * 2)
-  methods = _methods()
-  acc: dict[tuple, list] = {}
-  dense: dict[str, list] = {"outliers": [], "plain": []}
   print(f"{NAME}: digits {len(xtr)}/{len(xte)}, MLP 64-{opts['hidden']}-{opts['hidden']}-10, "
         f"outlier channels {chans.tolist()} ×{opts['scale']:g}, {opts['calib']} calibration "
         f"images, layer-sequential, {opts['seeds']} seeds")
-  steps = Steps(2 * opts["seeds"], NAME, cfg.progress)
-  for kind, g in (("outliers", gain), ("plain", np.ones(64, np.float32))):
-    a_tr, a_te = jnp.asarray(xtr * g), jnp.asarray(xte * g)
-    for s in range(opts["seeds"]):
-      params = _train(model, a_tr, jnp.asarray(ytr), opts["steps"], cfg.seed + s)
-      dense[kind].append(_accuracy(model, params, a_te, yte))
-      calib = [a_tr[:opts["calib"]]]
-      for name, fn in methods.items():
-        for x_ in SETTINGS:
-          if name.startswith("Wanda α") and not isinstance(x_, float):
-            continue
-          kw = {"sparsity": x_} if isinstance(x_, float) else {"nm": x_}
-          pruned, _ = posttrain.prune_model(model.apply, params, calib, fn,
-                                            key=jax.random.key(100 + s), **kw)
-          acc.setdefault((name, _label(x_), kind), []).append(
-              _accuracy(model, pruned, a_te, yte))
-      steps.done(f"{kind} seed {s}: training and every pruning")
-  rows = [{"method": "Dense", "setting": "-",
-           "test acc % (outliers)": 100 * np.mean(dense["outliers"]),
-           "test acc % (plain)": 100 * np.mean(dense["plain"])}]
-  for name in methods:
+  return Context(None, None, None, dict(xtr=xtr, xte=xte, ytr=ytr, yte=yte, chans=chans,
+                                        gains={"outliers": gain,
+                                               "plain": np.ones(64, np.float32)},
+                                        model=model))
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict[str, Trial]:
+  """One trial per model — trained on inputs with the planted outliers, and on the plain
+  inputs — each pruned by every score at every setting."""
+  return {kind: Trial(lambda run, kind=kind: _prune_all(ctx.extra, kind, opts, run))
+          for kind in ("outliers", "plain")}
+
+
+def _prune_all(P_: dict, kind: str, opts: dict, run: TrialRun) -> dict:
+  """Train the ``kind`` model with the run's seed, prune it in one call with every score at
+  every setting (stochRIA's draws keyed by the seed's index): the test accuracies."""
+  model, g = P_["model"], P_["gains"][kind]
+  a_tr, a_te = jnp.asarray(P_["xtr"] * g), jnp.asarray(P_["xte"] * g)
+  params = _train(model, a_tr, jnp.asarray(P_["ytr"]), opts["steps"], run.seed)
+  calib, acc = [a_tr[:opts["calib"]]], {}
+  for name, fn in _methods().items():
     for x_ in SETTINGS:
-      if (name, _label(x_), "plain") in acc:
+      if name.startswith("Wanda α") and not isinstance(x_, float):
+        continue
+      kw = {"sparsity": x_} if isinstance(x_, float) else {"nm": x_}
+      pruned, _ = posttrain.prune_model(model.apply, params, calib, fn,
+                                        key=jax.random.key(100 + run.index), **kw)
+      acc[f"{name} @ {_label(x_)}"] = _accuracy(model, pruned, a_te, P_["yte"])
+  return {"dense": _accuracy(model, params, a_te, P_["yte"]), "pruned": acc}
+
+
+def table(records: dict, contexts: list, cfg: Config, opts: dict) -> dict:
+  """Test accuracy (mean over seeds) of every score and setting on both models, and the
+  chapter's directions checked on them."""
+  frac_of = lambda kind, key: np.mean([r["pruned"][key] if key != "dense" else r["dense"]
+                                       for r in records[kind]["seeds"]])
+  mean_of = lambda kind, key: 100 * frac_of(kind, key)
+  rows = [{"method": "Dense", "setting": "-",
+           "test acc % (outliers)": mean_of("outliers", "dense"),
+           "test acc % (plain)": mean_of("plain", "dense")}]
+  for name in _methods():
+    for x_ in SETTINGS:
+      key = f"{name} @ {_label(x_)}"
+      if key in records["plain"]["seeds"][0]["pruned"]:
         rows.append({"method": name, "setting": _label(x_),
-                     "test acc % (outliers)": 100 * np.mean(acc[(name, _label(x_), "outliers")]),
-                     "test acc % (plain)": 100 * np.mean(acc[(name, _label(x_), "plain")])})
-  mean = lambda m, k="outliers": np.mean([np.mean(acc[(m, _label(x_), k)])
+                     "test acc % (outliers)": mean_of("outliers", key),
+                     "test acc % (plain)": mean_of("plain", key)})
+  mean = lambda m, k="outliers": np.mean([frac_of(k, f"{m} @ {_label(x_)}")
                                           for x_ in SETTINGS[:3]])  # over 50/60/70 %
   claims = [
       check_claim("with outlier channels, Wanda and RIA beat magnitude pruning (mean over "
@@ -138,15 +156,21 @@ def _run(cfg: Config, opts: dict) -> dict:
                   mean("Wanda α=0.5") >= max(mean("Wanda α=0"), mean("Wanda α=2"))),
       check_claim("RIA >= Wanda (Tables 6.2/6.4; mean over 50/60/70 %, outliers)",
                   mean("RIA") >= mean("Wanda"))]
-  curves = {f"{m} ({k})": ([0.5, 0.6, 0.7], [100 * np.mean(acc[(m, _label(x_), k)])
+  return {"table": Table(rows, note="\n".join(c["text"] for c in claims)), "claims": claims,
+          "outlier_channels": contexts[-1].extra["chans"].tolist(), "scale": opts["scale"]}
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> Figure:
+  """Test accuracy against unstructured sparsity, both models, beside the dense model's."""
+  rows = {(r["method"], r["setting"]): r for r in results["table"].rows}
+  curves = {f"{m} ({k})": ([0.5, 0.6, 0.7], [rows[(m, _label(x_))][f"test acc % ({k})"]
                                              for x_ in SETTINGS[:3]])
             for m in ("Magnitude", "Wanda", "RIA") for k in ("outliers", "plain")}
-  return {"experiment": NAME, "table": Table(rows, note="\n".join(c["text"] for c in claims)),
-          "claims": claims, "outlier_channels": chans.tolist(), "scale": opts["scale"],
-          "figures": [Figure("curves", dict(
-              curves=curves, xlabel="unstructured sparsity", ylabel="test accuracy %",
-              title="One-shot pruning of a digits MLP: planted outlier channels vs plain",
-              baseline=("dense (outliers)", rows[0]["test acc % (outliers)"]), logx=False))]}
+  return Figure("curves", dict(
+      curves=curves, xlabel="unstructured sparsity", ylabel="test accuracy %",
+      title="One-shot pruning of a digits MLP: planted outlier channels vs plain",
+      baseline=("dense (outliers)", rows[("Dense", "-")]["test acc % (outliers)"]),
+      logx=False))
 
 
-run = entry(NAME, OPTIONS, _run)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, table=table, figure=figure)
