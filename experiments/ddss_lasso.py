@@ -43,8 +43,7 @@ from fedjaxsparse.algorithms import ddss_baselines as DB
 from fedjaxsparse.data import sparse_rows as SR
 from fedjaxsparse.errors import ConfigError
 from fedjaxsparse.harness.options import Config, Option
-from fedjaxsparse.harness.running import Steps
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.experiment import Context, Trial, TrialRun, declared
 from fedjaxsparse.harness.report import Figure, Table
 
 NAME = "ddss_lasso"
@@ -128,18 +127,18 @@ def _run_method(algo, data, rounds: int, seed: int) -> dict:
   return {k: np.asarray(v).tolist() for k, v in hist.items()}
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def _check_dataset(cfg: Config) -> None:
   if cfg.dataset not in ("synthetic", "libsvm") or (cfg.dataset == "libsvm") != bool(
       cfg.data_dir):
     raise ConfigError(f"{NAME} runs on --dataset synthetic (planted sparse data: options n, "
                       f"p, density, support) or --dataset libsvm --data-dir FILE; got "
                       f"--dataset {cfg.dataset!r}"
                       f"{' with --data-dir' if cfg.data_dir else ' without --data-dir'}.")
-  with jax.enable_x64(True):
-    return _body(cfg, opts)
 
 
-def _body(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict) -> Context:
+  """The data, λ and the screening problem every solver shares (printed once)."""
+  _check_dataset(cfg)
   data, what = _data(cfg, opts)
   lmax = SC.lambda_max(data, opts["loss"])
   lam = opts["lam_ratio"] * lmax
@@ -151,46 +150,89 @@ def _body(cfg: Config, opts: dict) -> dict:
   print(f"{NAME}: {what}; loss {opts['loss']}, λ = {opts['lam_ratio']:g}·λ_max = {lam:.4g}; "
         f"{cfg.rounds} outer iterations × {inner} updates, {workers} emulated workers; "
         f"float64")
-  methods = [m for m in METHODS if not (m.startswith("PSE") and opts["loss"] != "squared")]
-  records, rows = {}, []
-  tune_rounds = max(1, cfg.rounds // 2)
-  steps = Steps(len(methods) + len(opts["worker_sweep"]), NAME, cfg.progress)
-  for name in methods:
-    if name.startswith("PSE"):
-      eta = None
-    else:
-      scores = {}
-      for c in opts["step_grid"]:
-        h = _run_method(_make(name, prob, data, c / big_l, inner, workers), data, tune_rounds,
-                        cfg.seed + 1)
-        g = np.asarray(h["gap"], float)
-        # a step whose gap ends above twice its best is diverging: it loses
-        ok = np.all(np.isfinite(g)) and g[-1] <= 2 * g.min()
-        scores[c] = g[-1] if ok else np.inf
-      eta = min(scores, key=scores.get) / big_l
-    hist = _run_method(_make(name, prob, data, eta or 1.0, inner, workers), data, cfg.rounds,
-                       cfg.seed)
+  return Context(None, None, None, dict(data=data, what=what, lam=lam, lmax=lmax, prob=prob,
+                                        inner=inner, big_l=big_l))
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict[str, Trial]:
+  """Every solver (PSE only for the Lasso) with its step chosen on the gap, then Sha-DDSS at
+  its chosen step for every worker count of ``worker_sweep``."""
+  P_ = ctx.extra
+  out = {m: Trial(lambda run, m=m: _solve(P_, m, opts, run)) for m in METHODS
+         if not (m.startswith("PSE") and opts["loss"] != "squared")}
+  for w in opts["worker_sweep"]:
+    out[_sweep_name(int(w))] = Trial(lambda run, w=int(w): _history(
+        P_, "Sha-DDSS", run.earlier["Sha-DDSS"]["step_size"], P_["inner"] - P_["inner"] % w,
+        w, run))
+  return out
+
+
+def _sweep_name(workers: int) -> str:
+  return f"Sha-DDSS, workers={workers}"
+
+
+def _history(P_: dict, name: str, eta: float, inner: int, workers: int, run: TrialRun,
+             rounds: int | None = None, seed: int | None = None) -> dict:
+  return _run_method(_make(name, P_["prob"], P_["data"], eta, inner, workers), P_["data"],
+                     rounds or run.config.rounds, run.seed if seed is None else seed)
+
+
+def _solve(P_: dict, name: str, opts: dict, run: TrialRun) -> dict:
+  """One solver: its step from ``step_grid``·1/L by the gap after half the budget on the next
+  seed (PSE: none), then the full run; ``{"history", "step_size", "diverged"}``."""
+  big_l, rounds, inner = P_["big_l"], run.config.rounds, P_["inner"]
+  eta = None
+  if not name.startswith("PSE"):
+    scores = {}
+    for c in opts["step_grid"]:
+      g = np.asarray(_history(P_, name, c / big_l, inner, opts["workers"], run,
+                              max(1, rounds // 2), run.seed + 1)["gap"], float)
+      # a step whose gap ends above twice its best is diverging: it loses
+      ok = np.all(np.isfinite(g)) and g[-1] <= 2 * g.min()
+      scores[c] = g[-1] if ok else np.inf
+    eta = min(scores, key=scores.get) / big_l
+  hist = _history(P_, name, eta or 1.0, inner, opts["workers"], run)
+  g = np.asarray(hist["gap"], float)
+  diverged = None
+  if not np.all(np.isfinite(g)) or g[-1] > 2 * np.nanmin(g):  # the gap climbs back
+    diverged = {"round": int(np.nanargmin(g)) + 1, "quantity": "duality gap rising"}
+  return {"history": {"evals": {**hist, "round": list(range(rounds))}}, "step_size": eta,
+          "diverged": diverged}
+
+
+def table(records: dict, contexts: list, cfg: Config, opts: dict) -> dict:
+  """The solvers' final gap, active set, work and communication; the worker sweep."""
+  P_ = contexts[-1].extra
+  sweeps = {_sweep_name(int(w)): int(w) for w in opts["worker_sweep"]}
+  rows = []
+  for name, rec in records.items():
+    if name in sweeps:
+      continue
+    r = rec["seeds"][0]
+    hist, eta = r["history"]["evals"], r["step_size"]
     g = np.asarray(hist["gap"], float)
-    diverged = None
-    if not np.all(np.isfinite(g)) or g[-1] > 2 * np.nanmin(g):  # the gap climbs back
-      diverged = {"round": int(np.nanargmin(g)) + 1, "quantity": "duality gap rising"}
-    records[name] = {"history": {"evals": {**hist, "round": list(range(cfg.rounds))}},
-                     "step_size": eta, "diverged": diverged}
-    rows.append({"method": name, "step (·L)": None if eta is None else eta * big_l,
+    rows.append({"method": name, "step (·L)": None if eta is None else eta * P_["big_l"],
                  "final gap": hist["gap"][-1], "active coords": hist["p_active"][-1],
                  "epochs": hist["epochs"][-1], "touched": hist["touched"][-1],
                  "floats": hist["floats"][-1] or None,
                  "floats (lazy reads)": hist["floats_lazy"][-1] or None,
-                 "status": "ok" if diverged is None else
+                 "status": "ok" if r["diverged"] is None else
                  f"diverging: gap {g[-1]:.3g} > 2 × its best {np.nanmin(g):.3g}"})
-    steps.done(name)
-  sweep = []
-  for w in opts["worker_sweep"]:
-    w = int(w)
-    h = _run_method(_make("Sha-DDSS", prob, data, records["Sha-DDSS"]["step_size"],
-                          inner - inner % w, w), data, cfg.rounds, cfg.seed)
-    sweep.append({"workers": w, "final gap": h["gap"][-1], "updates per tick": w})
-    steps.done(f"Sha-DDSS with {w} workers")
+  sweep = [{"workers": w, "final gap": records[name]["seeds"][0]["gap"][-1],
+            "updates per tick": w} for name, w in sweeps.items()]
+  return {"dataset": P_["what"], "lambda": P_["lam"], "lambda_max": P_["lmax"],
+          "table": Table(rows),
+          "worker_sweep": Table(sweep, ["workers", "updates per tick", "final gap"], note=(
+              "emulated asynchrony: w workers apply w updates per tick from one read; the same "
+              "number of updates is run for every w — a work-unit comparison, not a timing"))}
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> list[Figure]:
+  """The duality gap against epochs, touched coordinates and communicated floats; the
+  active-set size per outer iteration."""
+  what = ctx.extra["what"]
+  records = {m: r["seeds"][0] for m, r in results["methods"].items() if "history" in
+             r["seeds"][0]}
   labels = {"gap": ("duality gap", "duality gap P(x) − D(θ)"),
             "epochs": ("epochs", "epochs (passes over the data)"),
             "touched": ("coordinates touched", "coordinates read or written"),
@@ -208,12 +250,8 @@ def _body(cfg: Config, opts: dict) -> dict:
               for m, r in records.items()},
       xlabel="outer iteration", ylabel="active coordinates", title="active-set size",
       logx=False), suffix="_active"))
-  return {"experiment": NAME, "dataset": what, "lambda": lam, "lambda_max": lmax,
-          "table": Table(rows),
-          "worker_sweep": Table(sweep, ["workers", "updates per tick", "final gap"], note=(
-              "emulated asynchrony: w workers apply w updates per tick from one read; the same "
-              "number of updates is run for every w — a work-unit comparison, not a timing")),
-          "methods": records, "figures": figures}
+  return figures
 
 
-run = entry(NAME, OPTIONS, _run)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, table=table, figure=figure,
+               metric="duality gap", higher_is_better=False, float64=lambda opts: True)

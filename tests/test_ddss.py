@@ -309,13 +309,18 @@ def test_ddss_lasso_experiment_tiny(tmp_path, quick):
   res = quick("ddss_lasso")  # n = 200, p = 600, 3 outer iterations
   from fedjaxsparse.experiments.ddss_lasso import METHODS
   assert [r["method"] for r in res["table"]] == list(METHODS)
+  sweep = {f"Sha-DDSS, workers={w}": w for w in (1, 2)}   # Sha-DDSS at its chosen step
+  assert list(res["methods"]) == list(METHODS) + list(sweep)
   for name, rec in res["methods"].items():
-    ev = rec["history"]["evals"]
+    (run,) = rec["seeds"]
+    ev = run if name in sweep else run["history"]["evals"]
     assert np.all(np.diff(ev["p_active"]) <= 0) and np.all(np.isfinite(ev["gap"]))
     if name.startswith("Sha-"):
       assert ev["floats"][-1] == 0  # shared memory: nothing communicated
-  assert res["methods"]["Dis-DDSS"]["history"]["evals"]["floats"][-1] > 0
+  assert res["methods"]["Dis-DDSS"]["seeds"][0]["history"]["evals"]["floats"][-1] > 0
   assert [r["workers"] for r in res["worker_sweep"]] == [1, 2]
+  assert [r["final gap"] for r in res["worker_sweep"]] == [
+      res["methods"][name]["seeds"][0]["gap"][-1] for name in sweep]
   for png in ("gap_vs_epochs", "gap_vs_touched", "gap_vs_floats", "active"):
     assert (tmp_path / "ddss_lasso" / f"ddss_lasso_{png}.png").read_bytes()[:4] == b"\x89PNG"
 
