@@ -52,8 +52,8 @@ from fedjaxsparse.pruning import dsnot, lm, scores, zeroshot
 from fedjaxsparse.models import hf
 from fedjaxsparse.pruning import sequential as SQ
 from fedjaxsparse.harness.options import Config, Option
-from fedjaxsparse.harness.running import Steps, output_dir
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.running import output_dir
+from fedjaxsparse.harness.experiment import Context, Trial, TrialRun, declared
 from fedjaxsparse.harness.protocol import PaperConfig
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models.transformer import TransformerConfig
@@ -364,7 +364,10 @@ def _defaults(opts: dict) -> dict:
   return opts
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def setup(cfg: Config, opts: dict) -> Context:
+  """The model (trained once on the bundled plays, or a local checkpoint), the calibration
+  and evaluation windows (printed once); ``extra["opts"]``: the options with the defaults of
+  the model filled in."""
   opts = _defaults(opts)
   study = opts["study"]
   if opts["model"] == "shakespeare":
@@ -379,49 +382,92 @@ def _run(cfg: Config, opts: dict) -> dict:
         f"{opts['seq_len']} (stride = length); block-sequential calibration; unstructured "
         f"comparison group {opts['group']}; N:M along the inputs; DSnoT ≤ "
         f"{opts['dsnot_cycles']} cycles, error × {opts['seq_len']} vs threshold 0.1")
-  weights = _weight_figure(source, cfg.seed)
+  extra = dict(opts=opts, path=path, training=training, source=source, calib=calib,
+               windows=windows, text=text)
   if study == "table66":
-    out = _zero_shot(cfg, opts, path, source, calib, text, training)
-    out["figures"].append(weights)
-    return out
-  dense = SQ.perplexity(source, windows)
-  rows = [{"method": "Dense", "setting": "-", "ppl": dense, "s.e.": None,
-           "recon error": 0.0,
-           f"paper ({opts['paper_model']})": PAPERS[study].paper[opts["paper_model"]]["Dense / -"]}]
-  runs = _runs(study, opts)
-  steps = Steps(len(runs), f"{NAME} {study}", cfg.progress)
-  for method, setting, kw, trials in runs:
-    ppls, errs = [], []
-    for s in range(trials):
-      if "sparsity" in kw:
-        kw = {**kw, "group": opts["group"]}
-      pruned, rep = SQ.prune(source, calib, key=jax.random.key(cfg.seed + s), **kw)
-      ppls.append(SQ.perplexity(pruned, windows))
-      errs.append(np.mean([r.recon_error for r in rep.values() if r.recon_error is not None]))
-    paper = PAPERS[study].paper[opts["paper_model"]].get(f"{method} / {setting}")
+    extra.update(_zero_shot_setup(opts, path, text))
+  return Context(None, None, None, extra)
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict[str, Trial]:
+  """The dense model and every pruning of the study (``"<method> / <setting>"``), each a
+  :class:`~fedjaxsparse.harness.experiment.Trial`: the deterministic scores run once,
+  stochRIA over its trials (keys ``--seed``, ``--seed`` + 1, ...)."""
+  P_ = ctx.extra
+  opts = P_["opts"]
+  measure = _zero_shot_scores if opts["study"] == "table66" else _perplexity
+  out = {"Dense / -": Trial(lambda run: measure(P_, P_["source"]), seeds=1)}
+  for method, setting, kw, trials in _runs(opts["study"], opts):
+    if "sparsity" in kw:
+      kw = {**kw, "group": opts["group"]}
+    out[f"{method} / {setting}"] = Trial(
+        lambda run, kw=kw: _pruned(P_, kw, run, measure), seeds=trials)
+  return out
+
+
+def _perplexity(P_: dict, model) -> dict:
+  return {"ppl": SQ.perplexity(model, P_["windows"])}
+
+
+def _pruned(P_: dict, kw: dict, run: TrialRun, measure) -> dict:
+  """Prune block-sequentially with the run's key; the measure of the pruned model and the mean
+  relative reconstruction error of its linear layers."""
+  pruned, rep = SQ.prune(P_["source"], P_["calib"], key=jax.random.key(run.seed), **kw)
+  return {**measure(P_, pruned), "recon error": float(np.mean(
+      [r.recon_error for r in rep.values() if r.recon_error is not None]))}
+
+
+def table(records: dict, contexts: list, cfg: Config, opts: dict) -> dict:
+  """Perplexity (mean ± s.e. over a randomised score's trials) and reconstruction error beside
+  the paper's column (Table 6.6: :func:`_zero_shot_table`)."""
+  P_ = contexts[-1].extra
+  opts = P_["opts"]
+  study, path, training = opts["study"], P_["path"], P_["training"]
+  if study == "table66":
+    return _zero_shot_table(P_, records)
+  rows = []
+  for name, rec in records.items():
+    method, setting = name.split(" / ")
+    ppls = [r["ppl"] for r in rec["seeds"]]
     rows.append({"method": method, "setting": setting, "ppl": float(np.mean(ppls)),
-                 "s.e.": float(np.std(ppls, ddof=1) / np.sqrt(trials)) if trials > 1 else None,
-                 "recon error": float(np.mean(errs)), f"paper ({opts['paper_model']})": paper})
-    steps.done(f"{method} {setting}")
+                 "s.e.": (float(np.std(ppls, ddof=1) / np.sqrt(len(ppls))) if len(ppls) > 1
+                          else None),
+                 "recon error": float(np.mean([r.get("recon error", 0.0) for r in rec["seeds"]])),
+                 f"paper ({opts['paper_model']})": PAPERS[study].paper[opts["paper_model"]].get(
+                     name)})
   scale = ("trained byte-level Shakespeare model — perplexities NOT comparable with the paper's "
            "LLaMA/OPT column, compare directions only" if opts["model"] == "shakespeare"
            else "real checkpoint")
+  return {"study": study, "model": path, "scale": scale, "text": P_["text"],
+          "table": Table(rows, note=f"scale: {scale}"), "training": training,
+          "paper": PAPERS[study].paper,
+          "protocol": {"nsamples": len(P_["calib"]), "seq_len": opts["seq_len"],
+                       "eval_windows": len(P_["windows"]), "calibration_seed": 0,
+                       "calibration": "block-sequential", "group": opts["group"],
+                       "dsnot_cycles": opts["dsnot_cycles"]}}
+
+
+def figure(results: dict, ctx: Context, cfg: Config, opts: dict) -> list[Figure]:
+  """Perplexity (or zero-shot accuracy) after pruning per setting, and Fig. 6.1's weights."""
+  P_ = ctx.extra
+  rows, study = results["table"].rows, P_["opts"]["study"]
+  weights = _weight_figure(P_["source"], cfg.seed)
+  if study == "table66":
+    groups = [c for c in ZERO_SHOT if c in rows[0]]
+    return [Figure("bars", dict(
+        bars={f"{r['method']} {r['setting']}".replace(" -", ""): [r[c] for c in groups]
+              for r in rows}, groups=groups, ylabel="zero-shot accuracy %",
+        title=f"table66: zero-shot accuracy after 60 % pruning ({P_['path']})"),
+        suffix="_table66"), weights]
   settings = list(dict.fromkeys(r["setting"] for r in rows[1:]))
   bars = {m: [next((r["ppl"] for r in rows if r["method"] == m and r["setting"] == s), None)
               for s in settings] for m in dict.fromkeys(r["method"] for r in rows[1:])}
-  figure = Figure("bars", dict(
+  return [Figure("bars", dict(
       bars=bars, groups=settings, ylabel="test perplexity (log)", logy=True,
       baseline=("dense", rows[0]["ppl"]),
-      title=f"{study}: perplexity after pruning ({'Shakespeare LM' if training else path})"),
-      suffix=f"_{study}")
-  return {"experiment": NAME, "study": study, "model": path, "scale": scale, "text": text,
-          "table": Table(rows, note=f"scale: {scale}"), "training": training,
-          "paper": PAPERS[study].paper,
-          "protocol": {"nsamples": len(calib), "seq_len": opts["seq_len"],
-                       "eval_windows": len(windows), "calibration_seed": 0,
-                       "calibration": "block-sequential", "group": opts["group"],
-                       "dsnot_cycles": opts["dsnot_cycles"]},
-          "figures": [figure, weights]}
+      title=f"{study}: perplexity after pruning "
+            f"({'Shakespeare LM' if P_['training'] else P_['path']})"), suffix=f"_{study}"),
+      weights]
 
 
 def _weight_figure(source, seed: int) -> Figure:
@@ -461,11 +507,9 @@ def _tasks(opts: dict) -> dict:
   return out
 
 
-def _zero_shot(cfg: Config, opts: dict, path: str, source, calib, text: str, training) -> dict:
-  """Table 6.6: zero-shot accuracy of the dense and the 60 %-pruned models (magnitude and RIA,
-  each alone, with DSnoT and with R²-DSnoT), the LM Evaluation Harness's protocol
-  (:mod:`fedjaxsparse.pruning.zeroshot`: acc_norm for HellaSwag, ARC and OpenBookQA, acc for
-  the others), the paper's table beside ours."""
+def _zero_shot_setup(opts: dict, path: str, text: str) -> dict:
+  """Table 6.6's tasks, tokenizer and the paper's rows of the model compared with (printed
+  once)."""
   tasks = _tasks(opts)
   tok = lm.tokenizer("byte" if opts["model"] == "shakespeare" else
                      (opts["tokenizer"] or opts["model"]))
@@ -477,47 +521,47 @@ def _zero_shot(cfg: Config, opts: dict, path: str, source, calib, text: str, tra
   col = dict(zip(zeroshot.TASKS, ZERO_SHOT))
   print(f"{NAME} table66: model {path}; calibration: {text}; zero-shot tasks: "
         + ", ".join(f"{col[t]} ({len(e)})" for t, e in tasks.items()))
+  return dict(tasks=tasks, tokenizer=tok, paper_model66=model, printed=printed, columns=col)
 
-  def scores(src) -> dict:
-    fn = SQ.logits_fn(src)
-    out = {}
-    for task, examples in tasks.items():
-      res = zeroshot.evaluate(fn, tok, examples, max_length=opts["seq_len"])
-      out[col[task]] = 100 * res["acc_norm" if task in zeroshot.NORMALISED else "acc"]
-    return out
 
-  def row(method, setting, got):
-    paper = printed.get(f"{method} / {setting}")
-    return {"method": method, "setting": setting, **got,
-            "mean": float(np.mean(list(got.values()))),
-            f"paper mean ({model}, {len(got)} tasks)": None if paper is None else float(
-                np.mean([v for c, v in zip(ZERO_SHOT, paper) if c in got]))}
+def _zero_shot_scores(P_: dict, src) -> dict:
+  """Zero-shot accuracy % of ``src`` on every task (the LM Evaluation Harness's protocol,
+  :mod:`fedjaxsparse.pruning.zeroshot`: acc_norm for HellaSwag, ARC and OpenBookQA, acc for
+  the others)."""
+  fn = SQ.logits_fn(src)
+  out = {}
+  for task, examples in P_["tasks"].items():
+    res = zeroshot.evaluate(fn, P_["tokenizer"], examples, max_length=P_["opts"]["seq_len"])
+    out[P_["columns"][task]] = 100 * res["acc_norm" if task in zeroshot.NORMALISED else "acc"]
+  return out
 
-  rows = [row("Dense", "-", scores(source))]
-  runs = _runs("table66", opts)
-  steps = Steps(len(runs), f"{NAME} table66", cfg.progress)
-  for method, setting, kw, _ in runs:
-    pruned, _rep = SQ.prune(source, calib, key=jax.random.key(cfg.seed),
-                            **{**kw, "group": opts["group"]})
-    rows.append(row(method, setting, scores(pruned)))
-    steps.done(f"{method} {setting}")
+
+def _zero_shot_table(P_: dict, records: dict) -> dict:
+  """Table 6.6: zero-shot accuracy of the dense and the 60 %-pruned models (magnitude and RIA,
+  each alone, with DSnoT and with R²-DSnoT), the paper's table beside ours."""
+  opts, printed, model = P_["opts"], P_["printed"], P_["paper_model66"]
+  rows = []
+  for name, rec in records.items():
+    method, setting = name.split(" / ")
+    got = {c: v for c, v in rec["seeds"][0].items() if c != "recon error"}
+    paper = printed.get(name)
+    rows.append({"method": method, "setting": setting, **got,
+                 "mean": float(np.mean(list(got.values()))),
+                 f"paper mean ({model}, {len(got)} tasks)": None if paper is None else float(
+                     np.mean([v for c, v in zip(ZERO_SHOT, paper) if c in got]))})
   paper_rows = [{"method": key.split(" / ")[0], "setting": key.split(" / ")[1],
                  **dict(zip(ZERO_SHOT, v)), "mean": float(np.mean(v))}
                 for key, v in printed.items()]
   scale = ("trained byte-level Shakespeare model — accuracies NOT comparable with the paper's "
            "LLaMA columns, compare directions only" if opts["model"] == "shakespeare"
            else "real checkpoint")
-  groups = [c for c in ZERO_SHOT if c in rows[0]]
-  figure = Figure("bars", dict(
-      bars={f"{r['method']} {r['setting']}".replace(" -", ""): [r[c] for c in groups]
-            for r in rows}, groups=groups, ylabel="zero-shot accuracy %",
-      title=f"table66: zero-shot accuracy after 60 % pruning ({path})"), suffix="_table66")
-  return {"experiment": NAME, "study": "table66", "model": path, "scale": scale, "text": text,
-          "table": Table(rows, note=f"scale: {scale}"), "training": training,
+  return {"study": "table66", "model": P_["path"], "scale": scale, "text": P_["text"],
+          "table": Table(rows, note=f"scale: {scale}"), "training": P_["training"],
           "paper_table": Table(paper_rows, title=f"the paper's Table 6.6 ({model}; its printed "
                                "means for some LLaMA2-7b rows are not the task means — "
                                "recomputed here):"),
-          "tasks": {col[t]: len(e) for t, e in tasks.items()}, "figures": [figure]}
+          "tasks": {P_["columns"][t]: len(e) for t, e in P_["tasks"].items()}}
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, table=table, figure=figure,
+               metric="perplexity", higher_is_better=False, papers=PAPERS)

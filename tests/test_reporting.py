@@ -416,9 +416,9 @@ def test_a_curve_study_records_the_state_metric_of_every_round_and_seed(tmp_path
 
 
 def test_a_study_of_trials_runs_every_method_seed_by_seed_in_declaration_order(tmp_path):
-  """Trials (methods that are not federated runs) run once per seed, seed by seed, each seeing
-  only the records of its own seed's earlier trials, each with its own checkpoint folder and a
-  fingerprint naming its seed; the table reads ``{method: {"seeds": [...]}}``; a study mixing
+  """Trials (methods that are not federated runs) run once per seed, seed by seed (a Trial
+  with ``seeds=1`` only for the first), each seeing only the records of its own seed's earlier
+  trials, each with its own checkpoint folder and a fingerprint naming its seed; the table reads ``{method: {"seeds": [...]}}``; a study mixing
   Trials with algorithms, or without a table, is refused."""
   from fedjaxsparse.errors import ConfigError
   from fedjaxsparse.harness.experiment import Context, Trial, declared
@@ -434,11 +434,16 @@ def test_a_study_of_trials_runs_every_method_seed_by_seed_in_declaration_order(t
 
   def matched(run):         # a baseline matched to the same seed's earlier result
     order.append(("matched", run.seed))
-    assert set(run.earlier) == {"fit"}
+    assert set(run.earlier) == {"fit"}   # this seed's only
     return {"estimate": run.earlier["fit"]["estimate"] / 2}
 
+  def once(run):            # a deterministic method: one seed
+    order.append(("once", run.seed))
+    return {"estimate": 3.0}
+
   def methods(ctx, cfg, opts):
-    return {"fit": Trial(least_squares), "matched": Trial(matched)}
+    return {"fit": Trial(least_squares), "matched": Trial(matched),
+            "once": Trial(once, seeds=1)}
 
   def table(records, contexts, cfg, opts):
     return Table([{"method": m, "mean": float(np.mean([r["estimate"] for r in rec["seeds"]]))}
@@ -448,7 +453,8 @@ def test_a_study_of_trials_runs_every_method_seed_by_seed_in_declaration_order(t
   run = declared("trials", options, setup=lambda cfg, opts: Context(None, None, None),
                  methods=methods, table=table)
   res = run(Config(seed=5, out=str(tmp_path), progress=False))
-  assert order == [(m, s) for s in (5, 6, 7) for m in ("fit", "matched")]
+  assert order == [("fit", 5), ("matched", 5), ("once", 5)] + [
+      (m, s) for s in (6, 7) for m in ("fit", "matched")]
   assert len({r.checkpoints for r in runs}) == 3
   assert [r.fingerprint["seed"] for r in runs] == [5, 6, 7]
   assert [r.index for r in runs] == [0, 1, 2]
@@ -459,7 +465,8 @@ def test_a_study_of_trials_runs_every_method_seed_by_seed_in_declaration_order(t
   # the mean of 3 × 400 draws of N(3, 1): within 5 standard errors of 3
   assert abs(rows["fit"] - 3.0) < 5 / np.sqrt(1200)
   saved = json.load(open(tmp_path / "trials" / "results.json"))
-  assert [len(saved["methods"][m]["seeds"]) for m in ("fit", "matched")] == [3, 3]
+  assert [len(saved["methods"][m]["seeds"]) for m in ("fit", "matched", "once")] == [3, 3, 1]
+  assert rows["once"] == 3.0
   with pytest.raises(ConfigError, match="declare its 'table'"):
     declared("untabled", options, setup=lambda cfg, opts: Context(None, None, None),
              methods=methods)(Config(out=str(tmp_path), progress=False))

@@ -189,8 +189,11 @@ class Trial(NamedTuple):
   Attributes:
     run: ``(TrialRun) -> dict``, one seed's run of the method: its JSON-ready record (metrics,
       a per-epoch history, ...), read by the study's ``table``.
+    seeds: how many seeds this method runs (``None``: the ``seeds`` option's number; 1 for a
+      deterministic method — magnitude pruning — beside a randomised one that is averaged).
   """
   run: Callable[[TrialRun], dict]
+  seeds: int | None = None
 
 
 def _always(cfg: Config, opts: dict) -> Config:
@@ -441,15 +444,21 @@ def declared(name: str, spec: Sequence[Option], *,
 
 
 def _run_trials(name: str, planned: dict, cfg: Config, opts: dict) -> dict:
-  """Every :class:`Trial` of ``planned`` (``{method: (trial, context)}``) for each seed, seed
-  by seed in declaration order: ``{method: {"seeds": [record per seed]}}``."""
-  seeds = opts.get("seeds", 1)
-  steps = Steps(seeds * len(planned), name, cfg.progress)
+  """Every :class:`Trial` of ``planned`` (``{method: (trial, context)}``) for each of its
+  seeds, seed by seed in declaration order: ``{method: {"seeds": [record per seed]}}``."""
+  seeds = {m: opts.get("seeds", 1) if trial.seeds is None else trial.seeds
+           for m, (trial, _) in planned.items()}
+  for m, n in seeds.items():
+    if not isinstance(n, (int, np.integer)) or n < 1:
+      raise ConfigError(f"{name}: Trial {m!r} has seeds={n!r}; it must be an int >= 1.")
+  steps = Steps(sum(seeds.values()), name, cfg.progress)
   records = {m: {"seeds": []} for m in planned}
   folder = os.path.join(output_dir(cfg, name), "checkpoints")
-  for index in range(seeds):
+  for index in range(max(seeds.values(), default=0)):
     seed, earlier = cfg.seed + index, {}
     for m, (trial, ctx) in planned.items():
+      if index >= seeds[m]:
+        continue
       run = TrialRun(
           seed=seed, index=index,
           checkpoints=os.path.join(folder, f"{m} seed {seed}".replace("/", "_")),
