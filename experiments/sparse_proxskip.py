@@ -22,9 +22,17 @@ takes the same number of local steps. Without a search, γ = 1/L_max and p = 1/�
 L = round(1/p) come from the data (or ``--set gamma=... --set p=...``). With ``--set search=N``
 every method — FedHT/FedIHT included, over γ and L — is tuned by the Sparse-ProxSkip paper's two-stage random
 search (N candidates per stage, ``repetitions`` seeds each, all of a stage in one vmapped
-program) on a validation split of each client's training data; the test split is only used
-for the reported numbers, from runs on the full training data. ``--set seeds=5`` adds the
-final metric's mean ± standard error over 5 seeds. Methods carry the paper's names.
+program) on a validation split of each client's training data, at every sparsity of the run;
+the test split is only used for the reported numbers, from runs on the full training data.
+``--set seeds=5`` adds the final metric's mean ± standard error over 5 seeds (keys
+``--seed`` + 100·s, the method's seeds one vmapped program; the first is the run tabulated and
+plotted). Methods carry the paper's names.
+
+Declaration: every sparsity is a setting (the target's method names plain, the others'
+``"<method> (<s>)"``), every method a :class:`~fedjaxsparse.harness.experiment.Method` — its
+theory values as a grid of one, or the search — whose evaluated model is Top-K'd to the
+setting's sparsity and whose round spends its L local steps of a ``budget=iterations`` run
+(``per_round``); the harness tunes and runs them, ``report`` builds the paper's tables.
 
 Options: see ``OPTIONS`` (``fedjaxsparse describe sparse_proxskip``).
 
@@ -32,7 +40,6 @@ Source for the team: seed 000.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
@@ -46,14 +53,14 @@ from fedjaxsparse.convex.constants import linear_model_constants
 from fedjaxsparse.data import load_dataset
 from fedjaxsparse.evaluation import make_eval_fn
 from fedjaxsparse.harness.options import Config, Option, name_list
-from fedjaxsparse.harness.running import bits_to_reach, last, run_method, status
-from fedjaxsparse.harness.experiment import entry
+from fedjaxsparse.harness.running import bits_to_reach, last, status
+from fedjaxsparse.harness.experiment import Context, Method, Tuning, declared
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.models import global_mean_scale, linear_regression, make_loss, softmax_regression
 from fedjaxsparse.harness.protocol import (Dimension, PaperConfig, load_or_standin, mean_se,
-                                           paper_table, two_stage_search, validation_split)
+                                           paper_table, validation_split)
 from fedjaxsparse.ops.sparsity import k_from_sparsity, num_params, top_k
-from fedjaxsparse.harness.tuning import candidate_scores, seed_histories
+from fedjaxsparse.harness.tuning import Search, tuning_config
 
 NAME = "sparse_proxskip"
 DESCRIPTION = ("Sparse-ProxSkip (Meinhardt et al. 2024) vs Final-TopK, FedHT, FedIHT, ASP, "
@@ -203,7 +210,9 @@ def _load(cfg: Config, name: str, alpha: float, femnist_test: str = "all"):
   return load_dataset(name, **kw)
 
 
-def _run(cfg: Config, opts: dict) -> dict:
+def _problem(cfg: Config, opts: dict) -> dict:
+  """The data, the model and its loss, the constants and the theory's step size and
+  probability (printed once)."""
   paper = PAPERS.get(cfg.paper)
   ds, standin = load_or_standin(paper, cfg.dataset, cfg.data_dir,
                                 lambda name: _load(cfg, name, opts["alpha"],
@@ -235,36 +244,12 @@ def _run(cfg: Config, opts: dict) -> dict:
   d = num_params(params)
   k = k_from_sparsity(d, sparsity)
   lam = opts["lam"] if opts["lam"] is not None else 1.0 / (2 * ds.num_clients)  # (1/2N)·φ
-  steps = max(1, round(1 / p))
   label = (f"{ds.name} ({standin})" if standin else ds.name if blog or femnist else
            f"{ds.name} (embedded stand-in)")
   print(f"{NAME}: {label}, {ds.num_clients} clients, d={d}, sparsity={sparsity:.0%} (K={k}), "
         f"L_max={consts.L_max:.4g}, mu={consts.mu:.4g}, gamma={gamma:.4g}, p={p:.4g}, "
         f"init={init}, loss reduction={reduction}")
-
-  by_comms = opts["budget"] == "communications"
-
-  def build(name, sp, g, x):
-    """The method ``name`` at sparsity ``sp`` with step size ``g``; ``x`` is the probability
-    p for the ProxSkip family and the (static) local-step count for FedHT/FedIHT."""
-    f = {"form": "round" if by_comms else "iteration"}
-    return {"Final-TopK": lambda: ps.proxskip(loss, g, x, **f),
-            "FedHT": lambda: fedht(loss, g, x, sp),
-            "FedIHT": lambda: fediht(loss, g, x, sp),
-            ASP: lambda: ps.accelerated_server_pruning(loss, g, x, sp, **f),
-            "RandProx-l1": lambda: ps.randprox_l1(loss, g, x, lam, **f),
-            SPS_LOCAL: lambda: ps.sparse_proxskip_local(loss, g, x, sp, **f),
-            SPS: lambda: ps.sparse_proxskip(loss, g, x, sp, **f),
-            ASP_MOD: lambda: ps.accelerated_server_pruning_modified(loss, g, x, sp, **f),
-            SPS_MOD: lambda: ps.sparse_proxskip_modified(loss, g, x, sp, **f)}[name]()
-
-  chosen = name_list(opts["methods"], "methods", METHODS, default=())
-  paper_names = [m for m in METHODS if not chosen or m in chosen]
-  names = list(paper_names)
-  if opts["diagnostics"]:
-    names += [ASP_MOD, SPS_MOD]
   base_eval = make_eval_fn(model)
-  train = auto_layout(ds.train)  # size buckets for unequal clients (the same results)
 
   def eval_fn(params, data):
     """Test metrics plus the training objective f(w) = (1/N)Σ_i f_i(w) of the evaluated
@@ -273,42 +258,125 @@ def _run(cfg: Config, opts: dict) -> dict:
     per_client = map_clients(lambda d: loss(params, d.x, d.y, d.mask), train)
     return {**base_eval(params, test), "train_objective": jnp.mean(per_client)}
 
-  defaults = {n: (gamma, steps if n in FEDAVG_STYLE else p) for n in names}
-  tuned = {}
-  if opts["search"] > 0:
-    tuned = _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, metric)
-  setting = {n: tuned.get(n, defaults[n]) for n in names}
+  return dict(ds=ds, standin=standin, label=label, paper=paper, regression=regression,
+              metric=metric, thresholds=thresholds, consts=consts, gamma=gamma, p=p,
+              loss=loss, params=params, d=d, k=k, lam=lam, steps=max(1, round(1 / p)),
+              eval_fn=eval_fn, by_comms=opts["budget"] == "communications")
 
-  def run_all(sp, names_here, tag=""):
-    k_sp = k_from_sparsity(d, sp)
-    sparse_params = lambda state: top_k(state.params, k_sp)
-    out = {}
-    for name in names_here:
-      g, x = setting[name]
-      fed = name in FEDAVG_STYLE
-      st = x if fed and not by_comms else 1  # budget units per step of the method
-      sub = dataclasses.replace(cfg, rounds=max(1, cfg.rounds // st),
-                                eval_every=max(1, cfg.eval_every // st))
-      rec = run_method(sub, NAME, name + tag, build(name, sp, g, x), params, ds.train,
-                       (ds.test, train), eval_fn, params_fn=sparse_params,
-                       chunk_size=max(1, min(sub.rounds, 100 // st)))
-      rd, ev = rec["history"]["rounds"], rec["history"]["evals"]
-      _count_steps_and_communications(rd, ev, x)
-      for h in (rd, ev):
-        h["uplink_bits_per_client"] = [b / ds.num_clients for b in h["uplink_bits"]]
-      out[name] = rec
-    return out
 
-  records = run_all(sparsity, names)
-  by_sparsity = {sparsity: records}
-  for sp in opts["sparsities"]:
-    if sp != sparsity:
-      by_sparsity[sp] = run_all(sp, paper_names, tag=f"@{sp}")
-  seed_stats = {}  # {sparsity: {method: statistics over the seeds}}: what the paper reports
-  if opts["seeds"] > 1:
-    for sp, recs in by_sparsity.items():
-      seed_stats[sp] = _seed_statistics(cfg, opts, list(recs), build, setting, params, ds,
-                                        eval_fn, sp, d, metric, thresholds)
+def setup(cfg: Config, opts: dict):
+  """One setting per sparsity: the target ``sparsity`` (its methods' names plain), then every
+  other of ``sparsities`` (``"<method> (<s>)"``); evaluations read (test split, training
+  split); tuning reads (validation split, fitting split)."""
+  P_ = _problem(cfg, opts)
+  ds = P_["ds"]
+  train = auto_layout(ds.train)  # size buckets for unequal clients (the same results)
+  fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
+  data = ds._replace(test=(ds.test, train))
+  sparsities = [opts["sparsity"]] + [sp for sp in opts["sparsities"] if sp != opts["sparsity"]]
+  for i, sp in enumerate(dict.fromkeys(sparsities)):
+    yield Context(data, P_["params"], P_["eval_fn"], {**P_, "sparsity": sp},
+                  setting=None if i == 0 else f"{sp:.0%}", fit=fit,
+                  val=(val, auto_layout(fit)), metric=P_["metric"])
+
+
+def _build(P_: dict, name: str, sp: float, g, x):
+  """The method ``name`` at sparsity ``sp`` with step size ``g``; ``x`` is the probability
+  p for the ProxSkip family and the (static) local-step count for FedHT/FedIHT."""
+  loss, lam = P_["loss"], P_["lam"]
+  f = {"form": "round" if P_["by_comms"] else "iteration"}
+  return {"Final-TopK": lambda: ps.proxskip(loss, g, x, **f),
+          "FedHT": lambda: fedht(loss, g, x, sp),
+          "FedIHT": lambda: fediht(loss, g, x, sp),
+          ASP: lambda: ps.accelerated_server_pruning(loss, g, x, sp, **f),
+          "RandProx-l1": lambda: ps.randprox_l1(loss, g, x, lam, **f),
+          SPS_LOCAL: lambda: ps.sparse_proxskip_local(loss, g, x, sp, **f),
+          SPS: lambda: ps.sparse_proxskip(loss, g, x, sp, **f),
+          ASP_MOD: lambda: ps.accelerated_server_pruning_modified(loss, g, x, sp, **f),
+          SPS_MOD: lambda: ps.sparse_proxskip_modified(loss, g, x, sp, **f)}[name]()
+
+
+def methods(ctx: Context, cfg: Config, opts: dict) -> dict[str, Method]:
+  """Every chosen method of the paper (and, at the target sparsity, the appendix-D variants):
+  the theory's γ = 1/L_max and p = 1/√κ (FedHT/FedIHT: L = round(1/p) local steps) or, with
+  ``search``, the paper's two-stage random search over γ ∈ [γ₀/10, 10γ₀] and 1/p ∈ [1, 100]
+  (FedHT/FedIHT: L ∈ [1, 100], static); the evaluated model is Top-K'd to the setting's
+  sparsity; with ``budget=iterations`` a FedHT/FedIHT round spends its L local steps."""
+  P_ = ctx.extra
+  sp, gamma = P_["sparsity"], P_["gamma"]
+  chosen = name_list(opts["methods"], "methods", METHODS, default=())
+  names = [m for m in METHODS if not chosen or m in chosen]
+  if opts["diagnostics"] and ctx.setting is None:
+    names += [ASP_MOD, SPS_MOD]
+  k_sp = k_from_sparsity(P_["d"], sp)
+  out = {}
+  for name in names:
+    fed = name in FEDAVG_STYLE
+    # a candidate: {"gamma", "L"} (FedHT/FedIHT) or {"gamma", "1/p"} while searching, {"gamma",
+    # "p"} at the theory's values
+    if fed:
+      build = lambda c, run, name=name: _build(P_, name, sp, c["gamma"], c["L"])
+    else:
+      build = lambda c, run, name=name: _build(P_, name, sp, c["gamma"],
+                                               c["p"] if "p" in c else 1.0 / c["1/p"])
+    search = None
+    if opts["search"] > 0:
+      search = Search({"gamma": Dimension(gamma / 10, gamma * 10),
+                       **({"L": Dimension(1, 100, integer=True)} if fed
+                          else {"1/p": Dimension(1.0, 100.0)})},
+                      static=("L",) if fed else (), samples=(opts["search"], opts["search"]),
+                      repetitions=opts["repetitions"])
+    default = {"gamma": gamma, **({"L": P_["steps"]} if fed else {"p": P_["p"]})}
+    out[name] = Method(build, grid=(default,), label=_label, search=search,
+                       params_fn=lambda state, k=k_sp: top_k(state.params, k),
+                       per_round=(lambda c: c["L"]) if fed and not P_["by_comms"] else None,
+                       chunk_size=100,   # evaluated every communication: few long chunks
+                       vmap_seeds=True)
+  return out
+
+
+def _label(c: dict) -> str:
+  return ", ".join(f"{k}={v:.4g}" for k, v in c.items())
+
+
+def _choice(c: dict) -> tuple[float, float]:
+  """``(γ, p or local steps)`` of a candidate."""
+  x = c["L"] if "L" in c else c["p"] if "p" in c else 1.0 / c["1/p"]
+  return c["gamma"], x
+
+
+def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
+  """The paper's tables from the runs: per method at the target sparsity the final and best
+  metric of the evaluated (Top-K'd) model, its train loss, the uplink bits per client to each
+  threshold and the speed-up against the paper's reference; with ``seeds`` the mean ± s.e.
+  over seeds; the final metric per method and sparsity (Tables 1/4); the paper's numbers
+  beside ours; the figures."""
+  contexts, tuned = results["contexts"], results["tuned"]
+  P_ = contexts[0].extra
+  ds, metric, thresholds, paper, label = (P_["ds"], P_["metric"], P_["thresholds"],
+                                          P_["paper"], P_["label"])
+  sparsity, seeds = opts["sparsity"], opts["seeds"]
+  by_sparsity, seed_stats, setting = {}, {}, {}
+  for c in contexts:
+    sp = c.extra["sparsity"]
+    by_sparsity[sp] = {}
+    for key, t in tuned.items():
+      m, _, where = key.partition(" (")
+      if (where[:-1] or None) != c.setting:
+        continue
+      g, x = _choice(t.best)
+      for rec in t.records:
+        rd, ev = rec["history"]["rounds"], rec["history"]["evals"]
+        _count_steps_and_communications(rd, ev, x)
+        for h in (rd, ev):
+          h["uplink_bits_per_client"] = [b / ds.num_clients for b in h["uplink_bits"]]
+      by_sparsity[sp][m] = t.records[0]
+      if c.setting is None:
+        setting[m] = (g, x)
+      if seeds > 1:
+        seed_stats.setdefault(sp, {})[m] = _seed_statistics(t.records, metric, thresholds,
+                                                            opts)
+  records = by_sparsity[sparsity]
 
   def final(sp, method, quantity):
     """The reported value: the mean over the seeds (a single run when seeds = 1)."""
@@ -316,12 +384,10 @@ def _run(cfg: Config, opts: dict) -> dict:
       return seed_stats[sp][method][quantity]["mean"]
     return by_sparsity[sp][method]["final"].get(quantity)
 
-  if len(by_sparsity) > 1:  # Table 1 / Table 4 layout: final metric per method and sparsity
-    grid_rows = [{"method": m, **{f"{metric} @ {sp:.0%}": final(sp, m, metric)
-                                  for sp in sorted(by_sparsity)}} for m in paper_names]
-  else:
-    grid_rows = []
-
+  paper_names = [m for m in records if m in METHODS]
+  grid_rows = ([{"method": m, **{f"{metric} @ {sp:.0%}": final(sp, m, metric)
+                                 for sp in sorted(by_sparsity)}} for m in paper_names]
+               if len(by_sparsity) > 1 else [])   # Table 1 / Table 4 layout
   rows = []
   for name, rec in records.items():
     ev = rec["history"]["evals"]
@@ -332,12 +398,12 @@ def _run(cfg: Config, opts: dict) -> dict:
     for t in thresholds:
       row[f"bits/client to {t}"] = bits_to_reach(ev, metric, t, "uplink_bits_per_client")
     rows.append(row)
-  ref = next((r for r in rows if r["method"] == ("Final-TopK" if regression else "FedIHT")),
-             rows[0])  # the paper's reference, or the first method run
+  ref = next((r for r in rows if r["method"] == ("Final-TopK" if P_["regression"] else
+                                                   "FedIHT")), rows[0])
   if seed_stats:
     for row in rows:
       st = seed_stats[sparsity][row["method"]][metric]
-      row[f"{metric} mean ± s.e. ({opts['seeds']} seeds)"] = f"{st['mean']:.4f} ± {st['se']:.4f}"
+      row[f"{metric} mean ± s.e. ({seeds} seeds)"] = f"{st['mean']:.4f} ± {st['se']:.4f}"
   for row in rows:
     b, b_ref = row[f"bits/client to {thresholds[0]}"], ref[f"bits/client to {thresholds[0]}"]
     row[f"speedup at {thresholds[0]} vs {ref['method']}"] = (
@@ -362,8 +428,33 @@ def _run(cfg: Config, opts: dict) -> dict:
     paper_rows = paper_table(paper, ours, label, convert=lambda v: float(f"{v:.3g}"),
                              note=f"protocol deviations: {paper.deviations}"
                              if paper.deviations else None)
-  x_axis = "communications" if by_comms else "local_steps"
-  over = f" (mean over {opts['seeds']} seeds)" if seed_stats else ""
+  over = f" (mean over {seeds} seeds)" if seed_stats else ""
+  searched = {m: _choice(t.best) for m, t in tuned.items()
+              if t.search is not None and " (" not in m}
+  for m, (g, x) in searched.items():
+    print(f"search {m}: gamma={g:.4g} {'local steps' if m in FEDAVG_STYLE else 'p'}={x:.4g}, "
+          f"validation {metric}={tuned[m].search.best_score:.4f} (mean of "
+          f"{opts['repetitions']} seeds)")
+  return {"dataset": label, "standin": P_["standin"], "sparsity": sparsity,
+          "paper_config": None if paper is None else {
+              "name": paper.name, "source": paper.source, "deviations": paper.deviations,
+              "budget": opts["budget"], "rounds": cfg.rounds},
+          "k": P_["k"], "gamma": P_["gamma"], "p": P_["p"], "search": searched,
+          "settings": {n: {"gamma": g, ("local_steps" if n in FEDAVG_STYLE else "p"): x}
+                       for n, (g, x) in setting.items()},
+          "constants": P_["consts"]._asdict(),
+          "table": Table(rows),
+          "sparsity_table": (Table(grid_rows, title=f"final {metric} per method and sparsity"
+                                   f"{over}") if grid_rows else []),
+          "seed_statistics": {str(sp): v for sp, v in seed_stats.items()},
+          "paper_comparison": paper_rows,
+          "methods": records, "figures": _figures(records, seed_stats, ds, label, metric, opts,
+                                                  over)}
+
+
+def _figures(records, seed_stats, ds, label, metric, opts, over) -> list[Figure]:
+  sparsity = opts["sparsity"]
+  x_axis = "communications" if opts["budget"] == "communications" else "local_steps"
   figures = [Figure("methods", dict(
       methods=records, metric=metric,
       title=f"{label}, {sparsity:.0%} sparsity (models Top-K'd at evaluation){over}", x=x_axis,
@@ -375,67 +466,15 @@ def _run(cfg: Config, opts: dict) -> dict:
   if ds.name.startswith("blogfeedback"):   # Fig. 5: the natural clients' sizes
     figures.append(Figure("client_sizes", dict(
         sizes=np.asarray(ds.train.num_examples).tolist(),
-        title=f"{label}: examples per client (the Sparse-ProxSkip paper's Fig. 5)"), suffix="_client_sizes"))
+        title=f"{label}: examples per client (the Sparse-ProxSkip paper's Fig. 5)"),
+        suffix="_client_sizes"))
   if opts["diagnostics"]:
     figures.append(Figure("series", dict(
         methods={m: r for m, r in records.items() if m not in FEDAVG_STYLE},
         names=["sum_h_norm", "mean_h_norm", "server_norm", "loss"],
         title="zero-sum diagnostics (Sparse-ProxSkip paper appendix D)", x=x_axis,
-        colors=list(names)), suffix="_zero_sum"))
-  return {"experiment": NAME, "dataset": label, "standin": standin, "metric": metric,
-          "sparsity": sparsity, "paper_config": None if paper is None else {
-              "name": paper.name, "source": paper.source, "deviations": paper.deviations,
-              "budget": opts["budget"], "rounds": cfg.rounds},
-          "k": k, "gamma": gamma, "p": p, "tuned": tuned,
-          "settings": {n: {"gamma": g, ("local_steps" if n in FEDAVG_STYLE else "p"): x}
-                       for n, (g, x) in setting.items()},
-          "constants": consts._asdict(),
-          "table": Table(rows),
-          "sparsity_table": (Table(grid_rows, title=f"final {metric} per method and sparsity"
-                                   f"{over}") if grid_rows else []),
-          "seed_statistics": {str(sp): v for sp, v in seed_stats.items()},
-          "paper_comparison": paper_rows,
-          "methods": records, "figures": figures}
-
-
-def _tune(cfg, opts, names, build, params, ds, eval_fn, sparsity, k, gamma, p, metric):
-  """The Sparse-ProxSkip paper's tuning for EVERY method, baselines included: a two-stage
-  random search (:func:`fedjaxsparse.harness.protocol.two_stage_search`) over γ ∈ [γ₀/10, 10γ₀]
-  and 1/p ∈ [1, 100] (FedHT/FedIHT: their local-step count ∈ [1, 100]), each candidate scored
-  by its mean final metric over ``repetitions`` seeds on a validation split carved from the
-  clients' training data; the test split is never seen. Returns
-  ``{method: (γ, p or local steps)}``.
-
-  Source for the team: seed 000.
-  """
-  fit, val = validation_split(ds.train, opts["validation"], cfg.seed)
-  data = (val, auto_layout(fit))  # the evaluation reads (held-out split, training split)
-  best = {}
-  for name in names:
-    fed = name in FEDAVG_STYLE
-    space = {"gamma": Dimension(gamma / 10, gamma * 10),
-             "x": Dimension(1, 100, integer=True) if fed else Dimension(1.0, 100.0)}
-
-    def score(c, name=name, fed=fed):
-      """Every candidate's mean final validation metric over the repetitions: the stage as
-      one vmapped program (FedHT/FedIHT: one per local-step count, their static argument,
-      with the same budget)."""
-      by_comms = opts["budget"] == "communications"
-      return candidate_scores(
-          lambda h, s: build(name, sparsity, h["gamma"], s["x"] if fed else h["x"]),
-          {"gamma": c["gamma"], "x": c["x"] if fed else 1.0 / c["x"]},
-          static=("x",) if fed else (), repetitions=opts["repetitions"], seed=cfg.seed,
-          params=params, train=fit, test=data, eval_fn=eval_fn, metric=metric,
-          num_rounds=lambda s: cfg.rounds if not s or by_comms else max(1, cfg.rounds // s["x"]),
-          params_fn=lambda st: top_k(st.params, k))
-
-    res = two_stage_search(score, space, (opts["search"], opts["search"]), seed=cfg.seed)
-    x = int(res.best["x"]) if fed else 1.0 / res.best["x"]
-    best[name] = (res.best["gamma"], x)
-    print(f"search {name}: gamma={res.best['gamma']:.4g} "
-          f"{'local steps' if fed else 'p'}={x:.4g}, validation {metric}="
-          f"{res.best_score:.4f} (mean of {opts['repetitions']} seeds)")
-  return best
+        colors=list(records)), suffix="_zero_sum"))
+  return figures
 
 
 def _count_steps_and_communications(rd: dict, ev: dict, x) -> None:
@@ -449,38 +488,26 @@ def _count_steps_and_communications(rd: dict, ev: dict, x) -> None:
   ev["local_steps"], ev["communications"] = at(rd["local_steps"]), at(rd["communications"])
 
 
-def _seed_statistics(cfg, opts, names, build, setting, params, ds, eval_fn, sparsity, d,
-                     metric, thresholds) -> dict:
-  """Per method, over ``seeds`` runs with its chosen setting (one vmapped program per
-  method): ``{metric: mean_se, "train_objective": mean_se, "bits_to": {threshold: uplink
-  bits per client at the first evaluation where the seeds' mean metric reaches it, or
-  None}}``; per-seed values are kept in the ``mean_se`` records."""
-  k = k_from_sparsity(d, sparsity)
-  train = auto_layout(ds.train)  # for the training objective of the evaluation
-  out = {}
-  for name in names:
-    g, x = setting[name]
-    fed = name in FEDAVG_STYLE
-    per = x if fed and opts["budget"] == "iterations" else 1  # budget units per step
-    hp = {"gamma": np.full(opts["seeds"], g), "x": np.full(opts["seeds"], x)}
-    hist = seed_histories(lambda h: build(name, sparsity, h["gamma"], x if fed else h["x"]),
-                          opts["seeds"], cfg.seed, params=params, train=ds.train,
-                          test=(ds.test, train), num_rounds=max(1, cfg.rounds // per),
-                          hparams=hp, eval_fn=eval_fn, eval_every=max(1, cfg.eval_every // per),
-                          params_fn=lambda s: top_k(s.params, k))
-    curve = np.mean([h.evals[metric] for h in hist], 0)
-    bits = np.mean([h.evals["uplink_bits"] for h in hist], 0) / ds.num_clients
-    reach = lambda t: next((float(b) for v, b in zip(curve, bits) if v >= t), None)
-    x_axis = "communications" if opts["budget"] == "communications" else "local_steps"
-    _count_steps_and_communications(hist[0].rounds, hist[0].evals, x)
-    curves = {}
-    for col in (metric, "train_objective"):   # Fig. 2's lines: the seeds' mean ± s.e.
-      st = mean_se([h.evals[col] for h in hist])
-      curves[col] = {"x": list(hist[0].evals[x_axis]), "mean": st["mean"], "se": st["se"]}
-    out[name] = {metric: mean_se([h.evals[metric][-1] for h in hist]),
-                 "train_objective": mean_se([h.evals["train_objective"][-1] for h in hist]),
-                 "bits_to": {str(t): reach(t) for t in thresholds}, "curves": curves}
-  return out
+def _seed_statistics(records: list, metric: str, thresholds, opts: dict) -> dict:
+  """Over the seeds' runs of one method: ``{metric: mean_se, "train_objective": mean_se,
+  "bits_to": {threshold: uplink bits per client at the first evaluation where the seeds' mean
+  metric reaches it, or None}, "curves": the seeds' mean ± s.e. per evaluation (Fig. 2's
+  bands)}``; per-seed values are kept in the ``mean_se`` records."""
+  evs = [r["history"]["evals"] for r in records]
+  curve = np.mean([e[metric] for e in evs], 0)
+  bits = np.mean([e["uplink_bits_per_client"] for e in evs], 0)
+  reach = lambda t: next((float(b) for v, b in zip(curve, bits) if v >= t), None)
+  x_axis = "communications" if opts["budget"] == "communications" else "local_steps"
+  curves = {}
+  for col in (metric, "train_objective"):
+    st = mean_se([e[col] for e in evs])
+    curves[col] = {"x": list(evs[0][x_axis]), "mean": st["mean"], "se": st["se"]}
+  return {metric: mean_se([e[metric][-1] for e in evs]),
+          "train_objective": mean_se([e["train_objective"][-1] for e in evs]),
+          "bits_to": {str(t): reach(t) for t in thresholds}, "curves": curves}
 
 
-run = entry(NAME, OPTIONS, _run, PAPERS)
+run = declared(NAME, OPTIONS, setup=setup, methods=methods, report=report, papers=PAPERS,
+               tuning=Tuning(candidate="setting", column="final metric (mean over seeds)",
+                             scale=1.0, config=lambda cfg, opts: tuning_config(cfg, 1.0)),
+               figure=lambda results, ctx, cfg, opts: [])

@@ -48,7 +48,7 @@ def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
   names = ["FedIHT", "Sparse-ProxSkip"]                  # the paper's order
   assert [r["method"] for r in res["sparsity_table"]] == names
   assert all(0 <= r["accuracy @ 80%"] <= 1 for r in res["sparsity_table"])
-  assert set(res["tuned"]) == set(names)  # every method tuned, FedIHT's kind included
+  assert set(res["search"]) == set(names)  # every method tuned, FedIHT's kind included
   assert res["paper_comparison"] == [] and res["standin"] is None  # not a paper run
   for name in ("FedIHT",):
     steps = res["settings"][name]["local_steps"]

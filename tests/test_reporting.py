@@ -120,6 +120,41 @@ def test_tune_then_run_picks_the_best_validation_candidate_and_reports_seeds(tmp
   assert single.best == 0.3 and single.scores == {} and single.stats["se"] is None
 
 
+def test_vmapped_seeds_are_the_sequential_seeds_and_a_round_spends_its_budget_units(tmp_path):
+  """``vmap_seeds``: the final runs as one program give the sequential runs' histories (the
+  same keys, cfg.seed + 100·s; up to float reassociation); ``per_round``: a method whose round
+  spends 2 budget units runs rounds // 2 rounds and evaluates every eval_every // 2, in its
+  tuning runs and its final runs alike."""
+  import dataclasses
+
+  ds, model, cfg, fit, val = _digits_tuning(tmp_path)
+  runs = {v: fjs.harness.tuning.tune_then_run(
+      cfg, "t", f"FedAvg vmap={v}", [0.3], lambda lr, run: _fedavg(lr),
+      model.init(jax.random.key(0)), fit, val, ds.train, ds.test, _TUNING["eval_fn"],
+      tune_cfg=fjs.harness.tuning.tuning_config(cfg), seeds=3, vmap_seeds=v)
+      for v in (False, True)}
+  for seq, vm in zip(runs[False].records, runs[True].records):
+    assert seq["history"]["evals"]["round"] == vm["history"]["evals"]["round"] == [0, 3, 6]
+    np.testing.assert_allclose(vm["history"]["evals"]["accuracy"],
+                               seq["history"]["evals"]["accuracy"], atol=1e-6)
+    np.testing.assert_allclose(vm["history"]["rounds"]["loss"],
+                               seq["history"]["rounds"]["loss"], rtol=1e-5)
+  assert len({tuple(r["history"]["rounds"]["loss"]) for r in runs[True].records}) == 3
+  seen = []
+
+  def build(lr, run):
+    seen.append(run)
+    return _fedavg(lr)
+
+  units = dataclasses.replace(cfg, rounds=12, eval_every=6)   # the budget in units
+  t = fjs.harness.tuning.tune_then_run(
+      units, "t", "FedAvg per round", [1e-3, 0.3], build, model.init(jax.random.key(0)), fit,
+      val, ds.train, ds.test, _TUNING["eval_fn"],
+      tune_cfg=fjs.harness.tuning.tuning_config(units), seeds=1, per_round=lambda lr: 2)
+  assert [r.rounds for r in seen] == [3, 3, 6]   # 6 and 12 units: 3 and 6 rounds of 2 units
+  assert t.records[0]["history"]["evals"]["round"] == [0, 3, 6]   # every 6 units: every 3
+
+
 @pytest.mark.integration   # tuning runs of a grid, batched and sequential
 def test_batched_tuning_runs_the_grid_as_one_program_with_the_sequential_scores(tmp_path):
   """A grid declared batched (build takes a traced lr) is tuned in one vmapped program: the

@@ -103,6 +103,8 @@ class Context(NamedTuple):
       :func:`~fedjaxsparse.harness.running.run_curves` — the metric at initialisation and
       after every round, for the ``seeds`` option's number of seeds (1 without one), as one
       program — instead of :func:`run_method` (``None``: a run with ``eval_fn``).
+    metric: the metric this setting's tuning scores and its table reports when the data that
+      loaded decides it (a regression set's ``"r2"``; ``None``: the declaration's ``metric``).
   """
   data: Any
   params: Any
@@ -114,6 +116,7 @@ class Context(NamedTuple):
   rounds: int | None = None
   eval_every: int | None = None
   curve: Callable[[Any], Any] | None = None
+  metric: str | None = None
 
   def config(self, cfg: Config) -> Config:
     """``cfg`` with this setting's ``rounds`` and ``eval_every`` where it sets them."""
@@ -143,6 +146,14 @@ class Method(NamedTuple):
       instead of ``grid`` (``None``: the grid): ``build`` then receives a ``{name: value}``
       candidate, its non-static values traced while searching; the table shows the chosen
       value of every searched name.
+    per_round: ``candidate -> int``, the budget units (what ``--rounds`` counts) one round
+      of the candidate spends — FedHT's ``L`` local steps when the budget counts local steps —
+      so that every method spends the same budget (``None``: one unit a round;
+      :func:`~fedjaxsparse.harness.tuning.tune_then_run`).
+    chunk_size: budget units per compiled chunk of the final runs (``None``: the evaluation
+      interval): a run evaluated every round takes far fewer dispatches in long chunks.
+    vmap_seeds: the final runs' seeds as one vmapped program (no checkpoints; ``build`` called
+      once and returning an Algorithm) instead of one run each.
   """
   build: Callable[[Any, "Run"], Any]
   grid: Sequence = (None,)
@@ -153,6 +164,9 @@ class Method(NamedTuple):
   params: Any = None
   batched: bool = False
   search: Search | None = None
+  per_round: Callable[[Any], int] | None = None
+  chunk_size: int | None = None
+  vmap_seeds: bool = False
 
 
 class TrialRun(NamedTuple):
@@ -300,10 +314,10 @@ def declared(name: str, spec: Sequence[Option], *,
   metric_of = metric if callable(metric) else (lambda cfg, opts: metric)
 
   def plain(cfg: Config, opts: dict) -> tuple[dict, Context]:
-    metric = metric_of(cfg, opts)
-    short, scale = METRIC_COLUMNS.get(metric, (metric, 1.0))
     made = setup(cfg, opts)
     contexts = [made] if isinstance(made, Context) else list(made)
+    metric = next((c.metric for c in contexts if c.metric), None) or metric_of(cfg, opts)
+    short, scale = METRIC_COLUMNS.get(metric, (metric, 1.0))
     if not contexts:
       raise ConfigError(f"{name}: setup declared no setting to run.")
     planned = {}   # every setting's methods, checked before anything runs
@@ -370,7 +384,6 @@ def declared(name: str, spec: Sequence[Option], *,
             "methods": records, "contexts": contexts}, ctx
 
   def tuned(cfg: Config, opts: dict) -> tuple[dict, Context]:
-    metric = metric_of(cfg, opts)
     made = setup(cfg, opts)
     rows, records, found, ctx, contexts = [], {}, {}, None, []
     for ctx in [made] if isinstance(made, Context) else made:
@@ -378,6 +391,7 @@ def declared(name: str, spec: Sequence[Option], *,
         fit, val = validation_split(ctx.data.train, opts["validation"], cfg.seed)
         ctx = ctx._replace(fit=fit, val=val)
       contexts.append(ctx)
+      metric = ctx.metric or metric_of(cfg, opts)
       run_cfg = ctx.config(cfg)
       tune_cfg = tuning.config(run_cfg, opts)
       score = None if tuning.score is None else (
@@ -390,7 +404,9 @@ def declared(name: str, spec: Sequence[Option], *,
                           tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
                           data=method.data, params_fn=method.params_fn, metric=metric,
                           scale=tuning.scale, residence=method.residence,
-                          batched=method.batched, score=score, search=method.search)
+                          batched=method.batched, score=score, search=method.search,
+                          per_round=method.per_round, chunk_size=method.chunk_size,
+                          vmap_seeds=method.vmap_seeds)
         key = f"{m} ({ctx.setting})" if ctx.setting is not None else m
         records[key], found[key] = t.records[0], t
         row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
@@ -405,8 +421,8 @@ def declared(name: str, spec: Sequence[Option], *,
         rows.append(row)
     if ctx is None:
       raise ConfigError(f"{name}: setup declared no setting to run.")
-    return {"experiment": name, "table": Table(rows), "methods": records, "tuned": found,
-            "contexts": contexts}, ctx
+    return {"experiment": name, "metric": metric, "table": Table(rows), "methods": records,
+            "tuned": found, "contexts": contexts}, ctx
 
   def body(cfg: Config, opts: dict) -> dict:
     with jax.enable_x64(bool(float64(opts))) if float64 is not None else \
@@ -414,8 +430,8 @@ def declared(name: str, spec: Sequence[Option], *,
       return run_body(cfg, opts)
 
   def run_body(cfg: Config, opts: dict) -> dict:
-    metric = metric_of(cfg, opts)
     results, ctx = (plain if tuning is None else tuned)(cfg, opts)
+    metric = results.get("metric") or metric_of(cfg, opts)
     records = results["methods"]
     if figure is None and records and all(set(r) == {"seeds"} for r in records.values()):
       figures = []   # a study of Trials: its records hold no common curve to draw

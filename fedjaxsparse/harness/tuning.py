@@ -30,8 +30,8 @@ from fedjaxsparse.harness.options import Config
 from fedjaxsparse.harness.running import Steps, first_divergence, format_duration, last, run_method
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["tuning_config", "Run", "Search", "Tuned", "tune_then_run", "candidate_scores",
-           "seed_histories"]
+__all__ = ["tuning_config", "per_round_config", "Run", "Search", "Tuned", "tune_then_run",
+           "candidate_scores", "seed_histories"]
 __dir__ = _public_dir(__all__)
 
 def tuning_config(cfg: Config, fraction: float = 0.5, evaluate_once: bool = True) -> Config:
@@ -82,7 +82,7 @@ class Search(NamedTuple):
 
 def _searched(search: Search, build: Callable, tune_cfg: Config, params: Any, fit: Any,
               val: Any, eval_fn: EvalFn | None, params_fn: ParamsFn, metric: str,
-              name: str, shown: bool) -> SearchResult:
+              name: str, shown: bool, per_round: Callable | None = None) -> SearchResult:
   """:func:`tune_then_run`'s search: every stage scored by :func:`candidate_scores` on the
   validation split, over ``tune_cfg.rounds`` rounds, keyed and drawn from ``tune_cfg.seed``."""
   if eval_fn is None:
@@ -96,10 +96,11 @@ def _searched(search: Search, build: Callable, tune_cfg: Config, params: Any, fi
   def score(candidates: dict) -> np.ndarray:
     stage[0] += 1
     t0 = time.perf_counter()
-    out = candidate_scores(lambda h, s: build({**h, **s}, Run(0, tune_cfg.rounds, True)),
+    rounds = lambda fixed: per_round_config(tune_cfg, per_round, fixed).rounds  # noqa: E731
+    out = candidate_scores(lambda h, s: build({**h, **s}, Run(0, rounds(s), True)),
                            candidates, static=search.static, repetitions=search.repetitions,
                            seed=tune_cfg.seed, params=params, train=fit, test=val,
-                           num_rounds=tune_cfg.rounds, eval_fn=eval_fn, metric=metric,
+                           num_rounds=rounds, eval_fn=eval_fn, metric=metric,
                            params_fn=params_fn)
     if shown:
       print(f"[{name} search] stage {stage[0]}: {len(out)} candidates, best {metric} "
@@ -151,7 +152,9 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
                   params_fn: ParamsFn = global_params, metric: str = "accuracy",
                   scale: float = 100.0, score: Callable[[dict], Any] | None = None,
                   residence: str = "auto", batched: bool = False,
-                  search: Search | None = None) -> Tuned:
+                  search: Search | None = None,
+                  per_round: Callable[[Any], int] | None = None,
+                  chunk_size: int | None = None, vmap_seeds: bool = False) -> Tuned:
   """The protocol every method of a tuned experiment follows: each candidate of ``grid`` runs
   ``tune_cfg.rounds`` rounds on the fitting split ``fit`` and is scored by its final ``metric``
   on ``val`` (never on test); the best (the first of equals) then runs ``seeds`` times on
@@ -182,7 +185,22 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   combination (``build`` receives the non-static values traced and must return an Algorithm;
   ``data`` and ``score`` must be ``None``; one process; ``batched`` is not used: a search is
   always vmapped; ``residence`` applies to the final runs); ``scores`` maps ``label(candidate)`` to its validation score and
-  ``Tuned.search`` keeps the stages."""
+  ``Tuned.search`` keeps the stages.
+
+  ``per_round(candidate) -> int``: the budget units one round of a candidate spends when
+  ``cfg.rounds`` counts something finer than rounds (local steps, with a method of ``L``
+  local steps a round): its runs take ``max(1, rounds // per_round)`` rounds and evaluate
+  every ``max(1, eval_every // per_round)`` (:func:`per_round_config`); in a search it sees
+  the static values only (the program's shape), and a grid with it tunes one run at a time.
+  ``chunk_size``: budget units per compiled chunk of the final runs (``run_method``'s, in
+  rounds ``max(1, chunk_size // per_round)``, at most the run's; ``None``: the evaluation
+  interval) — a run evaluated every round dispatches far fewer programs with long chunks.
+
+  ``vmap_seeds``: with more than one seed, the final runs are one vmapped program
+  (:func:`fedjaxsparse.runtime.sweep.run_batched`, keys as the sequential runs', the same
+  numbers up to float reassociation) — no checkpoints or per-run progress, one compilation
+  instead of one per seed; ``build`` is then called once, with seed index 0, and must return
+  an Algorithm (one process)."""
   grid = list(grid)
   prep = data or (lambda candidate, split: split)
   scores = {}
@@ -203,12 +221,13 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
             f"(x{search.repetitions} seeds), {tune_cfg.rounds} round(s) each on the "
             "validation split", file=sys.stderr, flush=True)
     found = _searched(search, build, tune_cfg, params, fit, val, eval_fn, params_fn, metric,
-                      name, shown)
+                      name, shown, per_round)
     for st in found.stages:
       for i, sc in enumerate(st["scores"]):
         scores[label({k: search.value(k, v[i]) for k, v in st["candidates"].items()})] = sc
     grid = [{k: search.value(k, v) for k, v in found.best.items()}]
-  elif len(grid) > 1 and batched and cfg.tuning == "batched" and jax.process_count() == 1:
+  elif (len(grid) > 1 and batched and cfg.tuning == "batched" and jax.process_count() == 1
+        and per_round is None):
     if data is not None:
       raise ConfigError(f"{name}: a batched grid cannot change the data per candidate "
                         "(data=...); declare the method with batched=False.")
@@ -230,8 +249,9 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
             "validation split", file=sys.stderr, flush=True)
     steps = Steps(len(grid), f"{name} tuning", enabled=shown)
     for c in grid:
-      algo, ev = _built(build(c, Run(0, tune_cfg.rounds, True)), eval_fn)
-      rec = run_method(tune_cfg, experiment, f"{name} tune {label(c)}", algo, params,
+      c_cfg = per_round_config(tune_cfg, per_round, c)
+      algo, ev = _built(build(c, Run(0, c_cfg.rounds, True)), eval_fn)
+      rec = run_method(c_cfg, experiment, f"{name} tune {label(c)}", algo, params,
                        prep(c, fit), val, ev, params_fn=params_fn, residence=residence)
       scores[c] = _candidate_score(rec, score, metric)
       if score is not None:
@@ -242,16 +262,44 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   ok = [c for c in scores if scores[c] is not None]
   best = grid[0] if found is not None else max(ok, key=scores.get) if ok else grid[0]
   records, finals = [], []
-  for s in range(seeds):
-    algo, ev = _built(build(best, Run(s, cfg.rounds, False)), eval_fn)
-    rec = run_method(cfg, experiment, f"{name} seed {s}", algo, params, prep(best, train), test,
-                     ev, params_fn=params_fn, key=jax.random.key(cfg.seed + 100 * s),
-                     residence=residence)
-    records.append(rec)
+  run_cfg = per_round_config(cfg, per_round, best)
+  chunk = None if chunk_size is None else max(1, min(
+      run_cfg.rounds, int(chunk_size) // (1 if per_round is None else int(per_round(best)))))
+  if vmap_seeds and seeds > 1:
+    if jax.process_count() > 1:
+      raise ConfigError(f"{name}: vmapped seeds run in one process; run without --processes.")
+    keys = jax.vmap(jax.random.key)(
+        np.asarray([cfg.seed + 100 * s for s in range(seeds)], np.uint32))
+    records = _batched_records(run_cfg, lambda _: build(best, Run(0, run_cfg.rounds, False)),
+                               keys, None, params, prep(best, train), test, eval_fn, params_fn,
+                               name)
+  else:
+    for s in range(seeds):
+      algo, ev = _built(build(best, Run(s, run_cfg.rounds, False)), eval_fn)
+      records.append(run_method(run_cfg, experiment, f"{name} seed {s}", algo, params,
+                                prep(best, train), test, ev, params_fn=params_fn,
+                                key=jax.random.key(cfg.seed + 100 * s), residence=residence,
+                                chunk_size=chunk))
+  for rec in records:
     if not rec["diverged"]:
       finals.append(scale * last(rec["history"]["evals"][metric]))
   stats = mean_se(finals) if finals else {"mean": None, "se": None}
   return Tuned(best, scores, records, finals, stats, found)
+
+
+def per_round_config(cfg: Config, per_round: Callable[[Any], int] | None,
+                     candidate: Any) -> Config:
+  """``cfg`` for a candidate whose round spends ``per_round(candidate)`` budget units:
+  ``max(1, rounds // units)`` rounds, an evaluation every ``max(1, eval_every // units)``
+  (``cfg`` itself without ``per_round``)."""
+  if per_round is None:
+    return cfg
+  units = int(per_round(candidate))
+  if units < 1:
+    raise ConfigError(f"per_round must give an int >= 1 budget units a round, got {units}.")
+  return dataclasses.replace(
+      cfg, rounds=max(1, cfg.rounds // units),
+      eval_every=None if cfg.eval_every is None else max(1, cfg.eval_every // units))
 
 
 def _usable_metric(rec: dict, metric: str) -> float | None:
@@ -274,15 +322,29 @@ def _tune_batched(tune_cfg: Config, grid: list, build: Callable, params: Any, fi
                   val: Any, eval_fn: EvalFn | None, params_fn: ParamsFn, name: str) -> list:
   """The tuning runs of ``grid`` as one ``run_batched`` program: one record per candidate
   (``history``, ``diverged``, ``final``, ``wall_time_s`` — the whole program's time)."""
-  from fedjaxsparse.runtime import sweep   # noqa: PLC0415  (only batched tuning needs it)
   try:
     hp = np.asarray(grid, dtype=float_dtype())   # the sequential runs' precision (x64 too)
   except (TypeError, ValueError):
     raise ConfigError(f"{name}: a batched grid's candidates must be numbers, got "
                       f"{grid!r}.") from None
+  key = jax.random.key(tune_cfg.seed)    # every candidate's run key, as run_method's
+  keys = jax.random.wrap_key_data(np.broadcast_to(
+      np.asarray(jax.random.key_data(key)), (len(grid),) + jax.random.key_data(key).shape))
+  return _batched_records(tune_cfg, lambda c: build(c, Run(0, tune_cfg.rounds, True)), keys,
+                          hp, params, fit, val, eval_fn, params_fn, name)
 
-  def build_algo(c):
-    algo = build(c, Run(0, tune_cfg.rounds, True))
+
+def _batched_records(cfg: Config, build_algo: Callable, keys: jax.Array, hp: Any, params: Any,
+                     train: Any, test: Any, eval_fn: EvalFn | None, params_fn: ParamsFn,
+                     name: str) -> list:
+  """``len(keys)`` runs of ``cfg.rounds`` rounds as one ``run_batched`` program (``hp``: their
+  traced hyper-parameters, or ``None``): one record per run as :func:`run_method`'s
+  (``history``, ``diverged``, ``final``, ``wall_time_s`` — the whole program's time,
+  ``clients``, ``state``)."""
+  from fedjaxsparse.runtime import sweep   # noqa: PLC0415  (only batched runs need it)
+
+  def checked(c):
+    algo = build_algo(c)
     if not (hasattr(algo, "init") and hasattr(algo, "step")) or isinstance(
         algo, CohortAlgorithm):
       raise ConfigError(f"{name}: a batched method's build must return an Algorithm (not an "
@@ -290,24 +352,21 @@ def _tune_batched(tune_cfg: Config, grid: list, build: Callable, params: Any, fi
                         "batched=False.")
     return algo
 
-  key = jax.random.key(tune_cfg.seed)    # every candidate's run key, as run_method's
-  keys = jax.random.wrap_key_data(np.broadcast_to(
-      np.asarray(jax.random.key_data(key)), (len(grid),) + jax.random.key_data(key).shape))
   t = time.perf_counter()
   states, histories = sweep.run_batched(
-      build_algo, keys, params, fit, val, num_rounds=tune_cfg.rounds, hparams=hp,
-      eval_fn=eval_fn, eval_every=tune_cfg.eval_every or tune_cfg.rounds, params_fn=params_fn,
-      clients=tune_cfg.execution)
+      checked, keys, params, train, test, num_rounds=cfg.rounds, hparams=hp,
+      eval_fn=eval_fn, eval_every=cfg.eval_every or cfg.rounds, params_fn=params_fn,
+      clients=cfg.execution)
   wall = time.perf_counter() - t
   finite = np.asarray(jax.vmap(lambda st: jnp.all(state_finite(st)))(states))
   records = []
   for s, h in enumerate(histories):
     diverged = first_divergence(h.to_dict())
     if diverged is None and not finite[s]:   # a state NaN no reported number showed
-      diverged = {"round": tune_cfg.rounds, "quantity": "state (at the end of the run)"}
+      diverged = {"round": cfg.rounds, "quantity": "state (at the end of the run)"}
     records.append({"history": h.to_dict(), "diverged": diverged,
                     "final": {k: last(v) for k, v in h.evals.items()}, "wall_time_s": wall,
-                    "clients": tune_cfg.execution,
+                    "clients": cfg.execution,
                     "state": jax.tree.map(lambda a, s=s: a[s], states)})
   return records
 
