@@ -19,8 +19,8 @@ Studies (``studies``):
 * ``cost`` (Figs. 5.1/5.2): T·K to ε = ``eps`` for K in ``ks`` and γ in ``gammas`` for each
   solver, the optimal K per γ, and **LocalGD** (MB-LocalGD on the same SS cohorts, one
   communication per round) over its step sizes ``local_lrs`` and local iterations
-  ``local_steps``: its best cost T; **LocalGD, 1/(2𝓛)** (``local_theory``, on by default): the
-  same local iterations at the step from theory, 1/(2𝓛) with 𝓛 the SS cohort's expected
+  ``local_steps``: its best cost T; **LocalGD, 1/(2ℒ)** (``local_theory``, on by default): the
+  same local iterations at the step from theory, 1/(2ℒ) with ℒ the SS cohort's expected
   smoothness (Gower et al. 2019, Theorem 3.1, which the chapter cites for its baselines). It
   stands beside, not for, the paper's "LocalGD, optim", whose step is Khaled and Richtárik
   (2020)'s and is not written out in the paper, so no number of ours is printed
@@ -34,7 +34,7 @@ Studies (``studies``):
   exact μ_AS, σ²_⋆,AS.
 * ``baselines`` (Fig. 5.4): SPPM-SS (γ = 1) vs MB-GD and MB-LocalGD (5 local steps) on
   the same cohorts, at ``baseline_lr``: ``theory`` (default; the "optimal learning rate as
-  suggested by Gower et al. (2019b)", 1/(2𝓛) as above) or ``1/L_max``.
+  suggested by Gower et al. (2019b)", 1/(2ℒ) as above) or ``1/L_max``.
 * ``gamma`` (Figs. D.4/D.5): γ ∈ {0.1, 1, 100} × K ∈ {4, 16}: faster but coarser with γ.
 
 Data: LIBSVM files with ``--dataset libsvm --data-dir FILE`` (mushrooms, a6a, w6a, ijcnn1,
@@ -69,8 +69,8 @@ from fedjaxsparse.harness.protocol import PaperConfig, check_claim, load_or_stan
 NAME = "cohort_squeeze_logreg"
 DESCRIPTION = ("Cohort-Squeeze (Yi et al. 2024): SPPM-AS total cost T*K vs K, LocalGD, "
                "sampling/baselines/gamma")
-THEORY_LABEL = "LocalGD, 1/(2𝓛)"
-"""LocalGD at Gower et al. (2019)'s step 1/(2𝓛) (𝓛: the SS cohort's expected smoothness); not
+THEORY_LABEL = "LocalGD, 1/(2ℒ)"
+"""LocalGD at Gower et al. (2019)'s step 1/(2ℒ) (ℒ: the SS cohort's expected smoothness); not
 the paper's "LocalGD, optim", whose step (Khaled and Richtárik, 2020) the paper does not give."""
 
 DEFAULTS = dict(rounds=60, clients=100, dataset="mushrooms_standin", eval_every=1)
@@ -136,7 +136,7 @@ PAPERS = {"figure5_1": PaperConfig(
            "saving over LocalGD %": {"base (c1=1, c2=0)": 74.36,
                                      "hierarchical (c1=0.1, c2=1)": 94.87}},
     deviations="the paper's 'LocalGD, optim' (Khaled and Richtárik's step, not written out) "
-               "is replaced by LocalGD with a tuned step and 'LocalGD, 1/(2𝓛)'")}
+               "is replaced by LocalGD with a tuned step and 'LocalGD, 1/(2ℒ)'")}
 
 
 def feature_split(x: np.ndarray, clusters: int, per_cluster: int, seed: int):
@@ -168,7 +168,7 @@ def _problem(cfg: Config, opts: dict) -> dict:
   grads = np.asarray(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0, 0))(
       {"w": x_opt}, data.x, data.y, data.mask)["w"])  # a_i = ∇f_i(x⋆)
   ss, bs = sampling.stratified(blocks), sampling.block(blocks)
-  # the step from theory (Gower et al. 2019, Thm 3.1): 1/(2𝓛) for the SS cohort, from the
+  # the step from theory (Gower et al. 2019, Thm 3.1): 1/(2ℒ) for the SS cohort, from the
   # exact per-client L_i (λ_max of the logistic Hessian bound) and L of the average; L_max
   # of baseline_lr=1/L_max is Yi (2025) A.3's trace bound
   l_i, _ = client_curvatures(data, mu, "logistic", "mean", use_bias=False)
@@ -351,7 +351,7 @@ def _faster_to_larger(rows: list[dict]) -> bool | None:
 def _cost_study(opts, runs: list, theory_lr: float) -> dict:
   """E5.1 from the cost study's ``runs`` ``(name, meta, curves)``: T·K to eps per (solver, γ,
   K), LocalGD's cost per (lr, local steps) and, with ``local_theory``, LocalGD's at the step
-  from theory ``theory_lr`` ("LocalGD, 1/(2𝓛)")."""
+  from theory ``theory_lr`` ("LocalGD, 1/(2ℒ)")."""
   c1, c2, eps = opts["c1"], opts["c2"], opts["eps"]
   lines: dict[str, dict] = {}
   for _, m, e in runs:

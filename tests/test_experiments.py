@@ -383,15 +383,15 @@ def test_cohort_squeeze_logreg_small(quick, tmp_path):
   sampler library, and every study wrote its curves."""
   res = quick("cohort_squeeze_logreg")  # breast-cancer, 12 clients, 15 rounds, 2 seeds
   rows = {r["method"]: r for r in res["cost"]["table"]}
-  assert set(rows) == {"SPPM-SS γ=10 (BFGS)", "SPPM-SS γ=10 (CG)", "LocalGD", "LocalGD, 1/(2𝓛)"}
+  assert set(rows) == {"SPPM-SS γ=10 (BFGS)", "SPPM-SS γ=10 (CG)", "LocalGD", "LocalGD, 1/(2ℒ)"}
   curve = {"LocalGD": "LocalGD lr=0.5"}
   for name, r in rows.items():
     if r["cost"] is not None:
       k = r["optimal K"] if not name.startswith("LocalGD") else 1
       assert r["cost"] == res["cost"]["curves"][curve.get(name, name)][
           str(r["optimal K"])] and r["cost"] <= 15 * k
-  assert rows["LocalGD, 1/(2𝓛)"]["lr"] == res["theory lr"]  # 1/(2𝓛_SS), tested in test_samplers
-  local = min(rows[n]["cost"] for n in ("LocalGD", "LocalGD, 1/(2𝓛)") if rows[n]["cost"])
+  assert rows["LocalGD, 1/(2ℒ)"]["lr"] == res["theory lr"]  # 1/(2ℒ_SS), tested in test_samplers
+  local = min(rows[n]["cost"] for n in ("LocalGD", "LocalGD, 1/(2ℒ)") if rows[n]["cost"])
   if res["cost"]["savings"]:
     best = min(r["cost"] for n, r in rows.items() if not n.startswith("LocalGD") and r["cost"])
     assert res["cost"]["savings"]["base (c1=1, c2=0)"] == pytest.approx(
