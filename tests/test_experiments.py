@@ -171,7 +171,7 @@ def test_tuning_never_sees_the_test_split(tmp_path, monkeypatch):
                  "--set", "budget=iterations",
                  "--set", "methods=Sparse-ProxSkip"]) == 0  # one method: the shared search
     tuned[tag] = json.load(open(tmp_path / tag / "sparse_proxskip" / "results.json"))
-  assert tuned["clean"]["tuned"] == tuned["poisoned"]["tuned"]
+  assert tuned["clean"]["search"] == tuned["poisoned"]["search"]
   acc = lambda r: [row["final accuracy"] for row in r["table"]]
   assert acc(tuned["clean"]) != acc(tuned["poisoned"])
 
