@@ -560,7 +560,7 @@ def methods(ctx: Context, cfg: Config, opts: dict) -> dict[str, Trial]:
     for v in values:
       change = {"T_w": _epoch(v, E)} if field == "t_w" else {field: v}
       out[f"ATO {SWEEPS[field]}={v:g} p={p:g}"] = Trial(
-          lambda run, change=change, field=field, v=v: _pruned(
+          lambda run, change=change, field=field, v=v, p=p: _pruned(
               P_, opts, run, base._replace(target=p, **change), "mask",
               extra={"sweep": [field, v]}))
   return out

@@ -29,7 +29,7 @@ the test split is only used for the reported numbers, from runs on the full trai
 plotted). Methods carry the paper's names.
 
 Declaration: every sparsity is a setting (the target's method names plain, the others'
-``"<method> (<s>)"``), every method a :class:`~fedjaxsparse.harness.experiment.Method` — its
+``"<method> (<s>%)"``; ``search`` and ``settings`` in ``results.json`` are keyed alike), every method a :class:`~fedjaxsparse.harness.experiment.Method` — its
 theory values as a grid of one, or the search — whose evaluated model is Top-K'd to the
 setting's sparsity and whose round spends its L local steps of a ``budget=iterations`` run
 (``per_round``); the harness tunes and runs them, ``report`` builds the paper's tables.
@@ -266,7 +266,7 @@ def _problem(cfg: Config, opts: dict) -> dict:
 
 def setup(cfg: Config, opts: dict):
   """One setting per sparsity: the target ``sparsity`` (its methods' names plain), then every
-  other of ``sparsities`` (``"<method> (<s>)"``); evaluations read (test split, training
+  other of ``sparsities`` (``"<method> (<s>%)"``); evaluations read (test split, training
   split); tuning reads (validation split, fitting split)."""
   P_ = _problem(cfg, opts)
   ds = P_["ds"]
@@ -276,7 +276,7 @@ def setup(cfg: Config, opts: dict):
   sparsities = [opts["sparsity"]] + [sp for sp in opts["sparsities"] if sp != opts["sparsity"]]
   for i, sp in enumerate(dict.fromkeys(sparsities)):
     yield Context(data, P_["params"], P_["eval_fn"], {**P_, "sparsity": sp},
-                  setting=None if i == 0 else f"{sp:.0%}", fit=fit,
+                  setting=None if i == 0 else f"{100 * sp:g}%", fit=fit,
                   val=(val, auto_layout(fit)), metric=P_["metric"])
 
 
@@ -371,8 +371,7 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
         for h in (rd, ev):
           h["uplink_bits_per_client"] = [b / ds.num_clients for b in h["uplink_bits"]]
       by_sparsity[sp][m] = t.records[0]
-      if c.setting is None:
-        setting[m] = (g, x)
+      setting[key] = (g, x)
       if seeds > 1:
         seed_stats.setdefault(sp, {})[m] = _seed_statistics(t.records, metric, thresholds,
                                                             opts)
@@ -429,10 +428,10 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
                              note=f"protocol deviations: {paper.deviations}"
                              if paper.deviations else None)
   over = f" (mean over {seeds} seeds)" if seed_stats else ""
-  searched = {m: _choice(t.best) for m, t in tuned.items()
-              if t.search is not None and " (" not in m}
+  searched = {m: _choice(t.best) for m, t in tuned.items() if t.search is not None}
   for m, (g, x) in searched.items():
-    print(f"search {m}: gamma={g:.4g} {'local steps' if m in FEDAVG_STYLE else 'p'}={x:.4g}, "
+    fed = m.partition(" (")[0] in FEDAVG_STYLE
+    print(f"search {m}: gamma={g:.4g} {'local steps' if fed else 'p'}={x:.4g}, "
           f"validation {metric}={tuned[m].search.best_score:.4f} (mean of "
           f"{opts['repetitions']} seeds)")
   return {"dataset": label, "standin": P_["standin"], "sparsity": sparsity,
@@ -440,8 +439,8 @@ def report(results: dict, ctx: Context, cfg: Config, opts: dict) -> dict:
               "name": paper.name, "source": paper.source, "deviations": paper.deviations,
               "budget": opts["budget"], "rounds": cfg.rounds},
           "k": P_["k"], "gamma": P_["gamma"], "p": P_["p"], "search": searched,
-          "settings": {n: {"gamma": g, ("local_steps" if n in FEDAVG_STYLE else "p"): x}
-                       for n, (g, x) in setting.items()},
+          "settings": {n: {"gamma": g, ("local_steps" if n.partition(" (")[0] in FEDAVG_STYLE
+                                        else "p"): x} for n, (g, x) in setting.items()},
           "constants": P_["consts"]._asdict(),
           "table": Table(rows),
           "sparsity_table": (Table(grid_rows, title=f"final {metric} per method and sparsity"

@@ -564,4 +564,6 @@ def _zero_shot_table(P_: dict, records: dict) -> dict:
 
 
 run = declared(NAME, OPTIONS, setup=setup, methods=methods, table=table, figure=figure,
-               metric="perplexity", higher_is_better=False, papers=PAPERS)
+               metric=lambda cfg, opts: ("zero-shot accuracy" if opts["study"] == "table66"
+                                         else "perplexity"),
+               higher_is_better=False, papers=PAPERS)

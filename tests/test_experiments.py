@@ -48,7 +48,9 @@ def test_sparse_proxskip_sparsity_table_and_random_search(tmp_path):
   names = ["FedIHT", "Sparse-ProxSkip"]                  # the paper's order
   assert [r["method"] for r in res["sparsity_table"]] == names
   assert all(0 <= r["accuracy @ 80%"] <= 1 for r in res["sparsity_table"])
-  assert set(res["search"]) == set(names)  # every method tuned, FedIHT's kind included
+  # every method tuned, FedIHT's kind included, at each sparsity
+  assert set(res["search"]) == set(names) | {f"{m} (80%)" for m in names}
+  assert res["settings"]["FedIHT (80%)"]["local_steps"] == res["search"]["FedIHT (80%)"][1]
   assert res["paper_comparison"] == [] and res["standin"] is None  # not a paper run
   for name in ("FedIHT",):
     steps = res["settings"][name]["local_steps"]

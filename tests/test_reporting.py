@@ -140,6 +140,11 @@ def test_vmapped_seeds_are_the_sequential_seeds_and_a_round_spends_its_budget_un
     np.testing.assert_allclose(vm["history"]["rounds"]["loss"],
                                seq["history"]["rounds"]["loss"], rtol=1e-5)
   assert len({tuple(r["history"]["rounds"]["loss"]) for r in runs[True].records}) == 3
+  with pytest.raises(fjs.errors.NonFiniteError, match="seed 0"):   # as a sequential run would
+    fjs.harness.tuning.tune_then_run(
+        cfg, "t", "FedAvg diverging", [3e38], lambda lr, run: _fedavg(lr),
+        model.init(jax.random.key(0)), fit, val, ds.train, ds.test, _TUNING["eval_fn"],
+        tune_cfg=fjs.harness.tuning.tuning_config(cfg), seeds=2, vmap_seeds=True)
   seen = []
 
   def build(lr, run):

@@ -104,7 +104,8 @@ class Context(NamedTuple):
       after every round, for the ``seeds`` option's number of seeds (1 without one), as one
       program — instead of :func:`run_method` (``None``: a run with ``eval_fn``).
     metric: the metric this setting's tuning scores and its table reports when the data that
-      loaded decides it (a regression set's ``"r2"``; ``None``: the declaration's ``metric``).
+      loaded decides it (a regression set's ``"r2"``; ``None``: the declaration's ``metric``;
+      an untuned study's one table uses the first setting's that sets one).
   """
   data: Any
   params: Any
@@ -152,8 +153,8 @@ class Method(NamedTuple):
       :func:`~fedjaxsparse.harness.tuning.tune_then_run`).
     chunk_size: budget units per compiled chunk of the final runs (``None``: the evaluation
       interval): a run evaluated every round takes far fewer dispatches in long chunks.
-    vmap_seeds: the final runs' seeds as one vmapped program (no checkpoints; ``build`` called
-      once and returning an Algorithm) instead of one run each.
+    vmap_seeds: the final runs' seeds as one vmapped program (no checkpoints, ``chunk_size``
+      unused; ``build`` called once and returning an Algorithm) instead of one run each.
   """
   build: Callable[[Any, "Run"], Any]
   grid: Sequence = (None,)
@@ -397,6 +398,10 @@ def declared(name: str, spec: Sequence[Option], *,
       score = None if tuning.score is None else (
           lambda rec, run_cfg=run_cfg: tuning.score(rec, run_cfg, opts))
       for m, method in methods(ctx, run_cfg, opts).items():
+        key = f"{m} ({ctx.setting})" if ctx.setting is not None else m
+        if key in records:   # before it runs: a name shared by two settings
+          raise ConfigError(f"{name}: two settings declare a method named {key!r}; name each "
+                            "setting apart.")
         where = f"{ctx.setting} {m}" if ctx.setting is not None else m
         start = ctx.params if method.params is None else method.params
         t = tune_then_run(run_cfg, name, where, method.grid, method.build, start, ctx.fit,
@@ -407,7 +412,6 @@ def declared(name: str, spec: Sequence[Option], *,
                           batched=method.batched, score=score, search=method.search,
                           per_round=method.per_round, chunk_size=method.chunk_size,
                           vmap_seeds=method.vmap_seeds)
-        key = f"{m} ({ctx.setting})" if ctx.setting is not None else m
         records[key], found[key] = t.records[0], t
         row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
         row["method"] = m

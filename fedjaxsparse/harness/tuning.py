@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjaxsparse.core import Algorithm, ParamsFn, float_dtype, global_params
-from fedjaxsparse.errors import ConfigError
+from fedjaxsparse.errors import ConfigError, NonFiniteError
 from fedjaxsparse.runtime.population import CohortAlgorithm
 from fedjaxsparse.harness.protocol import Dimension, SearchResult, mean_se, two_stage_search
 from fedjaxsparse.runtime.runner import EvalFn, state_finite
@@ -198,9 +198,11 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
 
   ``vmap_seeds``: with more than one seed, the final runs are one vmapped program
   (:func:`fedjaxsparse.runtime.sweep.run_batched`, keys as the sequential runs', the same
-  numbers up to float reassociation) — no checkpoints or per-run progress, one compilation
-  instead of one per seed; ``build`` is then called once, with seed index 0, and must return
-  an Algorithm (one process)."""
+  numbers up to float reassociation) — no checkpoints (a resumed experiment runs them again),
+  a line at its start and end instead of a bar, ``chunk_size`` not used, one compilation
+  instead of one per seed; a diverged seed stops the experiment unless
+  ``cfg.on_divergence == "skip"``, as a sequential run would; ``build`` is then called once,
+  with seed index 0, and must return an Algorithm (one process)."""
   grid = list(grid)
   prep = data or (lambda candidate, split: split)
   scores = {}
@@ -270,9 +272,25 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
       raise ConfigError(f"{name}: vmapped seeds run in one process; run without --processes.")
     keys = jax.vmap(jax.random.key)(
         np.asarray([cfg.seed + 100 * s for s in range(seeds)], np.uint32))
+    shown = cfg.progress and jax.process_index() == 0
+    if shown:
+      print(f"{name}: {seeds} seeds x {run_cfg.rounds} rounds as one program",
+            file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
     records = _batched_records(run_cfg, lambda _: build(best, Run(0, run_cfg.rounds, False)),
                                keys, None, params, prep(best, train), test, eval_fn, params_fn,
                                name)
+    if shown:
+      print(f"[{name}] {seeds} seeds done; {format_duration(time.perf_counter() - t0)}",
+            file=sys.stderr, flush=True)
+    bad = next((s for s, r in enumerate(records) if r["diverged"]), None)
+    if bad is not None and cfg.on_divergence != "skip":   # as run_method: stop the experiment
+      d = records[bad]["diverged"]
+      raise NonFiniteError(
+          f"{name} seed {bad}: {d['quantity']} is not finite at round {d['round']}; the run "
+          "diverged. Lower the step size / learning rate or check the data; --on-divergence "
+          "skip records the divergence and goes on.", d["round"], d["quantity"],
+          f"{name} seed {bad}")
   else:
     for s in range(seeds):
       algo, ev = _built(build(best, Run(s, run_cfg.rounds, False)), eval_fn)
