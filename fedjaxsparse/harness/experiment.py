@@ -10,8 +10,11 @@ table's shape in under two minutes) and ``QUICK_RUNTIME`` (its measured time),
 ``DEFAULTS`` (a dict of :class:`Config` overrides), ``OPTIONS`` (a tuple of :class:`Option`)
 and ``run``: either a declaration, ``run = experiment.declared(NAME, OPTIONS, setup=...,
 methods=..., report=...)`` — the experiment says what its data, model and methods are and the
-harness runs them, tabulates, saves and plots (:func:`declared`) — or, for a protocol of its
-own, ``run = experiment.entry(NAME, OPTIONS, body)``, where ``body(cfg, opts) -> dict`` gets
+harness runs them, tabulates, saves and plots (:func:`declared`): federated runs (algorithms,
+or :class:`Method` s tuned on validation data and run with seeds), convergence studies of a
+metric of the state (a :class:`Context` with a ``curve``) or :class:`Trial` s (epochs on pooled
+data, one-shot pruning, solvers) — or, for an experiment that runs no method (arithmetic on
+the papers' shapes), ``run = experiment.entry(NAME, OPTIONS, body)``, where ``body(cfg, opts) -> dict`` gets
 the parsed options, runs its methods with the harness's helpers
 (:func:`fedjaxsparse.harness.running.run_method`,
 :func:`fedjaxsparse.harness.tuning.tune_then_run`) and returns its results, declaring its tables and figures
