@@ -195,8 +195,9 @@ def setup(cfg: Config, opts: dict):
   prob = _problem(cfg, opts)
   ds = FederatedDataset(prob["data"], prob["data"], 2, prob["label"])
   gap = lambda state, x_opt=prob["x_opt"]: jnp.sum(jnp.square(state.params["w"] - x_opt))
-  for study in studies:
-    yield Context(ds, prob["w0"], None, prob, setting=study, curve=gap,
+  for study in studies:   # each study's runs planned once: methods and table read them
+    yield Context(ds, prob["w0"], None, {**prob, "runs": plan(study, prob, opts)},
+                  setting=study, curve=gap,
                   rounds=cfg.rounds if study == "cost" else opts["study_rounds"])
 
 
@@ -242,7 +243,7 @@ def plan(study: str, prob: dict, opts: dict) -> list[tuple[str, dict, object]]:
 
 
 def methods(ctx: Context, cfg: Config, opts: dict) -> dict:
-  return {name: algo for name, _, algo in plan(ctx.setting, ctx.extra, opts)}
+  return {name: algo for name, _, algo in ctx.extra["runs"]}
 
 
 def _cost(errs: np.ndarray, k: int, eps: float, c1: float = 1.0, c2: float = 0.0):
@@ -262,7 +263,7 @@ def table(records: dict, contexts: list, cfg: Config, opts: dict) -> dict:
   claims, solver = [], opts["study_solver"].upper()
   for ctx in contexts:
     runs = [(name, meta, np.asarray(records[name]["curves"]))
-            for name, meta, _ in plan(ctx.setting, prob, opts)]
+            for name, meta, _ in ctx.extra["runs"]]
     if ctx.setting == "cost":
       out["cost"] = _cost_study(opts, runs, prob["theory_lr"])
     elif ctx.setting == "sampling":

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -41,7 +40,7 @@ from fedjaxsparse.harness.protocol import PaperConfig, validation_split
 from fedjaxsparse.harness.report import Figure, Table
 from fedjaxsparse.runtime.runner import EvalFn
 from fedjaxsparse.harness.options import Config, Option, identity_options, parse_options
-from fedjaxsparse.harness.running import Steps, bits_to_reach, finish, standin_note, last, output_dir, run_curves, run_method, status
+from fedjaxsparse.harness.running import Steps, bits_to_reach, finish, standin_note, last, output_dir, run_curves, run_identity, run_method, status
 from fedjaxsparse.harness.tuning import Search, tune_then_run, tuning_config
 from fedjaxsparse.core import public_dir as _public_dir
 
@@ -184,7 +183,7 @@ class TrialRun(NamedTuple):
       :class:`~fedjaxsparse.runtime.checkpoint.Checkpointing`; created by whoever writes
       there).
     fingerprint: the settings a resumed run must share with the checkpoints it resumes
-      (experiment, method, dataset, seed and the options that change the computation).
+      (:func:`~fedjaxsparse.harness.running.run_identity`'s, for this seed).
     earlier: ``{method: record}`` of the trials of the same seed that ran before this one (a
       baseline matched to another method's result: the FLOPs an earlier pruning reached).
     config: the configuration of the run's setting (:meth:`Context.config`).
@@ -476,19 +475,15 @@ def _run_trials(name: str, planned: dict, cfg: Config, opts: dict) -> dict:
       raise ConfigError(f"{name}: Trial {m!r} has seeds={n!r}; it must be an int >= 1.")
   steps = Steps(sum(seeds.values()), name, cfg.progress)
   records = {m: {"seeds": []} for m in planned}
-  folder = os.path.join(output_dir(cfg, name), "checkpoints")
   for index in range(max(seeds.values(), default=0)):
     seed, earlier = cfg.seed + index, {}
     for m, (trial, ctx) in planned.items():
       if index >= seeds[m]:
         continue
-      run = TrialRun(
-          seed=seed, index=index,
-          checkpoints=os.path.join(folder, f"{m} seed {seed}".replace("/", "_")),
-          fingerprint={"experiment": name, "method": m, "dataset": cfg.dataset,
-                       "data_dir": cfg.data_dir, "seed": seed,
-                       **{f"--set {k}": v for k, v in cfg.fingerprint.items()}},
-          earlier=dict(earlier), config=ctx.config(cfg))
+      folder, fingerprint = run_identity(cfg, name, f"{m} seed {seed}", seed)
+      fingerprint["method"] = m
+      run = TrialRun(seed=seed, index=index, checkpoints=folder, fingerprint=fingerprint,
+                     earlier=dict(earlier), config=ctx.config(cfg))
       earlier[m] = trial.run(run)
       records[m]["seeds"].append(earlier[m])
       steps.done(f"{m} (seed {seed})")

@@ -29,8 +29,8 @@ from fedjaxsparse.runtime.sweep import state_curves
 from fedjaxsparse.harness.options import Config
 from fedjaxsparse.core import public_dir as _public_dir
 
-__all__ = ["standin_note", "finish", "Steps", "format_duration", "output_dir", "run_method",
-           "run_curves", "first_divergence", "last", "status", "bits_to_reach", "save_results"]
+__all__ = ["standin_note", "finish", "Steps", "format_duration", "output_dir", "run_identity",
+           "run_method", "run_curves", "first_divergence", "last", "status", "bits_to_reach", "save_results"]
 __dir__ = _public_dir(__all__)
 
 
@@ -109,6 +109,19 @@ def output_dir(cfg: Config, name: str) -> str:
   return path
 
 
+def run_identity(cfg: Config, experiment: str, run: str,
+                 seed: int | None = None) -> tuple[str, dict]:
+  """``(checkpoint folder, fingerprint)`` of one run of an experiment: the folder
+  ``OUT/<experiment>/checkpoints/<run>`` and the settings a resumed run must share with the
+  checkpoints it resumes — experiment, method, dataset, clients, seed (``cfg.seed`` unless
+  given), data folder and the experiment options that change the computation."""
+  folder = os.path.join(output_dir(cfg, experiment), "checkpoints", run.replace("/", "_"))
+  return folder, {"experiment": experiment, "method": run, "dataset": cfg.dataset,
+                  "clients": cfg.clients, "seed": cfg.seed if seed is None else seed,
+                  "data_dir": cfg.data_dir,
+                  **{f"--set {k}": v for k, v in cfg.fingerprint.items()}}
+
+
 def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm | CohortAlgorithm,
                params: Any, train: Any, test: Any, eval_fn: EvalFn | None, *,
                key: jax.Array | None = None, params_fn: ParamsFn = global_params,
@@ -145,10 +158,7 @@ def run_method(cfg: Config, experiment: str, method: str, algo: Algorithm | Coho
               "final": {k: last(v) for k, v in res.history.evals.items()},
               "state": population.PopulationState(res.server, res.clients)}
     algo = population.on_device(algo)
-  ckpt = os.path.join(output_dir(cfg, experiment), "checkpoints", method.replace("/", "_"))
-  identity = {"experiment": experiment, "method": method, "dataset": cfg.dataset,
-              "clients": cfg.clients, "seed": cfg.seed, "data_dir": cfg.data_dir,
-              **{f"--set {k}": v for k, v in cfg.fingerprint.items()}}
+  ckpt, identity = run_identity(cfg, experiment, method)
   res = run(algo, key, params, train, test, num_rounds=cfg.rounds, eval_fn=eval_fn,
             eval_every=cfg.eval_every, chunk_size=chunk_size, params_fn=params_fn,
             checkpoint=Checkpointing(ckpt, interval_s=cfg.checkpoint_interval_s,
