@@ -76,6 +76,20 @@ class NonFiniteError(UserError, FloatingPointError):
     self.quantity = quantity
     self.method = method
 
+  @classmethod
+  def diverged(cls, method: str, round_: int, quantity: str, value: float | None = None,
+               hint: str = "") -> "NonFiniteError":
+    """The error of a run whose ``quantity`` is not finite at ``round_`` (0: the initial
+    evaluation), saying what to do about it — the one message of every run that stops at a
+    divergence (:func:`fedjaxsparse.run`, an experiment's seeds run as one program).
+    ``value``: the value seen (``None``: not reported); ``hint``: a sentence appended."""
+    where = "in the initial evaluation" if round_ == 0 else f"at round {round_}"
+    what = "is not finite" if value is None else f"is {value}"
+    return cls(f"{method or 'run'}: {quantity} {what} {where}; the run diverged (or the data "
+               "holds NaN/inf). Lower the step size / learning rate or check the data; pass "
+               "on_nonfinite='stop' (CLI: --on-divergence skip) to record the divergence and "
+               "go on." + hint, round_, quantity, method)
+
 
 def check_number(name: str, value: Any, low: float | None = None, high: float | None = None,
                  *, low_open: bool = False, high_open: bool = False) -> Any:

@@ -49,3 +49,22 @@ def test_invariant_residuals_are_compared_absolutely():
   assert residual == ["methods/Scafflix/alpha_h_sum_norm", "methods/Sparse-ProxSkip/sum_h_norm",
                       "table/0/max |Δlogit|"]
   assert ROUNDING_TOLERANCE["atol"] >= 1e-5 > GOLDEN_TOLERANCE["atol"]
+
+
+def test_printed_rounding_residuals_are_compared_absolutely(ndarrays_regression, tmp_path):
+  """A printed duality gap of an exact solution is float64 rounding noise: 1.1e-16 and 5.6e-17
+  both pass (one unit of the last digit would not), a gap of 1e-9 fails."""
+  line = "x* has 3 non-zeros out of 30; its duality gap is {} (certified: True)"
+  got, tol = golden_text_numbers(line.format("1.1e-16"))
+  path = tmp_path / "g.npz"
+  np.savez(path, **got)
+  for gap, passes in (("5.6e-17", True), ("1.0e-09", False)):
+    numbers, tolerances = golden_text_numbers(line.format(gap))
+    assert tolerances == tol
+    if passes:
+      ndarrays_regression.check(numbers, fullpath=path, tolerances=tolerances,
+                                default_tolerance=GOLDEN_TOLERANCE)
+    else:
+      with pytest.raises(AssertionError):
+        ndarrays_regression.check(numbers, fullpath=path, tolerances=tolerances,
+                                  default_tolerance=GOLDEN_TOLERANCE)

@@ -286,11 +286,7 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
     bad = next((s for s, r in enumerate(records) if r["diverged"]), None)
     if bad is not None and cfg.on_divergence != "skip":   # as run_method: stop the experiment
       d = records[bad]["diverged"]
-      raise NonFiniteError(
-          f"{name} seed {bad}: {d['quantity']} is not finite at round {d['round']}; the run "
-          "diverged. Lower the step size / learning rate or check the data; --on-divergence "
-          "skip records the divergence and goes on.", d["round"], d["quantity"],
-          f"{name} seed {bad}")
+      raise NonFiniteError.diverged(f"{name} seed {bad}", d["round"], d["quantity"])
   else:
     for s in range(seeds):
       algo, ev = _built(build(best, Run(s, run_cfg.rounds, False)), eval_fn)

@@ -353,17 +353,6 @@ def _label_hint(*datasets: Any) -> str:
           "also makes the loss non-finite.")
 
 
-def _nonfinite_error(desc: str, round_: int, quantity: str,
-                     value: float | None, hint: str = "") -> NonFiniteError:
-  where = "in the initial evaluation" if round_ == 0 else f"at round {round_}"
-  what = "is not finite" if value is None else f"is {value}"
-  return NonFiniteError(
-      f"{desc or 'run'}: {quantity} {what} {where}; the run diverged (or the data holds "
-      "NaN/inf). Lower the step size / learning rate or check the data; pass "
-      "on_nonfinite='stop' (CLI: --on-divergence skip) to record the divergence and go on."
-      + hint, round_, quantity, desc)
-
-
 def run(algo: Algorithm, key: jax.Array, params: Any, train: Any, test: Any = None, *,
         num_rounds: int, eval_fn: EvalFn | None = None, eval_every: int = 10,
         chunk_size: int | None = None, params_fn: ParamsFn = global_params,
@@ -569,7 +558,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
     initial = jax.device_get(jitted_eval(params_fn(state), test))
     bad = [(k, float(v)) for k, v in initial.items() if np.ndim(v) == 0 and not np.isfinite(v)]
     if bad:
-      err = _nonfinite_error(desc, 0, "test " + bad[0][0], bad[0][1],
+      err = NonFiniteError.diverged(desc, 0, "test " + bad[0][0], bad[0][1],
                              _label_hint(train, test))
       if on_nonfinite == "raise":
         raise err
@@ -611,7 +600,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
         dispatches += 1
         bad = first_nonfinite(out, r0, active, state_paths)
       if bad is not None:
-        err = _nonfinite_error(desc, *bad, hint=_label_hint(train, test))
+        err = NonFiniteError.diverged(desc, *bad, hint=_label_hint(train, test))
         if on_nonfinite == "raise":
           raise err
         history.add_chunk(r0, out, bad[0] - 1 - r0)
