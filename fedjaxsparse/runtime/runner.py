@@ -559,7 +559,7 @@ def _run(algo, key, params, train, test, num_rounds, eval_fn, eval_every, chunk_
     bad = [(k, float(v)) for k, v in initial.items() if np.ndim(v) == 0 and not np.isfinite(v)]
     if bad:
       err = NonFiniteError.diverged(desc, 0, "test " + bad[0][0], bad[0][1],
-                             _label_hint(train, test))
+                                    _label_hint(train, test))
       if on_nonfinite == "raise":
         raise err
       return RunResult(state, history, 0, 0, time.perf_counter() - t_start,
