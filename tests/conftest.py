@@ -25,18 +25,22 @@ process count); every golden number unchanged. On x86-64 the
 tests compile for AVX at most (``--xla_cpu_max_isa=AVX``: no fused multiply-add instruction),
 so no program contracts a product and a sum into one rounding where another does not: tests
 that compare two *different* programs bit for bit (ATO with λ = 0 against plain training, say)
-hold on any x86-64 host. Matrix products go to XLA:CPU's Eigen kernels, compiled into jaxlib
-for one instruction set, never to YNNPACK (``--xla_cpu_experimental_ynn_fusion_type=``: no
-YNNPACK fusion), whose kernels are chosen at run time by the host's CPU (AVX-512, AVX2, AVX):
-on an AVX host (no AVX2) a 256×300 by 300×200 product rounds differently with YNNPACK than
-without, and CI's two kinds of host differed in the tiny ``sparse_proxskip`` and
-``fedlpfm_fmnist`` runs' golden numbers — a near-tie of Sparse-ProxSkip-Local's Top-K (3 units
-in the last place apart at one local step) and one Table 8 test prediction turn a last-bit
-difference into 8e-5 of a loss and 0.1 point of accuracy. Without YNNPACK the AVX host gives
-the other host's Fed-LPFM numbers, and the Sparse-ProxSkip-Local numbers the other host gave
-while its clients ran batched (Eigen's path there; measured on the AVX host only). Results are
-checked against references and tolerances (or between two programs compiled alike), which none
-of the flags affects; benchmarks measure at XLA's defaults."""
+hold on any x86-64 host. Two libraries inside XLA:CPU choose their matrix-product kernels at
+run time from the host's CPU (AVX-512, AVX2, AVX), which the ISA cap does not reach: YNNPACK,
+whose fusions the tests turn off (``--xla_cpu_experimental_ynn_fusion_type=``: the products go
+to Eigen), and oneDNN, whose sgemm Eigen's products call, capped at AVX
+(``ONEDNN_MAX_CPU_ISA=AVX``, set below: the same kernel on every x86-64 host). Measured on a
+2-core AMD EPYC whose oneDNN reports AVX-512: a jitted 256×300 by 300×200 product rounds
+differently with YNNPACK than without, and differently again with oneDNN capped at AVX. Most
+golden numbers do not notice, but two tiny runs turned such last-bit differences into
+differences between CI's hosts — a near-tie of Sparse-ProxSkip-Local's Top-K (3 units in the
+last place apart at one local step) and one Table 8 test prediction of ``fedlpfm_fmnist`` (8e-5
+of a loss, 0.1 point of accuracy) — and a printed float64 duality gap of an exact solution
+moves within its rounding noise (compared within 1e-12, see ``TEXT_ROUNDING_RESIDUALS``). The
+whole integration tier compiled for SSE4.2 instead of AVX (other vector widths, other reduction
+orders in every XLA-emitted loop) passes every golden unchanged. Results are checked against
+references and tolerances (or between two programs compiled alike), which none of the flags
+affects; benchmarks measure at XLA's defaults."""
 import atexit
 import json
 import os
@@ -53,6 +57,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # test's initialisation 4-12 -> 2 s). Results are unaffected: the tests compare against
 # tolerances, and the goldens are numbers of JAX programs, not of numpy's BLAS.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# XLA:CPU's Eigen products call oneDNN's sgemm, which picks its kernel at run time from the
+# host's CPU (AVX-512, AVX2, AVX: different roundings); capped at AVX, every x86-64 host runs
+# the same kernel (see the module docstring).
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX")
 _EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 _FLAGS = ["--xla_backend_optimization_level=0", _EMITTERS,
           "--xla_cpu_parallel_codegen_split_count=1", "--xla_cpu_opt_preset=FAST_COMPILE",
@@ -163,7 +171,7 @@ GOLDEN_TOLERANCE = dict(rtol=1e-5, atol=1e-9)
 ROUNDING_RESIDUALS = re.compile(r"sum_h_norm|h_sum_norm|logit_diff|Δlogit")
 ROUNDING_TOLERANCE = dict(rtol=1e-5, atol=1e-4)
 # Printed float64 residuals that are zero up to rounding: the duality gap of the DDSS notebook's
-# exact solution x* (1.1e-16 with YNNPACK's products, 5.6e-17 with Eigen's; its test asserts
+# exact solution x* (1.1e-16 with YNNPACK's products, 5.6e-17 without; its test asserts
 # separately that it certifies, < 1e-12), compared absolutely within that 1e-12.
 TEXT_ROUNDING_RESIDUALS = re.compile(r"duality gap is #")
 TEXT_ROUNDING_TOLERANCE = dict(rtol=0.0, atol=1e-12)
