@@ -229,14 +229,12 @@ def golden_text_numbers(text: str) -> tuple[dict, dict]:
     line_key = f"{i:03d} " + _NUMBER.sub("#", line).strip()[:80].replace("/", "|")
     for j, v in enumerate(found):
       mantissa = v.lower().split("e")[0]
-      if "." in mantissa and TEXT_ROUNDING_RESIDUALS.search(line_key):
+      if "." in mantissa:
         out[f"{line_key} [{j}]"] = np.array(float(v))
-        tolerances[f"{line_key} [{j}]"] = TEXT_ROUNDING_TOLERANCE
-      elif "." in mantissa:
-        out[f"{line_key} [{j}]"] = np.array(float(v))
-        tolerances[f"{line_key} [{j}]"] = dict(
-            GOLDEN_TOLERANCE, atol=1.01 * float(f"1e{v.lower().split('e')[1] if 'e' in v.lower() else 0}")
-            * 10.0 ** -len(mantissa.split(".")[1]))
+        tolerances[f"{line_key} [{j}]"] = (
+            TEXT_ROUNDING_TOLERANCE if TEXT_ROUNDING_RESIDUALS.search(line_key) else dict(
+                GOLDEN_TOLERANCE, atol=1.01 * float(f"1e{v.lower().split('e')[1] if 'e' in v.lower() else 0}")
+                * 10.0 ** -len(mantissa.split(".")[1])))
       else:
         out[f"{line_key} [{j}]"] = np.array(int(mantissa)) if "e" not in v.lower() \
             else np.array(float(v))
