@@ -453,6 +453,11 @@ def test_a_curve_study_records_the_state_metric_of_every_round_and_seed(tmp_path
   with pytest.raises(ConfigError, match="declare its 'table'"):
     declared("untabled", options, setup=setup, methods=methods, float64=lambda opts: True)(
         Config(rounds=5, clients=2, out=str(tmp_path), progress=False))
+  from fedjaxsparse.harness.experiment import Tuning
+  with pytest.raises(ConfigError, match="is not tuned"):   # refused, not run without its curve
+    declared("tuned", options, setup=setup, methods=methods, tuning=Tuning(),
+             float64=lambda opts: True)(
+        Config(rounds=5, clients=2, out=str(tmp_path), progress=False))
 
 
 def test_a_study_of_trials_runs_every_method_seed_by_seed_in_declaration_order(tmp_path):

@@ -337,31 +337,27 @@ def declared(name: str, spec: Sequence[Option], *,
     if trials and table is None:
       raise ConfigError(f"{name}: a study of Trials keeps each seed's record; declare its "
                         "'table'.")
-    if trials:
-      records = _run_trials(name, planned, cfg, opts)
-      made = table(records, contexts, cfg, opts)
-      out = {"experiment": name, "dataset": getattr(contexts[-1].data, "name", None),
-             "metric": metric}
-      out.update(made if isinstance(made, dict) else {"table": made})
-      return {**out, "methods": records, "contexts": contexts}, contexts[-1]
     curved = sum(c.curve is not None for _, c in planned.values())
     if curved and table is None:
       raise ConfigError(f"{name}: a convergence study's records are curves of its settings' "
                         "'curve'; declare its 'table'.")
-    steps = Steps(curved, name, cfg.progress)
-    records = {}
-    for m, (algo, c) in planned.items():
-      if c.curve is None:
-        records[m] = run_method(c.config(cfg), name, m, algo, c.params, c.data.train,
-                                c.data.test, c.eval_fn)
-        continue
-      records[m] = {**run_curves(c.config(cfg), algo, c.params, c.data.train, c.curve,
-                                 opts.get("seeds", 1)), "setting": c.setting}
-      steps.done(m)
+    if trials:
+      records = _run_trials(name, planned, cfg, opts)
+    else:
+      steps = Steps(curved, name, cfg.progress)
+      records = {}
+      for m, (algo, c) in planned.items():
+        if c.curve is None:
+          records[m] = run_method(c.config(cfg), name, m, algo, c.params, c.data.train,
+                                  c.data.test, c.eval_fn)
+          continue
+        records[m] = {**run_curves(c.config(cfg), algo, c.params, c.data.train, c.curve,
+                                   opts.get("seeds", 1)), "setting": c.setting}
+        steps.done(m)
     ctx, ds = contexts[-1], contexts[-1].data
     if table is not None:
       made = table(records, contexts, cfg, opts)
-      out = {"experiment": name, "dataset": ds.name, "metric": metric}
+      out = {"experiment": name, "dataset": getattr(ds, "name", None), "metric": metric}
       out.update(made if isinstance(made, dict) else {"table": made})
       return {**out, "methods": records, "contexts": contexts}, ctx
     for r in records.values():
@@ -389,46 +385,55 @@ def declared(name: str, spec: Sequence[Option], *,
   def tuned(cfg: Config, opts: dict) -> tuple[dict, Context]:
     made = setup(cfg, opts)
     rows, records, found, ctx, contexts = [], {}, {}, None, []
+    planned = {}   # every setting's methods, checked before anything runs
     for ctx in [made] if isinstance(made, Context) else made:
+      if ctx.curve is not None:
+        raise ConfigError(f"{name}: a convergence study ('curve') is not tuned; declare it "
+                          "without 'tuning'.")
       if ctx.fit is None:
         fit, val = validation_split(ctx.data.train, opts["validation"], cfg.seed)
         ctx = ctx._replace(fit=fit, val=val)
       contexts.append(ctx)
-      metric = ctx.metric or metric_of(cfg, opts)
       run_cfg = ctx.config(cfg)
-      tune_cfg = tuning.config(run_cfg, opts)
-      score = None if tuning.score is None else (
-          lambda rec, run_cfg=run_cfg: tuning.score(rec, run_cfg, opts))
       for m, method in methods(ctx, run_cfg, opts).items():
+        if isinstance(method, Trial):
+          raise ConfigError(f"{name}: {m!r} is a Trial; a tuned experiment declares Methods.")
         key = f"{m} ({ctx.setting})" if ctx.setting is not None else m
-        if key in records:   # before it runs: a name shared by two settings
+        if key in planned:
           raise ConfigError(f"{name}: two settings declare a method named {key!r}; name each "
                             "setting apart.")
-        where = f"{ctx.setting} {m}" if ctx.setting is not None else m
-        start = ctx.params if method.params is None else method.params
-        t = tune_then_run(run_cfg, name, where, method.grid, method.build, start, ctx.fit,
-                          ctx.val, ctx.data.train, ctx.data.test, ctx.eval_fn,
-                          tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
-                          data=method.data, params_fn=method.params_fn, metric=metric,
-                          scale=tuning.scale, residence=method.residence,
-                          batched=method.batched, score=score, search=method.search,
-                          per_round=method.per_round, chunk_size=method.chunk_size,
-                          vmap_seeds=method.vmap_seeds)
-        records[key], found[key] = t.records[0], t
-        row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
-        row["method"] = m
-        if isinstance(t.best, dict):   # a searched candidate: a column per name
-          row.update(t.best)
-        else:
-          row[tuning.candidate] = t.best
-        row.update({tuning.column: t.stats["mean"], "s.e.": t.stats["se"]})
-        if tuning.columns is not None:
-          row.update(tuning.columns(m, t, ctx, run_cfg, opts))
-        rows.append(row)
+        planned[key] = (m, method, ctx, run_cfg)
     if ctx is None:
       raise ConfigError(f"{name}: setup declared no setting to run.")
+    for key, (m, method, ctx, run_cfg) in planned.items():
+      metric = ctx.metric or metric_of(cfg, opts)
+      tune_cfg = tuning.config(run_cfg, opts)
+      score = None if tuning.score is None else (
+        lambda rec, run_cfg=run_cfg: tuning.score(rec, run_cfg, opts))
+      where = f"{ctx.setting} {m}" if ctx.setting is not None else m
+      start = ctx.params if method.params is None else method.params
+      t = tune_then_run(run_cfg, name, where, method.grid, method.build, start, ctx.fit,
+                        ctx.val, ctx.data.train, ctx.data.test, ctx.eval_fn,
+                        tune_cfg=tune_cfg, seeds=opts.get("seeds", 1), label=method.label,
+                        data=method.data, params_fn=method.params_fn, metric=metric,
+                        scale=tuning.scale, residence=method.residence,
+                        batched=method.batched, score=score, search=method.search,
+                        per_round=method.per_round, chunk_size=method.chunk_size,
+                        vmap_seeds=method.vmap_seeds)
+      records[key], found[key] = t.records[0], t
+      row = {tuning.setting: ctx.setting} if ctx.setting is not None else {}
+      row["method"] = m
+      if isinstance(t.best, dict):   # a searched candidate: a column per name
+        row.update(t.best)
+      else:
+        row[tuning.candidate] = t.best
+      row.update({tuning.column: t.stats["mean"], "s.e.": t.stats["se"]})
+      if tuning.columns is not None:
+        row.update(tuning.columns(m, t, ctx, run_cfg, opts))
+      rows.append(row)
+    metric = contexts[-1].metric or metric_of(cfg, opts)
     return {"experiment": name, "metric": metric, "table": Table(rows), "methods": records,
-            "tuned": found, "contexts": contexts}, ctx
+            "tuned": found, "contexts": contexts}, contexts[-1]
 
   def body(cfg: Config, opts: dict) -> dict:
     with jax.enable_x64(bool(float64(opts))) if float64 is not None else \

@@ -75,9 +75,8 @@ class Search(NamedTuple):
     ``int`` for an integer dimension, a choice among integers, or a whole static value (as
     :func:`candidate_scores` passes static values); else a ``float``."""
     dim = self.space[name]
-    v = float(v)
     integral = dim.integer or (dim.choices and all(float(c).is_integer() for c in dim.choices))
-    return int(v) if v.is_integer() and (integral or name in self.static) else v
+    return _python_scalar(v) if integral or name in self.static else float(v)
 
 
 def _searched(search: Search, build: Callable, tune_cfg: Config, params: Any, fit: Any,
@@ -220,7 +219,7 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
     shown = cfg.progress and jax.process_index() == 0
     if shown:
       print(f"{name}: searching {' + '.join(map(str, search.samples))} candidates "
-            f"(x{search.repetitions} seeds), {tune_cfg.rounds} round(s) each on the "
+            f"(x{search.repetitions} seeds), {_budget(tune_cfg, per_round)} each on the "
             "validation split", file=sys.stderr, flush=True)
     found = _searched(search, build, tune_cfg, params, fit, val, eval_fn, params_fn, metric,
                       name, shown, per_round)
@@ -247,8 +246,8 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   elif len(grid) > 1:
     shown = cfg.progress and jax.process_index() == 0
     if shown:   # tuning runs have no bars of their own: a line per candidate instead
-      print(f"{name}: tuning {len(grid)} candidates, {tune_cfg.rounds} round(s) each on the "
-            "validation split", file=sys.stderr, flush=True)
+      print(f"{name}: tuning {len(grid)} candidates, {_budget(tune_cfg, per_round)} each on "
+            "the validation split", file=sys.stderr, flush=True)
     steps = Steps(len(grid), f"{name} tuning", enabled=shown)
     for c in grid:
       c_cfg = per_round_config(tune_cfg, per_round, c)
@@ -265,8 +264,8 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
   best = grid[0] if found is not None else max(ok, key=scores.get) if ok else grid[0]
   records, finals = [], []
   run_cfg = per_round_config(cfg, per_round, best)
-  chunk = None if chunk_size is None else max(1, min(
-      run_cfg.rounds, int(chunk_size) // (1 if per_round is None else int(per_round(best)))))
+  units = 1 if per_round is None else int(per_round(best))   # checked >= 1 just above
+  chunk = None if chunk_size is None else max(1, min(run_cfg.rounds, int(chunk_size) // units))
   if vmap_seeds and seeds > 1:
     if jax.process_count() > 1:
       raise ConfigError(f"{name}: vmapped seeds run in one process; run without --processes.")
@@ -299,6 +298,13 @@ def tune_then_run(cfg: Config, experiment: str, name: str, grid: Sequence,
       finals.append(scale * last(rec["history"]["evals"][metric]))
   stats = mean_se(finals) if finals else {"mean": None, "se": None}
   return Tuned(best, scores, records, finals, stats, found)
+
+
+def _budget(cfg: Config, per_round: Callable[[Any], int] | None) -> str:
+  """A tuning run's length as the progress lines say it: rounds, or budget units when a
+  round spends several (``per_round``)."""
+  return (f"{cfg.rounds} round(s)" if per_round is None
+          else f"{cfg.rounds} budget units (rounds of several units)")
 
 
 def per_round_config(cfg: Config, per_round: Callable[[Any], int] | None,
